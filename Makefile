@@ -1,0 +1,51 @@
+# Thin wrapper over CMake so the README's commands are one word each.
+#   make            install missing Debian packages (as root), configure and build
+#   make test       build and run the whole test suite (CTest; its summary is the last line)
+#   make test-asan  the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   make bench      build the benchmarks and run bench/gemm
+#   make golden     regenerate tests/golden/*.safetensors with Debian's PyTorch
+#   make install    install the library, headers and pkg-config file (PREFIX=/usr/local)
+
+BUILD   ?= build
+ASAN    ?= build-asan
+PREFIX  ?= /usr/local
+JOBS    ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test test-asan bench golden install clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+$(BUILD)/CMakeCache.txt: | deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_FLAGS) >/dev/null
+
+configure: $(BUILD)/CMakeCache.txt
+
+build: deps configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+$(ASAN)/CMakeCache.txt: | deps
+	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DCM_SANITIZE=ON -DCM_BUILD_BENCH=OFF >/dev/null
+
+test-asan: deps $(ASAN)/CMakeCache.txt
+	@cmake --build $(ASAN) -j $(JOBS)
+	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	@$(BUILD)/bench/bench_gemm
+
+golden:
+	@scripts/install-deps --golden
+	@/usr/bin/python3 tests/golden/make_golden.py
+
+install: build
+	@cmake --install $(BUILD)
+
+clean:
+	@rm -rf $(BUILD) $(ASAN)

@@ -1,0 +1,423 @@
+/*
+ * composer/tensor.h — tensors, the autograd tape and the ops.
+ *
+ * A cm_tensor is an n-dimensional view (dtype, shape, strides) over memory. Long-lived tensors
+ * (parameters, buffers, datasets) are made with cm_tensor_new / cm_tensor_from_data and freed by
+ * the caller with cm_tensor_free. Everything an op produces lives in the arena of a cm_tape: ops
+ * compute eagerly and, when gradients are on and an input requires them, record a backward node on
+ * the tape. cm_tape_backward() runs the nodes in reverse; gradients accumulate into each leaf's
+ * .grad. cm_tape_reset() forgets the nodes and rewinds the arena — every tensor the tape made is
+ * gone after it, leaves and their gradients stay.
+ *
+ * Ops chain: an op returns NULL on failure and records the first error on the tape (and in
+ * cm_last_error()); an op given a NULL input, or called on a tape that already failed, returns NULL
+ * at once. Model code checks once, at the end.
+ *
+ *     cm_tape *tp;
+ *     cm_tape_new(NULL, &tp);                                   // default config: no budget
+ *     int64_t wshape[2] = {10, 784};
+ *     cm_tensor *w;
+ *     cm_tensor_new(CM_DTYPE_F32, 2, wshape, &w);
+ *     cm_rng rng = cm_rng_init(0, 0);
+ *     cm_tensor_init_kaiming_uniform(w, &rng, CM_FAN_IN, 0.0f);
+ *     cm_tensor_set_requires_grad(w, true);
+ *
+ *     cm_tensor *logits = cm_linear(tp, x, w, NULL);           // x: (B, 784) -> (B, 10)
+ *     cm_tensor *loss = cm_cross_entropy(tp, logits, labels, NULL);
+ *     if (!loss || cm_tape_backward(tp, loss) != CM_OK)
+ *         fprintf(stderr, "%s\n", cm_tape_error(tp));
+ *     const float *dw = cm_tensor_data(cm_tensor_grad(w));      // (10, 784)
+ *     cm_tape_reset(tp);                                        // next step
+ *
+ * Threading: a tape, and the tensors it made, belong to one thread at a time. Kernels use OpenMP
+ * internally (cm_num_threads()).
+ *
+ * Dtypes: the math ops compute in f32. bf16 inputs are accepted by cm_matmul / cm_linear (oneDNN,
+ * f32 accumulation, f32 result); integer tensors serve as indices; cm_cast converts between all
+ * dtypes (its gradient converts back). Any other dtype gives CM_ERR_DTYPE naming the op.
+ */
+#ifndef COMPOSER_TENSOR_H
+#define COMPOSER_TENSOR_H
+
+#include <composer/base.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CM_MAX_DIMS 8
+
+/* X-macro: name, enum suffix, element size in bytes. */
+#define CM_DTYPE_LIST(X) \
+    X(f32, F32, 4)       \
+    X(bf16, BF16, 2)     \
+    X(f16, F16, 2)       \
+    X(i32, I32, 4)       \
+    X(i64, I64, 8)       \
+    X(u8, U8, 1)
+
+typedef enum cm_dtype {
+#define CM_X_(name, up, size) CM_DTYPE_##up,
+    CM_DTYPE_LIST(CM_X_)
+#undef CM_X_
+    CM_DTYPE_COUNT
+} cm_dtype;
+
+const char *cm_dtype_name(cm_dtype dt);  /* "f32", "bf16", ... ("?" if out of range) */
+size_t cm_dtype_size(cm_dtype dt);        /* bytes per element (0 if out of range) */
+/* Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16", "i32"/"int32", "i64"/"int64",
+ * "u8"/"uint8". CM_ERR_INVALID_ARG naming the accepted names otherwise. */
+cm_status cm_dtype_parse(const char *s, cm_dtype *out);
+
+/* Scalar conversions (round to nearest even). */
+uint16_t cm_f32_to_bf16(float x);
+float cm_bf16_to_f32(uint16_t x);
+uint16_t cm_f32_to_f16(float x);
+float cm_f16_to_f32(uint16_t x);
+
+typedef struct cm_tensor cm_tensor;
+typedef struct cm_tape cm_tape;
+
+/* ---------------------------------------------------------------------------------------------
+ * Long-lived tensors
+ * ------------------------------------------------------------------------------------------- */
+
+/* A new contiguous tensor of zeros, owned by the caller (free with cm_tensor_free). ndim 0..8;
+ * every dim ≥ 0. Errors: CM_ERR_INVALID_ARG (bad ndim or dims, naming them), CM_ERR_OOM. */
+cm_status cm_tensor_new(cm_dtype dt, int ndim, const int64_t *shape, cm_tensor **out);
+
+/* A contiguous tensor over caller memory (not copied, not freed by cm_tensor_free). `data` must
+ * stay valid for the tensor's life and be aligned to the element size. */
+cm_status cm_tensor_from_data(cm_dtype dt, int ndim, const int64_t *shape, void *data, cm_tensor **out);
+
+/* Frees a tensor made by cm_tensor_new / cm_tensor_from_data, and its gradient. NULL is a no-op.
+ * Tensors made by a tape must not be passed here (the tape owns them). */
+void cm_tensor_free(cm_tensor *t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Inspection (borrowed pointers; valid while the tensor lives)
+ * ------------------------------------------------------------------------------------------- */
+
+cm_dtype cm_tensor_dtype(const cm_tensor *t);
+int cm_tensor_ndim(const cm_tensor *t);
+const int64_t *cm_tensor_shape(const cm_tensor *t);
+const int64_t *cm_tensor_strides(const cm_tensor *t); /* in elements */
+int64_t cm_tensor_dim(const cm_tensor *t, int axis);  /* negative axes count from the end */
+int64_t cm_tensor_numel(const cm_tensor *t);
+size_t cm_tensor_nbytes(const cm_tensor *t);          /* numel × element size */
+bool cm_tensor_is_contiguous(const cm_tensor *t);
+/* Pointer to element (0, ..., 0). For a non-contiguous view, index with the strides. */
+void *cm_tensor_data(const cm_tensor *t);
+/* Writes "(2, 3, 4)" into buf (always NUL-terminated) and returns buf. */
+char *cm_tensor_shape_str(const cm_tensor *t, char *buf, size_t cap);
+
+/* Element access for tests and small tools (any dtype, any strides; value converted to/from
+ * double). `index` has ndim entries. */
+double cm_tensor_get(const cm_tensor *t, const int64_t *index);
+void cm_tensor_set(cm_tensor *t, const int64_t *index, double v);
+/* Element at flat position i of the row-major order of the view. */
+double cm_tensor_get_flat(const cm_tensor *t, int64_t i);
+
+/* An optional name used in error messages ("w1"); the string is copied. */
+cm_status cm_tensor_set_name(cm_tensor *t, const char *name);
+const char *cm_tensor_name(const cm_tensor *t); /* "" if none */
+
+/* ---------------------------------------------------------------------------------------------
+ * Gradients
+ * ------------------------------------------------------------------------------------------- */
+
+/* Marks a tensor as a leaf that wants a gradient. Only floating dtypes may require gradients
+ * (CM_ERR_DTYPE otherwise). */
+cm_status cm_tensor_set_requires_grad(cm_tensor *t, bool on);
+bool cm_tensor_requires_grad(const cm_tensor *t);
+
+/* The accumulated gradient (same shape as t, contiguous, always f32 — also for bf16/f16 tensors,
+ * so master weights never lose precision), or NULL if none yet. For a
+ * long-lived tensor the gradient is long-lived too (freed with the tensor); for a tape tensor it
+ * lives in the tape's arena. */
+cm_tensor *cm_tensor_grad(const cm_tensor *t);
+
+/* Zeroes the gradient if there is one. */
+void cm_tensor_zero_grad(cm_tensor *t);
+
+/* Drops the gradient (freeing it if the library allocated it). */
+void cm_tensor_clear_grad(cm_tensor *t);
+
+/* Makes `grad` the gradient buffer of `t` (same shape, f32, contiguous; borrowed, not freed
+ * with t). The flat-buffer layer uses this to put all gradients of a unit in one block. */
+cm_status cm_tensor_set_grad(cm_tensor *t, cm_tensor *grad);
+
+/* ---------------------------------------------------------------------------------------------
+ * Non-differentiable in-place utilities on any tensor
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cm_tensor_fill(cm_tensor *t, double v);
+/* Copies src into dst elementwise: src broadcasts to dst's shape, dtypes convert. Handles any
+ * strides. Errors: CM_ERR_SHAPE naming both shapes. */
+cm_status cm_tensor_copy(cm_tensor *dst, const cm_tensor *src);
+/* dst[i] = start + i*step in row-major order. */
+cm_status cm_tensor_arange_fill(cm_tensor *t, double start, double step);
+
+/* Initialisers (f32 tensors; bf16/f16 are filled through f32). Each consumes rng counter values,
+ * so the same rng state gives the same tensor. */
+typedef enum cm_fan_mode { CM_FAN_IN = 0, CM_FAN_OUT = 1 } cm_fan_mode;
+cm_status cm_tensor_init_uniform(cm_tensor *t, cm_rng *rng, float lo, float hi);
+cm_status cm_tensor_init_normal(cm_tensor *t, cm_rng *rng, float mean, float std);
+/* Normal(mean, std) redrawn (by inverse CDF) into [a, b], as torch.nn.init.trunc_normal_. */
+cm_status cm_tensor_init_trunc_normal(cm_tensor *t, cm_rng *rng, float mean, float std, float a, float b);
+/* Kaiming/He, as torch.nn.init.kaiming_*_ with nonlinearity 'leaky_relu' and slope `a`
+ * (a = 0 is ReLU): gain = sqrt(2 / (1 + a²)), std = gain / sqrt(fan). fan from dims: for
+ * (out, in, k...) fan_in = in × prod(k), fan_out = out × prod(k). */
+cm_status cm_tensor_init_kaiming_uniform(cm_tensor *t, cm_rng *rng, cm_fan_mode mode, float a);
+cm_status cm_tensor_init_kaiming_normal(cm_tensor *t, cm_rng *rng, cm_fan_mode mode, float a);
+/* Xavier/Glorot: std = gain × sqrt(2 / (fan_in + fan_out)). */
+cm_status cm_tensor_init_xavier_uniform(cm_tensor *t, cm_rng *rng, float gain);
+cm_status cm_tensor_init_xavier_normal(cm_tensor *t, cm_rng *rng, float gain);
+
+/* ---------------------------------------------------------------------------------------------
+ * The tape
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cm_tape_config {
+    size_t arena_budget; /* bytes for activations, gradients and nodes per step; 0 = unlimited */
+    bool poison;         /* fill new arena memory with NaN (tests) */
+} cm_tape_config;
+
+cm_tape_config cm_tape_config_default(void);
+
+/* A new tape; cfg NULL means cm_tape_config_default(). Errors: CM_ERR_OOM. */
+cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out);
+void cm_tape_free(cm_tape *tp);
+
+/* Forgets every node and every tensor the tape made (their memory is reused), clears the
+ * tape's error. Leaves and their gradients are untouched. */
+void cm_tape_reset(cm_tape *tp);
+
+/* Gradient recording. cm_tape_set_grad_enabled returns the previous setting, so a no-grad scope
+ * is `bool prev = cm_tape_set_grad_enabled(tp, false); ...; cm_tape_set_grad_enabled(tp, prev);`.
+ * Also sets training-mode-free: dropout and batch_norm take their mode as an argument. */
+bool cm_tape_set_grad_enabled(cm_tape *tp, bool on);
+bool cm_tape_grad_enabled(const cm_tape *tp);
+
+/* Back-propagates from a scalar `loss` (numel 1): gradients accumulate into every leaf that
+ * requires one. Nodes stay recorded until cm_tape_reset (calling twice accumulates twice).
+ * Errors: CM_ERR_SHAPE if loss is not a scalar, CM_ERR_STATE if loss does not require grad,
+ * CM_ERR_OOM (arena budget) — and the tape's first error, if it already failed. */
+cm_status cm_tape_backward(cm_tape *tp, cm_tensor *loss);
+/* As above from any tensor with an explicit upstream gradient `grad` (same shape, f32). */
+cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *grad);
+
+cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
+const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */
+/* Records an error on the tape (first one wins) and returns it; for model code that detects
+ * a problem between ops. */
+cm_status cm_tape_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+cm_arena *cm_tape_arena(cm_tape *tp);
+int64_t cm_tape_n_nodes(const cm_tape *tp);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tape tensors (no gradient; the tape owns them until reset)
+ * ------------------------------------------------------------------------------------------- */
+
+cm_tensor *cm_empty(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape); /* uninitialised */
+cm_tensor *cm_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape);
+cm_tensor *cm_full(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, double v);
+cm_tensor *cm_arange(cm_tape *tp, cm_dtype dt, double start, double end, double step); /* 1-D */
+/* A copy of t (any tensor) on the tape, contiguous, without gradient history. */
+cm_tensor *cm_clone_detached(cm_tape *tp, const cm_tensor *t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Views and layout (differentiable; axes may be negative)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A view with a new shape when t's strides allow it, else a contiguous copy. One entry may be -1
+ * (inferred). Errors: CM_ERR_SHAPE when the element counts differ. */
+cm_tensor *cm_reshape(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape);
+cm_tensor *cm_permute(cm_tape *tp, cm_tensor *t, const int *perm); /* perm has ndim entries */
+cm_tensor *cm_transpose(cm_tape *tp, cm_tensor *t, int a, int b);
+/* Elements [start, start+length) along axis (a view). */
+cm_tensor *cm_narrow(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t length);
+/* Broadcast to `shape` (size-1 dims stretch with stride 0; new leading dims allowed). */
+cm_tensor *cm_expand(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape);
+cm_tensor *cm_squeeze(cm_tape *tp, cm_tensor *t, int axis); /* axis must have size 1 */
+cm_tensor *cm_unsqueeze(cm_tape *tp, cm_tensor *t, int axis);
+cm_tensor *cm_contiguous(cm_tape *tp, cm_tensor *t); /* t itself when already contiguous */
+/* Converts dtype; the gradient converts back to t's dtype. Returns t itself if dt matches. */
+cm_tensor *cm_cast(cm_tape *tp, cm_tensor *t, cm_dtype dt);
+/* A tensor sharing t's memory with no gradient history. */
+cm_tensor *cm_detach(cm_tape *tp, cm_tensor *t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Elementwise (f32; binary ops broadcast like NumPy)
+ * ------------------------------------------------------------------------------------------- */
+
+cm_tensor *cm_add(cm_tape *tp, cm_tensor *a, cm_tensor *b);
+cm_tensor *cm_sub(cm_tape *tp, cm_tensor *a, cm_tensor *b);
+cm_tensor *cm_mul(cm_tape *tp, cm_tensor *a, cm_tensor *b);
+cm_tensor *cm_div(cm_tape *tp, cm_tensor *a, cm_tensor *b);
+cm_tensor *cm_add_scalar(cm_tape *tp, cm_tensor *a, float s);
+cm_tensor *cm_mul_scalar(cm_tape *tp, cm_tensor *a, float s);
+cm_tensor *cm_pow(cm_tape *tp, cm_tensor *a, float exponent);
+cm_tensor *cm_clamp(cm_tape *tp, cm_tensor *a, float lo, float hi); /* use ±INFINITY for one side */
+cm_tensor *cm_neg(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_exp(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_log(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_sqrt(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_abs(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_relu(cm_tape *tp, cm_tensor *a);
+/* approximate = true: the tanh form (GPT-2's "gelu_new"); false: the exact erf form. */
+cm_tensor *cm_gelu(cm_tape *tp, cm_tensor *a, bool approximate);
+cm_tensor *cm_silu(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_tanh(cm_tape *tp, cm_tensor *a);
+cm_tensor *cm_sigmoid(cm_tape *tp, cm_tensor *a);
+/* Fused gelu(x + bias): x (..., C), bias (C). One pass forward, one pass backward. */
+cm_tensor *cm_bias_gelu(cm_tape *tp, cm_tensor *x, cm_tensor *bias, bool approximate);
+
+/* ---------------------------------------------------------------------------------------------
+ * Reductions. `axes` lists n_axes axes (negative allowed, no repeats); n_axes = 0 reduces all.
+ * ------------------------------------------------------------------------------------------- */
+
+cm_tensor *cm_sum(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
+cm_tensor *cm_mean(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
+/* Max/min: the gradient goes to the first extreme element of each reduced group. */
+cm_tensor *cm_max(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
+cm_tensor *cm_min(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
+/* Variance with Bessel-style `correction` (0: population, 1: sample), as torch.var. */
+cm_tensor *cm_var(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, int correction, bool keepdim);
+
+/* ---------------------------------------------------------------------------------------------
+ * Linear algebra
+ * ------------------------------------------------------------------------------------------- */
+
+/* a (..., M, K) · b (..., K, N) → (..., M, N). Batch dims broadcast; b may be 2-D. f32 × f32 uses
+ * OpenBLAS; bf16 × bf16 uses oneDNN (f32 accumulation), and the result is f32 either way.
+ * Transposed views are passed to the GEMM without copying. */
+cm_tensor *cm_matmul(cm_tape *tp, cm_tensor *a, cm_tensor *b);
+/* y = x·wᵀ + b: x (..., in), w (out, in), bias (out) or NULL → (..., out). */
+cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias);
+
+/* ---------------------------------------------------------------------------------------------
+ * Softmax and losses
+ * ------------------------------------------------------------------------------------------- */
+
+cm_tensor *cm_softmax(cm_tape *tp, cm_tensor *a, int axis);
+cm_tensor *cm_log_softmax(cm_tape *tp, cm_tensor *a, int axis);
+
+typedef enum cm_reduction { CM_REDUCTION_MEAN = 0, CM_REDUCTION_SUM = 1, CM_REDUCTION_NONE = 2 } cm_reduction;
+
+typedef struct cm_cross_entropy_opts {
+    int64_t ignore_index;  /* targets equal to it contribute nothing (default -100) */
+    float label_smoothing; /* 0..1 (default 0) */
+    cm_reduction reduction; /* mean over non-ignored targets (default), sum, or none */
+} cm_cross_entropy_opts;
+cm_cross_entropy_opts cm_cross_entropy_opts_default(void);
+
+/* Fused log-softmax + negative log-likelihood, as torch.nn.functional.cross_entropy.
+ * logits (N, C) or (N, C, d1, ...). target: class indices (i32/i64) of shape (N) or (N, d1, ...),
+ * or probabilities (f32, same shape as logits). opts NULL = defaults. Result: a scalar, or the
+ * per-element losses (N, d1, ...) with CM_REDUCTION_NONE. Errors name the shapes; a class index
+ * outside [0, C) that is not ignore_index is CM_ERR_INVALID_ARG naming the index and position. */
+cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, const cm_cross_entropy_opts *opts);
+/* Mean squared error (pred and target the same shape). */
+cm_tensor *cm_mse_loss(cm_tape *tp, cm_tensor *pred, cm_tensor *target, cm_reduction reduction);
+
+/* ---------------------------------------------------------------------------------------------
+ * Indexing and joining
+ * ------------------------------------------------------------------------------------------- */
+
+/* weight (V, D), idx (...) integer → (..., D). Backward scatter-adds into weight's gradient. An
+ * index outside [0, V) is CM_ERR_INVALID_ARG naming it. */
+cm_tensor *cm_embedding(cm_tape *tp, cm_tensor *weight, cm_tensor *idx);
+/* Select entries idx (1-D integer) along axis, as torch.index_select. */
+cm_tensor *cm_index_select(cm_tape *tp, cm_tensor *a, int axis, cm_tensor *idx);
+/* out[i][j][k] = a[i][idx[i][j][k]][k] for axis 1, as torch.gather (idx same ndim as a). */
+cm_tensor *cm_gather(cm_tape *tp, cm_tensor *a, int axis, cm_tensor *idx);
+cm_tensor *cm_concat(cm_tape *tp, cm_tensor *const *ts, int n, int axis);
+cm_tensor *cm_stack(cm_tape *tp, cm_tensor *const *ts, int n, int axis);
+/* Splits along axis into n pieces of sizes[i] (which must sum to the dim); writes n views into
+ * out. Returns CM_OK or the error (also recorded on the tape). */
+cm_status cm_split(cm_tape *tp, cm_tensor *a, int axis, const int64_t *sizes, int n, cm_tensor **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Normalisation and dropout
+ * ------------------------------------------------------------------------------------------- */
+
+/* Over the last dim: x (..., C), weight and bias (C) or NULL. Fused forward and backward. */
+cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, float eps);
+
+/* x (N, C, ...) — or (N, ..., C) when channels_last. In training, normalises with the batch
+ * statistics and updates running_mean/var (if given) in place: r = (1-momentum)·r + momentum·stat,
+ * the variance unbiased, as PyTorch. In eval, uses the running statistics. weight/bias (C) or NULL. */
+typedef struct cm_batch_norm_opts {
+    bool training;
+    float momentum; /* default 0.1 */
+    float eps;      /* default 1e-5 */
+    bool channels_last;
+} cm_batch_norm_opts;
+cm_batch_norm_opts cm_batch_norm_opts_default(void);
+cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
+                         cm_tensor *running_var, const cm_batch_norm_opts *opts);
+/* x (N, C, ...), C divisible by groups; weight/bias (C) or NULL. */
+cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *weight, cm_tensor *bias, float eps);
+
+/* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a pure
+ * function of (rng state, element index), so it is reproducible; rng->counter advances by
+ * ceil(numel / 4). Identity (t itself) when !training or p == 0. */
+cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng *rng);
+
+/* ---------------------------------------------------------------------------------------------
+ * Convolution, pooling, resizing (NCHW unless channels_last)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cm_conv2d_opts {
+    int stride[2];   /* (h, w), default 1 */
+    int padding[2];  /* default 0 */
+    int dilation[2]; /* default 1 */
+    int groups;      /* default 1 */
+    bool channels_last; /* x and result are (N, H, W, C) instead of (N, C, H, W) */
+} cm_conv2d_opts;
+cm_conv2d_opts cm_conv2d_opts_default(void);
+
+/* x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw) in both layouts, bias (Cout) or NULL. */
+cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, const cm_conv2d_opts *opts);
+
+typedef struct cm_pool2d_opts {
+    int kernel[2];
+    int stride[2];  /* 0 = kernel size */
+    int padding[2];
+    bool count_include_pad; /* avg pool only; default true, as PyTorch */
+    bool ceil_mode;
+    bool channels_last;
+} cm_pool2d_opts;
+cm_pool2d_opts cm_pool2d_opts_default(int kh, int kw);
+
+cm_tensor *cm_max_pool2d(cm_tape *tp, cm_tensor *x, const cm_pool2d_opts *opts);
+cm_tensor *cm_avg_pool2d(cm_tape *tp, cm_tensor *x, const cm_pool2d_opts *opts);
+/* Output (N, C, out_h, out_w) with PyTorch's adaptive windows. */
+cm_tensor *cm_adaptive_avg_pool2d(cm_tape *tp, cm_tensor *x, int64_t out_h, int64_t out_w, bool channels_last);
+/* Bilinear resize to (out_h, out_w), as F.interpolate(mode="bilinear"). */
+cm_tensor *cm_resize_bilinear(cm_tape *tp, cm_tensor *x, int64_t out_h, int64_t out_w, bool align_corners,
+                              bool channels_last);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cm_attention_opts {
+    bool causal;          /* mask out keys after the query position */
+    float scale;          /* 0 = 1/sqrt(D) */
+    cm_tensor *bias;      /* optional additive bias broadcastable to (B, H, T, S), e.g. ALiBi; gets a grad */
+    cm_tensor *key_padding_mask; /* optional (B, S) u8/i32/i64: nonzero = a real key, 0 = padding */
+} cm_attention_opts;
+cm_attention_opts cm_attention_opts_default(void);
+
+/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D).
+ * softmax(q·kᵀ·scale + bias + mask)·v, with a fused backward that recomputes nothing but
+ * keeps the attention probabilities (B, H, T, S) in the arena. A query row whose keys are all
+ * masked gives zeros. */
+cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMPOSER_TENSOR_H */

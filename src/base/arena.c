@@ -1,0 +1,149 @@
+/* Arena: bump allocation from a list of chunks, with a byte budget, peak tracking and rewinding.
+ *
+ * Positions are cumulative over the chunk list (chunk i starts at the sum of the capacities of the
+ * chunks before it); an allocation that does not fit in the current chunk skips the rest of it.
+ * Positions therefore only grow between resets, which makes mark/rewind a single number. After a
+ * reset, several chunks are merged into one big chunk so a steady-state step uses one block. */
+#include <composer/base.h>
+
+#include <string.h>
+
+#define ARENA_ALIGN 64
+#define ARENA_MIN_CHUNK ((size_t)1 << 20)
+
+typedef struct chunk {
+    char *mem;
+    size_t cap;
+    size_t base; /* cumulative position of mem[0] */
+} chunk;
+
+struct cm_arena {
+    chunk *chunks;
+    int n_chunks, cap_chunks;
+    int cur;       /* index of the chunk being filled */
+    size_t pos;    /* cumulative position */
+    size_t budget; /* 0 = unlimited */
+    size_t peak;
+    bool poison;
+};
+
+cm_status cm_arena_new(size_t budget, cm_arena **out) {
+    *out = NULL;
+    cm_arena *a = cm_alloc_zeroed(sizeof *a, 16);
+    if (!a) return CM_ERR_OOM;
+    a->budget = budget;
+    *out = a;
+    return CM_OK;
+}
+
+void cm_arena_free(cm_arena *a) {
+    if (!a) return;
+    for (int i = 0; i < a->n_chunks; i++) cm_free(a->chunks[i].mem);
+    cm_free(a->chunks);
+    cm_free(a);
+}
+
+static size_t total_cap(const cm_arena *a) {
+    return a->n_chunks ? a->chunks[a->n_chunks - 1].base + a->chunks[a->n_chunks - 1].cap : 0;
+}
+
+static bool add_chunk(cm_arena *a, size_t min_bytes) {
+    if (a->n_chunks == a->cap_chunks) {
+        int nc = a->cap_chunks ? a->cap_chunks * 2 : 8;
+        chunk *c = cm_alloc(sizeof(chunk) * (size_t)nc, 16);
+        if (!c) return false;
+        if (a->n_chunks) memcpy(c, a->chunks, sizeof(chunk) * (size_t)a->n_chunks);
+        cm_free(a->chunks);
+        a->chunks = c;
+        a->cap_chunks = nc;
+    }
+    size_t tc = total_cap(a);
+    size_t cap = min_bytes;
+    if (cap < ARENA_MIN_CHUNK) cap = ARENA_MIN_CHUNK;
+    if (cap < tc) cap = tc; /* geometric growth */
+    if (a->budget && tc + cap > a->budget) cap = a->budget - tc; /* never reserve past the budget */
+    if (cap < min_bytes) cap = min_bytes;
+    cap = (cap + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    char *mem = cm_alloc(cap, ARENA_ALIGN);
+    if (!mem) return false;
+    a->chunks[a->n_chunks].mem = mem;
+    a->chunks[a->n_chunks].cap = cap;
+    a->chunks[a->n_chunks].base = tc;
+    a->n_chunks++;
+    return true;
+}
+
+void *cm_arena_alloc(cm_arena *a, size_t bytes) {
+    size_t need = (bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    if (need == 0) need = ARENA_ALIGN;
+    for (;;) {
+        if (a->cur < a->n_chunks) {
+            chunk *c = &a->chunks[a->cur];
+            size_t off = a->pos > c->base ? a->pos - c->base : 0;
+            if (off + need <= c->cap) {
+                size_t newpos = c->base + off + need;
+                if (a->budget && newpos > a->budget) break;
+                a->pos = newpos;
+                if (a->pos > a->peak) a->peak = a->pos;
+                void *p = c->mem + off;
+                if (a->poison) memset(p, 0xFF, bytes);
+                return p;
+            }
+            if (a->cur + 1 < a->n_chunks) { /* skip the rest of this chunk */
+                a->cur++;
+                a->pos = a->chunks[a->cur].base;
+                continue;
+            }
+        }
+        size_t start = total_cap(a);
+        if (a->budget && start + need > a->budget) break;
+        if (!add_chunk(a, need)) {
+            cm_set_error(CM_ERR_OOM,
+                         "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes)",
+                         bytes, a->pos, a->budget);
+            return NULL;
+        }
+        a->cur = a->n_chunks - 1;
+        a->pos = a->chunks[a->cur].base;
+    }
+    cm_set_error(CM_ERR_OOM,
+                 "out of memory: arena request of %zu bytes exceeds the budget (in use %zu of %zu bytes; raise the "
+                 "budget or lower the microbatch size)",
+                 bytes, a->pos, a->budget);
+    return NULL;
+}
+
+void cm_arena_reset(cm_arena *a) {
+    if (a->n_chunks > 1) {
+        /* Merge into one chunk of the total size, so the next step needs a single block. */
+        size_t tc = total_cap(a);
+        if (a->budget && tc > a->budget) tc = a->budget;
+        char *mem = cm_alloc(tc, ARENA_ALIGN);
+        if (mem) {
+            for (int i = 0; i < a->n_chunks; i++) cm_free(a->chunks[i].mem);
+            a->chunks[0].mem = mem;
+            a->chunks[0].cap = tc;
+            a->chunks[0].base = 0;
+            a->n_chunks = 1;
+        } else {
+            cm_clear_error(); /* keeping the chunks is fine */
+        }
+    }
+    a->cur = 0;
+    a->pos = 0;
+}
+
+size_t cm_arena_mark(const cm_arena *a) { return a->pos; }
+
+void cm_arena_rewind(cm_arena *a, size_t mark) {
+    if (mark >= a->pos) return;
+    a->pos = mark;
+    while (a->cur > 0 && a->chunks[a->cur].base > mark) a->cur--;
+}
+
+size_t cm_arena_used(const cm_arena *a) { return a->pos; }
+size_t cm_arena_peak(const cm_arena *a) { return a->peak; }
+size_t cm_arena_budget(const cm_arena *a) { return a->budget; }
+void cm_arena_set_budget(cm_arena *a, size_t budget) { a->budget = budget; }
+void cm_arena_reset_peak(cm_arena *a) { a->peak = a->pos; }
+void cm_arena_set_poison(cm_arena *a, bool on) { a->poison = on; }

@@ -1,0 +1,303 @@
+/* The autograd tape: arena-backed tensors and nodes, error chaining, backward. */
+#include "tensor/tensor_impl.h"
+
+#include <stdio.h>
+
+cm_tape_config cm_tape_config_default(void) {
+    cm_tape_config c = {0};
+    return c;
+}
+
+cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
+    *out = NULL;
+    cm_tape_config c = cfg ? *cfg : cm_tape_config_default();
+    cm_tape *tp = cm_alloc_zeroed(sizeof *tp, 16);
+    if (!tp) return CM_ERR_OOM;
+    cm_status st = cm_arena_new(c.arena_budget, &tp->arena);
+    if (st) {
+        cm_free(tp);
+        return st;
+    }
+    cm_arena_set_poison(tp->arena, c.poison);
+    tp->grad_enabled = true;
+    *out = tp;
+    return CM_OK;
+}
+
+void cm_tape_free(cm_tape *tp) {
+    if (!tp) return;
+    cm_arena_free(tp->arena);
+    cm_free(tp);
+}
+
+void cm_tape_reset(cm_tape *tp) {
+    cm_arena_reset(tp->arena);
+    tp->last = NULL;
+    tp->n_nodes = 0;
+    tp->status = CM_OK;
+    tp->error[0] = '\0';
+}
+
+bool cm_tape_set_grad_enabled(cm_tape *tp, bool on) {
+    bool prev = tp->grad_enabled;
+    tp->grad_enabled = on;
+    return prev;
+}
+bool cm_tape_grad_enabled(const cm_tape *tp) { return tp->grad_enabled; }
+cm_status cm_tape_status(const cm_tape *tp) { return tp->status; }
+const char *cm_tape_error(const cm_tape *tp) { return tp->error; }
+cm_arena *cm_tape_arena(cm_tape *tp) { return tp->arena; }
+int64_t cm_tape_n_nodes(const cm_tape *tp) { return tp->n_nodes; }
+
+cm_status cmi_failv(cm_tape *tp, cm_status s, const char *fmt, va_list ap) {
+    if (tp->status != CM_OK) { /* first error wins; keep it as the thread's last error too */
+        cm_set_error(tp->status, "%s", tp->error);
+        return tp->status;
+    }
+    vsnprintf(tp->error, sizeof tp->error, fmt, ap);
+    tp->status = s;
+    cm_set_error(s, "%s", tp->error);
+    return s;
+}
+
+cm_status cmi_fail(cm_tape *tp, cm_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cmi_failv(tp, s, fmt, ap);
+    va_end(ap);
+    return tp->status;
+}
+
+cm_status cm_tape_fail(cm_tape *tp, cm_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cmi_failv(tp, s, fmt, ap);
+    va_end(ap);
+    return tp->status;
+}
+
+/* OOM inside the arena: copy the arena's message (in cm_last_error) onto the tape. */
+static void fail_oom(cm_tape *tp, const char *what) {
+    cmi_fail(tp, CM_ERR_OOM, "%s: %s", what, cm_last_error());
+}
+
+bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins) {
+    if (!tp) {
+        cm_set_error(CM_ERR_INVALID_ARG, "%s: tape is NULL", op);
+        return false;
+    }
+    if (tp->status != CM_OK) return false;
+    for (int i = 0; i < n; i++) {
+        if (!ins[i]) {
+            cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: input %d is NULL", op, i);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool cmi_check_f32(cm_tape *tp, const char *op, const char *name, const cm_tensor *t) {
+    if (t->dtype == CM_DTYPE_F32) return true;
+    cmi_fail(tp, CM_ERR_DTYPE, "%s: '%s' %s has dtype %s; this op needs f32 (convert with cm_cast)", op, name,
+             cmi_shape(t), cm_dtype_name(t->dtype));
+    return false;
+}
+
+bool cmi_check_index(cm_tape *tp, const char *op, const char *name, const cm_tensor *t) {
+    if (t->dtype == CM_DTYPE_I32 || t->dtype == CM_DTYPE_I64 || t->dtype == CM_DTYPE_U8) return true;
+    cmi_fail(tp, CM_ERR_DTYPE, "%s: '%s' %s has dtype %s; indices must be i32, i64 or u8", op, name, cmi_shape(t),
+             cm_dtype_name(t->dtype));
+    return false;
+}
+
+bool cmi_axis(cm_tape *tp, const char *op, int ndim, int *axis) {
+    int a = *axis < 0 ? *axis + ndim : *axis;
+    if (a < 0 || a >= ndim) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: axis %d is out of range for a %d-d tensor (use -%d..%d)", op, *axis,
+                 ndim, ndim, ndim - 1);
+        return false;
+    }
+    *axis = a;
+    return true;
+}
+
+void *cmi_scratch(cm_tape *tp, size_t bytes) {
+    void *p = cm_arena_alloc(tp->arena, bytes);
+    if (!p) fail_oom(tp, "scratch");
+    return p;
+}
+
+static cm_tensor *new_struct(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > CM_MAX_DIMS) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "tensor: ndim %d is out of range (0..%d)", ndim, CM_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            cmi_fail(tp, CM_ERR_INVALID_ARG, "tensor: shape %s has a negative dim", cmi_shape_of(ndim, shape));
+            return NULL;
+        }
+    }
+    cm_tensor *t = cm_arena_alloc(tp->arena, sizeof *t);
+    if (!t) {
+        fail_oom(tp, "tensor");
+        return NULL;
+    }
+    memset(t, 0, sizeof *t);
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->flags = CM_TF_TAPE;
+    return t;
+}
+
+cm_tensor *cmi_new(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
+    cm_tensor *t = new_struct(tp, dt, ndim, shape);
+    if (!t) return NULL;
+    cmi_contig_strides(ndim, shape, t->stride);
+    size_t bytes = (size_t)cmi_numel(ndim, shape) * cm_dtype_size(dt);
+    t->data = cm_arena_alloc(tp->arena, bytes ? bytes : 1);
+    if (!t->data) {
+        fail_oom(tp, cmi_shape_of(ndim, shape));
+        return NULL;
+    }
+    return t;
+}
+
+cm_tensor *cmi_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
+    cm_tensor *t = cmi_new(tp, dt, ndim, shape);
+    if (t) memset(t->data, 0, cm_tensor_nbytes(t));
+    return t;
+}
+
+cm_tensor *cmi_view(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data) {
+    cm_tensor *t = new_struct(tp, dt, ndim, shape);
+    if (!t) return NULL;
+    for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
+    t->data = data;
+    return t;
+}
+
+bool cmi_needs_grad(const cm_tape *tp, int n, cm_tensor *const *ins) {
+    if (!tp->grad_enabled) return false;
+    for (int i = 0; i < n; i++)
+        if (ins[i] && (ins[i]->flags & CM_TF_REQUIRES_GRAD)) return true;
+    return false;
+}
+
+cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tensor *const *ins, cm_backward_fn fn,
+                    size_t ctx_bytes) {
+    cm_node *node = cm_arena_alloc(tp->arena, sizeof *node + sizeof(cm_tensor *) * (size_t)n);
+    if (!node) {
+        fail_oom(tp, op);
+        return NULL;
+    }
+    memset(node, 0, sizeof *node);
+    node->in = (cm_tensor **)(node + 1);
+    for (int i = 0; i < n; i++) node->in[i] = ins[i];
+    if (ctx_bytes) {
+        node->ctx = cm_arena_alloc(tp->arena, ctx_bytes);
+        if (!node->ctx) {
+            fail_oom(tp, op);
+            return NULL;
+        }
+        memset(node->ctx, 0, ctx_bytes);
+    }
+    node->op = op;
+    node->backward = fn;
+    node->out = out;
+    node->n_in = n;
+    node->prev = tp->last;
+    tp->last = node;
+    tp->n_nodes++;
+    out->node = node;
+    out->flags |= CM_TF_REQUIRES_GRAD;
+    return node;
+}
+
+cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
+    if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
+    if (t->grad) return t->grad;
+    if (t->flags & CM_TF_TAPE) {
+        t->grad = cmi_zeros(tp, CM_DTYPE_F32, t->ndim, t->shape);
+        return t->grad;
+    }
+    cm_tensor *g;
+    if (cm_tensor_new(CM_DTYPE_F32, t->ndim, t->shape, &g) != CM_OK) {
+        cmi_fail(tp, CM_ERR_OOM, "gradient of %s: %s", cmi_shape(t), cm_last_error());
+        return NULL;
+    }
+    t->grad = g;
+    t->flags |= CM_TF_OWNS_GRAD;
+    return g;
+}
+
+/* g has the broadcast shape; t's shape broadcasts to it. */
+static void accum_row(int64_t n, char *const *p, const int64_t *inner, void *ctx) {
+    (void)ctx;
+    float *dst = (float *)p[0];
+    const float *src = (const float *)p[1];
+    const int64_t sd = inner[0], ss = inner[1];
+    if (sd == 1 && ss == 1) {
+        for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+    } else if (sd == 0) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < n; i++) acc += src[i * ss];
+        dst[0] += acc;
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i * sd] += src[i * ss];
+    }
+}
+
+cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g) {
+    if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return CM_OK;
+    cm_tensor *gt = cmi_grad(tp, t);
+    if (!gt) return tp->status;
+    int64_t st[2][CM_MAX_DIMS];
+    cmi_broadcast_strides(gt, g->ndim, g->shape, st[0]);
+    cmi_contig_strides(g->ndim, g->shape, st[1]);
+    char *bases[2] = {(char *)gt->data, (char *)g->data};
+    size_t es[2] = {4, 4};
+    bool same = cm_tensor_numel(gt) == cm_tensor_numel(g);
+    cmi_iterate(g->ndim, g->shape, 2, st, bases, es, same, accum_row, NULL);
+    return CM_OK;
+}
+
+/* ---- backward ---- */
+
+cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *grad) {
+    if (tp->status) return cm_set_error(tp->status, "%s", tp->error);
+    if (!out || !grad) return cmi_fail(tp, CM_ERR_INVALID_ARG, "backward: output or gradient is NULL");
+    if (!(out->flags & CM_TF_REQUIRES_GRAD))
+        return cmi_fail(tp, CM_ERR_STATE,
+                        "backward: the output %s does not require grad (no input requires grad, or grad was disabled)",
+                        cmi_shape(out));
+    if (grad->dtype != CM_DTYPE_F32 || grad->ndim != out->ndim ||
+        memcmp(grad->shape, out->shape, sizeof(int64_t) * (size_t)out->ndim) != 0)
+        return cmi_fail(tp, CM_ERR_SHAPE, "backward: gradient %s (%s) must be f32 with the output's shape %s",
+                        cmi_shape(grad), cm_dtype_name(grad->dtype), cmi_shape(out));
+    bool prev = tp->grad_enabled;
+    tp->grad_enabled = false; /* backward functions build no graph */
+    cm_status st = cmi_accum(tp, out, grad);
+    for (cm_node *n = tp->last; n && st == CM_OK; n = n->prev) {
+        cm_tensor *gout = n->out->grad;
+        if (!gout) continue; /* not on the path from `out` */
+        st = n->backward(tp, n, gout);
+        if (st == CM_OK && tp->status) st = tp->status;
+    }
+    tp->grad_enabled = prev;
+    if (st && !tp->status) cmi_fail(tp, st, "backward: %s", cm_last_error());
+    return st;
+}
+
+cm_status cm_tape_backward(cm_tape *tp, cm_tensor *loss) {
+    if (tp->status) return cm_set_error(tp->status, "%s", tp->error);
+    if (!loss) return cmi_fail(tp, CM_ERR_INVALID_ARG, "backward: loss is NULL");
+    if (cm_tensor_numel(loss) != 1)
+        return cmi_fail(tp, CM_ERR_SHAPE, "backward: loss must have one element, got shape %s (reduce it first, "
+                                          "or use cm_tape_backward_with)", cmi_shape(loss));
+    cm_tensor *one = cmi_new(tp, CM_DTYPE_F32, loss->ndim, loss->shape);
+    if (!one) return tp->status;
+    cmi_f32(one)[0] = 1.0f;
+    return cm_tape_backward_with(tp, loss, one);
+}

@@ -1,0 +1,159 @@
+/*
+ * Private definitions of the tensor layer: the tensor and node structs and the helpers every op
+ * file uses. Not installed.
+ *
+ * How an op is written (see elementwise.c for the simplest ones):
+ *
+ *   cm_tensor *cm_foo(cm_tape *tp, cm_tensor *a, cm_tensor *b) {
+ *       cm_tensor *ins[2] = {a, b};
+ *       if (!cmi_begin(tp, "foo", 2, ins)) return NULL;         // earlier error or NULL input
+ *       if (!cmi_check_f32(tp, "foo", "a", a)) return NULL;      // dtype errors name the op
+ *       ... shape checks: return cmi_fail(tp, CM_ERR_SHAPE, "foo: ... %s", cmi_shape(a)), NULL;
+ *       cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, nd, shape);  // contiguous, in the arena
+ *       if (!out) return NULL;
+ *       ... compute (inputs may be strided: use cmi_iterate or cm_contiguous first) ...
+ *       if (cmi_needs_grad(tp, 2, ins)) {
+ *           cm_node *n = cmi_record(tp, "foo", out, 2, ins, foo_backward, sizeof(foo_ctx));
+ *           if (!n) return NULL;
+ *           ... save what backward needs in n->ctx / n->i / n->f ...
+ *       }
+ *       return out;
+ *   }
+ *
+ *   static cm_status foo_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+ *       // gout: f32, contiguous, the shape of n->out
+ *       cm_tensor *ga = cmi_grad(tp, n->in[0]);  // NULL if in[0] needs no grad (or on OOM)
+ *       if (ga) { ... accumulate (+=) into cmi_f32(ga) ... }
+ *       return cmi_status(tp);
+ *   }
+ *
+ * Gradients are always f32, contiguous, with the tensor's shape; a backward function *adds* into
+ * them (cmi_grad zero-initialises on first use). Backward functions run after every node recorded
+ * later on the tape, so n->out's gradient is complete when it runs.
+ */
+#ifndef CM_TENSOR_IMPL_H
+#define CM_TENSOR_IMPL_H
+
+#include <composer/tensor.h>
+
+#include <stdarg.h>
+#include <string.h>
+
+enum {
+    CM_TF_REQUIRES_GRAD = 1u << 0,
+    CM_TF_TAPE = 1u << 1,      /* struct (and data, unless a view) lives in a tape arena */
+    CM_TF_OWNS_DATA = 1u << 2, /* long-lived: `data` was cm_alloc'ed and is freed with the tensor */
+    CM_TF_OWNS_GRAD = 1u << 3, /* long-lived: `grad` was allocated by the library */
+};
+
+typedef struct cm_node cm_node;
+
+struct cm_tensor {
+    cm_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    int64_t stride[CM_MAX_DIMS]; /* in elements */
+    void *data;                  /* element (0, ..., 0) */
+    uint32_t flags;
+    cm_tensor *grad;             /* f32, contiguous, same shape */
+    cm_node *node;               /* the node that produced it (NULL for leaves and no-grad results) */
+    char *name;                  /* long-lived tensors only */
+};
+
+typedef cm_status (*cm_backward_fn)(cm_tape *tp, cm_node *n, const cm_tensor *gout);
+
+struct cm_node {
+    const char *op;
+    cm_backward_fn backward;
+    cm_tensor *out;
+    int n_in;
+    cm_tensor **in; /* n_in inputs (entries may be NULL for optional ones) */
+    void *ctx;      /* ctx_bytes of op-specific state in the arena (zeroed) */
+    int64_t i[8];   /* small integer arguments */
+    double f[4];    /* small float arguments */
+    cm_node *prev;  /* the node recorded before this one */
+};
+
+struct cm_tape {
+    cm_arena *arena;
+    cm_node *last;
+    int64_t n_nodes;
+    bool grad_enabled;
+    cm_status status;
+    char error[1024];
+};
+
+/* ---- op plumbing ---- */
+
+/* False when the tape already failed or one of the n required inputs is NULL (recording
+ * CM_ERR_INVALID_ARG "op: input k is NULL" if the tape had no error yet). */
+bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins);
+/* Records the first error on the tape and in cm_last_error(); returns s. */
+cm_status cmi_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+cm_status cmi_failv(cm_tape *tp, cm_status s, const char *fmt, va_list ap);
+static inline cm_status cmi_status(const cm_tape *tp) { return tp->status; }
+/* Records an error if t is not f32: "op: 'name' has dtype bf16; this op needs f32 (cast with cm_cast)". */
+bool cmi_check_f32(cm_tape *tp, const char *op, const char *name, const cm_tensor *t);
+/* Same for integer index tensors (i32, i64, u8 accepted). */
+bool cmi_check_index(cm_tape *tp, const char *op, const char *name, const cm_tensor *t);
+/* Normalises a possibly negative axis; records CM_ERR_INVALID_ARG and returns false if out of range. */
+bool cmi_axis(cm_tape *tp, const char *op, int ndim, int *axis);
+
+/* "(2, 3, 4)" in a thread-local ring of 8 buffers: valid for the next 7 calls on this thread. */
+const char *cmi_shape(const cm_tensor *t);
+const char *cmi_shape_of(int ndim, const int64_t *shape);
+
+/* ---- allocation ---- */
+
+/* A contiguous tensor in the tape's arena (data uninitialised; NaN when the tape poisons).
+ * NULL + tape error on OOM. */
+cm_tensor *cmi_new(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape);
+cm_tensor *cmi_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape);
+/* A view struct in the arena sharing `data`. */
+cm_tensor *cmi_view(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data);
+/* Scratch memory from the arena (NULL + tape error on OOM). */
+void *cmi_scratch(cm_tape *tp, size_t bytes);
+
+/* ---- autograd ---- */
+
+bool cmi_needs_grad(const cm_tape *tp, int n, cm_tensor *const *ins);
+/* Records a node producing `out` from the n inputs (copied; NULL entries allowed) and marks out as
+ * requiring grad. ctx_bytes of zeroed context. NULL + tape error on OOM. */
+cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tensor *const *ins, cm_backward_fn fn,
+                    size_t ctx_bytes);
+/* The gradient buffer of t, created as zeros on first use (arena for tape tensors, heap for
+ * long-lived ones). NULL when t is NULL or does not require grad, or on OOM (tape error set). */
+cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t);
+/* Adds g (f32, contiguous, shape broadcast-compatible: t's shape after broadcasting) into t's
+ * gradient, summing over broadcast dims. No-op if t needs no grad. */
+cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g);
+
+static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
+
+/* ---- shapes and iteration ---- */
+
+int64_t cmi_numel(int ndim, const int64_t *shape);
+void cmi_contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+bool cmi_is_contig(const cm_tensor *t);
+/* Broadcasts two shapes (NumPy rules). False if incompatible. */
+bool cmi_broadcast_shapes(int na, const int64_t *sa, int nb, const int64_t *sb, int *nout, int64_t *sout);
+/* Strides of t viewed as broadcast to (ndim, shape): 0 on stretched or new leading dims. */
+void cmi_broadcast_strides(const cm_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
+
+/* Calls fn once per innermost row of an n-d iteration space with n_ops operands (at most 4).
+ * strides[k] gives operand k's strides in elements; bases[k] its element (0,...,0); esize[k] its
+ * element size. Dims are collapsed where possible; rows run in parallel (OpenMP) when the space is
+ * large and `parallel` is set — only when no two rows write the same memory. fn gets the row
+ * length, the row start pointers and the inner strides in elements. */
+typedef void (*cmi_row_fn)(int64_t n, char *const *ptrs, const int64_t *inner, void *ctx);
+void cmi_iterate(int ndim, const int64_t *shape, int n_ops, int64_t (*strides)[CM_MAX_DIMS], char *const *bases,
+                 const size_t *esize, bool parallel, cmi_row_fn fn, void *ctx);
+
+/* Conversions between element types (used by copy and cast). */
+double cmi_load(cm_dtype dt, const void *p);
+void cmi_store(cm_dtype dt, void *p, double v);
+
+/* Threshold (elements) above which simple kernels go parallel. */
+#define CMI_PAR_MIN 32768
+
+#endif

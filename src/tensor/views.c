@@ -1,0 +1,395 @@
+/* Tape tensor creation, copies, dtype casts and the differentiable view ops. */
+#include "tensor/tensor_impl.h"
+
+#include <math.h>
+
+/* ---- creation ---- */
+
+cm_tensor *cm_empty(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
+    if (!cmi_begin(tp, "empty", 0, NULL)) return NULL;
+    return cmi_new(tp, dt, ndim, shape);
+}
+
+cm_tensor *cm_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
+    if (!cmi_begin(tp, "zeros", 0, NULL)) return NULL;
+    return cmi_zeros(tp, dt, ndim, shape);
+}
+
+cm_tensor *cm_full(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, double v) {
+    cm_tensor *t = cm_empty(tp, dt, ndim, shape);
+    if (t) cm_tensor_fill(t, v);
+    return t;
+}
+
+cm_tensor *cm_arange(cm_tape *tp, cm_dtype dt, double start, double end, double step) {
+    if (!cmi_begin(tp, "arange", 0, NULL)) return NULL;
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step)) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "arange: start %g, end %g, step %g must be finite with step != 0", start, end,
+                 step);
+        return NULL;
+    }
+    double n = ceil((end - start) / step);
+    int64_t shape[1] = {n > 0 ? (int64_t)n : 0};
+    cm_tensor *t = cmi_new(tp, dt, 1, shape);
+    if (t) cm_tensor_arange_fill(t, start, step);
+    return t;
+}
+
+cm_tensor *cm_clone_detached(cm_tape *tp, const cm_tensor *src) {
+    if (!cmi_begin(tp, "clone", 1, (cm_tensor *const *)&src)) return NULL;
+    cm_tensor *t = cmi_new(tp, src->dtype, src->ndim, src->shape);
+    if (t) cm_tensor_copy(t, src);
+    return t;
+}
+
+/* ---- non-differentiable utilities ---- */
+
+typedef struct {
+    cm_dtype dd, ds;
+} copy_ctx;
+
+static void copy_row(int64_t n, char *const *p, const int64_t *inner, void *vctx) {
+    const copy_ctx *c = vctx;
+    const size_t ed = cm_dtype_size(c->dd), es = cm_dtype_size(c->ds);
+    if (c->dd == c->ds && inner[0] == 1 && inner[1] == 1) {
+        memcpy(p[0], p[1], (size_t)n * ed);
+        return;
+    }
+    if (c->dd == CM_DTYPE_F32 && c->ds == CM_DTYPE_F32) {
+        float *d = (float *)p[0];
+        const float *s = (const float *)p[1];
+        for (int64_t i = 0; i < n; i++) d[i * inner[0]] = s[i * inner[1]];
+        return;
+    }
+    if (c->dd == CM_DTYPE_BF16 && c->ds == CM_DTYPE_F32) {
+        uint16_t *d = (uint16_t *)p[0];
+        const float *s = (const float *)p[1];
+        for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cm_f32_to_bf16(s[i * inner[1]]);
+        return;
+    }
+    if (c->dd == CM_DTYPE_F32 && c->ds == CM_DTYPE_BF16) {
+        float *d = (float *)p[0];
+        const uint16_t *s = (const uint16_t *)p[1];
+        for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cm_bf16_to_f32(s[i * inner[1]]);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        cmi_store(c->dd, p[0] + i * inner[0] * (int64_t)ed, cmi_load(c->ds, p[1] + i * inner[1] * (int64_t)es));
+}
+
+cm_status cm_tensor_copy(cm_tensor *dst, const cm_tensor *src) {
+    int nd;
+    int64_t shape[CM_MAX_DIMS];
+    if (!cmi_broadcast_shapes(dst->ndim, dst->shape, src->ndim, src->shape, &nd, shape) || nd != dst->ndim ||
+        memcmp(shape, dst->shape, sizeof(int64_t) * (size_t)nd) != 0)
+        return cm_set_error(CM_ERR_SHAPE, "copy: source %s does not broadcast to destination %s", cmi_shape(src),
+                            cmi_shape(dst));
+    int64_t st[2][CM_MAX_DIMS];
+    memcpy(st[0], dst->stride, sizeof(int64_t) * (size_t)nd);
+    cmi_broadcast_strides(src, nd, shape, st[1]);
+    char *bases[2] = {(char *)dst->data, (char *)src->data};
+    size_t es[2] = {cm_dtype_size(dst->dtype), cm_dtype_size(src->dtype)};
+    copy_ctx c = {dst->dtype, src->dtype};
+    /* Rows may only run in parallel when dst has no stride-0 (overlapping) dims. */
+    bool overlap = false;
+    for (int i = 0; i < nd; i++)
+        if (dst->stride[i] == 0 && dst->shape[i] > 1) overlap = true;
+    cmi_iterate(nd, shape, 2, st, bases, es, !overlap, copy_row, &c);
+    return CM_OK;
+}
+
+typedef struct {
+    cm_dtype dt;
+    double v;
+} fill_ctx;
+
+static void fill_row(int64_t n, char *const *p, const int64_t *inner, void *vctx) {
+    const fill_ctx *c = vctx;
+    if (c->dt == CM_DTYPE_F32) {
+        float *d = (float *)p[0];
+        const float v = (float)c->v;
+        for (int64_t i = 0; i < n; i++) d[i * inner[0]] = v;
+        return;
+    }
+    const size_t es = cm_dtype_size(c->dt);
+    for (int64_t i = 0; i < n; i++) cmi_store(c->dt, p[0] + i * inner[0] * (int64_t)es, c->v);
+}
+
+cm_status cm_tensor_fill(cm_tensor *t, double v) {
+    int64_t st[1][CM_MAX_DIMS];
+    memcpy(st[0], t->stride, sizeof(int64_t) * (size_t)t->ndim);
+    char *bases[1] = {(char *)t->data};
+    size_t es[1] = {cm_dtype_size(t->dtype)};
+    fill_ctx c = {t->dtype, v};
+    cmi_iterate(t->ndim, t->shape, 1, st, bases, es, false, fill_row, &c);
+    return CM_OK;
+}
+
+cm_status cm_tensor_arange_fill(cm_tensor *t, double start, double step) {
+    int64_t n = cm_tensor_numel(t);
+    int64_t idx[CM_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        cm_tensor_set(t, idx, start + (double)i * step);
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < t->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return CM_OK;
+}
+
+/* ---- differentiable views ---- */
+
+/* Backward of any view: gout has the view's shape; scatter it back through the same strides into
+ * a contiguous gradient of the base. n->i[0] = element offset of the view in its base. */
+typedef struct {
+    int ndim;
+    int64_t stride[CM_MAX_DIMS];
+    int64_t offset;
+} view_ctx;
+
+static void add_row(int64_t n, char *const *p, const int64_t *inner, void *ctx) {
+    (void)ctx;
+    float *dst = (float *)p[0];
+    const float *src = (const float *)p[1];
+    for (int64_t i = 0; i < n; i++) dst[i * inner[0]] += src[i * inner[1]];
+}
+
+static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *base = n->in[0];
+    cm_tensor *gb = cmi_grad(tp, base);
+    if (!gb) return cmi_status(tp);
+    const view_ctx *c = n->ctx;
+    /* The view's strides in terms of the base's *contiguous* gradient layout. */
+    cm_tensor gv = *gout;
+    gv.data = cmi_f32(gb) + c->offset;
+    memcpy(gv.stride, c->stride, sizeof c->stride);
+    gv.flags = 0;
+    /* gv += gout through the strides; views made by expand overlap (stride 0), so go serial. */
+    int64_t st[2][CM_MAX_DIMS];
+    memcpy(st[0], gv.stride, sizeof(int64_t) * (size_t)gv.ndim);
+    cmi_contig_strides(gout->ndim, gout->shape, st[1]);
+    char *bases[2] = {(char *)gv.data, (char *)gout->data};
+    size_t es[2] = {4, 4};
+    cmi_iterate(gout->ndim, gout->shape, 2, st, bases, es, false, add_row, NULL);
+    return CM_OK;
+}
+
+/* Makes a view of t with (ndim, shape, stride) starting `offset` elements after t's data, and
+ * records the view node. t's gradient is contiguous whatever t's memory layout, so each view op
+ * also describes the view in that layout (grad_stride, grad_offset) for view_backward. */
+static cm_tensor *make_view(cm_tape *tp, const char *op, cm_tensor *t, int ndim, const int64_t *shape,
+                            const int64_t *stride, int64_t offset, const int64_t *grad_stride, int64_t grad_offset) {
+    cm_tensor *v = cmi_view(tp, t->dtype, ndim, shape, stride, (char *)t->data + offset * (int64_t)cm_dtype_size(t->dtype));
+    if (!v) return NULL;
+    if (cmi_needs_grad(tp, 1, &t)) {
+        cm_node *n = cmi_record(tp, op, v, 1, &t, view_backward, sizeof(view_ctx));
+        if (!n) return NULL;
+        view_ctx *c = n->ctx;
+        c->ndim = ndim;
+        memcpy(c->stride, grad_stride, sizeof(int64_t) * (size_t)ndim);
+        c->offset = grad_offset;
+    }
+    return v;
+}
+
+cm_tensor *cm_contiguous(cm_tape *tp, cm_tensor *t) {
+    if (!cmi_begin(tp, "contiguous", 1, &t)) return NULL;
+    if (cmi_is_contig(t)) return t;
+    cm_tensor *out = cmi_new(tp, t->dtype, t->ndim, t->shape);
+    if (!out) return NULL;
+    cm_tensor_copy(out, t);
+    if (cmi_needs_grad(tp, 1, &t)) {
+        /* The gradient of t is contiguous in t's shape, so this is an identity in gradient space. */
+        int64_t gs[CM_MAX_DIMS];
+        cmi_contig_strides(t->ndim, t->shape, gs);
+        cm_node *n = cmi_record(tp, "contiguous", out, 1, &t, view_backward, sizeof(view_ctx));
+        if (!n) return NULL;
+        view_ctx *c = n->ctx;
+        c->ndim = t->ndim;
+        memcpy(c->stride, gs, sizeof gs);
+        c->offset = 0;
+    }
+    return out;
+}
+
+cm_tensor *cm_reshape(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape_in) {
+    if (!cmi_begin(tp, "reshape", 1, &t)) return NULL;
+    if (ndim < 0 || ndim > CM_MAX_DIMS) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "reshape: ndim %d is out of range (0..%d)", ndim, CM_MAX_DIMS);
+        return NULL;
+    }
+    int64_t shape[CM_MAX_DIMS];
+    int infer = -1;
+    int64_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        shape[i] = shape_in[i];
+        if (shape[i] == -1) {
+            if (infer >= 0) {
+                cmi_fail(tp, CM_ERR_INVALID_ARG, "reshape: more than one -1 in the new shape");
+                return NULL;
+            }
+            infer = i;
+        } else if (shape[i] < 0) {
+            cmi_fail(tp, CM_ERR_INVALID_ARG, "reshape: dim %d of the new shape is %lld", i, (long long)shape[i]);
+            return NULL;
+        } else {
+            known *= shape[i];
+        }
+    }
+    int64_t n = cm_tensor_numel(t);
+    if (infer >= 0) shape[infer] = known ? n / known : 0;
+    if (cmi_numel(ndim, shape) != n) {
+        cmi_fail(tp, CM_ERR_SHAPE, "reshape: cannot reshape %s (%lld elements) to %s", cmi_shape(t), (long long)n,
+                 cmi_shape_of(ndim, shape_in));
+        return NULL;
+    }
+    cm_tensor *src = cmi_is_contig(t) ? t : cm_contiguous(tp, t);
+    if (!src) return NULL;
+    int64_t stride[CM_MAX_DIMS];
+    cmi_contig_strides(ndim, shape, stride);
+    return make_view(tp, "reshape", src, ndim, shape, stride, 0, stride, 0);
+}
+
+cm_tensor *cm_permute(cm_tape *tp, cm_tensor *t, const int *perm) {
+    if (!cmi_begin(tp, "permute", 1, &t)) return NULL;
+    int seen[CM_MAX_DIMS] = {0};
+    int64_t shape[CM_MAX_DIMS], stride[CM_MAX_DIMS], gstride[CM_MAX_DIMS], gbase[CM_MAX_DIMS];
+    cmi_contig_strides(t->ndim, t->shape, gbase);
+    for (int i = 0; i < t->ndim; i++) {
+        int p = perm[i];
+        if (!cmi_axis(tp, "permute", t->ndim, &p)) return NULL;
+        if (seen[p]++) {
+            cmi_fail(tp, CM_ERR_INVALID_ARG, "permute: axis %d appears twice in the permutation", perm[i]);
+            return NULL;
+        }
+        shape[i] = t->shape[p];
+        stride[i] = t->stride[p];
+        gstride[i] = gbase[p];
+    }
+    return make_view(tp, "permute", t, t->ndim, shape, stride, 0, gstride, 0);
+}
+
+cm_tensor *cm_transpose(cm_tape *tp, cm_tensor *t, int a, int b) {
+    if (!cmi_begin(tp, "transpose", 1, &t)) return NULL;
+    if (!cmi_axis(tp, "transpose", t->ndim, &a) || !cmi_axis(tp, "transpose", t->ndim, &b)) return NULL;
+    int perm[CM_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++) perm[i] = i;
+    perm[a] = b;
+    perm[b] = a;
+    return cm_permute(tp, t, perm);
+}
+
+cm_tensor *cm_narrow(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t length) {
+    if (!cmi_begin(tp, "narrow", 1, &t)) return NULL;
+    if (!cmi_axis(tp, "narrow", t->ndim, &axis)) return NULL;
+    if (start < 0 || length < 0 || start + length > t->shape[axis]) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "narrow: range [%lld, %lld) is outside axis %d of %s", (long long)start,
+                 (long long)(start + length), axis, cmi_shape(t));
+        return NULL;
+    }
+    int64_t shape[CM_MAX_DIMS], gstride[CM_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[axis] = length;
+    cmi_contig_strides(t->ndim, t->shape, gstride);
+    return make_view(tp, "narrow", t, t->ndim, shape, t->stride, start * t->stride[axis], gstride,
+                     start * gstride[axis]);
+}
+
+cm_tensor *cm_expand(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape) {
+    if (!cmi_begin(tp, "expand", 1, &t)) return NULL;
+    if (ndim < t->ndim || ndim > CM_MAX_DIMS) {
+        cmi_fail(tp, CM_ERR_SHAPE, "expand: cannot expand %s to %s", cmi_shape(t), cmi_shape_of(ndim, shape));
+        return NULL;
+    }
+    int64_t stride[CM_MAX_DIMS], gstride[CM_MAX_DIMS], gbase[CM_MAX_DIMS];
+    cmi_contig_strides(t->ndim, t->shape, gbase);
+    for (int i = 0; i < ndim; i++) {
+        int it = i - (ndim - t->ndim);
+        if (it < 0) {
+            stride[i] = gstride[i] = 0;
+        } else if (t->shape[it] == shape[i]) {
+            stride[i] = t->stride[it];
+            gstride[i] = gbase[it];
+        } else if (t->shape[it] == 1) {
+            stride[i] = gstride[i] = 0;
+        } else {
+            cmi_fail(tp, CM_ERR_SHAPE, "expand: cannot expand %s to %s (dim %d is %lld, not 1)", cmi_shape(t),
+                     cmi_shape_of(ndim, shape), it, (long long)t->shape[it]);
+            return NULL;
+        }
+    }
+    return make_view(tp, "expand", t, ndim, shape, stride, 0, gstride, 0);
+}
+
+cm_tensor *cm_squeeze(cm_tape *tp, cm_tensor *t, int axis) {
+    if (!cmi_begin(tp, "squeeze", 1, &t)) return NULL;
+    if (!cmi_axis(tp, "squeeze", t->ndim, &axis)) return NULL;
+    if (t->shape[axis] != 1) {
+        cmi_fail(tp, CM_ERR_SHAPE, "squeeze: axis %d of %s has size %lld, not 1", axis, cmi_shape(t),
+                 (long long)t->shape[axis]);
+        return NULL;
+    }
+    int64_t shape[CM_MAX_DIMS], stride[CM_MAX_DIMS], gstride[CM_MAX_DIMS], gbase[CM_MAX_DIMS];
+    cmi_contig_strides(t->ndim, t->shape, gbase);
+    int k = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (i == axis) continue;
+        shape[k] = t->shape[i];
+        stride[k] = t->stride[i];
+        gstride[k] = gbase[i];
+        k++;
+    }
+    return make_view(tp, "squeeze", t, t->ndim - 1, shape, stride, 0, gstride, 0);
+}
+
+cm_tensor *cm_unsqueeze(cm_tape *tp, cm_tensor *t, int axis) {
+    if (!cmi_begin(tp, "unsqueeze", 1, &t)) return NULL;
+    if (t->ndim >= CM_MAX_DIMS) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "unsqueeze: %s already has %d dims", cmi_shape(t), CM_MAX_DIMS);
+        return NULL;
+    }
+    if (!cmi_axis(tp, "unsqueeze", t->ndim + 1, &axis)) return NULL;
+    int64_t shape[CM_MAX_DIMS], stride[CM_MAX_DIMS], gstride[CM_MAX_DIMS], gbase[CM_MAX_DIMS];
+    cmi_contig_strides(t->ndim, t->shape, gbase);
+    int k = 0;
+    for (int i = 0; i <= t->ndim; i++) {
+        if (i == axis) {
+            shape[i] = 1;
+            stride[i] = gstride[i] = 0;
+            continue;
+        }
+        shape[i] = t->shape[k];
+        stride[i] = t->stride[k];
+        gstride[i] = gbase[k];
+        k++;
+    }
+    return make_view(tp, "unsqueeze", t, t->ndim + 1, shape, stride, 0, gstride, 0);
+}
+
+cm_tensor *cm_detach(cm_tape *tp, cm_tensor *t) {
+    if (!cmi_begin(tp, "detach", 1, &t)) return NULL;
+    return cmi_view(tp, t->dtype, t->ndim, t->shape, t->stride, t->data);
+}
+
+/* Cast: gradients are f32 for every dtype, so the backward is an identity accumulate. */
+static cm_status cast_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    return cmi_accum(tp, n->in[0], gout);
+}
+
+cm_tensor *cm_cast(cm_tape *tp, cm_tensor *t, cm_dtype dt) {
+    if (!cmi_begin(tp, "cast", 1, &t)) return NULL;
+    if ((unsigned)dt >= CM_DTYPE_COUNT) {
+        cmi_fail(tp, CM_ERR_DTYPE, "cast: dtype %d is not valid", (int)dt);
+        return NULL;
+    }
+    if (t->dtype == dt) return t;
+    cm_tensor *out = cmi_new(tp, dt, t->ndim, t->shape);
+    if (!out) return NULL;
+    cm_tensor_copy(out, t);
+    bool floating = dt == CM_DTYPE_F32 || dt == CM_DTYPE_BF16 || dt == CM_DTYPE_F16;
+    if (floating && cmi_needs_grad(tp, 1, &t)) {
+        if (!cmi_record(tp, "cast", out, 1, &t, cast_backward, 0)) return NULL;
+    }
+    return out;
+}

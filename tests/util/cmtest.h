@@ -1,0 +1,52 @@
+/* Shared test helpers: random tensors, non-contiguous inputs, the gradient checker and the golden
+ * file reader. Every check prints both values and the tolerance on failure. */
+#ifndef CMTEST_H
+#define CMTEST_H
+
+#include <composer/composer.h>
+#include <criterion/criterion.h>
+
+/* A tape with poisoned (NaN-filled) arena memory, so unwritten outputs are caught. */
+cm_tape *cmt_tape(void);
+
+/* A tape tensor with values from N(0, 1) (or U(lo, hi) with cmt_rand_uniform), seeded; marked
+ * requires_grad when `grad` is set. Aborts the test on failure. */
+cm_tensor *cmt_randn(cm_tape *tp, int ndim, const int64_t *shape, uint64_t seed, bool grad);
+cm_tensor *cmt_rand_uniform(cm_tape *tp, int ndim, const int64_t *shape, uint64_t seed, float lo, float hi, bool grad);
+/* Same values as cmt_randn but stored transposed in memory (last two dims swapped, or with a
+ * stride of 2 for 1-d), so the tensor is a non-contiguous leaf view. */
+cm_tensor *cmt_randn_noncontig(cm_tape *tp, int ndim, const int64_t *shape, uint64_t seed, bool grad);
+/* Integer tensor (i64) with values uniform in [lo, hi). */
+cm_tensor *cmt_randint(cm_tape *tp, int ndim, const int64_t *shape, uint64_t seed, int64_t lo, int64_t hi);
+
+/* The function under test: builds the output from the inputs on tp. */
+typedef cm_tensor *(*cmt_fn)(cm_tape *tp, cm_tensor *const *in, void *ctx);
+
+typedef struct cmt_gradcheck_opts {
+    double eps;        /* central-difference step (default 1e-2) */
+    double atol, rtol; /* |analytic - numeric| <= atol + rtol·|numeric| (defaults 1e-3, 1e-2) */
+    int max_checks;    /* elements checked per input, spread over the tensor (default 48; 0 = all) */
+} cmt_gradcheck_opts;
+cmt_gradcheck_opts cmt_gradcheck_defaults(void);
+
+/* Checks the gradient of L = Σ out·R (R a fixed random tensor) w.r.t. every input that requires
+ * grad, against central differences computed in double from f32 forward passes. Also checks that
+ * the output has no NaN (poisoned memory left unwritten). `name` labels failures. */
+void cmt_gradcheck(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *const *in,
+                   const cmt_gradcheck_opts *opts);
+
+/* Asserts every element of a and b (any dtypes/strides, same shape) agree within atol + rtol·|b|. */
+void cmt_assert_close(const char *what, const cm_tensor *a, const cm_tensor *b, double atol, double rtol);
+void cmt_assert_close_f32(const char *what, const float *a, const float *b, int64_t n, double atol, double rtol);
+
+/* Golden files: safetensors written by tests/golden/make_golden.py. */
+typedef struct cmt_golden cmt_golden;
+cmt_golden *cmt_golden_open(const char *path); /* aborts the test if missing or malformed */
+void cmt_golden_close(cmt_golden *g);
+/* A long-lived tensor (caller frees) copied from the file; aborts if the name is missing. */
+cm_tensor *cmt_golden_get(cmt_golden *g, const char *name);
+bool cmt_golden_has(cmt_golden *g, const char *name);
+/* A tape tensor with the golden's values, optionally requiring grad. */
+cm_tensor *cmt_golden_on_tape(cmt_golden *g, cm_tape *tp, const char *name, bool grad);
+
+#endif
