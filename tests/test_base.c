@@ -1,0 +1,236 @@
+/* The base layer: status codes and messages, logging levels, allocator hook, arena budget and
+ * rewinding, Philox known answers and distributions, hashing, clocks, threads. */
+#include "cmtest.h"
+
+#include <criterion/redirect.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cm_philox4x32_raw(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+Test(status, names_descriptions_and_thread_local_message) {
+    cr_assert_str_eq(cm_status_name(CM_ERR_SHAPE), "CM_ERR_SHAPE");
+    cr_assert_str_eq(cm_status_name(CM_OK), "CM_OK");
+    cr_assert_str_eq(cm_status_name((cm_status)-999), "CM_ERR_?");
+    cr_assert_str_eq(cm_status_str(CM_ERR_OOM), "out of memory");
+    cr_assert_eq(cm_set_error(CM_ERR_IO, "open '%s' failed: %s", "x.bin", "no such file"), CM_ERR_IO);
+    cr_assert_str_eq(cm_last_error(), "open 'x.bin' failed: no such file");
+    cr_assert_eq(cm_last_status(), CM_ERR_IO);
+    /* a message may quote the previous one */
+    cm_set_error(CM_ERR_IO, "while loading: %s", cm_last_error());
+    cr_assert_str_eq(cm_last_error(), "while loading: open 'x.bin' failed: no such file");
+    cm_clear_error();
+    cr_assert_str_eq(cm_last_error(), "");
+    cr_assert_eq(cm_last_status(), CM_OK);
+    cr_assert_str_eq(cm_version(), "0.1.0");
+}
+
+Test(log, level_parsing_accepts_names_and_rejects_others) {
+    cm_log_level lv;
+    cr_assert_eq(cm_log_level_parse("debug", &lv), CM_OK);
+    cr_assert_eq(lv, CM_LOG_DEBUG);
+    cr_assert_eq(cm_log_level_parse("WARN", &lv), CM_OK);
+    cr_assert_eq(lv, CM_LOG_WARN);
+    cr_assert_eq(cm_log_level_parse("loud", &lv), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "loud") && strstr(cm_last_error(), "debug, info, warn, error"), "%s",
+              cm_last_error());
+    cm_log_set_level(CM_LOG_ERROR);
+    cr_assert_eq(cm_log_get_level(), CM_LOG_ERROR);
+    cm_log_msg(CM_LOG_INFO, "this line is below the level and not printed");
+    cm_log_set_level(CM_LOG_INFO);
+}
+
+static void rank_prefix(char *buf, size_t cap, void *data) { snprintf(buf, cap, "[rank %d] ", *(int *)data); }
+
+Test(log, prefix_hook_is_applied, .init = cr_redirect_stderr) {
+    int rank = 3;
+    cm_log_set_level(CM_LOG_INFO);
+    cm_log_set_prefix(rank_prefix, &rank);
+    cm_log_msg(CM_LOG_WARN, "hello %d", 7);
+    cm_log_set_prefix(NULL, NULL);
+    fflush(stderr);
+    cr_assert_stderr_eq_str("[composer warn] [rank 3] hello 7\n");
+}
+
+Test(alloc, fail_at_nth_allocation_then_recover) {
+    cm_alloc_fail_at(2);
+    void *a = cm_alloc(16, 16);
+    void *b = cm_alloc(16, 16);
+    void *c = cm_alloc(16, 16);
+    cr_assert_not_null(a);
+    cr_assert_null(b, "the 2nd allocation must fail");
+    cr_assert_eq(cm_last_status(), CM_ERR_OOM);
+    cr_assert(strstr(cm_last_error(), "16 bytes"), "%s", cm_last_error());
+    cr_assert_not_null(c);
+    cr_assert_eq(cm_alloc_fail_at(0), 3);
+    cm_free(a);
+    cm_free(c);
+    cm_free(NULL);
+}
+
+/* Every allocation inside tape creation + a small forward/backward can fail; each failure must be a
+ * clean CM_ERR_OOM (no crash, no leak under ASan). */
+Test(alloc, every_failing_allocation_in_a_training_step_is_clean) {
+    for (int n = 1; n < 64; n++) {
+        cm_alloc_fail_at(n);
+        cm_tape *tp = NULL;
+        cm_status st = cm_tape_new(NULL, &tp);
+        cm_tensor *w = NULL;
+        int64_t s[2] = {4, 3};
+        if (st == CM_OK) st = cm_tensor_new(CM_DTYPE_F32, 2, s, &w);
+        if (st == CM_OK) st = cm_tensor_set_requires_grad(w, true);
+        if (st == CM_OK) {
+            cm_tensor *y = cm_exp(tp, cm_mul(tp, w, w));
+            cm_tensor *ones = cm_full(tp, CM_DTYPE_F32, 2, s, 1.0);
+            if (y && ones) st = cm_tape_backward_with(tp, y, ones);
+            else st = cm_tape_status(tp);
+        }
+        int64_t made = cm_alloc_fail_at(0);
+        cr_assert(st == CM_OK || st == CM_ERR_OOM, "n=%d: status %s (%s)", n, cm_status_name(st), cm_last_error());
+        cm_tensor_free(w);
+        cm_tape_free(tp);
+        if (made < n) break; /* the step needed fewer allocations than n: all failure points covered */
+    }
+}
+
+Test(arena, budget_is_an_oom_error_with_numbers) {
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(4096, &a), CM_OK);
+    void *p = cm_arena_alloc(a, 1000);
+    cr_assert_not_null(p);
+    cr_assert_eq((uintptr_t)p % 64, 0, "64-byte alignment");
+    cr_assert_not_null(cm_arena_alloc(a, 2000));
+    cr_assert_null(cm_arena_alloc(a, 2000));
+    cr_assert_eq(cm_last_status(), CM_ERR_OOM);
+    cr_assert(strstr(cm_last_error(), "2000") && strstr(cm_last_error(), "4096"), "%s", cm_last_error());
+    cr_assert_eq(cm_arena_used(a), 1024 + 2048);
+    cm_arena_reset(a);
+    cr_assert_eq(cm_arena_used(a), 0);
+    cr_assert_eq(cm_arena_peak(a), 1024 + 2048);
+    cr_assert_not_null(cm_arena_alloc(a, 4000), "after reset the budget is free again");
+    cm_arena_free(a);
+}
+
+Test(arena, grows_in_chunks_rewinds_and_merges) {
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(0, &a), CM_OK);
+    char *p1 = cm_arena_alloc(a, 100);
+    size_t m = cm_arena_mark(a);
+    for (int i = 0; i < 10; i++) cr_assert_not_null(cm_arena_alloc(a, 700 * 1024)); /* spans chunks */
+    cr_assert_gt(cm_arena_used(a), (size_t)7000 * 1024);
+    cm_arena_rewind(a, m);
+    cr_assert_eq(cm_arena_used(a), m);
+    char *p2 = cm_arena_alloc(a, 100);
+    cr_assert_eq(p2, p1 + 128, "rewind reuses memory");
+    cm_arena_reset(a);
+    for (int i = 0; i < 10; i++) cr_assert_not_null(cm_arena_alloc(a, 700 * 1024));
+    cm_arena_set_poison(a, true);
+    float *f = cm_arena_alloc(a, 4 * sizeof(float));
+    cr_assert(isnan(f[0]) && isnan(f[3]), "poisoned memory reads as NaN");
+    cm_arena_free(a);
+}
+
+Test(tape, arena_budget_exceeded_is_oom_on_the_tape) {
+    cm_tape_config c = cm_tape_config_default();
+    c.arena_budget = 64 * 1024;
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(&c, &tp), CM_OK);
+    int64_t s[2] = {128, 128}; /* 64 KiB of f32: with the struct it cannot fit */
+    cm_tensor *t = cm_zeros(tp, CM_DTYPE_F32, 2, s);
+    cr_assert_null(t);
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_OOM);
+    cr_assert(strstr(cm_tape_error(tp), "(128, 128)") && strstr(cm_tape_error(tp), "budget"), "%s",
+              cm_tape_error(tp));
+    cm_tape_reset(tp);
+    cr_assert_eq(cm_tape_status(tp), CM_OK, "reset clears the error");
+    int64_t s2[2] = {16, 16};
+    cr_assert_not_null(cm_zeros(tp, CM_DTYPE_F32, 2, s2));
+    cm_tape_free(tp);
+}
+
+Test(rng, philox_matches_random123_known_answers) {
+    /* Known-answer vectors from Random123's kat_vectors (philox4x32_10). */
+    const uint32_t c0[4] = {0, 0, 0, 0}, k0[2] = {0, 0}, e0[4] = {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8};
+    const uint32_t c1[4] = {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, k1[2] = {0xffffffff, 0xffffffff},
+                   e1[4] = {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd};
+    const uint32_t c2[4] = {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, k2[2] = {0xa4093822, 0x299f31d0},
+                   e2[4] = {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1};
+    uint32_t out[4];
+    cm_philox4x32_raw(c0, k0, out);
+    for (int i = 0; i < 4; i++) cr_assert_eq(out[i], e0[i], "zero vector word %d: %08x vs %08x", i, out[i], e0[i]);
+    cm_philox4x32_raw(c1, k1, out);
+    for (int i = 0; i < 4; i++) cr_assert_eq(out[i], e1[i], "ones vector word %d: %08x vs %08x", i, out[i], e1[i]);
+    cm_philox4x32_raw(c2, k2, out);
+    for (int i = 0; i < 4; i++) cr_assert_eq(out[i], e2[i], "pi vector word %d: %08x vs %08x", i, out[i], e2[i]);
+}
+
+Test(rng, draws_are_reproducible_and_resumable) {
+    float a[64], b[64];
+    cm_rng r1 = cm_rng_init(42, 3), r2 = cm_rng_init(42, 3);
+    cm_rng_uniform(&r1, a, 64, 0, 1);
+    cm_rng_uniform(&r2, b, 32, 0, 1);
+    cm_rng_uniform(&r2, b + 32, 32, 0, 1);
+    cr_assert_eq(r1.counter, 16);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "filling in whole blocks equals filling at once");
+    for (int i = 0; i < 64; i++) cr_assert_eq(a[i], cm_rng_uniform_at(42, 3, (uint64_t)i));
+    cm_rng r3 = cm_rng_init(42, 4);
+    cm_rng_uniform(&r3, b, 64, 0, 1);
+    cr_assert_neq(memcmp(a, b, sizeof a), 0, "another stream differs");
+}
+
+Test(rng, distributions_have_the_right_moments) {
+    enum { N = 200000 };
+    float *x = malloc(sizeof(float) * N);
+    cm_rng r = cm_rng_init(7, 0);
+    cm_rng_normal(&r, x, N, 2.0f, 3.0f);
+    double s = 0, s2 = 0;
+    for (int i = 0; i < N; i++) s += x[i], s2 += (double)x[i] * x[i];
+    double mean = s / N, var = s2 / N - mean * mean;
+    cr_assert(fabs(mean - 2.0) < 0.03, "normal mean %g", mean);
+    cr_assert(fabs(sqrt(var) - 3.0) < 0.03, "normal std %g", sqrt(var));
+    cm_rng_uniform(&r, x, N, -1.0f, 3.0f);
+    s = 0;
+    float lo = 1e9f, hi = -1e9f;
+    for (int i = 0; i < N; i++) s += x[i], lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+    cr_assert(fabs(s / N - 1.0) < 0.02 && lo >= -1.0f && hi < 3.0f, "uniform mean %g range [%g, %g]", s / N, lo, hi);
+    uint8_t *m = malloc(N);
+    cm_rng_bernoulli(&r, m, N, 0.3f);
+    long ones = 0;
+    for (int i = 0; i < N; i++) ones += m[i];
+    cr_assert(fabs((double)ones / N - 0.3) < 0.005, "bernoulli rate %g", (double)ones / N);
+    int64_t *k = malloc(sizeof(int64_t) * N);
+    cm_rng_randint(&r, k, N, -5, 5);
+    long hist[10] = {0};
+    for (int i = 0; i < N; i++) {
+        cr_assert(k[i] >= -5 && k[i] < 5, "randint out of range: %lld", (long long)k[i]);
+        hist[k[i] + 5]++;
+    }
+    for (int i = 0; i < 10; i++) cr_assert(labs(hist[i] - N / 10) < N / 100, "randint bucket %d: %ld", i, hist[i]);
+    free(x);
+    free(m);
+    free(k);
+}
+
+Test(hash, xxh3_is_stable) {
+    /* XXH3_64bits("", 0) and of "abc" with seed 0 are fixed by the XXH3 specification. */
+    cr_assert_eq(cm_hash64("", 0, 0), 0x2D06800538D394C2ull, "%016llx", (unsigned long long)cm_hash64("", 0, 0));
+    cr_assert_eq(cm_hash64("abc", 3, 0), cm_hash64("abc", 3, 0));
+    cr_assert_neq(cm_hash64("abc", 3, 0), cm_hash64("abc", 3, 1));
+}
+
+Test(clock, is_monotonic) {
+    uint64_t a = cm_clock_ns(), b = cm_clock_ns();
+    cr_assert_geq(b, a);
+    cr_assert_gt(cm_clock_s(), 0.0);
+}
+
+Test(threads, count_is_settable_and_validated) {
+    int n = cm_num_threads();
+    cr_assert_geq(n, 1);
+    cr_assert_eq(cm_set_num_threads(0), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_set_num_threads(1), CM_OK);
+    cr_assert_eq(cm_num_threads(), 1);
+    cr_assert_eq(cm_set_num_threads(n), CM_OK);
+}

@@ -1,0 +1,346 @@
+/* The tensor object, views, copies, casts, initialisers and the tape's autograd mechanics. */
+#include "cmtest.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+Test(tensor, new_validates_shape_and_dtype) {
+    cm_tensor *t = NULL;
+    int64_t bad[2] = {2, -1};
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, bad, &t), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "(2, -1)"), "%s", cm_last_error());
+    cr_assert_null(t);
+    int64_t s[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 9, s, &t), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_tensor_new((cm_dtype)99, 1, s, &t), CM_ERR_DTYPE);
+    int64_t ok[3] = {2, 3, 4};
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_BF16, 3, ok, &t), CM_OK);
+    cr_assert_eq(cm_tensor_numel(t), 24);
+    cr_assert_eq(cm_tensor_nbytes(t), 48);
+    cr_assert_eq(cm_tensor_strides(t)[0], 12);
+    cr_assert_eq(cm_tensor_dim(t, -1), 4);
+    cr_assert(cm_tensor_is_contiguous(t));
+    cr_assert_eq(cm_tensor_get_flat(t, 5), 0.0, "new tensors are zero");
+    char buf[32];
+    cr_assert_str_eq(cm_tensor_shape_str(t, buf, sizeof buf), "(2, 3, 4)");
+    cr_assert_eq(cm_tensor_set_name(t, "w1"), CM_OK);
+    cr_assert_str_eq(cm_tensor_name(t), "w1");
+    cm_tensor_free(t);
+    cm_tensor_free(NULL);
+    /* requires_grad only on floating tensors */
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_I64, 1, ok, &t), CM_OK);
+    cr_assert_eq(cm_tensor_set_requires_grad(t, true), CM_ERR_DTYPE);
+    cm_tensor_free(t);
+}
+
+Test(dtype, names_parse_and_sizes) {
+    cm_dtype d;
+    cr_assert_eq(cm_dtype_parse("bfloat16", &d), CM_OK);
+    cr_assert_eq(d, CM_DTYPE_BF16);
+    cr_assert_eq(cm_dtype_parse("f32", &d), CM_OK);
+    cr_assert_eq(d, CM_DTYPE_F32);
+    cr_assert_eq(cm_dtype_parse("float128", &d), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "float128"));
+    cr_assert_str_eq(cm_dtype_name(CM_DTYPE_I32), "i32");
+    cr_assert_eq(cm_dtype_size(CM_DTYPE_I64), 8);
+    cr_assert_eq(cm_dtype_size(CM_DTYPE_U8), 1);
+}
+
+Test(dtype, bf16_and_f16_conversions_round_to_nearest_even) {
+    cr_assert_eq(cm_f32_to_bf16(1.0f), 0x3f80);
+    cr_assert_eq(cm_bf16_to_f32(0x3f80), 1.0f);
+    /* 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties to even (1.0) */
+    cr_assert_eq(cm_f32_to_bf16(1.00390625f), 0x3f80);
+    cr_assert_eq(cm_f32_to_bf16(1.01171875f), 0x3f82, "1+3·2^-8 ties up to even");
+    cr_assert(isnan(cm_bf16_to_f32(cm_f32_to_bf16(NAN))));
+    cr_assert(isinf(cm_bf16_to_f32(cm_f32_to_bf16(INFINITY))));
+    /* f16 known encodings */
+    cr_assert_eq(cm_f32_to_f16(1.0f), 0x3c00);
+    cr_assert_eq(cm_f32_to_f16(-2.0f), 0xc000);
+    cr_assert_eq(cm_f32_to_f16(65504.0f), 0x7bff);
+    cr_assert_eq(cm_f32_to_f16(65520.0f), 0x7c00, "rounds to inf");
+    cr_assert_eq(cm_f32_to_f16(5.960464477539063e-08f), 0x0001, "smallest subnormal");
+    cr_assert_eq(cm_f32_to_f16(6.103515625e-05f), 0x0400, "smallest normal");
+    cr_assert_eq(cm_f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00, "tie to even");
+    cr_assert(isnan(cm_f16_to_f32(cm_f32_to_f16(NAN))));
+    /* every f16 round-trips through f32 */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaNs */
+        float f = cm_f16_to_f32((uint16_t)h);
+        cr_assert_eq(cm_f32_to_f16(f), h, "f16 %04x -> %g -> %04x", h, (double)f, cm_f32_to_f16(f));
+    }
+}
+
+static cm_tensor *view_chain(cm_tape *tp, cm_tensor *const *in, void *ctx) {
+    int which = *(int *)ctx;
+    cm_tensor *x = in[0]; /* (2, 3, 4) */
+    switch (which) {
+    case 0: { int64_t s[2] = {4, -1}; return cm_reshape(tp, x, 2, s); }
+    case 1: { int p[3] = {2, 0, 1}; return cm_permute(tp, x, p); }
+    case 2: return cm_transpose(tp, x, 0, -1);
+    case 3: return cm_narrow(tp, x, 2, 1, 2);
+    case 4: { int64_t s[4] = {5, 2, 3, 4}; return cm_expand(tp, x, 4, s); }
+    case 5: return cm_squeeze(tp, cm_unsqueeze(tp, x, 1), 1);
+    case 6: { /* views of views, then reshape of a non-contiguous view (forces a copy) */
+        int64_t s[1] = {-1};
+        return cm_reshape(tp, cm_narrow(tp, cm_transpose(tp, x, 1, 2), 1, 1, 3), 1, s);
+    }
+    case 7: return cm_contiguous(tp, cm_transpose(tp, x, 0, 2));
+    case 8: { /* expand then mul: the stride-0 gradient must sum */
+        int64_t s[3] = {2, 3, 4};
+        cm_tensor *row = cm_narrow(tp, x, 1, 0, 1); /* (2, 1, 4) */
+        return cm_mul(tp, cm_expand(tp, row, 3, s), x);
+    }
+    default: return cm_cast(tp, cm_cast(tp, x, CM_DTYPE_BF16), CM_DTYPE_F32);
+    }
+}
+
+Test(views, every_view_op_gradchecks_on_contiguous_and_strided_inputs) {
+    const int64_t s[3] = {2, 3, 4};
+    for (int which = 0; which <= 9; which++) {
+        cm_tape *tp = cmt_tape();
+        cm_tensor *x = cmt_randn(tp, 3, s, 1 + which, true);
+        cm_tensor *in[1] = {x};
+        cmt_gradcheck_opts o = cmt_gradcheck_defaults();
+        if (which == 9) { /* through bf16: the forward is quantised, the gradient is the identity */
+            o.eps = 0.25;
+            o.atol = 0.05;
+            o.rtol = 0.05;
+        }
+        cmt_gradcheck("view", view_chain, &which, 1, in, &o);
+        if (which != 9) {
+            cm_tensor *xn = cmt_randn_noncontig(tp, 3, s, 1 + which, true);
+            cm_tensor *in2[1] = {xn};
+            cmt_gradcheck("view(strided)", view_chain, &which, 1, in2, NULL);
+        }
+        cm_tape_free(tp);
+    }
+}
+
+Test(views, values_and_strides) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[2] = {3, 4};
+    cm_tensor *x = cm_reshape(tp, cm_arange(tp, CM_DTYPE_F32, 0, 12, 1), 2, s);
+    cm_tensor *t = cm_transpose(tp, x, 0, 1);
+    cr_assert(!cm_tensor_is_contiguous(t));
+    cr_assert_eq(cm_tensor_data(t), cm_tensor_data(x), "transpose is a view");
+    int64_t idx[2] = {3, 1};
+    cr_assert_eq(cm_tensor_get(t, idx), 7.0);
+    cm_tensor *n = cm_narrow(tp, x, 1, 1, 2);
+    int64_t i2[2] = {2, 1};
+    cr_assert_eq(cm_tensor_get(n, i2), 10.0);
+    int64_t es[3] = {2, 3, 4};
+    cm_tensor *e = cm_expand(tp, x, 3, es);
+    cr_assert_eq(cm_tensor_strides(e)[0], 0);
+    int64_t i3[3] = {1, 2, 3};
+    cr_assert_eq(cm_tensor_get(e, i3), 11.0);
+    cm_tensor *c = cm_contiguous(tp, t);
+    cr_assert(cm_tensor_is_contiguous(c));
+    const float want[4] = {0, 4, 8, 1};
+    cmt_assert_close_f32("contiguous(transpose)", cm_tensor_data(c), want, 4, 0, 0);
+    cr_assert_eq(cm_contiguous(tp, x), x, "contiguous of a contiguous tensor is itself");
+    cm_tape_free(tp);
+}
+
+Test(views, errors_name_the_shapes) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[2] = {3, 4}, bad[2] = {5, 5}, e[2] = {3, 5};
+    cm_tensor *x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_reshape(tp, x, 2, bad));
+    cr_assert(strstr(cm_tape_error(tp), "(3, 4)") && strstr(cm_tape_error(tp), "(5, 5)"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_expand(tp, x, 2, e));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_SHAPE);
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_narrow(tp, x, 1, 3, 2));
+    cr_assert(strstr(cm_tape_error(tp), "[3, 5)"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_squeeze(tp, x, 0));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    int p[2] = {0, 0};
+    cr_assert_null(cm_permute(tp, x, p));
+    cr_assert(strstr(cm_tape_error(tp), "twice"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_transpose(tp, x, 0, 2));
+    cr_assert(strstr(cm_tape_error(tp), "axis 2"), "%s", cm_tape_error(tp));
+    cm_tape_free(tp);
+}
+
+Test(copy, broadcast_dtype_conversion_and_fill) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[2] = {2, 3}, r[1] = {3};
+    cm_tensor *row = cm_arange(tp, CM_DTYPE_F32, 1, 4, 1);
+    cm_tensor *dst = cm_empty(tp, CM_DTYPE_I32, 2, s);
+    cr_assert_eq(cm_tensor_copy(dst, row), CM_OK);
+    const int32_t *d = cm_tensor_data(dst);
+    cr_assert(d[0] == 1 && d[2] == 3 && d[3] == 1 && d[5] == 3);
+    cm_tensor *small = cm_empty(tp, CM_DTYPE_F32, 1, r);
+    cr_assert_eq(cm_tensor_copy(small, dst), CM_ERR_SHAPE, "a (2,3) source does not fit a (3,) destination");
+    cm_tensor *bf = cm_empty(tp, CM_DTYPE_BF16, 2, s);
+    cr_assert_eq(cm_tensor_fill(bf, 1.5), CM_OK);
+    cr_assert_eq(cm_tensor_get_flat(bf, 4), 1.5);
+    cm_tensor *u8 = cm_full(tp, CM_DTYPE_U8, 2, s, 200);
+    cr_assert_eq(cm_tensor_get_flat(u8, 5), 200.0);
+    cm_tensor *ar = cm_arange(tp, CM_DTYPE_I64, 10, 0, -3);
+    cr_assert_eq(cm_tensor_numel(ar), 4);
+    cr_assert_eq(cm_tensor_get_flat(ar, 3), 1.0);
+    cr_assert_null(cm_arange(tp, CM_DTYPE_F32, 0, 1, 0));
+    cm_tape_free(tp);
+}
+
+Test(cast, roundtrips_and_gradient_is_f32) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[1] = {5};
+    cm_tensor *x = cmt_randn(tp, 1, s, 3, true);
+    cm_tensor *b = cm_cast(tp, x, CM_DTYPE_BF16);
+    cr_assert_eq(cm_tensor_dtype(b), CM_DTYPE_BF16);
+    cm_tensor *h = cm_cast(tp, x, CM_DTYPE_F16);
+    cm_tensor *i = cm_cast(tp, x, CM_DTYPE_I32);
+    cr_assert(b && h && i);
+    cr_assert(!cm_tensor_requires_grad(i), "integer results carry no gradient");
+    for (int k = 0; k < 5; k++) {
+        double v = cm_tensor_get_flat(x, k);
+        cr_assert(fabs(cm_tensor_get_flat(b, k) - v) <= fabs(v) / 128, "bf16 %g vs %g", cm_tensor_get_flat(b, k), v);
+        cr_assert(fabs(cm_tensor_get_flat(h, k) - v) <= fabs(v) / 1024, "f16");
+        cr_assert_eq(cm_tensor_get_flat(i, k), (double)(int32_t)v);
+    }
+    cm_tensor *back = cm_cast(tp, b, CM_DTYPE_F32);
+    cm_tensor *g = cm_full(tp, CM_DTYPE_F32, 1, s, 2.0);
+    cr_assert_eq(cm_tape_backward_with(tp, back, g), CM_OK, "%s", cm_tape_error(tp));
+    cm_tensor *gx = cm_tensor_grad(x);
+    cr_assert_eq(cm_tensor_dtype(gx), CM_DTYPE_F32);
+    for (int k = 0; k < 5; k++) cr_assert_eq(cm_tensor_get_flat(gx, k), 2.0);
+    cm_tape_free(tp);
+}
+
+Test(autograd, leaf_gradients_accumulate_and_survive_reset) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[2] = {2, 2};
+    cm_tensor *w;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, s, &w), CM_OK);
+    cm_tensor_fill(w, 3.0);
+    cm_tensor_set_requires_grad(w, true);
+    for (int step = 0; step < 2; step++) {
+        cm_tensor *y = cm_mul(tp, w, w); /* dy/dw = 2w = 6 */
+        cm_tensor *g = cm_full(tp, CM_DTYPE_F32, 2, s, 1.0);
+        cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+        cm_tape_reset(tp);
+    }
+    cm_tensor *gw = cm_tensor_grad(w);
+    cr_assert_not_null(gw);
+    cr_assert_eq(cm_tensor_get_flat(gw, 3), 12.0, "two backward passes accumulate");
+    cm_tensor_zero_grad(w);
+    cr_assert_eq(cm_tensor_get_flat(gw, 0), 0.0);
+    /* an external gradient buffer (flat-buffer layout) is used in place */
+    float buf[4] = {1, 1, 1, 1};
+    cm_tensor *ext;
+    cr_assert_eq(cm_tensor_from_data(CM_DTYPE_F32, 2, s, buf, &ext), CM_OK);
+    cr_assert_eq(cm_tensor_set_grad(w, ext), CM_OK);
+    cm_tensor *y = cm_mul_scalar(tp, w, 0.5f);
+    cm_tensor *g = cm_full(tp, CM_DTYPE_F32, 2, s, 1.0);
+    cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK);
+    cr_assert_eq(buf[2], 1.5f);
+    int64_t wrong[2] = {4, 1};
+    cm_tensor *bad;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, wrong, &bad), CM_OK);
+    cr_assert_eq(cm_tensor_set_grad(w, bad), CM_ERR_SHAPE);
+    cm_tensor_free(bad);
+    cm_tensor_free(w);
+    cm_tensor_free(ext);
+    cm_tape_free(tp);
+}
+
+Test(autograd, no_grad_scope_detach_and_backward_errors) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[1] = {3};
+    cm_tensor *x = cmt_randn(tp, 1, s, 1, true);
+    bool prev = cm_tape_set_grad_enabled(tp, false);
+    cr_assert(prev);
+    cm_tensor *y = cm_exp(tp, x);
+    cr_assert(!cm_tensor_requires_grad(y), "no node is recorded with grad disabled");
+    cr_assert_eq(cm_tape_n_nodes(tp), 0);
+    cm_tape_set_grad_enabled(tp, prev);
+    cm_tensor *d = cm_detach(tp, x);
+    cr_assert(!cm_tensor_requires_grad(d));
+    cr_assert_eq(cm_tensor_data(d), cm_tensor_data(x));
+    cr_assert_eq(cm_tape_backward(tp, cm_exp(tp, d)), CM_ERR_SHAPE, "a (3,) loss is not a scalar");
+    cr_assert(strstr(cm_tape_error(tp), "(3,)"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    int64_t one[1] = {1};
+    cm_tensor *c = cm_full(tp, CM_DTYPE_F32, 1, one, 2.0);
+    cr_assert_eq(cm_tape_backward(tp, c), CM_ERR_STATE, "a constant does not require grad");
+    cm_tape_reset(tp);
+    cr_assert_null(cm_exp(tp, NULL));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_tape_backward(tp, c), CM_ERR_INVALID_ARG, "backward reports the tape's first error");
+    cr_assert_eq(cm_tape_fail(tp, CM_ERR_IO, "later"), CM_ERR_INVALID_ARG, "first error wins");
+    cm_tape_free(tp);
+}
+
+Test(autograd, shared_subexpression_gets_both_gradients) {
+    cm_tape *tp = cmt_tape();
+    int64_t s[1] = {4};
+    cm_tensor *x = cmt_randn(tp, 1, s, 5, true);
+    cm_tensor *a = cm_exp(tp, x);
+    cm_tensor *y = cm_add(tp, cm_mul(tp, a, a), a); /* d/dx = (2a + 1)·a */
+    cm_tensor *g = cm_full(tp, CM_DTYPE_F32, 1, s, 1.0);
+    cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK);
+    for (int k = 0; k < 4; k++) {
+        double av = exp(cm_tensor_get_flat(x, k));
+        cr_assert_float_eq(cm_tensor_get_flat(cm_tensor_grad(x), k), (2 * av + 1) * av, 1e-4 * (1 + av * av));
+    }
+    cm_tape_free(tp);
+}
+
+Test(init, distributions_follow_torch_formulas) {
+    int64_t s[2] = {256, 512}; /* fan_in 512, fan_out 256 */
+    cm_tensor *w;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, s, &w), CM_OK);
+    cm_rng rng = cm_rng_init(1, 0);
+    const float *v = cm_tensor_data(w);
+    int64_t n = cm_tensor_numel(w);
+    double bound = sqrt(6.0 / 512);
+    cr_assert_eq(cm_tensor_init_kaiming_uniform(w, &rng, CM_FAN_IN, 0.0f), CM_OK);
+    double mx = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(v[i])), s2 += (double)v[i] * v[i];
+    cr_assert(mx <= bound && mx > 0.99 * bound, "kaiming_uniform bound %g, max %g", bound, mx);
+    cr_assert_eq(cm_tensor_init_kaiming_normal(w, &rng, CM_FAN_OUT, 0.0f), CM_OK);
+    s2 = 0;
+    for (int64_t i = 0; i < n; i++) s2 += (double)v[i] * v[i];
+    cr_assert(fabs(sqrt(s2 / n) - sqrt(2.0 / 256)) < 0.01 * sqrt(2.0 / 256) * 3, "kaiming_normal std %g", sqrt(s2 / n));
+    cr_assert_eq(cm_tensor_init_xavier_normal(w, &rng, 1.0f), CM_OK);
+    s2 = 0;
+    for (int64_t i = 0; i < n; i++) s2 += (double)v[i] * v[i];
+    cr_assert(fabs(sqrt(s2 / n) - sqrt(2.0 / 768)) < 0.03 * sqrt(2.0 / 768), "xavier_normal std %g", sqrt(s2 / n));
+    cr_assert_eq(cm_tensor_init_trunc_normal(w, &rng, 0.0f, 1.0f, -2.0f, 2.0f), CM_OK);
+    double m = 0;
+    s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        cr_assert(v[i] >= -2.0f && v[i] <= 2.0f, "trunc_normal out of range: %g", (double)v[i]);
+        m += v[i], s2 += (double)v[i] * v[i];
+    }
+    /* std of N(0,1) truncated to [-2, 2] is 0.8796 */
+    cr_assert(fabs(m / n) < 0.01 && fabs(sqrt(s2 / n) - 0.8796) < 0.01, "trunc_normal mean %g std %g", m / n,
+              sqrt(s2 / n));
+    /* reproducible from the same rng state */
+    cm_rng r1 = cm_rng_init(9, 1), r2 = cm_rng_init(9, 1);
+    cm_tensor *w2;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_BF16, 2, s, &w2), CM_OK);
+    cm_tensor_init_normal(w, &r1, 0, 0.02f);
+    cm_tensor_init_normal(w2, &r2, 0, 0.02f);
+    for (int64_t i = 0; i < 100; i++)
+        cr_assert(fabs(cm_tensor_get_flat(w2, i) - cm_tensor_get_flat(w, i)) <= fabs(cm_tensor_get_flat(w, i)) / 128 + 1e-12, "bf16 init via f32 [%lld]: %g vs %g", (long long)i, cm_tensor_get_flat(w2, i), cm_tensor_get_flat(w, i));
+    int64_t s1[1] = {5};
+    cm_tensor *b;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, s1, &b), CM_OK);
+    cr_assert_eq(cm_tensor_init_xavier_uniform(b, &rng, 1.0f), CM_ERR_SHAPE, "fans need 2 dims");
+    cm_tensor_free(b);
+    cm_tensor_free(w);
+    cm_tensor_free(w2);
+}
