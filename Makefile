@@ -35,7 +35,7 @@ $(ASAN)/CMakeCache.txt: | deps
 
 test-asan: deps $(ASAN)/CMakeCache.txt
 	@cmake --build $(ASAN) -j $(JOBS)
-	@cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+	@cd $(ASAN) && ctest --output-on-failure -j $(JOBS)
 
 bench: build
 	@$(BUILD)/bench/bench_gemm
