@@ -11,6 +11,7 @@ cm_tape_config cm_tape_config_default(void) {
 cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
     *out = NULL;
     cm_tape_config c = cfg ? *cfg : cm_tape_config_default();
+    (void)cm_num_threads(); /* applies CM_NUM_THREADS to OpenMP and BLAS before the first kernel */
     cm_tape *tp = cm_alloc_zeroed(sizeof *tp, 16);
     if (!tp) return CM_ERR_OOM;
     cm_status st = cm_arena_new(c.arena_budget, &tp->arena);
