@@ -378,7 +378,11 @@ typedef struct cm_conv2d_opts {
 } cm_conv2d_opts;
 cm_conv2d_opts cm_conv2d_opts_default(void);
 
-/* x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw) in both layouts, bias (Cout) or NULL. */
+/* x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw) in both layouts, bias (Cout) or NULL; opts
+ * NULL = defaults. Output (N, Cout, OH, OW), OH = floor((H + 2p - d(kh-1) - 1) / s) + 1. Errors:
+ * CM_ERR_SHAPE naming the shapes and parameters when the output would be empty, Cin or Cout is not
+ * divisible by groups, or weight/bias do not match; CM_ERR_INVALID_ARG for stride/dilation < 1,
+ * padding < 0, groups < 1. */
 cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, const cm_conv2d_opts *opts);
 
 typedef struct cm_pool2d_opts {
@@ -391,6 +395,9 @@ typedef struct cm_pool2d_opts {
 } cm_pool2d_opts;
 cm_pool2d_opts cm_pool2d_opts_default(int kh, int kw);
 
+/* As F.max_pool2d / F.avg_pool2d (opts required). Padding is at most half the kernel, as PyTorch;
+ * max pooling pads with -inf and sends the gradient to the first maximum of each window. With
+ * ceil_mode a last window that would start in the right padding is dropped, as PyTorch. */
 cm_tensor *cm_max_pool2d(cm_tape *tp, cm_tensor *x, const cm_pool2d_opts *opts);
 cm_tensor *cm_avg_pool2d(cm_tape *tp, cm_tensor *x, const cm_pool2d_opts *opts);
 /* Output (N, C, out_h, out_w) with PyTorch's adaptive windows. */
