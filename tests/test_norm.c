@@ -334,3 +334,60 @@ Test(norm, bad_inputs_are_errors_naming_op_and_shapes) {
     expect_error(tp, CM_ERR_DTYPE, "layer_norm");
     cm_tape_free(tp);
 }
+
+/* ---- large inputs: the parallel kernels (per-thread partial sums) against a double reference ---- */
+
+Test(norm, layer_norm_and_channels_last_batch_norm_parallel_paths_match_double_reference) {
+    cm_tape *tp = cmt_tape();
+    enum { R = 512, C = 80 }; /* R·C = 40960 >= CMI_PAR_MIN */
+    const int64_t s[2] = {R, C}, cs = C;
+    for (int op = 0; op < 2; op++) {
+        cm_tensor *x = cmt_randn(tp, 2, s, 70 + op, true);
+        cm_tensor *w = cmt_randn(tp, 1, &cs, 72, true), *b = cmt_randn(tp, 1, &cs, 73, true);
+        cm_tensor *g = cmt_randn(tp, 2, s, 74, false);
+        cm_batch_norm_opts o = cm_batch_norm_opts_default();
+        o.channels_last = true;
+        cm_tensor *y = op == 0 ? cm_layer_norm(tp, x, w, b, 1e-5f) : cm_batch_norm(tp, x, w, b, NULL, NULL, &o);
+        cr_assert(y, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+        const float *xv = cm_tensor_data(x), *wv = cm_tensor_data(w), *gv = cm_tensor_data(g);
+        const float *dx = cm_tensor_data(cm_tensor_grad(x)), *dw = cm_tensor_data(cm_tensor_grad(w)),
+                    *db = cm_tensor_data(cm_tensor_grad(b));
+        /* groups: rows for layer norm (stride 1 within, C between), columns for batch norm */
+        const int n_grp = op == 0 ? R : C, len = op == 0 ? C : R;
+        const int step = op == 0 ? 1 : C, gstep = op == 0 ? C : 1;
+        double *rdw = calloc(C, sizeof(double)), *rdb = calloc(C, sizeof(double));
+        for (int k = 0; k < n_grp; k++) {
+            double m = 0, v = 0, a = 0, c2 = 0;
+            for (int j = 0; j < len; j++) m += xv[k * gstep + j * step];
+            m /= len;
+            for (int j = 0; j < len; j++) v += pow(xv[k * gstep + j * step] - m, 2);
+            const double rs = 1.0 / sqrt(v / len + 1e-5);
+            for (int j = 0; j < len; j++) {
+                const int e = k * gstep + j * step, c = e % C;
+                const double xh = (xv[e] - m) * rs;
+                cr_assert(fabs(cm_tensor_get_flat(y, e) - (xh * wv[c] + ((float *)cm_tensor_data(b))[c])) < 1e-4,
+                          "op %d y[%d]", op, e);
+                a += gv[e] * wv[c];
+                c2 += gv[e] * wv[c] * xh;
+                rdw[c] += gv[e] * xh;
+                rdb[c] += gv[e];
+            }
+            a /= len;
+            c2 /= len;
+            for (int j = 0; j < len; j++) {
+                const int e = k * gstep + j * step, c = e % C;
+                const double want = rs * (gv[e] * wv[c] - a - (xv[e] - m) * rs * c2);
+                cr_assert(fabs(dx[e] - want) <= 1e-4 + 1e-3 * fabs(want), "op %d dx[%d] %g vs %g (tol 1e-4 + 1e-3 rel)",
+                          op, e, dx[e], want);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            cr_assert(fabs(dw[c] - rdw[c]) <= 1e-3 + 1e-4 * fabs(rdw[c]), "op %d dw[%d] %g vs %g", op, c, dw[c], rdw[c]);
+            cr_assert(fabs(db[c] - rdb[c]) <= 1e-3 + 1e-4 * fabs(rdb[c]), "op %d db[%d] %g vs %g", op, c, db[c], rdb[c]);
+        }
+        free(rdw);
+        free(rdb);
+    }
+    cm_tape_free(tp);
+}
