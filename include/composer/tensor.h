@@ -325,31 +325,45 @@ cm_tensor *cm_mse_loss(cm_tape *tp, cm_tensor *pred, cm_tensor *target, cm_reduc
  * Indexing and joining
  * ------------------------------------------------------------------------------------------- */
 
-/* weight (V, D), idx (...) integer → (..., D). Backward scatter-adds into weight's gradient. An
- * index outside [0, V) is CM_ERR_INVALID_ARG naming it. */
+/* The index ops copy elements of any dtype (the result has a's dtype); gradients flow to float
+ * inputs. Index tensors are i32, i64 or u8 of any strides; an index outside its range (negative
+ * ones included) is CM_ERR_INVALID_ARG naming the value and its position in idx. */
+
+/* weight (V, D), idx (...) → (..., D). Backward scatter-adds into weight's gradient (repeated
+ * indices accumulate). An index outside [0, V) is CM_ERR_INVALID_ARG naming it. */
 cm_tensor *cm_embedding(cm_tape *tp, cm_tensor *weight, cm_tensor *idx);
-/* Select entries idx (1-D integer) along axis, as torch.index_select. */
+/* Select entries idx (1-D) along axis, as torch.index_select: the result has a's shape with
+ * idx's length at axis. */
 cm_tensor *cm_index_select(cm_tape *tp, cm_tensor *a, int axis, cm_tensor *idx);
-/* out[i][j][k] = a[i][idx[i][j][k]][k] for axis 1, as torch.gather (idx same ndim as a). */
+/* out[i][j][k] = a[i][idx[i][j][k]][k] for axis 1, as torch.gather: idx has a's ndim and is no
+ * larger than a in every dim but axis; the result has idx's shape. */
 cm_tensor *cm_gather(cm_tape *tp, cm_tensor *a, int axis, cm_tensor *idx);
+/* n ≥ 1 inputs of one dtype. concat: shapes equal except along axis. stack: shapes equal; the
+ * result has a new dim of size n at axis (-1 appends). Errors name the offending input and both
+ * shapes (CM_ERR_SHAPE) or dtypes (CM_ERR_DTYPE). */
 cm_tensor *cm_concat(cm_tape *tp, cm_tensor *const *ts, int n, int axis);
 cm_tensor *cm_stack(cm_tape *tp, cm_tensor *const *ts, int n, int axis);
-/* Splits along axis into n pieces of sizes[i] (which must sum to the dim); writes n views into
- * out. Returns CM_OK or the error (also recorded on the tape). */
+/* Splits along axis into n pieces of sizes[i] (each ≥ 0, summing to the dim); writes n views
+ * (cm_narrow) into out, or n NULLs on failure. Returns CM_OK or the error (also recorded on the
+ * tape). */
 cm_status cm_split(cm_tape *tp, cm_tensor *a, int axis, const int64_t *sizes, int n, cm_tensor **out);
 
 /* ---------------------------------------------------------------------------------------------
  * Normalisation and dropout
  * ------------------------------------------------------------------------------------------- */
 
-/* Over the last dim: x (..., C), weight and bias (C) or NULL. Fused forward and backward. */
+/* Over the last dim: x (..., C), weight and bias (C) or NULL; eps ≥ 0. Fused forward and
+ * backward: the node saves only the per-row mean and 1/std. */
 cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, float eps);
 
 /* x (N, C, ...) — or (N, ..., C) when channels_last. In training, normalises with the batch
- * statistics and updates running_mean/var (if given) in place: r = (1-momentum)·r + momentum·stat,
- * the variance unbiased, as PyTorch. In eval, uses the running statistics. weight/bias (C) or NULL. */
+ * statistics (biased variance) and updates running_mean/var (if given; both or neither; f32 (C),
+ * any stride) in place: r = (1-momentum)·r + momentum·stat, the variance unbiased, as PyTorch —
+ * also when gradients are disabled. Training needs more than one value per channel
+ * (CM_ERR_SHAPE). In eval, uses the running statistics (required: CM_ERR_INVALID_ARG without them)
+ * and is differentiable in x, weight and bias. weight/bias (C) or NULL. opts NULL = defaults. */
 typedef struct cm_batch_norm_opts {
-    bool training;
+    bool training;  /* default true */
     float momentum; /* default 0.1 */
     float eps;      /* default 1e-5 */
     bool channels_last;
@@ -357,12 +371,14 @@ typedef struct cm_batch_norm_opts {
 cm_batch_norm_opts cm_batch_norm_opts_default(void);
 cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
                          cm_tensor *running_var, const cm_batch_norm_opts *opts);
-/* x (N, C, ...), C divisible by groups; weight/bias (C) or NULL. */
+/* x (N, C, ...), C divisible by groups (CM_ERR_INVALID_ARG otherwise); weight/bias (C) or NULL. */
 cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *weight, cm_tensor *bias, float eps);
 
 /* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a pure
- * function of (rng state, element index), so it is reproducible; rng->counter advances by
- * ceil(numel / 4). Identity (t itself) when !training or p == 0. */
+ * function of (rng state, element index): element i (row-major order of a) is kept when the
+ * uniform at block rng->counter + i/4, word i%4 (cm_rng_bernoulli's draw) is ≥ p, so it is
+ * reproducible; rng->counter advances by ceil(numel / 4). Identity (a itself, no rng use) when
+ * !training or p == 0; p == 1 gives zeros, as torch. p outside [0, 1] is CM_ERR_INVALID_ARG. */
 cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng *rng);
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,0 +1,571 @@
+/* Normalisation (layer, batch, group) and dropout. Each forward pass saves its statistics (per-row or
+ * per-channel mean and 1/std) in the arena and each backward pass uses the fused closed form, so a
+ * normalisation layer costs one node and no intermediate activations. */
+#include "tensor/tensor_impl.h"
+
+#include <math.h>
+#include <omp.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Shared helpers                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* An optional per-channel parameter: NULL, or f32 (C). Replaced by its contiguous version. */
+static bool param_check(cm_tape *tp, const char *op, const char *name, cm_tensor **p, int64_t C, const cm_tensor *x) {
+    if (!*p) return true;
+    if (!cmi_check_f32(tp, op, name, *p)) return false;
+    if ((*p)->ndim != 1 || (*p)->shape[0] != C) {
+        cmi_fail(tp, CM_ERR_SHAPE, "%s: %s %s must be 1-d with %lld entries (the channels of x %s)", op, name,
+                 cmi_shape(*p), (long long)C, cmi_shape(x));
+        return false;
+    }
+    *p = cm_contiguous(tp, *p);
+    return *p != NULL;
+}
+
+static bool eps_check(cm_tape *tp, const char *op, float eps) {
+    if (eps >= 0.0f && isfinite(eps)) return true;
+    cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", op, (double)eps);
+    return false;
+}
+
+/* Mean and 1/sqrt(var + eps) of each contiguous row: x (rows, L) -> mean, rstd (rows). Two passes
+ * (mean, then squared deviations) so large offsets do not cancel. */
+static void row_stats(const float *x, int64_t rows, int64_t L, float eps, float *mean, float *rstd) {
+#pragma omp parallel for if (rows * L >= CMI_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * L; // (L)
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < L; i++) s += xr[i];
+        const float m = s / (float)L;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int64_t i = 0; i < L; i++) v += (xr[i] - m) * (xr[i] - m);
+        mean[r] = m;
+        rstd[r] = 1.0f / sqrtf(v / (float)L + eps);
+    }
+}
+
+/* Saved statistics of a normalisation node: (rows) for layer/group norm, (C) for batch norm. */
+typedef struct {
+    float *mean;
+    float *rstd;
+} stats_ctx;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layer norm: x (R, C) -> (x - mean_r) · rstd_r · w + b                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static cm_status layer_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    const stats_ctx *s = n->ctx;
+    const int64_t C = x->shape[x->ndim - 1], R = cmi_numel(x->ndim - 1, x->shape);
+    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
+    if (cmi_status(tp)) return cmi_status(tp);
+    const float *xv = cmi_f32(x), *gv = cmi_f32(gout), *wv = w ? cmi_f32(w) : NULL; // (R, C), (R, C), (C)
+    float *gxv = gx ? cmi_f32(gx) : NULL;                                               // (R, C)
+    const int nth = (R * C >= CMI_PAR_MIN) ? cm_num_threads() : 1;
+    float *partial = NULL; // (nth, 2, C): per-thread sums of g·xhat and g
+    if (gw || gb) {
+        partial = cmi_scratch(tp, sizeof(float) * (size_t)(2 * C * nth + 1));
+        if (!partial) return cmi_status(tp);
+        memset(partial, 0, sizeof(float) * (size_t)(2 * C * nth));
+    }
+#pragma omp parallel num_threads(nth)
+    {
+        float *pw = partial ? partial + (int64_t)omp_get_thread_num() * 2 * C : NULL, *pb = pw ? pw + C : NULL;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++) {
+            const float *xr = xv + r * C, *gr = gv + r * C;
+            const float m = s->mean[r], rs = s->rstd[r];
+            if (gxv) {
+                /* dx = rstd · (g·w - mean(g·w) - xhat · mean(g·w·xhat)) */
+                float a = 0.0f, c2 = 0.0f;
+#pragma omp simd reduction(+ : a, c2)
+                for (int64_t c = 0; c < C; c++) {
+                    const float gw_ = wv ? gr[c] * wv[c] : gr[c];
+                    a += gw_;
+                    c2 += gw_ * (xr[c] - m) * rs;
+                }
+                a /= (float)C;
+                c2 /= (float)C;
+                float *dx = gxv + r * C;
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) {
+                    const float gw_ = wv ? gr[c] * wv[c] : gr[c];
+                    dx[c] += rs * (gw_ - a - (xr[c] - m) * rs * c2);
+                }
+            }
+            if (pw) {
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) {
+                    pw[c] += gr[c] * (xr[c] - m) * rs;
+                    pb[c] += gr[c];
+                }
+            }
+        }
+    }
+    for (int t = 0; t < (partial ? nth : 0); t++) {
+        const float *pw = partial + (int64_t)t * 2 * C, *pb = pw + C;
+        if (gw)
+            for (int64_t c = 0; c < C; c++) cmi_f32(gw)[c] += pw[c];
+        if (gb)
+            for (int64_t c = 0; c < C; c++) cmi_f32(gb)[c] += pb[c];
+    }
+    return cmi_status(tp);
+}
+
+cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, float eps) {
+    if (!cmi_begin(tp, "layer_norm", 1, &x)) return NULL;
+    if (!cmi_check_f32(tp, "layer_norm", "x", x) || !eps_check(tp, "layer_norm", eps)) return NULL;
+    if (x->ndim < 1) {
+        cmi_fail(tp, CM_ERR_SHAPE, "layer_norm: x %s must have at least one dim (normalised over the last)",
+                 cmi_shape(x));
+        return NULL;
+    }
+    const int64_t C = x->shape[x->ndim - 1], R = cmi_numel(x->ndim - 1, x->shape);
+    if (!param_check(tp, "layer_norm", "weight", &weight, C, x) || !param_check(tp, "layer_norm", "bias", &bias, C, x))
+        return NULL;
+    x = cm_contiguous(tp, x);
+    if (!x) return NULL;
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
+    float *mean = cmi_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
+    float *rstd = cmi_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
+    if (!out || !mean || !rstd) return NULL;
+    const float *xv = cmi_f32(x), *wv = weight ? cmi_f32(weight) : NULL, *bv = bias ? cmi_f32(bias) : NULL;
+    float *ov = cmi_f32(out);
+    row_stats(xv, R, C, eps, mean, rstd);
+#pragma omp parallel for if (R * C >= CMI_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = xv + r * C; // (C)
+        float *orow = ov + r * C;     // (C)
+        const float m = mean[r], rs = rstd[r];
+        for (int64_t c = 0; c < C; c++) {
+            float y = (xr[c] - m) * rs;
+            if (wv) y *= wv[c];
+            if (bv) y += bv[c];
+            orow[c] = y;
+        }
+    }
+    cm_tensor *ins[3] = {x, weight, bias};
+    if (cmi_needs_grad(tp, 3, ins)) {
+        cm_node *n = cmi_record(tp, "layer_norm", out, 3, ins, layer_norm_backward, sizeof(stats_ctx));
+        if (!n) return NULL;
+        stats_ctx *s = n->ctx;
+        s->mean = mean;
+        s->rstd = rstd;
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Per-channel kernels over a (O, C, I) layout: NCHW is (N, C, H·W); channels_last is (N·H·W, C, 1) */
+/* ------------------------------------------------------------------------------------------ */
+
+/* s1[c] = Σ v, s2[c] = Σ (a - shift[c])·v over the channel's O·I elements, where v = b when b is
+ * given, else a - shift[c]. shift NULL means 0. Sums in double across rows. */
+static cm_status chan_moments(cm_tape *tp, const float *a, const float *shift, const float *b, int64_t O, int64_t C,
+                              int64_t I, double *s1, double *s2) {
+    const bool par = O * C * I >= CMI_PAR_MIN;
+    if (I > 1) {
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            const float sh = shift ? shift[c] : 0.0f;
+            double d1 = 0, d2 = 0;
+            for (int64_t o = 0; o < O; o++) {
+                const float *ar = a + (o * C + c) * I, *br = b ? b + (o * C + c) * I : NULL; // (I)
+                float f1 = 0.0f, f2 = 0.0f;
+                if (br) {
+#pragma omp simd reduction(+ : f1, f2)
+                    for (int64_t i = 0; i < I; i++) {
+                        f1 += br[i];
+                        f2 += (ar[i] - sh) * br[i];
+                    }
+                } else {
+#pragma omp simd reduction(+ : f1, f2)
+                    for (int64_t i = 0; i < I; i++) {
+                        f1 += ar[i] - sh;
+                        f2 += (ar[i] - sh) * (ar[i] - sh);
+                    }
+                }
+                d1 += f1;
+                d2 += f2;
+            }
+            s1[c] = d1;
+            s2[c] = d2;
+        }
+        return CM_OK;
+    }
+    /* I == 1: rows of C channels; per-thread partial sums, then a reduction over threads. */
+    const int nth = par ? cm_num_threads() : 1;
+    double *part = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C * nth + 1)); // (nth, 2, C)
+    if (!part) return cmi_status(tp);
+    memset(part, 0, sizeof(double) * (size_t)(2 * C * nth));
+#pragma omp parallel num_threads(nth)
+    {
+        double *p1 = part + (int64_t)omp_get_thread_num() * 2 * C, *p2 = p1 + C;
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < O; o++) {
+            const float *ar = a + o * C, *br = b ? b + o * C : NULL; // (C)
+            for (int64_t c = 0; c < C; c++) {
+                const float d = ar[c] - (shift ? shift[c] : 0.0f), v = br ? br[c] : d;
+                p1[c] += v;
+                p2[c] += (double)(d * v);
+            }
+        }
+    }
+    for (int64_t c = 0; c < C; c++) {
+        double d1 = 0, d2 = 0;
+        for (int t = 0; t < nth; t++) {
+            d1 += part[(int64_t)t * 2 * C + c];
+            d2 += part[(int64_t)t * 2 * C + C + c];
+        }
+        s1[c] = d1;
+        s2[c] = d2;
+    }
+    return CM_OK;
+}
+
+/* out[e] (+)= g[e]·P[c] + (x[e] - S[c])·Q[c] + R[c] over the (O, C, I) layout; g/P may be NULL. */
+static void chan_affine(float *out, bool accumulate, const float *x, const float *S, const float *Q, const float *g,
+                        const float *P, const float *R, int64_t O, int64_t C, int64_t I) {
+    const bool par = O * C * I >= CMI_PAR_MIN;
+    if (I == 1) {
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t o = 0; o < O; o++) {
+            float *orow = out + o * C;
+            const float *xr = x + o * C, *gr = g ? g + o * C : NULL; // (C)
+            for (int64_t c = 0; c < C; c++) {
+                float y = (xr[c] - S[c]) * Q[c] + R[c];
+                if (gr) y += gr[c] * P[c];
+                orow[c] = accumulate ? orow[c] + y : y;
+            }
+        }
+        return;
+    }
+#pragma omp parallel for collapse(2) if (par) schedule(static)
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t base = (o * C + c) * I;
+            float *orow = out + base;
+            const float *xr = x + base, *gr = g ? g + base : NULL; // (I)
+            const float s = S[c], q = Q[c], r = R[c], p = P ? P[c] : 0.0f;
+            for (int64_t i = 0; i < I; i++) {
+                float y = (xr[i] - s) * q + r;
+                if (gr) y += gr[i] * p;
+                orow[i] = accumulate ? orow[i] + y : y;
+            }
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Batch norm                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+cm_batch_norm_opts cm_batch_norm_opts_default(void) {
+    cm_batch_norm_opts o = {.training = true, .momentum = 0.1f, .eps = 1e-5f, .channels_last = false};
+    return o;
+}
+
+/* The (O, C, I) view of x. */
+static void bn_layout(const cm_tensor *x, bool channels_last, int64_t *O, int64_t *C, int64_t *I) {
+    if (channels_last) {
+        *C = x->shape[x->ndim - 1];
+        *O = cmi_numel(x->ndim - 1, x->shape);
+        *I = 1;
+    } else {
+        *C = x->shape[1];
+        *O = x->shape[0];
+        *I = cmi_numel(x->ndim - 2, x->shape + 2);
+    }
+}
+
+static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    const stats_ctx *s = n->ctx;
+    const bool training = n->i[0], channels_last = n->i[1];
+    int64_t O, C, I;
+    bn_layout(x, channels_last, &O, &C, &I);
+    const double M = (double)(O * I);
+    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
+    if (cmi_status(tp)) return cmi_status(tp);
+    double *sg = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *sgx = sg + C; // Σ g, Σ g·(x - mean): (C)
+    float *coef = cmi_scratch(tp, sizeof(float) * (size_t)(3 * C + 1));                // P, Q, R: (C) each
+    if (!sg || !coef) return cmi_status(tp);
+    const float *xv = cmi_f32(x), *gv = cmi_f32(gout);
+    if (chan_moments(tp, xv, s->mean, gv, O, C, I, sg, sgx)) return cmi_status(tp);
+    float *P = coef, *Q = coef + C, *R = coef + 2 * C;
+    for (int64_t c = 0; c < C; c++) {
+        const float rs = s->rstd[c], wc = w ? cmi_f32(w)[c] : 1.0f;
+        const double sum_gxhat = sgx[c] * rs; // Σ g·xhat
+        if (gw) cmi_f32(gw)[c] += (float)sum_gxhat;
+        if (gb) cmi_f32(gb)[c] += (float)sg[c];
+        /* training: dx = w·rstd·(g - mean(g) - xhat·mean(g·xhat)); eval: dx = w·rstd·g */
+        P[c] = wc * rs;
+        Q[c] = training ? (float)(-(double)P[c] * rs * sum_gxhat / M) : 0.0f;
+        R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
+    }
+    if (gx) chan_affine(cmi_f32(gx), true, xv, s->mean, Q, gv, P, R, O, C, I);
+    return cmi_status(tp);
+}
+
+/* A running statistic: NULL, or f32 (C) with any stride. */
+static bool running_check(cm_tape *tp, const char *name, const cm_tensor *r, int64_t C, const cm_tensor *x) {
+    if (!r) return true;
+    if (!cmi_check_f32(tp, "batch_norm", name, r)) return false;
+    if (r->ndim != 1 || r->shape[0] != C) {
+        cmi_fail(tp, CM_ERR_SHAPE, "batch_norm: %s %s must be 1-d with %lld entries (the channels of x %s)", name,
+                 cmi_shape(r), (long long)C, cmi_shape(x));
+        return false;
+    }
+    return true;
+}
+
+cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
+                         cm_tensor *running_var, const cm_batch_norm_opts *opts) {
+    const cm_batch_norm_opts o = opts ? *opts : cm_batch_norm_opts_default();
+    if (!cmi_begin(tp, "batch_norm", 1, &x)) return NULL;
+    if (!cmi_check_f32(tp, "batch_norm", "x", x) || !eps_check(tp, "batch_norm", o.eps)) return NULL;
+    if (x->ndim < 2) {
+        cmi_fail(tp, CM_ERR_SHAPE, "batch_norm: x %s must be (N, C, ...)%s with at least 2 dims", cmi_shape(x),
+                 o.channels_last ? " or (N, ..., C)" : "");
+        return NULL;
+    }
+    if (!isfinite(o.momentum)) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "batch_norm: momentum %g must be finite", (double)o.momentum);
+        return NULL;
+    }
+    int64_t O, C, I;
+    bn_layout(x, o.channels_last, &O, &C, &I);
+    const int64_t M = O * I; // values per channel
+    if (!param_check(tp, "batch_norm", "weight", &weight, C, x) || !param_check(tp, "batch_norm", "bias", &bias, C, x) ||
+        !running_check(tp, "running_mean", running_mean, C, x) || !running_check(tp, "running_var", running_var, C, x))
+        return NULL;
+    if ((running_mean == NULL) != (running_var == NULL)) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "batch_norm: give both running_mean and running_var, or neither");
+        return NULL;
+    }
+    if (!o.training && !running_mean) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG,
+                 "batch_norm: eval mode needs running_mean and running_var (or set training to use batch statistics)");
+        return NULL;
+    }
+    if (o.training && M <= 1) {
+        cmi_fail(tp, CM_ERR_SHAPE,
+                 "batch_norm: training needs more than one value per channel, x %s has %lld (use eval mode)",
+                 cmi_shape(x), (long long)M);
+        return NULL;
+    }
+    x = cm_contiguous(tp, x);
+    if (!x) return NULL;
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
+    float *stat = cmi_scratch(tp, sizeof(float) * (size_t)(4 * C + 1)); // mean, rstd, Q, R: (C) each
+    double *s1 = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *s2 = s1 ? s1 + C : NULL;
+    if (!out || !stat || !s1) return NULL;
+    float *mean = stat, *rstd = stat + C, *Q = stat + 2 * C, *R = stat + 3 * C;
+    const float *xv = cmi_f32(x);
+    if (o.training) {
+        if (chan_moments(tp, xv, NULL, NULL, O, C, I, s1, s2)) return NULL;
+        for (int64_t c = 0; c < C; c++) mean[c] = (float)(s1[c] / (double)M);
+        if (chan_moments(tp, xv, mean, NULL, O, C, I, s1, s2)) return NULL;
+        for (int64_t c = 0; c < C; c++) {
+            double var = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased, corrected two-pass
+            if (var < 0) var = 0;
+            rstd[c] = (float)(1.0 / sqrt(var + (double)o.eps));
+            if (running_mean) {
+                float *rm = (float *)running_mean->data + c * running_mean->stride[0];
+                float *rv = (float *)running_var->data + c * running_var->stride[0];
+                *rm = (1.0f - o.momentum) * *rm + o.momentum * mean[c];
+                *rv = (1.0f - o.momentum) * *rv + o.momentum * (float)(var * (double)M / (double)(M - 1));
+            }
+        }
+    } else {
+        for (int64_t c = 0; c < C; c++) {
+            mean[c] = ((const float *)running_mean->data)[c * running_mean->stride[0]];
+            const float v = ((const float *)running_var->data)[c * running_var->stride[0]];
+            rstd[c] = 1.0f / sqrtf(v + o.eps);
+        }
+    }
+    for (int64_t c = 0; c < C; c++) {
+        Q[c] = rstd[c] * (weight ? cmi_f32(weight)[c] : 1.0f);
+        R[c] = bias ? cmi_f32(bias)[c] : 0.0f;
+    }
+    chan_affine(cmi_f32(out), false, xv, mean, Q, NULL, NULL, R, O, C, I);
+    cm_tensor *ins[3] = {x, weight, bias};
+    if (cmi_needs_grad(tp, 3, ins)) {
+        cm_node *n = cmi_record(tp, "batch_norm", out, 3, ins, batch_norm_backward, sizeof(stats_ctx));
+        if (!n) return NULL;
+        stats_ctx *s = n->ctx;
+        s->mean = mean;
+        s->rstd = rstd;
+        n->i[0] = o.training;
+        n->i[1] = o.channels_last;
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Group norm: x (N, C, S) with C = G·cpg; rows (n, g) of length cpg·S are contiguous            */
+/* ------------------------------------------------------------------------------------------ */
+
+static cm_status group_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    const stats_ctx *s = n->ctx;
+    const int64_t G = n->i[0], N = x->shape[0], C = x->shape[1], S = cmi_numel(x->ndim - 2, x->shape + 2);
+    const int64_t cpg = C / G, L = cpg * S;
+    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
+    if (cmi_status(tp)) return cmi_status(tp);
+    const float *xv = cmi_f32(x), *gv = cmi_f32(gout), *wv = w ? cmi_f32(w) : NULL; // (N, C, S), (N, C, S), (C)
+    const bool par = N * C * S >= CMI_PAR_MIN;
+    if (gx) {
+        float *gxv = cmi_f32(gx);
+        /* per row: dx = rstd · (g·w - mean(g·w) - xhat · mean(g·w·xhat)) */
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t r = 0; r < N * G; r++) {
+            const int64_t c0 = (r % G) * cpg;
+            const float m = s->mean[r], rs = s->rstd[r];
+            const float *xr = xv + r * L, *gr = gv + r * L; // (cpg, S)
+            float a = 0.0f, c2 = 0.0f;
+            for (int64_t j = 0; j < cpg; j++) {
+                const float wc = wv ? wv[c0 + j] : 1.0f;
+                float fa = 0.0f, fb = 0.0f;
+#pragma omp simd reduction(+ : fa, fb)
+                for (int64_t i = 0; i < S; i++) {
+                    fa += gr[j * S + i];
+                    fb += gr[j * S + i] * (xr[j * S + i] - m);
+                }
+                a += wc * fa;
+                c2 += wc * fb * rs;
+            }
+            a /= (float)L;
+            c2 /= (float)L;
+            float *dx = gxv + r * L;
+            for (int64_t j = 0; j < cpg; j++) {
+                const float wc = wv ? wv[c0 + j] : 1.0f;
+#pragma omp simd
+                for (int64_t i = 0; i < S; i++) {
+                    const int64_t e = j * S + i;
+                    dx[e] += rs * (gr[e] * wc - a - (xr[e] - m) * rs * c2);
+                }
+            }
+        }
+    }
+    if (gw || gb) {
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            double dw = 0, db = 0;
+            for (int64_t nn = 0; nn < N; nn++) {
+                const int64_t r = nn * G + c / cpg;
+                const float m = s->mean[r], rs = s->rstd[r];
+                const float *xr = xv + (nn * C + c) * S, *gr = gv + (nn * C + c) * S; // (S)
+                float fw = 0.0f, fb = 0.0f;
+#pragma omp simd reduction(+ : fw, fb)
+                for (int64_t i = 0; i < S; i++) {
+                    fw += gr[i] * (xr[i] - m);
+                    fb += gr[i];
+                }
+                dw += (double)fw * rs;
+                db += fb;
+            }
+            if (gw) cmi_f32(gw)[c] += (float)dw;
+            if (gb) cmi_f32(gb)[c] += (float)db;
+        }
+    }
+    return cmi_status(tp);
+}
+
+cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *weight, cm_tensor *bias, float eps) {
+    if (!cmi_begin(tp, "group_norm", 1, &x)) return NULL;
+    if (!cmi_check_f32(tp, "group_norm", "x", x) || !eps_check(tp, "group_norm", eps)) return NULL;
+    if (x->ndim < 2) {
+        cmi_fail(tp, CM_ERR_SHAPE, "group_norm: x %s must be (N, C, ...) with at least 2 dims", cmi_shape(x));
+        return NULL;
+    }
+    const int64_t N = x->shape[0], C = x->shape[1], S = cmi_numel(x->ndim - 2, x->shape + 2);
+    if (groups < 1 || C % groups != 0) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "group_norm: %lld groups do not divide the %lld channels of x %s",
+                 (long long)groups, (long long)C, cmi_shape(x));
+        return NULL;
+    }
+    if (!param_check(tp, "group_norm", "weight", &weight, C, x) || !param_check(tp, "group_norm", "bias", &bias, C, x))
+        return NULL;
+    x = cm_contiguous(tp, x);
+    if (!x) return NULL;
+    const int64_t G = groups, cpg = C / G, L = cpg * S;
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
+    float *mean = cmi_scratch(tp, sizeof(float) * (size_t)(N * G + 1)); // (N, G)
+    float *rstd = cmi_scratch(tp, sizeof(float) * (size_t)(N * G + 1)); // (N, G)
+    if (!out || !mean || !rstd) return NULL;
+    const float *xv = cmi_f32(x), *wv = weight ? cmi_f32(weight) : NULL, *bv = bias ? cmi_f32(bias) : NULL;
+    float *ov = cmi_f32(out);
+    row_stats(xv, N * G, L, eps, mean, rstd);
+#pragma omp parallel for if (N * C * S >= CMI_PAR_MIN) schedule(static)
+    for (int64_t nc = 0; nc < N * C; nc++) {
+        const int64_t c = nc % C, r = (nc / C) * G + c / cpg;
+        const float m = mean[r], q = rstd[r] * (wv ? wv[c] : 1.0f), b0 = bv ? bv[c] : 0.0f;
+        const float *xr = xv + nc * S; // (S)
+        float *orow = ov + nc * S;
+        for (int64_t i = 0; i < S; i++) orow[i] = (xr[i] - m) * q + b0;
+    }
+    cm_tensor *ins[3] = {x, weight, bias};
+    if (cmi_needs_grad(tp, 3, ins)) {
+        cm_node *n = cmi_record(tp, "group_norm", out, 3, ins, group_norm_backward, sizeof(stats_ctx));
+        if (!n) return NULL;
+        stats_ctx *s = n->ctx;
+        s->mean = mean;
+        s->rstd = rstd;
+        n->i[0] = G;
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dropout                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* drop (numel) u8: 1 where the element was zeroed; kept elements scale by n->f[0] = 1/(1-p). */
+static cm_status dropout_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *gx = cmi_grad(tp, n->in[0]);
+    if (!gx) return cmi_status(tp);
+    const uint8_t *drop = n->ctx ? *(uint8_t *const *)n->ctx : NULL;
+    const float scale = (float)n->f[0], *g = cmi_f32(gout);
+    float *d = cmi_f32(gx);
+    const int64_t numel = cm_tensor_numel(gx);
+#pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < numel; i++) d[i] += drop[i] ? 0.0f : g[i] * scale;
+    return cmi_status(tp);
+}
+
+cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng *rng) {
+    if (!cmi_begin(tp, "dropout", 1, &a)) return NULL;
+    if (!cmi_check_f32(tp, "dropout", "input", a)) return NULL;
+    if (!(p >= 0.0f && p <= 1.0f)) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "dropout: p %g must be in [0, 1]", (double)p);
+        return NULL;
+    }
+    if (!training || p == 0.0f) return a;
+    if (!rng) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "dropout: rng is NULL (training with p > 0 needs a generator)");
+        return NULL;
+    }
+    a = cm_contiguous(tp, a); /* the mask follows the row-major order of the view */
+    if (!a) return NULL;
+    const int64_t numel = cm_tensor_numel(a);
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, a->ndim, a->shape);
+    uint8_t *drop = cmi_scratch(tp, (size_t)numel + 1); // (numel)
+    if (!out || !drop) return NULL;
+    /* drop[i] = (uniform at block counter + i/4, word i%4) < p, i.e. kept where it is >= p */
+    cm_rng_bernoulli(rng, drop, (size_t)numel, p);
+    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, *x = cmi_f32(a);
+    float *y = cmi_f32(out);
+#pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < numel; i++) y[i] = drop[i] ? 0.0f : x[i] * scale;
+    if (cmi_needs_grad(tp, 1, &a)) {
+        cm_node *n = cmi_record(tp, "dropout", out, 1, &a, dropout_backward, sizeof(uint8_t *));
+        if (!n) return NULL;
+        *(uint8_t **)n->ctx = drop;
+        n->f[0] = scale;
+    }
+    return out;
+}

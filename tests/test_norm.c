@@ -1,0 +1,393 @@
+/* Layer, batch and group norm and dropout: gradient checks (contiguous, non-contiguous, without
+ * weight/bias, training and eval, channels_last), running statistics, dropout's mask, errors.
+ *
+ * Gradcheck: eps 3e-3, atol 1e-3, rtol 1e-2. Normalised outputs have large third derivatives when a
+ * row is short (a group of 8 values, a batch of 2), so the default step 1e-2 leaves a truncation error
+ * (~eps^2 f''') of ~2e-3; at 3e-3 it is ~10x smaller, while the f32 forward's rounding contributes
+ * ~1e-6/eps = 3e-4. */
+#include "cmtest.h"
+
+#include <math.h>
+
+static const cmt_gradcheck_opts k_gc = {3e-3, 1e-3, 1e-2, 48};
+
+/* ---- layer norm ---- */
+
+typedef struct {
+    float eps;
+} ln_ctx;
+
+/* in: x, weight or NULL, bias or NULL */
+static cm_tensor *call_ln(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    return cm_layer_norm(tp, in[0], in[1], in[2], ((ln_ctx *)vctx)->eps);
+}
+
+Test(norm, layer_norm_gradcheck_shapes_noncontig_and_optional_params) {
+    cm_tape *tp = cmt_tape();
+    ln_ctx c = {1e-5f};
+    const int64_t shapes[][3] = {{4, 7, 0}, {2, 3, 5}, {1, 1, 0}, {3, 1, 16}};
+    const int nds[] = {2, 3, 2, 3};
+    for (int k = 0; k < 4; k++) {
+        const int nd = nds[k];
+        const int64_t C = shapes[k][nd - 1];
+        cm_tensor *x = cmt_randn(tp, nd, shapes[k], 1 + k, true);
+        cm_tensor *w = cmt_randn(tp, 1, &C, 10 + k, true), *b = cmt_randn(tp, 1, &C, 20 + k, true);
+        cm_tensor *in[3] = {x, w, b};
+        if (C > 1) cmt_gradcheck("layer_norm", call_ln, &c, 3, in, &k_gc);
+        cm_tensor *in_nowb[3] = {x, NULL, NULL};
+        if (C > 1) cmt_gradcheck("layer_norm (no weight/bias)", call_ln, &c, 3, in_nowb, &k_gc);
+        cm_tensor *in_w[3] = {x, w, NULL};
+        if (C > 1) cmt_gradcheck("layer_norm (weight only)", call_ln, &c, 3, in_w, &k_gc);
+    }
+    /* non-contiguous x (transposed storage) and only weight/bias requiring grad */
+    const int64_t s[3] = {2, 6, 5}, C = 5;
+    cm_tensor *xn = cmt_randn_noncontig(tp, 3, s, 40, true);
+    cm_tensor *w = cmt_randn(tp, 1, &C, 41, true), *b = cmt_randn(tp, 1, &C, 42, true);
+    cm_tensor *in[3] = {xn, w, b};
+    cmt_gradcheck("layer_norm (non-contiguous x)", call_ln, &c, 3, in, &k_gc);
+    cm_tensor *xc = cmt_randn(tp, 3, s, 43, false);
+    cm_tensor *in2[3] = {xc, w, b};
+    cmt_gradcheck("layer_norm (only params need grad)", call_ln, &c, 3, in2, &k_gc);
+    cm_tape_free(tp);
+}
+
+Test(norm, layer_norm_forward_rows_have_zero_mean_unit_variance) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[2] = {5, 64};
+    cm_tensor *x = cmt_rand_uniform(tp, 2, s, 3, 100.0f, 104.0f, false); /* large offset: two-pass stats */
+    cm_tensor *y = cm_layer_norm(tp, x, NULL, NULL, 0.0f);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    for (int r = 0; r < 5; r++) {
+        double m = 0, v = 0;
+        for (int c = 0; c < 64; c++) m += cm_tensor_get_flat(y, r * 64 + c);
+        m /= 64;
+        for (int c = 0; c < 64; c++) v += pow(cm_tensor_get_flat(y, r * 64 + c) - m, 2);
+        v /= 64;
+        cr_assert(fabs(m) < 1e-4 && fabs(v - 1) < 1e-3, "row %d: mean %g var %g (tol 1e-4, 1e-3)", r, m, v);
+    }
+    cm_tape_free(tp);
+}
+
+/* ---- batch norm ---- */
+
+typedef struct {
+    cm_batch_norm_opts o;
+    cm_tensor *rm, *rv;
+} bn_ctx;
+
+static cm_tensor *call_bn(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    bn_ctx *c = vctx;
+    return cm_batch_norm(tp, in[0], in[1], in[2], c->rm, c->rv, &c->o);
+}
+
+Test(norm, batch_norm_gradcheck_train_eval_channels_last_and_optional_params) {
+    cm_tape *tp = cmt_tape();
+    const int64_t shapes[][4] = {{4, 3, 0, 0}, {2, 3, 4, 5}, {3, 2, 5, 0}, {2, 4, 1, 3}};
+    const int nds[] = {2, 4, 3, 4};
+    for (int k = 0; k < 4; k++) {
+        for (int cl = 0; cl < 2; cl++) {
+            const int nd = nds[k];
+            const int64_t C = shapes[k][cl ? nd - 1 : 1];
+            cm_tensor *x = cmt_randn(tp, nd, shapes[k], 1 + k, true);
+            cm_tensor *w = cmt_randn(tp, 1, &C, 10 + k, true), *b = cmt_randn(tp, 1, &C, 20 + k, true);
+            cm_tensor *rm = cmt_randn(tp, 1, &C, 30 + k, false);
+            cm_tensor *rv = cmt_rand_uniform(tp, 1, &C, 31 + k, 0.5f, 2.0f, false);
+            bn_ctx c = {cm_batch_norm_opts_default(), rm, rv};
+            c.o.channels_last = cl;
+            cm_tensor *in[3] = {x, w, b};
+            cmt_gradcheck("batch_norm train", call_bn, &c, 3, in, &k_gc);
+            cm_tensor *in_nowb[3] = {x, NULL, NULL};
+            c.rm = c.rv = NULL;
+            cmt_gradcheck("batch_norm train (no weight/bias, no running stats)", call_bn, &c, 3, in_nowb, &k_gc);
+            c.rm = rm;
+            c.rv = rv;
+            c.o.training = false;
+            cmt_gradcheck("batch_norm eval", call_bn, &c, 3, in, &k_gc);
+            cmt_gradcheck("batch_norm eval (no weight/bias)", call_bn, &c, 3, in_nowb, &k_gc);
+        }
+    }
+    /* non-contiguous x */
+    const int64_t s[3] = {2, 3, 4}, C = 3;
+    cm_tensor *xn = cmt_randn_noncontig(tp, 3, s, 50, true);
+    cm_tensor *w = cmt_randn(tp, 1, &C, 51, true), *b = cmt_randn(tp, 1, &C, 52, true);
+    bn_ctx c = {cm_batch_norm_opts_default(), NULL, NULL};
+    cm_tensor *in[3] = {xn, w, b};
+    cmt_gradcheck("batch_norm train (non-contiguous x)", call_bn, &c, 3, in, &k_gc);
+    cm_tape_free(tp);
+}
+
+Test(norm, batch_norm_updates_running_stats_with_unbiased_variance) {
+    cm_tape *tp = cmt_tape();
+    /* x (2, 2, 2): channel 0 holds {1, 2, 5, 6}, channel 1 holds {0, 0, 4, 4} */
+    const float xv[8] = {1, 2, 0, 0, 5, 6, 4, 4};
+    const int64_t s[3] = {2, 2, 2}, C = 2;
+    cm_tensor *x = cm_empty(tp, CM_DTYPE_F32, 3, s);
+    memcpy(cm_tensor_data(x), xv, sizeof xv);
+    cm_tensor *rm, *rv;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rm), CM_OK);
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rv), CM_OK);
+    cm_tensor_fill(rm, 1.0);
+    cm_tensor_fill(rv, 1.0);
+    cm_batch_norm_opts o = cm_batch_norm_opts_default();
+    o.momentum = 0.25f;
+    cm_tensor *y = cm_batch_norm(tp, x, NULL, NULL, rm, rv, &o);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    /* ch0: mean 3.5, biased var 4.25, unbiased 17/3; ch1: mean 2, biased var 4, unbiased 16/3 */
+    const float want_rm[2] = {0.75f + 0.25f * 3.5f, 0.75f + 0.25f * 2.0f};
+    const float want_rv[2] = {0.75f + 0.25f * 17.0f / 3.0f, 0.75f + 0.25f * 16.0f / 3.0f};
+    cmt_assert_close_f32("running_mean", cm_tensor_data(rm), want_rm, 2, 1e-6, 1e-6);
+    cmt_assert_close_f32("running_var", cm_tensor_data(rv), want_rv, 2, 1e-6, 1e-6);
+    /* normalised with the biased variance */
+    cr_assert_float_eq(cm_tensor_get_flat(y, 0), (1 - 3.5) / sqrt(4.25 + 1e-5), 1e-5);
+    cr_assert_float_eq(cm_tensor_get_flat(y, 2), (0 - 2.0) / sqrt(4.0 + 1e-5), 1e-5);
+    /* eval uses the running statistics and leaves them alone */
+    o.training = false;
+    cm_tensor *ye = cm_batch_norm(tp, x, NULL, NULL, rm, rv, &o);
+    cr_assert(ye);
+    cr_assert_float_eq(cm_tensor_get_flat(ye, 0), (1 - want_rm[0]) / sqrt(want_rv[0] + 1e-5), 1e-5);
+    cmt_assert_close_f32("running_mean after eval", cm_tensor_data(rm), want_rm, 2, 0, 0);
+    /* channels_last on the permuted tensor gives the same statistics */
+    cm_tensor_fill(rm, 1.0);
+    cm_tensor_fill(rv, 1.0);
+    const int perm[3] = {0, 2, 1};
+    o.training = true;
+    o.channels_last = true;
+    cm_tensor *ycl = cm_batch_norm(tp, cm_permute(tp, x, perm), NULL, NULL, rm, rv, &o);
+    cr_assert(ycl, "%s", cm_tape_error(tp));
+    cmt_assert_close_f32("running_mean (channels_last)", cm_tensor_data(rm), want_rm, 2, 1e-6, 1e-6);
+    cmt_assert_close_f32("running_var (channels_last)", cm_tensor_data(rv), want_rv, 2, 1e-6, 1e-6);
+    cmt_assert_close("channels_last output", cm_permute(tp, ycl, perm), y, 1e-6, 1e-6);
+    cm_tensor_free(rm);
+    cm_tensor_free(rv);
+    cm_tape_free(tp);
+}
+
+/* ---- group norm ---- */
+
+typedef struct {
+    int64_t groups;
+} gn_ctx;
+
+static cm_tensor *call_gn(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    return cm_group_norm(tp, in[0], ((gn_ctx *)vctx)->groups, in[1], in[2], 1e-5f);
+}
+
+Test(norm, group_norm_gradcheck_shapes_noncontig_and_optional_params) {
+    cm_tape *tp = cmt_tape();
+    const int64_t shapes[][4] = {{2, 6, 4, 0}, {2, 4, 3, 2}, {3, 4, 0, 0}, {1, 6, 5, 0}};
+    const int nds[] = {3, 4, 2, 3};
+    const int64_t groups[] = {3, 2, 2, 6};
+    for (int k = 0; k < 4; k++) {
+        const int64_t C = shapes[k][1];
+        gn_ctx c = {groups[k]};
+        cm_tensor *x = cmt_randn(tp, nds[k], shapes[k], 1 + k, true);
+        cm_tensor *w = cmt_randn(tp, 1, &C, 10 + k, true), *b = cmt_randn(tp, 1, &C, 20 + k, true);
+        cm_tensor *in[3] = {x, w, b};
+        cmt_gradcheck("group_norm", call_gn, &c, 3, in, &k_gc);
+        cm_tensor *in_nowb[3] = {x, NULL, NULL};
+        cmt_gradcheck("group_norm (no weight/bias)", call_gn, &c, 3, in_nowb, &k_gc);
+    }
+    const int64_t s[3] = {2, 4, 3}, C = 4;
+    gn_ctx c = {2};
+    cm_tensor *xn = cmt_randn_noncontig(tp, 3, s, 60, true);
+    cm_tensor *w = cmt_randn(tp, 1, &C, 61, true), *b = cmt_randn(tp, 1, &C, 62, true);
+    cm_tensor *in[3] = {xn, w, b};
+    cmt_gradcheck("group_norm (non-contiguous x)", call_gn, &c, 3, in, &k_gc);
+    cm_tape_free(tp);
+}
+
+Test(norm, group_norm_with_one_group_per_channel_matches_per_channel_stats) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[3] = {2, 3, 8};
+    cm_tensor *x = cmt_randn(tp, 3, s, 5, false);
+    cm_tensor *y = cm_group_norm(tp, x, 3, NULL, NULL, 0.0f);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    const float *xv = cm_tensor_data(x);
+    for (int r = 0; r < 6; r++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < 8; i++) m += xv[r * 8 + i];
+        m /= 8;
+        for (int i = 0; i < 8; i++) v += pow(xv[r * 8 + i] - m, 2);
+        v /= 8;
+        for (int i = 0; i < 8; i++)
+            cr_assert_float_eq(cm_tensor_get_flat(y, r * 8 + i), (xv[r * 8 + i] - m) / sqrt(v), 1e-5);
+    }
+    cm_tape_free(tp);
+}
+
+/* ---- dropout ---- */
+
+Test(norm, dropout_mask_is_reproducible_and_advances_counter) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[2] = {50, 41}; /* 2050 elements: not a multiple of 4 */
+    const int64_t n = 2050;
+    cm_tensor *x = cm_full(tp, CM_DTYPE_F32, 2, s, 1.0);
+    cm_rng r1 = cm_rng_init(7, 3), r2 = cm_rng_init(7, 3);
+    r1.counter = r2.counter = 100;
+    cm_tensor *a = cm_dropout(tp, x, 0.3f, true, &r1);
+    cm_tensor *b = cm_dropout(tp, x, 0.3f, true, &r2);
+    cr_assert(a && b, "%s", cm_tape_error(tp));
+    cr_assert_eq(r1.counter, 100 + (n + 3) / 4, "counter advanced by %llu, want ceil(n/4) = %lld",
+                 (unsigned long long)(r1.counter - 100), (long long)((n + 3) / 4));
+    cmt_assert_close("same rng state -> same mask", a, b, 0, 0);
+    /* the mask is element i = uniform at word i of the stream from the counter >= p */
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float u = cm_rng_uniform_at(7, 3, 100 * 4 + (uint64_t)i);
+        const double want = u >= 0.3f ? 1.0 / 0.7 : 0.0;
+        cr_assert_float_eq(cm_tensor_get_flat(a, i), want, 1e-6, "element %lld", (long long)i);
+        kept += u >= 0.3f;
+    }
+    /* the next call continues the stream: a different mask */
+    cm_tensor *c = cm_dropout(tp, x, 0.3f, true, &r1);
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += cm_tensor_get_flat(a, i) != cm_tensor_get_flat(c, i);
+    cr_assert(diff > n / 5, "a new counter gives a new mask: only %lld of %lld differ", (long long)diff, (long long)n);
+    /* mean of the mask ≈ 1 - p: binomial sd sqrt(n p (1-p)) / n ≈ 0.01; allow 5 sd */
+    const double frac = (double)kept / (double)n;
+    cr_assert(fabs(frac - 0.7) < 0.05, "kept fraction %g, want 0.7 ± 0.05", frac);
+    cm_tape_free(tp);
+}
+
+Test(norm, dropout_gradient_is_mask_over_keep_probability) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[2] = {7, 9};
+    cm_tensor *x = cmt_randn_noncontig(tp, 2, s, 8, true);
+    cm_rng r = cm_rng_init(11, 0);
+    cm_tensor *y = cm_dropout(tp, x, 0.4f, true, &r);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cm_tensor *g = cmt_randn(tp, 2, s, 9, false);
+    cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+    const cm_tensor *gx = cm_tensor_grad(x);
+    cr_assert(gx);
+    for (int64_t i = 0; i < 63; i++) {
+        const double yi = cm_tensor_get_flat(y, i), xi = cm_tensor_get_flat(x, i), gi = cm_tensor_get_flat(g, i);
+        const double m = yi == 0.0 ? 0.0 : 1.0 / 0.6; /* x is N(0,1): never exactly 0 */
+        cr_assert_float_eq(yi, xi * m, 1e-6, "y[%lld]", (long long)i);
+        cr_assert_float_eq(cm_tensor_get_flat(gx, i), gi * m, 1e-6, "dx[%lld]: want g·mask/(1-p)", (long long)i);
+    }
+    cm_tape_free(tp);
+}
+
+Test(norm, dropout_identity_cases_and_p_one) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[1] = {10};
+    cm_tensor *x = cmt_randn(tp, 1, s, 1, true);
+    cm_rng r = cm_rng_init(1, 0);
+    cr_assert_eq(cm_dropout(tp, x, 0.5f, false, &r), x, "eval is the identity");
+    cr_assert_eq(cm_dropout(tp, x, 0.0f, true, &r), x, "p = 0 is the identity");
+    cr_assert_eq(r.counter, 0, "identity consumes no random numbers");
+    cm_tensor *z = cm_dropout(tp, x, 1.0f, true, &r);
+    cr_assert(z, "%s", cm_tape_error(tp));
+    for (int i = 0; i < 10; i++) cr_assert_eq(cm_tensor_get_flat(z, i), 0.0, "p = 1 zeroes everything");
+    cm_tape_free(tp);
+}
+
+/* ---- errors ---- */
+
+static void expect_error(cm_tape *tp, cm_status want, const char *must_contain) {
+    cr_assert_eq(cm_tape_status(tp), want, "status %s, want %s: %s", cm_status_name(cm_tape_status(tp)),
+                 cm_status_name(want), cm_tape_error(tp));
+    cr_assert(strstr(cm_tape_error(tp), must_contain), "message '%s' lacks '%s'", cm_tape_error(tp), must_contain);
+    cm_tape_reset(tp);
+}
+
+Test(norm, bad_inputs_are_errors_naming_op_and_shapes) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[3] = {2, 6, 4}, c5 = 5, c6 = 6;
+    cm_tensor *x = cmt_randn(tp, 3, s, 1, false);
+    cm_tensor *w5 = cmt_randn(tp, 1, &c5, 2, false);
+    cr_assert_null(cm_layer_norm(tp, x, w5, NULL, 1e-5f));
+    expect_error(tp, CM_ERR_SHAPE, "layer_norm: weight (5,)");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cr_assert_null(cm_layer_norm(tp, x, NULL, NULL, -1.0f));
+    expect_error(tp, CM_ERR_INVALID_ARG, "eps");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cr_assert_null(cm_group_norm(tp, x, 4, NULL, NULL, 1e-5f));
+    expect_error(tp, CM_ERR_INVALID_ARG, "4 groups do not divide the 6 channels");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cm_batch_norm_opts o = cm_batch_norm_opts_default();
+    o.training = false;
+    cr_assert_null(cm_batch_norm(tp, x, NULL, NULL, NULL, NULL, &o));
+    expect_error(tp, CM_ERR_INVALID_ARG, "eval mode needs running_mean");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cm_tensor *b5 = cmt_randn(tp, 1, &c5, 3, false);
+    cr_assert_null(cm_batch_norm(tp, x, NULL, b5, NULL, NULL, NULL));
+    expect_error(tp, CM_ERR_SHAPE, "batch_norm: bias (5,)");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cm_tensor *rm = cmt_randn(tp, 1, &c6, 3, false);
+    o.training = true;
+    o.channels_last = true; /* channels = 4 */
+    cr_assert_null(cm_batch_norm(tp, x, NULL, NULL, rm, rm, &o));
+    expect_error(tp, CM_ERR_SHAPE, "running_mean (6,) must be 1-d with 4 entries");
+    const int64_t one[2] = {1, 3};
+    x = cmt_randn(tp, 2, one, 1, false);
+    cr_assert_null(cm_batch_norm(tp, x, NULL, NULL, NULL, NULL, NULL));
+    expect_error(tp, CM_ERR_SHAPE, "more than one value per channel");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cm_rng r = cm_rng_init(0, 0);
+    cr_assert_null(cm_dropout(tp, x, 1.5f, true, &r));
+    expect_error(tp, CM_ERR_INVALID_ARG, "dropout: p 1.5");
+    x = cmt_randn(tp, 3, s, 1, false);
+    cm_tensor *xi = cm_zeros(tp, CM_DTYPE_I64, 3, s);
+    cr_assert_null(cm_layer_norm(tp, xi, NULL, NULL, 1e-5f));
+    expect_error(tp, CM_ERR_DTYPE, "layer_norm");
+    cm_tape_free(tp);
+}
+
+/* ---- large inputs: the parallel kernels (per-thread partial sums) against a double reference ---- */
+
+Test(norm, layer_norm_and_channels_last_batch_norm_parallel_paths_match_double_reference) {
+    cm_tape *tp = cmt_tape();
+    enum { R = 512, C = 80 }; /* R·C = 40960 >= CMI_PAR_MIN */
+    const int64_t s[2] = {R, C}, cs = C;
+    for (int op = 0; op < 2; op++) {
+        cm_tensor *x = cmt_randn(tp, 2, s, 70 + op, true);
+        cm_tensor *w = cmt_randn(tp, 1, &cs, 72, true), *b = cmt_randn(tp, 1, &cs, 73, true);
+        cm_tensor *g = cmt_randn(tp, 2, s, 74, false);
+        cm_batch_norm_opts o = cm_batch_norm_opts_default();
+        o.channels_last = true;
+        cm_tensor *y = op == 0 ? cm_layer_norm(tp, x, w, b, 1e-5f) : cm_batch_norm(tp, x, w, b, NULL, NULL, &o);
+        cr_assert(y, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+        const float *xv = cm_tensor_data(x), *wv = cm_tensor_data(w), *gv = cm_tensor_data(g);
+        const float *dx = cm_tensor_data(cm_tensor_grad(x)), *dw = cm_tensor_data(cm_tensor_grad(w)),
+                    *db = cm_tensor_data(cm_tensor_grad(b));
+        /* groups: rows for layer norm (stride 1 within, C between), columns for batch norm */
+        const int n_grp = op == 0 ? R : C, len = op == 0 ? C : R;
+        const int step = op == 0 ? 1 : C, gstep = op == 0 ? C : 1;
+        double *rdw = calloc(C, sizeof(double)), *rdb = calloc(C, sizeof(double));
+        for (int k = 0; k < n_grp; k++) {
+            double m = 0, v = 0, a = 0, c2 = 0;
+            for (int j = 0; j < len; j++) m += xv[k * gstep + j * step];
+            m /= len;
+            for (int j = 0; j < len; j++) v += pow(xv[k * gstep + j * step] - m, 2);
+            const double rs = 1.0 / sqrt(v / len + 1e-5);
+            for (int j = 0; j < len; j++) {
+                const int e = k * gstep + j * step, c = e % C;
+                const double xh = (xv[e] - m) * rs;
+                cr_assert(fabs(cm_tensor_get_flat(y, e) - (xh * wv[c] + ((float *)cm_tensor_data(b))[c])) < 1e-4,
+                          "op %d y[%d]", op, e);
+                a += gv[e] * wv[c];
+                c2 += gv[e] * wv[c] * xh;
+                rdw[c] += gv[e] * xh;
+                rdb[c] += gv[e];
+            }
+            a /= len;
+            c2 /= len;
+            for (int j = 0; j < len; j++) {
+                const int e = k * gstep + j * step, c = e % C;
+                const double want = rs * (gv[e] * wv[c] - a - (xv[e] - m) * rs * c2);
+                cr_assert(fabs(dx[e] - want) <= 1e-4 + 1e-3 * fabs(want), "op %d dx[%d] %g vs %g (tol 1e-4 + 1e-3 rel)",
+                          op, e, dx[e], want);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            cr_assert(fabs(dw[c] - rdw[c]) <= 1e-3 + 1e-4 * fabs(rdw[c]), "op %d dw[%d] %g vs %g", op, c, dw[c], rdw[c]);
+            cr_assert(fabs(db[c] - rdb[c]) <= 1e-3 + 1e-4 * fabs(rdb[c]), "op %d db[%d] %g vs %g", op, c, db[c], rdb[c]);
+        }
+        free(rdw);
+        free(rdb);
+    }
+    cm_tape_free(tp);
+}
