@@ -1,6 +1,7 @@
 /* cm_attention: forward against a naive double-precision reference written with loops, gradient
  * checks for q, k, v and bias (causal on/off, T != S, odd D, ALiBi-shaped biases, padding masks,
- * fully-masked rows, permuted and other strided inputs, the parallel path), and the error cases.
+ * fully-masked rows, permuted and other strided inputs, causal row blocks (T > 64), the parallel
+ * path), and the error cases.
  *
  * Tolerances: forward vs the double reference atol 2e-5 + rtol 1e-4 (f32 sgemm + expf over
  * D, S <= 24 terms). Gradchecks use central differences with eps 1e-2 and the defaults atol 1e-3,
@@ -109,6 +110,9 @@ static const att_case k_cases[] = {
     {"permuted_t_ne_s_bias_mask", 2, 2, 3, 5, 6, false, 0, 2, 1, 1},
     {"swapped_last_dims", 2, 2, 4, 5, 6, false, 0, 3, 0, 2},
     {"strided_d_copy_path", 1, 2, 4, 3, 5, true, 0, 0, 1, 3},
+    {"causal_row_blocks", 1, 2, 70, 70, 4, true, 0, 2, 1, 0},
+    {"causal_row_blocks_t_gt_s", 1, 1, 135, 66, 3, true, 0, 1, 0, 1},
+    {"row_blocks_noncausal", 1, 1, 66, 9, 5, false, 0, 4, 1, 0},
     {"parallel_size", 2, 3, 24, 20, 16, true, 0, 2, 1, 0},
 };
 

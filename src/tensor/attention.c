@@ -1,6 +1,7 @@
 /* Fused scaled dot-product attention with a hand-written backward.
  *
- * Forward, per (b, h) in parallel (OpenMP over B·H, one single-threaded sgemm per product):
+ * Forward, per (b, h) in parallel (OpenMP over B·H, single-threaded sgemm inside), in blocks of
+ * query rows (a causal block skips the keys after its last row):
  *   L = q·kᵀ·scale + bias (+ -inf where masked)            // (T, S)
  *   P = softmax_rows(L)       (rows with every key masked → all zeros)
  *   out = P·v                                               // (T, D)
@@ -59,6 +60,17 @@ static bool mat_ref_of(const cm_tensor *t, mat_ref *m) {
 
 static inline const float *mat_at(const mat_ref *m, int64_t b, int64_t h) { return m->base + b * m->sb + h * m->sh; }
 static inline CBLAS_TRANSPOSE flip(CBLAS_TRANSPOSE t) { return t == CblasNoTrans ? CblasTrans : CblasNoTrans; }
+/* Row n of slice (b, h): the operand pointer for a gemm over rows n.. */
+static inline const float *mat_row(const mat_ref *m, int64_t b, int64_t h, int64_t n) {
+    return mat_at(m, b, h) + n * (m->tr == CblasNoTrans ? m->ld : 1);
+}
+
+/* Query rows are processed in blocks of ROW_BLOCK. With a causal mask a block [i0, i1) only touches
+ * keys [0, min(i1, S)), which skips ~3/8 of the flops at T = S = 256 (measured 1.5x faster forward +
+ * backward at B=8, H=6, T=256, D=64, one thread); without one, the block size makes no measurable
+ * difference and keeps the (block, S) slice of P in cache between the softmax and P·v. */
+#define ROW_BLOCK 64
+static inline int64_t row_block(int64_t T) { return T > ROW_BLOCK ? ROW_BLOCK : (T > 0 ? T : 1); }
 
 static inline bool mask_keep(const cm_tensor *m, int64_t b, int64_t s) {
     const char *p = (const char *)m->data + (b * m->stride[0] + s * m->stride[1]) * (int64_t)cm_dtype_size(m->dtype);
@@ -120,7 +132,9 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
     float *gqv = gq ? cmi_f32(gq) : NULL, *gkv = gk ? cmi_f32(gk) : NULL, *gvv = gv ? cmi_f32(gv) : NULL;
     const float scale = c->scale;
     const bool need_dL = gq || gk || want_bias;
-    const int iT = (int)T, iS = (int)S, iD = (int)D;
+    const int iS = (int)S, iD = (int)D;
+    const bool causal = n->i[0];
+    const int64_t RB = row_block(T);
 
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (int64_t bh = 0; bh < BH; bh++) {
@@ -130,31 +144,40 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
         const float *gO = gOv + bh * T * D; // (T, D)
         float *dL = want_bias ? dL_all + bh * TS : dL_all + (int64_t)omp_get_thread_num() * TS; // (T, S)
         float *rs = rs_all + (int64_t)omp_get_thread_num() * T;                                  // (T)
-        /* dV (S, D) += Pᵀ·dO */
-        if (gvv) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, iS, iD, iT, 1.0f, P, iS, gO, iD, 1.0f, gvv + bh * S * D, iD);
-        if (!need_dL) continue;
-        /* dP (T, S) = dO·Vᵀ */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, flip(mv.tr), iT, iS, iD, 1.0f, gO, iD, mat_at(&mv, b, h), mv.ld, 0.0f,
-                    dL, iS);
         for (int64_t i = 0; i < T; i++) {
             float acc = 0.0f;
             for (int64_t d = 0; d < D; d++) acc += gO[i * D + d] * O[i * D + d];
             rs[i] = acc;
         }
-        /* dL = P ⊙ (dP − rowsum(dO ⊙ O)); zero where P is zero (masked keys, fully-masked rows) */
-        for (int64_t i = 0; i < T; i++) {
-            const float *pr = P + i * S;
-            float *dr = dL + i * S;
-            const float r = rs[i];
-            for (int64_t j = 0; j < S; j++) dr[j] = pr[j] * (dr[j] - r);
+        for (int64_t i0 = 0; i0 < T; i0 += RB) {
+            const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = causal && i1 < S ? i1 : S; /* keys [0, kn) */
+            const int m = (int)(i1 - i0), kk = (int)kn;
+            const float *Pb = P + i0 * S, *gOb = gO + i0 * D; // (m, S), (m, D)
+            float *dLb = dL + i0 * S;                         // (m, S)
+            /* dV (kn, D) += Pᵀ·dO */
+            if (gvv)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, Pb, iS, gOb, iD, 1.0f,
+                            gvv + bh * S * D, iD);
+            if (!need_dL) continue;
+            /* dP (m, kn) = dO·Vᵀ */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, flip(mv.tr), m, kk, iD, 1.0f, gOb, iD, mat_at(&mv, b, h), mv.ld,
+                        0.0f, dLb, iS);
+            /* dL = P ⊙ (dP − rowsum(dO ⊙ O)); zero where P is zero (masked keys, fully-masked rows) */
+            for (int64_t i = i0; i < i1; i++) {
+                const float *pr = P + i * S;
+                float *dr = dL + i * S;
+                const float r = rs[i];
+                for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * (dr[j] - r);
+                for (int64_t j = kn; j < S; j++) dr[j] = 0.0f; /* read by the bias reduction */
+            }
+            /* dQ (m, D) += scale·dL·K;  dK (kn, D) += scale·dLᵀ·Q */
+            if (gqv)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld,
+                            1.0f, gqv + (bh * T + i0) * D, iD);
+            if (gkv)
+                cblas_sgemm(CblasRowMajor, CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld,
+                            1.0f, gkv + bh * S * D, iD);
         }
-        /* dQ (T, D) += scale·dL·K;  dK (S, D) += scale·dLᵀ·Q */
-        if (gqv)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, mk.tr, iT, iD, iS, scale, dL, iS, mat_at(&mk, b, h), mk.ld, 1.0f,
-                        gqv + bh * T * D, iD);
-        if (gkv)
-            cblas_sgemm(CblasRowMajor, CblasTrans, mq.tr, iS, iD, iT, scale, dL, iS, mat_at(&mq, b, h), mq.ld, 1.0f,
-                        gkv + bh * S * D, iD);
     }
     if (want_bias) return cmi_accum(tp, bias, dL_t); /* sums over bias's broadcast dims */
     return cmi_status(tp);
@@ -265,46 +288,51 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
         const float *bv = bias ? cmi_f32(bias) : NULL;
         const float *mrows = NULL; // (B, S)
         if (mask && !(mrows = mask_rows(tp, mask))) return NULL;
-        const int iT = (int)T, iS = (int)S, iD = (int)D;
+        const int iS = (int)S, iD = (int)D;
+        const int64_t RB = row_block(T);
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
         for (int64_t bh = 0; bh < BH; bh++) {
             const int64_t b = bh / H, h = bh % H;
             float *P = grad ? P_all + bh * TS : P_all + (int64_t)omp_get_thread_num() * TS; // (T, S)
-            /* L (T, S) = scale·q·kᵀ */
-            cblas_sgemm(CblasRowMajor, mq.tr, flip(mk.tr), iT, iS, iD, scale, mat_at(&mq, b, h), mq.ld,
-                        mat_at(&mk, b, h), mk.ld, 0.0f, P, iS);
-            for (int64_t i = 0; i < T; i++) {
-                float *row = P + i * S;
-                if (bv) {
-                    const float *br = bv + b * bst[0] + h * bst[1] + i * bst[2];
-                    const int64_t sj = bst[3];
-                    for (int64_t j = 0; j < S; j++) row[j] += br[j * sj];
+            for (int64_t i0 = 0; i0 < T; i0 += RB) {
+                const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = o.causal && i1 < S ? i1 : S; /* keys [0, kn) */
+                const int m = (int)(i1 - i0), kk = (int)kn;
+                /* L (m, kn) = scale·q·kᵀ */
+                cblas_sgemm(CblasRowMajor, mq.tr, flip(mk.tr), m, kk, iD, scale, mat_row(&mq, b, h, i0), mq.ld,
+                            mat_at(&mk, b, h), mk.ld, 0.0f, P + i0 * S, iS);
+                for (int64_t i = i0; i < i1; i++) {
+                    float *row = P + i * S;
+                    if (bv) {
+                        const float *br = bv + b * bst[0] + h * bst[1] + i * bst[2];
+                        const int64_t sj = bst[3];
+                        for (int64_t j = 0; j < kn; j++) row[j] += br[j * sj];
+                    }
+                    if (mrows) {
+                        const float *mr = mrows + b * S;
+                        for (int64_t j = 0; j < kn; j++) row[j] += mr[j];
+                    }
+                    /* top-left causal: query i sees keys 0..i; keys >= kn were never computed */
+                    const int64_t jn = o.causal && i + 1 < kn ? i + 1 : kn;
+                    for (int64_t j = jn; j < S; j++) row[j] = 0.0f;
+                    float mx = -INFINITY;
+                    for (int64_t j = 0; j < jn; j++) mx = row[j] > mx ? row[j] : mx;
+                    if (mx == -INFINITY) { /* every key masked: zeros, and zero gradient through P */
+                        memset(row, 0, sizeof(float) * (size_t)jn);
+                        continue;
+                    }
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < jn; j++) {
+                        float e = expf(row[j] - mx);
+                        row[j] = e;
+                        sum += e;
+                    }
+                    const float inv = 1.0f / sum;
+                    for (int64_t j = 0; j < jn; j++) row[j] *= inv;
                 }
-                if (mrows) {
-                    const float *mr = mrows + b * S;
-                    for (int64_t j = 0; j < S; j++) row[j] += mr[j];
-                }
-                /* top-left causal: query i sees keys 0..i */
-                if (o.causal)
-                    for (int64_t j = i + 1; j < S; j++) row[j] = -INFINITY;
-                float mx = -INFINITY;
-                for (int64_t j = 0; j < S; j++) mx = row[j] > mx ? row[j] : mx;
-                if (mx == -INFINITY) { /* every key masked: zeros, and zero gradient through P */
-                    memset(row, 0, sizeof(float) * (size_t)S);
-                    continue;
-                }
-                float sum = 0.0f;
-                for (int64_t j = 0; j < S; j++) {
-                    float e = expf(row[j] - mx);
-                    row[j] = e;
-                    sum += e;
-                }
-                const float inv = 1.0f / sum;
-                for (int64_t j = 0; j < S; j++) row[j] *= inv;
+                /* out (m, D) = P·v */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, mv.tr, m, iD, kk, 1.0f, P + i0 * S, iS, mat_at(&mv, b, h),
+                            mv.ld, 0.0f, ov + (bh * T + i0) * D, iD);
             }
-            /* out (T, D) = P·v */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, mv.tr, iT, iD, iS, 1.0f, P, iS, mat_at(&mv, b, h), mv.ld, 0.0f,
-                        ov + bh * T * D, iD);
         }
     }
     if (grad) {
@@ -313,6 +341,7 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
         attn_ctx *c = n->ctx;
         c->P = Pt;
         c->scale = scale;
+        n->i[0] = o.causal;
     }
     return out;
 }
