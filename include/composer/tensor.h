@@ -427,17 +427,28 @@ cm_tensor *cm_resize_bilinear(cm_tape *tp, cm_tensor *x, int64_t out_h, int64_t 
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct cm_attention_opts {
-    bool causal;          /* mask out keys after the query position */
+    bool causal;          /* query i attends keys j <= i only (top-left aligned, as PyTorch's is_causal) */
     float scale;          /* 0 = 1/sqrt(D) */
-    cm_tensor *bias;      /* optional additive bias broadcastable to (B, H, T, S), e.g. ALiBi; gets a grad */
+    cm_tensor *bias;      /* optional f32 additive bias broadcastable to (B, H, T, S), e.g. ALiBi as
+                             (1, H, T, S) or (H, 1, S); gets a gradient (summed over its broadcast dims) */
     cm_tensor *key_padding_mask; /* optional (B, S) u8/i32/i64: nonzero = a real key, 0 = padding */
 } cm_attention_opts;
+/* No mask, no bias, scale 1/sqrt(D). */
 cm_attention_opts cm_attention_opts_default(void);
 
-/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D).
- * softmax(q·kᵀ·scale + bias + mask)·v, with a fused backward that recomputes nothing but
- * keeps the attention probabilities (B, H, T, S) in the arena. A query row whose keys are all
- * masked gives zeros. */
+/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D), contiguous.
+ * softmax(q·kᵀ·scale + bias + masks)·v, computed per (b, h) in parallel with sgemm; opts may be NULL
+ * (the defaults). The causal mask is top-left aligned: with T != S, query i still sees keys 0..i
+ * (queries i >= S − 1 see every key; for decoding with a KV cache, where the T
+ * queries are the last T of S positions, pass an explicit bias instead). A query row whose keys are
+ * all masked outputs zeros and passes zero gradient (no NaN).
+ * The fused backward recomputes nothing: the attention probabilities P (B, H, T, S) are kept in the
+ * tape's arena (only when a gradient is needed), so memory grows with B·H·T·S.
+ * q, k and v may be strided views; the usual cm_permute of a (B, T, H, D) tensor is read in place
+ * (no copy); other layouts are made contiguous first.
+ * Errors (NULL, tape error naming the shapes): CM_ERR_DTYPE if q, k, v or bias is not f32 or the
+ * mask is not u8/i32/i64; CM_ERR_SHAPE if q, k, v are not 4-d, disagree in B, H or D, k and v differ
+ * in S, bias does not broadcast to (B, H, T, S), or the mask is not (B, S). */
 cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *opts);
 
 #ifdef __cplusplus

@@ -1,0 +1,395 @@
+/* cm_attention: forward against a naive double-precision reference written with loops, gradient
+ * checks for q, k, v and bias (causal on/off, T != S, odd D, ALiBi-shaped biases, padding masks,
+ * fully-masked rows, permuted and other strided inputs, causal row blocks (T > 64), the parallel
+ * path), and the error cases.
+ *
+ * Tolerances: forward vs the double reference atol 2e-5 + rtol 1e-4 (f32 sgemm + expf over
+ * D, S <= 24 terms). Gradchecks use central differences with eps 1e-2 and the defaults atol 1e-3,
+ * rtol 1e-2: the truncation error eps²·f''' is ~1e-4 for these O(1) inputs, the f32 round-off of
+ * L = Σ out·R divided by 2·eps is ~1e-5. */
+#include "cmtest.h"
+#include "tensor/tensor_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- naive reference (double, loops, any strides) ---- */
+
+static double bias_at(const cm_tensor *bias, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t full[4] = {b, h, i, j};
+    int64_t idx[CM_MAX_DIMS];
+    const int nd = bias->ndim;
+    for (int d = 0; d < nd; d++) {
+        int64_t v = full[4 - nd + d];
+        idx[d] = bias->shape[d] == 1 ? 0 : v;
+    }
+    return cm_tensor_get(bias, idx);
+}
+
+/* out: (B, H, T, D) doubles, contiguous. */
+static void ref_attention(const cm_tensor *q, const cm_tensor *k, const cm_tensor *v, const cm_attention_opts *o,
+                          double *out) {
+    const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], S = k->shape[2];
+    const double scale = o->scale != 0 ? o->scale : 1.0 / sqrt((double)D);
+    double *l = malloc(sizeof(double) * (size_t)(S + 1));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < S; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++) {
+                        int64_t qi[4] = {b, h, i, d}, ki[4] = {b, h, j, d};
+                        s += cm_tensor_get(q, qi) * cm_tensor_get(k, ki);
+                    }
+                    s *= scale;
+                    if (o->bias) s += bias_at(o->bias, b, h, i, j);
+                    int64_t mi[2] = {b, j};
+                    if (o->key_padding_mask && cm_tensor_get(o->key_padding_mask, mi) == 0) s = -INFINITY;
+                    if (o->causal && j > i) s = -INFINITY;
+                    l[j] = s;
+                    if (s > mx) mx = s;
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < S; j++) {
+                    l[j] = mx == -INFINITY ? 0 : exp(l[j] - mx);
+                    sum += l[j];
+                }
+                for (int64_t d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < S; j++) {
+                        int64_t vi[4] = {b, h, j, d};
+                        acc += l[j] * cm_tensor_get(v, vi);
+                    }
+                    out[((b * H + h) * T + i) * D + d] = sum > 0 ? acc / sum : 0.0;
+                }
+            }
+    free(l);
+}
+
+static void assert_matches_ref(const char *what, cm_tensor *out, cm_tensor *q, cm_tensor *k, cm_tensor *v,
+                               const cm_attention_opts *o) {
+    cr_assert(out, "%s: %s", what, cm_last_error());
+    const int64_t n = cm_tensor_numel(out);
+    double *ref = malloc(sizeof(double) * (size_t)(n + 1));
+    ref_attention(q, k, v, o, ref);
+    for (int64_t i = 0; i < n; i++) {
+        double x = cm_tensor_get_flat(out, i), tol = 2e-5 + 1e-4 * fabs(ref[i]);
+        cr_assert(fabs(x - ref[i]) <= tol, "%s[%lld]: %.7g vs reference %.7g (|diff| %.3g > tol %.3g)", what,
+                  (long long)i, x, ref[i], fabs(x - ref[i]), tol);
+    }
+    free(ref);
+}
+
+/* ---- cases ---- */
+
+typedef struct {
+    const char *name;
+    int64_t B, H, T, S, D;
+    bool causal;
+    float scale;
+    int bias_kind; /* 0 none, 1 full (B, H, T, S), 2 ALiBi (1, H, T, S), 3 (H, 1, S), 4 (T, S) */
+    int mask_kind; /* 0 none, 1 u8 partial, 2 i64 with batch 0 fully masked, 3 i32 key 0 masked (+causal: row 0 empty) */
+    int layout;    /* 0 contiguous, 1 q/k/v from cm_permute of (B, T, H, D), 2 last two dims swapped, 3 stride-2 D */
+} att_case;
+
+static const att_case k_cases[] = {
+    {"plain", 2, 2, 4, 4, 8, false, 0, 0, 0, 0},
+    {"causal", 2, 2, 5, 5, 8, true, 0, 0, 0, 0},
+    {"t_ne_s", 1, 3, 3, 6, 5, false, 0, 0, 0, 0},
+    {"causal_t_lt_s", 2, 1, 3, 6, 5, true, 0, 0, 0, 0},
+    {"causal_t_gt_s", 1, 2, 6, 3, 7, true, 0.3f, 0, 0, 0},
+    {"odd_d_full_bias", 2, 2, 4, 5, 3, false, 0, 1, 0, 0},
+    {"alibi_causal", 1, 3, 5, 5, 6, true, 0, 2, 0, 0},
+    {"alibi_h1s", 2, 3, 4, 6, 5, false, 0, 3, 0, 0},
+    {"bias_ts", 2, 2, 3, 4, 4, false, 0.5f, 4, 0, 0},
+    {"pad_u8", 2, 2, 4, 6, 5, false, 0, 0, 1, 0},
+    {"pad_fully_masked_batch", 2, 2, 4, 5, 6, false, 0, 2, 2, 0},
+    {"pad_causal_first_row_empty", 2, 2, 4, 4, 5, true, 0, 0, 3, 0},
+    {"permuted_qkv", 2, 3, 5, 5, 4, true, 0, 0, 0, 1},
+    {"permuted_t_ne_s_bias_mask", 2, 2, 3, 5, 6, false, 0, 2, 1, 1},
+    {"swapped_last_dims", 2, 2, 4, 5, 6, false, 0, 3, 0, 2},
+    {"strided_d_copy_path", 1, 2, 4, 3, 5, true, 0, 0, 1, 3},
+    {"causal_row_blocks", 1, 2, 70, 70, 4, true, 0, 2, 1, 0},
+    {"causal_row_blocks_t_gt_s", 1, 1, 135, 66, 3, true, 0, 1, 0, 1},
+    {"row_blocks_noncausal", 1, 1, 66, 9, 5, false, 0, 4, 1, 0},
+    {"parallel_size", 2, 3, 24, 20, 16, true, 0, 2, 1, 0},
+};
+
+typedef struct {
+    const att_case *c;
+    cm_tensor *mask;
+} att_ctx;
+
+/* in: q, k, v, bias (may be NULL). With layout 1 the inputs are (B, T, H, D) / (B, S, H, D) and are
+ * permuted here, as GPT code does. */
+static cm_tensor *call_attention(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    const att_ctx *x = vctx;
+    cm_attention_opts o = cm_attention_opts_default();
+    o.causal = x->c->causal;
+    o.scale = x->c->scale;
+    o.bias = in[3];
+    o.key_padding_mask = x->mask;
+    cm_tensor *q = in[0], *k = in[1], *v = in[2];
+    if (x->c->layout == 1) {
+        const int perm[4] = {0, 2, 1, 3};
+        q = cm_permute(tp, q, perm);
+        k = cm_permute(tp, k, perm);
+        v = cm_permute(tp, v, perm);
+    }
+    return cm_attention(tp, q, k, v, &o);
+}
+
+/* A leaf view whose last dim has stride 2: no unit-stride dim, so cm_attention must copy it. */
+static cm_tensor *randn_stride2(cm_tape *tp, const int64_t *shape, uint64_t seed) {
+    cm_tensor *src = cmt_randn(tp, 4, shape, seed, false);
+    int64_t mshape[4] = {shape[0], shape[1], shape[2], 2 * shape[3]}, stride[4];
+    cm_tensor *mem = cm_empty(tp, CM_DTYPE_F32, 4, mshape);
+    cr_assert(mem);
+    cmi_contig_strides(4, mshape, stride);
+    stride[3] = 2;
+    cm_tensor *view = cmi_view(tp, CM_DTYPE_F32, 4, shape, stride, mem->data);
+    cr_assert_eq(cm_tensor_copy(view, src), CM_OK);
+    cm_tensor_set_requires_grad(view, true);
+    return view;
+}
+
+static cm_tensor *make_qkv(cm_tape *tp, const att_case *c, int64_t N, uint64_t seed) {
+    const int64_t s[4] = {c->B, c->H, N, c->D}, sp[4] = {c->B, N, c->H, c->D};
+    switch (c->layout) {
+    case 1: return cmt_randn(tp, 4, sp, seed, true);
+    case 2: return cmt_randn_noncontig(tp, 4, s, seed, true);
+    case 3: return randn_stride2(tp, s, seed);
+    default: return cmt_randn(tp, 4, s, seed, true);
+    }
+}
+
+static cm_tensor *make_bias(cm_tape *tp, const att_case *c) {
+    const int64_t H = c->H, T = c->T, S = c->S;
+    switch (c->bias_kind) {
+    case 1: {
+        const int64_t s[4] = {c->B, H, T, S};
+        return cmt_randn(tp, 4, s, 40, true);
+    }
+    case 2: { /* ALiBi: -m_h·|i − j| with m_h = 2^(-8(h+1)/H), plus noise so the gradient check sees variety */
+        const int64_t s[4] = {1, H, T, S};
+        cm_tensor *b = cmt_rand_uniform(tp, 4, s, 41, -0.1f, 0.1f, true);
+        float *p = cm_tensor_data(b);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t j = 0; j < S; j++)
+                    p[(h * T + i) * S + j] += -powf(2.0f, -8.0f * (float)(h + 1) / (float)H) * (float)llabs(i - j);
+        return b;
+    }
+    case 3: {
+        const int64_t s[3] = {H, 1, S};
+        return cmt_randn(tp, 3, s, 42, true);
+    }
+    case 4: {
+        const int64_t s[2] = {T, S};
+        return cmt_randn(tp, 2, s, 43, true);
+    }
+    default: return NULL;
+    }
+}
+
+static cm_tensor *make_mask(cm_tape *tp, const att_case *c) {
+    const int64_t s[2] = {c->B, c->S};
+    cm_tensor *m = NULL;
+    switch (c->mask_kind) {
+    case 1:
+        m = cm_zeros(tp, CM_DTYPE_U8, 2, s);
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t j = 0; j < c->S; j++) {
+                int64_t idx[2] = {b, j};
+                cm_tensor_set(m, idx, (j + b) % 3 != 2); /* some padding in every row, never all */
+            }
+        break;
+    case 2:
+        m = cm_zeros(tp, CM_DTYPE_I64, 2, s);
+        for (int64_t j = 0; j < c->S; j++) {
+            int64_t idx[2] = {1, j};
+            cm_tensor_set(m, idx, j < c->S - 1 ? 5 : 0); /* batch 0: all padding; batch 1: last key padding */
+        }
+        break;
+    case 3:
+        m = cm_zeros(tp, CM_DTYPE_I32, 2, s);
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t j = 0; j < c->S; j++) {
+                int64_t idx[2] = {b, j};
+                cm_tensor_set(m, idx, j != 0); /* key 0 padding: with causal, query 0 sees nothing */
+            }
+        break;
+    default: break;
+    }
+    return m;
+}
+
+Test(attention, forward_matches_naive_reference) {
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
+        const att_case *c = &k_cases[i];
+        cm_tape *tp = cmt_tape();
+        cm_tensor *in[4] = {make_qkv(tp, c, c->T, 10 + i), make_qkv(tp, c, c->S, 20 + i), make_qkv(tp, c, c->S, 30 + i),
+                            make_bias(tp, c)};
+        att_ctx x = {c, make_mask(tp, c)};
+        cm_tensor *out = call_attention(tp, in, &x);
+        cr_assert(out, "%s: %s", c->name, cm_tape_error(tp));
+        cm_attention_opts o = {c->causal, c->scale, in[3], x.mask};
+        if (c->layout == 1) {
+            const int perm[4] = {0, 2, 1, 3};
+            for (int j = 0; j < 3; j++) in[j] = cm_permute(tp, in[j], perm);
+        }
+        assert_matches_ref(c->name, out, in[0], in[1], in[2], &o);
+        cm_tape_free(tp);
+    }
+}
+
+Test(attention, gradcheck_q_k_v_bias_all_cases) {
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
+        const att_case *c = &k_cases[i];
+        cm_tape *tp = cmt_tape();
+        cm_tensor *in[4] = {make_qkv(tp, c, c->T, 10 + i), make_qkv(tp, c, c->S, 20 + i), make_qkv(tp, c, c->S, 30 + i),
+                            make_bias(tp, c)};
+        att_ctx x = {c, make_mask(tp, c)};
+        cmt_gradcheck_opts go = cmt_gradcheck_defaults();
+        go.max_checks = c->B * c->H * c->T * c->S * c->D > 20000 ? 48 : 0; /* all elements on the small cases */
+        cmt_gradcheck(c->name, call_attention, &x, 4, in, &go);
+        cm_tape_free(tp);
+    }
+}
+
+Test(attention, fully_masked_rows_give_zeros_and_zero_grad) {
+    /* batch 0 has every key padded; with causal + key 0 padded, query 0 of every batch sees nothing */
+    for (int kind = 2; kind <= 3; kind++) {
+        const att_case c = {"masked", 2, 2, 4, 4, 5, kind == 3, 0, 0, kind, 0};
+        cm_tape *tp = cmt_tape();
+        cm_tensor *q = make_qkv(tp, &c, 4, 1), *k = make_qkv(tp, &c, 4, 2), *v = make_qkv(tp, &c, 4, 3);
+        cm_attention_opts o = cm_attention_opts_default();
+        o.causal = c.causal;
+        o.key_padding_mask = make_mask(tp, &c);
+        cm_tensor *out = cm_attention(tp, q, k, v, &o);
+        cr_assert(out, "%s", cm_tape_error(tp));
+        const int64_t s[4] = {2, 2, 4, 5};
+        cm_tensor *g = cmt_randn(tp, 4, s, 9, false);
+        cr_assert_eq(cm_tape_backward_with(tp, out, g), CM_OK, "%s", cm_tape_error(tp));
+        const float *ov = cm_tensor_data(out), *gq = cm_tensor_data(cm_tensor_grad(q)),
+                    *gk = cm_tensor_data(cm_tensor_grad(k)), *gv = cm_tensor_data(cm_tensor_grad(v));
+        for (int64_t n = 0; n < 2 * 2 * 4 * 5; n++) {
+            cr_assert(isfinite(ov[n]) && isfinite(gq[n]) && isfinite(gk[n]) && isfinite(gv[n]), "kind %d: NaN/inf at %lld",
+                      kind, (long long)n);
+            const int64_t b = n / 40, i = (n / 5) % 4;
+            const bool empty_row = kind == 2 ? b == 0 : i == 0;
+            if (empty_row) {
+                cr_assert_eq(ov[n], 0.0f, "kind %d: out[%lld] = %g for a fully-masked row", kind, (long long)n, ov[n]);
+                cr_assert_eq(gq[n], 0.0f, "kind %d: dq[%lld] = %g for a fully-masked row", kind, (long long)n, gq[n]);
+            }
+            /* padded keys receive no gradient: all of batch 0 (kind 2), key 0 (kind 3) */
+            const bool padded_key = kind == 2 ? (b == 0 || i == 3) : i == 0;
+            if (padded_key) {
+                cr_assert_eq(gk[n], 0.0f, "kind %d: dk[%lld] = %g for a padded key", kind, (long long)n, gk[n]);
+                cr_assert_eq(gv[n], 0.0f, "kind %d: dv[%lld] = %g for a padded key", kind, (long long)n, gv[n]);
+            }
+        }
+        cm_tape_free(tp);
+    }
+}
+
+Test(attention, permuted_inputs_are_read_in_place) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[4] = {2, 5, 3, 4};
+    const int perm[4] = {0, 2, 1, 3};
+    cm_tensor *x = cmt_randn(tp, 4, s, 1, true);
+    cm_tensor *q = cm_permute(tp, x, perm), *k = cm_permute(tp, x, perm), *v = cm_permute(tp, x, perm);
+    cr_assert(!cm_tensor_is_contiguous(q));
+    cm_tensor *out = cm_attention(tp, q, k, v, NULL);
+    cr_assert(out, "%s", cm_tape_error(tp));
+    cm_node *n = tp->last;
+    cr_assert_str_eq(n->op, "attention");
+    cr_assert(n->in[0] == q && n->in[1] == k && n->in[2] == v, "permuted views were copied");
+    /* a layout without a unit-stride dim goes through cm_contiguous */
+    const int64_t s4[4] = {1, 2, 3, 4};
+    cm_tensor *w = randn_stride2(tp, s4, 2);
+    cr_assert(cm_attention(tp, w, w, w, NULL));
+    cr_assert(tp->last->in[0] != w && cm_tensor_is_contiguous(tp->last->in[0]));
+    cm_tape_free(tp);
+}
+
+Test(attention, shared_qkv_accumulates_all_three_gradients) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[4] = {1, 2, 4, 3};
+    cm_tensor *x = cmt_randn(tp, 4, s, 3, true);
+    const att_case c = {"shared", 1, 2, 4, 4, 3, true, 0, 0, 0, 0};
+    att_ctx ctx = {&c, NULL};
+    cm_tensor *in[4] = {x, x, x, NULL};
+    cmt_gradcheck_opts go = cmt_gradcheck_defaults();
+    go.max_checks = 0;
+    cmt_gradcheck("shared", call_attention, &ctx, 4, in, &go);
+    cm_tape_free(tp);
+}
+
+Test(attention, no_grad_path_matches_grad_path) {
+    const att_case *c = &k_cases[sizeof k_cases / sizeof k_cases[0] - 1]; /* the parallel-size case */
+    cm_tape *tp = cmt_tape();
+    cm_tensor *in[4] = {make_qkv(tp, c, c->T, 1), make_qkv(tp, c, c->S, 2), make_qkv(tp, c, c->S, 3), make_bias(tp, c)};
+    att_ctx x = {c, make_mask(tp, c)};
+    cm_tensor *a = call_attention(tp, in, &x);
+    cm_tape_set_grad_enabled(tp, false);
+    cm_tensor *b = call_attention(tp, in, &x);
+    cr_assert(a && b, "%s", cm_tape_error(tp));
+    cmt_assert_close("no-grad vs grad", b, a, 0, 0);
+    cm_tape_free(tp);
+}
+
+/* ---- errors ---- */
+
+static void expect_error(cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *o, cm_status want,
+                         const char *s1, const char *s2) {
+    cm_tape *tp = cmt_tape();
+    cr_assert_null(cm_attention(tp, q, k, v, o));
+    const char *msg = cm_tape_error(tp);
+    cr_assert_eq(cm_tape_status(tp), want, "status %d, message: %s", cm_tape_status(tp), msg);
+    cr_assert(strstr(msg, "attention") && strstr(msg, s1) && (!s2 || strstr(msg, s2)), "message: %s (wanted %s, %s)",
+              msg, s1, s2 ? s2 : "");
+    cm_tape_free(tp);
+}
+
+Test(attention, bad_inputs_name_the_shapes) {
+    cm_tape *tp = cmt_tape();
+    const int64_t sq[4] = {2, 3, 4, 8}, sk[4] = {2, 3, 5, 8}, sd[4] = {2, 3, 5, 7}, sh[4] = {2, 2, 5, 8},
+                  sv6[4] = {2, 3, 6, 8}, s3[3] = {3, 4, 8};
+    cm_tensor *q = cmt_randn(tp, 4, sq, 1, false), *k = cmt_randn(tp, 4, sk, 2, false), *v = cmt_randn(tp, 4, sk, 3, false);
+    expect_error(q, cmt_randn(tp, 4, sd, 4, false), v, NULL, CM_ERR_SHAPE, "(2, 3, 4, 8)", "(2, 3, 5, 7)");
+    expect_error(q, cmt_randn(tp, 4, sh, 5, false), v, NULL, CM_ERR_SHAPE, "(2, 2, 5, 8)", NULL);
+    expect_error(q, k, cmt_randn(tp, 4, sv6, 6, false), NULL, CM_ERR_SHAPE, "(2, 3, 5, 8)", "(2, 3, 6, 8)");
+    expect_error(cmt_randn(tp, 3, s3, 7, false), k, v, NULL, CM_ERR_SHAPE, "(3, 4, 8)", "4-d");
+    expect_error(cm_zeros(tp, CM_DTYPE_I64, 4, sq), k, v, NULL, CM_ERR_DTYPE, "i64", NULL);
+    expect_error(q, k, cm_zeros(tp, CM_DTYPE_BF16, 4, sk), NULL, CM_ERR_DTYPE, "bf16", NULL);
+
+    cm_attention_opts o = cm_attention_opts_default();
+    const int64_t bad_bias[4] = {1, 3, 5, 4}, bad_bias2[3] = {2, 1, 5};
+    o.bias = cmt_randn(tp, 4, bad_bias, 8, false);
+    expect_error(q, k, v, &o, CM_ERR_SHAPE, "(1, 3, 5, 4)", "(2, 3, 4, 5)");
+    o.bias = cmt_randn(tp, 3, bad_bias2, 8, false);
+    expect_error(q, k, v, &o, CM_ERR_SHAPE, "(2, 1, 5)", "(2, 3, 4, 5)");
+    const int64_t ok_bias[2] = {4, 5};
+    o.bias = cm_zeros(tp, CM_DTYPE_I32, 2, ok_bias);
+    expect_error(q, k, v, &o, CM_ERR_DTYPE, "bias", "i32");
+
+    o = cm_attention_opts_default();
+    const int64_t bad_mask[2] = {2, 4}, ok_mask[2] = {2, 5};
+    o.key_padding_mask = cm_zeros(tp, CM_DTYPE_U8, 2, bad_mask);
+    expect_error(q, k, v, &o, CM_ERR_SHAPE, "(2, 4)", "(2, 5)");
+    o.key_padding_mask = cm_zeros(tp, CM_DTYPE_F32, 2, ok_mask);
+    expect_error(q, k, v, &o, CM_ERR_DTYPE, "key_padding_mask", "f32");
+
+    /* chaining: a NULL input is an error, a failed tape keeps the first error */
+    cr_assert_null(cm_attention(tp, NULL, k, v, NULL));
+    cr_assert_null(cm_attention(tp, q, k, v, NULL));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_INVALID_ARG);
+    cm_tape_free(tp);
+}
+
+Test(attention, defaults) {
+    cm_attention_opts o = cm_attention_opts_default();
+    cr_assert(!o.causal && o.scale == 0.0f && !o.bias && !o.key_padding_mask);
+}
