@@ -289,11 +289,19 @@ cm_tensor *cm_var(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, int co
  * Linear algebra
  * ------------------------------------------------------------------------------------------- */
 
-/* a (..., M, K) · b (..., K, N) → (..., M, N). Batch dims broadcast; b may be 2-D. f32 × f32 uses
- * OpenBLAS; bf16 × bf16 uses oneDNN (f32 accumulation), and the result is f32 either way.
- * Transposed views are passed to the GEMM without copying. */
+/* a (..., M, K) · b (..., K, N) → (..., M, N). Batch dims broadcast; b may be 2-D (then, when a's
+ * rows are evenly strided, it is one GEMM over all of them). f32 × f32 uses OpenBLAS; bf16 × bf16
+ * uses oneDNN (f32 accumulation), and the result is f32 either way. Transposed views (last two
+ * strides swapped) are passed to the GEMM without copying; other layouts are copied first.
+ * Gradients are f32; for bf16 inputs the backward GEMMs run in bf16 too (the upstream gradient is
+ * rounded to bf16, as under autocast) with f32 accumulation. Errors: CM_ERR_SHAPE naming both
+ * shapes (fewer than 2 dims, inner dims differ, batch dims do not broadcast); CM_ERR_DTYPE for
+ * mixed dtypes or a dtype other than f32/bf16. */
 cm_tensor *cm_matmul(cm_tape *tp, cm_tensor *a, cm_tensor *b);
-/* y = x·wᵀ + b: x (..., in), w (out, in), bias (out) or NULL → (..., out). */
+/* y = x·wᵀ + b: x (..., in), w (out, in), bias (out) or NULL → (..., out). One GEMM over all rows
+ * of x, the bias added in the same pass. x and w both f32 or both bf16; the bias is f32. Gradients
+ * as cm_matmul; the bias gradient is summed in f32. Errors: CM_ERR_SHAPE naming the shapes,
+ * CM_ERR_DTYPE. */
 cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias);
 
 /* ---------------------------------------------------------------------------------------------

@@ -1,0 +1,417 @@
+/* Matrix multiplication (batched, broadcasting) and the linear layer, forward and backward.
+ *
+ * f32 × f32 runs on OpenBLAS (cblas_sgemm), bf16 × bf16 on oneDNN (dnnl_gemm.c) with f32
+ * accumulation and an f32 result. A matrix whose last two dims are row-major or column-major
+ * (a transposed view) goes to the GEMM as it is, with CblasTrans for the latter; only other layouts
+ * are copied (cm_contiguous, so gradients still flow through the copy).
+ *
+ * bf16 backward: like autocast, the backward GEMMs run in bf16 too — the upstream gradient (f32)
+ * is rounded to bf16 in arena scratch and multiplied with the saved bf16 operands, accumulating in
+ * f32 straight into the f32 gradient buffers.
+ *
+ * Every GEMM in a backward pass accumulates into the gradient buffer with beta = 1 (the buffers
+ * start at zero), so there are no temporaries and broadcast batch dims sum for free. */
+#include "tensor/dnnl_gemm.h"
+#include "tensor/tensor_impl.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <omp.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Operands as the GEMM sees them                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A matrix operand: element (i, j) of the logical matrix is at p[t ? j·ld + i : i·ld + j] (in
+ * elements of the operand's dtype). bs: strides of the batch dims (0 where broadcast). */
+typedef struct {
+    char *p;
+    int64_t ld;
+    bool t;
+    int64_t bs[CM_MAX_DIMS];
+} mat;
+
+static mat mat_trans(mat m) {
+    m.t = !m.t;
+    return m;
+}
+
+/* BLAS layout of a (rows, cols) matrix with strides (sr, sc): row-major with ld ≥ cols, or
+ * column-major (a transposed view) with ld ≥ rows. False for anything else (broadcast or
+ * interleaved strides), which the caller copies. Strides of size-1 dims do not matter. */
+static bool mat_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, int64_t *ld, bool *t) {
+    const int64_t r1 = rows > 1 ? rows : 1, c1 = cols > 1 ? cols : 1;
+    if ((sc == 1 || cols <= 1) && (rows <= 1 || sr >= c1)) {
+        *t = false;
+        *ld = rows <= 1 ? c1 : sr;
+        return true;
+    }
+    if ((sr == 1 || rows <= 1) && (cols <= 1 || sc >= r1)) {
+        *t = true;
+        *ld = cols <= 1 ? r1 : sc;
+        return true;
+    }
+    return false;
+}
+
+static bool last2_ok(const cm_tensor *x) {
+    int64_t ld;
+    bool t;
+    const int nd = x->ndim;
+    return mat_layout(x->shape[nd - 2], x->shape[nd - 1], x->stride[nd - 2], x->stride[nd - 1], &ld, &t);
+}
+
+/* True when all dims but the last fold into one row index with a single row stride (row-major
+ * rows): x is then a (rows, cols) matrix with leading dim *ld — one GEMM over every row. */
+static bool rows_fold(const cm_tensor *x, int64_t *rows, int64_t *ld) {
+    const int nd = x->ndim;
+    const int64_t cols = nd ? x->shape[nd - 1] : 1;
+    if (nd && cols > 1 && x->stride[nd - 1] != 1) return false;
+    int64_t r = 1, rs = -1, expect = 0;
+    for (int d = nd - 2; d >= 0; d--) {
+        r *= x->shape[d];
+        if (x->shape[d] == 1) continue;
+        if (rs < 0) {
+            rs = x->stride[d];
+            expect = rs * x->shape[d];
+        } else if (x->stride[d] != expect) {
+            return false;
+        } else {
+            expect *= x->shape[d];
+        }
+    }
+    const int64_t c1 = cols > 1 ? cols : 1;
+    if (r == 0 || rs < 0) rs = c1;
+    if (rs < c1) return false;
+    *rows = r;
+    *ld = rs;
+    return true;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GEMM dispatch                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static bool fits_blas(cm_tape *tp, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+    if (M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) return true;
+    cmi_fail(tp, CM_ERR_UNSUPPORTED, "matmul: GEMM of M=%lld N=%lld K=%lld exceeds the 32-bit BLAS interface",
+             (long long)M, (long long)N, (long long)K);
+    return false;
+}
+
+/* C (M, N), rows ldc apart, = op(A) (M, K) · op(B) (K, N) [+ bias (N)] [+ C when acc].
+ * A and B have dtype dt (f32 or bf16); C and bias are f32. */
+static cm_status gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K, const char *a, int64_t lda, bool ta,
+                      const char *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc) {
+    if (M == 0 || N == 0) return CM_OK;
+    if (K == 0 || (bias && dt == CM_DTYPE_F32)) {
+        /* The bias goes into C first and the GEMM adds onto it (beta = 1): one pass over C. */
+#pragma omp parallel for schedule(static) if (M * N > CMI_PAR_MIN)
+        for (int64_t i = 0; i < M; i++) {
+            float *row = c + i * ldc;
+            if (!acc) memset(row, 0, sizeof(float) * (size_t)N);
+            if (bias)
+                for (int64_t j = 0; j < N; j++) row[j] += bias[j];
+        }
+        if (K == 0) return CM_OK;
+        acc = true;
+        bias = NULL;
+    }
+    if (dt == CM_DTYPE_BF16)
+        return cmi_gemm_bf16(tp, M, N, K, (const uint16_t *)a, lda, ta, (const uint16_t *)b, ldb, tb, bias, acc, c, ldc);
+    if (!fits_blas(tp, M, N, K, lda, ldb, ldc)) return cmi_status(tp);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                1.0f, (const float *)a, (int)lda, (const float *)b, (int)ldb, acc ? 1.0f : 0.0f, c, (int)ldc);
+    return CM_OK;
+}
+
+/* Batched GEMM over the batch shape (nbd dims, nb entries): C_i = op(A_i)·op(B_i) (+ C_i when acc),
+ * C_i at c + Σ idx·cbs. Small f32 problems run one GEMM per thread (OpenBLAS then runs
+ * single-threaded inside our parallel region); that is only done when no two batch entries write
+ * the same C (cbs has no 0 on a dim of size > 1). */
+static cm_status gemm_batched(cm_tape *tp, cm_dtype dt, int nbd, const int64_t *bshape, int64_t nb, int64_t M,
+                              int64_t N, int64_t K, const mat *A, const mat *B, float *c, int64_t ldc,
+                              const int64_t *cbs, bool acc) {
+    const size_t es = cm_dtype_size(dt);
+    bool distinct = true;
+    for (int d = 0; d < nbd; d++)
+        if (bshape[d] > 1 && cbs[d] == 0) distinct = false;
+    const int nt = cm_num_threads();
+    const double work = (double)M * (double)N * (double)K;
+    const bool par = dt == CM_DTYPE_F32 && distinct && nt > 1 && !omp_in_parallel() &&
+                     (nb >= 4 * nt || (nb >= nt && work < 2097152.0));
+    if (nb == 0 || M == 0 || N == 0) return CM_OK;
+    if (dt == CM_DTYPE_F32 && !fits_blas(tp, M, N, K, A->ld, B->ld, ldc)) return cmi_status(tp);
+    /* From here only the bf16 path can fail, and it never runs in parallel. */
+    cm_status st = CM_OK;
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t i = 0; i < nb; i++) {
+        if (!par && st) continue;
+        int64_t oa = 0, ob = 0, oc = 0, rem = i;
+        for (int d = nbd - 1; d >= 0; d--) {
+            int64_t ix = rem % bshape[d];
+            rem /= bshape[d];
+            oa += ix * A->bs[d];
+            ob += ix * B->bs[d];
+            oc += ix * cbs[d];
+        }
+        cm_status s = gemm(tp, dt, M, N, K, A->p + oa * (int64_t)es, A->ld, A->t, B->p + ob * (int64_t)es, B->ld, B->t,
+                           NULL, acc, c + oc, ldc);
+        if (s && !par) st = s;
+    }
+    return st ? st : cmi_status(tp);
+}
+
+/* The upstream gradient rounded to bf16 in arena scratch, for the bf16 backward GEMMs. */
+static const char *to_bf16(cm_tape *tp, const cm_tensor *g) {
+    const int64_t n = cm_tensor_numel(g);
+    uint16_t *h = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
+    if (!h) return NULL;
+    const float *s = cmi_f32(g);
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) h[i] = cm_f32_to_bf16(s[i]);
+    return (const char *)h;
+}
+
+/* Matching dtypes, f32 or bf16; the op name for messages. */
+static bool check_pair(cm_tape *tp, const char *op, const char *na, const cm_tensor *a, const char *nb,
+                       const cm_tensor *b) {
+    if (a->dtype != b->dtype) {
+        cmi_fail(tp, CM_ERR_DTYPE, "%s: dtypes differ: %s %s is %s, %s %s is %s (cast one with cm_cast)", op, na,
+                 cmi_shape(a), cm_dtype_name(a->dtype), nb, cmi_shape(b), cm_dtype_name(b->dtype));
+        return false;
+    }
+    if (a->dtype != CM_DTYPE_F32 && a->dtype != CM_DTYPE_BF16) {
+        cmi_fail(tp, CM_ERR_DTYPE, "%s: dtype %s is not supported (f32 or bf16; cast with cm_cast)", op,
+                 cm_dtype_name(a->dtype));
+        return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* matmul: a (..., M, K) · b (..., K, N) → (..., M, N)                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int nbd;                        /* batch dims of the result */
+    int64_t bshape[CM_MAX_DIMS];    /* batch shape (broadcast of a's and b's) */
+    int64_t nb;                     /* batch entries */
+    int64_t M, N, K;
+    mat A, B;                       /* operands with broadcast batch strides */
+    int64_t ga_bs[CM_MAX_DIMS];     /* batch strides into a's (contiguous) gradient, 0 where broadcast */
+    int64_t gb_bs[CM_MAX_DIMS];
+    bool fold;                      /* b has one batch entry and a's rows fold: one GEMM of nb·M rows */
+} mm_plan;
+
+/* Batch strides of t (batch dims = all but the last two) broadcast to the plan's batch shape;
+ * `strides` are t's own or its contiguous gradient's. */
+static void batch_strides(const cm_tensor *t, const int64_t *strides, int nbd, const int64_t *bshape, int64_t *out) {
+    const int tb = t->ndim - 2, lead = nbd - tb;
+    for (int d = 0; d < nbd; d++) {
+        int s = d - lead;
+        out[d] = (s < 0 || (t->shape[s] == 1 && bshape[d] != 1)) ? 0 : strides[s];
+    }
+}
+
+/* Shapes must already be checked; both last-two layouts must pass mat_layout. */
+static void mm_plan_make(const cm_tensor *a, const cm_tensor *b, mm_plan *p) {
+    memset(p, 0, sizeof *p);
+    const int na = a->ndim, nbn = b->ndim;
+    cmi_broadcast_shapes(na - 2, a->shape, nbn - 2, b->shape, &p->nbd, p->bshape);
+    p->nb = cmi_numel(p->nbd, p->bshape);
+    p->M = a->shape[na - 2], p->K = a->shape[na - 1], p->N = b->shape[nbn - 1];
+    mat_layout(p->M, p->K, a->stride[na - 2], a->stride[na - 1], &p->A.ld, &p->A.t);
+    mat_layout(p->K, p->N, b->stride[nbn - 2], b->stride[nbn - 1], &p->B.ld, &p->B.t);
+    p->A.p = a->data;
+    p->B.p = b->data;
+    batch_strides(a, a->stride, p->nbd, p->bshape, p->A.bs);
+    batch_strides(b, b->stride, p->nbd, p->bshape, p->B.bs);
+    int64_t gs[CM_MAX_DIMS];
+    cmi_contig_strides(na, a->shape, gs);
+    batch_strides(a, gs, p->nbd, p->bshape, p->ga_bs);
+    cmi_contig_strides(nbn, b->shape, gs);
+    batch_strides(b, gs, p->nbd, p->bshape, p->gb_bs);
+    int64_t rows, ld;
+    if (cmi_numel(nbn - 2, b->shape) == 1 && cmi_numel(na - 2, a->shape) == p->nb && !p->A.t && rows_fold(a, &rows, &ld)) {
+        p->fold = true;
+        p->A.ld = ld;
+    }
+}
+
+static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *a = n->in[0], *b = n->in[1];
+    cm_tensor *ga = cmi_grad(tp, a), *gb = cmi_grad(tp, b);
+    if (!ga && !gb) return cmi_status(tp);
+    mm_plan p;
+    mm_plan_make(a, b, &p);
+    const cm_dtype dt = a->dtype;
+    mat G = {.p = (char *)gout->data, .ld = p.N, .t = false}; /* dC (batch, M, N), contiguous */
+    if (dt == CM_DTYPE_BF16 && !(G.p = (char *)to_bf16(tp, gout))) return cmi_status(tp);
+    cmi_contig_strides(p.nbd, p.bshape, G.bs);
+    for (int d = 0; d < p.nbd; d++) G.bs[d] *= p.M * p.N;
+    cm_status st = CM_OK;
+    if (p.fold) {
+        const int64_t R = p.nb * p.M; /* all rows of a */
+        if (ga) /* dA (R, K) += dC (R, N) · Bᵀ */
+            st = gemm(tp, dt, R, p.K, p.N, G.p, G.ld, false, p.B.p, p.B.ld, !p.B.t, NULL, true, cmi_f32(ga), p.K);
+        if (!st && gb) /* dB (K, N) += Aᵀ (K, R) · dC (R, N) */
+            st = gemm(tp, dt, p.K, p.N, R, p.A.p, p.A.ld, !p.A.t, G.p, G.ld, false, NULL, true, cmi_f32(gb), p.N);
+        return st ? st : cmi_status(tp);
+    }
+    if (ga) { /* dA_i (M, K) += dC_i (M, N) · B_iᵀ, summed where a was broadcast */
+        mat Bt = mat_trans(p.B);
+        st = gemm_batched(tp, dt, p.nbd, p.bshape, p.nb, p.M, p.K, p.N, &G, &Bt, cmi_f32(ga), p.K, p.ga_bs, true);
+    }
+    if (!st && gb) { /* dB_i (K, N) += A_iᵀ (K, M) · dC_i (M, N) */
+        mat At = mat_trans(p.A);
+        st = gemm_batched(tp, dt, p.nbd, p.bshape, p.nb, p.K, p.N, p.M, &At, &G, cmi_f32(gb), p.N, p.gb_bs, true);
+    }
+    return st ? st : cmi_status(tp);
+}
+
+cm_tensor *cm_matmul(cm_tape *tp, cm_tensor *a, cm_tensor *b) {
+    cm_tensor *ins[2] = {a, b};
+    if (!cmi_begin(tp, "matmul", 2, ins)) return NULL;
+    if (!check_pair(tp, "matmul", "a", a, "b", b)) return NULL;
+    if (a->ndim < 2 || b->ndim < 2) {
+        cmi_fail(tp, CM_ERR_SHAPE, "matmul: a %s and b %s need at least 2 dims each (unsqueeze a vector to (1, K) or (K, 1))",
+                 cmi_shape(a), cmi_shape(b));
+        return NULL;
+    }
+    if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
+        cmi_fail(tp, CM_ERR_SHAPE, "matmul: inner dims differ: a %s vs b %s", cmi_shape(a), cmi_shape(b));
+        return NULL;
+    }
+    int nbd;
+    int64_t shape[CM_MAX_DIMS];
+    if (!cmi_broadcast_shapes(a->ndim - 2, a->shape, b->ndim - 2, b->shape, &nbd, shape)) {
+        cmi_fail(tp, CM_ERR_SHAPE, "matmul: batch dims do not broadcast: a %s vs b %s", cmi_shape(a), cmi_shape(b));
+        return NULL;
+    }
+    if (!last2_ok(a) && !(a = cm_contiguous(tp, a))) return NULL;
+    if (!last2_ok(b) && !(b = cm_contiguous(tp, b))) return NULL;
+    ins[0] = a, ins[1] = b;
+
+    mm_plan p;
+    mm_plan_make(a, b, &p);
+    shape[nbd] = p.M;
+    shape[nbd + 1] = p.N;
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, nbd + 2, shape); // (..., M, N)
+    if (!out) return NULL;
+    cm_status st;
+    if (p.fold)
+        st = gemm(tp, a->dtype, p.nb * p.M, p.N, p.K, p.A.p, p.A.ld, false, p.B.p, p.B.ld, p.B.t, NULL, false,
+                  cmi_f32(out), p.N);
+    else {
+        int64_t cbs[CM_MAX_DIMS];
+        cmi_contig_strides(nbd, p.bshape, cbs);
+        for (int d = 0; d < nbd; d++) cbs[d] *= p.M * p.N;
+        st = gemm_batched(tp, a->dtype, nbd, p.bshape, p.nb, p.M, p.N, p.K, &p.A, &p.B, cmi_f32(out), p.N, cbs, false);
+    }
+    if (st) return NULL;
+    if (cmi_needs_grad(tp, 2, ins) && !cmi_record(tp, "matmul", out, 2, ins, matmul_backward, 0)) return NULL;
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* linear: x (..., in) · wᵀ (in, out) + bias (out) → (..., out)                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* x as a (rows, in) matrix: folded row-major rows, or a 2-D transposed view. */
+static bool x_layout(const cm_tensor *x, int64_t *rows, int64_t *ld, bool *t) {
+    if (rows_fold(x, rows, ld)) {
+        *t = false;
+        return true;
+    }
+    if (x->ndim == 2 && mat_layout(x->shape[0], x->shape[1], x->stride[0], x->stride[1], ld, t)) {
+        *rows = x->shape[0];
+        return true;
+    }
+    return false;
+}
+
+static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    cm_tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2];
+    const cm_dtype dt = x->dtype;
+    const int64_t out_f = w->shape[0], in_f = w->shape[1];
+    int64_t R = 0, xld = 1, wld = 1;
+    bool xt = false, wt = false;
+    x_layout(x, &R, &xld, &xt);
+    mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
+    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, bias);
+    const char *dy = (const char *)gout->data; // (R, out)
+    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dy = to_bf16(tp, gout))) return cmi_status(tp);
+    cm_status st = CM_OK;
+    if (gx) /* dx (R, in) += dy (R, out) · w (out, in) */
+        st = gemm(tp, dt, R, in_f, out_f, dy, out_f, false, w->data, wld, wt, NULL, true, cmi_f32(gx), in_f);
+    if (!st && gw) /* dw (out, in) += dyᵀ (out, R) · x (R, in) */
+        st = gemm(tp, dt, out_f, in_f, R, dy, out_f, true, x->data, xld, xt, NULL, true, cmi_f32(gw), in_f);
+    if (!st && gb) { /* db (out) += column sums of dy, in f32 */
+        const float *g = cmi_f32(gout);
+        float *db = cmi_f32(gb);
+        enum { CH = 64 };
+#pragma omp parallel for schedule(static) if (R * out_f > CMI_PAR_MIN)
+        for (int64_t j0 = 0; j0 < out_f; j0 += CH) {
+            const int64_t w_ = out_f - j0 < CH ? out_f - j0 : CH;
+            float acc[CH] = {0};
+            for (int64_t i = 0; i < R; i++) {
+                const float *row = g + i * out_f + j0;
+                for (int64_t j = 0; j < w_; j++) acc[j] += row[j];
+            }
+            for (int64_t j = 0; j < w_; j++) db[j0 + j] += acc[j];
+        }
+    }
+    return st ? st : cmi_status(tp);
+}
+
+cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
+    cm_tensor *ins[3] = {x, w, bias};
+    if (!cmi_begin(tp, "linear", 2, ins)) return NULL;
+    if (!check_pair(tp, "linear", "x", x, "w", w)) return NULL;
+    if (bias && bias->dtype != CM_DTYPE_F32) {
+        cmi_fail(tp, CM_ERR_DTYPE, "linear: bias %s has dtype %s; the bias is f32 (also for bf16 x and w)",
+                 cmi_shape(bias), cm_dtype_name(bias->dtype));
+        return NULL;
+    }
+    if (w->ndim != 2 || x->ndim < 1) {
+        cmi_fail(tp, CM_ERR_SHAPE, "linear: w %s must be 2-D (out, in) and x %s at least 1-D (..., in)", cmi_shape(w),
+                 cmi_shape(x));
+        return NULL;
+    }
+    const int64_t out_f = w->shape[0], in_f = w->shape[1];
+    if (x->shape[x->ndim - 1] != in_f) {
+        cmi_fail(tp, CM_ERR_SHAPE, "linear: in features differ: x %s vs w %s (w is (out, in))", cmi_shape(x),
+                 cmi_shape(w));
+        return NULL;
+    }
+    if (bias && (bias->ndim != 1 || bias->shape[0] != out_f)) {
+        cmi_fail(tp, CM_ERR_SHAPE, "linear: bias %s must be (%lld) to match w %s", cmi_shape(bias), (long long)out_f,
+                 cmi_shape(w));
+        return NULL;
+    }
+    int64_t R = 0, xld = 1, wld = 1;
+    bool xt = false, wt = false;
+    if (!x_layout(x, &R, &xld, &xt)) {
+        if (!(x = cm_contiguous(tp, x))) return NULL;
+        x_layout(x, &R, &xld, &xt);
+    }
+    if (!mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt)) {
+        if (!(w = cm_contiguous(tp, w))) return NULL;
+        mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
+    }
+    if (bias && !cmi_is_contig(bias) && !(bias = cm_contiguous(tp, bias))) return NULL;
+    ins[0] = x, ins[1] = w, ins[2] = bias;
+
+    int64_t shape[CM_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+    shape[x->ndim - 1] = out_f;
+    cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, x->ndim, shape); // (..., out)
+    if (!y) return NULL;
+    /* y (R, out) = x (R, in) · wᵀ (in, out) + bias: w's transpose is just the other BLAS flag */
+    if (gemm(tp, x->dtype, R, out_f, in_f, x->data, xld, xt, w->data, wld, !wt, bias ? cmi_f32(bias) : NULL, false,
+             cmi_f32(y), out_f))
+        return NULL;
+    if (cmi_needs_grad(tp, 3, ins) && !cmi_record(tp, "linear", y, 3, ins, linear_backward, 0)) return NULL;
+    return y;
+}
