@@ -12,6 +12,8 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "tensor/vexp.h"
+
 typedef struct {
     int op; /* 0 sum, 1 mean, 2 max, 3 min, 4 var */
     int axes[CM_MAX_DIMS];
@@ -374,4 +376,19 @@ Test(softmax, large_input_uses_parallel_path_and_matches_small_path) {
         }
     }
     cm_tape_free(tp);
+}
+
+Test(softmax, vectorised_exp_matches_expf_within_3_ulp) {
+    double worst = 0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+        const double want = expf(x), got = cmi_vexpf(x);
+        const double rel = fabs(got - want) / want;
+        worst = rel > worst ? rel : worst;
+        cr_assert(rel <= 3 * 5.96e-8, "vexpf(%.7g) = %.9g vs expf %.9g (rel %.3g > 3 ulp)", (double)x, got, want, rel);
+    }
+    cr_assert_eq(cmi_vexpf(-INFINITY), 0.0f);
+    cr_assert_eq(cmi_vexpf(-100.0f), 0.0f);
+    cr_assert(isinf(cmi_vexpf(100.0f)) && isnan(cmi_vexpf(NAN)));
+    cr_assert_eq(cmi_vexpf(0.0f), 1.0f);
+    (void)worst;
 }

@@ -2,6 +2,7 @@
  * ignore_index) and mean squared error. Both have a hand-written backward that never builds the
  * softmax tensor: cross-entropy keeps only the per-position log-sum-exp (N, d1, ...). */
 #include "tensor/tensor_impl.h"
+#include "tensor/vexp.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -29,6 +30,24 @@ static inline int64_t load_index(const cm_tensor *t, int64_t i) {
     case CM_DTYPE_U8: return ((const uint8_t *)t->data)[i];
     default: return ((const int64_t *)t->data)[i];
     }
+}
+
+/* Log-sum-exp of C logits at stride S. Called with a literal S = 1 for (N, C) logits, so the
+ * inlined copy is a contiguous loop that vectorises. */
+static inline __attribute__((always_inline)) float ce_lse(const float *xr, int64_t C, int64_t S) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t k = 0; k < C; k++) mx = xr[k * S] > mx ? xr[k * S] : mx;
+    if (mx == -INFINITY) mx = 0.0f;
+    return mx + (float)log(cmi_sum_exp(xr, C, S, mx));
+}
+
+/* Index target: gr += w·(softmax - ls/C - (1-ls)·onehot(t)). */
+static inline __attribute__((always_inline)) void ce_grad_index(float *gr, const float *xr, int64_t C, int64_t S,
+                                                                float lse, float w, float u, float eps, int64_t t) {
+#pragma omp simd
+    for (int64_t k = 0; k < C; k++) gr[k * S] += w * (cmi_vexpf(xr[k * S] - lse) - u);
+    gr[t * S] -= w * (1.0f - eps);
 }
 
 typedef struct {
@@ -62,9 +81,8 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
         if (!c->soft) {
             const int64_t t = load_index(target, p);
             if (t == c->ignore || !glv) continue;
-            float *gr = glv + off;
-            for (int64_t k = 0; k < C; k++) gr[k * S] += w * (expf(xr[k * S] - lse) - u);
-            gr[t * S] -= w * (1.0f - eps);
+            if (S == 1) ce_grad_index(glv + off, xr, C, 1, lse, w, u, eps, t);
+            else ce_grad_index(glv + off, xr, C, S, lse, w, u, eps, t);
         } else {
             const float *tr = tv + off;
             if (glv) {
@@ -72,7 +90,7 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
                 for (int64_t k = 0; k < C; k++) tsum += (1.0f - eps) * tr[k * S] + u;
                 float *gr = glv + off;
                 for (int64_t k = 0; k < C; k++)
-                    gr[k * S] += w * (expf(xr[k * S] - lse) * tsum - ((1.0f - eps) * tr[k * S] + u));
+                    gr[k * S] += w * (cmi_vexpf(xr[k * S] - lse) * tsum - ((1.0f - eps) * tr[k * S] + u));
             }
             if (gtv) {
                 float *gr = gtv + off;
@@ -177,12 +195,7 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
     for (int64_t p = 0; p < P; p++) {
         const int64_t off = (p / S) * C * S + p % S;
         const float *xr = x + off; // (C) at stride S
-        float mx = -INFINITY;
-        for (int64_t k = 0; k < C; k++) mx = xr[k * S] > mx ? xr[k * S] : mx;
-        if (mx == -INFINITY) mx = 0.0f;
-        double se = 0.0;
-        for (int64_t k = 0; k < C; k++) se += expf(xr[k * S] - mx);
-        const float l = mx + (float)log(se);
+        const float l = S == 1 ? ce_lse(xr, C, 1) : ce_lse(xr, C, S);
         lse[p] = l;
         double loss;
         if (!soft) {

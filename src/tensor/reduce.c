@@ -12,6 +12,7 @@
  * Sums accumulate in double; max/min keep the first extreme element (row-major order within the
  * group) and propagate NaN (the first NaN wins), as torch.max. */
 #include "tensor/tensor_impl.h"
+#include "tensor/vexp.h"
 
 #include <math.h>
 #include <omp.h>
@@ -478,18 +479,21 @@ enum { SM_CH = 64 };
 
 static void softmax_row(const float *x, float *y, int64_t L, bool log_out) {
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int64_t l = 0; l < L; l++) mx = x[l] > mx ? x[l] : mx;
     if (mx == -INFINITY) mx = 0.0f; /* an all -inf row: exp gives 0s, sum 0 -> NaN as torch */
     double sum = 0.0;
     if (log_out) {
-        for (int64_t l = 0; l < L; l++) sum += expf(x[l] - mx);
+        sum = cmi_sum_exp(x, L, 1, mx);
         const float lse = mx + (float)log(sum);
         for (int64_t l = 0; l < L; l++) y[l] = x[l] - lse;
     } else {
-        for (int64_t l = 0; l < L; l++) {
-            y[l] = expf(x[l] - mx);
-            sum += y[l];
-        }
+        /* two loops: GCC does not if-convert the exp's selects when the store and the
+         * reduction share one loop */
+#pragma omp simd
+        for (int64_t l = 0; l < L; l++) y[l] = cmi_vexpf(x[l] - mx);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t l = 0; l < L; l++) sum += y[l];
         const float inv = (float)(1.0 / sum);
         for (int64_t l = 0; l < L; l++) y[l] *= inv;
     }
@@ -508,7 +512,7 @@ static void softmax_cols(const float *x, float *y, int64_t L, int64_t inner, int
         if (mx[j] == -INFINITY) mx[j] = 0.0f;
     for (int64_t l = 0; l < L; l++)
         for (int64_t j = 0; j < w; j++) {
-            const float e = expf(x[l * inner + j] - mx[j]);
+            const float e = cmi_vexpf(x[l * inner + j] - mx[j]);
             sum[j] += e;
             if (!log_out) y[l * inner + j] = e;
         }
@@ -533,17 +537,19 @@ static void softmax_bwd_cols(const float *y, const float *g, float *gx, int64_t 
     for (int64_t l = 0; l < L; l++)
         for (int64_t j = 0; j < w; j++) {
             const int64_t q = l * inner + j;
-            gx[q] += log_out ? g[q] - expf(y[q]) * dot[j] : y[q] * (g[q] - dot[j]);
+            gx[q] += log_out ? g[q] - cmi_vexpf(y[q]) * dot[j] : y[q] * (g[q] - dot[j]);
         }
 }
 
 static void softmax_bwd_row(const float *y, const float *g, float *gx, int64_t L, bool log_out) {
     double dot = 0.0;
     if (log_out) {
+#pragma omp simd reduction(+ : dot)
         for (int64_t l = 0; l < L; l++) dot += g[l];
         const float d = (float)dot;
-        for (int64_t l = 0; l < L; l++) gx[l] += g[l] - expf(y[l]) * d;
+        for (int64_t l = 0; l < L; l++) gx[l] += g[l] - cmi_vexpf(y[l]) * d;
     } else {
+#pragma omp simd reduction(+ : dot)
         for (int64_t l = 0; l < L; l++) dot += (double)g[l] * y[l];
         const float d = (float)dot;
         for (int64_t l = 0; l < L; l++) gx[l] += y[l] * (g[l] - d);
