@@ -275,14 +275,22 @@ cm_tensor *cm_bias_gelu(cm_tape *tp, cm_tensor *x, cm_tensor *bias, bool approxi
 
 /* ---------------------------------------------------------------------------------------------
  * Reductions. `axes` lists n_axes axes (negative allowed, no repeats); n_axes = 0 reduces all.
+ * The result drops the reduced dims, or keeps them with size 1 when keepdim. `a` may be any
+ * strided view (f32); sums accumulate in double. Errors: CM_ERR_INVALID_ARG for an axis out of
+ * range, a repeated axis or n_axes outside 0..ndim (naming the axis and the shape);
+ * CM_ERR_DTYPE for a non-f32 input.
  * ------------------------------------------------------------------------------------------- */
 
-cm_tensor *cm_sum(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
-cm_tensor *cm_mean(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
-/* Max/min: the gradient goes to the first extreme element of each reduced group. */
+cm_tensor *cm_sum(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim); /* empty: 0 */
+cm_tensor *cm_mean(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim); /* empty: NaN */
+/* Max/min: the gradient goes to the first extreme element of each reduced group (row-major order
+ * within the group). NaN propagates: a group holding NaN gives NaN, and its first NaN gets the
+ * gradient. Reducing over an empty axis is CM_ERR_SHAPE. */
 cm_tensor *cm_max(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
 cm_tensor *cm_min(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, bool keepdim);
-/* Variance with Bessel-style `correction` (0: population, 1: sample), as torch.var. */
+/* Variance with Bessel-style `correction` ≥ 0 (0: population, 1: sample), as torch.var:
+ * Σ(x - mean)² / max(0, n - correction), so n ≤ correction gives inf (or NaN for 0/0), as torch.
+ * Two passes in double. */
 cm_tensor *cm_var(cm_tape *tp, cm_tensor *a, const int *axes, int n_axes, int correction, bool keepdim);
 
 /* ---------------------------------------------------------------------------------------------
@@ -308,6 +316,10 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias);
  * Softmax and losses
  * ------------------------------------------------------------------------------------------- */
 
+/* Along one axis (negative allowed), max-subtracted so large logits stay finite; a row that is all
+ * -inf gives NaN, as torch. Any axis and any strides (a strided input is copied contiguous first);
+ * the last axis is the fast path. The backward uses the saved output. Errors: CM_ERR_INVALID_ARG
+ * (axis), CM_ERR_SHAPE (0-d input), CM_ERR_DTYPE. */
 cm_tensor *cm_softmax(cm_tape *tp, cm_tensor *a, int axis);
 cm_tensor *cm_log_softmax(cm_tape *tp, cm_tensor *a, int axis);
 
@@ -321,12 +333,22 @@ typedef struct cm_cross_entropy_opts {
 cm_cross_entropy_opts cm_cross_entropy_opts_default(void);
 
 /* Fused log-softmax + negative log-likelihood, as torch.nn.functional.cross_entropy.
- * logits (N, C) or (N, C, d1, ...). target: class indices (i32/i64) of shape (N) or (N, d1, ...),
- * or probabilities (f32, same shape as logits). opts NULL = defaults. Result: a scalar, or the
- * per-element losses (N, d1, ...) with CM_REDUCTION_NONE. Errors name the shapes; a class index
- * outside [0, C) that is not ignore_index is CM_ERR_INVALID_ARG naming the index and position. */
+ * logits (N, C) or (N, C, d1, ...). target: class indices (i32/i64, u8 also accepted) of shape (N)
+ * or (N, d1, ...), or probabilities (f32, same shape as logits). opts NULL = defaults.
+ * Result: a scalar, or the per-element losses (N, d1, ...) with CM_REDUCTION_NONE.
+ * - Index targets: loss = (1-ls)·(lse - x_t) + ls·(lse - mean_c x_c) (ls = label_smoothing);
+ *   positions whose target is ignore_index contribute 0 and get no gradient; MEAN divides by the
+ *   number of non-ignored targets — if every target is ignored the mean is 0/0 = NaN (as torch)
+ *   while the gradient is zero.
+ * - Probability targets p: loss = Σ_c ((1-ls)·p_c + ls/C)·(lse - x_c); MEAN divides by N·d1·...;
+ *   ignore_index does not apply. If p requires grad it gets (1-ls)·(lse - x) per unit upstream.
+ * The backward is fused (softmax - smoothed target, scaled) from the saved log-sum-exp; no (N, C)
+ * buffer is kept. Errors: CM_ERR_SHAPE naming the shapes; CM_ERR_DTYPE; CM_ERR_INVALID_ARG for a
+ * class index outside [0, C) that is not ignore_index (naming the value and its position, e.g.
+ * "target(1, 2) = 7"), label_smoothing outside [0, 1] or an unknown reduction. */
 cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, const cm_cross_entropy_opts *opts);
-/* Mean squared error (pred and target the same shape). */
+/* Mean squared error (pred and target the same shape, f32, any strides); both get gradients.
+ * MEAN of an empty tensor is NaN, as torch. Errors: CM_ERR_SHAPE naming both shapes. */
 cm_tensor *cm_mse_loss(cm_tape *tp, cm_tensor *pred, cm_tensor *target, cm_reduction reduction);
 
 /* ---------------------------------------------------------------------------------------------
