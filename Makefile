@@ -1,5 +1,6 @@
 # Thin wrapper over CMake so the README's commands are one word each.
 #   make            install missing Debian packages (as root), configure and build
+#   make demo       build, then train the example on the shipped MNIST data and show the result
 #   make test       build and run the whole test suite (CTest; its summary is the last line)
 #   make test-asan  the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      build the benchmarks and run bench/gemm
@@ -7,12 +8,13 @@
 #   make install    install the library, headers and pkg-config file (PREFIX=/usr/local)
 
 BUILD   ?= build
+MAKEFLAGS += --no-print-directory
 ASAN    ?= build-asan
 PREFIX  ?= /usr/local
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-asan bench golden install clean
+.PHONY: all deps configure build demo test test-asan bench golden install clean
 
 all: build
 
@@ -26,6 +28,11 @@ configure: $(BUILD)/CMakeCache.txt
 
 build: deps configure
 	@cmake --build $(BUILD) -j $(JOBS)
+
+DATA ?= ../shared/data
+
+demo: build
+	@$(BUILD)/examples/mnist_mlp $(DATA)/mnist
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
