@@ -15,7 +15,9 @@
 static inline float cmi_vexpf(float x) {
     const float lo = -87.33654475f, hi = 88.0f;
     /* ternaries, not fminf/fmaxf: those stay libm calls without -ffinite-math-only */
-    const float xc = x < lo ? lo : (x > hi ? hi : x);
+    /* NaN compares false, so it takes the `lo` arm: n stays in range and the shift below is
+     * defined (the NaN is passed through at the end) */
+    const float xc = x >= lo ? (x > hi ? hi : x) : lo;
     /* round to nearest by the 1.5·2^23 trick: floorf is a libm call (not vectorised) unless
      * -fno-trapping-math */
     const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
