@@ -35,14 +35,14 @@ demo: build
 	@$(BUILD)/examples/mnist_mlp $(DATA)/mnist
 
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@scripts/run-tests $(BUILD) -j $(JOBS)
 
 $(ASAN)/CMakeCache.txt: | deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=Debug -DCM_SANITIZE=ON -DCM_BUILD_BENCH=OFF >/dev/null
 
 test-asan: deps $(ASAN)/CMakeCache.txt
 	@cmake --build $(ASAN) -j $(JOBS)
-	@cd $(ASAN) && ctest --output-on-failure -j $(JOBS)
+	@scripts/run-tests $(ASAN) -j $(JOBS)
 
 bench: build
 	@$(BUILD)/bench/bench_gemm
