@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,17 @@ void cmt_assert_close_f32(const char *what, const float *a, const float *b, int6
         cr_assert(fabs((double)a[i] - (double)b[i]) <= tol, "%s[%lld]: %.7g vs expected %.7g (|diff| %.3g > tol %.3g)",
                   what, (long long)i, (double)a[i], (double)b[i], fabs((double)a[i] - (double)b[i]), tol);
     }
+}
+
+void cmt_expect_error(cm_tape *tp, const cm_tensor *result, cm_status want, ...) {
+    cr_assert_null(result, "expected the op to fail with %s", cm_status_name(want));
+    cr_assert_eq(cm_tape_status(tp), want, "status %s, want %s: %s", cm_status_name(cm_tape_status(tp)),
+                 cm_status_name(want), cm_tape_error(tp));
+    va_list ap;
+    va_start(ap, want);
+    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
+        cr_assert(strstr(cm_tape_error(tp), s), "message '%s' lacks '%s'", cm_tape_error(tp), s);
+    va_end(ap);
 }
 
 /* ---- golden files (safetensors) ---- */

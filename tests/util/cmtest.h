@@ -39,6 +39,11 @@ void cmt_gradcheck(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *c
 void cmt_assert_close(const char *what, const cm_tensor *a, const cm_tensor *b, double atol, double rtol);
 void cmt_assert_close_f32(const char *what, const float *a, const float *b, int64_t n, double atol, double rtol);
 
+/* Asserts an op failed: `result` is NULL, the tape's status is `want`, and its message contains
+ * each of the following strings (the list ends at the first NULL, so an optional last string
+ * may be passed as NULL). Leaves the tape as it is. */
+void cmt_expect_error(cm_tape *tp, const cm_tensor *result, cm_status want, ...);
+
 /* Golden files: safetensors written by tests/golden/make_golden.py. */
 typedef struct cmt_golden cmt_golden;
 cmt_golden *cmt_golden_open(const char *path); /* aborts the test if missing or malformed */
