@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void cm_philox4x32_raw(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
-
 Test(status, names_descriptions_and_thread_local_message) {
     cr_assert_str_eq(cm_status_name(CM_ERR_SHAPE), "CM_ERR_SHAPE");
     cr_assert_str_eq(cm_status_name(CM_OK), "CM_OK");

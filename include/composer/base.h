@@ -198,6 +198,10 @@ typedef struct cm_rng {
 
 cm_rng cm_rng_init(uint64_t seed, uint64_t stream);
 
+/* Philox-4x32-10 on an explicit 128-bit counter and 64-bit key, as Random123 defines it (for
+ * known-answer tests and for reproducing streams outside the library). */
+void cm_philox4x32_raw(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
 /* The raw generator: four 32-bit words for one (seed, stream, counter) block. */
 void cm_philox4x32(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]);
 

@@ -2,12 +2,14 @@
  * composer/composer.h — everything public in Composer for C.
  *
  * Layers (each header documents its own part): base.h (status, logging, memory, threads, RNG,
- * hashing, clocks) and tensor.h (tensors, autograd tape, ops).
+ * hashing, clocks), tensor.h (tensors, autograd tape, ops), data.h (datasets, samplers, the
+ * dataloader, the data spec).
  */
 #ifndef COMPOSER_COMPOSER_H
 #define COMPOSER_COMPOSER_H
 
 #include <composer/base.h>
 #include <composer/tensor.h>
+#include <composer/data.h>
 
 #endif

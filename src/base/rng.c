@@ -22,8 +22,6 @@ static inline void philox_round(uint32_t c[4], const uint32_t k[2]) {
     c[3] = lo0;
 }
 
-/* Raw Philox on an explicit 4-word counter and 2-word key (exposed for known-answer tests). */
-void cm_philox4x32_raw(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 void cm_philox4x32_raw(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
     uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
     uint32_t k[2] = {key[0], key[1]};
