@@ -4,6 +4,7 @@
 #   make test       build and run the whole test suite (CTest; its summary is the last line)
 #   make test-asan  the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      build the benchmarks and run bench/gemm
+#   make fuzz       run every libFuzzer target for FUZZ_TIME seconds (default 60)
 #   make golden     regenerate tests/golden/*.safetensors with Debian's PyTorch
 #   make install    install the library, headers and pkg-config file (PREFIX=/usr/local)
 
@@ -14,7 +15,7 @@ PREFIX  ?= /usr/local
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-asan bench golden install clean
+.PHONY: all deps configure build demo test test-asan bench fuzz golden install clean
 
 all: build
 
@@ -46,6 +47,11 @@ test-asan: deps $(ASAN)/CMakeCache.txt
 
 bench: build
 	@$(BUILD)/bench/bench_gemm
+
+FUZZ_TIME ?= 60
+
+fuzz: build
+	@scripts/run-fuzz $(BUILD) $(FUZZ_TIME)
 
 golden:
 	@scripts/install-deps --golden

@@ -78,7 +78,8 @@ cm_status cm_gunzip(const uint8_t *in, size_t n, size_t max_out, const char *nam
     if (n >= 18) {
         uint32_t isize = (uint32_t)in[n - 4] | (uint32_t)in[n - 3] << 8 | (uint32_t)in[n - 2] << 16 |
                          (uint32_t)in[n - 1] << 24;
-        if (isize > cap) cap = isize;
+        /* Deflate expands at most ~1032:1, so a larger claim is a corrupt trailer: don't trust it. */
+        if (isize > cap && (uint64_t)isize <= (uint64_t)n * 1032 + 1024) cap = isize;
     }
     if (cap > max_out) cap = max_out > 0 ? max_out : 1;
     uint8_t *buf = cm_alloc(cap, 64);
