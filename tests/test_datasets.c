@@ -157,6 +157,42 @@ Test(tokens, length_counts_whole_windows_and_the_last_window_may_end_at_the_last
     remove_tmpdir();
 }
 
+Test(tokens, a_glob_pattern_opens_every_shard_in_sorted_order) {
+    make_tmpdir();
+    /* shards of 21, 9 and 40 tokens at T = 4: 5, 2 and 9 samples; a non-matching file is ignored */
+    const int32_t counts[3] = {21, 9, 40};
+    const char *names[3] = {"shard_000.bin", "shard_001.bin", "shard_002.bin"};
+    for (int s = 0; s < 3; s++) {
+        size_t size;
+        uint8_t *b = token_file(s == 1 ? 2 : 1, counts[s], 1000 + (uint32_t)s, &size);
+        write_bytes(tmp_path(names[s]), b, size);
+        free(b);
+    }
+    write_bytes(tmp_path("other.bin"), "x", 1);
+    cm_tokens_config cfg = {.seq_len = 4, .dtype = CM_DTYPE_I64};
+    cm_dataset *ds;
+    cr_assert_eq(cm_dataset_tokens_new(tmp_path("shard_*.bin"), &cfg, &ds), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_dataset_len(ds), 16, "len %lld, want 5 + 2 + 9", (long long)cm_dataset_len(ds));
+    int64_t in[4], lab[4], idx = 0;
+    for (int s = 0; s < 3; s++)
+        for (int64_t i = 0; i < (counts[s] - 1) / 4; i++, idx++) {
+            cr_assert_eq(cm_dataset_get(ds, idx, NULL, (void *[]){in, lab}), CM_OK, "%s", cm_last_error());
+            for (int j = 0; j < 4; j++) {
+                cr_assert_eq(in[j], tok_at(i * 4 + j, 1000 + (uint32_t)s), "sample %lld (shard %d) input %d",
+                             (long long)idx, s, j);
+                cr_assert_eq(lab[j], tok_at(i * 4 + j + 1, 1000 + (uint32_t)s), "sample %lld (shard %d) label %d",
+                             (long long)idx, s, j);
+            }
+        }
+    cm_dataset_free(ds);
+    expect_fail(cm_dataset_tokens_new(tmp_path("nothing_*.bin"), &cfg, &ds), CM_ERR_NOT_FOUND, "nothing_*.bin",
+                "matches no file", NULL);
+    /* one bad shard fails the whole set, by name */
+    write_bytes(tmp_path("shard_003.bin"), "\x01\x02", 2);
+    expect_fail(cm_dataset_tokens_new(tmp_path("shard_*.bin"), &cfg, &ds), CM_ERR_FORMAT, "shard_003.bin", NULL, NULL);
+    remove_tmpdir();
+}
+
 Test(tokens, seq_len_longer_than_the_file_names_file_count_and_seq_len) {
     make_tmpdir();
     size_t size;
@@ -168,6 +204,9 @@ Test(tokens, seq_len_longer_than_the_file_names_file_count_and_seq_len) {
     expect_fail(cm_dataset_tokens_new(tmp_path("short.bin"), &cfg, &ds), CM_ERR_INVALID_ARG, "short.bin", "seq_len 100",
                 "only 100");
     cr_assert_null(ds);
+    cfg.seq_len = INT64_MAX;
+    expect_fail(cm_dataset_tokens_new(tmp_path("short.bin"), &cfg, &ds), CM_ERR_INVALID_ARG, "short.bin", "only 100",
+                NULL);
     remove_tmpdir();
 }
 

@@ -113,13 +113,17 @@ typedef struct cm_tokens_config {
 cm_tokens_config cm_tokens_config_default(void);
 
 /* Opens the token file at `path` (memory-mapped read-only; the pages are shared with the OS cache
- * and with every other process reading the file). cfg NULL means the defaults. Fields:
+ * and with every other process reading the file). A `path` containing *, ? or [ is a glob
+ * pattern, as llm.c's loader takes shards ("data/fineweb_train_*.bin"): every match is opened, in
+ * sorted order, and the samples of all shards follow one another (a window never spans two
+ * shards; each shard must hold seq_len + 1 tokens). cfg NULL means the defaults. Fields:
  * "input_ids" and "labels", dtype cfg->dtype, shape (seq_len,); n_tokens(i) = seq_len.
- * Errors, each naming the file: CM_ERR_NOT_FOUND (missing), CM_ERR_IO, CM_ERR_FORMAT (short
- * header, bad magic, unknown version, a count that disagrees with the file size in either
- * direction), CM_ERR_INVALID_ARG (seq_len < 1, seq_len + 1 more tokens than the file has, a dtype
- * other than i32/i64), CM_ERR_OOM. The dataset keeps its own copy of `path`. Its get is
- * thread-safe. A file with uint32 tokens >= 2^31 needs i64 output (get fails otherwise). */
+ * Errors, each naming the file: CM_ERR_NOT_FOUND (a missing file, or a pattern that matches
+ * nothing), CM_ERR_IO, CM_ERR_FORMAT (short header, bad magic, unknown version, a count that
+ * disagrees with the file size in either direction), CM_ERR_INVALID_ARG (seq_len < 1, a file with
+ * fewer than seq_len + 1 tokens, a dtype other than i32/i64), CM_ERR_OOM. The dataset keeps its
+ * own copies of the paths. Its get is thread-safe. A file with uint32 tokens >= 2^31 needs i64
+ * output (get fails otherwise). */
 cm_status cm_dataset_tokens_new(const char *path, const cm_tokens_config *cfg, cm_dataset **out);
 
 /* ---------------------------------------------------------------------------------------------
