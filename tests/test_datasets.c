@@ -726,3 +726,46 @@ Test(mnist, concurrent_augmented_gets_equal_the_serial_results) {
     free(par);
     cm_dataset_free(ds);
 }
+
+/* ---- out of memory ---------------------------------------------------------------------- */
+
+/* Fails the 1st, 2nd, ... allocation of each constructor until it succeeds: every failure must be
+ * CM_ERR_OOM with nothing leaked (the sanitizer build checks) and no dataset returned. */
+Test(datasets, every_allocation_failure_in_a_constructor_is_reported_and_leaks_nothing) {
+    make_tmpdir();
+    size_t size;
+    uint8_t *b = token_file(1, 50, 100, &size);
+    write_bytes(tmp_path("tok_a.bin"), b, size);
+    write_bytes(tmp_path("tok_b.bin"), b, size);
+    free(b);
+    const int counts[5] = {1, 1, 1, 1, 1};
+    write_cifar(g_dir, counts);
+    size_t si, sl;
+    uint8_t *im = idx_images(3, 28, 28, &si), *lb = idx_labels(3, &sl);
+    write_gz(tmp_path("t10k-images-idx3-ubyte.gz"), im, si);
+    write_gz(tmp_path("t10k-labels-idx1-ubyte.gz"), lb, sl);
+    free(im);
+    free(lb);
+    cm_tokens_config tc = {.seq_len = 4, .dtype = CM_DTYPE_I32};
+    for (int which = 0; which < 3; which++) {
+        int n = 1;
+        for (;; n++) {
+            cm_alloc_fail_at(n);
+            cm_dataset *ds = (cm_dataset *)1;
+            cm_status st = which == 0   ? cm_dataset_tokens_new(tmp_path("tok_*.bin"), &tc, &ds)
+                           : which == 1 ? cm_dataset_mnist_new(g_dir, CM_SPLIT_TEST, NULL, &ds)
+                                        : cm_dataset_cifar10_new(g_dir, CM_SPLIT_TRAIN, NULL, &ds);
+            cm_alloc_fail_at(0);
+            if (st == CM_OK) {
+                cm_dataset_free(ds);
+                break;
+            }
+            cr_assert_eq(st, CM_ERR_OOM, "constructor %d, failing allocation %d: %s (%s)", which, n,
+                         cm_status_name(st), cm_last_error());
+            cr_assert_null(ds);
+            cr_assert_lt(n, 100, "constructor %d never succeeds", which);
+        }
+        cr_assert_gt(n, 2, "constructor %d made only %d allocations: the sweep tested nothing", which, n - 1);
+    }
+    remove_tmpdir();
+}
