@@ -3,7 +3,7 @@
  *
  * Layers (each header documents its own part): base.h (status, logging, memory, threads, RNG,
  * hashing, clocks), tensor.h (tensors, autograd tape, ops), data.h (datasets, samplers, the
- * dataloader, the data spec).
+ * dataloader, the data spec), datasets.h (token files, MNIST, CIFAR-10, image augmentation).
  */
 #ifndef COMPOSER_COMPOSER_H
 #define COMPOSER_COMPOSER_H
@@ -11,5 +11,6 @@
 #include <composer/base.h>
 #include <composer/tensor.h>
 #include <composer/data.h>
+#include <composer/datasets.h>
 
 #endif
