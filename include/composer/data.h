@@ -310,8 +310,8 @@ void cm_data_spec_free(cm_data_spec *spec);
 cm_dataloader *cm_data_spec_loader(const cm_data_spec *spec);
 
 /* cm_dataloader_next, then the batch transform. *out = NULL at the end of an epoch. Errors: the
- * loader's, CM_ERR_STATE without a loader, or the transform's (its message prefixed with
- * "batch transform: "). */
+ * loader's, CM_ERR_STATE without a loader, or the transform's, its message prefixed with
+ * "batch transform (epoch E, step S): " (the loader has then moved past that batch). */
 cm_status cm_data_spec_next(cm_data_spec *spec, cm_batch **out);
 
 /* The samples / tokens the spec counts in a batch (the callbacks, or the batch's own counts). */
@@ -326,8 +326,10 @@ int64_t cm_data_spec_n_tokens(const cm_data_spec *spec, const cm_batch *batch);
  * transform, if any, runs on each in order. *out (an array of *n_out) belongs to the spec and is
  * valid until the next split or cm_data_spec_free; the batch's tensors must outlive it. Errors:
  * CM_ERR_INVALID_ARG (microbatch_size < 1, a batch whose field tensors are not contiguous with
- * n_rows rows), CM_ERR_OOM, or the transform's (prefixed with "microbatch transform: ", naming
- * the microbatch). */
+ * n_rows rows), CM_ERR_OOM, or the transform's, prefixed with "microbatch transform (microbatch i
+ * of n, epoch E, step S): "; after an error no microbatches are handed out (*n_out = 0). A batch
+ * made by hand may leave indices, valid and row_tokens NULL: every row then counts as a sample
+ * with no tokens. Not thread-safe: one spec per thread. */
 cm_status cm_data_spec_split(cm_data_spec *spec, const cm_batch *batch, int64_t microbatch_size, cm_batch **out,
                              int64_t *n_out);
 
