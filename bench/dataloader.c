@@ -1,6 +1,6 @@
 /* Samples per second of the dataloader over a synthetic dataset whose get() costs a configurable
  * amount of work, for 0 (calling thread), 1 and 2 workers.
- * Usage: bench_dataloader [samples_per_batch=256] [cost_ns_per_sample...=0 2000 20000] [seconds=1]
+ * Usage: bench_dataloader [global_batch=256] [seconds_per_row=1] [cost_ns_per_sample ...=0 2000 20000]
  * Each row: the per-sample cost, the workers, the samples/s the trainer sees when it does nothing
  * but take batches, and the speed-up over the calling thread. A later step points this at MNIST
  * and token files. */
@@ -40,13 +40,14 @@ static const cm_dataset_i s_vt = {CM_DATASET_ABI, "bench", s_len, s_nf, s_field,
 
 int main(int argc, char **argv) {
     const int64_t B = argc > 1 ? atoll(argv[1]) : 256;
+    const double seconds = argc > 2 ? atof(argv[2]) : 1.0;
     uint64_t costs[8] = {0, 2000, 20000};
     int n_costs = 3;
-    if (argc > 2) {
+    if (argc > 3) {
         n_costs = 0;
-        for (int a = 2; a < argc - 1 && n_costs < 8; a++) costs[n_costs++] = strtoull(argv[a], NULL, 10);
+        for (int a = 3; a < argc && n_costs < 8; a++) costs[n_costs++] = strtoull(argv[a], NULL, 10);
     }
-    const double seconds = argc > 3 ? atof(argv[argc - 1]) : 1.0;
+    if (B < 1 || seconds <= 0) return fprintf(stderr, "usage: bench_dataloader [batch] [seconds] [cost_ns ...]\n"), 2;
     synth s = {.n = 60000};
     s.fields[0] = (cm_field_desc){.name = "image", .dtype = CM_DTYPE_F32, .ndim = 3, .shape = {1, 28, 28}};
     s.fields[1] = (cm_field_desc){.name = "label", .dtype = CM_DTYPE_I64, .ndim = 0};

@@ -339,10 +339,12 @@ cm_status cm_dataloader_next(cm_dataloader *dl, cm_batch **out) {
     }
     cm_status st = CM_OK;
     if (sl->err != CM_OK) {
-        st = cm_set_error(sl->err, "dataloader: sample %lld (epoch %lld, position %lld, row %lld of rank %d) of dataset '%s' failed: %s",
-                          (long long)sl->err_index, (long long)sl->it.epoch,
-                          (long long)(sl->it.position + (sl->err_row < sl->it.rank_count ? sl->it.rank_begin + sl->err_row : 0)),
-                          (long long)sl->err_row, dl->cfg.rank, cm_dataset_type_name(dl->ds), sl->err_msg);
+        const int64_t pos = sl->it.position + (sl->err_row < sl->it.rank_count ? sl->it.rank_begin + sl->err_row : 0);
+        st = cm_set_error(sl->err,
+                          "dataloader: sample %lld (epoch %lld, position %lld, row %lld of rank %d) of dataset '%s' "
+                          "failed: %s",
+                          (long long)sl->err_index, (long long)sl->it.epoch, (long long)pos, (long long)sl->err_row,
+                          dl->cfg.rank, cm_dataset_type_name(dl->ds), sl->err_msg);
     } else {
         st = finalize(dl, sl);
     }
