@@ -98,7 +98,7 @@ def main():
     emit_ranges("control", ranges(lambda cp: cats[cp][0] == "C"))
     emit_ranges("zs", ranges(lambda cp: cats[cp] == "Zs"))
     emit_ranges("mn", ranges(lambda cp: cats[cp] == "Mn"))
-    emit_ranges("cjk", CJK)
+    emit_ranges("cjk", sorted(CJK))
     emit_ranges("cased", ranges(lambda cp: not (0xD800 <= cp <= 0xDFFF) and is_cased(cp)))
     emit_ranges("case_ign", ranges(lambda cp: cats[cp] in ("Mn", "Me", "Cf", "Lm", "Sk") or cp in WB_MID))
 
