@@ -102,7 +102,8 @@ cm_status cm_tokenizer_encode_into(const cm_tokenizer *tok, const char *text, si
     int64_t count;
     cm_status st = cm_tokenizer_encode(tok, text, len, &all, &count);
     if (st != CM_OK) return st;
-    memcpy(ids, all, (size_t)(count < cap ? count : cap) * sizeof(int32_t));
+    int64_t m = count < cap ? count : cap;
+    if (m > 0) memcpy(ids, all, (size_t)m * sizeof(int32_t));
     cm_free(all);
     *n = count;
     return CM_OK;
