@@ -3,7 +3,8 @@
  *
  * Layers (each header documents its own part): base.h (status, logging, memory, threads, RNG,
  * hashing, clocks), tensor.h (tensors, autograd tape, ops), data.h (datasets, samplers, the
- * dataloader, the data spec), datasets.h (token files, MNIST, CIFAR-10, image augmentation).
+ * dataloader, the data spec), datasets.h (token files, MNIST, CIFAR-10, image augmentation), tokenizer.h (GPT-2 BPE,
+ * BERT WordPiece, characters; token-file writer; the SST-2 dataset).
  */
 #ifndef COMPOSER_COMPOSER_H
 #define COMPOSER_COMPOSER_H
@@ -12,5 +13,6 @@
 #include <composer/tensor.h>
 #include <composer/data.h>
 #include <composer/datasets.h>
+#include <composer/tokenizer.h>
 
 #endif
