@@ -162,7 +162,8 @@ cm_status cm_timestamp_cmp(const cm_timestamp *ts, cm_time t, int *out);
  * 1 after the end). For a max_duration in epochs and batches_per_epoch > 0, the fraction is
  * counted in batches (batch / (epochs · batches_per_epoch)), so it moves every batch rather than
  * jumping at epoch ends (Composer's State.get_elapsed_duration counts whole epochs; pass
- * batches_per_epoch = 0 for that). Errors (CM_ERR_INVALID_ARG): max_duration in dur, or ≤ 0. */
+ * batches_per_epoch = 0 for that). For a max_duration in sec the fraction uses total_wct
+ * unrounded. Errors (CM_ERR_INVALID_ARG): max_duration in dur, or ≤ 0. */
 cm_status cm_timestamp_elapsed(const cm_timestamp *ts, cm_time max_duration, int64_t batches_per_epoch,
                                double *out);
 

@@ -20,6 +20,9 @@ static const char *const unit_long[] = {
     CM_TIME_UNIT_LIST(CM_X_)
 #undef CM_X_
 };
+static const char *const unit_plural[] = {"epochs", "batches", "samples", "tokens", "fractions", "iterations",
+                                          "seconds"};
+_Static_assert(sizeof unit_plural / sizeof unit_plural[0] == CM_TIME_UNIT_COUNT, "plural table");
 _Static_assert(sizeof unit_suffix / sizeof unit_suffix[0] == CM_TIME_UNIT_COUNT, "unit table");
 
 #define UNIT_HELP "use ep, ba, sp, tok, dur, iter or sec, e.g. '10ba', '0.5dur', '1h30m'"
@@ -142,15 +145,22 @@ cm_status cm_time_parse_named(const char *what, const char *s, cm_time *out) {
     const char *unit_s = p;
     size_t unit_len = strlen(unit_s);
     cm_time_unit unit;
-    bool known = unit_lookup(unit_s, unit_len, false, &unit);
-    if (digits == 0) {
-        if (known && unit_s != s)
-            return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': malformed number before '%s' (write e.g. '10%s')",
-                                what, s, unit_s, cm_time_unit_name(unit));
-        if (known)
-            return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': no number before the unit (write e.g. '10%s')", what,
-                                s, cm_time_unit_name(unit));
-        return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': not a time (" UNIT_HELP ")", what, s);
+    bool known = digits > 0 && unit_lookup(unit_s, unit_len, false, &unit);
+    if (!known) {
+        /* a known unit at the end means the number in front of it is the problem */
+        size_t len = strlen(s);
+        for (int u = 0; u < CM_TIME_UNIT_COUNT; u++) {
+            size_t ul = strlen(unit_suffix[u]);
+            if (len >= ul && strcasecmp(s + len - ul, unit_suffix[u]) == 0) {
+                if (len == ul)
+                    return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': no number before the unit (write e.g. '10%s')",
+                                        what, s, unit_suffix[u]);
+                return cm_set_error(CM_ERR_INVALID_ARG,
+                                    "%s '%s': malformed number '%.*s' before '%s' (write e.g. '10%s' or '0.5dur')",
+                                    what, s, (int)(len - ul), s, unit_suffix[u], unit_suffix[u]);
+            }
+        }
+        if (digits == 0) return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': not a time (" UNIT_HELP ")", what, s);
     }
     if (unit_len == 0)
         return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': no unit after the number (" UNIT_HELP ")", what, s);
@@ -189,9 +199,9 @@ cm_status cm_time_parse_named(const char *what, const char *s, cm_time *out) {
                                 what, s, cm_time_unit_name(unit));
         if (v != floor(v))
             return cm_set_error(CM_ERR_INVALID_ARG,
-                                "%s '%s': '%s' counts whole %ss, got %s (use a whole number, or a fraction of "
+                                "%s '%s': '%s' counts whole %s, got %s (use a whole number, or a fraction of "
                                 "the run such as '0.5dur')",
-                                what, s, cm_time_unit_name(unit), cm_time_unit_long_name(unit), num);
+                                what, s, cm_time_unit_name(unit), unit_plural[unit], num);
         count = (int64_t)v;
     }
     *out = cm_time_make(count, unit);
