@@ -5,6 +5,7 @@
 #include <composer/optim.h>
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -264,7 +265,7 @@ cm_status cm_optim_add_group(cm_optim *o, const cm_optim_hparams *hp, const cm_o
         s->n = sp->n;
         for (int e = 0; e < E_COUNT && st == CM_OK; e++) {
             if (!uses(o->kind, hp, e)) continue;
-            char key[NAME_MAX_LEN + 32];
+            char key[sizeof buf + 32];
             snprintf(key, sizeof key, "%s.%s", buf, entry_keys[e]);
             s->entry_name[e] = dup_str(key);
             if (!s->entry_name[e]) st = CM_ERR_OOM;
@@ -343,20 +344,30 @@ cm_status cm_optim_group_set(cm_optim *o, int g, const cm_optim_hparams *hp) {
     return CM_OK;
 }
 
-/* ---- kernels ---- */
+/* ---- kernels ----
+ * Each kernel is an always-inline loop over [lo, hi) whose flags are compile-time constants at
+ * every call site (the dispatchers expand the combinations), so each variant is a branch-free
+ * vector loop. Threads split a span into contiguous, 16-element-aligned ranges. */
 
-/* SGD family. d = g + l2·p; momentum buffer b; p = p·keep - lr·d. `first` initialises b = d. */
-static inline __attribute__((always_inline)) void sgd_kernel(float *restrict p, const float *restrict g,
-                                                             float *restrict b, int64_t n, float l2, float mom,
-                                                             float one_minus_damp, float keep, float neg_lr,
-                                                             bool has_mom, bool first, bool nesterov, bool decay) {
-#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
+typedef struct sgd_args {
+    float *p, *b;
+    const float *g;
+    float l2, mom, one_minus_damp, keep, neg_lr;
+} sgd_args;
+
+/* d = g + l2·p; momentum buffer b (b = d when `first`); p = p·keep - lr·d. */
+static inline __attribute__((always_inline)) void sgd_range(const sgd_args *a, int64_t lo, int64_t hi, bool has_mom,
+                                                            bool first, bool nesterov, bool decay, bool l2) {
+    float *restrict p = a->p, *restrict b = a->b;
+    const float *restrict g = a->g;
+    const float wd = a->l2, mom = a->mom, omd = a->one_minus_damp, keep = a->keep, neg_lr = a->neg_lr;
+#pragma omp simd
+    for (int64_t i = lo; i < hi; i++) {
         float pi = p[i];
         float d = g[i];
-        if (l2 != 0.0f) d = d + l2 * pi;
+        if (l2) d = d + wd * pi;
         if (has_mom) {
-            float bi = first ? d : b[i] * mom + one_minus_damp * d;
+            float bi = first ? d : b[i] * mom + omd * d;
             b[i] = bi;
             d = nesterov ? d + mom * bi : bi;
         }
@@ -365,18 +376,38 @@ static inline __attribute__((always_inline)) void sgd_kernel(float *restrict p, 
     }
 }
 
-/* Adam family. keep: decoupled decay factor applied to p first; l2: Adam's decay in the gradient. */
-static inline __attribute__((always_inline)) void adam_kernel(float *restrict p, const float *restrict g,
-                                                              float *restrict m, float *restrict v,
-                                                              float *restrict vmax, int64_t n, float keep, float l2,
-                                                              float b1, float omb1, float b2, float omb2,
-                                                              float neg_step, float bc2_sqrt, float eps, bool decay,
-                                                              bool amsgrad) {
-#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
+static void sgd_dispatch(const sgd_args *a, int64_t lo, int64_t hi, bool has_mom, bool first, bool nesterov,
+                         bool decay, bool l2) {
+    int code = (has_mom ? 1 : 0) | (first ? 2 : 0) | (nesterov ? 4 : 0) | (decay ? 8 : 0) | (l2 ? 16 : 0);
+    switch (code) {
+#define CASE_(c) \
+    case c: sgd_range(a, lo, hi, (c)&1, ((c) >> 1) & 1, ((c) >> 2) & 1, ((c) >> 3) & 1, ((c) >> 4) & 1); break;
+#define CASE4_(c) CASE_(c) CASE_(c + 1) CASE_(c + 2) CASE_(c + 3)
+        CASE4_(0) CASE4_(4) CASE4_(8) CASE4_(12) CASE4_(16) CASE4_(20) CASE4_(24) CASE4_(28)
+#undef CASE4_
+#undef CASE_
+    default: break;
+    }
+}
+
+typedef struct adam_args {
+    float *p, *m, *v, *vmax;
+    const float *g;
+    float keep, l2, b1, omb1, b2, omb2, neg_step, bc2_sqrt, eps;
+} adam_args;
+
+/* keep: decoupled decay factor applied to p first; l2: Adam's decay added to the gradient. */
+static inline __attribute__((always_inline)) void adam_range(const adam_args *a, int64_t lo, int64_t hi, bool decay,
+                                                             bool l2, bool amsgrad) {
+    float *restrict p = a->p, *restrict m = a->m, *restrict v = a->v, *restrict vmax = a->vmax;
+    const float *restrict g = a->g;
+    const float keep = a->keep, wd = a->l2, b1 = a->b1, omb1 = a->omb1, b2 = a->b2, omb2 = a->omb2;
+    const float neg_step = a->neg_step, bc2_sqrt = a->bc2_sqrt, eps = a->eps;
+#pragma omp simd
+    for (int64_t i = lo; i < hi; i++) {
         float pi = p[i];
         float gi = g[i];
-        if (l2 != 0.0f) gi = gi + l2 * pi;
+        if (l2) gi = gi + wd * pi;
         if (decay) pi = pi * keep;
         float mi = m[i] * b1 + omb1 * gi;
         float vi = v[i] * b2 + omb2 * gi * gi;
@@ -392,28 +423,43 @@ static inline __attribute__((always_inline)) void adam_kernel(float *restrict p,
     }
 }
 
+static void adam_dispatch(const adam_args *a, int64_t lo, int64_t hi, bool decay, bool l2, bool amsgrad) {
+    switch ((decay ? 1 : 0) | (l2 ? 2 : 0) | (amsgrad ? 4 : 0)) {
+    case 0: adam_range(a, lo, hi, false, false, false); break;
+    case 1: adam_range(a, lo, hi, true, false, false); break;
+    case 2: adam_range(a, lo, hi, false, true, false); break;
+    case 3: adam_range(a, lo, hi, true, true, false); break;
+    case 4: adam_range(a, lo, hi, false, false, true); break;
+    case 5: adam_range(a, lo, hi, true, false, true); break;
+    case 6: adam_range(a, lo, hi, false, true, true); break;
+    default: adam_range(a, lo, hi, true, true, true); break;
+    }
+}
+
+/* This thread's share [lo, hi) of n elements, in 16-element (64-byte) aligned pieces. */
+static void thread_range(int64_t n, int64_t *lo, int64_t *hi) {
+    int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t blocks = (n + 15) / 16, per = blocks / nt, extra = blocks % nt;
+    int64_t b0 = t * per + (t < extra ? t : extra), b1 = b0 + per + (t < extra ? 1 : 0);
+    *lo = b0 * 16 < n ? b0 * 16 : n;
+    *hi = b1 * 16 < n ? b1 * 16 : n;
+}
+
 static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
     const cm_optim_hparams *h = &gr->hp;
     bool decoupled = kind == CM_OPTIM_DECOUPLED_SGDW && h->weight_decay != 0;
-    float l2 = kind == CM_OPTIM_SGD ? (float)h->weight_decay : 0.0f;
+    bool l2 = kind == CM_OPTIM_SGD && h->weight_decay != 0;
     double decay_factor = gr->initial_lr != 0 ? lr / gr->initial_lr : 1.0;
-    float keep = decoupled ? (float)(1.0 - decay_factor * h->weight_decay) : 1.0f;
-    float mom = (float)h->momentum, omd = (float)(1.0 - h->dampening), neg_lr = (float)-lr;
-    bool has_mom = h->momentum != 0, first = s->step == 0;
-    float *b = s->buf[E_MOM];
-    /* expand the flag combinations so each loop is branch-free */
-    if (!has_mom) {
-        if (decoupled) sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, false, false, false, true);
-        else sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, false, false, false, false);
-    } else if (first) {
-        if (h->nesterov) sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, true, true, true, decoupled);
-        else sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, true, true, false, decoupled);
-    } else if (h->nesterov) {
-        if (decoupled) sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, true, false, true, true);
-        else sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, true, false, true, false);
-    } else {
-        if (decoupled) sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, true, false, false, true);
-        else sgd_kernel(s->param, s->grad, b, s->n, l2, mom, omd, keep, neg_lr, true, false, false, false);
+    sgd_args a = {s->param, s->buf[E_MOM], s->grad, (float)h->weight_decay, (float)h->momentum,
+                  (float)(1.0 - h->dampening), decoupled ? (float)(1.0 - decay_factor * h->weight_decay) : 1.0f,
+                  (float)-lr};
+    bool has_mom = h->momentum != 0, first = s->step == 0, nesterov = has_mom && h->nesterov;
+    int64_t n = s->n;
+#pragma omp parallel if (n >= PAR_MIN)
+    {
+        int64_t lo, hi;
+        thread_range(n, &lo, &hi);
+        sgd_dispatch(&a, lo, hi, has_mom, first, nesterov, decoupled, l2);
     }
 }
 
@@ -422,27 +468,39 @@ static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
     double t = (double)s->step; /* already incremented */
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
     double step_size = lr / bc1, bc2_sqrt = sqrt(bc2);
-    bool decay = false;
-    float keep = 1.0f, l2 = 0.0f;
+    bool decay = false, l2 = false;
+    double keep = 1.0;
     if (kind == CM_OPTIM_ADAM) {
-        l2 = (float)h->weight_decay;
+        l2 = h->weight_decay != 0;
     } else if (kind == CM_OPTIM_ADAMW) {
         decay = h->weight_decay != 0;
-        keep = (float)(1.0 - lr * h->weight_decay);
+        keep = 1.0 - lr * h->weight_decay;
     } else {
         decay = h->weight_decay != 0;
         double decay_factor = gr->initial_lr != 0 ? lr / gr->initial_lr : 1.0;
-        keep = (float)(1.0 - decay_factor * h->weight_decay);
+        keep = 1.0 - decay_factor * h->weight_decay;
     }
-    float b1 = (float)h->beta1, omb1 = (float)(1.0 - h->beta1), b2 = (float)h->beta2, omb2 = (float)(1.0 - h->beta2);
-    float neg_step = (float)-step_size, fbc2 = (float)bc2_sqrt, eps = (float)h->eps;
-    float *m = s->buf[E_EXP_AVG], *v = s->buf[E_EXP_AVG_SQ], *vmax = s->buf[E_MAX_EXP_AVG_SQ];
-    if (h->amsgrad) {
-        if (decay) adam_kernel(s->param, s->grad, m, v, vmax, s->n, keep, l2, b1, omb1, b2, omb2, neg_step, fbc2, eps, true, true);
-        else adam_kernel(s->param, s->grad, m, v, vmax, s->n, keep, l2, b1, omb1, b2, omb2, neg_step, fbc2, eps, false, true);
-    } else {
-        if (decay) adam_kernel(s->param, s->grad, m, v, vmax, s->n, keep, l2, b1, omb1, b2, omb2, neg_step, fbc2, eps, true, false);
-        else adam_kernel(s->param, s->grad, m, v, vmax, s->n, keep, l2, b1, omb1, b2, omb2, neg_step, fbc2, eps, false, false);
+    adam_args a = {s->param,
+                   s->buf[E_EXP_AVG],
+                   s->buf[E_EXP_AVG_SQ],
+                   s->buf[E_MAX_EXP_AVG_SQ],
+                   s->grad,
+                   (float)keep,
+                   (float)h->weight_decay,
+                   (float)h->beta1,
+                   (float)(1.0 - h->beta1),
+                   (float)h->beta2,
+                   (float)(1.0 - h->beta2),
+                   (float)-step_size,
+                   (float)bc2_sqrt,
+                   (float)h->eps};
+    bool ams = h->amsgrad;
+    int64_t n = s->n;
+#pragma omp parallel if (n >= PAR_MIN)
+    {
+        int64_t lo, hi;
+        thread_range(n, &lo, &hi);
+        adam_dispatch(&a, lo, hi, decay, l2, ams);
     }
 }
 
