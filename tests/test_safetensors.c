@@ -494,7 +494,7 @@ Test(load, conversions_range_checks_and_refusals) {
     cr_assert(strstr(cm_last_error(), "9223372036854775808"), "%s", cm_last_error());
     cr_assert_eq(cm_safetensors_load(st, "f", CM_DTYPE_I64, &x), CM_ERR_DTYPE);
     cr_assert(strstr(cm_last_error(), "refusing") && strstr(cm_last_error(), "'f'"), "%s", cm_last_error());
-    cr_assert_eq(cm_safetensors_load(st, "q", CM_DTYPE_F32, &x), CM_ERR_DTYPE);
+    cr_assert_eq(cm_safetensors_load(st, "q", CM_DTYPE_I32, &x), CM_ERR_DTYPE);
     cr_assert(strstr(cm_last_error(), "F8_E4M3"), "%s", cm_last_error());
     cr_assert_eq(cm_safetensors_load(st, "d", CM_DTYPE_U8, &x), CM_ERR_SHAPE);
     cr_assert(strstr(cm_last_error(), "9 dims"), "%s", cm_last_error());
@@ -511,6 +511,34 @@ Test(load, conversions_range_checks_and_refusals) {
     /* "i" sits at an odd address: the loads above read it unaligned (UBSan would flag a misaligned
      * access) */
     cr_assert_eq((uintptr_t)cm_safetensors_find(st, "i")->data % 2, 1u, "test setup: expected an odd address");
+    cm_safetensors_close(st);
+    free(keep);
+}
+
+Test(load, float8_decodes_like_torch) {
+    /* e4m3fn: 1, 448 (max), 2^-9 (smallest subnormal), -2, NaN, 0.875 (largest subnormal); e5m2: 1,
+     * inf, 57344 (max), -2^-16 (smallest subnormal) */
+    unsigned char *keep;
+    cm_safetensors *st = open_ok("{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[6],\"data_offsets\":[0,6]},"
+                                 "\"b\":{\"dtype\":\"F8_E5M2\",\"shape\":[4],\"data_offsets\":[6,10]},"
+                                 "\"c\":{\"dtype\":\"F8_E8M0\",\"shape\":[1],\"data_offsets\":[10,11]}}",
+                                 11, &keep);
+    unsigned char *d = keep + 8 + cm_safetensors_header_len(st);
+    const unsigned char bytes[10] = {0x38, 0x7E, 0x01, 0xC0, 0x7F, 0x07, 0x3C, 0x7C, 0x7B, 0x81};
+    memcpy(d, bytes, 10);
+    const float want[10] = {1, 448, 0x1p-9f, -2, NAN, 0.875f * 0x1p-6f, 1, INFINITY, 57344, -0x1p-16f};
+    cm_tensor *x, *y;
+    cr_assert_eq(cm_safetensors_load(st, "a", CM_DTYPE_F32, &x), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_safetensors_load(st, "b", CM_DTYPE_F32, &y), CM_OK, "%s", cm_last_error());
+    for (int i = 0; i < 10; i++) {
+        float got = i < 6 ? ((float *)cm_tensor_data(x))[i] : ((float *)cm_tensor_data(y))[i - 6];
+        cr_assert(isnan(want[i]) ? isnan(got) : got == want[i], "[%d] byte 0x%02x: %g vs %g", i, bytes[i], got,
+                  want[i]);
+    }
+    cm_tensor_free(x);
+    cm_tensor_free(y);
+    cr_assert_eq(cm_safetensors_load(st, "c", CM_DTYPE_F32, &x), CM_ERR_DTYPE);
+    cr_assert(strstr(cm_last_error(), "F8_E8M0 has no conversion"), "%s", cm_last_error());
     cm_safetensors_close(st);
     free(keep);
 }

@@ -170,13 +170,14 @@ const char *cm_safetensors_metadata_get(const cm_safetensors *st, const char *ke
 /* Loads tensor `name` into a new contiguous, aligned tensor of dtype `dt` (owned by the caller;
  * free with cm_tensor_free). Conversions:
  *   - the same bytes (F32→f32, BF16→bf16, F16→f16, I32→i32, I64→i64, U8→u8): copied;
- *   - floating (F64, F32, F16, BF16) → floating (f32, bf16, f16): rounded to nearest even (F64 goes
- *     through f32 first, so F64→bf16/f16 may round twice);
+ *   - floating (F64, F32, F16, BF16, F8_E4M3, F8_E5M2) → floating (f32, bf16, f16): rounded to
+ *     nearest even (F64 goes through f32 first, so F64→bf16/f16 may round twice; the F8 types are
+ *     torch's float8_e4m3fn and float8_e5m2);
  *   - integer or BOOL (BOOL, U8, I8, I16, U16, I32, U32, I64, U64) → integer (i32, i64, u8):
  *     exact, else CM_ERR_INVALID_ARG naming the first element out of range; BOOL reads as 0/1;
  *   - integer or BOOL → floating: converted as by C (exact up to 2^24 for f32).
  * Errors: CM_ERR_NOT_FOUND (no such tensor), CM_ERR_DTYPE (floating → integer, which would
- * truncate, and the dtypes with no conversion: F8_*, F6_*, F4, C64), CM_ERR_SHAPE (more than
+ * truncate, and the dtypes with no conversion: F8_E8M0, the FNUZ F8s, F6_*, F4, C64), CM_ERR_SHAPE (more than
  * CM_MAX_DIMS dims), CM_ERR_INVALID_ARG (value out of range), CM_ERR_OOM. Thread-safe. */
 cm_status cm_safetensors_load(const cm_safetensors *st, const char *name, cm_dtype dt, cm_tensor **out);
 

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -840,7 +841,18 @@ const char *cm_safetensors_metadata_get(const cm_safetensors *st, const char *ke
  * ------------------------------------------------------------------------------------------- */
 
 static bool st_is_float(cm_st_dtype d) {
-    return d == CM_ST_DTYPE_F64 || d == CM_ST_DTYPE_F32 || d == CM_ST_DTYPE_F16 || d == CM_ST_DTYPE_BF16;
+    return d == CM_ST_DTYPE_F64 || d == CM_ST_DTYPE_F32 || d == CM_ST_DTYPE_F16 || d == CM_ST_DTYPE_BF16 ||
+           d == CM_ST_DTYPE_F8_E4M3 || d == CM_ST_DTYPE_F8_E5M2;
+}
+
+/* float8 e4m3fn (torch.float8_e4m3fn): bias 7, no infinities, S.1111.111 is NaN. */
+static float f8_e4m3_to_f32(uint8_t b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = NAN;
+    else if (e == 0) v = ldexpf((float)m, -9); /* subnormal: m/8 · 2^-6 */
+    else v = ldexpf((float)(8 + m), e - 10); /* (1 + m/8) · 2^(e-7) */
+    return (b & 0x80) ? -v : v;
 }
 
 static bool st_is_int(cm_st_dtype d) {
@@ -883,6 +895,8 @@ static float read_float(const unsigned char *src, cm_st_dtype dt, size_t i) {
     case CM_ST_DTYPE_F64: { double v; memcpy(&v, src + 8 * i, 8); return (float)v; }
     case CM_ST_DTYPE_F32: { float v; memcpy(&v, src + 4 * i, 4); return v; }
     case CM_ST_DTYPE_F16: { uint16_t v; memcpy(&v, src + 2 * i, 2); return cm_f16_to_f32(v); }
+    case CM_ST_DTYPE_F8_E4M3: return f8_e4m3_to_f32(src[i]);
+    case CM_ST_DTYPE_F8_E5M2: return cm_f16_to_f32((uint16_t)(src[i] << 8)); /* the top byte of an f16 */
     default: { uint16_t v; memcpy(&v, src + 2 * i, 2); return cm_bf16_to_f32(v); } /* BF16 */
     }
 }
