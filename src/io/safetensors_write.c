@@ -182,7 +182,7 @@ static cm_status put_u64(cm_st_buf *b, uint64_t v) {
 }
 
 /* Builds the padded header (without the 8-byte length) into *hdr and the write order into *order
- * (n_ents entries, cm_alloc'd). */
+ * (n_ents entries, cm_alloc'd). On failure nothing is left allocated. */
 static cm_status build_header(const cm_safetensors_writer *w, cm_st_buf *hdr, size_t **order_out) {
     size_t n = n_ents(w), nm = n_meta(w);
     const wentry *e = (const wentry *)w->ents.p;
@@ -236,6 +236,7 @@ static cm_status build_header(const cm_safetensors_writer *w, cm_st_buf *hdr, si
     if (s == CM_OK) s = cm_st_buf_put(hdr, spaces, (8 - hdr->len % 8) % 8);
     if (s != CM_OK) {
         cm_free(order);
+        cm_st_buf_free(hdr);
         return cm_set_error(CM_ERR_OOM, "safetensors writer: out of memory building the header");
     }
     *order_out = order;
