@@ -25,7 +25,11 @@
  *         printf("%s %s %zu bytes\n", e->name, cm_st_dtype_name(e->dtype), e->nbytes);
  *     }
  *     cm_tensor *w;                                              // bf16/f16/f64 in the file → f32
- *     if (cm_safetensors_load(st, "wte.weight", CM_DTYPE_F32, &w) != CM_OK) { ... }
+ *     if (cm_safetensors_load(st, "wte.weight", CM_DTYPE_F32, &w) != CM_OK) {
+ *         fprintf(stderr, "%s\n", cm_last_error());               // names the file and the tensor
+ *         cm_safetensors_close(st);
+ *         return 1;
+ *     }
  *     cm_safetensors_close(st);                                  // w is a copy: still valid
  *
  *     cm_safetensors_writer *wr;
@@ -35,6 +39,12 @@
  *     cm_status s = cm_safetensors_writer_write(wr, "out/model.safetensors");
  *     cm_safetensors_writer_free(wr);
  *     cm_tensor_free(w);
+ *
+ * Where the reference is silent or C needs a choice: unknown fields inside a tensor entry are
+ * ignored (as serde does) but must be valid JSON; duplicate keys are rejected at every level the
+ * format defines (tensor names, the three fields, "__metadata__" and its keys); names or metadata
+ * containing U+0000 and dims above 2^63-1 are rejected (a C string / int64_t cannot hold them);
+ * `"__metadata__": null` means no metadata, as in serde.
  *
  * Threading: an open cm_safetensors is immutable, so any number of threads may read it (and load
  * from it) at once. A writer belongs to one thread at a time. cm_safetensors_index_find and
