@@ -229,12 +229,12 @@ cm_status cm_module_tie_param(cm_module *m, const char *name, cm_tensor *src) {
     if (!p)
         return cm_set_error(CM_ERR_NOT_FOUND, "cm_module_tie_param: %s module has no parameter '%s'",
                             m->vt->type_name, name);
+    if (p->t == src) return CM_OK;
     if (cmn_root(m)->pack)
         return cm_set_error(CM_ERR_STATE,
                             "cm_module_tie_param('%s'): the model is already finalized; tie parameters while "
                             "building it, before cm_module_finalize",
                             name);
-    if (p->t == src) return CM_OK;
     if (src->dtype != CM_DTYPE_F32 || src->ndim != p->t->ndim ||
         memcmp(src->shape, p->t->shape, sizeof(int64_t) * (size_t)src->ndim) != 0)
         return cm_set_error(CM_ERR_SHAPE, "cm_module_tie_param('%s'): shapes differ: %s vs the source's %s (f32)",
