@@ -348,7 +348,8 @@ static const cm_module_i binter_vt = {CM_MODULE_ABI, "BertIntermediate", binter_
 static const cm_module_i bout_vt = {CM_MODULE_ABI, "BertOutput", bout_fwd, free_self, NULL};
 static const cm_module_i blayer_vt = {CM_MODULE_ABI, "BertLayer", blayer_fwd, free_self, attn_desc};
 
-/* Adds a child made by the caller; frees it if adding fails. */
+/* Adds a child the caller just made (made = the constructor's status); frees it if adding fails.
+ * Call the constructor in a statement of its own: argument evaluation order is unspecified. */
 static cm_status adopt(cm_module *parent, const char *name, cm_status made, cm_module *child, cm_module **slot) {
     if (made) return made;
     cm_status st = cm_module_add_child(parent, name, child, slot);
@@ -359,9 +360,10 @@ static cm_status adopt(cm_module *parent, const char *name, cm_status made, cm_m
 static cm_status bert_linear(cm_module *parent, const char *name, int64_t in, int64_t out, bool bias, cm_rng *rng,
                              cm_module **slot) {
     cm_module *c = NULL;
-    cm_status st = adopt(parent, name, cm_nn_linear_new(in, out, bias, NULL, &c), c, slot);
-    if (!st) init_proj(c, rng, 0.02f);
-    return st;
+    cm_status st = cm_nn_linear_new(in, out, bias, NULL, &c);
+    if ((st = adopt(parent, name, st, c, slot))) return st;
+    init_proj(c, rng, 0.02f);
+    return CM_OK;
 }
 
 static cm_status bert_node(cm_module *parent, const char *name, const cm_module_i *vt, const cm_nn_attention_config *cfg,
@@ -377,9 +379,10 @@ static cm_status bert_out(cm_module *p, bert_s *s, int64_t in, int64_t out, cm_r
     cm_module *c = NULL;
     cm_status st;
     if ((st = bert_linear(p, "dense", in, out, s->cfg.bias, rng, &s->a))) return st;
-    if ((st = adopt(p, "LayerNorm", cm_nn_layer_norm_new(out, s->cfg.ln_eps, true, &c), c, &s->b))) return st;
-    c = NULL;
-    return adopt(p, "dropout", cm_nn_dropout_new(s->cfg.resid_pdrop, &c), c, &s->c);
+    st = cm_nn_layer_norm_new(out, s->cfg.ln_eps, true, &c);
+    if ((st = adopt(p, "LayerNorm", st, c, &s->b))) return st;
+    st = cm_nn_dropout_new(s->cfg.resid_pdrop, &c);
+    return adopt(p, "dropout", st, c, &s->c);
 }
 
 cm_status cm_nn_bert_layer_new(const cm_nn_attention_config *cfg, cm_rng *rng, cm_module **m) {
@@ -398,9 +401,10 @@ cm_status cm_nn_bert_layer_new(const cm_nn_attention_config *cfg, cm_rng *rng, c
     self = A->a;
     if ((st = bert_linear(self, "query", C, C, cfg->bias, rng, &S->a)) ||
         (st = bert_linear(self, "key", C, C, cfg->bias, rng, &S->b)) ||
-        (st = bert_linear(self, "value", C, C, cfg->bias, rng, &S->c)) ||
-        (st = adopt(self, "dropout", cm_nn_dropout_new(cfg->attn_pdrop, &d), d, &S->d)))
+        (st = bert_linear(self, "value", C, C, cfg->bias, rng, &S->c)))
         goto fail;
+    st = cm_nn_dropout_new(cfg->attn_pdrop, &d);
+    if ((st = adopt(self, "dropout", st, d, &S->d))) goto fail;
     if ((st = bert_node(attn, "output", &bselfout_vt, cfg, &A->b, &SO)) || (st = bert_out(A->b, SO, C, C, rng)))
         goto fail;
     if ((st = bert_node(*m, "intermediate", &binter_vt, cfg, &L->b, &I)) ||
