@@ -71,12 +71,16 @@ static cm_tensor *mask_bias(cm_tape *tp, int64_t B, int64_t T, bool causal, cm_t
     cm_tensor *m = cm_empty(tp, CM_DTYPE_F32, 4, shape);
     if (!m) return NULL;
     float *d = cm_tensor_data(m);
-    for (int64_t b = 0; b < nb; b++)
-        for (int64_t i = 0; i < T; i++)
-            for (int64_t j = 0; j < T; j++) {
-                bool hide = (causal && j > i) || (kpm && cm_tensor_get_flat(kpm, b * T + j) == 0);
-                d[(b * T + i) * T + j] = hide ? -INFINITY : 0.0f;
-            }
+    for (int64_t b = 0; b < nb; b++) {
+        float *row0 = d + b * T * T; /* row 0 holds the padding part, then each row copies it */
+        for (int64_t j = 0; j < T; j++) row0[j] = kpm && cm_tensor_get_flat(kpm, b * T + j) == 0 ? -INFINITY : 0.0f;
+        for (int64_t i = T - 1; i >= 0; i--) {
+            float *row = row0 + i * T;
+            if (i) memcpy(row, row0, sizeof(float) * (size_t)T);
+            if (causal)
+                for (int64_t j = i + 1; j < T; j++) row[j] = -INFINITY;
+        }
+    }
     return m;
 }
 
