@@ -105,8 +105,8 @@ char *cm_module_path(const cm_module *m, char *buf, size_t cap);
  * tensor and is updated when the parameter is tied (cm_module_tie_param); the tensor itself keeps
  * its identity when the flat buffers are (re)packed, so pointers to it stay valid. no_decay:
  * the parameter's default no-weight-decay flag (see cm_param_info). Errors: CM_ERR_INVALID_ARG
- * (bad or duplicate name, bad shape), CM_ERR_STATE (m belongs to a finalized tree: add parameters
- * during construction, then finalize), CM_ERR_OOM. */
+ * (bad or duplicate name, bad shape), CM_ERR_STATE (m's tree is locked by an optimizer), CM_ERR_OOM.
+ * In a finalized tree the new parameter joins the flat buffers at the next cm_module_finalize. */
 cm_status cm_module_add_param(cm_module *m, const char *name, int ndim, const int64_t *shape, bool no_decay,
                               cm_tensor **slot);
 /* Adds a buffer: a tensor of zeros of any dtype, owned by m, not trained. persistent buffers
