@@ -1,0 +1,286 @@
+/* The model interface: checked calls into a cm_model_i, batch fields, the built-in metrics and
+ * the ready-made classifier. */
+#include <composer/model.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+struct cm_model {
+    const cm_model_i *vt;
+    void *self;
+};
+
+cm_tensor *cm_model_batch_field(const cm_model_batch *b, const char *name) {
+    if (!b || !name) return NULL;
+    for (int i = 0; i < b->n; i++)
+        if (b->names[i] && !strcmp(b->names[i], name)) return b->fields[i];
+    return NULL;
+}
+
+/* "a, b, c" of the batch's field names into buf. */
+static const char *field_list(const cm_model_batch *b, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; b && i < b->n && len < cap; i++) {
+        int w = snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", b->names[i] ? b->names[i] : "(null)");
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+    return b && b->n ? buf : "none";
+}
+
+/* ---- metrics ---- */
+
+cm_status cm_metric_update(const cm_metric *mt, cm_tensor *outputs, const cm_model_batch *batch, double *state) {
+    if (!mt || !mt->vt || !outputs || !batch || !state)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_metric_update: NULL argument (%s)",
+                            mt && mt->vt ? mt->vt->name : "no metric");
+    return mt->vt->update(mt->self, outputs, batch, state);
+}
+
+double cm_metric_compute(const cm_metric *mt, const double *state) {
+    return mt && mt->vt && state ? mt->vt->compute(mt->self, state) : NAN;
+}
+
+/* Walks rows of logits (..., C) with their targets; calls fn(row pointer/stride, C, target). */
+typedef void (*row_fn)(const float *row, int64_t stride, int64_t C, int64_t target, double *state);
+
+static cm_status over_rows(const char *metric, const void *self, cm_tensor *logits, const cm_model_batch *b,
+                           double *state, row_fn fn) {
+    const char *field = self;
+    cm_tensor *tgt = cm_model_batch_field(b, field);
+    char fl[256], s1[64], s2[64];
+    if (!tgt)
+        return cm_set_error(CM_ERR_NOT_FOUND, "%s: the batch has no field '%s' (fields: %s)", metric, field,
+                            field_list(b, fl, sizeof fl));
+    const int nd = cm_tensor_ndim(logits);
+    bool ok = cm_tensor_dtype(logits) == CM_DTYPE_F32 && nd >= 1 && cm_tensor_ndim(tgt) == nd - 1;
+    for (int i = 0; ok && i < nd - 1; i++) ok = cm_tensor_dim(tgt, i) == cm_tensor_dim(logits, i);
+    cm_dtype tdt = cm_tensor_dtype(tgt);
+    if (!ok || !(tdt == CM_DTYPE_I32 || tdt == CM_DTYPE_I64 || tdt == CM_DTYPE_U8))
+        return cm_set_error(CM_ERR_SHAPE,
+                            "%s: outputs %s (%s) must be f32 logits (..., C) and '%s' %s (%s) integer targets (...)",
+                            metric, cm_tensor_shape_str(logits, s1, sizeof s1), cm_dtype_name(cm_tensor_dtype(logits)),
+                            field, cm_tensor_shape_str(tgt, s2, sizeof s2), cm_dtype_name(tdt));
+    const int64_t C = cm_tensor_dim(logits, -1), rows = C ? cm_tensor_numel(logits) / C : 0;
+    const int64_t cstride = cm_tensor_strides(logits)[nd - 1];
+    const float *base = cm_tensor_data(logits);
+    int64_t idx[CM_MAX_DIMS];
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = (int64_t)cm_tensor_get_flat(tgt, r);
+        if (t == -100) continue;
+        if (t < 0 || t >= C)
+            return cm_set_error(CM_ERR_INVALID_ARG, "%s: target %lld at position %lld is outside [0, %lld)", metric,
+                                (long long)t, (long long)r, (long long)C);
+        /* the row's first element: unravel r over the leading dims */
+        int64_t rem = r, off = 0;
+        for (int i = nd - 2; i >= 0; i--) {
+            idx[i] = rem % cm_tensor_dim(logits, i);
+            rem /= cm_tensor_dim(logits, i);
+            off += idx[i] * cm_tensor_strides(logits)[i];
+        }
+        fn(base + off, cstride, C, t, state);
+    }
+    return CM_OK;
+}
+
+static void acc_row(const float *row, int64_t st, int64_t C, int64_t t, double *state) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < C; c++)
+        if (row[c * st] > row[best * st]) best = c;
+    state[0] += best == t;
+    state[1] += 1;
+}
+
+static void ce_row(const float *row, int64_t st, int64_t C, int64_t t, double *state) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t c = 0; c < C; c++) mx = fmax(mx, row[c * st]);
+    for (int64_t c = 0; c < C; c++) s += exp(row[c * st] - mx);
+    state[0] += mx + log(s) - row[t * st];
+    state[1] += 1;
+}
+
+static cm_status acc_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    return over_rows("MulticlassAccuracy", self, o, b, state, acc_row);
+}
+static cm_status ce_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    return over_rows("CrossEntropy", self, o, b, state, ce_row);
+}
+static double ratio(const void *self, const double *s) { return s[1] > 0 ? s[0] / s[1] : NAN; }
+static double perplexity(const void *self, const double *s) { return s[1] > 0 ? exp(s[0] / s[1]) : NAN; }
+
+static const cm_metric_i acc_vt = {CM_METRIC_ABI, "MulticlassAccuracy", 2, acc_update, ratio};
+static const cm_metric_i lce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, ce_update, ratio};
+static const cm_metric_i ce_vt = {CM_METRIC_ABI, "CrossEntropy", 2, ce_update, ratio};
+static const cm_metric_i ppl_vt = {CM_METRIC_ABI, "LanguagePerplexity", 2, ce_update, perplexity};
+
+cm_metric cm_metric_accuracy(const char *target_field) { return (cm_metric){&acc_vt, target_field}; }
+cm_metric cm_metric_cross_entropy(const char *target_field) { return (cm_metric){&lce_vt, target_field}; }
+cm_metric cm_metric_perplexity(const char *target_field) { return (cm_metric){&ppl_vt, target_field}; }
+
+/* ---- models ---- */
+
+cm_status cm_model_new(const cm_model_i *vt, void *self, cm_model **out) {
+    if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_model_new: out is NULL");
+    *out = NULL;
+    if (!vt || vt->abi != CM_MODEL_ABI || !vt->forward || !vt->loss || !vt->module)
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "cm_model_new: the vtable must have abi %d (got %d) and forward, loss and module slots",
+                            CM_MODEL_ABI, vt ? vt->abi : -1);
+    if ((vt->n_metrics == NULL) != (vt->metric == NULL))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_model_new: %s: set both n_metrics and metric, or neither",
+                            vt->type_name ? vt->type_name : "model");
+    cm_model *m = cm_alloc_zeroed(sizeof *m, 8);
+    if (!m) return CM_ERR_OOM;
+    m->vt = vt, m->self = self;
+    *out = m;
+    return CM_OK;
+}
+
+void cm_model_free(cm_model *m) {
+    if (!m) return;
+    if (m->vt->free_self) m->vt->free_self(m->self);
+    cm_free(m);
+}
+
+const char *cm_model_type_name(const cm_model *m) { return m && m->vt->type_name ? m->vt->type_name : "model"; }
+cm_module *cm_model_module(const cm_model *m) { return m ? m->vt->module(m->self) : NULL; }
+void *cm_model_self(const cm_model *m) { return m ? m->self : NULL; }
+
+static cm_tensor *checked(cm_model *m, cm_tape *tp, const char *what, cm_tensor *y) {
+    if (!y && cm_tape_status(tp) == CM_OK)
+        cm_tape_fail(tp, CM_ERR_INTERNAL, "%s.%s returned NULL without recording an error", cm_model_type_name(m),
+                     what);
+    return y;
+}
+
+cm_tensor *cm_model_forward(cm_model *m, cm_tape *tp, const cm_model_batch *batch) {
+    if (!tp || cm_tape_status(tp) != CM_OK) return NULL;
+    if (!m || !batch) {
+        cm_tape_fail(tp, CM_ERR_INVALID_ARG, "cm_model_forward: NULL model or batch");
+        return NULL;
+    }
+    return checked(m, tp, "forward", m->vt->forward(m->self, tp, batch));
+}
+
+cm_tensor *cm_model_eval_forward(cm_model *m, cm_tape *tp, const cm_model_batch *batch) {
+    if (!tp || cm_tape_status(tp) != CM_OK) return NULL;
+    if (!m || !batch) {
+        cm_tape_fail(tp, CM_ERR_INVALID_ARG, "cm_model_eval_forward: NULL model or batch");
+        return NULL;
+    }
+    if (!m->vt->eval_forward) return cm_model_forward(m, tp, batch);
+    return checked(m, tp, "eval_forward", m->vt->eval_forward(m->self, tp, batch));
+}
+
+cm_tensor *cm_model_loss(cm_model *m, cm_tape *tp, cm_tensor *outputs, const cm_model_batch *batch) {
+    if (!tp || cm_tape_status(tp) != CM_OK || !outputs) return NULL;
+    if (!m || !batch) {
+        cm_tape_fail(tp, CM_ERR_INVALID_ARG, "cm_model_loss: NULL model or batch");
+        return NULL;
+    }
+    cm_tensor *l = checked(m, tp, "loss", m->vt->loss(m->self, tp, outputs, batch));
+    if (l && cm_tensor_numel(l) != 1) {
+        char s[64];
+        cm_tape_fail(tp, CM_ERR_SHAPE, "%s.loss returned %s; the loss must be a scalar", cm_model_type_name(m),
+                     cm_tensor_shape_str(l, s, sizeof s));
+        return NULL;
+    }
+    return l;
+}
+
+int cm_model_n_metrics(const cm_model *m, bool train) {
+    return m && m->vt->n_metrics ? m->vt->n_metrics(m->self, train) : 0;
+}
+
+cm_metric cm_model_metric(const cm_model *m, bool train, int i) {
+    if (!m || i < 0 || i >= cm_model_n_metrics(m, train)) return (cm_metric){NULL, NULL};
+    return m->vt->metric(m->self, train, i);
+}
+
+double cm_model_flops_per_sample(const cm_model *m, const cm_model_batch *batch) {
+    return m && m->vt->flops_per_sample ? m->vt->flops_per_sample(m->self, batch) : 0.0;
+}
+
+/* ---- the classifier ---- */
+
+typedef struct {
+    cm_module *net;
+    char input[64], target[64];
+    float label_smoothing;
+    double flops;
+} classifier;
+
+cm_classifier_config cm_classifier_config_default(void) {
+    return (cm_classifier_config){"input", "label", 0.0f, 0.0};
+}
+
+static cm_tensor *field_or_fail(cm_tape *tp, const cm_model_batch *b, const char *name) {
+    cm_tensor *t = cm_model_batch_field(b, name);
+    if (!t) {
+        char fl[256];
+        cm_tape_fail(tp, CM_ERR_NOT_FOUND, "ComposerClassifier: the batch has no field '%s' (fields: %s)", name,
+                     field_list(b, fl, sizeof fl));
+    }
+    return t;
+}
+
+static cm_tensor *cls_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
+    classifier *c = self;
+    cm_tensor *x = field_or_fail(tp, b, c->input);
+    return x ? cm_module_forward(c->net, tp, x) : NULL;
+}
+static cm_tensor *cls_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_model_batch *b) {
+    classifier *c = self;
+    cm_tensor *y = field_or_fail(tp, b, c->target);
+    if (!y) return NULL;
+    cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+    o.label_smoothing = c->label_smoothing;
+    return cm_cross_entropy(tp, out, y, &o);
+}
+static int cls_n_metrics(void *self, bool train) { return train ? 1 : 2; }
+static cm_metric cls_metric(void *self, bool train, int i) {
+    classifier *c = self;
+    return (cm_metric){i == 0 ? &acc_vt : &ce_vt, c->target};
+}
+static double cls_flops(void *self, const cm_model_batch *b) { return ((classifier *)self)->flops; }
+static cm_module *cls_module(void *self) { return ((classifier *)self)->net; }
+static void cls_free(void *self) {
+    classifier *c = self;
+    cm_module_free(c->net);
+    cm_free(c);
+}
+
+static const cm_model_i classifier_vt = {CM_MODEL_ABI, "ComposerClassifier", cls_forward, cls_loss, NULL,
+                                         cls_n_metrics, cls_metric, cls_flops, cls_module, cls_free};
+
+cm_status cm_model_classifier_new(cm_module *net, const cm_classifier_config *cfg, cm_model **out) {
+    if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_model_classifier_new: out is NULL");
+    *out = NULL;
+    cm_classifier_config cc = cfg ? *cfg : cm_classifier_config_default();
+    if (!net || cm_module_parent(net))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_model_classifier_new: the network must be a root module (got %s)",
+                            net ? "a module with a parent" : "NULL");
+    if (!cc.input_field || !cc.input_field[0] || !cc.target_field || !cc.target_field[0] ||
+        strlen(cc.input_field) >= 64 || strlen(cc.target_field) >= 64)
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "cm_model_classifier_new: input_field and target_field must be names of 1 to 63 characters");
+    if (!(cc.label_smoothing >= 0 && cc.label_smoothing <= 1))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_model_classifier_new: label_smoothing %g is not in [0, 1]",
+                            cc.label_smoothing);
+    cm_status st;
+    if (!cm_module_is_finalized(net) && (st = cm_module_finalize(net))) return st;
+    classifier *c = cm_alloc_zeroed(sizeof *c, 8);
+    if (!c) return CM_ERR_OOM;
+    c->net = net;
+    snprintf(c->input, sizeof c->input, "%s", cc.input_field);
+    snprintf(c->target, sizeof c->target, "%s", cc.target_field);
+    c->label_smoothing = cc.label_smoothing;
+    c->flops = cc.flops_per_sample;
+    if ((st = cm_model_new(&classifier_vt, c, out))) {
+        cm_free(c);
+        return st;
+    }
+    return CM_OK;
+}

@@ -1,0 +1,57 @@
+/* Private definitions of the nn layer: the module struct and the packing state. Not installed. */
+#ifndef CM_NN_IMPL_H
+#define CM_NN_IMPL_H
+
+#include <composer/nn.h>
+
+typedef struct cmn_param {
+    char *name;
+    cm_tensor *t;
+    cm_tensor **slot;
+    bool owned;    /* false: tied to another module's tensor */
+    bool no_decay;
+} cmn_param;
+
+typedef struct cmn_buffer {
+    char *name;
+    cm_tensor *t;
+    cm_tensor **slot;
+    bool persistent;
+} cmn_buffer;
+
+typedef struct cmn_child {
+    char *name;
+    cm_module *m;
+    cm_module **slot;
+} cmn_child;
+
+typedef struct cmn_pack cmn_pack;
+
+struct cm_module {
+    const cm_module_i *vt;
+    void *self;
+    cm_module *parent;
+    const char *name; /* points at the parent's cmn_child.name ("" for a root) */
+    cmn_child *children;
+    int n_children, cap_children;
+    cmn_param *params;
+    int n_params, cap_params;
+    cmn_buffer *buffers;
+    int n_buffers, cap_buffers;
+    char *unit;      /* wrap unit label, "" = use the path; NULL = inherit */
+    bool training;
+    cmn_pack *pack;  /* only on a finalized root */
+};
+
+/* The root of m's tree. */
+cm_module *cmn_root(const cm_module *m);
+
+/* Called by cm_module_set_seed / finalize for each Dropout (layers.c). */
+bool cmn_is_dropout(const cm_module *m);
+void cmn_dropout_seed(cm_module *m, uint64_t seed, uint64_t stream);
+float cmn_dropout_p(const cm_module *m);
+
+/* Records an error on the tape unless it already failed; returns NULL (for `return cmn_fail(...)`). */
+cm_tensor *cmn_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif

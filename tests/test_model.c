@@ -1,0 +1,163 @@
+/* The model interface: the classifier's forward, loss, metrics and FLOPs; the built-in metrics
+ * against hand-computed values (ignore_index, strided logits, bad targets); the checks the
+ * wrappers make (missing fields, a non-scalar loss, a NULL without an error, bad vtables). */
+#include "cmtest.h"
+
+#include <composer/model.h>
+#include <math.h>
+#include <string.h>
+
+static cm_model *classifier(void) {
+    cm_rng rng = cm_rng_init(1, 0);
+    cm_module *net;
+    cr_assert_eq(cm_nn_linear_new(3, 4, true, &rng, &net), CM_OK);
+    cm_classifier_config cc = cm_classifier_config_default();
+    cc.input_field = "x";
+    cc.flops_per_sample = 72;
+    cm_model *m;
+    cr_assert_eq(cm_model_classifier_new(net, &cc, &m), CM_OK, "%s", cm_last_error());
+    return m;
+}
+
+Test(model, classifier_forward_loss_and_metrics) {
+    cm_model *m = classifier();
+    cr_assert_str_eq(cm_model_type_name(m), "ComposerClassifier");
+    cm_module *net = cm_model_module(m);
+    cr_assert(cm_module_is_finalized(net));
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[2] = {6, 3}, ys[1] = {6};
+    cm_tensor *x = cmt_randn(tp, 2, xs, 2, false), *y = cmt_randint(tp, 1, ys, 3, 0, 4);
+    const char *names[2] = {"x", "label"};
+    cm_tensor *fields[2] = {x, y};
+    cm_model_batch b = {names, fields, 2, 6, 0};
+    cm_tensor *out = cm_model_forward(m, tp, &b);
+    cr_assert(out, "%s", cm_tape_error(tp));
+    cmt_assert_close("forward", out, cm_module_forward(net, tp, x), 0, 0);
+    cmt_assert_close("eval_forward falls back to forward", cm_model_eval_forward(m, tp, &b), out, 0, 0);
+    cm_tensor *loss = cm_model_loss(m, tp, out, &b);
+    cr_assert(loss, "%s", cm_tape_error(tp));
+    cmt_assert_close("loss", loss, cm_cross_entropy(tp, out, y, NULL), 0, 0);
+    cr_assert_eq(cm_tape_backward(tp, loss), CM_OK);
+    cr_assert_eq(cm_model_n_metrics(m, true), 1);
+    cr_assert_eq(cm_model_n_metrics(m, false), 2);
+    cm_metric acc = cm_model_metric(m, true, 0), ce = cm_model_metric(m, false, 1);
+    cr_assert_str_eq(acc.vt->name, "MulticlassAccuracy");
+    cr_assert_str_eq(ce.vt->name, "CrossEntropy");
+    cr_assert_null(cm_model_metric(m, true, 1).vt);
+    double sa[2] = {0}, sc[2] = {0};
+    cr_assert_eq(cm_metric_update(&acc, out, &b, sa), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&ce, out, &b, sc), CM_OK);
+    cr_assert_eq(sa[1], 6.0);
+    cr_assert(fabs(cm_metric_compute(&ce, sc) - cm_tensor_get_flat(loss, 0)) < 1e-5, "CrossEntropy %g vs loss %g",
+              cm_metric_compute(&ce, sc), cm_tensor_get_flat(loss, 0));
+    cr_assert_eq(cm_model_flops_per_sample(m, &b), 72.0);
+    /* a missing field names the field and the batch's fields */
+    const char *bad_names[1] = {"image"};
+    cm_model_batch bad = {bad_names, fields, 1, 6, 0};
+    cr_assert_null(cm_model_forward(m, tp, &bad));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_NOT_FOUND);
+    cr_assert(strstr(cm_tape_error(tp), "'x'") && strstr(cm_tape_error(tp), "image"), "%s", cm_tape_error(tp));
+    cm_tape_free(tp);
+    cm_model_free(m);
+}
+
+Test(model, metrics_match_hand_computed_values) {
+    cm_tape *tp = cmt_tape();
+    /* logits (2, 2, 3) stored transposed (a strided view); targets with one ignored */
+    const float vals[12] = {1, 0, 0, /**/ 0, 2, 1, /**/ 0, 0, 3, /**/ 5, 1, 1};
+    const int64_t ls[3] = {2, 3, 2}, ts[2] = {2, 2};
+    cm_tensor *raw = cm_empty(tp, CM_DTYPE_F32, 3, ls);
+    /* raw (2, 3, 2) holds logits[n][t][c] at [n][c][t] */
+    for (int n = 0; n < 2; n++)
+        for (int t = 0; t < 2; t++)
+            for (int c = 0; c < 3; c++) cm_tensor_set(raw, (int64_t[]){n, c, t}, vals[(n * 2 + t) * 3 + c]);
+    cm_tensor *logits = cm_transpose(tp, raw, 1, 2); /* (2, 2, 3) */
+    cm_tensor *tgt = cm_empty(tp, CM_DTYPE_I64, 2, ts);
+    const int64_t tv[4] = {0, 2, -100, 1}; /* right, wrong (argmax 1), ignored, wrong (argmax 0) */
+    for (int i = 0; i < 4; i++) ((int64_t *)cm_tensor_data(tgt))[i] = tv[i];
+    const char *names[1] = {"labels"};
+    cm_tensor *fields[1] = {tgt};
+    cm_model_batch b = {names, fields, 1, 2, 4};
+    cm_metric acc = cm_metric_accuracy("labels"), ce = cm_metric_cross_entropy("labels"),
+              ppl = cm_metric_perplexity("labels");
+    double sa[2] = {0}, sc[2] = {0}, sp[2] = {0};
+    cr_assert_eq(cm_metric_update(&acc, logits, &b, sa), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&ce, logits, &b, sc), CM_OK);
+    cr_assert_eq(cm_metric_update(&ppl, logits, &b, sp), CM_OK);
+    cr_assert(sa[0] == 1 && sa[1] == 3, "accuracy state {%g, %g}", sa[0], sa[1]);
+    cr_assert_float_eq(cm_metric_compute(&acc, sa), 1.0 / 3, 1e-12);
+    double lse0 = log(exp(1) + 2), lse1 = log(1 + exp(2) + exp(1)), lse3 = log(exp(5) + 2 * exp(1));
+    double want = ((lse0 - 1) + (lse1 - 1) + (lse3 - 1)) / 3;
+    cr_assert(fabs(cm_metric_compute(&ce, sc) - want) < 1e-6, "ce %g vs %g", cm_metric_compute(&ce, sc), want);
+    cr_assert(fabs(cm_metric_compute(&ppl, sp) - exp(want)) < 1e-5);
+    cr_assert_str_eq(ppl.vt->name, "LanguagePerplexity");
+    double empty[2] = {0};
+    cr_assert(isnan(cm_metric_compute(&acc, empty)));
+    /* errors */
+    ((int64_t *)cm_tensor_data(tgt))[1] = 3;
+    cr_assert_eq(cm_metric_update(&acc, logits, &b, sa), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "target 3"), "%s", cm_last_error());
+    cm_metric other = cm_metric_accuracy("label");
+    cr_assert_eq(cm_metric_update(&other, logits, &b, sa), CM_ERR_NOT_FOUND);
+    cr_assert(strstr(cm_last_error(), "labels"), "lists the batch's fields: %s", cm_last_error());
+    fields[0] = cm_empty(tp, CM_DTYPE_I64, 1, ts);
+    cr_assert_eq(cm_metric_update(&acc, logits, &b, sa), CM_ERR_SHAPE);
+    cr_assert_eq(cm_metric_update(&acc, NULL, &b, sa), CM_ERR_INVALID_ARG);
+    cm_tape_free(tp);
+}
+
+/* A model whose loss is not a scalar, and whose forward returns NULL without an error. */
+static cm_module *g_net;
+static cm_tensor *bad_forward(void *self, cm_tape *tp, const cm_model_batch *b) { return NULL; }
+static cm_tensor *bad_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_model_batch *b) { return out; }
+static cm_module *bad_module(void *self) { return g_net; }
+static cm_metric some_metric(void *self, bool train, int i) { return cm_metric_accuracy("label"); }
+
+Test(model, wrappers_check_what_implementations_return) {
+    static const cm_model_i vt = {CM_MODEL_ABI, "Bad", bad_forward, bad_loss, NULL, NULL, NULL, NULL, bad_module, NULL};
+    cm_model *m;
+    cr_assert_eq(cm_model_new(&vt, NULL, &m), CM_OK);
+    cm_tape *tp = cmt_tape();
+    cm_model_batch b = {NULL, NULL, 0, 0, 0};
+    cr_assert_null(cm_model_forward(m, tp, &b));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_INTERNAL);
+    cr_assert(strstr(cm_tape_error(tp), "Bad.forward returned NULL"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    const int64_t s[1] = {3};
+    cr_assert_null(cm_model_loss(m, tp, cmt_randn(tp, 1, s, 1, false), &b));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_SHAPE);
+    cr_assert(strstr(cm_tape_error(tp), "must be a scalar"), "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_model_n_metrics(m, true), 0);
+    cr_assert_eq(cm_model_flops_per_sample(m, &b), 0.0);
+    cm_model_free(m);
+    cm_model_free(NULL);
+    /* bad vtables */
+    cm_model_i v2 = vt;
+    v2.abi = 0;
+    cr_assert_eq(cm_model_new(&v2, NULL, &m), CM_ERR_INVALID_ARG);
+    v2 = vt;
+    v2.loss = NULL;
+    cr_assert_eq(cm_model_new(&v2, NULL, &m), CM_ERR_INVALID_ARG);
+    v2 = vt;
+    v2.n_metrics = NULL;
+    v2.metric = some_metric;
+    cr_assert_eq(cm_model_new(&v2, NULL, &m), CM_ERR_INVALID_ARG);
+    cm_tape_free(tp);
+}
+
+Test(model, classifier_config_errors) {
+    cm_module *net, *parent;
+    cm_nn_linear_new(2, 2, true, NULL, &net);
+    cm_model *m;
+    cm_classifier_config cc = cm_classifier_config_default();
+    cc.target_field = "";
+    cr_assert_eq(cm_model_classifier_new(net, &cc, &m), CM_ERR_INVALID_ARG);
+    cc = cm_classifier_config_default();
+    cc.label_smoothing = 2;
+    cr_assert_eq(cm_model_classifier_new(net, &cc, &m), CM_ERR_INVALID_ARG);
+    cm_nn_sequential_new(&parent);
+    cm_nn_sequential_append(parent, net);
+    cr_assert_eq(cm_model_classifier_new(net, NULL, &m), CM_ERR_INVALID_ARG, "net has a parent");
+    cr_assert_eq(cm_model_classifier_new(NULL, NULL, &m), CM_ERR_INVALID_ARG);
+    cm_module_free(parent);
+}
