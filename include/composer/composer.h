@@ -4,7 +4,10 @@
  * Layers (each header documents its own part): base.h (status, logging, memory, threads, RNG,
  * hashing, clocks), tensor.h (tensors, autograd tape, ops), data.h (datasets, samplers, the
  * dataloader, the data spec), datasets.h (token files, MNIST, CIFAR-10, image augmentation), tokenizer.h (GPT-2 BPE,
- * BERT WordPiece, characters; token-file writer; the SST-2 dataset).
+ * BERT WordPiece, characters; token-file writer; the SST-2 dataset), safetensors.h (reader,
+ * writer, sharded index), time.h (Composer's Time strings and Timestamp), optim.h (optimizers over
+ * flat buffers, schedulers as pure functions of time), nn.h (modules, flat parameter buffers,
+ * surgery, layers), model.h (the ComposerModel-style model interface and metrics).
  */
 #ifndef COMPOSER_COMPOSER_H
 #define COMPOSER_COMPOSER_H
@@ -14,5 +17,10 @@
 #include <composer/data.h>
 #include <composer/datasets.h>
 #include <composer/tokenizer.h>
+#include <composer/safetensors.h>
+#include <composer/time.h>
+#include <composer/optim.h>
+#include <composer/nn.h>
+#include <composer/model.h>
 
 #endif
