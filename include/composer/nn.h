@@ -435,6 +435,53 @@ cm_status cm_nn_bert_layer_new(const cm_nn_attention_config *cfg, cm_rng *rng, c
  * otherwise), into slopes (n_heads). */
 void cm_nn_alibi_slopes(int64_t n_heads, float *slopes);
 
+/* ---------------------------------------------------------------------------------------------
+ * Weights in and out: safetensors files with the parameters' dotted names (Hugging Face names for
+ * the zoo models), so weights move between this library, PyTorch and Hugging Face.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cm_load_opts {
+    /* Strict (default): every parameter and persistent buffer of the model must be in the file
+     * and every tensor of the file must belong to the model, else CM_ERR_NOT_FOUND listing the
+     * missing and the unexpected names. Non-strict loads what matches and reports the rest. */
+    bool strict;
+    /* Glob patterns (cm_name_match) of names to skip on both sides, e.g. "*.attn.bias" for the
+     * causal-mask buffers in Hugging Face GPT-2 files. */
+    const char *const *ignore;
+    int n_ignore;
+    /* Optional renaming of the file's names before matching (e.g. strip a "model." prefix): write
+     * the new name into buf (cap bytes) and return true, or return false to keep the name. */
+    bool (*rename)(const char *file_name, char *buf, size_t cap, void *data);
+    void *rename_data;
+} cm_load_opts;
+
+cm_load_opts cm_load_opts_default(void);
+
+/* What a load did. The name lists hold the first names, comma-separated (truncated with ", ..."). */
+typedef struct cm_load_report {
+    int64_t n_loaded;
+    int64_t n_missing;    /* model tensors absent from the file (not ignored) */
+    int64_t n_unexpected; /* file tensors that match nothing in the model (not ignored) */
+    char missing[512];
+    char unexpected[512];
+} cm_load_report;
+
+/* Loads parameters and persistent buffers of the finalized `root` from `path`: a .safetensors
+ * file, or a Hugging Face checkpoint folder / index JSON (sharded, see safetensors.h). Values are
+ * converted to each tensor's dtype (F16/BF16/F64 files load into f32 parameters). Nothing is
+ * changed unless every check passes (shapes are checked first, then values copied). Errors:
+ * CM_ERR_STATE (root not finalized), CM_ERR_NOT_FOUND (strict and names missing/unexpected: the
+ * message lists them), CM_ERR_SHAPE (a name whose shapes differ: both shapes named), the file's
+ * errors (CM_ERR_IO, CM_ERR_FORMAT, CM_ERR_DTYPE). report may be NULL. */
+cm_status cm_module_load_safetensors(cm_module *root, const char *path, const cm_load_opts *opts,
+                                     cm_load_report *report);
+
+/* Writes every parameter (tied ones once, under the owner's name) and persistent buffer of the
+ * finalized `root` to `path` (atomically, see cm_safetensors_writer_write), with metadata
+ * {"format": "pt"}, so torch's safetensors loader and Hugging Face read it. Errors: CM_ERR_STATE
+ * (not finalized), the writer's errors (CM_ERR_IO naming the path, CM_ERR_OOM). */
+cm_status cm_module_save_safetensors(cm_module *root, const char *path);
+
 #ifdef __cplusplus
 }
 #endif
