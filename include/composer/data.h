@@ -277,8 +277,10 @@ const cm_dataset *cm_dataloader_dataset(const cm_dataloader *dl);
  *     int64_t n_mb;
  *     while (cm_data_spec_next(spec, &b) == CM_OK && b) {
  *         cm_data_spec_split(spec, b, 16, &mbs, &n_mb);     // views of 16 rows, the last may be short
- *         for (int64_t i = 0; i < n_mb; i++)
- *             loss_weight = (double)mbs[i].n_samples / b->global_n_samples;
+ *         for (int64_t i = 0; i < n_mb; i++) {
+ *             double share = (double)mbs[i].n_samples / (double)b->global_n_samples;
+ *             ...  // forward mbs[i], scale its loss by share, backward
+ *         }
  *     }
  *     cm_data_spec_free(spec);
  * ------------------------------------------------------------------------------------------- */
