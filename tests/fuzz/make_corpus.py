@@ -50,3 +50,34 @@ out("tokens", "u16_2_T1_vocab.bin", tokens(1, [7, 65535], seq_len_m1=0, vocab=30
 out("tokens", "u32_33_T8_i64.bin", tokens(2, [(i * 104729) % 4000000007 for i in range(33)], seq_len_m1=7, i64=1))
 out("tokens", "u32_big_T2_i32.bin", tokens(2, [1, 2**31, 2**32 - 1, 5, 6], seq_len_m1=1))
 out("tokens", "u16_empty.bin", tokens(1, []))
+
+
+# safetensors: small valid files with several dtypes (the shared test vectors stay in ../shared).
+import json
+
+
+def st_file(tensors, metadata=None):
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dt, shape, raw in tensors:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+out("safetensors", "empty.safetensors", st_file([]))
+out("safetensors", "several.safetensors", st_file([
+    ("a", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+    ("b", "BF16", [3], struct.pack("<3H", 0x3f80, 0x4000, 0xc040)),
+    ("c", "I64", [], struct.pack("<q", -7)),
+    ("d", "U8", [0, 4], b""),
+], {"format": "pt"}))
+
+# SST-2 TSV: the GLUE train/dev header, the unlabelled test header, CRLF and a blank line.
+out("tsv", "train.tsv", b"sentence\tlabel\nthe movie is good \t1\nnot a good film , \t0\n")
+out("tsv", "test.tsv", b"index\tsentence\n0\tthe film\n1\tbad movies !\n")
+out("tsv", "crlf.tsv", b"sentence\tlabel\r\nunable to s ' e \t0\r\n\r\n")
