@@ -634,10 +634,10 @@ static bool hf_rename(const char *file_name, char *buf, size_t cap, void *data) 
         snprintf(out, sizeof out, "%s", name);
     }
     size_t n = strlen(out);
-    if (n > 16 && !strcmp(out + n - 16, "LayerNorm.gamma")) {
+    if (n >= 15 && !strcmp(out + n - 15, "LayerNorm.gamma")) {
         strcpy(out + n - 5, "weight");
         changed = true;
-    } else if (n > 15 && !strcmp(out + n - 15, "LayerNorm.beta")) {
+    } else if (n >= 14 && !strcmp(out + n - 14, "LayerNorm.beta")) {
         strcpy(out + n - 4, "bias");
         changed = true;
     }
