@@ -461,7 +461,10 @@ fail:
 
 /* ---- the model wrappers ---- */
 
+#define BERT_MAGIC 0x42455254u /* "BERT": marks a bert_model behind a cm_model */
+
 typedef struct {
+    uint32_t magic;
     cm_bert_config cfg;
     bool mlm;
     cm_module *root;
@@ -580,7 +583,7 @@ static cm_status make_model(const cm_bert_config *cfg, cm_rng *rng, bool mlm, cm
         cm_module_free(root);
         return cm_set_error(CM_ERR_OOM, "cm_bert_%s_new: out of memory", mlm ? "mlm" : "classifier");
     }
-    m->cfg = *cfg, m->mlm = mlm, m->root = root;
+    m->magic = BERT_MAGIC, m->cfg = *cfg, m->mlm = mlm, m->root = root;
     if ((st = cm_model_new(mlm ? &mlm_model_vt : &seqcls_model_vt, m, out))) bm_free(m);
     return st;
 }
@@ -595,11 +598,11 @@ cm_status cm_bert_classifier_new(const cm_bert_config *cfg, cm_rng *rng, cm_mode
 static bert_model *as_bert(const cm_model *m) {
     if (!m) return NULL;
     const char *t = cm_model_type_name(m);
-    /* the type name alone could be another model's: check the vtable through the module's type */
-    bert_model *b = cm_model_self(m);
     if (strcmp(t, "BertForMaskedLM") && strcmp(t, "BertForSequenceClassification")) return NULL;
+    /* the type name alone could be another model's: check the module tree's type and the mark */
     const cm_module_i *vt = cm_module_vtable(cm_model_module(m));
-    return vt == &mlm_vt || vt == &seqcls_vt ? b : NULL;
+    bert_model *b = cm_model_self(m);
+    return (vt == &mlm_vt || vt == &seqcls_vt) && b && b->magic == BERT_MAGIC ? b : NULL;
 }
 
 const cm_bert_config *cm_bert_model_config(const cm_model *m) {
