@@ -221,7 +221,8 @@ typedef struct cm_svg_plot_config {
     const char *y_label; /* NULL or "" = none */
     int width, height;   /* pixels; defaults 800 x 500, at least 200 x 150 */
     bool log_y;          /* logarithmic y axis; values ≤ 0 become gaps */
-    bool legend;         /* legend box in the upper right (default true; drawn only with ≥ 1 series) */
+    bool legend;         /* legend box in the corner hiding the fewest points, upper right first
+                            (default true; drawn only with ≥ 1 series) */
     bool grid;           /* light grid lines at the ticks (default true) */
 } cm_svg_plot_config;
 
@@ -246,7 +247,7 @@ cm_status cm_svg_plot_add_series(cm_svg_plot *p, const char *name, const double 
 
 /* Writes the figure as a standalone SVG document (UTF-8, text XML-escaped) to `stream`. Axes span
  * the finite data with 5% margins, ticks are at 1-2-5 multiples (log-y: powers of ten, with 2 and
- * 5 between them when the range is under two decades), spaced so labels do not overlap. With no
+ * 5 between them when the range is under three decades), spaced so labels do not overlap. With no
  * finite point the axes are drawn empty with "no data". CM_ERR_IO if the stream reports an error. */
 cm_status cm_svg_plot_write(const cm_svg_plot *p, FILE *stream);
 

@@ -149,17 +149,18 @@ static double next_nice(double step) {
     return (m < 1.5 ? 2 : m < 3.5 ? 5 : 10) * mag;
 }
 
-/* A tick label: as many decimals as the step needs; k/M suffixes for big round numbers. */
-static void tick_label(double v, double step, char *buf, size_t cap) {
+/* A tick label: as many decimals as the step needs; one k/M/G suffix for the whole axis when its
+ * largest tick is big (so labels read 0, 2k, 4k ... 10k rather than 8000 next to 10k). */
+static void tick_label(double v, double step, double max_abs, char *buf, size_t cap) {
     if (fabs(v) < step * 1e-6) v = 0; /* -0 and rounding noise */
-    double a = fabs(v);
     const char *suffix = "";
     double scale = 1;
-    if (step >= 1e9 - 0.5) scale = 1e9, suffix = "G";
-    else if (step >= 1e6 - 0.5 && a >= 1e6) scale = 1e6, suffix = "M";
-    else if (step >= 1e3 - 0.5 && a >= 1e4) scale = 1e3, suffix = "k";
+    if (max_abs >= 1e10 && step >= 1e9 - 0.5) scale = 1e9, suffix = "G";
+    else if (max_abs >= 1e7 && step >= 1e6 - 0.5) scale = 1e6, suffix = "M";
+    else if (max_abs >= 1e4 && step >= 1e3 - 0.5) scale = 1e3, suffix = "k";
+    if (v == 0) suffix = "";
     double s = step / scale;
-    if (s < 1e-5 || a / scale >= 1e15) {
+    if (s < 1e-5 || max_abs / scale >= 1e15) {
         snprintf(buf, cap, "%.3g%s", v / scale, suffix);
         return;
     }
@@ -167,27 +168,42 @@ static void tick_label(double v, double step, char *buf, size_t cap) {
     snprintf(buf, cap, "%.*f%s", dec, v / scale, suffix);
 }
 
-/* Linear ticks: a 1-2-5 step giving about `target` ticks, widened until labels fit `room` pixels. */
+/* Fills the ticks for `step`; returns the pixels the labels need (HUGE_VAL when too many). */
+static double fill_ticks(axis *ax, double step, bool horizontal) {
+    double k0 = ceil(ax->lo / step - 1e-9), k1 = floor(ax->hi / step + 1e-9);
+    int n = (int)(k1 - k0) + 1;
+    if (n > MAX_TICKS) return HUGE_VAL;
+    size_t widest = 0;
+    double max_abs = fmax(fabs(k0 * step), fabs(k1 * step));
+    for (int i = 0; i < n; i++) {
+        double v = (k0 + i) * step;
+        ax->ticks[i] = v;
+        tick_label(v, step, max_abs, ax->labels[i], sizeof ax->labels[i]);
+        size_t w = strlen(ax->labels[i]);
+        if (w > widest) widest = w;
+    }
+    ax->n_ticks = n;
+    return horizontal ? (double)n * ((double)widest * CHAR_W + 12) : (double)n * (TICK_FONT_PX + 8);
+}
+
+static double prev_nice(double step) {
+    double mag = pow(10.0, floor(log10(step) + 1e-9));
+    double m = step / mag;
+    return m < 1.5 ? 0.5 * mag : m < 3.5 ? mag : 2 * mag;
+}
+
+/* Linear ticks: a 1-2-5 step giving about `target` ticks, widened until the labels fit `room`
+ * pixels, or narrowed once when that leaves fewer than three ticks and the narrower one fits. */
 static void linear_ticks(axis *ax, double target, double room, bool horizontal) {
-    double span = ax->hi - ax->lo;
-    double step = nice_step(span / (target > 1 ? target : 1));
+    double step = nice_step((ax->hi - ax->lo) / (target > 2 ? target : 2));
     for (int tries = 0; tries < 40; tries++) {
-        double k0 = ceil(ax->lo / step - 1e-9), k1 = floor(ax->hi / step + 1e-9);
-        int n = (int)(k1 - k0) + 1;
-        if (n <= MAX_TICKS) {
-            size_t widest = 0;
-            for (int i = 0; i < n; i++) {
-                double v = (k0 + i) * step;
-                ax->ticks[i] = v;
-                tick_label(v, step, ax->labels[i], sizeof ax->labels[i]);
-                size_t w = strlen(ax->labels[i]);
-                if (w > widest) widest = w;
-            }
-            double need = horizontal ? (double)n * ((double)widest * CHAR_W + 12) : (double)n * (TICK_FONT_PX + 8);
-            ax->n_ticks = n;
-            if (need <= room || n <= 2) return;
-        }
+        double need = fill_ticks(ax, step, horizontal);
+        if (need <= room || (need < HUGE_VAL && ax->n_ticks <= 2)) break;
         step = next_nice(step);
+    }
+    if (ax->n_ticks < 3) {
+        double need = fill_ticks(ax, prev_nice(step), horizontal);
+        if (!(need <= room)) fill_ticks(ax, step, horizontal);
     }
 }
 
@@ -197,7 +213,7 @@ static void log_label(double v, char *buf, size_t cap) {
 }
 
 /* Log ticks: powers of ten (every k-th when there are many), with 2 and 5 between them when the
- * view spans under two decades, and every integer multiple when it spans less than one. */
+ * view spans under three decades, and every integer multiple when it spans less than one. */
 static void log_ticks(axis *ax, double room) {
     int d0 = (int)floor(ax->lo), d1 = (int)ceil(ax->hi);
     double span = ax->hi - ax->lo;
@@ -205,7 +221,7 @@ static void log_ticks(axis *ax, double room) {
     static const double m19[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     const double *mult = m125;
     int n_mult = 3;
-    if (span >= 2) mult = m125, n_mult = 1;
+    if (span >= 3) mult = m125, n_mult = 1;
     else if (span < 0.8) mult = m19, n_mult = 9;
     int every = 1;
     for (;;) {
@@ -307,6 +323,32 @@ static void write_series(FILE *f, const cm_svg_plot *p, const frame *fr, const s
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\"/>\n", px(fr, s->x[i]), py(fr, s->y[i]));
         fputs("</g>\n", f);
     }
+}
+
+/* Puts the legend in the corner that hides the fewest points (matplotlib's loc="best" in small),
+ * preferring upper right, then upper left, lower left, lower right. Large series are sampled. */
+static void legend_place(const cm_svg_plot *p, const frame *fr, double bw, double bh, double *bx, double *by) {
+    double xl = fr->x0 + 10, xr = fr->x1 - 10 - bw, yt = fr->y0 + 10, yb = fr->y1 - 10 - bh;
+    if (xr < xl) xr = xl;
+    if (yb < yt) yb = yt;
+    const double cx[4] = {xr, xl, xl, xr}, cy[4] = {yt, yt, yb, yb};
+    int best = 0;
+    size_t best_hits = (size_t)-1;
+    for (int c = 0; c < 4; c++) {
+        size_t hits = 0;
+        for (size_t k = 0; k < p->n_series; k++) {
+            const series *s = &p->s[k];
+            size_t stride = s->n > 2000 ? s->n / 2000 : 1;
+            for (size_t i = 0; i < s->n; i += stride) {
+                if (!usable(s->x[i], s->y[i], p->log_y)) continue;
+                double x = px(fr, s->x[i]), y = py(fr, s->y[i]);
+                hits += x >= cx[c] - 4 && x <= cx[c] + bw + 4 && y >= cy[c] - 4 && y <= cy[c] + bh + 4;
+            }
+        }
+        if (hits < best_hits) best = c, best_hits = hits;
+    }
+    *bx = cx[best];
+    *by = cy[best];
 }
 
 cm_status cm_svg_plot_write(const cm_svg_plot *p, FILE *f) {
@@ -427,7 +469,8 @@ cm_status cm_svg_plot_write(const cm_svg_plot *p, FILE *f) {
             if (w > longest) longest = w;
         }
         double row = 19, bw = 42 + (double)longest * 0.6 * 12, bh = 10 + row * (double)p->n_series;
-        double bx = fr.x1 - 10 - bw, by = fr.y0 + 10;
+        double bx, by;
+        legend_place(p, &fr, bw, bh, &bx, &by);
         fprintf(f, "<g class=\"legend\" font-size=\"12\" fill=\"#222\">\n");
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" rx=\"4\" fill=\"white\" "
                    "fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n", bx, by, bw, bh);
