@@ -85,7 +85,6 @@ Test(format, shortest_double_round_trips_and_matches_python_repr_digits) {
         cr_assert_eq(n, (int)strlen(b), "%s: returned %d for \"%s\"", what, n, b);
     }
     /* Every value reads back exactly, across magnitudes. */
-    cm_rng rng = cm_rng_init(7, 0);
     for (int i = 0; i < 2000; i++) {
         uint32_t w[4];
         cm_philox4x32(7, 0, (uint64_t)i, w);
@@ -97,7 +96,6 @@ Test(format, shortest_double_round_trips_and_matches_python_repr_digits) {
         cr_assert_eq(strtod(b, NULL), x, "'%s' does not read back to %.17g", b, x);
         cr_assert(strlen(b) <= 24, "'%s' is longer than 24 bytes", b);
     }
-    (void)rng;
 }
 
 /* ---- the bar --------------------------------------------------------------------------------- */
@@ -375,5 +373,30 @@ Test(progress, metrics_keep_first_set_order_and_latest_value) {
     cm_progress_format(p, false, line, sizeof line);
     EXPECT_STR(line, "  0% 0/4 [00:00<?, ?ba/s, lr=3.0000e-04, loss=3.0000]", "metric order");
     cm_progress_free(p);
+    fclose(devnull);
+}
+
+Test(progress, every_allocation_failure_is_reported_cleanly) {
+    FILE *devnull = fopen("/dev/null", "w");
+    int n;
+    for (n = 1; n < 1000; n++) {
+        cm_alloc_fail_at(n);
+        cm_progress_config cfg = cm_progress_config_default();
+        cfg.total = 10;
+        cfg.stream = devnull;
+        cfg.mode = CM_PROGRESS_TTY;
+        cm_progress *p = NULL;
+        cm_status st = cm_progress_new(&cfg, &p);
+        for (int i = 0; st == CM_OK && i < 12; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "m%d", i);
+            st = cm_progress_set_metric(p, name, i);
+        }
+        cm_alloc_fail_at(0);
+        cm_progress_free(p);
+        if (st == CM_OK) break;
+        cr_assert_eq(st, CM_ERR_OOM, "failing allocation %d: %s", n, cm_status_name(st));
+    }
+    cr_assert_gt(n, 3, "only %d allocations: the loop tested nothing", n);
     fclose(devnull);
 }

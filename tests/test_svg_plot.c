@@ -399,3 +399,22 @@ Test(svg_plot, metrics_file_plot_without_a_match_lists_the_names) {
     cr_assert_neq(access(svgp, F_OK), 0, "a plot was written");
     cr_assert_eq(cm_svg_plot_metrics_file("/nonexistent-dir/m.jsonl", svgp, NULL, 0, NULL), CM_ERR_IO);
 }
+
+Test(svg_plot, every_allocation_failure_is_reported_cleanly) {
+    char jsonl[128], svgp[128];
+    snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", g_dir);
+    snprintf(svgp, sizeof svgp, "%s/oom.svg", g_dir);
+    write_metrics(jsonl, true);
+    /* Fail the 1st, 2nd, ... allocation until the call gets through: each failure must come back
+     * as CM_ERR_OOM with nothing leaked (the sanitizer build checks leaks). */
+    int n;
+    for (n = 1; n < 10000; n++) {
+        cm_alloc_fail_at(n);
+        cm_status st = cm_svg_plot_metrics_file(jsonl, svgp, NULL, 0, NULL);
+        cm_alloc_fail_at(0);
+        if (st == CM_OK) break;
+        cr_assert_eq(st, CM_ERR_OOM, "failing allocation %d: %s (%s)", n, cm_status_name(st), cm_last_error());
+    }
+    cr_assert_gt(n, 5, "only %d allocations: the loop tested nothing", n);
+    cr_assert_lt(n, 10000);
+}

@@ -268,8 +268,10 @@ char *cm_progress_format(cm_progress *p, bool tty, char *buf, size_t cap) {
             sb_add(&out, "%s%s%3.0f%% %s/%s [%s<%s, %s%s]", p->desc, colon, frac * 100, nf, tf, el, rem, rt, post);
         } else {
             char left[LINE_MAX_BYTES], right[LINE_MAX_BYTES];
-            snprintf(left, sizeof left, "%s%s%3.0f%%|", p->desc, colon, frac * 100);
-            snprintf(right, sizeof right, "| %s/%s [%s<%s, %s%s]", nf, tf, el, rem, rt, post);
+            sbuf ls = {left, sizeof left, 0}, rs = {right, sizeof right, 0};
+            left[0] = right[0] = '\0';
+            sb_add(&ls, "%s%s%3.0f%%|", p->desc, colon, frac * 100);
+            sb_add(&rs, "| %s/%s [%s<%s, %s%s]", nf, tf, el, rem, rt, post);
             int width = terminal_width(p);
             long room = (long)width - (long)columns(left) - (long)columns(right);
             int nbars = room > BAR_MAX ? BAR_MAX : room < BAR_MIN ? BAR_MIN : (int)room;
