@@ -7,7 +7,8 @@
  * BERT WordPiece, characters; token-file writer; the SST-2 dataset), safetensors.h (reader,
  * writer, sharded index), time.h (Composer's Time strings and Timestamp), optim.h (optimizers over
  * flat buffers, schedulers as pure functions of time), nn.h (modules, flat parameter buffers,
- * surgery, layers), model.h (the ComposerModel-style model interface and metrics).
+ * surgery, layers), model.h (the ComposerModel-style model interface and metrics), zoo_*.h (the
+ * model zoo), report.h (progress bar, JSON Lines metrics file, SVG plots, run folders).
  */
 #ifndef COMPOSER_COMPOSER_H
 #define COMPOSER_COMPOSER_H
@@ -22,5 +23,7 @@
 #include <composer/optim.h>
 #include <composer/nn.h>
 #include <composer/model.h>
+#include <composer/zoo_bert.h>
+#include <composer/report.h>
 
 #endif
