@@ -147,7 +147,7 @@ def main():
     m, ids, labels = make()
     if len(sys.argv) == 3 and sys.argv[1] == "--verify":
         state = read_safetensors(sys.argv[2])
-        ref = {k: v for k, v in m.state_dict().items() if k != "lm_head.weight" and not k.endswith("attn.bias")
+        ref = {k: v for k, v in m.state_dict().items() if k != "lm_head.weight" and not k.endswith(".attn.bias")
                and not k.endswith("masked_bias")}
         missing, unexpected = sorted(set(ref) - set(state)), sorted(set(state) - set(ref))
         assert not missing and not unexpected, f"missing {missing}, unexpected {unexpected}"
