@@ -688,3 +688,34 @@ Test(zoo_gpt2, sample_respects_temperature_top_k_and_top_p) {
     cr_assert_eq(cm_gpt2_sample(logits, 6, &gc, &rng, &tok), CM_ERR_INVALID_ARG);
     cr_assert(strstr(cm_last_error(), "NaN"), "%s", cm_last_error());
 }
+
+Test(zoo_gpt2, a_stored_lm_head_loads_into_the_tied_wte_and_wte_wins_when_both_are_stored) {
+    cm_gpt2_config c = tiny_cfg();
+    cm_model *a = new_model(&c, 16), *other = new_model(&c, 17), *b;
+    cm_module *ra = cm_model_module(a);
+    cm_tensor *other_wte = cm_module_find_param(cm_model_module(other), "transformer.wte.weight");
+    char path[256];
+    tmp_path(path, sizeof path, "head.safetensors");
+    cm_safetensors_writer *w;
+    for (int variant = 0; variant < 2; variant++) {
+        cr_assert_eq(cm_safetensors_writer_new(&w), CM_OK);
+        for (int64_t i = 0; i < cm_module_n_params(ra); i++) {
+            cm_param_info p = cm_module_param_info(ra, i);
+            /* variant 0: only lm_head.weight holds the embedding; 1: both, with different values */
+            if (i == 0 && variant == 0)
+                cr_assert_eq(cm_safetensors_writer_add(w, "lm_head.weight", p.tensor), CM_OK);
+            else
+                cr_assert_eq(cm_safetensors_writer_add(w, p.name, p.tensor), CM_OK);
+        }
+        if (variant == 1) cr_assert_eq(cm_safetensors_writer_add(w, "lm_head.weight", other_wte), CM_OK);
+        cr_assert_eq(cm_safetensors_writer_write(w, path), CM_OK);
+        cm_safetensors_writer_free(w);
+        cr_assert_eq(cm_gpt2_new(&c, NULL, &b), CM_OK);
+        cr_assert_eq(cm_gpt2_load_safetensors(b, path, NULL, NULL), CM_OK, "variant %d: %s", variant, cm_last_error());
+        assert_same_params(ra, cm_model_module(b));
+        cm_model_free(b);
+    }
+    remove(path);
+    cm_model_free(a);
+    cm_model_free(other);
+}

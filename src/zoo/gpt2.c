@@ -392,18 +392,25 @@ static bool gpt2_rename(const char *file_name, char *buf, size_t cap, void *data
 
 static const char *const mask_globs[2] = {"*.attn.bias", "*.attn.masked_bias"};
 
+static bool has_wte(const char *path);
+
 cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_opts *opts, cm_load_report *report) {
     if (!gpt2_root_of(m))
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_load_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
                             m ? cm_model_type_name(m) : "NULL");
     if (!path) return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_load_safetensors: path is NULL");
     cm_load_opts user = opts ? *opts : cm_load_opts_default();
-    const int n_ignore = (user.n_ignore > 0 ? user.n_ignore : 0) + 2;
+    /* A tied model takes wte from transformer.wte.weight when the file has it, whatever the order
+     * of the file's names; a stored lm_head.weight is then redundant (HF state_dicts hold both). */
+    const bool skip_head = gpt2_root_of(m)->cfg.tie_word_embeddings && has_wte(path);
+    const int n_ignore = (user.n_ignore > 0 ? user.n_ignore : 0) + 2 + skip_head;
     const char **ignore = cm_alloc(sizeof(char *) * (size_t)n_ignore, 8);
     if (!ignore) return CM_ERR_OOM;
-    for (int i = 0; i < n_ignore - 2; i++) ignore[i] = user.ignore[i];
-    ignore[n_ignore - 2] = mask_globs[0];
-    ignore[n_ignore - 1] = mask_globs[1];
+    int k = 0;
+    for (int i = 0; i < user.n_ignore; i++) ignore[k++] = user.ignore[i];
+    ignore[k++] = mask_globs[0];
+    ignore[k++] = mask_globs[1];
+    if (skip_head) ignore[k++] = "lm_head.weight";
     rename_ctx rc = {&user};
     cm_load_opts o = user;
     o.ignore = ignore;
@@ -454,6 +461,16 @@ static const cm_st_tensor *ck_find(ckpt *c, const char *name) {
         }
     }
     return NULL;
+}
+
+static bool has_wte(const char *path) {
+    ckpt c = {0};
+    if (ends_with(path, ".safetensors") ? cm_safetensors_open(path, &c.file) : cm_safetensors_index_open(path, &c.idx))
+        return false; /* the load reports the error */
+    bool found = ck_find(&c, "wte.weight") != NULL;
+    cm_safetensors_close(c.file);
+    cm_safetensors_index_close(c.idx);
+    return found;
 }
 
 cm_status cm_gpt2_config_from_safetensors(const char *path, cm_gpt2_config *out) {
