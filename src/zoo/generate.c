@@ -170,7 +170,7 @@ static cm_tensor *cached_forward(cm_tape *tp, kv_cache *kc, cm_tensor *ids, int6
             cm_tape_fail(tp, CM_ERR_INTERNAL, "GPT-2 generate: writing the KV cache failed: %s", cm_last_error());
             return NULL;
         }
-        cm_tensor *q = cm_permute(tp, cm_reshape(tp, cm_narrow(tp, qkv, 2, 0, C), 4, q4), perm);       /* (1, H, t, D) */
+        cm_tensor *q = cm_permute(tp, cm_reshape(tp, cm_narrow(tp, qkv, 2, 0, C), 4, q4), perm); /* (1, H, t, D) */
         cm_tensor *k = cm_permute(tp, cm_reshape(tp, cm_narrow(tp, kc->k[l], 1, 0, S), 4, s4), perm); /* (1, H, S, D) */
         cm_tensor *v = cm_permute(tp, cm_reshape(tp, cm_narrow(tp, kc->v[l], 1, 0, S), 4, s4), perm);
         cm_attention_opts o = cm_attention_opts_default();

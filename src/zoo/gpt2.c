@@ -107,7 +107,8 @@ cm_status cm_gpt2_config_check(const cm_gpt2_config *c) {
             return cm_set_error(CM_ERR_INVALID_ARG, "GPT-2 config: %s = %g is not in [0, 1]", drops[i].name,
                                 drops[i].p);
     if (!(c->layer_norm_eps >= 0) || !(c->initializer_range >= 0))
-        return cm_set_error(CM_ERR_INVALID_ARG, "GPT-2 config: layer_norm_eps = %g and initializer_range = %g must be >= 0",
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "GPT-2 config: layer_norm_eps = %g and initializer_range = %g must be >= 0",
                             c->layer_norm_eps, c->initializer_range);
     if ((int)c->activation < 0 || c->activation > CM_ACT_IDENTITY)
         return cm_set_error(CM_ERR_INVALID_ARG, "GPT-2 config: unknown activation %d", (int)c->activation);
@@ -144,8 +145,9 @@ cm_tensor *gpt2_embed(cm_tape *tp, gpt2_body *b, cm_tensor *ids, int64_t pos0) {
                      (long long)(pos0 + T), (long long)b->cfg.n_positions, cm_tensor_shape_str(ids, s, sizeof s));
         return NULL;
     }
-    cm_tensor *tok = cm_module_forward(b->wte, tp, ids);                              /* (B, T, C) */
-    cm_tensor *pe = cm_module_forward(b->wpe, tp, cm_arange(tp, CM_DTYPE_I64, (double)pos0, (double)(pos0 + T), 1)); /* (T, C) */
+    cm_tensor *tok = cm_module_forward(b->wte, tp, ids); /* (B, T, C) */
+    cm_tensor *pos = cm_arange(tp, CM_DTYPE_I64, (double)pos0, (double)(pos0 + T), 1);
+    cm_tensor *pe = cm_module_forward(b->wpe, tp, pos); /* (T, C) */
     return cm_add(tp, tok, pe);
 }
 
@@ -302,8 +304,8 @@ static cm_tensor *m_loss(void *self, cm_tape *tp, cm_tensor *logits, const cm_mo
     cm_tensor *labels = field(tp, b, "labels");
     if (!labels) return NULL;
     char s1[64], s2[64];
-    if (cm_tensor_ndim(logits) != 3 || cm_tensor_ndim(labels) != 2 || cm_tensor_dim(labels, 0) != cm_tensor_dim(logits, 0) ||
-        cm_tensor_dim(labels, 1) != cm_tensor_dim(logits, 1)) {
+    if (cm_tensor_ndim(logits) != 3 || cm_tensor_ndim(labels) != 2 ||
+        cm_tensor_dim(labels, 0) != cm_tensor_dim(logits, 0) || cm_tensor_dim(labels, 1) != cm_tensor_dim(logits, 1)) {
         cm_tape_fail(tp, CM_ERR_SHAPE, "GPT2LMHeadModel: labels %s must be (B, T) for logits %s (B, T, V)",
                      cm_tensor_shape_str(labels, s1, sizeof s1), cm_tensor_shape_str(logits, s2, sizeof s2));
         return NULL;
@@ -396,7 +398,8 @@ static bool has_wte(const char *path);
 
 cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_opts *opts, cm_load_report *report) {
     if (!gpt2_root_of(m))
-        return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_load_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "cm_gpt2_load_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
                             m ? cm_model_type_name(m) : "NULL");
     if (!path) return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_load_safetensors: path is NULL");
     cm_load_opts user = opts ? *opts : cm_load_opts_default();
@@ -424,7 +427,8 @@ cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_
 
 cm_status cm_gpt2_save_safetensors(cm_model *m, const char *path) {
     if (!gpt2_root_of(m))
-        return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_save_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "cm_gpt2_save_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
                             m ? cm_model_type_name(m) : "NULL");
     return cm_module_save_safetensors(cm_model_module(m), path);
 }
