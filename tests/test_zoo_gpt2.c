@@ -720,3 +720,56 @@ Test(zoo_gpt2, a_stored_lm_head_loads_into_the_tied_wte_and_wte_wins_when_both_a
     cm_model_free(a);
     cm_model_free(other);
 }
+
+Test(zoo_gpt2, out_of_memory_anywhere_fails_cleanly) {
+    cm_gpt2_config c = tiny_cfg();
+    c.n_layer = 1;
+    int failures = 0;
+    cm_model *m = NULL;
+    for (int64_t n = 1; n < 5000; n++) {
+        cm_rng rng = cm_rng_init(1, 0);
+        cm_alloc_fail_at(n);
+        cm_status st = cm_gpt2_new(&c, &rng, &m);
+        cm_alloc_fail_at(0);
+        if (st == CM_OK) break;
+        cr_assert_eq(st, CM_ERR_OOM, "allocation %lld: %s", (long long)n, cm_last_error());
+        cr_assert_null(m);
+        failures++;
+    }
+    cr_assert(m && failures > 20, "only %d allocations could fail", failures);
+    const int64_t prompt[2] = {1, 2};
+    int64_t out[4], n_out, ref[4];
+    cm_gpt2_generate_config gc = cm_gpt2_generate_config_default();
+    gc.top_k = 5;
+    cr_assert_eq(cm_gpt2_generate(m, prompt, 2, 4, &gc, ref, &n_out), CM_OK);
+    failures = 0;
+    for (int64_t n = 1; n < 5000; n++) {
+        cm_alloc_fail_at(n);
+        cm_status st = cm_gpt2_generate(m, prompt, 2, 4, &gc, out, &n_out);
+        cm_alloc_fail_at(0);
+        if (st == CM_OK) break;
+        cr_assert_eq(st, CM_ERR_OOM, "allocation %lld: %s", (long long)n, cm_last_error());
+        failures++;
+    }
+    cr_assert(failures > 3, "only %d allocations could fail", failures);
+    assert_same_tokens("after the failures", out, ref, 4);
+    char path[256];
+    tmp_path(path, sizeof path, "oom.safetensors");
+    cr_assert_eq(cm_gpt2_save_safetensors(m, path), CM_OK);
+    cm_model *b;
+    cr_assert_eq(cm_gpt2_new(&c, NULL, &b), CM_OK);
+    failures = 0;
+    for (int64_t n = 1; n < 5000; n++) {
+        cm_alloc_fail_at(n);
+        cm_status st = cm_gpt2_load_safetensors(b, path, NULL, NULL);
+        cm_alloc_fail_at(0);
+        if (st == CM_OK) break;
+        cr_assert_eq(st, CM_ERR_OOM, "allocation %lld: %s", (long long)n, cm_last_error());
+        failures++;
+    }
+    cr_assert(failures > 2, "only %d allocations could fail", failures);
+    assert_same_params(cm_model_module(m), cm_model_module(b));
+    remove(path);
+    cm_model_free(b);
+    cm_model_free(m);
+}

@@ -156,6 +156,7 @@ typedef struct {
  * values to the cache (which must hold positions 0..past-1; past = 0 or t = 1), and returns the
  * logits of the last position (1, 1, V). */
 static cm_tensor *cached_forward(cm_tape *tp, kv_cache *kc, cm_tensor *ids, int64_t past) {
+    if (!ids) return NULL;
     const int64_t t = cm_tensor_dim(ids, 1), C = kc->C, H = kc->H, D = C / H, S = past + t;
     const int perm[4] = {0, 2, 1, 3};
     const int64_t q4[4] = {1, t, H, D}, s4[4] = {1, S, H, D}, y3[3] = {1, t, C};

@@ -394,7 +394,7 @@ static bool gpt2_rename(const char *file_name, char *buf, size_t cap, void *data
 
 static const char *const mask_globs[2] = {"*.attn.bias", "*.attn.masked_bias"};
 
-static bool has_wte(const char *path);
+static cm_status has_wte(const char *path, bool *found);
 
 cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_opts *opts, cm_load_report *report) {
     if (!gpt2_root_of(m))
@@ -405,7 +405,9 @@ cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_
     cm_load_opts user = opts ? *opts : cm_load_opts_default();
     /* A tied model takes wte from transformer.wte.weight when the file has it, whatever the order
      * of the file's names; a stored lm_head.weight is then redundant (HF state_dicts hold both). */
-    const bool skip_head = gpt2_root_of(m)->cfg.tie_word_embeddings && has_wte(path);
+    bool skip_head = false;
+    cm_status st;
+    if (gpt2_root_of(m)->cfg.tie_word_embeddings && (st = has_wte(path, &skip_head))) return st;
     const int n_ignore = (user.n_ignore > 0 ? user.n_ignore : 0) + 2 + skip_head;
     const char **ignore = cm_alloc(sizeof(char *) * (size_t)n_ignore, 8);
     if (!ignore) return CM_ERR_OOM;
@@ -420,7 +422,7 @@ cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_
     o.n_ignore = n_ignore;
     o.rename = gpt2_rename;
     o.rename_data = &rc;
-    cm_status st = cm_module_load_safetensors(cm_model_module(m), path, &o, report);
+    st = cm_module_load_safetensors(cm_model_module(m), path, &o, report);
     cm_free(ignore);
     return st;
 }
@@ -467,14 +469,15 @@ static const cm_st_tensor *ck_find(ckpt *c, const char *name) {
     return NULL;
 }
 
-static bool has_wte(const char *path) {
+static cm_status has_wte(const char *path, bool *found) {
     ckpt c = {0};
-    if (ends_with(path, ".safetensors") ? cm_safetensors_open(path, &c.file) : cm_safetensors_index_open(path, &c.idx))
-        return false; /* the load reports the error */
-    bool found = ck_find(&c, "wte.weight") != NULL;
+    cm_status st = ends_with(path, ".safetensors") ? cm_safetensors_open(path, &c.file)
+                                                   : cm_safetensors_index_open(path, &c.idx);
+    if (st) return st;
+    *found = ck_find(&c, "wte.weight") != NULL;
     cm_safetensors_close(c.file);
     cm_safetensors_index_close(c.idx);
-    return found;
+    return CM_OK;
 }
 
 cm_status cm_gpt2_config_from_safetensors(const char *path, cm_gpt2_config *out) {
