@@ -24,6 +24,7 @@
 #include <composer/nn.h>
 #include <composer/model.h>
 #include <composer/zoo_bert.h>
+#include <composer/zoo_gpt2.h>
 #include <composer/report.h>
 
 #endif
