@@ -590,3 +590,42 @@ Test(zoo_vision, resnet56_activations_stay_in_a_modest_arena) {
     cm_tape_free(tp);
     cm_model_free(model);
 }
+
+Test(zoo_vision, constructors_fail_cleanly_at_every_allocation) {
+    /* every allocation of a small option-A ResNet, a bottleneck ResNet with projections and the
+     * models around them fails in turn: CM_ERR_OOM, nothing returned, nothing leaked (ASan) */
+    cm_resnet_config a, b;
+    cm_resnet_config_preset("resnet20", &a);
+    const int64_t wa[3] = {2, 4, 4};
+    const int la[3] = {1, 1, 1};
+    memcpy(a.widths, wa, sizeof wa);
+    memcpy(a.layers, la, sizeof la);
+    cm_resnet_config_preset("resnet50", &b);
+    const int64_t wb[4] = {1, 2, 2, 2};
+    const int lb[4] = {2, 1, 1, 1};
+    memcpy(b.widths, wb, sizeof wb);
+    memcpy(b.layers, lb, sizeof lb);
+    const cm_resnet_config *cfgs[2] = {&a, &b};
+    cm_cnn_config cc;
+    cm_cnn_config_preset("mnist_small", &cc);
+    cm_mlp_config mc = cm_mlp_config_default();
+    for (int which = 0; which < 4; which++) {
+        int failures = 0;
+        for (int64_t n = 1; n < 5000; n++) {
+            cm_model *model = (cm_model *)1;
+            cm_alloc_fail_at(n);
+            cm_status st = which < 2 ? cm_resnet_model_new(cfgs[which], &model)
+                           : which == 2 ? cm_cnn_model_new(&cc, &model)
+                                        : cm_mlp_model_new(&mc, &model);
+            cm_alloc_fail_at(0);
+            if (st == CM_OK) {
+                cm_model_free(model);
+                break;
+            }
+            cr_assert_eq(st, CM_ERR_OOM, "model %d, allocation %lld: %s", which, (long long)n, cm_last_error());
+            cr_assert_null(model);
+            failures++;
+        }
+        cr_assert(failures > 10, "model %d: only %d allocations could fail", which, failures);
+    }
+}
