@@ -18,7 +18,8 @@
  * threaded per-image GEMMs; one big (N·P, K) GEMM over all images (channels-last) was no faster
  * than images in parallel and needs N times the im2col memory, so it was dropped.
  *
- * The im2col buffer is recomputed in backward instead of kept: it is K/Cin times larger than x. */
+ * The im2col buffer is recomputed in backward instead of kept: it is K/Cin times larger than x; its
+ * arena memory is rewound when the call returns (forward and backward), so only one is live at a time. */
 #include "tensor/tensor_impl.h"
 
 #include <cblas.h>
@@ -238,6 +239,9 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     const bool pw = cg_pointwise(g), par = par_images(g, nth);
     const int nbuf = par ? nth : 1;
     float *cols = NULL, *dcols = NULL, *dwp = NULL;
+    /* the scratch below is dead once this node is done: give it back, so a deep network's
+     * backward reuses one conv's worth instead of keeping every layer's im2col until reset */
+    const size_t mark = cm_arena_mark(tp->arena);
     if (!pw) {
         if (gw && !(cols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
         if (gx && !(dcols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
@@ -305,6 +309,7 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
         else
             for (int64_t i = 0; i < WN; i++) dW[i] += dwp[i];
     }
+    cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }
 
@@ -395,11 +400,13 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
         w = wr;
     }
     float *colbuf = NULL;
+    const size_t mark = cm_arena_mark(tp->arena); /* the im2col buffer lives only during this call */
     if (!cg_pointwise(&g)) {
         int nbuf = par_images(&g, nth) ? nth : 1;
         if (!(colbuf = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return NULL;
     }
     conv_forward(&g, cmi_f32(x), w, bias ? cmi_f32(bias) : NULL, cmi_f32(y), colbuf, nth);
+    cm_arena_rewind(tp->arena, mark);
 
     cm_tensor *ins[3] = {x, weight, bias};
     if (cmi_needs_grad(tp, 3, ins)) {
