@@ -25,6 +25,7 @@
 #include <composer/model.h>
 #include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
+#include <composer/zoo_vision.h>
 #include <composer/report.h>
 
 #endif
