@@ -530,8 +530,7 @@ typedef struct cm_trainer cm_trainer;
  * AFTER_LOAD and logs the hyperparameters. Errors: CM_ERR_INVALID_ARG naming the field and the
  * fix (no model, a loader in the wrong mode, max_duration in dur/iter/sec, a bad eval_interval,
  * microbatch size < -1, ssr <= 0, an invalid scheduler or precision, a bad plugin vtable),
- * CM_ERR_UNSUPPORTED (amp_fp16), CM_ERR_STATE (the model's module is not finalized, or locked by
- * another trainer), CM_ERR_OOM, a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any
+ * CM_ERR_UNSUPPORTED (amp_fp16), CM_ERR_STATE (the model's module is not finalized), CM_ERR_OOM, a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any
  * failure nothing is taken: the caller still owns (and frees) the plugins. */
 cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out);
 
