@@ -273,6 +273,11 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
 cm_tensor *cm_matmul(cm_tape *tp, cm_tensor *a, cm_tensor *b) {
     cm_tensor *ins[2] = {a, b};
     if (!cmi_begin(tp, "matmul", 2, ins)) return NULL;
+    if (tp->autocast == CM_DTYPE_BF16) { /* mixed precision: recorded casts, so f32 leaves get f32 grads */
+        if (a->dtype == CM_DTYPE_F32 && !(a = cm_cast(tp, a, CM_DTYPE_BF16))) return NULL;
+        if (b->dtype == CM_DTYPE_F32 && !(b = cm_cast(tp, b, CM_DTYPE_BF16))) return NULL;
+        ins[0] = a, ins[1] = b;
+    }
     if (!check_pair(tp, "matmul", "a", a, "b", b)) return NULL;
     if (a->ndim < 2 || b->ndim < 2) {
         cmi_fail(tp, CM_ERR_SHAPE, "matmul: a %s and b %s need at least 2 dims each (unsqueeze a vector to (1, K) or (K, 1))",
@@ -368,6 +373,11 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
 cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
     cm_tensor *ins[3] = {x, w, bias};
     if (!cmi_begin(tp, "linear", 2, ins)) return NULL;
+    if (tp->autocast == CM_DTYPE_BF16) {
+        if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
+        if (w->dtype == CM_DTYPE_F32 && !(w = cm_cast(tp, w, CM_DTYPE_BF16))) return NULL;
+        ins[0] = x, ins[1] = w;
+    }
     if (!check_pair(tp, "linear", "x", x, "w", w)) return NULL;
     if (bias && bias->dtype != CM_DTYPE_F32) {
         cmi_fail(tp, CM_ERR_DTYPE, "linear: bias %s has dtype %s; the bias is f32 (also for bf16 x and w)",

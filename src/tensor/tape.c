@@ -21,6 +21,7 @@ cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
     }
     cm_arena_set_poison(tp->arena, c.poison);
     tp->grad_enabled = true;
+    tp->autocast = CM_DTYPE_F32;
     *out = tp;
     return CM_OK;
 }
@@ -45,6 +46,12 @@ bool cm_tape_set_grad_enabled(cm_tape *tp, bool on) {
     return prev;
 }
 bool cm_tape_grad_enabled(const cm_tape *tp) { return tp->grad_enabled; }
+cm_dtype cm_tape_set_autocast(cm_tape *tp, cm_dtype dt) {
+    cm_dtype prev = tp->autocast;
+    if (dt == CM_DTYPE_F32 || dt == CM_DTYPE_BF16) tp->autocast = dt;
+    return prev;
+}
+cm_dtype cm_tape_autocast(const cm_tape *tp) { return tp->autocast; }
 cm_status cm_tape_status(const cm_tape *tp) { return tp->status; }
 const char *cm_tape_error(const cm_tape *tp) { return tp->error; }
 cm_arena *cm_tape_arena(cm_tape *tp) { return tp->arena; }

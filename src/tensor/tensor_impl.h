@@ -79,6 +79,7 @@ struct cm_tape {
     cm_node *last;
     int64_t n_nodes;
     bool grad_enabled;
+    cm_dtype autocast; /* CM_DTYPE_F32 (off) or CM_DTYPE_BF16: matmul/linear cast f32 inputs */
     cm_status status;
     char error[1024];
 };

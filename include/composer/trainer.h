@@ -1,0 +1,590 @@
+/*
+ * composer/trainer.h — the training loop, after Composer: events, the state plugins see, the
+ * engine that runs algorithms, callbacks and loggers on each event, and the Trainer
+ * (fit / eval / predict / close) with microbatching, mixed precision and metrics.
+ *
+ * The loop is a sequence of events (Composer's names and order, listed in CM_EVENT_LIST). At each
+ * event the engine runs the algorithms whose match() accepts it (ordered by the ordering passes;
+ * reversed on AFTER_* events so before/after pairs nest), then the callbacks, then the loggers. On
+ * INIT the order is loggers, callbacks, algorithms. Plugins are vtables with an abi number and a
+ * `void *self`; registering one hands `self` to the engine, which frees it.
+ *
+ *     cm_model *model = ...;                                  // e.g. cm_model_classifier_new
+ *     cm_dataloader *train = ..., *test = ...;                 // test: cm_dataloader_config_eval()
+ *     cm_algorithm_plugin clip;
+ *     cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &clip);         // composer/algorithms.h
+ *     cm_in_memory_logger *mem;
+ *     cm_logger_plugin memp;
+ *     cm_in_memory_logger_new(&mem, &memp);
+ *
+ *     cm_trainer_config cfg = cm_trainer_config_default();
+ *     cfg.model = model;
+ *     cfg.train_dataloader = train;
+ *     cfg.eval_dataloader = test;
+ *     cm_time_parse("2ep", &cfg.max_duration);
+ *     cfg.device_train_microbatch_size = 16;
+ *     cfg.precision = CM_PRECISION_AMP_BF16;
+ *     cfg.algorithms = &clip;  cfg.n_algorithms = 1;
+ *     cfg.loggers = &memp;     cfg.n_loggers = 1;
+ *     cm_trainer *tr;
+ *     if (cm_trainer_new(&cfg, &tr) != CM_OK || cm_trainer_fit(tr, NULL) != CM_OK)
+ *         fprintf(stderr, "error: %s\n", cm_last_error());
+ *     double acc;
+ *     if (cm_in_memory_logger_last(mem, "metrics/eval/MulticlassAccuracy", &acc) == CM_OK)
+ *         printf("accuracy %.4f\n", acc);
+ *     cm_trainer_free(tr);                                     // closes and frees the plugins
+ *
+ * The fit loop, event by event (eval is run where the eval interval says, see cfg.eval_interval):
+ *
+ *   INIT, BEFORE_LOAD, AFTER_LOAD                             (cm_trainer_new)
+ *   FIT_START, ITERATION_START                                (each cm_trainer_fit)
+ *   per epoch:  EPOCH_START
+ *     per batch:  BEFORE_DATALOADER, AFTER_DATALOADER, BATCH_START, BEFORE_TRAIN_BATCH,
+ *                 per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS,
+ *                                 BEFORE_BACKWARD, AFTER_BACKWARD
+ *                 AFTER_TRAIN_BATCH, (optimizer step), BATCH_END, [eval], BATCH_CHECKPOINT
+ *     BEFORE_DATALOADER (finds the epoch exhausted), EPOCH_END, [eval], EPOCH_CHECKPOINT
+ *   ITERATION_END, ITERATION_CHECKPOINT, FIT_END
+ *   eval:        EVAL_BEFORE_ALL, per evaluator: EVAL_START, per batch: EVAL_BATCH_START,
+ *                EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END; EVAL_END; EVAL_AFTER_ALL
+ *   standalone:  EVAL_STANDALONE_START, (EVAL_START ... EVAL_END) per evaluator, EVAL_STANDALONE_END
+ *   predict:     PREDICT_START, per batch: PREDICT_BATCH_START, PREDICT_BEFORE_FORWARD,
+ *                PREDICT_AFTER_FORWARD, PREDICT_BATCH_END; PREDICT_END
+ *
+ * When max_duration is reached in the middle of an epoch, the loop stops after BATCH_CHECKPOINT
+ * (no final BEFORE_DATALOADER); if that batch was the epoch's last, EPOCH_END and
+ * EPOCH_CHECKPOINT still fire, as in Composer.
+ *
+ * Differences from Composer, on purpose:
+ *  - ITERATION_START fires at the start of each fit and ITERATION_END / ITERATION_CHECKPOINT at
+ *    the end of a fit that reached max_duration, so the pairs always nest (Composer fires
+ *    ITERATION_END only with an iteration length set, so by default never).
+ *  - BEFORE_TRAIN_BATCH fires once per batch, also when automatic microbatching retries the batch
+ *    with a smaller microbatch (Composer fires it again on each retry).
+ *  - Evaluation runs each batch whole (no eval microbatching); padded rows of an eval batch are
+ *    run through the model but not counted by the metrics.
+ *  - seed defaults to 42 rather than a random seed, so runs are reproducible by default.
+ *
+ * Determinism. Given the seed, the data (the loader's own seed: set it from the same seed) and
+ * the thread count, a run is bitwise reproducible: dropout draws from counter-based streams
+ * seeded by cm_module_set_seed(model, seed), the loader's order is a pure function of (seed,
+ * epoch, position), every kernel is deterministic for a fixed number of threads (OpenMP loops use
+ * static schedules; reductions are split the same way each time) and the schedulers are pure
+ * functions of the timestamp. Changing the thread count (CM_NUM_THREADS, cm_set_num_threads) may
+ * change how GEMMs and reductions are blocked and so the last bits of the results.
+ * deterministic_mode makes that a checked guarantee: the trainer records cm_num_threads() when it
+ * is created and refuses to fit, eval or predict (CM_ERR_STATE) if the count has changed.
+ *
+ * Threading: a trainer, its state and its engine belong to one thread.
+ */
+#ifndef COMPOSER_TRAINER_H
+#define COMPOSER_TRAINER_H
+
+#include <composer/data.h>
+#include <composer/model.h>
+#include <composer/optim.h>
+#include <composer/time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* =============================================================================================
+ * Events
+ * =========================================================================================== */
+
+/* X-macro list: enum suffix, Composer's value string, kind (BEFORE: has a matching after event;
+ * AFTER: algorithms run in reverse registration order; NONE: neither), in Composer's order. */
+#define CM_EVENT_LIST(X)                                          \
+    X(INIT, "init", NONE)                                         \
+    X(BEFORE_LOAD, "before_load", BEFORE)                         \
+    X(AFTER_LOAD, "after_load", AFTER)                            \
+    X(FIT_START, "fit_start", BEFORE)                             \
+    X(ITERATION_START, "iteration_start", BEFORE)                 \
+    X(EPOCH_START, "epoch_start", BEFORE)                         \
+    X(BEFORE_DATALOADER, "before_dataloader", BEFORE)             \
+    X(AFTER_DATALOADER, "after_dataloader", AFTER)                \
+    X(BATCH_START, "batch_start", BEFORE)                         \
+    X(BEFORE_TRAIN_BATCH, "before_train_batch", BEFORE)           \
+    X(BEFORE_FORWARD, "before_forward", BEFORE)                   \
+    X(AFTER_FORWARD, "after_forward", AFTER)                      \
+    X(BEFORE_LOSS, "before_loss", BEFORE)                         \
+    X(AFTER_LOSS, "after_loss", AFTER)                            \
+    X(BEFORE_BACKWARD, "before_backward", BEFORE)                 \
+    X(AFTER_BACKWARD, "after_backward", AFTER)                    \
+    X(AFTER_TRAIN_BATCH, "after_train_batch", AFTER)              \
+    X(BATCH_END, "batch_end", AFTER)                              \
+    X(BATCH_CHECKPOINT, "batch_checkpoint", NONE)                 \
+    X(EPOCH_END, "epoch_end", AFTER)                              \
+    X(EPOCH_CHECKPOINT, "epoch_checkpoint", NONE)                 \
+    X(ITERATION_END, "iteration_end", AFTER)                      \
+    X(ITERATION_CHECKPOINT, "iteration_checkpoint", NONE)         \
+    X(FIT_END, "fit_end", AFTER)                                  \
+    X(EVAL_BEFORE_ALL, "eval_before_all", BEFORE)                 \
+    X(EVAL_START, "eval_start", BEFORE)                           \
+    X(EVAL_BATCH_START, "eval_batch_start", BEFORE)               \
+    X(EVAL_BEFORE_FORWARD, "eval_before_forward", BEFORE)         \
+    X(EVAL_AFTER_FORWARD, "eval_after_forward", AFTER)            \
+    X(EVAL_BATCH_END, "eval_batch_end", AFTER)                    \
+    X(EVAL_END, "eval_end", AFTER)                                \
+    X(EVAL_AFTER_ALL, "eval_after_all", AFTER)                    \
+    X(EVAL_STANDALONE_START, "eval_standalone_start", BEFORE)     \
+    X(EVAL_STANDALONE_END, "eval_standalone_end", AFTER)          \
+    X(PREDICT_START, "predict_start", BEFORE)                     \
+    X(PREDICT_BATCH_START, "predict_batch_start", BEFORE)         \
+    X(PREDICT_BEFORE_FORWARD, "predict_before_forward", BEFORE)   \
+    X(PREDICT_AFTER_FORWARD, "predict_after_forward", AFTER)      \
+    X(PREDICT_BATCH_END, "predict_batch_end", AFTER)              \
+    X(PREDICT_END, "predict_end", AFTER)
+
+typedef enum cm_event {
+#define CM_X_(name, value, kind) CM_EVENT_##name,
+    CM_EVENT_LIST(CM_X_)
+#undef CM_X_
+    CM_EVENT_COUNT
+} cm_event;
+
+/* "AFTER_LOSS" (the enum's suffix) and "after_loss" (Composer's value); "?" out of range. */
+const char *cm_event_name(cm_event ev);
+const char *cm_event_value(cm_event ev);
+/* Parses either form, case-insensitive. CM_ERR_INVALID_ARG naming the string otherwise. */
+cm_status cm_event_parse(const char *s, cm_event *out);
+/* Composer's Event.is_before_event / is_after_event. */
+bool cm_event_is_before(cm_event ev);
+bool cm_event_is_after(cm_event ev);
+
+/* =============================================================================================
+ * Precision
+ * =========================================================================================== */
+
+/* fp32: everything in f32.
+ * amp_bf16: the tape autocasts (cm_tape_set_autocast): matmul and linear cast their f32 inputs to
+ *   bf16 (recorded casts, so gradients flow back to the f32 master weights) and run the bf16 GEMM
+ *   with f32 accumulation; conv2d, attention, norms, softmax and losses stay f32 (there is no
+ *   bf16 conv or attention kernel yet). The optimizer always updates the f32 master weights.
+ * amp_fp16: not available — there are no fp16 CPU kernels here; cm_trainer_new refuses it with
+ *   CM_ERR_UNSUPPORTED (use amp_bf16: the same memory savings without loss scaling). */
+#define CM_PRECISION_LIST(X)                  \
+    X(CM_PRECISION_FP32, "fp32")              \
+    X(CM_PRECISION_AMP_BF16, "amp_bf16")      \
+    X(CM_PRECISION_AMP_FP16, "amp_fp16")
+
+typedef enum cm_precision {
+#define CM_X_(name, str) name,
+    CM_PRECISION_LIST(CM_X_)
+#undef CM_X_
+    CM_PRECISION_COUNT
+} cm_precision;
+
+const char *cm_precision_name(cm_precision p); /* "amp_bf16"; "?" out of range */
+/* Case-insensitive; CM_ERR_INVALID_ARG listing the names otherwise. */
+cm_status cm_precision_parse(const char *s, cm_precision *out);
+
+/* =============================================================================================
+ * The state: everything a plugin may look at
+ * =========================================================================================== */
+
+typedef struct cm_state cm_state;
+
+/* An empty state (no model, zero timestamp, rank 0 of 1) for driving an engine by hand: tests
+ * and custom loops. The trainer makes its own. Errors: CM_ERR_OOM. */
+cm_status cm_state_new(cm_state **out);
+void cm_state_free(cm_state *st); /* only for states from cm_state_new; NULL is a no-op */
+
+/* Getters. Pointers are borrowed from the trainer; "during a batch" means valid from
+ * AFTER_DATALOADER until BATCH_END (the microbatch ones from BEFORE_FORWARD to AFTER_BACKWARD);
+ * tensors made on the tape (outputs, loss) are valid until the end of the microbatch. */
+cm_model *cm_state_model(const cm_state *st);
+cm_optim *cm_state_optimizer(const cm_state *st);
+int cm_state_n_schedulers(const cm_state *st);
+const cm_sched_config *cm_state_scheduler(const cm_state *st, int i); /* NULL out of range */
+/* The learning-rate multiplier the last optimizer step used (product of the schedulers). */
+double cm_state_lr_multiplier(const cm_state *st);
+cm_dataloader *cm_state_train_dataloader(const cm_state *st);
+/* The loader being iterated now (train, an evaluator's or predict's) and its label ("train",
+ * the evaluator's label, "predict"); NULL / "" outside loops. */
+cm_dataloader *cm_state_dataloader(const cm_state *st);
+const char *cm_state_dataloader_label(const cm_state *st);
+/* Global batches per epoch of the train loader (0 when there is none). */
+int64_t cm_state_batches_per_epoch(const cm_state *st);
+/* The current batch: the loader's batch, or the current microbatch between BEFORE_FORWARD and
+ * AFTER_BACKWARD (and the eval/predict batch in those loops). NULL outside. */
+cm_batch *cm_state_batch(const cm_state *st);
+/* The same batch as the model sees it (field names, tensors, counts). NULL outside. */
+const cm_model_batch *cm_state_model_batch(const cm_state *st);
+/* The model's outputs (after AFTER_FORWARD / EVAL_AFTER_FORWARD / PREDICT_AFTER_FORWARD) and the
+ * microbatch's loss (after AFTER_LOSS, before it is scaled by the microbatch's share). */
+cm_tensor *cm_state_outputs(const cm_state *st);
+cm_tensor *cm_state_loss(const cm_state *st);
+/* Algorithms may replace them (e.g. a loss-modifying algorithm on AFTER_LOSS): the new tensor
+ * must come from cm_state_tape (the trainer backpropagates whatever loss is set after AFTER_LOSS
+ * and BEFORE_BACKWARD). */
+void cm_state_set_outputs(cm_state *st, cm_tensor *outputs);
+void cm_state_set_loss(cm_state *st, cm_tensor *loss);
+cm_tape *cm_state_tape(const cm_state *st);
+/* The loss of the last trained batch: Σ over microbatches (and ranks) of loss × share, i.e. the
+ * full batch's mean loss. NaN before the first batch. */
+double cm_state_total_loss(const cm_state *st);
+const cm_timestamp *cm_state_timestamp(const cm_state *st);
+/* The run's length (already scaled by the scale-schedule ratio); count 0 when not set yet. */
+cm_time cm_state_max_duration(const cm_state *st);
+/* The elapsed fraction of max_duration (see cm_timestamp_elapsed; in batches for epochs). */
+cm_status cm_state_elapsed(const cm_state *st, double *out);
+cm_precision cm_state_precision(const cm_state *st);
+/* The microbatch size in use (rows; automatic microbatching may have lowered it), the number of
+ * microbatches of the current batch and the index of the current one. */
+int64_t cm_state_microbatch_size(const cm_state *st);
+int64_t cm_state_n_microbatches(const cm_state *st);
+int64_t cm_state_microbatch_index(const cm_state *st);
+int cm_state_rank(const cm_state *st);       /* 0 for now */
+int cm_state_world_size(const cm_state *st); /* 1 for now */
+uint64_t cm_state_seed(const cm_state *st);
+const char *cm_state_run_name(const cm_state *st);
+bool cm_state_progress_bar(const cm_state *st);
+
+/* Metrics last computed for a loader label ("train", or an evaluator's label such as "eval"):
+ * the value of the metric called `name`. CM_ERR_NOT_FOUND naming the label and the metric when
+ * it has not been computed (yet). The listing form gives the i-th metric of a label. */
+cm_status cm_state_metric(const cm_state *st, const char *label, const char *name, double *out);
+int cm_state_n_metrics(const cm_state *st, const char *label);
+cm_status cm_state_metric_at(const cm_state *st, const char *label, int i, const char **name, double *value);
+
+/* Asks the trainer to stop after the current batch (Composer's state.stop_training()): the loop
+ * finishes the batch (BATCH_END, BATCH_CHECKPOINT), then fires FIT_END. Callbacks receive a
+ * const state and may still call this: it is the one change a callback may make. */
+void cm_state_stop_training(const cm_state *st);
+bool cm_state_stop_requested(const cm_state *st);
+
+/* =============================================================================================
+ * Logging: the handle plugins log through, and the logger vtable
+ * =========================================================================================== */
+
+/* One logged value: "loss/train/total", "metrics/eval/MulticlassAccuracy", "time/batch". */
+typedef struct cm_metric_value {
+    const char *name;
+    double value;
+} cm_metric_value;
+
+typedef enum cm_hparam_kind { CM_HPARAM_NUMBER = 0, CM_HPARAM_STRING = 1, CM_HPARAM_BOOL = 2 } cm_hparam_kind;
+
+/* One hyperparameter: a key and a number, a string or a bool (number != 0). */
+typedef struct cm_hparam {
+    const char *key;
+    cm_hparam_kind kind;
+    double number;
+    const char *string;
+} cm_hparam;
+
+/* The logging handle the engine gives to algorithms and callbacks (Composer's Logger): each call
+ * goes to every registered logger destination, stamped with the state's timestamp. Every
+ * destination gets the call even when one fails; the first failure is returned with a message
+ * "logger '<name>' failed to log metrics: ...". Strings are borrowed for the call only. */
+typedef struct cm_logger cm_logger;
+cm_status cm_logger_log_metrics(cm_logger *lg, const cm_metric_value *values, int n);
+cm_status cm_logger_log_metric(cm_logger *lg, const char *name, double value);
+cm_status cm_logger_log_hyperparameters(cm_logger *lg, const cm_hparam *hparams, int n);
+
+#define CM_LOGGER_ABI 1
+
+/* A logger destination (console, file, tracker). Every slot but name and log_metrics is optional
+ * (NULL). Each returns CM_OK or an error set with cm_set_error. `self` is the destination. */
+typedef struct cm_logger_i {
+    int abi;          /* CM_LOGGER_ABI */
+    const char *name; /* "InMemoryLogger", "ConsoleLogger", ... (in messages) */
+    /* On INIT, before run_event(INIT): the run's name, rank and world size are in the state. */
+    cm_status (*init)(void *self, const cm_state *st);
+    cm_status (*log_hyperparameters)(void *self, const cm_hparam *hparams, int n);
+    /* Values (names and the array borrowed for the call) at timestamp ts (step = ts->batch). */
+    cm_status (*log_metrics)(void *self, const cm_metric_value *values, int n, const cm_timestamp *ts);
+    /* Every event, after the algorithms and callbacks (first on INIT): for progress bars. */
+    cm_status (*run_event)(void *self, cm_event ev, const cm_state *st);
+    cm_status (*flush)(void *self);
+    /* At cm_engine_close / cm_trainer_close, after flush. */
+    cm_status (*close)(void *self, const cm_state *st);
+    void (*free)(void *self);
+} cm_logger_i;
+
+/* =============================================================================================
+ * Algorithms and callbacks
+ * =========================================================================================== */
+
+#define CM_ALGORITHM_ABI 1
+
+/* An algorithm changes the training (Composer's Algorithm): match(event, state) decides whether
+ * apply runs on this event. name, match and apply are required; the rest may be NULL. */
+typedef struct cm_algorithm_i {
+    int abi;          /* CM_ALGORITHM_ABI */
+    const char *name; /* "GradientClipping" (in traces and errors) */
+    bool (*match)(void *self, cm_event ev, const cm_state *st);
+    /* Returns CM_OK or an error set with cm_set_error; the engine prefixes it with
+     * "plugin '<name>' failed on <EVENT>: ". */
+    cm_status (*apply)(void *self, cm_event ev, cm_state *st, cm_logger *lg);
+    /* Checkpoint state as a small JSON object: write at most cap bytes (NUL included) into buf
+     * and return the length needed without the NUL, as snprintf; load parses it back. */
+    size_t (*save)(void *self, char *buf, size_t cap);
+    cm_status (*load)(void *self, const char *json, size_t len);
+    cm_status (*close)(void *self, cm_state *st, cm_logger *lg);
+    void (*free)(void *self);
+} cm_algorithm_i;
+
+#define CM_CALLBACK_ABI 1
+
+/* A callback observes the run (Composer's Callback): run_event gets every event with a read-only
+ * state (it may only ask to stop: cm_state_stop_training) and the logging handle. name and
+ * run_event are required. */
+typedef struct cm_callback_i {
+    int abi;          /* CM_CALLBACK_ABI */
+    const char *name; /* "SpeedMonitor", ... */
+    cm_status (*run_event)(void *self, cm_event ev, const cm_state *st, cm_logger *lg);
+    size_t (*save)(void *self, char *buf, size_t cap); /* as cm_algorithm_i.save */
+    cm_status (*load)(void *self, const char *json, size_t len);
+    cm_status (*close)(void *self, const cm_state *st, cm_logger *lg);
+    void (*free)(void *self);
+} cm_callback_i;
+
+/* A plugin ready to register: its vtable and its state. Registration (cm_engine_add_*, or
+ * cm_trainer_new) takes `self` on success; an unregistered plugin is freed with *_plugin_free. */
+typedef struct cm_algorithm_plugin {
+    const cm_algorithm_i *vt;
+    void *self;
+} cm_algorithm_plugin;
+typedef struct cm_callback_plugin {
+    const cm_callback_i *vt;
+    void *self;
+} cm_callback_plugin;
+typedef struct cm_logger_plugin {
+    const cm_logger_i *vt;
+    void *self;
+} cm_logger_plugin;
+
+void cm_algorithm_plugin_free(cm_algorithm_plugin p); /* calls vt->free(self) if both are set */
+void cm_callback_plugin_free(cm_callback_plugin p);
+void cm_logger_plugin_free(cm_logger_plugin p);
+
+/* =============================================================================================
+ * The engine
+ * =========================================================================================== */
+
+typedef struct cm_engine cm_engine;
+/* A registered algorithm (owned by the engine). */
+typedef struct cm_algorithm cm_algorithm;
+const char *cm_algorithm_name(const cm_algorithm *a);
+void *cm_algorithm_self(const cm_algorithm *a);
+const cm_algorithm_i *cm_algorithm_vtable(const cm_algorithm *a);
+
+/* An ordering pass: reorders (and may drop) the n matched algorithms of event ev in place and
+ * returns how many remain (0..n; entries must come from the input). Passes run in registration
+ * order on each event's matched algorithms (Composer's algorithm passes). */
+typedef int (*cm_ordering_pass_fn)(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data);
+typedef struct cm_ordering_pass {
+    cm_ordering_pass_fn fn;
+    void *data;
+} cm_ordering_pass;
+/* The built-in pass every engine starts with: reverses the order on AFTER_* events, so an
+ * algorithm that runs first on BEFORE_X runs last on AFTER_X (first in, last out). */
+int cm_ordering_pass_filo(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data);
+
+/* A new engine over `st` (borrowed; the trainer's state, or one from cm_state_new). Errors:
+ * CM_ERR_INVALID_ARG (NULL), CM_ERR_OOM. */
+cm_status cm_engine_new(cm_state *st, cm_engine **out);
+/* Closes (if not closed yet; errors are logged) and frees every plugin. NULL is a no-op. */
+void cm_engine_free(cm_engine *e);
+
+/* Register a plugin. On success the engine owns p.self; on failure nothing is taken. Errors:
+ * CM_ERR_INVALID_ARG (wrong abi or missing required slots, naming the plugin), CM_ERR_STATE
+ * (engine closed), CM_ERR_OOM. Algorithms run in registration order (before the passes). */
+cm_status cm_engine_add_algorithm(cm_engine *e, cm_algorithm_plugin p);
+cm_status cm_engine_add_callback(cm_engine *e, cm_callback_plugin p);
+cm_status cm_engine_add_logger(cm_engine *e, cm_logger_plugin p);
+/* Inserts a pass at `index` (0 = first, before the built-in FILO pass; -1 = last). Errors:
+ * CM_ERR_INVALID_ARG (NULL fn, index out of range), CM_ERR_OOM. */
+cm_status cm_engine_add_ordering_pass(cm_engine *e, cm_ordering_pass pass, int index);
+
+int cm_engine_n_algorithms(const cm_engine *e);
+cm_algorithm *cm_engine_algorithm(const cm_engine *e, int i); /* registration order; NULL out of range */
+int cm_engine_n_callbacks(const cm_engine *e);
+cm_callback_plugin cm_engine_callback(const cm_engine *e, int i);
+int cm_engine_n_loggers(const cm_engine *e);
+cm_logger_plugin cm_engine_logger_plugin(const cm_engine *e, int i);
+/* The logging handle (valid for the engine's life). */
+cm_logger *cm_engine_logger(cm_engine *e);
+
+/* Runs one event: matching algorithms (ordered by the passes), then callbacks, then loggers'
+ * run_event; on INIT: loggers (init, then run_event), callbacks, algorithms. The first failure
+ * stops the event: the status is returned and cm_last_error() reads
+ * "plugin '<name>' failed on <EVENT>: <the plugin's message>". Errors also: CM_ERR_STATE (engine
+ * closed), CM_ERR_INVALID_ARG (bad event; an ordering pass returning a bad count). */
+cm_status cm_engine_run_event(cm_engine *e, cm_event ev);
+
+/* One traced algorithm run of the last event run: which algorithm, its position in the run
+ * order, and what apply returned. Algorithms that did not match are not traced. */
+typedef struct cm_trace {
+    const char *algorithm; /* borrowed from the vtable */
+    cm_event event;
+    int order;
+    cm_status status;
+} cm_trace;
+int cm_engine_n_traces(const cm_engine *e);
+const cm_trace *cm_engine_trace(const cm_engine *e, int i); /* NULL out of range */
+/* How many times algorithm i (registration order) has been applied, over the engine's life. */
+int64_t cm_engine_n_applied(const cm_engine *e, int i);
+
+/* Closes every plugin: algorithms, then callbacks, then loggers (flush, then close) — all of
+ * them, even when one fails — and returns the first error ("plugin '<name>' failed to close:
+ * ..."). A second call does nothing and returns CM_OK. */
+cm_status cm_engine_close(cm_engine *e);
+
+/* =============================================================================================
+ * InMemoryLogger: records every metric (Composer's InMemoryLogger)
+ * =========================================================================================== */
+
+typedef struct cm_in_memory_logger cm_in_memory_logger;
+
+/* A new logger and its plugin (to register). The handle stays valid while the engine that owns
+ * the plugin lives (or until cm_logger_plugin_free if it is never registered). Errors: CM_ERR_OOM. */
+cm_status cm_in_memory_logger_new(cm_in_memory_logger **out, cm_logger_plugin *plugin);
+
+/* One record: a logged value and the timestamp's batch and epoch at the time. */
+typedef struct cm_log_record {
+    const char *name; /* owned by the logger */
+    double value;
+    int64_t batch, epoch;
+} cm_log_record;
+
+int64_t cm_in_memory_logger_n(const cm_in_memory_logger *lg);
+const cm_log_record *cm_in_memory_logger_record(const cm_in_memory_logger *lg, int64_t i); /* NULL out of range */
+/* How many values were logged under `name`, and the latest one (CM_ERR_NOT_FOUND if none). */
+int64_t cm_in_memory_logger_count(const cm_in_memory_logger *lg, const char *name);
+cm_status cm_in_memory_logger_last(const cm_in_memory_logger *lg, const char *name, double *out);
+/* The latest hyperparameter value logged under key, as a string ("%.17g" for numbers); NULL if none. */
+const char *cm_in_memory_logger_hparam(const cm_in_memory_logger *lg, const char *key);
+
+/* =============================================================================================
+ * The trainer
+ * =========================================================================================== */
+
+/* An evaluation set: metrics are logged as metrics/<label>/<Name>. */
+typedef struct cm_evaluator {
+    const char *label;          /* "eval" by default (copied) */
+    cm_dataloader *dataloader;  /* borrowed; made with cm_dataloader_config_eval() (mode eval) */
+    int64_t subset_num_batches; /* batches per evaluation; -1 = the trainer's eval_subset_num_batches */
+    cm_time eval_interval;      /* count 0 (and frac 0) = the trainer's eval_interval */
+} cm_evaluator;
+
+cm_evaluator cm_evaluator_default(void); /* label "eval", subset -1, interval the trainer's */
+
+/* Hooks for the distributed layer. All NULL: one process. */
+typedef struct cm_trainer_dist {
+    int rank, world_size; /* 0 and 1 */
+    /* Sums `n` doubles over all ranks in place (the batch loss, metric sums). */
+    cm_status (*all_reduce_sum)(double *values, int n, void *data);
+    /* After the last microbatch's backward, before AFTER_TRAIN_BATCH: make the gradients the
+     * global batch's (e.g. all-reduce the flat gradient buffers). */
+    cm_status (*sync_grads)(cm_state *st, void *data);
+    void *data;
+} cm_trainer_dist;
+
+/* device_train_microbatch_size: automatic (halve on arena out-of-memory, retry the batch). */
+#define CM_MICROBATCH_AUTO (-1)
+
+typedef struct cm_trainer_config {
+    cm_model *model;                  /* required; borrowed (the caller frees it after the trainer) */
+    cm_dataloader *train_dataloader;  /* borrowed; needed by fit; mode train */
+    cm_data_spec_config train_data_spec; /* how batches are counted and transformed (defaults: none) */
+    cm_dataloader *eval_dataloader;   /* borrowed; optional: an evaluator labelled "eval" */
+    const cm_evaluator *evaluators;   /* optional, copied: more evaluation sets */
+    int n_evaluators;
+    cm_time max_duration;             /* ep, ba, sp or tok; count 0 = not set (fit must give one) */
+    cm_time eval_interval;            /* default 1ep; ep, ba, sp, tok or dur; count 0 = never */
+    int64_t eval_subset_num_batches;  /* -1 = the whole eval set (default) */
+    cm_optim *optimizer;              /* borrowed; NULL = DecoupledSGDW(lr 0.1) over the model (Composer's default) */
+    const cm_sched_config *schedulers; /* copied; multiplied together */
+    int n_schedulers;
+    double scale_schedule_ratio;      /* > 0; scales max_duration and the schedules (default 1) */
+    const cm_algorithm_plugin *algorithms; /* taken on success */
+    int n_algorithms;
+    const cm_callback_plugin *callbacks;   /* taken on success */
+    int n_callbacks;
+    const cm_logger_plugin *loggers;       /* taken on success */
+    int n_loggers;
+    const cm_ordering_pass *algorithm_passes; /* appended after the built-in FILO pass */
+    int n_algorithm_passes;
+    cm_precision precision;               /* default fp32 */
+    int64_t device_train_microbatch_size; /* rows per microbatch; 0 = the whole batch (default); CM_MICROBATCH_AUTO */
+    bool accumulate_train_batch_on_tokens; /* weight microbatches by tokens instead of samples */
+    uint64_t seed;                        /* default 42 */
+    bool deterministic_mode;              /* see the overview */
+    const char *run_name;                 /* copied; NULL = "run-<date>-<time>" */
+    bool progress_bar;                    /* for the console logger (read through the state) */
+    size_t arena_budget;                  /* bytes for one microbatch's activations; 0 = unlimited */
+    cm_trainer_dist dist;
+} cm_trainer_config;
+
+cm_trainer_config cm_trainer_config_default(void);
+
+typedef struct cm_trainer cm_trainer;
+
+/* Checks the configuration, builds the state and the engine, registers the plugins (taking them
+ * only if everything succeeds), locks the model's flat buffers (cm_module_lock, until
+ * cm_trainer_free), seeds the model (cm_module_set_seed), then fires INIT, BEFORE_LOAD and
+ * AFTER_LOAD and logs the hyperparameters. Errors: CM_ERR_INVALID_ARG naming the field and the
+ * fix (no model, a loader in the wrong mode, max_duration in dur/iter/sec, a bad eval_interval,
+ * microbatch size < -1, ssr <= 0, an invalid scheduler or precision, a bad plugin vtable),
+ * CM_ERR_UNSUPPORTED (amp_fp16), CM_ERR_STATE (the model's module is not finalized), CM_ERR_OOM, a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any
+ * failure nothing is taken: the caller still owns (and frees) the plugins. */
+cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out);
+
+/* Closes (if not closed) and frees the trainer, its engine and plugins, and the optimizer it
+ * made; unlocks the model. Not the model or the loaders. NULL is a no-op. */
+void cm_trainer_free(cm_trainer *tr);
+
+typedef struct cm_fit_opts {
+    /* Train this much more: max_duration becomes the timestamp (in duration's unit) + duration.
+     * count 0 = train to the configured max_duration. Units as max_duration. */
+    cm_time duration;
+    /* Start from a zero timestamp (the train loader restarts at epoch 0) before training. */
+    bool reset_time;
+} cm_fit_opts;
+cm_fit_opts cm_fit_opts_default(void);
+
+/* Trains until max_duration (or a stop request), firing the events above. Calling it again
+ * continues where it stopped: with a duration it trains that much more, so fit(3ba) then fit(2ba)
+ * equals fit(5ba) bit for bit. opts NULL = defaults. Errors: CM_ERR_STATE (closed trainer, no
+ * train loader, deterministic_mode with a changed thread count), CM_ERR_INVALID_ARG (no or bad
+ * duration), the model's errors (with the epoch and batch), CM_ERR_OOM (the arena budget with a
+ * fixed microbatch size, or a microbatch of one row under "auto"), the loader's and the
+ * plugins' errors ("plugin '<name>' failed on <EVENT>: ..."). After an error the trainer may be
+ * closed and freed; the model holds the parameters of the last completed step. */
+cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
+
+/* Standalone evaluation of `evaluators` (NULL/0 = the configured ones), each on its
+ * subset_num_batches: EVAL_STANDALONE_START, (EVAL_START ... EVAL_END) each, EVAL_STANDALONE_END;
+ * logs metrics/<label>/<Name>. The model is in eval mode without gradients during the loop and
+ * returns to its previous mode. Errors: CM_ERR_STATE (closed), CM_ERR_INVALID_ARG (no evaluator,
+ * a loader not in eval mode), the model's, metrics' and plugins' errors. */
+cm_status cm_trainer_eval(cm_trainer *tr, const cm_evaluator *evaluators, int n_evaluators);
+
+/* Called once per predicted batch with the loader's batch and the model's outputs (both valid
+ * for the call only; padded rows have batch->valid[i] == 0). Return CM_OK to go on. */
+typedef cm_status (*cm_predict_fn)(const cm_batch *batch, cm_tensor *outputs, void *data);
+
+/* Runs the model's forward (eval mode, no gradients) over `dataloader` from its start, at most
+ * subset_num_batches batches (-1 = all), calling fn on each: PREDICT_START, per batch
+ * PREDICT_BATCH_START, PREDICT_BEFORE_FORWARD, PREDICT_AFTER_FORWARD, PREDICT_BATCH_END;
+ * PREDICT_END. Errors: CM_ERR_STATE (closed), CM_ERR_INVALID_ARG (NULL loader or fn), the
+ * model's, fn's and plugins' errors. */
+cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dataloader, int64_t subset_num_batches,
+                             cm_predict_fn fn, void *data);
+
+/* Closes the engine's plugins (see cm_engine_close) and returns the first error. Afterwards fit,
+ * eval and predict fail with CM_ERR_STATE. A second call returns CM_OK. */
+cm_status cm_trainer_close(cm_trainer *tr);
+
+cm_state *cm_trainer_state(cm_trainer *tr);
+cm_engine *cm_trainer_engine(cm_trainer *tr); /* to add plugins or ordering passes after new */
+cm_logger *cm_trainer_logger(cm_trainer *tr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMPOSER_TRAINER_H */

@@ -1,0 +1,911 @@
+/* The Trainer: configuration checks, the fit loop (epochs, batches, microbatches, automatic
+ * microbatching, mixed precision, the optimizer step with the schedulers), evaluation at the
+ * eval interval, standalone eval, predict, close. The event order is documented in trainer.h. */
+#include "trainer/trainer_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    char label[64];
+    cm_dataloader *dl;
+    int64_t subset;
+    cm_time interval;
+    int set; /* index into the state's metric sets */
+} evaluator_rt;
+
+struct cm_trainer {
+    cm_state st;
+    cm_engine *engine;
+    cm_tape *tape;
+    cm_data_spec *spec;
+    cm_optim *own_optim;
+    evaluator_rt *evals;
+    int n_evals;
+    int64_t mb_config; /* 0 whole batch, > 0 rows, CM_MICROBATCH_AUTO */
+    bool tokens_weighting;
+    bool deterministic;
+    int n_threads;
+    cm_trainer_dist dist;
+    bool closed, locked, iteration_open;
+    int64_t last_eval_batch; /* ts.batch at the last evaluation during fit (-1: none) */
+};
+
+cm_evaluator cm_evaluator_default(void) {
+    return (cm_evaluator){"eval", NULL, -1, {CM_TIME_EPOCH, 0, 0}};
+}
+
+cm_trainer_config cm_trainer_config_default(void) {
+    cm_trainer_config c;
+    memset(&c, 0, sizeof c);
+    c.train_data_spec = cm_data_spec_config_default();
+    c.max_duration = cm_time_make(0, CM_TIME_EPOCH);
+    c.eval_interval = cm_time_make(1, CM_TIME_EPOCH);
+    c.eval_subset_num_batches = -1;
+    c.scale_schedule_ratio = 1.0;
+    c.precision = CM_PRECISION_FP32;
+    c.seed = 42;
+    c.dist.rank = 0;
+    c.dist.world_size = 1;
+    return c;
+}
+
+cm_fit_opts cm_fit_opts_default(void) {
+    return (cm_fit_opts){cm_time_make(0, CM_TIME_EPOCH), false};
+}
+
+static bool time_is_zero(cm_time t) { return t.unit == CM_TIME_DURATION ? t.frac == 0 : t.count == 0; }
+
+static cm_status check_duration_unit(const char *what, cm_time t) {
+    if (t.unit == CM_TIME_EPOCH || t.unit == CM_TIME_BATCH || t.unit == CM_TIME_SAMPLE || t.unit == CM_TIME_TOKEN)
+        return CM_OK;
+    char buf[CM_TIME_STR_MAX];
+    cm_time_to_string(t, buf, sizeof buf);
+    return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': the unit must be ep, ba, sp or tok (a fraction of the run, "
+                                            "iterations or wall-clock seconds cannot set the run's length)",
+                        what, buf);
+}
+
+static cm_status check_interval(const char *what, cm_time t) {
+    if (time_is_zero(t)) return CM_OK;
+    char buf[CM_TIME_STR_MAX];
+    cm_time_to_string(t, buf, sizeof buf);
+    if (t.unit == CM_TIME_DURATION) {
+        if (t.frac > 0 && t.frac <= 1) return CM_OK;
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': a fraction of the run must be in (0, 1]", what, buf);
+    }
+    if (t.unit == CM_TIME_ITERATION || t.unit == CM_TIME_SECOND || (unsigned)t.unit >= CM_TIME_UNIT_COUNT || t.count < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s '%s': use ep, ba, sp, tok or dur (or 0 to disable)", what, buf);
+    return CM_OK;
+}
+
+static cm_status run(cm_trainer *tr, cm_event ev) { return cm_engine_run_event(tr->engine, ev); }
+
+static cm_status reduce(cm_trainer *tr, double *v, int n) {
+    if (!tr->dist.all_reduce_sum || n == 0) return CM_OK;
+    cm_status s = tr->dist.all_reduce_sum(v, n, tr->dist.data);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "all-reduce of %d values over %d ranks failed: %s", n, tr->dist.world_size, msg);
+    }
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Construction
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status check_loader(const char *what, cm_dataloader *dl, cm_data_mode want) {
+    const cm_dataloader_config *c = cm_dataloader_get_config(dl);
+    if (c->mode != want)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: the loader is in %s mode; make it with %s", what,
+                            c->mode == CM_DATA_TRAIN ? "train" : "eval",
+                            want == CM_DATA_EVAL ? "cm_dataloader_config_eval() (mode CM_DATA_EVAL)"
+                                                 : "cm_dataloader_config_default() (mode CM_DATA_TRAIN)");
+    return CM_OK;
+}
+
+static cm_status validate(const cm_trainer_config *c) {
+    cm_status s;
+    if (!c->model) return cm_set_error(CM_ERR_INVALID_ARG, "trainer: model is NULL (set cfg.model)");
+    cm_module *root = cm_model_module(c->model);
+    if (!root || !cm_module_is_finalized(root))
+        return cm_set_error(CM_ERR_STATE, "trainer: the model's module tree is not finalized (call cm_module_finalize)");
+    if (c->train_dataloader && (s = check_loader("train_dataloader", c->train_dataloader, CM_DATA_TRAIN))) return s;
+    if (c->eval_dataloader && (s = check_loader("eval_dataloader", c->eval_dataloader, CM_DATA_EVAL))) return s;
+    if (c->n_evaluators < 0 || (c->n_evaluators > 0 && !c->evaluators))
+        return cm_set_error(CM_ERR_INVALID_ARG, "trainer: n_evaluators %d without an evaluators array", c->n_evaluators);
+    for (int i = 0; i < c->n_evaluators; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "evaluators[%d] ('%s')", i, c->evaluators[i].label ? c->evaluators[i].label : "eval");
+        if (!c->evaluators[i].dataloader) return cm_set_error(CM_ERR_INVALID_ARG, "%s: dataloader is NULL", what);
+        if ((s = check_loader(what, c->evaluators[i].dataloader, CM_DATA_EVAL))) return s;
+        if ((s = check_interval(what, c->evaluators[i].eval_interval))) return s;
+        if (c->evaluators[i].label && (!c->evaluators[i].label[0] || strlen(c->evaluators[i].label) >= 64 ||
+                                       !strcmp(c->evaluators[i].label, "train")))
+            return cm_set_error(CM_ERR_INVALID_ARG, "%s: the label must have 1 to 63 characters and not be 'train'",
+                                what);
+    }
+    if (!time_is_zero(c->max_duration) && (s = check_duration_unit("max_duration", c->max_duration))) return s;
+    if (c->max_duration.unit != CM_TIME_DURATION && c->max_duration.count < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "max_duration must not be negative");
+    if ((s = check_interval("eval_interval", c->eval_interval))) return s;
+    if (c->eval_subset_num_batches < -1 || c->eval_subset_num_batches == 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "eval_subset_num_batches %lld: use -1 (all) or a positive count",
+                            (long long)c->eval_subset_num_batches);
+    if (!(c->scale_schedule_ratio > 0) || !isfinite(c->scale_schedule_ratio))
+        return cm_set_error(CM_ERR_INVALID_ARG, "scale_schedule_ratio %g must be > 0", c->scale_schedule_ratio);
+    if (c->n_schedulers < 0 || (c->n_schedulers > 0 && !c->schedulers))
+        return cm_set_error(CM_ERR_INVALID_ARG, "trainer: n_schedulers %d without a schedulers array", c->n_schedulers);
+    for (int i = 0; i < c->n_schedulers; i++) {
+        if ((s = cm_sched_validate(&c->schedulers[i]))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "schedulers[%d]: %s", i, msg);
+        }
+    }
+    if ((unsigned)c->precision >= CM_PRECISION_COUNT)
+        return cm_set_error(CM_ERR_INVALID_ARG, "precision %d is not valid (fp32, amp_bf16 or amp_fp16)", (int)c->precision);
+    if (c->precision == CM_PRECISION_AMP_FP16)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "precision amp_fp16: there are no fp16 CPU kernels here; use amp_bf16 "
+                                                "(bf16 compute with f32 master weights, no loss scaling needed) or fp32");
+    if (c->device_train_microbatch_size < CM_MICROBATCH_AUTO)
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "device_train_microbatch_size %lld: use a positive row count, 0 (the whole batch) or "
+                            "CM_MICROBATCH_AUTO", (long long)c->device_train_microbatch_size);
+    if (c->dist.world_size < 1 || c->dist.rank < 0 || c->dist.rank >= c->dist.world_size)
+        return cm_set_error(CM_ERR_INVALID_ARG, "dist: rank %d of world size %d is out of range", c->dist.rank,
+                            c->dist.world_size);
+    if (c->dist.world_size > 1 && !c->dist.all_reduce_sum)
+        return cm_set_error(CM_ERR_INVALID_ARG, "dist: world size %d needs an all_reduce_sum hook", c->dist.world_size);
+    if ((c->n_algorithms && !c->algorithms) || (c->n_callbacks && !c->callbacks) || (c->n_loggers && !c->loggers) ||
+        (c->n_algorithm_passes && !c->algorithm_passes) || c->n_algorithms < 0 || c->n_callbacks < 0 ||
+        c->n_loggers < 0 || c->n_algorithm_passes < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "trainer: a plugin count without its array (or a negative count)");
+    if (c->run_name && strlen(c->run_name) >= 128)
+        return cm_set_error(CM_ERR_INVALID_ARG, "run_name is longer than 127 characters");
+    return CM_OK;
+}
+
+/* max_duration × ssr in its unit (Composer scales the run's length by the ratio). */
+static cm_time scaled(cm_time t, double ssr) {
+    if (ssr == 1.0) return t;
+    double y = (double)t.count * ssr;
+    t.count = (int64_t)floor(y + 1e-9 * fmax(1.0, y));
+    return t;
+}
+
+static cm_status log_hparams(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    char dur[CM_TIME_STR_MAX] = "", mb[32];
+    if (!time_is_zero(st->max_duration)) cm_time_to_string(st->max_duration, dur, sizeof dur);
+    if (tr->mb_config == CM_MICROBATCH_AUTO)
+        snprintf(mb, sizeof mb, "auto");
+    else
+        snprintf(mb, sizeof mb, "%lld", (long long)tr->mb_config);
+    cm_hparam h[] = {
+        {"run_name", CM_HPARAM_STRING, 0, st->run_name},
+        {"seed", CM_HPARAM_NUMBER, (double)st->seed, NULL},
+        {"precision", CM_HPARAM_STRING, 0, cm_precision_name(st->precision)},
+        {"device_train_microbatch_size", CM_HPARAM_STRING, 0, mb},
+        {"max_duration", CM_HPARAM_STRING, 0, dur},
+        {"scale_schedule_ratio", CM_HPARAM_NUMBER, st->ssr, NULL},
+        {"world_size", CM_HPARAM_NUMBER, st->world_size, NULL},
+        {"deterministic_mode", CM_HPARAM_BOOL, tr->deterministic, NULL},
+        {"num_threads", CM_HPARAM_NUMBER, cm_num_threads(), NULL},
+    };
+    return cm_logger_log_hyperparameters(cm_engine_logger(tr->engine), h, (int)(sizeof h / sizeof *h));
+}
+
+static cm_status default_optimizer(cm_trainer *tr) {
+    cm_module *root = cm_model_module(tr->st.model);
+    int n = cm_module_n_units(root);
+    cm_optim_span *spans = cm_alloc_zeroed(sizeof *spans * (size_t)(n > 0 ? n : 1), 16);
+    if (!spans) return CM_ERR_OOM;
+    for (int i = 0; i < n; i++) {
+        const cm_unit_info *u = cm_module_unit(root, i);
+        spans[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+    }
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_SGDW);
+    hp.lr = 0.1;
+    cm_status s = cm_optim_new(CM_OPTIM_DECOUPLED_SGDW, &tr->own_optim);
+    if (!s) s = cm_optim_add_group(tr->own_optim, &hp, spans, n);
+    cm_free(spans);
+    return s;
+}
+
+cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
+    if (!cfg || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_new: NULL %s", cfg ? "out" : "config");
+    *out = NULL;
+    cm_status s = validate(cfg);
+    if (s) return s;
+    for (int i = 0; i < cfg->n_algorithms; i++) {
+        const cm_algorithm_i *vt = cfg->algorithms[i].vt;
+        if (!vt || vt->abi != CM_ALGORITHM_ABI || !vt->name || !vt->match || !vt->apply)
+            return cm_set_error(CM_ERR_INVALID_ARG, "algorithms[%d]: bad vtable (abi %d, name, match, apply needed)", i,
+                                CM_ALGORITHM_ABI);
+    }
+    for (int i = 0; i < cfg->n_callbacks; i++) {
+        const cm_callback_i *vt = cfg->callbacks[i].vt;
+        if (!vt || vt->abi != CM_CALLBACK_ABI || !vt->name || !vt->run_event)
+            return cm_set_error(CM_ERR_INVALID_ARG, "callbacks[%d]: bad vtable (abi %d, name, run_event needed)", i,
+                                CM_CALLBACK_ABI);
+    }
+    for (int i = 0; i < cfg->n_loggers; i++) {
+        const cm_logger_i *vt = cfg->loggers[i].vt;
+        if (!vt || vt->abi != CM_LOGGER_ABI || !vt->name || !vt->log_metrics)
+            return cm_set_error(CM_ERR_INVALID_ARG, "loggers[%d]: bad vtable (abi %d, name, log_metrics needed)", i,
+                                CM_LOGGER_ABI);
+    }
+
+    cm_trainer *tr = cm_alloc_zeroed(sizeof *tr, 64);
+    if (!tr) return CM_ERR_OOM;
+    cm_state *st = &tr->st;
+    st->world_size = cfg->dist.world_size;
+    st->rank = cfg->dist.rank;
+    st->seed = cfg->seed;
+    st->progress_bar = cfg->progress_bar;
+    if (cfg->run_name) {
+        snprintf(st->run_name, sizeof st->run_name, "%s", cfg->run_name);
+    } else {
+        time_t now = time(NULL);
+        struct tm tmv;
+        localtime_r(&now, &tmv);
+        strftime(st->run_name, sizeof st->run_name, "run-%Y%m%d-%H%M%S", &tmv);
+    }
+    st->model = cfg->model;
+    st->ssr = cfg->scale_schedule_ratio;
+    st->lr_multiplier = 1.0;
+    st->total_loss = NAN;
+    st->train_dl = cfg->train_dataloader;
+    st->batches_per_epoch = cfg->train_dataloader ? cm_dataloader_steps_per_epoch(cfg->train_dataloader) : 0;
+    st->max_duration = time_is_zero(cfg->max_duration) ? cfg->max_duration : scaled(cfg->max_duration, st->ssr);
+    st->precision = cfg->precision;
+    st->microbatch_size = cfg->device_train_microbatch_size > 0 ? cfg->device_train_microbatch_size : 0;
+    tr->mb_config = cfg->device_train_microbatch_size;
+    tr->tokens_weighting = cfg->accumulate_train_batch_on_tokens;
+    tr->deterministic = cfg->deterministic_mode;
+    tr->n_threads = cm_num_threads();
+    tr->dist = cfg->dist;
+    tr->last_eval_batch = -1;
+
+    /* evaluators: eval_dataloader first (label "eval"), then the list */
+    tr->n_evals = (cfg->eval_dataloader ? 1 : 0) + cfg->n_evaluators;
+    st->n_metric_sets = 1 + tr->n_evals;
+    tr->evals = cm_alloc_zeroed(sizeof *tr->evals * (size_t)(tr->n_evals + 1), 16);
+    st->metric_sets = cm_alloc_zeroed(sizeof *st->metric_sets * (size_t)st->n_metric_sets, 16);
+    if (!tr->evals || !st->metric_sets) goto oom;
+    for (int i = 0, k = 0; i < tr->n_evals; i++) {
+        evaluator_rt *e = &tr->evals[i];
+        cm_evaluator ev = cm_evaluator_default();
+        if (cfg->eval_dataloader && i == 0)
+            ev.dataloader = cfg->eval_dataloader;
+        else
+            ev = cfg->evaluators[k++];
+        snprintf(e->label, sizeof e->label, "%s", ev.label ? ev.label : "eval");
+        for (int j = 0; j < i; j++)
+            if (!strcmp(tr->evals[j].label, e->label)) {
+                s = cm_set_error(CM_ERR_INVALID_ARG, "evaluator label '%s' is used twice (metrics would mix)", e->label);
+                goto fail;
+            }
+        e->dl = ev.dataloader;
+        e->subset = ev.subset_num_batches > 0 ? ev.subset_num_batches : cfg->eval_subset_num_batches;
+        e->interval = time_is_zero(ev.eval_interval) ? cfg->eval_interval : ev.eval_interval;
+        e->set = i + 1;
+    }
+    if ((s = cmi_metric_set_init(&st->metric_sets[0], st->model, true, "train"))) goto fail;
+    for (int i = 0; i < tr->n_evals; i++)
+        if ((s = cmi_metric_set_init(&st->metric_sets[i + 1], st->model, false, tr->evals[i].label))) goto fail;
+    if (cfg->n_schedulers) {
+        st->schedulers = cm_alloc(sizeof *st->schedulers * (size_t)cfg->n_schedulers, 16);
+        if (!st->schedulers) goto oom;
+        memcpy(st->schedulers, cfg->schedulers, sizeof *st->schedulers * (size_t)cfg->n_schedulers);
+        st->n_schedulers = cfg->n_schedulers;
+    }
+
+    cm_tape_config tc = cm_tape_config_default();
+    tc.arena_budget = cfg->arena_budget;
+    if ((s = cm_tape_new(&tc, &tr->tape))) goto fail;
+    st->tape = tr->tape;
+    cm_tape_set_autocast(tr->tape, st->precision == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16 : CM_DTYPE_F32);
+    if (cfg->train_dataloader && (s = cm_data_spec_new(cfg->train_dataloader, &cfg->train_data_spec, &tr->spec)))
+        goto fail;
+    if (cfg->optimizer)
+        st->optimizer = cfg->optimizer;
+    else if ((s = default_optimizer(tr)))
+        goto fail;
+    else
+        st->optimizer = tr->own_optim;
+    cm_module *root = cm_model_module(st->model);
+    if ((s = cm_module_lock(root))) goto fail;
+    tr->locked = true;
+    cm_module_set_seed(root, st->seed);
+
+    if ((s = cm_engine_new(st, &tr->engine))) goto fail;
+    for (int i = 0; i < cfg->n_algorithm_passes; i++)
+        if ((s = cm_engine_add_ordering_pass(tr->engine, cfg->algorithm_passes[i], -1))) goto fail;
+    for (int i = 0; i < cfg->n_loggers; i++)
+        if ((s = cm_engine_add_logger(tr->engine, cfg->loggers[i]))) goto release;
+    for (int i = 0; i < cfg->n_callbacks; i++)
+        if ((s = cm_engine_add_callback(tr->engine, cfg->callbacks[i]))) goto release;
+    for (int i = 0; i < cfg->n_algorithms; i++)
+        if ((s = cm_engine_add_algorithm(tr->engine, cfg->algorithms[i]))) goto release;
+    st->dl = st->train_dl;
+    snprintf(st->dl_label, sizeof st->dl_label, "train");
+    if ((s = run(tr, CM_EVENT_INIT)) || (s = log_hparams(tr)) || (s = run(tr, CM_EVENT_BEFORE_LOAD)) ||
+        (s = run(tr, CM_EVENT_AFTER_LOAD)))
+        goto release;
+    *out = tr;
+    return CM_OK;
+
+oom:
+    s = cm_set_error(CM_ERR_OOM, "cm_trainer_new: out of memory");
+    goto fail;
+release: {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", cm_last_error());
+    cmi_engine_release(tr->engine);
+    cm_set_error(s, "%s", msg);
+}
+fail:
+    tr->closed = true;
+    {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        cm_trainer_free(tr);
+        cm_set_error(s, "%s", msg);
+    }
+    return s;
+}
+
+cm_status cm_trainer_close(cm_trainer *tr) {
+    if (!tr) return cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_close: trainer is NULL");
+    if (tr->closed) return CM_OK;
+    tr->closed = true;
+    return tr->engine ? cm_engine_close(tr->engine) : CM_OK;
+}
+
+void cm_trainer_free(cm_trainer *tr) {
+    if (!tr) return;
+    if (!tr->closed && cm_trainer_close(tr) != CM_OK)
+        cm_log_msg(CM_LOG_WARN, "trainer: closing the plugins: %s", cm_last_error());
+    cm_engine_free(tr->engine);
+    if (tr->locked) cm_module_unlock(cm_model_module(tr->st.model));
+    cm_optim_free(tr->own_optim);
+    cm_data_spec_free(tr->spec);
+    cm_tape_free(tr->tape);
+    for (int i = 0; tr->st.metric_sets && i < tr->st.n_metric_sets; i++) cmi_metric_set_deinit(&tr->st.metric_sets[i]);
+    cm_free(tr->st.metric_sets);
+    cm_free(tr->st.schedulers);
+    cm_free(tr->evals);
+    cm_free(tr);
+}
+
+cm_state *cm_trainer_state(cm_trainer *tr) { return tr ? &tr->st : NULL; }
+cm_engine *cm_trainer_engine(cm_trainer *tr) { return tr ? tr->engine : NULL; }
+cm_logger *cm_trainer_logger(cm_trainer *tr) { return tr ? cm_engine_logger(tr->engine) : NULL; }
+
+static cm_status check_usable(cm_trainer *tr, const char *what) {
+    if (!tr) return cm_set_error(CM_ERR_INVALID_ARG, "%s: trainer is NULL", what);
+    if (tr->closed) return cm_set_error(CM_ERR_STATE, "%s: the trainer is closed (make a new one)", what);
+    if (tr->deterministic && cm_num_threads() != tr->n_threads)
+        return cm_set_error(CM_ERR_STATE,
+                            "%s: deterministic_mode: the thread count changed from %d to %d since the trainer was "
+                            "made, which may change results in the last bits; restore it or turn deterministic_mode off",
+                            what, tr->n_threads, cm_num_threads());
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Metrics
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status metrics_update(cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+    for (int i = 0; i < ms->n; i++) {
+        cm_status s = cm_metric_update(&ms->metrics[i], outputs, b, ms->sums + i * CM_METRIC_MAX_STATE);
+        if (s) return s;
+    }
+    return CM_OK;
+}
+
+/* Reduces the sums over ranks, computes the values and logs metrics/<label>/<Name>. */
+static cm_status metrics_finish(cm_trainer *tr, cm_metric_set *ms) {
+    if (!ms->n) return CM_OK;
+    cm_status s = reduce(tr, ms->sums, ms->n * CM_METRIC_MAX_STATE);
+    if (s) return s;
+    cm_metric_value vals[16];
+    char names[16][128];
+    int k = 0;
+    for (int i = 0; i < ms->n; i++) {
+        ms->values[i] = cm_metric_compute(&ms->metrics[i], ms->sums + i * CM_METRIC_MAX_STATE);
+        if (k == 16) {
+            if ((s = cm_logger_log_metrics(cm_engine_logger(tr->engine), vals, k))) return s;
+            k = 0;
+        }
+        snprintf(names[k], sizeof names[k], "metrics/%s/%s", ms->label, ms->metrics[i].vt->name);
+        vals[k] = (cm_metric_value){names[k], ms->values[i]};
+        k++;
+    }
+    ms->computed = true;
+    return cm_logger_log_metrics(cm_engine_logger(tr->engine), vals, k);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One training batch
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status model_error(cm_trainer *tr, const char *where) {
+    const cm_timestamp *ts = &tr->st.ts;
+    const char *msg = cm_tape_status(tr->tape) ? cm_tape_error(tr->tape) : cm_last_error();
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", msg);
+    cm_status s = cm_tape_status(tr->tape) ? cm_tape_status(tr->tape) : cm_last_status();
+    if (!s) s = CM_ERR_INTERNAL;
+    return cm_set_error(s, "%s (epoch %lld, batch %lld, microbatch %lld of %lld): %s", where, (long long)ts->epoch,
+                        (long long)ts->batch_in_epoch, (long long)tr->st.microbatch_index + 1,
+                        (long long)tr->st.n_microbatches, buf);
+}
+
+/* Runs the microbatches of batch b with the current microbatch size; *oom is set when the tape ran
+ * out of its arena budget (the caller may retry with a smaller size). */
+static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, double global_w, bool *oom,
+                                  double *loss_sum) {
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    *oom = false;
+    *loss_sum = 0;
+    cm_module_zero_grad(root);
+    cmi_metric_set_reset(&st->metric_sets[0]);
+    cm_tape_reset(tr->tape);
+    cm_batch *mbs;
+    int64_t n_mb;
+    cm_status s = cm_data_spec_split(tr->spec, b, mbsz, &mbs, &n_mb);
+    if (s) return s;
+    st->n_microbatches = n_mb;
+    for (int64_t i = 0; i < n_mb; i++) {
+        cm_batch *mb = &mbs[i];
+        st->microbatch_index = i;
+        int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
+        cmi_state_set_batch(st, mb, ns, nt);
+        if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
+        cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
+        if (!out) goto tape_fail;
+        st->outputs = out;
+        if ((s = run(tr, CM_EVENT_AFTER_FORWARD)) || (s = run(tr, CM_EVENT_BEFORE_LOSS))) return s;
+        cm_tensor *loss = cm_model_loss(st->model, tr->tape, st->outputs, &st->mbatch);
+        if (!loss) goto tape_fail;
+        st->loss = loss;
+        if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
+        if (st->metric_sets[0].n && st->outputs) {
+            if ((s = metrics_update(&st->metric_sets[0], st->outputs, &st->mbatch))) {
+                char msg[1024];
+                snprintf(msg, sizeof msg, "%s", cm_last_error());
+                return cm_set_error(s, "train metrics (epoch %lld, batch %lld): %s", (long long)st->ts.epoch,
+                                    (long long)st->ts.batch_in_epoch, msg);
+            }
+        }
+        if ((s = run(tr, CM_EVENT_BEFORE_BACKWARD))) return s;
+        if (!st->loss || cm_tensor_numel(st->loss) != 1 || cm_tensor_dtype(st->loss) != CM_DTYPE_F32)
+            return cm_set_error(CM_ERR_STATE, "fit: the loss set by a plugin must be an f32 scalar on the state's tape");
+        /* This microbatch's share of the global batch: gradients then add up to the full batch's. */
+        const double share = (tr->tokens_weighting ? (double)nt : (double)ns) / global_w;
+        cm_tensor *g = cm_full(tr->tape, CM_DTYPE_F32, cm_tensor_ndim(st->loss), cm_tensor_shape(st->loss), share);
+        if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
+        *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+        if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
+        cm_tape_reset(tr->tape);
+        st->outputs = st->loss = NULL;
+    }
+    return CM_OK;
+tape_fail:
+    if (cm_tape_status(tr->tape) == CM_ERR_OOM) *oom = true;
+    return model_error(tr, "fit");
+}
+
+static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    cm_module_train(root, true);
+    cm_status s;
+    double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
+    const int64_t local_samples = (int64_t)counts[0], local_tokens = (int64_t)counts[1];
+    if ((s = reduce(tr, counts, 2))) return s;
+    const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
+    if (!(global_w > 0))
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
+                            (long long)st->ts.epoch, (long long)st->ts.batch_in_epoch,
+                            tr->tokens_weighting ? "tokens" : "samples",
+                            tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
+                                                   "tokens, or a count_tokens in train_data_spec)" : "");
+    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    if ((s = run(tr, CM_EVENT_BEFORE_TRAIN_BATCH))) return s;
+
+    if (tr->mb_config == CM_MICROBATCH_AUTO && st->microbatch_size <= 0) {
+        st->microbatch_size = b->n_rows > 0 ? b->n_rows : 1;
+        if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "trainer/device_train_microbatch_size",
+                                      (double)st->microbatch_size)))
+            return s;
+    }
+    double loss_sum = 0;
+    for (;;) {
+        int64_t mbsz = tr->mb_config == 0 ? (b->n_rows > 0 ? b->n_rows : 1) : st->microbatch_size;
+        bool oom;
+        s = run_microbatches(tr, b, mbsz, global_w, &oom, &loss_sum);
+        if (!s) break;
+        if (!(oom && tr->mb_config == CM_MICROBATCH_AUTO)) return s;
+        if (mbsz <= 1) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(CM_ERR_OOM,
+                                "automatic microbatching: even a microbatch of 1 row does not fit the arena budget "
+                                "of %zu bytes (raise arena_budget): %s",
+                                cm_arena_budget(cm_tape_arena(tr->tape)), msg);
+        }
+        /* Same math with smaller pieces: retry the whole batch from zero gradients. */
+        st->microbatch_size = mbsz / 2;
+        cm_log_msg(CM_LOG_INFO, "trainer: out of arena memory with microbatches of %lld rows; retrying with %lld",
+                   (long long)mbsz, (long long)st->microbatch_size);
+        cm_tape_reset(tr->tape);
+        if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "trainer/device_train_microbatch_size",
+                                      (double)st->microbatch_size)))
+            return s;
+    }
+    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    st->outputs = st->loss = NULL;
+    if (tr->dist.sync_grads && (s = tr->dist.sync_grads(st, tr->dist.data))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "gradient synchronisation failed: %s", msg);
+    }
+    if ((s = run(tr, CM_EVENT_AFTER_TRAIN_BATCH))) return s;
+
+    cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
+    double mult = 1.0;
+    if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
+    st->lr_multiplier = mult;
+    if ((s = cm_optim_step(st->optimizer, mult))) return s;
+
+    if ((s = reduce(tr, &loss_sum, 1))) return s;
+    st->total_loss = loss_sum;
+    if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "loss/train/total", loss_sum))) return s;
+    return metrics_finish(tr, &st->metric_sets[0]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Evaluation
+ * ------------------------------------------------------------------------------------------- */
+
+/* The metrics see only the real rows: padding is always at the end of an eval batch. */
+static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
+    cm_state *st = &tr->st;
+    if (!ms->n || !st->outputs) return CM_OK;
+    const int64_t real = b->n_rows - b->n_padded;
+    if (b->n_padded <= 0) return metrics_update(ms, st->outputs, &st->mbatch);
+    if (real <= 0) return CM_OK;
+    cm_tensor *fields[CM_DATASET_MAX_FIELDS];
+    for (int i = 0; i < st->mbatch.n; i++) {
+        cm_tensor *f = st->mbatch.fields[i];
+        fields[i] = cm_tensor_ndim(f) >= 1 && cm_tensor_dim(f, 0) == b->n_rows ? cm_narrow(tr->tape, f, 0, 0, real) : f;
+    }
+    cm_tensor *out = st->outputs;
+    if (cm_tensor_ndim(out) >= 1 && cm_tensor_dim(out, 0) == b->n_rows) out = cm_narrow(tr->tape, out, 0, 0, real);
+    if (cm_tape_status(tr->tape)) return model_error(tr, "eval");
+    cm_model_batch mb = {st->mbatch.names, fields, st->mbatch.n, real, b->n_tokens};
+    return metrics_update(ms, out, &mb);
+}
+
+static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    cm_metric_set *ms = &st->metric_sets[ev->set];
+    const bool was_training = cm_module_is_training(root);
+    cm_dataloader *prev_dl = st->dl;
+    char prev_label[64];
+    snprintf(prev_label, sizeof prev_label, "%s", st->dl_label);
+    cm_module_train(root, false);
+    const bool prev_grad = cm_tape_set_grad_enabled(tr->tape, false);
+    cm_tape_reset(tr->tape);
+    st->dl = ev->dl;
+    snprintf(st->dl_label, sizeof st->dl_label, "%s", ev->label);
+    cmi_metric_set_reset(ms);
+    st->n_microbatches = 1, st->microbatch_index = 0;
+    cm_status s = cm_dataloader_set_state(ev->dl, (cm_dataloader_state){0, 0});
+    if (!s) s = run(tr, CM_EVENT_EVAL_START);
+    for (int64_t n = 0; !s && (ev->subset < 0 || n < ev->subset); n++) {
+        cm_batch *b;
+        if ((s = cm_dataloader_next(ev->dl, &b)) || !b) break;
+        cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
+        if ((s = run(tr, CM_EVENT_EVAL_BATCH_START)) || (s = run(tr, CM_EVENT_EVAL_BEFORE_FORWARD))) break;
+        st->outputs = cm_model_eval_forward(st->model, tr->tape, &st->mbatch);
+        if (!st->outputs) {
+            s = model_error(tr, "eval");
+            break;
+        }
+        if ((s = run(tr, CM_EVENT_EVAL_AFTER_FORWARD))) break;
+        if ((s = eval_update(tr, ms, b))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            s = cm_set_error(s, "eval '%s' metrics (batch %lld): %s", ev->label, (long long)n, msg);
+            break;
+        }
+        if ((s = run(tr, CM_EVENT_EVAL_BATCH_END))) break;
+        cm_tape_reset(tr->tape);
+        cmi_state_clear_batch(st);
+    }
+    cm_tape_reset(tr->tape);
+    cmi_state_clear_batch(st);
+    if (!s) s = metrics_finish(tr, ms);
+    if (!s) s = run(tr, CM_EVENT_EVAL_END);
+    cm_tape_set_grad_enabled(tr->tape, prev_grad);
+    cm_module_train(root, was_training);
+    st->dl = prev_dl;
+    snprintf(st->dl_label, sizeof st->dl_label, "%s", prev_label);
+    return s;
+}
+
+/* Whether an interval is crossed between two timestamps (ep only at epoch ends; the rest only at
+ * batch ends). */
+static bool interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *prev, const cm_timestamp *now,
+                         bool epoch_end) {
+    if (time_is_zero(iv)) return false;
+    if ((iv.unit == CM_TIME_EPOCH) != epoch_end) return false;
+    if (iv.unit == CM_TIME_DURATION) {
+        double a, b;
+        if (cm_timestamp_elapsed(prev, tr->st.max_duration, tr->st.batches_per_epoch, &a) ||
+            cm_timestamp_elapsed(now, tr->st.max_duration, tr->st.batches_per_epoch, &b))
+            return false;
+        return floor(a / iv.frac + 1e-9) != floor(b / iv.frac + 1e-9);
+    }
+    cm_time pa, pb;
+    if (cm_timestamp_get(prev, iv.unit, &pa) || cm_timestamp_get(now, iv.unit, &pb)) return false;
+    return pa.count / iv.count != pb.count / iv.count;
+}
+
+static bool fit_done(const cm_trainer *tr) {
+    int c = -1;
+    cm_timestamp_cmp(&tr->st.ts, tr->st.max_duration, &c);
+    return c >= 0;
+}
+
+/* Runs the evaluators that are due (EVAL_BEFORE_ALL ... EVAL_AFTER_ALL around them). */
+static cm_status maybe_eval(cm_trainer *tr, const cm_timestamp *prev, bool epoch_end) {
+    if (tr->n_evals == 0) return CM_OK;
+    const cm_state *st = &tr->st;
+    const bool done = fit_done(tr);
+    const bool last_of_epoch = st->batches_per_epoch > 0 && st->ts.batch_in_epoch == st->batches_per_epoch;
+    bool due[64] = {false}, any = false;
+    for (int i = 0; i < tr->n_evals && i < 64; i++) {
+        const evaluator_rt *e = &tr->evals[i];
+        due[i] = interval_hit(tr, e->interval, prev, &st->ts, epoch_end);
+        /* once more at the end of training, unless this batch was just evaluated; at the end of an
+         * epoch for epoch intervals when the run ends there */
+        if (!due[i] && done && !time_is_zero(e->interval) && tr->last_eval_batch != st->ts.batch) {
+            if (epoch_end || e->interval.unit != CM_TIME_EPOCH || !last_of_epoch) due[i] = true;
+        }
+        any |= due[i];
+    }
+    if (!any) return CM_OK;
+    tr->last_eval_batch = st->ts.batch;
+    cm_status s = run(tr, CM_EVENT_EVAL_BEFORE_ALL);
+    for (int i = 0; !s && i < tr->n_evals && i < 64; i++)
+        if (due[i]) s = eval_loop(tr, &tr->evals[i]);
+    if (!s) s = run(tr, CM_EVENT_EVAL_AFTER_ALL);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fit
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status log_time(cm_trainer *tr) {
+    const cm_timestamp *t = &tr->st.ts;
+    cm_metric_value v[] = {
+        {"time/batch", (double)t->batch},          {"time/sample", (double)t->sample},
+        {"time/batch_in_epoch", (double)t->batch_in_epoch}, {"time/sample_in_epoch", (double)t->sample_in_epoch},
+        {"time/token", (double)t->token},          {"time/token_in_epoch", (double)t->token_in_epoch},
+    };
+    return cm_logger_log_metrics(cm_engine_logger(tr->engine), v, (int)(sizeof v / sizeof *v));
+}
+
+static cm_status fit_loop(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    cm_status s;
+    while (!fit_done(tr) && !st->stop) {
+        if (st->ts.batch_in_epoch == 0) {
+            if ((s = run(tr, CM_EVENT_EPOCH_START))) return s;
+            if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "time/epoch", (double)st->ts.epoch))) return s;
+        }
+        bool exhausted = false, early = false;
+        int64_t n_batches = 0;
+        for (;;) {
+            if ((s = run(tr, CM_EVENT_BEFORE_DATALOADER))) return s;
+            cm_batch *b;
+            if ((s = cm_data_spec_next(tr->spec, &b))) return s;
+            if (!b) {
+                exhausted = true;
+                break;
+            }
+            n_batches++;
+            cmi_state_set_batch(st, b, cm_data_spec_n_samples(tr->spec, b), cm_data_spec_n_tokens(tr->spec, b));
+            if ((s = run(tr, CM_EVENT_AFTER_DATALOADER)) || (s = run(tr, CM_EVENT_BATCH_START)) ||
+                (s = log_time(tr)))
+                return s;
+            const double t0 = cm_clock_s();
+            if ((s = train_batch(tr, b))) return s;
+            double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
+            if ((s = reduce(tr, counts, 2))) return s;
+            if (st->max_duration.unit == CM_TIME_TOKEN && counts[1] <= 0)
+                return cm_set_error(CM_ERR_INVALID_ARG, "max_duration is in tokens but the train batches count no "
+                                                        "tokens (use a token dataset or a count_tokens function)");
+            const cm_timestamp prev = st->ts;
+            cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], cm_clock_s() - t0);
+            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false)) ||
+                (s = run(tr, CM_EVENT_BATCH_CHECKPOINT)))
+                return s;
+            cmi_state_clear_batch(st);
+            if (fit_done(tr) || st->stop) {
+                early = true;
+                break;
+            }
+        }
+        if (exhausted && n_batches == 0 && st->ts.batch_in_epoch == 0)
+            return cm_set_error(CM_ERR_STATE, "fit: the train loader gave no batch in epoch %lld (is it empty?)",
+                                (long long)st->ts.epoch);
+        if (!early || (st->batches_per_epoch > 0 && st->ts.batch_in_epoch == st->batches_per_epoch)) {
+            if (!exhausted) { /* stopped on the epoch's last batch: move the loader to the next epoch too */
+                cm_dataloader_state ds = cm_dataloader_get_state(st->train_dl);
+                if ((s = cm_dataloader_set_state(st->train_dl, (cm_dataloader_state){ds.epoch + 1, 0}))) return s;
+            }
+            const cm_timestamp prev = st->ts;
+            cm_timestamp_next_epoch(&st->ts, 0.0);
+            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true)) ||
+                (s = run(tr, CM_EVENT_EPOCH_CHECKPOINT)))
+                return s;
+        }
+    }
+    return CM_OK;
+}
+
+cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
+    cm_status s = check_usable(tr, "fit");
+    if (s) return s;
+    cm_state *st = &tr->st;
+    if (!st->train_dl || !tr->spec)
+        return cm_set_error(CM_ERR_STATE, "fit: there is no train_dataloader (set it in the trainer config)");
+    cm_fit_opts o = opts ? *opts : cm_fit_opts_default();
+    if (o.reset_time) {
+        memset(&st->ts, 0, sizeof st->ts);
+        tr->iteration_open = false;
+        tr->last_eval_batch = -1;
+        if ((s = cm_dataloader_set_state(st->train_dl, (cm_dataloader_state){0, 0}))) return s;
+    }
+    if (!time_is_zero(o.duration)) {
+        if ((s = check_duration_unit("fit duration", o.duration))) return s;
+        if (o.duration.count < 0) return cm_set_error(CM_ERR_INVALID_ARG, "fit duration must not be negative");
+        cm_time now;
+        if ((s = cm_timestamp_get(&st->ts, o.duration.unit, &now))) return s;
+        st->max_duration = cm_time_make(now.count + o.duration.count, o.duration.unit);
+    }
+    if (time_is_zero(st->max_duration))
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "fit: max_duration is not set (set cfg.max_duration, e.g. \"2ep\", or pass a duration)");
+    if (st->max_duration.unit == CM_TIME_EPOCH && st->batches_per_epoch == 0)
+        return cm_set_error(CM_ERR_STATE, "fit: the train loader has no batches per epoch");
+    st->stop = false;
+    st->dl = st->train_dl;
+    snprintf(st->dl_label, sizeof st->dl_label, "train");
+    cm_module_train(cm_model_module(st->model), true);
+    if ((s = run(tr, CM_EVENT_FIT_START))) return s;
+    if (!tr->iteration_open) {
+        if ((s = run(tr, CM_EVENT_ITERATION_START))) return s;
+        tr->iteration_open = true;
+    }
+    if ((s = fit_loop(tr))) {
+        cm_tape_reset(tr->tape);
+        cmi_state_clear_batch(st);
+        return s;
+    }
+    if (fit_done(tr)) {
+        if ((s = run(tr, CM_EVENT_ITERATION_END)) || (s = run(tr, CM_EVENT_ITERATION_CHECKPOINT))) return s;
+        tr->iteration_open = false;
+    }
+    return run(tr, CM_EVENT_FIT_END);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * eval and predict
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cm_trainer_eval(cm_trainer *tr, const cm_evaluator *evaluators, int n_evaluators) {
+    cm_status s = check_usable(tr, "eval");
+    if (s) return s;
+    if (n_evaluators > 0 && evaluators) {
+        /* ad-hoc evaluators: use the configured metric set of the same label, or a temporary one */
+        for (int i = 0; i < n_evaluators; i++) {
+            if (!evaluators[i].dataloader) return cm_set_error(CM_ERR_INVALID_ARG, "eval: evaluators[%d] has no dataloader", i);
+            if ((s = check_loader("eval", evaluators[i].dataloader, CM_DATA_EVAL))) return s;
+        }
+    } else if (tr->n_evals == 0) {
+        return cm_set_error(CM_ERR_INVALID_ARG, "eval: no evaluators (set eval_dataloader or evaluators in the config, "
+                                                "or pass evaluators)");
+    }
+    cm_state *st = &tr->st;
+    if ((s = run(tr, CM_EVENT_EVAL_STANDALONE_START))) return s;
+    if (n_evaluators > 0 && evaluators) {
+        for (int i = 0; !s && i < n_evaluators; i++) {
+            evaluator_rt e = {{0}, evaluators[i].dataloader, evaluators[i].subset_num_batches, {0}, -1};
+            snprintf(e.label, sizeof e.label, "%s", evaluators[i].label ? evaluators[i].label : "eval");
+            for (int j = 0; j < tr->n_evals; j++)
+                if (!strcmp(tr->evals[j].label, e.label)) e.set = tr->evals[j].set;
+            if (e.set < 0) {
+                /* a label the trainer has no metric set for: grow the state's sets */
+                cm_metric_set *ns = cm_alloc_zeroed(sizeof *ns * (size_t)(st->n_metric_sets + 1), 16);
+                if (!ns) return CM_ERR_OOM;
+                memcpy(ns, st->metric_sets, sizeof *ns * (size_t)st->n_metric_sets);
+                if ((s = cmi_metric_set_init(&ns[st->n_metric_sets], st->model, false, e.label))) {
+                    cm_free(ns);
+                    return s;
+                }
+                cm_free(st->metric_sets);
+                st->metric_sets = ns;
+                e.set = st->n_metric_sets++;
+            }
+            s = eval_loop(tr, &e);
+        }
+    } else {
+        for (int i = 0; !s && i < tr->n_evals; i++) s = eval_loop(tr, &tr->evals[i]);
+    }
+    if (s) return s;
+    return run(tr, CM_EVENT_EVAL_STANDALONE_END);
+}
+
+cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_num_batches, cm_predict_fn fn,
+                             void *data) {
+    cm_status s = check_usable(tr, "predict");
+    if (s) return s;
+    if (!dl || !fn) return cm_set_error(CM_ERR_INVALID_ARG, "predict: NULL %s", dl ? "fn" : "dataloader");
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    const bool was_training = cm_module_is_training(root);
+    cm_module_train(root, false);
+    const bool prev_grad = cm_tape_set_grad_enabled(tr->tape, false);
+    cm_dataloader *prev_dl = st->dl;
+    st->dl = dl;
+    snprintf(st->dl_label, sizeof st->dl_label, "predict");
+    cm_tape_reset(tr->tape);
+    s = cm_dataloader_set_state(dl, (cm_dataloader_state){cm_dataloader_get_state(dl).epoch, 0});
+    if (!s) s = run(tr, CM_EVENT_PREDICT_START);
+    for (int64_t n = 0; !s && (subset_num_batches < 0 || n < subset_num_batches); n++) {
+        cm_batch *b;
+        if ((s = cm_dataloader_next(dl, &b)) || !b) break;
+        cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
+        if ((s = run(tr, CM_EVENT_PREDICT_BATCH_START)) || (s = run(tr, CM_EVENT_PREDICT_BEFORE_FORWARD))) break;
+        st->outputs = cm_model_forward(st->model, tr->tape, &st->mbatch);
+        if (!st->outputs) {
+            s = model_error(tr, "predict");
+            break;
+        }
+        if ((s = run(tr, CM_EVENT_PREDICT_AFTER_FORWARD))) break;
+        if ((s = fn(b, st->outputs, data))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            s = cm_set_error(s, "predict: the callback failed on batch %lld: %s", (long long)n, msg);
+            break;
+        }
+        if ((s = run(tr, CM_EVENT_PREDICT_BATCH_END))) break;
+        cm_tape_reset(tr->tape);
+        cmi_state_clear_batch(st);
+    }
+    cm_tape_reset(tr->tape);
+    cmi_state_clear_batch(st);
+    if (!s) s = run(tr, CM_EVENT_PREDICT_END);
+    cm_tape_set_grad_enabled(tr->tape, prev_grad);
+    cm_module_train(root, was_training);
+    st->dl = prev_dl;
+    snprintf(st->dl_label, sizeof st->dl_label, "train");
+    return s;
+}

@@ -1,0 +1,69 @@
+/* Private definitions of the trainer layer: the state, the engine's plugin lists and the logging
+ * handle. Not installed. */
+#ifndef CM_TRAINER_IMPL_H
+#define CM_TRAINER_IMPL_H
+
+#include <composer/trainer.h>
+
+/* Computed metric values of one loader label. */
+typedef struct cm_metric_set {
+    char label[64];
+    int n;
+    cm_metric *metrics;  /* (n) from the model */
+    double *sums;        /* (n · CM_METRIC_MAX_STATE) running sums */
+    double *values;      /* (n) last computed values */
+    bool computed;
+} cm_metric_set;
+
+struct cm_state {
+    bool owned_by_user; /* made by cm_state_new */
+    char run_name[128];
+    uint64_t seed;
+    int rank, world_size;
+    bool progress_bar;
+
+    cm_model *model;
+    cm_optim *optimizer;
+    cm_sched_config *schedulers;
+    int n_schedulers;
+    double ssr;
+    double lr_multiplier;
+
+    cm_dataloader *train_dl;
+    cm_dataloader *dl; /* being iterated now */
+    char dl_label[64];
+    int64_t batches_per_epoch;
+
+    cm_timestamp ts;
+    cm_time max_duration;
+    cm_precision precision;
+    int64_t microbatch_size, n_microbatches, microbatch_index;
+
+    cm_batch *batch;
+    cm_model_batch mbatch;
+    bool has_mbatch;
+    const char *mb_names[CM_DATASET_MAX_FIELDS];
+    cm_tensor *mb_fields[CM_DATASET_MAX_FIELDS];
+    cm_tensor *outputs, *loss;
+    cm_tape *tape;
+    double total_loss;
+    bool stop;
+
+    cm_metric_set *metric_sets; /* [0] = "train", then one per evaluator */
+    int n_metric_sets;
+};
+
+/* Points the state's model batch at a loader batch (names, fields, counts). */
+void cmi_state_set_batch(cm_state *st, cm_batch *b, int64_t n_samples, int64_t n_tokens);
+void cmi_state_clear_batch(cm_state *st);
+
+/* Metric sets: allocate for the model's train (label "train") or eval metrics. */
+cm_status cmi_metric_set_init(cm_metric_set *ms, const cm_model *model, bool train, const char *label);
+void cmi_metric_set_deinit(cm_metric_set *ms);
+void cmi_metric_set_reset(cm_metric_set *ms);
+
+/* Drops the engine's plugins without freeing them (cm_trainer_new failing after registration:
+ * the caller keeps its plugins). */
+void cmi_engine_release(cm_engine *e);
+
+#endif
