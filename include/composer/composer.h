@@ -27,5 +27,7 @@
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 #include <composer/report.h>
+#include <composer/trainer.h>
+#include <composer/algorithms.h>
 
 #endif
