@@ -482,3 +482,24 @@ Test(golden_train_gpt2, a_microbatch_with_every_label_ignored_adds_nothing) {
     run_end(&micro);
     cmt_golden_close(g);
 }
+
+/* Bad input: the golden's weights into a GPT-2 of the wrong size (the "tiny" preset: V 96, P 32)
+ * are refused with both shapes named, and nothing is loaded. */
+Test(golden_train_gpt2, weights_of_another_size_are_refused_with_both_shapes) {
+    cm_gpt2_config cfg;
+    cr_assert_eq(cm_gpt2_config_preset("tiny", &cfg), CM_OK);
+    cm_model *m;
+    cr_assert_eq(cm_gpt2_new(&cfg, NULL, &m), CM_OK, "%s", cm_last_error());
+    static const char *const ign[] = {"plain.*", "masked.*", "input_ids", "labels", "labels_masked", "lr"};
+    cm_load_opts o = cm_load_opts_default();
+    o.rename = strip_prefix, o.rename_data = (void *)"init.";
+    o.ignore = ign, o.n_ignore = 6;
+    cr_assert_eq(cm_gpt2_load_safetensors(m, GOLDEN, &o, NULL), CM_ERR_SHAPE, "status %d: %s", cm_last_status(),
+                 cm_last_error());
+    cr_expect(strstr(cm_last_error(), "(64, 32)") && strstr(cm_last_error(), "(96, 32)"), "message: %s",
+              cm_last_error());
+    cm_param_info wte = cm_module_param_info(cm_model_module(m), 0);
+    const float *w = cm_tensor_data(wte.tensor);
+    for (int64_t i = 0; i < wte.numel; i++) cr_assert_eq(w[i], 0.0f, "%s[%lld] was written", wte.name, (long long)i);
+    cm_model_free(m);
+}
