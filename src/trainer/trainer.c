@@ -494,7 +494,9 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
         const double share = (tr->tokens_weighting ? (double)nt : (double)ns) / global_w;
         cm_tensor *g = cm_full(tr->tape, CM_DTYPE_F32, cm_tensor_ndim(st->loss), cm_tensor_shape(st->loss), share);
         if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
-        *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+        /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
+         * poison the batch loss. */
+        if (share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
         if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
         cm_tape_reset(tr->tape);
         st->outputs = st->loss = NULL;
