@@ -190,6 +190,27 @@ Test(gpt2, contractions_are_case_sensitive_and_spaces_attach_forward) {
     expect_encode("\nx", want6, 2);
 }
 
+/* \p{L} and \p{N} are Unicode 15.0's, as in the reference (`regex` 2022.10.31). A character's class
+ * shows in the ids where a contraction follows it: a letter/digit run stops before "'s", so "'s" is
+ * one token (338), while a character the tables do not know (Unicode 14 tables: unassigned, so
+ * "other") would swallow the "'" into its [^\s\p{L}\p{N}]+ run and leave "'" (6) and "s" (82).
+ * Expected ids computed with regex 2022.10.31 (Debian python3-regex) and openai's encoder.py BPE. */
+Test(gpt2, unicode_15_letters_and_digits_are_classified_like_the_reference) {
+    /* U+31350 CJK Ext. H ideograph, U+11F04 KAWI LETTER A (Lo), U+11F50 KAWI DIGIT ZERO (Nd): new in 15 */
+    int32_t cjk_h[] = {172, 109, 235, 238, 338};
+    expect_encode("\xF0\xB1\x8D\x90's", cjk_h, 5);
+    int32_t kawi_a[] = {172, 239, 120, 226, 338};
+    expect_encode("\xF0\x91\xBC\x84's", kawi_a, 5);
+    int32_t kawi_0[] = {172, 239, 121, 238, 338};
+    expect_encode("\xF0\x91\xBD\x90's", kawi_0, 5);
+    /* the same shape with a letter Unicode 14 already had (U+10400 DESERET CAPITAL LONG I) */
+    int32_t deseret[] = {172, 238, 238, 222, 338};
+    expect_encode("\xF0\x90\x90\x80's", deseret, 5);
+    /* a space attaches forward to a run of new letters, and the run ends before "'s" */
+    int32_t words[] = {42, 23368, 220, 172, 239, 120, 226, 172, 239, 120, 227, 338};
+    expect_encode("Kawi \xF0\x91\xBC\x84\xF0\x91\xBC\x85's", words, 12);
+}
+
 Test(gpt2, decode_replaces_invalid_utf8_like_python) {
     /* byte tokens: 0xE4 0xBD (a truncated 3-byte sequence) then 'a', 0xFF, 0xC0 'b' */
     int32_t ids[6];

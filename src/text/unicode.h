@@ -17,7 +17,7 @@ typedef struct cm_uni_fold {
     uint32_t off, len;
 } cm_uni_fold;
 
-extern const char cm_uni_version[]; /* the Unicode version of the tables, e.g. "14.0.0" */
+extern const char cm_uni_version[]; /* the Unicode version of the tables, e.g. "15.0.0" */
 
 #define CM_UNI_TABLE(name)                   \
     extern const cm_uni_range cm_uni_##name[]; \
