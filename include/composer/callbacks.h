@@ -220,12 +220,14 @@ cm_status cm_threshold_stopper_new(const cm_threshold_stopper_config *cfg, cm_ca
  *   rate = (clock now − clock at the first counted BATCH_START − eval time since) / (f − f0)
  *   remaining = rate × (1 − f) + Σ over evaluators of (mean eval time) × (evals still to come)
  * where f is cm_state_elapsed (in batches for epoch durations) and f0 its value when the clock
- * started; the mean eval time of an evaluator drops its first run once there are two (often
- * slower: caches), and evals still to come = (1 − f0) / (per-eval fraction) − evals done, the
- * per-eval fraction being (f − f0) / evals done at that evaluator's last EVAL_END. The unit is
- * logged as the hyperparameter time/remaining_estimate_unit (a string, as Composer) at the first
- * FIT_START.
- * Without a max_duration nothing is logged. */
+ * started. The mean eval time of an evaluator drops its first run once there are two (often
+ * slower: caches). Evals still to come = ⌊1 / p⌋ − evals done, with p = f / (evals done) at that
+ * evaluator's last EVAL_END: evaluations run on a schedule from the start of the run. (Composer
+ * measures p from f0 and so expects fractional extra evaluations — 1.2 instead of 1 for a
+ * per-epoch eval of a 2-epoch run; and before that it shared one "last fraction" across
+ * evaluators, which divides by zero with two.) The unit is logged as the hyperparameter
+ * time/remaining_estimate_unit (a string, as Composer) at the first FIT_START. Without a
+ * max_duration nothing is logged. */
 typedef struct cm_runtime_estimator_config {
     int skip_batches;       /* ≥ 0; default 1 */
     cm_wall_unit time_unit; /* default hours */

@@ -53,7 +53,9 @@ static float fma_scalar(int64_t iters, float seed) {
 
 static volatile float g_sink;
 
-/* FLOP/s of all threads running the widest FMA loop the CPU has, best of a few short rounds. */
+/* FLOP/s of all threads running the widest FMA loop the CPU has at once. Each thread times its
+ * own loop (best of a few short rounds) and the rates add up, so a thread that starts late or is
+ * preempted between rounds does not pull the others' numbers down. */
 static double measure(void) {
     int lanes = 1;
     float (*fn)(int64_t, float) = fma_scalar;
@@ -64,18 +66,22 @@ static double measure(void) {
 #endif
     const int nt = cm_num_threads() > 0 ? cm_num_threads() : 1;
     const int64_t iters = lanes > 1 ? 200000 : 20000; /* ~10 ms per round at a few GHz */
-    double best = 0;
-    for (int round = 0; round < 4; round++) {
-        const double t0 = cm_clock_s();
-        float sum = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : sum)
-        for (int t = 0; t < nt; t++) sum += fn(iters, 1.0f + (float)t);
-        const double dt = cm_clock_s() - t0;
-        g_sink = sum;
-        const double flops = 2.0 * NACC * lanes * (double)iters * nt;
-        if (dt > 0 && flops / dt > best) best = flops / dt;
+    const double flops = 2.0 * NACC * lanes * (double)iters;
+    double total = 0;
+    float sink = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : total, sink)
+    for (int t = 0; t < nt; t++) {
+        double best = 0;
+        for (int round = 0; round < 4; round++) {
+            const double t0 = cm_clock_s();
+            sink += fn(iters, 1.0f + (float)t);
+            const double dt = cm_clock_s() - t0;
+            if (dt > 0 && flops / dt > best) best = flops / dt;
+        }
+        total += best;
     }
-    return best;
+    g_sink = sink;
+    return total;
 }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;

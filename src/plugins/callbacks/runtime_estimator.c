@@ -10,7 +10,7 @@ enum { RE_MAX_LABELS = 32 };
 
 typedef struct {
     char label[64];
-    int64_t n;           /* evaluations finished since the clock started */
+    int64_t n;           /* evaluations finished during training */
     double sum, first;   /* their wall-clock seconds, and the first one's */
     double frac_per_eval; /* elapsed fraction per evaluation, at the last EVAL_END */
 } re_eval;
@@ -44,7 +44,7 @@ static cm_status re_batch_end(runtime_estimator *r, const cm_state *st, cm_logge
         if (e->n <= 0 || !(e->frac_per_eval > 0)) continue;
         /* The first evaluation is often slower (caches, lazy setup): drop it once there are two. */
         const double avg = e->n > 1 ? (e->sum - e->first) / (double)(e->n - 1) : e->sum;
-        const double calls_left = (1.0 - r->start_dur) / e->frac_per_eval - (double)e->n;
+        const double calls_left = floor(1.0 / e->frac_per_eval + 1e-9) - (double)e->n;
         if (calls_left > 0) remaining += avg * calls_left;
     }
     if (remaining < 0) remaining = 0;
@@ -52,9 +52,11 @@ static cm_status re_batch_end(runtime_estimator *r, const cm_state *st, cm_logge
 }
 
 static cm_status re_eval_end(runtime_estimator *r, const cm_state *st) {
-    if (!r->enabled || !r->started) return CM_OK; /* an evaluation before training is not counted */
+    double f;
+    /* Evaluations outside a run with a length (standalone, before training) are not counted. */
+    if (!r->enabled || cm_state_elapsed(st, &f) != CM_OK || !(f > 0)) return CM_OK;
     const double dt = re_now(r) - r->eval_t0;
-    r->total_eval_wct += dt;
+    if (r->started) r->total_eval_wct += dt;
     const char *label = cm_state_dataloader_label(st);
     re_eval *e = NULL;
     for (int i = 0; i < r->n_evals && !e; i++)
@@ -67,8 +69,8 @@ static cm_status re_eval_end(runtime_estimator *r, const cm_state *st) {
     if (e->n == 0) e->first = dt;
     e->n++;
     e->sum += dt;
-    double f;
-    if (cm_state_elapsed(st, &f) == CM_OK) e->frac_per_eval = (f - r->start_dur) / (double)e->n;
+    /* Evaluations run on a schedule from the start of the run: the i-th at about i·f/n. */
+    e->frac_per_eval = f / (double)e->n;
     return CM_OK;
 }
 
