@@ -143,6 +143,13 @@ Test(speed_monitor, fit_logs_throughput_consistent_with_window_and_mfu_from_peak
     expect_rel("wall_clock/train is the timestamp's total_wct", w12, cm_state_timestamp(cm_trainer_state(g.tr))->total_wct,
                1e-12);
     cr_expect_eq(last(g.mem, "wall_clock/val"), 0);
+    /* a second fit from time zero starts a new window: 4 more batch ends before it logs again */
+    cm_fit_opts fo = cm_fit_opts_default();
+    fo.reset_time = true;
+    fo.duration = cm_time_make(5, CM_TIME_BATCH);
+    cr_assert_eq(cm_trainer_fit(g.tr, &fo), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(cm_in_memory_logger_count(g.mem, "throughput/samples_per_sec"), 12 - 3 + 5 - 3);
+    cr_expect_gt(last(g.mem, "throughput/samples_per_sec"), 0);
     unmake(&g);
 }
 
@@ -196,8 +203,8 @@ Test(peak_flops, measured_peak_is_positive_and_cached) {
     double a = 0, b = 0;
     cr_assert_eq(cm_peak_flops(&a), CM_OK);
     cr_assert_eq(cm_peak_flops(&b), CM_OK);
-    /* at least 1 GFLOP/s on anything that runs this suite; the second call reads the cache */
-    cr_expect_gt(a, 1e9, "measured peak %g FLOP/s", a);
+    /* positive (the bound allows an unoptimised sanitizer build); the second call reads the cache */
+    cr_expect_gt(a, 1e6, "measured peak %g FLOP/s", a);
     cr_expect_eq(a, b);
 }
 

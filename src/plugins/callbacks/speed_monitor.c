@@ -43,6 +43,9 @@ static cm_status sm_resolve_peak(speed_monitor *m) {
 
 static cm_status sm_batch_end(speed_monitor *m, const cm_state *st, cm_logger *lg) {
     const cm_timestamp *ts = cm_state_timestamp(st);
+    /* A fit with reset_time starts the counts again: the old window means nothing now. */
+    if (m->n && ((double)ts->sample < sm_at(m, m->n - 1)->sample || ts->total_wct < sm_at(m, m->n - 1)->wct))
+        m->n = m->head = 0;
     const int world = cm_state_world_size(st) > 0 ? cm_state_world_size(st) : 1;
     double flops = 0;
     cm_model *model = cm_state_model(st);
