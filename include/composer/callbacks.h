@@ -254,14 +254,21 @@ cm_status cm_runtime_estimator_new(const cm_runtime_estimator_config *cfg, cm_ca
  *   l2_norm/moment/<name>    ‖exp_avg‖ (Adam kinds) or ‖momentum_buffer‖ (SGD kinds with momentum)
  *   l2_norm/second_moment_sqrt/<name>  sqrt(‖exp_avg_sq‖) (Adam kinds)
  *   l2_norm/update/<name>    ‖u‖ and cosine/update_grad/<name> = cos(g, u) (Adam kinds), with u
- *                            Composer's step tensor (lr/bc1)·m/(sqrt(v)/sqrt(bc2) + eps)
- *                            − wd·(lr/initial_lr)·p at the group's lr·multiplier and the span's step
+ *                            the step the optimizer took, as a descent direction (p_new = p − u):
+ *                            (lr/bc1)·m/(sqrt(v)/sqrt(bc2) + eps) + c·p, at the group's
+ *                            lr·multiplier and the span's step count; c = wd·multiplier
+ *                            (DecoupledAdamW), lr·wd (AdamW), 0 (Adam: the decay is in m).
+ *                            Composer's DecoupledAdamW subtracts its decay term instead of adding
+ *                            it (a sign slip); only the weight-decay part differs.
  *   cosine/moment_grad/<name> cos(g, moment) (when there is a moment)
  * and always
  *   l2_norm/grad/global      sqrt of Σ ‖g‖² over the parameters.
  * The optimizer state is found by the trainer's span naming (one span per wrap unit, named after
  * the unit: "<unit>.exp_avg"); parameters of an optimizer built differently get grad and param
- * norms only. Norms accumulate in double; cosines of a zero vector are 0 (torch's eps clamp). */
+ * norms only. The hyperparameters are group 0's for every parameter, as Composer reads
+ * param_groups[0] (a span does not say which group it is in). Norms accumulate in double (OpenMP
+ * over large spans); cosines of a zero vector are 0 (torch's eps clamp). Per batch this reads
+ * every parameter, gradient and moment once: about the cost of an optimizer step. */
 typedef struct cm_optimizer_monitor_config {
     bool log_optimizer_metrics; /* default true */
     int batch_log_interval;     /* ≥ 1; default 1 */
