@@ -1,0 +1,286 @@
+/*
+ * composer/callbacks.h — callbacks that observe a training run and log what they see, after
+ * Composer's composer/callbacks: SpeedMonitor, LRMonitor, MemoryMonitor, OptimizerMonitor,
+ * RuntimeEstimator, and the two that may end a run, EarlyStopper and ThresholdStopper.
+ *
+ * Each callback has a config with defaults (cm_<name>_config_default(), Composer's defaults) and a
+ * constructor that fills a cm_callback_plugin for the trainer (the trainer takes it; an unused one
+ * is freed with cm_callback_plugin_free). They log through the state's logger, under Composer's
+ * metric keys (each callback's section lists them), so an InMemoryLogger, a console or a file
+ * logger shows the same names a Composer user knows. Callbacks only read the state; the stoppers'
+ * one action is cm_state_stop_training.
+ *
+ *     cm_speed_monitor_config sc = cm_speed_monitor_config_default();
+ *     sc.window_size = 20;
+ *     cm_early_stopper_config ec = cm_early_stopper_config_default();
+ *     ec.monitor = "MulticlassAccuracy";                      // metrics/eval/MulticlassAccuracy
+ *     ec.dataloader_label = "eval";
+ *     cm_time_parse("3ep", &ec.patience);
+ *     cm_callback_plugin cbs[4];
+ *     if (cm_speed_monitor_new(&sc, &cbs[0]) != CM_OK || cm_lr_monitor_new(&cbs[1]) != CM_OK ||
+ *         cm_early_stopper_new(&ec, &cbs[2]) != CM_OK || cm_optimizer_monitor_new(NULL, &cbs[3]) != CM_OK)
+ *         fprintf(stderr, "error: %s\n", cm_last_error());
+ *     cfg.callbacks = cbs; cfg.n_callbacks = 4;               // cm_trainer_config; the trainer takes them
+ *
+ * Checkpoints. Callbacks with state worth keeping (SpeedMonitor: the eval wall-clock total and
+ * the throughput window; EarlyStopper: the best value and when it occurred) implement the vtable's save/load as a small JSON object, so a resumed run continues where the
+ * saved one stopped. Loading a malformed object fails with CM_ERR_FORMAT and changes nothing.
+ *
+ * Distributed runs. A callback sees only its rank's state and has no access to the trainer's
+ * all_reduce_sum hook, so the reductions Composer does are replaced by what needs none:
+ * throughput uses the timestamp's global sample and token counts (and flops_per_sample × global
+ * samples for FLOPs, which is Composer's per-rank sum when the ranks' batches have the same
+ * shape); OptimizerMonitor's norms are over the gradients this rank holds — the global batch's
+ * after the trainer's sync_grads (DDP), but a shard's only under a sharded strategy.
+ *
+ * Threading: a callback belongs to the trainer's thread. cm_peak_flops may be called from any
+ * thread.
+ */
+#ifndef COMPOSER_CALLBACKS_H
+#define COMPOSER_CALLBACKS_H
+
+#include <composer/trainer.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* =============================================================================================
+ * Shared pieces
+ * =========================================================================================== */
+
+/* Wall-clock units for logged times (Composer's time_unit strings). */
+#define CM_WALL_UNIT_LIST(X)                     \
+    X(CM_WALL_SECONDS, "seconds", 1.0)           \
+    X(CM_WALL_MINUTES, "minutes", 60.0)          \
+    X(CM_WALL_HOURS, "hours", 3600.0)            \
+    X(CM_WALL_DAYS, "days", 86400.0)
+
+typedef enum cm_wall_unit {
+#define CM_X_(name, str, secs) name,
+    CM_WALL_UNIT_LIST(CM_X_)
+#undef CM_X_
+    CM_WALL_UNIT_COUNT
+} cm_wall_unit;
+
+const char *cm_wall_unit_name(cm_wall_unit u); /* "hours"; "?" out of range */
+double cm_wall_unit_seconds(cm_wall_unit u);   /* 3600 for hours; 0 out of range */
+/* Case-insensitive "seconds", "minutes", "hours", "days". CM_ERR_INVALID_ARG listing them. */
+cm_status cm_wall_unit_parse(const char *s, cm_wall_unit *out);
+
+/* A clock in seconds (monotonic, any origin). Callbacks that time things take one so tests can
+ * drive them with a fake clock; NULL means cm_clock_s. */
+typedef double (*cm_clock_fn)(void *data);
+
+/* How a stopper compares a metric: CM_COMP_AUTO decides from the metric's name as Composer does —
+ * less for names containing "loss", "error" or "perplexity" (case-insensitive), and here also
+ * "crossentropy" and "cross_entropy" (Composer would maximise a metric called CrossEntropy);
+ * greater for everything else (accuracy, F1, ...). */
+typedef enum cm_comp { CM_COMP_AUTO = 0, CM_COMP_LESS = 1, CM_COMP_GREATER = 2 } cm_comp;
+/* "less"/"lt", "greater"/"gt" (Composer's strings) or "auto", case-insensitive; CM_ERR_INVALID_ARG. */
+cm_status cm_comp_parse(const char *s, cm_comp *out);
+/* CM_COMP_LESS or CM_COMP_GREATER for a monitored name, by the rule above. */
+cm_comp cm_comp_for_metric(const char *monitor);
+
+/* =============================================================================================
+ * SpeedMonitor: throughput, MFU and wall-clock
+ * =========================================================================================== */
+
+/* Logged at every BATCH_END (Composer's keys):
+ *   once window_size + 1 batch ends have been seen, over the last window_size batches
+ *   (Δ = newest − oldest of the window, in the timestamp's global counts and total_wct):
+ *     throughput/batches_per_sec = Δbatches / Δwct         throughput/device/batches_per_sec (÷ world size)
+ *     throughput/samples_per_sec = Δsamples / Δwct         throughput/device/samples_per_sec
+ *     throughput/tokens_per_sec  (only when Δtokens > 0)   throughput/device/tokens_per_sec
+ *   when the model reports cm_model_flops_per_sample > 0 for the batch (flops of a batch =
+ *   flops_per_sample × the batch's global samples), over the same window:
+ *     throughput/flops_per_sec = Σ flops of the window's batches / Δwct
+ *     throughput/device/flops_per_sec (÷ world size)
+ *     throughput/device/mfu = device flops_per_sec / peak_flops, and throughput/mfu (the same value:
+ *       the run's MFU, total FLOP/s over world size × peak) — when a peak is known
+ *   always:
+ *     wall_clock/train = total_wct of the timestamp (training batches only, as Composer: it
+ *       excludes evaluation) in time_unit; wall_clock/val = the time spent between EVAL_START and
+ *       EVAL_END (all evaluators, measured with the clock); wall_clock/total = their sum.
+ * Composer reads the GPU's peak from a table of GPU models; here the peak is the CPU's: */
+typedef struct cm_speed_monitor_config {
+    int window_size;  /* batches to average over (≥ 1); default 100 */
+    /* Peak FLOP/s of one rank, for MFU. 0 (default) = cm_peak_flops() (the CM_PEAK_FLOPS
+     * environment variable, else measured once); < 0 = no MFU is logged. */
+    double peak_flops;
+    cm_wall_unit time_unit; /* for the wall_clock keys; default hours */
+    cm_clock_fn clock;      /* times evaluation; NULL = cm_clock_s */
+    void *clock_data;
+} cm_speed_monitor_config;
+
+cm_speed_monitor_config cm_speed_monitor_config_default(void);
+
+/* A SpeedMonitor plugin (name "SpeedMonitor"). cfg NULL = defaults. Save/load: the eval
+ * wall-clock total and the window. Errors: CM_ERR_INVALID_ARG (window_size < 1, a NaN or infinite
+ * peak, a bad time_unit), CM_ERR_OOM. */
+cm_status cm_speed_monitor_new(const cm_speed_monitor_config *cfg, cm_callback_plugin *out);
+
+/* This machine's peak FLOP/s for f32 FMA over cm_num_threads() threads, for MFU: the value of the
+ * environment variable CM_PEAK_FLOPS (a positive number, e.g. "3.2e12") if set, else measured
+ * once per process with a short FMA loop (about 50 ms; AVX-512 where the CPU has it, else AVX2 +
+ * FMA, else scalar) on every thread at once, and cached. The measurement sees the clock speed of
+ * the moment and a busy machine lowers it; set CM_PEAK_FLOPS for MFU numbers comparable across
+ * runs. It counts f32 FMA throughput, not AMX bf16: an amp_bf16 run on an AMX machine can show an
+ * MFU above 1. Errors: CM_ERR_INVALID_ARG (CM_PEAK_FLOPS set but not a positive number). Thread-safe. */
+cm_status cm_peak_flops(double *out);
+
+/* =============================================================================================
+ * LRMonitor: the learning rate of each parameter group
+ * =========================================================================================== */
+
+/* Logs lr-<Optimizer>/group<i> at every BATCH_END for each of the optimizer's groups (Composer's
+ * f'lr-{optimizer.__class__.__name__}/group{idx}'): the rate the batch just trained used, group.lr
+ * × cm_state_lr_multiplier. The class names are Composer's and torch's: SGD, DecoupledSGDW, Adam,
+ * AdamW, DecoupledAdamW. Composer logs the rate after its scheduler step, which its one-batch-late
+ * schedule (see optim.h) makes the same value at the same batch as here.
+ * Name "LRMonitor". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
+cm_status cm_lr_monitor_new(cm_callback_plugin *out);
+
+/* The optimizer class name Composer logs for a kind ("DecoupledAdamW"; "?" out of range). */
+const char *cm_optim_class_name(cm_optim_kind kind);
+
+/* =============================================================================================
+ * MemoryMonitor: process and arena memory
+ * =========================================================================================== */
+
+/* The CPU analogue of Composer's MemoryMonitor (which logs torch.cuda.memory_stats): at every
+ * AFTER_TRAIN_BATCH it logs, in bytes,
+ *   memory/rss_bytes          the process's resident set now (/proc/self/statm)
+ *   memory/peak_rss_bytes     the largest resident set so far (getrusage ru_maxrss)
+ *   memory/arena_bytes        the tape arena's use after the largest microbatch of this batch
+ *                             (activations and tape nodes; the arena is rewound after each)
+ *   memory/arena_peak_bytes   the arena's peak use since it was made (cm_arena_peak)
+ *   memory/arena_budget_bytes the arena's budget, when one is set (cfg.arena_budget)
+ * Composer's allocated/reserved split maps onto arena_bytes (live activations) and rss_bytes
+ * (everything the process holds: parameters, optimizer state, loader buffers, allocator slack).
+ * Name "MemoryMonitor". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
+cm_status cm_memory_monitor_new(cm_callback_plugin *out);
+
+/* The process's resident set now and its peak, in bytes (0 where the system does not say). */
+void cm_process_memory(int64_t *rss_bytes, int64_t *peak_rss_bytes);
+
+/* =============================================================================================
+ * EarlyStopper and ThresholdStopper
+ * =========================================================================================== */
+
+/* EarlyStopper (Composer's): stops training when `monitor` has not improved for `patience`.
+ * The metric is the one the trainer logs as metrics/<dataloader_label>/<monitor> (read with
+ * cm_state_metric). It is checked at EVAL_END of the evaluator labelled dataloader_label, at
+ * EPOCH_END when the label is "train", and also at every BATCH_END of training when patience is
+ * in batches and the label is "train". A value improves on the best when comp(value, best) and
+ * |value − best| > min_delta; the first value seen is the first best. Training stops (after the
+ * current batch) when now − (time of the best) > patience, in patience's unit (epochs or
+ * batches), as Composer: with patience 1ep the run stops at the second epoch end without
+ * improvement. A metric that has not been computed yet when checked is an error naming it (as
+ * Composer raises), so a typo in monitor fails at the first check rather than never stopping. */
+typedef struct cm_early_stopper_config {
+    const char *monitor;          /* required; copied: "MulticlassAccuracy", "CrossEntropy" */
+    const char *dataloader_label; /* copied; "eval" (the evaluator's label) or "train"; default "eval" */
+    cm_comp comp;                 /* default CM_COMP_AUTO */
+    double min_delta;             /* its absolute value is used; default 0 */
+    cm_time patience;             /* ep or ba; default 1ep (Composer's int patience is epochs) */
+} cm_early_stopper_config;
+
+cm_early_stopper_config cm_early_stopper_config_default(void);
+
+/* Name "EarlyStopper". Save/load: the best value and the epoch and batch it occurred at. Errors:
+ * CM_ERR_INVALID_ARG (no monitor, an empty label, patience not in ep or ba or negative, NaN
+ * min_delta, bad comp), CM_ERR_OOM. */
+cm_status cm_early_stopper_new(const cm_early_stopper_config *cfg, cm_callback_plugin *out);
+
+/* ThresholdStopper (Composer's): stops training as soon as comp(metric, threshold) holds (strict:
+ * less or greater), checked at EVAL_END of the evaluator labelled dataloader_label, at EPOCH_END
+ * for "train", and at every training BATCH_END for "train" when stop_on_batch is set. Errors for
+ * a metric not computed as EarlyStopper. */
+typedef struct cm_threshold_stopper_config {
+    const char *monitor;          /* required; copied */
+    const char *dataloader_label; /* copied; default "eval" */
+    double threshold;             /* required (default NaN: must be set) */
+    cm_comp comp;                 /* default CM_COMP_AUTO */
+    bool stop_on_batch;           /* default false */
+} cm_threshold_stopper_config;
+
+cm_threshold_stopper_config cm_threshold_stopper_config_default(void);
+
+/* Name "ThresholdStopper". Errors: CM_ERR_INVALID_ARG (no monitor, empty label, NaN or infinite
+ * threshold, bad comp), CM_ERR_OOM. */
+cm_status cm_threshold_stopper_new(const cm_threshold_stopper_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * RuntimeEstimator: time left
+ * =========================================================================================== */
+
+/* Logs time/remaining_estimate (in time_unit) at every BATCH_END once skip_batches batch ends
+ * have passed and the run has progressed since the clock started (Composer's RuntimeEstimator):
+ *   rate = (clock now − clock at the first counted BATCH_START − eval time since) / (f − f0)
+ *   remaining = rate × (1 − f) + Σ over evaluators of (mean eval time) × (evals still to come)
+ * where f is cm_state_elapsed (in batches for epoch durations) and f0 its value when the clock
+ * started. The mean eval time of an evaluator drops its first run once there are two (often
+ * slower: caches). Evals still to come = ⌊1 / p⌋ − evals done, with p = f / (evals done) at that
+ * evaluator's last EVAL_END: evaluations run on a schedule from the start of the run. (Composer
+ * measures p from f0 and so expects fractional extra evaluations — 1.2 instead of 1 for a
+ * per-epoch eval of a 2-epoch run; and before that it shared one "last fraction" across
+ * evaluators, which divides by zero with two.) The unit is logged as the hyperparameter
+ * time/remaining_estimate_unit (a string, as Composer) at the first FIT_START. Without a
+ * max_duration nothing is logged. */
+typedef struct cm_runtime_estimator_config {
+    int skip_batches;       /* ≥ 0; default 1 */
+    cm_wall_unit time_unit; /* default hours */
+    cm_clock_fn clock;      /* NULL = cm_clock_s */
+    void *clock_data;
+} cm_runtime_estimator_config;
+
+cm_runtime_estimator_config cm_runtime_estimator_config_default(void);
+
+/* Name "RuntimeEstimator". Its clock restarts in a resumed run (no save/load, as Composer). Errors: CM_ERR_INVALID_ARG
+ * (skip_batches < 0, bad time_unit), CM_ERR_OOM. */
+cm_status cm_runtime_estimator_new(const cm_runtime_estimator_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * OptimizerMonitor: gradient, parameter and optimizer-state norms
+ * =========================================================================================== */
+
+/* At every BATCH_END whose batch count is a multiple of batch_log_interval (after the optimizer
+ * step; the gradients are still the batch's), for each parameter that requires a gradient
+ * (name = its dotted name, e.g. "0.weight"):
+ *   l2_norm/grad/<name>      ‖g‖ of the parameter's gradient
+ * and with log_optimizer_metrics (Composer's report_per_parameter_metrics):
+ *   l2_norm/param/<name>     ‖p‖ (after the step)
+ *   l2_norm/moment/<name>    ‖exp_avg‖ (Adam kinds) or ‖momentum_buffer‖ (SGD kinds with momentum)
+ *   l2_norm/second_moment_sqrt/<name>  sqrt(‖exp_avg_sq‖) (Adam kinds)
+ *   l2_norm/update/<name>    ‖u‖ and cosine/update_grad/<name> = cos(g, u) (Adam kinds), with u
+ *                            the step the optimizer took, as a descent direction (p_new = p − u):
+ *                            (lr/bc1)·m/(sqrt(v)/sqrt(bc2) + eps) + c·p, at the group's
+ *                            lr·multiplier and the span's step count; c = wd·multiplier
+ *                            (DecoupledAdamW), lr·wd (AdamW), 0 (Adam: the decay is in m).
+ *                            Composer's DecoupledAdamW subtracts its decay term instead of adding
+ *                            it (a sign slip); only the weight-decay part differs.
+ *   cosine/moment_grad/<name> cos(g, moment) (when there is a moment)
+ * and always
+ *   l2_norm/grad/global      sqrt of Σ ‖g‖² over the parameters.
+ * The optimizer state is found by the trainer's span naming (one span per wrap unit, named after
+ * the unit: "<unit>.exp_avg"); parameters of an optimizer built differently get grad and param
+ * norms only. The hyperparameters are group 0's for every parameter, as Composer reads
+ * param_groups[0] (a span does not say which group it is in). Norms accumulate in double (OpenMP
+ * over large spans); cosines of a zero vector are 0 (torch's eps clamp). Per batch this reads
+ * every parameter, gradient and moment once: about the cost of an optimizer step. */
+typedef struct cm_optimizer_monitor_config {
+    bool log_optimizer_metrics; /* default true */
+    int batch_log_interval;     /* ≥ 1; default 1 */
+} cm_optimizer_monitor_config;
+
+cm_optimizer_monitor_config cm_optimizer_monitor_config_default(void);
+
+/* Name "OptimizerMonitor". cfg NULL = defaults. Errors: CM_ERR_INVALID_ARG
+ * (batch_log_interval < 1), CM_ERR_OOM. */
+cm_status cm_optimizer_monitor_new(const cm_optimizer_monitor_config *cfg, cm_callback_plugin *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMPOSER_CALLBACKS_H */
