@@ -29,5 +29,6 @@
 #include <composer/report.h>
 #include <composer/trainer.h>
 #include <composer/algorithms.h>
+#include <composer/callbacks.h>
 
 #endif
