@@ -654,3 +654,50 @@ Test(run_folder, setup_creates_the_folder_and_write_text_replaces_files) {
     free(missing), free(want), free(root);
     tmp_remove(&t);
 }
+
+/* The engine by hand: hyperparameters as YAML that reads back as the values logged. */
+Test(console_logger, hyperparameters_are_yaml_quoted_where_needed_and_sorted) {
+    capture cap;
+    capture_open(&cap);
+    cm_console_logger_config cc = cm_console_logger_config_default();
+    cc.stream = cap.f;
+    cm_logger_plugin p;
+    cr_assert_eq(cm_console_logger_new(&cc, &p), CM_OK);
+    cm_state *st;
+    cm_engine *e;
+    cr_assert_eq(cm_state_new(&st), CM_OK);
+    cr_assert_eq(cm_engine_new(st, &e), CM_OK);
+    cr_assert_eq(cm_engine_add_logger(e, p), CM_OK);
+    cr_assert_eq(cm_engine_run_event(e, CM_EVENT_INIT), CM_OK, "%s", cm_last_error());
+    cm_hparam h[] = {
+        {"s_plain", CM_HPARAM_STRING, 0, "hello world"}, {"s_empty", CM_HPARAM_STRING, 0, ""},
+        {"s_bool", CM_HPARAM_STRING, 0, "yes"},          {"s_num", CM_HPARAM_STRING, 0, "1e-3"},
+        {"s_colon", CM_HPARAM_STRING, 0, "a: b"},        {"s_quote", CM_HPARAM_STRING, 0, "'x' it's"},
+        {"s_newline", CM_HPARAM_STRING, 0, "a\nb\"c"},   {"n_frac", CM_HPARAM_NUMBER, 0.1, NULL},
+        {"n_int", CM_HPARAM_NUMBER, 3, NULL},            {"n_nan", CM_HPARAM_NUMBER, NAN, NULL},
+        {"b_true", CM_HPARAM_BOOL, 1, NULL},             {"n_int", CM_HPARAM_NUMBER, 4, NULL},
+    };
+    cr_assert_eq(cm_logger_log_hyperparameters(cm_engine_logger(e), h, 12), CM_OK);
+    cr_assert_eq(cm_engine_run_event(e, CM_EVENT_FIT_START), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_engine_run_event(e, CM_EVENT_FIT_START), CM_OK, "%s", cm_last_error()); /* printed once */
+    cr_assert_eq(cm_engine_close(e), CM_OK);
+    cm_engine_free(e);
+    cm_state_free(st);
+    capture_close(&cap);
+    const char *want = "******************************\n"
+                       "Config:\n"
+                       "b_true: true\n"
+                       "n_frac: 0.1\n"
+                       "n_int: 4\n"
+                       "n_nan: .nan\n"
+                       "s_bool: 'yes'\n"
+                       "s_colon: 'a: b'\n"
+                       "s_empty: ''\n"
+                       "s_newline: \"a\\nb\\\"c\"\n"
+                       "s_num: '1e-3'\n"
+                       "s_plain: hello world\n"
+                       "s_quote: '''x'' it''s'\n"
+                       "******************************\n";
+    cr_assert_str_eq(cap.text, want);
+    free(cap.text);
+}
