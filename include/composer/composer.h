@@ -30,5 +30,6 @@
 #include <composer/trainer.h>
 #include <composer/algorithms.h>
 #include <composer/callbacks.h>
+#include <composer/loggers.h>
 
 #endif
