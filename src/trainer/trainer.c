@@ -3,10 +3,14 @@
  * eval interval, standalone eval, predict, close. The event order is documented in trainer.h. */
 #include "trainer/trainer_impl.h"
 
+#include <composer/report.h>
+
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     char label[64];
@@ -251,10 +255,13 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     if (cfg->run_name) {
         snprintf(st->run_name, sizeof st->run_name, "%s", cfg->run_name);
     } else {
-        time_t now = time(NULL);
-        struct tm tmv;
-        localtime_r(&now, &tmv);
-        strftime(st->run_name, sizeof st->run_name, "run-%Y%m%d-%H%M%S", &tmv);
+        /* Composer-style "<unix time>-<adjective>-<animal>". The entropy must agree across the
+         * ranks of one job (they share the launcher as parent) and differ between jobs started in
+         * the same second (so their run folders never clash). */
+        const bool launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+        uint64_t ent[2] = {(uint64_t)(launched ? getppid() : getpid()), cfg->seed};
+        cm_run_name_generate((int64_t)time(NULL), cm_hash64(ent, sizeof ent, 0x52554e), st->run_name,
+                             sizeof st->run_name);
     }
     st->model = cfg->model;
     st->ssr = cfg->scale_schedule_ratio;
