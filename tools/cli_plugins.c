@@ -122,7 +122,7 @@ static cm_status rl_log_metrics(void *self, const cm_metric_value *values, int n
         if (strncmp(values[i].name, "metrics/", 8) == 0 && strncmp(values[i].name, "metrics/train/", 14) != 0) {
             char v[CM_FORMAT_MAX];
             size_t len = strlen(rl->eval_line);
-            snprintf(rl->eval_line + len, sizeof rl->eval_line - len, "%s%s: %s", len ? ", " : "", values[i].name + 8,
+            snprintf(rl->eval_line + len, sizeof rl->eval_line - len, "%s%s: %s", len ? ", " : "", values[i].name,
                      cm_format_metric(values[i].value, v, sizeof v));
         }
         names[k] = values[i].name, vals[k] = values[i].value, k++;
@@ -174,7 +174,7 @@ static cm_status rl_run_event(void *self, cm_event ev, const cm_state *st) {
         rl->eval_line[0] = 0;
         break;
     case CM_EVENT_EVAL_END:
-        snprintf(msg, sizeof msg, "[batch=%lld] eval %s", (long long)ts->batch, rl->eval_line);
+        snprintf(msg, sizeof msg, "[batch=%lld] %s", (long long)ts->batch, rl->eval_line);
         rl_line(rl, msg);
         rl->eval_line[0] = 0;
         break;

@@ -97,8 +97,14 @@ static cm_status get_d(cm_config *c, const char *prefix, const char *key, double
     return cm_config_get_double(c, keyf(k, sizeof k, prefix, key), def, out);
 }
 static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
+    /* the shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06 */
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)def);
+        if ((float)strtod(buf, NULL) == def) break;
+    }
     double d;
-    TRY(get_d(c, prefix, key, def, &d));
+    TRY(get_d(c, prefix, key, strtod(buf, NULL), &d));
     *out = (float)d;
     return CM_OK;
 }

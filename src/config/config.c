@@ -22,7 +22,8 @@ typedef struct node {
     bool quoted;         /* a quoted (or !!str) scalar: a string even if it looks like a number */
     struct node **kids;
     int n, cap;
-    int line, col; /* 1-based; 0 when not from the file */
+    int line, col;   /* the value's position, 1-based; 0 when not from the file */
+    int kline, kcol; /* the key's position (map children from the file) */
     int origin;    /* 0: the file (line/col); else an index into cfg->origins */
     bool used;
 } node;
@@ -247,8 +248,7 @@ static cm_status build(build_ctx *b, yaml_node_t *yn, int depth, node **out) {
                 node_free(kid);
                 s = cm_set_error(CM_ERR_OOM, "config: out of memory");
             }
-            /* the key's position is the more useful one for messages about the entry */
-            if (!s && b->origin == 0) kid->line = kl, kid->col = kc;
+                if (!s && b->origin == 0) kid->kline = kl, kid->kcol = kc;
         }
         break;
     default:
@@ -983,7 +983,11 @@ cm_status cm_config_check_unknown(const cm_config *c) {
     char where[600];
     char more[64] = "";
     if (w.count > 1) snprintf(more, sizeof more, " (and %d more unknown key%s)", w.count - 1, w.count > 2 ? "s" : "");
-    return cm_set_error(CM_ERR_INVALID_ARG, "%s: unknown key '%s'%s%s%s%s", node_origin(c, w.first, where, sizeof where),
+    if (w.first->origin == 0 && w.first->kline > 0)
+        snprintf(where, sizeof where, "%s:%d:%d", c->origins[0], w.first->kline, w.first->kcol);
+    else
+        node_origin(c, w.first, where, sizeof where);
+    return cm_set_error(CM_ERR_INVALID_ARG, "%s: unknown key '%s'%s%s%s%s", where,
                         path, best ? " (did you mean '" : "", best ? best : "", best ? "'?)" : "", more);
 }
 
@@ -995,6 +999,8 @@ static int emit_ok(yaml_emitter_t *e, yaml_event_t *ev) { return yaml_emitter_em
 
 static int emit_scalar(yaml_emitter_t *e, const char *text, bool quoted) {
     yaml_event_t ev;
+    for (const char *p = text; *p && !quoted; p++)
+        if ((unsigned char)*p < 0x20) quoted = true; /* "\n" reads better than a folded block */
     if (!yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)text, (int)strlen(text), 1, 1,
                                       quoted ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE))
         return 0;
