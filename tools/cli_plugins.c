@@ -48,10 +48,11 @@ static cm_status make_gradient_clipping(cm_config *c, const char *path, cli_ctx 
     return cm_grad_clip_new((cm_grad_clip_type)type, thr, &out->algorithm);
 }
 
-/* loggers.progress_bar: {} — the built-in logger draws a bar. */
+/* loggers.progress_bar: {} — the built-in logger's bar, drawn unless the top-level
+ * progress_bar is false (Composer adds its ProgressBarLogger for progress_bar: true). */
 static cm_status make_progress_bar(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
     cm_config_touch(c, path);
-    ctx->progress_bar = true;
     out->none = true;
     return CM_OK;
 }

@@ -586,10 +586,11 @@ static cm_status read_trainer_keys(run *r) {
     if (cm_config_kind_of(c, "device_train_microbatch_size") == CM_CONFIG_SCALAR) {
         const char *v;
         TRY(cm_config_get_string(c, "device_train_microbatch_size", NULL, &v));
-        if (strcasecmp(v, "auto") == 0) tc->device_train_microbatch_size = CM_MICROBATCH_AUTO;
+        bool is_auto = strcasecmp(v, "auto") == 0;
+        if (is_auto) tc->device_train_microbatch_size = CM_MICROBATCH_AUTO;
         else TRY(cm_config_get_int(c, "device_train_microbatch_size", 0, &tc->device_train_microbatch_size));
-        if (tc->device_train_microbatch_size < -1 || tc->device_train_microbatch_size == -1 * (strcasecmp(v, "auto") != 0))
-            return bad(c, "device_train_microbatch_size", "'%s' must be a positive number of rows or auto", v);
+        if (!is_auto && tc->device_train_microbatch_size < 0)
+            return bad(c, "device_train_microbatch_size", "'%s' must be a number of rows (0 = the whole batch) or auto", v);
     } else {
         TRY(cm_config_get_int(c, "device_train_microbatch_size", 0, &tc->device_train_microbatch_size));
     }

@@ -999,10 +999,12 @@ static int emit_ok(yaml_emitter_t *e, yaml_event_t *ev) { return yaml_emitter_em
 
 static int emit_scalar(yaml_emitter_t *e, const char *text, bool quoted) {
     yaml_event_t ev;
-    for (const char *p = text; *p && !quoted; p++)
-        if ((unsigned char)*p < 0x20) quoted = true; /* "\n" reads better than a folded block */
-    if (!yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)text, (int)strlen(text), 1, 1,
-                                      quoted ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE))
+    /* quoted: single quotes (libyaml switches to double quotes where they cannot hold the text);
+     * control characters: double quotes ("\n" reads better than a folded block) */
+    yaml_scalar_style_t style = quoted ? YAML_SINGLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE;
+    for (const char *p = text; *p; p++)
+        if ((unsigned char)*p < 0x20) style = YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+    if (!yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)text, (int)strlen(text), 1, 1, style))
         return 0;
     return emit_ok(e, &ev);
 }
