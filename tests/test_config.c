@@ -264,3 +264,12 @@ Test(config, out_of_memory_fails_cleanly) {
         cr_assert_eq(s, CM_ERR_OOM, "failure at allocation %lld: %s", (long long)n, cm_last_error());
     }
 }
+
+Test(config, a_close_sibling_beats_the_same_name_elsewhere) {
+    cm_config *c = load("a: {lrr: 1}\n");
+    double v;
+    cr_assert_eq(cm_config_get_double(c, "a.lr", 1, &v), CM_OK);
+    cr_assert_eq(cm_config_get_double(c, "b.lrr", 1, &v), CM_OK);
+    expect_msg(cm_config_check_unknown(c), CM_ERR_INVALID_ARG, "unknown key 'a.lrr' (did you mean 'a.lr'?)");
+    cm_config_free(c);
+}
