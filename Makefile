@@ -1,6 +1,7 @@
 # Thin wrapper over CMake so the README's commands are one word each.
 #   make            install missing Debian packages (as root), configure and build
-#   make demo       build, then train the example on the shipped MNIST data and show the result
+#   make demo       build, tokenize tiny Shakespeare (once), train examples/shakespeare-char.yaml with
+#                   `composer train`, and show where the log, the loss plot and the text sample are
 #   make test       build and run the whole test suite (CTest; its summary is the last line)
 #   make test-asan  the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      build the benchmarks and run bench/gemm
@@ -32,8 +33,19 @@ build: deps configure
 
 DATA ?= ../shared/data
 
+DEMO_DATA ?= data/shakespeare_char
+DEMO_RUN  ?= runs/shakespeare-char
+
 demo: build
-	@$(BUILD)/examples/mnist_mlp $(DATA)/mnist
+	@test -f $(DEMO_DATA)/train.bin -a -f $(DEMO_DATA)/val.bin -a -f $(DEMO_DATA)/tokenizer.json || \
+	  $(BUILD)/tools/composer data tokenize --tokenizer char $(DATA)/tinyshakespeare/input.txt -o $(DEMO_DATA)
+	@$(BUILD)/tools/composer train examples/shakespeare-char.yaml run_root=$(patsubst %/,%,$(dir $(DEMO_RUN))) \
+	  run_name=$(notdir $(DEMO_RUN)) train_loader.dataset.dir=$(DEMO_DATA) eval_loader.dataset.dir=$(DEMO_DATA)
+	@echo
+	@echo "log:     $(DEMO_RUN)/log.txt (metrics: $(DEMO_RUN)/metrics.jsonl)"
+	@echo "plot:    $(DEMO_RUN)/loss.svg"
+	@echo "sample:  $(DEMO_RUN)/sample.txt"
+	@echo "more:    $(BUILD)/tools/composer generate --weights $(DEMO_RUN)/model.safetensors --prompt 'ROMEO:'"
 
 test: build
 	@scripts/run-tests $(BUILD) -j $(JOBS)

@@ -1,13 +1,17 @@
 /* The `composer` command-line tool.
  *
  *   composer --help | --version
+ *   composer train CONFIG.yaml [key.path=value ...] [--print-config]
+ *   composer eval CONFIG.yaml --weights PATH [key.path=value ...]
+ *   composer generate --weights PATH [--prompt TEXT] [--max-new-tokens N] ...
  *   composer data tokenize [--tokenizer gpt2|char] [--val-fraction F] INPUT -o OUTDIR
  *
  * Commands live in tables of {name, function, help} (a group's entry points at its sub-table), so
  * adding a subcommand is adding a row. Unknown commands, flags and values are answered with the
  * closest valid spelling. Exit status: 0 success, 1 failure while working (I/O, bad file), 2 usage
  * error. */
-#include <composer/composer.h>
+#include "cli.h"
+
 #include <composer/tokenizer.h>
 
 #include <errno.h>
@@ -17,8 +21,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define EXIT_USAGE 2
 
 typedef struct cli_cmd cli_cmd;
 struct cli_cmd {
@@ -65,7 +67,7 @@ static const char *closest(const char *word, const char *const *cands, int n) {
     return bd <= limit ? best : NULL;
 }
 
-static void print_suggestion(const char *word, const char *const *cands, int n) {
+void cli_print_suggestion(const char *word, const char *const *cands, int n) {
     const char *s = closest(word, cands, n);
     if (s) fprintf(stderr, "; did you mean '%s'?\n", s);
     else fprintf(stderr, "\n");
@@ -102,7 +104,7 @@ static int dispatch(const char *prog, const cli_cmd *table, int argc, char **arg
     int n = 0;
     for (const cli_cmd *c = table; c->name && n < 32; c++) names[n++] = c->name;
     fprintf(stderr, "%s: unknown command '%s'", prog, argv[0]);
-    print_suggestion(argv[0], names, n);
+    cli_print_suggestion(argv[0], names, n);
     fprintf(stderr, "Run '%s --help' for the list of commands.\n", prog);
     return EXIT_USAGE;
 }
@@ -111,15 +113,8 @@ static int dispatch(const char *prog, const cli_cmd *table, int argc, char **arg
  * Flags: a table per command; "--name value", "--name=value" and short "-x value"
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct cli_flag {
-    const char *name;  /* "--tokenizer" */
-    const char *short_name; /* "-o" or NULL */
-    const char *value; /* metavariable ("NAME") or NULL for a switch */
-    const char *help;
-    const char **out;  /* where the value goes ("1" for a switch) */
-} cli_flag;
 
-static void print_flags(FILE *f, const cli_flag *flags) {
+void cli_print_flags(FILE *f, const cli_flag *flags) {
     for (const cli_flag *fl = flags; fl->name; fl++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s%s%s", fl->short_name ? fl->short_name : "", fl->short_name ? ", " : "",
@@ -130,7 +125,7 @@ static void print_flags(FILE *f, const cli_flag *flags) {
 
 /* Parses argv against flags; positional arguments go to pos (up to max_pos). Returns 0, or
  * EXIT_USAGE after printing the problem, or -1 when --help was printed. */
-static int parse_flags(const char *prog, const cli_flag *flags, int argc, char **argv, const char **pos, int max_pos,
+int cli_parse_flags(const char *prog, const cli_flag *flags, int argc, char **argv, const char **pos, int max_pos,
                        int *n_pos, void (*usage)(FILE *, const char *)) {
     *n_pos = 0;
     bool only_pos = false;
@@ -167,7 +162,7 @@ static int parse_flags(const char *prog, const cli_flag *flags, int argc, char *
             char word[128];
             snprintf(word, sizeof word, "%.*s", (int)name_len, a);
             fprintf(stderr, "%s: unknown flag '%s'", prog, word);
-            print_suggestion(word, names, n);
+            cli_print_suggestion(word, names, n);
             return EXIT_USAGE;
         }
         if (!hit->value) {
@@ -215,11 +210,11 @@ static void tokenize_usage(FILE *f, const char *prog) {
             "OUTDIR/train.bin holds the first 1-F of the tokens, OUTDIR/val.bin the last F, and\n"
             "OUTDIR/tokenizer.json describes the tokenizer for training and sampling.\n\noptions:\n",
             prog);
-    print_flags(f, k_tokenize_flags);
+    cli_print_flags(f, k_tokenize_flags);
     fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
 }
 
-static int mkdirs(const char *path) {
+int cli_mkdirs(const char *path) {
     char buf[PATH_MAX];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return ENAMETOOLONG;
     for (char *p = buf + 1;; p++) {
@@ -264,14 +259,14 @@ static int fail(const char *prog, const char *what) {
 static int cmd_data_tokenize(const char *prog, int argc, char **argv) {
     const char *pos[1] = {NULL};
     int n_pos;
-    int rc = parse_flags(prog, k_tokenize_flags, argc, argv, pos, 1, &n_pos, tokenize_usage);
+    int rc = cli_parse_flags(prog, k_tokenize_flags, argc, argv, pos, 1, &n_pos, tokenize_usage);
     if (rc) return rc < 0 ? 0 : rc;
     static const char *const tok_names[] = {"gpt2", "char"};
     static const char *const dtypes[] = {"auto", "uint16", "uint32"};
     bool gpt2 = strcmp(g_tok_name, "gpt2") == 0;
     if (!gpt2 && strcmp(g_tok_name, "char") != 0) {
         fprintf(stderr, "%s: unknown tokenizer '%s' (use gpt2 or char)", prog, g_tok_name);
-        print_suggestion(g_tok_name, tok_names, 2);
+        cli_print_suggestion(g_tok_name, tok_names, 2);
         return EXIT_USAGE;
     }
     cm_token_width width = CM_TOKEN_WIDTH_AUTO;
@@ -279,7 +274,7 @@ static int cmd_data_tokenize(const char *prog, int argc, char **argv) {
     else if (strcmp(g_dtype, "uint32") == 0) width = CM_TOKEN_WIDTH_U32;
     else if (strcmp(g_dtype, "auto") != 0) {
         fprintf(stderr, "%s: unknown --dtype '%s' (use auto, uint16 or uint32)", prog, g_dtype);
-        print_suggestion(g_dtype, dtypes, 3);
+        cli_print_suggestion(g_dtype, dtypes, 3);
         return EXIT_USAGE;
     }
     char *end;
@@ -391,7 +386,7 @@ static int cmd_data_tokenize(const char *prog, int argc, char **argv) {
     int64_t n_train = (int64_t)((double)n * (1.0 - frac));
     if (n_train > n) n_train = n;
     char path[PATH_MAX];
-    int err = mkdirs(g_outdir);
+    int err = cli_mkdirs(g_outdir);
     rc = 0;
     if (err) {
         fprintf(stderr, "%s: cannot create OUTDIR '%s': %s\n", prog, g_outdir, strerror(err));
@@ -434,6 +429,9 @@ static const cli_cmd k_data_cmds[] = {
 };
 
 static const cli_cmd k_commands[] = {
+    {"train", cmd_train, "train a model from a YAML config (composer train CONFIG.yaml key=value ...)", NULL},
+    {"eval", cmd_eval, "evaluate saved weights on a config's eval set", NULL},
+    {"generate", cmd_generate, "sample text from a trained GPT", NULL},
     {"data", NULL, "prepare datasets (tokenize)", k_data_cmds},
     {NULL, NULL, NULL, NULL},
 };
@@ -446,7 +444,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && argv[1][0] == '-' && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0) {
         static const char *const top_flags[] = {"--help", "--version"};
         fprintf(stderr, "composer: unknown flag '%s'", argv[1]);
-        print_suggestion(argv[1], top_flags, 2);
+        cli_print_suggestion(argv[1], top_flags, 2);
         return EXIT_USAGE;
     }
     int rc = dispatch("composer", k_commands, argc - 1, argv + 1);

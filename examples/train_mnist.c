@@ -1,16 +1,20 @@
 /*
- * trainer_mnist — the Trainer on MNIST: an MLP classifier, DecoupledAdamW with a cosine schedule,
- * GradientClipping, microbatches, evaluation every epoch, metrics read back from an
- * InMemoryLogger.
+ * train_mnist — the library API end to end, without the CLI: a model from the zoo (PyTorch's
+ * MNIST example CNN, or the MLP), the MNIST datasets and dataloaders, and the Trainer with
+ * DecoupledAdamW, a cosine schedule with warmup, GradientClipping, microbatches and evaluation
+ * every epoch; the test accuracy is read back from an InMemoryLogger. (examples/mnist.yaml is the
+ * same run as a config for `composer train`.)
  *
- *     build/examples/trainer_mnist [DATA_DIR] [MAX_DURATION] [PRECISION]
- *         (defaults: ../shared/data/mnist, 1ep, fp32; e.g. "300ba" amp_bf16)
+ *     build/examples/train_mnist [DATA_DIR] [MAX_DURATION] [PRECISION] [cnn|mlp]
+ *         (defaults: ../shared/data/mnist, 1ep, fp32, cnn; e.g. "300ba" amp_bf16 mlp)
  */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/trainer.h>
+#include <composer/zoo_vision.h>
 
 #include <stdio.h>
+#include <string.h>
 
 #define CHECK(call)                                                    \
     do {                                                               \
@@ -37,30 +41,36 @@ int main(int argc, char **argv) {
     ec.batch_size = 1000;
     CHECK(cm_dataloader_new(test_ds, &ec, &test));
 
-    /* (B, 1, 28, 28) -> flatten -> 256 -> ReLU -> 10 */
-    cm_rng rng = cm_rng_init(cfg.seed, 0);
-    cm_module *net, *flat, *fc1, *act, *fc2;
-    CHECK(cm_nn_sequential_new(&net));
-    CHECK(cm_nn_flatten_new(1, &flat));
-    CHECK(cm_nn_linear_new(784, 256, true, &rng, &fc1));
-    CHECK(cm_nn_activation_new(CM_ACT_RELU, &act));
-    CHECK(cm_nn_linear_new(256, 10, true, &rng, &fc2));
-    cm_nn_sequential_append(net, flat);
-    cm_nn_sequential_append(net, fc1);
-    cm_nn_sequential_append(net, act);
-    cm_nn_sequential_append(net, fc2);
-    cm_classifier_config cc = cm_classifier_config_default();
-    cc.input_field = "image";
+    /* the model: (B, 1, 28, 28) -> logits (B, 10) */
+    bool mlp = argc > 4 && strcmp(argv[4], "mlp") == 0;
     cm_model *model;
-    CHECK(cm_model_classifier_new(net, &cc, &model));
+    if (mlp) {
+        cm_mlp_config mc;
+        CHECK(cm_mlp_config_preset("mnist", &mc));
+        mc.seed = cfg.seed;
+        CHECK(cm_mlp_model_new(&mc, &model));
+    } else {
+        cm_cnn_config cc;
+        CHECK(cm_cnn_config_preset("mnist", &cc));
+        cc.seed = cfg.seed;
+        CHECK(cm_cnn_model_new(&cc, &model));
+    }
 
+    /* DecoupledAdamW over the model's flat parameter buffers (one span per wrap unit) */
     cm_module *root = cm_model_module(model);
-    const cm_unit_info *u = cm_module_unit(root, 0);
+    cm_optim_span spans[16];
+    int n_spans = cm_module_n_units(root);
+    if (n_spans > 16) n_spans = 16;
+    for (int i = 0; i < n_spans; i++) {
+        const cm_unit_info *u = cm_module_unit(root, i);
+        spans[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+    }
     cm_optim *opt;
     cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
     hp.lr = 2e-3;
+    hp.weight_decay = 1e-4;
     CHECK(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt));
-    CHECK(cm_optim_add_group(opt, &hp, &(cm_optim_span){u->name, u->params, u->grads, u->numel}, 1));
+    CHECK(cm_optim_add_group(opt, &hp, spans, n_spans));
     cm_sched_config cos = cm_sched_config_default(CM_SCHED_COSINE_ANNEALING_WITH_WARMUP);
     CHECK(cm_time_parse("50ba", &cos.t_warmup));
 
@@ -85,8 +95,8 @@ int main(int argc, char **argv) {
     double loss, acc;
     CHECK(cm_in_memory_logger_last(mem, "loss/train/total", &loss));
     CHECK(cm_in_memory_logger_last(mem, "metrics/eval/MulticlassAccuracy", &acc));
-    printf("%s: %lld batches in %.1f s, last train loss %.4f, test accuracy %.4f\n",
-           cm_precision_name(cfg.precision), (long long)cm_state_timestamp(cm_trainer_state(tr))->batch,
+    printf("%s %s: %lld batches in %.1f s, last train loss %.4f, test accuracy %.4f\n",
+           mlp ? "mlp" : "cnn", cm_precision_name(cfg.precision), (long long)cm_state_timestamp(cm_trainer_state(tr))->batch,
            cm_clock_s() - t0, loss, acc);
     cm_trainer_free(tr);
     cm_optim_free(opt);

@@ -1,0 +1,222 @@
+/* `composer train | eval | generate` end to end on a tiny GPT over a token file the test writes
+ * (and a few MNIST batches): the run folder's files, the metrics, generation from the saved
+ * weights, evaluation, --print-config, and the messages and exit codes of bad keys and values.
+ * Runs the built binary (CM_COMPOSER_BIN). */
+#include "cmtest.h"
+
+#include <composer/tokenizer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CM_COMPOSER_BIN
+#error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
+#endif
+#define DIR "build/test_cli_train"
+#define INPUT "../shared/data/tinyshakespeare/input.txt"
+
+static int run(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_size > 0;
+}
+
+/* A char tokenizer and train/val token files from the first 40 kB of tiny Shakespeare, and a
+ * config training a tiny GPT for 5 batches on them. */
+static void setup(void) {
+    cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
+    FILE *f = fopen(INPUT, "rb");
+    cr_assert_not_null(f, "cannot open %s", INPUT);
+    static char text[40000];
+    size_t len = fread(text, 1, sizeof text, f);
+    fclose(f);
+    cm_tokenizer *tok;
+    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
+    cr_assert_eq(cm_token_file_write(DIR "/data/train.bin", ids, n - 4000, CM_TOKEN_WIDTH_AUTO), CM_OK);
+    cr_assert_eq(cm_token_file_write(DIR "/data/val.bin", ids + n - 4000, 4000, CM_TOKEN_WIDTH_AUTO), CM_OK);
+    cr_assert_eq(cm_tokenizer_save(tok, DIR "/data/tokenizer.json"), CM_OK);
+    cm_free(ids);
+    cm_tokenizer_free(tok);
+    f = fopen(DIR "/tiny.yaml", "w");
+    fputs("run_name: tiny\n"
+          "run_root: " DIR "/runs\n"
+          "max_duration: 5ba\n"
+          "eval_interval: 5ba\n"
+          "eval_subset_num_batches: 2\n"
+          "progress_bar: false\n"
+          "model: {name: gpt2, preset: tiny}\n"
+          "train_loader:\n"
+          "  dataset: {type: tokens, dir: " DIR "/data}\n"
+          "  batch_size: 4\n"
+          "eval_loader:\n"
+          "  dataset: {type: tokens, dir: " DIR "/data}\n"
+          "  batch_size: 4\n"
+          "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+          "scheduler: {name: cosine_with_warmup, t_warmup: 2ba}\n"
+          "algorithms:\n"
+          "  gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}\n"
+          "sample: {max_new_tokens: 16}\n",
+          f);
+    fclose(f);
+}
+
+TestSuite(cli_train, .init = setup);
+
+static char out[1 << 16];
+
+Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
+    int rc = run("train " DIR "/tiny.yaml", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "trained 5 batches"), "%s", out);
+    cr_assert(strstr(out, "metrics/eval/LanguageCrossEntropy"), "%s", out);
+    const char *files[] = {"config.yaml", "log.txt", "metrics.jsonl", "loss.svg", "model.safetensors",
+                           "tokenizer.json", "sample.txt"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char p[256];
+        snprintf(p, sizeof p, DIR "/runs/tiny/%s", files[i]);
+        cr_assert(exists(p), "%s missing or empty; output:\n%s", p, out);
+    }
+    /* the metrics file has the train loss and the eval metrics */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "grep -c loss/train/total " DIR "/runs/tiny/metrics.jsonl");
+    FILE *p = popen(cmd, "r");
+    int lines = 0;
+    cr_assert_eq(fscanf(p, "%d", &lines), 1);
+    pclose(p);
+    cr_assert_eq(lines, 5, "%d train-loss lines, want 5", lines);
+
+    /* the resolved config trains the same model again (a round trip through config.yaml) */
+    rc = run("train " DIR "/runs/tiny/config.yaml --print-config", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+
+    /* generate: the prompt and 20 new characters */
+    rc = run("generate --weights " DIR "/runs/tiny/model.safetensors --prompt ab --max-new-tokens 20 --seed 3", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert_eq(strlen(out), 2 + 20 + 1, "output '%s' (%zu bytes), want the prompt + 20 chars + newline", out,
+                 strlen(out));
+    cr_assert_eq(strncmp(out, "ab", 2), 0, "%s", out);
+    char again[256];
+    rc = run("generate -w " DIR "/runs/tiny/model.safetensors -p ab -n 20 --seed 3", again, sizeof again);
+    cr_assert_str_eq(again, out, "same seed, same text");
+    /* without the run's config: shapes from the weights (tiny has 4 heads of 8: --n-head) */
+    rc = run("generate --weights " DIR "/runs/tiny/model.safetensors --config /nonexistent.yaml", again, sizeof again);
+    cr_assert_neq(rc, 0);
+    cr_assert(strstr(again, "/nonexistent.yaml"), "%s", again);
+
+    /* eval on the config's eval set */
+    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny/model.safetensors eval_subset_num_batches=1", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "metrics/eval/LanguageCrossEntropy: "), "%s", out);
+    cr_assert(strstr(out, "metrics/eval/LanguagePerplexity: "), "%s", out);
+    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/nothing.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "nothing.safetensors"), "%s", out);
+}
+
+Test(cli_train, print_config_shows_defaults_and_overrides) {
+    int rc = run("train " DIR "/tiny.yaml --print-config optimizer.lr=3e-4 model.n_layer=1", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "  lr: 3e-4\n"), "%s", out);
+    cr_assert(strstr(out, "  n_layer: 1\n"), "%s", out);
+    cr_assert(strstr(out, "  n_embd: 32\n"), "default from the preset missing:\n%s", out);
+    cr_assert(strstr(out, "  betas: [0.9, 0.95]\n"), "%s", out);
+    cr_assert(strstr(out, "precision: fp32\n"), "%s", out);
+}
+
+Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
+    struct {
+        const char *args;
+        int rc;
+        const char *want;
+    } cases[] = {
+        {"optimizer.lrr=0.1", 2, "unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)"},
+        {"max_duraton=5ba", 2, "unknown key 'max_duraton' (did you mean 'max_duration'?)"},
+        {"max_duration=20xx", 2, "max_duration: '20xx' is not a time"},
+        {"model.n_layer=two", 2, "model.n_layer: 'two' is not an integer"},
+        {"optimizer.name=adamm", 2, "did you mean 'adam"},
+        {"model.name=gpt3", 2, "did you mean 'gpt2'?"},
+        {"precision=fp8", 2, "precision: unknown value 'fp8'"},
+        {"algorithms.gradient_clip={}", 2, "unknown algorithms 'gradient_clip' (did you mean 'gradient_clipping'?"},
+        {"callbacks.speed_monitor={}", 2, "unknown callbacks 'speed_monitor'"},
+        {"autoresume=true", 2, "autoresume: not supported yet"},
+        {"save_folder=ckpt", 2, "save_folder: not supported yet"},
+        {"scheduler.t_warmupp=3ba", 2, "did you mean 'scheduler.t_warmup'?"},
+        {"model.preset=gpt2-tiny", 2, "model.preset"},
+        {"train_loader.dataset.dir=/nonexistent", 1, "/nonexistent/train.bin"},
+        {"seed.x=1", 2, "override 'seed.x=1'"},
+        {"max_duration", 2, "overrides are key.path=value"},
+        {"device_train_microbatch_size=-3", 2, "device_train_microbatch_size: '-3' must be a number of rows"},
+        {"device_train_microbatch_size=autoo", 2, "'autoo' is not an integer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "train " DIR "/tiny.yaml --print-config '%s'", cases[i].args);
+        int rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, cases[i].rc, "%s: exit %d, want %d:\n%s", cases[i].args, rc, cases[i].rc, out);
+        cr_assert(strstr(out, cases[i].want), "%s: output lacks '%s':\n%s", cases[i].args, cases[i].want, out);
+    }
+    /* file positions in messages */
+    FILE *f = fopen(DIR "/typo.yaml", "w");
+    fputs("max_duration: 5ba\nmodel: {name: gpt2, preset: tiny}\ntrain_loader:\n  dataset: {type: tokens, dir: " DIR
+          "/data}\n  batch_sise: 4\n",
+          f);
+    fclose(f);
+    int rc = run("train " DIR "/typo.yaml --print-config", out, sizeof out);
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, DIR "/typo.yaml:5:3: unknown key 'train_loader.batch_sise' (did you mean "
+                          "'train_loader.batch_size'?)"),
+              "%s", out);
+    rc = run("train " DIR "/missing.yaml", out, sizeof out);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "missing.yaml"), "%s", out);
+}
+
+Test(cli_train, help_lists_the_keys) {
+    int rc = run("train --help", out, sizeof out);
+    cr_assert_eq(rc, 0);
+    const char *keys[] = {"max_duration", "eval_interval", "device_train_microbatch_size", "global_train_batch_size",
+                          "gradient_clipping", "optimizer:", "scheduler:", "--print-config", "load_path"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert(strstr(out, keys[i]), "help lacks %s", keys[i]);
+    rc = run("--help", out, sizeof out);
+    cr_assert(strstr(out, "train") && strstr(out, "generate") && strstr(out, "eval"), "%s", out);
+}
+
+Test(cli_train, mnist_mlp_trains_a_few_batches) {
+    FILE *f = fopen(DIR "/mnist.yaml", "w");
+    fputs("run_name: mnist\nrun_root: " DIR "/runs\nmax_duration: 3ba\neval_interval: 0\nprogress_bar: false\n"
+          "model: {name: mlp, preset: mnist_small}\n"
+          "train_loader: {dataset: {type: mnist, dir: ../shared/data/mnist}, batch_size: 64}\n"
+          "eval_loader: {dataset: {type: mnist}, batch_size: 500}\n"
+          "eval_subset_num_batches: 1\n"
+          "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n",
+          f);
+    fclose(f);
+    int rc = run("train " DIR "/mnist.yaml", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "trained 3 batches"), "%s", out);
+    cr_assert(exists(DIR "/runs/mnist/model.safetensors"));
+    rc = run("eval " DIR "/mnist.yaml --weights " DIR "/runs/mnist/model.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "metrics/eval/MulticlassAccuracy"), "%s", out);
+    rc = run("train " DIR "/mnist.yaml optimizer.lr=", out, sizeof out);
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "optimizer.lr: required for sgd"), "%s", out);
+}

@@ -1,0 +1,85 @@
+/* Shared pieces of the `composer` command-line tool: flag parsing and suggestions (composer.c),
+ * the train / eval / generate commands (cli_train.c) and the plugin registry with the built-in
+ * console/metrics logger (cli_plugins.c). */
+#ifndef COMPOSER_CLI_H
+#define COMPOSER_CLI_H
+
+#include <composer/composer.h>
+#include <composer/algorithms.h>
+#include <composer/config.h>
+#include <composer/report.h>
+#include <composer/trainer.h>
+
+#include <stdio.h>
+
+#define EXIT_USAGE 2
+
+/* Flags: "--name value", "--name=value" and short "-x value". */
+typedef struct cli_flag {
+    const char *name;       /* "--tokenizer" */
+    const char *short_name; /* "-o" or NULL */
+    const char *value;      /* metavariable ("NAME") or NULL for a switch */
+    const char *help;
+    const char **out; /* where the value goes ("1" for a switch) */
+} cli_flag;
+
+void cli_print_flags(FILE *f, const cli_flag *flags);
+/* Parses argv against flags; positional arguments go to pos (up to max_pos). Returns 0, or
+ * EXIT_USAGE after printing the problem, or -1 when --help was printed. */
+int cli_parse_flags(const char *prog, const cli_flag *flags, int argc, char **argv, const char **pos, int max_pos,
+                    int *n_pos, void (*usage)(FILE *, const char *));
+/* Prints "; did you mean 'x'?\n" (or just "\n") to stderr. */
+void cli_print_suggestion(const char *word, const char *const *cands, int n);
+int cli_mkdirs(const char *path); /* 0 or an errno */
+
+int cmd_train(const char *prog, int argc, char **argv);
+int cmd_eval(const char *prog, int argc, char **argv);
+int cmd_generate(const char *prog, int argc, char **argv);
+
+/* ---------------------------------------------------------------------------------------------
+ * Plugin registry: config name -> constructor reading its arguments from the config node
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum cli_plugin_kind { CLI_ALGORITHM = 0, CLI_CALLBACK = 1, CLI_LOGGER = 2 } cli_plugin_kind;
+
+/* What constructors may read besides their config node. */
+typedef struct cli_ctx {
+    const char *run_dir;     /* the run folder (NULL while only checking the config) */
+    FILE *log;               /* <run folder>/log.txt, or NULL */
+    bool progress_bar;       /* a progress bar on stderr (loggers.progress_bar or progress_bar: true) */
+    cm_time console_log_interval; /* plain progress lines (console logger); count 0 = none */
+    int64_t total_batches;   /* batches the fit will run (0 = unknown) */
+    bool quiet;
+} cli_ctx;
+
+typedef struct cli_plugin_out {
+    cm_algorithm_plugin algorithm;
+    cm_callback_plugin callback;
+    cm_logger_plugin logger;
+    bool none; /* the entry configured something built in and made no plugin */
+} cli_plugin_out;
+
+typedef struct cli_plugin_entry {
+    const char *name; /* the key under algorithms:/callbacks:/loggers: */
+    cli_plugin_kind kind;
+    /* Reads its arguments under `path` (e.g. "algorithms.gradient_clipping") with the config
+     * getters and fills the matching member of *out. */
+    cm_status (*make)(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+    const char *help;
+} cli_plugin_entry;
+
+extern const cli_plugin_entry cli_plugin_registry[];
+
+/* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
+ * config origin, the closest entry and the available ones. */
+const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);
+
+/* The built-in run logger: writes every metric except the time/ ones to <run folder>/metrics.jsonl, draws
+ * a progress bar (ctx->progress_bar) or prints progress lines, prints evaluation results, and
+ * copies its lines to ctx->log. Stays until the loggers layer lands. */
+cm_status cli_run_logger_new(cli_ctx *ctx, cm_logger_plugin *out);
+
+/* Prints to stdout and to ctx->log (if any). */
+void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

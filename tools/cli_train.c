@@ -1,0 +1,1137 @@
+/* `composer train`, `composer eval` and `composer generate`: a YAML config (composer/config.h)
+ * becomes a zoo model, datasets and loaders, an optimizer, schedulers and plugins, handed to the
+ * Trainer. The keys are Composer's / llm-foundry's names (see print_keys, `composer train --help`). */
+#include "cli.h"
+
+/* Keys and paths are cut to their buffers on purpose (longer ones are not valid config paths). */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+#include <composer/datasets.h>
+#include <composer/tokenizer.h>
+#include <composer/zoo_gpt2.h>
+#include <composer/zoo_vision.h>
+
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_PLUGINS 16
+#define MAX_SCHEDS 8
+
+typedef enum run_mode { MODE_TRAIN, MODE_EVAL, MODE_GENERATE } run_mode;
+
+typedef struct run {
+    run_mode mode;
+    cm_config *cfg;
+    uint64_t seed;
+    const char *run_name, *run_root;
+    /* model */
+    cm_model *model;
+    bool gpt2;
+    cm_gpt2_config gpt;
+    /* data */
+    cm_tokenizer *tok;
+    char tok_path[PATH_MAX];
+    cm_dataset *train_ds, *eval_ds;
+    cm_dataloader *train_dl, *eval_dl;
+    int64_t train_batch;
+    /* optimization */
+    cm_optim *opt;
+    cm_sched_config scheds[MAX_SCHEDS];
+    int n_scheds;
+    cm_algorithm_plugin algs[MAX_PLUGINS];
+    int n_algs;
+    cm_callback_plugin cbs[MAX_PLUGINS];
+    int n_cbs;
+    cm_logger_plugin lgs[MAX_PLUGINS];
+    int n_lgs;
+    cm_trainer_config tc;
+    const char *load_path;
+    cli_ctx ctx;
+    /* sample (GPT) */
+    const char *prompt;
+    int64_t sample_tokens, top_k;
+    double temperature;
+} run;
+
+static void run_free(run *r) {
+    for (int i = 0; i < r->n_algs; i++) cm_algorithm_plugin_free(r->algs[i]);
+    for (int i = 0; i < r->n_cbs; i++) cm_callback_plugin_free(r->cbs[i]);
+    for (int i = 0; i < r->n_lgs; i++) cm_logger_plugin_free(r->lgs[i]);
+    cm_optim_free(r->opt);
+    cm_dataloader_free(r->train_dl);
+    cm_dataloader_free(r->eval_dl);
+    cm_dataset_free(r->train_ds);
+    cm_dataset_free(r->eval_ds);
+    cm_model_free(r->model);
+    cm_tokenizer_free(r->tok);
+    cm_config_free(r->cfg);
+    if (r->ctx.log) fclose(r->ctx.log);
+    cm_free((char *)r->ctx.run_dir);
+}
+
+#define TRY(call)                           \
+    do {                                    \
+        cm_status s_ = (call);              \
+        if (s_ != CM_OK) return s_;         \
+    } while (0)
+
+static char *keyf(char *buf, size_t cap, const char *prefix, const char *key) {
+    snprintf(buf, cap, "%s%s%s", prefix, *prefix ? "." : "", key);
+    return buf;
+}
+
+static cm_status get_i(cm_config *c, const char *prefix, const char *key, int64_t def, int64_t *out) {
+    char k[256];
+    return cm_config_get_int(c, keyf(k, sizeof k, prefix, key), def, out);
+}
+static cm_status get_d(cm_config *c, const char *prefix, const char *key, double def, double *out) {
+    char k[256];
+    return cm_config_get_double(c, keyf(k, sizeof k, prefix, key), def, out);
+}
+static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
+    /* the shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06 */
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)def);
+        if ((float)strtod(buf, NULL) == def) break;
+    }
+    double d;
+    TRY(get_d(c, prefix, key, strtod(buf, NULL), &d));
+    *out = (float)d;
+    return CM_OK;
+}
+static cm_status get_b(cm_config *c, const char *prefix, const char *key, bool def, bool *out) {
+    char k[256];
+    return cm_config_get_bool(c, keyf(k, sizeof k, prefix, key), def, out);
+}
+static cm_status get_s(cm_config *c, const char *prefix, const char *key, const char *def, const char **out) {
+    char k[256];
+    return cm_config_get_string(c, keyf(k, sizeof k, prefix, key), def, out);
+}
+static cm_status get_t(cm_config *c, const char *prefix, const char *key, const char *def, cm_time *out) {
+    char k[256];
+    return cm_config_get_time(c, keyf(k, sizeof k, prefix, key), def, out);
+}
+/* A value error at a key: "<origin>: <key>: <msg>". */
+static cm_status bad(cm_config *c, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cm_status bad(cm_config *c, const char *key, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *o = cm_config_origin(c, key);
+    return cm_set_error(CM_ERR_INVALID_ARG, "%s%s%s: %s", o, *o ? ": " : "", key, msg);
+}
+/* Prefixes the current error with the key's origin and name (for library parsers' messages). */
+static cm_status at_key(cm_config *c, const char *key, cm_status s) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", cm_last_error());
+    const char *o = cm_config_origin(c, key);
+    return cm_set_error(s, "%s%s%s: %s", o, *o ? ": " : "", key, msg);
+}
+
+static bool file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Model
+ * ------------------------------------------------------------------------------------------- */
+
+static const char *const k_model_names[] = {"gpt2", "mlp", "cnn", "resnet"};
+
+static cm_status build_gpt2(run *r, bool init) {
+    cm_config *c = r->cfg;
+    const char *preset;
+    TRY(cm_config_get_string(c, "model.preset", "gpt2", &preset));
+    cm_gpt2_config g;
+    if (cm_gpt2_config_preset(preset, &g) != CM_OK) return at_key(c, "model.preset", CM_ERR_INVALID_ARG);
+    int64_t vocab_default = g.vocab_size;
+    if (r->tok && !cm_config_has(c, "model.vocab_size")) vocab_default = cm_tokenizer_vocab_size(r->tok);
+    TRY(get_i(c, "model", "vocab_size", vocab_default, &g.vocab_size));
+    TRY(get_i(c, "model", "n_positions", g.n_positions, &g.n_positions));
+    TRY(get_i(c, "model", "n_embd", g.n_embd, &g.n_embd));
+    TRY(get_i(c, "model", "n_layer", g.n_layer, &g.n_layer));
+    TRY(get_i(c, "model", "n_head", g.n_head, &g.n_head));
+    if (cm_config_has(c, "model.dropout")) {
+        float d;
+        TRY(get_f(c, "model", "dropout", 0, &d));
+        g.embd_pdrop = g.attn_pdrop = g.resid_pdrop = d;
+    } else {
+        TRY(get_f(c, "model", "embd_pdrop", g.embd_pdrop, &g.embd_pdrop));
+        TRY(get_f(c, "model", "attn_pdrop", g.attn_pdrop, &g.attn_pdrop));
+        TRY(get_f(c, "model", "resid_pdrop", g.resid_pdrop, &g.resid_pdrop));
+    }
+    TRY(get_f(c, "model", "layer_norm_eps", g.layer_norm_eps, &g.layer_norm_eps));
+    TRY(get_b(c, "model", "tie_word_embeddings", g.tie_word_embeddings, &g.tie_word_embeddings));
+    TRY(get_b(c, "model", "bias", g.bias, &g.bias));
+    TRY(get_f(c, "model", "initializer_range", g.initializer_range, &g.initializer_range));
+    if (cm_gpt2_config_check(&g) != CM_OK) return at_key(c, "model", CM_ERR_INVALID_ARG);
+    if (r->tok && cm_tokenizer_vocab_size(r->tok) > g.vocab_size)
+        return bad(c, "model.vocab_size", "%lld is smaller than the tokenizer's vocabulary (%lld, %s)",
+                   (long long)g.vocab_size, (long long)cm_tokenizer_vocab_size(r->tok), r->tok_path);
+    r->gpt = g;
+    r->gpt2 = true;
+    cm_rng rng = cm_rng_init(r->seed, 0);
+    return cm_gpt2_new(&g, init ? &rng : NULL, &r->model);
+}
+
+static cm_status build_model(run *r, bool init) {
+    cm_config *c = r->cfg;
+    int which;
+    TRY(cm_config_get_choice(c, "model.name", k_model_names, 4, NULL, &which));
+    if (which < 0) return bad(c, "model.name", "required: the zoo model (gpt2, mlp, cnn or resnet)");
+    switch (which) {
+    case 0:
+        return build_gpt2(r, init);
+    case 1: {
+        cm_mlp_config m;
+        const char *preset;
+        TRY(cm_config_get_string(c, "model.preset", "mnist", &preset));
+        if (cm_mlp_config_preset(preset, &m) != CM_OK) return at_key(c, "model.preset", CM_ERR_INVALID_ARG);
+        TRY(get_i(c, "model", "in_features", m.in_features, &m.in_features));
+        double hid[CM_MLP_MAX_HIDDEN], def[CM_MLP_MAX_HIDDEN];
+        for (int i = 0; i < m.n_hidden; i++) def[i] = (double)m.hidden[i];
+        int nh;
+        TRY(cm_config_get_doubles(c, "model.hidden", def, m.n_hidden, hid, CM_MLP_MAX_HIDDEN, &nh));
+        m.n_hidden = nh;
+        for (int i = 0; i < nh; i++) m.hidden[i] = (int64_t)hid[i];
+        TRY(get_i(c, "model", "num_classes", m.num_classes, &m.num_classes));
+        TRY(get_f(c, "model", "dropout", m.dropout, &m.dropout));
+        m.seed = r->seed;
+        m.random_init = init;
+        return cm_mlp_model_new(&m, &r->model);
+    }
+    case 2: {
+        cm_cnn_config m;
+        const char *preset;
+        TRY(cm_config_get_string(c, "model.preset", "mnist", &preset));
+        if (cm_cnn_config_preset(preset, &m) != CM_OK) return at_key(c, "model.preset", CM_ERR_INVALID_ARG);
+        TRY(get_i(c, "model", "in_channels", m.in_channels, &m.in_channels));
+        TRY(get_i(c, "model", "image_h", m.image_h, &m.image_h));
+        TRY(get_i(c, "model", "image_w", m.image_w, &m.image_w));
+        double ch[2], def[2] = {(double)m.channels[0], (double)m.channels[1]};
+        int n;
+        TRY(cm_config_get_doubles(c, "model.channels", def, 2, ch, 2, &n));
+        if (n != 2) return bad(c, "model.channels", "needs 2 values ([32, 64]), got %d", n);
+        m.channels[0] = (int64_t)ch[0], m.channels[1] = (int64_t)ch[1];
+        TRY(get_i(c, "model", "hidden", m.hidden, &m.hidden));
+        TRY(get_i(c, "model", "num_classes", m.num_classes, &m.num_classes));
+        TRY(get_f(c, "model", "dropout1", m.dropout1, &m.dropout1));
+        TRY(get_f(c, "model", "dropout2", m.dropout2, &m.dropout2));
+        m.seed = r->seed;
+        m.random_init = init;
+        return cm_cnn_model_new(&m, &r->model);
+    }
+    default: {
+        cm_resnet_config m;
+        const char *preset;
+        TRY(cm_config_get_string(c, "model.preset", "resnet20", &preset));
+        if (cm_resnet_config_preset(preset, &m) != CM_OK) return at_key(c, "model.preset", CM_ERR_INVALID_ARG);
+        TRY(get_i(c, "model", "num_classes", m.num_classes, &m.num_classes));
+        TRY(get_i(c, "model", "in_channels", m.in_channels, &m.in_channels));
+        TRY(get_b(c, "model", "zero_init_residual", m.zero_init_residual, &m.zero_init_residual));
+        TRY(get_b(c, "model", "channels_last", m.channels_last, &m.channels_last));
+        m.seed = r->seed;
+        m.random_init = init;
+        return cm_resnet_model_new(&m, &r->model);
+    }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Data
+ * ------------------------------------------------------------------------------------------- */
+
+static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10"};
+
+/* The tokenizer.json of a token dataset section (its dir, or next to its path), if any. */
+static void find_tokenizer(run *r, const char *sec) {
+    if (r->tok) return;
+    char k[256];
+    const char *dir = NULL, *path = NULL;
+    cm_config *c = r->cfg;
+    snprintf(k, sizeof k, "%s.dataset.dir", sec);
+    if (cm_config_kind_of(c, k) == CM_CONFIG_SCALAR && cm_config_get_string(c, k, NULL, &dir) != CM_OK) dir = NULL;
+    snprintf(k, sizeof k, "%s.dataset.path", sec);
+    if (!dir && cm_config_kind_of(c, k) == CM_CONFIG_SCALAR && cm_config_get_string(c, k, NULL, &path) != CM_OK)
+        path = NULL;
+    char buf[PATH_MAX];
+    if (dir) snprintf(buf, sizeof buf, "%s/tokenizer.json", dir);
+    else if (path) {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", path);
+        snprintf(buf, sizeof buf, "%s/tokenizer.json", dirname(tmp));
+    } else return;
+    if (!file_exists(buf)) return;
+    if (cm_tokenizer_load(buf, &r->tok) != CM_OK) {
+        cm_log_msg(CM_LOG_WARN, "cannot load %s (no text samples): %s", buf, cm_last_error());
+        r->tok = NULL;
+        return;
+    }
+    snprintf(r->tok_path, sizeof r->tok_path, "%s", buf);
+}
+
+static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **out) {
+    cm_config *c = r->cfg;
+    char k[256], p[256];
+    snprintf(p, sizeof p, "%s.dataset", sec);
+    int type;
+    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 3, r->gpt2 ? "tokens" : NULL, &type));
+    if (type < 0) return bad(c, k, "required: tokens, mnist or cifar10");
+    if (type == 0) {
+        static const char *const splits[] = {"train", "val"};
+        const char *path, *dir;
+        TRY(get_s(c, p, "path", NULL, &path));
+        char buf[PATH_MAX];
+        if (!path) {
+            TRY(get_s(c, p, "dir", NULL, &dir));
+            if (!dir) return bad(c, p, "a token dataset needs 'dir' (with train.bin / val.bin) or 'path'");
+            int split;
+            TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "split"), splits, 2, train ? "train" : "val", &split));
+            snprintf(buf, sizeof buf, "%s/%s.bin", dir, splits[split]);
+            path = buf;
+        }
+        cm_tokens_config tc = cm_tokens_config_default();
+        TRY(get_i(c, p, "seq_len", r->gpt2 ? r->gpt.n_positions : 1024, &tc.seq_len));
+        if (r->gpt2 && tc.seq_len > r->gpt.n_positions)
+            return bad(c, keyf(k, sizeof k, p, "seq_len"), "%lld is longer than the model's n_positions (%lld)",
+                       (long long)tc.seq_len, (long long)r->gpt.n_positions);
+        if (r->gpt2) tc.vocab_size = r->gpt.vocab_size;
+        if (cm_dataset_tokens_new(path, &tc, out) != CM_OK) {
+            cm_status s = at_key(c, p, cm_last_status());
+            if (access(path, F_OK) != 0 && strstr(path, "shakespeare"))
+                cm_set_error(s, "%s (tokenize the text first: composer data tokenize --tokenizer char "
+                                "../shared/data/tinyshakespeare/input.txt -o %.*s)",
+                             cm_last_error(), (int)(strrchr(path, '/') ? strrchr(path, '/') - path : 4), path);
+            return s;
+        }
+        return CM_OK;
+    }
+    static const char *const splits[] = {"train", "test"};
+    const char *dir;
+    int split;
+    TRY(get_s(c, p, "dir", type == 1 ? "../shared/data/mnist" : "../shared/data/cifar10", &dir));
+    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "split"), splits, 2, train ? "train" : "test", &split));
+    cm_image_augment aug = {0};
+    int64_t crop;
+    TRY(get_i(c, p, "crop_padding", 0, &crop));
+    aug.crop_padding = (int)crop;
+    if (type == 1) {
+        cm_mnist_config mc = cm_mnist_config_default();
+        mc.augment = aug;
+        if (cm_dataset_mnist_new(dir, (cm_data_split)split, &mc, out) != CM_OK) return at_key(c, p, cm_last_status());
+    } else {
+        TRY(get_f(c, p, "hflip_p", 0, &aug.hflip_p));
+        cm_cifar10_config cc = cm_cifar10_config_default();
+        cc.augment = aug;
+        if (cm_dataset_cifar10_new(dir, (cm_data_split)split, &cc, out) != CM_OK) return at_key(c, p, cm_last_status());
+    }
+    return CM_OK;
+}
+
+static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **ds, cm_dataloader **dl) {
+    cm_config *c = r->cfg;
+    TRY(open_dataset(r, sec, train, ds));
+    cm_dataloader_config lc = train ? cm_dataloader_config_default() : cm_dataloader_config_eval();
+    int64_t bs_default = train ? 32 : (r->train_batch ? r->train_batch : 32);
+    if (train && cm_config_has(c, "global_train_batch_size")) {
+        TRY(cm_config_get_int(c, "global_train_batch_size", 32, &bs_default));
+        char k[256];
+        if (cm_config_has(c, keyf(k, sizeof k, sec, "batch_size")))
+            return bad(c, "global_train_batch_size", "set both here and as %s; keep one", k);
+    }
+    TRY(get_i(c, sec, "batch_size", bs_default, &lc.batch_size));
+    if (train) {
+        TRY(get_b(c, sec, "shuffle", true, &lc.shuffle));
+        TRY(get_b(c, sec, "drop_last", true, &lc.drop_last));
+        r->train_batch = lc.batch_size;
+    }
+    int64_t nw;
+    TRY(get_i(c, sec, "num_workers", 1, &nw));
+    lc.num_workers = (int)nw;
+    int64_t pf;
+    TRY(get_i(c, sec, "prefetch_depth", 2, &pf));
+    lc.prefetch_depth = (int)pf;
+    lc.seed = r->seed;
+    if (cm_dataloader_new(*ds, &lc, dl) != CM_OK) return at_key(c, sec, cm_last_status());
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Optimizer and schedulers
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status build_optimizer(run *r) {
+    cm_config *c = r->cfg;
+    static const char *const names[] = {
+#define CM_X_(name, str) str,
+        CM_OPTIM_KIND_LIST(CM_X_)
+#undef CM_X_
+    };
+    int kind;
+    TRY(cm_config_get_choice(c, "optimizer.name", names, CM_OPTIM_KIND_COUNT, "decoupled_adamw", &kind));
+    cm_optim_hparams hp = cm_optim_hparams_default((cm_optim_kind)kind);
+    bool sgd = kind == CM_OPTIM_SGD || kind == CM_OPTIM_DECOUPLED_SGDW;
+    if (sgd && !cm_config_has(c, "optimizer.lr"))
+        return bad(c, "optimizer.lr", "required for %s (e.g. optimizer.lr=0.1)", names[kind]);
+    TRY(get_d(c, "optimizer", "lr", hp.lr, &hp.lr));
+    TRY(get_d(c, "optimizer", "weight_decay", hp.weight_decay, &hp.weight_decay));
+    if (sgd) {
+        TRY(get_d(c, "optimizer", "momentum", hp.momentum, &hp.momentum));
+        TRY(get_d(c, "optimizer", "dampening", hp.dampening, &hp.dampening));
+        TRY(get_b(c, "optimizer", "nesterov", hp.nesterov, &hp.nesterov));
+    } else {
+        double betas[2], def[2] = {hp.beta1, hp.beta2};
+        int n;
+        TRY(cm_config_get_doubles(c, "optimizer.betas", def, 2, betas, 2, &n));
+        if (n != 2) return bad(c, "optimizer.betas", "needs 2 values ([0.9, 0.95]), got %d", n);
+        hp.beta1 = betas[0], hp.beta2 = betas[1];
+        TRY(get_d(c, "optimizer", "eps", hp.eps, &hp.eps));
+        TRY(get_b(c, "optimizer", "amsgrad", hp.amsgrad, &hp.amsgrad));
+    }
+    cm_module *root = cm_model_module(r->model);
+    int nu = cm_module_n_units(root);
+    cm_optim_span *spans = cm_alloc(sizeof *spans * (size_t)(nu ? nu : 1), 16);
+    if (!spans) return CM_ERR_OOM;
+    for (int i = 0; i < nu; i++) {
+        const cm_unit_info *u = cm_module_unit(root, i);
+        spans[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+    }
+    cm_status s = cm_optim_new((cm_optim_kind)kind, &r->opt);
+    if (!s && (s = cm_optim_add_group(r->opt, &hp, spans, nu)) != CM_OK) s = at_key(c, "optimizer", s);
+    cm_free(spans);
+    return s;
+}
+
+enum { F_TMAX = 1, F_TWARM = 2, F_STEP = 4, F_DECAY = 8, F_T0 = 16, F_MILE = 32, F_GAMMA = 64, F_ALPHA = 128,
+       F_ALPHA_I = 256, F_ALPHA_F = 512, F_POWER = 1024, F_TMULT = 2048 };
+
+static int sched_fields(cm_sched_kind k) {
+    switch (k) {
+    case CM_SCHED_STEP: return F_STEP | F_GAMMA;
+    case CM_SCHED_MULTISTEP: return F_MILE | F_GAMMA;
+    case CM_SCHED_CONSTANT: return F_ALPHA | F_TMAX;
+    case CM_SCHED_LINEAR: return F_ALPHA_I | F_ALPHA_F | F_TMAX;
+    case CM_SCHED_EXPONENTIAL: return F_GAMMA | F_DECAY;
+    case CM_SCHED_COSINE_ANNEALING: return F_TMAX | F_ALPHA_F;
+    case CM_SCHED_COSINE_ANNEALING_WARM_RESTARTS: return F_T0 | F_TMULT | F_ALPHA_F;
+    case CM_SCHED_POLYNOMIAL: return F_POWER | F_TMAX | F_ALPHA_F;
+    case CM_SCHED_MULTISTEP_WITH_WARMUP: return F_TWARM | F_MILE | F_GAMMA;
+    case CM_SCHED_CONSTANT_WITH_WARMUP: return F_TWARM | F_ALPHA | F_TMAX;
+    case CM_SCHED_LINEAR_WITH_WARMUP: return F_TWARM | F_ALPHA_I | F_ALPHA_F | F_TMAX;
+    case CM_SCHED_COSINE_ANNEALING_WITH_WARMUP: return F_TWARM | F_TMAX | F_ALPHA_F;
+    case CM_SCHED_POLYNOMIAL_WITH_WARMUP: return F_TWARM | F_POWER | F_TMAX | F_ALPHA_F;
+    default: return 0;
+    }
+}
+
+static cm_status sched_time(cm_config *c, const char *p, const char *key, cm_time *t) {
+    char def[CM_TIME_STR_MAX];
+    cm_time_to_string(*t, def, sizeof def);
+    return get_t(c, p, key, def, t);
+}
+
+static cm_status build_one_sched(run *r, const char *p) {
+    cm_config *c = r->cfg;
+    char k[256];
+    const char *name;
+    TRY(get_s(c, p, "name", NULL, &name));
+    if (!name) return bad(c, p, "a scheduler needs a name (e.g. cosine_with_warmup)");
+    cm_sched_kind kind;
+    if (cm_sched_kind_parse(name, &kind) != CM_OK) return at_key(c, keyf(k, sizeof k, p, "name"), CM_ERR_INVALID_ARG);
+    if (r->n_scheds == MAX_SCHEDS) return bad(c, p, "at most %d schedulers", MAX_SCHEDS);
+    cm_sched_config s = cm_sched_config_default(kind);
+    int f = sched_fields(kind);
+    if (f & F_TWARM) {
+        TRY(sched_time(c, p, "t_warmup", &s.t_warmup));
+        TRY(get_b(c, p, "scale_warmup", s.scale_warmup, &s.scale_warmup));
+    }
+    if (f & F_TMAX) TRY(sched_time(c, p, "t_max", &s.t_max));
+    if (f & F_STEP) TRY(sched_time(c, p, "step_size", &s.step_size));
+    if (f & F_DECAY) TRY(sched_time(c, p, "decay_period", &s.decay_period));
+    if (f & F_T0) TRY(sched_time(c, p, "t_0", &s.t_0));
+    if (f & F_TMULT) TRY(get_d(c, p, "t_mult", s.t_mult, &s.t_mult));
+    if (f & F_GAMMA) TRY(get_d(c, p, "gamma", s.gamma, &s.gamma));
+    if (f & F_ALPHA) TRY(get_d(c, p, "alpha", s.alpha, &s.alpha));
+    if (f & F_ALPHA_I) TRY(get_d(c, p, "alpha_i", s.alpha_i, &s.alpha_i));
+    if (f & F_ALPHA_F) TRY(get_d(c, p, "alpha_f", s.alpha_f, &s.alpha_f));
+    if (f & F_POWER) TRY(get_d(c, p, "power", s.power, &s.power));
+    if (f & F_MILE) {
+        keyf(k, sizeof k, p, "milestones");
+        int n = cm_config_len(c, k);
+        if (cm_config_kind_of(c, k) != CM_CONFIG_SEQ || n < 1) return bad(c, k, "required: a list of times ([30ep, 60ep])");
+        if (n > CM_SCHED_MAX_MILESTONES) return bad(c, k, "at most %d milestones", CM_SCHED_MAX_MILESTONES);
+        for (int i = 0; i < n; i++) {
+            char ki[300];
+            snprintf(ki, sizeof ki, "%s.%d", k, i);
+            TRY(cm_config_get_time(c, ki, NULL, &s.milestones[i]));
+        }
+        s.n_milestones = n;
+    }
+    if (cm_sched_validate(&s) != CM_OK) return at_key(c, p, CM_ERR_INVALID_ARG);
+    r->scheds[r->n_scheds++] = s;
+    return CM_OK;
+}
+
+static cm_status build_schedulers(run *r) {
+    cm_config *c = r->cfg;
+    if (cm_config_has(c, "scheduler") && cm_config_has(c, "schedulers"))
+        return bad(c, "scheduler", "use either 'scheduler' (one) or 'schedulers' (a list), not both");
+    if (cm_config_kind_of(c, "scheduler") == CM_CONFIG_MAP) return build_one_sched(r, "scheduler");
+    if (cm_config_has(c, "scheduler")) return bad(c, "scheduler", "expected a map ({name: cosine_with_warmup, ...})");
+    cm_config_kind k = cm_config_kind_of(c, "schedulers");
+    if (k == CM_CONFIG_MAP) return build_one_sched(r, "schedulers");
+    if (k == CM_CONFIG_SEQ) {
+        for (int i = 0; i < cm_config_len(c, "schedulers"); i++) {
+            char p[64];
+            snprintf(p, sizeof p, "schedulers.%d", i);
+            TRY(build_one_sched(r, p));
+        }
+    } else if (k == CM_CONFIG_SCALAR) {
+        return bad(c, "schedulers", "expected a list of maps ([{name: cosine_with_warmup, t_warmup: 100ba}])");
+    }
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Plugins
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind) {
+    cm_config *c = r->cfg;
+    cm_config_kind k = cm_config_kind_of(c, section);
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, section);
+        return CM_OK;
+    }
+    if (k != CM_CONFIG_MAP) return bad(c, section, "expected a map of names to arguments (%s: {name: {...}})", section);
+    for (int i = 0; i < cm_config_len(c, section); i++) {
+        const char *name = cm_config_key_at(c, section, i);
+        const cli_plugin_entry *e = cli_plugin_find(c, section, name, kind);
+        if (!e) return CM_ERR_INVALID_ARG;
+        char p[256];
+        snprintf(p, sizeof p, "%s.%s", section, name);
+        cm_config_kind pk = cm_config_kind_of(c, p);
+        if (pk != CM_CONFIG_MAP && pk != CM_CONFIG_NULL) return bad(c, p, "expected a map of arguments ({} for none)");
+        cli_plugin_out out = {0};
+        TRY(e->make(c, p, &r->ctx, &out));
+        cm_config_touch(c, p); /* an argument-less entry ({} or null) is read */
+        if (out.none) continue;
+        int *n = kind == CLI_ALGORITHM ? &r->n_algs : kind == CLI_CALLBACK ? &r->n_cbs : &r->n_lgs;
+        if (*n == MAX_PLUGINS) return bad(c, section, "at most %d entries", MAX_PLUGINS);
+        if (kind == CLI_ALGORITHM) r->algs[(*n)++] = out.algorithm;
+        else if (kind == CLI_CALLBACK) r->cbs[(*n)++] = out.callback;
+        else r->lgs[(*n)++] = out.logger;
+    }
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The whole config
+ * ------------------------------------------------------------------------------------------- */
+
+/* Keys a config may carry that this mode does not use (so eval and generate accept a training
+ * config as is). */
+static void touch_unused(run *r) {
+    static const char *const train_only[] = {
+        "max_duration", "optimizer", "scheduler", "schedulers", "algorithms", "callbacks", "loggers",
+        "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval",
+        "save_folder", "save_interval", "save_num_checkpoints_to_keep", "autoresume", "load_path",
+        "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
+        "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device"};
+    for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++) cm_config_touch(r->cfg, train_only[i]);
+    if (r->mode == MODE_GENERATE) {
+        cm_config_touch(r->cfg, "eval_loader");
+        cm_config_touch(r->cfg, "eval_subset_num_batches");
+    }
+}
+
+static cm_status not_supported(cm_config *c, const char *key, const char *why) {
+    return bad(c, key, "not supported yet: %s", why);
+}
+
+static cm_status read_trainer_keys(run *r) {
+    cm_config *c = r->cfg;
+    cm_trainer_config *tc = &r->tc;
+    static const char *const precisions[] = {
+#define CM_X_(name, str) str,
+        CM_PRECISION_LIST(CM_X_)
+#undef CM_X_
+    };
+    int prec;
+    TRY(cm_config_get_choice(c, "precision", precisions, CM_PRECISION_COUNT, "fp32", &prec));
+    tc->precision = (cm_precision)prec;
+    static const char *const devices[] = {"cpu"};
+    int dev;
+    TRY(cm_config_get_choice(c, "device", devices, 1, "cpu", &dev));
+    if (r->mode != MODE_TRAIN) return CM_OK;
+    TRY(cm_config_get_time(c, "max_duration", NULL, &tc->max_duration));
+    if (tc->max_duration.count == 0 && tc->max_duration.unit != CM_TIME_DURATION)
+        return bad(c, "max_duration", "required: how long to train (e.g. max_duration: 2000ba, or 2ep)");
+    TRY(cm_config_get_time(c, "eval_interval", "1ep", &tc->eval_interval));
+    TRY(cm_config_get_double(c, "scale_schedule_ratio", 1.0, &tc->scale_schedule_ratio));
+    TRY(cm_config_get_bool(c, "deterministic_mode", false, &tc->deterministic_mode));
+    TRY(cm_config_get_bool(c, "accumulate_train_batch_on_tokens", false, &tc->accumulate_train_batch_on_tokens));
+    if (cm_config_kind_of(c, "device_train_microbatch_size") == CM_CONFIG_SCALAR) {
+        const char *v;
+        TRY(cm_config_get_string(c, "device_train_microbatch_size", NULL, &v));
+        bool is_auto = strcasecmp(v, "auto") == 0;
+        if (is_auto) tc->device_train_microbatch_size = CM_MICROBATCH_AUTO;
+        else TRY(cm_config_get_int(c, "device_train_microbatch_size", 0, &tc->device_train_microbatch_size));
+        if (!is_auto && tc->device_train_microbatch_size < 0)
+            return bad(c, "device_train_microbatch_size", "'%s' must be a number of rows (0 = the whole batch) or auto", v);
+    } else {
+        TRY(cm_config_get_int(c, "device_train_microbatch_size", 0, &tc->device_train_microbatch_size));
+    }
+    TRY(cm_config_get_bool(c, "progress_bar", true, &r->ctx.progress_bar));
+    TRY(cm_config_get_time(c, "console_log_interval", "0", &r->ctx.console_log_interval));
+    /* checkpointing and parallelism keys: accepted, errors when set to something we cannot do */
+    const char *sf, *strategy;
+    TRY(cm_config_get_string(c, "save_folder", NULL, &sf));
+    if (sf) return not_supported(c, "save_folder", "checkpoints are not implemented; the final weights go to "
+                                                   "<run folder>/model.safetensors (remove save_folder)");
+    cm_time si;
+    TRY(cm_config_get_time(c, "save_interval", "1ep", &si));
+    if (!(si.unit == CM_TIME_EPOCH && si.count == 1))
+        return not_supported(c, "save_interval", "checkpoints are not implemented (remove save_interval)");
+    bool autoresume;
+    TRY(cm_config_get_bool(c, "autoresume", false, &autoresume));
+    if (autoresume) return not_supported(c, "autoresume", "checkpoints are not implemented (set autoresume: false)");
+    TRY(cm_config_get_string(c, "load_path", NULL, &r->load_path));
+    if (r->load_path && !strstr(r->load_path, ".safetensors"))
+        return not_supported(c, "load_path", "only weights (.safetensors) can be loaded; checkpoints are not implemented");
+    TRY(cm_config_get_string(c, "parallelism.fsdp.sharding_strategy", NULL, &strategy));
+    if (strategy && strcasecmp(strategy, "NO_SHARD") != 0)
+        return not_supported(c, "parallelism.fsdp.sharding_strategy", "one process, no sharding (use NO_SHARD)");
+    return CM_OK;
+}
+
+static cm_status build_run(run *r) {
+    cm_config *c = r->cfg;
+    int64_t seed;
+    TRY(cm_config_get_int(c, "seed", 42, &seed));
+    r->seed = (uint64_t)seed;
+    r->tc = cm_trainer_config_default();
+    r->tc.seed = r->seed;
+    if (r->mode == MODE_TRAIN) {
+        TRY(cm_config_get_string(c, "run_name", NULL, &r->run_name));
+        TRY(cm_config_get_string(c, "run_root", CM_RUN_ROOT_DEFAULT, &r->run_root));
+        if (r->run_name && cm_run_name_check(r->run_name) != CM_OK) return at_key(c, "run_name", CM_ERR_INVALID_ARG);
+    }
+    TRY(read_trainer_keys(r));
+    /* the tokenizer of the token data (vocabulary size, samples) */
+    find_tokenizer(r, r->mode == MODE_TRAIN ? "train_loader" : "eval_loader");
+    if (r->mode != MODE_TRAIN) find_tokenizer(r, "train_loader");
+    TRY(build_model(r, true));
+    if (r->mode == MODE_TRAIN) {
+        if (cm_config_kind_of(c, "train_loader") != CM_CONFIG_MAP)
+            return bad(c, "train_loader", "required: {dataset: {type: ..., ...}, batch_size: ...}");
+        TRY(build_loader(r, "train_loader", true, &r->train_ds, &r->train_dl));
+    }
+    if (r->mode != MODE_GENERATE) {
+        if (cm_config_kind_of(c, "eval_loader") == CM_CONFIG_MAP)
+            TRY(build_loader(r, "eval_loader", false, &r->eval_ds, &r->eval_dl));
+        else if (r->mode == MODE_EVAL)
+            return bad(c, "eval_loader", "required for eval: {dataset: {type: ..., ...}, batch_size: ...}");
+        else
+            cm_config_touch(c, "eval_loader");
+        TRY(cm_config_get_int(c, "eval_subset_num_batches", -1, &r->tc.eval_subset_num_batches));
+    }
+    if (r->mode == MODE_TRAIN) {
+        TRY(build_optimizer(r));
+        TRY(build_schedulers(r));
+        TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
+        TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
+        TRY(build_plugins(r, "loggers", CLI_LOGGER));
+        if (r->gpt2) {
+            TRY(cm_config_get_string(c, "sample.prompt", "\n", &r->prompt));
+            TRY(cm_config_get_int(c, "sample.max_new_tokens", 300, &r->sample_tokens));
+            TRY(cm_config_get_double(c, "sample.temperature", 0.8, &r->temperature));
+            TRY(cm_config_get_int(c, "sample.top_k", 200, &r->top_k));
+        }
+    } else {
+        touch_unused(r);
+    }
+    return cm_config_check_unknown(c);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Help
+ * ------------------------------------------------------------------------------------------- */
+
+static void print_keys(FILE *f) {
+    fprintf(f,
+            "config keys (YAML; override any of them with key.path=value):\n"
+            "  model:             name: gpt2 | mlp | cnn | resnet; preset: a zoo preset (gpt2: shakespeare-char,\n"
+            "                     tiny, gpt2, ...; mlp/cnn: mnist, mnist_small, ...; resnet: resnet20, ...);\n"
+            "                     then any config field by name (gpt2: vocab_size, n_positions, n_embd,\n"
+            "                     n_layer, n_head, dropout | embd_pdrop attn_pdrop resid_pdrop,\n"
+            "                     layer_norm_eps, bias, tie_word_embeddings, initializer_range; mlp:\n"
+            "                     in_features, hidden [..], num_classes, dropout; cnn: in_channels, image_h,\n"
+            "                     image_w, channels [c1, c2], hidden, num_classes, dropout1, dropout2;\n"
+            "                     resnet: num_classes, in_channels, zero_init_residual, channels_last)\n"
+            "  train_loader:      dataset: {type: tokens | mnist | cifar10, dir, split, path (tokens: a\n"
+            "  eval_loader:       .bin file or glob), seq_len (tokens), crop_padding, hflip_p (cifar10)},\n"
+            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth\n"
+            "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
+            "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
+            "                     dampening, nesterov (sgd kinds)\n"
+            "  scheduler:         {name: cosine_with_warmup | linear_decay_with_warmup | constant_with_warmup\n"
+            "  schedulers:        | step | multistep | exponential | cosine_annealing | polynomial | ...,\n"
+            "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
+            "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
+            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
+            "  callbacks:         (none yet)\n"
+            "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
+            "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"
+            "  max_duration       how long to train: 2000ba, 3ep, 1e6tok, ... (required)\n"
+            "  eval_interval      1ep; 500ba; 0 disables evaluation during training\n"
+            "  eval_subset_num_batches   -1 = the whole eval set\n"
+            "  global_train_batch_size   the train loader's batch size (llm-foundry's name)\n"
+            "  device_train_microbatch_size   rows per microbatch, or auto; 0 = the whole batch\n"
+            "  precision          fp32 | amp_bf16 (amp_fp16: not on CPU)\n"
+            "  seed (42), run_name (generated), run_root (runs), progress_bar (true),\n"
+            "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
+            "  accumulate_train_batch_on_tokens, device (cpu)\n"
+            "  load_path          weights (.safetensors) to start from\n"
+            "  save_folder, save_interval, autoresume, parallelism.fsdp.sharding_strategy: accepted, but\n"
+            "                     checkpoints and sharding are not implemented yet: setting them is an error\n"
+            "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
+            "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
+}
+
+static const char *g_print_config, *g_quiet_train;
+static const cli_flag k_train_flags[] = {
+    {"--print-config", NULL, NULL, "print the resolved config (defaults filled in) and exit", &g_print_config},
+    {"--quiet", "-q", NULL, "no progress output (the run folder is still written)", &g_quiet_train},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static void train_usage(FILE *f, const char *prog) {
+    fprintf(f,
+            "usage: %s CONFIG.yaml [key.path=value ...] [--print-config]\n\n"
+            "Trains the model a YAML config describes (llm-foundry style: trainer options are top-level\n"
+            "keys). Overrides on the command line are parsed as YAML values: optimizer.lr=3e-4,\n"
+            "max_duration=500ba, optimizer.betas=[0.9,0.99]. Unknown keys and bad values are errors that\n"
+            "name the key and suggest the closest valid one.\n\noptions:\n",
+            prog);
+    cli_print_flags(f, k_train_flags);
+    fprintf(f, "  %-28s %s\n\n", "-h, --help", "show this help and the config keys");
+    print_keys(f);
+}
+
+/* Loads the config and applies the overrides; prints the error and returns nonzero on failure. */
+static int load_config(const char *prog, const char *path, const char *const *overrides, int n, cm_config **out) {
+    if (cm_config_load_file(path, out) != CM_OK) {
+        fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+        return cm_last_status() == CM_ERR_IO ? 1 : EXIT_USAGE;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!strchr(overrides[i], '=')) {
+            fprintf(stderr, "%s: unexpected argument '%s' (overrides are key.path=value)\n", prog, overrides[i]);
+            cm_config_free(*out);
+            return EXIT_USAGE;
+        }
+        if (cm_config_override(*out, overrides[i]) != CM_OK) {
+            fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+            cm_config_free(*out);
+            return EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+static int config_error(const char *prog, run *r) {
+    fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+    cm_status s = cm_last_status();
+    run_free(r);
+    return s == CM_ERR_INVALID_ARG ? EXIT_USAGE : 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * composer train
+ * ------------------------------------------------------------------------------------------- */
+
+static int64_t total_batches(const run *r) {
+    cm_time m = r->tc.max_duration;
+    int64_t spe = cm_dataloader_steps_per_epoch(r->train_dl);
+    switch (m.unit) {
+    case CM_TIME_BATCH: return m.count;
+    case CM_TIME_EPOCH: return m.count * spe;
+    case CM_TIME_SAMPLE: return r->train_batch ? (m.count + r->train_batch - 1) / r->train_batch : 0;
+    default: return 0;
+    }
+}
+
+static bool sample_progress(int64_t token, int64_t index, void *data) {
+    (void)token, (void)index, (void)data;
+    return true;
+}
+
+/* Generates n tokens after the prompt with the tokenizer; returns the text (cm_alloc'ed) or NULL. */
+static char *generate_text(cm_model *m, cm_tokenizer *tok, const char *prompt, int64_t n, double temperature,
+                           int64_t top_k, uint64_t seed) {
+    int32_t *ids = NULL;
+    int64_t np = 0;
+    if (prompt && *prompt && cm_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &np) != CM_OK) return NULL;
+    int64_t *p64 = cm_alloc(sizeof(int64_t) * (size_t)(np + 1), 16);
+    int64_t *out = cm_alloc(sizeof(int64_t) * (size_t)(n + 1), 16);
+    int32_t *all = cm_alloc(sizeof(int32_t) * (size_t)(np + n + 1), 16);
+    char *text = NULL;
+    if (p64 && out && all) {
+        for (int64_t i = 0; i < np; i++) p64[i] = ids[i];
+        if (np == 0) {
+            int32_t eot = cm_tokenizer_special(tok, CM_TOKEN_EOT);
+            p64[0] = eot >= 0 ? eot : 0;
+        }
+        cm_gpt2_generate_config gc = cm_gpt2_generate_config_default();
+        gc.temperature = (float)temperature;
+        gc.top_k = top_k;
+        gc.seed = seed;
+        gc.on_token = sample_progress;
+        int64_t n_out = 0;
+        if (cm_gpt2_generate(m, p64, np ? np : 1, n, &gc, out, &n_out) == CM_OK) {
+            for (int64_t i = 0; i < np; i++) all[i] = ids[i];
+            for (int64_t i = 0; i < n_out; i++) all[np + i] = (int32_t)out[i];
+            size_t len;
+            if (cm_tokenizer_decode(tok, all, np + n_out, &text, &len) != CM_OK) text = NULL;
+        }
+    }
+    cm_free(ids);
+    cm_free(p64);
+    cm_free(out);
+    cm_free(all);
+    return text;
+}
+
+static int write_text_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fputs(text, f);
+    if (text[0] && text[strlen(text) - 1] != '\n') fputc('\n', f);
+    return fclose(f);
+}
+
+static void print_eval_metrics(run *r, cm_trainer *tr, const char *label) {
+    cm_state *st = cm_trainer_state(tr);
+    for (int i = 0; i < cm_state_n_metrics(st, label); i++) {
+        const char *name;
+        double v;
+        char buf[CM_FORMAT_MAX];
+        if (cm_state_metric_at(st, label, i, &name, &v) == CM_OK)
+            cli_say(&r->ctx, "  metrics/%s/%s: %s\n", label, name, cm_format_metric(v, buf, sizeof buf));
+    }
+}
+
+int cmd_train(const char *prog, int argc, char **argv) {
+    const char *pos[64];
+    int n_pos;
+    g_print_config = g_quiet_train = NULL;
+    int rc = cli_parse_flags(prog, k_train_flags, argc, argv, pos, 64, &n_pos, train_usage);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (n_pos == 0) {
+        fprintf(stderr, "%s: missing CONFIG.yaml (e.g. %s examples/shakespeare-char.yaml); see '%s --help'\n", prog,
+                prog, prog);
+        return EXIT_USAGE;
+    }
+    run r = {0};
+    r.mode = MODE_TRAIN;
+    r.ctx.quiet = g_quiet_train != NULL;
+    if ((rc = load_config(prog, pos[0], pos + 1, n_pos - 1, &r.cfg)) != 0) return rc;
+    if (build_run(&r) != CM_OK) return config_error(prog, &r);
+    if (g_print_config) {
+        cm_config_write(r.cfg, stdout);
+        run_free(&r);
+        return 0;
+    }
+
+    /* the run folder */
+    char *dir = NULL, *path = NULL;
+    if (cm_run_folder_create(r.run_root, r.run_name, &dir) != CM_OK) return config_error(prog, &r);
+    r.ctx.run_dir = dir;
+    const char *slash = strrchr(dir, '/');
+    char run_name[256];
+    snprintf(run_name, sizeof run_name, "%s", slash ? slash + 1 : dir);
+    if (!r.run_name) cm_config_set(r.cfg, "run_name", run_name);
+    r.tc.run_name = run_name;
+    cm_run_folder_path(dir, CM_RUN_FILE_CONFIG, &path);
+    if (cm_config_save(r.cfg, path) != CM_OK) {
+        cm_free(path);
+        return config_error(prog, &r);
+    }
+    cm_free(path);
+    cm_run_folder_path(dir, CM_RUN_FILE_LOG, &path);
+    r.ctx.log = fopen(path, "w");
+    cm_free(path);
+    if (r.tok) {
+        cm_run_folder_path(dir, "tokenizer.json", &path);
+        if (cm_tokenizer_save(r.tok, path) != CM_OK) cm_log_msg(CM_LOG_WARN, "%s", cm_last_error());
+        cm_free(path);
+    }
+    r.ctx.total_batches = total_batches(&r);
+    if (r.load_path) {
+        cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, r.load_path, NULL, NULL)
+                             : cm_module_load_safetensors(cm_model_module(r.model), r.load_path, NULL, NULL);
+        if (s) return config_error(prog, &r);
+    }
+
+    /* the trainer */
+    cm_logger_plugin rl;
+    if (cli_run_logger_new(&r.ctx, &rl) != CM_OK) return config_error(prog, &r);
+    r.lgs[r.n_lgs++] = rl;
+    r.tc.model = r.model;
+    r.tc.train_dataloader = r.train_dl;
+    r.tc.eval_dataloader = r.eval_dl;
+    r.tc.optimizer = r.opt;
+    r.tc.schedulers = r.scheds, r.tc.n_schedulers = r.n_scheds;
+    r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
+    r.tc.callbacks = r.cbs, r.tc.n_callbacks = r.n_cbs;
+    r.tc.loggers = r.lgs, r.tc.n_loggers = r.n_lgs;
+    r.tc.progress_bar = r.ctx.progress_bar;
+    cm_module *root = cm_model_module(r.model);
+    cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches\n", run_name,
+            cm_model_type_name(r.model), (long long)cm_module_count_params(root, false),
+            (long long)cm_dataset_len(r.train_ds), r.eval_ds ? " (+ eval set)" : "", (long long)r.train_batch,
+            (long long)r.ctx.total_batches);
+    cm_trainer *tr;
+    if (cm_trainer_new(&r.tc, &tr) != CM_OK) return config_error(prog, &r);
+    r.n_algs = r.n_cbs = r.n_lgs = 0; /* the trainer owns them now */
+    double t0 = cm_clock_s();
+    cm_status s = cm_trainer_fit(tr, NULL);
+    double secs = cm_clock_s() - t0;
+    if (s != CM_OK) {
+        fprintf(stderr, "%s: training failed: %s\n", prog, cm_last_error());
+        if (r.ctx.log) fprintf(r.ctx.log, "training failed: %s\n", cm_last_error());
+        cm_trainer_free(tr);
+        run_free(&r);
+        return 1;
+    }
+    const cm_timestamp *ts = cm_state_timestamp(cm_trainer_state(tr));
+    cli_say(&r.ctx, "trained %lld batches (%lld samples, %lld tokens) in %.1f s\n", (long long)ts->batch,
+            (long long)ts->sample, (long long)ts->token, secs);
+    print_eval_metrics(&r, tr, "eval");
+    rc = 0;
+    if (cm_trainer_close(tr) != CM_OK) {
+        fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+        rc = 1;
+    }
+    cm_trainer_free(tr);
+
+    /* outputs: weights, plot, sample */
+    char *weights = NULL, *metrics = NULL, *plot = NULL, *sample = NULL;
+    cm_run_folder_path(dir, "model.safetensors", &weights);
+    cm_run_folder_path(dir, CM_RUN_FILE_METRICS, &metrics);
+    cm_run_folder_path(dir, CM_RUN_FILE_PLOT, &plot);
+    s = r.gpt2 ? cm_gpt2_save_safetensors(r.model, weights) : cm_module_save_safetensors(root, weights);
+    if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
+    bool have_plot = cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL) == CM_OK;
+    if (!have_plot) cm_log_msg(CM_LOG_WARN, "no plot: %s", cm_last_error());
+    bool have_sample = false;
+    if (r.gpt2 && r.tok && r.sample_tokens > 0) {
+        char *text = generate_text(r.model, r.tok, r.prompt, r.sample_tokens, r.temperature, r.top_k, r.seed);
+        if (text) {
+            cli_say(&r.ctx, "\n--- sample (%lld tokens, temperature %g, top_k %lld) ---\n%s\n---\n",
+                    (long long)r.sample_tokens, r.temperature, (long long)r.top_k, text);
+            cm_run_folder_path(dir, "sample.txt", &sample);
+            have_sample = write_text_file(sample, text) == 0;
+            cm_free(text);
+        } else {
+            fprintf(stderr, "%s: sampling failed: %s\n", prog, cm_last_error());
+        }
+    }
+    cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s, model.safetensors%s\n", dir,
+            have_plot ? ", loss.svg" : "", have_sample ? ", sample.txt" : "");
+    cm_free(weights), cm_free(metrics), cm_free(plot), cm_free(sample);
+    run_free(&r);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * composer eval
+ * ------------------------------------------------------------------------------------------- */
+
+static const char *g_eval_weights;
+static const cli_flag k_eval_flags[] = {
+    {"--weights", "-w", "PATH", "the weights to evaluate (a model.safetensors from a run)", &g_eval_weights},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static void eval_usage(FILE *f, const char *prog) {
+    fprintf(f,
+            "usage: %s CONFIG.yaml --weights PATH [key.path=value ...]\n\n"
+            "Builds the config's model, loads PATH (safetensors) and evaluates it on the config's\n"
+            "eval_loader, printing every metric. A run folder's config.yaml works as CONFIG.\n\noptions:\n",
+            prog);
+    cli_print_flags(f, k_eval_flags);
+    fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
+}
+
+int cmd_eval(const char *prog, int argc, char **argv) {
+    const char *pos[64];
+    int n_pos;
+    g_eval_weights = NULL;
+    int rc = cli_parse_flags(prog, k_eval_flags, argc, argv, pos, 64, &n_pos, eval_usage);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (n_pos == 0 || !g_eval_weights) {
+        fprintf(stderr, "%s: missing %s; see '%s --help'\n", prog, n_pos == 0 ? "CONFIG.yaml" : "--weights PATH", prog);
+        return EXIT_USAGE;
+    }
+    run r = {0};
+    r.mode = MODE_EVAL;
+    if ((rc = load_config(prog, pos[0], pos + 1, n_pos - 1, &r.cfg)) != 0) return rc;
+    if (build_run(&r) != CM_OK) return config_error(prog, &r);
+    cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
+                         : cm_module_load_safetensors(cm_model_module(r.model), g_eval_weights, NULL, NULL);
+    if (s) {
+        fprintf(stderr, "%s: loading %s: %s\n", prog, g_eval_weights, cm_last_error());
+        run_free(&r);
+        return 1;
+    }
+    r.tc.model = r.model;
+    r.tc.eval_dataloader = r.eval_dl;
+    cm_trainer *tr;
+    if (cm_trainer_new(&r.tc, &tr) != CM_OK) return config_error(prog, &r);
+    double t0 = cm_clock_s();
+    if (cm_trainer_eval(tr, NULL, 0) != CM_OK) {
+        fprintf(stderr, "%s: evaluation failed: %s\n", prog, cm_last_error());
+        cm_trainer_free(tr);
+        run_free(&r);
+        return 1;
+    }
+    printf("evaluated %s on %lld samples in %.1f s\n", g_eval_weights, (long long)cm_dataset_len(r.eval_ds),
+           cm_clock_s() - t0);
+    print_eval_metrics(&r, tr, "eval");
+    cm_trainer_free(tr);
+    run_free(&r);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * composer generate
+ * ------------------------------------------------------------------------------------------- */
+
+static const char *g_gen_weights, *g_gen_config, *g_gen_tok, *g_gen_prompt, *g_gen_n, *g_gen_temp, *g_gen_topk,
+    *g_gen_seed, *g_gen_heads;
+static const cli_flag k_gen_flags[] = {
+    {"--weights", "-w", "PATH", "GPT-2 weights (.safetensors, e.g. runs/NAME/model.safetensors)", &g_gen_weights},
+    {"--config", "-c", "YAML", "the model config (default: config.yaml next to the weights, if present)",
+     &g_gen_config},
+    {"--tokenizer", "-t", "JSON", "tokenizer.json (default: next to the weights)", &g_gen_tok},
+    {"--prompt", "-p", "TEXT", "the text to continue (default \"\\n\"; \"\" = start from <|endoftext|> / id 0)",
+     &g_gen_prompt},
+    {"--max-new-tokens", "-n", "N", "tokens to generate (default 200)", &g_gen_n},
+    {"--temperature", NULL, "T", "sampling temperature, 0 = greedy (default 0.8)", &g_gen_temp},
+    {"--top-k", NULL, "K", "sample among the K most likely tokens, 0 = all (default 200)", &g_gen_topk},
+    {"--seed", NULL, "S", "sampling seed (default 42)", &g_gen_seed},
+    {"--n-head", NULL, "H", "attention heads, when there is no config (default n_embd / 64)", &g_gen_heads},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static void gen_usage(FILE *f, const char *prog) {
+    fprintf(f,
+            "usage: %s --weights PATH [--prompt TEXT] [--max-new-tokens N] [options]\n\n"
+            "Samples text from a GPT-2 model with a KV cache. The model's shape comes from --config (or\n"
+            "the run folder's config.yaml next to the weights), else from the weights' shapes.\n\noptions:\n",
+            prog);
+    cli_print_flags(f, k_gen_flags);
+    fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
+}
+
+static bool parse_num(const char *prog, const char *flag, const char *s, double lo, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo) || !isfinite(v)) {
+        fprintf(stderr, "%s: %s '%s' must be a number >= %g\n", prog, flag, s, lo);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+int cmd_generate(const char *prog, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    g_gen_weights = g_gen_config = g_gen_tok = g_gen_heads = NULL;
+    g_gen_prompt = "\n", g_gen_n = "200", g_gen_temp = "0.8", g_gen_topk = "200", g_gen_seed = "42";
+    int rc = cli_parse_flags(prog, k_gen_flags, argc, argv, pos, 0, &n_pos, gen_usage);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!g_gen_weights) {
+        fprintf(stderr, "%s: missing --weights PATH; see '%s --help'\n", prog, prog);
+        return EXIT_USAGE;
+    }
+    double n, temp, topk, seed, heads = 0;
+    if (!parse_num(prog, "--max-new-tokens", g_gen_n, 0, &n) || !parse_num(prog, "--temperature", g_gen_temp, 0, &temp) ||
+        !parse_num(prog, "--top-k", g_gen_topk, 0, &topk) || !parse_num(prog, "--seed", g_gen_seed, 0, &seed) ||
+        (g_gen_heads && !parse_num(prog, "--n-head", g_gen_heads, 1, &heads)))
+        return EXIT_USAGE;
+    char wdir[PATH_MAX], cfg_path[PATH_MAX], tok_path[PATH_MAX];
+    snprintf(wdir, sizeof wdir, "%s", g_gen_weights);
+    char *d = dirname(wdir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.yaml", d);
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", d);
+    if (!g_gen_config && file_exists(cfg_path)) g_gen_config = cfg_path;
+    if (!g_gen_tok) g_gen_tok = tok_path;
+
+    run r = {0};
+    r.mode = MODE_GENERATE;
+    if (cm_tokenizer_load(g_gen_tok, &r.tok) != CM_OK) {
+        fprintf(stderr, "%s: tokenizer: %s (pass --tokenizer DIR/tokenizer.json)\n", prog, cm_last_error());
+        return 1;
+    }
+    snprintf(r.tok_path, sizeof r.tok_path, "%s", g_gen_tok);
+    cm_status s;
+    if (g_gen_config) {
+        if ((rc = load_config(prog, g_gen_config, NULL, 0, &r.cfg)) != 0) {
+            run_free(&r);
+            return rc;
+        }
+        int64_t sd;
+        if (cm_config_get_int(r.cfg, "seed", 42, &sd) != CM_OK || build_model(&r, false) != CM_OK)
+            return config_error(prog, &r);
+        if (!r.gpt2) {
+            fprintf(stderr, "%s: %s: the model is not a GPT (model.name: gpt2)\n", prog, g_gen_config);
+            run_free(&r);
+            return EXIT_USAGE;
+        }
+    } else {
+        cm_gpt2_config g;
+        if (cm_gpt2_config_from_safetensors(g_gen_weights, &g) != CM_OK) {
+            fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+            run_free(&r);
+            return 1;
+        }
+        if (heads > 0) g.n_head = (int64_t)heads;
+        if ((s = cm_gpt2_new(&g, NULL, &r.model)) != CM_OK) {
+            fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+            run_free(&r);
+            return 1;
+        }
+    }
+    if (cm_gpt2_load_safetensors(r.model, g_gen_weights, NULL, NULL) != CM_OK) {
+        fprintf(stderr, "%s: loading %s: %s\n", prog, g_gen_weights, cm_last_error());
+        run_free(&r);
+        return 1;
+    }
+    char *text = generate_text(r.model, r.tok, g_gen_prompt, (int64_t)n, temp, (int64_t)topk, (uint64_t)seed);
+    if (!text) {
+        fprintf(stderr, "%s: generation failed: %s\n", prog, cm_last_error());
+        run_free(&r);
+        return 1;
+    }
+    printf("%s\n", text);
+    cm_free(text);
+    run_free(&r);
+    return 0;
+}
