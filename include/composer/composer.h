@@ -31,5 +31,6 @@
 #include <composer/algorithms.h>
 #include <composer/callbacks.h>
 #include <composer/loggers.h>
+#include <composer/config.h>
 
 #endif
