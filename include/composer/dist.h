@@ -261,8 +261,10 @@ void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first
 void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg);
 
 /* Lets backward start each unit's all-reduce during the last microbatch's backward (a hook on the
- * trainer's tape). Optional: without it the first sync_grads attaches on its own, so only the
- * first step runs without overlap. Errors: CM_ERR_INVALID_ARG (NULL). */
+ * trainer's tape, and a callback "DistributedDataParallel" on its engine that unhooks it when the
+ * trainer is freed; either may be freed first). Optional: without it every bucket starts in
+ * sync_grads, after backward (correct, not overlapped). Errors: CM_ERR_INVALID_ARG (NULL),
+ * CM_ERR_STATE (attached already), the engine's errors. */
 cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr);
 
 /* Makes the gradients the global batch's: all-reduces (sums) every unit's flat gradient buffer

@@ -171,7 +171,8 @@ cm_status cm_comm_iall_reduce(cm_comm *c, void *buf, int64_t count, cm_comm_dtyp
         return cm_set_error(CM_ERR_INVALID_ARG, "all_reduce: op %d is not a cm_reduce_op", (int)op);
     cm_coll_info ci = next_info(c, CM_COLL_ALL_REDUCE, count, dt);
     void *br = NULL;
-    return started(c, c->vt->iall_reduce(c->self, &ci, buf, op, &br), br, &ci, req);
+    s = c->vt->iall_reduce(c->self, &ci, buf, op, &br);
+    return started(c, s, br, &ci, req);
 }
 
 cm_status cm_comm_ireduce_scatter(cm_comm *c, const void *send, void *recv, int64_t recv_count, cm_comm_dtype dt,
@@ -182,7 +183,8 @@ cm_status cm_comm_ireduce_scatter(cm_comm *c, const void *send, void *recv, int6
         return cm_set_error(CM_ERR_INVALID_ARG, "reduce_scatter: op %d is not a cm_reduce_op", (int)op);
     cm_coll_info ci = next_info(c, CM_COLL_REDUCE_SCATTER, recv_count, dt);
     void *br = NULL;
-    return started(c, c->vt->ireduce_scatter(c->self, &ci, send, recv, op, &br), br, &ci, req);
+    s = c->vt->ireduce_scatter(c->self, &ci, send, recv, op, &br);
+    return started(c, s, br, &ci, req);
 }
 
 cm_status cm_comm_iall_gather(cm_comm *c, const void *send, void *recv, int64_t send_count, cm_comm_dtype dt,
@@ -191,7 +193,8 @@ cm_status cm_comm_iall_gather(cm_comm *c, const void *send, void *recv, int64_t 
     if (s) return s;
     cm_coll_info ci = next_info(c, CM_COLL_ALL_GATHER, send_count, dt);
     void *br = NULL;
-    return started(c, c->vt->iall_gather(c->self, &ci, send, recv, &br), br, &ci, req);
+    s = c->vt->iall_gather(c->self, &ci, send, recv, &br);
+    return started(c, s, br, &ci, req);
 }
 
 cm_status cm_comm_ibroadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, int root,
@@ -203,7 +206,8 @@ cm_status cm_comm_ibroadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype
                             cm_comm_size(c));
     cm_coll_info ci = next_info(c, CM_COLL_BROADCAST, count, dt);
     void *br = NULL;
-    return started(c, c->vt->ibroadcast(c->self, &ci, buf, root, &br), br, &ci, req);
+    s = c->vt->ibroadcast(c->self, &ci, buf, root, &br);
+    return started(c, s, br, &ci, req);
 }
 
 cm_status cm_comm_ibarrier(cm_comm *c, cm_comm_request **req) {
@@ -211,7 +215,8 @@ cm_status cm_comm_ibarrier(cm_comm *c, cm_comm_request **req) {
     if (s) return s;
     cm_coll_info ci = next_info(c, CM_COLL_BARRIER, 0, CM_COMM_U8);
     void *br = NULL;
-    return started(c, c->vt->ibarrier(c->self, &ci, &br), br, &ci, req);
+    s = c->vt->ibarrier(c->self, &ci, &br);
+    return started(c, s, br, &ci, req);
 }
 
 static cm_status test_once(cm_comm *c, cm_comm_request *req, bool *done) {
@@ -263,28 +268,27 @@ cm_status cm_comm_wait(cm_comm *c, cm_comm_request *req) {
  * Blocking forms
  * ------------------------------------------------------------------------------------------- */
 
-static cm_status finish(cm_comm *c, cm_status s, cm_comm_request *r) { return s ? s : cm_comm_wait(c, r); }
+/* (the request is read only after the start call has written it) */
+#define FINISH(start_call)                   \
+    cm_comm_request *r = NULL;               \
+    cm_status s_ = (start_call);             \
+    return s_ ? s_ : cm_comm_wait(c, r)
 
 cm_status cm_comm_all_reduce(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, cm_reduce_op op) {
-    cm_comm_request *r = NULL;
-    return finish(c, cm_comm_iall_reduce(c, buf, count, dt, op, &r), r);
+    FINISH(cm_comm_iall_reduce(c, buf, count, dt, op, &r));
 }
 cm_status cm_comm_reduce_scatter(cm_comm *c, const void *send, void *recv, int64_t recv_count, cm_comm_dtype dt,
                                  cm_reduce_op op) {
-    cm_comm_request *r = NULL;
-    return finish(c, cm_comm_ireduce_scatter(c, send, recv, recv_count, dt, op, &r), r);
+    FINISH(cm_comm_ireduce_scatter(c, send, recv, recv_count, dt, op, &r));
 }
 cm_status cm_comm_all_gather(cm_comm *c, const void *send, void *recv, int64_t send_count, cm_comm_dtype dt) {
-    cm_comm_request *r = NULL;
-    return finish(c, cm_comm_iall_gather(c, send, recv, send_count, dt, &r), r);
+    FINISH(cm_comm_iall_gather(c, send, recv, send_count, dt, &r));
 }
 cm_status cm_comm_broadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, int root) {
-    cm_comm_request *r = NULL;
-    return finish(c, cm_comm_ibroadcast(c, buf, count, dt, root, &r), r);
+    FINISH(cm_comm_ibroadcast(c, buf, count, dt, root, &r));
 }
 cm_status cm_comm_barrier(cm_comm *c) {
-    cm_comm_request *r = NULL;
-    return finish(c, cm_comm_ibarrier(c, &r), r);
+    FINISH(cm_comm_ibarrier(c, &r));
 }
 cm_status cm_comm_all_reduce_sum_f32(cm_comm *c, float *buf, int64_t count) {
     return cm_comm_all_reduce(c, buf, count, CM_COMM_F32, CM_REDUCE_SUM);

@@ -34,6 +34,7 @@ struct cm_dist {
     int64_t cursor_idx;
     cm_state *st;
     cm_tape *tape;
+    struct tape_link *link;  /* the plugin that tells us when the trainer (and its tape) goes */
     cm_status hook_status;   /* a failure inside the hook, reported by sync_grads */
     char hook_error[1024];
     cm_dist_stats stats;
@@ -52,9 +53,14 @@ static int cmp_range(const void *a, const void *b) {
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
+typedef struct tape_link {
+    cm_dist *d;
+} tape_link;
+
 void cm_dist_free(cm_dist *d) {
     if (!d) return;
     if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
+    if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
     cm_free(d->req);
     cm_free(d->unit_last);
@@ -238,22 +244,22 @@ static cm_status hook_all_reduce_sum(double *values, int n, void *data) {
     return cm_comm_all_reduce_sum_f64(d->comm, values, n);
 }
 
-static void attach_state(cm_dist *d, cm_state *st) {
-    d->st = st;
-    cm_tape *tp = cm_state_tape(st);
-    if (tp && tp != d->tape) {
-        if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
-        d->tape = tp;
-        cm_tape_set_backward_hook(tp, backward_hook, d);
+/* A callback the trainer's engine owns: when the trainer is freed (and its tape with it), its
+ * free() unhooks the cm_dist; when the cm_dist goes first, cm_dist_free clears link->d. */
+static cm_status link_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) { return CM_OK; }
+static void link_free(void *self) {
+    tape_link *l = self;
+    if (l->d) {
+        l->d->tape = NULL;
+        l->d->st = NULL;
+        l->d->link = NULL;
     }
+    cm_free(l);
 }
+static const cm_callback_i k_link = {CM_CALLBACK_ABI, "DistributedDataParallel", link_run_event, NULL, NULL, NULL,
+                                     link_free};
 
-static cm_status hook_sync_grads(cm_state *st, void *data) {
-    cm_dist *d = data;
-    cm_status s = cm_dist_sync_grads(d);
-    if (!d->st) attach_state(d, st); /* overlap from the next step on */
-    return s;
-}
+static cm_status hook_sync_grads(cm_state *st, void *data) { return cm_dist_sync_grads(data); }
 
 void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     if (!d || !cfg) return;
@@ -266,6 +272,18 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
 
 cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr) {
     if (!d || !tr) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_attach: %s is NULL", d ? "trainer" : "dist");
-    attach_state(d, cm_trainer_state(tr));
+    if (d->link) return cm_set_error(CM_ERR_STATE, "cm_dist_attach: already attached to a trainer");
+    tape_link *l = cm_alloc_zeroed(sizeof *l, 16);
+    if (!l) return cm_set_error(CM_ERR_OOM, "cm_dist_attach: out of memory");
+    l->d = d;
+    cm_status s = cm_engine_add_callback(cm_trainer_engine(tr), (cm_callback_plugin){&k_link, l});
+    if (s) {
+        cm_free(l);
+        return s;
+    }
+    d->link = l;
+    d->st = cm_trainer_state(tr);
+    d->tape = cm_state_tape(d->st);
+    cm_tape_set_backward_hook(d->tape, backward_hook, d);
     return CM_OK;
 }
