@@ -34,7 +34,7 @@ train_equivalence)
     # per-rank sums, so each gradient differs from the 1-process one by a few f32 roundings
     # (~1e-7 relative); 8 SGD steps with clipping carry that into the parameters. 2e-6 relative
     # (absolute below 1) is ~20 ulps: far below what a wrong weighting or a missing rank gives
-    # (>1e-2, see the README of this directory).
+    # (summing with MAX instead of SUM, for one, is off by 7e-2).
     tol=2e-6
     for n in 2 3 4; do
         launch -n $n "$bin/dist_train" "$tmp/n$n.txt" || fail "training on $n ranks"
