@@ -21,6 +21,15 @@ launch() {
 }
 
 case "$case_" in
+launcher_env_and_stdout_per_rank)
+    launch -n 3 --stdout "$tmp/out{rank}of{world_size}.txt" sh -c 'echo "$RANK $LOCAL_RANK $NODE_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_PORT"' \
+        || fail "launching sh on 3 ranks"
+    for r in 0 1 2; do
+        [ "$(cat "$tmp/out${r}of3.txt")" = "$r $r 0 3 3 29500" ] || fail "rank $r wrote '$(cat "$tmp/out${r}of3.txt")'"
+    done
+    "$composer" -n 2 --stdout "x{rnk}" sh -c true 2>"$tmp/err" && fail "a bad format was accepted"
+    grep -q "unknown placeholder '{rnk}'" "$tmp/err" || fail "bad format message: $(cat "$tmp/err")"
+    ;;
 collectives)
     for n in 2 3 4; do
         launch -n $n "$bin/dist_collectives" || fail "collectives on $n ranks"
