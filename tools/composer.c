@@ -5,6 +5,7 @@
  *   composer eval CONFIG.yaml --weights PATH [key.path=value ...]
  *   composer generate --weights PATH [--prompt TEXT] [--max-new-tokens N] ...
  *   composer data tokenize [--tokenizer gpt2|char] [--val-fraction F] INPUT -o OUTDIR
+ *   composer -n N [--world_size W] [--stdout FMT] ... PROGRAM|SUBCOMMAND [ARGS...]   (tools/launch.c)
  *
  * Commands live in tables of {name, function, help} (a group's entry points at its sub-table), so
  * adding a subcommand is adding a row. Unknown commands, flags and values are answered with the
@@ -13,6 +14,8 @@
 #include "cli.h"
 
 #include <composer/tokenizer.h>
+
+#include "launch.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -436,7 +439,17 @@ static const cli_cmd k_commands[] = {
     {NULL, NULL, NULL, NULL},
 };
 
+static bool is_top_command(const char *name) {
+    for (const cli_cmd *c = k_commands; c->name; c++)
+        if (!strcmp(c->name, name)) return true;
+    return false;
+}
+
 int main(int argc, char **argv) {
+    /* the launcher (tools/launch.c): composer -n N ..., and what it starts on each rank */
+    if (argc >= 2 && (!strcmp(argv[1], "-n") || !strcmp(argv[1], "--nproc") || !strncmp(argv[1], "--world_size", 12)))
+        return cm_cli_launch(argc, argv, is_top_command);
+    if (argc >= 2 && !strcmp(argv[1], "--rank-exec")) return cm_cli_rank_exec(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)) {
         printf("composer %s\n", cm_version());
         return 0;

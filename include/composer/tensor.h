@@ -216,6 +216,14 @@ cm_status cm_tape_backward(cm_tape *tp, cm_tensor *loss);
 /* As above from any tensor with an explicit upstream gradient `grad` (same shape, f32). */
 cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *grad);
 
+/* A function backward calls as it goes: once with node NULL before the first node, then after
+ * each node whose backward ran (`node` is the tape's private cm_node; src/tensor/tensor_impl.h
+ * describes it). The distributed layer uses it to start a gradient bucket's all-reduce as soon as
+ * backward has finished writing that bucket. NULL fn removes it; it survives cm_tape_reset. It must
+ * not record on or reset the tape. */
+typedef void (*cm_tape_backward_hook_fn)(cm_tape *tp, const void *node, void *data);
+void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data);
+
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */
 /* Records an error on the tape (first one wins) and returns it; for model code that detects

@@ -40,6 +40,12 @@ void cm_tape_reset(cm_tape *tp) {
     tp->error[0] = '\0';
 }
 
+void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data) {
+    if (!tp) return;
+    tp->bw_hook = fn;
+    tp->bw_hook_data = fn ? data : NULL;
+}
+
 bool cm_tape_set_grad_enabled(cm_tape *tp, bool on) {
     bool prev = tp->grad_enabled;
     tp->grad_enabled = on;
@@ -287,11 +293,13 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
     bool prev = tp->grad_enabled;
     tp->grad_enabled = false; /* backward functions build no graph */
     cm_status st = cmi_accum(tp, out, grad);
+    if (tp->bw_hook && st == CM_OK) tp->bw_hook(tp, NULL, tp->bw_hook_data);
     for (cm_node *n = tp->last; n && st == CM_OK; n = n->prev) {
         cm_tensor *gout = n->out->grad;
         if (!gout) continue; /* not on the path from `out` */
         st = n->backward(tp, n, gout);
         if (st == CM_OK && tp->status) st = tp->status;
+        if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
     }
     tp->grad_enabled = prev;
     if (st && !tp->status) cmi_fail(tp, st, "backward: %s", cm_last_error());

@@ -82,6 +82,8 @@ struct cm_tape {
     cm_dtype autocast; /* CM_DTYPE_F32 (off) or CM_DTYPE_BF16: matmul/linear cast f32 inputs */
     cm_status status;
     char error[1024];
+    cm_tape_backward_hook_fn bw_hook; /* see cm_tape_set_backward_hook */
+    void *bw_hook_data;
 };
 
 /* ---- op plumbing ---- */

@@ -1,0 +1,194 @@
+/* Distributed benchmarks, run through the launcher:
+ *
+ *   composer -n 2 build/bench/bench_dist allreduce   all-reduce bus bandwidth: cm_comm (with its
+ *                                                    timeouts and heartbeats) against MPI_Allreduce
+ *   composer -n 2 build/bench/bench_dist train       GPT-2 (tiny) tokens/s with NO_SHARD, and how much
+ *   composer -n 1 build/bench/bench_dist train       of the gradient all-reduce backward hides
+ *
+ * Bus bandwidth = 2(P-1)/P · bytes / time (the ring all-reduce's traffic per rank, as nccl-tests).
+ * Hidden fraction = 1 - (time blocked in sync_grads per step) / (time the same all-reduces take
+ * alone, blocking). Rank 0 prints a table and appends to bench/results/dist.tsv. */
+#include <composer/composer.h>
+#include <composer/dist.h>
+#include <composer/tokenizer.h>
+#include <composer/zoo_gpt2.h>
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TRY(call)                                                                   \
+    do {                                                                            \
+        if ((call) != CM_OK) {                                                      \
+            fprintf(stderr, "bench_dist: %s failed: %s\n", #call, cm_last_error()); \
+            exit(1);                                                                \
+        }                                                                           \
+    } while (0)
+
+static FILE *results(void) {
+    FILE *f = fopen("bench/results/dist.tsv", "a");
+    if (f && ftell(f) == 0)
+        fprintf(f, "date\thost\tsection\tname\tranks\tthreads\tbytes\tms\tbusbw_gbs\ttokens_per_s\thidden_frac\n");
+    return f;
+}
+
+static void stamp(char *date, char *host) {
+    time_t t = time(NULL);
+    strftime(date, 32, "%Y-%m-%dT%H:%M:%S", localtime(&t));
+    gethostname(host, 64);
+    host[63] = '\0';
+}
+
+static void bench_allreduce(cm_comm *c) {
+    const int rank = cm_comm_rank(c), P = cm_comm_size(c);
+    FILE *f = rank == 0 ? results() : NULL;
+    char date[32], host[64];
+    stamp(date, host);
+    if (rank == 0) printf("%-10s %12s %10s %12s %10s %12s\n", "bytes", "cm_comm ms", "busbw GB/s", "MPI ms", "busbw GB/s", "cm/MPI");
+    for (int64_t bytes = 4096; bytes <= (64 << 20); bytes *= 4) {
+        const int64_t n = bytes / 4;
+        float *x = calloc((size_t)n, 4);
+        const int iters = bytes <= (1 << 20) ? 50 : 8;
+        double t[2];
+        for (int impl = 0; impl < 2; impl++) {
+            TRY(cm_comm_barrier(c));
+            for (int w = 0; w < 2; w++) impl ? (void)MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
+                                             : (void)cm_comm_all_reduce_sum_f32(c, x, n);
+            TRY(cm_comm_barrier(c));
+            const double t0 = cm_clock_s();
+            for (int i = 0; i < iters; i++) {
+                if (impl) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                else TRY(cm_comm_all_reduce_sum_f32(c, x, n));
+            }
+            double dt = (cm_clock_s() - t0) / iters;
+            TRY(cm_comm_all_reduce(c, &dt, 1, CM_COMM_F64, CM_REDUCE_MAX));
+            t[impl] = dt;
+        }
+        const double factor = P > 1 ? 2.0 * (P - 1) / P : 1.0;
+        const double bw[2] = {factor * (double)bytes / t[0] / 1e9, factor * (double)bytes / t[1] / 1e9};
+        if (rank == 0) {
+            printf("%-10lld %12.3f %10.2f %12.3f %10.2f %12.2f\n", (long long)bytes, t[0] * 1e3, bw[0], t[1] * 1e3, bw[1],
+                   t[0] / t[1]);
+            if (f) {
+                fprintf(f, "%s\t%s\tallreduce\tcm_comm\t%d\t%d\t%lld\t%.4f\t%.3f\t\t\n", date, host, P, cm_num_threads(),
+                        (long long)bytes, t[0] * 1e3, bw[0]);
+                fprintf(f, "%s\t%s\tallreduce\tMPI_Allreduce\t%d\t%d\t%lld\t%.4f\t%.3f\t\t\n", date, host, P,
+                        cm_num_threads(), (long long)bytes, t[1] * 1e3, bw[1]);
+            }
+        }
+        free(x);
+    }
+    if (f) fclose(f);
+}
+
+static void bench_train(cm_comm *c) {
+    const int rank = cm_comm_rank(c), P = cm_comm_size(c);
+    enum { T = 64, GLOBAL_B = 16, STEPS = 12, WARM = 2 };
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/bench_dist_tokens.bin");
+    if (rank == 0) {
+        int32_t *ids = malloc(sizeof(int32_t) * 200000);
+        int64_t *v = malloc(sizeof(int64_t) * 200000);
+        cm_rng r = cm_rng_init(3, 0);
+        cm_rng_randint(&r, v, 200000, 0, 65);
+        for (int i = 0; i < 200000; i++) ids[i] = (int32_t)v[i];
+        free(v);
+        TRY(cm_token_file_write(path, ids, 200000, CM_TOKEN_WIDTH_U16));
+        free(ids);
+    }
+    TRY(cm_comm_barrier(c));
+    cm_tokens_config tc = cm_tokens_config_default();
+    tc.seq_len = T;
+    cm_dataset *ds;
+    TRY(cm_dataset_tokens_new(path, &tc, &ds));
+    cm_gpt2_config g = cm_gpt2_config_default();
+    g.vocab_size = 65, g.n_positions = T, g.n_embd = 192, g.n_layer = 4, g.n_head = 4;
+    g.embd_pdrop = g.attn_pdrop = g.resid_pdrop = 0;
+    cm_rng rng = cm_rng_init(1, 0);
+    cm_model *m;
+    TRY(cm_gpt2_new(&g, &rng, &m));
+    cm_dist *d;
+    TRY(cm_dist_new(c, m, NULL, &d));
+    cm_dataloader_config lc = cm_dataloader_config_default();
+    lc.batch_size = GLOBAL_B, lc.rank = rank, lc.world_size = P;
+    cm_dataloader *dl;
+    TRY(cm_dataloader_new(ds, &lc, &dl));
+    cm_trainer_config cfg = cm_trainer_config_default();
+    cfg.model = m;
+    cfg.train_dataloader = dl;
+    cfg.max_duration = cm_time_make(WARM, CM_TIME_BATCH);
+    cfg.run_name = "bench-dist";
+    cm_dist_trainer_hooks(d, &cfg);
+    cm_trainer *tr;
+    TRY(cm_trainer_new(&cfg, &tr));
+    TRY(cm_dist_attach(d, tr));
+    TRY(cm_trainer_fit(tr, NULL)); /* warm-up */
+    cm_dist_reset_stats(d);
+    TRY(cm_comm_barrier(c));
+    double t0 = cm_clock_s();
+    cm_fit_opts fo = cm_fit_opts_default();
+    fo.duration = cm_time_make(STEPS, CM_TIME_BATCH);
+    TRY(cm_trainer_fit(tr, &fo));
+    double dt = cm_clock_s() - t0;
+    TRY(cm_comm_all_reduce(c, &dt, 1, CM_COMM_F64, CM_REDUCE_MAX));
+    cm_dist_stats st = cm_dist_get_stats(d);
+    /* the same all-reduces alone: what a step would wait with no overlap at all */
+    cm_module *root = cm_model_module(m);
+    double alone = 0;
+    if (P > 1) {
+        TRY(cm_comm_barrier(c));
+        const double a0 = cm_clock_s();
+        for (int k = 0; k < 5; k++)
+            for (int u = cm_module_n_units(root) - 1; u >= 0; u--)
+                TRY(cm_comm_all_reduce_sum_f32(c, cm_module_unit(root, u)->grads, cm_module_unit(root, u)->numel));
+        alone = (cm_clock_s() - a0) / 5;
+        TRY(cm_comm_all_reduce(c, &alone, 1, CM_COMM_F64, CM_REDUCE_MAX));
+    }
+    int64_t n_params = 0;
+    for (int u = 0; u < cm_module_n_units(root); u++) n_params += cm_module_unit(root, u)->numel;
+    double exposed = st.wait_s / (double)STEPS;
+    TRY(cm_comm_all_reduce(c, &exposed, 1, CM_COMM_F64, CM_REDUCE_MAX));
+    const double tok_s = (double)STEPS * GLOBAL_B * T / dt;
+    const double hidden = P > 1 && alone > 0 ? 1.0 - exposed / alone : 0;
+    if (rank == 0) {
+        printf("GPT-2 tiny (L4 C192 T%d, %lld parameters), global batch %d: %d rank(s) x %d thread(s): %.0f tokens/s, %.1f ms/step",
+               T, (long long)n_params, GLOBAL_B, P, cm_num_threads(), tok_s, dt / STEPS * 1e3);
+        if (P > 1)
+            printf("; gradient all-reduce %.2f MB/step: %.2f ms alone, %.2f ms exposed after backward -> %.0f%% hidden "
+                   "(%lld of %lld buckets started during backward)",
+                   st.bytes / STEPS / 1e6, alone * 1e3, exposed * 1e3, 100 * hidden, (long long)st.n_buckets_early,
+                   (long long)(st.n_buckets_early + st.n_buckets_late));
+        printf("\n");
+        FILE *f = results();
+        if (f) {
+            char date[32], host[64];
+            stamp(date, host);
+            fprintf(f, "%s\t%s\ttrain\tgpt2_tiny_no_shard\t%d\t%d\t%.0f\t%.3f\t\t%.1f\t%.3f\n", date, host, P,
+                    cm_num_threads(), st.bytes / STEPS, dt / STEPS * 1e3, tok_s, hidden);
+            fclose(f);
+        }
+    }
+    cm_trainer_free(tr);
+    cm_dist_free(d);
+    cm_dataloader_free(dl);
+    cm_dataset_free(ds);
+    cm_model_free(m);
+}
+
+int main(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "allreduce";
+    cm_comm *c;
+    cm_comm_config cc = cm_comm_config_default();
+    TRY(cm_comm_mpi_new(&cc, &c)); /* MPI even for one rank, so the MPI_Allreduce column runs */
+    if (!strcmp(what, "allreduce")) bench_allreduce(c);
+    else if (!strcmp(what, "train")) bench_train(c);
+    else {
+        fprintf(stderr, "usage: composer -n N bench_dist allreduce|train\n");
+        return 2;
+    }
+    cm_comm_free(c);
+    return 0;
+}

@@ -1,0 +1,300 @@
+/*
+ * composer/dist.h — distributed training: the communicator, the launch environment and data
+ * parallelism (NO_SHARD, i.e. DDP) hooked into the Trainer.
+ *
+ * A communicator (cm_comm) is a vtable with two implementations: a single process (every
+ * collective is a copy or a no-op) and MPI (CPU buffers). Every collective gets a sequence number
+ * and runs under a timeout (dist_timeout, 300 s by default): a rank that waits longer reports the
+ * collective's number and name and which ranks did not arrive, and the call returns CM_ERR_IO.
+ * Blocking calls are the non-blocking ones plus cm_comm_wait.
+ *
+ * Ranks start with the launcher (`composer -n 4 ./train ARGS`, which wraps mpirun), or with
+ * mpirun / srun directly. cm_comm_auto_new picks MPI when the process was started by one of them
+ * and the single-process communicator otherwise — a single process never initialises MPI.
+ *
+ *     cm_comm *comm;
+ *     cm_comm_config cc = cm_comm_config_default();             // timeout from CM_DIST_TIMEOUT or 300 s
+ *     if (cm_comm_auto_new(&cc, &comm) != CM_OK) { fprintf(stderr, "%s\n", cm_last_error()); return 1; }
+ *     cm_dist *dp;
+ *     cm_dist_config dc = cm_dist_config_default();              // NO_SHARD
+ *     cm_dist_new(comm, model, &dc, &dp);                        // broadcasts rank 0's parameters
+ *     cm_dataloader_config lc = cm_dataloader_config_default();
+ *     lc.rank = cm_comm_rank(comm); lc.world_size = cm_comm_size(comm);   // each rank its slice
+ *     ...
+ *     cm_trainer_config cfg = cm_trainer_config_default();
+ *     cm_dist_trainer_hooks(dp, &cfg);                           // rank, world size, reductions
+ *     cm_trainer_new(&cfg, &tr);
+ *     cm_dist_attach(dp, tr);                                    // overlap all-reduce with backward
+ *     cm_status s = cm_trainer_fit(tr, NULL);
+ *     ...
+ *     cm_trainer_free(tr); cm_dist_free(dp);
+ *     cm_comm_free(comm);           // MPI_Finalize — or, after a failed collective, nothing: exit
+ *     return s ? 1 : 0;             // nonzero and the launcher stops every other rank
+ *
+ * Failure model. Library code never aborts: a collective that times out or fails returns
+ * CM_ERR_IO and marks the communicator failed (every later call fails at once with the first
+ * error). A failed MPI communicator is not finalised by cm_comm_free (MPI_Finalize would wait for
+ * the missing rank); the program should print the error and exit nonzero, and mpirun / srun then
+ * stop the other ranks. cm_comm_abort stops the whole job at once, for programs that prefer it.
+ *
+ * Threading: a communicator belongs to the thread that made it (MPI is initialised with
+ * MPI_THREAD_FUNNELED); kernels may still use OpenMP threads between calls.
+ */
+#ifndef COMPOSER_DIST_H
+#define COMPOSER_DIST_H
+
+#include <composer/trainer.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* =============================================================================================
+ * The launch environment
+ * =========================================================================================== */
+
+/* Where this process sits in the job, as the launcher or mpirun / srun told it. */
+typedef struct cm_dist_env {
+    int rank, world_size;             /* 0 and 1 for a plain process */
+    int local_rank, local_world_size; /* on this node */
+    int node_rank;
+    const char *launcher;             /* "composer", "openmpi", "mpich", "slurm" or "none" (static) */
+} cm_dist_env;
+
+/* Reads the environment: RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / NODE_RANK (set by
+ * `composer -n`), else OpenMPI's OMPI_COMM_WORLD_*, MPICH's PMI_RANK / PMI_SIZE, Slurm's
+ * SLURM_PROCID / SLURM_NTASKS. Never fails: a process started by hand is rank 0 of 1. */
+cm_dist_env cm_dist_env_get(void);
+
+/* Whether this process was started by a launcher that expects MPI (world size > 1 or an MPI /
+ * PMI / PMIx variable present). */
+bool cm_dist_launched(void);
+
+/* =============================================================================================
+ * The communicator
+ * =========================================================================================== */
+
+typedef enum cm_comm_dtype {
+    CM_COMM_F32,
+    CM_COMM_F64,
+    CM_COMM_I32,
+    CM_COMM_I64,
+    CM_COMM_U8,
+    CM_COMM_DTYPE_COUNT
+} cm_comm_dtype;
+
+typedef enum cm_reduce_op { CM_REDUCE_SUM, CM_REDUCE_MAX, CM_REDUCE_MIN, CM_REDUCE_OP_COUNT } cm_reduce_op;
+
+/* The collectives, for sequence records and messages ("all_reduce", ...). */
+#define CM_COLL_LIST(X)                        \
+    X(CM_COLL_ALL_REDUCE, "all_reduce")        \
+    X(CM_COLL_REDUCE_SCATTER, "reduce_scatter") \
+    X(CM_COLL_ALL_GATHER, "all_gather")        \
+    X(CM_COLL_BROADCAST, "broadcast")          \
+    X(CM_COLL_BARRIER, "barrier")
+
+typedef enum cm_coll {
+#define CM_X_(name, str) name,
+    CM_COLL_LIST(CM_X_)
+#undef CM_X_
+    CM_COLL_COUNT
+} cm_coll;
+
+const char *cm_coll_name(cm_coll c);          /* "all_reduce"; "?" out of range */
+size_t cm_comm_dtype_size(cm_comm_dtype dt);  /* 0 out of range */
+
+/* What a backend is asked to start: the collective, its sequence number (1, 2, ... per
+ * communicator, the same on every rank for the same call) and its size. */
+typedef struct cm_coll_info {
+    cm_coll coll;
+    uint64_t seq;
+    int64_t count; /* elements per rank (all_reduce, broadcast: the buffer; reduce_scatter: the
+                      received block; all_gather: the sent block) */
+    cm_comm_dtype dtype;
+} cm_coll_info;
+
+#define CM_COMM_ABI 1
+
+/* A backend. The generic layer (cm_comm_*) checks arguments, numbers the collectives and runs
+ * the timeouts; a backend only starts operations and tests them. Every start function returns a
+ * backend request in *req (never NULL on success); test completes it: *done = true means the
+ * request is finished and released. Required: all slots but describe_missing and abort. */
+typedef struct cm_comm_i {
+    int abi;          /* CM_COMM_ABI */
+    const char *name; /* "single", "mpi" */
+    int (*rank)(void *self);
+    int (*size)(void *self);
+    /* In place over buf (count elements). */
+    cm_status (*iall_reduce)(void *self, const cm_coll_info *ci, void *buf, cm_reduce_op op, void **req);
+    /* send: size × count elements; recv: count elements (this rank's block of the reduction). */
+    cm_status (*ireduce_scatter)(void *self, const cm_coll_info *ci, const void *send, void *recv, cm_reduce_op op,
+                                 void **req);
+    /* send: count elements; recv: size × count elements in rank order. */
+    cm_status (*iall_gather)(void *self, const cm_coll_info *ci, const void *send, void *recv, void **req);
+    cm_status (*ibroadcast)(void *self, const cm_coll_info *ci, void *buf, int root, void **req);
+    cm_status (*ibarrier)(void *self, const cm_coll_info *ci, void **req);
+    cm_status (*test)(void *self, void *req, bool *done);
+    /* Writes what the backend knows about collective `seq` that did not finish: which ranks have
+     * not arrived and where they were last seen. Optional. */
+    void (*describe_missing)(void *self, const cm_coll_info *ci, char *buf, size_t cap);
+    /* Stops the whole job now with `code` (MPI_Abort). Optional; does not return when present. */
+    void (*abort)(void *self, int code);
+    /* Releases the backend; `failed` says a collective failed (do not finalise collectively). */
+    void (*free)(void *self, bool failed);
+} cm_comm_i;
+
+typedef struct cm_comm_config {
+    /* Seconds a rank waits in one collective before giving up (dist_timeout). Default: the
+     * environment variable CM_DIST_TIMEOUT if set, else 300. Must be > 0. */
+    double timeout_s;
+    /* MPI: tell peers which collective each rank enters (a few bytes to each peer per
+     * collective), so a timeout can name the missing ranks. Default true. */
+    bool heartbeats;
+} cm_comm_config;
+
+cm_comm_config cm_comm_config_default(void);
+
+typedef struct cm_comm cm_comm;
+typedef struct cm_comm_request cm_comm_request;
+
+/* One process: rank 0 of 1. Never touches MPI. cfg NULL = defaults. Errors: CM_ERR_INVALID_ARG
+ * (timeout <= 0), CM_ERR_OOM. */
+cm_status cm_comm_single_new(const cm_comm_config *cfg, cm_comm **out);
+/* MPI over MPI_COMM_WORLD: initialises MPI (MPI_THREAD_FUNNELED) unless it already is, and then
+ * owns the finalisation. Errors: CM_ERR_INVALID_ARG, CM_ERR_IO (MPI_Init failed), CM_ERR_OOM. */
+cm_status cm_comm_mpi_new(const cm_comm_config *cfg, cm_comm **out);
+/* MPI when cm_dist_launched() or CM_DIST=mpi, the single process otherwise (CM_DIST=single
+ * forces it). Also installs a "[rank N] " log prefix when the world has more than one rank. */
+cm_status cm_comm_auto_new(const cm_comm_config *cfg, cm_comm **out);
+/* A communicator over a custom backend (e.g. a test double); takes self on success. */
+cm_status cm_comm_new(const cm_comm_i *vt, void *self, const cm_comm_config *cfg, cm_comm **out);
+/* Releases the communicator: MPI_Finalize when it made MPI and nothing failed. NULL is a no-op.
+ * Requests still pending are abandoned (wait for them first). */
+void cm_comm_free(cm_comm *c);
+
+int cm_comm_rank(const cm_comm *c);
+int cm_comm_size(const cm_comm *c);
+const char *cm_comm_backend(const cm_comm *c);       /* "single", "mpi" */
+double cm_comm_timeout(const cm_comm *c);
+void cm_comm_set_timeout(cm_comm *c, double seconds); /* ignored unless > 0 */
+uint64_t cm_comm_seq(const cm_comm *c);             /* collectives started so far */
+/* CM_OK, or the status of the first failure (the message of cm_comm_error). */
+cm_status cm_comm_status(const cm_comm *c);
+const char *cm_comm_error(const cm_comm *c);
+
+/* Collectives. All ranks must call them in the same order with the same counts and dtypes.
+ * Blocking forms return when done; errors: CM_ERR_INVALID_ARG (NULL buffer with count > 0,
+ * negative count, bad dtype / op / root), CM_ERR_IO (timeout — the message names the collective,
+ * its sequence number and the missing ranks — or a transport error), CM_ERR_STATE (the
+ * communicator failed before). Buffers may not overlap except where in place. */
+cm_status cm_comm_all_reduce(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, cm_reduce_op op);
+cm_status cm_comm_reduce_scatter(cm_comm *c, const void *send, void *recv, int64_t recv_count, cm_comm_dtype dt,
+                                 cm_reduce_op op);
+cm_status cm_comm_all_gather(cm_comm *c, const void *send, void *recv, int64_t send_count, cm_comm_dtype dt);
+cm_status cm_comm_broadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, int root);
+cm_status cm_comm_barrier(cm_comm *c);
+/* Shorthands for the common in-place sums. */
+cm_status cm_comm_all_reduce_sum_f32(cm_comm *c, float *buf, int64_t count);
+cm_status cm_comm_all_reduce_sum_f64(cm_comm *c, double *buf, int64_t count);
+
+/* Non-blocking forms: start the collective and return a request (owned by the caller until
+ * cm_comm_wait or a cm_comm_test that reports done releases it). Buffers must stay untouched
+ * until then. Requests may be waited on in any order. */
+cm_status cm_comm_iall_reduce(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, cm_reduce_op op,
+                              cm_comm_request **req);
+cm_status cm_comm_ireduce_scatter(cm_comm *c, const void *send, void *recv, int64_t recv_count, cm_comm_dtype dt,
+                                  cm_reduce_op op, cm_comm_request **req);
+cm_status cm_comm_iall_gather(cm_comm *c, const void *send, void *recv, int64_t send_count, cm_comm_dtype dt,
+                              cm_comm_request **req);
+cm_status cm_comm_ibroadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, int root,
+                             cm_comm_request **req);
+cm_status cm_comm_ibarrier(cm_comm *c, cm_comm_request **req);
+/* Waits for req (at most the timeout, counted from this call) and releases it, also on error. */
+cm_status cm_comm_wait(cm_comm *c, cm_comm_request *req);
+/* Progresses req without blocking; *done = true means it finished and was released. */
+cm_status cm_comm_test(cm_comm *c, cm_comm_request *req, bool *done);
+
+/* Stops every rank of the job now with `code`, after logging msg (MPI_Abort; a single process
+ * calls exit). For programs that want to end the job at the first error; the library never calls
+ * it. */
+void cm_comm_abort(cm_comm *c, int code, const char *msg);
+
+/* =============================================================================================
+ * Data parallelism
+ * =========================================================================================== */
+
+#define CM_SHARDING_LIST(X)                          \
+    X(CM_SHARDING_NO_SHARD, "NO_SHARD")              \
+    X(CM_SHARDING_SHARD_GRAD_OP, "SHARD_GRAD_OP")    \
+    X(CM_SHARDING_FULL_SHARD, "FULL_SHARD")
+
+typedef enum cm_sharding {
+#define CM_X_(name, str) name,
+    CM_SHARDING_LIST(CM_X_)
+#undef CM_X_
+    CM_SHARDING_COUNT
+} cm_sharding;
+
+const char *cm_sharding_name(cm_sharding s);                /* "NO_SHARD"; "?" out of range */
+cm_status cm_sharding_parse(const char *s, cm_sharding *out); /* case-insensitive */
+
+typedef struct cm_dist_config {
+    cm_sharding sharding;    /* NO_SHARD (default); the others are not available yet */
+    bool sync_module_states; /* broadcast rank 0's parameters and buffers in cm_dist_new (default true) */
+    bool overlap;            /* start each unit's all-reduce as soon as backward finished it (default true) */
+} cm_dist_config;
+
+cm_dist_config cm_dist_config_default(void);
+
+typedef struct cm_dist cm_dist;
+
+/* Data parallelism over `comm` for `model` (both borrowed; they must outlive the cm_dist). The
+ * model's module tree must be finalized: each wrap unit's flat gradient buffer is one bucket.
+ * Errors: CM_ERR_INVALID_ARG (NULL), CM_ERR_STATE (not finalized), CM_ERR_UNSUPPORTED
+ * (SHARD_GRAD_OP, FULL_SHARD), the communicator's errors (the broadcast), CM_ERR_OOM. */
+cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
+void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first */
+
+/* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)
+ * and sync_grads (the gradient all-reduce). The trainer weights every microbatch's loss by its
+ * share of the global batch, so the summed gradients are exactly the full batch's. */
+void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg);
+
+/* Lets backward start each unit's all-reduce during the last microbatch's backward (a hook on the
+ * trainer's tape, and a callback "DistributedDataParallel" on its engine that unhooks it when the
+ * trainer is freed; either may be freed first). Optional: without it every bucket starts in
+ * sync_grads, after backward (correct, not overlapped). Errors: CM_ERR_INVALID_ARG (NULL),
+ * CM_ERR_STATE (attached already), the engine's errors. */
+cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr);
+
+/* Makes the gradients the global batch's: all-reduces (sums) every unit's flat gradient buffer
+ * that backward has not started yet, then waits for all of them. Errors: the communicator's. */
+cm_status cm_dist_sync_grads(cm_dist *d);
+
+/* Where the time went, summed since cm_dist_new (or the last reset). */
+typedef struct cm_dist_stats {
+    int64_t n_syncs;         /* sync_grads calls */
+    int64_t n_buckets_early; /* buckets started during backward */
+    int64_t n_buckets_late;  /* buckets started in sync_grads */
+    double bytes;            /* gradient bytes all-reduced (per rank) */
+    double wait_s;           /* time blocked in sync_grads: communication not hidden */
+    double hook_s;           /* time spent starting / progressing buckets during backward */
+} cm_dist_stats;
+
+cm_dist_stats cm_dist_get_stats(const cm_dist *d);
+void cm_dist_reset_stats(cm_dist *d);
+cm_comm *cm_dist_comm(const cm_dist *d);
+
+/* =============================================================================================
+ * Launcher support (used by `composer -n`)
+ * =========================================================================================== */
+
+/* Expands {rank}, {local_rank}, {node_rank}, {world_size} in fmt into buf. Errors:
+ * CM_ERR_INVALID_ARG (an unknown {name} or an unclosed brace, naming it; a result longer than
+ * cap). */
+cm_status cm_dist_format(const char *fmt, const cm_dist_env *env, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMPOSER_DIST_H */

@@ -1,0 +1,289 @@
+/* Data parallelism, NO_SHARD (DDP): every rank holds the whole model, computes the gradient of
+ * its slice of the global batch, and the flat gradient buffers of the wrap units (one bucket
+ * each) are summed over ranks. The trainer already weights each microbatch's loss by its share of
+ * the global batch, so the sum is the full batch's gradient — no division afterwards.
+ *
+ * Overlap: a backward hook on the trainer's tape knows, for each unit, the earliest-recorded node
+ * that reads one of its parameters; once backward has run past that node the unit's gradient is
+ * final and its all-reduce starts. Buckets start in a fixed order (highest unit index first, the
+ * order backward usually finishes them), so every rank issues the same sequence of collectives
+ * whatever the timing; a unit that finishes out of that order waits for its turn. */
+#include "dist/dist_impl.h"
+#include "tensor/tensor_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct unit_range {
+    const char *lo, *hi; /* the unit's parameter bytes */
+    int unit;
+} unit_range;
+
+struct cm_dist {
+    cm_comm *comm;
+    cm_model *model;
+    cm_dist_config cfg;
+    int n_units;
+    cm_comm_request **req;   /* (n_units) in flight, NULL otherwise */
+    int64_t *unit_last;      /* (n_units) backward index after which the unit is final; -1: not on the tape */
+    unit_range *ranges;      /* (n_units) sorted by address */
+    int next;                /* units started so far in this step (issue order: n_units-1 down to 0) */
+    bool armed;              /* this backward is the last microbatch's */
+    const cm_node *cursor;   /* walking the tape alongside backward */
+    int64_t cursor_idx;
+    cm_state *st;
+    cm_tape *tape;
+    struct tape_link *link;  /* the plugin that tells us when the trainer (and its tape) goes */
+    cm_status hook_status;   /* a failure inside the hook, reported by sync_grads */
+    char hook_error[1024];
+    cm_dist_stats stats;
+};
+
+cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true}; }
+
+cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
+cm_dist_stats cm_dist_get_stats(const cm_dist *d) { return d ? d->stats : (cm_dist_stats){0}; }
+void cm_dist_reset_stats(cm_dist *d) {
+    if (d) memset(&d->stats, 0, sizeof d->stats);
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const unit_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+typedef struct tape_link {
+    cm_dist *d;
+} tape_link;
+
+void cm_dist_free(cm_dist *d) {
+    if (!d) return;
+    if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
+    if (d->link) d->link->d = NULL;
+    for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
+    cm_free(d->req);
+    cm_free(d->unit_last);
+    cm_free(d->ranges);
+    cm_free(d);
+}
+
+static cm_status broadcast_states(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    cm_status s;
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        if ((s = cm_comm_broadcast(d->comm, ui->params, ui->numel, CM_COMM_F32, 0))) return s;
+    }
+    for (int64_t i = 0; i < cm_module_n_buffers(root); i++) {
+        cm_buffer_info b = cm_module_buffer_info(root, i);
+        if (!b.tensor) continue;
+        const int64_t bytes = cm_tensor_numel(b.tensor) * (int64_t)cm_dtype_size(cm_tensor_dtype(b.tensor));
+        if ((s = cm_comm_broadcast(d->comm, cm_tensor_data(b.tensor), bytes, CM_COMM_U8, 0))) return s;
+    }
+    return CM_OK;
+}
+
+cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out) {
+    if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: out is NULL");
+    *out = NULL;
+    if (!comm || !model) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: %s is NULL", comm ? "model" : "comm");
+    cm_dist_config c = cfg ? *cfg : cm_dist_config_default();
+    if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
+    if (c.sharding != CM_SHARDING_NO_SHARD)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "sharding_strategy %s is not available yet (use NO_SHARD)",
+                            cm_sharding_name(c.sharding));
+    cm_module *root = cm_model_module(model);
+    if (!root || !cm_module_is_finalized(root))
+        return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
+                                          "cm_module_finalize first: its wrap units are the gradient buckets)");
+    cm_dist *d = cm_alloc_zeroed(sizeof *d, 16);
+    if (!d) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    d->comm = comm, d->model = model, d->cfg = c;
+    d->n_units = cm_module_n_units(root);
+    const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
+    d->req = cm_alloc_zeroed(n * sizeof *d->req, 16);
+    d->unit_last = cm_alloc_zeroed(n * sizeof *d->unit_last, 16);
+    d->ranges = cm_alloc_zeroed(n * sizeof *d->ranges, 16);
+    if (!d->req || !d->unit_last || !d->ranges) {
+        cm_dist_free(d);
+        return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
+    }
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
+    }
+    qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
+    cm_status s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
+    if (s) {
+        cm_dist_free(d);
+        return s;
+    }
+    *out = d;
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Buckets
+ * ------------------------------------------------------------------------------------------- */
+
+static int unit_of(const cm_dist *d, const void *p) {
+    const char *x = p;
+    int lo = 0, hi = d->n_units - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (x < d->ranges[mid].lo) hi = mid - 1;
+        else if (x >= d->ranges[mid].hi) lo = mid + 1;
+        else return d->ranges[mid].unit;
+    }
+    return -1;
+}
+
+static cm_status start_next(cm_dist *d) {
+    const int u = d->n_units - 1 - d->next;
+    const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
+    cm_status s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+    if (s) return s;
+    d->next++;
+    d->stats.bytes += (double)ui->numel * 4.0;
+    return CM_OK;
+}
+
+/* Pokes the requests in flight: MPI progresses non-blocking collectives only inside MPI calls. */
+static cm_status progress(cm_dist *d) {
+    for (int k = 0; k < d->next; k++) {
+        const int u = d->n_units - 1 - k;
+        if (!d->req[u]) continue;
+        bool done = false;
+        cm_status s = cm_comm_test(d->comm, d->req[u], &done);
+        if (s || done) d->req[u] = NULL;
+        if (s) return s;
+    }
+    return CM_OK;
+}
+
+static void hook_fail(cm_dist *d, cm_status s) {
+    if (d->hook_status) return;
+    d->hook_status = s;
+    snprintf(d->hook_error, sizeof d->hook_error, "%s", cm_last_error());
+}
+
+static void backward_hook(cm_tape *tp, const void *node, void *data) {
+    cm_dist *d = data;
+    if (d->hook_status || !d->cfg.overlap || cm_comm_size(d->comm) < 2) return;
+    const double t0 = cm_clock_s();
+    if (!node) {
+        /* a new backward: is it the last microbatch's? then find when each unit becomes final */
+        d->armed = d->st && cm_state_microbatch_index(d->st) == cm_state_n_microbatches(d->st) - 1 && d->next == 0;
+        if (!d->armed) return;
+        for (int u = 0; u < d->n_units; u++) d->unit_last[u] = -1;
+        int64_t idx = 0;
+        for (const cm_node *n = tp->last; n; n = n->prev, idx++)
+            for (int j = 0; j < n->n_in; j++) {
+                const cm_tensor *in = n->in[j];
+                if (!in || in->node || !(in->flags & CM_TF_REQUIRES_GRAD)) continue;
+                const int u = unit_of(d, in->data);
+                if (u >= 0) d->unit_last[u] = idx;
+            }
+        d->cursor = tp->last;
+        d->cursor_idx = 0;
+    } else {
+        if (!d->armed) return;
+        while (d->cursor && d->cursor != node) d->cursor = d->cursor->prev, d->cursor_idx++;
+        if (!d->cursor) { /* not a node of this tape walk: stop overlapping for this step */
+            d->armed = false;
+            return;
+        }
+        const int64_t done_idx = d->cursor_idx;
+        cm_status s = CM_OK;
+        while (!s && d->next < d->n_units && d->unit_last[d->n_units - 1 - d->next] <= done_idx) {
+            s = start_next(d);
+            if (!s) d->stats.n_buckets_early++;
+        }
+        if (!s && d->next) s = progress(d);
+        if (s) hook_fail(d, s);
+    }
+    d->stats.hook_s += cm_clock_s() - t0;
+}
+
+cm_status cm_dist_sync_grads(cm_dist *d) {
+    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_grads: NULL");
+    d->armed = false;
+    if (d->hook_status) {
+        cm_status s = d->hook_status;
+        d->hook_status = CM_OK;
+        return cm_set_error(s, "%s", d->hook_error);
+    }
+    const double t0 = cm_clock_s();
+    cm_status s = CM_OK;
+    if (cm_comm_size(d->comm) > 1) {
+        while (!s && d->next < d->n_units) {
+            s = start_next(d);
+            if (!s) d->stats.n_buckets_late++;
+        }
+        for (int u = d->n_units - 1; u >= 0; u--) {
+            if (!d->req[u]) continue;
+            cm_status w = cm_comm_wait(d->comm, d->req[u]);
+            d->req[u] = NULL;
+            if (!s) s = w;
+        }
+    }
+    d->next = 0;
+    d->stats.n_syncs++;
+    d->stats.wait_s += cm_clock_s() - t0;
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Trainer hooks
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status hook_all_reduce_sum(double *values, int n, void *data) {
+    cm_dist *d = data;
+    return cm_comm_all_reduce_sum_f64(d->comm, values, n);
+}
+
+/* A callback the trainer's engine owns: when the trainer is freed (and its tape with it), its
+ * free() unhooks the cm_dist; when the cm_dist goes first, cm_dist_free clears link->d. */
+static cm_status link_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) { return CM_OK; }
+static void link_free(void *self) {
+    tape_link *l = self;
+    if (l->d) {
+        l->d->tape = NULL;
+        l->d->st = NULL;
+        l->d->link = NULL;
+    }
+    cm_free(l);
+}
+static const cm_callback_i k_link = {CM_CALLBACK_ABI, "DistributedDataParallel", link_run_event, NULL, NULL, NULL,
+                                     link_free};
+
+static cm_status hook_sync_grads(cm_state *st, void *data) { return cm_dist_sync_grads(data); }
+
+void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
+    if (!d || !cfg) return;
+    cfg->dist.rank = cm_comm_rank(d->comm);
+    cfg->dist.world_size = cm_comm_size(d->comm);
+    cfg->dist.all_reduce_sum = hook_all_reduce_sum;
+    cfg->dist.sync_grads = hook_sync_grads;
+    cfg->dist.data = d;
+}
+
+cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr) {
+    if (!d || !tr) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_attach: %s is NULL", d ? "trainer" : "dist");
+    if (d->link) return cm_set_error(CM_ERR_STATE, "cm_dist_attach: already attached to a trainer");
+    tape_link *l = cm_alloc_zeroed(sizeof *l, 16);
+    if (!l) return cm_set_error(CM_ERR_OOM, "cm_dist_attach: out of memory");
+    l->d = d;
+    cm_status s = cm_engine_add_callback(cm_trainer_engine(tr), (cm_callback_plugin){&k_link, l});
+    if (s) {
+        cm_free(l);
+        return s;
+    }
+    d->link = l;
+    d->st = cm_trainer_state(tr);
+    d->tape = cm_state_tape(d->st);
+    cm_tape_set_backward_hook(d->tape, backward_hook, d);
+    return CM_OK;
+}

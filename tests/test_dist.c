@@ -1,0 +1,213 @@
+/* The distributed layer in one process: the single-process communicator, argument checks,
+ * timeouts on a backend that never finishes, the launch environment and {rank} formats, and DDP
+ * on one rank. Multi-rank behaviour is tested through the launcher in tests/dist/. */
+#include "cmtest.h"
+#include "cmtrain.h"
+
+#include <composer/dist.h>
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+Test(dist, single_comm_collectives_are_identities_and_count_sequence_numbers) {
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_comm_rank(c), 0);
+    cr_assert_eq(cm_comm_size(c), 1);
+    cr_assert_str_eq(cm_comm_backend(c), "single");
+    float x[3] = {1, 2, 3}, y[3] = {0};
+    cr_assert_eq(cm_comm_all_reduce_sum_f32(c, x, 3), CM_OK);
+    cr_assert(x[0] == 1 && x[2] == 3, "all_reduce changed the data: %g %g", x[0], x[2]);
+    cr_assert_eq(cm_comm_all_gather(c, x, y, 3, CM_COMM_F32), CM_OK);
+    cr_assert(y[1] == 2, "all_gather copy: %g, want 2", y[1]);
+    cr_assert_eq(cm_comm_reduce_scatter(c, x, y, 3, CM_COMM_F32, CM_REDUCE_MAX), CM_OK);
+    cr_assert_eq(cm_comm_broadcast(c, x, 3, CM_COMM_F32, 0), CM_OK);
+    cr_assert_eq(cm_comm_barrier(c), CM_OK);
+    cr_assert_eq(cm_comm_seq(c), 5, "seq %llu, want 5", (unsigned long long)cm_comm_seq(c));
+    cm_comm_free(c);
+}
+
+Test(dist, bad_arguments_are_refused_without_a_sequence_number) {
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    float x[2];
+    cr_assert_eq(cm_comm_all_reduce(c, x, -1, CM_COMM_F32, CM_REDUCE_SUM), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "count -1"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_comm_all_reduce(c, NULL, 2, CM_COMM_F32, CM_REDUCE_SUM), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_comm_all_reduce(c, x, 2, (cm_comm_dtype)99, CM_REDUCE_SUM), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_comm_all_reduce(c, x, 2, CM_COMM_F32, (cm_reduce_op)9), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_comm_broadcast(c, x, 2, CM_COMM_F32, 1), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "root 1"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_comm_seq(c), 0);
+    cm_comm_config cc = cm_comm_config_default();
+    cc.timeout_s = 0;
+    cm_comm *bad = NULL;
+    cr_assert_eq(cm_comm_single_new(&cc, &bad), CM_ERR_INVALID_ARG);
+    cr_assert_null(bad);
+    cm_comm_free(c);
+}
+
+/* A backend whose collectives never finish: the wait must give up at the timeout, say which
+ * collective, and leave the communicator failed. */
+static int n_freed, freed_failed;
+static int h_rank(void *s) { return 1; }
+static int h_size(void *s) { return 2; }
+static cm_status h_start(void **req) {
+    *req = (void *)1;
+    return CM_OK;
+}
+static cm_status h_ar(void *s, const cm_coll_info *ci, void *b, cm_reduce_op op, void **r) { return h_start(r); }
+static cm_status h_rs(void *s, const cm_coll_info *ci, const void *a, void *b, cm_reduce_op op, void **r) { return h_start(r); }
+static cm_status h_ag(void *s, const cm_coll_info *ci, const void *a, void *b, void **r) { return h_start(r); }
+static cm_status h_bc(void *s, const cm_coll_info *ci, void *b, int root, void **r) { return h_start(r); }
+static cm_status h_ba(void *s, const cm_coll_info *ci, void **r) { return h_start(r); }
+static cm_status h_test(void *s, void *r, bool *done) {
+    *done = false;
+    return CM_OK;
+}
+static void h_describe(void *s, const cm_coll_info *ci, char *buf, size_t cap) {
+    snprintf(buf, cap, "rank 0 did not arrive (test double)");
+}
+static void h_free(void *s, bool failed) {
+    n_freed++;
+    freed_failed = failed;
+}
+static const cm_comm_i k_hang = {CM_COMM_ABI, "hang", h_rank, h_size, h_ar, h_rs, h_ag, h_bc, h_ba, h_test,
+                                 h_describe, NULL, h_free};
+
+Test(dist, a_collective_that_never_finishes_times_out_with_its_number_and_the_missing_rank) {
+    cm_comm_config cc = cm_comm_config_default();
+    cc.timeout_s = 0.05;
+    cm_comm *c;
+    cr_assert_eq(cm_comm_new(&k_hang, NULL, &cc, &c), CM_OK, "%s", cm_last_error());
+    cm_comm_request *r;
+    cr_assert_eq(cm_comm_ibarrier(c, &r), CM_OK); /* #1 */
+    float x[4] = {0};
+    cm_status s = cm_comm_all_reduce_sum_f32(c, x, 4); /* #2, while #1 is still pending */
+    cr_assert_eq(s, CM_ERR_IO, "status %s", cm_status_name(s));
+    const char *m = cm_last_error();
+    cr_assert(strstr(m, "rank 1 of 2 timed out") && strstr(m, "collective #2 all_reduce (4 f32)") &&
+                  strstr(m, "rank 0 did not arrive"),
+              "message: %s", m);
+    cr_assert_eq(cm_comm_status(c), CM_ERR_IO);
+    cr_assert_eq(cm_comm_barrier(c), CM_ERR_STATE, "a failed communicator must refuse new collectives");
+    cr_assert(strstr(cm_last_error(), "failed earlier"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_comm_wait(c, r), CM_ERR_IO, "the pending barrier times out too");
+    n_freed = 0;
+    cm_comm_free(c);
+    cr_assert(n_freed == 1 && freed_failed, "backend freed %d times, failed=%d", n_freed, freed_failed);
+}
+
+Test(dist, comm_new_refuses_a_backend_with_a_wrong_abi_or_missing_slots) {
+    cm_comm_i bad = k_hang;
+    bad.abi = 99;
+    cm_comm *c = NULL;
+    cr_assert_eq(cm_comm_new(&bad, NULL, NULL, &c), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "'hang' has abi 99"), "message: %s", cm_last_error());
+    bad = k_hang;
+    bad.test = NULL;
+    cr_assert_eq(cm_comm_new(&bad, NULL, NULL, &c), CM_ERR_INVALID_ARG);
+    cr_assert_null(c);
+}
+
+Test(dist, env_reads_each_launchers_variables) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID",
+                          "SLURM_NTASKS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+    cm_dist_env e = cm_dist_env_get();
+    cr_assert(e.rank == 0 && e.world_size == 1 && !strcmp(e.launcher, "none"), "plain: %d of %d (%s)", e.rank,
+              e.world_size, e.launcher);
+    cr_assert(!cm_dist_launched(), "a plain process must not start MPI");
+    setenv("OMPI_COMM_WORLD_SIZE", "8", 1), setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1), setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+    e = cm_dist_env_get();
+    cr_assert(e.rank == 5 && e.world_size == 8 && e.local_rank == 1 && e.node_rank == 1 &&
+                  !strcmp(e.launcher, "openmpi"),
+              "openmpi: rank %d of %d, local %d, node %d", e.rank, e.world_size, e.local_rank, e.node_rank);
+    cr_assert(cm_dist_launched());
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+    setenv("SLURM_PROCID", "2", 1), setenv("SLURM_NTASKS", "3", 1);
+    e = cm_dist_env_get();
+    cr_assert(e.rank == 2 && e.world_size == 3 && !strcmp(e.launcher, "slurm"), "slurm: %d of %d", e.rank, e.world_size);
+    cr_assert(cm_dist_launched());
+    setenv("SLURM_NTASKS", "1", 1);
+    cr_assert(!cm_dist_launched(), "a one-task srun step is a plain process");
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+    setenv("WORLD_SIZE", "4", 1), setenv("RANK", "3", 1), setenv("NODE_RANK", "1", 1);
+    e = cm_dist_env_get();
+    cr_assert(e.rank == 3 && e.world_size == 4 && e.node_rank == 1 && !strcmp(e.launcher, "composer"));
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+}
+
+Test(dist, format_expands_rank_placeholders_and_names_unknown_ones) {
+    cm_dist_env e = {3, 8, 1, 4, 0, "composer"};
+    char buf[64];
+    cr_assert_eq(cm_dist_format("log/{node_rank}-{rank}of{world_size}.{local_rank}.txt", &e, buf, sizeof buf), CM_OK);
+    cr_assert_str_eq(buf, "log/0-3of8.1.txt");
+    cr_assert_eq(cm_dist_format("x{rnk}", &e, buf, sizeof buf), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "'{rnk}'"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_dist_format("x{rank", &e, buf, sizeof buf), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "unclosed"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_dist_format("0123456789{rank}", &e, buf, 8), CM_ERR_INVALID_ARG);
+}
+
+Test(dist, sharding_names_parse_and_only_no_shard_is_available) {
+    cm_sharding s;
+    cr_assert_eq(cm_sharding_parse("full_shard", &s), CM_OK);
+    cr_assert_eq(s, CM_SHARDING_FULL_SHARD);
+    cr_assert_str_eq(cm_sharding_name(CM_SHARDING_NO_SHARD), "NO_SHARD");
+    cr_assert_eq(cm_sharding_parse("ZERO9", &s), CM_ERR_INVALID_ARG);
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
+    cm_dist_config dc = cm_dist_config_default();
+    dc.sharding = CM_SHARDING_SHARD_GRAD_OP;
+    cm_dist *d = NULL;
+    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "SHARD_GRAD_OP"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_dist_new(NULL, m, NULL, &d), CM_ERR_INVALID_ARG);
+    cm_model_free(m);
+    cm_comm_free(c);
+}
+
+Test(dist, ddp_on_one_rank_trains_exactly_like_no_ddp) {
+    float *p[2];
+    int64_t n = 0;
+    for (int with = 0; with < 2; with++) {
+        cm_dataset *ds = cmt_synth_dataset(40, 6, 3, false, NULL);
+        cm_dataloader *dl = cmt_loader(ds, 8, false, 3);
+        cm_model *m = cmt_mlp(6, 8, 3, 0, 11);
+        cm_comm *c = NULL;
+        cm_dist *d = NULL;
+        cm_trainer_config cfg = cm_trainer_config_default();
+        cfg.model = m;
+        cfg.train_dataloader = dl;
+        cfg.device_train_microbatch_size = 3;
+        cr_assert_eq(cm_time_parse("4ba", &cfg.max_duration), CM_OK);
+        if (with) {
+            cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+            cr_assert_eq(cm_dist_new(c, m, NULL, &d), CM_OK, "%s", cm_last_error());
+            cm_dist_trainer_hooks(d, &cfg);
+        }
+        cm_trainer *tr;
+        cr_assert_eq(cm_trainer_new(&cfg, &tr), CM_OK, "%s", cm_last_error());
+        if (with) cr_assert_eq(cm_dist_attach(d, tr), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+        p[with] = cmt_params_copy(m, &n);
+        if (with) {
+            cm_dist_stats st = cm_dist_get_stats(d);
+            cr_assert_eq(st.n_syncs, 4, "sync_grads ran %lld times, want 4", (long long)st.n_syncs);
+        }
+        /* the cm_dist may go before or after the trainer */
+        if (with) cm_dist_free(d);
+        cm_trainer_free(tr);
+        cm_comm_free(c);
+        cm_dataloader_free(dl);
+        cm_dataset_free(ds);
+        cm_model_free(m);
+    }
+    for (int64_t i = 0; i < n; i++) cr_assert(p[0][i] == p[1][i], "param %lld: %g vs %g", (long long)i, p[0][i], p[1][i]);
+    free(p[0]);
+    free(p[1]);
+}

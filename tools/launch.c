@@ -1,0 +1,277 @@
+/* `composer -n N ...`: the launcher. It execs mpirun (OpenMPI) or mpiexec (MPICH) with the flags a
+ * user would otherwise have to know (--allow-run-as-root as root, --oversubscribe beyond the
+ * cores, --bind-to none so each rank's OpenMP threads may use every core) and starts every rank
+ * through `composer --rank-exec`, which exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+ * NODE_RANK, redirects the rank's stdout/stderr when asked, and execs the program. */
+#include "launch.h"
+
+#include <composer/composer.h>
+#include <composer/dist.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 2
+
+static void launch_usage(FILE *f) {
+    fprintf(f,
+            "usage: composer -n N [--world_size W] [--node_rank R] [--master_addr A] [--master_port P]\n"
+            "                [--stdout FMT] [--stderr FMT] PROGRAM|SUBCOMMAND [ARGS...]\n"
+            "\n"
+            "Starts N ranks of PROGRAM (a path or a command on PATH) or of `composer SUBCOMMAND` on this\n"
+            "node through mpirun. FMT names a file per rank: {rank}, {local_rank}, {node_rank} and\n"
+            "{world_size} are replaced (e.g. --stdout 'logs/rank{rank}.txt'). Ranks see RANK, WORLD_SIZE,\n"
+            "LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT.\n"
+            "Several nodes: run it on node 0 with --world_size W (a multiple of N) and an MPI hostfile\n"
+            "(OMPI_MCA_orte_default_hostfile, or mpirun's own configuration); mpirun starts the other\n"
+            "nodes' ranks, so on nodes with --node_rank > 0 the launcher has nothing to do.\n"
+            "Environment: CM_MPIRUN overrides the mpirun program; CM_LAUNCH_DRY_RUN=1 prints the\n"
+            "command instead of running it.\n");
+}
+
+static int parse_int(const char *flag, const char *v, int min, int *out) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end || errno || x < min || x > 1000000) {
+        fprintf(stderr, "composer: %s needs an integer >= %d, got '%s'\n", flag, min, v ? v : "(nothing)");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* "openmpi", "mpich" or NULL when `mpirun --version` cannot be run. */
+static const char *mpi_flavour(const char *mpirun) {
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "'%s' --version 2>&1", mpirun);
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, p);
+    buf[n] = '\0';
+    int rc = pclose(p);
+    if (strstr(buf, "Open MPI") || strstr(buf, "OpenRTE")) return "openmpi";
+    if (strstr(buf, "HYDRA") || strstr(buf, "MPICH") || strstr(buf, "Intel(R) MPI")) return "mpich";
+    return rc == 0 ? "openmpi" : NULL;
+}
+
+typedef struct argvec {
+    char **v;
+    int n, cap;
+} argvec;
+
+static void push(argvec *a, const char *s) {
+    if (a->n + 2 > a->cap) {
+        a->cap = a->cap ? a->cap * 2 : 64;
+        a->v = realloc(a->v, sizeof *a->v * (size_t)a->cap);
+        if (!a->v) {
+            fprintf(stderr, "composer: out of memory\n");
+            exit(1);
+        }
+    }
+    a->v[a->n++] = strdup(s);
+    a->v[a->n] = NULL;
+}
+
+static void push_env(argvec *a, const char *flavour, const char *name, const char *value) {
+    char kv[PATH_MAX + 64];
+    if (!strcmp(flavour, "mpich")) {
+        push(a, "-genv");
+        push(a, name);
+        push(a, value);
+    } else {
+        snprintf(kv, sizeof kv, "%s=%s", name, value);
+        push(a, "-x");
+        push(a, kv);
+    }
+}
+
+int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)) {
+    int n = 0, world = 0, node_rank = 0, port = 29500;
+    const char *addr = "127.0.0.1", *out_fmt = NULL, *err_fmt = NULL;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (a[0] != '-') break;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            launch_usage(stdout);
+            return 0;
+        }
+        int rc = 0;
+        if (!strcmp(a, "-n") || !strcmp(a, "--nproc")) rc = parse_int("-n", v, 1, &n);
+        else if (!strcmp(a, "--world_size")) rc = parse_int(a, v, 1, &world);
+        else if (!strcmp(a, "--node_rank")) rc = parse_int(a, v, 0, &node_rank);
+        else if (!strcmp(a, "--master_port")) rc = parse_int(a, v, 1, &port);
+        else if (!strcmp(a, "--master_addr")) addr = v;
+        else if (!strcmp(a, "--stdout")) out_fmt = v;
+        else if (!strcmp(a, "--stderr")) err_fmt = v;
+        else {
+            fprintf(stderr, "composer: unknown launcher flag '%s' (see composer -n --help)\n", a);
+            return EXIT_USAGE;
+        }
+        if (rc) return EXIT_USAGE;
+        if (!v) {
+            fprintf(stderr, "composer: %s needs a value\n", a);
+            return EXIT_USAGE;
+        }
+        i++;
+    }
+    if (n < 1) {
+        fprintf(stderr, "composer: -n N (the number of ranks on this node) is required\n");
+        return EXIT_USAGE;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "composer: -n %d: which program? (composer -n %d ./train ARGS, or a composer subcommand)\n",
+                n, n);
+        return EXIT_USAGE;
+    }
+    if (!world) world = n;
+    if (world % n != 0) {
+        fprintf(stderr, "composer: --world_size %d is not a multiple of -n %d (every node runs -n ranks)\n", world, n);
+        return EXIT_USAGE;
+    }
+    if (node_rank >= world / n) {
+        fprintf(stderr, "composer: --node_rank %d is out of range for %d nodes\n", node_rank, world / n);
+        return EXIT_USAGE;
+    }
+    /* check the formats before starting anything */
+    cm_dist_env probe = {0, world, 0, n, node_rank, "composer"};
+    char tmp[PATH_MAX];
+    const char *fmts[2] = {out_fmt, err_fmt};
+    for (int k = 0; k < 2; k++)
+        if (fmts[k] && cm_dist_format(fmts[k], &probe, tmp, sizeof tmp) != CM_OK) {
+            fprintf(stderr, "composer: --%s: %s\n", k ? "stderr" : "stdout", cm_last_error());
+            return EXIT_USAGE;
+        }
+    if (node_rank > 0) {
+        printf("composer: node %d: mpirun on node 0 starts this node's %d ranks; nothing to do here\n", node_rank, n);
+        return 0;
+    }
+
+    const char *mpirun = getenv("CM_MPIRUN");
+    if (!mpirun || !*mpirun) mpirun = "mpirun";
+    const char *flavour = mpi_flavour(mpirun);
+    if (!flavour) {
+        fprintf(stderr, "composer: cannot run '%s' (install OpenMPI: scripts/install-deps, or set CM_MPIRUN)\n",
+                mpirun);
+        return 1;
+    }
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+        fprintf(stderr, "composer: cannot find its own executable: %s\n", strerror(errno));
+        return 1;
+    }
+    self[len] = '\0';
+
+    argvec a = {0};
+    push(&a, mpirun);
+    char num[32];
+    if (!strcmp(flavour, "openmpi")) {
+        if (geteuid() == 0) push(&a, "--allow-run-as-root");
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cores < 1 || n > cores) push(&a, "--oversubscribe");
+        push(&a, "--bind-to");
+        push(&a, "none");
+        if (world != n) {
+            push(&a, "--npernode");
+            snprintf(num, sizeof num, "%d", n);
+            push(&a, num);
+        }
+        push(&a, "-np");
+    } else {
+        if (world != n) {
+            push(&a, "-ppn");
+            snprintf(num, sizeof num, "%d", n);
+            push(&a, num);
+        }
+        push(&a, "-n");
+    }
+    snprintf(num, sizeof num, "%d", world);
+    push(&a, num);
+    push_env(&a, flavour, "MASTER_ADDR", addr);
+    snprintf(num, sizeof num, "%d", port);
+    push_env(&a, flavour, "MASTER_PORT", num);
+    push(&a, self);
+    push(&a, "--rank-exec");
+    if (out_fmt) push(&a, "--stdout"), push(&a, out_fmt);
+    if (err_fmt) push(&a, "--stderr"), push(&a, err_fmt);
+    push(&a, "--");
+    if (is_subcommand && strchr(argv[i], '/') == NULL && is_subcommand(argv[i])) push(&a, self);
+    for (; i < argc; i++) push(&a, argv[i]);
+
+    const char *dry = getenv("CM_LAUNCH_DRY_RUN");
+    if (dry && *dry && strcmp(dry, "0")) {
+        for (int k = 0; k < a.n; k++) printf("%s%s", k ? " " : "", a.v[k]);
+        printf("\n");
+        return 0;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    execvp(a.v[0], a.v);
+    fprintf(stderr, "composer: cannot run '%s': %s\n", a.v[0], strerror(errno));
+    return 1;
+}
+
+static int redirect(const char *fmt, const cm_dist_env *env, int fd) {
+    char path[PATH_MAX];
+    if (cm_dist_format(fmt, env, path, sizeof path) != CM_OK) {
+        fprintf(stderr, "composer: %s\n", cm_last_error());
+        return -1;
+    }
+    int f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f < 0) {
+        fprintf(stderr, "composer: rank %d cannot open '%s' for its %s: %s\n", env->rank, path,
+                fd == 1 ? "stdout" : "stderr", strerror(errno));
+        return -1;
+    }
+    if (dup2(f, fd) < 0) {
+        close(f);
+        return -1;
+    }
+    close(f);
+    return 0;
+}
+
+int cm_cli_rank_exec(int argc, char **argv) {
+    const char *out_fmt = NULL, *err_fmt = NULL;
+    int i = 1;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) {
+            i++;
+            break;
+        }
+        if (i + 1 < argc && !strcmp(argv[i], "--stdout")) out_fmt = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--stderr")) err_fmt = argv[++i];
+        else break;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "composer --rank-exec: no program to run\n");
+        return EXIT_USAGE;
+    }
+    cm_dist_env e = cm_dist_env_get();
+    char num[32];
+#define SETI(name, v) (snprintf(num, sizeof num, "%d", (v)), setenv(name, num, 1))
+    SETI("RANK", e.rank);
+    SETI("WORLD_SIZE", e.world_size);
+    SETI("LOCAL_RANK", e.local_rank);
+    SETI("LOCAL_WORLD_SIZE", e.local_world_size);
+    SETI("NODE_RANK", e.node_rank);
+#undef SETI
+    if (out_fmt && redirect(out_fmt, &e, 1)) return 1;
+    if (err_fmt && redirect(err_fmt, &e, 2)) return 1;
+    execvp(argv[i], argv + i);
+    fprintf(stderr, "composer: rank %d cannot run '%s': %s\n", e.rank, argv[i], strerror(errno));
+    return 127;
+}
