@@ -395,7 +395,10 @@ Test(checkpoint, kill9_at_random_instants_during_saves_never_leaves_a_bad_checkp
             rig g = run(&o);
             _exit(g.fit_status == CM_OK ? 0 : 3);
         }
-        usleep((useconds_t)(2000 + rand() % 40000));
+        /* the first child must get as far as one save (slow machines start slowly); later ones
+         * resume and are killed anywhere: while starting, training, writing or rotating */
+        for (int w = 0; iter == 0 && w < 1000 && !exists(dir, "latest"); w++) usleep(10000);
+        usleep((useconds_t)(rand() % 40000));
         kill(pid, SIGKILL);
         int ws;
         waitpid(pid, &ws, 0);

@@ -387,6 +387,8 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
     return CM_OK;
 }
 
+static atomic_int g_tmp_counter; /* names of temporary directories */
+
 /* ---------------------------------------------------------------------------------------------
  * The snapshot: which tensors, borrowed or copied
  * ------------------------------------------------------------------------------------------- */
@@ -508,8 +510,6 @@ static size_t snapshot_bytes(cm_trainer *tr) {
  * The commit
  * ------------------------------------------------------------------------------------------- */
 
-static atomic_int g_tmp_counter;
-
 /* Removes ".tmp-<pid>-..." / ".old-<pid>-..." directories whose process is gone (killed saves). */
 static void sweep_stale(const char *folder) {
     DIR *d = opendir(folder);
@@ -583,11 +583,23 @@ static cm_status rotate(cmi_ckpt *ck, const char *folder, const char *name) {
     ck->n_kept++;
 trim:
     while (ck->keep > 0 && ck->n_kept > ck->keep) {
-        char *p = cmi_path_join(folder, ck->kept[0]);
-        if (!p) return CM_ERR_OOM;
-        if (!cmi_remove_tree(p)) cm_log_msg(CM_LOG_WARN, "checkpoint rotation: could not remove '%s': %s", p, strerror(errno));
-        else cm_log_msg(CM_LOG_INFO, "checkpoint rotation: removed '%s' (save_num_checkpoints_to_keep %d)", p, ck->keep);
+        /* hide it first (one atomic rename), so a crash while deleting never leaves a visible,
+         * half-deleted checkpoint; a killed deletion's leftovers are swept at the next save */
+        char hidden[320];
+        snprintf(hidden, sizeof hidden, ".old-%ld-%d-%s", (long)getpid(), atomic_fetch_add(&g_tmp_counter, 1),
+                 ck->kept[0]);
+        char *p = cmi_path_join(folder, ck->kept[0]), *h = cmi_path_join(folder, hidden);
+        if (!p || !h) {
+            cm_free(p);
+            cm_free(h);
+            return CM_ERR_OOM;
+        }
+        if (rename(p, h) != 0 || !cmi_remove_tree(h))
+            cm_log_msg(CM_LOG_WARN, "checkpoint rotation: could not remove '%s': %s", p, strerror(errno));
+        else
+            cm_log_msg(CM_LOG_INFO, "checkpoint rotation: removed '%s' (save_num_checkpoints_to_keep %d)", p, ck->keep);
         cm_free(p);
+        cm_free(h);
         cm_free(ck->kept[0]);
         memmove(ck->kept, ck->kept + 1, sizeof *ck->kept * (size_t)(ck->n_kept - 1));
         ck->n_kept--;
