@@ -559,11 +559,14 @@ Test(checkpoint, removed_file_is_named_and_autoresume_falls_back) {
 
 Test(checkpoint, deleted_latest_pointer_still_finds_the_newest) {
     char *dir = two_checkpoints();
-    char *lp = pjoin(dir, "latest");
+    char *lp = pjoin(dir, "latest"), *other = pjoin(dir, "logs");
     cr_assert_eq(unlink(lp), 0);
+    cr_assert_eq(mkdir(other, 0755), 0); /* not a checkpoint: ignored without a warning */
     cm_checkpoint_search srch;
     cr_assert_eq(cm_checkpoint_find_latest(dir, NULL, &srch), CM_OK, "%s", cm_last_error());
     cr_expect(strstr(srch.path, "ep0-ba4"), "found %s", srch.path);
+    cr_expect_eq(srch.n_rejected, 0, "%s", srch.rejected);
+    free(other);
     /* a pointer to something that is gone is reported, the newest complete one is used */
     FILE *f = fopen(lp, "w");
     fputs("ep9-ba99\n", f);

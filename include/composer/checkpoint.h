@@ -2,7 +2,7 @@
  * composer/checkpoint.h — checkpoints: a directory that holds everything needed to continue a run
  * bit for bit, written transactionally, verified on load, found again by autoresume.
  *
- * Layout (format version 1, FORMATS.md §checkpoints):
+ * Layout (format version 1):
  *
  *   <save_folder>/
  *     ep1-ba6/                     a checkpoint (name from save_filename)
@@ -33,9 +33,22 @@
  *
  * Loading (load_path, autoresume): the manifest's own checksum, its format version, every file's
  * size and structure and every tensor's XXH3 are checked before anything in the trainer changes;
- * a failure names the checkpoint, the file and the tensor. Autoresume starts from `latest`; if it
- * is missing, torn or corrupt it falls back to the newest complete checkpoint in the folder and
- * logs which ones it skipped and why.
+ * a failure names the checkpoint, the file and the tensor. Autoresume takes the newest complete
+ * checkpoint in the folder (highest batch count; `latest` breaks ties and serves tools): a torn,
+ * truncated or corrupt newer one is skipped with a warning that says why, and a missing or stale
+ * pointer does not matter. If checkpoints exist but none is usable, autoresume fails rather than
+ * silently starting over.
+ *
+ * Background saves (save_async): at the save point the tensors are copied into one staging
+ * buffer (bounded by save_async_max_bytes; a larger state is saved synchronously) and a thread
+ * does the rest while training continues. One save runs at a time (a new save first waits for
+ * the previous one), so the extra host memory is at most one snapshot. A failure is reported by
+ * fit at the next batch, or by cm_trainer_close, with the checkpoint's path.
+ *
+ * Rotation (save_num_checkpoints_to_keep) deletes only checkpoints this trainer saved, after the
+ * new one is committed; a checkpoint is first renamed to a hidden name, so a crash while deleting
+ * never leaves a visible half-deleted checkpoint. Hidden leftovers of killed processes are
+ * removed at the next save in the folder.
  *
  *     cm_checkpoint *ck;
  *     if (cm_checkpoint_open("runs/r1/ckpt/ep1-ba6", &ck) != CM_OK ||   // manifest, sizes, headers
@@ -132,17 +145,17 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap);
 /* What a search for the newest complete checkpoint found. */
 typedef struct cm_checkpoint_search {
     char path[4096];     /* the chosen checkpoint ("" when none) */
-    int n_rejected;      /* candidates newer than it (or named by the pointer) that were unusable */
+    int n_rejected;      /* unusable candidates (damaged checkpoints, a stale pointer) */
     char rejected[2048]; /* "<name>: <reason>; ..." (truncated with "...") */
 } cm_checkpoint_search;
 
-/* Finds the newest complete checkpoint in `folder`: the one the pointer file `latest_name`
- * (NULL = "latest") names if it opens and verifies, else every other checkpoint directory in
- * the folder from the highest batch count down, the first one that opens and verifies.
- * Temporary directories of unfinished saves are never candidates. Each unusable candidate is
- * logged (warn) with its reason and listed in out->rejected. Errors: CM_ERR_NOT_FOUND when the
- * folder does not exist or holds no complete checkpoint (the message lists the rejected ones),
- * CM_ERR_IO, CM_ERR_OOM. Thread-safe. */
+/* Finds the newest complete checkpoint in `folder`: every checkpoint directory (hidden names —
+ * saves in progress — excluded) is opened, and they are tried from the highest batch count down
+ * (ties: the one the pointer file `latest_name` names, NULL = "latest"); the first that opens and
+ * verifies wins. Each unusable candidate (and a pointer naming a missing checkpoint) is logged
+ * (warn) with its reason and listed in out->rejected. Folders with neither manifest.json nor
+ * model.safetensors are not candidates. Errors: CM_ERR_NOT_FOUND when the folder does not exist
+ * or holds no complete checkpoint (the message lists the rejected ones), CM_ERR_OOM. Thread-safe. */
 cm_status cm_checkpoint_find_latest(const char *folder, const char *latest_name, cm_checkpoint_search *out);
 
 /* Expands a save_filename pattern: {epoch}, {batch}, {sample}, {token}, {run_name} and {rank}

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define CMI_MANIFEST_MAX (64u << 20)
 #define CMI_MAX_FILES 16
@@ -415,7 +416,14 @@ cm_status cm_checkpoint_find_latest(const char *folder, const char *latest_name,
         cm_free(p);
         if (!dir) continue;
         if (os) {
-            reject(out, e->d_name, cm_last_error());
+            /* a folder that never was a checkpoint (no manifest, no model file) is not a candidate */
+            char *mp = cmi_path_join(folder, e->d_name), *m1 = mp ? cmi_path_join(mp, CM_CKPT_MANIFEST) : NULL,
+                 *m2 = mp ? cmi_path_join(mp, CM_CKPT_MODEL_FILE) : NULL;
+            const bool looks = m1 && m2 && (access(m1, F_OK) == 0 || access(m2, F_OK) == 0);
+            cm_free(mp);
+            cm_free(m1);
+            cm_free(m2);
+            if (looks) reject(out, e->d_name, cm_last_error());
             continue;
         }
         if (n == cap) {
