@@ -6,6 +6,7 @@
  *   composer generate --weights PATH [--prompt TEXT] [--max-new-tokens N] ...
  *   composer data tokenize [--tokenizer gpt2|char] [--val-fraction F] INPUT -o OUTDIR
  *   composer -n N [--world_size W] [--stdout FMT] ... PROGRAM|SUBCOMMAND [ARGS...]   (tools/launch.c)
+ *   composer ckpt inspect PATH | ckpt verify PATH | ckpt export PATH -o model.safetensors
  *
  * Commands live in tables of {name, function, help} (a group's entry points at its sub-table), so
  * adding a subcommand is adding a row. Unknown commands, flags and values are answered with the
@@ -13,6 +14,8 @@
  * error. */
 #include "cli.h"
 
+#include <composer/checkpoint.h>
+#include <composer/composer.h>
 #include <composer/tokenizer.h>
 
 #include "launch.h"
@@ -423,6 +426,104 @@ static int cmd_data_tokenize(const char *prog, int argc, char **argv) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * composer ckpt inspect | verify | export  (composer/checkpoint.h)
+ * ------------------------------------------------------------------------------------------- */
+
+static const char *g_ckpt_out;
+static const cli_flag k_ckpt_flags[] = {{NULL, NULL, NULL, NULL, NULL}};
+static const cli_flag k_ckpt_export_flags[] = {
+    {"--output", "-o", "FILE", "where to write model.safetensors (atomically)", &g_ckpt_out},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static void ckpt_inspect_usage(FILE *f, const char *prog) {
+    fprintf(f, "usage: %s PATH\n\nPrints a checkpoint's manifest summary: format, library, run, step, config digest,\n"
+               "files, tensors with dtype, shape and bytes. PATH is a checkpoint directory, or a save folder\n"
+               "(its latest pointer is followed). Checks the structure, not the tensor checksums (see verify).\n",
+            prog);
+}
+static void ckpt_verify_usage(FILE *f, const char *prog) {
+    fprintf(f, "usage: %s PATH\n\nChecks a checkpoint: the manifest's checksum and version, every file's size and\n"
+               "structure, every tensor's XXH3. Exit status 0 when it is complete and intact, 1 otherwise.\n",
+            prog);
+}
+static void ckpt_export_usage(FILE *f, const char *prog) {
+    fprintf(f, "usage: %s PATH -o model.safetensors\n\nVerifies the checkpoint's model tensors and writes its\n"
+               "model.safetensors (Hugging Face names; any safetensors reader loads it).\n\noptions:\n",
+            prog);
+    print_flags(f, k_ckpt_export_flags);
+}
+
+/* Parses PATH (and flags) and opens the checkpoint; returns 0 or an exit status. */
+static int ckpt_open(const char *prog, const cli_flag *flags, void (*usage)(FILE *, const char *), int argc, char **argv,
+                     cm_checkpoint **ck) {
+    const char *pos[1] = {NULL};
+    int n_pos;
+    int rc = parse_flags(prog, flags, argc, argv, pos, 1, &n_pos, usage);
+    if (rc) return rc < 0 ? -1 : rc;
+    if (n_pos != 1) {
+        fprintf(stderr, "%s: expected one checkpoint PATH (see '%s --help')\n", prog, prog);
+        return EXIT_USAGE;
+    }
+    if (cm_checkpoint_open(pos[0], ck) != CM_OK) return fail(prog, pos[0]);
+    return 0;
+}
+
+static int cmd_ckpt_inspect(const char *prog, int argc, char **argv) {
+    cm_checkpoint *ck;
+    int rc = ckpt_open(prog, k_ckpt_flags, ckpt_inspect_usage, argc, argv, &ck);
+    if (rc) return rc < 0 ? 0 : rc;
+    size_t n = cm_checkpoint_summary(ck, NULL, 0);
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        cm_checkpoint_close(ck);
+        fprintf(stderr, "%s: out of memory\n", prog);
+        return 1;
+    }
+    cm_checkpoint_summary(ck, buf, n + 1);
+    fputs(buf, stdout);
+    free(buf);
+    cm_checkpoint_close(ck);
+    return 0;
+}
+
+static int cmd_ckpt_verify(const char *prog, int argc, char **argv) {
+    cm_checkpoint *ck;
+    int rc = ckpt_open(prog, k_ckpt_flags, ckpt_verify_usage, argc, argv, &ck);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (cm_checkpoint_verify(ck) != CM_OK) {
+        cm_checkpoint_close(ck);
+        return fail(prog, "verify");
+    }
+    printf("ok: %s: %zu tensors, checksums match\n", cm_checkpoint_path(ck), cm_checkpoint_n_tensors(ck));
+    cm_checkpoint_close(ck);
+    return 0;
+}
+
+static int cmd_ckpt_export(const char *prog, int argc, char **argv) {
+    cm_checkpoint *ck;
+    g_ckpt_out = NULL;
+    int rc = ckpt_open(prog, k_ckpt_export_flags, ckpt_export_usage, argc, argv, &ck);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!g_ckpt_out) {
+        cm_checkpoint_close(ck);
+        fprintf(stderr, "%s: missing -o FILE (where to write model.safetensors)\n", prog);
+        return EXIT_USAGE;
+    }
+    rc = cm_checkpoint_export_model(ck, g_ckpt_out) == CM_OK ? 0 : fail(prog, "export");
+    if (!rc) printf("wrote %s\n", g_ckpt_out);
+    cm_checkpoint_close(ck);
+    return rc;
+}
+
+static const cli_cmd k_ckpt_cmds[] = {
+    {"inspect", cmd_ckpt_inspect, "summarize a checkpoint (step, config digest, tensors, sizes)", NULL},
+    {"verify", cmd_ckpt_verify, "check a checkpoint's checksums and files", NULL},
+    {"export", cmd_ckpt_export, "write a checkpoint's model.safetensors (-o FILE)", NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
+/* ---------------------------------------------------------------------------------------------
  * Top level
  * ------------------------------------------------------------------------------------------- */
 
@@ -436,6 +537,7 @@ static const cli_cmd k_commands[] = {
     {"eval", cmd_eval, "evaluate saved weights on a config's eval set", NULL},
     {"generate", cmd_generate, "sample text from a trained GPT", NULL},
     {"data", NULL, "prepare datasets (tokenize)", k_data_cmds},
+    {"ckpt", NULL, "inspect, verify and export checkpoints", k_ckpt_cmds},
     {NULL, NULL, NULL, NULL},
 };
 

@@ -46,7 +46,9 @@ extern "C" {
     X(CM_ERR_STATE, -7, "invalid state")                                              \
     X(CM_ERR_UNSUPPORTED, -8, "unsupported")                                          \
     X(CM_ERR_NOT_FOUND, -9, "not found")                                              \
-    X(CM_ERR_INTERNAL, -10, "internal error")
+    X(CM_ERR_INTERNAL, -10, "internal error")                                         \
+    /* a run stopped on SIGTERM/SIGINT (see cm_trainer_exit_code) */                  \
+    X(CM_ERR_INTERRUPTED, -11, "interrupted by a signal")
 
 typedef enum cm_status {
 #define CM_X_(name, value, desc) name = value,

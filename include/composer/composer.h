@@ -32,5 +32,6 @@
 #include <composer/callbacks.h>
 #include <composer/loggers.h>
 #include <composer/config.h>
+#include <composer/dist.h>
 
 #endif

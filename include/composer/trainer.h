@@ -84,6 +84,7 @@
 #include <composer/model.h>
 #include <composer/optim.h>
 #include <composer/time.h>
+#include <composer/checkpoint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -518,6 +519,34 @@ typedef struct cm_trainer_config {
     bool progress_bar;                    /* for the console logger (read through the state) */
     size_t arena_budget;                  /* bytes for one microbatch's activations; 0 = unlimited */
     cm_trainer_dist dist;
+
+    /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
+     * Saving happens when save_folder is set: at save_interval and once at the end of training
+     * (a run that reached max_duration always leaves a checkpoint of its last batch). */
+    const char *save_folder;          /* copied; NULL or "" = no saving (default) */
+    const char *save_filename;        /* NULL = "ep{epoch}-ba{batch}" ({epoch} {batch} {sample} {token}
+                                         {run_name} {rank}) */
+    const char *save_latest_filename; /* the pointer file in save_folder; NULL = "latest", "" = none */
+    cm_time save_interval;            /* default 1ep; ep, ba, sp, tok or dur */
+    const char *save_interval_str;    /* if set, parsed instead: "500ba", "0.25dur", "1ep" */
+    bool save_overwrite;              /* replace a checkpoint of the same name (default: refuse) */
+    bool save_weights_only;           /* only model.safetensors (no optimizer, time or data order) */
+    int save_num_checkpoints_to_keep; /* -1 = all (default); n > 0 = this trainer's n newest */
+    bool save_async;                  /* snapshot, then write on a background thread */
+    size_t save_async_max_bytes;      /* bound on the snapshot; larger states are saved synchronously
+                                         (0 = 1 GiB) */
+    const char *load_path;            /* a checkpoint directory to start from (NULL = none) */
+    bool load_weights_only;           /* load only the model's weights from it */
+    bool load_strict_model_weights;   /* default true: every model tensor must match by name */
+    const char *const *load_ignore_keys; /* glob patterns of model tensor names not to load */
+    int n_load_ignore_keys;
+    const char *const *load_exclude_algorithms; /* glob patterns of algorithm names whose state is not loaded */
+    int n_load_exclude_algorithms;
+    bool autoresume;                  /* resume from the newest complete checkpoint in save_folder
+                                         (needs run_name); takes precedence over load_path */
+    bool handle_signals;              /* default true: during fit, SIGTERM/SIGINT finish the batch,
+                                         save, close the plugins and make fit return
+                                         CM_ERR_INTERRUPTED (a second signal acts as usual) */
 } cm_trainer_config;
 
 cm_trainer_config cm_trainer_config_default(void);
@@ -526,12 +555,18 @@ typedef struct cm_trainer cm_trainer;
 
 /* Checks the configuration, builds the state and the engine, registers the plugins (taking them
  * only if everything succeeds), locks the model's flat buffers (cm_module_lock, until
- * cm_trainer_free), seeds the model (cm_module_set_seed), then fires INIT, BEFORE_LOAD and
- * AFTER_LOAD and logs the hyperparameters. Errors: CM_ERR_INVALID_ARG naming the field and the
- * fix (no model, a loader in the wrong mode, max_duration in dur/iter/sec, a bad eval_interval,
- * microbatch size < -1, ssr <= 0, an invalid scheduler or precision, a bad plugin vtable),
- * CM_ERR_UNSUPPORTED (amp_fp16), CM_ERR_STATE (the model's module is not finalized), CM_ERR_OOM, a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any
- * failure nothing is taken: the caller still owns (and frees) the plugins. */
+ * cm_trainer_free), seeds the model (cm_module_set_seed), then fires INIT, logs the
+ * hyperparameters, fires BEFORE_LOAD, loads a checkpoint (autoresume, else load_path: weights,
+ * optimizer state, timestamp, data positions, dropout RNG counters, plugin states — all verified
+ * first) and fires AFTER_LOAD. Errors: CM_ERR_INVALID_ARG naming the field and the fix (no model,
+ * a loader in the wrong mode, max_duration in dur/iter/sec, a bad eval_interval or save_interval,
+ * microbatch size < -1, ssr <= 0, an invalid scheduler or precision, a bad plugin vtable, a bad
+ * save_filename, autoresume without save_folder and run_name), CM_ERR_UNSUPPORTED (amp_fp16; a
+ * checkpoint of another format version), CM_ERR_STATE (the model's module is not finalized; a
+ * checkpoint whose optimizer differs), CM_ERR_FORMAT (a damaged checkpoint, named), CM_ERR_NOT_FOUND
+ * (load_path missing; model names that do not match with load_strict_model_weights), CM_ERR_OOM,
+ * a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any failure nothing is taken: the caller
+ * still owns (and frees) the plugins. */
 cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out);
 
 /* Closes (if not closed) and frees the trainer, its engine and plugins, and the optimizer it
@@ -553,8 +588,12 @@ cm_fit_opts cm_fit_opts_default(void);
  * train loader, deterministic_mode with a changed thread count), CM_ERR_INVALID_ARG (no or bad
  * duration), the model's errors (with the epoch and batch), CM_ERR_OOM (the arena budget with a
  * fixed microbatch size, or a microbatch of one row under "auto"), the loader's and the
- * plugins' errors ("plugin '<name>' failed on <EVENT>: ..."). After an error the trainer may be
- * closed and freed; the model holds the parameters of the last completed step. */
+ * plugins' errors ("plugin '<name>' failed on <EVENT>: ..."), a checkpoint save's errors (also
+ * those of a background save, reported at the next batch with the checkpoint's path), and
+ * CM_ERR_INTERRUPTED: SIGTERM or SIGINT arrived (with handle_signals), the current batch was
+ * finished, a checkpoint saved (when save_folder is set) and the trainer closed; exit with
+ * cm_trainer_exit_code. After an error the trainer may be closed and freed; the model holds the
+ * parameters of the last completed step. */
 cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
 
 /* Standalone evaluation of `evaluators` (NULL/0 = the configured ones), each on its
@@ -576,9 +615,28 @@ typedef cm_status (*cm_predict_fn)(const cm_batch *batch, cm_tensor *outputs, vo
 cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dataloader, int64_t subset_num_batches,
                              cm_predict_fn fn, void *data);
 
-/* Closes the engine's plugins (see cm_engine_close) and returns the first error. Afterwards fit,
+/* Waits for a background checkpoint save, then closes the engine's plugins (see
+ * cm_engine_close) and returns the first error (the save's first). Afterwards fit,
  * eval and predict fail with CM_ERR_STATE. A second call returns CM_OK. */
 cm_status cm_trainer_close(cm_trainer *tr);
+
+/* Saves a checkpoint now, synchronously (waiting for a background save first): path NULL saves
+ * into save_folder under save_filename and updates the latest pointer and the rotation, as an
+ * interval save; otherwise `path` is the checkpoint directory to create (transactionally; no
+ * pointer, no rotation). Errors: CM_ERR_INVALID_ARG (NULL path without save_folder), CM_ERR_STATE
+ * (the checkpoint exists and save_overwrite is off), CM_ERR_IO naming the path (unwritable folder,
+ * full disk: earlier checkpoints stay intact), CM_ERR_OOM, a plugin's save returning invalid JSON. */
+cm_status cm_trainer_save_checkpoint(cm_trainer *tr, const char *path);
+/* The last checkpoint this trainer committed, and the one it resumed from (NULL if none). The
+ * strings stay valid until the next save or cm_trainer_free. */
+const char *cm_trainer_last_checkpoint(const cm_trainer *tr);
+const char *cm_trainer_resumed_from(const cm_trainer *tr);
+/* The signal (SIGTERM, SIGINT) that made the last fit return CM_ERR_INTERRUPTED, else 0. */
+int cm_trainer_interrupted_signal(const cm_trainer *tr);
+/* The process exit status for a fit that returned `s`: 0, 128 + signal after an interruption
+ * (143 for SIGTERM), else 1. Programs end with `return cm_trainer_exit_code(tr, s);` — the
+ * library never exits by itself. */
+int cm_trainer_exit_code(const cm_trainer *tr, cm_status s);
 
 cm_state *cm_trainer_state(cm_trainer *tr);
 cm_engine *cm_trainer_engine(cm_trainer *tr); /* to add plugins or ordering passes after new */

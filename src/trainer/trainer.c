@@ -2,40 +2,17 @@
  * microbatching, mixed precision, the optimizer step with the schedulers), evaluation at the
  * eval interval, standalone eval, predict, close. The event order is documented in trainer.h. */
 #include "trainer/trainer_impl.h"
+#include "checkpoint/ckpt_impl.h"
 
 #include <composer/report.h>
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-typedef struct {
-    char label[64];
-    cm_dataloader *dl;
-    int64_t subset;
-    cm_time interval;
-    int set; /* index into the state's metric sets */
-} evaluator_rt;
-
-struct cm_trainer {
-    cm_state st;
-    cm_engine *engine;
-    cm_tape *tape;
-    cm_data_spec *spec;
-    cm_optim *own_optim;
-    evaluator_rt *evals;
-    int n_evals;
-    int64_t mb_config; /* 0 whole batch, > 0 rows, CM_MICROBATCH_AUTO */
-    bool tokens_weighting;
-    bool deterministic;
-    int n_threads;
-    cm_trainer_dist dist;
-    bool closed, locked, iteration_open;
-    int64_t last_eval_batch; /* ts.batch at the last evaluation during fit (-1: none) */
-};
 
 cm_evaluator cm_evaluator_default(void) {
     return (cm_evaluator){"eval", NULL, -1, {CM_TIME_EPOCH, 0, 0}};
@@ -53,6 +30,10 @@ cm_trainer_config cm_trainer_config_default(void) {
     c.seed = 42;
     c.dist.rank = 0;
     c.dist.world_size = 1;
+    c.save_interval = cm_time_make(1, CM_TIME_EPOCH);
+    c.save_num_checkpoints_to_keep = -1;
+    c.load_strict_model_weights = true;
+    c.handle_signals = true;
     return c;
 }
 
@@ -171,7 +152,7 @@ static cm_status validate(const cm_trainer_config *c) {
         return cm_set_error(CM_ERR_INVALID_ARG, "trainer: a plugin count without its array (or a negative count)");
     if (c->run_name && strlen(c->run_name) >= 128)
         return cm_set_error(CM_ERR_INVALID_ARG, "run_name is longer than 127 characters");
-    return CM_OK;
+    return cmi_ckpt_validate(c);
 }
 
 /* max_duration × ssr in its unit (Composer scales the run's length by the ratio). */
@@ -326,6 +307,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         goto fail;
     else
         st->optimizer = tr->own_optim;
+    if ((s = cmi_ckpt_new(tr, cfg))) goto fail;
     cm_module *root = cm_model_module(st->model);
     if ((s = cm_module_lock(root))) goto fail;
     tr->locked = true;
@@ -343,7 +325,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     st->dl = st->train_dl;
     snprintf(st->dl_label, sizeof st->dl_label, "train");
     if ((s = run(tr, CM_EVENT_INIT)) || (s = log_hparams(tr)) || (s = run(tr, CM_EVENT_BEFORE_LOAD)) ||
-        (s = run(tr, CM_EVENT_AFTER_LOAD)))
+        (s = cmi_ckpt_load_start(tr)) || (s = run(tr, CM_EVENT_AFTER_LOAD)))
         goto release;
     *out = tr;
     return CM_OK;
@@ -372,13 +354,18 @@ cm_status cm_trainer_close(cm_trainer *tr) {
     if (!tr) return cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_close: trainer is NULL");
     if (tr->closed) return CM_OK;
     tr->closed = true;
-    return tr->engine ? cm_engine_close(tr->engine) : CM_OK;
+    char msg[1536];
+    cm_status w = cmi_ckpt_wait(tr);
+    if (w) snprintf(msg, sizeof msg, "%s", cm_last_error());
+    cm_status s = tr->engine ? cm_engine_close(tr->engine) : CM_OK;
+    return w ? cm_set_error(w, "%s", msg) : s;
 }
 
 void cm_trainer_free(cm_trainer *tr) {
     if (!tr) return;
     if (!tr->closed && cm_trainer_close(tr) != CM_OK)
-        cm_log_msg(CM_LOG_WARN, "trainer: closing the plugins: %s", cm_last_error());
+        cm_log_msg(CM_LOG_WARN, "trainer: closing: %s", cm_last_error());
+    cmi_ckpt_free(tr);
     cm_engine_free(tr->engine);
     if (tr->locked) cm_module_unlock(cm_model_module(tr->st.model));
     cm_optim_free(tr->own_optim);
@@ -658,7 +645,7 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
 
 /* Whether an interval is crossed between two timestamps (ep only at epoch ends; the rest only at
  * batch ends). */
-static bool interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *prev, const cm_timestamp *now,
+bool cmi_interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *prev, const cm_timestamp *now,
                          bool epoch_end) {
     if (time_is_zero(iv)) return false;
     if ((iv.unit == CM_TIME_EPOCH) != epoch_end) return false;
@@ -674,7 +661,7 @@ static bool interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *p
     return pa.count / iv.count != pb.count / iv.count;
 }
 
-static bool fit_done(const cm_trainer *tr) {
+bool cmi_fit_done(const cm_trainer *tr) {
     int c = -1;
     cm_timestamp_cmp(&tr->st.ts, tr->st.max_duration, &c);
     return c >= 0;
@@ -684,12 +671,12 @@ static bool fit_done(const cm_trainer *tr) {
 static cm_status maybe_eval(cm_trainer *tr, const cm_timestamp *prev, bool epoch_end) {
     if (tr->n_evals == 0) return CM_OK;
     const cm_state *st = &tr->st;
-    const bool done = fit_done(tr);
+    const bool done = cmi_fit_done(tr);
     const bool last_of_epoch = st->batches_per_epoch > 0 && st->ts.batch_in_epoch == st->batches_per_epoch;
     bool due[64] = {false}, any = false;
     for (int i = 0; i < tr->n_evals && i < 64; i++) {
         const evaluator_rt *e = &tr->evals[i];
-        due[i] = interval_hit(tr, e->interval, prev, &st->ts, epoch_end);
+        due[i] = cmi_interval_hit(tr, e->interval, prev, &st->ts, epoch_end);
         /* once more at the end of training, unless this batch was just evaluated; at the end of an
          * epoch for epoch intervals when the run ends there */
         if (!due[i] && done && !time_is_zero(e->interval) && tr->last_eval_batch != st->ts.batch) {
@@ -720,10 +707,16 @@ static cm_status log_time(cm_trainer *tr) {
     return cm_logger_log_metrics(cm_engine_logger(tr->engine), v, (int)(sizeof v / sizeof *v));
 }
 
+/* Preemption: the signal that arrived during fit (0: none). Handlers are installed only while
+ * fit runs; they set this flag and reset themselves, so a second signal acts as usual. */
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) { g_signal = sig; }
+
 static cm_status fit_loop(cm_trainer *tr) {
     cm_state *st = &tr->st;
     cm_status s;
-    while (!fit_done(tr) && !st->stop) {
+    while (!cmi_fit_done(tr) && !st->stop) {
         if (st->ts.batch_in_epoch == 0) {
             if ((s = run(tr, CM_EVENT_EPOCH_START))) return s;
             if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "time/epoch", (double)st->ts.epoch))) return s;
@@ -753,10 +746,12 @@ static cm_status fit_loop(cm_trainer *tr) {
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], cm_clock_s() - t0);
             if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false)) ||
-                (s = run(tr, CM_EVENT_BATCH_CHECKPOINT)))
+                (s = run(tr, CM_EVENT_BATCH_CHECKPOINT)) ||
+                (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev)))
                 return s;
             cmi_state_clear_batch(st);
-            if (fit_done(tr) || st->stop) {
+            if (g_signal) st->stop = true; /* preemption: stop after this batch */
+            if (cmi_fit_done(tr) || st->stop) {
                 early = true;
                 break;
             }
@@ -772,11 +767,32 @@ static cm_status fit_loop(cm_trainer *tr) {
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_epoch(&st->ts, 0.0);
             if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true)) ||
-                (s = run(tr, CM_EVENT_EPOCH_CHECKPOINT)))
+                (s = run(tr, CM_EVENT_EPOCH_CHECKPOINT)) ||
+                (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev)))
                 return s;
         }
     }
     return CM_OK;
+}
+
+/* After a preemption signal: save (when save_folder is set), close the plugins, report. */
+static cm_status interrupted(cm_trainer *tr, int sig) {
+    tr->interrupted_signal = sig;
+    const char *name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal";
+    const long long batch = (long long)tr->st.ts.batch;
+    cm_status s = cmi_ckpt_save_now(tr);
+    char msg[2048] = "";
+    if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
+    cm_status c = cm_trainer_close(tr);
+    if (c) cm_log_msg(CM_LOG_WARN, "trainer: closing after %s: %s", name, cm_last_error());
+    if (s)
+        return cm_set_error(s, "fit: interrupted by %s after batch %lld, and the checkpoint save failed: %s", name, batch,
+                            msg);
+    const char *where = cm_trainer_last_checkpoint(tr);
+    return cm_set_error(CM_ERR_INTERRUPTED, "fit: interrupted by %s after batch %lld; %s%s%s; plugins closed (exit with "
+                                            "status %d)",
+                        name, batch, where ? "checkpoint saved in '" : "no save_folder, nothing saved",
+                        where ? where : "", where ? "'" : "", cm_exit_status(CM_ERR_INTERRUPTED, sig));
 }
 
 cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
@@ -813,12 +829,32 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
         if ((s = run(tr, CM_EVENT_ITERATION_START))) return s;
         tr->iteration_open = true;
     }
-    if ((s = fit_loop(tr))) {
+    struct sigaction old_term, old_int;
+    const bool signals = cmi_ckpt_handles_signals(tr);
+    if (signals) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESETHAND;
+        sigemptyset(&sa.sa_mask);
+        g_signal = 0;
+        sigaction(SIGTERM, &sa, &old_term);
+        sigaction(SIGINT, &sa, &old_int);
+    }
+    s = fit_loop(tr);
+    const int sig = signals ? g_signal : 0;
+    if (signals) {
+        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGINT, &old_int, NULL);
+        g_signal = 0;
+    }
+    if (s) {
         cm_tape_reset(tr->tape);
         cmi_state_clear_batch(st);
         return s;
     }
-    if (fit_done(tr)) {
+    if (sig) return interrupted(tr, sig);
+    if (cmi_fit_done(tr)) {
         if ((s = run(tr, CM_EVENT_ITERATION_END)) || (s = run(tr, CM_EVENT_ITERATION_CHECKPOINT))) return s;
         tr->iteration_open = false;
     }

@@ -53,6 +53,40 @@ struct cm_state {
     int n_metric_sets;
 };
 
+/* A configured evaluator. */
+typedef struct evaluator_rt {
+    char label[64];
+    cm_dataloader *dl;
+    int64_t subset;
+    cm_time interval;
+    int set; /* index into the state's metric sets */
+} evaluator_rt;
+
+struct cm_trainer {
+    cm_state st;
+    cm_engine *engine;
+    cm_tape *tape;
+    cm_data_spec *spec;
+    cm_optim *own_optim;
+    evaluator_rt *evals;
+    int n_evals;
+    int64_t mb_config; /* 0 whole batch, > 0 rows, CM_MICROBATCH_AUTO */
+    bool tokens_weighting;
+    bool deterministic;
+    int n_threads;
+    cm_trainer_dist dist;
+    bool closed, locked, iteration_open;
+    int64_t last_eval_batch; /* ts.batch at the last evaluation during fit (-1: none) */
+    struct cmi_ckpt *ckpt;   /* checkpoint options and saver (src/checkpoint); NULL = none */
+    int interrupted_signal;  /* the signal that stopped the last fit (0: none) */
+};
+
+/* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep
+ * intervals only at epoch ends, the others only at batch ends). */
+bool cmi_fit_done(const cm_trainer *tr);
+bool cmi_interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *prev, const cm_timestamp *now,
+                      bool epoch_end);
+
 /* Points the state's model batch at a loader batch (names, fields, counts). */
 void cmi_state_set_batch(cm_state *st, cm_batch *b, int64_t n_samples, int64_t n_tokens);
 void cmi_state_clear_batch(cm_state *st);

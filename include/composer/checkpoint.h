@@ -1,0 +1,175 @@
+/*
+ * composer/checkpoint.h — checkpoints: a directory that holds everything needed to continue a run
+ * bit for bit, written transactionally, verified on load, found again by autoresume.
+ *
+ * Layout (format version 1):
+ *
+ *   <save_folder>/
+ *     ep1-ba6/                     a checkpoint (name from save_filename)
+ *       manifest.json              what and where: see below
+ *       model.safetensors          parameters and persistent buffers, Hugging Face / PyTorch names,
+ *                                  metadata {"format": "pt"}: any safetensors reader loads it
+ *       optimizer.safetensors      optimizer state, torch's keys per flat span ("<unit>.exp_avg",
+ *                                  "<unit>.step"); absent in a weights-only checkpoint
+ *     latest                       a text file: the name of the newest committed checkpoint
+ *     .tmp-ep1-ba6-<pid>-<n>/      a save in progress (never read; removed when its writer is gone)
+ *
+ * manifest.json is one JSON object: format_version, library {version, git_commit}, created (UTC,
+ * ISO 8601), run_name, world_size, weights_only, config (the resolved trainer options), timestamp
+ * (every cm_timestamp field), max_duration, schedulers, optimizer {kind, groups}, dataloaders
+ * {train: {epoch, position}, <eval label>: {...}}, rng {seed, dropout: [{module, seed, stream,
+ * counter}]}, trainer {microbatch_size, total_loss, ...}, algorithms / callbacks: [{name, state}],
+ * loss_scaler (null: there is no fp16 loss scaling here), and files: {"model.safetensors":
+ * {size, tensors: {name: {dtype, shape, nbytes, xxh3}}}, ...}. It ends with
+ * `,"manifest_xxh3":"<16 hex digits>"}`: the XXH3-64 of every byte before that comma, so an
+ * edited or torn manifest is detected as surely as a torn tensor.
+ *
+ * Saving (cm_trainer_config.save_folder): the files are written into a temporary directory inside
+ * save_folder, fsync'ed, re-read and checked against their checksums, then the directory is
+ * renamed into place and the folder fsync'ed; only then is the `latest` pointer replaced (write,
+ * fsync, rename) and are old checkpoints rotated out (save_num_checkpoints_to_keep). A crash at
+ * any instant leaves the previous checkpoints and pointer intact. An existing checkpoint of the
+ * same name is replaced only with save_overwrite.
+ *
+ * Loading (load_path, autoresume): the manifest's own checksum, its format version, every file's
+ * size and structure and every tensor's XXH3 are checked before anything in the trainer changes;
+ * a failure names the checkpoint, the file and the tensor. Autoresume takes the newest complete
+ * checkpoint in the folder (highest batch count; `latest` breaks ties and serves tools): a torn,
+ * truncated or corrupt newer one is skipped with a warning that says why, and a missing or stale
+ * pointer does not matter. If checkpoints exist but none is usable, autoresume fails rather than
+ * silently starting over.
+ *
+ * Background saves (save_async): at the save point the tensors are copied into one staging
+ * buffer (bounded by save_async_max_bytes; a larger state is saved synchronously) and a thread
+ * does the rest while training continues. One save runs at a time (a new save first waits for
+ * the previous one), so the extra host memory is at most one snapshot. A failure is reported by
+ * fit at the next batch, or by cm_trainer_close, with the checkpoint's path.
+ *
+ * Rotation (save_num_checkpoints_to_keep) deletes only checkpoints this trainer saved, after the
+ * new one is committed; a checkpoint is first renamed to a hidden name, so a crash while deleting
+ * never leaves a visible half-deleted checkpoint. Hidden leftovers of killed processes are
+ * removed at the next save in the folder.
+ *
+ *     cm_checkpoint *ck;
+ *     if (cm_checkpoint_open("runs/r1/ckpt/ep1-ba6", &ck) != CM_OK ||   // manifest, sizes, headers
+ *         cm_checkpoint_verify(ck) != CM_OK) {                         // every tensor's XXH3
+ *         fprintf(stderr, "%s\n", cm_last_error());
+ *         cm_checkpoint_close(ck);
+ *         return 1;
+ *     }
+ *     printf("batch %lld\n", (long long)cm_checkpoint_timestamp(ck)->batch);
+ *     cm_checkpoint_export_model(ck, "model.safetensors");              // a verified copy
+ *     cm_checkpoint_close(ck);
+ *
+ * Threading: a cm_checkpoint belongs to one thread at a time. The search functions are
+ * thread-safe.
+ */
+#ifndef COMPOSER_CHECKPOINT_H
+#define COMPOSER_CHECKPOINT_H
+
+#include <composer/safetensors.h>
+#include <composer/time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The manifest format this library writes and reads. */
+#define CM_CKPT_FORMAT_VERSION 1
+
+#define CM_CKPT_MANIFEST "manifest.json"
+#define CM_CKPT_MODEL_FILE "model.safetensors"
+#define CM_CKPT_OPTIM_FILE "optimizer.safetensors"
+#define CM_CKPT_LATEST_DEFAULT "latest"
+#define CM_CKPT_FILENAME_DEFAULT "ep{epoch}-ba{batch}"
+
+typedef struct cm_checkpoint cm_checkpoint;
+
+/* Opens the checkpoint directory at `path` (or, when `path` is a folder with a `latest` pointer
+ * and no manifest, the checkpoint the pointer names) and checks its structure: the manifest's
+ * checksum and JSON, its format version, that every listed file exists with the listed size, is a
+ * valid safetensors file and holds exactly the listed tensors with the listed dtypes and shapes.
+ * Tensor bytes are not hashed here (see cm_checkpoint_verify). On success *out owns read-only
+ * mappings of the files (free with cm_checkpoint_close).
+ * Errors: CM_ERR_NOT_FOUND (no such directory or no manifest.json: "not a checkpoint"),
+ * CM_ERR_UNSUPPORTED (another format version: the message gives both versions and what to do),
+ * CM_ERR_FORMAT (a torn, truncated or edited manifest or file; a missing or extra file or
+ * tensor — naming the checkpoint, the file and the tensor), CM_ERR_IO, CM_ERR_OOM. */
+cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out);
+
+/* Hashes every tensor and compares with the manifest. Errors: CM_ERR_FORMAT naming the
+ * checkpoint, file and tensor whose bytes changed. */
+cm_status cm_checkpoint_verify(cm_checkpoint *ck);
+
+/* Unmaps and frees. NULL is a no-op. */
+void cm_checkpoint_close(cm_checkpoint *ck);
+
+/* The directory (as opened, after following a pointer). Borrowed until close. */
+const char *cm_checkpoint_path(const cm_checkpoint *ck);
+/* The manifest's text and its root object's fields. Borrowed until close. */
+const char *cm_checkpoint_manifest(const cm_checkpoint *ck);
+const char *cm_checkpoint_run_name(const cm_checkpoint *ck);
+const cm_timestamp *cm_checkpoint_timestamp(const cm_checkpoint *ck);
+bool cm_checkpoint_weights_only(const cm_checkpoint *ck);
+/* XXH3-64 of the manifest's "config" object as written (two runs with the same options agree). */
+uint64_t cm_checkpoint_config_digest(const cm_checkpoint *ck);
+
+/* One tensor as the manifest lists it. Strings borrowed until close. */
+typedef struct cm_ckpt_tensor {
+    const char *file; /* "model.safetensors" */
+    const char *name; /* "0.weight" */
+    cm_st_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    uint64_t nbytes;
+    uint64_t xxh3;
+} cm_ckpt_tensor;
+
+/* The number of tensors over all files, and tensor i (files in manifest order, tensors by name).
+ * Errors: CM_ERR_INVALID_ARG for a bad index. */
+size_t cm_checkpoint_n_tensors(const cm_checkpoint *ck);
+cm_status cm_checkpoint_tensor(const cm_checkpoint *ck, size_t i, cm_ckpt_tensor *out);
+/* The open file called `file` ("model.safetensors"), or NULL when the checkpoint has none. */
+const cm_safetensors *cm_checkpoint_file(const cm_checkpoint *ck, const char *file);
+
+/* Verifies the model tensors and writes model.safetensors to `out_path` (atomically, the same
+ * bytes: any safetensors reader loads it). Errors: cm_checkpoint_verify's, the writer's
+ * (CM_ERR_IO naming the path). */
+cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path);
+
+/* Writes a human-readable summary (path, format, library, run, timestamp, config digest, files,
+ * tensors with dtype, shape and bytes) into buf (cap bytes, always NUL-terminated); returns the
+ * length the whole text needs, as snprintf. */
+size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap);
+
+/* What a search for the newest complete checkpoint found. */
+typedef struct cm_checkpoint_search {
+    char path[4096];     /* the chosen checkpoint ("" when none) */
+    int n_rejected;      /* unusable candidates (damaged checkpoints, a stale pointer) */
+    char rejected[2048]; /* "<name>: <reason>; ..." (truncated with "...") */
+} cm_checkpoint_search;
+
+/* Finds the newest complete checkpoint in `folder`: every checkpoint directory (hidden names —
+ * saves in progress — excluded) is opened, and they are tried from the highest batch count down
+ * (ties: the one the pointer file `latest_name` names, NULL = "latest"); the first that opens and
+ * verifies wins. Each unusable candidate (and a pointer naming a missing checkpoint) is logged
+ * (warn) with its reason and listed in out->rejected. Folders with neither manifest.json nor
+ * model.safetensors are not candidates. Errors: CM_ERR_NOT_FOUND when the folder does not exist
+ * or holds no complete checkpoint (the message lists the rejected ones), CM_ERR_OOM. Thread-safe. */
+cm_status cm_checkpoint_find_latest(const char *folder, const char *latest_name, cm_checkpoint_search *out);
+
+/* Expands a save_filename pattern: {epoch}, {batch}, {sample}, {token}, {run_name} and {rank}
+ * (Composer's placeholders) into buf (cap bytes). Errors: CM_ERR_INVALID_ARG for an unknown
+ * placeholder, an unclosed brace, a '/' or a name that is empty, "." or "..", or too long. */
+cm_status cm_checkpoint_format_name(const char *pattern, const cm_timestamp *ts, const char *run_name, int rank,
+                                    char *buf, size_t cap);
+
+/* The process exit status for a run that ended with `s`: 0 for CM_OK, 128 + signal for a run
+ * interrupted by that signal (CM_ERR_INTERRUPTED; see cm_trainer_interrupted_signal in
+ * trainer.h), 1 otherwise. */
+int cm_exit_status(cm_status s, int signal);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMPOSER_CHECKPOINT_H */

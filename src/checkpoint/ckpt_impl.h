@@ -1,0 +1,132 @@
+/* Private pieces of the checkpoint layer: file-system helpers, manifest JSON helpers, and the
+ * trainer's saver (options, the background writer, rotation). Not installed. */
+#ifndef CM_CKPT_IMPL_H
+#define CM_CKPT_IMPL_H
+
+#include <composer/checkpoint.h>
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "trainer/trainer_impl.h"
+
+/* ---- file system (fsutil.c) ---- */
+
+/* "<a>/<b>" into a new cm_alloc string (NULL + CM_ERR_OOM). */
+char *cmi_path_join(const char *a, const char *b);
+/* Writes `n` bytes to `path` (created or truncated, mode 0644) and fsyncs it. CM_ERR_IO naming the
+ * path, the step and strerror. */
+cm_status cmi_write_file_sync(const char *path, const void *data, size_t n);
+/* Atomically replaces `path` with `n` bytes: "<path>.tmp-<pid>", fsync, rename, fsync of the folder. */
+cm_status cmi_write_file_atomic(const char *path, const void *data, size_t n);
+/* fsyncs a directory (errors EINVAL/EROFS are ignored: file systems that cannot). */
+cm_status cmi_fsync_dir(const char *path);
+/* Reads a whole file into a new NUL-terminated cm_alloc buffer. CM_ERR_NOT_FOUND if absent,
+ * CM_ERR_IO otherwise; refuses files above max bytes (CM_ERR_FORMAT). */
+cm_status cmi_read_file(const char *path, size_t max, char **out, size_t *len);
+/* rm -rf of a directory we created (files and sub-directories). Best effort; returns false on a
+ * failure (errno kept). */
+bool cmi_remove_tree(const char *path);
+/* mkdir -p. CM_ERR_IO naming the component that failed. */
+cm_status cmi_mkdirs(const char *path);
+bool cmi_is_dir(const char *path);
+
+/* ---- manifest (manifest.c) ---- */
+
+/* The manifest's closing: `,"manifest_xxh3":"<16 hex>"}` + newline. */
+#define CMI_MANIFEST_KEY "\"manifest_xxh3\""
+
+/* Serializes `root` (formatted) with the trailing checksum field. *out is cm_alloc'ed. */
+cm_status cmi_manifest_serialize(const cJSON *root, char **out, size_t *len);
+/* Checks the trailing checksum and parses. `label` names the file in messages. */
+cm_status cmi_manifest_parse(const char *text, size_t len, const char *label, cJSON **out);
+
+cJSON *cmi_json_u64(uint64_t v); /* a decimal string: JSON numbers lose bits above 2^53 */
+bool cmi_json_get_u64(const cJSON *o, const char *key, uint64_t *out);
+bool cmi_json_get_i64(const cJSON *o, const char *key, int64_t *out);
+bool cmi_json_get_double(const cJSON *o, const char *key, double *out); /* null reads as NaN */
+cJSON *cmi_timestamp_to_json(const cm_timestamp *ts);
+bool cmi_timestamp_from_json(const cJSON *o, cm_timestamp *ts);
+
+/* ---- the trainer's saver (trainer_ckpt.c) ---- */
+
+/* One tensor to write: borrowed name, bytes (borrowed or in the job's staging copy). */
+typedef struct cmi_ck_tensor {
+    const char *name;
+    cm_st_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    const void *data;
+    size_t nbytes;
+} cmi_ck_tensor;
+
+#define CMI_CK_MAX_FILES 2
+
+/* One save: what to write and where. Owned by the saver while it runs. */
+typedef struct cmi_ck_job {
+    char *folder;   /* where the checkpoint directory goes */
+    char *name;     /* its name inside folder */
+    bool overwrite;
+    bool update_pointer; /* write the latest pointer and rotate */
+    cJSON *manifest;     /* without "files" (added when hashed) */
+    const char *fnames[CMI_CK_MAX_FILES];
+    cmi_ck_tensor *tensors[CMI_CK_MAX_FILES];
+    int n_tensors[CMI_CK_MAX_FILES];
+    int n_files;
+    void *staging; /* the async snapshot (owned) */
+    size_t staging_bytes;
+} cmi_ck_job;
+
+typedef struct cmi_ckpt {
+    /* options (copied) */
+    char *save_folder; /* NULL = no saving */
+    char *save_filename, *save_latest_filename;
+    cm_time save_interval;
+    bool save_overwrite, save_weights_only, save_async, handle_signals, autoresume;
+    int keep;
+    size_t async_max_bytes;
+    char *load_path;
+    bool load_weights_only, load_strict;
+    char **ignore_keys, **exclude_algs;
+    int n_ignore_keys, n_exclude_algs;
+    cJSON *config_json; /* the resolved options for manifests */
+
+    /* saving */
+    int64_t last_saved_batch;    /* ts.batch of the last save (-1 none) */
+    int64_t last_saved_epoch;
+    char **kept;                 /* committed checkpoints of this trainer, oldest first */
+    int n_kept, cap_kept;
+    char *last_path;             /* the last committed checkpoint */
+    char *resumed_from;          /* what autoresume / load_path loaded */
+    bool warned_async_size;
+
+    /* the background writer */
+    pthread_t thread;
+    bool running;
+    atomic_bool done;
+    cmi_ck_job *job;
+    cm_status job_status;
+    char job_msg[1536];
+} cmi_ckpt;
+
+cm_status cmi_ckpt_validate(const cm_trainer_config *c);
+cm_status cmi_ckpt_new(cm_trainer *tr, const cm_trainer_config *c);
+void cmi_ckpt_free(cm_trainer *tr);
+/* Autoresume / load_path, between BEFORE_LOAD and AFTER_LOAD. */
+cm_status cmi_ckpt_load_start(cm_trainer *tr);
+/* After BATCH_CHECKPOINT / EPOCH_CHECKPOINT: reports an earlier background failure, then saves
+ * if the interval (or the end of training) says so. prev: the timestamp before the batch/epoch. */
+cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev);
+/* Saves now into save_folder (a no-op without one, or when this batch is already saved). */
+cm_status cmi_ckpt_save_now(cm_trainer *tr);
+/* Waits for a background save and returns its failure. */
+cm_status cmi_ckpt_wait(cm_trainer *tr);
+bool cmi_ckpt_handles_signals(const cm_trainer *tr);
+
+/* The job's work, on whichever thread: hash, write into a temporary directory, verify, commit,
+ * point, rotate. */
+cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job);
+void cmi_ck_job_free(cmi_ck_job *job);
+
+#endif

@@ -1,0 +1,529 @@
+/* Reading checkpoints: open (manifest checksum, version, files, sizes, tensor lists), verify
+ * (every tensor's XXH3), export, summary; the search for the newest complete checkpoint; save
+ * name patterns; exit statuses. */
+#define _GNU_SOURCE
+#include "checkpoint/ckpt_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CMI_MANIFEST_MAX (64u << 20)
+#define CMI_MAX_FILES 16
+
+typedef struct ck_file {
+    char *name;
+    char *path;
+    cm_safetensors *st;
+    uint64_t size;
+} ck_file;
+
+struct cm_checkpoint {
+    char *path;
+    char *text;
+    size_t len;
+    cJSON *root;
+    const char *run_name;
+    cm_timestamp ts;
+    bool weights_only;
+    uint64_t config_digest;
+    ck_file files[CMI_MAX_FILES];
+    int n_files;
+    cm_ckpt_tensor *tensors;
+    size_t n_tensors;
+};
+
+void cm_checkpoint_close(cm_checkpoint *ck) {
+    if (!ck) return;
+    for (int i = 0; i < ck->n_files; i++) {
+        cm_safetensors_close(ck->files[i].st);
+        cm_free(ck->files[i].name);
+        cm_free(ck->files[i].path);
+    }
+    cJSON_Delete(ck->root);
+    cm_free(ck->text);
+    cm_free(ck->tensors);
+    cm_free(ck->path);
+    cm_free(ck);
+}
+
+/* A name a checkpoint may use for itself or its files: no '/', not hidden, not empty. */
+static bool plain_name(const char *s) {
+    return s && s[0] && s[0] != '.' && !strchr(s, '/') && strlen(s) < 256;
+}
+
+static cm_status fail(cm_checkpoint *ck, cm_status s) {
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", cm_last_error());
+    cm_checkpoint_close(ck);
+    return cm_set_error(s, "%s", msg);
+}
+
+/* Reads the pointer file: the checkpoint name it holds (trimmed). */
+static cm_status read_pointer(const char *folder, const char *latest_name, char *name, size_t cap) {
+    char *pp = cmi_path_join(folder, latest_name ? latest_name : CM_CKPT_LATEST_DEFAULT);
+    if (!pp) return CM_ERR_OOM;
+    char *txt;
+    size_t n;
+    cm_status s = cmi_read_file(pp, 4096, &txt, &n);
+    if (s) {
+        cm_free(pp);
+        return s;
+    }
+    while (n && (txt[n - 1] == '\n' || txt[n - 1] == '\r' || txt[n - 1] == ' ')) txt[--n] = 0;
+    if (!plain_name(txt) || n >= cap) s = cm_set_error(CM_ERR_FORMAT, "pointer '%s' holds '%.80s', not a checkpoint name", pp, txt);
+    else memcpy(name, txt, n + 1);
+    cm_free(txt);
+    cm_free(pp);
+    return s;
+}
+
+static cm_status parse_files(cm_checkpoint *ck, const char *path) {
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(ck->root, "files");
+    if (!cJSON_IsObject(files))
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest has no \"files\" object", path);
+    size_t total = 0;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, files) {
+        const cJSON *ts = cJSON_GetObjectItemCaseSensitive(f, "tensors");
+        if (!cJSON_IsObject(ts))
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file entry '%s' has no \"tensors\" object", path,
+                                f->string);
+        total += (size_t)cJSON_GetArraySize(ts);
+    }
+    ck->tensors = cm_alloc_zeroed(sizeof *ck->tensors * (total ? total : 1), 16);
+    if (!ck->tensors) return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
+    cJSON_ArrayForEach(f, files) {
+        if (ck->n_files == CMI_MAX_FILES)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': more than %d files listed", path, CMI_MAX_FILES);
+        if (!plain_name(f->string))
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file name '%.80s' is not a plain name", path, f->string);
+        ck_file *cf = &ck->files[ck->n_files++];
+        cf->name = cm_alloc(strlen(f->string) + 1, 1);
+        cf->path = cmi_path_join(path, f->string);
+        if (!cf->name || !cf->path) return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
+        strcpy(cf->name, f->string);
+        int64_t size;
+        if (!cmi_json_get_i64(f, "size", &size) || size < 0)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file '%s' has no valid size in the manifest", path,
+                                cf->name);
+        cf->size = (uint64_t)size;
+        struct stat sb;
+        if (stat(cf->path, &sb) != 0)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' is incomplete: '%s' is missing (%s)", path, cf->name,
+                                strerror(errno));
+        if ((uint64_t)sb.st_size != cf->size)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' has %lld bytes but the manifest says %" PRIu64
+                                               " (truncated or overwritten)",
+                                path, cf->name, (long long)sb.st_size, cf->size);
+        cm_status s = cm_safetensors_open(cf->path, &cf->st);
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' is damaged: %s", path, cf->name, msg);
+        }
+        const cJSON *tl = cJSON_GetObjectItemCaseSensitive(f, "tensors");
+        if ((size_t)cJSON_GetArraySize(tl) != cm_safetensors_count(cf->st))
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' holds %zu tensors but the manifest lists %d", path,
+                                cf->name, cm_safetensors_count(cf->st), cJSON_GetArraySize(tl));
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tl) {
+            cm_ckpt_tensor *ct = &ck->tensors[ck->n_tensors++];
+            ct->file = cf->name;
+            ct->name = t->string;
+            const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+            const cJSON *sh = cJSON_GetObjectItemCaseSensitive(t, "shape");
+            int64_t nb;
+            uint64_t h = 0;
+            const cJSON *hx = cJSON_GetObjectItemCaseSensitive(t, "xxh3");
+            char *end = NULL;
+            if (cJSON_IsString(hx)) h = strtoull(hx->valuestring, &end, 16);
+            if (!cJSON_IsString(dt) || cm_st_dtype_parse(dt->valuestring, &ct->dtype) || !cJSON_IsArray(sh) ||
+                cJSON_GetArraySize(sh) > CM_MAX_DIMS || !cmi_json_get_i64(t, "nbytes", &nb) || nb < 0 || !end ||
+                *end || strlen(hx->valuestring) != 16)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest entry of tensor '%s' in '%s' is "
+                                                   "malformed (dtype, shape, nbytes, xxh3 needed)",
+                                    path, ct->name, cf->name);
+            ct->nbytes = (uint64_t)nb;
+            ct->xxh3 = h;
+            ct->ndim = cJSON_GetArraySize(sh);
+            for (int d = 0; d < ct->ndim; d++) {
+                const cJSON *e = cJSON_GetArrayItem(sh, d);
+                ct->shape[d] = cJSON_IsNumber(e) ? (int64_t)e->valuedouble : -1;
+            }
+            const cm_st_tensor *ft = cm_safetensors_find(cf->st, ct->name);
+            bool same = ft && ft->dtype == ct->dtype && ft->ndim == ct->ndim && ft->nbytes == ct->nbytes;
+            for (int d = 0; same && d < ct->ndim; d++) same = ft->shape[d] == ct->shape[d];
+            if (!same)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' %s", path, ct->name, cf->name,
+                                    ft ? "differs from the manifest (dtype, shape or size)" : "is missing");
+        }
+    }
+    return CM_OK;
+}
+
+cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
+    if (!path || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_open: NULL %s", path ? "out" : "path");
+    *out = NULL;
+    cm_checkpoint *ck = cm_alloc_zeroed(sizeof *ck, 16);
+    if (!ck) return cm_set_error(CM_ERR_OOM, "cm_checkpoint_open: out of memory");
+    if (!cmi_is_dir(path)) {
+        cm_checkpoint_close(ck);
+        return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' does not exist (or is not a folder)", path);
+    }
+    char *mp = cmi_path_join(path, CM_CKPT_MANIFEST);
+    if (!mp) return fail(ck, CM_ERR_OOM);
+    struct stat sb;
+    if (stat(mp, &sb) != 0) {
+        /* a save folder: follow its pointer */
+        char name[256];
+        cm_free(mp);
+        if (read_pointer(path, NULL, name, sizeof name) == CM_OK) {
+            char *p2 = cmi_path_join(path, name);
+            cm_checkpoint_close(ck);
+            if (!p2) return CM_ERR_OOM;
+            cm_status s = cmi_is_dir(p2) ? cm_checkpoint_open(p2, out)
+                                         : cm_set_error(CM_ERR_NOT_FOUND, "'%s/latest' names '%s', which does not exist",
+                                                        path, name);
+            cm_free(p2);
+            return s;
+        }
+        cm_checkpoint_close(ck);
+        return cm_set_error(CM_ERR_NOT_FOUND, "'%s' is not a checkpoint: it has no %s (and no latest pointer)", path,
+                            CM_CKPT_MANIFEST);
+    }
+    ck->path = cm_alloc(strlen(path) + 1, 1);
+    if (!ck->path) {
+        cm_free(mp);
+        return fail(ck, CM_ERR_OOM);
+    }
+    strcpy(ck->path, path);
+    cm_status s = cmi_read_file(mp, CMI_MANIFEST_MAX, &ck->text, &ck->len);
+    if (!s) {
+        char label[4200];
+        snprintf(label, sizeof label, "checkpoint '%s': %s", path, CM_CKPT_MANIFEST);
+        s = cmi_manifest_parse(ck->text, ck->len, label, &ck->root);
+    }
+    cm_free(mp);
+    if (s) return fail(ck, s == CM_ERR_NOT_FOUND ? CM_ERR_FORMAT : s);
+
+    int64_t ver;
+    if (!cmi_json_get_i64(ck->root, "format_version", &ver)) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest has no format_version", path);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    if (ver != CM_CKPT_FORMAT_VERSION) {
+        const cJSON *lib = cJSON_GetObjectItemCaseSensitive(ck->root, "library");
+        const cJSON *lv = cJSON_GetObjectItemCaseSensitive(lib, "version");
+        const char *wrote = cJSON_IsString(lv) ? lv->valuestring : "?";
+        if (ver > CM_CKPT_FORMAT_VERSION)
+            cm_set_error(CM_ERR_UNSUPPORTED, "checkpoint '%s' has format version %lld (written by composer %s); this "
+                                             "library (composer %s) reads version %d: upgrade composer to load it",
+                         path, (long long)ver, wrote, cm_version(), CM_CKPT_FORMAT_VERSION);
+        else
+            cm_set_error(CM_ERR_UNSUPPORTED, "checkpoint '%s' has the old format version %lld (written by composer "
+                                             "%s); this library (composer %s) reads version %d: load it with the "
+                                             "composer that wrote it and export the weights (composer ckpt export), "
+                                             "then start from them",
+                         path, (long long)ver, wrote, cm_version(), CM_CKPT_FORMAT_VERSION);
+        return fail(ck, CM_ERR_UNSUPPORTED);
+    }
+    const cJSON *rn = cJSON_GetObjectItemCaseSensitive(ck->root, "run_name");
+    ck->run_name = cJSON_IsString(rn) ? rn->valuestring : "";
+    if (!cmi_timestamp_from_json(cJSON_GetObjectItemCaseSensitive(ck->root, "timestamp"), &ck->ts)) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest's timestamp is missing or malformed", path);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    ck->weights_only = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ck->root, "weights_only"));
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(ck->root, "config");
+    char *ct = cfg ? cJSON_PrintUnformatted(cfg) : NULL;
+    ck->config_digest = ct ? cm_hash64(ct, strlen(ct), 0) : 0;
+    cJSON_free(ct);
+    if ((s = parse_files(ck, path))) return fail(ck, s);
+    if (!cm_checkpoint_file(ck, CM_CKPT_MODEL_FILE)) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest lists no %s", path, CM_CKPT_MODEL_FILE);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    *out = ck;
+    return CM_OK;
+}
+
+cm_status cm_checkpoint_verify(cm_checkpoint *ck) {
+    if (!ck) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_verify: NULL checkpoint");
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const cm_ckpt_tensor *t = &ck->tensors[i];
+        const cm_st_tensor *ft = cm_safetensors_find(cm_checkpoint_file(ck, t->file), t->name);
+        if (!ft) return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' vanished", ck->path, t->name);
+        uint64_t h = cm_hash64(ft->data, ft->nbytes, 0);
+        if (h != t->xxh3)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' is corrupt (XXH3 %016" PRIx64
+                                               ", the manifest says %016" PRIx64 ")",
+                                ck->path, t->name, t->file, h, t->xxh3);
+    }
+    return CM_OK;
+}
+
+const char *cm_checkpoint_path(const cm_checkpoint *ck) { return ck->path; }
+const char *cm_checkpoint_manifest(const cm_checkpoint *ck) { return ck->text; }
+const char *cm_checkpoint_run_name(const cm_checkpoint *ck) { return ck->run_name; }
+const cm_timestamp *cm_checkpoint_timestamp(const cm_checkpoint *ck) { return &ck->ts; }
+bool cm_checkpoint_weights_only(const cm_checkpoint *ck) { return ck->weights_only; }
+uint64_t cm_checkpoint_config_digest(const cm_checkpoint *ck) { return ck->config_digest; }
+size_t cm_checkpoint_n_tensors(const cm_checkpoint *ck) { return ck->n_tensors; }
+
+cm_status cm_checkpoint_tensor(const cm_checkpoint *ck, size_t i, cm_ckpt_tensor *out) {
+    if (!ck || i >= ck->n_tensors)
+        return cm_set_error(CM_ERR_INVALID_ARG, "checkpoint tensor %zu: out of range (%zu tensors)", i,
+                            ck ? ck->n_tensors : 0);
+    *out = ck->tensors[i];
+    return CM_OK;
+}
+
+const cm_safetensors *cm_checkpoint_file(const cm_checkpoint *ck, const char *file) {
+    for (int i = 0; ck && file && i < ck->n_files; i++)
+        if (!strcmp(ck->files[i].name, file)) return ck->files[i].st;
+    return NULL;
+}
+
+/* cJSON item of the manifest root, for the trainer's loader. */
+const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck);
+const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck) { return ck->root; }
+
+cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path) {
+    if (!ck || !out_path) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_export_model: NULL argument");
+    const cm_safetensors *st = cm_checkpoint_file(ck, CM_CKPT_MODEL_FILE);
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const cm_ckpt_tensor *t = &ck->tensors[i];
+        if (strcmp(t->file, CM_CKPT_MODEL_FILE)) continue;
+        const cm_st_tensor *ft = cm_safetensors_find(st, t->name);
+        if (cm_hash64(ft->data, ft->nbytes, 0) != t->xxh3)
+            return cm_set_error(CM_ERR_FORMAT, "export: checkpoint '%s': tensor '%s' is corrupt (checksum mismatch)",
+                                ck->path, t->name);
+    }
+    /* the same bytes: the file was written by the reference-exact writer */
+    char *src;
+    size_t n;
+    char *sp = cmi_path_join(ck->path, CM_CKPT_MODEL_FILE);
+    if (!sp) return CM_ERR_OOM;
+    cm_status s = cmi_read_file(sp, SIZE_MAX, &src, &n);
+    cm_free(sp);
+    if (s) return s;
+    s = cmi_write_file_atomic(out_path, src, n);
+    cm_free(src);
+    return s;
+}
+
+/* ---- summary ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t cap, len;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->len < b->cap ? b->p + b->len : NULL, b->len < b->cap ? b->cap - b->len : 0, fmt, ap);
+    va_end(ap);
+    if (k > 0) b->len += (size_t)k;
+}
+
+size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
+    sbuf b = {buf, cap, 0};
+    if (buf && cap) buf[0] = 0;
+    const cJSON *lib = cJSON_GetObjectItemCaseSensitive(ck->root, "library");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(lib, "version"), *g = cJSON_GetObjectItemCaseSensitive(lib, "git_commit");
+    const cJSON *cr = cJSON_GetObjectItemCaseSensitive(ck->root, "created");
+    sb_printf(&b, "checkpoint  %s\nformat      %d (composer %s, commit %s), created %s\n", ck->path, CM_CKPT_FORMAT_VERSION,
+              cJSON_IsString(v) ? v->valuestring : "?", cJSON_IsString(g) ? g->valuestring : "?",
+              cJSON_IsString(cr) ? cr->valuestring : "?");
+    sb_printf(&b, "run         %s%s\n", ck->run_name, ck->weights_only ? " (weights only)" : "");
+    sb_printf(&b, "step        epoch %lld, batch %lld (batch %lld of the epoch), samples %lld, tokens %lld\n",
+              (long long)ck->ts.epoch, (long long)ck->ts.batch, (long long)ck->ts.batch_in_epoch,
+              (long long)ck->ts.sample, (long long)ck->ts.token);
+    sb_printf(&b, "config      xxh3 %016" PRIx64 "\n", ck->config_digest);
+    for (int i = 0; i < ck->n_files; i++) {
+        size_t n = 0;
+        for (size_t k = 0; k < ck->n_tensors; k++) n += !strcmp(ck->tensors[k].file, ck->files[i].name);
+        sb_printf(&b, "file        %s: %" PRIu64 " bytes, %zu tensors\n", ck->files[i].name, ck->files[i].size, n);
+    }
+    for (size_t k = 0; k < ck->n_tensors; k++) {
+        const cm_ckpt_tensor *t = &ck->tensors[k];
+        char shape[160] = "";
+        size_t o = 0;
+        for (int d = 0; d < t->ndim && o < sizeof shape; d++)
+            o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        sb_printf(&b, "  %-22s %-40s %-5s (%s) %" PRIu64 " bytes\n", t->file, t->name, cm_st_dtype_name(t->dtype), shape,
+                  t->nbytes);
+    }
+    return b.len;
+}
+
+/* ---- search ---- */
+
+typedef struct cand {
+    char name[256];
+    int64_t batch, epoch;
+    bool pointed;
+} cand;
+
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->batch != y->batch) return x->batch > y->batch ? -1 : 1;
+    if (x->epoch != y->epoch) return x->epoch > y->epoch ? -1 : 1;
+    if (x->pointed != y->pointed) return x->pointed ? -1 : 1;
+    return -strcmp(x->name, y->name);
+}
+
+static void reject(cm_checkpoint_search *out, const char *name, const char *why) {
+    cm_log_msg(CM_LOG_WARN, "checkpoint search: skipping '%s': %s", name, why);
+    out->n_rejected++;
+    size_t n = strlen(out->rejected);
+    if (n + 4 >= sizeof out->rejected) return;
+    int k = snprintf(out->rejected + n, sizeof out->rejected - n, "%s%s: %s", n ? "; " : "", name, why);
+    if (k < 0 || (size_t)k >= sizeof out->rejected - n) strcpy(out->rejected + sizeof out->rejected - 4, "...");
+}
+
+cm_status cm_checkpoint_find_latest(const char *folder, const char *latest_name, cm_checkpoint_search *out) {
+    if (!folder || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_find_latest: NULL argument");
+    memset(out, 0, sizeof *out);
+    DIR *d = opendir(folder);
+    if (!d) return cm_set_error(CM_ERR_NOT_FOUND, "no checkpoint in '%s': %s", folder, strerror(errno));
+    char pointed[256] = "";
+    cm_status ps = read_pointer(folder, latest_name, pointed, sizeof pointed);
+    if (ps && ps != CM_ERR_NOT_FOUND) reject(out, latest_name ? latest_name : CM_CKPT_LATEST_DEFAULT, cm_last_error());
+    cand *cs = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    cm_status s = CM_OK;
+    while ((e = readdir(d))) {
+        if (!plain_name(e->d_name)) continue; /* ".", "..", ".tmp-*" saves in progress */
+        char *p = cmi_path_join(folder, e->d_name);
+        if (!p) {
+            s = CM_ERR_OOM;
+            break;
+        }
+        bool dir = cmi_is_dir(p);
+        cm_checkpoint *ck = NULL;
+        cm_status os = dir ? cm_checkpoint_open(p, &ck) : CM_OK;
+        cm_free(p);
+        if (!dir) continue;
+        if (os) {
+            /* a folder that never was a checkpoint (no manifest, no model file) is not a candidate */
+            char *mp = cmi_path_join(folder, e->d_name), *m1 = mp ? cmi_path_join(mp, CM_CKPT_MANIFEST) : NULL,
+                 *m2 = mp ? cmi_path_join(mp, CM_CKPT_MODEL_FILE) : NULL;
+            const bool looks = m1 && m2 && (access(m1, F_OK) == 0 || access(m2, F_OK) == 0);
+            cm_free(mp);
+            cm_free(m1);
+            cm_free(m2);
+            if (looks) reject(out, e->d_name, cm_last_error());
+            continue;
+        }
+        if (n == cap) {
+            int nc = cap ? 2 * cap : 8;
+            cand *ncs = cm_alloc(sizeof *ncs * (size_t)nc, 16);
+            if (!ncs) {
+                cm_checkpoint_close(ck);
+                s = CM_ERR_OOM;
+                break;
+            }
+            if (cs) memcpy(ncs, cs, sizeof *cs * (size_t)n);
+            cm_free(cs);
+            cs = ncs, cap = nc;
+        }
+        snprintf(cs[n].name, sizeof cs[n].name, "%s", e->d_name);
+        cs[n].batch = ck->ts.batch;
+        cs[n].epoch = ck->ts.epoch;
+        cs[n].pointed = !strcmp(e->d_name, pointed);
+        n++;
+        cm_checkpoint_close(ck);
+    }
+    closedir(d);
+    if (s) {
+        cm_free(cs);
+        return cm_set_error(s, "checkpoint search in '%s': out of memory", folder);
+    }
+    if (pointed[0] && !ps) {
+        bool seen = false;
+        for (int i = 0; i < n; i++) seen |= cs[i].pointed;
+        char *pp = cmi_path_join(folder, pointed);
+        if (!seen && pp && !cmi_is_dir(pp)) reject(out, pointed, "named by the latest pointer but missing");
+        cm_free(pp);
+    }
+    if (n) qsort(cs, (size_t)n, sizeof *cs, cand_cmp);
+    for (int i = 0; i < n; i++) {
+        char *p = cmi_path_join(folder, cs[i].name);
+        if (!p) break;
+        cm_checkpoint *ck;
+        cm_status vs = cm_checkpoint_open(p, &ck);
+        if (!vs) vs = cm_checkpoint_verify(ck);
+        cm_checkpoint_close(ck);
+        if (!vs) {
+            snprintf(out->path, sizeof out->path, "%s", p);
+            cm_free(p);
+            cm_free(cs);
+            return CM_OK;
+        }
+        reject(out, cs[i].name, cm_last_error());
+        cm_free(p);
+    }
+    cm_free(cs);
+    return cm_set_error(CM_ERR_NOT_FOUND, "no complete checkpoint in '%s'%s%s", folder, out->n_rejected ? "; rejected: " : "",
+                        out->rejected);
+}
+
+/* ---- names ---- */
+
+cm_status cm_checkpoint_format_name(const char *pattern, const cm_timestamp *ts, const char *run_name, int rank,
+                                    char *buf, size_t cap) {
+    if (!pattern || !ts || !buf || cap == 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_format_name: NULL argument");
+    size_t o = 0;
+    for (const char *p = pattern; *p;) {
+        char piece[300];
+        if (*p == '{') {
+            const char *end = strchr(p, '}');
+            if (!end) return cm_set_error(CM_ERR_INVALID_ARG, "save_filename '%s': unclosed '{'", pattern);
+            size_t k = (size_t)(end - p - 1);
+#define IS(w) (k == strlen(w) && !strncmp(p + 1, w, k))
+            if (IS("epoch")) snprintf(piece, sizeof piece, "%lld", (long long)ts->epoch);
+            else if (IS("batch")) snprintf(piece, sizeof piece, "%lld", (long long)ts->batch);
+            else if (IS("sample")) snprintf(piece, sizeof piece, "%lld", (long long)ts->sample);
+            else if (IS("token")) snprintf(piece, sizeof piece, "%lld", (long long)ts->token);
+            else if (IS("rank")) snprintf(piece, sizeof piece, "%d", rank);
+            else if (IS("run_name")) snprintf(piece, sizeof piece, "%s", run_name ? run_name : "");
+            else
+                return cm_set_error(CM_ERR_INVALID_ARG, "save_filename '%s': unknown placeholder '{%.*s}' (use {epoch}, "
+                                                        "{batch}, {sample}, {token}, {run_name} or {rank})",
+                                    pattern, (int)k, p + 1);
+#undef IS
+            p = end + 1;
+        } else {
+            piece[0] = *p++;
+            piece[1] = 0;
+        }
+        size_t k = strlen(piece);
+        if (o + k + 1 > cap || o + k > 255)
+            return cm_set_error(CM_ERR_INVALID_ARG, "save_filename '%s': the name is too long", pattern);
+        memcpy(buf + o, piece, k);
+        o += k;
+    }
+    buf[o] = 0;
+    if (!plain_name(buf))
+        return cm_set_error(CM_ERR_INVALID_ARG, "save_filename '%s' gives '%s': a checkpoint name must be non-empty, "
+                                                "have no '/' and not start with '.'", pattern, buf);
+    return CM_OK;
+}
+
+int cm_exit_status(cm_status s, int signal) {
+    if (s == CM_OK) return 0;
+    if (s == CM_ERR_INTERRUPTED && signal > 0 && signal < 128) return 128 + signal;
+    return 1;
+}

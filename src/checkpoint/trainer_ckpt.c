@@ -1,0 +1,1140 @@
+/* The trainer's checkpoints: options, what a checkpoint holds (the snapshot), the transactional
+ * commit (temporary directory, fsync, verify, rename, pointer, rotation), the background writer,
+ * and loading a checkpoint back into a trainer (autoresume, load_path). */
+#define _GNU_SOURCE
+#include "checkpoint/ckpt_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CM_GIT_COMMIT
+#define CM_GIT_COMMIT "unknown"
+#endif
+
+const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck); /* reader.c */
+
+static char *dup_str(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *p = cm_alloc(n + 1, 1);
+    if (p) memcpy(p, s, n + 1);
+    return p;
+}
+
+static void free_strs(char **v, int n) {
+    for (int i = 0; v && i < n; i++) cm_free(v[i]);
+    cm_free(v);
+}
+
+static cm_status dup_strs(const char *const *src, int n, char ***out) {
+    *out = NULL;
+    if (n <= 0) return CM_OK;
+    char **v = cm_alloc_zeroed(sizeof *v * (size_t)n, 16);
+    if (!v) return CM_ERR_OOM;
+    for (int i = 0; i < n; i++) {
+        if (!src[i] || !(v[i] = dup_str(src[i]))) {
+            free_strs(v, n);
+            return src[i] ? CM_ERR_OOM : cm_set_error(CM_ERR_INVALID_ARG, "a NULL pattern in a load_* list");
+        }
+    }
+    *out = v;
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Options
+ * ------------------------------------------------------------------------------------------- */
+
+static bool has_folder(const cm_trainer_config *c) { return c->save_folder && c->save_folder[0]; }
+
+cm_status cmi_ckpt_validate(const cm_trainer_config *c) {
+    cm_status s;
+    if (c->save_interval_str) {
+        cm_time t;
+        if ((s = cm_time_parse_named("save_interval", c->save_interval_str, &t))) return s;
+    }
+    cm_time iv = c->save_interval;
+    if (c->save_interval_str) cm_time_parse_named("save_interval", c->save_interval_str, &iv);
+    char buf[CM_TIME_STR_MAX];
+    cm_time_to_string(iv, buf, sizeof buf);
+    if (iv.unit == CM_TIME_DURATION ? !(iv.frac > 0 && iv.frac <= 1)
+                                    : (iv.unit == CM_TIME_ITERATION || iv.unit == CM_TIME_SECOND ||
+                                       (unsigned)iv.unit >= CM_TIME_UNIT_COUNT || iv.count <= 0))
+        return cm_set_error(CM_ERR_INVALID_ARG, "save_interval '%s': use a positive count in ep, ba, sp or tok, or a "
+                                                "fraction of the run in (0, 1] dur (e.g. \"1ep\", \"500ba\", \"0.25dur\")",
+                            buf);
+    if (c->save_num_checkpoints_to_keep == 0 || c->save_num_checkpoints_to_keep < -1)
+        return cm_set_error(CM_ERR_INVALID_ARG, "save_num_checkpoints_to_keep %d: use -1 (keep all) or a positive count",
+                            c->save_num_checkpoints_to_keep);
+    if (has_folder(c)) {
+        char name[300];
+        cm_timestamp ts = {0};
+        if ((s = cm_checkpoint_format_name(c->save_filename ? c->save_filename : CM_CKPT_FILENAME_DEFAULT, &ts, "run",
+                                           0, name, sizeof name)))
+            return s;
+        const char *ln = c->save_latest_filename;
+        if (ln && ln[0] && (ln[0] == '.' || strchr(ln, '/')))
+            return cm_set_error(CM_ERR_INVALID_ARG, "save_latest_filename '%s': a plain file name, without '/' and not "
+                                                    "starting with '.' (or \"\" for no pointer)", ln);
+    }
+    if (c->autoresume && (!has_folder(c) || !c->run_name || !c->run_name[0]))
+        return cm_set_error(CM_ERR_INVALID_ARG, "autoresume needs save_folder (where the checkpoints are) and run_name "
+                                                "(set it explicitly, so a restarted run finds its own checkpoints)");
+    if ((c->n_load_ignore_keys < 0 || (c->n_load_ignore_keys && !c->load_ignore_keys)) ||
+        (c->n_load_exclude_algorithms < 0 || (c->n_load_exclude_algorithms && !c->load_exclude_algorithms)))
+        return cm_set_error(CM_ERR_INVALID_ARG, "load_ignore_keys / load_exclude_algorithms: a count without its array");
+    return CM_OK;
+}
+
+cm_status cmi_ckpt_new(cm_trainer *tr, const cm_trainer_config *c) {
+    cmi_ckpt *ck = cm_alloc_zeroed(sizeof *ck, 64);
+    if (!ck) return CM_ERR_OOM;
+    tr->ckpt = ck;
+    ck->save_interval = c->save_interval;
+    if (c->save_interval_str) cm_time_parse_named("save_interval", c->save_interval_str, &ck->save_interval);
+    ck->save_overwrite = c->save_overwrite;
+    ck->save_weights_only = c->save_weights_only;
+    ck->save_async = c->save_async;
+    ck->handle_signals = c->handle_signals;
+    ck->autoresume = c->autoresume;
+    ck->keep = c->save_num_checkpoints_to_keep;
+    ck->async_max_bytes = c->save_async_max_bytes ? c->save_async_max_bytes : ((size_t)1 << 30);
+    ck->load_weights_only = c->load_weights_only;
+    ck->load_strict = c->load_strict_model_weights;
+    ck->last_saved_batch = -1;
+    ck->last_saved_epoch = -1;
+    if (has_folder(c)) {
+        if (!(ck->save_folder = dup_str(c->save_folder)) ||
+            !(ck->save_filename = dup_str(c->save_filename ? c->save_filename : CM_CKPT_FILENAME_DEFAULT)) ||
+            !(ck->save_latest_filename =
+                  dup_str(c->save_latest_filename ? c->save_latest_filename : CM_CKPT_LATEST_DEFAULT)))
+            return CM_ERR_OOM;
+    }
+    if (c->load_path && c->load_path[0] && !(ck->load_path = dup_str(c->load_path))) return CM_ERR_OOM;
+    cm_status s;
+    if ((s = dup_strs(c->load_ignore_keys, c->n_load_ignore_keys, &ck->ignore_keys))) return s;
+    ck->n_ignore_keys = c->n_load_ignore_keys > 0 ? c->n_load_ignore_keys : 0;
+    if ((s = dup_strs(c->load_exclude_algorithms, c->n_load_exclude_algorithms, &ck->exclude_algs))) return s;
+    ck->n_exclude_algs = c->n_load_exclude_algorithms > 0 ? c->n_load_exclude_algorithms : 0;
+    return CM_OK;
+}
+
+void cmi_ckpt_free(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return;
+    if (ck->running && cmi_ckpt_wait(tr) != CM_OK)
+        cm_log_msg(CM_LOG_WARN, "trainer: %s", cm_last_error());
+    cm_free(ck->save_folder);
+    cm_free(ck->save_filename);
+    cm_free(ck->save_latest_filename);
+    cm_free(ck->load_path);
+    free_strs(ck->ignore_keys, ck->n_ignore_keys);
+    free_strs(ck->exclude_algs, ck->n_exclude_algs);
+    free_strs(ck->kept, ck->n_kept);
+    cm_free(ck->last_path);
+    cm_free(ck->resumed_from);
+    cm_free(ck);
+    tr->ckpt = NULL;
+}
+
+bool cmi_ckpt_handles_signals(const cm_trainer *tr) { return tr->ckpt && tr->ckpt->handle_signals; }
+
+/* ---------------------------------------------------------------------------------------------
+ * The manifest of a trainer
+ * ------------------------------------------------------------------------------------------- */
+
+static cJSON *time_json(cm_time t) {
+    char b[CM_TIME_STR_MAX];
+    cm_time_to_string(t, b, sizeof b);
+    return cJSON_CreateString(b);
+}
+
+static cJSON *num_or_null(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+
+static bool add(cJSON *o, const char *k, cJSON *v) {
+    if (!v) return false;
+    if (!cJSON_AddItemToObject(o, k, v)) {
+        cJSON_Delete(v);
+        return false;
+    }
+    return true;
+}
+
+static cJSON *optim_json(const cm_optim *o) {
+    cJSON *j = cJSON_CreateObject(), *groups = cJSON_CreateArray();
+    bool ok = j && groups && add(j, "kind", cJSON_CreateString(cm_optim_kind_name(cm_optim_get_kind(o))));
+    for (int g = 0; ok && g < cm_optim_n_groups(o); g++) {
+        cm_optim_hparams hp;
+        cm_optim_group_get(o, g, &hp);
+        cJSON *h = cJSON_CreateObject();
+        ok = h && cJSON_AddItemToArray(groups, h);
+        ok = ok && add(h, "lr", num_or_null(hp.lr)) && add(h, "weight_decay", num_or_null(hp.weight_decay)) &&
+             add(h, "momentum", num_or_null(hp.momentum)) && add(h, "dampening", num_or_null(hp.dampening)) &&
+             add(h, "nesterov", cJSON_CreateBool(hp.nesterov)) && add(h, "beta1", num_or_null(hp.beta1)) &&
+             add(h, "beta2", num_or_null(hp.beta2)) && add(h, "eps", num_or_null(hp.eps)) &&
+             add(h, "amsgrad", cJSON_CreateBool(hp.amsgrad));
+    }
+    ok = ok && add(j, "groups", groups);
+    if (!ok) {
+        if (j && !cJSON_GetObjectItemCaseSensitive(j, "groups")) cJSON_Delete(groups);
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+static cJSON *sched_json(const cm_sched_config *c) {
+    cJSON *j = cJSON_CreateObject(), *ms = cJSON_CreateArray();
+    bool ok = j && ms;
+    for (int i = 0; ok && i < c->n_milestones; i++) ok = cJSON_AddItemToArray(ms, time_json(c->milestones[i]));
+    ok = ok && add(j, "kind", cJSON_CreateString(cm_sched_kind_name(c->kind))) && add(j, "t_max", time_json(c->t_max)) &&
+         add(j, "t_warmup", time_json(c->t_warmup)) && add(j, "step_size", time_json(c->step_size)) &&
+         add(j, "decay_period", time_json(c->decay_period)) && add(j, "t_0", time_json(c->t_0)) &&
+         add(j, "milestones", ms);
+    if (!ok) cJSON_Delete(ms), ms = NULL;
+    ok = ok && add(j, "gamma", num_or_null(c->gamma)) && add(j, "alpha", num_or_null(c->alpha)) &&
+         add(j, "alpha_i", num_or_null(c->alpha_i)) && add(j, "alpha_f", num_or_null(c->alpha_f)) &&
+         add(j, "power", num_or_null(c->power)) && add(j, "t_mult", num_or_null(c->t_mult)) &&
+         add(j, "scale_warmup", cJSON_CreateBool(c->scale_warmup));
+    if (!ok) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+static cJSON *loader_json(cm_dataloader *dl) {
+    cm_dataloader_state s = cm_dataloader_get_state(dl);
+    const cm_dataloader_config *c = cm_dataloader_get_config(dl);
+    cJSON *j = cJSON_CreateObject();
+    if (!j || !add(j, "epoch", cJSON_CreateNumber((double)s.epoch)) ||
+        !add(j, "position", cJSON_CreateNumber((double)s.position)) ||
+        !add(j, "batch_size", cJSON_CreateNumber((double)c->batch_size)) || !add(j, "seed", cmi_json_u64(c->seed)) ||
+        !add(j, "shuffle", cJSON_CreateBool(c->shuffle))) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* The resolved run configuration (what decides the math), for the manifest and its digest. */
+static cJSON *config_json(cm_trainer *tr) {
+    const cm_state *st = &tr->st;
+    cJSON *j = cJSON_CreateObject(), *sch = cJSON_CreateArray();
+    bool ok = j && sch;
+    for (int i = 0; ok && i < st->n_schedulers; i++) ok = cJSON_AddItemToArray(sch, sched_json(&st->schedulers[i]));
+    char mb[32];
+    if (tr->mb_config == CM_MICROBATCH_AUTO) snprintf(mb, sizeof mb, "auto");
+    else snprintf(mb, sizeof mb, "%lld", (long long)tr->mb_config);
+    ok = ok && add(j, "precision", cJSON_CreateString(cm_precision_name(st->precision))) &&
+         add(j, "device_train_microbatch_size", cJSON_CreateString(mb)) &&
+         add(j, "accumulate_train_batch_on_tokens", cJSON_CreateBool(tr->tokens_weighting)) &&
+         add(j, "seed", cmi_json_u64(st->seed)) && add(j, "scale_schedule_ratio", num_or_null(st->ssr)) &&
+         add(j, "deterministic_mode", cJSON_CreateBool(tr->deterministic)) &&
+         add(j, "optimizer", optim_json(st->optimizer)) && add(j, "schedulers", sch);
+    if (!ok && sch && !cJSON_GetObjectItemCaseSensitive(j, "schedulers")) cJSON_Delete(sch);
+    if (ok && st->train_dl) {
+        cJSON *d = loader_json(st->train_dl);
+        cJSON_DeleteItemFromObject(d, "epoch");
+        cJSON_DeleteItemFromObject(d, "position");
+        ok = add(j, "train_dataloader", d);
+    }
+    if (!ok) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+typedef struct visit_ctx {
+    cJSON *arr;
+    bool ok;
+} visit_ctx;
+
+static bool visit_dropout(cm_module *m, const char *path, int depth, void *data) {
+    visit_ctx *v = data;
+    cm_rng *r = cm_nn_dropout_rng(m);
+    if (!r) return true;
+    cJSON *o = cJSON_CreateObject();
+    v->ok = v->ok && o && cJSON_AddItemToArray(v->arr, o) && add(o, "module", cJSON_CreateString(path)) &&
+            add(o, "seed", cmi_json_u64(r->seed)) && add(o, "stream", cmi_json_u64(r->stream)) &&
+            add(o, "counter", cmi_json_u64(r->counter));
+    return v->ok;
+}
+
+static cm_status plugin_state(const char *kind, const char *name, size_t (*save)(void *, char *, size_t), void *self,
+                              cJSON **out) {
+    *out = NULL;
+    if (!save) {
+        *out = cJSON_CreateObject();
+        return *out ? CM_OK : CM_ERR_OOM;
+    }
+    char small[512];
+    size_t n = save(self, small, sizeof small);
+    char *buf = small;
+    if (n >= sizeof small) {
+        if (!(buf = cm_alloc(n + 1, 1))) return CM_ERR_OOM;
+        save(self, buf, n + 1);
+    }
+    cJSON *j = cJSON_ParseWithLength(buf, n);
+    if (buf != small) cm_free(buf);
+    if (!j)
+        return cm_set_error(CM_ERR_FORMAT, "%s '%s': its save() returned invalid JSON (%zu bytes): checkpoint state "
+                                           "must be a JSON object",
+                            kind, name, n);
+    *out = j;
+    return CM_OK;
+}
+
+static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) {
+    *out = NULL;
+    cm_state *st = &tr->st;
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return CM_ERR_OOM;
+    char created[64];
+    time_t now = time(NULL);
+    struct tm tmv;
+    gmtime_r(&now, &tmv);
+    strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    cJSON *lib = cJSON_CreateObject();
+    bool ok = add(m, "format_version", cJSON_CreateNumber(CM_CKPT_FORMAT_VERSION)) && add(m, "library", lib) &&
+              add(lib, "name", cJSON_CreateString("composer")) && add(lib, "version", cJSON_CreateString(cm_version())) &&
+              add(lib, "git_commit", cJSON_CreateString(CM_GIT_COMMIT)) && add(m, "created", cJSON_CreateString(created)) &&
+              add(m, "run_name", cJSON_CreateString(st->run_name)) &&
+              add(m, "world_size", cJSON_CreateNumber(st->world_size)) && add(m, "rank", cJSON_CreateNumber(st->rank)) &&
+              add(m, "weights_only", cJSON_CreateBool(weights_only)) && add(m, "config", config_json(tr)) &&
+              add(m, "timestamp", cmi_timestamp_to_json(&st->ts)) && add(m, "max_duration", time_json(st->max_duration));
+    if (!ok && lib && !cJSON_GetObjectItemCaseSensitive(m, "library")) cJSON_Delete(lib);
+
+    cJSON *dls = ok ? cJSON_CreateObject() : NULL;
+    ok = ok && add(m, "dataloaders", dls);
+    if (ok && st->train_dl) ok = add(dls, "train", loader_json(st->train_dl));
+    for (int i = 0; ok && i < tr->n_evals; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(dls, tr->evals[i].label))
+            ok = add(dls, tr->evals[i].label, loader_json(tr->evals[i].dl));
+
+    cJSON *rng = ok ? cJSON_CreateObject() : NULL, *drop = ok ? cJSON_CreateArray() : NULL;
+    ok = ok && add(m, "rng", rng) && add(rng, "seed", cmi_json_u64(st->seed));
+    if (ok && !add(rng, "dropout", drop)) ok = false, drop = NULL;
+    if (ok) {
+        visit_ctx v = {drop, true};
+        cm_module_visit(cm_model_module(st->model), visit_dropout, &v);
+        ok = v.ok;
+    } else if (drop && !cJSON_GetObjectItemCaseSensitive(rng, "dropout")) {
+        cJSON_Delete(drop);
+    }
+    cJSON *trn = ok ? cJSON_CreateObject() : NULL;
+    ok = ok && add(m, "trainer", trn) && add(trn, "microbatch_size", cJSON_CreateNumber((double)st->microbatch_size)) &&
+         add(trn, "total_loss", num_or_null(st->total_loss)) && add(trn, "lr_multiplier", num_or_null(st->lr_multiplier)) &&
+         add(trn, "last_eval_batch", cJSON_CreateNumber((double)tr->last_eval_batch)) &&
+         add(m, "loss_scaler", cJSON_CreateNull());
+    if (ok && !weights_only) ok = add(m, "optimizer", optim_json(st->optimizer));
+    if (ok) {
+        cJSON *sch = cJSON_CreateArray();
+        ok = add(m, "schedulers", sch);
+        for (int i = 0; ok && i < st->n_schedulers; i++) ok = cJSON_AddItemToArray(sch, sched_json(&st->schedulers[i]));
+    }
+    if (!ok) {
+        cJSON_Delete(m);
+        return cm_set_error(CM_ERR_OOM, "checkpoint manifest: out of memory");
+    }
+    /* plugins */
+    cJSON *algs = cJSON_CreateArray(), *cbs = cJSON_CreateArray();
+    if (!add(m, "algorithms", algs) || !add(m, "callbacks", cbs)) {
+        if (!cJSON_GetObjectItemCaseSensitive(m, "callbacks")) cJSON_Delete(cbs);
+        cJSON_Delete(m);
+        return cm_set_error(CM_ERR_OOM, "checkpoint manifest: out of memory");
+    }
+    cm_status s = CM_OK;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(tr->engine); i++) {
+        cm_algorithm *a = cm_engine_algorithm(tr->engine, i);
+        cJSON *state, *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(algs, o)) {
+            cJSON_Delete(o);
+            s = CM_ERR_OOM;
+            break;
+        }
+        if ((s = plugin_state("algorithm", cm_algorithm_name(a), cm_algorithm_vtable(a)->save, cm_algorithm_self(a),
+                              &state)))
+            break;
+        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) s = CM_ERR_OOM;
+    }
+    for (int i = 0; !s && i < cm_engine_n_callbacks(tr->engine); i++) {
+        cm_callback_plugin p = cm_engine_callback(tr->engine, i);
+        cJSON *state, *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(cbs, o)) {
+            cJSON_Delete(o);
+            s = CM_ERR_OOM;
+            break;
+        }
+        if ((s = plugin_state("callback", p.vt->name, p.vt->save, p.self, &state))) break;
+        if (!add(o, "name", cJSON_CreateString(p.vt->name)) || !add(o, "state", state)) s = CM_ERR_OOM;
+    }
+    if (s) {
+        cJSON_Delete(m);
+        return s == CM_ERR_OOM ? cm_set_error(s, "checkpoint manifest: out of memory") : s;
+    }
+    *out = m;
+    return CM_OK;
+}
+
+static atomic_int g_tmp_counter; /* names of temporary directories */
+
+/* ---------------------------------------------------------------------------------------------
+ * The snapshot: which tensors, borrowed or copied
+ * ------------------------------------------------------------------------------------------- */
+
+void cmi_ck_job_free(cmi_ck_job *job) {
+    if (!job) return;
+    cm_free(job->folder);
+    cm_free(job->name);
+    cJSON_Delete(job->manifest);
+    for (int i = 0; i < CMI_CK_MAX_FILES; i++) cm_free(job->tensors[i]);
+    cm_free(job->staging);
+    cm_free(job);
+}
+
+static void set_tensor(cmi_ck_tensor *t, const char *name, const cm_tensor *x) {
+    t->name = name;
+    t->dtype = cm_st_dtype_from_cm(cm_tensor_dtype(x));
+    t->ndim = cm_tensor_ndim(x);
+    memcpy(t->shape, cm_tensor_shape(x), sizeof(int64_t) * (size_t)t->ndim);
+    t->data = cm_tensor_data(x);
+    t->nbytes = cm_tensor_nbytes(x);
+}
+
+static cm_status build_job(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool async,
+                           cmi_ck_job **out) {
+    *out = NULL;
+    cmi_ckpt *ck = tr->ckpt;
+    const bool weights_only = ck->save_weights_only;
+    cmi_ck_job *job = cm_alloc_zeroed(sizeof *job, 16);
+    if (!job) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    job->folder = dup_str(folder);
+    job->name = dup_str(name);
+    job->overwrite = ck->save_overwrite;
+    job->update_pointer = update_pointer;
+    cm_status s = (!job->folder || !job->name) ? cm_set_error(CM_ERR_OOM, "checkpoint: out of memory") : CM_OK;
+    if (!s) s = build_manifest(tr, weights_only, &job->manifest);
+    cm_module *root = cm_model_module(tr->st.model);
+    if (!s) {
+        int64_t np = cm_module_n_params(root), nb = cm_module_n_buffers(root);
+        job->fnames[0] = CM_CKPT_MODEL_FILE;
+        job->tensors[0] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)(np + nb + 1), 16);
+        if (!job->tensors[0]) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        for (int64_t i = 0; !s && i < np; i++) {
+            cm_param_info pi = cm_module_param_info(root, i);
+            set_tensor(&job->tensors[0][job->n_tensors[0]++], pi.name, pi.tensor);
+        }
+        for (int64_t i = 0; !s && i < nb; i++) {
+            cm_buffer_info bi = cm_module_buffer_info(root, i);
+            if (!cm_tensor_is_contiguous(bi.tensor)) {
+                s = cm_set_error(CM_ERR_STATE, "checkpoint: buffer '%s' is not contiguous", bi.name);
+                break;
+            }
+            set_tensor(&job->tensors[0][job->n_tensors[0]++], bi.name, bi.tensor);
+        }
+        job->n_files = 1;
+    }
+    if (!s && !weights_only) {
+        const cm_optim *o = tr->st.optimizer;
+        int n = cm_optim_n_state(o);
+        job->fnames[1] = CM_CKPT_OPTIM_FILE;
+        job->tensors[1] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)(n + 1), 16);
+        if (!job->tensors[1]) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        for (int i = 0; !s && i < n; i++) {
+            cm_optim_state_entry e;
+            cm_optim_state_get(o, i, &e);
+            cmi_ck_tensor *t = &job->tensors[1][job->n_tensors[1]++];
+            t->name = e.name;
+            t->dtype = cm_st_dtype_from_cm(e.dtype);
+            t->ndim = 1;
+            t->shape[0] = e.numel;
+            t->data = e.data;
+            t->nbytes = (size_t)e.numel * cm_dtype_size(e.dtype);
+        }
+        job->n_files = 2;
+    }
+    if (!s && async) {
+        size_t total = 0;
+        for (int f = 0; f < job->n_files; f++)
+            for (int i = 0; i < job->n_tensors[f]; i++) total += (job->tensors[f][i].nbytes + 63) & ~(size_t)63;
+        job->staging_bytes = total;
+        job->staging = cm_alloc(total ? total : 64, 64);
+        if (!job->staging) {
+            s = cm_set_error(CM_ERR_OOM, "checkpoint: cannot allocate the %zu-byte snapshot for the background save",
+                             total);
+        } else {
+            char *p = job->staging;
+            for (int f = 0; f < job->n_files; f++)
+                for (int i = 0; i < job->n_tensors[f]; i++) {
+                    cmi_ck_tensor *t = &job->tensors[f][i];
+                    if (t->nbytes) memcpy(p, t->data, t->nbytes);
+                    t->data = p;
+                    p += (t->nbytes + 63) & ~(size_t)63;
+                }
+        }
+    }
+    if (s) {
+        cmi_ck_job_free(job);
+        return s;
+    }
+    *out = job;
+    return CM_OK;
+}
+
+static size_t snapshot_bytes(cm_trainer *tr) {
+    cm_module *root = cm_model_module(tr->st.model);
+    size_t total = 0;
+    for (int64_t i = 0; i < cm_module_n_params(root); i++) total += cm_tensor_nbytes(cm_module_param_info(root, i).tensor);
+    for (int64_t i = 0; i < cm_module_n_buffers(root); i++) total += cm_tensor_nbytes(cm_module_buffer_info(root, i).tensor);
+    if (!tr->ckpt->save_weights_only)
+        for (int i = 0; i < cm_optim_n_state(tr->st.optimizer); i++) {
+            cm_optim_state_entry e;
+            cm_optim_state_get(tr->st.optimizer, i, &e);
+            total += (size_t)e.numel * cm_dtype_size(e.dtype);
+        }
+    return total;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The commit
+ * ------------------------------------------------------------------------------------------- */
+
+/* Removes ".tmp-<pid>-..." / ".old-<pid>-..." directories whose process is gone (killed saves). */
+static void sweep_stale(const char *folder) {
+    DIR *d = opendir(folder);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, ".tmp-", 5) && strncmp(e->d_name, ".old-", 5)) continue;
+        long pid = strtol(e->d_name + 5, NULL, 10);
+        if (pid <= 0 || pid == (long)getpid() || !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        char *p = cmi_path_join(folder, e->d_name);
+        if (p && cmi_remove_tree(p)) cm_log_msg(CM_LOG_INFO, "checkpoint: removed '%s', left by a save that was killed", p);
+        cm_free(p);
+    }
+    closedir(d);
+}
+
+static cm_status write_file(const char *dir, const char *fname, const cmi_ck_tensor *ts, int n, cJSON *files) {
+    cm_safetensors_writer *w;
+    cm_status s = cm_safetensors_writer_new(&w);
+    if (s) return s;
+    cJSON *fo = cJSON_CreateObject(), *tl = cJSON_CreateObject();
+    if (!fo || !tl || !cJSON_AddItemToObject(files, fname, fo)) {
+        cJSON_Delete(fo);
+        cJSON_Delete(tl);
+        cm_safetensors_writer_free(w);
+        return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    }
+    if (!add(fo, "tensors", tl)) s = CM_ERR_OOM;
+    if (!s && !strcmp(fname, CM_CKPT_MODEL_FILE)) s = cm_safetensors_writer_add_metadata(w, "format", "pt");
+    for (int i = 0; !s && i < n; i++) {
+        const cmi_ck_tensor *t = &ts[i];
+        if ((s = cm_safetensors_writer_add_raw(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes))) break;
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016" PRIx64, cm_hash64(t->data, t->nbytes, 0));
+        cJSON *to = cJSON_CreateObject(), *sh = cJSON_CreateArray();
+        bool ok = to && sh && cJSON_AddItemToObject(tl, t->name, to);
+        for (int d = 0; ok && d < t->ndim; d++) ok = cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        ok = ok && add(to, "dtype", cJSON_CreateString(cm_st_dtype_name(t->dtype)));
+        if (ok) ok = add(to, "shape", sh), sh = NULL;
+        ok = ok && add(to, "nbytes", cJSON_CreateNumber((double)t->nbytes)) && add(to, "xxh3", cJSON_CreateString(hex));
+        cJSON_Delete(sh);
+        if (!ok) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    }
+    if (!s) s = add(fo, "size", cJSON_CreateNumber((double)cm_safetensors_writer_size(w))) ? CM_OK : CM_ERR_OOM;
+    if (!s) {
+        char *path = cmi_path_join(dir, fname);
+        s = path ? cm_safetensors_writer_write(w, path) : CM_ERR_OOM;
+        cm_free(path);
+    }
+    cm_safetensors_writer_free(w);
+    return s;
+}
+
+static cm_status rotate(cmi_ckpt *ck, const char *folder, const char *name) {
+    for (int i = 0; i < ck->n_kept; i++)
+        if (!strcmp(ck->kept[i], name)) { /* re-saved (overwrite): move to the end */
+            char *k = ck->kept[i];
+            memmove(ck->kept + i, ck->kept + i + 1, sizeof *ck->kept * (size_t)(ck->n_kept - i - 1));
+            ck->kept[ck->n_kept - 1] = k;
+            goto trim;
+        }
+    if (ck->n_kept == ck->cap_kept) {
+        int nc = ck->cap_kept ? 2 * ck->cap_kept : 8;
+        char **nk = cm_alloc(sizeof *nk * (size_t)nc, 16);
+        if (!nk) return cm_set_error(CM_ERR_OOM, "checkpoint rotation: out of memory");
+        if (ck->kept) memcpy(nk, ck->kept, sizeof *nk * (size_t)ck->n_kept);
+        cm_free(ck->kept);
+        ck->kept = nk, ck->cap_kept = nc;
+    }
+    if (!(ck->kept[ck->n_kept] = dup_str(name))) return cm_set_error(CM_ERR_OOM, "checkpoint rotation: out of memory");
+    ck->n_kept++;
+trim:
+    while (ck->keep > 0 && ck->n_kept > ck->keep) {
+        /* hide it first (one atomic rename), so a crash while deleting never leaves a visible,
+         * half-deleted checkpoint; a killed deletion's leftovers are swept at the next save */
+        char hidden[320];
+        snprintf(hidden, sizeof hidden, ".old-%ld-%d-%s", (long)getpid(), atomic_fetch_add(&g_tmp_counter, 1),
+                 ck->kept[0]);
+        char *p = cmi_path_join(folder, ck->kept[0]), *h = cmi_path_join(folder, hidden);
+        if (!p || !h) {
+            cm_free(p);
+            cm_free(h);
+            return CM_ERR_OOM;
+        }
+        if (rename(p, h) != 0 || !cmi_remove_tree(h))
+            cm_log_msg(CM_LOG_WARN, "checkpoint rotation: could not remove '%s': %s", p, strerror(errno));
+        else
+            cm_log_msg(CM_LOG_INFO, "checkpoint rotation: removed '%s' (save_num_checkpoints_to_keep %d)", p, ck->keep);
+        cm_free(p);
+        cm_free(h);
+        cm_free(ck->kept[0]);
+        memmove(ck->kept, ck->kept + 1, sizeof *ck->kept * (size_t)(ck->n_kept - 1));
+        ck->n_kept--;
+    }
+    return CM_OK;
+}
+
+cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job) {
+    cm_status s = cmi_mkdirs(job->folder);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "checkpoint: save_folder '%s' is not usable: %s", job->folder, msg);
+    }
+    char *final = cmi_path_join(job->folder, job->name);
+    char tmpname[320], oldname[320];
+    int ctr = atomic_fetch_add(&g_tmp_counter, 1);
+    snprintf(tmpname, sizeof tmpname, ".tmp-%ld-%d-%s", (long)getpid(), ctr, job->name);
+    snprintf(oldname, sizeof oldname, ".old-%ld-%d-%s", (long)getpid(), ctr, job->name);
+    char *tmp = cmi_path_join(job->folder, tmpname), *old = cmi_path_join(job->folder, oldname);
+    bool made_tmp = false;
+    if (!final || !tmp || !old) {
+        s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        goto out;
+    }
+    sweep_stale(job->folder);
+    const bool exists = access(final, F_OK) == 0;
+    if (exists && !job->overwrite) {
+        s = cm_set_error(CM_ERR_STATE, "checkpoint '%s' already exists: set save_overwrite to replace it, or change "
+                                       "save_filename / save_folder",
+                         final);
+        goto out;
+    }
+    if (mkdir(tmp, 0755) != 0) {
+        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot create '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    made_tmp = true;
+    cJSON *files = cJSON_CreateObject();
+    if (!add(job->manifest, "files", files)) {
+        s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        goto out;
+    }
+    for (int f = 0; !s && f < job->n_files; f++) s = write_file(tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    char *text = NULL, *mp = NULL;
+    size_t len = 0;
+    if (!s) s = cmi_manifest_serialize(job->manifest, &text, &len);
+    if (!s && !(mp = cmi_path_join(tmp, CM_CKPT_MANIFEST))) s = CM_ERR_OOM;
+    if (!s) s = cmi_write_file_sync(mp, text, len);
+    cm_free(text);
+    cm_free(mp);
+    if (!s) s = cmi_fsync_dir(tmp);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        s = cm_set_error(s, "checkpoint '%s' was not saved (previous checkpoints are intact): %s", final, msg);
+        goto out;
+    }
+    /* read back what the disk holds before committing to it */
+    cm_checkpoint *rb;
+    if (!(s = cm_checkpoint_open(tmp, &rb))) {
+        s = cm_checkpoint_verify(rb);
+        cm_checkpoint_close(rb);
+    }
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        s = cm_set_error(CM_ERR_IO, "checkpoint '%s': the written files did not read back correctly (not committed): %s",
+                         final, msg);
+        goto out;
+    }
+    if (exists && rename(final, old) != 0) {
+        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot move the old '%s' aside: %s", final, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, final) != 0) {
+        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+        if (exists) rename(old, final);
+        goto out;
+    }
+    made_tmp = false;
+    if ((s = cmi_fsync_dir(job->folder))) goto out;
+    if (exists) cmi_remove_tree(old);
+    cm_free(ck->last_path);
+    ck->last_path = dup_str(final);
+    if (job->update_pointer && ck->save_latest_filename && ck->save_latest_filename[0]) {
+        char *lp = cmi_path_join(job->folder, ck->save_latest_filename);
+        char line[300];
+        int k = snprintf(line, sizeof line, "%s\n", job->name);
+        s = lp ? cmi_write_file_atomic(lp, line, (size_t)k) : CM_ERR_OOM;
+        cm_free(lp);
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            s = cm_set_error(s, "checkpoint '%s' was committed but the latest pointer was not updated: %s", final, msg);
+            goto out;
+        }
+    }
+    if (job->update_pointer) s = rotate(ck, job->folder, job->name);
+    cm_log_msg(CM_LOG_DEBUG, "checkpoint: saved '%s'", final);
+out:
+    if (made_tmp) cmi_remove_tree(tmp);
+    cm_free(final);
+    cm_free(tmp);
+    cm_free(old);
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Saving from the trainer: synchronous or in the background
+ * ------------------------------------------------------------------------------------------- */
+
+static void *writer_main(void *arg) {
+    cmi_ckpt *ck = arg;
+    cm_status s = cmi_ck_job_run(ck, ck->job);
+    ck->job_status = s;
+    if (s) snprintf(ck->job_msg, sizeof ck->job_msg, "%s", cm_last_error());
+    cmi_ck_job_free(ck->job);
+    ck->job = NULL;
+    atomic_store(&ck->done, true);
+    return NULL;
+}
+
+cm_status cmi_ckpt_wait(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck || !ck->running) return CM_OK;
+    pthread_join(ck->thread, NULL);
+    ck->running = false;
+    if (ck->job_status) {
+        cm_status s = ck->job_status;
+        ck->job_status = CM_OK;
+        return cm_set_error(s, "background checkpoint save failed: %s", ck->job_msg);
+    }
+    return CM_OK;
+}
+
+static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool allow_async) {
+    cmi_ckpt *ck = tr->ckpt;
+    cm_status s = cmi_ckpt_wait(tr); /* one save at a time: the extra memory is one snapshot */
+    if (s) return s;
+    bool async = allow_async && ck->save_async;
+    if (async) {
+        size_t need = snapshot_bytes(tr);
+        if (need > ck->async_max_bytes) {
+            if (!ck->warned_async_size)
+                cm_log_msg(CM_LOG_WARN, "checkpoint: the state (%zu bytes) exceeds save_async_max_bytes (%zu); saving "
+                                        "synchronously",
+                           need, ck->async_max_bytes);
+            ck->warned_async_size = true;
+            async = false;
+        }
+    }
+    cmi_ck_job *job;
+    if ((s = build_job(tr, folder, name, update_pointer, async, &job))) return s;
+    ck->last_saved_batch = tr->st.ts.batch;
+    ck->last_saved_epoch = tr->st.ts.epoch;
+    if (!async) {
+        s = cmi_ck_job_run(ck, job);
+        cmi_ck_job_free(job);
+        return s;
+    }
+    ck->job = job;
+    atomic_store(&ck->done, false);
+    ck->job_status = CM_OK;
+    if (pthread_create(&ck->thread, NULL, writer_main, ck) != 0) {
+        ck->job = NULL;
+        s = cmi_ck_job_run(ck, job); /* no thread: do it here */
+        cmi_ck_job_free(job);
+        return s;
+    }
+    ck->running = true;
+    return CM_OK;
+}
+
+static cm_status save_interval_name(cm_trainer *tr, bool allow_async) {
+    cmi_ckpt *ck = tr->ckpt;
+    char name[300];
+    cm_status s = cm_checkpoint_format_name(ck->save_filename, &tr->st.ts, tr->st.run_name, tr->st.rank, name, sizeof name);
+    if (s) return s;
+    return save(tr, ck->save_folder, name, true, allow_async);
+}
+
+cm_status cmi_ckpt_save_now(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck || !ck->save_folder) return cmi_ckpt_wait(tr);
+    if (ck->last_saved_batch == tr->st.ts.batch && ck->last_saved_epoch == tr->st.ts.epoch) return cmi_ckpt_wait(tr);
+    cm_status s = save_interval_name(tr, false);
+    cm_status w = cmi_ckpt_wait(tr);
+    return s ? s : w;
+}
+
+cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    if (ck->running && atomic_load(&ck->done)) {
+        cm_status s = cmi_ckpt_wait(tr);
+        if (s) return s;
+    }
+    if (!ck->save_folder) return CM_OK;
+    const cm_state *st = &tr->st;
+    const bool done = cmi_fit_done(tr);
+    const bool ep = ck->save_interval.unit == CM_TIME_EPOCH;
+    bool due;
+    if (ev == CM_EVENT_BATCH_CHECKPOINT) {
+        const bool epoch_end_follows = st->batches_per_epoch > 0 && st->ts.batch_in_epoch == st->batches_per_epoch;
+        due = (!ep && cmi_interval_hit(tr, ck->save_interval, prev, &st->ts, false)) || (done && !epoch_end_follows);
+    } else {
+        due = (ep && cmi_interval_hit(tr, ck->save_interval, prev, &st->ts, true)) ||
+              (done && ck->last_saved_batch != st->ts.batch);
+    }
+    if (!due || (ck->last_saved_batch == st->ts.batch && ck->last_saved_epoch == st->ts.epoch)) return CM_OK;
+    return save_interval_name(tr, true);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading into the trainer
+ * ------------------------------------------------------------------------------------------- */
+
+static bool excluded(const cmi_ckpt *ck, const char *name) {
+    for (int i = 0; i < ck->n_exclude_algs; i++)
+        if (cm_name_match(ck->exclude_algs[i], name)) return true;
+    return false;
+}
+
+/* The k-th entry called `name` in a manifest plugin list. */
+static const cJSON *find_plugin(const cJSON *list, const char *name, int k) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name) && k-- == 0) return e;
+    }
+    return NULL;
+}
+
+static cm_status load_plugin(const char *kind, const char *name, cm_status (*load)(void *, const char *, size_t),
+                             void *self, const cJSON *list, int k, const char *path) {
+    const cJSON *e = find_plugin(list, name, k);
+    if (!e) {
+        cm_log_msg(CM_LOG_INFO, "checkpoint '%s' has no state for %s '%s' (added since?); it starts fresh", path, kind, name);
+        return CM_OK;
+    }
+    if (!load) return CM_OK;
+    char *txt = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(e, "state"));
+    if (!txt) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    cm_status s = load(self, txt, strlen(txt));
+    cJSON_free(txt);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s '%s' could not load its state from checkpoint '%s': %s", kind, name, path, msg);
+    }
+    return CM_OK;
+}
+
+typedef struct rng_ctx {
+    const cJSON *list;
+    const char *path;
+    bool strict;
+    cm_status s;
+} rng_ctx;
+
+static bool visit_restore(cm_module *m, const char *mpath, int depth, void *data) {
+    rng_ctx *c = data;
+    cm_rng *r = cm_nn_dropout_rng(m);
+    if (!r) return true;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, c->list) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "module");
+        if (!cJSON_IsString(n) || strcmp(n->valuestring, mpath)) continue;
+        cm_rng v;
+        if (!cmi_json_get_u64(e, "seed", &v.seed) || !cmi_json_get_u64(e, "stream", &v.stream) ||
+            !cmi_json_get_u64(e, "counter", &v.counter)) {
+            c->s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the dropout RNG entry of '%s' is malformed", c->path, mpath);
+            return false;
+        }
+        *r = v;
+        return true;
+    }
+    if (c->strict) {
+        c->s = cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' has no RNG state for the dropout module '%s' (the model "
+                                              "differs; set load_strict_model_weights = false to reseed it)",
+                            c->path, mpath);
+        return false;
+    }
+    return true;
+}
+
+static cm_status get_loader_state(const cJSON *dls, const char *label, const char *path, bool *found,
+                                  cm_dataloader_state *out) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(dls, label);
+    *found = o != NULL;
+    if (!o) return CM_OK;
+    if (!cmi_json_get_i64(o, "epoch", &out->epoch) || !cmi_json_get_i64(o, "position", &out->position))
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': dataloader '%s' has no valid epoch/position", path, label);
+    return CM_OK;
+}
+
+static cm_status load_into(cm_trainer *tr, const char *path) {
+    cmi_ckpt *ck = tr->ckpt;
+    cm_state *st = &tr->st;
+    cm_checkpoint *c;
+    cm_status s = cm_checkpoint_open(path, &c);
+    if (!s) s = cm_checkpoint_verify(c);
+    if (s) {
+        cm_checkpoint_close(c);
+        return s;
+    }
+    path = cm_checkpoint_path(c);
+    const cJSON *root = cmi_checkpoint_root(c);
+    const bool weights_only = ck->load_weights_only || cm_checkpoint_weights_only(c);
+    const cm_safetensors *of = cm_checkpoint_file(c, CM_CKPT_OPTIM_FILE);
+    cm_dataloader_state old_train = {0, 0};
+    bool moved_train = false;
+    if (!weights_only) {
+        /* everything is checked before anything changes */
+        const cJSON *oj = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
+        const cJSON *kind = cJSON_GetObjectItemCaseSensitive(oj, "kind");
+        const char *mine = cm_optim_kind_name(cm_optim_get_kind(st->optimizer));
+        if (!of || !cJSON_IsString(kind)) {
+            s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' has no optimizer state (set load_weights_only to load "
+                                            "only the weights)", path);
+            goto done;
+        }
+        if (strcmp(kind->valuestring, mine)) {
+            s = cm_set_error(CM_ERR_STATE, "checkpoint '%s' was trained with optimizer %s; this trainer uses %s (set "
+                                           "load_weights_only to start a new optimizer from the weights)",
+                             path, kind->valuestring, mine);
+            goto done;
+        }
+        const int n = cm_optim_n_state(st->optimizer);
+        if ((size_t)n != cm_safetensors_count(of)) {
+            s = cm_set_error(CM_ERR_STATE, "checkpoint '%s' holds %zu optimizer state tensors; this trainer's optimizer "
+                                           "has %d (different parameter groups or model?)",
+                             path, cm_safetensors_count(of), n);
+            goto done;
+        }
+        for (int i = 0; i < n; i++) {
+            cm_optim_state_entry e;
+            cm_optim_state_get(st->optimizer, i, &e);
+            const cm_st_tensor *t = cm_safetensors_find(of, e.name);
+            if (!t || t->dtype != cm_st_dtype_from_cm(e.dtype) || t->numel != e.numel) {
+                s = cm_set_error(CM_ERR_STATE, "checkpoint '%s': optimizer state '%s' %s", path, e.name,
+                                 t ? "has another dtype or size than this trainer's" : "is missing");
+                goto done;
+            }
+        }
+        if (!cmi_timestamp_from_json(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &(cm_timestamp){0})) {
+            s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': bad timestamp", path);
+            goto done;
+        }
+        const cJSON *dls = cJSON_GetObjectItemCaseSensitive(root, "dataloaders");
+        bool found;
+        cm_dataloader_state ds;
+        if (st->train_dl) {
+            if ((s = get_loader_state(dls, "train", path, &found, &ds))) goto done;
+            if (found) {
+                old_train = cm_dataloader_get_state(st->train_dl);
+                if ((s = cm_dataloader_set_state(st->train_dl, ds))) {
+                    char msg[1024];
+                    snprintf(msg, sizeof msg, "%s", cm_last_error());
+                    s = cm_set_error(s, "checkpoint '%s': the train loader cannot resume at epoch %lld, position %lld "
+                                        "(a different dataset or batch size?): %s",
+                                     path, (long long)ds.epoch, (long long)ds.position, msg);
+                    goto done;
+                }
+                moved_train = true;
+            }
+        }
+    }
+    /* the model: all or nothing */
+    {
+        char *mp = cmi_path_join(path, CM_CKPT_MODEL_FILE);
+        if (!mp) {
+            s = CM_ERR_OOM;
+            goto done;
+        }
+        cm_load_opts lo = cm_load_opts_default();
+        lo.strict = ck->load_strict;
+        lo.ignore = (const char *const *)ck->ignore_keys;
+        lo.n_ignore = ck->n_ignore_keys;
+        cm_load_report rep;
+        s = cm_module_load_safetensors(cm_model_module(st->model), mp, &lo, &rep);
+        cm_free(mp);
+        if (s) {
+            char msg[1500];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            s = cm_set_error(s, "loading the model from checkpoint '%s': %s", path, msg);
+            goto done;
+        }
+        if (rep.n_missing || rep.n_unexpected)
+            cm_log_msg(CM_LOG_WARN, "checkpoint '%s': %lld model tensors missing (%s), %lld unexpected (%s)", path,
+                       (long long)rep.n_missing, rep.missing, (long long)rep.n_unexpected, rep.unexpected);
+    }
+    if (weights_only) {
+        cm_log_msg(CM_LOG_INFO, "loaded the weights of checkpoint '%s' (weights only: time, optimizer and data "
+                                "order start fresh)", path);
+        goto done;
+    }
+    moved_train = false; /* committed */
+    for (int i = 0; i < cm_optim_n_state(st->optimizer); i++) {
+        cm_optim_state_entry e;
+        cm_optim_state_get(st->optimizer, i, &e);
+        const cm_st_tensor *t = cm_safetensors_find(of, e.name);
+        memcpy(e.data, t->data, t->nbytes);
+    }
+    cmi_timestamp_from_json(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &st->ts);
+    if (st->max_duration.unit == CM_TIME_DURATION ? st->max_duration.frac == 0 : st->max_duration.count == 0) {
+        const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "max_duration");
+        cm_time t;
+        if (cJSON_IsString(md) && !cm_time_parse(md->valuestring, &t)) st->max_duration = t;
+    }
+    const cJSON *trn = cJSON_GetObjectItemCaseSensitive(root, "trainer");
+    int64_t v;
+    double d;
+    if (tr->mb_config == CM_MICROBATCH_AUTO && cmi_json_get_i64(trn, "microbatch_size", &v) && v > 0)
+        st->microbatch_size = v;
+    if (cmi_json_get_double(trn, "total_loss", &d)) st->total_loss = d;
+    if (cmi_json_get_double(trn, "lr_multiplier", &d) && isfinite(d)) st->lr_multiplier = d;
+    if (cmi_json_get_i64(trn, "last_eval_batch", &v)) tr->last_eval_batch = v;
+    {
+        const cJSON *dls = cJSON_GetObjectItemCaseSensitive(root, "dataloaders");
+        for (int i = 0; i < tr->n_evals; i++) {
+            bool found;
+            cm_dataloader_state ds;
+            if (get_loader_state(dls, tr->evals[i].label, path, &found, &ds) == CM_OK && found &&
+                cm_dataloader_set_state(tr->evals[i].dl, ds) != CM_OK)
+                cm_log_msg(CM_LOG_WARN, "checkpoint '%s': eval loader '%s' cannot be set to its saved position; it "
+                                        "restarts at its next evaluation anyway", path, tr->evals[i].label);
+        }
+    }
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
+    uint64_t seed;
+    if (cmi_json_get_u64(rng, "seed", &seed) && seed != st->seed)
+        cm_log_msg(CM_LOG_WARN, "checkpoint '%s' was trained with seed %llu; this trainer has seed %llu (the dropout "
+                                "streams continue the checkpoint's)", path, (unsigned long long)seed,
+                   (unsigned long long)st->seed);
+    {
+        rng_ctx rc = {cJSON_GetObjectItemCaseSensitive(rng, "dropout"), path, ck->load_strict, CM_OK};
+        cm_module_visit(cm_model_module(st->model), visit_restore, &rc);
+        if ((s = rc.s)) goto done;
+    }
+    const cJSON *algs = cJSON_GetObjectItemCaseSensitive(root, "algorithms");
+    for (int i = 0; !s && i < cm_engine_n_algorithms(tr->engine); i++) {
+        cm_algorithm *a = cm_engine_algorithm(tr->engine, i);
+        const char *name = cm_algorithm_name(a);
+        if (excluded(ck, name)) continue;
+        int k = 0;
+        for (int j = 0; j < i; j++) k += !strcmp(cm_algorithm_name(cm_engine_algorithm(tr->engine, j)), name);
+        s = load_plugin("algorithm", name, cm_algorithm_vtable(a)->load, cm_algorithm_self(a), algs, k, path);
+    }
+    const cJSON *cbs = cJSON_GetObjectItemCaseSensitive(root, "callbacks");
+    for (int i = 0; !s && i < cm_engine_n_callbacks(tr->engine); i++) {
+        cm_callback_plugin p = cm_engine_callback(tr->engine, i);
+        int k = 0;
+        for (int j = 0; j < i; j++) k += !strcmp(cm_engine_callback(tr->engine, j).vt->name, p.vt->name);
+        s = load_plugin("callback", p.vt->name, p.vt->load, p.self, cbs, k, path);
+    }
+    if (!s) {
+        /* a later save of the same batch would only repeat this checkpoint */
+        ck->last_saved_batch = st->ts.batch;
+        ck->last_saved_epoch = st->ts.epoch;
+        cm_log_msg(CM_LOG_INFO, "resumed from checkpoint '%s' at epoch %lld, batch %lld", path, (long long)st->ts.epoch,
+                   (long long)st->ts.batch);
+    }
+done:
+    if (moved_train) cm_dataloader_set_state(st->train_dl, old_train);
+    if (!s) {
+        cm_free(ck->resumed_from);
+        ck->resumed_from = dup_str(path);
+    }
+    cm_checkpoint_close(c);
+    return s;
+}
+
+cm_status cmi_ckpt_load_start(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    if (ck->autoresume) {
+        cm_checkpoint_search srch;
+        cm_status s = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+        if (s == CM_OK) {
+            if (srch.n_rejected)
+                cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
+            return load_into(tr, srch.path);
+        }
+        if (s != CM_ERR_NOT_FOUND) return s;
+        if (srch.n_rejected) {
+            return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
+                                               "start the run over",
+                                ck->save_folder, srch.rejected);
+        }
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", ck->save_folder,
+                   ck->load_path ? "loading load_path" : "starting from scratch");
+    }
+    if (ck->load_path) return load_into(tr, ck->load_path);
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Public trainer functions
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cm_trainer_save_checkpoint(cm_trainer *tr, const char *path) {
+    if (!tr) return cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_save_checkpoint: trainer is NULL");
+    cmi_ckpt *ck = tr->ckpt;
+    if (!path) {
+        if (!ck->save_folder)
+            return cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_save_checkpoint: no path and no save_folder configured");
+        cm_status s = save_interval_name(tr, false);
+        return s ? s : cmi_ckpt_wait(tr);
+    }
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    char *p = cm_alloc(n + 1, 1);
+    if (!p) return CM_ERR_OOM;
+    memcpy(p, path, n);
+    p[n] = 0;
+    char *slash = strrchr(p, '/');
+    const char *folder = ".", *name = p;
+    if (slash) {
+        *slash = 0;
+        folder = slash == p ? "/" : p;
+        name = slash + 1;
+    }
+    cm_status s = name[0] && name[0] != '.' ? CM_OK
+                                            : cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_save_checkpoint: '%s' does not "
+                                                                               "end in a checkpoint name", path);
+    if (!s) s = save(tr, folder, name, false, false);
+    cm_free(p);
+    return s;
+}
+
+const char *cm_trainer_last_checkpoint(const cm_trainer *tr) { return tr && tr->ckpt ? tr->ckpt->last_path : NULL; }
+const char *cm_trainer_resumed_from(const cm_trainer *tr) { return tr && tr->ckpt ? tr->ckpt->resumed_from : NULL; }
+int cm_trainer_interrupted_signal(const cm_trainer *tr) { return tr ? tr->interrupted_signal : 0; }
+int cm_trainer_exit_code(const cm_trainer *tr, cm_status s) {
+    return cm_exit_status(s, tr ? tr->interrupted_signal : 0);
+}
