@@ -451,7 +451,7 @@ static void ckpt_export_usage(FILE *f, const char *prog) {
     fprintf(f, "usage: %s PATH -o model.safetensors\n\nVerifies the checkpoint's model tensors and writes its\n"
                "model.safetensors (Hugging Face names; any safetensors reader loads it).\n\noptions:\n",
             prog);
-    print_flags(f, k_ckpt_export_flags);
+    cli_print_flags(f, k_ckpt_export_flags);
 }
 
 /* Parses PATH (and flags) and opens the checkpoint; returns 0 or an exit status. */
@@ -459,7 +459,7 @@ static int ckpt_open(const char *prog, const cli_flag *flags, void (*usage)(FILE
                      cm_checkpoint **ck) {
     const char *pos[1] = {NULL};
     int n_pos;
-    int rc = parse_flags(prog, flags, argc, argv, pos, 1, &n_pos, usage);
+    int rc = cli_parse_flags(prog, flags, argc, argv, pos, 1, &n_pos, usage);
     if (rc) return rc < 0 ? -1 : rc;
     if (n_pos != 1) {
         fprintf(stderr, "%s: expected one checkpoint PATH (see '%s --help')\n", prog, prog);

@@ -33,5 +33,6 @@
 #include <composer/loggers.h>
 #include <composer/config.h>
 #include <composer/dist.h>
+#include <composer/checkpoint.h>
 
 #endif
