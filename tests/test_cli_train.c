@@ -101,6 +101,24 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     pclose(p);
     cr_assert_eq(lines, 5, "%d train-loss lines, want 5", lines);
 
+    /* callbacks from the registry log their metrics into the same file */
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_cb callbacks.lr_monitor={} callbacks.speed_monitor.window_size=1 "
+             "callbacks.speed_monitor.peak_flops=1e12",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "grep -c 'lr-DecoupledAdamW/group0' " DIR "/runs/tiny_cb/metrics.jsonl");
+    p = popen(cmd, "r");
+    lines = 0;
+    cr_assert_eq(fscanf(p, "%d", &lines), 1);
+    pclose(p);
+    cr_assert_eq(lines, 5, "%d LRMonitor lines, want 5", lines);
+    snprintf(cmd, sizeof cmd, "grep -c 'throughput/samples_per_sec' " DIR "/runs/tiny_cb/metrics.jsonl");
+    p = popen(cmd, "r");
+    lines = 0;
+    cr_assert_eq(fscanf(p, "%d", &lines), 1);
+    pclose(p);
+    cr_assert_geq(lines, 3, "%d SpeedMonitor lines, want >= 3 (window 1)", lines);
+
     /* the resolved config trains the same model again (a round trip through config.yaml) */
     rc = run("train " DIR "/runs/tiny/config.yaml --print-config", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
@@ -155,7 +173,8 @@ Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
         {"model.name=gpt3", 2, "did you mean 'gpt2'?"},
         {"precision=fp8", 2, "precision: unknown value 'fp8'"},
         {"algorithms.gradient_clip={}", 2, "unknown algorithms 'gradient_clip' (did you mean 'gradient_clipping'?"},
-        {"callbacks.speed_monitor={}", 2, "unknown callbacks 'speed_monitor'"},
+        {"callbacks.speed_monitr={}", 2, "unknown callbacks 'speed_monitr' (did you mean 'speed_monitor'?"},
+        {"callbacks.early_stopper.comp=bigger", 2, "callbacks.early_stopper.comp"},
         {"autoresume=true", 2, "autoresume: not supported yet"},
         {"save_folder=ckpt", 2, "save_folder: not supported yet"},
         {"scheduler.t_warmupp=3ba", 2, "did you mean 'scheduler.t_warmup'?"},

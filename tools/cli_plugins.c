@@ -67,12 +67,133 @@ static cm_status make_console(cm_config *c, const char *path, cli_ctx *ctx, cli_
     return s;
 }
 
+/* Callbacks (callbacks.h), with Composer's argument names. */
+#define KEY(k) (snprintf(key, sizeof key, "%s." k, path), key)
+
+static cm_status get_comp(cm_config *c, const char *key, cm_comp *out) {
+    const char *v;
+    cm_status s = cm_config_get_string(c, key, "auto", &v);
+    if (!s && (s = cm_comp_parse(v, out))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: %s: %s", cm_config_origin(c, key), key, msg);
+    }
+    return s;
+}
+
+static cm_status get_wall_unit(cm_config *c, const char *key, cm_wall_unit *out) {
+    const char *v;
+    cm_status s = cm_config_get_string(c, key, "hours", &v);
+    if (!s && (s = cm_wall_unit_parse(v, out))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: %s: %s", cm_config_origin(c, key), key, msg);
+    }
+    return s;
+}
+
+/* callbacks.speed_monitor: {window_size: 100, peak_flops: 0 (measure), time_unit: hours} */
+static cm_status make_speed_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_speed_monitor_config cfg = cm_speed_monitor_config_default();
+    int64_t w;
+    cm_status s;
+    cm_config_touch(c, path);
+    if ((s = cm_config_get_int(c, KEY("window_size"), cfg.window_size, &w))) return s;
+    cfg.window_size = (int)w;
+    if ((s = cm_config_get_double(c, KEY("peak_flops"), cfg.peak_flops, &cfg.peak_flops))) return s;
+    if ((s = get_wall_unit(c, KEY("time_unit"), &cfg.time_unit))) return s;
+    return cm_speed_monitor_new(&cfg, &out->callback);
+}
+
+/* callbacks.lr_monitor: {} and callbacks.memory_monitor: {} */
+static cm_status make_lr_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    cm_config_touch(c, path);
+    return cm_lr_monitor_new(&out->callback);
+}
+
+static cm_status make_memory_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    cm_config_touch(c, path);
+    return cm_memory_monitor_new(&out->callback);
+}
+
+/* callbacks.early_stopper: {monitor, dataloader_label: eval, comp: auto, min_delta: 0, patience: 1ep} */
+static cm_status make_early_stopper(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_early_stopper_config cfg = cm_early_stopper_config_default();
+    cm_status s;
+    if ((s = cm_config_get_string(c, KEY("monitor"), NULL, &cfg.monitor))) return s;
+    if ((s = cm_config_get_string(c, KEY("dataloader_label"), "eval", &cfg.dataloader_label))) return s;
+    if ((s = get_comp(c, KEY("comp"), &cfg.comp))) return s;
+    if ((s = cm_config_get_double(c, KEY("min_delta"), 0.0, &cfg.min_delta))) return s;
+    if ((s = cm_config_get_time(c, KEY("patience"), "1ep", &cfg.patience))) return s;
+    return cm_early_stopper_new(&cfg, &out->callback);
+}
+
+/* callbacks.threshold_stopper: {monitor, dataloader_label: eval, threshold, comp: auto, stop_on_batch: false} */
+static cm_status make_threshold_stopper(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_threshold_stopper_config cfg = cm_threshold_stopper_config_default();
+    cm_status s;
+    if ((s = cm_config_get_string(c, KEY("monitor"), NULL, &cfg.monitor))) return s;
+    if ((s = cm_config_get_string(c, KEY("dataloader_label"), "eval", &cfg.dataloader_label))) return s;
+    if ((s = cm_config_get_double(c, KEY("threshold"), cfg.threshold, &cfg.threshold))) return s;
+    if ((s = get_comp(c, KEY("comp"), &cfg.comp))) return s;
+    if ((s = cm_config_get_bool(c, KEY("stop_on_batch"), false, &cfg.stop_on_batch))) return s;
+    return cm_threshold_stopper_new(&cfg, &out->callback);
+}
+
+/* callbacks.runtime_estimator: {skip_batches: 1, time_unit: hours} */
+static cm_status make_runtime_estimator(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_runtime_estimator_config cfg = cm_runtime_estimator_config_default();
+    int64_t k;
+    cm_status s;
+    cm_config_touch(c, path);
+    if ((s = cm_config_get_int(c, KEY("skip_batches"), cfg.skip_batches, &k))) return s;
+    cfg.skip_batches = (int)k;
+    if ((s = get_wall_unit(c, KEY("time_unit"), &cfg.time_unit))) return s;
+    return cm_runtime_estimator_new(&cfg, &out->callback);
+}
+
+/* callbacks.optimizer_monitor: {log_optimizer_metrics: true, batch_log_interval: 1} */
+static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_optimizer_monitor_config cfg = cm_optimizer_monitor_config_default();
+    int64_t k;
+    cm_status s;
+    cm_config_touch(c, path);
+    if ((s = cm_config_get_bool(c, KEY("log_optimizer_metrics"), true, &cfg.log_optimizer_metrics))) return s;
+    if ((s = cm_config_get_int(c, KEY("batch_log_interval"), cfg.batch_log_interval, &k))) return s;
+    cfg.batch_log_interval = (int)k;
+    return cm_optimizer_monitor_new(&cfg, &out->callback);
+}
+#undef KEY
+
 const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
     {"progress_bar", CLI_LOGGER, make_progress_bar, "a progress bar on stderr (built in for now)"},
     {"console", CLI_LOGGER, make_console, "plain progress lines every log_interval (1ep) (built in for now)"},
-    /* callbacks: speed_monitor, lr_monitor, ... go here once callbacks.h lands */
+    {"speed_monitor", CLI_CALLBACK, make_speed_monitor,
+     "SpeedMonitor: window_size (100), peak_flops (0: measured), time_unit (hours)"},
+    {"lr_monitor", CLI_CALLBACK, make_lr_monitor, "LRMonitor: logs lr-<Optimizer>/group<i>"},
+    {"memory_monitor", CLI_CALLBACK, make_memory_monitor, "MemoryMonitor: process RSS and arena use"},
+    {"early_stopper", CLI_CALLBACK, make_early_stopper,
+     "EarlyStopper: monitor, dataloader_label (eval), comp (auto), min_delta (0), patience (1ep)"},
+    {"threshold_stopper", CLI_CALLBACK, make_threshold_stopper,
+     "ThresholdStopper: monitor, dataloader_label (eval), threshold, comp (auto), stop_on_batch (false)"},
+    {"runtime_estimator", CLI_CALLBACK, make_runtime_estimator,
+     "RuntimeEstimator: skip_batches (1), time_unit (hours)"},
+    {"optimizer_monitor", CLI_CALLBACK, make_optimizer_monitor,
+     "OptimizerMonitor: log_optimizer_metrics (true), batch_log_interval (1)"},
     {NULL, CLI_ALGORITHM, NULL, NULL},
 };
 
