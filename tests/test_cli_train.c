@@ -101,6 +101,20 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     pclose(p);
     cr_assert_eq(lines, 5, "%d train-loss lines, want 5", lines);
 
+    /* checkpoints: save every 2 batches, then autoresume the same run to 7 batches */
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_ck save_folder=" DIR "/ck save_interval=2ba max_duration=4ba "
+             "eval_interval=0",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(exists(DIR "/ck/ep0-ba4/manifest.json"), "no checkpoint at batch 4:\n%s", out);
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_ck save_folder=" DIR "/ck save_interval=2ba max_duration=7ba "
+             "eval_interval=0 autoresume=true",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "trained 7 batches"), "resumed run should end at batch 7:\n%s", out);
+    rc = run("ckpt verify " DIR "/ck/ep0-ba4", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+
     /* callbacks from the registry log their metrics into the same file */
     rc = run("train " DIR "/tiny.yaml run_name=tiny_cb callbacks.lr_monitor={} callbacks.speed_monitor.window_size=1 "
              "callbacks.speed_monitor.peak_flops=1e12",
@@ -175,8 +189,8 @@ Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
         {"algorithms.gradient_clip={}", 2, "unknown algorithms 'gradient_clip' (did you mean 'gradient_clipping'?"},
         {"callbacks.speed_monitr={}", 2, "unknown callbacks 'speed_monitr' (did you mean 'speed_monitor'?"},
         {"callbacks.early_stopper.comp=bigger", 2, "callbacks.early_stopper.comp"},
-        {"autoresume=true", 2, "autoresume: not supported yet"},
-        {"save_folder=ckpt", 2, "save_folder: not supported yet"},
+        {"autoresume=true", 2, "autoresume: needs save_folder"},
+        {"save_interval=3xx", 2, "save_interval: '3xx' is not a time"},
         {"scheduler.t_warmupp=3ba", 2, "did you mean 'scheduler.t_warmup'?"},
         {"model.preset=gpt2-tiny", 2, "model.preset"},
         {"train_loader.dataset.dir=/nonexistent", 1, "/nonexistent/train.bin"},

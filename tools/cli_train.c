@@ -548,6 +548,8 @@ static void touch_unused(run *r) {
         "max_duration", "optimizer", "scheduler", "schedulers", "algorithms", "callbacks", "loggers",
         "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval",
         "save_folder", "save_interval", "save_num_checkpoints_to_keep", "autoresume", "load_path",
+        "save_filename", "save_latest_filename", "save_overwrite", "save_weights_only", "load_weights_only",
+        "load_strict_model_weights",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device"};
     for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++) cm_config_touch(r->cfg, train_only[i]);
@@ -596,21 +598,28 @@ static cm_status read_trainer_keys(run *r) {
     }
     TRY(cm_config_get_bool(c, "progress_bar", true, &r->ctx.progress_bar));
     TRY(cm_config_get_time(c, "console_log_interval", "0", &r->ctx.console_log_interval));
-    /* checkpointing and parallelism keys: accepted, errors when set to something we cannot do */
-    const char *sf, *strategy;
-    TRY(cm_config_get_string(c, "save_folder", NULL, &sf));
-    if (sf) return not_supported(c, "save_folder", "checkpoints are not implemented; the final weights go to "
-                                                   "<run folder>/model.safetensors (remove save_folder)");
-    cm_time si;
-    TRY(cm_config_get_time(c, "save_interval", "1ep", &si));
-    if (!(si.unit == CM_TIME_EPOCH && si.count == 1))
-        return not_supported(c, "save_interval", "checkpoints are not implemented (remove save_interval)");
-    bool autoresume;
-    TRY(cm_config_get_bool(c, "autoresume", false, &autoresume));
-    if (autoresume) return not_supported(c, "autoresume", "checkpoints are not implemented (set autoresume: false)");
+    /* checkpoints (Composer's names; see checkpoint.h and cm_trainer_config) */
+    const char *strategy;
+    TRY(cm_config_get_string(c, "save_folder", NULL, &tc->save_folder));
+    TRY(cm_config_get_string(c, "save_filename", NULL, &tc->save_filename));
+    TRY(cm_config_get_string(c, "save_latest_filename", NULL, &tc->save_latest_filename));
+    TRY(cm_config_get_time(c, "save_interval", "1ep", &tc->save_interval));
+    TRY(cm_config_get_bool(c, "save_overwrite", false, &tc->save_overwrite));
+    TRY(cm_config_get_bool(c, "save_weights_only", false, &tc->save_weights_only));
+    int64_t keep;
+    TRY(cm_config_get_int(c, "save_num_checkpoints_to_keep", -1, &keep));
+    tc->save_num_checkpoints_to_keep = (int)keep;
+    TRY(cm_config_get_bool(c, "autoresume", false, &tc->autoresume));
+    TRY(cm_config_get_bool(c, "load_weights_only", false, &tc->load_weights_only));
+    TRY(cm_config_get_bool(c, "load_strict_model_weights", true, &tc->load_strict_model_weights));
+    /* load_path: a .safetensors file is weights to start from; anything else is a checkpoint */
     TRY(cm_config_get_string(c, "load_path", NULL, &r->load_path));
-    if (r->load_path && !strstr(r->load_path, ".safetensors"))
-        return not_supported(c, "load_path", "only weights (.safetensors) can be loaded; checkpoints are not implemented");
+    if (r->load_path && !strstr(r->load_path, ".safetensors")) {
+        tc->load_path = r->load_path;
+        r->load_path = NULL;
+    }
+    if (tc->autoresume && !tc->save_folder)
+        return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
     TRY(cm_config_get_string(c, "parallelism.fsdp.sharding_strategy", NULL, &strategy));
     if (strategy && strcasecmp(strategy, "NO_SHARD") != 0)
         return not_supported(c, "parallelism.fsdp.sharding_strategy", "one process, no sharding (use NO_SHARD)");
@@ -705,8 +714,10 @@ static void print_keys(FILE *f) {
             "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
             "  accumulate_train_batch_on_tokens, device (cpu)\n"
             "  load_path          weights (.safetensors) to start from\n"
-            "  save_folder, save_interval, autoresume, parallelism.fsdp.sharding_strategy: accepted, but\n"
-            "                     checkpoints and sharding are not implemented yet: setting them is an error\n"
+            "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
+            "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
+            "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
+            "  parallelism.fsdp.sharding_strategy: NO_SHARD (launch ranks with composer -n N)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
             "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
 }
@@ -911,11 +922,14 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cm_status s = cm_trainer_fit(tr, NULL);
     double secs = cm_clock_s() - t0;
     if (s != CM_OK) {
-        fprintf(stderr, "%s: training failed: %s\n", prog, cm_last_error());
-        if (r.ctx.log) fprintf(r.ctx.log, "training failed: %s\n", cm_last_error());
+        /* preemption (SIGTERM/SIGINT): the trainer saved a checkpoint and closed; exit 128+signal */
+        const bool interrupted = s == CM_ERR_INTERRUPTED;
+        fprintf(stderr, "%s: training %s: %s\n", prog, interrupted ? "interrupted" : "failed", cm_last_error());
+        if (r.ctx.log) fprintf(r.ctx.log, "training %s: %s\n", interrupted ? "interrupted" : "failed", cm_last_error());
+        int code = interrupted ? cm_trainer_exit_code(tr, s) : 1;
         cm_trainer_free(tr);
         run_free(&r);
-        return 1;
+        return code;
     }
     const cm_timestamp *ts = cm_state_timestamp(cm_trainer_state(tr));
     cli_say(&r.ctx, "trained %lld batches (%lld samples, %lld tokens) in %.1f s\n", (long long)ts->batch,
