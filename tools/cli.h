@@ -1,6 +1,5 @@
 /* Shared pieces of the `composer` command-line tool: flag parsing and suggestions (composer.c),
- * the train / eval / generate commands (cli_train.c) and the plugin registry with the built-in
- * console/metrics logger (cli_plugins.c). */
+ * the train / eval / generate commands (cli_train.c) and the plugin registry (cli_plugins.c). */
 #ifndef COMPOSER_CLI_H
 #define COMPOSER_CLI_H
 
@@ -73,11 +72,6 @@ extern const cli_plugin_entry cli_plugin_registry[];
 /* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
  * config origin, the closest entry and the available ones. */
 const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);
-
-/* The built-in run logger: writes every metric except the time/ ones to <run folder>/metrics.jsonl, draws
- * a progress bar (ctx->progress_bar) or prints progress lines, prints evaluation results, and
- * copies its lines to ctx->log. Stays until the loggers layer lands. */
-cm_status cli_run_logger_new(cli_ctx *ctx, cm_logger_plugin *out);
 
 /* Prints to stdout and to ctx->log (if any). */
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,6 +1,6 @@
-/* The plugin registry of `composer train` (config name -> constructor) and the built-in run
- * logger (metrics file, progress, evaluation lines) that stands in until the loggers layer
- * (ProgressBarLogger, ConsoleLogger, FileLogger) lands. Adding a plugin is one registry row. */
+/* The plugin registry of `composer train` (config name -> constructor). Adding a plugin is one
+ * registry row. The run's loggers (FileLogger, ProgressBarLogger, ConsoleLogger from loggers.h)
+ * are made by cli_train.c from the settings the logger rows record. */
 #include "cli.h"
 
 /* Keys and paths are cut to their buffers on purpose (longer ones are not valid config paths). */
@@ -48,8 +48,8 @@ static cm_status make_gradient_clipping(cm_config *c, const char *path, cli_ctx 
     return cm_grad_clip_new((cm_grad_clip_type)type, thr, &out->algorithm);
 }
 
-/* loggers.progress_bar: {} — the built-in logger's bar, drawn unless the top-level
- * progress_bar is false (Composer adds its ProgressBarLogger for progress_bar: true). */
+/* loggers.progress_bar: {} — the ProgressBarLogger, added unless the top-level progress_bar is
+ * false (Composer adds its ProgressBarLogger for progress_bar: true). */
 static cm_status make_progress_bar(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     (void)ctx;
     cm_config_touch(c, path);
@@ -57,7 +57,7 @@ static cm_status make_progress_bar(cm_config *c, const char *path, cli_ctx *ctx,
     return CM_OK;
 }
 
-/* loggers.console: {log_interval: 1ep} — the built-in logger prints plain progress lines. */
+/* loggers.console: {log_interval: 1ep} — a ConsoleLogger printing Composer's blocks on stdout. */
 static cm_status make_console(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     char key[256];
     snprintf(key, sizeof key, "%s.log_interval", path);
@@ -180,8 +180,8 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
 const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
-    {"progress_bar", CLI_LOGGER, make_progress_bar, "a progress bar on stderr (built in for now)"},
-    {"console", CLI_LOGGER, make_console, "plain progress lines every log_interval (1ep) (built in for now)"},
+    {"progress_bar", CLI_LOGGER, make_progress_bar, "ProgressBarLogger on stderr (also top-level progress_bar: true)"},
+    {"console", CLI_LOGGER, make_console, "ConsoleLogger: metric blocks on stdout every log_interval (1ep)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,
      "SpeedMonitor: window_size (100), peak_flops (0: measured), time_unit (hours)"},
     {"lr_monitor", CLI_CALLBACK, make_lr_monitor, "LRMonitor: logs lr-<Optimizer>/group<i>"},
@@ -218,150 +218,4 @@ const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const
                  kind_section(kind), name, near ? "did you mean '" : "", near ? near : "", near ? "'? " : "",
                  n ? list : "none yet");
     return NULL;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * The built-in run logger
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct run_logger {
-    cli_ctx *ctx;
-    cm_metrics_file *mf;
-    cm_progress *bar;
-    double loss;
-    int64_t last_line_batch;
-    char eval_line[1024];
-} run_logger;
-
-static cm_status rl_log_metrics(void *self, const cm_metric_value *values, int n, const cm_timestamp *ts) {
-    run_logger *rl = self;
-    const char *names[32];
-    double vals[32];
-    size_t k = 0;
-    for (int i = 0; i < n && k < 32; i++) {
-        if (strncmp(values[i].name, "time/", 5) == 0) continue;
-        if (strcmp(values[i].name, "loss/train/total") == 0) rl->loss = values[i].value;
-        if (strncmp(values[i].name, "metrics/", 8) == 0 && strncmp(values[i].name, "metrics/train/", 14) != 0) {
-            char v[CM_FORMAT_MAX];
-            size_t len = strlen(rl->eval_line);
-            snprintf(rl->eval_line + len, sizeof rl->eval_line - len, "%s%s: %s", len ? ", " : "", values[i].name,
-                     cm_format_metric(values[i].value, v, sizeof v));
-        }
-        names[k] = values[i].name, vals[k] = values[i].value, k++;
-    }
-    if (!rl->mf || !k) return CM_OK;
-    return cm_metrics_file_write(rl->mf, ts->batch, ts->epoch, names, vals, k);
-}
-
-static void rl_line(run_logger *rl, const char *msg) {
-    if (rl->bar) {
-        cm_progress_write(rl->bar, msg);
-        if (rl->ctx->log) fprintf(rl->ctx->log, "%s\n", msg), fflush(rl->ctx->log);
-    } else {
-        cli_say(rl->ctx, "%s\n", msg);
-    }
-}
-
-static cm_status rl_run_event(void *self, cm_event ev, const cm_state *st) {
-    run_logger *rl = self;
-    cli_ctx *ctx = rl->ctx;
-    const cm_timestamp *ts = cm_state_timestamp(st);
-    char msg[1200];
-    switch (ev) {
-    case CM_EVENT_FIT_START:
-        if (ctx->progress_bar && !ctx->quiet && !rl->bar) {
-            cm_progress_config pc = cm_progress_config_default();
-            pc.total = ctx->total_batches;
-            pc.desc = "train";
-            if (cm_progress_new(&pc, &rl->bar) != CM_OK) rl->bar = NULL;
-        }
-        break;
-    case CM_EVENT_BATCH_END: {
-        const char *name = "loss/train/total";
-        if (rl->bar) cm_progress_update(rl->bar, ts->batch, &name, &rl->loss, 1);
-        cm_time iv = ctx->console_log_interval;
-        bool due = false;
-        if (iv.count > 0 && iv.unit == CM_TIME_BATCH) due = ts->batch % iv.count == 0;
-        if (iv.count > 0 && iv.unit == CM_TIME_EPOCH) due = ts->batch_in_epoch == cm_state_batches_per_epoch(st);
-        if (due || (ctx->log && ts->batch % 100 == 0)) {
-            char v[CM_FORMAT_MAX];
-            snprintf(msg, sizeof msg, "[batch=%lld/%lld] loss/train/total: %s", (long long)ts->batch,
-                     (long long)ctx->total_batches, cm_format_metric(rl->loss, v, sizeof v));
-            if (due && !rl->bar) cli_say(ctx, "%s\n", msg);
-            else if (ctx->log) fprintf(ctx->log, "%s\n", msg), fflush(ctx->log);
-        }
-        break;
-    }
-    case CM_EVENT_EVAL_START:
-        rl->eval_line[0] = 0;
-        break;
-    case CM_EVENT_EVAL_END:
-        snprintf(msg, sizeof msg, "[batch=%lld] %s", (long long)ts->batch, rl->eval_line);
-        rl_line(rl, msg);
-        rl->eval_line[0] = 0;
-        break;
-    case CM_EVENT_FIT_END:
-        if (rl->bar) {
-            cm_progress_finish(rl->bar);
-            cm_progress_free(rl->bar);
-            rl->bar = NULL;
-        }
-        break;
-    default:
-        break;
-    }
-    return CM_OK;
-}
-
-static cm_status rl_flush(void *self) {
-    (void)self;
-    return CM_OK;
-}
-
-static cm_status rl_close(void *self, const cm_state *st) {
-    (void)st;
-    run_logger *rl = self;
-    cm_progress_free(rl->bar);
-    rl->bar = NULL;
-    cm_status s = cm_metrics_file_close(rl->mf);
-    rl->mf = NULL;
-    return s;
-}
-
-static void rl_free(void *self) {
-    run_logger *rl = self;
-    if (!rl) return;
-    cm_progress_free(rl->bar);
-    cm_metrics_file_close(rl->mf);
-    cm_free(rl);
-}
-
-static const cm_logger_i k_run_logger_vt = {
-    .abi = CM_LOGGER_ABI,
-    .name = "RunLogger",
-    .log_metrics = rl_log_metrics,
-    .run_event = rl_run_event,
-    .flush = rl_flush,
-    .close = rl_close,
-    .free = rl_free,
-};
-
-cm_status cli_run_logger_new(cli_ctx *ctx, cm_logger_plugin *out) {
-    run_logger *rl = cm_alloc_zeroed(sizeof *rl, 16);
-    if (!rl) return CM_ERR_OOM;
-    rl->ctx = ctx;
-    rl->loss = 0.0 / 0.0;
-    if (ctx->run_dir) {
-        char *path = NULL;
-        cm_status s = cm_run_folder_path(ctx->run_dir, CM_RUN_FILE_METRICS, &path);
-        if (!s) s = cm_metrics_file_open(path, false, &rl->mf);
-        cm_free(path);
-        if (s) {
-            cm_free(rl);
-            return s;
-        }
-    }
-    out->vt = &k_run_logger_vt;
-    out->self = rl;
-    return CM_OK;
 }

@@ -898,9 +898,26 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
 
     /* the trainer */
-    cm_logger_plugin rl;
-    if (cli_run_logger_new(&r.ctx, &rl) != CM_OK) return config_error(prog, &r);
-    r.lgs[r.n_lgs++] = rl;
+    /* The run's loggers (loggers.h): metrics.jsonl and loss.svg in the run folder (log.txt is the
+     * CLI's own tee of what it prints), a progress bar on stderr, and console lines when asked. */
+    cm_logger_plugin lp;
+    cm_file_logger_config fc = cm_file_logger_config_default();
+    fc.folder = r.ctx.run_dir;
+    fc.text_log = false;
+    if (cm_file_logger_new(&fc, &lp) != CM_OK) return config_error(prog, &r);
+    r.lgs[r.n_lgs++] = lp;
+    if (r.ctx.progress_bar && !r.ctx.quiet) {
+        cm_progress_bar_logger_config pc = cm_progress_bar_logger_config_default();
+        if (cm_progress_bar_logger_new(&pc, &lp) != CM_OK) return config_error(prog, &r);
+        r.lgs[r.n_lgs++] = lp;
+    }
+    if (r.ctx.console_log_interval.count > 0) {
+        cm_console_logger_config cc = cm_console_logger_config_default();
+        cc.log_interval = r.ctx.console_log_interval;
+        cc.stream = stdout;
+        if (cm_console_logger_new(&cc, &lp) != CM_OK) return config_error(prog, &r);
+        r.lgs[r.n_lgs++] = lp;
+    }
     r.tc.model = r.model;
     r.tc.train_dataloader = r.train_dl;
     r.tc.eval_dataloader = r.eval_dl;
