@@ -79,6 +79,13 @@ cm_status cm_set_errorv(cm_status s, const char *fmt, va_list ap);
 /* Clears this thread's last error. */
 void cm_clear_error(void);
 
+/* Suggestions for messages: the Levenshtein distance of two names (compared on their first 63
+ * bytes), and the candidate closest to `word` when it is close enough to be a likely typo (at most
+ * 2 edits for names under 6 characters, else a third of the name + 1), else NULL. NULL candidates
+ * are skipped. Thread-safe. */
+int cm_edit_distance(const char *a, const char *b);
+const char *cm_closest_name(const char *word, const char *const *cands, int n);
+
 /* The library version string ("0.1.0"). */
 const char *cm_version(void);
 

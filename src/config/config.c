@@ -128,38 +128,8 @@ static bool is_null_text(const char *s) {
  * Suggestions
  * ------------------------------------------------------------------------------------------- */
 
-static int edit_distance(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    if (na > 64 || nb > 64) return INT_MAX;
-    int row[65];
-    for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
-    for (size_t i = 1; i <= na; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= nb; j++) {
-            int up = row[j];
-            int best = diag + (a[i - 1] != b[j - 1]);
-            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-            if (up + 1 < best) best = up + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[nb];
-}
-
 const char *cm_config_closest(const char *word, const char *const *cands, int n) {
-    if (!word) return NULL;
-    const char *best = NULL;
-    int bd = INT_MAX;
-    for (int i = 0; i < n; i++) {
-        if (!cands[i]) continue;
-        int d = edit_distance(word, cands[i]);
-        if (d < bd) bd = d, best = cands[i];
-    }
-    int len = (int)strlen(word);
-    int limit = len < 6 ? 2 : len / 3 + 1;
-    return bd <= limit ? best : NULL;
+    return cm_closest_name(word, cands, n);
 }
 
 /* ---------------------------------------------------------------------------------------------

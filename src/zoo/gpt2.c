@@ -46,22 +46,6 @@ static const preset presets[] = {
 
 const char *cm_gpt2_preset_names(void) { return "gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, tiny"; }
 
-/* Levenshtein distance of two short strings (longer ones are compared on their first 63 bytes). */
-static int edit_distance(const char *a, const char *b) {
-    int prev[64], cur[64];
-    int na = (int)strnlen(a, 63), nb = (int)strnlen(b, 63);
-    for (int j = 0; j <= nb; j++) prev[j] = j;
-    for (int i = 1; i <= na; i++) {
-        cur[0] = i;
-        for (int j = 1; j <= nb; j++) {
-            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]), del = prev[j] + 1, ins = cur[j - 1] + 1;
-            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-        }
-        memcpy(prev, cur, sizeof(int) * (size_t)(nb + 1));
-    }
-    return prev[nb];
-}
-
 cm_status cm_gpt2_config_preset(const char *name, cm_gpt2_config *out) {
     if (!name || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_config_preset: NULL name or out");
     int best = 0, best_d = 1 << 30;
@@ -74,7 +58,7 @@ cm_status cm_gpt2_config_preset(const char *name, cm_gpt2_config *out) {
             *out = c;
             return CM_OK;
         }
-        int d = edit_distance(name, presets[i].name);
+        int d = cm_edit_distance(name, presets[i].name);
         if (d < best_d) best_d = d, best = i;
     }
     return cm_set_error(CM_ERR_NOT_FOUND, "unknown GPT-2 preset '%s' (did you mean '%s'? presets: %s)", name,

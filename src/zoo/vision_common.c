@@ -5,24 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Edit distance (insertions, deletions, substitutions) between short names; longer names are
- * compared on their first 63 characters. */
-static int edit_distance(const char *a, const char *b) {
-    int la = (int)strnlen(a, 63), lb = (int)strnlen(b, 63);
-    int prev[64], cur[64];
-    for (int j = 0; j <= lb; j++) prev[j] = j;
-    for (int i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (int j = 1; j <= lb; j++) {
-            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            int del = prev[j] + 1, ins = cur[j - 1] + 1;
-            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-        }
-        memcpy(prev, cur, sizeof(int) * (size_t)(lb + 1));
-    }
-    return prev[lb];
-}
-
 cm_status cmz_unknown_preset(const char *fn, const char *name, const char *const *names, int n) {
     char list[512];
     size_t len = 0;
@@ -32,7 +14,7 @@ cm_status cmz_unknown_preset(const char *fn, const char *name, const char *const
         int w = snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", names[i]);
         if (w > 0 && (size_t)w < sizeof list - len) len += (size_t)w;
         if (name) {
-            int d = edit_distance(name, names[i]);
+            int d = cm_edit_distance(name, names[i]);
             if (d < best_d) best_d = d, best = i;
         }
     }
