@@ -8,8 +8,13 @@
  * cached primitive allocates nothing but three small memory objects. */
 #include "tensor/dnnl_gemm.h"
 
+#include <cblas.h>
+#include <limits.h>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 
 #define CACHE_CAP 256
 
@@ -31,6 +36,104 @@ static int g_n_cached;
 static dnnl_engine_t g_engine;
 static _Thread_local dnnl_stream_t t_stream; /* CPU streams are cheap but not shareable between threads */
 
+/* ------------------------------------------------------------------------------------------ */
+/* Kernel choice                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static pthread_once_t g_kernel_once = PTHREAD_ONCE_INIT;
+static _Atomic int g_kernel = -1;
+
+bool cmi_bf16_native(void) {
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    return (isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+}
+
+const char *cmi_dnnl_isa_name(void) {
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+static void kernel_init(void) {
+    const char *e = getenv("CM_BF16_GEMM");
+    int k = cmi_bf16_native() ? CMI_BF16_ONEDNN : CMI_BF16_WIDEN;
+    if (e && strcmp(e, "onednn") == 0) k = CMI_BF16_ONEDNN;
+    else if (e && strcmp(e, "widen") == 0) k = CMI_BF16_WIDEN;
+    else if (e && *e)
+        cm_log_msg(CM_LOG_WARN, "CM_BF16_GEMM='%s' is not a bf16 GEMM kernel (use onednn or widen); using %s", e,
+                    k == CMI_BF16_ONEDNN ? "onednn" : "widen");
+    int expect = -1;
+    atomic_compare_exchange_strong(&g_kernel, &expect, k);
+}
+
+cmi_bf16_kernel cmi_bf16_get_kernel(void) {
+    pthread_once(&g_kernel_once, kernel_init);
+    return (cmi_bf16_kernel)atomic_load(&g_kernel);
+}
+
+void cmi_bf16_set_kernel(cmi_bf16_kernel k) {
+    pthread_once(&g_kernel_once, kernel_init);
+    atomic_store(&g_kernel, (int)k);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Widen: bf16 → f32, then sgemm                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The stored (rows, cols) matrix at p with leading dim ld, widened into a dense f32 (rows, cols). */
+static void widen(const uint16_t *p, int64_t rows, int64_t cols, int64_t ld, float *out) {
+    const bool par = rows * cols > CMI_PAR_MIN && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t i = 0; i < rows; i++) {
+        const uint16_t *s = p + i * ld;
+        uint32_t *d = (uint32_t *)(out + i * cols);
+        for (int64_t j = 0; j < cols; j++) d[j] = (uint32_t)s[j] << 16;
+    }
+}
+
+static cm_status gemm_widen(cm_tape *tp, int64_t M, int64_t N, int64_t K, const uint16_t *a, int64_t lda, bool ta,
+                            const uint16_t *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c,
+                            int64_t ldc) {
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || ldc > INT_MAX)
+        return cmi_fail(tp, CM_ERR_UNSUPPORTED, "matmul (bf16): GEMM of M=%lld N=%lld K=%lld exceeds the 32-bit BLAS interface",
+                        (long long)M, (long long)N, (long long)K);
+    /* op(A) is stored as (M, K) rows, or as (K, M) rows when transposed; likewise B. */
+    const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    float *a32 = cmi_scratch(tp, sizeof(float) * (size_t)(ar * ac + 1));
+    float *b32 = a32 ? cmi_scratch(tp, sizeof(float) * (size_t)(br * bc + 1)) : NULL;
+    if (!b32) return cmi_status(tp);
+    widen(a, ar, ac, lda, a32);
+    widen(b, br, bc, ldb, b32);
+    if (bias || !acc) {
+        const bool par = M * N > CMI_PAR_MIN && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t i = 0; i < M; i++) {
+            float *row = c + i * ldc;
+            if (!acc) memset(row, 0, sizeof(float) * (size_t)N);
+            if (bias)
+                for (int64_t j = 0; j < N; j++) row[j] += bias[j];
+        }
+    }
+    if (K == 0) return CM_OK;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                1.0f, a32, (int)(ac ? ac : 1), b32, (int)(bc ? bc : 1), 1.0f, c, (int)ldc);
+    return CM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* oneDNN                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
 int cmi_gemm_bf16_cache_size(void) {
     pthread_mutex_lock(&g_lock);
     int n = g_n_cached;
@@ -39,6 +142,11 @@ int cmi_gemm_bf16_cache_size(void) {
 }
 
 static cm_status dnnl_fail(cm_tape *tp, const char *what, dnnl_status_t s, const gemm_key *k) {
+    if (s == dnnl_unimplemented)
+        return cmi_fail(tp, CM_ERR_UNSUPPORTED,
+                        "matmul (bf16): oneDNN has no bf16 matmul for this CPU (ISA %s) for M=%lld N=%lld K=%lld; "
+                        "unset CM_BF16_GEMM or set CM_BF16_GEMM=widen",
+                        cmi_dnnl_isa_name(), (long long)k->m, (long long)k->n, (long long)k->k);
     return cmi_fail(tp, CM_ERR_INTERNAL,
                     "matmul (bf16): oneDNN %s failed with status %d for M=%lld N=%lld K=%lld (ta=%d tb=%d)", what, (int)s,
                     (long long)k->m, (long long)k->n, (long long)k->k, k->ta, k->tb);
@@ -96,6 +204,8 @@ done:
 cm_status cmi_gemm_bf16(cm_tape *tp, int64_t M, int64_t N, int64_t K, const uint16_t *a, int64_t lda, bool ta,
                         const uint16_t *b, int64_t ldb, bool tb, const float *bias, bool accumulate, float *c,
                         int64_t ldc) {
+    if (cmi_bf16_get_kernel() == CMI_BF16_WIDEN)
+        return gemm_widen(tp, M, N, K, a, lda, ta, b, ldb, tb, bias, accumulate, c, ldc);
     gemm_key k;
     memset(&k, 0, sizeof k); /* compared with memcmp: no stray padding bytes */
     k.m = M, k.n = N, k.k = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
