@@ -181,6 +181,17 @@ const char *cm_precision_name(cm_precision p); /* "amp_bf16"; "?" out of range *
 /* Case-insensitive; CM_ERR_INVALID_ARG listing the names otherwise. */
 cm_status cm_precision_parse(const char *s, cm_precision *out);
 
+/* One rank's piece of a wrap unit under sharded data parallelism (SHARD_GRAD_OP, FULL_SHARD):
+ * the rank owns elements [begin, end) of unit `unit`'s flat buffers (cm_module_unit) and keeps
+ * the f32 master values of those parameters, their optimizer state and, after sync_grads, their
+ * global-batch gradient. Pieces of one unit over all ranks tile [0, numel) in rank order. */
+typedef struct cm_shard_span {
+    int unit;           /* index of the wrap unit */
+    int64_t begin, end; /* this rank's elements of the unit's flat buffer, 0 <= begin <= end <= numel */
+    float *params;      /* (end - begin): the master values the optimizer updates */
+    float *grads;       /* (end - begin): the global batch's gradient, from sync_grads to the step */
+} cm_shard_span;
+
 /* =============================================================================================
  * The state: everything a plugin may look at
  * =========================================================================================== */
@@ -237,8 +248,17 @@ cm_precision cm_state_precision(const cm_state *st);
 int64_t cm_state_microbatch_size(const cm_state *st);
 int64_t cm_state_n_microbatches(const cm_state *st);
 int64_t cm_state_microbatch_index(const cm_state *st);
-int cm_state_rank(const cm_state *st);       /* 0 for now */
-int cm_state_world_size(const cm_state *st); /* 1 for now */
+int cm_state_rank(const cm_state *st);       /* this process's rank (0 on one process) */
+int cm_state_world_size(const cm_state *st); /* ranks in the job (1 on one process) */
+/* Sums n doubles over all ranks in place (nothing to do on one process): for plugins that need
+ * global quantities (norms, counts). Every rank must call it at the same point. Errors: the
+ * communicator's. */
+cm_status cm_state_all_reduce_sum(const cm_state *st, double *values, int n);
+/* This rank's shard spans under a sharded strategy (*n = 0 and NULL when every rank holds all
+ * parameters and gradients in the model's flat buffers). Gradient norms over the spans need
+ * cm_state_all_reduce_sum to become global; over the flat buffers they already are (after
+ * sync_grads every rank holds the global gradient). */
+const cm_shard_span *cm_state_shard_spans(const cm_state *st, int *n);
 uint64_t cm_state_seed(const cm_state *st);
 const char *cm_state_run_name(const cm_state *st);
 bool cm_state_progress_bar(const cm_state *st);
@@ -474,14 +494,35 @@ typedef struct cm_evaluator {
 
 cm_evaluator cm_evaluator_default(void); /* label "eval", subset -1, interval the trainer's */
 
-/* Hooks for the distributed layer. All NULL: one process. */
+/* Hooks for the distributed layer (composer/dist.h fills them with cm_dist_trainer_hooks). All
+ * NULL / 0: one process. */
 typedef struct cm_trainer_dist {
     int rank, world_size; /* 0 and 1 */
     /* Sums `n` doubles over all ranks in place (the batch loss, metric sums). */
     cm_status (*all_reduce_sum)(double *values, int n, void *data);
     /* After the last microbatch's backward, before AFTER_TRAIN_BATCH: make the gradients the
-     * global batch's (e.g. all-reduce the flat gradient buffers). */
+     * global batch's (all-reduce the flat gradient buffers; reduce-scatter into the shard spans). */
     cm_status (*sync_grads)(cm_state *st, void *data);
+    /* After each optimizer step and after a checkpoint load wrote the shard spans: make the
+     * model's flat parameter buffers agree with the spans (SHARD_GRAD_OP: all-gather; FULL_SHARD:
+     * gather each unit again when it is next used). NULL when parameters are not sharded. */
+    cm_status (*sync_params)(cm_state *st, void *data);
+    /* Plain collectives, for checkpoints and plugins: a barrier; `bytes` bytes from root to all;
+     * `bytes` from every rank into recv (world_size × bytes, rank order). */
+    cm_status (*barrier)(void *data);
+    cm_status (*broadcast)(void *buf, int64_t bytes, int root, void *data);
+    cm_status (*all_gather)(const void *send, void *recv, int64_t bytes, void *data);
+    /* Sharded strategies: this rank's pieces (borrowed; valid as long as `data`), in unit order.
+     * n_shard_spans 0: every rank holds every parameter and gradient in the model's flat buffers. */
+    const cm_shard_span *shard_spans;
+    int n_shard_spans;
+    /* FULL_SHARD: the model's flat parameter buffers are valid only while a unit is gathered (the
+     * spans hold the parameters at rest); every microbatch then runs collectives, so all ranks run
+     * the same number of microbatches (see cm_trainer_fit). */
+    bool params_sharded;
+    /* Every microbatch's forward or backward runs collectives (FULL_SHARD, SHARD_GRAD_OP): the
+     * trainer gives every rank the same number of microbatches per batch. */
+    bool collectives_per_microbatch;
     void *data;
 } cm_trainer_dist;
 

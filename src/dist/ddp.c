@@ -260,6 +260,13 @@ static const cm_callback_i k_link = {CM_CALLBACK_ABI, "DistributedDataParallel",
                                      link_free};
 
 static cm_status hook_sync_grads(cm_state *st, void *data) { return cm_dist_sync_grads(data); }
+static cm_status hook_barrier(void *data) { return cm_comm_barrier(((cm_dist *)data)->comm); }
+static cm_status hook_broadcast(void *buf, int64_t bytes, int root, void *data) {
+    return cm_comm_broadcast(((cm_dist *)data)->comm, buf, bytes, CM_COMM_U8, root);
+}
+static cm_status hook_all_gather(const void *send, void *recv, int64_t bytes, void *data) {
+    return cm_comm_all_gather(((cm_dist *)data)->comm, send, recv, bytes, CM_COMM_U8);
+}
 
 void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     if (!d || !cfg) return;
@@ -267,6 +274,9 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     cfg->dist.world_size = cm_comm_size(d->comm);
     cfg->dist.all_reduce_sum = hook_all_reduce_sum;
     cfg->dist.sync_grads = hook_sync_grads;
+    cfg->dist.barrier = hook_barrier;
+    cfg->dist.broadcast = hook_broadcast;
+    cfg->dist.all_gather = hook_all_gather;
     cfg->dist.data = d;
 }
 

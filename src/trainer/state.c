@@ -115,6 +115,20 @@ int64_t cm_state_n_microbatches(const cm_state *st) { return st->n_microbatches;
 int64_t cm_state_microbatch_index(const cm_state *st) { return st->microbatch_index; }
 int cm_state_rank(const cm_state *st) { return st->rank; }
 int cm_state_world_size(const cm_state *st) { return st->world_size; }
+
+cm_status cm_state_all_reduce_sum(const cm_state *st, double *values, int n) {
+    if (!st || (n > 0 && !values) || n < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_all_reduce_sum: NULL state or values, or n %d < 0", n);
+    if (!st->dist || !st->dist->all_reduce_sum || st->world_size <= 1 || n == 0) return CM_OK;
+    return st->dist->all_reduce_sum(values, n, st->dist->data);
+}
+
+const cm_shard_span *cm_state_shard_spans(const cm_state *st, int *n) {
+    if (n) *n = 0;
+    if (!st || !st->dist || st->dist->n_shard_spans <= 0) return NULL;
+    if (n) *n = st->dist->n_shard_spans;
+    return st->dist->shard_spans;
+}
 uint64_t cm_state_seed(const cm_state *st) { return st->seed; }
 const char *cm_state_run_name(const cm_state *st) { return st->run_name; }
 bool cm_state_progress_bar(const cm_state *st) { return st->progress_bar; }

@@ -258,6 +258,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     tr->deterministic = cfg->deterministic_mode;
     tr->n_threads = cm_num_threads();
     tr->dist = cfg->dist;
+    st->dist = &tr->dist;
     tr->last_eval_batch = -1;
 
     /* evaluators: eval_dataloader first (label "eval"), then the list */

@@ -20,6 +20,7 @@ struct cm_state {
     char run_name[128];
     uint64_t seed;
     int rank, world_size;
+    const cm_trainer_dist *dist; /* the trainer's hooks (NULL for a state from cm_state_new) */
     bool progress_bar;
 
     cm_model *model;
