@@ -260,6 +260,14 @@ void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first
  * share of the global batch, so the summed gradients are exactly the full batch's. */
 void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg);
 
+/* The spans an optimizer over this rank's parameters should hold (cm_optim_add_group), in unit
+ * order, named by unit: NO_SHARD gives every unit whole ({unit name, params, grads, numel});
+ * SHARD_GRAD_OP and FULL_SHARD give this rank's piece of each unit ({unit name, span.params,
+ * span.grads, end - begin}: see cm_shard_span), so optimizer state is sharded too. *out points
+ * into d (valid while d lives). Make the optimizer after cm_dist_new and before the trainer.
+ * Errors: CM_ERR_INVALID_ARG (NULL). */
+cm_status cm_dist_optim_spans(cm_dist *d, const cm_optim_span **out, int *n);
+
 /* Lets backward start each unit's all-reduce during the last microbatch's backward (a hook on the
  * trainer's tape, and a callback "DistributedDataParallel" on its engine that unhooks it when the
  * trainer is freed; either may be freed first). Optional: without it every bucket starts in

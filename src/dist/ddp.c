@@ -26,6 +26,7 @@ struct cm_dist {
     cm_dist_config cfg;
     int n_units;
     cm_comm_request **req;   /* (n_units) in flight, NULL otherwise */
+    cm_optim_span *ospans;   /* (n_units) what an optimizer over this rank's parameters holds */
     int64_t *unit_last;      /* (n_units) backward index after which the unit is final; -1: not on the tape */
     unit_range *ranges;      /* (n_units) sorted by address */
     int next;                /* units started so far in this step (issue order: n_units-1 down to 0) */
@@ -43,6 +44,13 @@ struct cm_dist {
 cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true}; }
 
 cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
+
+cm_status cm_dist_optim_spans(cm_dist *d, const cm_optim_span **out, int *n) {
+    if (!d || !out || !n) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_optim_spans: NULL argument");
+    *out = d->ospans;
+    *n = d->n_units;
+    return CM_OK;
+}
 cm_dist_stats cm_dist_get_stats(const cm_dist *d) { return d ? d->stats : (cm_dist_stats){0}; }
 void cm_dist_reset_stats(cm_dist *d) {
     if (d) memset(&d->stats, 0, sizeof d->stats);
@@ -63,6 +71,7 @@ void cm_dist_free(cm_dist *d) {
     if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
     cm_free(d->req);
+    cm_free(d->ospans);
     cm_free(d->unit_last);
     cm_free(d->ranges);
     cm_free(d);
@@ -106,13 +115,15 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     d->req = cm_alloc_zeroed(n * sizeof *d->req, 16);
     d->unit_last = cm_alloc_zeroed(n * sizeof *d->unit_last, 16);
     d->ranges = cm_alloc_zeroed(n * sizeof *d->ranges, 16);
-    if (!d->req || !d->unit_last || !d->ranges) {
+    d->ospans = cm_alloc_zeroed(n * sizeof *d->ospans, 16);
+    if (!d->req || !d->unit_last || !d->ranges || !d->ospans) {
         cm_dist_free(d);
         return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
     }
     for (int u = 0; u < d->n_units; u++) {
         const cm_unit_info *ui = cm_module_unit(root, u);
         d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
+        d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
     }
     qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
     cm_status s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
