@@ -193,6 +193,7 @@ cm_status cm_comm_reduce_scatter(cm_comm *c, const void *send, void *recv, int64
 cm_status cm_comm_all_gather(cm_comm *c, const void *send, void *recv, int64_t send_count, cm_comm_dtype dt);
 cm_status cm_comm_broadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, int root);
 cm_status cm_comm_barrier(cm_comm *c);
+/* all_gather runs in place when send is this rank's own block of recv (recv + rank · send_count). */
 /* Shorthands for the common in-place sums. */
 cm_status cm_comm_all_reduce_sum_f32(cm_comm *c, float *buf, int64_t count);
 cm_status cm_comm_all_reduce_sum_f64(cm_comm *c, double *buf, int64_t count);
@@ -239,7 +240,7 @@ const char *cm_sharding_name(cm_sharding s);                /* "NO_SHARD"; "?" o
 cm_status cm_sharding_parse(const char *s, cm_sharding *out); /* case-insensitive */
 
 typedef struct cm_dist_config {
-    cm_sharding sharding;    /* NO_SHARD (default); the others are not available yet */
+    cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP; FULL_SHARD is not available yet */
     bool sync_module_states; /* broadcast rank 0's parameters and buffers in cm_dist_new (default true) */
     bool overlap;            /* start each unit's all-reduce as soon as backward finished it (default true) */
 } cm_dist_config;
@@ -250,8 +251,16 @@ typedef struct cm_dist cm_dist;
 
 /* Data parallelism over `comm` for `model` (both borrowed; they must outlive the cm_dist). The
  * model's module tree must be finalized: each wrap unit's flat gradient buffer is one bucket.
- * Errors: CM_ERR_INVALID_ARG (NULL), CM_ERR_STATE (not finalized), CM_ERR_UNSUPPORTED
- * (SHARD_GRAD_OP, FULL_SHARD), the communicator's errors (the broadcast), CM_ERR_OOM. */
+ * SHARD_GRAD_OP (ZeRO-2) pads each unit's flat buffers to a multiple of the world size (moving
+ * them: call it before making the optimizer and the trainer) and locks the model until
+ * cm_dist_free; rank r then owns elements [r·chunk, (r+1)·chunk) ∩ [0, numel) of each unit,
+ * chunk = ceil(numel / W): its optimizer holds just those (cm_dist_optim_spans), sync_grads
+ * reduce-scatters the gradient into them and cm_dist_sync_params all-gathers the parameters after
+ * the step. Under it, the model's flat gradient buffers hold only this rank's local gradient
+ * after sync_grads: read the global one through the shard spans (cm_state_shard_spans).
+ * Errors: CM_ERR_INVALID_ARG (NULL), CM_ERR_STATE (not finalized; SHARD_GRAD_OP on a model that
+ * an optimizer or trainer already locked), CM_ERR_UNSUPPORTED (FULL_SHARD), the communicator's
+ * errors (the broadcast), CM_ERR_OOM. */
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
 void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first */
 
@@ -278,6 +287,12 @@ cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr);
 /* Makes the gradients the global batch's: all-reduces (sums) every unit's flat gradient buffer
  * that backward has not started yet, then waits for all of them. Errors: the communicator's. */
 cm_status cm_dist_sync_grads(cm_dist *d);
+
+/* After an optimizer step under SHARD_GRAD_OP: all-gathers every unit (in place) so each rank's
+ * model holds the updated parameters of every rank's piece. Nothing to do for NO_SHARD. The
+ * trainer calls it through the sync_params hook after each step and after a checkpoint load.
+ * Errors: the communicator's. */
+cm_status cm_dist_sync_params(cm_dist *d);
 
 /* Where the time went, summed since cm_dist_new (or the last reset). */
 typedef struct cm_dist_stats {

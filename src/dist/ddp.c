@@ -1,4 +1,4 @@
-/* Data parallelism, NO_SHARD (DDP): every rank holds the whole model, computes the gradient of
+/* Data parallelism. NO_SHARD (DDP): every rank holds the whole model, computes the gradient of
  * its slice of the global batch, and the flat gradient buffers of the wrap units (one bucket
  * each) are summed over ranks. The trainer already weights each microbatch's loss by its share of
  * the global batch, so the sum is the full batch's gradient — no division afterwards.
@@ -7,8 +7,16 @@
  * that reads one of its parameters; once backward has run past that node the unit's gradient is
  * final and its all-reduce starts. Buckets start in a fixed order (highest unit index first, the
  * order backward usually finishes them), so every rank issues the same sequence of collectives
- * whatever the timing; a unit that finishes out of that order waits for its turn. */
+ * whatever the timing; a unit that finishes out of that order waits for its turn.
+ *
+ * SHARD_GRAD_OP (ZeRO-2): each unit's flat buffers are padded to W·chunk floats (chunk =
+ * ceil(numel / W)) so the collectives need no staging copies. The bucket of a unit becomes a
+ * reduce-scatter of its whole gradient buffer into this rank's chunk (started from the same
+ * backward hook, in the same order), the optimizer holds only this rank's piece of every unit
+ * (parameters in place in the model's buffer, the reduced gradient in the chunk), and after the
+ * step every unit is all-gathered in place so all ranks hold the new parameters again. */
 #include "dist/dist_impl.h"
+#include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
 
 #include <stdio.h>
@@ -22,6 +30,11 @@ typedef struct unit_range {
 
 struct cm_dist {
     cm_comm *comm;
+    int rank, world;
+    bool sharded;            /* SHARD_GRAD_OP */
+    int64_t *chunk;          /* (n_units) elements per rank of each padded unit */
+    float **gshard;          /* (n_units) this rank's reduced gradient chunk (chunk floats) */
+    cm_shard_span *spans;    /* (n_units) this rank's pieces */
     cm_model *model;
     cm_dist_config cfg;
     int n_units;
@@ -36,6 +49,7 @@ struct cm_dist {
     cm_state *st;
     cm_tape *tape;
     struct tape_link *link;  /* the plugin that tells us when the trainer (and its tape) goes */
+    bool locked;             /* we hold a lock on the model (its buffers must not be re-packed) */
     cm_status hook_status;   /* a failure inside the hook, reported by sync_grads */
     char hook_error[1024];
     cm_dist_stats stats;
@@ -70,6 +84,11 @@ void cm_dist_free(cm_dist *d) {
     if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
     if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
+    for (int u = 0; d->gshard && u < d->n_units; u++) cm_free(d->gshard[u]);
+    cm_free(d->gshard);
+    cm_free(d->chunk);
+    cm_free(d->spans);
+    if (d->locked) cm_module_unlock(cm_model_module(d->model));
     cm_free(d->req);
     cm_free(d->ospans);
     cm_free(d->unit_last);
@@ -93,6 +112,36 @@ static cm_status broadcast_states(cm_dist *d) {
     return CM_OK;
 }
 
+/* SHARD_GRAD_OP: pads every unit to W·chunk floats, allocates this rank's gradient chunks and
+ * describes its pieces. Locks the model so nothing re-packs the padded buffers under us. */
+static cm_status shard_setup(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
+    d->chunk = cm_alloc_zeroed(n * sizeof *d->chunk, 16);
+    d->gshard = cm_alloc_zeroed(n * sizeof *d->gshard, 16);
+    d->spans = cm_alloc_zeroed(n * sizeof *d->spans, 16);
+    if (!d->chunk || !d->gshard || !d->spans) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    for (int u = 0; u < d->n_units; u++) {
+        const int64_t numel = cm_module_unit(root, u)->numel, W = d->world;
+        const int64_t chunk = (numel + W - 1) / W;
+        cm_status s = cmn_unit_reserve(root, u, chunk * W);
+        if (s) return s;
+        d->chunk[u] = chunk;
+        if (!(d->gshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64)))
+            return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for gradient shards");
+    }
+    for (int u = 0; u < d->n_units; u++) { /* after every reserve: the unit pointers are final */
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        int64_t b = (int64_t)d->rank * d->chunk[u], e = b + d->chunk[u];
+        if (b > ui->numel) b = ui->numel;
+        if (e > ui->numel) e = ui->numel;
+        d->spans[u] = (cm_shard_span){u, b, e, ui->params + b, d->gshard[u]};
+    }
+    cm_status s = cm_module_lock(root);
+    if (!s) d->locked = true;
+    return s;
+}
+
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out) {
     if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: out is NULL");
     *out = NULL;
@@ -100,9 +149,9 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist_config c = cfg ? *cfg : cm_dist_config_default();
     if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
-    if (c.sharding != CM_SHARDING_NO_SHARD)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "sharding_strategy %s is not available yet (use NO_SHARD)",
-                            cm_sharding_name(c.sharding));
+    if (c.sharding == CM_SHARDING_FULL_SHARD)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "sharding_strategy FULL_SHARD is not available yet (use SHARD_GRAD_OP: "
+                                                "sharded gradients and optimizer state, or NO_SHARD)");
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -110,6 +159,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist *d = cm_alloc_zeroed(sizeof *d, 16);
     if (!d) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
     d->comm = comm, d->model = model, d->cfg = c;
+    d->rank = cm_comm_rank(comm), d->world = cm_comm_size(comm);
+    d->sharded = c.sharding == CM_SHARDING_SHARD_GRAD_OP;
     d->n_units = cm_module_n_units(root);
     const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
     d->req = cm_alloc_zeroed(n * sizeof *d->req, 16);
@@ -120,13 +171,22 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         cm_dist_free(d);
         return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
     }
+    cm_status s = d->sharded ? shard_setup(d) : CM_OK;
+    if (s) {
+        cm_dist_free(d);
+        return s;
+    }
     for (int u = 0; u < d->n_units; u++) {
         const cm_unit_info *ui = cm_module_unit(root, u);
         d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
-        d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
+        if (d->sharded)
+            d->ospans[u] = (cm_optim_span){ui->name, d->spans[u].params, d->spans[u].grads,
+                                           d->spans[u].end - d->spans[u].begin};
+        else
+            d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
     }
     qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
-    cm_status s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
+    s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
     if (s) {
         cm_dist_free(d);
         return s;
@@ -154,10 +214,15 @@ static int unit_of(const cm_dist *d, const void *p) {
 static cm_status start_next(cm_dist *d) {
     const int u = d->n_units - 1 - d->next;
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
-    cm_status s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+    cm_status s;
+    if (d->sharded) /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
+        s = cm_comm_ireduce_scatter(d->comm, ui->grads, d->gshard[u], d->chunk[u], CM_COMM_F32, CM_REDUCE_SUM,
+                                    &d->req[u]);
+    else
+        s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
     if (s) return s;
     d->next++;
-    d->stats.bytes += (double)ui->numel * 4.0;
+    d->stats.bytes += (double)(d->sharded ? d->chunk[u] * d->world : ui->numel) * 4.0;
     return CM_OK;
 }
 
@@ -228,7 +293,7 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     }
     const double t0 = cm_clock_s();
     cm_status s = CM_OK;
-    if (cm_comm_size(d->comm) > 1) {
+    if (cm_comm_size(d->comm) > 1 || d->sharded) {
         while (!s && d->next < d->n_units) {
             s = start_next(d);
             if (!s) d->stats.n_buckets_late++;
@@ -243,6 +308,26 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     d->next = 0;
     d->stats.n_syncs++;
     d->stats.wait_s += cm_clock_s() - t0;
+    return s;
+}
+
+cm_status cm_dist_sync_params(cm_dist *d) {
+    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_params: NULL");
+    if (!d->sharded) return CM_OK;
+    cm_module *root = cm_model_module(d->model);
+    cm_status s = CM_OK;
+    /* every unit's gather in flight at once, then wait for all (in place: this rank's chunk of the
+     * padded buffer is where it is received) */
+    for (int u = 0; u < d->n_units && !s; u++) {
+        float *p = cm_module_unit(root, u)->params;
+        s = cm_comm_iall_gather(d->comm, p + (int64_t)d->rank * d->chunk[u], p, d->chunk[u], CM_COMM_F32, &d->req[u]);
+    }
+    for (int u = 0; u < d->n_units; u++) {
+        if (!d->req[u]) continue;
+        cm_status w = cm_comm_wait(d->comm, d->req[u]);
+        d->req[u] = NULL;
+        if (!s) s = w;
+    }
     return s;
 }
 
@@ -271,6 +356,7 @@ static const cm_callback_i k_link = {CM_CALLBACK_ABI, "DistributedDataParallel",
                                      link_free};
 
 static cm_status hook_sync_grads(cm_state *st, void *data) { return cm_dist_sync_grads(data); }
+static cm_status hook_sync_params(cm_state *st, void *data) { return cm_dist_sync_params(data); }
 static cm_status hook_barrier(void *data) { return cm_comm_barrier(((cm_dist *)data)->comm); }
 static cm_status hook_broadcast(void *buf, int64_t bytes, int root, void *data) {
     return cm_comm_broadcast(((cm_dist *)data)->comm, buf, bytes, CM_COMM_U8, root);
@@ -288,6 +374,11 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     cfg->dist.barrier = hook_barrier;
     cfg->dist.broadcast = hook_broadcast;
     cfg->dist.all_gather = hook_all_gather;
+    cfg->dist.sync_params = d->sharded ? hook_sync_params : NULL;
+    cfg->dist.shard_spans = d->sharded ? d->spans : NULL;
+    cfg->dist.n_shard_spans = d->sharded ? d->n_units : 0;
+    cfg->dist.params_sharded = false;
+    cfg->dist.collectives_per_microbatch = false;
     cfg->dist.data = d;
 }
 

@@ -190,9 +190,12 @@ static cm_status default_optimizer(cm_trainer *tr) {
     int n = cm_module_n_units(root);
     cm_optim_span *spans = cm_alloc_zeroed(sizeof *spans * (size_t)(n > 0 ? n : 1), 16);
     if (!spans) return CM_ERR_OOM;
+    /* under a sharded strategy the optimizer holds this rank's pieces only */
+    const cm_shard_span *sh = tr->dist.n_shard_spans == n ? tr->dist.shard_spans : NULL;
     for (int i = 0; i < n; i++) {
         const cm_unit_info *u = cm_module_unit(root, i);
-        spans[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+        spans[i] = sh ? (cm_optim_span){u->name, sh[i].params, sh[i].grads, sh[i].end - sh[i].begin}
+                      : (cm_optim_span){u->name, u->params, u->grads, u->numel};
     }
     cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_SGDW);
     hp.lr = 0.1;
@@ -565,6 +568,11 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
     st->lr_multiplier = mult;
     if ((s = cm_optim_step(st->optimizer, mult))) return s;
+    if (tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
+    }
 
     if ((s = reduce(tr, &loss_sum, 1))) return s;
     st->total_loss = loss_sum;

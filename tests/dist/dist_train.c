@@ -2,8 +2,10 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens]       train; rank 0 writes the parameters, the last loss and the
- *                                 train accuracy to OUT (f64 text, one value per line)
+ *   dist_train OUT [tokens] [STRATEGY]
+ *                                 train; rank 0 writes the parameters, the last loss and the
+ *                                 train accuracy to OUT (f64 text, one value per line);
+ *                                 STRATEGY: NO_SHARD (default), SHARD_GRAD_OP, FULL_SHARD
  *   dist_train --compare A B TOL  compare two such files: |a - b| <= TOL·max(1, |a|) for all
  *
  * `tokens` weights microbatches by tokens (1..5 per sample) instead of samples (microbatches of
@@ -92,7 +94,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: dist_train OUT [tokens] | dist_train --compare A B TOL\n");
         return 2;
     }
-    const bool tokens = argc > 2 && !strcmp(argv[2], "tokens");
+    bool tokens = false;
+    cm_dist_config dc = cm_dist_config_default();
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "tokens")) tokens = true;
+        else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
+            fprintf(stderr, "dist_train: %s\n", cm_last_error());
+            return 2;
+        }
+    }
     cm_comm *comm;
     TRY(cm_comm_auto_new(NULL, &comm));
     const int rank = cm_comm_rank(comm), world = cm_comm_size(comm);
@@ -121,7 +131,7 @@ int main(int argc, char **argv) {
     TRY(cm_model_classifier_new(seq, NULL, &model));
 
     cm_dist *dp;
-    TRY(cm_dist_new(comm, model, NULL, &dp));
+    TRY(cm_dist_new(comm, model, &dc, &dp));
 
     cm_dataloader_config lc = cm_dataloader_config_default();
     lc.batch_size = 10;
@@ -131,11 +141,23 @@ int main(int argc, char **argv) {
     cm_dataloader *dl;
     TRY(cm_dataloader_new(ds, &lc, &dl));
 
+    /* Adam moments: under SHARD_GRAD_OP each rank keeps them for its pieces only */
+    const cm_optim_span *ospans;
+    int n_ospans;
+    TRY(cm_dist_optim_spans(dp, &ospans, &n_ospans));
+    cm_optim *opt;
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
+    hp.lr = 1e-2;
+    hp.weight_decay = 1e-4;
+    TRY(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt));
+    TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
+
     cm_algorithm_plugin clip;
     TRY(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 0.5, &clip));
     cm_trainer_config cfg = cm_trainer_config_default();
     cfg.model = model;
     cfg.train_dataloader = dl;
+    cfg.optimizer = opt;
     TRY(cm_time_parse("8ba", &cfg.max_duration));
     /* token weighting is grouping-independent only for a loss that is a mean over tokens; this
      * classifier's loss is a mean over samples, so with tokens every microbatch is one sample */
@@ -153,6 +175,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dist_train: rank %d: fit failed: %s\n", rank, cm_last_error());
         return 1;
     }
+    /* the optimizer state really is sharded: each rank's moments cover its piece of each unit */
+    for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
+        const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
+        const int64_t chunk = (ui->numel + world - 1) / world;
+        int64_t b = rank * chunk, e = b + chunk;
+        if (b > ui->numel) b = ui->numel;
+        if (e > ui->numel) e = ui->numel;
+        const int64_t want = dc.sharding == CM_SHARDING_NO_SHARD ? ui->numel : e - b;
+        char name[160];
+        snprintf(name, sizeof name, "%s.exp_avg", ui->name);
+        cm_optim_state_entry ent;
+        TRY(cm_optim_state_find(opt, name, &ent));
+        if (ent.numel != want) {
+            fprintf(stderr, "dist_train: rank %d: %s has %lld elements, expected %lld\n", rank, name,
+                    (long long)ent.numel, (long long)want);
+            return 1;
+        }
+    }
     const cm_dist_stats ds_ = cm_dist_get_stats(dp);
     double acc = NAN;
     cm_state_metric(cm_trainer_state(tr), "train", "MulticlassAccuracy", &acc);
@@ -169,11 +209,12 @@ int main(int argc, char **argv) {
         }
         fprintf(f, "%.9g\n%.9g\n", cm_state_total_loss(cm_trainer_state(tr)), acc);
         fclose(f);
-        printf("dist_train: %d ranks, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld\n", world,
-               tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
+        printf("dist_train: %d ranks, %s, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld\n", world,
+               cm_sharding_name(dc.sharding), tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
                (long long)ds_.n_buckets_early, (long long)ds_.n_buckets_late);
     }
     cm_trainer_free(tr);
+    cm_optim_free(opt);
     cm_dist_free(dp);
     cm_dataloader_free(dl);
     cm_dataset_free(ds);
