@@ -165,6 +165,16 @@ int main(int argc, char **argv) {
     cfg.accumulate_train_batch_on_tokens = tokens;
     cfg.algorithms = &clip;
     cfg.n_algorithms = 1;
+    /* OptimizerMonitor's norms must be the global ones on every rank (sums over shards) */
+    cm_callback_plugin om;
+    TRY(cm_optimizer_monitor_new(NULL, &om));
+    cm_in_memory_logger *mem;
+    cm_logger_plugin memp;
+    TRY(cm_in_memory_logger_new(&mem, &memp));
+    cfg.callbacks = &om;
+    cfg.n_callbacks = 1;
+    cfg.loggers = &memp;
+    cfg.n_loggers = 1;
     cfg.run_name = "dist-train";
     cm_dist_trainer_hooks(dp, &cfg);
     cm_trainer *tr;
@@ -208,6 +218,23 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "%.9g\n", ui->params[i]);
         }
         fprintf(f, "%.9g\n%.9g\n", cm_state_total_loss(cm_trainer_state(tr)), acc);
+        static const char *const keys[] = {"l2_norm/grad/%s", "l2_norm/param/%s", "l2_norm/moment/%s",
+                                           "l2_norm/second_moment_sqrt/%s", "l2_norm/update/%s",
+                                           "cosine/update_grad/%s", "cosine/moment_grad/%s"};
+        for (int64_t i = 0; i < cm_module_n_params(root); i++)
+            for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+                char key[256];
+                double v;
+                snprintf(key, sizeof key, keys[k], cm_module_param_info(root, i).name);
+                if (cm_in_memory_logger_last(mem, key, &v) != CM_OK) {
+                    fprintf(stderr, "dist_train: OptimizerMonitor logged no %s\n", key);
+                    return 1;
+                }
+                fprintf(f, "%.9g\n", v);
+            }
+        double gn;
+        TRY(cm_in_memory_logger_last(mem, "l2_norm/grad/global", &gn));
+        fprintf(f, "%.9g\n", gn);
         fclose(f);
         printf("dist_train: %d ranks, %s, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld\n", world,
                cm_sharding_name(dc.sharding), tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
