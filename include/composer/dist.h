@@ -240,9 +240,10 @@ const char *cm_sharding_name(cm_sharding s);                /* "NO_SHARD"; "?" o
 cm_status cm_sharding_parse(const char *s, cm_sharding *out); /* case-insensitive */
 
 typedef struct cm_dist_config {
-    cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP; FULL_SHARD is not available yet */
+    cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3) */
     bool sync_module_states; /* broadcast rank 0's parameters and buffers in cm_dist_new (default true) */
     bool overlap;            /* start each unit's all-reduce as soon as backward finished it (default true) */
+    int max_resident_units;  /* FULL_SHARD: units whose parameters may be gathered at once (≥ 2; default 2) */
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
@@ -258,9 +259,19 @@ typedef struct cm_dist cm_dist;
  * reduce-scatters the gradient into them and cm_dist_sync_params all-gathers the parameters after
  * the step. Under it, the model's flat gradient buffers hold only this rank's local gradient
  * after sync_grads: read the global one through the shard spans (cm_state_shard_spans).
- * Errors: CM_ERR_INVALID_ARG (NULL), CM_ERR_STATE (not finalized; SHARD_GRAD_OP on a model that
- * an optimizer or trainer already locked), CM_ERR_UNSUPPORTED (FULL_SHARD), the communicator's
- * errors (the broadcast), CM_ERR_OOM. */
+ * FULL_SHARD (ZeRO-3) keeps, at rest, only this rank's chunk of each unit's parameters (the
+ * master copy the optimizer updates, cm_shard_span.params); a unit's flat parameter buffer is
+ * all-gathered the moment an op on the trainer's tape reads it (the fetch hook, which
+ * cm_dist_trainer_hooks installs), at most max_resident_units units at a time, and its memory is
+ * returned to the system when it is evicted and after every optimizer step. Code that reads the
+ * model's parameters outside the trainer's tape (sampling text, exporting weights) calls
+ * cm_dist_gather_params first — on every rank, since it is a collective. Gradients accumulate in
+ * full-size buffers and are reduce-scattered after the last microbatch, as under SHARD_GRAD_OP;
+ * the trainer runs the same number of microbatches on every rank (a rank with fewer rows runs
+ * "phantom" microbatches that change nothing), since every forward and backward gathers.
+ * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD), CM_ERR_STATE (not
+ * finalized; a sharded strategy on a model that an optimizer or trainer already locked), the
+ * communicator's errors (the broadcast), CM_ERR_OOM. */
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
 void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first */
 
@@ -294,6 +305,12 @@ cm_status cm_dist_sync_grads(cm_dist *d);
  * Errors: the communicator's. */
 cm_status cm_dist_sync_params(cm_dist *d);
 
+/* FULL_SHARD: gathers every unit so the model's flat buffers hold all parameters (for sampling or
+ * exporting weights); they stay valid until the next optimizer step or until the trainer's tape
+ * evicts them. A collective: every rank calls it. Nothing to do for the other strategies. Errors:
+ * the communicator's. */
+cm_status cm_dist_gather_params(cm_dist *d);
+
 /* Where the time went, summed since cm_dist_new (or the last reset). */
 typedef struct cm_dist_stats {
     int64_t n_syncs;         /* sync_grads calls */
@@ -302,6 +319,7 @@ typedef struct cm_dist_stats {
     double bytes;            /* gradient bytes all-reduced (per rank) */
     double wait_s;           /* time blocked in sync_grads: communication not hidden */
     double hook_s;           /* time spent starting / progressing buckets during backward */
+    int64_t n_gathers;       /* FULL_SHARD: unit all-gathers (fetches of a non-resident unit) */
 } cm_dist_stats;
 
 cm_dist_stats cm_dist_get_stats(const cm_dist *d);

@@ -14,12 +14,25 @@
  * reduce-scatter of its whole gradient buffer into this rank's chunk (started from the same
  * backward hook, in the same order), the optimizer holds only this rank's piece of every unit
  * (parameters in place in the model's buffer, the reduced gradient in the chunk), and after the
- * step every unit is all-gathered in place so all ranks hold the new parameters again. */
+ * step every unit is all-gathered in place so all ranks hold the new parameters again.
+ *
+ * FULL_SHARD (ZeRO-3): as SHARD_GRAD_OP, but the master parameters of this rank's piece live in
+ * their own chunk and the model's flat parameter buffer of a unit is valid only while the unit is
+ * gathered. The trainer's tape calls a fetch hook on every op input (and on every node's inputs
+ * before its backward); an input whose data lies in a unit's buffer makes that unit resident: an
+ * all-gather of the chunks into the buffer, at the same address, so views and saved tensors stay
+ * valid. At most max_resident units are resident; gathering another evicts the least recently
+ * used one, whose pages are returned to the system (madvise MADV_DONTNEED: the buffer keeps its
+ * address, its memory is freed). After each optimizer step every unit is stale and released.
+ * Gradients still accumulate in full-size buffers and are reduce-scattered after the last
+ * microbatch, as under SHARD_GRAD_OP. Every rank must issue the same gathers, so the trainer
+ * gives every rank the same number of microbatches (collectives_per_microbatch). */
 #include "dist/dist_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
 
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +44,14 @@ typedef struct unit_range {
 struct cm_dist {
     cm_comm *comm;
     int rank, world;
-    bool sharded;            /* SHARD_GRAD_OP */
+    bool sharded;            /* SHARD_GRAD_OP or FULL_SHARD */
+    bool full;               /* FULL_SHARD */
+    float **pshard;          /* FULL_SHARD: (n_units) this rank's master parameter chunk (chunk floats) */
+    size_t *pbytes;          /* FULL_SHARD: (n_units) bytes of each unit's page-aligned parameter buffer */
+    bool *resident;          /* FULL_SHARD: (n_units) the unit's flat parameter buffer is valid */
+    uint64_t *last_use;      /* FULL_SHARD: (n_units) tick of the last fetch */
+    uint64_t tick;
+    int n_resident, max_resident;
     int64_t *chunk;          /* (n_units) elements per rank of each padded unit */
     float **gshard;          /* (n_units) this rank's reduced gradient chunk (chunk floats) */
     cm_shard_span *spans;    /* (n_units) this rank's pieces */
@@ -55,7 +75,7 @@ struct cm_dist {
     cm_dist_stats stats;
 };
 
-cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true}; }
+cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2}; }
 
 cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
 
@@ -85,7 +105,12 @@ void cm_dist_free(cm_dist *d) {
     if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
     for (int u = 0; d->gshard && u < d->n_units; u++) cm_free(d->gshard[u]);
+    for (int u = 0; d->pshard && u < d->n_units; u++) cm_free(d->pshard[u]);
     cm_free(d->gshard);
+    cm_free(d->pshard);
+    cm_free(d->pbytes);
+    cm_free(d->resident);
+    cm_free(d->last_use);
     cm_free(d->chunk);
     cm_free(d->spans);
     if (d->locked) cm_module_unlock(cm_model_module(d->model));
@@ -121,24 +146,116 @@ static cm_status shard_setup(cm_dist *d) {
     d->gshard = cm_alloc_zeroed(n * sizeof *d->gshard, 16);
     d->spans = cm_alloc_zeroed(n * sizeof *d->spans, 16);
     if (!d->chunk || !d->gshard || !d->spans) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    if (d->full) {
+        d->pshard = cm_alloc_zeroed(n * sizeof *d->pshard, 16);
+        d->pbytes = cm_alloc_zeroed(n * sizeof *d->pbytes, 16);
+        d->resident = cm_alloc_zeroed(n * sizeof *d->resident, 16);
+        d->last_use = cm_alloc_zeroed(n * sizeof *d->last_use, 16);
+        if (!d->pshard || !d->pbytes || !d->resident || !d->last_use)
+            return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    }
+    const int64_t page = 4096 / (int64_t)sizeof(float);
     for (int u = 0; u < d->n_units; u++) {
         const int64_t numel = cm_module_unit(root, u)->numel, W = d->world;
         const int64_t chunk = (numel + W - 1) / W;
-        cm_status s = cmn_unit_reserve(root, u, chunk * W);
+        /* FULL_SHARD releases a unit's parameter pages: the buffer gets whole pages of its own */
+        const int64_t cap = d->full ? (chunk * W + page - 1) / page * page : chunk * W;
+        cm_status s = cmn_unit_reserve(root, u, cap, d->full ? 4096 : 64);
         if (s) return s;
         d->chunk[u] = chunk;
-        if (!(d->gshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64)))
-            return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for gradient shards");
+        if (!(d->gshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64)) ||
+            (d->full && !(d->pshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))))
+            return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for shards");
+        if (d->full) {
+            d->pbytes[u] = (size_t)cap * sizeof(float);
+            d->resident[u] = true; /* holds rank 0's values until shard_take */
+            d->n_resident++;
+        }
     }
     for (int u = 0; u < d->n_units; u++) { /* after every reserve: the unit pointers are final */
         const cm_unit_info *ui = cm_module_unit(root, u);
         int64_t b = (int64_t)d->rank * d->chunk[u], e = b + d->chunk[u];
         if (b > ui->numel) b = ui->numel;
         if (e > ui->numel) e = ui->numel;
-        d->spans[u] = (cm_shard_span){u, b, e, ui->params + b, d->gshard[u]};
+        d->spans[u] = (cm_shard_span){u, b, e, d->full ? d->pshard[u] : ui->params + b, d->gshard[u]};
     }
     cm_status s = cm_module_lock(root);
     if (!s) d->locked = true;
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FULL_SHARD: residency of the units' parameter buffers
+ * ------------------------------------------------------------------------------------------- */
+
+static void release(cm_dist *d, int u) {
+    if (!d->resident[u]) return;
+    float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    /* the pages go back to the system; the next touch maps zeros until a gather fills them */
+    if (d->pbytes[u]) madvise(p, d->pbytes[u], MADV_DONTNEED);
+    d->resident[u] = false;
+    d->n_resident--;
+}
+
+static void release_all(cm_dist *d) {
+    for (int u = 0; u < d->n_units; u++) release(d, u);
+}
+
+/* Makes unit u's flat parameters valid: all-gathers every rank's chunk into them. */
+static cm_status gather(cm_dist *d, int u) {
+    d->last_use[u] = ++d->tick;
+    if (d->resident[u]) return CM_OK;
+    while (d->n_resident >= d->max_resident) { /* evict the least recently used */
+        int lru = -1;
+        for (int v = 0; v < d->n_units; v++)
+            if (d->resident[v] && v != u && (lru < 0 || d->last_use[v] < d->last_use[lru])) lru = v;
+        if (lru < 0) break;
+        release(d, lru);
+    }
+    float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    cm_status s = cm_comm_all_gather(d->comm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
+    if (s) return s;
+    d->resident[u] = true;
+    d->n_resident++;
+    d->stats.n_gathers++;
+    return CM_OK;
+}
+
+/* After cm_dist_new's broadcast: each rank keeps its chunk as the master copy, and the full
+ * buffers are released. */
+static void shard_take(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_shard_span *sp = &d->spans[u];
+        memcpy(d->pshard[u], cm_module_unit(root, u)->params + sp->begin, sizeof(float) * (size_t)(sp->end - sp->begin));
+    }
+    release_all(d);
+}
+
+static int unit_of(const cm_dist *d, const void *p);
+
+static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
+    cm_dist *d = data;
+    const int u = unit_of(d, cm_tensor_data(t));
+    if (u < 0) return CM_OK;
+    cm_status s = gather(d, u);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "FULL_SHARD: gathering the parameters of unit '%s' failed: %s",
+                            cm_module_unit(cm_model_module(d->model), u)->name, msg);
+    }
+    return CM_OK;
+}
+
+cm_status cm_dist_gather_params(cm_dist *d) {
+    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_gather_params: NULL");
+    if (!d->full) return CM_OK;
+    const int keep = d->max_resident;
+    d->max_resident = d->n_units + 1;
+    cm_status s = CM_OK;
+    for (int u = 0; u < d->n_units && !s; u++) s = gather(d, u);
+    d->max_resident = keep;
     return s;
 }
 
@@ -149,9 +266,10 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist_config c = cfg ? *cfg : cm_dist_config_default();
     if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
-    if (c.sharding == CM_SHARDING_FULL_SHARD)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "sharding_strategy FULL_SHARD is not available yet (use SHARD_GRAD_OP: "
-                                                "sharded gradients and optimizer state, or NO_SHARD)");
+    if (c.sharding == CM_SHARDING_FULL_SHARD && c.max_resident_units < 2)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: max_resident_units %d: FULL_SHARD needs at least 2 (an "
+                                                "op may read parameters of two units at once)",
+                            c.max_resident_units);
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -160,7 +278,9 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     if (!d) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
     d->comm = comm, d->model = model, d->cfg = c;
     d->rank = cm_comm_rank(comm), d->world = cm_comm_size(comm);
-    d->sharded = c.sharding == CM_SHARDING_SHARD_GRAD_OP;
+    d->sharded = c.sharding != CM_SHARDING_NO_SHARD;
+    d->full = c.sharding == CM_SHARDING_FULL_SHARD;
+    d->max_resident = c.max_resident_units;
     d->n_units = cm_module_n_units(root);
     const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
     d->req = cm_alloc_zeroed(n * sizeof *d->req, 16);
@@ -191,6 +311,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         cm_dist_free(d);
         return s;
     }
+    if (d->full) shard_take(d);
     *out = d;
     return CM_OK;
 }
@@ -314,6 +435,10 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
 cm_status cm_dist_sync_params(cm_dist *d) {
     if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_params: NULL");
     if (!d->sharded) return CM_OK;
+    if (d->full) { /* the chunks changed: every gathered buffer is stale */
+        release_all(d);
+        return CM_OK;
+    }
     cm_module *root = cm_model_module(d->model);
     cm_status s = CM_OK;
     /* every unit's gather in flight at once, then wait for all (in place: this rank's chunk of the
@@ -377,8 +502,9 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     cfg->dist.sync_params = d->sharded ? hook_sync_params : NULL;
     cfg->dist.shard_spans = d->sharded ? d->spans : NULL;
     cfg->dist.n_shard_spans = d->sharded ? d->n_units : 0;
-    cfg->dist.params_sharded = false;
-    cfg->dist.collectives_per_microbatch = false;
+    cfg->dist.params_sharded = d->full;
+    cfg->dist.collectives_per_microbatch = d->full && d->world > 1;
+    cfg->dist.fetch = d->full ? fetch_hook : NULL;
     cfg->dist.data = d;
 }
 

@@ -294,7 +294,7 @@ oom:
 /* Moves unit u's flat buffers into new ones of `capacity` ≥ numel floats (the tail zero), keeping
  * the values and every tensor's identity: the distributed layer pads units to a multiple of the
  * world size so collectives need no staging copies. */
-cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity) {
+cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t align) {
     cmn_pack *p = root ? root->pack : NULL;
     if (!p || u < 0 || u >= p->n_units)
         return cm_set_error(CM_ERR_INVALID_ARG, "unit %d: the model is not finalized or has no such unit", u);
@@ -304,7 +304,8 @@ cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity) {
     cm_unit_info *ui = &p->units[u];
     if (capacity < ui->numel) capacity = ui->numel;
     const size_t bytes = (size_t)capacity * sizeof(float), used = (size_t)ui->numel * sizeof(float);
-    float *np = cm_alloc_zeroed(bytes ? bytes : 64, 64), *ng = cm_alloc_zeroed(bytes ? bytes : 64, 64);
+    if (align < 64) align = 64;
+    float *np = cm_alloc_zeroed(bytes ? bytes : 64, align), *ng = cm_alloc_zeroed(bytes ? bytes : 64, 64);
     if (!np || !ng) {
         cm_free(np);
         cm_free(ng);

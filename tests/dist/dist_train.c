@@ -2,14 +2,15 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens] [STRATEGY]
+ *   dist_train OUT [tokens] [tail] [STRATEGY]
  *                                 train; rank 0 writes the parameters, the last loss and the
  *                                 train accuracy to OUT (f64 text, one value per line);
  *                                 STRATEGY: NO_SHARD (default), SHARD_GRAD_OP, FULL_SHARD
  *   dist_train --compare A B TOL  compare two such files: |a - b| <= TOL·max(1, |a|) for all
  *
  * `tokens` weights microbatches by tokens (1..5 per sample) instead of samples (microbatches of
- * one sample, see below). */
+ * one sample, see below). `tail` uses 62 samples: every 7th batch has 2 samples, so on 3 or 4
+ * ranks some slices are empty (FULL_SHARD then runs phantom microbatches from the dataset). */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 enum { D = 12, H = 16, C = 4, NS = 60 };
 
@@ -26,7 +28,8 @@ typedef struct synth {
     float w[C * D];
 } synth;
 
-static int64_t s_len(void *self) { return NS; }
+static int64_t g_ns = NS; /* `tail`: 62 samples, so each epoch ends with a batch of 2 (empty slices) */
+static int64_t s_len(void *self) { return g_ns; }
 static int s_nf(void *self) { return 2; }
 static const cm_field_desc *s_field(void *self, int i) { return &((synth *)self)->fields[i]; }
 static int64_t s_tok(void *self, int64_t i) { return 1 + i % 5; }
@@ -98,6 +101,7 @@ int main(int argc, char **argv) {
     cm_dist_config dc = cm_dist_config_default();
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "tokens")) tokens = true;
+        else if (!strcmp(argv[i], "tail")) g_ns = 62;
         else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
             fprintf(stderr, "dist_train: %s\n", cm_last_error());
             return 2;
@@ -138,6 +142,7 @@ int main(int argc, char **argv) {
     lc.seed = 5;
     lc.rank = rank;
     lc.world_size = world;
+    lc.drop_last = g_ns == NS; /* tail: keep the short batch */
     cm_dataloader *dl;
     TRY(cm_dataloader_new(ds, &lc, &dl));
 
@@ -203,6 +208,27 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    /* FULL_SHARD keeps only chunks at rest: after the last step every unit's full parameter buffer
+     * has given its pages back to the system (mincore: none resident) */
+    if (dc.sharding == CM_SHARDING_FULL_SHARD) {
+        for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
+            const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
+            const size_t page = 4096, len = ((size_t)ui->numel * sizeof(float) + page - 1) / page * page;
+            unsigned char vec[64] = {0};
+            if (len / page > sizeof vec || mincore(ui->params, len, vec) != 0) {
+                fprintf(stderr, "dist_train: mincore on unit %s failed\n", ui->name);
+                return 1;
+            }
+            for (size_t k = 0; k < len / page; k++)
+                if (vec[k] & 1) {
+                    fprintf(stderr, "dist_train: rank %d: unit %s still holds page %zu of its full parameters\n", rank,
+                            ui->name, k);
+                    return 1;
+                }
+        }
+    }
+    /* FULL_SHARD keeps only chunks at rest: gather every unit before reading the model (all ranks) */
+    TRY(cm_dist_gather_params(dp));
     const cm_dist_stats ds_ = cm_dist_get_stats(dp);
     double acc = NAN;
     cm_state_metric(cm_trainer_state(tr), "train", "MulticlassAccuracy", &acc);
@@ -236,9 +262,10 @@ int main(int argc, char **argv) {
         TRY(cm_in_memory_logger_last(mem, "l2_norm/grad/global", &gn));
         fprintf(f, "%.9g\n", gn);
         fclose(f);
-        printf("dist_train: %d ranks, %s, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld\n", world,
+        printf("dist_train: %d ranks, %s, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld, "
+               "gathers %lld\n", world,
                cm_sharding_name(dc.sharding), tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
-               (long long)ds_.n_buckets_early, (long long)ds_.n_buckets_late);
+               (long long)ds_.n_buckets_early, (long long)ds_.n_buckets_late, (long long)ds_.n_gathers);
     }
     cm_trainer_free(tr);
     cm_optim_free(opt);

@@ -59,12 +59,17 @@ train_equivalence_sharded)
     # roundings); the norm for clipping is a sum over ranks of partial sums of squares.
     env -u OMPI_COMM_WORLD_SIZE "$bin/dist_train" "$tmp/ref.txt" || fail "1-process run"
     tol=2e-6
-    for strategy in SHARD_GRAD_OP; do
+    for strategy in SHARD_GRAD_OP FULL_SHARD; do
         "$bin/dist_train" "$tmp/s1.txt" $strategy || fail "$strategy on one process"
         "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/s1.txt" $tol || fail "$strategy on 1 process differs"
         for n in 2 3 4; do
             launch -n $n "$bin/dist_train" "$tmp/n$n.txt" $strategy || fail "$strategy on $n ranks"
             "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/n$n.txt" $tol || fail "$strategy on $n ranks differs from 1 process"
+        done
+        env -u OMPI_COMM_WORLD_SIZE "$bin/dist_train" "$tmp/ref_tail.txt" tail || fail "1-process run (tail)"
+        for n in 3 4; do
+            launch -n $n "$bin/dist_train" "$tmp/tail$n.txt" tail $strategy || fail "$strategy with empty slices on $n ranks"
+            "$bin/dist_train" --compare "$tmp/ref_tail.txt" "$tmp/tail$n.txt" $tol || fail "$strategy (empty slices) on $n ranks differs"
         done
         launch -n 3 "$bin/dist_train" "$tmp/n3tok.txt" tokens $strategy || fail "$strategy token-weighted on 3 ranks"
         "$bin/dist_train" "$tmp/ref_tok.txt" tokens || fail "1-process run (tokens)"
