@@ -2,8 +2,11 @@
  *
  *   composer -n 2 build/bench/bench_dist allreduce   all-reduce bus bandwidth: cm_comm (with its
  *                                                    timeouts and heartbeats) against MPI_Allreduce
- *   composer -n 2 build/bench/bench_dist train       GPT-2 (tiny) tokens/s with NO_SHARD, and how much
- *   composer -n 1 build/bench/bench_dist train       of the gradient all-reduce backward hides
+ *   composer -n 2 build/bench/bench_dist train [STRATEGY] [small|medium]
+ *                                                    GPT-2 tokens/s under NO_SHARD (default),
+ *                                                    SHARD_GRAD_OP or FULL_SHARD, how much of the
+ *                                                    gradient collective backward hides, and the
+ *                                                    memory a rank holds (peak RSS, optimizer state)
  *
  * Bus bandwidth = 2(P-1)/P · bytes / time (the ring all-reduce's traffic per rank, as nccl-tests).
  * Hidden fraction = 1 - (time blocked in sync_grads per step) / (time the same all-reduces take
@@ -18,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define TRY(call)                                                                   \
@@ -31,7 +35,8 @@
 static FILE *results(void) {
     FILE *f = fopen("bench/results/dist.tsv", "a");
     if (f && ftell(f) == 0)
-        fprintf(f, "date\thost\tsection\tname\tranks\tthreads\tbytes\tms\tbusbw_gbs\ttokens_per_s\thidden_frac\n");
+        fprintf(f, "date\thost\tsection\tname\tranks\tthreads\tbytes\tms\tbusbw_gbs\ttokens_per_s\thidden_frac\tpeak_rss_mb\topt_"
+                   "state_mb\n");
     return f;
 }
 
@@ -84,7 +89,7 @@ static void bench_allreduce(cm_comm *c) {
     if (f) fclose(f);
 }
 
-static void bench_train(cm_comm *c) {
+static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
     const int rank = cm_comm_rank(c), P = cm_comm_size(c);
     enum { T = 64, GLOBAL_B = 16, STEPS = 12, WARM = 2 };
     char path[64];
@@ -105,13 +110,23 @@ static void bench_train(cm_comm *c) {
     cm_dataset *ds;
     TRY(cm_dataset_tokens_new(path, &tc, &ds));
     cm_gpt2_config g = cm_gpt2_config_default();
-    g.vocab_size = 65, g.n_positions = T, g.n_embd = 192, g.n_layer = 4, g.n_head = 4;
+    g.vocab_size = 65, g.n_positions = T, g.n_embd = medium ? 384 : 192, g.n_layer = medium ? 6 : 4, g.n_head = 4;
     g.embd_pdrop = g.attn_pdrop = g.resid_pdrop = 0;
     cm_rng rng = cm_rng_init(1, 0);
     cm_model *m;
     TRY(cm_gpt2_new(&g, &rng, &m));
     cm_dist *d;
-    TRY(cm_dist_new(c, m, NULL, &d));
+    cm_dist_config dc = cm_dist_config_default();
+    dc.sharding = strategy;
+    TRY(cm_dist_new(c, m, &dc, &d));
+    /* AdamW: two moments per parameter, so sharding the optimizer state shows */
+    const cm_optim_span *ospans;
+    int n_ospans;
+    TRY(cm_dist_optim_spans(d, &ospans, &n_ospans));
+    cm_optim *opt;
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
+    TRY(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt));
+    TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
     cm_dataloader_config lc = cm_dataloader_config_default();
     lc.batch_size = GLOBAL_B, lc.rank = rank, lc.world_size = P;
     cm_dataloader *dl;
@@ -119,6 +134,7 @@ static void bench_train(cm_comm *c) {
     cm_trainer_config cfg = cm_trainer_config_default();
     cfg.model = m;
     cfg.train_dataloader = dl;
+    cfg.optimizer = opt;
     cfg.max_duration = cm_time_make(WARM, CM_TIME_BATCH);
     cfg.run_name = "bench-dist";
     cm_dist_trainer_hooks(d, &cfg);
@@ -141,9 +157,20 @@ static void bench_train(cm_comm *c) {
     if (P > 1) {
         TRY(cm_comm_barrier(c));
         const double a0 = cm_clock_s();
+        int n_sh = 0;
+        const cm_shard_span *sh = cm_state_shard_spans(cm_trainer_state(tr), &n_sh);
         for (int k = 0; k < 5; k++)
-            for (int u = cm_module_n_units(root) - 1; u >= 0; u--)
-                TRY(cm_comm_all_reduce_sum_f32(c, cm_module_unit(root, u)->grads, cm_module_unit(root, u)->numel));
+            for (int u = cm_module_n_units(root) - 1; u >= 0; u--) {
+                const cm_unit_info *ui = cm_module_unit(root, u);
+                if (sh) { /* the padded gradient reduce-scattered into a scratch chunk */
+                    const int64_t chunk = (ui->numel + P - 1) / P;
+                    float *tmp = malloc(sizeof(float) * (size_t)(chunk ? chunk : 1));
+                    TRY(cm_comm_reduce_scatter(c, ui->grads, tmp, chunk, CM_COMM_F32, CM_REDUCE_SUM));
+                    free(tmp);
+                } else {
+                    TRY(cm_comm_all_reduce_sum_f32(c, ui->grads, ui->numel));
+                }
+            }
         alone = (cm_clock_s() - a0) / 5;
         TRY(cm_comm_all_reduce(c, &alone, 1, CM_COMM_F64, CM_REDUCE_MAX));
     }
@@ -152,26 +179,42 @@ static void bench_train(cm_comm *c) {
     double exposed = st.wait_s / (double)STEPS;
     TRY(cm_comm_all_reduce(c, &exposed, 1, CM_COMM_F64, CM_REDUCE_MAX));
     const double tok_s = (double)STEPS * GLOBAL_B * T / dt;
+    /* memory a rank holds: optimizer state (MB) and peak RSS (MB), the largest over ranks */
+    double mem[2] = {0, 0};
+    for (int i = 0; i < cm_optim_n_state(opt); i++) {
+        cm_optim_state_entry e;
+        TRY(cm_optim_state_get(opt, i, &e));
+        mem[0] += (double)e.numel * (double)cm_dtype_size(e.dtype) / 1e6;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    mem[1] = (double)ru.ru_maxrss / 1024.0;
+    TRY(cm_comm_all_reduce(c, mem, 2, CM_COMM_F64, CM_REDUCE_MAX));
     const double hidden = P > 1 && alone > 0 ? 1.0 - exposed / alone : 0;
     if (rank == 0) {
-        printf("GPT-2 tiny (L4 C192 T%d, %lld parameters), global batch %d: %d rank(s) x %d thread(s): %.0f tokens/s, %.1f ms/step",
-               T, (long long)n_params, GLOBAL_B, P, cm_num_threads(), tok_s, dt / STEPS * 1e3);
+        printf("GPT-2 %s (L%lld C%lld T%d, %lld parameters), global batch %d, AdamW, %s: %d rank(s) x %d thread(s): %.0f "
+               "tokens/s, %.1f ms/step, optimizer state %.1f MB/rank, peak RSS %.0f MB/rank",
+               medium ? "medium" : "tiny", (long long)g.n_layer, (long long)g.n_embd, T, (long long)n_params, GLOBAL_B,
+               cm_sharding_name(strategy), P, cm_num_threads(), tok_s, dt / STEPS * 1e3, mem[0], mem[1]);
         if (P > 1)
-            printf("; gradient all-reduce %.2f MB/step: %.2f ms alone, %.2f ms exposed after backward -> %.0f%% hidden "
-                   "(%lld of %lld buckets started during backward)",
-                   st.bytes / STEPS / 1e6, alone * 1e3, exposed * 1e3, 100 * hidden, (long long)st.n_buckets_early,
-                   (long long)(st.n_buckets_early + st.n_buckets_late));
+            printf("; gradient %s %.2f MB/step: %.2f ms alone, %.2f ms exposed after backward -> %.0f%% hidden "
+                   "(%lld of %lld buckets started during backward); %lld unit gathers",
+                   strategy == CM_SHARDING_NO_SHARD ? "all-reduce" : "reduce-scatter", st.bytes / STEPS / 1e6,
+                   alone * 1e3, exposed * 1e3, 100 * hidden, (long long)st.n_buckets_early,
+                   (long long)(st.n_buckets_early + st.n_buckets_late), (long long)st.n_gathers);
         printf("\n");
         FILE *f = results();
         if (f) {
             char date[32], host[64];
             stamp(date, host);
-            fprintf(f, "%s\t%s\ttrain\tgpt2_tiny_no_shard\t%d\t%d\t%.0f\t%.3f\t\t%.1f\t%.3f\n", date, host, P,
-                    cm_num_threads(), st.bytes / STEPS, dt / STEPS * 1e3, tok_s, hidden);
+            fprintf(f, "%s\t%s\ttrain\tgpt2_%s_%s\t%d\t%d\t%.0f\t%.3f\t\t%.1f\t%.3f\t%.1f\t%.2f\n", date, host,
+                    medium ? "medium" : "tiny", cm_sharding_name(strategy), P, cm_num_threads(), st.bytes / STEPS,
+                    dt / STEPS * 1e3, tok_s, hidden, mem[1], mem[0]);
             fclose(f);
         }
     }
     cm_trainer_free(tr);
+    cm_optim_free(opt);
     cm_dist_free(d);
     cm_dataloader_free(dl);
     cm_dataset_free(ds);
@@ -184,9 +227,12 @@ int main(int argc, char **argv) {
     cm_comm_config cc = cm_comm_config_default();
     TRY(cm_comm_mpi_new(&cc, &c)); /* MPI even for one rank, so the MPI_Allreduce column runs */
     if (!strcmp(what, "allreduce")) bench_allreduce(c);
-    else if (!strcmp(what, "train")) bench_train(c);
-    else {
-        fprintf(stderr, "usage: composer -n N bench_dist allreduce|train\n");
+    else if (!strcmp(what, "train")) {
+        cm_sharding strategy = CM_SHARDING_NO_SHARD;
+        if (argc > 2) TRY(cm_sharding_parse(argv[2], &strategy));
+        bench_train(c, strategy, argc > 3 && !strcmp(argv[3], "medium"));
+    } else {
+        fprintf(stderr, "usage: composer -n N bench_dist allreduce | train [NO_SHARD|SHARD_GRAD_OP|FULL_SHARD] [small|medium]\n");
         return 2;
     }
     cm_comm_free(c);

@@ -1,6 +1,7 @@
 /*
  * composer/dist.h — distributed training: the communicator, the launch environment and data
- * parallelism (NO_SHARD, i.e. DDP) hooked into the Trainer.
+ * parallelism hooked into the Trainer: NO_SHARD (DDP), SHARD_GRAD_OP (ZeRO-2: gradients and
+ * optimizer state sharded) and FULL_SHARD (ZeRO-3: parameters sharded too, gathered on use).
  *
  * A communicator (cm_comm) is a vtable with two implementations: a single process (every
  * collective is a copy or a no-op) and MPI (CPU buffers). Every collective gets a sequence number
@@ -17,7 +18,11 @@
  *     if (cm_comm_auto_new(&cc, &comm) != CM_OK) { fprintf(stderr, "%s\n", cm_last_error()); return 1; }
  *     cm_dist *dp;
  *     cm_dist_config dc = cm_dist_config_default();              // NO_SHARD
+ *     dc.sharding = CM_SHARDING_FULL_SHARD;                      // or SHARD_GRAD_OP, or leave it
  *     cm_dist_new(comm, model, &dc, &dp);                        // broadcasts rank 0's parameters
+ *     const cm_optim_span *sp; int nsp;
+ *     cm_dist_optim_spans(dp, &sp, &nsp);                        // this rank's pieces under sharding
+ *     cm_optim_add_group(opt, &hp, sp, nsp);                     // (opt from cm_optim_new)
  *     cm_dataloader_config lc = cm_dataloader_config_default();
  *     lc.rank = cm_comm_rank(comm); lc.world_size = cm_comm_size(comm);   // each rank its slice
  *     ...
