@@ -114,6 +114,14 @@ int main(int argc, char **argv) {
     cm_dataloader *dl;
     TRY(cm_dataloader_new(ds, &lc, &dl));
 
+    /* evaluation too: every forward gathers, and the eval loader pads ranks to equal rows */
+    cm_dataloader_config ec = cm_dataloader_config_eval();
+    ec.batch_size = 8;
+    ec.rank = rank;
+    ec.world_size = world;
+    cm_dataloader *edl;
+    TRY(cm_dataloader_new(ds, &ec, &edl));
+
     const cm_optim_span *ospans;
     int n_ospans;
     TRY(cm_dist_optim_spans(dp, &ospans, &n_ospans));
@@ -128,6 +136,8 @@ int main(int argc, char **argv) {
     cm_trainer_config cfg = cm_trainer_config_default();
     cfg.model = model;
     cfg.train_dataloader = dl;
+    cfg.eval_dataloader = edl;
+    cfg.eval_interval = cm_time_make(3, CM_TIME_BATCH);
     cfg.optimizer = opt;
     cfg.algorithms = &clip;
     cfg.n_algorithms = 1;
@@ -156,6 +166,17 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "%.9g\n", ui->params[i]);
         }
         fprintf(f, "%.9g\n", cm_state_total_loss(cm_trainer_state(tr)));
+        const int n_eval = cm_state_n_metrics(cm_trainer_state(tr), "eval");
+        if (n_eval < 1) {
+            fprintf(stderr, "dist_gpt: no eval metrics\n");
+            return 1;
+        }
+        for (int i = 0; i < n_eval; i++) {
+            const char *name;
+            double v;
+            TRY(cm_state_metric_at(cm_trainer_state(tr), "eval", i, &name, &v));
+            fprintf(f, "%.9g\n", v);
+        }
         fclose(f);
         const cm_dist_stats st = cm_dist_get_stats(dp);
         printf("dist_gpt: %d ranks, %s%s: loss %.6f, %d units, gathers %lld\n", world, cm_sharding_name(dc.sharding),
@@ -166,6 +187,7 @@ int main(int argc, char **argv) {
     cm_optim_free(opt);
     cm_dist_free(dp);
     cm_dataloader_free(dl);
+    cm_dataloader_free(edl);
     cm_dataset_free(ds);
     cm_model_free(model);
     cm_comm_free(comm);
