@@ -344,3 +344,62 @@ Test(init, distributions_follow_torch_formulas) {
     cm_tensor_free(w);
     cm_tensor_free(w2);
 }
+
+/* ---- the fetch hook (FULL_SHARD gathers parameters through it) ---- */
+
+typedef struct {
+    const cm_tensor *watch[4]; /* long-lived tensors whose reads are counted */
+    int seen[4];
+    const void *lo, *hi;       /* the watched memory: views inside it count for watch[0] */
+    int fail_after;            /* fail on this call (0: never) */
+    int calls;
+} fetch_log;
+
+static cm_status log_fetch(cm_tape *tp, const cm_tensor *t, void *data) {
+    fetch_log *f = data;
+    f->calls++;
+    if (f->fail_after && f->calls == f->fail_after) return cm_set_error(CM_ERR_IO, "simulated gather failure");
+    for (int i = 0; i < 4; i++)
+        if (f->watch[i] == t) f->seen[i]++;
+    const char *p = cm_tensor_data(t);
+    if (t != f->watch[0] && p >= (const char *)f->lo && p < (const char *)f->hi) f->seen[0]++;
+    return CM_OK;
+}
+
+Test(fetch_hook, sees_required_optional_view_and_backward_reads) {
+    cm_tape *tp = cmt_tape();
+    const int64_t sx[2] = {3, 4}, sw[2] = {5, 4}, sb[1] = {5}, sg[1] = {5};
+    cm_tensor *x = cmt_randn(tp, 2, sx, 1, false);
+    cm_tensor *w, *b, *g;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, sw, &w), CM_OK);
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, sb, &b), CM_OK);
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, sg, &g), CM_OK);
+    cm_tensor_fill(w, 0.1f), cm_tensor_fill(b, 0.2f), cm_tensor_fill(g, 1.0f);
+    cm_tensor_set_requires_grad(w, true);
+    cm_tensor_set_requires_grad(b, true);
+    cm_tensor_set_requires_grad(g, true);
+    fetch_log f = {{w, b, g, NULL}, {0}, cm_tensor_data(w), (const char *)cm_tensor_data(w) + 20 * sizeof(float), 0, 0};
+    cm_tape_set_fetch_hook(tp, log_fetch, &f);
+    cm_tensor *y = cm_linear(tp, x, w, b);                 /* w required, b optional */
+    y = cm_layer_norm(tp, y, g, NULL, 1e-5f);             /* g optional */
+    cm_tensor *wt = cm_transpose(tp, w, 0, 1);            /* a view of w: (4, 5) */
+    cm_tensor *z = cm_matmul(tp, x, wt);                  /* reads the view: counts for w */
+    cm_tensor *loss = cm_sum(tp, cm_add(tp, y, z), NULL, 0, false);
+    cr_assert(loss, "%s", cm_tape_error(tp));
+    const int fw_w = f.seen[0], fw_b = f.seen[1], fw_g = f.seen[2];
+    cr_assert(fw_w >= 3, "forward reads of w (linear, transpose, matmul of the view): %d", fw_w);
+    cr_assert(fw_b >= 1 && fw_g >= 1, "optional inputs fetched: bias %d, norm weight %d", fw_b, fw_g);
+    cr_assert_eq(cm_tape_backward(tp, loss), CM_OK, "%s", cm_tape_error(tp));
+    cr_assert(f.seen[0] > fw_w && f.seen[1] > fw_b && f.seen[2] > fw_g,
+              "backward fetches every node's inputs first: w %d->%d, b %d->%d, g %d->%d", fw_w, f.seen[0], fw_b,
+              f.seen[1], fw_g, f.seen[2]);
+    /* a failing hook fails the op, with its message */
+    cm_tape_reset(tp);
+    f.fail_after = f.calls + 2;
+    cr_assert_null(cm_linear(tp, x, w, b));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_IO);
+    cr_assert(strstr(cm_tape_error(tp), "simulated gather failure"), "%s", cm_tape_error(tp));
+    cm_tape_set_fetch_hook(tp, NULL, NULL);
+    cm_tensor_free(w), cm_tensor_free(b), cm_tensor_free(g);
+    cm_tape_free(tp);
+}
