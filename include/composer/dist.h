@@ -270,10 +270,12 @@ typedef struct cm_dist cm_dist;
  * cm_dist_trainer_hooks installs), at most max_resident_units units at a time, and its memory is
  * returned to the system when it is evicted and after every optimizer step. Code that reads the
  * model's parameters outside the trainer's tape (sampling text, exporting weights) calls
- * cm_dist_gather_params first — on every rank, since it is a collective. Gradients accumulate in
- * full-size buffers and are reduce-scattered after the last microbatch, as under SHARD_GRAD_OP;
- * the trainer runs the same number of microbatches on every rank (a rank with fewer rows runs
- * "phantom" microbatches that change nothing), since every forward and backward gathers.
+ * cm_dist_gather_params first — on every rank, since it is a collective. Gradients are sharded
+ * as well: every microbatch's backward reduce-scatters each unit as soon as it is final (with
+ * cm_dist_attach; otherwise once, in sync_grads), the chunks accumulate in this rank's gradient
+ * shard, and a unit's full gradient buffer gives its pages back after each reduce-scatter. The
+ * trainer runs the same number of microbatches on every rank (a rank with fewer rows runs
+ * "phantom" microbatches that change nothing), since every forward and backward communicates.
  * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD), CM_ERR_STATE (not
  * finalized; a sharded strategy on a model that an optimizer or trainer already locked), the
  * communicator's errors (the broadcast), CM_ERR_OOM. */

@@ -525,6 +525,9 @@ typedef struct cm_trainer_dist {
     bool collectives_per_microbatch;
     /* FULL_SHARD: installed as the trainer's tape fetch hook (cm_tape_set_fetch_hook, with data). */
     cm_tape_fetch_fn fetch;
+    /* Replaces cm_module_zero_grad at the start of each batch (FULL_SHARD: zero the gradient
+     * shards, release the full gradient buffers). NULL: cm_module_zero_grad. */
+    cm_status (*zero_grad)(cm_state *st, void *data);
     void *data;
 } cm_trainer_dist;
 

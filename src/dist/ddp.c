@@ -24,9 +24,13 @@
  * valid. At most max_resident units are resident; gathering another evicts the least recently
  * used one, whose pages are returned to the system (madvise MADV_DONTNEED: the buffer keeps its
  * address, its memory is freed). After each optimizer step every unit is stale and released.
- * Gradients still accumulate in full-size buffers and are reduce-scattered after the last
- * microbatch, as under SHARD_GRAD_OP. Every rank must issue the same gathers, so the trainer
- * gives every rank the same number of microbatches (collectives_per_microbatch). */
+ * Gradients are sharded too: every microbatch's backward reduce-scatters each unit as soon as it is
+ * final (the same hook and order as the buckets above) into a receive chunk, and before the next
+ * backward writes gradients again the chunks are added into this rank's gradient shard and the
+ * unit's full gradient pages are released (they read as zeros afterwards, which is what the next
+ * accumulation needs, so zeroing them costs nothing either). Every rank must issue the same
+ * gathers and reduce-scatters, so the trainer gives every rank the same number of microbatches
+ * (collectives_per_microbatch). */
 #include "dist/dist_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -47,7 +51,9 @@ struct cm_dist {
     bool sharded;            /* SHARD_GRAD_OP or FULL_SHARD */
     bool full;               /* FULL_SHARD */
     float **pshard;          /* FULL_SHARD: (n_units) this rank's master parameter chunk (chunk floats) */
-    size_t *pbytes;          /* FULL_SHARD: (n_units) bytes of each unit's page-aligned parameter buffer */
+    size_t *pbytes;          /* FULL_SHARD: (n_units) bytes of each unit's page-aligned parameter buffer
+                                (its gradient buffer has the same size) */
+    float **grecv;           /* FULL_SHARD: (n_units) a microbatch's reduce-scattered chunk, added into gshard */
     bool *resident;          /* FULL_SHARD: (n_units) the unit's flat parameter buffer is valid */
     uint64_t *last_use;      /* FULL_SHARD: (n_units) tick of the last fetch */
     uint64_t tick;
@@ -106,6 +112,8 @@ void cm_dist_free(cm_dist *d) {
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
     for (int u = 0; d->gshard && u < d->n_units; u++) cm_free(d->gshard[u]);
     for (int u = 0; d->pshard && u < d->n_units; u++) cm_free(d->pshard[u]);
+    for (int u = 0; d->grecv && u < d->n_units; u++) cm_free(d->grecv[u]);
+    cm_free(d->grecv);
     cm_free(d->gshard);
     cm_free(d->pshard);
     cm_free(d->pbytes);
@@ -151,7 +159,8 @@ static cm_status shard_setup(cm_dist *d) {
         d->pbytes = cm_alloc_zeroed(n * sizeof *d->pbytes, 16);
         d->resident = cm_alloc_zeroed(n * sizeof *d->resident, 16);
         d->last_use = cm_alloc_zeroed(n * sizeof *d->last_use, 16);
-        if (!d->pshard || !d->pbytes || !d->resident || !d->last_use)
+        d->grecv = cm_alloc_zeroed(n * sizeof *d->grecv, 16);
+        if (!d->pshard || !d->pbytes || !d->resident || !d->last_use || !d->grecv)
             return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
     }
     const int64_t page = 4096 / (int64_t)sizeof(float);
@@ -164,7 +173,8 @@ static cm_status shard_setup(cm_dist *d) {
         if (s) return s;
         d->chunk[u] = chunk;
         if (!(d->gshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64)) ||
-            (d->full && !(d->pshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))))
+            (d->full && !(d->pshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))) ||
+            (d->full && !(d->grecv[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))))
             return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for shards");
         if (d->full) {
             d->pbytes[u] = (size_t)cap * sizeof(float);
@@ -337,8 +347,8 @@ static cm_status start_next(cm_dist *d) {
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
     cm_status s;
     if (d->sharded) /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
-        s = cm_comm_ireduce_scatter(d->comm, ui->grads, d->gshard[u], d->chunk[u], CM_COMM_F32, CM_REDUCE_SUM,
-                                    &d->req[u]);
+        s = cm_comm_ireduce_scatter(d->comm, ui->grads, d->full ? d->grecv[u] : d->gshard[u], d->chunk[u],
+                                    CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
     else
         s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
     if (s) return s;
@@ -366,13 +376,26 @@ static void hook_fail(cm_dist *d, cm_status s) {
     snprintf(d->hook_error, sizeof d->hook_error, "%s", cm_last_error());
 }
 
+static cm_status flush(cm_dist *d);
+
 static void backward_hook(cm_tape *tp, const void *node, void *data) {
     cm_dist *d = data;
     if (d->hook_status || !d->cfg.overlap || cm_comm_size(d->comm) < 2) return;
     const double t0 = cm_clock_s();
     if (!node) {
-        /* a new backward: is it the last microbatch's? then find when each unit becomes final */
-        d->armed = d->st && cm_state_microbatch_index(d->st) == cm_state_n_microbatches(d->st) - 1 && d->next == 0;
+        /* FULL_SHARD reduce-scatters every microbatch: finish the previous one's before this
+         * backward writes gradients again */
+        if (d->full && d->next) {
+            cm_status s = flush(d);
+            if (s) {
+                hook_fail(d, s);
+                return;
+            }
+        }
+        /* a new backward: is it the last microbatch's (or any, under FULL_SHARD)? then find when
+         * each unit becomes final */
+        d->armed = d->st && d->next == 0 &&
+                   (d->full || cm_state_microbatch_index(d->st) == cm_state_n_microbatches(d->st) - 1);
         if (!d->armed) return;
         for (int u = 0; u < d->n_units; u++) d->unit_last[u] = -1;
         int64_t idx = 0;
@@ -404,15 +427,9 @@ static void backward_hook(cm_tape *tp, const void *node, void *data) {
     d->stats.hook_s += cm_clock_s() - t0;
 }
 
-cm_status cm_dist_sync_grads(cm_dist *d) {
-    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_grads: NULL");
-    d->armed = false;
-    if (d->hook_status) {
-        cm_status s = d->hook_status;
-        d->hook_status = CM_OK;
-        return cm_set_error(s, "%s", d->hook_error);
-    }
-    const double t0 = cm_clock_s();
+/* Starts the buckets backward has not started, waits for all of them and, under FULL_SHARD, adds
+ * the received chunks into the gradient shards and releases the full gradient pages. */
+static cm_status flush(cm_dist *d) {
     cm_status s = CM_OK;
     if (cm_comm_size(d->comm) > 1 || d->sharded) {
         while (!s && d->next < d->n_units) {
@@ -426,10 +443,44 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
             if (!s) s = w;
         }
     }
+    if (!s && d->full && d->next) {
+        cm_module *root = cm_model_module(d->model);
+        for (int u = 0; u < d->n_units; u++) {
+            float *g = d->gshard[u];
+            const float *r = d->grecv[u];
+            for (int64_t i = 0; i < d->chunk[u]; i++) g[i] += r[i];
+            if (d->pbytes[u]) madvise(cm_module_unit(root, u)->grads, d->pbytes[u], MADV_DONTNEED);
+        }
+    }
     d->next = 0;
+    return s;
+}
+
+cm_status cm_dist_sync_grads(cm_dist *d) {
+    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_grads: NULL");
+    d->armed = false;
+    if (d->hook_status) {
+        cm_status s = d->hook_status;
+        d->hook_status = CM_OK;
+        return cm_set_error(s, "%s", d->hook_error);
+    }
+    const double t0 = cm_clock_s();
+    cm_status s = flush(d);
     d->stats.n_syncs++;
     d->stats.wait_s += cm_clock_s() - t0;
     return s;
+}
+
+/* FULL_SHARD, at the start of each batch (instead of cm_module_zero_grad): the shards start at
+ * zero and the full gradient buffers give their pages back (so they read as zeros). */
+static cm_status zero_grad_full(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    for (int u = 0; u < d->n_units; u++) {
+        memset(d->gshard[u], 0, sizeof(float) * (size_t)d->chunk[u]);
+        if (d->pbytes[u]) madvise(cm_module_unit(root, u)->grads, d->pbytes[u], MADV_DONTNEED);
+    }
+    cmn_relink_grads(root);
+    return CM_OK;
 }
 
 cm_status cm_dist_sync_params(cm_dist *d) {
@@ -482,6 +533,7 @@ static const cm_callback_i k_link = {CM_CALLBACK_ABI, "DistributedDataParallel",
 
 static cm_status hook_sync_grads(cm_state *st, void *data) { return cm_dist_sync_grads(data); }
 static cm_status hook_sync_params(cm_state *st, void *data) { return cm_dist_sync_params(data); }
+static cm_status hook_zero_grad(cm_state *st, void *data) { return zero_grad_full(data); }
 static cm_status hook_barrier(void *data) { return cm_comm_barrier(((cm_dist *)data)->comm); }
 static cm_status hook_broadcast(void *buf, int64_t bytes, int root, void *data) {
     return cm_comm_broadcast(((cm_dist *)data)->comm, buf, bytes, CM_COMM_U8, root);
@@ -505,6 +557,7 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     cfg->dist.params_sharded = d->full;
     cfg->dist.collectives_per_microbatch = d->full && d->world > 1;
     cfg->dist.fetch = d->full ? fetch_hook : NULL;
+    cfg->dist.zero_grad = d->full ? hook_zero_grad : NULL;
     cfg->dist.data = d;
 }
 

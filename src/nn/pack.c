@@ -305,7 +305,7 @@ cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t alig
     if (capacity < ui->numel) capacity = ui->numel;
     const size_t bytes = (size_t)capacity * sizeof(float), used = (size_t)ui->numel * sizeof(float);
     if (align < 64) align = 64;
-    float *np = cm_alloc_zeroed(bytes ? bytes : 64, align), *ng = cm_alloc_zeroed(bytes ? bytes : 64, 64);
+    float *np = cm_alloc_zeroed(bytes ? bytes : 64, align), *ng = cm_alloc_zeroed(bytes ? bytes : 64, align);
     if (!np || !ng) {
         cm_free(np);
         cm_free(ng);
@@ -493,6 +493,15 @@ void cm_module_zero_grad(cm_module *root) {
     cmn_pack *p = root->pack;
     for (int u = 0; u < p->n_units; u++)
         memset(p->units[u].grads, 0, (size_t)p->units[u].numel * sizeof(float));
+    for (int64_t i = 0; i < p->n_params; i++) {
+        cm_tensor *t = p->params[i].m->params[p->params[i].pi].t;
+        if (t->grad != p->params[i].gview) cm_tensor_set_grad(t, p->params[i].gview);
+    }
+}
+
+void cmn_relink_grads(cm_module *root) {
+    if (!root || !root->pack) return;
+    cmn_pack *p = root->pack;
     for (int64_t i = 0; i < p->n_params; i++) {
         cm_tensor *t = p->params[i].m->params[p->params[i].pi].t;
         if (t->grad != p->params[i].gview) cm_tensor_set_grad(t, p->params[i].gview);

@@ -597,12 +597,17 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     cm_module *root = cm_model_module(st->model);
     *oom = false;
     *loss_sum = 0;
-    cm_module_zero_grad(root);
+    cm_status s;
+    if (tr->dist.zero_grad) {
+        if ((s = tr->dist.zero_grad(st, tr->dist.data))) return s;
+    } else {
+        cm_module_zero_grad(root);
+    }
     cmi_metric_set_reset(&st->metric_sets[0]);
     cm_tape_reset(tr->tape);
     cm_batch *mbs;
     int64_t n_mb, n_total;
-    cm_status s = cm_data_spec_split(tr->spec, b, mbsz, &mbs, &n_mb);
+    s = cm_data_spec_split(tr->spec, b, mbsz, &mbs, &n_mb);
     if (s || (s = agree_microbatches(tr, n_mb, &n_total))) return s;
     st->n_microbatches = n_total;
     for (int64_t i = 0; i < n_mb; i++)

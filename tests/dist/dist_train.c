@@ -208,23 +208,25 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    /* FULL_SHARD keeps only chunks at rest: after the last step every unit's full parameter buffer
-     * has given its pages back to the system (mincore: none resident) */
+    /* FULL_SHARD keeps only chunks at rest: after the last step every unit's full parameter and
+     * gradient buffers have given their pages back to the system (mincore: none resident) */
     if (dc.sharding == CM_SHARDING_FULL_SHARD) {
         for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
             const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
             const size_t page = 4096, len = ((size_t)ui->numel * sizeof(float) + page - 1) / page * page;
-            unsigned char vec[64] = {0};
-            if (len / page > sizeof vec || mincore(ui->params, len, vec) != 0) {
-                fprintf(stderr, "dist_train: mincore on unit %s failed\n", ui->name);
-                return 1;
-            }
-            for (size_t k = 0; k < len / page; k++)
-                if (vec[k] & 1) {
-                    fprintf(stderr, "dist_train: rank %d: unit %s still holds page %zu of its full parameters\n", rank,
-                            ui->name, k);
+            for (int which = 0; which < 2; which++) { /* parameters, then gradients */
+                unsigned char vec[64] = {0};
+                if (len / page > sizeof vec || mincore(which ? ui->grads : ui->params, len, vec) != 0) {
+                    fprintf(stderr, "dist_train: mincore on unit %s failed\n", ui->name);
                     return 1;
                 }
+                for (size_t k = 0; k < len / page; k++)
+                    if (vec[k] & 1) {
+                        fprintf(stderr, "dist_train: rank %d: unit %s still holds page %zu of its full %s\n", rank,
+                                ui->name, k, which ? "gradients" : "parameters");
+                        return 1;
+                    }
+            }
         }
     }
     /* FULL_SHARD keeps only chunks at rest: gather every unit before reading the model (all ranks) */
