@@ -246,6 +246,9 @@ cm_precision cm_state_precision(const cm_state *st);
 /* The microbatch size in use (rows; automatic microbatching may have lowered it), the number of
  * microbatches of the current batch and the index of the current one. */
 int64_t cm_state_microbatch_size(const cm_state *st);
+/* Whether the microbatch size is automatic (device_train_microbatch_size "auto"): a batch may be
+ * thrown away and retried with smaller microbatches, so nothing may communicate during it. */
+bool cm_state_microbatch_auto(const cm_state *st);
 int64_t cm_state_n_microbatches(const cm_state *st);
 int64_t cm_state_microbatch_index(const cm_state *st);
 int cm_state_rank(const cm_state *st);       /* this process's rank (0 on one process) */

@@ -394,7 +394,7 @@ static void backward_hook(cm_tape *tp, const void *node, void *data) {
         }
         /* a new backward: is it the last microbatch's (or any, under FULL_SHARD)? then find when
          * each unit becomes final */
-        d->armed = d->st && d->next == 0 &&
+        d->armed = d->st && d->next == 0 && !cm_state_microbatch_auto(d->st) &&
                    (d->full || cm_state_microbatch_index(d->st) == cm_state_n_microbatches(d->st) - 1);
         if (!d->armed) return;
         for (int u = 0; u < d->n_units; u++) d->unit_last[u] = -1;

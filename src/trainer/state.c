@@ -111,6 +111,7 @@ const cm_timestamp *cm_state_timestamp(const cm_state *st) { return &st->ts; }
 cm_time cm_state_max_duration(const cm_state *st) { return st->max_duration; }
 cm_precision cm_state_precision(const cm_state *st) { return st->precision; }
 int64_t cm_state_microbatch_size(const cm_state *st) { return st->microbatch_size; }
+bool cm_state_microbatch_auto(const cm_state *st) { return st->microbatch_auto; }
 int64_t cm_state_n_microbatches(const cm_state *st) { return st->n_microbatches; }
 int64_t cm_state_microbatch_index(const cm_state *st) { return st->microbatch_index; }
 int cm_state_rank(const cm_state *st) { return st->rank; }

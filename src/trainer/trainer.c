@@ -267,6 +267,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     st->precision = cfg->precision;
     st->microbatch_size = cfg->device_train_microbatch_size > 0 ? cfg->device_train_microbatch_size : 0;
     tr->mb_config = cfg->device_train_microbatch_size;
+    st->microbatch_auto = tr->mb_config == CM_MICROBATCH_AUTO;
     tr->tokens_weighting = cfg->accumulate_train_batch_on_tokens;
     tr->deterministic = cfg->deterministic_mode;
     tr->n_threads = cm_num_threads();
@@ -643,10 +644,35 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
             return s;
     }
     double loss_sum = 0;
+    /* On several ranks the search is collective: after each attempt the ranks tell each other
+     * whether one ran out of memory (or failed), and all retry together (cm_dist does not start
+     * gradient collectives during backward while the size is automatic, so an attempt that is
+     * thrown away never leaves one half-done). */
+    const bool agree = tr->mb_config == CM_MICROBATCH_AUTO && tr->dist.world_size > 1;
     for (;;) {
         int64_t mbsz = tr->mb_config == 0 ? (b->n_rows > 0 ? b->n_rows : 1) : st->microbatch_size;
         bool oom;
         s = run_microbatches(tr, b, mbsz, global_w, &oom, &loss_sum);
+        if (agree) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", s ? cm_last_error() : "");
+            double flags[2] = {s && oom ? 1.0 : 0.0, s && !oom ? 1.0 : 0.0};
+            cm_status r = reduce(tr, flags, 2);
+            if (r) return r;
+            if (flags[1] > 0)
+                return s ? cm_set_error(s, "%s", msg)
+                         : cm_set_error(CM_ERR_STATE, "fit (epoch %lld, batch %lld): %g other rank(s) failed in this batch "
+                                                      "(their output has the error)",
+                                        (long long)st->ts.epoch, (long long)st->ts.batch_in_epoch, flags[1]);
+            if (!s && flags[0] > 0) { /* another rank ran out: retry with it */
+                cm_log_msg(CM_LOG_INFO, "trainer: %g rank(s) ran out of arena memory with microbatches of %lld rows",
+                           flags[0], (long long)mbsz);
+                s = cm_set_error(CM_ERR_OOM, "another rank ran out of arena memory");
+                oom = true;
+            } else if (s) {
+                cm_set_error(s, "%s", msg);
+            }
+        }
         if (!s) break;
         if (!(oom && tr->mb_config == CM_MICROBATCH_AUTO)) return s;
         if (mbsz <= 1) {

@@ -39,6 +39,7 @@ struct cm_state {
     cm_time max_duration;
     cm_precision precision;
     int64_t microbatch_size, n_microbatches, microbatch_index;
+    bool microbatch_auto; /* device_train_microbatch_size is "auto" */
 
     cm_batch *batch;
     cm_model_batch mbatch;

@@ -2,7 +2,7 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens] [tail] [STRATEGY]
+ *   dist_train OUT [tokens] [tail] [auto=BYTES] [STRATEGY]
  *                                 train; rank 0 writes the parameters, the last loss and the
  *                                 train accuracy to OUT (f64 text, one value per line);
  *                                 STRATEGY: NO_SHARD (default), SHARD_GRAD_OP, FULL_SHARD
@@ -98,10 +98,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     bool tokens = false;
+    size_t auto_budget = 0; /* auto=BYTES: automatic microbatching under this arena budget */
     cm_dist_config dc = cm_dist_config_default();
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "tokens")) tokens = true;
         else if (!strcmp(argv[i], "tail")) g_ns = 62;
+        else if (!strncmp(argv[i], "auto=", 5)) auto_budget = (size_t)atoll(argv[i] + 5);
         else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
             fprintf(stderr, "dist_train: %s\n", cm_last_error());
             return 2;
@@ -167,6 +169,10 @@ int main(int argc, char **argv) {
     /* token weighting is grouping-independent only for a loss that is a mean over tokens; this
      * classifier's loss is a mean over samples, so with tokens every microbatch is one sample */
     cfg.device_train_microbatch_size = tokens ? 1 : 2;
+    if (auto_budget) {
+        cfg.device_train_microbatch_size = CM_MICROBATCH_AUTO;
+        cfg.arena_budget = auto_budget;
+    }
     cfg.accumulate_train_batch_on_tokens = tokens;
     cfg.algorithms = &clip;
     cfg.n_algorithms = 1;
@@ -269,6 +275,9 @@ int main(int argc, char **argv) {
                cm_sharding_name(dc.sharding), tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
                (long long)ds_.n_buckets_early, (long long)ds_.n_buckets_late, (long long)ds_.n_gathers);
     }
+    if (auto_budget && rank == 0)
+        printf("dist_train: automatic microbatch size settled at %lld rows\n",
+               (long long)cm_state_microbatch_size(cm_trainer_state(tr)));
     cm_trainer_free(tr);
     cm_optim_free(opt);
     cm_dist_free(dp);

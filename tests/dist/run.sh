@@ -51,6 +51,13 @@ train_equivalence)
     done
     launch -n 3 "$bin/dist_train" "$tmp/n3tok.txt" tokens || fail "token-weighted training on 3 ranks"
     "$bin/dist_train" --compare "$tmp/ref_tok.txt" "$tmp/n3tok.txt" $tol || fail "3 ranks (tokens) differ from 1 process"
+    # Automatic microbatching, searched together: with a 6000-byte arena the 4-row slice of rank 0
+    # runs out and the 3-row slices do not, so all three ranks retry the batch with smaller pieces.
+    for strategy in NO_SHARD SHARD_GRAD_OP; do
+        launch -n 3 "$bin/dist_train" "$tmp/auto.txt" auto=6000 $strategy >"$tmp/auto.out" 2>&1 || { cat "$tmp/auto.out"; fail "auto microbatching ($strategy) on 3 ranks"; }
+        grep -q "1 rank(s) ran out of arena memory" "$tmp/auto.out" || { cat "$tmp/auto.out"; fail "no rank followed another's out-of-memory retry"; }
+        "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/auto.txt" $tol || fail "auto microbatching ($strategy) on 3 ranks differs from 1 process"
+    done
     ;;
 train_equivalence_sharded)
     # ZeRO: the same 8 steps as one plain process (NO_SHARD), with the optimizer state and the
@@ -72,6 +79,10 @@ train_equivalence_sharded)
             "$bin/dist_train" --compare "$tmp/ref_tail.txt" "$tmp/tail$n.txt" $tol || fail "$strategy (empty slices) on $n ranks differs"
         done
         launch -n 3 "$bin/dist_train" "$tmp/n3tok.txt" tokens $strategy || fail "$strategy token-weighted on 3 ranks"
+        if [ $strategy = FULL_SHARD ]; then
+            launch -n 2 "$bin/dist_train" "$tmp/x.txt" auto=6000 FULL_SHARD >"$tmp/fs.out" 2>&1 && fail "FULL_SHARD accepted auto microbatching on 2 ranks"
+            grep -q "auto with FULL_SHARD on 2 ranks" "$tmp/fs.out" || { cat "$tmp/fs.out"; fail "no clear error for auto microbatching under FULL_SHARD"; }
+        fi
         "$bin/dist_train" "$tmp/ref_tok.txt" tokens || fail "1-process run (tokens)"
         "$bin/dist_train" --compare "$tmp/ref_tok.txt" "$tmp/n3tok.txt" $tol || fail "$strategy (tokens) on 3 ranks differs"
     done
