@@ -2,6 +2,8 @@
  * timeouts on a backend that never finishes, the launch environment and {rank} formats, and DDP
  * on one rank. Multi-rank behaviour is tested through the launcher in tests/dist/. */
 #include "cmtest.h"
+
+#include <math.h>
 #include "cmtrain.h"
 
 #include <composer/dist.h>
@@ -225,4 +227,29 @@ Test(dist, every_strategy_on_one_rank_trains_exactly_like_no_ddp) {
         free(p[k]);
     }
     free(p[0]);
+}
+
+/* FULL_SHARD at rest: the model's buffers are released; freeing the cm_dist without gathering
+ * leaves NaN in them (never silent zeros), gathering first leaves the trained values. */
+Test(dist, full_shard_free_without_gather_leaves_nan_not_zeros) {
+    for (int gather_first = 0; gather_first < 2; gather_first++) {
+        cm_comm *c;
+        cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+        cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
+        cm_dist_config dc = cm_dist_config_default();
+        dc.sharding = CM_SHARDING_FULL_SHARD;
+        cm_dist *d;
+        cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_OK, "%s", cm_last_error());
+        if (gather_first) cr_assert_eq(cm_dist_gather_params(d), CM_OK, "%s", cm_last_error());
+        cm_dist_free(d);
+        int64_t n = 0;
+        float *p = cmt_params_copy(m, &n);
+        cr_assert(n > 0);
+        for (int64_t i = 0; i < n; i++)
+            cr_assert(gather_first ? isfinite(p[i]) : isnan(p[i]), "gather %d, param %lld = %g", gather_first,
+                      (long long)i, p[i]);
+        free(p);
+        cm_model_free(m);
+        cm_comm_free(c);
+    }
 }

@@ -268,7 +268,8 @@ typedef struct cm_dist cm_dist;
  * master copy the optimizer updates, cm_shard_span.params); a unit's flat parameter buffer is
  * all-gathered the moment an op on the trainer's tape reads it (the fetch hook, which
  * cm_dist_trainer_hooks installs), at most max_resident_units units at a time, and its memory is
- * returned to the system when it is evicted and after every optimizer step. Code that reads the
+ * returned to the system when it is evicted and after every optimizer step (and made unreadable
+ * until gathered again, so a stray read faults rather than seeing zeros). Code that reads the
  * model's parameters outside the trainer's tape (sampling text, exporting weights) calls
  * cm_dist_gather_params first — on every rank, since it is a collective. Gradients are sharded
  * as well: every microbatch's backward reduce-scatters each unit as soon as it is final (with
@@ -280,7 +281,10 @@ typedef struct cm_dist cm_dist;
  * finalized; a sharded strategy on a model that an optimizer or trainer already locked), the
  * communicator's errors (the broadcast), CM_ERR_OOM. */
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
-void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first */
+/* NULL is a no-op; waits for nothing: sync first. Under FULL_SHARD the model's flat parameter
+ * buffers become ordinary memory again, and units that were not gathered hold NaN: call
+ * cm_dist_gather_params first (on every rank) to keep using the model afterwards. */
+void cm_dist_free(cm_dist *d);
 
 /* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)
  * and sync_grads (the gradient all-reduce). The trainer weights every microbatch's loss by its

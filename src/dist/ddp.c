@@ -35,6 +35,8 @@
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <stdlib.h>
@@ -107,6 +109,17 @@ typedef struct tape_link {
 
 void cm_dist_free(cm_dist *d) {
     if (!d) return;
+    if (d->full && d->resident && d->model) {
+        /* the model's buffers become ordinary memory again; units that were not gathered hold NaN
+         * (loud, unlike the zeros of released pages): gather before freeing to keep the values */
+        cm_module *root = cm_model_module(d->model);
+        for (int u = 0; u < d->n_units; u++) {
+            if (d->resident[u] || !d->pbytes[u]) continue;
+            float *p = cm_module_unit(root, u)->params;
+            mprotect(p, d->pbytes[u], PROT_READ | PROT_WRITE);
+            for (size_t i = 0; i < d->pbytes[u] / sizeof(float); i++) p[i] = NAN;
+        }
+    }
     if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
     if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
@@ -201,8 +214,13 @@ static cm_status shard_setup(cm_dist *d) {
 static void release(cm_dist *d, int u) {
     if (!d->resident[u]) return;
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
-    /* the pages go back to the system; the next touch maps zeros until a gather fills them */
-    if (d->pbytes[u]) madvise(p, d->pbytes[u], MADV_DONTNEED);
+    /* the pages go back to the system, and the buffer is made unreadable until the next gather:
+     * code that reads a released unit without the fetch hook faults at once instead of reading
+     * zeros */
+    if (d->pbytes[u]) {
+        madvise(p, d->pbytes[u], MADV_DONTNEED);
+        mprotect(p, d->pbytes[u], PROT_NONE);
+    }
     d->resident[u] = false;
     d->n_resident--;
 }
@@ -223,6 +241,9 @@ static cm_status gather(cm_dist *d, int u) {
         release(d, lru);
     }
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    if (d->pbytes[u] && mprotect(p, d->pbytes[u], PROT_READ | PROT_WRITE) != 0)
+        return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
+                            cm_module_unit(cm_model_module(d->model), u)->name, strerror(errno));
     cm_status s = cm_comm_all_gather(d->comm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
     if (s) return s;
     d->resident[u] = true;
