@@ -5,7 +5,7 @@
  *
  *   dist_gpt OUT STRATEGY [bf16]   train 6 batches of 6 sequences in microbatches of 2 (AdamW,
  *                                  clipping); rank 0 writes every parameter and the last loss
- *   dist_gpt --compare A B TOL     as dist_train --compare
+ * Outputs are compared with `dist_train --compare A B TOL`.
  *
  * Dropout is off: masks are drawn per rank, so with dropout N ranks do not equal one process. */
 #include <composer/composer.h>
@@ -49,34 +49,9 @@ static const cm_dataset_i k_seqs = {CM_DATASET_ABI, "seqs", q_len, q_nf, q_field
         }                                                                         \
     } while (0)
 
-static int compare(const char *a, const char *b, double tol) {
-    FILE *fa = fopen(a, "r"), *fb = fopen(b, "r");
-    if (!fa || !fb) {
-        fprintf(stderr, "compare: cannot open %s\n", fa ? b : a);
-        return 1;
-    }
-    double x, y, worst = 0;
-    long n = 0, bad = 0;
-    while (fscanf(fa, "%lf", &x) == 1) {
-        if (fscanf(fb, "%lf", &y) != 1) {
-            fprintf(stderr, "compare: %s has fewer values than %s (%ld)\n", b, a, n);
-            return 1;
-        }
-        const double rel = fabs(x - y) / fmax(1.0, fabs(x));
-        if (rel > worst) worst = rel;
-        if (!(rel <= tol) && bad++ < 5) fprintf(stderr, "compare: value %ld: %.9g vs %.9g (tol %.3g)\n", n, x, y, tol);
-        n++;
-    }
-    printf("compare %s %s: %ld values, worst |diff|/max(1,|a|) = %.3g (tol %.3g), %ld over\n", a, b, n, worst, tol, bad);
-    fclose(fa);
-    fclose(fb);
-    return bad || n == 0 ? 1 : 0;
-}
-
 int main(int argc, char **argv) {
-    if (argc == 5 && !strcmp(argv[1], "--compare")) return compare(argv[2], argv[3], atof(argv[4]));
     if (argc < 3) {
-        fprintf(stderr, "usage: dist_gpt OUT STRATEGY [bf16] | dist_gpt --compare A B TOL\n");
+        fprintf(stderr, "usage: dist_gpt OUT STRATEGY [bf16]\n");
         return 2;
     }
     cm_dist_config dc = cm_dist_config_default();

@@ -97,12 +97,12 @@ gpt_sharded_equivalence)
     for strategy in NO_SHARD SHARD_GRAD_OP FULL_SHARD; do
         for n in 2 3 4; do
             launch -n $n "$bin/dist_gpt" "$tmp/g$n.txt" $strategy || fail "GPT $strategy on $n ranks"
-            "$bin/dist_gpt" --compare "$tmp/ref.txt" "$tmp/g$n.txt" $tol || fail "GPT $strategy on $n ranks differs from 1 process"
+            "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/g$n.txt" $tol || fail "GPT $strategy on $n ranks differs from 1 process"
         done
     done
     env -u OMPI_COMM_WORLD_SIZE "$bin/dist_gpt" "$tmp/ref16.txt" NO_SHARD bf16 || fail "1-process GPT run (amp_bf16)"
     launch -n 3 "$bin/dist_gpt" "$tmp/g16.txt" FULL_SHARD bf16 || fail "GPT FULL_SHARD amp_bf16 on 3 ranks"
-    "$bin/dist_gpt" --compare "$tmp/ref16.txt" "$tmp/g16.txt" $tol || fail "GPT FULL_SHARD amp_bf16 differs from 1 process"
+    "$bin/dist_train" --compare "$tmp/ref16.txt" "$tmp/g16.txt" $tol || fail "GPT FULL_SHARD amp_bf16 differs from 1 process"
     ;;
 timeout_names_missing_rank)
     start=$(date +%s)
