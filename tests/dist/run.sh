@@ -59,7 +59,8 @@ timeout_names_missing_rank)
     end=$(date +%s)
     cat "$tmp/out"
     [ $rc -ne 0 ] || fail "exit status 0 after a skipped collective"
-    grep -q "timed out after .* in collective #3 all_reduce" "$tmp/out" || fail "no timeout message naming #3 all_reduce"
+    grep -q "error (CM_ERR_TIMEOUT): .*timed out after .* in collective #3 all_reduce" "$tmp/out" \
+        || fail "no CM_ERR_TIMEOUT message naming #3 all_reduce"
     grep -q "rank 2 did not arrive (last seen entering #2 all_reduce" "$tmp/out" || fail "the message does not name rank 2"
     echo "ended in $((end - start)) s with status $rc"
     ;;
