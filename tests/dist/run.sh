@@ -20,6 +20,26 @@ launch() {
     return $rc_
 }
 
+# A tiny char GPT (2 layers, 32 wide, vocabulary from the text) over the first 20 kB of tiny
+# Shakespeare, trained for 6 batches of 6 windows in microbatches of 2 (uneven on 2 ranks: 2+1),
+# with an evaluation after batch 3 and at the end. No run_name: each job generates one.
+cli_setup() {
+    head -c 20000 ../shared/data/tinyshakespeare/input.txt >"$tmp/input.txt" || fail "no ../shared/data"
+    "$composer" data tokenize --tokenizer char -q "$tmp/input.txt" -o "$tmp/data" || fail "tokenize"
+    cat >"$tmp/tiny.yaml" <<EOF
+max_duration: 6ba
+eval_interval: 3ba
+eval_subset_num_batches: 2
+progress_bar: false
+device_train_microbatch_size: 2
+model: {name: gpt2, preset: tiny}
+train_loader: {dataset: {type: tokens, dir: $tmp/data}, batch_size: 6}
+eval_loader: {dataset: {type: tokens, dir: $tmp/data}, batch_size: 4}
+optimizer: {name: sgd, lr: 0.5, momentum: 0.9}
+sample: {max_new_tokens: 8}
+EOF
+}
+
 case "$case_" in
 launcher_env_and_stdout_per_rank)
     launch -n 3 --stdout "$tmp/out{rank}of{world_size}.txt" sh -c 'echo "$RANK $LOCAL_RANK $NODE_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_PORT"' \
@@ -77,6 +97,70 @@ crashed_rank_shows_error)
     cat "$tmp/out"
     [ $rc -ne 0 ] || fail "exit status 0 after a rank failed"
     grep -q "simulated failure: cannot read shard 7" "$tmp/out" || fail "the failing rank's error is not shown"
+    ;;
+cli_train_equivalence)
+    # `composer -n N train` against a plain `composer train` of the same config.
+    cli_setup
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    # Tolerance 2e-6 relative (absolute below 1), as in train_equivalence: the ranks sum their
+    # microbatch gradients in another order and MPI adds the per-rank sums, so each gradient is
+    # the 1-process one up to a few f32 roundings (~1e-7 relative); 6 SGD steps carry that into
+    # the weights (measured: 1.2e-7 on 2 ranks, 1.5e-7 on 3, 2.1e-7 on 4). The config is plain
+    # SGD with no clipping on purpose: AdamW and norm clipping are invariant to the gradient's
+    # scale and would hide a rank weighting its gradient wrongly, which SGD shows at once (a
+    # rank training alone on all the data, or a per-rank batch of the global size, is off by
+    # more than 1e-2 in the weights).
+    tol=2e-6
+    for n in 2 3; do
+        launch -n $n train "$tmp/tiny.yaml" run_root="$tmp/n$n" >"$tmp/n$n.out" 2>&1 || { cat "$tmp/n$n.out"; fail "train on $n ranks"; }
+        cat "$tmp/n$n.out"
+        # rank 0 alone writes the run folder, and one folder for the job (the generated name agrees)
+        [ "$(ls "$tmp/n$n" | wc -l)" = 1 ] || fail "$n ranks made $(ls "$tmp/n$n" | wc -l) run folders: $(ls "$tmp/n$n")"
+        dir="$tmp/n$n/$(ls "$tmp/n$n")"
+        files=$(cd "$dir" && ls | tr '\n' ' ')
+        [ "$files" = "config.yaml log.txt loss.svg metrics.jsonl model.safetensors sample.txt tokenizer.json " ] \
+            || fail "$n ranks: the run folder holds '$files'"
+        [ "$(grep -c '^trained 6 batches' "$tmp/n$n.out")" = 1 ] || fail "$n ranks: not exactly one 'trained' line (rank 0 speaks)"
+        grep -q "$n ranks (NO_SHARD" "$dir/log.txt" || fail "$n ranks: log.txt does not say how many ranks"
+        [ "$(grep -c '"loss/train/total"' "$dir/metrics.jsonl")" = 6 ] || fail "$n ranks: metrics.jsonl has other than 6 train losses"
+        "$bin/dist_cli_compare" "$tmp/ref/"* "$dir" $tol || fail "$n ranks differ from 1 process"
+    done
+    # eval splits the eval set over the ranks and all-reduces the metric sums: the same metrics
+    ref_dir=$(echo "$tmp/ref/"*)
+    "$composer" eval "$tmp/tiny.yaml" --weights "$ref_dir/model.safetensors" >"$tmp/eval1.out" 2>&1 || { cat "$tmp/eval1.out"; fail "1-process eval"; }
+    launch -n 3 eval "$tmp/tiny.yaml" --weights "$ref_dir/model.safetensors" >"$tmp/eval3.out" 2>&1 || { cat "$tmp/eval3.out"; fail "eval on 3 ranks"; }
+    cat "$tmp/eval3.out"
+    grep metrics/ "$tmp/eval1.out" >"$tmp/m1"
+    grep metrics/ "$tmp/eval3.out" >"$tmp/m3"
+    [ -s "$tmp/m1" ] && cmp -s "$tmp/m1" "$tmp/m3" || fail "eval on 3 ranks printed other metrics: $(cat "$tmp/m3") vs $(cat "$tmp/m1")"
+    ;;
+cli_train_sharding_and_timeout_keys)
+    cli_setup
+    # a misspelt strategy: one message (not one per rank) naming the key and the valid values
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" parallelism.fsdp.sharding_strategy=FULL_SHRAD >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc = 2 ] || fail "exit status $rc for a bad sharding_strategy (want 2)"
+    [ "$(grep -c 'parallelism.fsdp.sharding_strategy' "$tmp/out")" = 1 ] || fail "the error is not shown exactly once"
+    grep 'parallelism.fsdp.sharding_strategy' "$tmp/out" | grep -q "FULL_SHRAD.*NO_SHARD.*SHARD_GRAD_OP.*FULL_SHARD" \
+        || fail "the message does not list the valid values"
+    [ ! -e "$tmp/runs" ] || fail "a run folder was made for a bad config"
+    # the sharded strategies reach cm_dist_new: either its clear refusal naming the key, or
+    # (where ZeRO is implemented) the same training as one process
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    for st in SHARD_GRAD_OP FULL_SHARD; do
+        launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/$st" run_name=s parallelism.fsdp.sharding_strategy=$st >"$tmp/out" 2>&1
+        rc=$?
+        cat "$tmp/out"
+        if [ $rc = 0 ]; then
+            "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/$st/s" 2e-6 || fail "$st on 2 ranks differs from 1 process"
+        else
+            [ "$(grep -c "parallelism.fsdp.sharding_strategy: .*$st" "$tmp/out")" = 1 ] || fail "$st: exit $rc without one message naming the key"
+        fi
+    done
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" dist_timeout=0 >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -q "dist_timeout: 0 must be > 0" "$tmp/out" || { cat "$tmp/out"; fail "dist_timeout=0: exit $rc"; }
     ;;
 *)
     fail "unknown case '$case_'"
