@@ -198,6 +198,11 @@ Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
         {"max_duration", 2, "overrides are key.path=value"},
         {"device_train_microbatch_size=-3", 2, "device_train_microbatch_size: '-3' must be a number of rows"},
         {"device_train_microbatch_size=autoo", 2, "'autoo' is not an integer"},
+        {"parallelism.fsdp.sharding_strategy=NO_SHRAD", 2,
+         "parallelism.fsdp.sharding_strategy: unknown value 'NO_SHRAD' (did you mean 'NO_SHARD'? use one of NO_SHARD, "
+         "SHARD_GRAD_OP, FULL_SHARD)"},
+        {"dist_timeout=-1", 2, "dist_timeout: -1 must be > 0"},
+        {"dist_timeout=soon", 2, "dist_timeout: 'soon' is not a number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
@@ -226,7 +231,8 @@ Test(cli_train, help_lists_the_keys) {
     int rc = run("train --help", out, sizeof out);
     cr_assert_eq(rc, 0);
     const char *keys[] = {"max_duration", "eval_interval", "device_train_microbatch_size", "global_train_batch_size",
-                          "gradient_clipping", "optimizer:", "scheduler:", "--print-config", "load_path"};
+                          "gradient_clipping", "optimizer:", "scheduler:", "--print-config", "load_path",
+                          "parallelism.fsdp.sharding_strategy", "dist_timeout", "composer -n N train"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert(strstr(out, keys[i]), "help lacks %s", keys[i]);
     rc = run("--help", out, sizeof out);
     cr_assert(strstr(out, "train") && strstr(out, "generate") && strstr(out, "eval"), "%s", out);
@@ -249,6 +255,10 @@ Test(cli_train, mnist_mlp_trains_a_few_batches) {
     rc = run("eval " DIR "/mnist.yaml --weights " DIR "/runs/mnist/model.safetensors", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "metrics/eval/MulticlassAccuracy"), "%s", out);
+    /* one process has nothing to shard: a sharded strategy trains as is, and says so */
+    rc = run("train " DIR "/mnist.yaml parallelism.fsdp.sharding_strategy=full_shard run_name=mnist-fs", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "FULL_SHARD has nothing to shard") && strstr(out, "trained 3 batches"), "%s", out);
     rc = run("train " DIR "/mnist.yaml optimizer.lr=", out, sizeof out);
     cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "optimizer.lr: required for sgd"), "%s", out);

@@ -687,6 +687,14 @@ static cm_status start_comm(run *r) {
     if (cm_comm_auto_new(&cc, &r->comm) != CM_OK) return cm_last_status();
     r->rank = cm_comm_rank(r->comm);
     r->world = cm_comm_size(r->comm);
+    /* plain mpirun / srun: share the node's cores among its ranks as `composer -n` does */
+    const char *t = getenv("CM_NUM_THREADS");
+    const cm_dist_env env = cm_dist_env_get();
+    if ((!t || !*t) && env.local_world_size > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long per_rank = (cores > 0 ? cores : 1) / env.local_world_size;
+        cm_set_num_threads(per_rank > 0 ? (int)per_rank : 1);
+    }
     return CM_OK;
 }
 
@@ -798,7 +806,11 @@ static void print_keys(FILE *f) {
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
             "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
-            "  parallelism.fsdp.sharding_strategy: NO_SHARD (launch ranks with composer -n N)\n"
+            "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
+            "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
+            "                     nothing to shard); a build without ZeRO refuses the last two by name\n"
+            "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
+            "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
             "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
 }
@@ -816,7 +828,14 @@ static void train_usage(FILE *f, const char *prog) {
             "Trains the model a YAML config describes (llm-foundry style: trainer options are top-level\n"
             "keys). Overrides on the command line are parsed as YAML values: optimizer.lr=3e-4,\n"
             "max_duration=500ba, optimizer.betas=[0.9,0.99]. Unknown keys and bad values are errors that\n"
-            "name the key and suggest the closest valid one.\n\noptions:\n",
+            "name the key and suggest the closest valid one.\n\n"
+            "Several ranks: composer -n N train CONFIG.yaml (or mpirun / srun) trains data-parallel.\n"
+            "train_loader.batch_size is the global batch (Composer's global_train_batch_size): each rank\n"
+            "loads its slice and the gradients are summed over the ranks, so N ranks train the same\n"
+            "steps as one process. Rank 0 alone writes the run folder and prints; every rank's warnings\n"
+            "and errors go to its stderr (composer -n N --stderr 'logs/rank{rank}.txt' keeps them apart).\n"
+            "If a rank fails or a collective outlasts dist_timeout, the job stops with that rank's error.\n"
+            "\noptions:\n",
             prog);
     cli_print_flags(f, k_train_flags);
     fprintf(f, "  %-28s %s\n\n", "-h, --help", "show this help and the config keys");

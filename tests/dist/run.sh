@@ -47,6 +47,12 @@ launcher_env_and_stdout_per_rank)
     for r in 0 1 2; do
         [ "$(cat "$tmp/out${r}of3.txt")" = "$r $r 0 3 3 29500" ] || fail "rank $r wrote '$(cat "$tmp/out${r}of3.txt")'"
     done
+    # each rank gets a share of the cores unless the environment chose a thread count
+    cores=$(getconf _NPROCESSORS_ONLN); want=$((cores / 2)); [ $want -ge 1 ] || want=1
+    got=$(env -u CM_NUM_THREADS -u OMP_NUM_THREADS "$composer" -n 2 sh -c 'echo "$CM_NUM_THREADS $OMP_NUM_THREADS"' | sort -u)
+    [ "$got" = "$want $want" ] || fail "threads per rank: '$got', want '$want $want' ($cores cores, 2 ranks)"
+    got=$(CM_NUM_THREADS=3 "$composer" -n 2 sh -c 'echo "$CM_NUM_THREADS"' | sort -u)
+    [ "$got" = 3 ] || fail "CM_NUM_THREADS=3 became '$got'"
     "$composer" -n 2 --stdout "x{rnk}" sh -c true 2>"$tmp/err" && fail "a bad format was accepted"
     grep -q "unknown placeholder '{rnk}'" "$tmp/err" || fail "bad format message: $(cat "$tmp/err")"
     ;;
