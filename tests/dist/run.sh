@@ -168,6 +168,31 @@ cli_train_sharding_and_timeout_keys)
     rc=$?
     [ $rc = 2 ] && grep -q "dist_timeout: 0 must be > 0" "$tmp/out" || { cat "$tmp/out"; fail "dist_timeout=0: exit $rc"; }
     ;;
+cli_train_stopped_rank_times_out)
+    # dist_timeout from the config bounds every collective: rank 1 is stopped (SIGSTOP) mid-run,
+    # rank 0 fails its next collective after 2 s naming rank 1 and exits nonzero, and mpirun
+    # ends the job.
+    cli_setup
+    t0=$(date +%s)
+    timeout -k 5 60 "$composer" -n 2 train "$tmp/tiny.yaml" run_root="$tmp/hang" run_name=h max_duration=1000000ba \
+        eval_interval=0 dist_timeout=2 >"$tmp/out" 2>&1 &
+    job=$!
+    i=0
+    while [ ! -s "$tmp/hang/h/metrics.jsonl" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+    sleep 0.5
+    stopped=
+    for p in $(pgrep -f "run_root=$tmp/hang"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx RANK=1; then kill -STOP "$p" && stopped=$p; fi
+    done
+    [ -n "$stopped" ] || { kill "$job"; fail "rank 1 not found"; }
+    wait $job
+    rc=$?
+    cat "$tmp/out"
+    [ $rc -ne 0 ] || fail "exit status 0 with a stopped rank"
+    [ $(($(date +%s) - t0)) -lt 50 ] || fail "the job hung"
+    grep -q "training failed: .*timed out after 2\.. s (dist_timeout) in collective #[0-9]* .*rank 1 did not arrive" "$tmp/out" \
+        || fail "no timeout message naming rank 1 after dist_timeout=2"
+    ;;
 *)
     fail "unknown case '$case_'"
     ;;
