@@ -34,9 +34,12 @@
  *
  * Failure model. Library code never aborts: a collective that times out returns CM_ERR_TIMEOUT,
  * one that fails in the transport CM_ERR_IO, and either marks the communicator failed (every
- * later call fails at once with CM_ERR_STATE and the first error). A failed MPI communicator is not finalised by cm_comm_free (MPI_Finalize would wait for
- * the missing rank); the program should print the error and exit nonzero, and mpirun / srun then
- * stop the other ranks. cm_comm_abort stops the whole job at once, for programs that prefer it.
+ * later call fails at once with CM_ERR_STATE and the first error). A failed MPI communicator is
+ * not finalised by cm_comm_free (MPI_Finalize would wait for the missing rank); the program
+ * should print the error and exit nonzero, and mpirun / srun then stop the other ranks. A rank
+ * that fails on its own with a healthy communicator should likewise exit without cm_comm_free
+ * (the others may be waiting for it in a collective; tools/cli_train.c shows both cases).
+ * cm_comm_abort stops the whole job at once, for programs that prefer it.
  *
  * Threading: a communicator belongs to the thread that made it (MPI is initialised with
  * MPI_THREAD_FUNNELED); kernels may still use OpenMP threads between calls.
