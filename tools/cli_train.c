@@ -710,7 +710,8 @@ static cm_status start_dist(run *r) {
     cm_dist_config dc = cm_dist_config_default();
     dc.sharding = r->sharding;
     cm_status s = cm_dist_new(r->comm, r->model, &dc, &r->dp);
-    if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG) return at_key(r->cfg, "parallelism.fsdp.sharding_strategy", s);
+    if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG)
+        return at_key(r->cfg, "parallelism.fsdp.sharding_strategy", s);
     return s;
 }
 
@@ -1114,10 +1115,16 @@ int cmd_train(const char *prog, int argc, char **argv) {
     r.tc.progress_bar = r.ctx.progress_bar && r.rank == 0;
     if (r.dp) cm_dist_trainer_hooks(r.dp, &r.tc);
     cm_module *root = cm_model_module(r.model);
-    char ranks[96] = "";
-    if (r.world > 1)
-        snprintf(ranks, sizeof ranks, ", %d ranks (%s, %lld samples a rank a batch)", r.world,
-                 cm_sharding_name(r.sharding), (long long)((r.train_batch + r.world - 1) / r.world));
+    char ranks[128] = "";
+    if (r.world > 1) {
+        const long long lo = (long long)(r.train_batch / r.world);
+        const long long hi = (long long)((r.train_batch + r.world - 1) / r.world);
+        char per[48];
+        if (lo == hi) snprintf(per, sizeof per, "%lld", lo);
+        else snprintf(per, sizeof per, "%lld-%lld", lo, hi);
+        snprintf(ranks, sizeof ranks, ", %d ranks (%s, %s samples a rank a batch)", r.world,
+                 cm_sharding_name(r.sharding), per);
+    }
     cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches%s\n", run_name,
             cm_model_type_name(r.model), (long long)cm_module_count_params(root, false),
             (long long)cm_dataset_len(r.train_ds), r.eval_ds ? " (+ eval set)" : "", (long long)r.train_batch,
@@ -1190,8 +1197,8 @@ int cmd_train(const char *prog, int argc, char **argv) {
             fprintf(stderr, "%s: sampling failed: %s\n", prog, cm_last_error());
         }
     }
-    cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s%s%s\n", dir,
-            have_plot ? ", loss.svg" : "", have_weights ? ", model.safetensors" : "", have_sample ? ", sample.txt" : "");
+    cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s%s%s\n", dir, have_plot ? ", loss.svg" : "",
+            have_weights ? ", model.safetensors" : "", have_sample ? ", sample.txt" : "");
     cm_free(weights), cm_free(metrics), cm_free(plot), cm_free(sample);
     return finish(&r, rc);
 }
