@@ -152,7 +152,7 @@ Test(dist, format_expands_rank_placeholders_and_names_unknown_ones) {
     cr_assert_eq(cm_dist_format("0123456789{rank}", &e, buf, 8), CM_ERR_INVALID_ARG);
 }
 
-Test(dist, sharding_names_parse_and_only_no_shard_is_available) {
+Test(dist, sharding_names_parse_and_bad_setups_are_refused) {
     cm_sharding s;
     cr_assert_eq(cm_sharding_parse("full_shard", &s), CM_OK);
     cr_assert_eq(s, CM_SHARDING_FULL_SHARD);
@@ -162,19 +162,28 @@ Test(dist, sharding_names_parse_and_only_no_shard_is_available) {
     cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
     cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
     cm_dist_config dc = cm_dist_config_default();
-    dc.sharding = CM_SHARDING_SHARD_GRAD_OP;
     cm_dist *d = NULL;
-    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_ERR_UNSUPPORTED);
-    cr_assert(strstr(cm_last_error(), "SHARD_GRAD_OP"), "message: %s", cm_last_error());
+    /* sharding moves the flat buffers: not once an optimizer or trainer holds them */
+    dc.sharding = CM_SHARDING_SHARD_GRAD_OP;
+    cr_assert_eq(cm_module_lock(cm_model_module(m)), CM_OK);
+    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_ERR_STATE);
+    cr_assert(strstr(cm_last_error(), "before creating them"), "message: %s", cm_last_error());
+    cm_module_unlock(cm_model_module(m));
+    dc.sharding = CM_SHARDING_FULL_SHARD;
+    dc.max_resident_units = 1;
+    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "max_resident_units 1"), "message: %s", cm_last_error());
     cr_assert_eq(cm_dist_new(NULL, m, NULL, &d), CM_ERR_INVALID_ARG);
     cm_model_free(m);
     cm_comm_free(c);
 }
 
-Test(dist, ddp_on_one_rank_trains_exactly_like_no_ddp) {
-    float *p[2];
+/* with = 0: no cm_dist; 1, 2, 3: NO_SHARD, SHARD_GRAD_OP, FULL_SHARD on one rank, where every
+ * collective is a copy, so the run must be bit for bit the plain one. */
+Test(dist, every_strategy_on_one_rank_trains_exactly_like_no_ddp) {
+    float *p[4];
     int64_t n = 0;
-    for (int with = 0; with < 2; with++) {
+    for (int with = 0; with < 4; with++) {
         cm_dataset *ds = cmt_synth_dataset(40, 6, 3, false, NULL);
         cm_dataloader *dl = cmt_loader(ds, 8, false, 3);
         cm_model *m = cmt_mlp(6, 8, 3, 0, 11);
@@ -187,13 +196,16 @@ Test(dist, ddp_on_one_rank_trains_exactly_like_no_ddp) {
         cr_assert_eq(cm_time_parse("4ba", &cfg.max_duration), CM_OK);
         if (with) {
             cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
-            cr_assert_eq(cm_dist_new(c, m, NULL, &d), CM_OK, "%s", cm_last_error());
+            cm_dist_config dc = cm_dist_config_default();
+            dc.sharding = with == 1 ? CM_SHARDING_NO_SHARD : with == 2 ? CM_SHARDING_SHARD_GRAD_OP : CM_SHARDING_FULL_SHARD;
+            cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_OK, "%s", cm_last_error());
             cm_dist_trainer_hooks(d, &cfg);
         }
         cm_trainer *tr;
         cr_assert_eq(cm_trainer_new(&cfg, &tr), CM_OK, "%s", cm_last_error());
         if (with) cr_assert_eq(cm_dist_attach(d, tr), CM_OK, "%s", cm_last_error());
         cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+        if (with) cr_assert_eq(cm_dist_gather_params(d), CM_OK, "%s", cm_last_error());
         p[with] = cmt_params_copy(m, &n);
         if (with) {
             cm_dist_stats st = cm_dist_get_stats(d);
@@ -207,7 +219,10 @@ Test(dist, ddp_on_one_rank_trains_exactly_like_no_ddp) {
         cm_dataset_free(ds);
         cm_model_free(m);
     }
-    for (int64_t i = 0; i < n; i++) cr_assert(p[0][i] == p[1][i], "param %lld: %g vs %g", (long long)i, p[0][i], p[1][i]);
+    for (int k = 1; k < 4; k++) {
+        for (int64_t i = 0; i < n; i++)
+            cr_assert(p[0][i] == p[k][i], "strategy %d, param %lld: %g vs %g", k, (long long)i, p[0][i], p[k][i]);
+        free(p[k]);
+    }
     free(p[0]);
-    free(p[1]);
 }

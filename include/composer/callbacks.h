@@ -268,7 +268,10 @@ cm_status cm_runtime_estimator_new(const cm_runtime_estimator_config *cfg, cm_ca
  * norms only. The hyperparameters are group 0's for every parameter, as Composer reads
  * param_groups[0] (a span does not say which group it is in). Norms accumulate in double (OpenMP
  * over large spans); cosines of a zero vector are 0 (torch's eps clamp). Per batch this reads
- * every parameter, gradient and moment once: about the cost of an optimizer step. */
+ * every parameter, gradient and moment once: about the cost of an optimizer step.
+ * Distributed: under NO_SHARD every rank holds the global gradient, so the values are global as
+ * they are; under a sharded strategy each rank sums over its pieces (cm_state_shard_spans) and the
+ * sums are added over ranks (cm_state_all_reduce_sum) — so every rank must run the callback. */
 typedef struct cm_optimizer_monitor_config {
     bool log_optimizer_metrics; /* default true */
     int batch_log_interval;     /* ≥ 1; default 1 */

@@ -190,13 +190,15 @@ const char *cm_comm_error(const cm_comm *c);
  * Blocking forms return when done; errors: CM_ERR_INVALID_ARG (NULL buffer with count > 0,
  * negative count, bad dtype / op / root), CM_ERR_TIMEOUT (waited longer than the timeout: the
  * message names the collective, its sequence number and the missing ranks), CM_ERR_IO (a
- * transport error), CM_ERR_STATE (the communicator failed before). Buffers may not overlap except where in place. */
+ * transport error), CM_ERR_STATE (the communicator failed before). Buffers may not overlap
+ * except where in place. */
 cm_status cm_comm_all_reduce(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, cm_reduce_op op);
 cm_status cm_comm_reduce_scatter(cm_comm *c, const void *send, void *recv, int64_t recv_count, cm_comm_dtype dt,
                                  cm_reduce_op op);
 cm_status cm_comm_all_gather(cm_comm *c, const void *send, void *recv, int64_t send_count, cm_comm_dtype dt);
 cm_status cm_comm_broadcast(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, int root);
 cm_status cm_comm_barrier(cm_comm *c);
+/* all_gather runs in place when send is this rank's own block of recv (recv + rank · send_count). */
 /* Shorthands for the common in-place sums. */
 cm_status cm_comm_all_reduce_sum_f32(cm_comm *c, float *buf, int64_t count);
 cm_status cm_comm_all_reduce_sum_f64(cm_comm *c, double *buf, int64_t count);
@@ -243,9 +245,10 @@ const char *cm_sharding_name(cm_sharding s);                /* "NO_SHARD"; "?" o
 cm_status cm_sharding_parse(const char *s, cm_sharding *out); /* case-insensitive */
 
 typedef struct cm_dist_config {
-    cm_sharding sharding;    /* NO_SHARD (default); the others are not available yet */
+    cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3) */
     bool sync_module_states; /* broadcast rank 0's parameters and buffers in cm_dist_new (default true) */
     bool overlap;            /* start each unit's all-reduce as soon as backward finished it (default true) */
+    int max_resident_units;  /* FULL_SHARD: units whose parameters may be gathered at once (≥ 2; default 2) */
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
@@ -254,8 +257,26 @@ typedef struct cm_dist cm_dist;
 
 /* Data parallelism over `comm` for `model` (both borrowed; they must outlive the cm_dist). The
  * model's module tree must be finalized: each wrap unit's flat gradient buffer is one bucket.
- * Errors: CM_ERR_INVALID_ARG (NULL), CM_ERR_STATE (not finalized), CM_ERR_UNSUPPORTED
- * (SHARD_GRAD_OP, FULL_SHARD), the communicator's errors (the broadcast), CM_ERR_OOM. */
+ * SHARD_GRAD_OP (ZeRO-2) pads each unit's flat buffers to a multiple of the world size (moving
+ * them: call it before making the optimizer and the trainer) and locks the model until
+ * cm_dist_free; rank r then owns elements [r·chunk, (r+1)·chunk) ∩ [0, numel) of each unit,
+ * chunk = ceil(numel / W): its optimizer holds just those (cm_dist_optim_spans), sync_grads
+ * reduce-scatters the gradient into them and cm_dist_sync_params all-gathers the parameters after
+ * the step. Under it, the model's flat gradient buffers hold only this rank's local gradient
+ * after sync_grads: read the global one through the shard spans (cm_state_shard_spans).
+ * FULL_SHARD (ZeRO-3) keeps, at rest, only this rank's chunk of each unit's parameters (the
+ * master copy the optimizer updates, cm_shard_span.params); a unit's flat parameter buffer is
+ * all-gathered the moment an op on the trainer's tape reads it (the fetch hook, which
+ * cm_dist_trainer_hooks installs), at most max_resident_units units at a time, and its memory is
+ * returned to the system when it is evicted and after every optimizer step. Code that reads the
+ * model's parameters outside the trainer's tape (sampling text, exporting weights) calls
+ * cm_dist_gather_params first — on every rank, since it is a collective. Gradients accumulate in
+ * full-size buffers and are reduce-scattered after the last microbatch, as under SHARD_GRAD_OP;
+ * the trainer runs the same number of microbatches on every rank (a rank with fewer rows runs
+ * "phantom" microbatches that change nothing), since every forward and backward gathers.
+ * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD), CM_ERR_STATE (not
+ * finalized; a sharded strategy on a model that an optimizer or trainer already locked), the
+ * communicator's errors (the broadcast), CM_ERR_OOM. */
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
 void cm_dist_free(cm_dist *d); /* NULL is a no-op; waits for nothing: sync first */
 
@@ -283,6 +304,18 @@ cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr);
  * that backward has not started yet, then waits for all of them. Errors: the communicator's. */
 cm_status cm_dist_sync_grads(cm_dist *d);
 
+/* After an optimizer step under SHARD_GRAD_OP: all-gathers every unit (in place) so each rank's
+ * model holds the updated parameters of every rank's piece. Nothing to do for NO_SHARD. The
+ * trainer calls it through the sync_params hook after each step and after a checkpoint load.
+ * Errors: the communicator's. */
+cm_status cm_dist_sync_params(cm_dist *d);
+
+/* FULL_SHARD: gathers every unit so the model's flat buffers hold all parameters (for sampling or
+ * exporting weights); they stay valid until the next optimizer step or until the trainer's tape
+ * evicts them. A collective: every rank calls it. Nothing to do for the other strategies. Errors:
+ * the communicator's. */
+cm_status cm_dist_gather_params(cm_dist *d);
+
 /* Where the time went, summed since cm_dist_new (or the last reset). */
 typedef struct cm_dist_stats {
     int64_t n_syncs;         /* sync_grads calls */
@@ -291,6 +324,7 @@ typedef struct cm_dist_stats {
     double bytes;            /* gradient bytes all-reduced (per rank) */
     double wait_s;           /* time blocked in sync_grads: communication not hidden */
     double hook_s;           /* time spent starting / progressing buckets during backward */
+    int64_t n_gathers;       /* FULL_SHARD: unit all-gathers (fetches of a non-resident unit) */
 } cm_dist_stats;
 
 cm_dist_stats cm_dist_get_stats(const cm_dist *d);

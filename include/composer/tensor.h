@@ -224,6 +224,15 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
 typedef void (*cm_tape_backward_hook_fn)(cm_tape *tp, const void *node, void *data);
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data);
 
+/* A function every op calls on each tensor input before reading it (in forward, also with
+ * gradients off), and backward calls on each input of a node before running the node's backward.
+ * Returning an error fails the op (the tape records it). The distributed layer's FULL_SHARD uses
+ * it to all-gather a wrap unit's parameters the moment something reads them — views of a
+ * parameter included, since the hook sees the tensor's data address. NULL fn removes it; it
+ * survives cm_tape_reset. It must not record on or reset the tape. */
+typedef cm_status (*cm_tape_fetch_fn)(cm_tape *tp, const cm_tensor *t, void *data);
+void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
+
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */
 /* Records an error on the tape (first one wins) and returns it; for model code that detects

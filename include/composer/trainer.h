@@ -523,6 +523,8 @@ typedef struct cm_trainer_dist {
     /* Every microbatch's forward or backward runs collectives (FULL_SHARD, SHARD_GRAD_OP): the
      * trainer gives every rank the same number of microbatches per batch. */
     bool collectives_per_microbatch;
+    /* FULL_SHARD: installed as the trainer's tape fetch hook (cm_tape_set_fetch_hook, with data). */
+    cm_tape_fetch_fn fetch;
     void *data;
 } cm_trainer_dist;
 

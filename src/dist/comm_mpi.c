@@ -201,8 +201,11 @@ static cm_status m_iall_gather(void *self, const cm_coll_info *ci, const void *s
     cm_status s = count_ok(ci, m->size);
     if (s || (s = new_req(&q))) return s;
     hb_enter(m, ci);
-    int rc = MPI_Iallgather(send, (int)ci->count, mpi_type(ci->dtype), recv, (int)ci->count, mpi_type(ci->dtype),
-                            m->comm, &q->r);
+    /* in place: this rank's block already sits where it is received */
+    const size_t es = cm_comm_dtype_size(ci->dtype);
+    const bool in_place = send == (const char *)recv + (size_t)m->rank * (size_t)ci->count * es;
+    int rc = MPI_Iallgather(in_place ? MPI_IN_PLACE : send, (int)ci->count, mpi_type(ci->dtype), recv, (int)ci->count,
+                            mpi_type(ci->dtype), m->comm, &q->r);
     return launched(q, rc, "MPI_Iallgather", req);
 }
 

@@ -1,4 +1,4 @@
-/* Data parallelism, NO_SHARD (DDP): every rank holds the whole model, computes the gradient of
+/* Data parallelism. NO_SHARD (DDP): every rank holds the whole model, computes the gradient of
  * its slice of the global batch, and the flat gradient buffers of the wrap units (one bucket
  * each) are summed over ranks. The trainer already weights each microbatch's loss by its share of
  * the global batch, so the sum is the full batch's gradient — no division afterwards.
@@ -7,11 +7,32 @@
  * that reads one of its parameters; once backward has run past that node the unit's gradient is
  * final and its all-reduce starts. Buckets start in a fixed order (highest unit index first, the
  * order backward usually finishes them), so every rank issues the same sequence of collectives
- * whatever the timing; a unit that finishes out of that order waits for its turn. */
+ * whatever the timing; a unit that finishes out of that order waits for its turn.
+ *
+ * SHARD_GRAD_OP (ZeRO-2): each unit's flat buffers are padded to W·chunk floats (chunk =
+ * ceil(numel / W)) so the collectives need no staging copies. The bucket of a unit becomes a
+ * reduce-scatter of its whole gradient buffer into this rank's chunk (started from the same
+ * backward hook, in the same order), the optimizer holds only this rank's piece of every unit
+ * (parameters in place in the model's buffer, the reduced gradient in the chunk), and after the
+ * step every unit is all-gathered in place so all ranks hold the new parameters again.
+ *
+ * FULL_SHARD (ZeRO-3): as SHARD_GRAD_OP, but the master parameters of this rank's piece live in
+ * their own chunk and the model's flat parameter buffer of a unit is valid only while the unit is
+ * gathered. The trainer's tape calls a fetch hook on every op input (and on every node's inputs
+ * before its backward); an input whose data lies in a unit's buffer makes that unit resident: an
+ * all-gather of the chunks into the buffer, at the same address, so views and saved tensors stay
+ * valid. At most max_resident units are resident; gathering another evicts the least recently
+ * used one, whose pages are returned to the system (madvise MADV_DONTNEED: the buffer keeps its
+ * address, its memory is freed). After each optimizer step every unit is stale and released.
+ * Gradients still accumulate in full-size buffers and are reduce-scattered after the last
+ * microbatch, as under SHARD_GRAD_OP. Every rank must issue the same gathers, so the trainer
+ * gives every rank the same number of microbatches (collectives_per_microbatch). */
 #include "dist/dist_impl.h"
+#include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
 
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +43,18 @@ typedef struct unit_range {
 
 struct cm_dist {
     cm_comm *comm;
+    int rank, world;
+    bool sharded;            /* SHARD_GRAD_OP or FULL_SHARD */
+    bool full;               /* FULL_SHARD */
+    float **pshard;          /* FULL_SHARD: (n_units) this rank's master parameter chunk (chunk floats) */
+    size_t *pbytes;          /* FULL_SHARD: (n_units) bytes of each unit's page-aligned parameter buffer */
+    bool *resident;          /* FULL_SHARD: (n_units) the unit's flat parameter buffer is valid */
+    uint64_t *last_use;      /* FULL_SHARD: (n_units) tick of the last fetch */
+    uint64_t tick;
+    int n_resident, max_resident;
+    int64_t *chunk;          /* (n_units) elements per rank of each padded unit */
+    float **gshard;          /* (n_units) this rank's reduced gradient chunk (chunk floats) */
+    cm_shard_span *spans;    /* (n_units) this rank's pieces */
     cm_model *model;
     cm_dist_config cfg;
     int n_units;
@@ -36,12 +69,13 @@ struct cm_dist {
     cm_state *st;
     cm_tape *tape;
     struct tape_link *link;  /* the plugin that tells us when the trainer (and its tape) goes */
+    bool locked;             /* we hold a lock on the model (its buffers must not be re-packed) */
     cm_status hook_status;   /* a failure inside the hook, reported by sync_grads */
     char hook_error[1024];
     cm_dist_stats stats;
 };
 
-cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true}; }
+cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2}; }
 
 cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
 
@@ -70,6 +104,16 @@ void cm_dist_free(cm_dist *d) {
     if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
     if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
+    for (int u = 0; d->gshard && u < d->n_units; u++) cm_free(d->gshard[u]);
+    for (int u = 0; d->pshard && u < d->n_units; u++) cm_free(d->pshard[u]);
+    cm_free(d->gshard);
+    cm_free(d->pshard);
+    cm_free(d->pbytes);
+    cm_free(d->resident);
+    cm_free(d->last_use);
+    cm_free(d->chunk);
+    cm_free(d->spans);
+    if (d->locked) cm_module_unlock(cm_model_module(d->model));
     cm_free(d->req);
     cm_free(d->ospans);
     cm_free(d->unit_last);
@@ -93,6 +137,128 @@ static cm_status broadcast_states(cm_dist *d) {
     return CM_OK;
 }
 
+/* SHARD_GRAD_OP: pads every unit to W·chunk floats, allocates this rank's gradient chunks and
+ * describes its pieces. Locks the model so nothing re-packs the padded buffers under us. */
+static cm_status shard_setup(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
+    d->chunk = cm_alloc_zeroed(n * sizeof *d->chunk, 16);
+    d->gshard = cm_alloc_zeroed(n * sizeof *d->gshard, 16);
+    d->spans = cm_alloc_zeroed(n * sizeof *d->spans, 16);
+    if (!d->chunk || !d->gshard || !d->spans) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    if (d->full) {
+        d->pshard = cm_alloc_zeroed(n * sizeof *d->pshard, 16);
+        d->pbytes = cm_alloc_zeroed(n * sizeof *d->pbytes, 16);
+        d->resident = cm_alloc_zeroed(n * sizeof *d->resident, 16);
+        d->last_use = cm_alloc_zeroed(n * sizeof *d->last_use, 16);
+        if (!d->pshard || !d->pbytes || !d->resident || !d->last_use)
+            return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    }
+    const int64_t page = 4096 / (int64_t)sizeof(float);
+    for (int u = 0; u < d->n_units; u++) {
+        const int64_t numel = cm_module_unit(root, u)->numel, W = d->world;
+        const int64_t chunk = (numel + W - 1) / W;
+        /* FULL_SHARD releases a unit's parameter pages: the buffer gets whole pages of its own */
+        const int64_t cap = d->full ? (chunk * W + page - 1) / page * page : chunk * W;
+        cm_status s = cmn_unit_reserve(root, u, cap, d->full ? 4096 : 64);
+        if (s) return s;
+        d->chunk[u] = chunk;
+        if (!(d->gshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64)) ||
+            (d->full && !(d->pshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))))
+            return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for shards");
+        if (d->full) {
+            d->pbytes[u] = (size_t)cap * sizeof(float);
+            d->resident[u] = true; /* holds rank 0's values until shard_take */
+            d->n_resident++;
+        }
+    }
+    for (int u = 0; u < d->n_units; u++) { /* after every reserve: the unit pointers are final */
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        int64_t b = (int64_t)d->rank * d->chunk[u], e = b + d->chunk[u];
+        if (b > ui->numel) b = ui->numel;
+        if (e > ui->numel) e = ui->numel;
+        d->spans[u] = (cm_shard_span){u, b, e, d->full ? d->pshard[u] : ui->params + b, d->gshard[u]};
+    }
+    cm_status s = cm_module_lock(root);
+    if (!s) d->locked = true;
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * FULL_SHARD: residency of the units' parameter buffers
+ * ------------------------------------------------------------------------------------------- */
+
+static void release(cm_dist *d, int u) {
+    if (!d->resident[u]) return;
+    float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    /* the pages go back to the system; the next touch maps zeros until a gather fills them */
+    if (d->pbytes[u]) madvise(p, d->pbytes[u], MADV_DONTNEED);
+    d->resident[u] = false;
+    d->n_resident--;
+}
+
+static void release_all(cm_dist *d) {
+    for (int u = 0; u < d->n_units; u++) release(d, u);
+}
+
+/* Makes unit u's flat parameters valid: all-gathers every rank's chunk into them. */
+static cm_status gather(cm_dist *d, int u) {
+    d->last_use[u] = ++d->tick;
+    if (d->resident[u]) return CM_OK;
+    while (d->n_resident >= d->max_resident) { /* evict the least recently used */
+        int lru = -1;
+        for (int v = 0; v < d->n_units; v++)
+            if (d->resident[v] && v != u && (lru < 0 || d->last_use[v] < d->last_use[lru])) lru = v;
+        if (lru < 0) break;
+        release(d, lru);
+    }
+    float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    cm_status s = cm_comm_all_gather(d->comm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
+    if (s) return s;
+    d->resident[u] = true;
+    d->n_resident++;
+    d->stats.n_gathers++;
+    return CM_OK;
+}
+
+/* After cm_dist_new's broadcast: each rank keeps its chunk as the master copy, and the full
+ * buffers are released. */
+static void shard_take(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_shard_span *sp = &d->spans[u];
+        memcpy(d->pshard[u], cm_module_unit(root, u)->params + sp->begin, sizeof(float) * (size_t)(sp->end - sp->begin));
+    }
+    release_all(d);
+}
+
+static int unit_of(const cm_dist *d, const void *p);
+
+static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
+    cm_dist *d = data;
+    const int u = unit_of(d, cm_tensor_data(t));
+    if (u < 0) return CM_OK;
+    cm_status s = gather(d, u);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "FULL_SHARD: gathering the parameters of unit '%s' failed: %s",
+                            cm_module_unit(cm_model_module(d->model), u)->name, msg);
+    }
+    return CM_OK;
+}
+
+cm_status cm_dist_gather_params(cm_dist *d) {
+    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_gather_params: NULL");
+    if (!d->full) return CM_OK;
+    const int keep = d->max_resident;
+    d->max_resident = d->n_units + 1;
+    cm_status s = CM_OK;
+    for (int u = 0; u < d->n_units && !s; u++) s = gather(d, u);
+    d->max_resident = keep;
+    return s;
+}
+
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out) {
     if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: out is NULL");
     *out = NULL;
@@ -100,9 +266,10 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist_config c = cfg ? *cfg : cm_dist_config_default();
     if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
-    if (c.sharding != CM_SHARDING_NO_SHARD)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "sharding_strategy %s is not available yet (use NO_SHARD)",
-                            cm_sharding_name(c.sharding));
+    if (c.sharding == CM_SHARDING_FULL_SHARD && c.max_resident_units < 2)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: max_resident_units %d: FULL_SHARD needs at least 2 (an "
+                                                "op may read parameters of two units at once)",
+                            c.max_resident_units);
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -110,6 +277,10 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist *d = cm_alloc_zeroed(sizeof *d, 16);
     if (!d) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
     d->comm = comm, d->model = model, d->cfg = c;
+    d->rank = cm_comm_rank(comm), d->world = cm_comm_size(comm);
+    d->sharded = c.sharding != CM_SHARDING_NO_SHARD;
+    d->full = c.sharding == CM_SHARDING_FULL_SHARD;
+    d->max_resident = c.max_resident_units;
     d->n_units = cm_module_n_units(root);
     const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
     d->req = cm_alloc_zeroed(n * sizeof *d->req, 16);
@@ -120,17 +291,27 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         cm_dist_free(d);
         return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
     }
-    for (int u = 0; u < d->n_units; u++) {
-        const cm_unit_info *ui = cm_module_unit(root, u);
-        d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
-        d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
-    }
-    qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
-    cm_status s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
+    cm_status s = d->sharded ? shard_setup(d) : CM_OK;
     if (s) {
         cm_dist_free(d);
         return s;
     }
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
+        if (d->sharded)
+            d->ospans[u] = (cm_optim_span){ui->name, d->spans[u].params, d->spans[u].grads,
+                                           d->spans[u].end - d->spans[u].begin};
+        else
+            d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
+    }
+    qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
+    s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
+    if (s) {
+        cm_dist_free(d);
+        return s;
+    }
+    if (d->full) shard_take(d);
     *out = d;
     return CM_OK;
 }
@@ -154,10 +335,15 @@ static int unit_of(const cm_dist *d, const void *p) {
 static cm_status start_next(cm_dist *d) {
     const int u = d->n_units - 1 - d->next;
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
-    cm_status s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+    cm_status s;
+    if (d->sharded) /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
+        s = cm_comm_ireduce_scatter(d->comm, ui->grads, d->gshard[u], d->chunk[u], CM_COMM_F32, CM_REDUCE_SUM,
+                                    &d->req[u]);
+    else
+        s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
     if (s) return s;
     d->next++;
-    d->stats.bytes += (double)ui->numel * 4.0;
+    d->stats.bytes += (double)(d->sharded ? d->chunk[u] * d->world : ui->numel) * 4.0;
     return CM_OK;
 }
 
@@ -228,7 +414,7 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     }
     const double t0 = cm_clock_s();
     cm_status s = CM_OK;
-    if (cm_comm_size(d->comm) > 1) {
+    if (cm_comm_size(d->comm) > 1 || d->sharded) {
         while (!s && d->next < d->n_units) {
             s = start_next(d);
             if (!s) d->stats.n_buckets_late++;
@@ -243,6 +429,30 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     d->next = 0;
     d->stats.n_syncs++;
     d->stats.wait_s += cm_clock_s() - t0;
+    return s;
+}
+
+cm_status cm_dist_sync_params(cm_dist *d) {
+    if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_params: NULL");
+    if (!d->sharded) return CM_OK;
+    if (d->full) { /* the chunks changed: every gathered buffer is stale */
+        release_all(d);
+        return CM_OK;
+    }
+    cm_module *root = cm_model_module(d->model);
+    cm_status s = CM_OK;
+    /* every unit's gather in flight at once, then wait for all (in place: this rank's chunk of the
+     * padded buffer is where it is received) */
+    for (int u = 0; u < d->n_units && !s; u++) {
+        float *p = cm_module_unit(root, u)->params;
+        s = cm_comm_iall_gather(d->comm, p + (int64_t)d->rank * d->chunk[u], p, d->chunk[u], CM_COMM_F32, &d->req[u]);
+    }
+    for (int u = 0; u < d->n_units; u++) {
+        if (!d->req[u]) continue;
+        cm_status w = cm_comm_wait(d->comm, d->req[u]);
+        d->req[u] = NULL;
+        if (!s) s = w;
+    }
     return s;
 }
 
@@ -271,6 +481,7 @@ static const cm_callback_i k_link = {CM_CALLBACK_ABI, "DistributedDataParallel",
                                      link_free};
 
 static cm_status hook_sync_grads(cm_state *st, void *data) { return cm_dist_sync_grads(data); }
+static cm_status hook_sync_params(cm_state *st, void *data) { return cm_dist_sync_params(data); }
 static cm_status hook_barrier(void *data) { return cm_comm_barrier(((cm_dist *)data)->comm); }
 static cm_status hook_broadcast(void *buf, int64_t bytes, int root, void *data) {
     return cm_comm_broadcast(((cm_dist *)data)->comm, buf, bytes, CM_COMM_U8, root);
@@ -288,6 +499,12 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     cfg->dist.barrier = hook_barrier;
     cfg->dist.broadcast = hook_broadcast;
     cfg->dist.all_gather = hook_all_gather;
+    cfg->dist.sync_params = d->sharded ? hook_sync_params : NULL;
+    cfg->dist.shard_spans = d->sharded ? d->spans : NULL;
+    cfg->dist.n_shard_spans = d->sharded ? d->n_units : 0;
+    cfg->dist.params_sharded = d->full;
+    cfg->dist.collectives_per_microbatch = d->full && d->world > 1;
+    cfg->dist.fetch = d->full ? fetch_hook : NULL;
     cfg->dist.data = d;
 }
 

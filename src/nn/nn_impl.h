@@ -48,6 +48,11 @@ cm_module *cmn_root(const cm_module *m);
 
 /* Called by cm_module_set_seed / finalize for each Dropout (layers.c). */
 bool cmn_is_dropout(const cm_module *m);
+/* Moves unit u's flat parameter and gradient buffers into new ones of `capacity` floats (≥ numel;
+ * the tail is zero; the parameters aligned to `align` bytes, at least 64), rebinding every
+ * parameter and gradient view. Errors: CM_ERR_INVALID_ARG, CM_ERR_STATE (locked), CM_ERR_OOM
+ * (nothing changed). */
+cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t align);
 void cmn_dropout_seed(cm_module *m, uint64_t seed, uint64_t stream);
 float cmn_dropout_p(const cm_module *m);
 

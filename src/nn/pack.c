@@ -291,6 +291,41 @@ oom:
                                     "unchanged)");
 }
 
+/* Moves unit u's flat buffers into new ones of `capacity` ≥ numel floats (the tail zero), keeping
+ * the values and every tensor's identity: the distributed layer pads units to a multiple of the
+ * world size so collectives need no staging copies. */
+cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t align) {
+    cmn_pack *p = root ? root->pack : NULL;
+    if (!p || u < 0 || u >= p->n_units)
+        return cm_set_error(CM_ERR_INVALID_ARG, "unit %d: the model is not finalized or has no such unit", u);
+    if (p->locks)
+        return cm_set_error(CM_ERR_STATE, "unit '%s': the model is locked by an optimizer or a trainer; set up data "
+                                          "parallelism (cm_dist_new) before creating them", p->units[u].name);
+    cm_unit_info *ui = &p->units[u];
+    if (capacity < ui->numel) capacity = ui->numel;
+    const size_t bytes = (size_t)capacity * sizeof(float), used = (size_t)ui->numel * sizeof(float);
+    if (align < 64) align = 64;
+    float *np = cm_alloc_zeroed(bytes ? bytes : 64, align), *ng = cm_alloc_zeroed(bytes ? bytes : 64, 64);
+    if (!np || !ng) {
+        cm_free(np);
+        cm_free(ng);
+        return cm_set_error(CM_ERR_OOM, "unit '%s': out of memory for %lld floats", ui->name, (long long)capacity);
+    }
+    memcpy(np, ui->params, used);
+    memcpy(ng, ui->grads, used);
+    for (int64_t i = 0; i < p->n_params; i++) {
+        cmn_entry *e = &p->params[i];
+        if (e->unit != u) continue;
+        rebind(e->m->params[e->pi].t, np + e->offset, false);
+        e->gview->data = ng + e->offset;
+    }
+    cm_free(ui->params);
+    cm_free(ui->grads);
+    ui->params = np;
+    ui->grads = ng;
+    return CM_OK;
+}
+
 bool cm_module_is_finalized(const cm_module *root) { return root && root->pack; }
 
 /* ---- queries ---- */

@@ -1,5 +1,6 @@
 /* GradientClipping: the functional forms (norm, value, adaptive over flat spans) and the
- * algorithm plugin that applies them on AFTER_TRAIN_BATCH. */
+ * algorithm plugin that applies them on AFTER_TRAIN_BATCH — over the model's flat gradients, or
+ * under a sharded strategy over this rank's shard spans with the norm summed over ranks. */
 #include <composer/algorithms.h>
 
 #include <math.h>
@@ -160,10 +161,42 @@ typedef struct {
 
 static bool gc_match(void *self, cm_event ev, const cm_state *st) { return ev == CM_EVENT_AFTER_TRAIN_BATCH; }
 
+/* Under a sharded strategy each rank holds the global gradient of its pieces only: the norm is
+ * the square root of the sum over ranks of each rank's sum of squares, and every rank scales its
+ * pieces by the same coefficient. */
+static cm_status clip_shards(const grad_clip *gc, cm_state *st, const cm_shard_span *sp, int n) {
+    if (gc->type == CM_GRAD_CLIP_ADAPTIVE)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "adaptive clipping needs whole parameters, and under a sharded "
+                                                "strategy a rank holds pieces of them (use clipping_type norm or "
+                                                "value, or sharding_strategy NO_SHARD)");
+    if (!(gc->threshold > 0) || !isfinite(gc->threshold))
+        return cm_set_error(CM_ERR_INVALID_ARG, "gradient clipping: the threshold %g must be > 0 and finite",
+                            gc->threshold);
+    if (gc->type == CM_GRAD_CLIP_VALUE) {
+        for (int i = 0; i < n; i++) {
+            float *g = sp[i].grads;
+            const float v = (float)gc->threshold;
+            for (int64_t k = 0; k < sp[i].end - sp[i].begin; k++) g[k] = fminf(fmaxf(g[k], -v), v);
+        }
+        return CM_OK;
+    }
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += sumsq(sp[i].grads, sp[i].end - sp[i].begin);
+    cm_status s = cm_state_all_reduce_sum(st, &ss, 1);
+    if (s) return s;
+    const double coef = fmin(gc->threshold / (sqrt(ss) + 1e-6), 1.0);
+    if (coef < 1.0)
+        for (int i = 0; i < n; i++) scale(sp[i].grads, sp[i].end - sp[i].begin, (float)coef);
+    return CM_OK;
+}
+
 static cm_status gc_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {
     grad_clip *gc = self;
     cm_model *m = cm_state_model(st);
     if (!m) return cm_set_error(CM_ERR_STATE, "the state has no model");
+    int n_sh = 0;
+    const cm_shard_span *sh = cm_state_shard_spans(st, &n_sh);
+    if (sh) return clip_shards(gc, st, sh, n_sh);
     return cm_grad_clip_module(cm_model_module(m), gc->type, gc->threshold, NULL);
 }
 

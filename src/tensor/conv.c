@@ -321,7 +321,7 @@ cm_conv2d_opts cm_conv2d_opts_default(void) {
 cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, const cm_conv2d_opts *opts) {
     static const char *op = "conv2d";
     cm_tensor *req[2] = {x, weight};
-    if (!cmi_begin(tp, op, 2, req)) return NULL;
+    if (!cmi_begin(tp, op, 2, req) || !cmi_fetch(tp, 1, &bias)) return NULL;
     if (!cmi_check_f32(tp, op, "x", x) || !cmi_check_f32(tp, op, "weight", weight)) return NULL;
     if (bias && !cmi_check_f32(tp, op, "bias", bias)) return NULL;
     const cm_conv2d_opts o = opts ? *opts : cm_conv2d_opts_default();

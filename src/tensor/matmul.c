@@ -372,7 +372,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
 
 cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
     cm_tensor *ins[3] = {x, w, bias};
-    if (!cmi_begin(tp, "linear", 2, ins)) return NULL;
+    if (!cmi_begin(tp, "linear", 2, ins) || !cmi_fetch(tp, 1, ins + 2)) return NULL;
     if (tp->autocast == CM_DTYPE_BF16) {
         if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
         if (w->dtype == CM_DTYPE_F32 && !(w = cm_cast(tp, w, CM_DTYPE_BF16))) return NULL;

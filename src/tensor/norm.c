@@ -117,7 +117,7 @@ static cm_status layer_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
 }
 
 cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, float eps) {
-    if (!cmi_begin(tp, "layer_norm", 1, &x)) return NULL;
+    if (!cmi_begin(tp, "layer_norm", 1, &x) || !cmi_fetch(tp, 2, (cm_tensor *const[]){weight, bias})) return NULL;
     if (!cmi_check_f32(tp, "layer_norm", "x", x) || !eps_check(tp, "layer_norm", eps)) return NULL;
     if (x->ndim < 1) {
         cmi_fail(tp, CM_ERR_SHAPE, "layer_norm: x %s must have at least one dim (normalised over the last)",
@@ -325,7 +325,9 @@ static bool running_check(cm_tape *tp, const char *name, const cm_tensor *r, int
 cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
                          cm_tensor *running_var, const cm_batch_norm_opts *opts) {
     const cm_batch_norm_opts o = opts ? *opts : cm_batch_norm_opts_default();
-    if (!cmi_begin(tp, "batch_norm", 1, &x)) return NULL;
+    if (!cmi_begin(tp, "batch_norm", 1, &x) ||
+        !cmi_fetch(tp, 4, (cm_tensor *const[]){weight, bias, running_mean, running_var}))
+        return NULL;
     if (!cmi_check_f32(tp, "batch_norm", "x", x) || !eps_check(tp, "batch_norm", o.eps)) return NULL;
     if (x->ndim < 2) {
         cmi_fail(tp, CM_ERR_SHAPE, "batch_norm: x %s must be (N, C, ...)%s with at least 2 dims", cmi_shape(x),
@@ -476,7 +478,7 @@ static cm_status group_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
 }
 
 cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *weight, cm_tensor *bias, float eps) {
-    if (!cmi_begin(tp, "group_norm", 1, &x)) return NULL;
+    if (!cmi_begin(tp, "group_norm", 1, &x) || !cmi_fetch(tp, 2, (cm_tensor *const[]){weight, bias})) return NULL;
     if (!cmi_check_f32(tp, "group_norm", "x", x) || !eps_check(tp, "group_norm", eps)) return NULL;
     if (x->ndim < 2) {
         cmi_fail(tp, CM_ERR_SHAPE, "group_norm: x %s must be (N, C, ...) with at least 2 dims", cmi_shape(x));

@@ -40,6 +40,12 @@ void cm_tape_reset(cm_tape *tp) {
     tp->error[0] = '\0';
 }
 
+void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data) {
+    if (!tp) return;
+    tp->fetch = fn;
+    tp->fetch_data = fn ? data : NULL;
+}
+
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data) {
     if (!tp) return;
     tp->bw_hook = fn;
@@ -95,6 +101,16 @@ static void fail_oom(cm_tape *tp, const char *what) {
     cmi_fail(tp, CM_ERR_OOM, "%s: %s", what, cm_last_error());
 }
 
+bool cmi_fetch(cm_tape *tp, int n, cm_tensor *const *ts) {
+    if (!tp->fetch) return tp->status == CM_OK;
+    for (int i = 0; i < n && tp->status == CM_OK; i++) {
+        if (!ts[i]) continue;
+        cm_status s = tp->fetch(tp, ts[i], tp->fetch_data);
+        if (s) cmi_fail(tp, s, "fetching an input: %s", cm_last_error());
+    }
+    return tp->status == CM_OK;
+}
+
 bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins) {
     if (!tp) {
         cm_set_error(CM_ERR_INVALID_ARG, "%s: tape is NULL", op);
@@ -107,7 +123,7 @@ bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins) {
             return false;
         }
     }
-    return true;
+    return cmi_fetch(tp, n, ins);
 }
 
 bool cmi_check_f32(cm_tape *tp, const char *op, const char *name, const cm_tensor *t) {
@@ -297,6 +313,10 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
     for (cm_node *n = tp->last; n && st == CM_OK; n = n->prev) {
         cm_tensor *gout = n->out->grad;
         if (!gout) continue; /* not on the path from `out` */
+        if (tp->fetch && !cmi_fetch(tp, n->n_in, n->in)) {
+            st = tp->status;
+            break;
+        }
         st = n->backward(tp, n, gout);
         if (st == CM_OK && tp->status) st = tp->status;
         if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);

@@ -84,6 +84,8 @@ struct cm_tape {
     char error[1024];
     cm_tape_backward_hook_fn bw_hook; /* see cm_tape_set_backward_hook */
     void *bw_hook_data;
+    cm_tape_fetch_fn fetch;           /* see cm_tape_set_fetch_hook */
+    void *fetch_data;
 };
 
 /* ---- op plumbing ---- */
@@ -91,6 +93,9 @@ struct cm_tape {
 /* False when the tape already failed or one of the n required inputs is NULL (recording
  * CM_ERR_INVALID_ARG "op: input k is NULL" if the tape had no error yet). */
 bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins);
+/* Before an op reads optional inputs (a bias, a norm's weight): runs the tape's fetch hook on
+ * each non-NULL one (cmi_begin does it for the required inputs). False + tape error if it fails. */
+bool cmi_fetch(cm_tape *tp, int n, cm_tensor *const *ts);
 /* Records the first error on the tape and in cm_last_error(); returns s. */
 cm_status cmi_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 cm_status cmi_failv(cm_tape *tp, cm_status s, const char *fmt, va_list ap);

@@ -144,6 +144,16 @@ static cm_status validate(const cm_trainer_config *c) {
     if (c->dist.world_size < 1 || c->dist.rank < 0 || c->dist.rank >= c->dist.world_size)
         return cm_set_error(CM_ERR_INVALID_ARG, "dist: rank %d of world size %d is out of range", c->dist.rank,
                             c->dist.world_size);
+    if (c->dist.collectives_per_microbatch && c->dist.world_size > 1 && !c->dist.all_gather)
+        return cm_set_error(CM_ERR_INVALID_ARG, "dist: collectives_per_microbatch needs an all_gather hook (the ranks "
+                                                "agree on the number of microbatches)");
+    if (c->dist.collectives_per_microbatch && c->dist.world_size > 1 &&
+        c->device_train_microbatch_size == CM_MICROBATCH_AUTO)
+        return cm_set_error(CM_ERR_UNSUPPORTED,
+                            "device_train_microbatch_size auto with FULL_SHARD on %d ranks: every microbatch gathers "
+                            "parameters, so the ranks would have to agree on each retry, which is not supported yet "
+                            "(set a microbatch size, or use SHARD_GRAD_OP)",
+                            c->dist.world_size);
     if (c->dist.world_size > 1 && !c->dist.all_reduce_sum)
         return cm_set_error(CM_ERR_INVALID_ARG, "dist: world size %d needs an all_reduce_sum hook", c->dist.world_size);
     if ((c->n_algorithms && !c->algorithms) || (c->n_callbacks && !c->callbacks) || (c->n_loggers && !c->loggers) ||
@@ -190,9 +200,12 @@ static cm_status default_optimizer(cm_trainer *tr) {
     int n = cm_module_n_units(root);
     cm_optim_span *spans = cm_alloc_zeroed(sizeof *spans * (size_t)(n > 0 ? n : 1), 16);
     if (!spans) return CM_ERR_OOM;
+    /* under a sharded strategy the optimizer holds this rank's pieces only */
+    const cm_shard_span *sh = tr->dist.n_shard_spans == n ? tr->dist.shard_spans : NULL;
     for (int i = 0; i < n; i++) {
         const cm_unit_info *u = cm_module_unit(root, i);
-        spans[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+        spans[i] = sh ? (cm_optim_span){u->name, sh[i].params, sh[i].grads, sh[i].end - sh[i].begin}
+                      : (cm_optim_span){u->name, u->params, u->grads, u->numel};
     }
     cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_SGDW);
     hp.lr = 0.1;
@@ -300,6 +313,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     if ((s = cm_tape_new(&tc, &tr->tape))) goto fail;
     st->tape = tr->tape;
     cm_tape_set_autocast(tr->tape, st->precision == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16 : CM_DTYPE_F32);
+    if (cfg->dist.fetch) cm_tape_set_fetch_hook(tr->tape, cfg->dist.fetch, cfg->dist.data);
     if (cfg->train_dataloader && (s = cm_data_spec_new(cfg->train_dataloader, &cfg->train_data_spec, &tr->spec)))
         goto fail;
     if (cfg->optimizer)
@@ -372,6 +386,7 @@ void cm_trainer_free(cm_trainer *tr) {
     cm_optim_free(tr->own_optim);
     cm_data_spec_free(tr->spec);
     cm_tape_free(tr->tape);
+    for (int f = 0; tr->has_phantom && f < tr->phantom.n_fields; f++) cm_tensor_free(tr->phantom.fields[f]);
     for (int i = 0; tr->st.metric_sets && i < tr->st.n_metric_sets; i++) cmi_metric_set_deinit(&tr->st.metric_sets[i]);
     cm_free(tr->st.metric_sets);
     cm_free(tr->st.schedulers);
@@ -444,8 +459,138 @@ static cm_status model_error(cm_trainer *tr, const char *where) {
                         (long long)tr->st.n_microbatches, buf);
 }
 
-/* Runs the microbatches of batch b with the current microbatch size; *oom is set when the tape ran
- * out of its arena budget (the caller may retry with a smaller size). */
+/* ---- phantom microbatches (FULL_SHARD) ----
+ * Every forward and backward under FULL_SHARD gathers parameters, so every rank must run as many
+ * microbatches as the rank with the most. A rank short of them runs phantoms: one row (the
+ * batch's first, or the train dataset's sample 0 when its slice is empty) forward and backward in
+ * eval mode with an upstream gradient of 0. They issue the same gathers as a real microbatch and
+ * change nothing: no events, no metrics, no loss, gradients += 0, no dropout or batch-norm
+ * statistics. */
+
+static cm_status phantom_from_dataset(cm_trainer *tr) {
+    if (tr->has_phantom) return CM_OK;
+    const cm_dataset *ds = tr->st.train_dl ? cm_dataloader_dataset(tr->st.train_dl) : NULL;
+    if (!ds || cm_dataset_len(ds) < 1)
+        return cm_set_error(CM_ERR_STATE, "FULL_SHARD: this rank's slice of the batch is empty and the train dataset "
+                                          "has no sample to run a phantom microbatch on");
+    cm_batch *pb = &tr->phantom;
+    memset(pb, 0, sizeof *pb);
+    pb->n_fields = cm_dataset_n_fields(ds);
+    void *out[CM_DATASET_MAX_FIELDS];
+    for (int f = 0; f < pb->n_fields; f++) {
+        const cm_field_desc *fd = cm_dataset_field(ds, f);
+        int64_t shape[CM_MAX_DIMS + 1] = {1};
+        memcpy(shape + 1, fd->shape, sizeof(int64_t) * (size_t)fd->ndim);
+        cm_status s = cm_tensor_new(fd->dtype, fd->ndim + 1, shape, &pb->fields[f]);
+        if (s) {
+            for (int g = 0; g < f; g++) cm_tensor_free(pb->fields[g]);
+            return s;
+        }
+        pb->names[f] = fd->name;
+        out[f] = cm_tensor_data(pb->fields[f]);
+    }
+    static const uint8_t k_invalid = 0;
+    static const int64_t k_no_index = -1, k_no_tokens = 0;
+    pb->n_rows = 1, pb->n_padded = 1, pb->valid = &k_invalid, pb->indices = &k_no_index, pb->row_tokens = &k_no_tokens;
+    pb->microbatch = -1;
+    const cm_sample_ctx ctx = {tr->st.seed, 0, false};
+    cm_status s = cm_dataset_get(ds, 0, &ctx, out);
+    if (s) {
+        for (int f = 0; f < pb->n_fields; f++) cm_tensor_free(pb->fields[f]);
+        return s;
+    }
+    tr->has_phantom = true;
+    return CM_OK;
+}
+
+static cm_status model_error(cm_trainer *tr, const char *where);
+
+static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    cm_batch *pb;
+    int64_t n1;
+    cm_status s;
+    if (b->n_rows > 0) {
+        if ((s = cm_data_spec_split(tr->spec, b, 1, &pb, &n1))) return s;
+    } else {
+        if ((s = phantom_from_dataset(tr))) return s;
+        pb = &tr->phantom;
+    }
+    st->microbatch_index = index;
+    cmi_state_set_batch(st, pb, 0, 0);
+    cm_module_train(root, false);
+    cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
+    cm_tensor *loss = out ? cm_model_loss(st->model, tr->tape, out, &st->mbatch) : NULL;
+    cm_tensor *g = loss ? cm_full(tr->tape, CM_DTYPE_F32, cm_tensor_ndim(loss), cm_tensor_shape(loss), 0.0) : NULL;
+    s = g ? cm_tape_backward_with(tr->tape, loss, g) : CM_ERR_INTERNAL;
+    cm_module_train(root, true);
+    if (s) return model_error(tr, "fit (phantom microbatch)");
+    cm_tape_reset(tr->tape);
+    st->outputs = st->loss = NULL;
+    return CM_OK;
+}
+
+/* The number of microbatches every rank runs: the most any rank has (FULL_SHARD), else n_mb. */
+static cm_status agree_microbatches(cm_trainer *tr, int64_t n_mb, int64_t *n_total) {
+    *n_total = n_mb;
+    if (!tr->dist.collectives_per_microbatch || tr->dist.world_size <= 1) return CM_OK;
+    int64_t *all = cm_alloc(sizeof(int64_t) * (size_t)tr->dist.world_size, 16);
+    if (!all) return cm_set_error(CM_ERR_OOM, "fit: out of memory");
+    cm_status s = tr->dist.all_gather(&n_mb, all, (int64_t)sizeof n_mb, tr->dist.data);
+    for (int r = 0; !s && r < tr->dist.world_size; r++)
+        if (all[r] > *n_total) *n_total = all[r];
+    cm_free(all);
+    return s;
+}
+
+/* One real microbatch: forward, loss, metrics, backward of loss × its share of the global batch.
+ * *oom is set when the tape ran out of its arena budget. */
+static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, double global_w, bool *oom, double *loss_sum) {
+    cm_state *st = &tr->st;
+    cm_status s;
+    st->microbatch_index = i;
+    int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
+    cmi_state_set_batch(st, mb, ns, nt);
+    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
+    cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
+    if (!out) goto tape_fail;
+    st->outputs = out;
+    if ((s = run(tr, CM_EVENT_AFTER_FORWARD)) || (s = run(tr, CM_EVENT_BEFORE_LOSS))) return s;
+    cm_tensor *loss = cm_model_loss(st->model, tr->tape, st->outputs, &st->mbatch);
+    if (!loss) goto tape_fail;
+    st->loss = loss;
+    if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
+    if (st->metric_sets[0].n && st->outputs) {
+        if ((s = metrics_update(&st->metric_sets[0], st->outputs, &st->mbatch))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "train metrics (epoch %lld, batch %lld): %s", (long long)st->ts.epoch,
+                                (long long)st->ts.batch_in_epoch, msg);
+        }
+    }
+    if ((s = run(tr, CM_EVENT_BEFORE_BACKWARD))) return s;
+    if (!st->loss || cm_tensor_numel(st->loss) != 1 || cm_tensor_dtype(st->loss) != CM_DTYPE_F32)
+        return cm_set_error(CM_ERR_STATE, "fit: the loss set by a plugin must be an f32 scalar on the state's tape");
+    /* This microbatch's share of the global batch: gradients then add up to the full batch's. */
+    const double share = (tr->tokens_weighting ? (double)nt : (double)ns) / global_w;
+    cm_tensor *g = cm_full(tr->tape, CM_DTYPE_F32, cm_tensor_ndim(st->loss), cm_tensor_shape(st->loss), share);
+    if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
+    /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
+     * poison the batch loss. */
+    if (share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+    if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
+    cm_tape_reset(tr->tape);
+    st->outputs = st->loss = NULL;
+    return CM_OK;
+tape_fail:
+    if (cm_tape_status(tr->tape) == CM_ERR_OOM) *oom = true;
+    return model_error(tr, "fit");
+}
+
+/* Runs the microbatches of batch b with the current microbatch size (then the phantoms this rank
+ * owes, see above); *oom is set when the tape ran out of its arena budget (the caller may retry
+ * with a smaller size). */
 static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, double global_w, bool *oom,
                                   double *loss_sum) {
     cm_state *st = &tr->st;
@@ -456,50 +601,15 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     cmi_metric_set_reset(&st->metric_sets[0]);
     cm_tape_reset(tr->tape);
     cm_batch *mbs;
-    int64_t n_mb;
+    int64_t n_mb, n_total;
     cm_status s = cm_data_spec_split(tr->spec, b, mbsz, &mbs, &n_mb);
-    if (s) return s;
-    st->n_microbatches = n_mb;
-    for (int64_t i = 0; i < n_mb; i++) {
-        cm_batch *mb = &mbs[i];
-        st->microbatch_index = i;
-        int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
-        cmi_state_set_batch(st, mb, ns, nt);
-        if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
-        cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
-        if (!out) goto tape_fail;
-        st->outputs = out;
-        if ((s = run(tr, CM_EVENT_AFTER_FORWARD)) || (s = run(tr, CM_EVENT_BEFORE_LOSS))) return s;
-        cm_tensor *loss = cm_model_loss(st->model, tr->tape, st->outputs, &st->mbatch);
-        if (!loss) goto tape_fail;
-        st->loss = loss;
-        if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
-        if (st->metric_sets[0].n && st->outputs) {
-            if ((s = metrics_update(&st->metric_sets[0], st->outputs, &st->mbatch))) {
-                char msg[1024];
-                snprintf(msg, sizeof msg, "%s", cm_last_error());
-                return cm_set_error(s, "train metrics (epoch %lld, batch %lld): %s", (long long)st->ts.epoch,
-                                    (long long)st->ts.batch_in_epoch, msg);
-            }
-        }
-        if ((s = run(tr, CM_EVENT_BEFORE_BACKWARD))) return s;
-        if (!st->loss || cm_tensor_numel(st->loss) != 1 || cm_tensor_dtype(st->loss) != CM_DTYPE_F32)
-            return cm_set_error(CM_ERR_STATE, "fit: the loss set by a plugin must be an f32 scalar on the state's tape");
-        /* This microbatch's share of the global batch: gradients then add up to the full batch's. */
-        const double share = (tr->tokens_weighting ? (double)nt : (double)ns) / global_w;
-        cm_tensor *g = cm_full(tr->tape, CM_DTYPE_F32, cm_tensor_ndim(st->loss), cm_tensor_shape(st->loss), share);
-        if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
-        /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
-         * poison the batch loss. */
-        if (share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
-        if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
-        cm_tape_reset(tr->tape);
-        st->outputs = st->loss = NULL;
-    }
+    if (s || (s = agree_microbatches(tr, n_mb, &n_total))) return s;
+    st->n_microbatches = n_total;
+    for (int64_t i = 0; i < n_mb; i++)
+        if ((s = run_one(tr, &mbs[i], i, global_w, oom, loss_sum))) return s;
+    for (int64_t i = n_mb; i < n_total; i++) /* after the real ones: re-splitting invalidates mbs */
+        if ((s = run_phantom(tr, b, i))) return s;
     return CM_OK;
-tape_fail:
-    if (cm_tape_status(tr->tape) == CM_ERR_OOM) *oom = true;
-    return model_error(tr, "fit");
 }
 
 static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
@@ -565,6 +675,11 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
     st->lr_multiplier = mult;
     if ((s = cm_optim_step(st->optimizer, mult))) return s;
+    if (tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
+    }
 
     if ((s = reduce(tr, &loss_sum, 1))) return s;
     st->total_loss = loss_sum;

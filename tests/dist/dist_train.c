@@ -2,12 +2,15 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens]       train; rank 0 writes the parameters, the last loss and the
- *                                 train accuracy to OUT (f64 text, one value per line)
+ *   dist_train OUT [tokens] [tail] [STRATEGY]
+ *                                 train; rank 0 writes the parameters, the last loss and the
+ *                                 train accuracy to OUT (f64 text, one value per line);
+ *                                 STRATEGY: NO_SHARD (default), SHARD_GRAD_OP, FULL_SHARD
  *   dist_train --compare A B TOL  compare two such files: |a - b| <= TOL·max(1, |a|) for all
  *
  * `tokens` weights microbatches by tokens (1..5 per sample) instead of samples (microbatches of
- * one sample, see below). */
+ * one sample, see below). `tail` uses 62 samples: every 7th batch has 2 samples, so on 3 or 4
+ * ranks some slices are empty (FULL_SHARD then runs phantom microbatches from the dataset). */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 enum { D = 12, H = 16, C = 4, NS = 60 };
 
@@ -24,7 +28,8 @@ typedef struct synth {
     float w[C * D];
 } synth;
 
-static int64_t s_len(void *self) { return NS; }
+static int64_t g_ns = NS; /* `tail`: 62 samples, so each epoch ends with a batch of 2 (empty slices) */
+static int64_t s_len(void *self) { return g_ns; }
 static int s_nf(void *self) { return 2; }
 static const cm_field_desc *s_field(void *self, int i) { return &((synth *)self)->fields[i]; }
 static int64_t s_tok(void *self, int64_t i) { return 1 + i % 5; }
@@ -92,7 +97,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: dist_train OUT [tokens] | dist_train --compare A B TOL\n");
         return 2;
     }
-    const bool tokens = argc > 2 && !strcmp(argv[2], "tokens");
+    bool tokens = false;
+    cm_dist_config dc = cm_dist_config_default();
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "tokens")) tokens = true;
+        else if (!strcmp(argv[i], "tail")) g_ns = 62;
+        else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
+            fprintf(stderr, "dist_train: %s\n", cm_last_error());
+            return 2;
+        }
+    }
     cm_comm *comm;
     TRY(cm_comm_auto_new(NULL, &comm));
     const int rank = cm_comm_rank(comm), world = cm_comm_size(comm);
@@ -121,21 +135,34 @@ int main(int argc, char **argv) {
     TRY(cm_model_classifier_new(seq, NULL, &model));
 
     cm_dist *dp;
-    TRY(cm_dist_new(comm, model, NULL, &dp));
+    TRY(cm_dist_new(comm, model, &dc, &dp));
 
     cm_dataloader_config lc = cm_dataloader_config_default();
     lc.batch_size = 10;
     lc.seed = 5;
     lc.rank = rank;
     lc.world_size = world;
+    lc.drop_last = g_ns == NS; /* tail: keep the short batch */
     cm_dataloader *dl;
     TRY(cm_dataloader_new(ds, &lc, &dl));
+
+    /* Adam moments: under SHARD_GRAD_OP each rank keeps them for its pieces only */
+    const cm_optim_span *ospans;
+    int n_ospans;
+    TRY(cm_dist_optim_spans(dp, &ospans, &n_ospans));
+    cm_optim *opt;
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
+    hp.lr = 1e-2;
+    hp.weight_decay = 1e-4;
+    TRY(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt));
+    TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
 
     cm_algorithm_plugin clip;
     TRY(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 0.5, &clip));
     cm_trainer_config cfg = cm_trainer_config_default();
     cfg.model = model;
     cfg.train_dataloader = dl;
+    cfg.optimizer = opt;
     TRY(cm_time_parse("8ba", &cfg.max_duration));
     /* token weighting is grouping-independent only for a loss that is a mean over tokens; this
      * classifier's loss is a mean over samples, so with tokens every microbatch is one sample */
@@ -143,6 +170,16 @@ int main(int argc, char **argv) {
     cfg.accumulate_train_batch_on_tokens = tokens;
     cfg.algorithms = &clip;
     cfg.n_algorithms = 1;
+    /* OptimizerMonitor's norms must be the global ones on every rank (sums over shards) */
+    cm_callback_plugin om;
+    TRY(cm_optimizer_monitor_new(NULL, &om));
+    cm_in_memory_logger *mem;
+    cm_logger_plugin memp;
+    TRY(cm_in_memory_logger_new(&mem, &memp));
+    cfg.callbacks = &om;
+    cfg.n_callbacks = 1;
+    cfg.loggers = &memp;
+    cfg.n_loggers = 1;
     cfg.run_name = "dist-train";
     cm_dist_trainer_hooks(dp, &cfg);
     cm_trainer *tr;
@@ -153,6 +190,45 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dist_train: rank %d: fit failed: %s\n", rank, cm_last_error());
         return 1;
     }
+    /* the optimizer state really is sharded: each rank's moments cover its piece of each unit */
+    for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
+        const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
+        const int64_t chunk = (ui->numel + world - 1) / world;
+        int64_t b = rank * chunk, e = b + chunk;
+        if (b > ui->numel) b = ui->numel;
+        if (e > ui->numel) e = ui->numel;
+        const int64_t want = dc.sharding == CM_SHARDING_NO_SHARD ? ui->numel : e - b;
+        char name[160];
+        snprintf(name, sizeof name, "%s.exp_avg", ui->name);
+        cm_optim_state_entry ent;
+        TRY(cm_optim_state_find(opt, name, &ent));
+        if (ent.numel != want) {
+            fprintf(stderr, "dist_train: rank %d: %s has %lld elements, expected %lld\n", rank, name,
+                    (long long)ent.numel, (long long)want);
+            return 1;
+        }
+    }
+    /* FULL_SHARD keeps only chunks at rest: after the last step every unit's full parameter buffer
+     * has given its pages back to the system (mincore: none resident) */
+    if (dc.sharding == CM_SHARDING_FULL_SHARD) {
+        for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
+            const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
+            const size_t page = 4096, len = ((size_t)ui->numel * sizeof(float) + page - 1) / page * page;
+            unsigned char vec[64] = {0};
+            if (len / page > sizeof vec || mincore(ui->params, len, vec) != 0) {
+                fprintf(stderr, "dist_train: mincore on unit %s failed\n", ui->name);
+                return 1;
+            }
+            for (size_t k = 0; k < len / page; k++)
+                if (vec[k] & 1) {
+                    fprintf(stderr, "dist_train: rank %d: unit %s still holds page %zu of its full parameters\n", rank,
+                            ui->name, k);
+                    return 1;
+                }
+        }
+    }
+    /* FULL_SHARD keeps only chunks at rest: gather every unit before reading the model (all ranks) */
+    TRY(cm_dist_gather_params(dp));
     const cm_dist_stats ds_ = cm_dist_get_stats(dp);
     double acc = NAN;
     cm_state_metric(cm_trainer_state(tr), "train", "MulticlassAccuracy", &acc);
@@ -168,12 +244,31 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "%.9g\n", ui->params[i]);
         }
         fprintf(f, "%.9g\n%.9g\n", cm_state_total_loss(cm_trainer_state(tr)), acc);
+        static const char *const keys[] = {"l2_norm/grad/%s", "l2_norm/param/%s", "l2_norm/moment/%s",
+                                           "l2_norm/second_moment_sqrt/%s", "l2_norm/update/%s",
+                                           "cosine/update_grad/%s", "cosine/moment_grad/%s"};
+        for (int64_t i = 0; i < cm_module_n_params(root); i++)
+            for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+                char key[256];
+                double v;
+                snprintf(key, sizeof key, keys[k], cm_module_param_info(root, i).name);
+                if (cm_in_memory_logger_last(mem, key, &v) != CM_OK) {
+                    fprintf(stderr, "dist_train: OptimizerMonitor logged no %s\n", key);
+                    return 1;
+                }
+                fprintf(f, "%.9g\n", v);
+            }
+        double gn;
+        TRY(cm_in_memory_logger_last(mem, "l2_norm/grad/global", &gn));
+        fprintf(f, "%.9g\n", gn);
         fclose(f);
-        printf("dist_train: %d ranks, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld\n", world,
-               tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
-               (long long)ds_.n_buckets_early, (long long)ds_.n_buckets_late);
+        printf("dist_train: %d ranks, %s, %s weighting: loss %.6f, accuracy %.4f, buckets early %lld late %lld, "
+               "gathers %lld\n", world,
+               cm_sharding_name(dc.sharding), tokens ? "token" : "sample", cm_state_total_loss(cm_trainer_state(tr)), acc,
+               (long long)ds_.n_buckets_early, (long long)ds_.n_buckets_late, (long long)ds_.n_gathers);
     }
     cm_trainer_free(tr);
+    cm_optim_free(opt);
     cm_dist_free(dp);
     cm_dataloader_free(dl);
     cm_dataset_free(ds);

@@ -1,6 +1,8 @@
 /* OptimizerMonitor: per-parameter gradient and parameter norms, the optimizer state's norms and
  * the update's, and the global gradient norm (Composer's OptimizerMonitor with its optimizers'
- * report_per_parameter_metrics). Reads the units' flat buffers. */
+ * report_per_parameter_metrics). Reads the units' flat buffers — or, under a sharded strategy,
+ * this rank's shard spans: each rank sums over its pieces of every parameter and the sums are
+ * added over ranks before the norms and cosines are taken, so every rank logs the global values. */
 #include "cb_impl.h"
 
 #include <math.h>
@@ -30,12 +32,13 @@ static const float *state_f32(const cm_optim *o, const char *unit, const char *k
     return e.data;
 }
 
-static unit_state find_unit_state(const cm_optim *o, const cm_unit_info *u) {
+/* numel: the elements the optimizer holds for the unit (all of it, or this rank's piece). */
+static unit_state find_unit_state(const cm_optim *o, const cm_unit_info *u, int64_t numel) {
     unit_state us = {0};
     if (!o) return us;
-    us.m = state_f32(o, u->name, "exp_avg", u->numel);
-    us.v = state_f32(o, u->name, "exp_avg_sq", u->numel);
-    us.buf = state_f32(o, u->name, "momentum_buffer", u->numel);
+    us.m = state_f32(o, u->name, "exp_avg", numel);
+    us.v = state_f32(o, u->name, "exp_avg_sq", numel);
+    us.buf = state_f32(o, u->name, "momentum_buffer", numel);
     char name[320];
     snprintf(name, sizeof name, "%s.step", u->name);
     cm_optim_state_entry e;
@@ -113,8 +116,58 @@ static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logg
     if (opt && cm_optim_n_groups(opt) > 0 && cm_optim_group_get(opt, 0, &hp) != CM_OK) opt = NULL;
     const double mult = cm_state_lr_multiplier(st), lr = hp.lr * mult;
 
+    int n_sh = 0;
+    const cm_shard_span *sh = cm_state_shard_spans(st, &n_sh);
+    if (sh && n_sh != cm_module_n_units(root))
+        return cm_set_error(CM_ERR_STATE, "OptimizerMonitor: %d shard spans for %d units", n_sh, cm_module_n_units(root));
+    /* Pass 1: per parameter, the sums over the elements this rank holds (7 per parameter). */
+    sums *acc = cm_alloc_zeroed(sizeof *acc * (size_t)(np > 0 ? np : 1), 16);
+    bool *has_adam = cm_alloc_zeroed(sizeof *has_adam * (size_t)(np > 0 ? np : 1), 16);
+    bool *has_mom = cm_alloc_zeroed(sizeof *has_mom * (size_t)(np > 0 ? np : 1), 16);
+    if (!acc || !has_adam || !has_mom) {
+        cm_free(acc), cm_free(has_adam), cm_free(has_mom);
+        return cm_set_error(CM_ERR_OOM, "OptimizerMonitor: out of memory for %lld parameters", (long long)np);
+    }
     int cached_unit = -1;
     unit_state us = {0};
+    for (int64_t i = 0; i < np; i++) {
+        const cm_param_info p = cm_module_param_info(root, i);
+        if (!p.requires_grad || p.numel == 0) continue;
+        const cm_unit_info *u = cm_module_unit(root, p.unit);
+        if (!u || !u->grads) continue;
+        /* [lo, hi) of the unit's elements: the parameter's, cut to this rank's piece */
+        int64_t lo = p.offset, hi = p.offset + p.numel, base = 0, held = u->numel;
+        const float *g = u->grads, *w = u->params;
+        if (sh) {
+            const cm_shard_span *sp = &sh[p.unit];
+            lo = lo > sp->begin ? lo : sp->begin;
+            hi = hi < sp->end ? hi : sp->end;
+            base = sp->begin, held = sp->end - sp->begin;
+            g = sp->grads, w = sp->params;
+        }
+        if (p.unit != cached_unit) us = find_unit_state(opt, u, held), cached_unit = p.unit;
+        has_adam[i] = adam && us.m && us.v && us.step > 0;
+        has_mom[i] = !has_adam[i] && us.buf;
+        if (hi <= lo) continue; /* nothing of it here: zeros join the sums over ranks */
+        const int64_t n = hi - lo, at = lo - base;
+        sums sm = span_sums(g + at, w + at, n);
+        if (opt && om->cfg.log_optimizer_metrics && has_adam[i]) {
+            const double t = (double)us.step, bc1 = 1 - pow(hp.beta1, t), bc2 = 1 - pow(hp.beta2, t);
+            /* The weight-decay part of the update (as the step applied it; see the header): */
+            const double c = kind == CM_OPTIM_DECOUPLED_ADAMW ? hp.weight_decay * mult
+                             : kind == CM_OPTIM_ADAMW          ? lr * hp.weight_decay
+                                                               : 0.0;
+            adam_sums(&sm, g + at, w + at, us.m + at, us.v + at, n, lr / bc1, sqrt(bc2), hp.eps, c);
+        } else if (opt && om->cfg.log_optimizer_metrics && has_mom[i]) {
+            momentum_sums(&sm, g + at, us.buf + at, n);
+        }
+        acc[i] = sm;
+    }
+    if (sh && (s = cm_state_all_reduce_sum(st, (double *)acc, (int)(np * (int64_t)(sizeof(sums) / sizeof(double)))))) {
+        cm_free(acc), cm_free(has_adam), cm_free(has_mom);
+        return s;
+    }
+    /* Pass 2: norms and cosines of the (global) sums. */
     int64_t k = 0;
     double global = 0;
 #define OM_PUT(fmt, val)                                                        \
@@ -128,33 +181,25 @@ static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logg
         if (!p.requires_grad || p.numel == 0) continue;
         const cm_unit_info *u = cm_module_unit(root, p.unit);
         if (!u || !u->grads) continue;
-        const float *g = u->grads + p.offset, *w = u->params + p.offset;
-        sums sm = span_sums(g, w, p.numel);
+        const sums sm = acc[i];
         global += sm.gg;
         OM_PUT("l2_norm/grad/%s", sqrt(sm.gg));
         if (!om->cfg.log_optimizer_metrics) continue;
         OM_PUT("l2_norm/param/%s", sqrt(sm.pp));
         if (!opt) continue;
-        if (p.unit != cached_unit) us = find_unit_state(opt, u), cached_unit = p.unit;
-        if (adam && us.m && us.v && us.step > 0) {
-            const double t = (double)us.step, bc1 = 1 - pow(hp.beta1, t), bc2 = 1 - pow(hp.beta2, t);
-            /* The weight-decay part of the update (as the step applied it; see the header): */
-            const double c = kind == CM_OPTIM_DECOUPLED_ADAMW ? hp.weight_decay * mult
-                             : kind == CM_OPTIM_ADAMW          ? lr * hp.weight_decay
-                                                               : 0.0;
-            adam_sums(&sm, g, w, us.m + p.offset, us.v + p.offset, p.numel, lr / bc1, sqrt(bc2), hp.eps, c);
+        if (has_adam[i]) {
             OM_PUT("l2_norm/moment/%s", sqrt(sm.mm));
             OM_PUT("l2_norm/second_moment_sqrt/%s", sqrt(sqrt(sm.vv)));
             OM_PUT("l2_norm/update/%s", sqrt(sm.uu));
             OM_PUT("cosine/update_grad/%s", cosine(sm.gu, sm.gg, sm.uu));
             OM_PUT("cosine/moment_grad/%s", cosine(sm.gm, sm.gg, sm.mm));
-        } else if (us.buf) {
-            momentum_sums(&sm, g, us.buf + p.offset, p.numel);
+        } else if (has_mom[i]) {
             OM_PUT("l2_norm/moment/%s", sqrt(sm.mm));
             OM_PUT("cosine/moment_grad/%s", cosine(sm.gm, sm.gg, sm.mm));
         }
     }
 #undef OM_PUT
+    cm_free(acc), cm_free(has_adam), cm_free(has_mom);
     om->values[k++] = (cm_metric_value){"l2_norm/grad/global", sqrt(global)};
     return cm_logger_log_metrics(lg, om->values, (int)k);
 }

@@ -1,0 +1,173 @@
+/* A tiny GPT-2 trained on N ranks equals one process, under each sharding strategy: the model has
+ * what the MLP of dist_train lacks — tied embeddings (lm_head.weight is transformer.wte.weight,
+ * read from two units' code), attention, layer norms, views of parameters, one wrap unit per
+ * block — and FULL_SHARD must gather every one of them on use, in forward and in backward.
+ *
+ *   dist_gpt OUT STRATEGY [bf16]   train 6 batches of 6 sequences in microbatches of 2 (AdamW,
+ *                                  clipping); rank 0 writes every parameter and the last loss
+ *   dist_gpt --compare A B TOL     as dist_train --compare
+ *
+ * Dropout is off: masks are drawn per rank, so with dropout N ranks do not equal one process. */
+#include <composer/composer.h>
+#include <composer/algorithms.h>
+#include <composer/dist.h>
+#include <composer/zoo_gpt2.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { T = 8, V = 24, NS = 36 };
+
+typedef struct seqs {
+    cm_field_desc fields[2];
+} seqs;
+
+static int64_t q_len(void *self) { return NS; }
+static int q_nf(void *self) { return 2; }
+static const cm_field_desc *q_field(void *self, int i) { return &((seqs *)self)->fields[i]; }
+/* A learnable pattern: each sequence counts up by a step from a start, modulo V. */
+static cm_status q_get(void *self, int64_t i, const cm_sample_ctx *ctx, void *const *out) {
+    int32_t *x = out[0], *y = out[1];
+    const int32_t start = (int32_t)(i * 7 % V), step = (int32_t)(1 + i % 3);
+    for (int t = 0; t < T; t++) {
+        x[t] = (start + step * t) % V;
+        y[t] = (start + step * (t + 1)) % V;
+    }
+    return CM_OK;
+}
+static int64_t q_tok(void *self, int64_t i) { return T; }
+static void q_close(void *self) { free(self); }
+static const cm_dataset_i k_seqs = {CM_DATASET_ABI, "seqs", q_len, q_nf, q_field, q_get, q_tok, q_close};
+
+#define TRY(call)                                                                 \
+    do {                                                                          \
+        if ((call) != CM_OK) {                                                    \
+            fprintf(stderr, "dist_gpt: %s failed: %s\n", #call, cm_last_error()); \
+            return 1;                                                             \
+        }                                                                         \
+    } while (0)
+
+static int compare(const char *a, const char *b, double tol) {
+    FILE *fa = fopen(a, "r"), *fb = fopen(b, "r");
+    if (!fa || !fb) {
+        fprintf(stderr, "compare: cannot open %s\n", fa ? b : a);
+        return 1;
+    }
+    double x, y, worst = 0;
+    long n = 0, bad = 0;
+    while (fscanf(fa, "%lf", &x) == 1) {
+        if (fscanf(fb, "%lf", &y) != 1) {
+            fprintf(stderr, "compare: %s has fewer values than %s (%ld)\n", b, a, n);
+            return 1;
+        }
+        const double rel = fabs(x - y) / fmax(1.0, fabs(x));
+        if (rel > worst) worst = rel;
+        if (!(rel <= tol) && bad++ < 5) fprintf(stderr, "compare: value %ld: %.9g vs %.9g (tol %.3g)\n", n, x, y, tol);
+        n++;
+    }
+    printf("compare %s %s: %ld values, worst |diff|/max(1,|a|) = %.3g (tol %.3g), %ld over\n", a, b, n, worst, tol, bad);
+    fclose(fa);
+    fclose(fb);
+    return bad || n == 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--compare")) return compare(argv[2], argv[3], atof(argv[4]));
+    if (argc < 3) {
+        fprintf(stderr, "usage: dist_gpt OUT STRATEGY [bf16] | dist_gpt --compare A B TOL\n");
+        return 2;
+    }
+    cm_dist_config dc = cm_dist_config_default();
+    TRY(cm_sharding_parse(argv[2], &dc.sharding));
+    const bool bf16 = argc > 3 && !strcmp(argv[3], "bf16");
+    cm_comm *comm;
+    TRY(cm_comm_auto_new(NULL, &comm));
+    const int rank = cm_comm_rank(comm), world = cm_comm_size(comm);
+
+    seqs *q = calloc(1, sizeof *q);
+    q->fields[0] = (cm_field_desc){"input_ids", CM_DTYPE_I32, 1, {T}};
+    q->fields[1] = (cm_field_desc){"labels", CM_DTYPE_I32, 1, {T}};
+    cm_dataset *ds;
+    TRY(cm_dataset_new(&k_seqs, q, &ds));
+
+    cm_gpt2_config gc = cm_gpt2_config_default();
+    gc.vocab_size = V, gc.n_positions = 16, gc.n_embd = 16, gc.n_layer = 2, gc.n_head = 2;
+    gc.embd_pdrop = gc.attn_pdrop = gc.resid_pdrop = 0;
+    gc.initializer_range = 0.2f;
+    /* no projection biases: the key bias has an exactly-zero gradient (softmax ignores a constant
+     * per query), so Adam's normalised step turns its rounding noise into ±lr moves that no two
+     * summation orders share */
+    gc.bias = false;
+    cm_rng rng = cm_rng_init(3, 0);
+    cm_model *model;
+    TRY(cm_gpt2_new(&gc, &rng, &model));
+    cm_dist *dp;
+    TRY(cm_dist_new(comm, model, &dc, &dp));
+
+    cm_dataloader_config lc = cm_dataloader_config_default();
+    lc.batch_size = 6;
+    lc.seed = 1;
+    lc.rank = rank;
+    lc.world_size = world;
+    cm_dataloader *dl;
+    TRY(cm_dataloader_new(ds, &lc, &dl));
+
+    const cm_optim_span *ospans;
+    int n_ospans;
+    TRY(cm_dist_optim_spans(dp, &ospans, &n_ospans));
+    cm_optim *opt;
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
+    hp.lr = 3e-3;
+    TRY(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt));
+    TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
+    cm_algorithm_plugin clip;
+    TRY(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &clip));
+
+    cm_trainer_config cfg = cm_trainer_config_default();
+    cfg.model = model;
+    cfg.train_dataloader = dl;
+    cfg.optimizer = opt;
+    cfg.algorithms = &clip;
+    cfg.n_algorithms = 1;
+    cfg.precision = bf16 ? CM_PRECISION_AMP_BF16 : CM_PRECISION_FP32;
+    cfg.device_train_microbatch_size = 2;
+    cfg.run_name = "dist-gpt";
+    TRY(cm_time_parse("6ba", &cfg.max_duration));
+    cm_dist_trainer_hooks(dp, &cfg);
+    cm_trainer *tr;
+    TRY(cm_trainer_new(&cfg, &tr));
+    TRY(cm_dist_attach(dp, tr));
+    if (cm_trainer_fit(tr, NULL) != CM_OK) {
+        fprintf(stderr, "dist_gpt: rank %d: fit failed: %s\n", rank, cm_last_error());
+        return 1;
+    }
+    TRY(cm_dist_gather_params(dp));
+    if (rank == 0) {
+        FILE *f = fopen(argv[1], "w");
+        if (!f) {
+            fprintf(stderr, "dist_gpt: cannot write %s\n", argv[1]);
+            return 1;
+        }
+        cm_module *root = cm_model_module(model);
+        for (int u = 0; u < cm_module_n_units(root); u++) {
+            const cm_unit_info *ui = cm_module_unit(root, u);
+            for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "%.9g\n", ui->params[i]);
+        }
+        fprintf(f, "%.9g\n", cm_state_total_loss(cm_trainer_state(tr)));
+        fclose(f);
+        const cm_dist_stats st = cm_dist_get_stats(dp);
+        printf("dist_gpt: %d ranks, %s%s: loss %.6f, %d units, gathers %lld\n", world, cm_sharding_name(dc.sharding),
+               bf16 ? ", amp_bf16" : "", cm_state_total_loss(cm_trainer_state(tr)), cm_module_n_units(root),
+               (long long)st.n_gathers);
+    }
+    cm_trainer_free(tr);
+    cm_optim_free(opt);
+    cm_dist_free(dp);
+    cm_dataloader_free(dl);
+    cm_dataset_free(ds);
+    cm_model_free(model);
+    cm_comm_free(comm);
+    return 0;
+}
