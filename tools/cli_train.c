@@ -809,7 +809,7 @@ static void print_keys(FILE *f) {
             "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
             "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
             "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
-            "                     nothing to shard); a build without ZeRO refuses the last two by name\n"
+            "                     nothing to shard)\n"
             "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
             "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
@@ -1159,10 +1159,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cli_say(&r.ctx, "trained %lld batches (%lld samples, %lld tokens) in %.1f s\n", (long long)ts->batch,
             (long long)ts->sample, (long long)ts->token, secs);
     print_eval_metrics(&r, tr, "eval");
-    /* FULL_SHARD: the model's flat buffers hold parameters only while a unit is gathered */
-    const bool params_sharded = r.tc.dist.params_sharded;
     if (cm_trainer_close(tr) != CM_OK) note(&r, NULL);
     cm_trainer_free(tr);
+    /* FULL_SHARD keeps only each rank's chunk of the parameters at rest: gather them (a
+     * collective, so on every rank) before rank 0 saves the weights and samples from them */
+    if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
     if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (r.rank > 0) return finish(&r, 0);
 
@@ -1172,20 +1173,13 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cm_run_folder_path(dir, "model.safetensors", &weights);
     cm_run_folder_path(dir, CM_RUN_FILE_METRICS, &metrics);
     cm_run_folder_path(dir, CM_RUN_FILE_PLOT, &plot);
-    bool have_weights = false;
-    if (params_sharded) {
-        cm_log_msg(CM_LOG_WARN, "%s: the parameters are sharded over the ranks, so there is no model.safetensors; "
-                                "export one from a checkpoint (save_folder=..., then composer ckpt export)",
-                   cm_sharding_name(r.sharding));
-    } else {
-        s = r.gpt2 ? cm_gpt2_save_safetensors(r.model, weights) : cm_module_save_safetensors(root, weights);
-        if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
-        have_weights = !s;
-    }
+    s = r.gpt2 ? cm_gpt2_save_safetensors(r.model, weights) : cm_module_save_safetensors(root, weights);
+    if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
+    const bool have_weights = s == CM_OK;
     bool have_plot = cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL) == CM_OK;
     if (!have_plot) cm_log_msg(CM_LOG_WARN, "no plot: %s", cm_last_error());
     bool have_sample = false;
-    if (r.gpt2 && r.tok && r.sample_tokens > 0 && !params_sharded) {
+    if (r.gpt2 && r.tok && r.sample_tokens > 0) {
         char *text = generate_text(r.model, r.tok, r.prompt, r.sample_tokens, r.temperature, r.top_k, r.seed);
         if (text) {
             cli_say(&r.ctx, "\n--- sample (%lld tokens, temperature %g, top_k %lld) ---\n%s\n---\n",
