@@ -163,6 +163,27 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     cr_assert(strstr(out, "nothing.safetensors"), "%s", out);
 }
 
+Test(cli_train, autoresume_continues_the_run_folder_logs) {
+    cr_assert_eq(system("rm -rf " DIR "/runs/ar " DIR "/ck-ar"), 0);
+    const char *base = "train " DIR "/tiny.yaml run_name=ar save_folder=" DIR "/ck-ar autoresume=true eval_interval=0";
+    char args[512];
+    snprintf(args, sizeof args, "%s max_duration=3ba", base);
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "%s max_duration=5ba", base);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "resumed from checkpoint"), "%s", out);
+    /* metrics.jsonl holds batches 1-3 of the first run and 4-5 of the resumed one */
+    FILE *f = fopen(DIR "/runs/ar/metrics.jsonl", "r");
+    cr_assert_not_null(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, "\"loss/train/total\"") != NULL;
+    fclose(f);
+    cr_assert_eq(n, 5, "%d train losses in metrics.jsonl, want 5 (3 + 2 resumed)", n);
+}
+
 Test(cli_train, print_config_shows_defaults_and_overrides) {
     int rc = run("train " DIR "/tiny.yaml --print-config optimizer.lr=3e-4 model.n_layer=1", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);

@@ -1024,7 +1024,7 @@ static cm_status make_run_folder(run *r, char *run_name) {
     cm_free(path);
     if (s) return s;
     cm_run_folder_path(dir, CM_RUN_FILE_LOG, &path);
-    r->ctx.log = fopen(path, "w");
+    r->ctx.log = fopen(path, r->tc.autoresume ? "a" : "w"); /* a resumed run goes on in the same folder */
     cm_free(path);
     if (r->tok) {
         cm_run_folder_path(dir, "tokenizer.json", &path);
@@ -1075,8 +1075,13 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     r.tc.run_name = run_name;
     /* rank 0 speaks for the job; another rank's warnings and errors still reach its stderr (the
-     * launcher's --stderr 'logs/rank{rank}.txt' keeps them apart) */
-    if (r.rank > 0) r.ctx.quiet = true;
+     * launcher's --stderr 'logs/rank{rank}.txt' keeps them apart), its info lines only when
+     * CM_LOG asks for them */
+    if (r.rank > 0) {
+        r.ctx.quiet = true;
+        const char *lv = getenv("CM_LOG");
+        if ((!lv || !*lv) && cm_log_get_level() < CM_LOG_WARN) cm_log_set_level(CM_LOG_WARN);
+    }
     r.ctx.total_batches = total_batches(&r);
 
     /* the trainer */
@@ -1089,6 +1094,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
         cm_file_logger_config fc = cm_file_logger_config_default();
         fc.folder = r.ctx.run_dir;
         fc.text_log = false;
+        fc.append = r.tc.autoresume; /* the loss curve of a resumed run continues the earlier one's */
         if (cm_file_logger_new(&fc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
     }
