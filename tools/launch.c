@@ -98,6 +98,11 @@ static void push_env(argvec *a, const char *flavour, const char *name, const cha
 int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)) {
     int n = 0, world = 0, node_rank = 0, port = 29500;
     const char *addr = "127.0.0.1", *out_fmt = NULL, *err_fmt = NULL;
+    /* `composer -n --help` (the form the messages suggest) */
+    if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
+        launch_usage(stdout);
+        return 0;
+    }
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];

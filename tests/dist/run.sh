@@ -53,6 +53,7 @@ launcher_env_and_stdout_per_rank)
     [ "$got" = "$want $want" ] || fail "threads per rank: '$got', want '$want $want' ($cores cores, 2 ranks)"
     got=$(CM_NUM_THREADS=3 "$composer" -n 2 sh -c 'echo "$CM_NUM_THREADS"' | sort -u)
     [ "$got" = 3 ] || fail "CM_NUM_THREADS=3 became '$got'"
+    "$composer" -n --help | grep -q "usage: composer -n N" || fail "composer -n --help shows no usage"
     "$composer" -n 2 --stdout "x{rnk}" sh -c true 2>"$tmp/err" && fail "a bad format was accepted"
     grep -q "unknown placeholder '{rnk}'" "$tmp/err" || fail "bad format message: $(cat "$tmp/err")"
     ;;
