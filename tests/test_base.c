@@ -13,6 +13,9 @@ Test(status, names_descriptions_and_thread_local_message) {
     cr_assert_str_eq(cm_status_name(CM_OK), "CM_OK");
     cr_assert_str_eq(cm_status_name((cm_status)-999), "CM_ERR_?");
     cr_assert_str_eq(cm_status_str(CM_ERR_OOM), "out of memory");
+    cr_assert_str_eq(cm_status_name(CM_ERR_TIMEOUT), "CM_ERR_TIMEOUT");
+    cr_assert_str_eq(cm_status_str(CM_ERR_TIMEOUT), "timed out");
+    cr_assert_eq(CM_ERR_TIMEOUT, -12, "statuses are dense and append-only: the value is part of the ABI");
     cr_assert_eq(cm_set_error(CM_ERR_IO, "open '%s' failed: %s", "x.bin", "no such file"), CM_ERR_IO);
     cr_assert_str_eq(cm_last_error(), "open 'x.bin' failed: no such file");
     cr_assert_eq(cm_last_status(), CM_ERR_IO);

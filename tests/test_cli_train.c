@@ -163,6 +163,27 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     cr_assert(strstr(out, "nothing.safetensors"), "%s", out);
 }
 
+Test(cli_train, autoresume_continues_the_run_folder_logs) {
+    cr_assert_eq(system("rm -rf " DIR "/runs/ar " DIR "/ck-ar"), 0);
+    const char *base = "train " DIR "/tiny.yaml run_name=ar save_folder=" DIR "/ck-ar autoresume=true eval_interval=0";
+    char args[512];
+    snprintf(args, sizeof args, "%s max_duration=3ba", base);
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "%s max_duration=5ba", base);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "resumed from checkpoint"), "%s", out);
+    /* metrics.jsonl holds batches 1-3 of the first run and 4-5 of the resumed one */
+    FILE *f = fopen(DIR "/runs/ar/metrics.jsonl", "r");
+    cr_assert_not_null(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, "\"loss/train/total\"") != NULL;
+    fclose(f);
+    cr_assert_eq(n, 5, "%d train losses in metrics.jsonl, want 5 (3 + 2 resumed)", n);
+}
+
 Test(cli_train, print_config_shows_defaults_and_overrides) {
     int rc = run("train " DIR "/tiny.yaml --print-config optimizer.lr=3e-4 model.n_layer=1", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
@@ -198,6 +219,11 @@ Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
         {"max_duration", 2, "overrides are key.path=value"},
         {"device_train_microbatch_size=-3", 2, "device_train_microbatch_size: '-3' must be a number of rows"},
         {"device_train_microbatch_size=autoo", 2, "'autoo' is not an integer"},
+        {"parallelism.fsdp.sharding_strategy=NO_SHRAD", 2,
+         "parallelism.fsdp.sharding_strategy: unknown value 'NO_SHRAD' (did you mean 'NO_SHARD'? use one of NO_SHARD, "
+         "SHARD_GRAD_OP, FULL_SHARD)"},
+        {"dist_timeout=-1", 2, "dist_timeout: -1 must be > 0"},
+        {"dist_timeout=soon", 2, "dist_timeout: 'soon' is not a number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512];
@@ -226,7 +252,8 @@ Test(cli_train, help_lists_the_keys) {
     int rc = run("train --help", out, sizeof out);
     cr_assert_eq(rc, 0);
     const char *keys[] = {"max_duration", "eval_interval", "device_train_microbatch_size", "global_train_batch_size",
-                          "gradient_clipping", "optimizer:", "scheduler:", "--print-config", "load_path"};
+                          "gradient_clipping", "optimizer:", "scheduler:", "--print-config", "load_path",
+                          "parallelism.fsdp.sharding_strategy", "dist_timeout", "composer -n N train"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert(strstr(out, keys[i]), "help lacks %s", keys[i]);
     rc = run("--help", out, sizeof out);
     cr_assert(strstr(out, "train") && strstr(out, "generate") && strstr(out, "eval"), "%s", out);
@@ -249,6 +276,10 @@ Test(cli_train, mnist_mlp_trains_a_few_batches) {
     rc = run("eval " DIR "/mnist.yaml --weights " DIR "/runs/mnist/model.safetensors", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "metrics/eval/MulticlassAccuracy"), "%s", out);
+    /* one process has nothing to shard: a sharded strategy trains as is, and says so */
+    rc = run("train " DIR "/mnist.yaml parallelism.fsdp.sharding_strategy=full_shard run_name=mnist-fs", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "FULL_SHARD has nothing to shard") && strstr(out, "trained 3 batches"), "%s", out);
     rc = run("train " DIR "/mnist.yaml optimizer.lr=", out, sizeof out);
     cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "optimizer.lr: required for sgd"), "%s", out);

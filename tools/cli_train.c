@@ -42,7 +42,20 @@ typedef struct run {
     cm_dataset *train_ds, *eval_ds;
     cm_dataloader *train_dl, *eval_dl;
     int64_t train_batch;
+    /* distribution: under the launcher (or mpirun / srun) a communicator over every rank and data
+     * parallelism over it; one process: NULL, rank 0 of 1 */
+    cm_comm *comm;
+    cm_dist *dp;
+    int rank, world;
+    cm_sharding sharding;  /* parallelism.fsdp.sharding_strategy */
+    double dist_timeout;   /* seconds; 0 = cm_comm_config_default (CM_DIST_TIMEOUT, else 300) */
+    bool keep_comm;        /* this rank failed alone: exit without finalising MPI */
+    /* the first error of this rank, until the ranks agree on how the job ends (settle) */
+    char err[2048];
+    int err_code;
     /* optimization */
+    cm_optim_kind opt_kind;
+    cm_optim_hparams opt_hp;
     cm_optim *opt;
     cm_sched_config scheds[MAX_SCHEDS];
     int n_scheds;
@@ -62,6 +75,8 @@ typedef struct run {
 } run;
 
 static void run_free(run *r) {
+    cm_dist_free(r->dp); /* borrows the model */
+    r->dp = NULL;
     for (int i = 0; i < r->n_algs; i++) cm_algorithm_plugin_free(r->algs[i]);
     for (int i = 0; i < r->n_cbs; i++) cm_callback_plugin_free(r->cbs[i]);
     for (int i = 0; i < r->n_lgs; i++) cm_logger_plugin_free(r->lgs[i]);
@@ -75,6 +90,10 @@ static void run_free(run *r) {
     cm_config_free(r->cfg);
     if (r->ctx.log) fclose(r->ctx.log);
     cm_free((char *)r->ctx.run_dir);
+    /* A rank that failed alone must not finalise MPI (MPI_Finalize waits for every rank, and the
+     * others may be waiting for it in a collective): it exits nonzero and mpirun ends the job. */
+    if (!r->keep_comm) cm_comm_free(r->comm);
+    r->comm = NULL;
 }
 
 #define TRY(call)                           \
@@ -364,6 +383,10 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
     TRY(get_i(c, sec, "prefetch_depth", 2, &pf));
     lc.prefetch_depth = (int)pf;
     lc.seed = r->seed;
+    /* batch_size stays the global batch (Composer's global_train_batch_size): each rank loads its
+     * slice of it, and the trainer weights every rank's microbatches by their share */
+    lc.rank = r->rank;
+    lc.world_size = r->world;
     if (cm_dataloader_new(*ds, &lc, dl) != CM_OK) return at_key(c, sec, cm_last_status());
     return CM_OK;
 }
@@ -372,7 +395,8 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
  * Optimizer and schedulers
  * ------------------------------------------------------------------------------------------- */
 
-static cm_status build_optimizer(run *r) {
+/* Reads the optimizer's keys; make_optimizer builds it once the parameter spans are known. */
+static cm_status read_optimizer(run *r) {
     cm_config *c = r->cfg;
     static const char *const names[] = {
 #define CM_X_(name, str) str,
@@ -400,17 +424,34 @@ static cm_status build_optimizer(run *r) {
         TRY(get_d(c, "optimizer", "eps", hp.eps, &hp.eps));
         TRY(get_b(c, "optimizer", "amsgrad", hp.amsgrad, &hp.amsgrad));
     }
-    cm_module *root = cm_model_module(r->model);
-    int nu = cm_module_n_units(root);
-    cm_optim_span *spans = cm_alloc(sizeof *spans * (size_t)(nu ? nu : 1), 16);
-    if (!spans) return CM_ERR_OOM;
-    for (int i = 0; i < nu; i++) {
-        const cm_unit_info *u = cm_module_unit(root, i);
-        spans[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+    r->opt_kind = (cm_optim_kind)kind;
+    r->opt_hp = hp;
+    return CM_OK;
+}
+
+/* The optimizer over this rank's parameters: with data parallelism the spans cm_dist_optim_spans
+ * gives (whole units under NO_SHARD, this rank's shards under SHARD_GRAD_OP / FULL_SHARD, so the
+ * optimizer state is sharded too); in one process every wrap unit of the model. */
+static cm_status make_optimizer(run *r) {
+    const cm_optim_span *spans;
+    cm_optim_span *own = NULL;
+    int n;
+    if (r->dp) {
+        TRY(cm_dist_optim_spans(r->dp, &spans, &n));
+    } else {
+        cm_module *root = cm_model_module(r->model);
+        n = cm_module_n_units(root);
+        own = cm_alloc(sizeof *own * (size_t)(n ? n : 1), 16);
+        if (!own) return CM_ERR_OOM;
+        for (int i = 0; i < n; i++) {
+            const cm_unit_info *u = cm_module_unit(root, i);
+            own[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+        }
+        spans = own;
     }
-    cm_status s = cm_optim_new((cm_optim_kind)kind, &r->opt);
-    if (!s && (s = cm_optim_add_group(r->opt, &hp, spans, nu)) != CM_OK) s = at_key(c, "optimizer", s);
-    cm_free(spans);
+    cm_status s = cm_optim_new(r->opt_kind, &r->opt);
+    if (!s && (s = cm_optim_add_group(r->opt, &r->opt_hp, spans, n)) != CM_OK) s = at_key(r->cfg, "optimizer", s);
+    cm_free(own);
     return s;
 }
 
@@ -551,16 +592,13 @@ static void touch_unused(run *r) {
         "save_filename", "save_latest_filename", "save_overwrite", "save_weights_only", "load_weights_only",
         "load_strict_model_weights",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
-        "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device"};
+        "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
+        "dist_timeout"};
     for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++) cm_config_touch(r->cfg, train_only[i]);
     if (r->mode == MODE_GENERATE) {
         cm_config_touch(r->cfg, "eval_loader");
         cm_config_touch(r->cfg, "eval_subset_num_batches");
     }
-}
-
-static cm_status not_supported(cm_config *c, const char *key, const char *why) {
-    return bad(c, key, "not supported yet: %s", why);
 }
 
 static cm_status read_trainer_keys(run *r) {
@@ -577,6 +615,22 @@ static cm_status read_trainer_keys(run *r) {
     static const char *const devices[] = {"cpu"};
     int dev;
     TRY(cm_config_get_choice(c, "device", devices, 1, "cpu", &dev));
+    if (r->mode == MODE_GENERATE) return CM_OK;
+    /* distribution (used when the launcher or mpirun started this process) */
+    static const char *const strategies[] = {
+#define CM_X_(name, str) str,
+        CM_SHARDING_LIST(CM_X_)
+#undef CM_X_
+    };
+    int strat;
+    TRY(cm_config_get_choice(c, "parallelism.fsdp.sharding_strategy", strategies, CM_SHARDING_COUNT, "NO_SHARD",
+                             &strat));
+    r->sharding = (cm_sharding)strat;
+    if (cm_config_has(c, "dist_timeout")) {
+        TRY(cm_config_get_double(c, "dist_timeout", 300, &r->dist_timeout));
+        if (!(r->dist_timeout > 0))
+            return bad(c, "dist_timeout", "%g must be > 0 (seconds a rank waits in one collective)", r->dist_timeout);
+    }
     if (r->mode != MODE_TRAIN) return CM_OK;
     TRY(cm_config_get_time(c, "max_duration", NULL, &tc->max_duration));
     if (tc->max_duration.count == 0 && tc->max_duration.unit != CM_TIME_DURATION)
@@ -599,7 +653,6 @@ static cm_status read_trainer_keys(run *r) {
     TRY(cm_config_get_bool(c, "progress_bar", true, &r->ctx.progress_bar));
     TRY(cm_config_get_time(c, "console_log_interval", "0", &r->ctx.console_log_interval));
     /* checkpoints (Composer's names; see checkpoint.h and cm_trainer_config) */
-    const char *strategy;
     TRY(cm_config_get_string(c, "save_folder", NULL, &tc->save_folder));
     TRY(cm_config_get_string(c, "save_filename", NULL, &tc->save_filename));
     TRY(cm_config_get_string(c, "save_latest_filename", NULL, &tc->save_latest_filename));
@@ -620,10 +673,46 @@ static cm_status read_trainer_keys(run *r) {
     }
     if (tc->autoresume && !tc->save_folder)
         return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
-    TRY(cm_config_get_string(c, "parallelism.fsdp.sharding_strategy", NULL, &strategy));
-    if (strategy && strcasecmp(strategy, "NO_SHARD") != 0)
-        return not_supported(c, "parallelism.fsdp.sharding_strategy", "one process, no sharding (use NO_SHARD)");
     return CM_OK;
+}
+
+/* The communicator, when the launcher or mpirun / srun started this process (cm_dist_launched);
+ * one process makes none (rank 0 of 1, MPI never initialised). dist_timeout (Composer's name)
+ * becomes every collective's timeout. */
+static cm_status start_comm(run *r) {
+    r->rank = 0, r->world = 1;
+    if (!cm_dist_launched()) return CM_OK;
+    cm_comm_config cc = cm_comm_config_default();
+    if (r->dist_timeout > 0) cc.timeout_s = r->dist_timeout;
+    if (cm_comm_auto_new(&cc, &r->comm) != CM_OK) return cm_last_status();
+    r->rank = cm_comm_rank(r->comm);
+    r->world = cm_comm_size(r->comm);
+    /* plain mpirun / srun: share the node's cores among its ranks as `composer -n` does */
+    const char *t = getenv("CM_NUM_THREADS");
+    const cm_dist_env env = cm_dist_env_get();
+    if ((!t || !*t) && env.local_world_size > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long per_rank = (cores > 0 ? cores : 1) / env.local_world_size;
+        cm_set_num_threads(per_rank > 0 ? (int)per_rank : 1);
+    }
+    return CM_OK;
+}
+
+/* Data parallelism over the communicator (after the model, before the optimizer): broadcasts rank
+ * 0's parameters, so every rank starts from the same weights. */
+static cm_status start_dist(run *r) {
+    if (!r->comm) {
+        if (r->sharding != CM_SHARDING_NO_SHARD)
+            cm_log_msg(CM_LOG_INFO, "one process: parallelism.fsdp.sharding_strategy %s has nothing to shard "
+                                    "(start ranks with composer -n N)", cm_sharding_name(r->sharding));
+        return CM_OK;
+    }
+    cm_dist_config dc = cm_dist_config_default();
+    dc.sharding = r->sharding;
+    cm_status s = cm_dist_new(r->comm, r->model, &dc, &r->dp);
+    if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG)
+        return at_key(r->cfg, "parallelism.fsdp.sharding_strategy", s);
+    return s;
 }
 
 static cm_status build_run(run *r) {
@@ -639,6 +728,7 @@ static cm_status build_run(run *r) {
         if (r->run_name && cm_run_name_check(r->run_name) != CM_OK) return at_key(c, "run_name", CM_ERR_INVALID_ARG);
     }
     TRY(read_trainer_keys(r));
+    if (r->mode != MODE_GENERATE) TRY(start_comm(r));
     /* the tokenizer of the token data (vocabulary size, samples) */
     find_tokenizer(r, r->mode == MODE_TRAIN ? "train_loader" : "eval_loader");
     if (r->mode != MODE_TRAIN) find_tokenizer(r, "train_loader");
@@ -658,7 +748,7 @@ static cm_status build_run(run *r) {
         TRY(cm_config_get_int(c, "eval_subset_num_batches", -1, &r->tc.eval_subset_num_batches));
     }
     if (r->mode == MODE_TRAIN) {
-        TRY(build_optimizer(r));
+        TRY(read_optimizer(r));
         TRY(build_schedulers(r));
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
@@ -717,7 +807,11 @@ static void print_keys(FILE *f) {
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
             "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
-            "  parallelism.fsdp.sharding_strategy: NO_SHARD (launch ranks with composer -n N)\n"
+            "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
+            "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
+            "                     nothing to shard)\n"
+            "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
+            "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
             "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
 }
@@ -735,7 +829,14 @@ static void train_usage(FILE *f, const char *prog) {
             "Trains the model a YAML config describes (llm-foundry style: trainer options are top-level\n"
             "keys). Overrides on the command line are parsed as YAML values: optimizer.lr=3e-4,\n"
             "max_duration=500ba, optimizer.betas=[0.9,0.99]. Unknown keys and bad values are errors that\n"
-            "name the key and suggest the closest valid one.\n\noptions:\n",
+            "name the key and suggest the closest valid one.\n\n"
+            "Several ranks: composer -n N train CONFIG.yaml (or mpirun / srun) trains data-parallel.\n"
+            "train_loader.batch_size is the global batch (Composer's global_train_batch_size): each rank\n"
+            "loads its slice and the gradients are summed over the ranks, so N ranks train the same\n"
+            "steps as one process. Rank 0 alone writes the run folder and prints; every rank's warnings\n"
+            "and errors go to its stderr (composer -n N --stderr 'logs/rank{rank}.txt' keeps them apart).\n"
+            "If a rank fails or a collective outlasts dist_timeout, the job stops with that rank's error.\n"
+            "\noptions:\n",
             prog);
     cli_print_flags(f, k_train_flags);
     fprintf(f, "  %-28s %s\n\n", "-h, --help", "show this help and the config keys");
@@ -845,6 +946,94 @@ static void print_eval_metrics(run *r, cm_trainer *tr, const char *label) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Ending a job with several ranks
+ * ------------------------------------------------------------------------------------------- */
+
+/* Records this rank's first error (the current cm_last_error, after `what` if given) and the exit
+ * status it asks for: 2 for a config value (CM_ERR_INVALID_ARG), else 1. Returns the status. */
+static int note(run *r, const char *what) {
+    if (r->err_code) return r->err_code;
+    cm_status s = cm_last_status();
+    snprintf(r->err, sizeof r->err, "%s%s%s", what ? what : "", what ? ": " : "", cm_last_error());
+    r->err_code = s == CM_ERR_INVALID_ARG ? EXIT_USAGE : 1;
+    return r->err_code;
+}
+
+static void print_err(const run *r, const char *prog) {
+    if (r->world > 1 && r->rank > 0) fprintf(stderr, "[rank %d] %s: %s\n", r->rank, prog, r->err);
+    else fprintf(stderr, "%s: %s\n", prog, r->err);
+}
+
+/* Where every rank must agree before going on (setup steps that may fail on some ranks only):
+ * each rank tells the others its exit status and a hash of its message (one all_gather of 16
+ * bytes a rank); a failing rank prints its message unless a lower rank failed with the same one
+ * (a config error shows once, not once per rank); every rank returns the lowest failing rank's
+ * status, so all of them stop here together and MPI finalises normally. One process, or a
+ * communicator that already failed (a timeout: nothing can be agreed on), just prints. Returns 0
+ * when every rank is fine. */
+static int settle(run *r, const char *prog) {
+    if (!r->comm || r->world < 2 || cm_comm_status(r->comm) != CM_OK) {
+        if (!r->err_code) return 0;
+        cm_dist_env env = cm_dist_env_get();
+        /* before the communicator only the config was read: the same on every rank */
+        if (r->comm || env.world_size < 2 || env.rank == 0 || r->err_code != EXIT_USAGE) print_err(r, prog);
+        if (r->comm && r->world > 1) r->keep_comm = true;
+        return r->err_code;
+    }
+    typedef struct outcome {
+        int64_t code;
+        uint64_t hash;
+    } outcome;
+    const outcome me = {r->err_code, r->err_code ? cm_hash64(r->err, strlen(r->err), 0) : 0};
+    outcome *all = cm_alloc_zeroed(sizeof *all * (size_t)r->world, 16);
+    if (!all || cm_comm_all_gather(r->comm, &me, all, (int64_t)sizeof me, CM_COMM_U8) != CM_OK) {
+        if (r->err_code) print_err(r, prog);
+        fprintf(stderr, "%s: rank %d: %s\n", prog, r->rank, all ? cm_last_error() : "out of memory");
+        cm_free(all);
+        r->keep_comm = true;
+        return r->err_code ? r->err_code : 1;
+    }
+    int code = 0;
+    bool shown = false;
+    for (int k = 0; k < r->world; k++) {
+        if (all[k].code && !code) code = (int)all[k].code;
+        if (k < r->rank && all[k].code == me.code && all[k].hash == me.hash) shown = true;
+    }
+    if (me.code && !shown) print_err(r, prog);
+    cm_free(all);
+    return code;
+}
+
+/* Ends the command: frees the run (dist, model, loaders, then the communicator) and returns rc. */
+static int finish(run *r, int rc) {
+    run_free(r);
+    return rc;
+}
+
+/* Rank 0's run folder: config.yaml, log.txt, tokenizer.json. Fills run_name (cap 256). */
+static cm_status make_run_folder(run *r, char *run_name) {
+    char *dir = NULL, *path = NULL;
+    if (cm_run_folder_create(r->run_root, r->run_name, &dir) != CM_OK) return cm_last_status();
+    r->ctx.run_dir = dir;
+    const char *slash = strrchr(dir, '/');
+    snprintf(run_name, 256, "%s", slash ? slash + 1 : dir);
+    if (!r->run_name) cm_config_set(r->cfg, "run_name", run_name);
+    cm_run_folder_path(dir, CM_RUN_FILE_CONFIG, &path);
+    cm_status s = cm_config_save(r->cfg, path);
+    cm_free(path);
+    if (s) return s;
+    cm_run_folder_path(dir, CM_RUN_FILE_LOG, &path);
+    r->ctx.log = fopen(path, r->tc.autoresume ? "a" : "w"); /* a resumed run goes on in the same folder */
+    cm_free(path);
+    if (r->tok) {
+        cm_run_folder_path(dir, "tokenizer.json", &path);
+        if (cm_tokenizer_save(r->tok, path) != CM_OK) cm_log_msg(CM_LOG_WARN, "%s", cm_last_error());
+        cm_free(path);
+    }
+    return CM_OK;
+}
+
 int cmd_train(const char *prog, int argc, char **argv) {
     const char *pos[64];
     int n_pos;
@@ -858,65 +1047,68 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     run r = {0};
     r.mode = MODE_TRAIN;
+    r.rank = 0, r.world = 1;
     r.ctx.quiet = g_quiet_train != NULL;
     if ((rc = load_config(prog, pos[0], pos + 1, n_pos - 1, &r.cfg)) != 0) return rc;
-    if (build_run(&r) != CM_OK) return config_error(prog, &r);
+    if (build_run(&r) != CM_OK) note(&r, NULL);
+    if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (g_print_config) {
-        cm_config_write(r.cfg, stdout);
-        run_free(&r);
-        return 0;
+        if (r.rank == 0) cm_config_write(r.cfg, stdout);
+        return finish(&r, 0);
     }
-
-    /* the run folder */
-    char *dir = NULL, *path = NULL;
-    if (cm_run_folder_create(r.run_root, r.run_name, &dir) != CM_OK) return config_error(prog, &r);
-    r.ctx.run_dir = dir;
-    const char *slash = strrchr(dir, '/');
-    char run_name[256];
-    snprintf(run_name, sizeof run_name, "%s", slash ? slash + 1 : dir);
-    if (!r.run_name) cm_config_set(r.cfg, "run_name", run_name);
-    r.tc.run_name = run_name;
-    cm_run_folder_path(dir, CM_RUN_FILE_CONFIG, &path);
-    if (cm_config_save(r.cfg, path) != CM_OK) {
-        cm_free(path);
-        return config_error(prog, &r);
-    }
-    cm_free(path);
-    cm_run_folder_path(dir, CM_RUN_FILE_LOG, &path);
-    r.ctx.log = fopen(path, "w");
-    cm_free(path);
-    if (r.tok) {
-        cm_run_folder_path(dir, "tokenizer.json", &path);
-        if (cm_tokenizer_save(r.tok, path) != CM_OK) cm_log_msg(CM_LOG_WARN, "%s", cm_last_error());
-        cm_free(path);
-    }
-    r.ctx.total_batches = total_batches(&r);
     if (r.load_path) {
+        /* every rank loads the weights (cm_dist_new then broadcasts rank 0's anyway) */
         cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, r.load_path, NULL, NULL)
                              : cm_module_load_safetensors(cm_model_module(r.model), r.load_path, NULL, NULL);
-        if (s) return config_error(prog, &r);
+        if (s) note(&r, "load_path");
     }
+    if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
+    if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
+    /* the run folder: rank 0 alone makes it (generating the name when the config has none) */
+    char run_name[256] = "";
+    if (!r.err_code && r.rank == 0 && make_run_folder(&r, run_name) != CM_OK) note(&r, NULL);
+    if ((rc = settle(&r, prog))) return finish(&r, rc);
+    /* every rank uses rank 0's run name (checkpoint names, logged hyperparameters) */
+    if (r.world > 1 && cm_comm_broadcast(r.comm, run_name, sizeof run_name, CM_COMM_U8, 0) != CM_OK) {
+        note(&r, "sharing the run name");
+        return finish(&r, settle(&r, prog));
+    }
+    r.tc.run_name = run_name;
+    /* rank 0 speaks for the job; another rank's warnings and errors still reach its stderr (the
+     * launcher's --stderr 'logs/rank{rank}.txt' keeps them apart), its info lines only when
+     * CM_LOG asks for them */
+    if (r.rank > 0) {
+        r.ctx.quiet = true;
+        const char *lv = getenv("CM_LOG");
+        if ((!lv || !*lv) && cm_log_get_level() < CM_LOG_WARN) cm_log_set_level(CM_LOG_WARN);
+    }
+    r.ctx.total_batches = total_batches(&r);
 
     /* the trainer */
-    /* The run's loggers (loggers.h): metrics.jsonl and loss.svg in the run folder (log.txt is the
-     * CLI's own tee of what it prints), a progress bar on stderr, and console lines when asked. */
+    /* The run's loggers (loggers.h): metrics.jsonl (and loss.svg at the end) in the run folder
+     * (log.txt is the CLI's own tee of what it prints), a progress bar on stderr, and console
+     * lines when asked — on rank 0 only (the logged losses and metrics are the global batch's,
+     * the same on every rank). */
     cm_logger_plugin lp;
-    cm_file_logger_config fc = cm_file_logger_config_default();
-    fc.folder = r.ctx.run_dir;
-    fc.text_log = false;
-    if (cm_file_logger_new(&fc, &lp) != CM_OK) return config_error(prog, &r);
-    r.lgs[r.n_lgs++] = lp;
-    if (r.ctx.progress_bar && !r.ctx.quiet) {
-        cm_progress_bar_logger_config pc = cm_progress_bar_logger_config_default();
-        if (cm_progress_bar_logger_new(&pc, &lp) != CM_OK) return config_error(prog, &r);
-        r.lgs[r.n_lgs++] = lp;
+    if (!r.err_code && r.ctx.run_dir) {
+        cm_file_logger_config fc = cm_file_logger_config_default();
+        fc.folder = r.ctx.run_dir;
+        fc.text_log = false;
+        fc.append = r.tc.autoresume; /* the loss curve of a resumed run continues the earlier one's */
+        if (cm_file_logger_new(&fc, &lp) != CM_OK) note(&r, NULL);
+        else r.lgs[r.n_lgs++] = lp;
     }
-    if (r.ctx.console_log_interval.count > 0) {
+    if (!r.err_code && r.rank == 0 && r.ctx.progress_bar && !r.ctx.quiet) {
+        cm_progress_bar_logger_config pc = cm_progress_bar_logger_config_default();
+        if (cm_progress_bar_logger_new(&pc, &lp) != CM_OK) note(&r, NULL);
+        else r.lgs[r.n_lgs++] = lp;
+    }
+    if (!r.err_code && r.rank == 0 && r.ctx.console_log_interval.count > 0) {
         cm_console_logger_config cc = cm_console_logger_config_default();
         cc.log_interval = r.ctx.console_log_interval;
         cc.stream = stdout;
-        if (cm_console_logger_new(&cc, &lp) != CM_OK) return config_error(prog, &r);
-        r.lgs[r.n_lgs++] = lp;
+        if (cm_console_logger_new(&cc, &lp) != CM_OK) note(&r, NULL);
+        else r.lgs[r.n_lgs++] = lp;
     }
     r.tc.model = r.model;
     r.tc.train_dataloader = r.train_dl;
@@ -926,46 +1118,70 @@ int cmd_train(const char *prog, int argc, char **argv) {
     r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
     r.tc.callbacks = r.cbs, r.tc.n_callbacks = r.n_cbs;
     r.tc.loggers = r.lgs, r.tc.n_loggers = r.n_lgs;
-    r.tc.progress_bar = r.ctx.progress_bar;
+    r.tc.progress_bar = r.ctx.progress_bar && r.rank == 0;
+    if (r.dp) cm_dist_trainer_hooks(r.dp, &r.tc);
     cm_module *root = cm_model_module(r.model);
-    cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches\n", run_name,
+    char ranks[128] = "";
+    if (r.world > 1) {
+        const long long lo = (long long)(r.train_batch / r.world);
+        const long long hi = (long long)((r.train_batch + r.world - 1) / r.world);
+        char per[48];
+        if (lo == hi) snprintf(per, sizeof per, "%lld", lo);
+        else snprintf(per, sizeof per, "%lld-%lld", lo, hi);
+        snprintf(ranks, sizeof ranks, ", %d ranks (%s, %s samples a rank a batch)", r.world,
+                 cm_sharding_name(r.sharding), per);
+    }
+    cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches%s\n", run_name,
             cm_model_type_name(r.model), (long long)cm_module_count_params(root, false),
             (long long)cm_dataset_len(r.train_ds), r.eval_ds ? " (+ eval set)" : "", (long long)r.train_batch,
-            (long long)r.ctx.total_batches);
-    cm_trainer *tr;
-    if (cm_trainer_new(&r.tc, &tr) != CM_OK) return config_error(prog, &r);
-    r.n_algs = r.n_cbs = r.n_lgs = 0; /* the trainer owns them now */
+            (long long)r.ctx.total_batches, ranks);
+    cm_trainer *tr = NULL;
+    if (!r.err_code) {
+        if (cm_trainer_new(&r.tc, &tr) != CM_OK) note(&r, NULL), tr = NULL;
+        else r.n_algs = r.n_cbs = r.n_lgs = 0; /* the trainer owns them now */
+    }
+    if (tr && r.dp && cm_dist_attach(r.dp, tr) != CM_OK) note(&r, NULL);
+    if ((rc = settle(&r, prog))) {
+        cm_trainer_free(tr);
+        return finish(&r, rc);
+    }
     double t0 = cm_clock_s();
     cm_status s = cm_trainer_fit(tr, NULL);
     double secs = cm_clock_s() - t0;
     if (s != CM_OK) {
-        /* preemption (SIGTERM/SIGINT): the trainer saved a checkpoint and closed; exit 128+signal */
+        /* preemption (SIGTERM/SIGINT): the trainer saved a checkpoint and closed; exit 128+signal.
+         * A failed collective (dist.h "Failure model") or any other error: print it and exit
+         * nonzero without waiting for the other ranks (mpirun stops them). */
         const bool interrupted = s == CM_ERR_INTERRUPTED;
-        fprintf(stderr, "%s: training %s: %s\n", prog, interrupted ? "interrupted" : "failed", cm_last_error());
-        if (r.ctx.log) fprintf(r.ctx.log, "training %s: %s\n", interrupted ? "interrupted" : "failed", cm_last_error());
+        note(&r, interrupted ? "training interrupted" : "training failed");
+        print_err(&r, prog);
+        if (r.ctx.log) fprintf(r.ctx.log, "%s\n", r.err);
         int code = interrupted ? cm_trainer_exit_code(tr, s) : 1;
+        if (r.world > 1) r.keep_comm = true;
         cm_trainer_free(tr);
-        run_free(&r);
-        return code;
+        return finish(&r, code);
     }
     const cm_timestamp *ts = cm_state_timestamp(cm_trainer_state(tr));
     cli_say(&r.ctx, "trained %lld batches (%lld samples, %lld tokens) in %.1f s\n", (long long)ts->batch,
             (long long)ts->sample, (long long)ts->token, secs);
     print_eval_metrics(&r, tr, "eval");
-    rc = 0;
-    if (cm_trainer_close(tr) != CM_OK) {
-        fprintf(stderr, "%s: %s\n", prog, cm_last_error());
-        rc = 1;
-    }
+    if (cm_trainer_close(tr) != CM_OK) note(&r, NULL);
     cm_trainer_free(tr);
+    /* FULL_SHARD keeps only each rank's chunk of the parameters at rest: gather them (a
+     * collective, so on every rank) before rank 0 saves the weights and samples from them */
+    if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
+    if ((rc = settle(&r, prog))) return finish(&r, rc);
+    if (r.rank > 0) return finish(&r, 0);
 
-    /* outputs: weights, plot, sample */
+    /* outputs (rank 0): weights, plot, sample */
+    const char *dir = r.ctx.run_dir;
     char *weights = NULL, *metrics = NULL, *plot = NULL, *sample = NULL;
     cm_run_folder_path(dir, "model.safetensors", &weights);
     cm_run_folder_path(dir, CM_RUN_FILE_METRICS, &metrics);
     cm_run_folder_path(dir, CM_RUN_FILE_PLOT, &plot);
     s = r.gpt2 ? cm_gpt2_save_safetensors(r.model, weights) : cm_module_save_safetensors(root, weights);
     if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
+    const bool have_weights = s == CM_OK;
     bool have_plot = cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL) == CM_OK;
     if (!have_plot) cm_log_msg(CM_LOG_WARN, "no plot: %s", cm_last_error());
     bool have_sample = false;
@@ -981,11 +1197,10 @@ int cmd_train(const char *prog, int argc, char **argv) {
             fprintf(stderr, "%s: sampling failed: %s\n", prog, cm_last_error());
         }
     }
-    cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s, model.safetensors%s\n", dir,
-            have_plot ? ", loss.svg" : "", have_sample ? ", sample.txt" : "");
+    cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s%s%s\n", dir, have_plot ? ", loss.svg" : "",
+            have_weights ? ", model.safetensors" : "", have_sample ? ", sample.txt" : "");
     cm_free(weights), cm_free(metrics), cm_free(plot), cm_free(sample);
-    run_free(&r);
-    return rc;
+    return finish(&r, rc);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1020,32 +1235,47 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     }
     run r = {0};
     r.mode = MODE_EVAL;
+    r.rank = 0, r.world = 1;
     if ((rc = load_config(prog, pos[0], pos + 1, n_pos - 1, &r.cfg)) != 0) return rc;
-    if (build_run(&r) != CM_OK) return config_error(prog, &r);
-    cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
-                         : cm_module_load_safetensors(cm_model_module(r.model), g_eval_weights, NULL, NULL);
-    if (s) {
-        fprintf(stderr, "%s: loading %s: %s\n", prog, g_eval_weights, cm_last_error());
-        run_free(&r);
-        return 1;
+    if (build_run(&r) != CM_OK) note(&r, NULL);
+    if (!r.err_code) {
+        cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
+                             : cm_module_load_safetensors(cm_model_module(r.model), g_eval_weights, NULL, NULL);
+        if (s) {
+            char what[PATH_MAX + 16];
+            snprintf(what, sizeof what, "loading %s", g_eval_weights);
+            note(&r, what);
+            r.err_code = 1; /* a bad file, not a bad config */
+        }
     }
+    if ((rc = settle(&r, prog))) return finish(&r, rc);
+    /* several ranks: each evaluates its slice of the eval set; the metric sums are all-reduced */
+    if (start_dist(&r) != CM_OK) note(&r, NULL);
     r.tc.model = r.model;
     r.tc.eval_dataloader = r.eval_dl;
-    cm_trainer *tr;
-    if (cm_trainer_new(&r.tc, &tr) != CM_OK) return config_error(prog, &r);
+    if (r.dp) cm_dist_trainer_hooks(r.dp, &r.tc);
+    if (r.rank > 0) r.ctx.quiet = true;
+    cm_trainer *tr = NULL;
+    if (!r.err_code && cm_trainer_new(&r.tc, &tr) != CM_OK) note(&r, NULL), tr = NULL;
+    if (tr && r.dp && cm_dist_attach(r.dp, tr) != CM_OK) note(&r, NULL);
+    if ((rc = settle(&r, prog))) {
+        cm_trainer_free(tr);
+        return finish(&r, rc);
+    }
     double t0 = cm_clock_s();
     if (cm_trainer_eval(tr, NULL, 0) != CM_OK) {
-        fprintf(stderr, "%s: evaluation failed: %s\n", prog, cm_last_error());
+        note(&r, "evaluation failed");
+        r.err_code = 1;
+        print_err(&r, prog);
+        if (r.world > 1) r.keep_comm = true;
         cm_trainer_free(tr);
-        run_free(&r);
-        return 1;
+        return finish(&r, 1);
     }
-    printf("evaluated %s on %lld samples in %.1f s\n", g_eval_weights, (long long)cm_dataset_len(r.eval_ds),
-           cm_clock_s() - t0);
+    cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights, (long long)cm_dataset_len(r.eval_ds),
+            cm_clock_s() - t0, r.world > 1 ? " (split over the ranks)" : "");
     print_eval_metrics(&r, tr, "eval");
     cm_trainer_free(tr);
-    run_free(&r);
-    return 0;
+    return finish(&r, 0);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
  *
  *   composer --help | --version
  *   composer train CONFIG.yaml [key.path=value ...] [--print-config]
+ *   composer -n N train CONFIG.yaml ...        (data-parallel over N ranks; see cli_train.c)
  *   composer eval CONFIG.yaml --weights PATH [key.path=value ...]
  *   composer generate --weights PATH [--prompt TEXT] [--max-new-tokens N] ...
  *   composer data tokenize [--tokenizer gpt2|char] [--val-fraction F] INPUT -o OUTDIR
@@ -53,7 +54,10 @@ void cli_print_suggestion(const char *word, const char *const *cands, int n) {
 static void print_commands(FILE *f, const char *prog, const cli_cmd *table) {
     fprintf(f, "usage: %s <command> [options]\n\ncommands:\n", prog);
     for (const cli_cmd *c = table; c->name; c++) fprintf(f, "  %-12s %s\n", c->name, c->help);
-    if (!strchr(prog, ' ')) fprintf(f, "\noptions:\n  -h, --help     show this help\n  -V, --version  print the version\n");
+    if (!strchr(prog, ' '))
+        fprintf(f, "\noptions:\n  -h, --help     show this help\n  -V, --version  print the version\n"
+                   "  -n N ...       start N ranks: composer -n 2 train CONFIG.yaml trains data-parallel\n"
+                   "                 (composer -n --help for the launcher's options)\n");
     fprintf(f, "\nRun '%s <command> --help' for a command's options.\n", prog);
 }
 

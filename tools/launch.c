@@ -2,7 +2,8 @@
  * user would otherwise have to know (--allow-run-as-root as root, --oversubscribe beyond the
  * cores, --bind-to none so each rank's OpenMP threads may use every core) and starts every rank
  * through `composer --rank-exec`, which exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
- * NODE_RANK, redirects the rank's stdout/stderr when asked, and execs the program. */
+ * NODE_RANK, shares the node's cores among its ranks (CM_NUM_THREADS and OMP_NUM_THREADS, unless
+ * set), redirects the rank's stdout/stderr when asked, and execs the program. */
 #include "launch.h"
 
 #include <composer/composer.h>
@@ -27,6 +28,8 @@ static void launch_usage(FILE *f) {
             "node through mpirun. FMT names a file per rank: {rank}, {local_rank}, {node_rank} and\n"
             "{world_size} are replaced (e.g. --stdout 'logs/rank{rank}.txt'). Ranks see RANK, WORLD_SIZE,\n"
             "LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT.\n"
+            "Threads: each rank gets CM_NUM_THREADS = OMP_NUM_THREADS = cores / N (at least 1) unless the\n"
+            "environment sets them, so N ranks do not each start a thread per core.\n"
             "Several nodes: run it on node 0 with --world_size W (a multiple of N) and an MPI hostfile\n"
             "(OMPI_MCA_orte_default_hostfile, or mpirun's own configuration); mpirun starts the other\n"
             "nodes' ranks, so on nodes with --node_rank > 0 the launcher has nothing to do.\n"
@@ -95,6 +98,11 @@ static void push_env(argvec *a, const char *flavour, const char *name, const cha
 int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)) {
     int n = 0, world = 0, node_rank = 0, port = 29500;
     const char *addr = "127.0.0.1", *out_fmt = NULL, *err_fmt = NULL;
+    /* `composer -n --help` (the form the messages suggest) */
+    if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
+        launch_usage(stdout);
+        return 0;
+    }
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -268,6 +276,13 @@ int cm_cli_rank_exec(int argc, char **argv) {
     SETI("LOCAL_RANK", e.local_rank);
     SETI("LOCAL_WORLD_SIZE", e.local_world_size);
     SETI("NODE_RANK", e.node_rank);
+    /* N ranks with a thread per core each would run N× the cores' threads, and OpenMP's and MPI's
+     * spinning waits then slow every step down by several times: split the cores instead */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int per_rank = (int)(cores > 0 ? cores : 1) / (e.local_world_size > 0 ? e.local_world_size : 1);
+    const char *cm_t = getenv("CM_NUM_THREADS"), *omp_t = getenv("OMP_NUM_THREADS");
+    if (!cm_t || !*cm_t) SETI("CM_NUM_THREADS", per_rank > 0 ? per_rank : 1);
+    if (!omp_t || !*omp_t) SETI("OMP_NUM_THREADS", per_rank > 0 ? per_rank : 1);
 #undef SETI
     if (out_fmt && redirect(out_fmt, &e, 1)) return 1;
     if (err_fmt && redirect(err_fmt, &e, 2)) return 1;

@@ -34,7 +34,10 @@ extern "C" {
  * Status codes
  * ------------------------------------------------------------------------------------------- */
 
-/* X-macro list: name, value, short description. Generates the enum and cm_status_name(). */
+/* X-macro list: name, value, short description. Generates the enum, cm_status_name() and
+ * cm_status_str(). Values are dense (0, -1, -2, ...): a new status goes at the end with the next
+ * value (src/base/status.c checks it at compile time). A program's exit status for any error is 1
+ * (usage errors 2, signals 128 + n: see cm_exit_status in checkpoint.h). */
 #define CM_STATUS_LIST(X)                                                             \
     X(CM_OK, 0, "ok")                                                                 \
     X(CM_ERR_INVALID_ARG, -1, "invalid argument")                                     \
@@ -48,7 +51,9 @@ extern "C" {
     X(CM_ERR_NOT_FOUND, -9, "not found")                                              \
     X(CM_ERR_INTERNAL, -10, "internal error")                                         \
     /* a run stopped on SIGTERM/SIGINT (see cm_trainer_exit_code) */                  \
-    X(CM_ERR_INTERRUPTED, -11, "interrupted by a signal")
+    X(CM_ERR_INTERRUPTED, -11, "interrupted by a signal")                             \
+    /* a collective waited longer than dist_timeout (see composer/dist.h) */         \
+    X(CM_ERR_TIMEOUT, -12, "timed out")
 
 typedef enum cm_status {
 #define CM_X_(name, value, desc) name = value,

@@ -6,7 +6,8 @@
  * A communicator (cm_comm) is a vtable with two implementations: a single process (every
  * collective is a copy or a no-op) and MPI (CPU buffers). Every collective gets a sequence number
  * and runs under a timeout (dist_timeout, 300 s by default): a rank that waits longer reports the
- * collective's number and name and which ranks did not arrive, and the call returns CM_ERR_IO.
+ * collective's number and name and which ranks did not arrive, and the call returns
+ * CM_ERR_TIMEOUT.
  * Blocking calls are the non-blocking ones plus cm_comm_wait.
  *
  * Ranks start with the launcher (`composer -n 4 ./train ARGS`, which wraps mpirun), or with
@@ -36,11 +37,14 @@
  *     cm_comm_free(comm);           // MPI_Finalize — or, after a failed collective, nothing: exit
  *     return s ? 1 : 0;             // nonzero and the launcher stops every other rank
  *
- * Failure model. Library code never aborts: a collective that times out or fails returns
- * CM_ERR_IO and marks the communicator failed (every later call fails at once with the first
- * error). A failed MPI communicator is not finalised by cm_comm_free (MPI_Finalize would wait for
- * the missing rank); the program should print the error and exit nonzero, and mpirun / srun then
- * stop the other ranks. cm_comm_abort stops the whole job at once, for programs that prefer it.
+ * Failure model. Library code never aborts: a collective that times out returns CM_ERR_TIMEOUT,
+ * one that fails in the transport CM_ERR_IO, and either marks the communicator failed (every
+ * later call fails at once with CM_ERR_STATE and the first error). A failed MPI communicator is
+ * not finalised by cm_comm_free (MPI_Finalize would wait for the missing rank); the program
+ * should print the error and exit nonzero, and mpirun / srun then stop the other ranks. A rank
+ * that fails on its own with a healthy communicator should likewise exit without cm_comm_free
+ * (the others may be waiting for it in a collective; tools/cli_train.c shows both cases).
+ * cm_comm_abort stops the whole job at once, for programs that prefer it.
  *
  * Threading: a communicator belongs to the thread that made it (MPI is initialised with
  * MPI_THREAD_FUNNELED); kernels may still use OpenMP threads between calls.
@@ -189,9 +193,10 @@ const char *cm_comm_error(const cm_comm *c);
 
 /* Collectives. All ranks must call them in the same order with the same counts and dtypes.
  * Blocking forms return when done; errors: CM_ERR_INVALID_ARG (NULL buffer with count > 0,
- * negative count, bad dtype / op / root), CM_ERR_IO (timeout — the message names the collective,
- * its sequence number and the missing ranks — or a transport error), CM_ERR_STATE (the
- * communicator failed before). Buffers may not overlap except where in place. */
+ * negative count, bad dtype / op / root), CM_ERR_TIMEOUT (waited longer than the timeout: the
+ * message names the collective, its sequence number and the missing ranks), CM_ERR_IO (a
+ * transport error), CM_ERR_STATE (the communicator failed before). Buffers may not overlap
+ * except where in place. */
 cm_status cm_comm_all_reduce(cm_comm *c, void *buf, int64_t count, cm_comm_dtype dt, cm_reduce_op op);
 cm_status cm_comm_reduce_scatter(cm_comm *c, const void *send, void *recv, int64_t recv_count, cm_comm_dtype dt,
                                  cm_reduce_op op);

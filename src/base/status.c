@@ -1,8 +1,20 @@
 /* Status codes and the thread-local last-error message. */
 #include <composer/base.h>
 
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The list is dense: n entries take the values 0 .. -(n - 1). Every value in that range here, and
+ * no two alike (the switches below would not compile), means a status added with a gap or a
+ * reused value fails the build. */
+#define CM_X_(name, value, desc) +1
+enum { CM_STATUS_COUNT_ = 0 CM_STATUS_LIST(CM_X_) };
+#undef CM_X_
+#define CM_X_(name, value, desc) \
+    static_assert(value <= 0 && value > -CM_STATUS_COUNT_, #name " is out of the dense range");
+CM_STATUS_LIST(CM_X_)
+#undef CM_X_
 
 #ifndef CM_VERSION_STRING
 #define CM_VERSION_STRING "0.0.0"

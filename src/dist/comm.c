@@ -250,7 +250,7 @@ cm_status cm_comm_wait(cm_comm *c, cm_comm_request *req) {
         if (waited > c->timeout_s) {
             char who[1024] = "";
             if (c->vt->describe_missing) c->vt->describe_missing(c->self, &req->ci, who, sizeof who);
-            s = comm_fail(c, CM_ERR_IO,
+            s = comm_fail(c, CM_ERR_TIMEOUT,
                           "dist: rank %d of %d timed out after %.1f s (dist_timeout) in collective #%llu %s "
                           "(%lld %s): %s. The job cannot go on: exit nonzero so the launcher stops every rank",
                           cm_comm_rank(c), cm_comm_size(c), waited, (unsigned long long)req->ci.seq,

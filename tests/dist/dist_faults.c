@@ -1,11 +1,12 @@
 /* Faults on purpose, to check that the job ends with a clear message instead of hanging:
  *
  *   dist_faults skip    the last rank skips all_reduce #3 and leaves; the others time out
- *                       (CM_DIST_TIMEOUT) and report which rank is missing from which collective
+ *                       (CM_DIST_TIMEOUT, status CM_ERR_TIMEOUT) and report which rank is missing
+ *                       from which collective
  *   dist_faults kill    rank 1 kills itself (SIGKILL) before all_reduce #3
  *   dist_faults crash   rank 1 fails with an error message and exit status 3 before #3
  *
- * Every rank that sees an error prints it and exits 1. */
+ * Every rank that sees an error prints it ("error (CM_ERR_...): message") and exits 1. */
 #include <composer/composer.h>
 #include <composer/dist.h>
 
@@ -35,8 +36,9 @@ int main(int argc, char **argv) {
                 return 3;
             }
         }
-        if (cm_comm_all_reduce_sum_f32(c, x, 256) != CM_OK) {
-            fprintf(stderr, "error: %s\n", cm_last_error());
+        cm_status s = cm_comm_all_reduce_sum_f32(c, x, 256);
+        if (s != CM_OK) {
+            fprintf(stderr, "error (%s): %s\n", cm_status_name(s), cm_last_error());
             cm_comm_free(c); /* a failed communicator is not finalised: this returns at once */
             return 1;
         }

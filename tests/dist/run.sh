@@ -20,6 +20,26 @@ launch() {
     return $rc_
 }
 
+# A tiny char GPT (2 layers, 32 wide, vocabulary from the text) over the first 20 kB of tiny
+# Shakespeare, trained for 6 batches of 6 windows in microbatches of 2 (uneven on 2 ranks: 2+1),
+# with an evaluation after batch 3 and at the end. No run_name: each job generates one.
+cli_setup() {
+    head -c 20000 ../shared/data/tinyshakespeare/input.txt >"$tmp/input.txt" || fail "no ../shared/data"
+    "$composer" data tokenize --tokenizer char -q "$tmp/input.txt" -o "$tmp/data" || fail "tokenize"
+    cat >"$tmp/tiny.yaml" <<EOF
+max_duration: 6ba
+eval_interval: 3ba
+eval_subset_num_batches: 2
+progress_bar: false
+device_train_microbatch_size: 2
+model: {name: gpt2, preset: tiny}
+train_loader: {dataset: {type: tokens, dir: $tmp/data}, batch_size: 6}
+eval_loader: {dataset: {type: tokens, dir: $tmp/data}, batch_size: 4}
+optimizer: {name: sgd, lr: 0.5, momentum: 0.9}
+sample: {max_new_tokens: 8}
+EOF
+}
+
 case "$case_" in
 launcher_env_and_stdout_per_rank)
     launch -n 3 --stdout "$tmp/out{rank}of{world_size}.txt" sh -c 'echo "$RANK $LOCAL_RANK $NODE_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_PORT"' \
@@ -27,6 +47,13 @@ launcher_env_and_stdout_per_rank)
     for r in 0 1 2; do
         [ "$(cat "$tmp/out${r}of3.txt")" = "$r $r 0 3 3 29500" ] || fail "rank $r wrote '$(cat "$tmp/out${r}of3.txt")'"
     done
+    # each rank gets a share of the cores unless the environment chose a thread count
+    cores=$(getconf _NPROCESSORS_ONLN); want=$((cores / 2)); [ $want -ge 1 ] || want=1
+    got=$(env -u CM_NUM_THREADS -u OMP_NUM_THREADS "$composer" -n 2 sh -c 'echo "$CM_NUM_THREADS $OMP_NUM_THREADS"' | sort -u)
+    [ "$got" = "$want $want" ] || fail "threads per rank: '$got', want '$want $want' ($cores cores, 2 ranks)"
+    got=$(CM_NUM_THREADS=3 "$composer" -n 2 sh -c 'echo "$CM_NUM_THREADS"' | sort -u)
+    [ "$got" = 3 ] || fail "CM_NUM_THREADS=3 became '$got'"
+    "$composer" -n --help | grep -q "usage: composer -n N" || fail "composer -n --help shows no usage"
     "$composer" -n 2 --stdout "x{rnk}" sh -c true 2>"$tmp/err" && fail "a bad format was accepted"
     grep -q "unknown placeholder '{rnk}'" "$tmp/err" || fail "bad format message: $(cat "$tmp/err")"
     ;;
@@ -111,7 +138,8 @@ timeout_names_missing_rank)
     end=$(date +%s)
     cat "$tmp/out"
     [ $rc -ne 0 ] || fail "exit status 0 after a skipped collective"
-    grep -q "timed out after .* in collective #3 all_reduce" "$tmp/out" || fail "no timeout message naming #3 all_reduce"
+    grep -q "error (CM_ERR_TIMEOUT): .*timed out after .* in collective #3 all_reduce" "$tmp/out" \
+        || fail "no CM_ERR_TIMEOUT message naming #3 all_reduce"
     grep -q "rank 2 did not arrive (last seen entering #2 all_reduce" "$tmp/out" || fail "the message does not name rank 2"
     echo "ended in $((end - start)) s with status $rc"
     ;;
@@ -128,6 +156,110 @@ crashed_rank_shows_error)
     cat "$tmp/out"
     [ $rc -ne 0 ] || fail "exit status 0 after a rank failed"
     grep -q "simulated failure: cannot read shard 7" "$tmp/out" || fail "the failing rank's error is not shown"
+    ;;
+cli_train_equivalence)
+    # `composer -n N train` against a plain `composer train` of the same config.
+    cli_setup
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    # Tolerance 2e-6 relative (absolute below 1), as in train_equivalence: the ranks sum their
+    # microbatch gradients in another order and MPI adds the per-rank sums, so each gradient is
+    # the 1-process one up to a few f32 roundings (~1e-7 relative); 6 SGD steps carry that into
+    # the weights (measured: 1.2e-7 on 2 ranks, 1.5e-7 on 3, 2.1e-7 on 4). The config is plain
+    # SGD with no clipping on purpose: AdamW and norm clipping are invariant to the gradient's
+    # scale and would hide a rank weighting its gradient wrongly, which SGD shows at once (a
+    # rank training alone on all the data, or a per-rank batch of the global size, is off by
+    # more than 1e-2 in the weights).
+    tol=2e-6
+    for n in 2 3; do
+        launch -n $n train "$tmp/tiny.yaml" run_root="$tmp/n$n" >"$tmp/n$n.out" 2>&1 || { cat "$tmp/n$n.out"; fail "train on $n ranks"; }
+        cat "$tmp/n$n.out"
+        # rank 0 alone writes the run folder, and one folder for the job (the generated name agrees)
+        [ "$(ls "$tmp/n$n" | wc -l)" = 1 ] || fail "$n ranks made $(ls "$tmp/n$n" | wc -l) run folders: $(ls "$tmp/n$n")"
+        dir="$tmp/n$n/$(ls "$tmp/n$n")"
+        files=$(cd "$dir" && ls | tr '\n' ' ')
+        [ "$files" = "config.yaml log.txt loss.svg metrics.jsonl model.safetensors sample.txt tokenizer.json " ] \
+            || fail "$n ranks: the run folder holds '$files'"
+        [ "$(grep -c '^trained 6 batches' "$tmp/n$n.out")" = 1 ] || fail "$n ranks: not exactly one 'trained' line (rank 0 speaks)"
+        grep -q "$n ranks (NO_SHARD" "$dir/log.txt" || fail "$n ranks: log.txt does not say how many ranks"
+        [ "$(grep -c '"loss/train/total"' "$dir/metrics.jsonl")" = 6 ] || fail "$n ranks: metrics.jsonl has other than 6 train losses"
+        "$bin/dist_cli_compare" "$tmp/ref/"* "$dir" $tol || fail "$n ranks differ from 1 process"
+    done
+    # eval splits the eval set over the ranks and all-reduces the metric sums: the same metrics
+    ref_dir=$(echo "$tmp/ref/"*)
+    "$composer" eval "$tmp/tiny.yaml" --weights "$ref_dir/model.safetensors" >"$tmp/eval1.out" 2>&1 || { cat "$tmp/eval1.out"; fail "1-process eval"; }
+    launch -n 3 eval "$tmp/tiny.yaml" --weights "$ref_dir/model.safetensors" >"$tmp/eval3.out" 2>&1 || { cat "$tmp/eval3.out"; fail "eval on 3 ranks"; }
+    cat "$tmp/eval3.out"
+    grep metrics/ "$tmp/eval1.out" >"$tmp/m1"
+    grep metrics/ "$tmp/eval3.out" >"$tmp/m3"
+    [ -s "$tmp/m1" ] && cmp -s "$tmp/m1" "$tmp/m3" || fail "eval on 3 ranks printed other metrics: $(cat "$tmp/m3") vs $(cat "$tmp/m1")"
+    ;;
+cli_train_sharding_and_timeout_keys)
+    # parallelism.fsdp.sharding_strategy and dist_timeout from the config
+    cli_setup
+    # a misspelt strategy: one message (not one per rank) naming the key and the valid values
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" parallelism.fsdp.sharding_strategy=FULL_SHRAD >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc = 2 ] || fail "exit status $rc for a bad sharding_strategy (want 2)"
+    [ "$(grep -c 'parallelism.fsdp.sharding_strategy' "$tmp/out")" = 1 ] || fail "the error is not shown exactly once"
+    grep 'parallelism.fsdp.sharding_strategy' "$tmp/out" | grep -q "FULL_SHRAD.*NO_SHARD.*SHARD_GRAD_OP.*FULL_SHARD" \
+        || fail "the message does not list the valid values"
+    [ ! -e "$tmp/runs" ] || fail "a run folder was made for a bad config"
+    # ZeRO-2 and ZeRO-3 from the config: the same training as one process (tolerance as in
+    # cli_train_equivalence: the gradient is the same sum, reduce-scattered instead of
+    # all-reduced), and under FULL_SHARD the parameters are gathered before rank 0 saves and
+    # samples (the sample is the 1-process one; without the gather it would come from zeros)
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    for st in SHARD_GRAD_OP FULL_SHARD; do
+        for n in 2 3; do
+            launch -n $n train "$tmp/tiny.yaml" run_root="$tmp/$st$n" run_name=s parallelism.fsdp.sharding_strategy=$st \
+                >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "$st on $n ranks"; }
+            grep -q "$n ranks ($st" "$tmp/out" || { cat "$tmp/out"; fail "$st on $n ranks: the run line does not say so"; }
+            "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/$st$n/s" 2e-6 || fail "$st on $n ranks differs from 1 process"
+            cmp -s "$tmp/ref/ref/sample.txt" "$tmp/$st$n/s/sample.txt" \
+                || fail "$st on $n ranks sampled '$(cat "$tmp/$st$n/s/sample.txt")', 1 process '$(cat "$tmp/ref/ref/sample.txt")'"
+        done
+    done
+    # eval under FULL_SHARD gathers each unit as its forward reads it: the same metrics
+    "$composer" eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" >"$tmp/eval1.out" 2>&1 || { cat "$tmp/eval1.out"; fail "1-process eval"; }
+    launch -n 2 eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" parallelism.fsdp.sharding_strategy=FULL_SHARD \
+        >"$tmp/eval2.out" 2>&1 || { cat "$tmp/eval2.out"; fail "FULL_SHARD eval on 2 ranks"; }
+    grep metrics/ "$tmp/eval1.out" >"$tmp/m1"
+    grep metrics/ "$tmp/eval2.out" >"$tmp/m2"
+    [ -s "$tmp/m1" ] && cmp -s "$tmp/m1" "$tmp/m2" || fail "FULL_SHARD eval printed $(cat "$tmp/m2"), 1 process $(cat "$tmp/m1")"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" dist_timeout=0 >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -q "dist_timeout: 0 must be > 0" "$tmp/out" || { cat "$tmp/out"; fail "dist_timeout=0: exit $rc"; }
+    ;;
+cli_train_stopped_rank_times_out)
+    # dist_timeout from the config bounds every collective: rank 1 is stopped (SIGSTOP) mid-run,
+    # rank 0 fails its collective after 2 s saying who is missing and exits nonzero, and mpirun
+    # ends the job.
+    cli_setup
+    t0=$(date +%s)
+    timeout -k 5 60 "$composer" -n 2 train "$tmp/tiny.yaml" run_root="$tmp/hang" run_name=h max_duration=1000000ba \
+        eval_interval=0 dist_timeout=2 >"$tmp/out" 2>&1 &
+    job=$!
+    i=0
+    while [ ! -s "$tmp/hang/h/metrics.jsonl" ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+    sleep 0.5
+    stopped=
+    for p in $(pgrep -f "run_root=$tmp/hang"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx RANK=1; then kill -STOP "$p" && stopped=$p; fi
+    done
+    [ -n "$stopped" ] || { kill "$job"; fail "rank 1 not found"; }
+    # once rank 0 has given up, let rank 1 run again so mpirun's SIGTERM ends it at once
+    i=0
+    while ! grep -q "timed out" "$tmp/out" && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -CONT "$stopped" 2>/dev/null
+    wait $job
+    rc=$?
+    cat "$tmp/out"
+    [ $rc -ne 0 ] || fail "exit status 0 with a stopped rank"
+    [ $(($(date +%s) - t0)) -lt 50 ] || fail "the job hung"
+    # SIGSTOP lands between collectives (rank 1 did not arrive) or inside one (every rank entered it)
+    grep -Eq "training failed: .*timed out after 2\.. s \(dist_timeout\) in collective #[0-9]+ .*(rank 1 did not arrive|every rank entered it)" \
+        "$tmp/out" || fail "no timeout message after dist_timeout=2"
     ;;
 *)
     fail "unknown case '$case_'"
