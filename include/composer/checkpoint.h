@@ -113,6 +113,10 @@ const cm_timestamp *cm_checkpoint_timestamp(const cm_checkpoint *ck);
 bool cm_checkpoint_weights_only(const cm_checkpoint *ck);
 /* XXH3-64 of the manifest's "config" object as written (two runs with the same options agree). */
 uint64_t cm_checkpoint_config_digest(const cm_checkpoint *ck);
+/* Whether the checkpoint is sharded (one model and one optimizer file per rank), and the number
+ * of ranks that saved it. */
+bool cm_checkpoint_sharded(const cm_checkpoint *ck);
+int cm_checkpoint_world_size(const cm_checkpoint *ck);
 
 /* One tensor as the manifest lists it. Strings borrowed until close. */
 typedef struct cm_ckpt_tensor {
@@ -123,6 +127,11 @@ typedef struct cm_ckpt_tensor {
     int64_t shape[CM_MAX_DIMS];
     uint64_t nbytes;
     uint64_t xxh3;
+    /* The whole tensor this entry is a piece of, and the piece's element range [begin, end) in it
+     * (row-major). Monolithic files: the tensor itself, [0, numel). */
+    int global_ndim;
+    int64_t global_shape[CM_MAX_DIMS];
+    int64_t begin, end;
 } cm_ckpt_tensor;
 
 /* The number of tensors over all files, and tensor i (files in manifest order, tensors by name).

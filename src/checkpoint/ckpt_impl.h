@@ -49,6 +49,36 @@ bool cmi_json_get_double(const cJSON *o, const char *key, double *out); /* null 
 cJSON *cmi_timestamp_to_json(const cm_timestamp *ts);
 bool cmi_timestamp_from_json(const cJSON *o, cm_timestamp *ts);
 
+/* ---- sharded pieces (reader.c) ---- */
+
+#define CMI_CK_MAX_WORLD 4096 /* ranks a sharded checkpoint may have */
+enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1 };
+
+/* A tensor as a whole, over all its pieces. name borrowed until close. */
+typedef struct cmi_ck_global {
+    const char *name;
+    cm_st_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    int64_t numel;
+    int n_pieces;
+} cmi_ck_global;
+
+/* The tensor `name` among the model (kind 0) or optimizer (kind 1) tensors. */
+bool cmi_ck_find(const cm_checkpoint *ck, int kind, const char *name, cmi_ck_global *out);
+/* The number of distinct tensors of a kind, and the k-th name (sorted). */
+size_t cmi_ck_n_global(const cm_checkpoint *ck, int kind);
+const char *cmi_ck_global_name(const cm_checkpoint *ck, int kind, size_t k);
+/* Copies elements [a, b) of the flattened tensor into dst (NULL: only check), from the pieces
+ * that overlap; each piece it touches is hashed once (per open) and compared with the manifest.
+ * Errors: CM_ERR_NOT_FOUND, CM_ERR_INVALID_ARG (range), CM_ERR_FORMAT (a corrupt piece, named). */
+cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64_t a, int64_t b, void *dst);
+
+/* Rank r's piece [begin, end) of a flat buffer of numel elements over w ranks: chunk =
+ * ceil(numel / w), begin = min(r * chunk, numel), end = min(begin + chunk, numel) (the layout of
+ * cm_shard_span). */
+void cmi_shard_range(int64_t numel, int w, int r, int64_t *begin, int64_t *end);
+
 /* ---- the trainer's saver (trainer_ckpt.c) ---- */
 
 /* One tensor to write: borrowed name, bytes (borrowed or in the job's staging copy). */
