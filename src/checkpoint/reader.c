@@ -467,6 +467,12 @@ bool cmi_ck_find(const cm_checkpoint *ck, int kind, const char *name, cmi_ck_glo
     return true;
 }
 
+bool cmi_ck_has_kind(const cm_checkpoint *ck, int kind) {
+    for (int i = 0; i < ck->n_files; i++)
+        if (ck->files[i].kind == kind) return true;
+    return false;
+}
+
 size_t cmi_ck_n_global(const cm_checkpoint *ck, int kind) {
     size_t n = 0;
     for (size_t i = 0; i < ck->n_tensors; i++) {
