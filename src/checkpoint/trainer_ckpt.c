@@ -120,6 +120,11 @@ cm_status cmi_ckpt_new(cm_trainer *tr, const cm_trainer_config *c) {
             return CM_ERR_OOM;
     }
     if (c->load_path && c->load_path[0] && !(ck->load_path = dup_str(c->load_path))) return CM_ERR_OOM;
+    if (c->dist.world_size > 1 && (ck->save_folder || ck->load_path || ck->autoresume) &&
+        (!c->dist.broadcast || !c->dist.all_gather))
+        return cm_set_error(CM_ERR_INVALID_ARG, "checkpoints in a %d-rank run are collective and need the dist hooks "
+                                                "broadcast and all_gather (cm_dist_trainer_hooks sets them)",
+                            c->dist.world_size);
     cm_status s;
     if ((s = dup_strs(c->load_ignore_keys, c->n_load_ignore_keys, &ck->ignore_keys))) return s;
     ck->n_ignore_keys = c->n_load_ignore_keys > 0 ? c->n_load_ignore_keys : 0;
@@ -426,9 +431,11 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
     job->overwrite = ck->save_overwrite;
     job->update_pointer = update_pointer;
     cm_status s = (!job->folder || !job->name) ? cm_set_error(CM_ERR_OOM, "checkpoint: out of memory") : CM_OK;
-    if (!s) s = build_manifest(tr, weights_only, &job->manifest);
+    const bool sharded = cmi_multi(tr) && tr->dist.n_shard_spans > 0;
+    if (!s && (!sharded || tr->dist.rank == 0)) s = build_manifest(tr, weights_only, &job->manifest);
     cm_module *root = cm_model_module(tr->st.model);
-    if (!s) {
+    if (!s && sharded) s = cmi_shard_job_tensors(tr, job, weights_only);
+    if (!s && !sharded) {
         int64_t np = cm_module_n_params(root), nb = cm_module_n_buffers(root);
         snprintf(job->fnames[0], sizeof job->fnames[0], "%s", CM_CKPT_MODEL_FILE);
         job->tensors[0] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)(np + nb + 1), 16);
@@ -447,7 +454,7 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
         }
         job->n_files = 1;
     }
-    if (!s && !weights_only) {
+    if (!s && !sharded && !weights_only) {
         const cm_optim *o = tr->st.optimizer;
         int n = cm_optim_n_state(o);
         snprintf(job->fnames[1], sizeof job->fnames[1], "%s", CM_CKPT_OPTIM_FILE);
@@ -767,10 +774,142 @@ cm_status cmi_ckpt_wait(cm_trainer *tr) {
     return CM_OK;
 }
 
+/* Re-reads the files this rank wrote and compares every tensor with what it meant to write. */
+static cm_status verify_written(const char *dir, const cJSON *files) {
+    const cJSON *fo;
+    cJSON_ArrayForEach(fo, files) {
+        char *path = cmi_path_join(dir, fo->string);
+        cm_safetensors *st = NULL;
+        cm_status s = path ? cm_safetensors_open(path, &st) : CM_ERR_OOM;
+        int64_t size = -1;
+        cmi_json_get_i64(fo, "size", &size);
+        if (!s && (int64_t)cm_safetensors_file_len(st) != size)
+            s = cm_set_error(CM_ERR_IO, "'%s' has %zu bytes on disk, %lld were written", path,
+                             cm_safetensors_file_len(st), (long long)size);
+        const cJSON *te;
+        cJSON_ArrayForEach(te, cJSON_GetObjectItemCaseSensitive(fo, "tensors")) {
+            if (s) break;
+            const cm_st_tensor *ft = cm_safetensors_find(st, te->string);
+            const cJSON *hx = cJSON_GetObjectItemCaseSensitive(te, "xxh3");
+            char hex[17];
+            if (ft) snprintf(hex, sizeof hex, "%016" PRIx64, cm_hash64(ft->data, ft->nbytes, 0));
+            if (!ft || !cJSON_IsString(hx) || strcmp(hx->valuestring, hex))
+                s = cm_set_error(CM_ERR_IO, "'%s': tensor '%s' did not read back as written", path, te->string);
+        }
+        cm_safetensors_close(st);
+        cm_free(path);
+        if (s) return s;
+    }
+    return CM_OK;
+}
+
+/* A save in a multi-rank run; every rank calls it at the same point. Replicated parameters: rank
+ * 0 writes a monolithic checkpoint, the others wait for the outcome. Sharded: rank 0 makes the
+ * temporary directory, every rank writes, fsyncs and re-reads its own files there and sends
+ * their description (or its error) to all; rank 0 writes the manifest last and commits only if
+ * every rank succeeded; the outcome (and a failure's message, naming the rank) is the same on
+ * every rank. */
+static cm_status save_collective(cm_trainer *tr, const char *folder_in, const char *name_in, bool update_pointer) {
+    cmi_ckpt *ck = tr->ckpt;
+    const int rank = tr->dist.rank, w = tr->dist.world_size;
+    const bool sharded = tr->dist.n_shard_spans > 0;
+    struct {
+        char folder[4096];
+        char name[320];
+    } where;
+    snprintf(where.folder, sizeof where.folder, "%s", folder_in);
+    snprintf(where.name, sizeof where.name, "%s", name_in);
+    cm_status s = cmi_dist_bcast(tr, &where, sizeof where); /* rank 0's ({rank} in a name would differ) */
+    if (s) return s;
+    const char *folder = where.folder, *name = where.name;
+    char final[4500];
+    snprintf(final, sizeof final, "%s/%s", folder, name);
+    cmi_ck_job *job = NULL;
+    cm_status mine = build_job(tr, folder, name, update_pointer, false, &job);
+    if (!sharded) {
+        if (!mine && rank == 0) mine = cmi_ck_job_run(ck, job);
+        cmi_ck_job_free(job);
+        s = cmi_dist_agree(tr, mine, "checkpoint save");
+        if (!s && rank != 0) {
+            cm_free(ck->last_path);
+            ck->last_path = dup_str(final);
+        }
+        return s;
+    }
+    ck_paths p = {0};
+    if (!mine && rank == 0) mine = job_prepare(job, &p);
+    if ((s = cmi_dist_agree(tr, mine, "checkpoint save"))) goto out;
+    char tmp[4500] = "";
+    if (rank == 0) snprintf(tmp, sizeof tmp, "%s", p.tmp);
+    if ((s = cmi_dist_bcast(tr, tmp, sizeof tmp))) goto out;
+
+    /* this rank's files */
+    cJSON *files = cJSON_CreateObject();
+    mine = files ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    for (int f = 0; !mine && f < job->n_files; f++)
+        mine = write_file(tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    if (!mine) mine = verify_written(tmp, files);
+    if (!mine && cmi_ckpt_fault_hook) mine = cmi_ckpt_fault_hook("shard_written", rank);
+    char *text = mine ? NULL : cJSON_PrintUnformatted(files);
+    if (!mine && !text) mine = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    cm_status *sv;
+    char **tv;
+    s = cmi_dist_gather(tr, mine, mine ? cm_last_error() : text, &sv, &tv);
+    cJSON_free(text);
+    cJSON_Delete(files);
+    if (s) goto out; /* a rank is gone: nothing is committed (rank 0 removes the directory) */
+    for (int r = 0; r < w && !s; r++)
+        if (sv[r])
+            s = cm_set_error(sv[r], "checkpoint '%s' was not saved (previous checkpoints are intact): rank %d of %d: %s",
+                             final, r, w, tv[r]);
+    if (!s && rank == 0) {
+        /* every rank's files, then the manifest last */
+        cJSON *all = cJSON_CreateObject();
+        mine = all && add(job->manifest, "files", all) ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        for (int r = 0; !mine && r < w; r++) {
+            cJSON *fr = cJSON_Parse(tv[r]), *fo;
+            if (!fr) mine = cm_set_error(CM_ERR_FORMAT, "checkpoint: rank %d's file list is not JSON", r);
+            while (!mine && fr && (fo = fr->child)) {
+                cJSON_DetachItemViaPointer(fr, fo);
+                char *k = fo->string;
+                fo->string = NULL;
+                if (!cJSON_AddItemToObject(all, k, fo)) {
+                    cJSON_Delete(fo);
+                    mine = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+                }
+                cJSON_free(k);
+            }
+            cJSON_Delete(fr);
+        }
+        if (!mine) mine = job_commit(ck, job, &p, false);
+    }
+    if (!s) s = cmi_dist_agree(tr, rank == 0 ? mine : CM_OK, "checkpoint save");
+    cmi_dist_gather_free(sv, tv);
+    if (!s && rank != 0) {
+        cm_free(ck->last_path);
+        ck->last_path = dup_str(final);
+    }
+out:
+    paths_free(&p); /* removes the temporary directory unless committed */
+    cmi_ck_job_free(job);
+    return s;
+}
+
 static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool allow_async) {
     cmi_ckpt *ck = tr->ckpt;
     cm_status s = cmi_ckpt_wait(tr); /* one save at a time: the extra memory is one snapshot */
     if (s) return s;
+    if (cmi_multi(tr)) {
+        if (allow_async && ck->save_async && !ck->warned_async_size) {
+            cm_log_msg(CM_LOG_INFO, "checkpoint: save_async saves synchronously in a multi-rank run (a save is a "
+                                    "collective: the ranks write their pieces and agree before rank 0 commits, and the "
+                                    "communicator belongs to the training thread)");
+            ck->warned_async_size = true;
+        }
+        ck->last_saved_batch = tr->st.ts.batch;
+        ck->last_saved_epoch = tr->st.ts.epoch;
+        return save_collective(tr, folder, name, update_pointer);
+    }
     bool async = allow_async && ck->save_async;
     if (async) {
         size_t need = snapshot_bytes(tr);
@@ -1090,7 +1229,22 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
     if (!ck) return CM_OK;
     if (ck->autoresume) {
         cm_checkpoint_search srch;
-        cm_status s = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+        memset(&srch, 0, sizeof srch);
+        /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
+         * instants) */
+        struct {
+            int32_t status;
+            char msg[1500];
+        } res = {0, ""};
+        if (tr->dist.rank == 0) {
+            res.status = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+            if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
+        }
+        cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
+        if (!bs) bs = cmi_dist_bcast(tr, &srch, sizeof srch);
+        if (bs) return bs;
+        cm_status s = (cm_status)res.status;
+        if (s) cm_set_error(s, "%s", res.msg);
         if (s == CM_OK) {
             if (srch.n_rejected)
                 cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
