@@ -519,6 +519,21 @@ static size_t snapshot_bytes(cm_trainer *tr) {
  * The commit
  * ------------------------------------------------------------------------------------------- */
 
+/* Whether process pid is gone: no such process, or a zombie (killed, not yet reaped: a killed
+ * job's ranks can stay so for a moment after the launcher returned, and a zombie never writes). */
+static bool process_gone(long pid) {
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." where comm may hold spaces */
+    return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
 /* Removes ".tmp-<pid>-..." / ".old-<pid>-..." directories whose process is gone (killed saves). */
 static void sweep_stale(const char *folder) {
     DIR *d = opendir(folder);
@@ -527,7 +542,7 @@ static void sweep_stale(const char *folder) {
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, ".tmp-", 5) && strncmp(e->d_name, ".old-", 5)) continue;
         long pid = strtol(e->d_name + 5, NULL, 10);
-        if (pid <= 0 || pid == (long)getpid() || !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        if (pid <= 0 || pid == (long)getpid() || !process_gone(pid)) continue;
         char *p = cmi_path_join(folder, e->d_name);
         if (p && cmi_remove_tree(p)) cm_log_msg(CM_LOG_INFO, "checkpoint: removed '%s', left by a save that was killed", p);
         cm_free(p);
