@@ -316,8 +316,7 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
               add(lib, "git_commit", cJSON_CreateString(CM_GIT_COMMIT)) && add(m, "created", cJSON_CreateString(created)) &&
               add(m, "run_name", cJSON_CreateString(st->run_name)) &&
               add(m, "world_size", cJSON_CreateNumber(st->world_size)) &&
-              add(m, "layout", cJSON_CreateString(tr->dist.n_shard_spans > 0 && st->world_size > 1 ? "sharded"
-                                                                                                     : "monolithic")) &&
+              add(m, "layout", cJSON_CreateString(tr->dist.n_shard_spans > 0 ? "sharded" : "monolithic")) &&
               add(m, "weights_only", cJSON_CreateBool(weights_only)) && add(m, "config", config_json(tr)) &&
               add(m, "timestamp", cmi_timestamp_to_json(&st->ts)) && add(m, "max_duration", time_json(st->max_duration));
     if (!ok && lib && !cJSON_GetObjectItemCaseSensitive(m, "library")) cJSON_Delete(lib);
@@ -431,7 +430,7 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
     job->overwrite = ck->save_overwrite;
     job->update_pointer = update_pointer;
     cm_status s = (!job->folder || !job->name) ? cm_set_error(CM_ERR_OOM, "checkpoint: out of memory") : CM_OK;
-    const bool sharded = cmi_multi(tr) && tr->dist.n_shard_spans > 0;
+    const bool sharded = tr->dist.n_shard_spans > 0; /* also on one rank: FULL_SHARD's buffers are not valid at rest */
     if (!s && (!sharded || tr->dist.rank == 0)) s = build_manifest(tr, weights_only, &job->manifest);
     cm_module *root = cm_model_module(tr->st.model);
     if (!s && sharded) s = cmi_shard_job_tensors(tr, job, weights_only);

@@ -275,7 +275,7 @@ int main(int argc, char **argv) {
     cm_dist *dp;
     TRY(cm_dist_new(comm, model, NULL, &dp));
 
-    zero2 z = {comm, dp, cm_model_module(model), NULL, 0, NULL, shard && world > 1};
+    zero2 z = {comm, dp, cm_model_module(model), NULL, 0, NULL, shard};
     z.n = cm_module_n_units(z.root);
     z.spans = calloc((size_t)z.n, sizeof *z.spans);
     int64_t maxn = 1;
@@ -330,7 +330,7 @@ int main(int argc, char **argv) {
     cfg.autoresume = autoresume;
     cfg.handle_signals = false;
     cm_dist_trainer_hooks(dp, &cfg);
-    if (world > 1) {
+    if (world > 1 || z.sharded) {
         cfg.dist.all_reduce_sum = z_all_reduce_sum;
         cfg.dist.barrier = z_barrier;
         cfg.dist.broadcast = z_broadcast;

@@ -100,6 +100,11 @@ ckpt_elastic_resume)
     done
     env -u OMPI_COMM_WORLD_SIZE "$ck" "$tmp/r1.txt" --load "$tmp/A/ep0-ba4" || fail "resuming on 1 process"
     "$ck" --compare "$tmp/ref.txt" "$tmp/r1.txt" $tol || fail "4 ranks -> 1 process differs from the uninterrupted run"
+    # and up: a 1-process sharded save (one pair of rank files) resumed on 3 ranks
+    env -u OMPI_COMM_WORLD_SIZE "$ck" "$tmp/s1.txt" --shard --save "$tmp/S" --max 4ba || fail "1-process sharded run"
+    [ -f "$tmp/S/ep0-ba4/model-rank0-of-1.safetensors" ] || fail "no rank file in the 1-process sharded save"
+    launch -n 3 "$ck" "$tmp/s3.txt" --shard --load "$tmp/S/ep0-ba4" || fail "1 -> 3 ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/s3.txt" $tol || fail "1 -> 3 ranks differs from the uninterrupted run"
     ;;
 ckpt_monolithic_sharded)
     # A replicated (NO_SHARD) multi-rank run: rank 0 alone writes one monolithic checkpoint.
