@@ -839,9 +839,9 @@ static cm_status save_collective(cm_trainer *tr, const char *folder_in, const ch
     char final[4500];
     snprintf(final, sizeof final, "%s/%s", folder, name);
     cmi_ck_job *job = NULL;
-    cm_status mine = build_job(tr, folder, name, update_pointer, false, &job);
+    cm_status mine = CM_OK;
     if (!sharded) {
-        if (!mine && rank == 0) mine = cmi_ck_job_run(ck, job);
+        if (rank == 0 && !(mine = build_job(tr, folder, name, update_pointer, false, &job))) mine = cmi_ck_job_run(ck, job);
         cmi_ck_job_free(job);
         s = cmi_dist_agree(tr, mine, "checkpoint save");
         if (!s && rank != 0) {
@@ -851,6 +851,7 @@ static cm_status save_collective(cm_trainer *tr, const char *folder_in, const ch
         return s;
     }
     ck_paths p = {0};
+    mine = build_job(tr, folder, name, update_pointer, false, &job);
     if (!mine && rank == 0) mine = job_prepare(job, &p);
     if ((s = cmi_dist_agree(tr, mine, "checkpoint save"))) goto out;
     char tmp[4500] = "";
