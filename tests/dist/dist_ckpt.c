@@ -11,6 +11,7 @@
  *
  *   dist_ckpt OUT [--shard] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
  *                 [--batch 10] [--max 12ba] [--fault kill|fail:RANK:NTH]
+ *                 [--save-weights-only] [--load-weights-only]
  *       train a 3-layer MLP; rank 0 writes "L <batch> <loss>" per batch and "P <value>" for
  *       every final parameter to OUT, and "R <path>" for the checkpoint it resumed from.
  *       --fault: rank RANK dies (SIGKILL) or fails at its NTH collective save, after writing
@@ -223,12 +224,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *out = argv[1], *save = NULL, *interval = "4ba", *load = NULL, *max = "12ba";
-    bool shard = false, autoresume = false;
+    bool shard = false, autoresume = false, save_wo = false, load_wo = false;
     int64_t batch = 10;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--shard")) shard = true;
         else if (!strcmp(a, "--autoresume")) autoresume = true;
+        else if (!strcmp(a, "--save-weights-only")) save_wo = true;
+        else if (!strcmp(a, "--load-weights-only")) load_wo = true;
         else if (!strcmp(a, "--save") && v) save = v, i++;
         else if (!strcmp(a, "--interval") && v) interval = v, i++;
         else if (!strcmp(a, "--load") && v) load = v, i++;
@@ -328,6 +331,8 @@ int main(int argc, char **argv) {
     cfg.save_interval_str = interval;
     cfg.load_path = load;
     cfg.autoresume = autoresume;
+    cfg.save_weights_only = save_wo;
+    cfg.load_weights_only = load_wo;
     cfg.handle_signals = false;
     cm_dist_trainer_hooks(dp, &cfg);
     if (world > 1 || z.sharded) {

@@ -124,6 +124,13 @@ ckpt_monolithic_sharded)
     "$composer" ckpt export "$tmp/A/ep0-ba4" -o "$tmp/a.safetensors" || fail "export of a sharded checkpoint"
     "$composer" ckpt export "$tmp/B/ep0-ba4" -o "$tmp/b.safetensors" || fail "export of a monolithic checkpoint"
     cmp "$tmp/a.safetensors" "$tmp/b.safetensors" || fail "the sharded export differs from the monolithic one"
+    # weights only: model rank files alone; they load into a replicated run on 2 ranks
+    launch -n 3 "$ck" "$tmp/w.txt" --shard --save "$tmp/W" --max 4ba --save-weights-only || fail "weights-only save"
+    [ "$(ls "$tmp/W/ep0-ba4" | grep -c optimizer)" = 0 ] && [ -f "$tmp/W/ep0-ba4/model-rank2-of-3.safetensors" ] \
+        || fail "weights-only files: $(ls "$tmp/W/ep0-ba4")"
+    "$composer" ckpt verify "$tmp/W/ep0-ba4" || fail "verify of a weights-only sharded checkpoint"
+    launch -n 2 "$ck" "$tmp/w2.txt" --load "$tmp/W/ep0-ba4" --max 1ba || fail "loading weights-only pieces"
+    grep -q "^R $tmp/W/ep0-ba4" "$tmp/w2.txt" || fail "the weights were not loaded"
     ;;
 ckpt_killed_rank_commits_nothing)
     # Rank 2 is killed during the second save, after writing its files: the job ends, nothing
