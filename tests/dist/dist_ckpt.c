@@ -7,9 +7,12 @@
  * the full gradients (as DDP) and copies this rank's range into span.grads; the optimizer (Adam)
  * holds only the spans, so its state is sharded too; sync_params all-reduces zero-filled copies
  * of every rank's piece (exact: x + 0 = x), so every rank's model has all updated parameters. The
- * trainer does not call sync_params after the step yet, so a BATCH_END callback does.
+ * trainer does not call sync_params after the step yet, so a BATCH_END callback does. --full is
+ * FULL_SHARD-like: the spans are separate master copies, the model's flat buffers are NaN at rest
+ * (gathered at BATCH_START, poisoned at BATCH_END), so a checkpoint that read or wrote the flat
+ * buffers instead of the spans would show.
  *
- *   dist_ckpt OUT [--shard] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
+ *   dist_ckpt OUT [--shard | --full] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
  *                 [--batch 10] [--max 12ba] [--fault kill|fail:RANK:NTH]
  *                 [--save-weights-only] [--load-weights-only]
  *       train a 3-layer MLP; rank 0 writes "L <batch> <loss>" per batch and "P <value>" for
@@ -82,6 +85,8 @@ typedef struct zero2 {
     int n;
     float *tmp;
     bool sharded;
+    bool full; /* FULL_SHARD-like: span.params are separate master copies, the flat buffers hold
+                  NaN at rest (gathered at BATCH_START, poisoned at BATCH_END) */
 } zero2;
 
 static cm_status z_all_reduce_sum(double *v, int n, void *data) { return cm_comm_all_reduce_sum_f64(((zero2 *)data)->comm, v, n); }
@@ -124,8 +129,14 @@ typedef struct rec {
 
 static cm_status rec_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
     rec *r = self;
+    if (ev == CM_EVENT_BATCH_START && r->z->full) return z_sync_params((cm_state *)st, r->z);
     if (ev != CM_EVENT_BATCH_END) return CM_OK;
-    if (r->z->sharded) {
+    if (r->z->full) {
+        for (int i = 0; i < r->z->n; i++) {
+            const cm_unit_info *ui = cm_module_unit(r->z->root, i);
+            for (int64_t k = 0; k < ui->numel; k++) ui->params[k] = NAN;
+        }
+    } else if (r->z->sharded) {
         cm_status s = z_sync_params((cm_state *)st, r->z);
         if (s) return s;
     }
@@ -224,11 +235,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *out = argv[1], *save = NULL, *interval = "4ba", *load = NULL, *max = "12ba";
-    bool shard = false, autoresume = false, save_wo = false, load_wo = false;
+    bool shard = false, full = false, autoresume = false, save_wo = false, load_wo = false;
     int64_t batch = 10;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--shard")) shard = true;
+        else if (!strcmp(a, "--full")) shard = full = true;
         else if (!strcmp(a, "--autoresume")) autoresume = true;
         else if (!strcmp(a, "--save-weights-only")) save_wo = true;
         else if (!strcmp(a, "--load-weights-only")) load_wo = true;
@@ -278,7 +290,7 @@ int main(int argc, char **argv) {
     cm_dist *dp;
     TRY(cm_dist_new(comm, model, NULL, &dp));
 
-    zero2 z = {comm, dp, cm_model_module(model), NULL, 0, NULL, shard};
+    zero2 z = {comm, dp, cm_model_module(model), NULL, 0, NULL, shard, full};
     z.n = cm_module_n_units(z.root);
     z.spans = calloc((size_t)z.n, sizeof *z.spans);
     int64_t maxn = 1;
@@ -287,7 +299,12 @@ int main(int argc, char **argv) {
         const int64_t chunk = (ui->numel + world - 1) / world;
         int64_t b = rank * chunk < ui->numel ? rank * chunk : ui->numel;
         int64_t e = b + chunk < ui->numel ? b + chunk : ui->numel;
-        z.spans[u] = (cm_shard_span){u, b, e, ui->params + b, calloc((size_t)(e - b + 1), sizeof(float))};
+        float *master = ui->params + b;
+        if (full) {
+            master = calloc((size_t)(e - b + 1), sizeof(float));
+            memcpy(master, ui->params + b, sizeof(float) * (size_t)(e - b));
+        }
+        z.spans[u] = (cm_shard_span){u, b, e, master, calloc((size_t)(e - b + 1), sizeof(float))};
         if (ui->numel > maxn) maxn = ui->numel;
     }
     z.tmp = calloc((size_t)maxn, sizeof(float));
@@ -346,12 +363,14 @@ int main(int argc, char **argv) {
             cfg.dist.sync_params = z_sync_params;
             cfg.dist.shard_spans = z.spans;
             cfg.dist.n_shard_spans = z.n;
+            cfg.dist.params_sharded = z.full;
         }
     }
     cm_trainer *tr;
     TRY(cm_trainer_new(&cfg, &tr));
     if (f && cm_trainer_resumed_from(tr)) fprintf(f, "R %s\n", cm_trainer_resumed_from(tr));
     TRY(cm_trainer_fit(tr, NULL));
+    if (z.full) TRY(z_sync_params(NULL, &z)); /* gather the final parameters */
     if (f) {
         for (int u = 0; u < z.n; u++) {
             const cm_unit_info *ui = cm_module_unit(z.root, u);
@@ -367,7 +386,10 @@ int main(int argc, char **argv) {
     cm_dataloader_free(dl);
     cm_dataset_free(ds);
     cm_model_free(model);
-    for (int u = 0; u < z.n; u++) free(z.spans[u].grads);
+    for (int u = 0; u < z.n; u++) {
+        free(z.spans[u].grads);
+        if (z.full) free(z.spans[u].params);
+    }
     free(z.spans);
     free(z.tmp);
     cm_comm_free(comm);

@@ -132,6 +132,21 @@ ckpt_monolithic_sharded)
     launch -n 2 "$ck" "$tmp/w2.txt" --load "$tmp/W/ep0-ba4" --max 1ba || fail "loading weights-only pieces"
     grep -q "^R $tmp/W/ep0-ba4" "$tmp/w2.txt" || fail "the weights were not loaded"
     ;;
+ckpt_full_shard_params_only_in_spans)
+    # FULL_SHARD-like: the parameters at rest are only in the spans (the model's flat buffers
+    # are NaN between batches), so saves must read the spans and loads must write them and call
+    # sync_params. Same math as SHARD_GRAD_OP: bit-equal to it uninterrupted; resumed on 3
+    # (FULL_SHARD-like) and on 2 (replicated) within the tolerance of ckpt_elastic_resume.
+    tol=2e-6
+    ck=$bin/dist_ckpt
+    launch -n 4 "$ck" "$tmp/ref.txt" --shard || fail "the 4-rank sharded run"
+    launch -n 4 "$ck" "$tmp/full.txt" --full --save "$tmp/F" || fail "the 4-rank FULL_SHARD-like run"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/full.txt" 0 || fail "FULL_SHARD-like and SHARD_GRAD_OP-like runs differ"
+    launch -n 3 "$ck" "$tmp/f3.txt" --full --load "$tmp/F/ep0-ba4" || fail "4 -> 3 FULL_SHARD-like ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/f3.txt" $tol || fail "4 -> 3 FULL_SHARD-like differs"
+    launch -n 2 "$ck" "$tmp/f2.txt" --load "$tmp/F/ep0-ba4" || fail "4 FULL_SHARD-like -> 2 replicated ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/f2.txt" $tol || fail "4 FULL_SHARD-like -> 2 replicated differs"
+    ;;
 ckpt_killed_rank_commits_nothing)
     # Rank 2 is killed during the second save, after writing its files: the job ends, nothing
     # of that save is committed, and autoresume on 2 ranks continues from the first checkpoint.
