@@ -141,6 +141,15 @@ static bool optim_piece(const cm_trainer *tr, const cm_optim_state_entry *en, in
     return false;
 }
 
+/* Under sharding every f32 state entry must be a span's piece: one that is not (an optimizer
+ * built over other spans) would be saved from rank 0 alone and lose the other ranks' state. */
+static cm_status unmapped(const cm_trainer *tr, const char *name) {
+    return cm_set_error(CM_ERR_STATE, "checkpoint: optimizer state '%s' is not this rank's piece of a wrap unit (rank "
+                                      "%d): under sharding the optimizer must be built over cm_dist_optim_spans (one "
+                                      "span per unit, named by the unit)",
+                        name, tr->dist.rank);
+}
+
 static cmi_ck_tensor *push(cmi_ck_job *job, int f, int *cap) {
     if (job->n_tensors[f] == cap[f]) {
         int nc = cap[f] ? 2 * cap[f] : 32;
@@ -218,6 +227,7 @@ cm_status cmi_shard_job_tensors(cm_trainer *tr, cmi_ck_job *job, bool weights_on
         cm_optim_state_get(o, i, &en);
         int64_t g, b, e;
         const bool piece = optim_piece(tr, &en, &g, &b, &e);
+        if (!piece && en.dtype == CM_DTYPE_F32) return unmapped(tr, en.name);
         if ((!piece && rank != 0) || e <= b) continue;
         PUSH(1, t);
         set_piece(t, en.name, cm_st_dtype_from_cm(en.dtype), 1, &g, b, e, en.data);
@@ -366,7 +376,7 @@ cm_status cmi_ld_plan_build(cm_trainer *tr, cm_checkpoint *c, bool weights_only,
         cm_optim_state_entry en;
         cm_optim_state_get(o, i, &en);
         int64_t gn, b, e;
-        optim_piece(tr, &en, &gn, &b, &e);
+        if (!optim_piece(tr, &en, &gn, &b, &e) && spans && en.dtype == CM_DTYPE_F32) return unmapped(tr, en.name);
         if (!cmi_ck_find(c, CMI_CK_KIND_OPTIM, en.name, &g) || g.dtype != cm_st_dtype_from_cm(en.dtype) || g.numel != gn)
             return cm_set_error(CM_ERR_STATE, "checkpoint '%s': optimizer state '%s' %s", path, en.name,
                                 cmi_ck_find(c, CMI_CK_KIND_OPTIM, en.name, &g)
