@@ -70,9 +70,13 @@ cm_status cmi_dist_gather(cm_trainer *tr, cm_status mine, const char *text, cm_s
     if (multi) s = tr->dist.all_gather(me, hdr, (int64_t)sizeof me, tr->dist.data);
     else memcpy(hdr, me, sizeof me);
     int64_t mx = 1;
-    for (int r = 0; !s && r < w; r++)
-        if (hdr[2 * r + 1] < 0 || hdr[2 * r + 1] > ((int64_t)1 << 30)) s = cm_set_error(CM_ERR_FORMAT, "checkpoint: rank %d sent a bad length", r);
-        else if (hdr[2 * r + 1] + 1 > mx) mx = hdr[2 * r + 1] + 1;
+    for (int r = 0; !s && r < w; r++) {
+        const int64_t len = hdr[2 * r + 1];
+        if (len < 0 || len > ((int64_t)1 << 30))
+            s = cm_set_error(CM_ERR_FORMAT, "checkpoint: rank %d sent a text of %lld bytes", r, (long long)len);
+        else if (len + 1 > mx)
+            mx = len + 1;
+    }
     char *pad = NULL, *blob = NULL, **tv = NULL;
     cm_status *sv = NULL;
     if (!s) {
