@@ -99,10 +99,22 @@ static cm_status read_pointer(const char *folder, const char *latest_name, char 
 /* The kind of a checkpoint file from its name: optimizer state or model. */
 static int file_kind(const char *name) { return strncmp(name, "optimizer", 9) ? CMI_CK_KIND_MODEL : CMI_CK_KIND_OPTIM; }
 
+/* The number of elements of a shape; -1 for a negative dimension or an overflow. */
 static int64_t prod(const int64_t *shape, int ndim) {
     int64_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= shape[d];
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0 || __builtin_mul_overflow(n, shape[d], &n)) return -1;
     return n;
+}
+
+/* A JSON number that is a whole count in [0, 2^53] (larger doubles are not exact, and converting
+ * an out-of-range double to an integer is undefined). */
+static bool json_count(const cJSON *e, int64_t *out) {
+    if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= 9007199254740992.0) ||
+        e->valuedouble != (double)(int64_t)e->valuedouble)
+        return false;
+    *out = (int64_t)e->valuedouble;
+    return true;
 }
 
 static int piece_cmp_ck(const cm_checkpoint *ck, size_t x, size_t y) {
@@ -261,25 +273,19 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
             ct->nbytes = (uint64_t)nb;
             ct->xxh3 = h;
             ct->ndim = cJSON_GetArraySize(sh);
-            for (int d = 0; d < ct->ndim; d++) {
-                const cJSON *e = cJSON_GetArrayItem(sh, d);
-                ct->shape[d] = cJSON_IsNumber(e) ? (int64_t)e->valuedouble : -1;
-            }
+            for (int d = 0; d < ct->ndim; d++)
+                if (!json_count(cJSON_GetArrayItem(sh, d), &ct->shape[d])) ct->shape[d] = -1;
             const int64_t numel = prod(ct->shape, ct->ndim);
+            if (numel < 0)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' has a malformed shape", path,
+                                    ct->name, cf->name);
             if (gs) {
                 ct->global_ndim = cJSON_GetArraySize(gs);
                 bool ok = true;
-                for (int d = 0; d < ct->global_ndim; d++) {
-                    const cJSON *e = cJSON_GetArrayItem(gs, d);
-                    ok &= cJSON_IsNumber(e) && e->valuedouble >= 0;
-                    ct->global_shape[d] = ok ? (int64_t)e->valuedouble : 0;
-                }
-                const cJSON *b0 = cJSON_GetArrayItem(rg, 0), *b1 = cJSON_GetArrayItem(rg, 1);
-                ok = ok && cJSON_IsNumber(b0) && cJSON_IsNumber(b1);
-                ct->begin = ok ? (int64_t)b0->valuedouble : -1;
-                ct->end = ok ? (int64_t)b1->valuedouble : -1;
-                if (!ok || ct->begin < 0 || ct->end < ct->begin || ct->end > prod(ct->global_shape, ct->global_ndim) ||
-                    ct->end - ct->begin != numel)
+                for (int d = 0; d < ct->global_ndim; d++) ok = ok && json_count(cJSON_GetArrayItem(gs, d), &ct->global_shape[d]);
+                ok = ok && json_count(cJSON_GetArrayItem(rg, 0), &ct->begin) && json_count(cJSON_GetArrayItem(rg, 1), &ct->end);
+                const int64_t gtotal = ok ? prod(ct->global_shape, ct->global_ndim) : -1;
+                if (!ok || gtotal < 0 || ct->end < ct->begin || ct->end > gtotal || ct->end - ct->begin != numel)
                     return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s': its range [%lld, %lld) "
                                                        "does not fit its global shape or its %lld elements",
                                         path, ct->name, cf->name, (long long)ct->begin, (long long)ct->end,
