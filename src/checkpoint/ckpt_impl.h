@@ -51,7 +51,7 @@ bool cmi_timestamp_from_json(const cJSON *o, cm_timestamp *ts);
 
 /* ---- sharded pieces (reader.c) ---- */
 
-#define CMI_CK_MAX_WORLD 4096 /* ranks a sharded checkpoint may have */
+#define CMI_CK_MAX_WORLD 65536 /* ranks a sharded checkpoint may have */
 enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1 };
 
 /* A tensor as a whole, over all its pieces. name borrowed until close. */

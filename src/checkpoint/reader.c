@@ -17,6 +17,7 @@
 #define CMI_MANIFEST_MAX (64u << 20)
 #define CMI_MAX_FILES (2 * CMI_CK_MAX_WORLD + 2)
 
+
 typedef struct ck_file {
     char *name;
     char *path;
@@ -183,6 +184,9 @@ static cm_status check_tiling(cm_checkpoint *ck, const char *path) {
     return CM_OK;
 }
 
+static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSON *files, size_t total,
+                                 unsigned char *seen);
+
 static cm_status parse_files(cm_checkpoint *ck, const char *path) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(ck->root, "files");
     if (!cJSON_IsObject(files))
@@ -200,6 +204,17 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
     }
     if (nf > CMI_MAX_FILES)
         return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': more than %d files listed", path, CMI_MAX_FILES);
+    unsigned char *seen = cm_alloc_zeroed(ck->sharded ? 2 * (size_t)ck->world_size : 1, 16); /* (rank, kind) listed */
+    if (!seen) return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
+    cm_status s = parse_file_list(ck, path, files, total, seen);
+    cm_free(seen);
+    return s;
+}
+
+static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSON *files, size_t total,
+                                 unsigned char *seen) {
+    const cJSON *f;
+    const int nf = cJSON_GetArraySize(files);
     ck->tensors = cm_alloc_zeroed(sizeof *ck->tensors * (total ? total : 1), 16);
     ck->tkind = cm_alloc_zeroed(sizeof *ck->tkind * (total ? total : 1), 16);
     ck->tst = cm_alloc_zeroed(sizeof *ck->tst * (total ? total : 1), 16);
@@ -224,6 +239,7 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
                 return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file '%s' is not a rank file of this %d-rank "
                                                    "checkpoint (model-rank<r>-of-%d.safetensors or optimizer-...)",
                                     path, cf->name, ck->world_size, ck->world_size);
+            seen[2 * r + cf->kind] = 1;
         }
         int64_t size;
         if (!cmi_json_get_i64(f, "size", &size) || size < 0)
@@ -315,9 +331,7 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
             for (int k = 0; k < (wo ? 1 : 2); k++) {
                 char want[96];
                 snprintf(want, sizeof want, "%s-rank%d-of-%d.safetensors", k ? "optimizer" : "model", r, ck->world_size);
-                bool seen = false;
-                for (int i = 0; !seen && i < ck->n_files; i++) seen = !strcmp(ck->files[i].name, want);
-                if (!seen)
+                if (!seen[2 * r + k])
                     return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' (saved by %d ranks) does not list '%s': it is "
                                                        "incomplete",
                                         path, ck->world_size, want);
@@ -410,9 +424,15 @@ cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
         return fail(ck, CM_ERR_FORMAT);
     }
     ck->sharded = lay && !strcmp(lay->valuestring, "sharded");
+    /* provenance for a monolithic checkpoint; the number of rank files for a sharded one */
     if (cJSON_GetObjectItemCaseSensitive(ck->root, "world_size") &&
-        (!cmi_json_get_i64(ck->root, "world_size", &ws) || ws < 1 || ws > CMI_CK_MAX_WORLD)) {
-        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': world_size must be in [1, %d]", path, CMI_CK_MAX_WORLD);
+        (!cmi_json_get_i64(ck->root, "world_size", &ws) || ws < 1 || ws > (ck->sharded ? CMI_CK_MAX_WORLD : INT32_MAX))) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': world_size must be in [1, %d]", path,
+                     ck->sharded ? CMI_CK_MAX_WORLD : INT32_MAX);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    if (ck->sharded && !cJSON_GetObjectItemCaseSensitive(ck->root, "world_size")) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': a sharded checkpoint needs world_size", path);
         return fail(ck, CM_ERR_FORMAT);
     }
     ck->world_size = (int)ws;
