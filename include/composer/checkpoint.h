@@ -73,7 +73,9 @@
  * the directory read back (sizes, headers, tiling), renamed, pointer, rotation — only if every
  * rank succeeded, and removes the directory otherwise. A rank that dies makes the others fail
  * at the collective's timeout (or the launcher ends the job): either way the save is not
- * committed, and its directory is swept by the next save once its writer is gone.
+ * committed, and its directory is swept by the next save once its writer is gone. (The file
+ * descriptions travel by all_gather, so every rank briefly holds all W of them: about 200 bytes
+ * per piece. A gather-to-root hook would let only rank 0 hold them.)
  *
  * Loading on M ranks (any M, with any layout on either side): every rank opens the same
  * checkpoint (with autoresume, the one rank 0 chose), plans which elements of which tensors go
