@@ -12,10 +12,33 @@
  *       optimizer.safetensors      optimizer state, torch's keys per flat span ("<unit>.exp_avg",
  *                                  "<unit>.step"); absent in a weights-only checkpoint
  *     latest                       a text file: the name of the newest committed checkpoint
- *     .tmp-ep1-ba6-<pid>-<n>/      a save in progress (never read; removed when its writer is gone)
+ *     .tmp-<pid>-<n>-ep1-ba6/      a save in progress (never read; removed when its writer is gone)
+ *
+ * A sharded checkpoint (saved by a run whose parameters are sharded: cm_trainer_dist.shard_spans)
+ * holds, instead of the two files above, one pair per rank of the W that saved it:
+ *
+ *     model-rank<r>-of-<W>.safetensors      rank r's pieces of the parameters (1-D, f32), and on
+ *                                           rank 0 the persistent buffers
+ *     optimizer-rank<r>-of-<W>.safetensors  rank r's pieces of the optimizer state ("<unit>.exp_avg"
+ *                                           is the (unit numel,) tensor; rank r holds its span's
+ *                                           elements), and on rank 0 the replicated entries
+ *                                           ("<unit>.step")
+ *
+ * (An f32 optimizer entry "<unit name>.<key>" whose length is this rank's span of that unit is a
+ * piece of the unit's state; every other entry is replicated: rank 0's copy is saved, and every
+ * rank loads it whole.)
+ *
+ * Every tensor entry of a sharded file carries, beside dtype / shape / nbytes / xxh3 of the
+ * piece, "global_shape" (the whole tensor's, as a monolithic checkpoint would have it) and
+ * "range": [begin, end), the piece's elements in the whole tensor flattened row-major. A rank's
+ * span of a wrap unit covers contiguous elements of one or more parameters, so each parameter
+ * has at most one piece per rank; the pieces of a tensor over all files must tile
+ * [0, numel) exactly (checked at open: a gap or an overlap names the tensor and the elements).
+ * The manifest's "layout" is "sharded" (or "monolithic"; absent in older checkpoints) and
+ * "world_size" the number of ranks that saved it; every rank's files must be listed.
  *
  * manifest.json is one JSON object: format_version, library {version, git_commit}, created (UTC,
- * ISO 8601), run_name, world_size, weights_only, config (the resolved trainer options), timestamp
+ * ISO 8601), run_name, world_size, layout, weights_only, config (the resolved trainer options), timestamp
  * (every cm_timestamp field), max_duration, schedulers, optimizer {kind, groups}, dataloaders
  * {train: {epoch, position}, <eval label>: {...}}, rng {seed, dropout: [{module, seed, stream,
  * counter}]}, trainer {microbatch_size, total_loss, ...}, algorithms / callbacks: [{name, state}],
@@ -39,11 +62,39 @@
  * pointer does not matter. If checkpoints exist but none is usable, autoresume fails rather than
  * silently starting over.
  *
+ * Multi-rank runs (cm_trainer_dist.world_size > 1): a save is a collective — every rank calls it
+ * at the same point (the trainer does; so must callers of cm_trainer_save_checkpoint) and every
+ * rank gets the same outcome, a failure naming the rank it happened on. save_folder must be on a
+ * file system every rank sees (the name is rank 0's). Replicated parameters (no shard spans:
+ * NO_SHARD): rank 0 writes and commits a monolithic checkpoint exactly as one process would, the
+ * others wait for its outcome. Sharded: rank 0 creates the temporary directory; every rank
+ * writes its two files there, fsyncs them, re-reads them against the checksums it computed and
+ * sends their description (or its error) to all ranks; rank 0 commits — manifest written last,
+ * the directory read back (sizes, headers, tiling), renamed, pointer, rotation — only if every
+ * rank succeeded, and removes the directory otherwise. A rank that dies makes the others fail
+ * at the collective's timeout (or the launcher ends the job): either way the save is not
+ * committed, and its directory is swept by the next save once its writer is gone. (The file
+ * descriptions travel by all_gather, so every rank briefly holds all W of them: about 200 bytes
+ * per piece. A gather-to-root hook would let only rank 0 hold them.)
+ *
+ * Loading on M ranks (any M, with any layout on either side): every rank opens the same
+ * checkpoint (with autoresume, the one rank 0 chose), plans which elements of which tensors go
+ * where on this rank — its spans' ranges when sharded, whole tensors when replicated — and
+ * hashes each piece it reads from (a monolithic checkpoint is hashed whole). The optimizer
+ * state, timestamp, dataloader positions (global sample positions), schedulers, RNG and plugin
+ * state are the same on every rank. Only after every rank has checked its part do the ranks
+ * agree and copy; then cm_trainer_dist.sync_params (when set and spans were written) refreshes
+ * the model's buffers. A resume must keep the global batch size (the loader's batch_size is
+ * global, so the number of ranks may change): a different one fails on every rank with both
+ * sizes named, as do a missing or mismatched rank file, a missing tensor or a damaged piece.
+ *
  * Background saves (save_async): at the save point the tensors are copied into one staging
  * buffer (bounded by save_async_max_bytes; a larger state is saved synchronously) and a thread
  * does the rest while training continues. One save runs at a time (a new save first waits for
  * the previous one), so the extra host memory is at most one snapshot. A failure is reported by
- * fit at the next batch, or by cm_trainer_close, with the checkpoint's path.
+ * fit at the next batch, or by cm_trainer_close, with the checkpoint's path. In a multi-rank run
+ * saves are synchronous (logged once): the save is a collective, and the communicator belongs to
+ * the training thread.
  *
  * Rotation (save_num_checkpoints_to_keep) deletes only checkpoints this trainer saved, after the
  * new one is committed; a checkpoint is first renamed to a hidden name, so a crash while deleting
@@ -88,7 +139,8 @@ typedef struct cm_checkpoint cm_checkpoint;
 /* Opens the checkpoint directory at `path` (or, when `path` is a folder with a `latest` pointer
  * and no manifest, the checkpoint the pointer names) and checks its structure: the manifest's
  * checksum and JSON, its format version, that every listed file exists with the listed size, is a
- * valid safetensors file and holds exactly the listed tensors with the listed dtypes and shapes.
+ * valid safetensors file and holds exactly the listed tensors with the listed dtypes and shapes,
+ * and (sharded) that every rank's files are listed and every tensor's pieces tile it.
  * Tensor bytes are not hashed here (see cm_checkpoint_verify). On success *out owns read-only
  * mappings of the files (free with cm_checkpoint_close).
  * Errors: CM_ERR_NOT_FOUND (no such directory or no manifest.json: "not a checkpoint"),
@@ -113,6 +165,10 @@ const cm_timestamp *cm_checkpoint_timestamp(const cm_checkpoint *ck);
 bool cm_checkpoint_weights_only(const cm_checkpoint *ck);
 /* XXH3-64 of the manifest's "config" object as written (two runs with the same options agree). */
 uint64_t cm_checkpoint_config_digest(const cm_checkpoint *ck);
+/* Whether the checkpoint is sharded (one model and one optimizer file per rank), and the number
+ * of ranks that saved it. */
+bool cm_checkpoint_sharded(const cm_checkpoint *ck);
+int cm_checkpoint_world_size(const cm_checkpoint *ck);
 
 /* One tensor as the manifest lists it. Strings borrowed until close. */
 typedef struct cm_ckpt_tensor {
@@ -123,6 +179,11 @@ typedef struct cm_ckpt_tensor {
     int64_t shape[CM_MAX_DIMS];
     uint64_t nbytes;
     uint64_t xxh3;
+    /* The whole tensor this entry is a piece of, and the piece's element range [begin, end) in it
+     * (row-major). Monolithic files: the tensor itself, [0, numel). */
+    int global_ndim;
+    int64_t global_shape[CM_MAX_DIMS];
+    int64_t begin, end;
 } cm_ckpt_tensor;
 
 /* The number of tensors over all files, and tensor i (files in manifest order, tensors by name).
@@ -133,8 +194,10 @@ cm_status cm_checkpoint_tensor(const cm_checkpoint *ck, size_t i, cm_ckpt_tensor
 const cm_safetensors *cm_checkpoint_file(const cm_checkpoint *ck, const char *file);
 
 /* Verifies the model tensors and writes model.safetensors to `out_path` (atomically, the same
- * bytes: any safetensors reader loads it). Errors: cm_checkpoint_verify's, the writer's
- * (CM_ERR_IO naming the path). */
+ * bytes: any safetensors reader loads it). A sharded checkpoint's pieces are verified and
+ * assembled into whole tensors with their global shapes (the same file a monolithic checkpoint
+ * of the same state exports). Errors: cm_checkpoint_verify's, the writer's (CM_ERR_IO naming the
+ * path), CM_ERR_OOM (a sharded export holds the whole model in memory). */
 cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path);
 
 /* Writes a human-readable summary (path, format, library, run, timestamp, config digest, files,

@@ -49,6 +49,38 @@ bool cmi_json_get_double(const cJSON *o, const char *key, double *out); /* null 
 cJSON *cmi_timestamp_to_json(const cm_timestamp *ts);
 bool cmi_timestamp_from_json(const cJSON *o, cm_timestamp *ts);
 
+/* ---- sharded pieces (reader.c) ---- */
+
+#define CMI_CK_MAX_WORLD 65536 /* ranks a sharded checkpoint may have */
+enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1 };
+
+/* A tensor as a whole, over all its pieces. name borrowed until close. */
+typedef struct cmi_ck_global {
+    const char *name;
+    cm_st_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    int64_t numel;
+    int n_pieces;
+} cmi_ck_global;
+
+/* The tensor `name` among the model (kind 0) or optimizer (kind 1) tensors. */
+bool cmi_ck_find(const cm_checkpoint *ck, int kind, const char *name, cmi_ck_global *out);
+/* Whether the checkpoint has a file of this kind (an optimizer file: not weights-only). */
+bool cmi_ck_has_kind(const cm_checkpoint *ck, int kind);
+/* The number of distinct tensors of a kind, and the k-th name (sorted). */
+size_t cmi_ck_n_global(const cm_checkpoint *ck, int kind);
+const char *cmi_ck_global_name(const cm_checkpoint *ck, int kind, size_t k);
+/* Copies elements [a, b) of the flattened tensor into dst (NULL: only check), from the pieces
+ * that overlap; each piece it touches is hashed once (per open) and compared with the manifest.
+ * Errors: CM_ERR_NOT_FOUND, CM_ERR_INVALID_ARG (range), CM_ERR_FORMAT (a corrupt piece, named). */
+cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64_t a, int64_t b, void *dst);
+
+/* Rank r's piece [begin, end) of a flat buffer of numel elements over w ranks: chunk =
+ * ceil(numel / w), begin = min(r * chunk, numel), end = min(begin + chunk, numel) (the layout of
+ * cm_shard_span). */
+void cmi_shard_range(int64_t numel, int w, int r, int64_t *begin, int64_t *end);
+
 /* ---- the trainer's saver (trainer_ckpt.c) ---- */
 
 /* One tensor to write: borrowed name, bytes (borrowed or in the job's staging copy). */
@@ -59,6 +91,11 @@ typedef struct cmi_ck_tensor {
     int64_t shape[CM_MAX_DIMS];
     const void *data;
     size_t nbytes;
+    /* a piece of a larger tensor (sharded files): elements [begin, end) of global_shape */
+    bool piece;
+    int gndim;
+    int64_t gshape[CM_MAX_DIMS];
+    int64_t begin, end;
 } cmi_ck_tensor;
 
 #define CMI_CK_MAX_FILES 2
@@ -70,7 +107,7 @@ typedef struct cmi_ck_job {
     bool overwrite;
     bool update_pointer; /* write the latest pointer and rotate */
     cJSON *manifest;     /* without "files" (added when hashed) */
-    const char *fnames[CMI_CK_MAX_FILES];
+    char fnames[CMI_CK_MAX_FILES][64];
     cmi_ck_tensor *tensors[CMI_CK_MAX_FILES];
     int n_tensors[CMI_CK_MAX_FILES];
     int n_files;
@@ -123,6 +160,50 @@ cm_status cmi_ckpt_save_now(cm_trainer *tr);
 /* Waits for a background save and returns its failure. */
 cm_status cmi_ckpt_wait(cm_trainer *tr);
 bool cmi_ckpt_handles_signals(const cm_trainer *tr);
+
+/* ---- multi-rank checkpoints (collective.c) ---- */
+
+/* Whether the trainer runs on more than one rank (checkpoints are then collective). */
+bool cmi_multi(const cm_trainer *tr);
+/* Every rank passes its status (and cm_last_error when it failed); every rank gets the same
+ * answer: CM_OK, or the lowest failing rank's status with "<what>: rank r of W: <its message>".
+ * A failed collective returns its own error. One process: returns mine. */
+cm_status cmi_dist_agree(cm_trainer *tr, cm_status mine, const char *what);
+/* n bytes from rank 0 to every rank. */
+cm_status cmi_dist_bcast(cm_trainer *tr, void *buf, size_t n);
+/* Every rank contributes a status and a text (its file list, or its error); every rank receives
+ * all of them (texts[r] NUL-terminated; free both with cmi_dist_gather_free). */
+cm_status cmi_dist_gather(cm_trainer *tr, cm_status mine, const char *text, cm_status **status, char ***texts);
+void cmi_dist_gather_free(cm_status *status, char **texts);
+
+/* This rank's pieces under sharding: parameters (through the shard spans), optimizer state
+ * (pieces of "<unit>.<key>" over the unit's elements; replicated entries on rank 0), persistent
+ * buffers (rank 0), into job->tensors[0] (model) and [1] (optimizer, unless weights_only). */
+cm_status cmi_shard_job_tensors(cm_trainer *tr, cmi_ck_job *job, bool weights_only);
+
+/* A load, planned and checked before anything changes, then applied (memcpy only). */
+typedef struct cmi_ld_op {
+    int kind;
+    const char *name;
+    int64_t a, b;
+    void *dst;
+} cmi_ld_op;
+typedef struct cmi_ld_plan {
+    cmi_ld_op *ops;
+    int n, cap;
+    bool wrote_spans;            /* sync_params must run after the copy */
+    int64_t n_missing, n_unexpected;
+    char missing[512], unexpected[512];
+} cmi_ld_plan;
+/* Plans the model (and, unless weights_only, the optimizer) and checks every range it reads
+ * (hashes of the pieces touched). Errors name the checkpoint and the tensor. */
+cm_status cmi_ld_plan_build(cm_trainer *tr, cm_checkpoint *c, bool weights_only, cmi_ld_plan *p);
+void cmi_ld_plan_apply(cm_checkpoint *c, const cmi_ld_plan *p);
+void cmi_ld_plan_free(cmi_ld_plan *p);
+
+/* Test hook: called at named points of a collective save ("shard_written": after this rank's
+ * files are written and verified). A status other than CM_OK fails the save on this rank. */
+extern cm_status (*cmi_ckpt_fault_hook)(const char *point, int rank);
 
 /* The job's work, on whichever thread: hash, write into a temporary directory, verify, commit,
  * point, rotate. */

@@ -15,13 +15,15 @@
 #include <unistd.h>
 
 #define CMI_MANIFEST_MAX (64u << 20)
-#define CMI_MAX_FILES 16
+#define CMI_MAX_FILES (2 * CMI_CK_MAX_WORLD + 2)
+
 
 typedef struct ck_file {
     char *name;
     char *path;
     cm_safetensors *st;
     uint64_t size;
+    int kind; /* CMI_CK_KIND_MODEL / _OPTIM */
 } ck_file;
 
 struct cm_checkpoint {
@@ -33,10 +35,16 @@ struct cm_checkpoint {
     cm_timestamp ts;
     bool weights_only;
     uint64_t config_digest;
-    ck_file files[CMI_MAX_FILES];
+    ck_file *files;
     int n_files;
     cm_ckpt_tensor *tensors;
     size_t n_tensors;
+    bool sharded;
+    int world_size;
+    int *tkind;                /* (n_tensors) the kind of each piece's file */
+    const cm_st_tensor **tst;  /* (n_tensors) each piece in its open file */
+    size_t *order;             /* (n_tensors) pieces sorted by (kind, name, begin) */
+    unsigned char *verified;   /* (n_tensors) piece hashed and found intact */
 };
 
 void cm_checkpoint_close(cm_checkpoint *ck) {
@@ -46,9 +54,14 @@ void cm_checkpoint_close(cm_checkpoint *ck) {
         cm_free(ck->files[i].name);
         cm_free(ck->files[i].path);
     }
+    cm_free(ck->files);
     cJSON_Delete(ck->root);
     cm_free(ck->text);
     cm_free(ck->tensors);
+    cm_free(ck->tkind);
+    cm_free(ck->tst);
+    cm_free(ck->order);
+    cm_free(ck->verified);
     cm_free(ck->path);
     cm_free(ck);
 }
@@ -84,11 +97,102 @@ static cm_status read_pointer(const char *folder, const char *latest_name, char 
     return s;
 }
 
+/* The kind of a checkpoint file from its name: optimizer state or model. */
+static int file_kind(const char *name) { return strncmp(name, "optimizer", 9) ? CMI_CK_KIND_MODEL : CMI_CK_KIND_OPTIM; }
+
+/* The number of elements of a shape; -1 for a negative dimension or an overflow. */
+static int64_t prod(const int64_t *shape, int ndim) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0 || __builtin_mul_overflow(n, shape[d], &n)) return -1;
+    return n;
+}
+
+/* A JSON number that is a whole count in [0, 2^53] (larger doubles are not exact, and converting
+ * an out-of-range double to an integer is undefined). */
+static bool json_count(const cJSON *e, int64_t *out) {
+    if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= 9007199254740992.0) ||
+        e->valuedouble != (double)(int64_t)e->valuedouble)
+        return false;
+    *out = (int64_t)e->valuedouble;
+    return true;
+}
+
+static int piece_cmp_ck(const cm_checkpoint *ck, size_t x, size_t y) {
+    if (ck->tkind[x] != ck->tkind[y]) return ck->tkind[x] < ck->tkind[y] ? -1 : 1;
+    int c = strcmp(ck->tensors[x].name, ck->tensors[y].name);
+    if (c) return c;
+    if (ck->tensors[x].begin != ck->tensors[y].begin) return ck->tensors[x].begin < ck->tensors[y].begin ? -1 : 1;
+    return 0;
+}
+
+/* Sorts piece indices by (kind, name, begin): insertion into a merge sort, reentrant. */
+static void sort_pieces(const cm_checkpoint *ck, size_t *v, size_t *tmp, size_t n) {
+    if (n < 2) return;
+    size_t h = n / 2;
+    sort_pieces(ck, v, tmp, h);
+    sort_pieces(ck, v + h, tmp, n - h);
+    size_t i = 0, j = h, k = 0;
+    while (i < h && j < n) tmp[k++] = piece_cmp_ck(ck, v[i], v[j]) <= 0 ? v[i++] : v[j++];
+    while (i < h) tmp[k++] = v[i++];
+    while (j < n) tmp[k++] = v[j++];
+    memcpy(v, tmp, n * sizeof *v);
+}
+
+/* Every logical tensor's pieces must tile [0, numel) of its global shape, with one dtype. */
+static cm_status check_tiling(cm_checkpoint *ck, const char *path) {
+    size_t n = ck->n_tensors;
+    ck->order = cm_alloc(sizeof *ck->order * (n ? n : 1), 16);
+    size_t *tmp = cm_alloc(sizeof *tmp * (n ? n : 1), 16);
+    ck->verified = cm_alloc_zeroed(n ? n : 1, 16);
+    if (!ck->order || !tmp || !ck->verified) {
+        cm_free(tmp);
+        return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
+    }
+    for (size_t i = 0; i < n; i++) ck->order[i] = i;
+    sort_pieces(ck, ck->order, tmp, n);
+    cm_free(tmp);
+    for (size_t i = 0; i < n;) {
+        const cm_ckpt_tensor *f = &ck->tensors[ck->order[i]];
+        const int64_t total = prod(f->global_shape, f->global_ndim);
+        int64_t at = 0;
+        size_t j = i;
+        for (; j < n; j++) {
+            const cm_ckpt_tensor *t = &ck->tensors[ck->order[j]];
+            if (ck->tkind[ck->order[j]] != ck->tkind[ck->order[i]] || strcmp(t->name, f->name)) break;
+            bool same = t->dtype == f->dtype && t->global_ndim == f->global_ndim;
+            for (int d = 0; same && d < t->global_ndim; d++) same = t->global_shape[d] == f->global_shape[d];
+            if (!same)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the pieces of tensor '%s' ('%s' and '%s') disagree "
+                                                   "on its dtype or global shape",
+                                    path, f->name, f->file, t->file);
+            if (t->begin != at)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' has %s elements [%lld, %lld) (next "
+                                                   "piece in '%s' starts at %lld): a rank file is missing or does not "
+                                                   "match the others",
+                                    path, f->name, t->begin > at ? "no piece holding" : "two pieces holding",
+                                    (long long)(t->begin > at ? at : t->begin), (long long)(t->begin > at ? t->begin : at),
+                                    t->file, (long long)t->begin);
+            at = t->end;
+        }
+        if (at != total)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' has %lld elements but its pieces hold only "
+                                               "[0, %lld): a rank file is missing or does not match the others",
+                                path, f->name, (long long)total, (long long)at);
+        i = j;
+    }
+    return CM_OK;
+}
+
+static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSON *files, size_t total,
+                                 unsigned char *seen);
+
 static cm_status parse_files(cm_checkpoint *ck, const char *path) {
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(ck->root, "files");
     if (!cJSON_IsObject(files))
         return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest has no \"files\" object", path);
     size_t total = 0;
+    int nf = 0;
     const cJSON *f;
     cJSON_ArrayForEach(f, files) {
         const cJSON *ts = cJSON_GetObjectItemCaseSensitive(f, "tensors");
@@ -96,12 +200,28 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
             return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file entry '%s' has no \"tensors\" object", path,
                                 f->string);
         total += (size_t)cJSON_GetArraySize(ts);
+        nf++;
     }
+    if (nf > CMI_MAX_FILES)
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': more than %d files listed", path, CMI_MAX_FILES);
+    unsigned char *seen = cm_alloc_zeroed(ck->sharded ? 2 * (size_t)ck->world_size : 1, 16); /* (rank, kind) listed */
+    if (!seen) return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
+    cm_status s = parse_file_list(ck, path, files, total, seen);
+    cm_free(seen);
+    return s;
+}
+
+static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSON *files, size_t total,
+                                 unsigned char *seen) {
+    const cJSON *f;
+    const int nf = cJSON_GetArraySize(files);
     ck->tensors = cm_alloc_zeroed(sizeof *ck->tensors * (total ? total : 1), 16);
-    if (!ck->tensors) return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
+    ck->tkind = cm_alloc_zeroed(sizeof *ck->tkind * (total ? total : 1), 16);
+    ck->tst = cm_alloc_zeroed(sizeof *ck->tst * (total ? total : 1), 16);
+    ck->files = cm_alloc_zeroed(sizeof *ck->files * (size_t)(nf ? nf : 1), 16);
+    if (!ck->tensors || !ck->tkind || !ck->tst || !ck->files)
+        return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
     cJSON_ArrayForEach(f, files) {
-        if (ck->n_files == CMI_MAX_FILES)
-            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': more than %d files listed", path, CMI_MAX_FILES);
         if (!plain_name(f->string))
             return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file name '%.80s' is not a plain name", path, f->string);
         ck_file *cf = &ck->files[ck->n_files++];
@@ -109,6 +229,18 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
         cf->path = cmi_path_join(path, f->string);
         if (!cf->name || !cf->path) return cm_set_error(CM_ERR_OOM, "checkpoint '%s': out of memory", path);
         strcpy(cf->name, f->string);
+        cf->kind = file_kind(cf->name);
+        if (ck->sharded) {
+            int r, w, k = 0;
+            char kind[16];
+            if (sscanf(cf->name, "%15[a-z]-rank%d-of-%d.safetensors%n", kind, &r, &w, &k) != 3 ||
+                cf->name[k] || (strcmp(kind, "model") && strcmp(kind, "optimizer")) || w != ck->world_size || r < 0 ||
+                r >= w)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file '%s' is not a rank file of this %d-rank "
+                                                   "checkpoint (model-rank<r>-of-%d.safetensors or optimizer-...)",
+                                    path, cf->name, ck->world_size, ck->world_size);
+            seen[2 * r + cf->kind] = 1;
+        }
         int64_t size;
         if (!cmi_json_get_i64(f, "size", &size) || size < 0)
             return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file '%s' has no valid size in the manifest", path,
@@ -134,11 +266,14 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
                                 cf->name, cm_safetensors_count(cf->st), cJSON_GetArraySize(tl));
         const cJSON *t;
         cJSON_ArrayForEach(t, tl) {
+            ck->tkind[ck->n_tensors] = cf->kind;
             cm_ckpt_tensor *ct = &ck->tensors[ck->n_tensors++];
             ct->file = cf->name;
             ct->name = t->string;
             const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
             const cJSON *sh = cJSON_GetObjectItemCaseSensitive(t, "shape");
+            const cJSON *gs = cJSON_GetObjectItemCaseSensitive(t, "global_shape");
+            const cJSON *rg = cJSON_GetObjectItemCaseSensitive(t, "range");
             int64_t nb;
             uint64_t h = 0;
             const cJSON *hx = cJSON_GetObjectItemCaseSensitive(t, "xxh3");
@@ -146,16 +281,36 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
             if (cJSON_IsString(hx)) h = strtoull(hx->valuestring, &end, 16);
             if (!cJSON_IsString(dt) || cm_st_dtype_parse(dt->valuestring, &ct->dtype) || !cJSON_IsArray(sh) ||
                 cJSON_GetArraySize(sh) > CM_MAX_DIMS || !cmi_json_get_i64(t, "nbytes", &nb) || nb < 0 || !end ||
-                *end || strlen(hx->valuestring) != 16)
+                *end || strlen(hx->valuestring) != 16 || (gs && (!cJSON_IsArray(gs) || cJSON_GetArraySize(gs) > CM_MAX_DIMS)) ||
+                (rg && (!cJSON_IsArray(rg) || cJSON_GetArraySize(rg) != 2)) || (!gs != !rg) || (ck->sharded && !gs))
                 return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest entry of tensor '%s' in '%s' is "
-                                                   "malformed (dtype, shape, nbytes, xxh3 needed)",
-                                    path, ct->name, cf->name);
+                                                   "malformed (dtype, shape, nbytes, xxh3%s needed)",
+                                    path, ct->name, cf->name, ck->sharded ? ", global_shape, range" : "");
             ct->nbytes = (uint64_t)nb;
             ct->xxh3 = h;
             ct->ndim = cJSON_GetArraySize(sh);
-            for (int d = 0; d < ct->ndim; d++) {
-                const cJSON *e = cJSON_GetArrayItem(sh, d);
-                ct->shape[d] = cJSON_IsNumber(e) ? (int64_t)e->valuedouble : -1;
+            for (int d = 0; d < ct->ndim; d++)
+                if (!json_count(cJSON_GetArrayItem(sh, d), &ct->shape[d])) ct->shape[d] = -1;
+            const int64_t numel = prod(ct->shape, ct->ndim);
+            if (numel < 0)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' has a malformed shape", path,
+                                    ct->name, cf->name);
+            if (gs) {
+                ct->global_ndim = cJSON_GetArraySize(gs);
+                bool ok = true;
+                for (int d = 0; d < ct->global_ndim; d++) ok = ok && json_count(cJSON_GetArrayItem(gs, d), &ct->global_shape[d]);
+                ok = ok && json_count(cJSON_GetArrayItem(rg, 0), &ct->begin) && json_count(cJSON_GetArrayItem(rg, 1), &ct->end);
+                const int64_t gtotal = ok ? prod(ct->global_shape, ct->global_ndim) : -1;
+                if (!ok || gtotal < 0 || ct->end < ct->begin || ct->end > gtotal || ct->end - ct->begin != numel)
+                    return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s': its range [%lld, %lld) "
+                                                       "does not fit its global shape or its %lld elements",
+                                        path, ct->name, cf->name, (long long)ct->begin, (long long)ct->end,
+                                        (long long)numel);
+            } else {
+                ct->global_ndim = ct->ndim;
+                memcpy(ct->global_shape, ct->shape, sizeof ct->shape);
+                ct->begin = 0;
+                ct->end = numel;
             }
             const cm_st_tensor *ft = cm_safetensors_find(cf->st, ct->name);
             bool same = ft && ft->dtype == ct->dtype && ft->ndim == ct->ndim && ft->nbytes == ct->nbytes;
@@ -163,9 +318,26 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
             if (!same)
                 return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' %s", path, ct->name, cf->name,
                                     ft ? "differs from the manifest (dtype, shape or size)" : "is missing");
+            if (cm_st_dtype_bits(ct->dtype) % 8)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' has the packed dtype %s", path,
+                                    ct->name, cm_st_dtype_name(ct->dtype));
+            ck->tst[ck->n_tensors - 1] = ft;
         }
     }
-    return CM_OK;
+    if (ck->sharded) {
+        /* every rank's files are listed: a missing one is named, not just a gap */
+        const bool wo = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ck->root, "weights_only"));
+        for (int r = 0; r < ck->world_size; r++)
+            for (int k = 0; k < (wo ? 1 : 2); k++) {
+                char want[96];
+                snprintf(want, sizeof want, "%s-rank%d-of-%d.safetensors", k ? "optimizer" : "model", r, ck->world_size);
+                if (!seen[2 * r + k])
+                    return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' (saved by %d ranks) does not list '%s': it is "
+                                                       "incomplete",
+                                        path, ck->world_size, want);
+            }
+    }
+    return check_tiling(ck, path);
 }
 
 cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
@@ -245,8 +417,27 @@ cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
     char *ct = cfg ? cJSON_PrintUnformatted(cfg) : NULL;
     ck->config_digest = ct ? cm_hash64(ct, strlen(ct), 0) : 0;
     cJSON_free(ct);
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(ck->root, "layout");
+    int64_t ws = 1;
+    if (lay && (!cJSON_IsString(lay) || (strcmp(lay->valuestring, "sharded") && strcmp(lay->valuestring, "monolithic")))) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': layout must be \"monolithic\" or \"sharded\"", path);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    ck->sharded = lay && !strcmp(lay->valuestring, "sharded");
+    /* provenance for a monolithic checkpoint; the number of rank files for a sharded one */
+    if (cJSON_GetObjectItemCaseSensitive(ck->root, "world_size") &&
+        (!cmi_json_get_i64(ck->root, "world_size", &ws) || ws < 1 || ws > (ck->sharded ? CMI_CK_MAX_WORLD : INT32_MAX))) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': world_size must be in [1, %d]", path,
+                     ck->sharded ? CMI_CK_MAX_WORLD : INT32_MAX);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    if (ck->sharded && !cJSON_GetObjectItemCaseSensitive(ck->root, "world_size")) {
+        cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': a sharded checkpoint needs world_size", path);
+        return fail(ck, CM_ERR_FORMAT);
+    }
+    ck->world_size = (int)ws;
     if ((s = parse_files(ck, path))) return fail(ck, s);
-    if (!cm_checkpoint_file(ck, CM_CKPT_MODEL_FILE)) {
+    if (!ck->sharded && !cm_checkpoint_file(ck, CM_CKPT_MODEL_FILE)) {
         cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest lists no %s", path, CM_CKPT_MODEL_FILE);
         return fail(ck, CM_ERR_FORMAT);
     }
@@ -265,6 +456,98 @@ cm_status cm_checkpoint_verify(cm_checkpoint *ck) {
             return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' is corrupt (XXH3 %016" PRIx64
                                                ", the manifest says %016" PRIx64 ")",
                                 ck->path, t->name, t->file, h, t->xxh3);
+        ck->verified[i] = 1;
+    }
+    return CM_OK;
+}
+
+bool cm_checkpoint_sharded(const cm_checkpoint *ck) { return ck && ck->sharded; }
+int cm_checkpoint_world_size(const cm_checkpoint *ck) { return ck ? ck->world_size : 0; }
+
+/* ---- logical tensors: the pieces of one name, in element order ---- */
+
+static bool find_group(const cm_checkpoint *ck, int kind, const char *name, size_t *lo, size_t *hi) {
+    size_t a = 0, b = ck->n_tensors;
+    while (a < b) { /* first piece with (kind, name) >= the key */
+        size_t m = (a + b) / 2, i = ck->order[m];
+        int c = ck->tkind[i] != kind ? (ck->tkind[i] < kind ? -1 : 1) : strcmp(ck->tensors[i].name, name);
+        if (c < 0) a = m + 1;
+        else b = m;
+    }
+    size_t e = a;
+    while (e < ck->n_tensors && ck->tkind[ck->order[e]] == kind && !strcmp(ck->tensors[ck->order[e]].name, name)) e++;
+    *lo = a, *hi = e;
+    return e > a;
+}
+
+bool cmi_ck_find(const cm_checkpoint *ck, int kind, const char *name, cmi_ck_global *out) {
+    size_t lo, hi;
+    if (!find_group(ck, kind, name, &lo, &hi)) return false;
+    const cm_ckpt_tensor *t = &ck->tensors[ck->order[lo]];
+    out->name = t->name;
+    out->dtype = t->dtype;
+    out->ndim = t->global_ndim;
+    memcpy(out->shape, t->global_shape, sizeof out->shape);
+    out->numel = prod(t->global_shape, t->global_ndim);
+    out->n_pieces = (int)(hi - lo);
+    return true;
+}
+
+bool cmi_ck_has_kind(const cm_checkpoint *ck, int kind) {
+    for (int i = 0; i < ck->n_files; i++)
+        if (ck->files[i].kind == kind) return true;
+    return false;
+}
+
+size_t cmi_ck_n_global(const cm_checkpoint *ck, int kind) {
+    size_t n = 0;
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const size_t x = ck->order[i];
+        if (ck->tkind[x] != kind) continue;
+        n += i == 0 || ck->tkind[ck->order[i - 1]] != kind || strcmp(ck->tensors[ck->order[i - 1]].name, ck->tensors[x].name);
+    }
+    return n;
+}
+
+const char *cmi_ck_global_name(const cm_checkpoint *ck, int kind, size_t k) {
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const size_t x = ck->order[i];
+        if (ck->tkind[x] != kind) continue;
+        if (i == 0 || ck->tkind[ck->order[i - 1]] != kind || strcmp(ck->tensors[ck->order[i - 1]].name, ck->tensors[x].name)) {
+            if (k == 0) return ck->tensors[x].name;
+            k--;
+        }
+    }
+    return NULL;
+}
+
+cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64_t a, int64_t b, void *dst) {
+    size_t lo, hi;
+    if (!find_group(ck, kind, name, &lo, &hi))
+        return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' has no %s tensor '%s'", ck->path,
+                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : "model", name);
+    const cm_ckpt_tensor *f = &ck->tensors[ck->order[lo]];
+    const int64_t total = prod(f->global_shape, f->global_ndim);
+    if (a < 0 || b < a || b > total)
+        return cm_set_error(CM_ERR_INVALID_ARG, "checkpoint '%s': elements [%lld, %lld) of '%s' are outside its %lld",
+                            ck->path, (long long)a, (long long)b, name, (long long)total);
+    const size_t es = (size_t)cm_st_dtype_bits(f->dtype) / 8;
+    for (size_t k = lo; k < hi; k++) {
+        const size_t i = ck->order[k];
+        const cm_ckpt_tensor *t = &ck->tensors[i];
+        const int64_t x = t->begin > a ? t->begin : a, y = t->end < b ? t->end : b;
+        if (x >= y) continue;
+        const cm_st_tensor *ft = ck->tst[i];
+        if (!ck->verified[i]) {
+            uint64_t h = cm_hash64(ft->data, ft->nbytes, 0);
+            if (h != t->xxh3)
+                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' is corrupt (XXH3 %016" PRIx64
+                                                   ", the manifest says %016" PRIx64 ")",
+                                    ck->path, t->name, t->file, h, t->xxh3);
+            ck->verified[i] = 1;
+        }
+        if (dst) memcpy((char *)dst + (size_t)(x - a) * es, (const char *)ft->data + (size_t)(x - t->begin) * es,
+                        (size_t)(y - x) * es);
     }
     return CM_OK;
 }
@@ -297,6 +580,32 @@ const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck) { return ck->root; }
 
 cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path) {
     if (!ck || !out_path) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_export_model: NULL argument");
+    if (ck->sharded) {
+        /* assemble every model tensor from its pieces (each piece verified) into one file */
+        const size_t n = cmi_ck_n_global(ck, CMI_CK_KIND_MODEL);
+        void **bufs = cm_alloc_zeroed(sizeof *bufs * (n ? n : 1), 16);
+        cm_safetensors_writer *w = NULL;
+        cm_status s = bufs ? cm_safetensors_writer_new(&w) : CM_ERR_OOM;
+        if (!s) s = cm_safetensors_writer_add_metadata(w, "format", "pt");
+        for (size_t k = 0; !s && k < n; k++) {
+            cmi_ck_global g;
+            const char *name = cmi_ck_global_name(ck, CMI_CK_KIND_MODEL, k);
+            cmi_ck_find(ck, CMI_CK_KIND_MODEL, name, &g);
+            const size_t nb = (size_t)g.numel * (size_t)(cm_st_dtype_bits(g.dtype) / 8);
+            if (!(bufs[k] = cm_alloc(nb ? nb : 1, 64))) {
+                s = cm_set_error(CM_ERR_OOM, "export: out of memory for '%s' (%zu bytes)", name, nb);
+                break;
+            }
+            if ((s = cmi_ck_read_range(ck, CMI_CK_KIND_MODEL, name, 0, g.numel, bufs[k]))) break;
+            s = cm_safetensors_writer_add_raw(w, name, g.dtype, g.ndim, g.shape, bufs[k], nb);
+        }
+        if (!s) s = cm_safetensors_writer_write(w, out_path);
+        cm_safetensors_writer_free(w);
+        for (size_t k = 0; bufs && k < n; k++) cm_free(bufs[k]);
+        cm_free(bufs);
+        if (s == CM_ERR_OOM && !strstr(cm_last_error(), "export")) cm_set_error(s, "export: out of memory");
+        return s;
+    }
     const cm_safetensors *st = cm_checkpoint_file(ck, CM_CKPT_MODEL_FILE);
     for (size_t i = 0; i < ck->n_tensors; i++) {
         const cm_ckpt_tensor *t = &ck->tensors[i];
@@ -349,6 +658,8 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
               (long long)ck->ts.epoch, (long long)ck->ts.batch, (long long)ck->ts.batch_in_epoch,
               (long long)ck->ts.sample, (long long)ck->ts.token);
     sb_printf(&b, "config      xxh3 %016" PRIx64 "\n", ck->config_digest);
+    sb_printf(&b, "layout      %s, saved by %d rank%s\n", ck->sharded ? "sharded" : "monolithic", ck->world_size,
+              ck->world_size == 1 ? "" : "s");
     for (int i = 0; i < ck->n_files; i++) {
         size_t n = 0;
         for (size_t k = 0; k < ck->n_tensors; k++) n += !strcmp(ck->tensors[k].file, ck->files[i].name);
@@ -360,6 +671,15 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
         size_t o = 0;
         for (int d = 0; d < t->ndim && o < sizeof shape; d++)
             o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        if (ck->sharded) {
+            char gshape[160] = "";
+            o = 0;
+            for (int d = 0; d < t->global_ndim && o < sizeof gshape; d++)
+                o += (size_t)snprintf(gshape + o, sizeof gshape - o, "%s%lld", d ? ", " : "", (long long)t->global_shape[d]);
+            sb_printf(&b, "  %-34s %-40s %-5s [%lld, %lld) of (%s) %" PRIu64 " bytes\n", t->file, t->name,
+                      cm_st_dtype_name(t->dtype), (long long)t->begin, (long long)t->end, gshape, t->nbytes);
+            continue;
+        }
         sb_printf(&b, "  %-22s %-40s %-5s (%s) %" PRIu64 " bytes\n", t->file, t->name, cm_st_dtype_name(t->dtype), shape,
                   t->nbytes);
     }

@@ -120,6 +120,11 @@ cm_status cmi_ckpt_new(cm_trainer *tr, const cm_trainer_config *c) {
             return CM_ERR_OOM;
     }
     if (c->load_path && c->load_path[0] && !(ck->load_path = dup_str(c->load_path))) return CM_ERR_OOM;
+    if (c->dist.world_size > 1 && (ck->save_folder || ck->load_path || ck->autoresume) &&
+        (!c->dist.broadcast || !c->dist.all_gather))
+        return cm_set_error(CM_ERR_INVALID_ARG, "checkpoints in a %d-rank run are collective and need the dist hooks "
+                                                "broadcast and all_gather (cm_dist_trainer_hooks sets them)",
+                            c->dist.world_size);
     cm_status s;
     if ((s = dup_strs(c->load_ignore_keys, c->n_load_ignore_keys, &ck->ignore_keys))) return s;
     ck->n_ignore_keys = c->n_load_ignore_keys > 0 ? c->n_load_ignore_keys : 0;
@@ -310,7 +315,8 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
               add(lib, "name", cJSON_CreateString("composer")) && add(lib, "version", cJSON_CreateString(cm_version())) &&
               add(lib, "git_commit", cJSON_CreateString(CM_GIT_COMMIT)) && add(m, "created", cJSON_CreateString(created)) &&
               add(m, "run_name", cJSON_CreateString(st->run_name)) &&
-              add(m, "world_size", cJSON_CreateNumber(st->world_size)) && add(m, "rank", cJSON_CreateNumber(st->rank)) &&
+              add(m, "world_size", cJSON_CreateNumber(st->world_size)) &&
+              add(m, "layout", cJSON_CreateString(tr->dist.n_shard_spans > 0 ? "sharded" : "monolithic")) &&
               add(m, "weights_only", cJSON_CreateBool(weights_only)) && add(m, "config", config_json(tr)) &&
               add(m, "timestamp", cmi_timestamp_to_json(&st->ts)) && add(m, "max_duration", time_json(st->max_duration));
     if (!ok && lib && !cJSON_GetObjectItemCaseSensitive(m, "library")) cJSON_Delete(lib);
@@ -424,11 +430,13 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
     job->overwrite = ck->save_overwrite;
     job->update_pointer = update_pointer;
     cm_status s = (!job->folder || !job->name) ? cm_set_error(CM_ERR_OOM, "checkpoint: out of memory") : CM_OK;
-    if (!s) s = build_manifest(tr, weights_only, &job->manifest);
+    const bool sharded = tr->dist.n_shard_spans > 0; /* also on one rank: FULL_SHARD's buffers are not valid at rest */
+    if (!s && (!sharded || tr->dist.rank == 0)) s = build_manifest(tr, weights_only, &job->manifest);
     cm_module *root = cm_model_module(tr->st.model);
-    if (!s) {
+    if (!s && sharded) s = cmi_shard_job_tensors(tr, job, weights_only);
+    if (!s && !sharded) {
         int64_t np = cm_module_n_params(root), nb = cm_module_n_buffers(root);
-        job->fnames[0] = CM_CKPT_MODEL_FILE;
+        snprintf(job->fnames[0], sizeof job->fnames[0], "%s", CM_CKPT_MODEL_FILE);
         job->tensors[0] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)(np + nb + 1), 16);
         if (!job->tensors[0]) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
         for (int64_t i = 0; !s && i < np; i++) {
@@ -445,10 +453,10 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
         }
         job->n_files = 1;
     }
-    if (!s && !weights_only) {
+    if (!s && !sharded && !weights_only) {
         const cm_optim *o = tr->st.optimizer;
         int n = cm_optim_n_state(o);
-        job->fnames[1] = CM_CKPT_OPTIM_FILE;
+        snprintf(job->fnames[1], sizeof job->fnames[1], "%s", CM_CKPT_OPTIM_FILE);
         job->tensors[1] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)(n + 1), 16);
         if (!job->tensors[1]) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
         for (int i = 0; !s && i < n; i++) {
@@ -510,6 +518,21 @@ static size_t snapshot_bytes(cm_trainer *tr) {
  * The commit
  * ------------------------------------------------------------------------------------------- */
 
+/* Whether process pid is gone: no such process, or a zombie (killed, not yet reaped: a killed
+ * job's ranks can stay so for a moment after the launcher returned, and a zombie never writes). */
+static bool process_gone(long pid) {
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." where comm may hold spaces */
+    return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
 /* Removes ".tmp-<pid>-..." / ".old-<pid>-..." directories whose process is gone (killed saves). */
 static void sweep_stale(const char *folder) {
     DIR *d = opendir(folder);
@@ -518,7 +541,7 @@ static void sweep_stale(const char *folder) {
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, ".tmp-", 5) && strncmp(e->d_name, ".old-", 5)) continue;
         long pid = strtol(e->d_name + 5, NULL, 10);
-        if (pid <= 0 || pid == (long)getpid() || !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        if (pid <= 0 || pid == (long)getpid() || !process_gone(pid)) continue;
         char *p = cmi_path_join(folder, e->d_name);
         if (p && cmi_remove_tree(p)) cm_log_msg(CM_LOG_INFO, "checkpoint: removed '%s', left by a save that was killed", p);
         cm_free(p);
@@ -551,6 +574,17 @@ static cm_status write_file(const char *dir, const char *fname, const cmi_ck_ten
         if (ok) ok = add(to, "shape", sh), sh = NULL;
         ok = ok && add(to, "nbytes", cJSON_CreateNumber((double)t->nbytes)) && add(to, "xxh3", cJSON_CreateString(hex));
         cJSON_Delete(sh);
+        if (ok && t->piece) {
+            cJSON *gs = cJSON_CreateArray(), *rg = cJSON_CreateArray();
+            ok = gs && rg;
+            for (int d = 0; ok && d < t->gndim; d++) ok = cJSON_AddItemToArray(gs, cJSON_CreateNumber((double)t->gshape[d]));
+            ok = ok && cJSON_AddItemToArray(rg, cJSON_CreateNumber((double)t->begin)) &&
+                 cJSON_AddItemToArray(rg, cJSON_CreateNumber((double)t->end));
+            if (ok) ok = add(to, "global_shape", gs), gs = NULL;
+            if (ok) ok = add(to, "range", rg), rg = NULL;
+            cJSON_Delete(gs);
+            cJSON_Delete(rg);
+        }
         if (!ok) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
     }
     if (!s) s = add(fo, "size", cJSON_CreateNumber((double)cm_safetensors_writer_size(w))) ? CM_OK : CM_ERR_OOM;
@@ -607,84 +641,91 @@ trim:
     return CM_OK;
 }
 
-cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job) {
+/* Where a save goes: the final directory, the temporary one it is written in, and the hidden
+ * name an old checkpoint of the same name moves to while being replaced. */
+typedef struct ck_paths {
+    char *final, *tmp, *old;
+    bool exists, made_tmp;
+} ck_paths;
+
+static void paths_free(ck_paths *p) {
+    if (p->made_tmp) cmi_remove_tree(p->tmp);
+    cm_free(p->final);
+    cm_free(p->tmp);
+    cm_free(p->old);
+    memset(p, 0, sizeof *p);
+}
+
+/* Makes save_folder, sweeps leftovers of killed saves, refuses an existing checkpoint without
+ * overwrite, and creates the temporary directory. */
+static cm_status job_prepare(cmi_ck_job *job, ck_paths *p) {
+    memset(p, 0, sizeof *p);
     cm_status s = cmi_mkdirs(job->folder);
     if (s) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "checkpoint: save_folder '%s' is not usable: %s", job->folder, msg);
     }
-    char *final = cmi_path_join(job->folder, job->name);
+    p->final = cmi_path_join(job->folder, job->name);
     char tmpname[320], oldname[320];
     int ctr = atomic_fetch_add(&g_tmp_counter, 1);
     snprintf(tmpname, sizeof tmpname, ".tmp-%ld-%d-%s", (long)getpid(), ctr, job->name);
     snprintf(oldname, sizeof oldname, ".old-%ld-%d-%s", (long)getpid(), ctr, job->name);
-    char *tmp = cmi_path_join(job->folder, tmpname), *old = cmi_path_join(job->folder, oldname);
-    bool made_tmp = false;
-    if (!final || !tmp || !old) {
-        s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
-        goto out;
-    }
+    p->tmp = cmi_path_join(job->folder, tmpname), p->old = cmi_path_join(job->folder, oldname);
+    if (!p->final || !p->tmp || !p->old) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
     sweep_stale(job->folder);
-    const bool exists = access(final, F_OK) == 0;
-    if (exists && !job->overwrite) {
-        s = cm_set_error(CM_ERR_STATE, "checkpoint '%s' already exists: set save_overwrite to replace it, or change "
-                                       "save_filename / save_folder",
-                         final);
-        goto out;
-    }
-    if (mkdir(tmp, 0755) != 0) {
-        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot create '%s': %s", tmp, strerror(errno));
-        goto out;
-    }
-    made_tmp = true;
-    cJSON *files = cJSON_CreateObject();
-    if (!add(job->manifest, "files", files)) {
-        s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
-        goto out;
-    }
-    for (int f = 0; !s && f < job->n_files; f++) s = write_file(tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    p->exists = access(p->final, F_OK) == 0;
+    if (p->exists && !job->overwrite)
+        return cm_set_error(CM_ERR_STATE, "checkpoint '%s' already exists: set save_overwrite to replace it, or change "
+                                          "save_filename / save_folder",
+                            p->final);
+    if (mkdir(p->tmp, 0755) != 0)
+        return cm_set_error(CM_ERR_IO, "checkpoint: cannot create '%s': %s", p->tmp, strerror(errno));
+    p->made_tmp = true;
+    return CM_OK;
+}
+
+/* The manifest (with its "files") goes in last; the directory is read back (every tensor hashed
+ * when full_verify, else the structure: sizes, headers, tiling), renamed into place, pointed to
+ * and rotated. */
+static cm_status job_commit(cmi_ckpt *ck, cmi_ck_job *job, ck_paths *p, bool full_verify) {
     char *text = NULL, *mp = NULL;
     size_t len = 0;
-    if (!s) s = cmi_manifest_serialize(job->manifest, &text, &len);
-    if (!s && !(mp = cmi_path_join(tmp, CM_CKPT_MANIFEST))) s = CM_ERR_OOM;
+    cm_status s = cmi_manifest_serialize(job->manifest, &text, &len);
+    if (!s && !(mp = cmi_path_join(p->tmp, CM_CKPT_MANIFEST))) s = CM_ERR_OOM;
     if (!s) s = cmi_write_file_sync(mp, text, len);
     cm_free(text);
     cm_free(mp);
-    if (!s) s = cmi_fsync_dir(tmp);
+    if (!s) s = cmi_fsync_dir(p->tmp);
     if (s) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
-        s = cm_set_error(s, "checkpoint '%s' was not saved (previous checkpoints are intact): %s", final, msg);
-        goto out;
+        return cm_set_error(s, "checkpoint '%s' was not saved (previous checkpoints are intact): %s", p->final, msg);
     }
     /* read back what the disk holds before committing to it */
     cm_checkpoint *rb;
-    if (!(s = cm_checkpoint_open(tmp, &rb))) {
-        s = cm_checkpoint_verify(rb);
+    if (!(s = cm_checkpoint_open(p->tmp, &rb))) {
+        if (full_verify) s = cm_checkpoint_verify(rb);
         cm_checkpoint_close(rb);
     }
     if (s) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
-        s = cm_set_error(CM_ERR_IO, "checkpoint '%s': the written files did not read back correctly (not committed): %s",
-                         final, msg);
-        goto out;
+        return cm_set_error(CM_ERR_IO, "checkpoint '%s': the written files did not read back correctly (not committed): %s",
+                            p->final, msg);
     }
-    if (exists && rename(final, old) != 0) {
-        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot move the old '%s' aside: %s", final, strerror(errno));
-        goto out;
+    if (p->exists && rename(p->final, p->old) != 0)
+        return cm_set_error(CM_ERR_IO, "checkpoint: cannot move the old '%s' aside: %s", p->final, strerror(errno));
+    if (rename(p->tmp, p->final) != 0) {
+        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot rename '%s' to '%s': %s", p->tmp, p->final, strerror(errno));
+        if (p->exists) rename(p->old, p->final);
+        return s;
     }
-    if (rename(tmp, final) != 0) {
-        s = cm_set_error(CM_ERR_IO, "checkpoint: cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
-        if (exists) rename(old, final);
-        goto out;
-    }
-    made_tmp = false;
-    if ((s = cmi_fsync_dir(job->folder))) goto out;
-    if (exists) cmi_remove_tree(old);
+    p->made_tmp = false;
+    if ((s = cmi_fsync_dir(job->folder))) return s;
+    if (p->exists) cmi_remove_tree(p->old);
     cm_free(ck->last_path);
-    ck->last_path = dup_str(final);
+    ck->last_path = dup_str(p->final);
     if (job->update_pointer && ck->save_latest_filename && ck->save_latest_filename[0]) {
         char *lp = cmi_path_join(job->folder, ck->save_latest_filename);
         char line[300];
@@ -694,17 +735,28 @@ cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job) {
         if (s) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
-            s = cm_set_error(s, "checkpoint '%s' was committed but the latest pointer was not updated: %s", final, msg);
-            goto out;
+            return cm_set_error(s, "checkpoint '%s' was committed but the latest pointer was not updated: %s", p->final,
+                                msg);
         }
     }
     if (job->update_pointer) s = rotate(ck, job->folder, job->name);
-    cm_log_msg(CM_LOG_DEBUG, "checkpoint: saved '%s'", final);
-out:
-    if (made_tmp) cmi_remove_tree(tmp);
-    cm_free(final);
-    cm_free(tmp);
-    cm_free(old);
+    cm_log_msg(CM_LOG_DEBUG, "checkpoint: saved '%s'", p->final);
+    return s;
+}
+
+cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job) {
+    ck_paths p;
+    cm_status s = job_prepare(job, &p);
+    cJSON *files = s ? NULL : cJSON_CreateObject();
+    if (!s && !add(job->manifest, "files", files)) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    for (int f = 0; !s && f < job->n_files; f++) s = write_file(p.tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    if (s && p.made_tmp) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        s = cm_set_error(s, "checkpoint '%s' was not saved (previous checkpoints are intact): %s", p.final, msg);
+    }
+    if (!s) s = job_commit(ck, job, &p, true);
+    paths_free(&p);
     return s;
 }
 
@@ -736,10 +788,143 @@ cm_status cmi_ckpt_wait(cm_trainer *tr) {
     return CM_OK;
 }
 
+/* Re-reads the files this rank wrote and compares every tensor with what it meant to write. */
+static cm_status verify_written(const char *dir, const cJSON *files) {
+    const cJSON *fo;
+    cJSON_ArrayForEach(fo, files) {
+        char *path = cmi_path_join(dir, fo->string);
+        cm_safetensors *st = NULL;
+        cm_status s = path ? cm_safetensors_open(path, &st) : CM_ERR_OOM;
+        int64_t size = -1;
+        cmi_json_get_i64(fo, "size", &size);
+        if (!s && (int64_t)cm_safetensors_file_len(st) != size)
+            s = cm_set_error(CM_ERR_IO, "'%s' has %zu bytes on disk, %lld were written", path,
+                             cm_safetensors_file_len(st), (long long)size);
+        const cJSON *te;
+        cJSON_ArrayForEach(te, cJSON_GetObjectItemCaseSensitive(fo, "tensors")) {
+            if (s) break;
+            const cm_st_tensor *ft = cm_safetensors_find(st, te->string);
+            const cJSON *hx = cJSON_GetObjectItemCaseSensitive(te, "xxh3");
+            char hex[17];
+            if (ft) snprintf(hex, sizeof hex, "%016" PRIx64, cm_hash64(ft->data, ft->nbytes, 0));
+            if (!ft || !cJSON_IsString(hx) || strcmp(hx->valuestring, hex))
+                s = cm_set_error(CM_ERR_IO, "'%s': tensor '%s' did not read back as written", path, te->string);
+        }
+        cm_safetensors_close(st);
+        cm_free(path);
+        if (s) return s;
+    }
+    return CM_OK;
+}
+
+/* A save in a multi-rank run; every rank calls it at the same point. Replicated parameters: rank
+ * 0 writes a monolithic checkpoint, the others wait for the outcome. Sharded: rank 0 makes the
+ * temporary directory, every rank writes, fsyncs and re-reads its own files there and sends
+ * their description (or its error) to all; rank 0 writes the manifest last and commits only if
+ * every rank succeeded; the outcome (and a failure's message, naming the rank) is the same on
+ * every rank. */
+static cm_status save_collective(cm_trainer *tr, const char *folder_in, const char *name_in, bool update_pointer) {
+    cmi_ckpt *ck = tr->ckpt;
+    const int rank = tr->dist.rank, w = tr->dist.world_size;
+    const bool sharded = tr->dist.n_shard_spans > 0;
+    struct {
+        char folder[4096];
+        char name[320];
+    } where;
+    snprintf(where.folder, sizeof where.folder, "%s", folder_in);
+    snprintf(where.name, sizeof where.name, "%s", name_in);
+    cm_status s = cmi_dist_bcast(tr, &where, sizeof where); /* rank 0's ({rank} in a name would differ) */
+    if (s) return s;
+    const char *folder = where.folder, *name = where.name;
+    char final[4500];
+    snprintf(final, sizeof final, "%s/%s", folder, name);
+    cmi_ck_job *job = NULL;
+    cm_status mine = CM_OK;
+    if (!sharded) {
+        if (rank == 0 && !(mine = build_job(tr, folder, name, update_pointer, false, &job))) mine = cmi_ck_job_run(ck, job);
+        cmi_ck_job_free(job);
+        s = cmi_dist_agree(tr, mine, "checkpoint save");
+        if (!s && rank != 0) {
+            cm_free(ck->last_path);
+            ck->last_path = dup_str(final);
+        }
+        return s;
+    }
+    ck_paths p = {0};
+    mine = build_job(tr, folder, name, update_pointer, false, &job);
+    if (!mine && rank == 0) mine = job_prepare(job, &p);
+    if ((s = cmi_dist_agree(tr, mine, "checkpoint save"))) goto out;
+    char tmp[4500] = "";
+    if (rank == 0) snprintf(tmp, sizeof tmp, "%s", p.tmp);
+    if ((s = cmi_dist_bcast(tr, tmp, sizeof tmp))) goto out;
+
+    /* this rank's files */
+    cJSON *files = cJSON_CreateObject();
+    mine = files ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    for (int f = 0; !mine && f < job->n_files; f++)
+        mine = write_file(tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    if (!mine) mine = verify_written(tmp, files);
+    if (!mine && cmi_ckpt_fault_hook) mine = cmi_ckpt_fault_hook("shard_written", rank);
+    char *text = mine ? NULL : cJSON_PrintUnformatted(files);
+    if (!mine && !text) mine = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    cm_status *sv;
+    char **tv;
+    s = cmi_dist_gather(tr, mine, mine ? cm_last_error() : text, &sv, &tv);
+    cJSON_free(text);
+    cJSON_Delete(files);
+    if (s) goto out; /* a rank is gone: nothing is committed (rank 0 removes the directory) */
+    for (int r = 0; r < w && !s; r++)
+        if (sv[r])
+            s = cm_set_error(sv[r], "checkpoint '%s' was not saved (previous checkpoints are intact): rank %d of %d: %s",
+                             final, r, w, tv[r]);
+    if (!s && rank == 0) {
+        /* every rank's files, then the manifest last */
+        cJSON *all = cJSON_CreateObject();
+        mine = all && add(job->manifest, "files", all) ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        for (int r = 0; !mine && r < w; r++) {
+            cJSON *fr = cJSON_Parse(tv[r]), *fo;
+            if (!fr) mine = cm_set_error(CM_ERR_FORMAT, "checkpoint: rank %d's file list is not JSON", r);
+            while (!mine && fr && (fo = fr->child)) {
+                cJSON_DetachItemViaPointer(fr, fo);
+                char *k = fo->string;
+                fo->string = NULL;
+                if (!cJSON_AddItemToObject(all, k, fo)) {
+                    cJSON_Delete(fo);
+                    mine = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+                }
+                cJSON_free(k);
+            }
+            cJSON_Delete(fr);
+        }
+        if (!mine) mine = job_commit(ck, job, &p, false);
+    }
+    if (!s) s = cmi_dist_agree(tr, rank == 0 ? mine : CM_OK, "checkpoint save");
+    cmi_dist_gather_free(sv, tv);
+    if (!s && rank != 0) {
+        cm_free(ck->last_path);
+        ck->last_path = dup_str(final);
+    }
+out:
+    paths_free(&p); /* removes the temporary directory unless committed */
+    cmi_ck_job_free(job);
+    return s;
+}
+
 static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool allow_async) {
     cmi_ckpt *ck = tr->ckpt;
     cm_status s = cmi_ckpt_wait(tr); /* one save at a time: the extra memory is one snapshot */
     if (s) return s;
+    if (cmi_multi(tr)) {
+        if (allow_async && ck->save_async && !ck->warned_async_size) {
+            cm_log_msg(CM_LOG_INFO, "checkpoint: save_async saves synchronously in a multi-rank run (a save is a "
+                                    "collective: the ranks write their pieces and agree before rank 0 commits, and the "
+                                    "communicator belongs to the training thread)");
+            ck->warned_async_size = true;
+        }
+        ck->last_saved_batch = tr->st.ts.batch;
+        ck->last_saved_epoch = tr->st.ts.epoch;
+        return save_collective(tr, folder, name, update_pointer);
+    }
     bool async = allow_async && ck->save_async;
     if (async) {
         size_t need = snapshot_bytes(tr);
@@ -897,113 +1082,91 @@ static cm_status get_loader_state(const cJSON *dls, const char *label, const cha
     return CM_OK;
 }
 
+/* Everything about the run's state (not the tensors) that must hold before a load changes
+ * anything: the optimizer kind, the timestamp, the global batch size, the train loader's
+ * position (moved here, moved back by the caller on failure). */
+static cm_status check_run_state(cm_trainer *tr, const cm_checkpoint *c, const cJSON *root, const char *path,
+                                 cm_dataloader_state *old_train, bool *moved_train) {
+    cm_state *st = &tr->st;
+    const cJSON *oj = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(oj, "kind");
+    const char *mine = cm_optim_kind_name(cm_optim_get_kind(st->optimizer));
+    if (!cJSON_IsString(kind) || !cmi_ck_has_kind(c, CMI_CK_KIND_OPTIM))
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' has no optimizer state (set load_weights_only to load only "
+                                           "the weights)", path);
+    if (strcmp(kind->valuestring, mine))
+        return cm_set_error(CM_ERR_STATE, "checkpoint '%s' was trained with optimizer %s; this trainer uses %s (set "
+                                          "load_weights_only to start a new optimizer from the weights)",
+                            path, kind->valuestring, mine);
+    if (!cmi_timestamp_from_json(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &(cm_timestamp){0}))
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': bad timestamp", path);
+    const cJSON *dls = cJSON_GetObjectItemCaseSensitive(root, "dataloaders");
+    if (!st->train_dl) return CM_OK;
+    bool found;
+    cm_dataloader_state ds;
+    cm_status s = get_loader_state(dls, "train", path, &found, &ds);
+    if (s || !found) return s;
+    int64_t bs;
+    const int64_t mybs = cm_dataloader_get_config(st->train_dl)->batch_size;
+    if (cmi_json_get_i64(cJSON_GetObjectItemCaseSensitive(dls, "train"), "batch_size", &bs) && bs != mybs)
+        return cm_set_error(CM_ERR_STATE, "checkpoint '%s' was saved with a global batch of %lld samples; this run's "
+                                          "train loader has %lld: the data order and the schedules would not continue "
+                                          "the saved run (use batch_size %lld: it is global, so the number of ranks "
+                                          "may change; or set load_weights_only to start a new run from the weights)",
+                            path, (long long)bs, (long long)mybs, (long long)bs);
+    *old_train = cm_dataloader_get_state(st->train_dl);
+    if ((s = cm_dataloader_set_state(st->train_dl, ds))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "checkpoint '%s': the train loader cannot resume at epoch %lld, position %lld (a "
+                               "different dataset or batch size?): %s",
+                            path, (long long)ds.epoch, (long long)ds.position, msg);
+    }
+    *moved_train = true;
+    return CM_OK;
+}
+
+/* Loads on every rank (all ranks call it with the same path): each checks and plans its part,
+ * the ranks agree, and only then does anything change. */
 static cm_status load_into(cm_trainer *tr, const char *path) {
     cmi_ckpt *ck = tr->ckpt;
     cm_state *st = &tr->st;
-    cm_checkpoint *c;
-    cm_status s = cm_checkpoint_open(path, &c);
-    if (!s) s = cm_checkpoint_verify(c);
-    if (s) {
-        cm_checkpoint_close(c);
-        return s;
-    }
-    path = cm_checkpoint_path(c);
-    const cJSON *root = cmi_checkpoint_root(c);
-    const bool weights_only = ck->load_weights_only || cm_checkpoint_weights_only(c);
-    const cm_safetensors *of = cm_checkpoint_file(c, CM_CKPT_OPTIM_FILE);
+    cm_checkpoint *c = NULL;
+    cmi_ld_plan plan = {0};
     cm_dataloader_state old_train = {0, 0};
-    bool moved_train = false;
-    if (!weights_only) {
-        /* everything is checked before anything changes */
-        const cJSON *oj = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
-        const cJSON *kind = cJSON_GetObjectItemCaseSensitive(oj, "kind");
-        const char *mine = cm_optim_kind_name(cm_optim_get_kind(st->optimizer));
-        if (!of || !cJSON_IsString(kind)) {
-            s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' has no optimizer state (set load_weights_only to load "
-                                            "only the weights)", path);
-            goto done;
-        }
-        if (strcmp(kind->valuestring, mine)) {
-            s = cm_set_error(CM_ERR_STATE, "checkpoint '%s' was trained with optimizer %s; this trainer uses %s (set "
-                                           "load_weights_only to start a new optimizer from the weights)",
-                             path, kind->valuestring, mine);
-            goto done;
-        }
-        const int n = cm_optim_n_state(st->optimizer);
-        if ((size_t)n != cm_safetensors_count(of)) {
-            s = cm_set_error(CM_ERR_STATE, "checkpoint '%s' holds %zu optimizer state tensors; this trainer's optimizer "
-                                           "has %d (different parameter groups or model?)",
-                             path, cm_safetensors_count(of), n);
-            goto done;
-        }
-        for (int i = 0; i < n; i++) {
-            cm_optim_state_entry e;
-            cm_optim_state_get(st->optimizer, i, &e);
-            const cm_st_tensor *t = cm_safetensors_find(of, e.name);
-            if (!t || t->dtype != cm_st_dtype_from_cm(e.dtype) || t->numel != e.numel) {
-                s = cm_set_error(CM_ERR_STATE, "checkpoint '%s': optimizer state '%s' %s", path, e.name,
-                                 t ? "has another dtype or size than this trainer's" : "is missing");
-                goto done;
-            }
-        }
-        if (!cmi_timestamp_from_json(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &(cm_timestamp){0})) {
-            s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': bad timestamp", path);
-            goto done;
-        }
-        const cJSON *dls = cJSON_GetObjectItemCaseSensitive(root, "dataloaders");
-        bool found;
-        cm_dataloader_state ds;
-        if (st->train_dl) {
-            if ((s = get_loader_state(dls, "train", path, &found, &ds))) goto done;
-            if (found) {
-                old_train = cm_dataloader_get_state(st->train_dl);
-                if ((s = cm_dataloader_set_state(st->train_dl, ds))) {
-                    char msg[1024];
-                    snprintf(msg, sizeof msg, "%s", cm_last_error());
-                    s = cm_set_error(s, "checkpoint '%s': the train loader cannot resume at epoch %lld, position %lld "
-                                        "(a different dataset or batch size?): %s",
-                                     path, (long long)ds.epoch, (long long)ds.position, msg);
-                    goto done;
-                }
-                moved_train = true;
-            }
-        }
+    bool moved_train = false, weights_only = ck->load_weights_only;
+    const cJSON *root = NULL;
+    cm_status s = cm_checkpoint_open(path, &c);
+    /* a monolithic checkpoint is read whole: hash it whole; a sharded one is hashed piece by
+     * piece as this rank reads it */
+    if (!s && !cm_checkpoint_sharded(c)) s = cm_checkpoint_verify(c);
+    if (!s) {
+        path = cm_checkpoint_path(c);
+        root = cmi_checkpoint_root(c);
+        weights_only = weights_only || cm_checkpoint_weights_only(c);
+        if (!weights_only) s = check_run_state(tr, c, root, path, &old_train, &moved_train);
     }
-    /* the model: all or nothing */
-    {
-        char *mp = cmi_path_join(path, CM_CKPT_MODEL_FILE);
-        if (!mp) {
-            s = CM_ERR_OOM;
-            goto done;
-        }
-        cm_load_opts lo = cm_load_opts_default();
-        lo.strict = ck->load_strict;
-        lo.ignore = (const char *const *)ck->ignore_keys;
-        lo.n_ignore = ck->n_ignore_keys;
-        cm_load_report rep;
-        s = cm_module_load_safetensors(cm_model_module(st->model), mp, &lo, &rep);
-        cm_free(mp);
-        if (s) {
-            char msg[1500];
-            snprintf(msg, sizeof msg, "%s", cm_last_error());
-            s = cm_set_error(s, "loading the model from checkpoint '%s': %s", path, msg);
-            goto done;
-        }
-        if (rep.n_missing || rep.n_unexpected)
-            cm_log_msg(CM_LOG_WARN, "checkpoint '%s': %lld model tensors missing (%s), %lld unexpected (%s)", path,
-                       (long long)rep.n_missing, rep.missing, (long long)rep.n_unexpected, rep.unexpected);
+    if (!s) s = cmi_ld_plan_build(tr, c, weights_only, &plan);
+    s = cmi_dist_agree(tr, s, "loading a checkpoint");
+    if (s) goto done;
+
+    /* committed: from here on only copies */
+    cmi_ld_plan_apply(c, &plan);
+    moved_train = false;
+    if (plan.n_missing || plan.n_unexpected)
+        cm_log_msg(CM_LOG_WARN, "checkpoint '%s': %lld model tensors missing (%s), %lld unexpected (%s)", path,
+                   (long long)plan.n_missing, plan.missing, (long long)plan.n_unexpected, plan.unexpected);
+    if (plan.wrote_spans && tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        s = cm_set_error(s, "checkpoint '%s': refreshing the parameters from the shards after the load failed: %s",
+                         path, msg);
+        goto done;
     }
     if (weights_only) {
         cm_log_msg(CM_LOG_INFO, "loaded the weights of checkpoint '%s' (weights only: time, optimizer and data "
                                 "order start fresh)", path);
         goto done;
-    }
-    moved_train = false; /* committed */
-    for (int i = 0; i < cm_optim_n_state(st->optimizer); i++) {
-        cm_optim_state_entry e;
-        cm_optim_state_get(st->optimizer, i, &e);
-        const cm_st_tensor *t = cm_safetensors_find(of, e.name);
-        memcpy(e.data, t->data, t->nbytes);
     }
     cmi_timestamp_from_json(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &st->ts);
     if (st->max_duration.unit == CM_TIME_DURATION ? st->max_duration.frac == 0 : st->max_duration.count == 0) {
@@ -1039,7 +1202,7 @@ static cm_status load_into(cm_trainer *tr, const char *path) {
     {
         rng_ctx rc = {cJSON_GetObjectItemCaseSensitive(rng, "dropout"), path, ck->load_strict, CM_OK};
         cm_module_visit(cm_model_module(st->model), visit_restore, &rc);
-        if ((s = rc.s)) goto done;
+        s = rc.s;
     }
     const cJSON *algs = cJSON_GetObjectItemCaseSensitive(root, "algorithms");
     for (int i = 0; !s && i < cm_engine_n_algorithms(tr->engine); i++) {
@@ -1057,6 +1220,7 @@ static cm_status load_into(cm_trainer *tr, const char *path) {
         for (int j = 0; j < i; j++) k += !strcmp(cm_engine_callback(tr->engine, j).vt->name, p.vt->name);
         s = load_plugin("callback", p.vt->name, p.vt->load, p.self, cbs, k, path);
     }
+    s = cmi_dist_agree(tr, s, "loading a checkpoint");
     if (!s) {
         /* a later save of the same batch would only repeat this checkpoint */
         ck->last_saved_batch = st->ts.batch;
@@ -1070,6 +1234,7 @@ done:
         cm_free(ck->resumed_from);
         ck->resumed_from = dup_str(path);
     }
+    cmi_ld_plan_free(&plan);
     cm_checkpoint_close(c);
     return s;
 }
@@ -1079,7 +1244,22 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
     if (!ck) return CM_OK;
     if (ck->autoresume) {
         cm_checkpoint_search srch;
-        cm_status s = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+        memset(&srch, 0, sizeof srch);
+        /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
+         * instants) */
+        struct {
+            int32_t status;
+            char msg[1500];
+        } res = {0, ""};
+        if (tr->dist.rank == 0) {
+            res.status = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+            if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
+        }
+        cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
+        if (!bs) bs = cmi_dist_bcast(tr, &srch, sizeof srch);
+        if (bs) return bs;
+        cm_status s = (cm_status)res.status;
+        if (s) cm_set_error(s, "%s", res.msg);
         if (s == CM_OK) {
             if (srch.n_rejected)
                 cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);

@@ -261,6 +261,124 @@ cli_train_stopped_rank_times_out)
     grep -Eq "training failed: .*timed out after 2\.. s \(dist_timeout\) in collective #[0-9]+ .*(rank 1 did not arrive|every rank entered it)" \
         "$tmp/out" || fail "no timeout message after dist_timeout=2"
     ;;
+ckpt_elastic_resume)
+    # Save on 4 ranks (sharded: one model and one optimizer file per rank) mid-epoch (batch 4 of
+    # 6), resume on 2, 3 and 1 (a plain process: the pieces assemble into whole tensors).
+    # Tolerance: the resumed runs sum each gradient over a different number of ranks, so it
+    # differs from the 4-rank one by a few f32 roundings; Adam over 8 more steps carries that
+    # into the parameters. Measured: <= 3.1e-8 relative (an uninterrupted 3-rank run differs
+    # from the 4-rank one by as much, 6e-8: the resume adds nothing). 2e-6 (as train_equivalence)
+    # is far below what a misplaced range or lost optimizer state gives (1e-3 and more).
+    tol=2e-6
+    ck=$bin/dist_ckpt
+    launch -n 4 "$ck" "$tmp/ref.txt" --shard --save "$tmp/A" || fail "the 4-rank sharded run"
+    [ "$(cat "$tmp/A/latest")" = ep1-ba12 ] || fail "latest is '$(cat "$tmp/A/latest")'"
+    [ -f "$tmp/A/ep0-ba4/model-rank3-of-4.safetensors" ] && [ -f "$tmp/A/ep0-ba4/optimizer-rank0-of-4.safetensors" ] \
+        || fail "no per-rank files: $(ls "$tmp/A/ep0-ba4")"
+    "$composer" ckpt verify "$tmp/A/ep0-ba4" || fail "composer ckpt verify of a sharded checkpoint"
+    "$composer" ckpt inspect "$tmp/A/ep0-ba4" | grep -q "layout      sharded, saved by 4 ranks" || fail "inspect"
+    for n in 2 3; do
+        launch -n $n "$ck" "$tmp/r$n.txt" --shard --load "$tmp/A/ep0-ba4" || fail "resuming on $n ranks"
+        grep -q "^R $tmp/A/ep0-ba4" "$tmp/r$n.txt" || fail "the $n-rank run did not resume"
+        "$ck" --compare "$tmp/ref.txt" "$tmp/r$n.txt" $tol || fail "4 -> $n ranks differs from the uninterrupted run"
+    done
+    env -u OMPI_COMM_WORLD_SIZE "$ck" "$tmp/r1.txt" --load "$tmp/A/ep0-ba4" || fail "resuming on 1 process"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/r1.txt" $tol || fail "4 ranks -> 1 process differs from the uninterrupted run"
+    # and up: a 1-process sharded save (one pair of rank files) resumed on 3 ranks
+    env -u OMPI_COMM_WORLD_SIZE "$ck" "$tmp/s1.txt" --shard --save "$tmp/S" --max 4ba || fail "1-process sharded run"
+    [ -f "$tmp/S/ep0-ba4/model-rank0-of-1.safetensors" ] || fail "no rank file in the 1-process sharded save"
+    launch -n 3 "$ck" "$tmp/s3.txt" --shard --load "$tmp/S/ep0-ba4" || fail "1 -> 3 ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/s3.txt" $tol || fail "1 -> 3 ranks differs from the uninterrupted run"
+    ;;
+ckpt_monolithic_sharded)
+    # A replicated (NO_SHARD) multi-rank run: rank 0 alone writes one monolithic checkpoint.
+    # It resumes sharded on 3 ranks; a sharded checkpoint resumes replicated on 2. Tolerance as
+    # in ckpt_elastic_resume. Exports of both layouts are the same bytes.
+    tol=2e-6
+    ck=$bin/dist_ckpt
+    launch -n 4 "$ck" "$tmp/ref.txt" --shard --save "$tmp/A" || fail "the 4-rank sharded run"
+    launch -n 4 "$ck" "$tmp/mono.txt" --save "$tmp/B" || fail "the 4-rank replicated run"
+    [ -f "$tmp/B/ep0-ba4/model.safetensors" ] && [ "$(ls "$tmp/B/ep0-ba4" | wc -l)" = 3 ] \
+        || fail "the replicated run did not write one monolithic checkpoint: $(ls "$tmp/B/ep0-ba4")"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/mono.txt" $tol || fail "sharded and replicated runs differ"
+    launch -n 3 "$ck" "$tmp/m2s.txt" --shard --load "$tmp/B/ep0-ba4" || fail "monolithic -> 3 sharded ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/m2s.txt" $tol || fail "monolithic -> sharded differs"
+    launch -n 2 "$ck" "$tmp/s2m.txt" --load "$tmp/A/ep0-ba4" || fail "sharded -> 2 replicated ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/s2m.txt" $tol || fail "sharded -> replicated differs"
+    "$composer" ckpt export "$tmp/A/ep0-ba4" -o "$tmp/a.safetensors" || fail "export of a sharded checkpoint"
+    "$composer" ckpt export "$tmp/B/ep0-ba4" -o "$tmp/b.safetensors" || fail "export of a monolithic checkpoint"
+    cmp "$tmp/a.safetensors" "$tmp/b.safetensors" || fail "the sharded export differs from the monolithic one"
+    # weights only: model rank files alone; they load into a replicated run on 2 ranks
+    launch -n 3 "$ck" "$tmp/w.txt" --shard --save "$tmp/W" --max 4ba --save-weights-only || fail "weights-only save"
+    [ "$(ls "$tmp/W/ep0-ba4" | grep -c optimizer)" = 0 ] && [ -f "$tmp/W/ep0-ba4/model-rank2-of-3.safetensors" ] \
+        || fail "weights-only files: $(ls "$tmp/W/ep0-ba4")"
+    "$composer" ckpt verify "$tmp/W/ep0-ba4" || fail "verify of a weights-only sharded checkpoint"
+    launch -n 2 "$ck" "$tmp/w2.txt" --load "$tmp/W/ep0-ba4" --max 1ba || fail "loading weights-only pieces"
+    grep -q "^R $tmp/W/ep0-ba4" "$tmp/w2.txt" || fail "the weights were not loaded"
+    ;;
+ckpt_full_shard_params_only_in_spans)
+    # FULL_SHARD-like: the parameters at rest are only in the spans (the model's flat buffers
+    # are NaN between batches), so saves must read the spans and loads must write them and call
+    # sync_params. Same math as SHARD_GRAD_OP: bit-equal to it uninterrupted; resumed on 3
+    # (FULL_SHARD-like) and on 2 (replicated) within the tolerance of ckpt_elastic_resume.
+    tol=2e-6
+    ck=$bin/dist_ckpt
+    launch -n 4 "$ck" "$tmp/ref.txt" --shard || fail "the 4-rank sharded run"
+    launch -n 4 "$ck" "$tmp/full.txt" --full --save "$tmp/F" || fail "the 4-rank FULL_SHARD-like run"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/full.txt" 0 || fail "FULL_SHARD-like and SHARD_GRAD_OP-like runs differ"
+    launch -n 3 "$ck" "$tmp/f3.txt" --full --load "$tmp/F/ep0-ba4" || fail "4 -> 3 FULL_SHARD-like ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/f3.txt" $tol || fail "4 -> 3 FULL_SHARD-like differs"
+    launch -n 2 "$ck" "$tmp/f2.txt" --load "$tmp/F/ep0-ba4" || fail "4 FULL_SHARD-like -> 2 replicated ranks"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/f2.txt" $tol || fail "4 FULL_SHARD-like -> 2 replicated differs"
+    ;;
+ckpt_killed_rank_commits_nothing)
+    # Rank 2 is killed during the second save, after writing its files: the job ends, nothing
+    # of that save is committed, and autoresume on 2 ranks continues from the first checkpoint.
+    ck=$bin/dist_ckpt
+    CM_DIST_TIMEOUT=20 launch -n 4 "$ck" "$tmp/k.txt" --shard --save "$tmp/K" --fault kill:2:2 >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc -ne 0 ] || fail "exit status 0 after a rank was killed"
+    [ "$(cat "$tmp/K/latest")" = ep0-ba4 ] || fail "latest is '$(cat "$tmp/K/latest")'"
+    [ ! -e "$tmp/K/ep1-ba8" ] || fail "the interrupted save was committed"
+    "$composer" ckpt verify "$tmp/K" || fail "the previous checkpoint is damaged"
+    launch -n 2 "$ck" "$tmp/k2.txt" --shard --save "$tmp/K" --autoresume || fail "autoresume on 2 ranks"
+    grep -q "^R $tmp/K/ep0-ba4" "$tmp/k2.txt" || fail "autoresume did not take ep0-ba4"
+    [ "$(cat "$tmp/K/latest")" = ep1-ba12 ] || fail "the resumed run did not finish"
+    [ -z "$(ls -a "$tmp/K" | grep '^\.tmp-')" ] || fail "the killed save's directory was not swept: $(ls -a "$tmp/K")"
+    ;;
+ckpt_failed_rank_same_error_everywhere)
+    # Rank 1 fails while writing its piece of the first save: every rank reports the same error
+    # naming rank 1, nothing is committed, the temporary directory is gone.
+    ck=$bin/dist_ckpt
+    CM_DIST_TIMEOUT=20 launch -n 4 "$ck" "$tmp/f.txt" --shard --save "$tmp/F" --fault fail:1:1 >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc -ne 0 ] || fail "exit status 0 after a failed save"
+    n=$(grep -c "rank 1 of 4: simulated failure: disk full" "$tmp/out")
+    [ "$n" = 4 ] || fail "$n ranks (not 4) report rank 1's failure"
+    [ -z "$(ls -a "$tmp/F" | grep -v '^\.\.\?$')" ] || fail "something was left in the folder: $(ls -a "$tmp/F")"
+    ;;
+ckpt_resume_mismatch_errors)
+    # A different global batch size, and a checkpoint missing a rank file: clear errors on every
+    # rank, no hang (launch fails the case if the job runs into the harness timeout).
+    ck=$bin/dist_ckpt
+    launch -n 4 "$ck" "$tmp/a.txt" --shard --save "$tmp/A" --max 4ba || fail "the 4-rank run"
+    CM_DIST_TIMEOUT=20 launch -n 3 "$ck" "$tmp/b.txt" --shard --load "$tmp/A/ep0-ba4" --batch 12 >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc -ne 0 ] || fail "a different batch size was accepted"
+    n=$(grep -c "saved with a global batch of 10 samples; this run's train loader has 12" "$tmp/out")
+    [ "$n" = 3 ] || fail "$n ranks (not 3) report the batch size"
+    cp -r "$tmp/A/ep0-ba4" "$tmp/M"
+    rm "$tmp/M/optimizer-rank3-of-4.safetensors"
+    CM_DIST_TIMEOUT=20 launch -n 2 "$ck" "$tmp/c.txt" --shard --load "$tmp/M" >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc -ne 0 ] || fail "a checkpoint without a rank file was accepted"
+    n=$(grep -c "'optimizer-rank3-of-4.safetensors' is missing" "$tmp/out")
+    [ "$n" = 2 ] || fail "$n ranks (not 2) name the missing rank file"
+    ;;
 *)
     fail "unknown case '$case_'"
     ;;
