@@ -12,7 +12,10 @@
  * (gathered at BATCH_START, poisoned at BATCH_END), so a checkpoint that read or wrote the flat
  * buffers instead of the spans would show.
  *
- *   dist_ckpt OUT [--shard | --full] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
+ * --strategy SHARD_GRAD_OP|FULL_SHARD|NO_SHARD uses the real cm_dist strategy instead (its own
+ * optimizer spans, hooks, backward overlap and cm_dist_gather_params for the final parameters).
+ *
+ *   dist_ckpt OUT [--shard | --full | --strategy S] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
  *                 [--batch 10] [--max 12ba] [--fault kill|fail:RANK:NTH]
  *                 [--save-weights-only] [--load-weights-only]
  *       train a 3-layer MLP; rank 0 writes "L <batch> <loss>" per batch and "P <value>" for
@@ -235,7 +238,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *out = argv[1], *save = NULL, *interval = "4ba", *load = NULL, *max = "12ba";
-    bool shard = false, full = false, autoresume = false, save_wo = false, load_wo = false;
+    bool shard = false, full = false, autoresume = false, save_wo = false, load_wo = false, real = false;
+    cm_dist_config dc = cm_dist_config_default();
     int64_t batch = 10;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -244,7 +248,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--autoresume")) autoresume = true;
         else if (!strcmp(a, "--save-weights-only")) save_wo = true;
         else if (!strcmp(a, "--load-weights-only")) load_wo = true;
-        else if (!strcmp(a, "--save") && v) save = v, i++;
+        else if (!strcmp(a, "--strategy") && v) {
+            if (cm_sharding_parse(v, &dc.sharding) != CM_OK) {
+                fprintf(stderr, "dist_ckpt: %s\n", cm_last_error());
+                return 2;
+            }
+            real = true, i++;
+        } else if (!strcmp(a, "--save") && v) save = v, i++;
         else if (!strcmp(a, "--interval") && v) interval = v, i++;
         else if (!strcmp(a, "--load") && v) load = v, i++;
         else if (!strcmp(a, "--max") && v) max = v, i++;
@@ -288,7 +298,7 @@ int main(int argc, char **argv) {
     cm_model *model;
     TRY(cm_model_classifier_new(seq, NULL, &model));
     cm_dist *dp;
-    TRY(cm_dist_new(comm, model, NULL, &dp));
+    TRY(cm_dist_new(comm, model, real ? &dc : NULL, &dp));
 
     zero2 z = {comm, dp, cm_model_module(model), NULL, 0, NULL, shard, full};
     z.n = cm_module_n_units(z.root);
@@ -316,9 +326,12 @@ int main(int argc, char **argv) {
         os[u] = z.sharded ? (cm_optim_span){ui->name, z.spans[u].params, z.spans[u].grads, z.spans[u].end - z.spans[u].begin}
                           : (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
     }
+    const cm_optim_span *ospans = os;
+    int n_ospans = z.n;
+    if (real) TRY(cm_dist_optim_spans(dp, &ospans, &n_ospans));
     cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_ADAM);
     hp.lr = 1e-2;
-    TRY(cm_optim_add_group(opt, &hp, os, z.n));
+    TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
 
     cm_dataloader_config lc = cm_dataloader_config_default();
     lc.batch_size = batch;
@@ -352,7 +365,7 @@ int main(int argc, char **argv) {
     cfg.load_weights_only = load_wo;
     cfg.handle_signals = false;
     cm_dist_trainer_hooks(dp, &cfg);
-    if (world > 1 || z.sharded) {
+    if (!real && (world > 1 || z.sharded)) {
         cfg.dist.all_reduce_sum = z_all_reduce_sum;
         cfg.dist.barrier = z_barrier;
         cfg.dist.broadcast = z_broadcast;
@@ -368,16 +381,19 @@ int main(int argc, char **argv) {
     }
     cm_trainer *tr;
     TRY(cm_trainer_new(&cfg, &tr));
+    if (real) TRY(cm_dist_attach(dp, tr));
     if (f && cm_trainer_resumed_from(tr)) fprintf(f, "R %s\n", cm_trainer_resumed_from(tr));
     TRY(cm_trainer_fit(tr, NULL));
     if (z.full) TRY(z_sync_params(NULL, &z)); /* gather the final parameters */
+    if (real) TRY(cm_dist_gather_params(dp));
     if (f) {
         for (int u = 0; u < z.n; u++) {
             const cm_unit_info *ui = cm_module_unit(z.root, u);
             for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "P %.9g\n", ui->params[i]);
         }
         fclose(f);
-        printf("dist_ckpt: %d ranks (%s): loss %.6f\n", world, z.sharded ? "sharded" : "replicated",
+        printf("dist_ckpt: %d ranks (%s): loss %.6f\n", world,
+               real ? cm_sharding_name(dc.sharding) : z.sharded ? "sharded" : "replicated",
                cm_state_total_loss(cm_trainer_state(tr)));
     }
     cm_trainer_free(tr);
