@@ -897,7 +897,15 @@ static cm_status fit_loop(cm_trainer *tr) {
                 (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev)))
                 return s;
             cmi_state_clear_batch(st);
-            if (g_signal) st->stop = true; /* preemption: stop after this batch */
+            /* preemption: stop after this batch — on every rank, if any rank got the signal, so all
+             * of them save together (a signal arriving after this point is seen after the next) */
+            if (!tr->stop_signal) {
+                const int sig_now = g_signal;
+                double flag = sig_now ? 1.0 : 0.0;
+                if (tr->dist.world_size > 1 && (s = reduce(tr, &flag, 1))) return s;
+                if (flag > 0) tr->stop_signal = sig_now ? sig_now : SIGTERM;
+            }
+            if (tr->stop_signal) st->stop = true;
             if (cmi_fit_done(tr) || st->stop) {
                 early = true;
                 break;
@@ -985,11 +993,12 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
         sa.sa_flags = SA_RESETHAND;
         sigemptyset(&sa.sa_mask);
         g_signal = 0;
+        tr->stop_signal = 0;
         sigaction(SIGTERM, &sa, &old_term);
         sigaction(SIGINT, &sa, &old_int);
     }
     s = fit_loop(tr);
-    const int sig = signals ? g_signal : 0;
+    const int sig = signals ? tr->stop_signal : 0;
     if (signals) {
         sigaction(SIGTERM, &old_term, NULL);
         sigaction(SIGINT, &old_int, NULL);

@@ -81,6 +81,7 @@ struct cm_trainer {
     int64_t last_eval_batch; /* ts.batch at the last evaluation during fit (-1: none) */
     struct cmi_ckpt *ckpt;   /* checkpoint options and saver (src/checkpoint); NULL = none */
     int interrupted_signal;  /* the signal that stopped the last fit (0: none) */
+    int stop_signal;         /* during fit: the preemption signal all ranks agreed to stop on (0: none) */
     /* FULL_SHARD: a one-row batch of the train dataset's sample 0, for the phantom microbatches
      * of a rank whose slice of a batch is empty (made on first use) */
     cm_batch phantom;

@@ -17,11 +17,12 @@
  *
  *   dist_ckpt OUT [--shard | --full | --strategy S] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
  *                 [--batch 10] [--max 12ba] [--fault kill|fail:RANK:NTH]
- *                 [--save-weights-only] [--load-weights-only]
+ *                 [--save-weights-only] [--load-weights-only] [--term RANK:BATCH]
  *       train a 3-layer MLP; rank 0 writes "L <batch> <loss>" per batch and "P <value>" for
  *       every final parameter to OUT, and "R <path>" for the checkpoint it resumed from.
  *       --fault: rank RANK dies (SIGKILL) or fails at its NTH collective save, after writing
- *       its files.
+ *       its files. --term: rank RANK alone gets SIGTERM at the end of batch BATCH; every rank
+ *       must stop after the same batch and save (exit 143, "I <batch>" in OUT).
  *   dist_ckpt --compare REF OUT TOL
  *       every L line of OUT against REF's line of the same batch, every P line in order:
  *       |a - b| <= TOL·max(1, |a|).
@@ -64,6 +65,8 @@ static void s_close(void *self) { free(self); }
 static const cm_dataset_i k_synth = {CM_DATASET_ABI, "synth", s_len, s_nf, s_field, s_get, NULL, s_close};
 
 static int g_rank;
+static int g_term_rank = -1;  /* --term RANK:BATCH: that rank raises SIGTERM at the end of that batch */
+static int64_t g_term_batch;
 static cm_comm *g_comm;
 /* On a failure every rank prints its error and waits for the others at a barrier before exiting
  * (the launcher ends the job at the first nonzero exit: without it, a slower rank might be
@@ -134,6 +137,7 @@ static cm_status rec_event(void *self, cm_event ev, const cm_state *st, cm_logge
     rec *r = self;
     if (ev == CM_EVENT_BATCH_START && r->z->full) return z_sync_params((cm_state *)st, r->z);
     if (ev != CM_EVENT_BATCH_END) return CM_OK;
+    if (g_rank == g_term_rank && cm_state_timestamp(st)->batch == g_term_batch) raise(SIGTERM);
     if (r->z->full) {
         for (int i = 0; i < r->z->n; i++) {
             const cm_unit_info *ui = cm_module_unit(r->z->root, i);
@@ -254,6 +258,11 @@ int main(int argc, char **argv) {
                 return 2;
             }
             real = true, i++;
+        } else if (!strcmp(a, "--term") && v) {
+            long long tb;
+            if (sscanf(v, "%d:%lld", &g_term_rank, &tb) != 2) return 2;
+            g_term_batch = tb;
+            i++;
         } else if (!strcmp(a, "--save") && v) save = v, i++;
         else if (!strcmp(a, "--interval") && v) interval = v, i++;
         else if (!strcmp(a, "--load") && v) load = v, i++;
@@ -363,7 +372,7 @@ int main(int argc, char **argv) {
     cfg.autoresume = autoresume;
     cfg.save_weights_only = save_wo;
     cfg.load_weights_only = load_wo;
-    cfg.handle_signals = false;
+    cfg.handle_signals = g_term_rank >= 0;
     cm_dist_trainer_hooks(dp, &cfg);
     if (!real && (world > 1 || z.sharded)) {
         cfg.dist.all_reduce_sum = z_all_reduce_sum;
@@ -383,7 +392,17 @@ int main(int argc, char **argv) {
     TRY(cm_trainer_new(&cfg, &tr));
     if (real) TRY(cm_dist_attach(dp, tr));
     if (f && cm_trainer_resumed_from(tr)) fprintf(f, "R %s\n", cm_trainer_resumed_from(tr));
-    TRY(cm_trainer_fit(tr, NULL));
+    cm_status fs = cm_trainer_fit(tr, NULL);
+    if (fs == CM_ERR_INTERRUPTED) { /* every rank stops after the same batch, checkpoint saved */
+        fprintf(stderr, "dist_ckpt: rank %d: %s\n", rank, cm_last_error());
+        if (f) fprintf(f, "I %lld\n", (long long)cm_state_timestamp(cm_trainer_state(tr))->batch);
+        if (f) fclose(f);
+        const int code = cm_trainer_exit_code(tr, fs);
+        cm_trainer_free(tr);
+        cm_comm_free(comm);
+        return code;
+    }
+    TRY(fs);
     if (z.full) TRY(z_sync_params(NULL, &z)); /* gather the final parameters */
     if (real) TRY(cm_dist_gather_params(dp));
     if (f) {

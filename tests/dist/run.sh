@@ -314,6 +314,21 @@ ckpt_elastic_real_strategies)
         "$ck" --compare "$tmp/ref_$strategy.txt" "$tmp/r1.txt" $tol || fail "$strategy (4 ranks) -> 1 process differs"
     done
     ;;
+ckpt_sigterm_on_one_rank)
+    # Preemption reaching one rank of three: every rank stops after the same batch and they save
+    # together (sharded, collective), the job exits 143, and autoresume continues exactly.
+    ck=$bin/dist_ckpt
+    launch -n 3 "$ck" "$tmp/ref.txt" --strategy SHARD_GRAD_OP || fail "uninterrupted 3-rank run"
+    launch -n 3 "$ck" "$tmp/a.txt" --strategy SHARD_GRAD_OP --save "$tmp/T" --interval 100ba --term 1:5 >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] || { cat "$tmp/out"; fail "exit status 0 after SIGTERM"; }
+    grep -q "^I 5$" "$tmp/a.txt" || { cat "$tmp/out"; fail "rank 0 did not stop after batch 5: $(tail -1 "$tmp/a.txt")"; }
+    [ "$(grep -c 'interrupted by SIGTERM after batch 5' "$tmp/out")" = 3 ] || { cat "$tmp/out"; fail "not all 3 ranks stopped after batch 5"; }
+    [ -f "$tmp/T/ep0-ba5/manifest.json" ] || fail "no checkpoint saved at the interruption: $(ls "$tmp/T")"
+    launch -n 3 "$ck" "$tmp/b.txt" --strategy SHARD_GRAD_OP --save "$tmp/T" --autoresume || fail "autoresume after SIGTERM"
+    grep -q "^R $tmp/T/ep0-ba5" "$tmp/b.txt" || fail "did not resume from ep0-ba5"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/b.txt" 2e-6 || fail "the resumed run differs from the uninterrupted one"
+    ;;
 ckpt_monolithic_sharded)
     # A replicated (NO_SHARD) multi-rank run: rank 0 alone writes one monolithic checkpoint.
     # It resumes sharded on 3 ranks; a sharded checkpoint resumes replicated on 2. Tolerance as
