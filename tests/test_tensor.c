@@ -403,3 +403,41 @@ Test(fetch_hook, sees_required_optional_view_and_backward_reads) {
     cm_tensor_free(w), cm_tensor_free(b), cm_tensor_free(g);
     cm_tape_free(tp);
 }
+
+/* With a row context, a row's dropout mask depends on its global row only: the batch as one call
+ * or as two halves (each from the batch's starting counter) gives the same mask, and the counter
+ * ends one whole batch further. Without it, numbers are drawn in sequence (the old rule). */
+Test(dropout, row_context_makes_masks_independent_of_the_split) {
+    const int64_t full[2] = {6, 5}, half[2] = {3, 5};
+    cm_tape *tp = cmt_tape();
+    cm_tensor *ones = cm_full(tp, CM_DTYPE_F32, 2, full, 1.0);
+    cm_tensor *h1 = cm_full(tp, CM_DTYPE_F32, 2, half, 1.0), *h2 = cm_full(tp, CM_DTYPE_F32, 2, half, 1.0);
+    cm_rng r = cm_rng_init(9, 4);
+    cm_tape_set_rows(tp, 0, 6, 6);
+    cm_tensor *y = cm_dropout(tp, ones, 0.5f, true, &r);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    const uint64_t after_whole = r.counter;
+    cr_assert_eq(after_whole, 6 * 2, "the counter moves one global batch of ceil(5/4) blocks per row: %llu",
+                 (unsigned long long)after_whole);
+    cm_rng r2 = cm_rng_init(9, 4);
+    cm_tape_set_rows(tp, 0, 3, 6);
+    cm_tensor *y1 = cm_dropout(tp, h1, 0.5f, true, &r2);
+    r2.counter = 0; /* the trainer restores the batch's starting counter for each microbatch */
+    cm_tape_set_rows(tp, 3, 3, 6);
+    cm_tensor *y2 = cm_dropout(tp, h2, 0.5f, true, &r2);
+    cr_assert(y1 && y2, "%s", cm_tape_error(tp));
+    cr_assert_eq(r2.counter, after_whole);
+    int kept = 0;
+    for (int64_t i = 0; i < 30; i++) {
+        const float whole = cm_tensor_get_flat(y, i), split = cm_tensor_get_flat(i < 15 ? y1 : y2, i % 15);
+        cr_assert_eq(whole, split, "element %lld: %g whole vs %g split", (long long)i, whole, split);
+        kept += whole != 0.0f;
+    }
+    cr_assert(kept > 5 && kept < 25, "p 0.5 kept %d of 30", kept);
+    /* no context: in sequence, ceil(30 / 4) blocks */
+    cm_tape_set_rows(tp, 0, 0, 0);
+    cm_rng r3 = cm_rng_init(9, 4);
+    cr_assert(cm_dropout(tp, ones, 0.5f, true, &r3));
+    cr_assert_eq(r3.counter, 8);
+    cm_tape_free(tp);
+}

@@ -233,6 +233,14 @@ void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *d
 typedef cm_status (*cm_tape_fetch_fn)(cm_tape *tp, const cm_tensor *t, void *data);
 void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
 
+/* Row context for random ops: the batch tensors of the coming forward hold, in their dim 0, the
+ * global rows [first, first + n) of a global batch of `total` rows. Dropout then draws each row's
+ * mask from numbers keyed by its global row (see cm_dropout), so the masks do not depend on how
+ * the global batch is split into microbatches or over ranks — N ranks train exactly like one
+ * process also with dropout. The trainer sets it for every microbatch. total 0 clears it (the
+ * default: numbers drawn in sequence). Survives cm_tape_reset. */
+void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total);
+
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */
 /* Records an error on the tape (first one wins) and returns it; for model code that detects
@@ -433,8 +441,12 @@ cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *w
 /* Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is a pure
  * function of (rng state, element index): element i (row-major order of a) is kept when the
  * uniform at block rng->counter + i/4, word i%4 (cm_rng_bernoulli's draw) is ≥ p, so it is
- * reproducible; rng->counter advances by ceil(numel / 4). Identity (a itself, no rng use) when
- * !training or p == 0; p == 1 gives zeros, as torch. p outside [0, 1] is CM_ERR_INVALID_ARG. */
+ * reproducible; rng->counter advances by ceil(numel / 4). With the tape's row context
+ * (cm_tape_set_rows) and a's dim 0 equal to its row count n, row i instead draws from blocks
+ * rng->counter + (first + i)·ceil(row / 4) (row = numel / n elements), and the counter advances by
+ * total·ceil(row / 4): a row's mask depends on its global row, not on the split of the batch.
+ * Identity (a itself, no rng use) when !training or p == 0; p == 1 gives zeros, as torch. p
+ * outside [0, 1] is CM_ERR_INVALID_ARG. */
 cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng *rng);
 
 /* ---------------------------------------------------------------------------------------------

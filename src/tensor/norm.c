@@ -539,6 +539,23 @@ static cm_status dropout_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout
     return cmi_status(tp);
 }
 
+void cmi_dropout_mask(const cm_tape *tp, cm_rng *rng, uint8_t *drop, int64_t rows, int64_t numel, float p) {
+    if (!tp || tp->row_total <= 0 || rows != tp->row_n || rows <= 0 || numel % rows) {
+        /* drop[i] = (uniform at block counter + i/4, word i%4) < p, i.e. kept where it is >= p */
+        cm_rng_bernoulli(rng, drop, (size_t)numel, p);
+        return;
+    }
+    const int64_t per_row = numel / rows, blocks = (per_row + 3) / 4;
+    const uint64_t base = rng->counter;
+#pragma omp parallel for schedule(static) if (numel >= CMI_PAR_MIN)
+    for (int64_t i = 0; i < rows; i++) {
+        cm_rng r = *rng;
+        r.counter = base + (uint64_t)((tp->row_first + i) * blocks);
+        cm_rng_bernoulli(&r, drop + i * per_row, (size_t)per_row, p);
+    }
+    rng->counter = base + (uint64_t)(tp->row_total * blocks);
+}
+
 cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng *rng) {
     if (!cmi_begin(tp, "dropout", 1, &a)) return NULL;
     if (!cmi_check_f32(tp, "dropout", "input", a)) return NULL;
@@ -557,8 +574,7 @@ cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng 
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, a->ndim, a->shape);
     uint8_t *drop = cmi_scratch(tp, (size_t)numel + 1); // (numel)
     if (!out || !drop) return NULL;
-    /* drop[i] = (uniform at block counter + i/4, word i%4) < p, i.e. kept where it is >= p */
-    cm_rng_bernoulli(rng, drop, (size_t)numel, p);
+    cmi_dropout_mask(tp, rng, drop, a->ndim ? a->shape[0] : 1, numel, p);
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, *x = cmi_f32(a);
     float *y = cmi_f32(out);
 #pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)

@@ -40,6 +40,14 @@ void cm_tape_reset(cm_tape *tp) {
     tp->error[0] = '\0';
 }
 
+void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total) {
+    if (!tp) return;
+    const bool ok = total > 0 && n > 0 && first >= 0 && first + n <= total;
+    tp->row_first = ok ? first : 0;
+    tp->row_n = ok ? n : 0;
+    tp->row_total = ok ? total : 0;
+}
+
 void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data) {
     if (!tp) return;
     tp->fetch = fn;

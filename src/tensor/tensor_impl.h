@@ -86,6 +86,7 @@ struct cm_tape {
     void *bw_hook_data;
     cm_tape_fetch_fn fetch;           /* see cm_tape_set_fetch_hook */
     void *fetch_data;
+    int64_t row_first, row_n, row_total; /* see cm_tape_set_rows (row_total 0: none) */
 };
 
 /* ---- op plumbing ---- */
@@ -96,6 +97,14 @@ bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins);
 /* Before an op reads optional inputs (a bias, a norm's weight): runs the tape's fetch hook on
  * each non-NULL one (cmi_begin does it for the required inputs). False + tape error if it fails. */
 bool cmi_fetch(cm_tape *tp, int n, cm_tensor *const *ts);
+/* The dropout mask of a contiguous tensor of `numel` elements whose dim 0 has `rows` rows:
+ * drop[i] = 1 where element i is dropped (probability p), from rng. With the tape's row context
+ * (cm_tape_set_rows) and rows equal to its row count, each row's numbers come from its own block
+ * range, keyed by its global row (rng's counter + global row · ceil(numel/rows / 4)), and the
+ * counter advances by the whole global batch's blocks: the mask of a row does not depend on how
+ * the batch is split. Otherwise the numbers are drawn in sequence and the counter advances by
+ * ceil(numel / 4). */
+void cmi_dropout_mask(const cm_tape *tp, cm_rng *rng, uint8_t *drop, int64_t rows, int64_t numel, float p);
 /* Records the first error on the tape and in cm_last_error(); returns s. */
 cm_status cmi_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 cm_status cmi_failv(cm_tape *tp, cm_status s, const char *fmt, va_list ap);

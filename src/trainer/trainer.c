@@ -215,6 +215,34 @@ static cm_status default_optimizer(cm_trainer *tr) {
     return s;
 }
 
+/* The dropout generators of the (locked, so stable) module tree. */
+static bool count_dropout(cm_module *m, const char *path, int depth, void *data) {
+    if (cm_nn_dropout_rng(m)) (*(int *)data)++;
+    return true;
+}
+typedef struct {
+    cm_trainer *tr;
+    int k;
+} drop_collect;
+static bool take_dropout(cm_module *m, const char *path, int depth, void *data) {
+    drop_collect *c = data;
+    cm_rng *r = cm_nn_dropout_rng(m);
+    if (r && c->k < c->tr->n_drop) c->tr->drop_rngs[c->k++] = r;
+    return true;
+}
+static cm_status collect_dropout(cm_trainer *tr, cm_module *root) {
+    int n = 0;
+    cm_module_visit(root, count_dropout, &n);
+    if (!n) return CM_OK;
+    tr->drop_rngs = cm_alloc_zeroed(sizeof *tr->drop_rngs * (size_t)n, 16);
+    tr->drop_base = cm_alloc_zeroed(sizeof *tr->drop_base * (size_t)n, 16);
+    if (!tr->drop_rngs || !tr->drop_base) return cm_set_error(CM_ERR_OOM, "cm_trainer_new: out of memory");
+    tr->n_drop = n;
+    drop_collect c = {tr, 0};
+    cm_module_visit(root, take_dropout, &c);
+    return CM_OK;
+}
+
 cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     if (!cfg || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_trainer_new: NULL %s", cfg ? "out" : "config");
     *out = NULL;
@@ -327,6 +355,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     cm_module *root = cm_model_module(st->model);
     if ((s = cm_module_lock(root))) goto fail;
     tr->locked = true;
+    if ((s = collect_dropout(tr, root))) goto fail;
     cm_module_set_seed(root, st->seed);
 
     if ((s = cm_engine_new(st, &tr->engine))) goto fail;
@@ -388,6 +417,8 @@ void cm_trainer_free(cm_trainer *tr) {
     cm_data_spec_free(tr->spec);
     cm_tape_free(tr->tape);
     for (int f = 0; tr->has_phantom && f < tr->phantom.n_fields; f++) cm_tensor_free(tr->phantom.fields[f]);
+    cm_free(tr->drop_rngs);
+    cm_free(tr->drop_base);
     for (int i = 0; tr->st.metric_sets && i < tr->st.n_metric_sets; i++) cmi_metric_set_deinit(&tr->st.metric_sets[i]);
     cm_free(tr->st.metric_sets);
     cm_free(tr->st.schedulers);
@@ -547,10 +578,15 @@ static cm_status agree_microbatches(cm_trainer *tr, int64_t n_mb, int64_t *n_tot
 
 /* One real microbatch: forward, loss, metrics, backward of loss × its share of the global batch.
  * *oom is set when the tape ran out of its arena budget. */
-static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, double global_w, bool *oom, double *loss_sum) {
+static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row, double global_w, bool *oom,
+                         double *loss_sum) {
     cm_state *st = &tr->st;
     cm_status s;
     st->microbatch_index = i;
+    /* dropout: this microbatch's rows are global rows [first_row, first_row + n) of the batch,
+     * and every microbatch draws from the batch's starting counters */
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_rngs[k]->counter = tr->drop_base[k];
+    cm_tape_set_rows(tr->tape, first_row, mb->n_rows, mb->global_n_samples);
     int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
     cmi_state_set_batch(st, mb, ns, nt);
     if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
@@ -611,8 +647,12 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     s = cm_data_spec_split(tr->spec, b, mbsz, &mbs, &n_mb);
     if (s || (s = agree_microbatches(tr, n_mb, &n_total))) return s;
     st->n_microbatches = n_total;
-    for (int64_t i = 0; i < n_mb; i++)
-        if ((s = run_one(tr, &mbs[i], i, global_w, oom, loss_sum))) return s;
+    for (int64_t i = 0, row = b->rank_offset; i < n_mb; row += mbs[i].n_rows, i++)
+        if ((s = run_one(tr, &mbs[i], i, row, global_w, oom, loss_sum))) {
+            cm_tape_set_rows(tr->tape, 0, 0, 0);
+            return s;
+        }
+    cm_tape_set_rows(tr->tape, 0, 0, 0);
     for (int64_t i = n_mb; i < n_total; i++) /* after the real ones: re-splitting invalidates mbs */
         if ((s = run_phantom(tr, b, i))) return s;
     return CM_OK;
@@ -649,6 +689,8 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
      * gradient collectives during backward while the size is automatic, so an attempt that is
      * thrown away never leaves one half-done). */
     const bool agree = tr->mb_config == CM_MICROBATCH_AUTO && tr->dist.world_size > 1;
+    /* every microbatch of every attempt draws dropout from the counters the batch starts with */
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
     for (;;) {
         int64_t mbsz = tr->mb_config == 0 ? (b->n_rows > 0 ? b->n_rows : 1) : st->microbatch_size;
         bool oom;

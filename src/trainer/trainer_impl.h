@@ -86,6 +86,11 @@ struct cm_trainer {
      * of a rank whose slice of a batch is empty (made on first use) */
     cm_batch phantom;
     bool has_phantom;
+    /* the model's dropout generators and their counters at the start of the batch: every
+     * microbatch starts from them (its rows are keyed by global row, cm_tape_set_rows) */
+    cm_rng **drop_rngs;
+    uint64_t *drop_base;
+    int n_drop;
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep

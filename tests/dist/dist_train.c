@@ -2,7 +2,7 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens] [tail] [auto=BYTES] [STRATEGY]
+ *   dist_train OUT [tokens] [tail] [dropout] [auto=BYTES] [STRATEGY]
  *                                 train; rank 0 writes the parameters, the last loss and the
  *                                 train accuracy to OUT (f64 text, one value per line);
  *                                 STRATEGY: NO_SHARD (default), SHARD_GRAD_OP, FULL_SHARD
@@ -97,12 +97,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: dist_train OUT [tokens] | dist_train --compare A B TOL\n");
         return 2;
     }
-    bool tokens = false;
+    bool tokens = false, dropout = false;
     size_t auto_budget = 0; /* auto=BYTES: automatic microbatching under this arena budget */
     cm_dist_config dc = cm_dist_config_default();
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "tokens")) tokens = true;
         else if (!strcmp(argv[i], "tail")) g_ns = 62;
+        else if (!strcmp(argv[i], "dropout")) dropout = true;
         else if (!strncmp(argv[i], "auto=", 5)) auto_budget = (size_t)atoll(argv[i] + 5);
         else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
             fprintf(stderr, "dist_train: %s\n", cm_last_error());
@@ -131,7 +132,14 @@ int main(int argc, char **argv) {
     TRY(cm_nn_activation_new(CM_ACT_RELU, &a2));
     TRY(cm_nn_linear_new(H, C, true, &rng, &l[2]));
     cm_module *order[5] = {l[0], a1, l[1], a2, l[2]};
-    for (int i = 0; i < 5; i++) TRY(cm_nn_sequential_append(seq, order[i]));
+    for (int i = 0; i < 5; i++) {
+        TRY(cm_nn_sequential_append(seq, order[i]));
+        if (dropout && (i == 1 || i == 3)) { /* masks keyed by global row: N ranks still equal 1 process */
+            cm_module *dr;
+            TRY(cm_nn_dropout_new(0.3f, &dr));
+            TRY(cm_nn_sequential_append(seq, dr));
+        }
+    }
     for (int i = 0; i < 3; i++) TRY(cm_module_set_wrap_unit(l[i], NULL));
     cm_model *model;
     TRY(cm_model_classifier_new(seq, NULL, &model));

@@ -78,6 +78,13 @@ train_equivalence)
     done
     launch -n 3 "$bin/dist_train" "$tmp/n3tok.txt" tokens || fail "token-weighted training on 3 ranks"
     "$bin/dist_train" --compare "$tmp/ref_tok.txt" "$tmp/n3tok.txt" $tol || fail "3 ranks (tokens) differ from 1 process"
+    # Dropout (p 0.3 after both activations): each row's mask is keyed by its global row, so
+    # N ranks (and any microbatching) draw the masks one process draws.
+    env -u OMPI_COMM_WORLD_SIZE "$bin/dist_train" "$tmp/ref_drop.txt" dropout || fail "1-process run (dropout)"
+    for strategy in NO_SHARD FULL_SHARD; do
+        launch -n 3 "$bin/dist_train" "$tmp/drop.txt" dropout $strategy || fail "dropout ($strategy) on 3 ranks"
+        "$bin/dist_train" --compare "$tmp/ref_drop.txt" "$tmp/drop.txt" $tol || fail "dropout ($strategy) on 3 ranks differs from 1 process"
+    done
     # Automatic microbatching, searched together: with a 6000-byte arena the 4-row slice of rank 0
     # runs out and the 3-row slices do not, so all three ranks retry the batch with smaller pieces.
     for strategy in NO_SHARD SHARD_GRAD_OP; do
