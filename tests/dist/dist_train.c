@@ -15,41 +15,18 @@
 #include <composer/algorithms.h>
 #include <composer/dist.h>
 
+#include "synth.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-enum { D = 12, H = 16, C = 4, NS = 60 };
-
-typedef struct synth {
-    cm_field_desc fields[2];
-    float w[C * D];
-} synth;
+enum { D = DT_D, H = 16, C = DT_C, NS = 60 };
 
 static int64_t g_ns = NS; /* `tail`: 62 samples, so each epoch ends with a batch of 2 (empty slices) */
-static int64_t s_len(void *self) { return g_ns; }
-static int s_nf(void *self) { return 2; }
-static const cm_field_desc *s_field(void *self, int i) { return &((synth *)self)->fields[i]; }
-static int64_t s_tok(void *self, int64_t i) { return 1 + i % 5; }
-static cm_status s_get(void *self, int64_t i, const cm_sample_ctx *ctx, void *const *out) {
-    synth *s = self;
-    float *x = out[0];
-    cm_rng r = cm_rng_init(1234, (uint64_t)i);
-    cm_rng_normal(&r, x, D, 0, 1);
-    int best = 0;
-    float bv = -1e30f;
-    for (int c = 0; c < C; c++) {
-        float v = 0;
-        for (int k = 0; k < D; k++) v += s->w[c * D + k] * x[k];
-        if (v > bv) bv = v, best = c;
-    }
-    *(int64_t *)out[1] = best;
-    return CM_OK;
-}
-static void s_close(void *self) { free(self); }
-static const cm_dataset_i k_synth = {CM_DATASET_ABI, "synth", s_len, s_nf, s_field, s_get, s_tok, s_close};
+
 
 #define TRY(call)                                                                   \
     do {                                                                            \
@@ -114,13 +91,8 @@ int main(int argc, char **argv) {
     TRY(cm_comm_auto_new(NULL, &comm));
     const int rank = cm_comm_rank(comm), world = cm_comm_size(comm);
 
-    synth *s = calloc(1, sizeof *s);
-    s->fields[0] = (cm_field_desc){"input", CM_DTYPE_F32, 1, {D}};
-    s->fields[1] = (cm_field_desc){"label", CM_DTYPE_I64, 0, {0}};
-    cm_rng wr = cm_rng_init(99, 0);
-    cm_rng_normal(&wr, s->w, C * D, 0, 1);
     cm_dataset *ds;
-    TRY(cm_dataset_new(&k_synth, s, &ds));
+    TRY(dt_synth_new(g_ns, true, &ds));
 
     /* every rank builds the same model from the same seed; cm_dist_new broadcasts rank 0's anyway */
     cm_rng rng = cm_rng_init(7, (uint64_t)rank); /* different per rank on purpose: the broadcast must fix it */
