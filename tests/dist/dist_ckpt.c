@@ -38,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { D = DT_D, H = 16, C = DT_C, NS = 60 };
+enum { NS = 60 };
 
 
 static int g_rank;
@@ -265,19 +265,8 @@ int main(int argc, char **argv) {
     cm_dataset *ds;
     TRY(dt_synth_new(NS, false, &ds));
 
-    cm_rng rng = cm_rng_init(7, 0);
-    cm_module *seq, *l[3], *a1, *a2;
-    TRY(cm_nn_sequential_new(&seq));
-    TRY(cm_nn_linear_new(D, H, true, &rng, &l[0]));
-    TRY(cm_nn_activation_new(CM_ACT_RELU, &a1));
-    TRY(cm_nn_linear_new(H, H, true, &rng, &l[1]));
-    TRY(cm_nn_activation_new(CM_ACT_RELU, &a2));
-    TRY(cm_nn_linear_new(H, C, true, &rng, &l[2]));
-    cm_module *order[5] = {l[0], a1, l[1], a2, l[2]};
-    for (int i = 0; i < 5; i++) TRY(cm_nn_sequential_append(seq, order[i]));
-    for (int i = 0; i < 3; i++) TRY(cm_module_set_wrap_unit(l[i], NULL));
     cm_model *model;
-    TRY(cm_model_classifier_new(seq, NULL, &model));
+    TRY(dt_mlp_new(0, 0.0f, &model));
     cm_dist *dp;
     TRY(cm_dist_new(comm, model, real ? &dc : NULL, &dp));
 

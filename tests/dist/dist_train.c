@@ -23,7 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-enum { D = DT_D, H = 16, C = DT_C, NS = 60 };
+enum { NS = 60 };
 
 static int64_t g_ns = NS; /* `tail`: 62 samples, so each epoch ends with a batch of 2 (empty slices) */
 
@@ -94,27 +94,10 @@ int main(int argc, char **argv) {
     cm_dataset *ds;
     TRY(dt_synth_new(g_ns, true, &ds));
 
-    /* every rank builds the same model from the same seed; cm_dist_new broadcasts rank 0's anyway */
-    cm_rng rng = cm_rng_init(7, (uint64_t)rank); /* different per rank on purpose: the broadcast must fix it */
-    cm_module *seq, *l[3], *a1, *a2;
-    TRY(cm_nn_sequential_new(&seq));
-    TRY(cm_nn_linear_new(D, H, true, &rng, &l[0]));
-    TRY(cm_nn_activation_new(CM_ACT_RELU, &a1));
-    TRY(cm_nn_linear_new(H, H, true, &rng, &l[1]));
-    TRY(cm_nn_activation_new(CM_ACT_RELU, &a2));
-    TRY(cm_nn_linear_new(H, C, true, &rng, &l[2]));
-    cm_module *order[5] = {l[0], a1, l[1], a2, l[2]};
-    for (int i = 0; i < 5; i++) {
-        TRY(cm_nn_sequential_append(seq, order[i]));
-        if (dropout && (i == 1 || i == 3)) { /* masks keyed by global row: N ranks still equal 1 process */
-            cm_module *dr;
-            TRY(cm_nn_dropout_new(0.3f, &dr));
-            TRY(cm_nn_sequential_append(seq, dr));
-        }
-    }
-    for (int i = 0; i < 3; i++) TRY(cm_module_set_wrap_unit(l[i], NULL));
+    /* a different stream per rank on purpose: cm_dist_new's broadcast must fix it; dropout masks
+     * are keyed by global row, so N ranks still equal 1 process */
     cm_model *model;
-    TRY(cm_model_classifier_new(seq, NULL, &model));
+    TRY(dt_mlp_new((uint64_t)rank, dropout ? 0.3f : 0.0f, &model));
 
     cm_dist *dp;
     TRY(cm_dist_new(comm, model, &dc, &dp));

@@ -43,3 +43,32 @@ cm_status dt_synth_new(int64_t n, bool tokens, cm_dataset **out) {
     if (st) free(s);
     return st;
 }
+
+#define DT_TRY(call)                      \
+    do {                                  \
+        cm_status st_ = (call);           \
+        if (st_ != CM_OK) return st_;     \
+    } while (0)
+
+cm_status dt_mlp_new(uint64_t stream, float dropout_p, cm_model **out) {
+    enum { H = 16 };
+    cm_rng rng = cm_rng_init(7, stream);
+    cm_module *seq, *l[3], *a1, *a2;
+    DT_TRY(cm_nn_sequential_new(&seq));
+    DT_TRY(cm_nn_linear_new(DT_D, H, true, &rng, &l[0]));
+    DT_TRY(cm_nn_activation_new(CM_ACT_RELU, &a1));
+    DT_TRY(cm_nn_linear_new(H, H, true, &rng, &l[1]));
+    DT_TRY(cm_nn_activation_new(CM_ACT_RELU, &a2));
+    DT_TRY(cm_nn_linear_new(H, DT_C, true, &rng, &l[2]));
+    cm_module *order[5] = {l[0], a1, l[1], a2, l[2]};
+    for (int i = 0; i < 5; i++) {
+        DT_TRY(cm_nn_sequential_append(seq, order[i]));
+        if (dropout_p > 0 && (i == 1 || i == 3)) {
+            cm_module *dr;
+            DT_TRY(cm_nn_dropout_new(dropout_p, &dr));
+            DT_TRY(cm_nn_sequential_append(seq, dr));
+        }
+    }
+    for (int i = 0; i < 3; i++) DT_TRY(cm_module_set_wrap_unit(l[i], NULL));
+    return cm_model_classifier_new(seq, NULL, out);
+}

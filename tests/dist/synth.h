@@ -12,4 +12,9 @@ enum { DT_D = 12, DT_C = 4 };
  * 1 + i % 5 tokens (for token-weighted microbatches). */
 cm_status dt_synth_new(int64_t n, bool tokens, cm_dataset **out);
 
+/* The classifier both programs train: Linear(DT_D, 16), ReLU, Linear(16, 16), ReLU, Linear(16, DT_C),
+ * each linear its own wrap unit (three gradient buckets); with dropout_p > 0 a Dropout after each
+ * ReLU. Weights from (seed 7, stream). */
+cm_status dt_mlp_new(uint64_t stream, float dropout_p, cm_model **out);
+
 #endif
