@@ -181,6 +181,12 @@ cm_status cm_tensor_init_xavier_normal(cm_tensor *t, cm_rng *rng, float gain);
 typedef struct cm_tape_config {
     size_t arena_budget; /* bytes for activations, gradients and nodes per step; 0 = unlimited */
     bool poison;         /* fill new arena memory with NaN (tests) */
+    /* Keep the gradient of every intermediate tensor (one made by an op) until the tape resets.
+     * false (default): as PyTorch's non-leaf tensors, an intermediate's gradient is dropped
+     * (cm_tensor_grad gives NULL) once the node that made it has run its backward, and its memory
+     * is reused by the rest of the backward pass — backward then holds only the gradients still in
+     * flight instead of one per activation. Leaves' gradients are always kept. */
+    bool retain_grads;
 } cm_tape_config;
 
 cm_tape_config cm_tape_config_default(void);

@@ -84,6 +84,17 @@ struct cm_tape {
     char error[1024];
     cm_tape_backward_hook_fn bw_hook; /* see cm_tape_set_backward_hook */
     void *bw_hook_data;
+    /* Gradient buffers of large intermediate tensors (tape.c): heap blocks reused across
+     * backward passes and steps. A block is handed out by cmi_grad and returned when the node that
+     * produced the tensor has run its backward (its gradient is dead then), so backward holds only
+     * the gradients still in flight, not every activation's gradient until reset. */
+    struct cmi_gblock {
+        void *p;
+        size_t bytes;
+        bool in_use;
+    } *gblocks;
+    int n_gblocks, cap_gblocks;
+    bool retain_grads; /* cm_tape_config.retain_grads */
 };
 
 /* ---- op plumbing ---- */
