@@ -6,8 +6,8 @@
  *       --workloads char,gpt2,resnet56   which models (default all three)
  *       --precisions fp32,amp_bf16        (default both)
  *       --reps R        repetitions of each (ours, torch) pair, interleaved (default 3)
- *       --steps S       timed optimizer steps per run (default: char 6, gpt2 2, resnet56 4)
- *       --warmup W      untimed steps first (default 2; gpt2 1)
+ *       --steps S       timed optimizer steps per run (default: char 4, gpt2 2, resnet56 3)
+ *       --warmup W      untimed steps first (default 1)
  *       --threads N     threads for both sides (default: cm_num_threads())
  *       --no-torch      our side only
  *       --out FILE      results TSV (default bench/results/train_throughput.tsv)
@@ -67,9 +67,9 @@ typedef struct workload {
 } workload;
 
 static const workload WORKLOADS[] = {
-    {"char", true, "shakespeare-char", 8, 256, 6, 2, "tok/s"},
+    {"char", true, "shakespeare-char", 8, 256, 4, 1, "tok/s"},
     {"gpt2", true, "gpt2", 8, 256, 2, 1, "tok/s"},
-    {"resnet56", false, "resnet56", 128, 0, 4, 2, "img/s"},
+    {"resnet56", false, "resnet56", 128, 0, 3, 1, "img/s"},
 };
 #define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
 
