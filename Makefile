@@ -5,6 +5,7 @@
 #   make test       build and run the whole test suite (CTest; its summary is the last line)
 #   make test-asan  the same suite built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      build the benchmarks and run bench/gemm
+#   make bench-train  training throughput, peak RSS and MFU against PyTorch (bench/train_throughput.c)
 #   make fuzz       run every libFuzzer target for FUZZ_TIME seconds (default 60)
 #   make golden     regenerate tests/golden/*.safetensors with Debian's PyTorch
 #   make install    install the library, headers and pkg-config file (PREFIX=/usr/local)
@@ -16,7 +17,7 @@ PREFIX  ?= /usr/local
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-asan bench fuzz golden install clean
+.PHONY: all deps configure build demo test test-asan bench bench-train fuzz golden install clean
 
 all: build
 
@@ -59,6 +60,9 @@ test-asan: deps $(ASAN)/CMakeCache.txt
 
 bench: build
 	@$(BUILD)/bench/bench_gemm
+
+bench-train: build
+	@$(BUILD)/bench/bench_train_throughput
 
 FUZZ_TIME ?= 60
 

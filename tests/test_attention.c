@@ -234,7 +234,7 @@ Test(attention, forward_matches_naive_reference) {
         att_ctx x = {c, make_mask(tp, c)};
         cm_tensor *out = call_attention(tp, in, &x);
         cr_assert(out, "%s: %s", c->name, cm_tape_error(tp));
-        cm_attention_opts o = {c->causal, c->scale, in[3], x.mask};
+        cm_attention_opts o = {c->causal, c->scale, in[3], x.mask, 0.0f, NULL};
         if (c->layout == 1) {
             const int perm[4] = {0, 2, 1, 3};
             for (int j = 0; j < 3; j++) in[j] = cm_permute(tp, in[j], perm);
@@ -388,4 +388,69 @@ Test(attention, bad_inputs_name_the_shapes) {
 Test(attention, defaults) {
     cm_attention_opts o = cm_attention_opts_default();
     cr_assert(!o.causal && o.scale == 0.0f && !o.bias && !o.key_padding_mask);
+}
+
+/* Fused dropout on the probabilities gives the explicit form's result and gradients — matmul,
+ * scale, causal mask, softmax, cm_dropout, matmul — with the same generator state, so the same
+ * mask; T = 70 crosses a row block (64), and the gradcheck runs the fused form itself. */
+typedef struct {
+    bool fused;
+    uint64_t seed;
+} drop_ctx;
+
+static cm_tensor *attention_with_dropout(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    const drop_ctx *c = vctx;
+    cm_rng rng = cm_rng_init(c->seed, 3);
+    const float p = 0.3f;
+    if (c->fused) {
+        cm_attention_opts o = cm_attention_opts_default();
+        o.causal = true, o.dropout_p = p, o.rng = &rng;
+        return cm_attention(tp, in[0], in[1], in[2], &o);
+    }
+    const int64_t T = cm_tensor_dim(in[0], 2), D = cm_tensor_dim(in[0], 3);
+    cm_tensor *sc = cm_mul_scalar(tp, cm_matmul(tp, in[0], cm_transpose(tp, in[1], -2, -1)), 1.0f / sqrtf((float)D));
+    int64_t ms[2] = {T, T};
+    cm_tensor *mask = cm_full(tp, CM_DTYPE_F32, 2, ms, 0.0);
+    float *mv = cm_tensor_data(mask);
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t j = i + 1; j < T; j++) mv[i * T + j] = -INFINITY;
+    cm_tensor *pr = cm_dropout(tp, cm_softmax(tp, cm_add(tp, sc, mask), -1), p, true, &rng);
+    return cm_matmul(tp, pr, in[2]);
+}
+
+Test(attention, fused_dropout_matches_explicit_dropout) {
+    const int64_t s[4] = {2, 2, 70, 8};
+    cm_tensor *g[2][3], *out[2];
+    cm_tape *tps[2];
+    for (int f = 0; f < 2; f++) {
+        cm_tape *tp = tps[f] = cmt_tape();
+        cm_tensor *in[3] = {cmt_randn(tp, 4, s, 1, true), cmt_randn(tp, 4, s, 2, true), cmt_randn(tp, 4, s, 3, true)};
+        drop_ctx c = {f == 1, 99};
+        out[f] = attention_with_dropout(tp, in, &c);
+        cr_assert(out[f], "%s", cm_tape_error(tp));
+        cm_tensor *w = cmt_randn(tp, 4, s, 4, false);
+        cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, cm_mul(tp, out[f], w), NULL, 0, false)), CM_OK, "%s",
+                     cm_tape_error(tp));
+        for (int j = 0; j < 3; j++) g[f][j] = cm_tensor_grad(in[j]);
+    }
+    int64_t zeros = 0;
+    const float *o = cm_tensor_data(out[1]);
+    for (int64_t i = 0; i < cm_tensor_numel(out[1]); i++) zeros += o[i] == 0.0f;
+    cr_assert(zeros < cm_tensor_numel(out[1]) / 10, "dropout on P must not zero whole outputs (%lld zeros)",
+              (long long)zeros);
+    cmt_assert_close("fused vs explicit output", out[1], out[0], 1e-5, 1e-4);
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int j = 0; j < 3; j++) cmt_assert_close(names[j], g[1][j], g[0][j], 1e-5, 1e-4);
+    cm_tape_free(tps[0]);
+    cm_tape_free(tps[1]);
+
+    cm_tape *tp = cmt_tape();
+    const int64_t s2[4] = {1, 2, 67, 4};
+    cm_tensor *in[3] = {cmt_randn(tp, 4, s2, 5, true), cmt_randn(tp, 4, s2, 6, true), cmt_randn(tp, 4, s2, 7, true)};
+    drop_ctx c = {true, 7};
+    cmt_gradcheck("fused attention dropout", attention_with_dropout, &c, 3, in, NULL);
+    cm_attention_opts bad = cm_attention_opts_default();
+    bad.dropout_p = 0.5f;
+    cmt_expect_error(tp, cm_attention(tp, in[0], in[1], in[2], &bad), CM_ERR_INVALID_ARG, "rng is NULL", NULL);
+    cm_tape_free(tp);
 }

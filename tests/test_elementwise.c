@@ -1,6 +1,7 @@
 /* Gradient checks and forward values for the elementwise ops, on contiguous, broadcast and
  * non-contiguous inputs. */
 #include "cmtest.h"
+#include "tensor/vexp.h"
 
 #include <math.h>
 
@@ -162,4 +163,24 @@ Test(elementwise, gelu_values_match_reference_formulas) {
         cr_assert_float_eq(cm_tensor_get_flat(ge, i), e, 1e-6, "gelu erf at %g", v);
     }
     cm_tape_free(tp);
+}
+
+/* The GELU kernels use cmi_vtanhf (vexp.h) instead of libm's tanhf: check it over the range GELU
+ * feeds it, at the polynomial/exp switch (0.625), in the saturated tails and for NaN / ±inf. */
+Test(elementwise, vectorised_tanh_matches_tanhf_within_3_ulp) {
+    for (float x = -12.0f; x <= 12.0f; x += 0.00731f) {
+        const double want = tanhf(x), got = cmi_vtanhf(x);
+        const double ulp = fabs(want) < 1.2e-38 ? 1.4e-45 : fabs(want) * 5.96e-8;
+        cr_assert(fabs(got - want) <= 3 * ulp + 1e-45, "vtanhf(%.7g) = %.9g vs tanhf %.9g (> 3 ulp)", (double)x, got,
+                  want);
+    }
+    const float edge[] = {0.62499994f, 0.625f, -0.625f, 1e-6f, -1e-30f, 0.0f, 9.0f, -9.0f, 50.0f, -50.0f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+        const double want = tanhf(edge[i]), got = cmi_vtanhf(edge[i]);
+        cr_assert(fabs(got - want) <= 3 * fabs(want) * 5.96e-8, "vtanhf(%.9g) = %.9g vs tanhf %.9g", (double)edge[i],
+                  got, want);
+    }
+    cr_assert_eq(cmi_vtanhf(INFINITY), 1.0f);
+    cr_assert_eq(cmi_vtanhf(-INFINITY), -1.0f);
+    cr_assert(isnan(cmi_vtanhf(NAN)));
 }

@@ -161,3 +161,31 @@ Test(model, classifier_config_errors) {
     cr_assert_eq(cm_model_classifier_new(NULL, NULL, &m), CM_ERR_INVALID_ARG);
     cm_module_free(parent);
 }
+
+/* Contiguous f32 logits take the parallel float-exp path of the cross-entropy metrics; a strided
+ * view of the same values takes the general walk (double exp): both agree, rows wider than one
+ * 1024 block included, and a bad target is still reported. */
+Test(metrics, cross_entropy_fast_path_matches_general_walk) {
+    cm_tape *tp = cmt_tape();
+    const int64_t N = 3, T = 41, C = 2500, ls[3] = {N, C, T}, ts[2] = {N, T};
+    cm_tensor *raw = cmt_randn(tp, 3, ls, 11, false);                   /* (N, C, T) */
+    cm_tensor *strided = cm_transpose(tp, cm_mul_scalar(tp, raw, 4.0f), 1, 2); /* (N, T, C), strided */
+    cm_tensor *contig = cm_contiguous(tp, strided);
+    cm_tensor *tgt = cm_empty(tp, CM_DTYPE_I64, 2, ts);
+    int64_t *tv = cm_tensor_data(tgt);
+    for (int64_t i = 0; i < N * T; i++) tv[i] = i % 7 == 3 ? -100 : (i * 131) % C;
+    const char *names[1] = {"labels"};
+    cm_tensor *fields[1] = {tgt};
+    cm_model_batch b = {names, fields, 1, N, N * T};
+    cm_metric ce = cm_metric_cross_entropy("labels");
+    double slow[2] = {0}, fast[2] = {0};
+    cr_assert(!cm_tensor_is_contiguous(strided) && cm_tensor_is_contiguous(contig));
+    cr_assert_eq(cm_metric_update(&ce, strided, &b, slow), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&ce, contig, &b, fast), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(fast[1], slow[1], "counted rows %g vs %g", fast[1], slow[1]);
+    cr_assert(fabs(fast[0] - slow[0]) <= 1e-6 * fabs(slow[0]), "sum %.12g vs %.12g (rel 1e-6)", fast[0], slow[0]);
+    tv[5] = C;
+    cr_assert_eq(cm_metric_update(&ce, contig, &b, fast), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "target 2500"), "%s", cm_last_error());
+    cm_tape_free(tp);
+}

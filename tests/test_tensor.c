@@ -441,3 +441,41 @@ Test(dropout, row_context_makes_masks_independent_of_the_split) {
     cr_assert_eq(r3.counter, 8);
     cm_tape_free(tp);
 }
+
+/* Intermediate gradients are dropped once consumed and their (pooled, >= 64 KiB) memory is reused
+ * later in the same backward and in the next step; the leaf gradient is unchanged by that, and
+ * retain_grads keeps every intermediate's gradient as before. */
+Test(autograd, intermediate_gradients_are_freed_and_reused_unless_retained) {
+    for (int retain = 0; retain < 2; retain++) {
+        cm_tape_config tc = cm_tape_config_default();
+        tc.retain_grads = retain;
+        tc.poison = true; /* a reused block that is not zeroed would show up as NaN */
+        cm_tape *tp;
+        cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+        int64_t s[1] = {40000}; /* 160 KB: pooled */
+        cm_tensor *x;
+        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, s, &x), CM_OK);
+        float *xv = cm_tensor_data(x);
+        for (int64_t i = 0; i < s[0]; i++) xv[i] = 0.25f * (float)(i % 7) - 0.5f;
+        cm_tensor_set_requires_grad(x, true);
+        for (int step = 0; step < 3; step++) {
+            /* a chain with a shared subexpression: y = (a·a + a)·2, a = exp(x); dy/dx = (4a + 2)·a */
+            cm_tensor *a = cm_exp(tp, x);
+            cm_tensor *sq = cm_mul(tp, a, a);
+            cm_tensor *y = cm_mul_scalar(tp, cm_add(tp, sq, a), 2.0f);
+            cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, y, NULL, 0, false)), CM_OK, "%s", cm_tape_error(tp));
+            if (retain) cr_assert_not_null(cm_tensor_grad(a), "retain_grads keeps the intermediate's gradient");
+            else cr_assert_null(cm_tensor_grad(a), "the intermediate's gradient is dropped after its node ran");
+            cr_assert_not_null(cm_tensor_grad(x), "the leaf keeps its gradient");
+            for (int64_t i = 0; i < s[0]; i += 997) {
+                const double av = exp(cm_tensor_get_flat(x, i));
+                const double want = (step + 1) * (4 * av + 2) * av, got = cm_tensor_get_flat(cm_tensor_grad(x), i);
+                cr_assert(fabs(got - want) <= 1e-5 * fabs(want), "step %d, dx[%lld] = %.7g, want %.7g (rel 1e-5)",
+                          step, (long long)i, got, want);
+            }
+            cm_tape_reset(tp);
+        }
+        cm_tensor_free(x);
+        cm_tape_free(tp);
+    }
+}

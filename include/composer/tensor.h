@@ -181,6 +181,12 @@ cm_status cm_tensor_init_xavier_normal(cm_tensor *t, cm_rng *rng, float gain);
 typedef struct cm_tape_config {
     size_t arena_budget; /* bytes for activations, gradients and nodes per step; 0 = unlimited */
     bool poison;         /* fill new arena memory with NaN (tests) */
+    /* Keep the gradient of every intermediate tensor (one made by an op) until the tape resets.
+     * false (default): as PyTorch's non-leaf tensors, an intermediate's gradient is dropped
+     * (cm_tensor_grad gives NULL) once the node that made it has run its backward, and its memory
+     * is reused by the rest of the backward pass — backward then holds only the gradients still in
+     * flight instead of one per activation. Leaves' gradients are always kept. */
+    bool retain_grads;
 } cm_tape_config;
 
 cm_tape_config cm_tape_config_default(void);
@@ -500,8 +506,14 @@ typedef struct cm_attention_opts {
     cm_tensor *bias;      /* optional f32 additive bias broadcastable to (B, H, T, S), e.g. ALiBi as
                              (1, H, T, S) or (H, 1, S); gets a gradient (summed over its broadcast dims) */
     cm_tensor *key_padding_mask; /* optional (B, S) u8/i32/i64: nonzero = a real key, 0 = padding */
+    /* Dropout on the probabilities, fused (0 = none): each probability is zeroed with probability
+     * dropout_p and the rest scaled by 1/(1 - dropout_p), with the mask drawn from `rng` exactly as
+     * cm_dropout(tp, softmax(...), dropout_p, true, rng) draws it for the contiguous (B, H, T, S)
+     * probabilities, so the fused and explicit forms agree. rng is required when dropout_p > 0. */
+    float dropout_p;
+    cm_rng *rng;
 } cm_attention_opts;
-/* No mask, no bias, scale 1/sqrt(D). */
+/* No mask, no bias, scale 1/sqrt(D), no dropout. */
 cm_attention_opts cm_attention_opts_default(void);
 
 /* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D), contiguous.
@@ -511,12 +523,14 @@ cm_attention_opts cm_attention_opts_default(void);
  * queries are the last T of S positions, pass an explicit bias instead). A query row whose keys are
  * all masked outputs zeros and passes zero gradient (no NaN).
  * The fused backward recomputes nothing: the attention probabilities P (B, H, T, S) are kept in the
- * tape's arena (only when a gradient is needed), so memory grows with B·H·T·S.
+ * tape's arena (only when a gradient is needed), so memory grows with B·H·T·S (plus one byte per
+ * probability for the dropout mask when dropout_p > 0).
  * q, k and v may be strided views; the usual cm_permute of a (B, T, H, D) tensor is read in place
  * (no copy); other layouts are made contiguous first.
  * Errors (NULL, tape error naming the shapes): CM_ERR_DTYPE if q, k, v or bias is not f32 or the
  * mask is not u8/i32/i64; CM_ERR_SHAPE if q, k, v are not 4-d, disagree in B, H or D, k and v differ
- * in S, bias does not broadcast to (B, H, T, S), or the mask is not (B, S). */
+ * in S, bias does not broadcast to (B, H, T, S), or the mask is not (B, S); CM_ERR_INVALID_ARG if
+ * dropout_p is outside [0, 1] or rng is NULL with dropout_p > 0. */
 cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *opts);
 
 #ifdef __cplusplus

@@ -105,14 +105,20 @@ static cm_tensor *attn_core(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *
         bias = bias ? cm_add(tp, bias, ab) : ab;
     }
     cm_tensor *y;
-    /* dropout on the probabilities needs them explicitly; a replacement module counts as active */
+    /* dropout on the probabilities: a plain Dropout runs fused inside cm_attention (same mask from
+     * the module's generator as the explicit form); a replacement module needs the probabilities
+     * explicitly */
     const bool drop = attn_drop && cm_module_is_training(attn_drop) &&
                       (!cmn_is_dropout(attn_drop) || cmn_dropout_p(attn_drop) > 0.0f);
-    if (!drop) {
+    if (!drop || cmn_is_dropout(attn_drop)) {
         cm_attention_opts o = cm_attention_opts_default();
         o.causal = causal;
         o.bias = bias;
         o.key_padding_mask = kpm;
+        if (drop) {
+            o.dropout_p = cmn_dropout_p(attn_drop);
+            o.rng = cm_nn_dropout_rng(attn_drop);
+        }
         y = cm_attention(tp, qh, kh, vh, &o);
     } else {
         /* explicit path: dropout on the probabilities */

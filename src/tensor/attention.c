@@ -22,7 +22,7 @@
 #include <omp.h>
 
 cm_attention_opts cm_attention_opts_default(void) {
-    cm_attention_opts o = {false, 0.0f, NULL, NULL};
+    cm_attention_opts o = {false, 0.0f, NULL, NULL, 0.0f, NULL};
     return o;
 }
 
@@ -92,9 +92,23 @@ static float *mask_rows(cm_tape *tp, const cm_tensor *m) {
 }
 
 typedef struct {
-    cm_tensor *P; /* (B, H, T, S) attention probabilities */
+    cm_tensor *P; /* (B, H, T, S) attention probabilities (before dropout) */
     float scale;
+    const uint8_t *drop; /* (B, H, T, S) 1 = dropped, or NULL without dropout */
+    float keep_scale;    /* 1/(1 - dropout_p) */
 } attn_ctx;
+
+/* Pd (m, kn) = P ⊙ keep · keep_scale for rows [i0, i0 + m) of one (T, S) slice: the probabilities
+ * after dropout, into a dense scratch block. */
+static void apply_dropout(const float *P, const uint8_t *drop, int64_t S, int64_t m, int64_t kn, float keep_scale,
+                          float *Pd) {
+    for (int64_t i = 0; i < m; i++) {
+        const float *pr = P + i * S;
+        const uint8_t *dr = drop + i * S;
+        float *o = Pd + i * kn;
+        for (int64_t j = 0; j < kn; j++) o[j] = dr[j] ? 0.0f : pr[j] * keep_scale;
+    }
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Backward                                                                                     */
@@ -128,6 +142,14 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
     }
     float *rs_all = cmi_scratch(tp, sizeof(float) * (size_t)(T * nth)); /* (nth, T) rowsum(dO ⊙ O) */
     if (!rs_all) return cmi_status(tp);
+    /* With dropout, O = Pd·V where Pd = P ⊙ keep · ks, so dV = Pdᵀ·dO, dPd = dO·Vᵀ, dP = dPd ⊙ keep · ks,
+     * and rowsum(dP ⊙ P) = rowsum(dPd ⊙ Pd) = rowsum(dO ⊙ O): the softmax step is unchanged.
+     * Pd is rebuilt per row block from P and the mask into a per-thread (RB, S) scratch. */
+    const uint8_t *drop = c->drop;
+    const float ks = c->keep_scale;
+    float *pd_all = NULL;
+    if (drop && !(pd_all = cmi_scratch(tp, sizeof(float) * (size_t)(row_block(T) * S * nth))))
+        return cmi_status(tp);
     const float *Pv = cmi_f32(c->P), *Ov = cmi_f32(n->out), *gOv = cmi_f32(gout);
     float *gqv = gq ? cmi_f32(gq) : NULL, *gkv = gk ? cmi_f32(gk) : NULL, *gvv = gv ? cmi_f32(gv) : NULL;
     const float scale = c->scale;
@@ -154,10 +176,19 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
             const int m = (int)(i1 - i0), kk = (int)kn;
             const float *Pb = P + i0 * S, *gOb = gO + i0 * D; // (m, S), (m, D)
             float *dLb = dL + i0 * S;                         // (m, S)
-            /* dV (kn, D) += Pᵀ·dO */
-            if (gvv)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, Pb, iS, gOb, iD, 1.0f,
+            const uint8_t *db = drop ? drop + bh * TS + i0 * S : NULL; // (m, S)
+            /* dV (kn, D) += Pdᵀ·dO (Pd = P without dropout) */
+            if (gvv) {
+                const float *A = Pb;
+                int lda = iS;
+                if (db) {
+                    float *Pd = pd_all + (int64_t)omp_get_thread_num() * RB * S;
+                    apply_dropout(Pb, db, S, m, kn, ks, Pd);
+                    A = Pd, lda = kk;
+                }
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, iD, 1.0f,
                             gvv + bh * S * D, iD);
+            }
             if (!need_dL) continue;
             /* dP (m, kn) = dO·Vᵀ */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, flip(mv.tr), m, kk, iD, 1.0f, gOb, iD, mat_at(&mv, b, h), mv.ld,
@@ -167,7 +198,12 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
                 const float *pr = P + i * S;
                 float *dr = dL + i * S;
                 const float r = rs[i];
-                for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * (dr[j] - r);
+                if (db) { /* dP = dPd ⊙ keep · ks */
+                    const uint8_t *mr = db + (i - i0) * S;
+                    for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * ((mr[j] ? 0.0f : dr[j] * ks) - r);
+                } else {
+                    for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * (dr[j] - r);
+                }
                 for (int64_t j = kn; j < S; j++) dr[j] = 0.0f; /* read by the bias reduction */
             }
             /* dQ (m, D) += scale·dL·K;  dK (kn, D) += scale·dLᵀ·Q */
@@ -268,6 +304,25 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
     const float scale = o.scale != 0.0f ? o.scale : (D > 0 ? 1.0f / sqrtf((float)D) : 1.0f);
     const int64_t BH = B * H, TS = T * S;
     const int nth = (BH > 1 && BH * TS * D >= CMI_PAR_MIN) ? cm_num_threads() : 1;
+    if (!(o.dropout_p >= 0.0f && o.dropout_p <= 1.0f)) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "attention: dropout_p %g must be in [0, 1]", (double)o.dropout_p);
+        return NULL;
+    }
+    if (o.dropout_p > 0.0f && !o.rng) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "attention: rng is NULL (dropout_p %g > 0 needs a generator)",
+                 (double)o.dropout_p);
+        return NULL;
+    }
+    /* The dropout mask over the contiguous (B, H, T, S) probabilities, drawn as cm_dropout draws it
+     * (keyed by global row under the tape's row context). */
+    uint8_t *drop = NULL;
+    float *pd_all = NULL;
+    const float keep_scale = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
+    if (o.dropout_p > 0.0f) {
+        if (!(drop = cmi_scratch(tp, (size_t)(BH * TS) + 1))) return NULL;
+        cmi_dropout_mask(tp, o.rng, drop, B, BH * TS, o.dropout_p); /* rows: the batch dim */
+        if (!(pd_all = cmi_scratch(tp, sizeof(float) * (size_t)(row_block(T) * S * nth + 1)))) return NULL;
+    }
 
     /* P: kept for backward, or one (T, S) slice per thread when no gradient is needed. */
     cm_tensor *Pt = NULL;
@@ -329,9 +384,16 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
                     const float inv = 1.0f / sum;
                     for (int64_t j = 0; j < jn; j++) row[j] *= inv;
                 }
-                /* out (m, D) = P·v */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, mv.tr, m, iD, kk, 1.0f, P + i0 * S, iS, mat_at(&mv, b, h),
-                            mv.ld, 0.0f, ov + (bh * T + i0) * D, iD);
+                /* out (m, D) = Pd·v (Pd = P after dropout) */
+                const float *A = P + i0 * S;
+                int lda = iS;
+                if (drop) {
+                    float *Pd = pd_all + (int64_t)omp_get_thread_num() * RB * S;
+                    apply_dropout(P + i0 * S, drop + bh * TS + i0 * S, S, m, kn, keep_scale, Pd);
+                    A = Pd, lda = kk;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, mv.tr, m, iD, kk, 1.0f, A, lda, mat_at(&mv, b, h), mv.ld,
+                            0.0f, ov + (bh * T + i0) * D, iD);
             }
         }
     }
@@ -341,6 +403,8 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
         attn_ctx *c = n->ctx;
         c->P = Pt;
         c->scale = scale;
+        c->drop = drop;
+        c->keep_scale = keep_scale;
         n->i[0] = o.causal;
     }
     return out;

@@ -109,6 +109,11 @@ static cm_status gemm_widen(cm_tape *tp, int64_t M, int64_t N, int64_t K, const 
                         (long long)M, (long long)N, (long long)K);
     /* op(A) is stored as (M, K) rows, or as (K, M) rows when transposed; likewise B. */
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    /* The widened copies live only for this call: give their arena space back on return, so an
+     * amp_bf16 step does not keep f32 copies of every GEMM operand until the tape resets (they were
+     * most of the 2x RSS of amp_bf16 over fp32). Nothing else allocates from the arena in between,
+     * and bf16 GEMMs never run inside a parallel region (gemm_batched), so the rewind is safe. */
+    const size_t mark = cm_arena_mark(tp->arena);
     float *a32 = cmi_scratch(tp, sizeof(float) * (size_t)(ar * ac + 1));
     float *b32 = a32 ? cmi_scratch(tp, sizeof(float) * (size_t)(br * bc + 1)) : NULL;
     if (!b32) return cmi_status(tp);
@@ -124,9 +129,10 @@ static cm_status gemm_widen(cm_tape *tp, int64_t M, int64_t N, int64_t K, const 
                 for (int64_t j = 0; j < N; j++) row[j] += bias[j];
         }
     }
-    if (K == 0) return CM_OK;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                1.0f, a32, (int)(ac ? ac : 1), b32, (int)(bc ? bc : 1), 1.0f, c, (int)ldc);
+    if (K > 0)
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                    (int)K, 1.0f, a32, (int)(ac ? ac : 1), b32, (int)(bc ? bc : 1), 1.0f, c, (int)ldc);
+    cm_arena_rewind(tp->arena, mark);
     return CM_OK;
 }
 

@@ -247,6 +247,9 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     mm_plan_make(a, b, &p);
     const cm_dtype dt = a->dtype;
     mat G = {.p = (char *)gout->data, .ld = p.N, .t = false}; /* dC (batch, M, N), contiguous */
+    /* the bf16 copy of dC is scratch for this call only (the gradients above were allocated before
+     * the mark, so the rewind at the end frees nothing else) */
+    const size_t mark = cm_arena_mark(tp->arena);
     if (dt == CM_DTYPE_BF16 && !(G.p = (char *)to_bf16(tp, gout))) return cmi_status(tp);
     cmi_contig_strides(p.nbd, p.bshape, G.bs);
     for (int d = 0; d < p.nbd; d++) G.bs[d] *= p.M * p.N;
@@ -257,6 +260,7 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
             st = gemm(tp, dt, R, p.K, p.N, G.p, G.ld, false, p.B.p, p.B.ld, !p.B.t, NULL, true, cmi_f32(ga), p.K);
         if (!st && gb) /* dB (K, N) += Aᵀ (K, R) · dC (R, N) */
             st = gemm(tp, dt, p.K, p.N, R, p.A.p, p.A.ld, !p.A.t, G.p, G.ld, false, NULL, true, cmi_f32(gb), p.N);
+        cm_arena_rewind(tp->arena, mark);
         return st ? st : cmi_status(tp);
     }
     if (ga) { /* dA_i (M, K) += dC_i (M, N) · B_iᵀ, summed where a was broadcast */
@@ -267,6 +271,7 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         mat At = mat_trans(p.A);
         st = gemm_batched(tp, dt, p.nbd, p.bshape, p.nb, p.K, p.N, p.M, &At, &G, cmi_f32(gb), p.N, p.gb_bs, true);
     }
+    cm_arena_rewind(tp->arena, mark);
     return st ? st : cmi_status(tp);
 }
 
@@ -346,6 +351,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
     cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, bias);
     const char *dy = (const char *)gout->data; // (R, out)
+    const size_t mark = cm_arena_mark(tp->arena); /* the bf16 dy is scratch, as in matmul_backward */
     if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dy = to_bf16(tp, gout))) return cmi_status(tp);
     cm_status st = CM_OK;
     if (gx) /* dx (R, in) += dy (R, out) · w (out, in) */
@@ -367,6 +373,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
             for (int64_t j = 0; j < w_; j++) db[j0 + j] += acc[j];
         }
     }
+    cm_arena_rewind(tp->arena, mark);
     return st ? st : cmi_status(tp);
 }
 

@@ -20,6 +20,7 @@ cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
         return st;
     }
     cm_arena_set_poison(tp->arena, c.poison);
+    tp->retain_grads = c.retain_grads;
     tp->grad_enabled = true;
     tp->autocast = CM_DTYPE_F32;
     *out = tp;
@@ -28,11 +29,14 @@ cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
 
 void cm_tape_free(cm_tape *tp) {
     if (!tp) return;
+    for (int i = 0; i < tp->n_gblocks; i++) cm_free(tp->gblocks[i].p);
+    cm_free(tp->gblocks);
     cm_arena_free(tp->arena);
     cm_free(tp);
 }
 
 void cm_tape_reset(cm_tape *tp) {
+    for (int i = 0; i < tp->n_gblocks; i++) tp->gblocks[i].in_use = false; /* their tensors are gone */
     cm_arena_reset(tp->arena);
     tp->last = NULL;
     tp->n_nodes = 0;
@@ -253,12 +257,65 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
     return node;
 }
 
+/* Gradients of at least this many bytes come from the tape's block pool; smaller ones from the
+ * arena (not worth a heap block each). */
+#define GRAD_POOL_MIN ((size_t)64 << 10)
+
+/* A free pool block of at least `bytes` (the smallest that fits, and at most twice the size so
+ * one huge block is not pinned by a small gradient), or a new one. NULL on OOM. */
+static void *gpool_take(cm_tape *tp, size_t bytes) {
+    int best = -1;
+    for (int i = 0; i < tp->n_gblocks; i++) {
+        const struct cmi_gblock *b = &tp->gblocks[i];
+        if (!b->in_use && b->bytes >= bytes && b->bytes / 2 <= bytes && (best < 0 || b->bytes < tp->gblocks[best].bytes))
+            best = i;
+    }
+    if (best >= 0) {
+        tp->gblocks[best].in_use = true;
+        return tp->gblocks[best].p;
+    }
+    if (tp->n_gblocks == tp->cap_gblocks) {
+        int cap = tp->cap_gblocks ? 2 * tp->cap_gblocks : 32;
+        struct cmi_gblock *nb = cm_alloc(sizeof *nb * (size_t)cap, 16);
+        if (!nb) return NULL;
+        if (tp->n_gblocks) memcpy(nb, tp->gblocks, sizeof *nb * (size_t)tp->n_gblocks);
+        cm_free(tp->gblocks);
+        tp->gblocks = nb;
+        tp->cap_gblocks = cap;
+    }
+    void *p = cm_alloc(bytes, 64);
+    if (!p) return NULL;
+    tp->gblocks[tp->n_gblocks++] = (struct cmi_gblock){p, bytes, true};
+    return p;
+}
+
+static void gpool_give(cm_tape *tp, void *p) {
+    for (int i = tp->n_gblocks - 1; i >= 0; i--)
+        if (tp->gblocks[i].p == p) {
+            tp->gblocks[i].in_use = false;
+            return;
+        }
+}
+
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
     if (t->grad) return t->grad;
     if (t->flags & CM_TF_TAPE) {
-        t->grad = cmi_zeros(tp, CM_DTYPE_F32, t->ndim, t->shape);
-        return t->grad;
+        const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
+        if (tp->retain_grads || !t->node || bytes < GRAD_POOL_MIN) {
+            t->grad = cmi_zeros(tp, CM_DTYPE_F32, t->ndim, t->shape);
+            return t->grad;
+        }
+        cm_tensor *g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape);
+        if (!g) return NULL;
+        cmi_contig_strides(t->ndim, t->shape, g->stride);
+        if (!(g->data = gpool_take(tp, bytes))) {
+            cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
+            return NULL;
+        }
+        memset(g->data, 0, bytes);
+        t->grad = g;
+        return g;
     }
     cm_tensor *g;
     if (cm_tensor_new(CM_DTYPE_F32, t->ndim, t->shape, &g) != CM_OK) {
@@ -328,6 +385,11 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
         st = n->backward(tp, n, gout);
         if (st == CM_OK && tp->status) st = tp->status;
         if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
+        /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */
+        if (!tp->retain_grads && (n->out->flags & CM_TF_TAPE)) {
+            if (cm_tensor_numel(gout) * sizeof(float) >= GRAD_POOL_MIN) gpool_give(tp, gout->data);
+            n->out->grad = NULL;
+        }
     }
     tp->grad_enabled = prev;
     if (st && !tp->status) cmi_fail(tp, st, "backward: %s", cm_last_error());

@@ -87,6 +87,17 @@ struct cm_tape {
     cm_tape_fetch_fn fetch;           /* see cm_tape_set_fetch_hook */
     void *fetch_data;
     int64_t row_first, row_n, row_total; /* see cm_tape_set_rows (row_total 0: none) */
+    /* Gradient buffers of large intermediate tensors (tape.c): heap blocks reused across
+     * backward passes and steps. A block is handed out by cmi_grad and returned when the node that
+     * produced the tensor has run its backward (its gradient is dead then), so backward holds only
+     * the gradients still in flight, not every activation's gradient until reset. */
+    struct cmi_gblock {
+        void *p;
+        size_t bytes;
+        bool in_use;
+    } *gblocks;
+    int n_gblocks, cap_gblocks;
+    bool retain_grads; /* cm_tape_config.retain_grads */
 };
 
 /* ---- op plumbing ---- */

@@ -165,13 +165,18 @@ static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     gv.data = cmi_f32(gb) + c->offset;
     memcpy(gv.stride, c->stride, sizeof c->stride);
     gv.flags = 0;
-    /* gv += gout through the strides; views made by expand overlap (stride 0), so go serial. */
+    /* gv += gout through the strides. Views made by expand overlap (a stride 0 on a dim of size > 1),
+     * so they go serial; every other view op (narrow, permute, reshape, [un]squeeze) maps distinct
+     * elements to distinct base elements, so rows may run in parallel. */
     int64_t st[2][CM_MAX_DIMS];
     memcpy(st[0], gv.stride, sizeof(int64_t) * (size_t)gv.ndim);
     cmi_contig_strides(gout->ndim, gout->shape, st[1]);
+    bool distinct = true;
+    for (int d = 0; d < gv.ndim; d++)
+        if (gv.shape[d] > 1 && gv.stride[d] == 0) distinct = false;
     char *bases[2] = {(char *)gv.data, (char *)gout->data};
     size_t es[2] = {4, 4};
-    cmi_iterate(gout->ndim, gout->shape, 2, st, bases, es, false, add_row, NULL);
+    cmi_iterate(gout->ndim, gout->shape, 2, st, bases, es, distinct, add_row, NULL);
     return CM_OK;
 }
 

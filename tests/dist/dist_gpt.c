@@ -3,11 +3,13 @@
  * read from two units' code), attention, layer norms, views of parameters, one wrap unit per
  * block — and FULL_SHARD must gather every one of them on use, in forward and in backward.
  *
- *   dist_gpt OUT STRATEGY [bf16]   train 6 batches of 6 sequences in microbatches of 2 (AdamW,
+ *   dist_gpt OUT STRATEGY [bf16] [dropout]
+ *                                  train 6 batches of 6 sequences in microbatches of 2 (AdamW,
  *                                  clipping); rank 0 writes every parameter and the last loss
  * Outputs are compared with `dist_train --compare A B TOL`.
  *
- * Dropout is off: masks are drawn per rank, so with dropout N ranks do not equal one process. */
+ * `dropout` sets every dropout of the model to 0.1: masks are keyed by global row, so N ranks
+ * still equal one process. */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -56,7 +58,11 @@ int main(int argc, char **argv) {
     }
     cm_dist_config dc = cm_dist_config_default();
     TRY(cm_sharding_parse(argv[2], &dc.sharding));
-    const bool bf16 = argc > 3 && !strcmp(argv[3], "bf16");
+    bool bf16 = false, dropout = false;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "bf16")) bf16 = true;
+        else if (!strcmp(argv[i], "dropout")) dropout = true;
+    }
     cm_comm *comm;
     TRY(cm_comm_auto_new(NULL, &comm));
     const int rank = cm_comm_rank(comm), world = cm_comm_size(comm);
@@ -69,7 +75,9 @@ int main(int argc, char **argv) {
 
     cm_gpt2_config gc = cm_gpt2_config_default();
     gc.vocab_size = V, gc.n_positions = 16, gc.n_embd = 16, gc.n_layer = 2, gc.n_head = 2;
-    gc.embd_pdrop = gc.attn_pdrop = gc.resid_pdrop = 0;
+    /* dropout masks are keyed by global row (cm_tape_set_rows), attention's fused one included,
+     * so with `dropout` N ranks still equal one process */
+    gc.embd_pdrop = gc.attn_pdrop = gc.resid_pdrop = dropout ? 0.1f : 0.0f;
     gc.initializer_range = 0.2f;
     /* no projection biases: the key bias has an exactly-zero gradient (softmax ignores a constant
      * per query), so Adam's normalised step turns its rounding noise into ±lr moves that no two

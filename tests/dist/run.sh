@@ -134,6 +134,14 @@ gpt_sharded_equivalence)
             "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/g$n.txt" $tol || fail "GPT $strategy on $n ranks differs from 1 process"
         done
     done
+    # With dropout 0.1 everywhere (masks keyed by global row, attention's fused mask included):
+    # 2.2e-5 seen (Adam again, on rarely used token embeddings), so 1e-4; masks drawn per rank
+    # instead are off by 3e-2 on almost every value.
+    env -u OMPI_COMM_WORLD_SIZE "$bin/dist_gpt" "$tmp/refd.txt" NO_SHARD dropout || fail "1-process GPT run (dropout)"
+    for n in 2 3; do
+        launch -n $n "$bin/dist_gpt" "$tmp/gd.txt" FULL_SHARD dropout || fail "GPT FULL_SHARD with dropout on $n ranks"
+        "$bin/dist_train" --compare "$tmp/refd.txt" "$tmp/gd.txt" 1e-4 || fail "GPT with dropout on $n ranks differs from 1 process"
+    done
     env -u OMPI_COMM_WORLD_SIZE "$bin/dist_gpt" "$tmp/ref16.txt" NO_SHARD bf16 || fail "1-process GPT run (amp_bf16)"
     launch -n 3 "$bin/dist_gpt" "$tmp/g16.txt" FULL_SHARD bf16 || fail "GPT FULL_SHARD amp_bf16 on 3 ranks"
     "$bin/dist_train" --compare "$tmp/ref16.txt" "$tmp/g16.txt" $tol || fail "GPT FULL_SHARD amp_bf16 differs from 1 process"
