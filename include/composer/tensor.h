@@ -134,7 +134,9 @@ bool cm_tensor_requires_grad(const cm_tensor *t);
 /* The accumulated gradient (same shape as t, contiguous, always f32 — also for bf16/f16 tensors,
  * so master weights never lose precision), or NULL if none yet. For a
  * long-lived tensor the gradient is long-lived too (freed with the tensor); for a tape tensor it
- * lives in the tape's arena. */
+ * lives in the tape's memory until cm_tape_reset — except that an intermediate tensor's gradient
+ * (one made by an op) is dropped during backward once its node has run, unless the tape was made
+ * with cm_tape_config.retain_grads (see there). */
 cm_tensor *cm_tensor_grad(const cm_tensor *t);
 
 /* Zeroes the gradient if there is one. */
