@@ -180,7 +180,7 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
     TRY(cm_comm_all_reduce(c, &exposed, 1, CM_COMM_F64, CM_REDUCE_MAX));
     const double tok_s = (double)STEPS * GLOBAL_B * T / dt;
     /* memory a rank holds: optimizer state (MB) and peak RSS (MB), the largest over ranks */
-    double mem[2] = {0, 0};
+    double mem[3] = {0, 0, 0};
     for (int i = 0; i < cm_optim_n_state(opt); i++) {
         cm_optim_state_entry e;
         TRY(cm_optim_state_get(opt, i, &e));
@@ -189,13 +189,18 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     mem[1] = (double)ru.ru_maxrss / 1024.0;
-    TRY(cm_comm_all_reduce(c, mem, 2, CM_COMM_F64, CM_REDUCE_MAX));
+    /* RSS now, between steps: what a rank holds at rest (the lifetime peak above includes setup) */
+    FILE *sm = fopen("/proc/self/statm", "r");
+    long pages_total = 0, pages_res = 0;
+    if (sm && fscanf(sm, "%ld %ld", &pages_total, &pages_res) == 2) mem[2] = (double)pages_res * 4096.0 / 1e6;
+    if (sm) fclose(sm);
+    TRY(cm_comm_all_reduce(c, mem, 3, CM_COMM_F64, CM_REDUCE_MAX));
     const double hidden = P > 1 && alone > 0 ? 1.0 - exposed / alone : 0;
     if (rank == 0) {
         printf("GPT-2 %s (L%lld C%lld T%d, %lld parameters), global batch %d, AdamW, %s: %d rank(s) x %d thread(s): %.0f "
-               "tokens/s, %.1f ms/step, optimizer state %.1f MB/rank, peak RSS %.0f MB/rank",
+               "tokens/s, %.1f ms/step, optimizer state %.1f MB/rank, peak RSS %.0f MB/rank, RSS at rest %.0f MB/rank",
                medium ? "medium" : "tiny", (long long)g.n_layer, (long long)g.n_embd, T, (long long)n_params, GLOBAL_B,
-               cm_sharding_name(strategy), P, cm_num_threads(), tok_s, dt / STEPS * 1e3, mem[0], mem[1]);
+               cm_sharding_name(strategy), P, cm_num_threads(), tok_s, dt / STEPS * 1e3, mem[0], mem[1], mem[2]);
         if (P > 1)
             printf("; gradient %s %.2f MB/step: %.2f ms alone, %.2f ms exposed after backward -> %.0f%% hidden "
                    "(%lld of %lld buckets started during backward); %lld unit gathers",
