@@ -445,18 +445,26 @@ cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
     return CM_OK;
 }
 
+/* Hashes tensor i (its bytes ft) against the manifest and marks it verified. */
+static cm_status verify_one(cm_checkpoint *ck, size_t i, const cm_st_tensor *ft) {
+    const cm_ckpt_tensor *t = &ck->tensors[i];
+    const uint64_t h = cm_hash64(ft->data, ft->nbytes, 0);
+    if (h != t->xxh3)
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' is corrupt (XXH3 %016" PRIx64
+                                           ", the manifest says %016" PRIx64 ")",
+                            ck->path, t->name, t->file, h, t->xxh3);
+    ck->verified[i] = 1;
+    return CM_OK;
+}
+
 cm_status cm_checkpoint_verify(cm_checkpoint *ck) {
     if (!ck) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_verify: NULL checkpoint");
     for (size_t i = 0; i < ck->n_tensors; i++) {
         const cm_ckpt_tensor *t = &ck->tensors[i];
         const cm_st_tensor *ft = cm_safetensors_find(cm_checkpoint_file(ck, t->file), t->name);
         if (!ft) return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' vanished", ck->path, t->name);
-        uint64_t h = cm_hash64(ft->data, ft->nbytes, 0);
-        if (h != t->xxh3)
-            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' is corrupt (XXH3 %016" PRIx64
-                                               ", the manifest says %016" PRIx64 ")",
-                                ck->path, t->name, t->file, h, t->xxh3);
-        ck->verified[i] = 1;
+        cm_status s = verify_one(ck, i, ft);
+        if (s) return s;
     }
     return CM_OK;
 }
@@ -539,12 +547,8 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
         if (x >= y) continue;
         const cm_st_tensor *ft = ck->tst[i];
         if (!ck->verified[i]) {
-            uint64_t h = cm_hash64(ft->data, ft->nbytes, 0);
-            if (h != t->xxh3)
-                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' is corrupt (XXH3 %016" PRIx64
-                                                   ", the manifest says %016" PRIx64 ")",
-                                    ck->path, t->name, t->file, h, t->xxh3);
-            ck->verified[i] = 1;
+            cm_status s = verify_one(ck, i, ft);
+            if (s) return s;
         }
         if (dst) memcpy((char *)dst + (size_t)(x - a) * es, (const char *)ft->data + (size_t)(x - t->begin) * es,
                         (size_t)(y - x) * es);
