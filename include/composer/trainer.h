@@ -642,7 +642,18 @@ cm_fit_opts cm_fit_opts_default(void);
  * CM_ERR_INTERRUPTED: SIGTERM or SIGINT arrived (with handle_signals), the current batch was
  * finished, a checkpoint saved (when save_folder is set) and the trainer closed; exit with
  * cm_trainer_exit_code. After an error the trainer may be closed and freed; the model holds the
- * parameters of the last completed step. */
+ * parameters of the last completed step.
+ *
+ * On several ranks (cfg.dist): a signal on any rank stops every rank after the same batch, and
+ * they save together. Each microbatch tells the tape which global rows it holds
+ * (cm_tape_set_rows) and every microbatch of a batch starts the model's dropout generators from
+ * the batch's counters, so dropout masks do not depend on the split over ranks or microbatches.
+ * With collectives_per_microbatch (FULL_SHARD) every rank runs as many microbatches as the rank
+ * with the most; a rank with fewer rows runs "phantom" microbatches — one row (its first, or the
+ * train dataset's sample 0 when its slice is empty) forward and backward in eval mode with an
+ * upstream gradient of 0 — that issue the same collectives and change nothing (no events, metrics
+ * or loss). With device_train_microbatch_size auto the ranks share their out-of-memory flags after
+ * each attempt and retry together. */
 cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
 
 /* Standalone evaluation of `evaluators` (NULL/0 = the configured ones), each on its
