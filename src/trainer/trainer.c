@@ -941,7 +941,7 @@ static cm_status fit_loop(cm_trainer *tr) {
             cmi_state_clear_batch(st);
             /* preemption: stop after this batch — on every rank, if any rank got the signal, so all
              * of them save together (a signal arriving after this point is seen after the next) */
-            if (!tr->stop_signal) {
+            if (!tr->stop_signal && tr->signals_on) {
                 const int sig_now = g_signal;
                 double flag = sig_now ? 1.0 : 0.0;
                 if (tr->dist.world_size > 1 && (s = reduce(tr, &flag, 1))) return s;
@@ -1028,6 +1028,7 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
     }
     struct sigaction old_term, old_int;
     const bool signals = cmi_ckpt_handles_signals(tr);
+    tr->signals_on = signals; /* every rank has the same setting, so the stop flag's reduce matches */
     if (signals) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

@@ -82,6 +82,7 @@ struct cm_trainer {
     struct cmi_ckpt *ckpt;   /* checkpoint options and saver (src/checkpoint); NULL = none */
     int interrupted_signal;  /* the signal that stopped the last fit (0: none) */
     int stop_signal;         /* during fit: the preemption signal all ranks agreed to stop on (0: none) */
+    bool signals_on;         /* during fit: SIGTERM/SIGINT handlers are installed (handle_signals) */
     /* FULL_SHARD: a one-row batch of the train dataset's sample 0, for the phantom microbatches
      * of a rank whose slice of a batch is empty (made on first use) */
     cm_batch phantom;
