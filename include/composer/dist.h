@@ -30,7 +30,7 @@
  *     cm_trainer_config cfg = cm_trainer_config_default();
  *     cm_dist_trainer_hooks(dp, &cfg);                           // rank, world size, reductions
  *     cm_trainer_new(&cfg, &tr);
- *     cm_dist_attach(dp, tr);                                    // overlap all-reduce with backward
+ *     cm_dist_attach(dp, tr);                                    // overlap collectives with backward
  *     cm_status s = cm_trainer_fit(tr, NULL);
  *     ...
  *     cm_trainer_free(tr); cm_dist_free(dp);
@@ -304,15 +304,21 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg);
  * Errors: CM_ERR_INVALID_ARG (NULL). */
 cm_status cm_dist_optim_spans(cm_dist *d, const cm_optim_span **out, int *n);
 
-/* Lets backward start each unit's all-reduce during the last microbatch's backward (a hook on the
- * trainer's tape, and a callback "DistributedDataParallel" on its engine that unhooks it when the
- * trainer is freed; either may be freed first). Optional: without it every bucket starts in
- * sync_grads, after backward (correct, not overlapped). Errors: CM_ERR_INVALID_ARG (NULL),
- * CM_ERR_STATE (attached already), the engine's errors. */
+/* Lets backward start each unit's gradient collective (all-reduce; reduce-scatter when sharded)
+ * as soon as backward has finished the unit: during the last microbatch's backward, or every
+ * microbatch's under FULL_SHARD (a hook on the trainer's tape, and a callback
+ * "DistributedDataParallel" on its engine that unhooks it when the trainer is freed; either may
+ * be freed first). Nothing starts during backward while the microbatch size is automatic (an
+ * attempt may be thrown away). Optional: without it every bucket starts in sync_grads, after
+ * backward (correct, not overlapped). Errors: CM_ERR_INVALID_ARG (NULL), CM_ERR_STATE (attached
+ * already), the engine's errors. */
 cm_status cm_dist_attach(cm_dist *d, cm_trainer *tr);
 
-/* Makes the gradients the global batch's: all-reduces (sums) every unit's flat gradient buffer
- * that backward has not started yet, then waits for all of them. Errors: the communicator's. */
+/* Makes the gradients the global batch's: starts the collective of every unit backward has not
+ * started yet — an all-reduce (sum) of its flat gradient buffer, or under sharding a
+ * reduce-scatter into this rank's gradient shard — then waits for all of them (FULL_SHARD: adds
+ * the last microbatch's chunks into the shards and releases the full gradient pages). Errors: the
+ * communicator's. */
 cm_status cm_dist_sync_grads(cm_dist *d);
 
 /* After an optimizer step under SHARD_GRAD_OP: all-gathers every unit (in place) so each rank's
