@@ -253,3 +253,14 @@ Test(dist, full_shard_free_without_gather_leaves_nan_not_zeros) {
         cm_comm_free(c);
     }
 }
+
+/* The library never exits: aborting a single-process job returns an error for the program to act
+ * on (this test process goes on running). */
+Test(dist, abort_on_one_process_returns_instead_of_exiting) {
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    cr_assert_eq(cm_comm_abort(c, 3, "(expected by the test)"), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "exit status 3"), "message: %s", cm_last_error());
+    cr_assert_eq(cm_comm_abort(NULL, 1, NULL), CM_ERR_INVALID_ARG);
+    cm_comm_free(c);
+}

@@ -225,10 +225,12 @@ cm_status cm_comm_wait(cm_comm *c, cm_comm_request *req);
 /* Progresses req without blocking; *done = true means it finished and was released. */
 cm_status cm_comm_test(cm_comm *c, cm_comm_request *req, bool *done);
 
-/* Stops every rank of the job now with `code`, after logging msg (MPI_Abort; a single process
- * calls exit). For programs that want to end the job at the first error; the library never calls
- * it. */
-void cm_comm_abort(cm_comm *c, int code, const char *msg);
+/* Stops every rank of the job now with `code` (0 becomes 1), after logging msg: MPI_Abort, which
+ * does not return. For programs that want to end the job at the first error; the library never
+ * calls it, and never exits: a backend that cannot stop the job (the single process, or an abort
+ * that failed) returns CM_ERR_UNSUPPORTED, and the program ends itself with that code. Errors:
+ * CM_ERR_INVALID_ARG (NULL), CM_ERR_UNSUPPORTED. */
+cm_status cm_comm_abort(cm_comm *c, int code, const char *msg);
 
 /* =============================================================================================
  * Data parallelism

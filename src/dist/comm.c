@@ -116,12 +116,16 @@ static cm_status comm_fail(cm_comm *c, cm_status s, const char *fmt, ...) {
     return cm_set_error(s, "%s", msg);
 }
 
-void cm_comm_abort(cm_comm *c, int code, const char *msg) {
+cm_status cm_comm_abort(cm_comm *c, int code, const char *msg) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_comm_abort: communicator is NULL");
     if (msg) fprintf(stderr, "composer: rank %d: %s\n", cm_comm_rank(c), msg);
     fflush(stderr);
     fflush(stdout);
-    if (c && c->vt->abort) c->vt->abort(c->self, code ? code : 1);
-    exit(code ? code : 1);
+    if (c->vt->abort) c->vt->abort(c->self, code ? code : 1); /* returns only if the abort failed */
+    return cm_set_error(CM_ERR_UNSUPPORTED,
+                        "cm_comm_abort: the '%s' communicator cannot stop the job (one process, or the abort "
+                        "failed): return from main with exit status %d instead",
+                        c->vt->name, code ? code : 1);
 }
 
 /* ---------------------------------------------------------------------------------------------
