@@ -52,11 +52,14 @@ static void scale(float *g, int64_t n, float c) {
     for (int64_t i = 0; i < n; i++) g[i] *= c;
 }
 
-cm_status cm_grad_clip_norm(float *const *grads, const int64_t *lens, int n, double max_norm, double *total_norm) {
+/* Norm clipping with the sum of squares summed over ranks by st (NULL: this process only). */
+static cm_status clip_norm(float *const *grads, const int64_t *lens, int n, double max_norm, double *total_norm,
+                           const cm_state *st) {
     cm_status s = check_spans("clip_grad_norm", grads, lens, n, max_norm);
     if (s) return s;
     double ss = 0;
     for (int i = 0; i < n; i++) ss += sumsq(grads[i], lens[i]);
+    if (st && (s = cm_state_all_reduce_sum(st, &ss, 1))) return s;
     const double total = sqrt(ss);
     if (total_norm) *total_norm = total;
     /* torch 1.13: clip_coef = max_norm / (total + 1e-6), clamped to 1, always multiplied */
@@ -64,6 +67,10 @@ cm_status cm_grad_clip_norm(float *const *grads, const int64_t *lens, int n, dou
     if (coef < 1.0)
         for (int i = 0; i < n; i++) scale(grads[i], lens[i], (float)coef);
     return CM_OK;
+}
+
+cm_status cm_grad_clip_norm(float *const *grads, const int64_t *lens, int n, double max_norm, double *total_norm) {
+    return clip_norm(grads, lens, n, max_norm, total_norm, NULL);
 }
 
 cm_status cm_grad_clip_value(float *const *grads, const int64_t *lens, int n, double clip_value) {
@@ -169,25 +176,13 @@ static cm_status clip_shards(const grad_clip *gc, cm_state *st, const cm_shard_s
         return cm_set_error(CM_ERR_UNSUPPORTED, "adaptive clipping needs whole parameters, and under a sharded "
                                                 "strategy a rank holds pieces of them (use clipping_type norm or "
                                                 "value, or sharding_strategy NO_SHARD)");
-    if (!(gc->threshold > 0) || !isfinite(gc->threshold))
-        return cm_set_error(CM_ERR_INVALID_ARG, "gradient clipping: the threshold %g must be > 0 and finite",
-                            gc->threshold);
-    if (gc->type == CM_GRAD_CLIP_VALUE) {
-        for (int i = 0; i < n; i++) {
-            float *g = sp[i].grads;
-            const float v = (float)gc->threshold;
-            for (int64_t k = 0; k < sp[i].end - sp[i].begin; k++) g[k] = fminf(fmaxf(g[k], -v), v);
-        }
-        return CM_OK;
-    }
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += sumsq(sp[i].grads, sp[i].end - sp[i].begin);
-    cm_status s = cm_state_all_reduce_sum(st, &ss, 1);
-    if (s) return s;
-    const double coef = fmin(gc->threshold / (sqrt(ss) + 1e-6), 1.0);
-    if (coef < 1.0)
-        for (int i = 0; i < n; i++) scale(sp[i].grads, sp[i].end - sp[i].begin, (float)coef);
-    return CM_OK;
+    enum { MAXU = 256 };
+    if (n > MAXU) return cm_set_error(CM_ERR_UNSUPPORTED, "gradient clipping: more than %d units", MAXU);
+    float *grads[MAXU];
+    int64_t lens[MAXU];
+    for (int i = 0; i < n; i++) grads[i] = sp[i].grads, lens[i] = sp[i].end - sp[i].begin;
+    if (gc->type == CM_GRAD_CLIP_VALUE) return cm_grad_clip_value(grads, lens, n, gc->threshold);
+    return clip_norm(grads, lens, n, gc->threshold, NULL, st);
 }
 
 static cm_status gc_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {

@@ -2,7 +2,8 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens] [tail] [dropout] [auto=BYTES] [STRATEGY]
+ *   dist_train OUT [tokens] [tail] [dropout] [value] [auto=BYTES] [STRATEGY]
+ *                                 (value: clip each gradient element to ±0.02 instead of the norm)
  *                                 train; rank 0 writes the parameters, the last loss and the
  *                                 train accuracy to OUT (f64 text, one value per line);
  *                                 STRATEGY: NO_SHARD (default), SHARD_GRAD_OP, FULL_SHARD
@@ -74,13 +75,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: dist_train OUT [tokens] | dist_train --compare A B TOL\n");
         return 2;
     }
-    bool tokens = false, dropout = false;
+    bool tokens = false, dropout = false, clip_value = false;
     size_t auto_budget = 0; /* auto=BYTES: automatic microbatching under this arena budget */
     cm_dist_config dc = cm_dist_config_default();
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "tokens")) tokens = true;
         else if (!strcmp(argv[i], "tail")) g_ns = 62;
         else if (!strcmp(argv[i], "dropout")) dropout = true;
+        else if (!strcmp(argv[i], "value")) clip_value = true;
         else if (!strncmp(argv[i], "auto=", 5)) auto_budget = (size_t)atoll(argv[i] + 5);
         else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
             fprintf(stderr, "dist_train: %s\n", cm_last_error());
@@ -123,7 +125,7 @@ int main(int argc, char **argv) {
     TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
 
     cm_algorithm_plugin clip;
-    TRY(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 0.5, &clip));
+    TRY(clip_value ? cm_grad_clip_new(CM_GRAD_CLIP_VALUE, 0.02, &clip) : cm_grad_clip_new(CM_GRAD_CLIP_NORM, 0.5, &clip));
     cm_trainer_config cfg = cm_trainer_config_default();
     cfg.model = model;
     cfg.train_dataloader = dl;

@@ -100,7 +100,10 @@ train_equivalence_sharded)
     # roundings); the norm for clipping is a sum over ranks of partial sums of squares.
     env -u OMPI_COMM_WORLD_SIZE "$bin/dist_train" "$tmp/ref.txt" || fail "1-process run"
     tol=2e-6
+    env -u OMPI_COMM_WORLD_SIZE "$bin/dist_train" "$tmp/ref_val.txt" value || fail "1-process run (value clipping)"
     for strategy in SHARD_GRAD_OP FULL_SHARD; do
+        launch -n 3 "$bin/dist_train" "$tmp/val.txt" value $strategy || fail "$strategy with value clipping on 3 ranks"
+        "$bin/dist_train" --compare "$tmp/ref_val.txt" "$tmp/val.txt" $tol || fail "$strategy (value clipping) differs"
         "$bin/dist_train" "$tmp/s1.txt" $strategy || fail "$strategy on one process"
         "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/s1.txt" $tol || fail "$strategy on 1 process differs"
         for n in 2 3 4; do
