@@ -419,6 +419,7 @@ void cm_trainer_free(cm_trainer *tr) {
     for (int f = 0; tr->has_phantom && f < tr->phantom.n_fields; f++) cm_tensor_free(tr->phantom.fields[f]);
     cm_free(tr->drop_rngs);
     cm_free(tr->drop_base);
+    cm_free(tr->mb_counts);
     for (int i = 0; tr->st.metric_sets && i < tr->st.n_metric_sets; i++) cmi_metric_set_deinit(&tr->st.metric_sets[i]);
     cm_free(tr->st.metric_sets);
     cm_free(tr->st.schedulers);
@@ -567,12 +568,11 @@ static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
 static cm_status agree_microbatches(cm_trainer *tr, int64_t n_mb, int64_t *n_total) {
     *n_total = n_mb;
     if (!tr->dist.collectives_per_microbatch || tr->dist.world_size <= 1) return CM_OK;
-    int64_t *all = cm_alloc(sizeof(int64_t) * (size_t)tr->dist.world_size, 16);
-    if (!all) return cm_set_error(CM_ERR_OOM, "fit: out of memory");
-    cm_status s = tr->dist.all_gather(&n_mb, all, (int64_t)sizeof n_mb, tr->dist.data);
+    if (!tr->mb_counts && !(tr->mb_counts = cm_alloc(sizeof(int64_t) * (size_t)tr->dist.world_size, 16)))
+        return cm_set_error(CM_ERR_OOM, "fit: out of memory");
+    cm_status s = tr->dist.all_gather(&n_mb, tr->mb_counts, (int64_t)sizeof n_mb, tr->dist.data);
     for (int r = 0; !s && r < tr->dist.world_size; r++)
-        if (all[r] > *n_total) *n_total = all[r];
-    cm_free(all);
+        if (tr->mb_counts[r] > *n_total) *n_total = tr->mb_counts[r];
     return s;
 }
 

@@ -92,6 +92,7 @@ struct cm_trainer {
     cm_rng **drop_rngs;
     uint64_t *drop_base;
     int n_drop;
+    int64_t *mb_counts; /* (world_size) every rank's microbatch count, made on first use */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep
