@@ -114,7 +114,22 @@ Test(arena, budget_is_an_oom_error_with_numbers) {
     cm_arena_free(a);
 }
 
-Test(arena, grows_in_chunks_rewinds_and_merges) {
+Test(arena, reset_reuses_the_same_memory_for_the_same_steps) {
+    /* a repeating step gets the same addresses after a reset: no fresh pages to fault in */
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(0, &a), CM_OK);
+    const size_t sizes[] = {100, 700 * 1024, 3 << 20, 64, 5 << 20, 1 << 20, 9 << 20};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    void *first[NS];
+    for (int i = 0; i < NS; i++) cr_assert_not_null(first[i] = cm_arena_alloc(a, sizes[i]));
+    for (int step = 0; step < 3; step++) {
+        cm_arena_reset(a);
+        for (int i = 0; i < NS; i++) cr_assert_eq(cm_arena_alloc(a, sizes[i]), first[i], "step %d alloc %d", step, i);
+    }
+    cm_arena_free(a);
+}
+
+Test(arena, grows_in_chunks_and_rewinds) {
     cm_arena *a;
     cr_assert_eq(cm_arena_new(0, &a), CM_OK);
     char *p1 = cm_arena_alloc(a, 100);
