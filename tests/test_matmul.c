@@ -349,6 +349,68 @@ Test(bf16, primitives_are_cached) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* f32 GEMM kernels                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Both f32 kernels against a double reference: every transpose pair, alpha/beta, leading dims wider
+ * than the matrices, and inside a parallel region (where both run single-threaded). Tolerance as for
+ * the f32 matmul above (K ≤ 70, N(0, 1) values: 1e-4 + 1e-4·|ref|). */
+Test(f32_gemm, both_kernels_match_a_double_reference) {
+    const cmi_f32_kernel saved = cmi_f32_get_kernel();
+    const int64_t M = 37, N = 29, K = 70, pad = 5;
+    float *a = malloc(sizeof(float) * (size_t)((M + pad) * (K + pad)));
+    float *b = malloc(sizeof(float) * (size_t)((K + pad) * (N + pad)));
+    float *c0 = malloc(sizeof(float) * (size_t)(M * (N + pad)));
+    float *c = malloc(sizeof(float) * (size_t)(M * (N + pad)));
+    cm_rng r = cm_rng_init(7, 0);
+    cm_rng_normal(&r, a, (size_t)((M + pad) * (K + pad)), 0, 1);
+    cm_rng_normal(&r, b, (size_t)((K + pad) * (N + pad)), 0, 1);
+    cm_rng_normal(&r, c0, (size_t)(M * (N + pad)), 0, 1);
+    for (int kern = 0; kern < 2; kern++) {
+        cmi_f32_set_kernel(kern ? CMI_F32_ONEDNN : CMI_F32_OPENBLAS);
+        for (int t = 0; t < 8; t++) {
+            const bool ta = t & 1, tb = t & 2, par = t & 4;
+            const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            const float alpha = 0.75f, beta = -0.5f;
+            memcpy(c, c0, sizeof(float) * (size_t)(M * ldc));
+            if (par) {
+#pragma omp parallel num_threads(2)
+                {
+#pragma omp single
+                    cmi_sgemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+                }
+            } else {
+                cmi_sgemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+            }
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double ref = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        ref += (double)(ta ? a[k * lda + i] : a[i * lda + k]) * (tb ? b[j * ldb + k] : b[k * ldb + j]);
+                    ref = alpha * ref + beta * (double)c0[i * ldc + j];
+                    cr_assert(fabs(c[i * ldc + j] - ref) <= 1e-4 + 1e-4 * fabs(ref),
+                              "%s ta %d tb %d par %d: C[%lld, %lld] = %g, reference %g", cmi_f32_kernel_name(kern),
+                              ta, tb, par, (long long)i, (long long)j, c[i * ldc + j], ref);
+                }
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = N; j < ldc; j++)
+                    cr_assert_eq(c[i * ldc + j], c0[i * ldc + j], "%s wrote past N into the row padding",
+                                 cmi_f32_kernel_name(kern));
+        }
+    }
+    cmi_f32_set_kernel(saved);
+    free(a), free(b), free(c0), free(c);
+}
+
+/* oneDNN's sgemm where its ISA has AVX-512, OpenBLAS elsewhere, unless CM_F32_GEMM says. */
+Test(f32_gemm, default_kernel_follows_the_isa) {
+    const char *env = getenv("CM_F32_GEMM");
+    if (env && *env) cr_skip_test("CM_F32_GEMM=%s overrides the default", env);
+    const bool avx512 = strncmp(cmi_dnnl_isa_name(), "avx512_core", 11) == 0;
+    cr_assert_eq(cmi_f32_get_kernel(), avx512 ? CMI_F32_ONEDNN : CMI_F32_OPENBLAS, "ISA %s", cmi_dnnl_isa_name());
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Errors                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -1,7 +1,7 @@
 /* Matrix multiplication (batched, broadcasting) and the linear layer, forward and backward.
  *
- * f32 × f32 runs on OpenBLAS (cblas_sgemm), bf16 × bf16 on oneDNN (dnnl_gemm.c) with f32
- * accumulation and an f32 result. A matrix whose last two dims are row-major or column-major
+ * f32 × f32 runs on cmi_sgemm (OpenBLAS, or oneDNN's sgemm on AVX-512: see dnnl_gemm.h), bf16 × bf16
+ * on oneDNN (dnnl_gemm.c) with f32 accumulation and an f32 result. A matrix whose last two dims are row-major or column-major
  * (a transposed view) goes to the GEMM as it is, with CblasTrans for the latter; only other layouts
  * are copied (cm_contiguous, so gradients still flow through the copy).
  *
@@ -120,8 +120,7 @@ static cm_status gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K,
     if (dt == CM_DTYPE_BF16)
         return cmi_gemm_bf16(tp, M, N, K, (const uint16_t *)a, lda, ta, (const uint16_t *)b, ldb, tb, bias, acc, c, ldc);
     if (!fits_blas(tp, M, N, K, lda, ldb, ldc)) return cmi_status(tp);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                1.0f, (const float *)a, (int)lda, (const float *)b, (int)ldb, acc ? 1.0f : 0.0f, c, (int)ldc);
+    cmi_sgemm(ta, tb, M, N, K, 1.0f, (const float *)a, lda, (const float *)b, ldb, acc ? 1.0f : 0.0f, c, ldc);
     return CM_OK;
 }
 
