@@ -168,7 +168,7 @@ static const char *to_bf16(cm_tape *tp, const cm_tensor *g) {
     if (!h) return NULL;
     const float *s = cmi_f32(g);
 #pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) h[i] = cm_f32_to_bf16(s[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = cmi_f32_to_bf16(s[i]);
     return (const char *)h;
 }
 

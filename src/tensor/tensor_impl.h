@@ -158,6 +158,21 @@ cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g);
 
 static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
 
+/* cm_f32_to_bf16 (round to nearest even, NaN stays a quiet NaN) written without a branch, so loops
+ * over it vectorise (the out-of-line call was 6% of an amp_bf16 GPT step). */
+static inline uint16_t cmi_f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+static inline float cmi_bf16_to_f32(uint16_t x) {
+    const uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* ---- shapes and iteration ---- */
 
 int64_t cmi_numel(int ndim, const int64_t *shape);
