@@ -206,6 +206,32 @@ Test(linear, gradcheck_with_and_without_bias_2d_and_3d) {
     cm_tape_free(tp);
 }
 
+static cm_tensor *call_linear_tbase(cm_tape *tp, cm_tensor *const *in, void *ctx) {
+    return cm_linear(tp, in[0], cm_transpose(tp, in[1], 0, 1), in[2]);
+}
+
+/* A weight given as the recorded transpose of a contiguous (in, out) tensor (GPT-2's Conv1D) is
+ * differentiated through that tensor directly (cmi_transposed_base): same values and gradients as
+ * the reference (bf16 autocast: bf16.linear_weight_as_transpose_of_an_in_out_tensor). */
+Test(linear, weight_as_transpose_of_an_in_out_tensor) {
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[3] = {2, 3, 7}, wbs[2] = {7, 4}, bs[1] = {4};
+    cm_tensor *x = cmt_randn(tp, 3, xs, 1, true), *wb = cmt_randn(tp, 2, wbs, 2, true), *b = cmt_randn(tp, 1, bs, 3, true);
+    cm_tensor *w = cm_transpose(tp, wb, 0, 1);
+    cr_assert_eq(cmi_transposed_base(w), wb, "the transpose of a contiguous leaf is recognised");
+    cr_assert_null(cmi_transposed_base(cm_narrow(tp, cm_transpose(tp, wb, 0, 1), 1, 0, 5)), "a narrowed one is not");
+    cm_tensor *y = cm_linear(tp, x, w, b);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cmt_assert_close("linear through wbᵀ", y, ref_linear(tp, x, w, b), 1e-4, 1e-4);
+    cm_tensor *in[3] = {x, wb, b};
+    cmt_gradcheck_opts o = opts();
+    cmt_gradcheck("linear through wbᵀ", call_linear_tbase, NULL, 3, in, &o);
+    cm_tensor *in_nob[3] = {x, wb, NULL};
+    cmt_gradcheck("linear through wbᵀ, no bias", call_linear_tbase, NULL, 3, in_nob, &o);
+
+    cm_tape_free(tp);
+}
+
 Test(linear, transposed_and_strided_inputs) {
     cm_tape *tp = cmt_tape();
     const int64_t x2[2] = {6, 5}, x3[3] = {2, 3, 5}, ws[2] = {3, 5}, bs[1] = {3};
@@ -295,6 +321,33 @@ static void check_bf16_all(void) {
     check_bf16_vs_f32("bf16 matmul folded", 3, x3, 2, b2, false, false);
     check_bf16_vs_f32("bf16 linear", 2, a2, 2, w, true, false);
     check_bf16_vs_f32("bf16 linear 3-D x", 3, x3, 2, w, true, false);
+}
+
+/* Under bf16 autocast a weight given as the transpose of a contiguous (in, out) f32 tensor wb is
+ * cast as wb (contiguous) and used transposed; values and gradients against f32 on the same
+ * bf16-rounded values, tolerances as check_bf16_vs_f32 (K = 40). */
+Test(bf16, linear_weight_as_transpose_of_an_in_out_tensor) {
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[3] = {2, 3, 40}, wbs[2] = {40, 12}, bs[1] = {12}, ys[3] = {2, 3, 12};
+    cm_tensor *x = round_bf16(tp, cmt_randn(tp, 3, xs, 1, false)), *wb = round_bf16(tp, cmt_randn(tp, 2, wbs, 2, false));
+    cm_tensor *b = cmt_randn(tp, 1, bs, 3, true), *g = cmt_randn(tp, 3, ys, 4, false);
+    cm_tensor_set_requires_grad(x, true);
+    cm_tensor_set_requires_grad(wb, true);
+    cm_tensor *y32 = cm_linear(tp, x, cm_transpose(tp, wb, 0, 1), b);
+    cr_assert_eq(cm_tape_backward_with(tp, y32, g), CM_OK, "%s", cm_tape_error(tp));
+    cm_tensor *gx32 = cm_clone_detached(tp, cm_tensor_grad(x)), *gw32 = cm_clone_detached(tp, cm_tensor_grad(wb));
+    cm_tensor *gb32 = cm_clone_detached(tp, cm_tensor_grad(b));
+    cm_tensor_zero_grad(x), cm_tensor_zero_grad(wb), cm_tensor_zero_grad(b);
+    cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *y16 = cm_linear(tp, x, cm_transpose(tp, wb, 0, 1), b);
+    cr_assert(y16, "%s", cm_tape_error(tp));
+    cmt_assert_close("bf16 linear through wbᵀ", y16, y32, 1e-4, 1e-4);
+    cr_assert_eq(cm_tape_backward_with(tp, y16, g), CM_OK, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tensor_dtype(cm_tensor_grad(wb)), CM_DTYPE_F32);
+    cmt_assert_close("bf16 grad x", cm_tensor_grad(x), gx32, 2e-2, 1e-2);
+    cmt_assert_close("bf16 grad wb", cm_tensor_grad(wb), gw32, 2e-2, 1e-2);
+    cmt_assert_close("bf16 grad bias", cm_tensor_grad(b), gb32, 1e-5, 1e-5);
+    cm_tape_free(tp);
 }
 
 /* The widening kernel (bf16 → f32, sgemm) runs on every CPU. */

@@ -139,6 +139,10 @@ cm_tensor *cmi_new(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape);
 cm_tensor *cmi_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape);
 /* A view struct in the arena sharing `data`. */
 cm_tensor *cmi_view(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, const int64_t *stride, void *data);
+/* b when w is exactly bᵀ, recorded on the tape as a view (cm_transpose/cm_permute) of the contiguous
+ * 2-D tensor b; NULL otherwise (also when w has no node, i.e. needs no gradient). Lets an op read
+ * and differentiate b directly instead of going through the view's transposed gradient. */
+cm_tensor *cmi_transposed_base(const cm_tensor *w);
 /* Scratch memory from the arena (NULL + tape error on OOM). */
 void *cmi_scratch(cm_tape *tp, size_t bytes);
 

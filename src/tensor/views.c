@@ -189,6 +189,16 @@ static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     return CM_OK;
 }
 
+cm_tensor *cmi_transposed_base(const cm_tensor *w) {
+    if (!w || w->ndim != 2 || !w->node || w->node->backward != view_backward || w->node->n_in != 1) return NULL;
+    cm_tensor *b = w->node->in[0];
+    const view_ctx *c = w->node->ctx;
+    if (!b || b->ndim != 2 || !cmi_is_contig(b) || b->dtype != w->dtype || b->data != w->data || c->offset != 0 ||
+        b->shape[0] != w->shape[1] || b->shape[1] != w->shape[0] || w->stride[0] != 1 || w->stride[1] != b->shape[1])
+        return NULL;
+    return b;
+}
+
 /* Makes a view of t with (ndim, shape, stride) starting `offset` elements after t's data, and
  * records the view node. t's gradient is contiguous whatever t's memory layout, so each view op
  * also describes the view in that layout (grad_stride, grad_offset) for view_backward. */
