@@ -443,6 +443,14 @@ typedef struct cm_batch_norm_opts {
 cm_batch_norm_opts cm_batch_norm_opts_default(void);
 cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
                          cm_tensor *running_var, const cm_batch_norm_opts *opts);
+/* relu(cm_batch_norm(x, ...) + residual) as one op — residual NULL: relu(cm_batch_norm(x, ...)) —
+ * with the same values, running-statistics updates and gradients as the three ops (ReLU's gradient
+ * is 0 where the output is 0, as cm_relu). It keeps only x and its output for backward instead of
+ * three tensors, and makes one pass over memory instead of three: a ResNet basic block holds two
+ * activation tensors fewer. residual: f32, x's shape, any strides (CM_ERR_SHAPE / CM_ERR_DTYPE). */
+cm_tensor *cm_batch_norm_add_relu(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias,
+                                  cm_tensor *running_mean, cm_tensor *running_var, cm_tensor *residual,
+                                  const cm_batch_norm_opts *opts);
 /* x (N, C, ...), C divisible by groups (CM_ERR_INVALID_ARG otherwise); weight/bias (C) or NULL. */
 cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *weight, cm_tensor *bias, float eps);
 

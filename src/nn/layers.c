@@ -208,6 +208,24 @@ static void bn_desc(const cm_module *m, char *buf, size_t cap) {
 }
 static const cm_module_i bn_vt = {CM_MODULE_ABI, "BatchNorm2d", bn_fwd, free_self, bn_desc};
 
+cm_tensor *cm_nn_batch_norm_add_relu(cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual) {
+    if (!bn || bn->vt != &bn_vt) { /* not a BatchNorm2d (or NULL: cm_module_forward names that) */
+        cm_tensor *y = cm_module_forward(bn, tp, x);
+        if (residual) y = cm_add(tp, y, residual);
+        return cm_relu(tp, y);
+    }
+    if (!tp || cm_tape_status(tp) != CM_OK) return NULL;
+    bn_s *s = bn->self;
+    cm_batch_norm_opts o = cm_batch_norm_opts_default();
+    o.eps = s->cfg.eps;
+    o.momentum = s->cfg.momentum;
+    o.channels_last = s->cfg.channels_last;
+    o.training = bn->training || !s->running_mean;
+    cm_tensor *y = cm_batch_norm_add_relu(tp, x, s->weight, s->bias, s->running_mean, s->running_var, residual, &o);
+    if (y && bn->training && s->num_batches_tracked) ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
+    return y;
+}
+
 cm_status cm_nn_batch_norm2d_new(int64_t channels, const cm_nn_batch_norm_config *cfg, cm_module **m) {
     if (!m) return cm_set_error(CM_ERR_INVALID_ARG, "cm_nn_batch_norm2d_new: out is NULL");
     *m = NULL;
