@@ -208,9 +208,10 @@ bool cm_tape_set_grad_enabled(cm_tape *tp, bool on);
 bool cm_tape_grad_enabled(const cm_tape *tp);
 
 /* Autocast for mixed precision. With CM_DTYPE_BF16, cm_matmul and cm_linear cast their f32
- * inputs (a and b; x and w — not the bias) to bf16 with recorded cm_cast nodes, so gradients flow
- * back in f32 to f32 leaves such as master weights, and run the bf16 GEMM (f32 accumulation, f32
- * result). Every other op is unaffected (conv2d, attention, norms, softmax and losses stay f32).
+ * inputs (a and b; x and w — not the bias) to bf16 and run the bf16 GEMM (f32 accumulation, f32
+ * result); gradients flow back in f32 to the f32 tensors, such as master weights (cm_matmul records
+ * cm_cast nodes; cm_linear keeps its bf16 copies off the tape and accumulates its backward GEMMs
+ * straight into the f32 tensors' gradients). Every other op is unaffected (conv2d, attention, norms, softmax and losses stay f32).
  * CM_DTYPE_F32 turns it off (the default). Returns the previous setting; any other dtype is
  * ignored (the setting is unchanged). */
 cm_dtype cm_tape_set_autocast(cm_tape *tp, cm_dtype dt);
