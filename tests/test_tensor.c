@@ -92,13 +92,17 @@ static cm_tensor *view_chain(cm_tape *tp, cm_tensor *const *in, void *ctx) {
         cm_tensor *row = cm_narrow(tp, x, 1, 0, 1); /* (2, 1, 4) */
         return cm_mul(tp, cm_expand(tp, row, 3, s), x);
     }
+    case 10: { /* reshapes of a non-contiguous view that need no copy: split, then merge a contiguous run */
+        int64_t s4[4] = {2, 2, 2, 2}, s2[2] = {2, 8};
+        return cm_reshape(tp, cm_reshape(tp, cm_narrow(tp, x, 1, 1, 2), 4, s4), 2, s2);
+    }
     default: return cm_cast(tp, cm_cast(tp, x, CM_DTYPE_BF16), CM_DTYPE_F32);
     }
 }
 
 Test(views, every_view_op_gradchecks_on_contiguous_and_strided_inputs) {
     const int64_t s[3] = {2, 3, 4};
-    for (int which = 0; which <= 9; which++) {
+    for (int which = 0; which <= 10; which++) {
         cm_tape *tp = cmt_tape();
         cm_tensor *x = cmt_randn(tp, 3, s, 1 + which, true);
         cm_tensor *in[1] = {x};
@@ -116,6 +120,27 @@ Test(views, every_view_op_gradchecks_on_contiguous_and_strided_inputs) {
         }
         cm_tape_free(tp);
     }
+}
+
+/* cm_reshape is a view wherever the strides allow (PyTorch's rule), and copies only where not. */
+Test(views, reshape_of_a_strided_tensor_is_a_view_when_the_strides_allow) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[3] = {2, 3, 4};
+    cm_tensor *x = cm_reshape(tp, cm_arange(tp, CM_DTYPE_F32, 0, 24, 1), 3, s);
+    cm_tensor *nar = cm_narrow(tp, x, 1, 1, 2); /* (2, 2, 4), strides (12, 4, 1) */
+    const int64_t s4[4] = {2, 2, 2, 2}, s2[2] = {2, 8}, s1[1] = {16};
+    cm_tensor *v4 = cm_reshape(tp, nar, 4, s4), *v2 = cm_reshape(tp, nar, 2, s2), *c1 = cm_reshape(tp, nar, 1, s1);
+    cr_assert(v4 && v2 && c1, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tensor_data(v4), cm_tensor_data(nar), "split of the last dim: a view");
+    cr_assert_eq(cm_tensor_data(v2), cm_tensor_data(nar), "merge of the contiguous run (2, 4): a view");
+    cr_assert_eq(cm_tensor_strides(v2)[0], 12);
+    cr_assert_neq(cm_tensor_data(c1), cm_tensor_data(nar), "merging across the gap needs a copy");
+    for (int64_t i = 0; i < 16; i++) {
+        const double want = 12 * (i / 8) + 4 + i % 8; /* element (b, j, k) of nar is 12 b + 4 (j + 1) + k */
+        cr_assert_eq(cm_tensor_get_flat(c1, i), want, "copy element %lld", (long long)i);
+        cr_assert_eq(cm_tensor_get_flat(v2, i), want, "view element %lld", (long long)i);
+    }
+    cm_tape_free(tp);
 }
 
 Test(views, values_and_strides) {

@@ -237,6 +237,36 @@ cm_tensor *cm_contiguous(cm_tape *tp, cm_tensor *t) {
     return out;
 }
 
+/* The strides of t (n > 0 elements) seen with `shape`, when that needs no copy: each run of t's dims
+ * that is contiguous in memory may be split or merged freely (PyTorch's computeStride). False when
+ * the new shape crosses a gap between such runs — e.g. (B, T, C) narrowed from (B, T, 3C) reshapes to
+ * (B, T, H, C/H) as a view, but not to (B·T, C). */
+static bool view_strides(const cm_tensor *t, int ndim, const int64_t *shape, int64_t *stride) {
+    if (t->ndim == 0) {
+        for (int i = 0; i < ndim; i++) stride[i] = 1;
+        return true;
+    }
+    int view_d = ndim - 1;
+    int64_t chunk_stride = t->stride[t->ndim - 1], tensor_numel = 1, view_numel = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        tensor_numel *= t->shape[d];
+        if (d == 0 || (t->shape[d - 1] != 1 && t->stride[d - 1] != tensor_numel * chunk_stride)) {
+            while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+                stride[view_d] = view_numel * chunk_stride;
+                view_numel *= shape[view_d];
+                view_d--;
+            }
+            if (view_numel != tensor_numel) return false;
+            if (d > 0) {
+                chunk_stride = t->stride[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    return view_d == -1;
+}
+
 cm_tensor *cm_reshape(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape_in) {
     if (!cmi_begin(tp, "reshape", 1, &t)) return NULL;
     if (ndim < 0 || ndim > CM_MAX_DIMS) {
@@ -268,11 +298,13 @@ cm_tensor *cm_reshape(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape_
                  cmi_shape_of(ndim, shape_in));
         return NULL;
     }
+    int64_t stride[CM_MAX_DIMS], gstride[CM_MAX_DIMS];
+    cmi_contig_strides(ndim, shape, gstride); /* t's gradient is contiguous: the view's is, in t's order */
+    if (n > 0 && view_strides(t, ndim, shape, stride))
+        return make_view(tp, "reshape", t, ndim, shape, stride, 0, gstride, 0);
     cm_tensor *src = cmi_is_contig(t) ? t : cm_contiguous(tp, t);
     if (!src) return NULL;
-    int64_t stride[CM_MAX_DIMS];
-    cmi_contig_strides(ndim, shape, stride);
-    return make_view(tp, "reshape", src, ndim, shape, stride, 0, stride, 0);
+    return make_view(tp, "reshape", src, ndim, shape, gstride, 0, gstride, 0);
 }
 
 cm_tensor *cm_permute(cm_tape *tp, cm_tensor *t, const int *perm) {
