@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/tensor_impl.h"
+
 Test(tensor, new_validates_shape_and_dtype) {
     cm_tensor *t = NULL;
     int64_t bad[2] = {2, -1};
@@ -118,6 +120,41 @@ Test(views, every_view_op_gradchecks_on_contiguous_and_strided_inputs) {
             cm_tensor *in2[1] = {xn};
             cmt_gradcheck("view(strided)", view_chain, &which, 1, in2, NULL);
         }
+        cm_tape_free(tp);
+    }
+}
+
+/* A view of a view of a contiguous tensor is recorded against that tensor (one gradient add for the
+ * chain), unless the tape retains gradients, which promises the intermediate views' gradients. */
+Test(views, view_chains_send_their_gradient_to_the_contiguous_base) {
+    for (int retain = 0; retain < 2; retain++) {
+        cm_tape_config cfg = cm_tape_config_default();
+        cfg.retain_grads = retain;
+        cm_tape *tp;
+        cr_assert_eq(cm_tape_new(&cfg, &tp), CM_OK);
+        const int64_t s[3] = {2, 3, 12}, s4[4] = {2, 3, 2, 2};
+        cm_tensor *x = cmt_randn(tp, 3, s, 1, true);
+        cm_tensor *base = cm_mul_scalar(tp, x, 2.0);                 /* a tape tensor with a node */
+        cm_tensor *nar = cm_narrow(tp, base, 2, 4, 4);                 /* (2, 3, 4) */
+        cm_tensor *v = cm_permute(tp, cm_reshape(tp, nar, 4, s4), (const int[]){0, 2, 1, 3});
+        cr_assert(v, "%s", cm_tape_error(tp));
+        if (!retain) cr_assert_eq(v->node->in[0], base, "the permute is recorded against the contiguous base");
+        else cr_assert_neq(v->node->in[0], base, "with retain_grads the chain is kept");
+        cm_tensor *g = cmt_randn(tp, 4, cm_tensor_shape(v), 2, false);
+        cr_assert_eq(cm_tape_backward_with(tp, v, g), CM_OK, "%s", cm_tape_error(tp));
+        /* d x = 2 · g scattered back into columns 4..7 */
+        cm_tensor *gx = cm_tensor_grad(x);
+        for (int64_t b = 0; b < 2; b++)
+            for (int64_t t = 0; t < 3; t++)
+                for (int64_t c = 0; c < 12; c++) {
+                    double want = 0;
+                    if (c >= 4 && c < 8) {
+                        const int64_t h = (c - 4) / 2, d = (c - 4) % 2; /* v[b, h, t, d] */
+                        want = 2.0 * cm_tensor_get(g, (const int64_t[]){b, h, t, d});
+                    }
+                    cr_assert_float_eq(cm_tensor_get(gx, (const int64_t[]){b, t, c}), want, 1e-6, "retain %d", retain);
+                }
+        if (retain) cr_assert(cm_tensor_grad(nar), "retain_grads keeps the intermediate view's gradient");
         cm_tape_free(tp);
     }
 }

@@ -204,9 +204,27 @@ cm_tensor *cmi_transposed_base(const cm_tensor *w) {
  * also describes the view in that layout (grad_stride, grad_offset) for view_backward. */
 static cm_tensor *make_view(cm_tape *tp, const char *op, cm_tensor *t, int ndim, const int64_t *shape,
                             const int64_t *stride, int64_t offset, const int64_t *grad_stride, int64_t grad_offset) {
-    cm_tensor *v = cmi_view(tp, t->dtype, ndim, shape, stride, (char *)t->data + offset * (int64_t)cm_dtype_size(t->dtype));
+    const int64_t es = (int64_t)cm_dtype_size(t->dtype);
+    cm_tensor *v = cmi_view(tp, t->dtype, ndim, shape, stride, (char *)t->data + offset * es);
     if (!v) return NULL;
     if (cmi_needs_grad(tp, 1, &t)) {
+        /* A view of a view of a contiguous tensor b is recorded against b itself: b's gradient has
+         * b's memory layout, so the view's memory strides and offset are its gradient mapping too.
+         * A chain such as narrow → reshape → permute (GPT attention's q, k, v) then sends its
+         * gradient to b in one strided add instead of filling and adding back every intermediate
+         * view's gradient. Not with retain_grads, which promises those gradients. */
+        cm_tensor *b = t->node && t->node->backward == view_backward && t->node->n_in == 1 ? t->node->in[0] : NULL;
+        const char *bd = b ? (const char *)b->data : NULL;
+        if (b && !tp->retain_grads && b->dtype == t->dtype && cmi_is_contig(b) && (const char *)t->data >= bd &&
+            (const char *)t->data < bd + cm_tensor_nbytes(b)) {
+            cm_node *n = cmi_record(tp, op, v, 1, &b, view_backward, sizeof(view_ctx));
+            if (!n) return NULL;
+            view_ctx *c = n->ctx;
+            c->ndim = ndim;
+            memcpy(c->stride, stride, sizeof(int64_t) * (size_t)ndim);
+            c->offset = ((const char *)v->data - bd) / es;
+            return v;
+        }
         cm_node *n = cmi_record(tp, op, v, 1, &t, view_backward, sizeof(view_ctx));
         if (!n) return NULL;
         view_ctx *c = n->ctx;
