@@ -20,16 +20,13 @@
  *
  * The im2col buffer is recomputed in backward instead of kept: it is K/Cin times larger than x; its
  * arena memory is rewound when the call returns (forward and backward), so only one is live at a time. */
+#include "tensor/dnnl_conv.h"
 #include "tensor/tensor_impl.h"
 
 #include <cblas.h>
 #include <omp.h>
 
-typedef struct {
-    int64_t N, Cin, H, W, Cout, OH, OW, kh, kw;
-    int64_t sh, sw, ph, pw, dh, dw, groups;
-    bool cl;
-} conv_geom;
+typedef cmi_conv_geom conv_geom;
 
 static inline int64_t cg_K(const conv_geom *g) { return g->Cin / g->groups * g->kh * g->kw; }
 static inline int64_t cg_P(const conv_geom *g) { return g->OH * g->OW; }
@@ -150,12 +147,13 @@ static void add_khwc_to_weight(const conv_geom *g, const float *wr, float *w) {
 /* True: images in parallel with single-threaded GEMMs; false: images in turn, threaded GEMMs. */
 static bool par_images(const conv_geom *g, int nth) { return nth > 1 && g->N >= nth; }
 
-/* ---- forward ---- */
+
+/* ---- im2col forward ---- */
 
 /* y (N, Cout, OH, OW) or (N, OH, OW, Cout) = conv(x, w) + bias. x contiguous in its layout;
  * w is W (NCHW) or Wr (channels-last). colbuf holds nth·K·P floats (unused for pointwise). */
-static void conv_forward(const conv_geom *g, const float *x, const float *w, const float *bias, float *y,
-                         float *colbuf, int nth) {
+static void im2col_forward_run(const conv_geom *g, const float *x, const float *w, const float *bias, float *y,
+                               float *colbuf, int nth) {
     const int64_t K = cg_K(g), P = cg_P(g), G = g->groups, Cog = g->Cout / G, Cg = g->Cin / G;
     const int64_t xs = g->Cin * g->H * g->W, ys = g->Cout * P;
     const bool pw = cg_pointwise(g), par = par_images(g, nth);
@@ -172,8 +170,10 @@ static void conv_forward(const conv_geom *g, const float *x, const float *w, con
             else
                 for (int64_t o = 0; o < g->Cout; o++)
                     for (int64_t p = 0; p < P; p++) yn[o * P + p] = bias[o];
+        } else if (K == 0) {
+            memset(yn, 0, sizeof(float) * (size_t)ys);
         }
-        for (int64_t gi = 0; gi < G; gi++) {
+        for (int64_t gi = 0; gi < G && K > 0; gi++) {
             const float *wg = w + gi * Cog * K;
             if (!g->cl) {
                 const float *b = xn + gi * Cg * g->H * g->W; // (Cg, H·W) == (K, P) when pointwise
@@ -198,43 +198,55 @@ static void conv_forward(const conv_geom *g, const float *x, const float *w, con
     }
 }
 
-/* ---- backward ---- */
+static cm_status im2col_forward(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *bias,
+                                float *y) {
+    const int64_t K = cg_K(g), P = cg_P(g);
+    const int nth = cm_num_threads();
+    const size_t mark = cm_arena_mark(tp->arena); /* Wr and the im2col buffer live only during this call */
+    if (g->cl) {
+        float *wr = cmi_scratch(tp, sizeof(float) * (size_t)(g->Cout * K + 1));
+        if (!wr) return cmi_status(tp);
+        weight_to_khwc(g, w, wr);
+        w = wr;
+    }
+    float *colbuf = NULL;
+    if (!cg_pointwise(g)) {
+        int nbuf = par_images(g, nth) ? nth : 1;
+        if (!(colbuf = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P + 1)))) return cmi_status(tp);
+    }
+    im2col_forward_run(g, x, w, bias, y, colbuf, nth);
+    cm_arena_rewind(tp->arena, mark);
+    cmi_conv_stats_note(CMI_CONV_RAN_IM2COL, CMI_CONV_FWD);
+    return CM_OK;
+}
 
-typedef struct {
-    conv_geom g;
-    const float *wr; /* channels-last: the rearranged weight from forward (arena) */
-} conv_ctx;
+/* ---- im2col backward ---- */
 
-static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
-    const conv_ctx *c = nd->ctx;
-    const conv_geom *g = &c->g;
-    cm_tensor *gx = cmi_grad(tp, nd->in[0]);
-    cm_tensor *gw = cmi_grad(tp, nd->in[1]);
-    cm_tensor *gb = cmi_grad(tp, nd->in[2]);
-    if (cmi_status(tp)) return cmi_status(tp);
+/* db[o] += Σ_n,p dy */
+static void bias_grad(const conv_geom *g, const float *dy, float *db) {
+    const int64_t P = cg_P(g), ys = g->Cout * P;
+    for (int64_t n = 0; n < g->N; n++) {
+        const float *dyn = dy + n * ys;
+        if (g->cl)
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t o = 0; o < g->Cout; o++) db[o] += dyn[p * g->Cout + o];
+        else
+            for (int64_t o = 0; o < g->Cout; o++) {
+                float s = 0.0f;
+                for (int64_t p = 0; p < P; p++) s += dyn[o * P + p];
+                db[o] += s;
+            }
+    }
+}
+
+/* dx += conv's input gradient, dW += its weight gradient (either may be NULL), from dy and the f32
+ * x and w (W's layout). */
+static cm_status im2col_backward(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *dy,
+                                 float *dx, float *dW) {
+    if (!dx && !dW) return CM_OK;
     const int64_t K = cg_K(g), P = cg_P(g), G = g->groups, Cog = g->Cout / G, Cg = g->Cin / G;
     const int64_t xs = g->Cin * g->H * g->W, ys = g->Cout * P, WN = g->Cout * K;
-    const float *dy = cmi_f32(gout);
-    const float *x = cmi_f32(nd->in[0]);
-    const float *w = g->cl ? c->wr : cmi_f32(nd->in[1]);
-
-    if (gb) { // db[o] = Σ_n,p dy
-        float *db = cmi_f32(gb);
-        for (int64_t n = 0; n < g->N; n++) {
-            const float *dyn = dy + n * ys;
-            if (g->cl)
-                for (int64_t p = 0; p < P; p++)
-                    for (int64_t o = 0; o < g->Cout; o++) db[o] += dyn[p * g->Cout + o];
-            else
-                for (int64_t o = 0; o < g->Cout; o++) {
-                    float s = 0.0f;
-                    for (int64_t p = 0; p < P; p++) s += dyn[o * P + p];
-                    db[o] += s;
-                }
-        }
-    }
-    if (!gx && !gw) return cmi_status(tp);
-
+    if (K == 0) return CM_OK;
     const int nth = cm_num_threads();
     const bool pw = cg_pointwise(g), par = par_images(g, nth);
     const int nbuf = par ? nth : 1;
@@ -242,15 +254,20 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     /* the scratch below is dead once this node is done: give it back, so a deep network's
      * backward reuses one conv's worth instead of keeping every layer's im2col until reset */
     const size_t mark = cm_arena_mark(tp->arena);
-    if (!pw) {
-        if (gw && !(cols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
-        if (gx && !(dcols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
+    if (g->cl) { /* Wr (Cout, kh, kw, Cg) */
+        float *wr = cmi_scratch(tp, sizeof(float) * (size_t)WN);
+        if (!wr) return cmi_status(tp);
+        weight_to_khwc(g, w, wr);
+        w = wr;
     }
-    if (gw) { // per-thread partial dW (in Wr's layout when channels-last)
+    if (!pw) {
+        if (dW && !(cols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
+        if (dx && !(dcols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
+    }
+    if (dW) { // per-thread partial dW (in Wr's layout when channels-last)
         if (!(dwp = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * WN)))) return cmi_status(tp);
         memset(dwp, 0, sizeof(float) * (size_t)(nbuf * WN));
     }
-    float *dx = gx ? cmi_f32(gx) : NULL;
 
 #pragma omp parallel for num_threads(par ? nth : 1) schedule(static)
     for (int64_t n = 0; n < g->N; n++) {
@@ -301,13 +318,169 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
             }
         }
     }
-    if (gw) {
+    if (dW) {
         for (int t = 1; t < nbuf; t++)
             for (int64_t i = 0; i < WN; i++) dwp[i] += dwp[(int64_t)t * WN + i];
-        float *dW = cmi_f32(gw);
         if (g->cl) add_khwc_to_weight(g, dwp, dW);
         else
             for (int64_t i = 0; i < WN; i++) dW[i] += dwp[i];
+        cmi_conv_stats_note(CMI_CONV_RAN_IM2COL, CMI_CONV_BWD_WEIGHTS);
+    }
+    if (dx) cmi_conv_stats_note(CMI_CONV_RAN_IM2COL, CMI_CONV_BWD_DATA);
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+
+/* ---- kernel dispatch ---- */
+
+/* oneDNN wants every dimension positive; an empty Cin (a 0-channel input) stays on im2col. */
+static bool dnnl_wanted(const conv_geom *g) { return cmi_conv_get_kernel() == CMI_CONV_DNNL && g->Cin > 0; }
+
+static void add_into(float *dst, const float *src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* n bf16 values widened to f32 (exact) in arena scratch. */
+static float *widen(cm_tape *tp, const uint16_t *p, int64_t n) {
+    uint32_t *o = cmi_scratch(tp, sizeof(float) * (size_t)(n ? n : 1));
+    if (!o) return NULL;
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = (uint32_t)p[i] << 16;
+    return (float *)o;
+}
+
+/* n f32 values rounded to bf16 in arena scratch (the upstream gradient of a bf16 convolution). */
+static uint16_t *to_bf16(cm_tape *tp, const float *p, int64_t n) {
+    uint16_t *o = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
+    if (!o) return NULL;
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = cm_f32_to_bf16(p[i]);
+    return o;
+}
+
+static int64_t x_numel(const conv_geom *g) { return g->N * g->Cin * g->H * g->W; }
+static int64_t y_numel(const conv_geom *g) { return g->N * g->Cout * g->OH * g->OW; }
+static int64_t w_numel(const conv_geom *g) { return g->Cout * cg_K(g); }
+
+/* y = conv(x, w) + bias with f32 operands: oneDNN unless CM_CONV=im2col or it has no
+ * implementation for the problem. */
+static cm_status forward_f32(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *bias,
+                             float *y) {
+    if (dnnl_wanted(g)) {
+        bool ran = false;
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_F32, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (ran) return CM_OK;
+    }
+    return im2col_forward(tp, g, x, w, bias, y);
+}
+
+/* x and w of dtype dt (f32 or bf16). bf16 runs oneDNN's bf16 primitive when the bf16 kernel is
+ * onednn, else (or when it has no implementation) the f32 kernels on the widened operands. */
+static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, const void *x, const void *w,
+                              const float *bias, float *y) {
+    if (dt == CM_DTYPE_F32) return forward_f32(tp, g, x, w, bias, y);
+    if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
+        bool ran = false;
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (ran) return CM_OK;
+    }
+    const size_t mark = cm_arena_mark(tp->arena);
+    float *xw = widen(tp, x, x_numel(g)), *ww = xw ? widen(tp, w, w_numel(g)) : NULL;
+    if (!ww || forward_f32(tp, g, xw, ww, bias, y)) return cmi_status(tp);
+    cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_FWD);
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+
+/* Backward with f32 operands: dx (overwritten when dx_fresh, else accumulated), dW and db
+ * (accumulated; any may be NULL). A pass oneDNN has no implementation for runs on im2col. */
+static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *dy,
+                              float *dx, bool dx_fresh, float *dW, float *db) {
+    float *im_dx = dx, *im_dW = dW, *im_db = db;
+    if (dnnl_wanted(g)) {
+        const size_t mark = cm_arena_mark(tp->arena);
+        bool ran = false;
+        if (dx) {
+            float *t = dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g));
+            if (!t || cmi_dnnl_conv_backward_data(tp, g, CM_DTYPE_F32, dy, w, t, &ran)) return cmi_status(tp);
+            if (ran) {
+                if (t != dx) add_into(dx, t, x_numel(g));
+                im_dx = NULL;
+            }
+        }
+        if (dW) {
+            float *tw = cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g));
+            float *tb = db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
+            if (!tw || (db && !tb) || cmi_dnnl_conv_backward_weights(tp, g, CM_DTYPE_F32, x, dy, tw, tb, &ran))
+                return cmi_status(tp);
+            if (ran) {
+                add_into(dW, tw, w_numel(g));
+                if (db) add_into(db, tb, g->Cout);
+                im_dW = NULL, im_db = NULL;
+            }
+        }
+        cm_arena_rewind(tp->arena, mark);
+    }
+    if (im_db) bias_grad(g, dy, im_db);
+    return im2col_backward(tp, g, x, w, dy, im_dx, im_dW);
+}
+
+typedef struct {
+    conv_geom g;
+    cm_dtype dt; /* of x and w: f32, or bf16 (explicit or from autocast) */
+} conv_ctx;
+
+static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
+    const conv_ctx *c = nd->ctx;
+    const conv_geom *g = &c->g;
+    /* A gradient buffer cmi_grad creates now is all zeros: oneDNN can write dx into it instead of
+     * into scratch that is then added. */
+    const bool dx_fresh = nd->in[0]->grad == NULL;
+    cm_tensor *gx = cmi_grad(tp, nd->in[0]);
+    cm_tensor *gw = cmi_grad(tp, nd->in[1]);
+    cm_tensor *gb = cmi_grad(tp, nd->in[2]);
+    if (cmi_status(tp)) return cmi_status(tp);
+    float *dx = gx ? cmi_f32(gx) : NULL, *dW = gw ? cmi_f32(gw) : NULL, *db = gb ? cmi_f32(gb) : NULL;
+    if (!dx && !dW && !db) return CM_OK;
+    const float *dy = cmi_f32(gout);
+    const void *x = nd->in[0]->data, *w = nd->in[1]->data;
+    if (c->dt == CM_DTYPE_F32) return backward_f32(tp, g, x, w, dy, dx, dx_fresh, dW, db);
+
+    /* bf16: the upstream gradient is rounded to bf16, as linear's backward does */
+    const size_t mark = cm_arena_mark(tp->arena);
+    uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
+    if (!dy16) return cmi_status(tp);
+    if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
+        bool ran = false;
+        if (dx) {
+            float *t = dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g));
+            if (!t || cmi_dnnl_conv_backward_data(tp, g, CM_DTYPE_BF16, dy16, w, t, &ran)) return cmi_status(tp);
+            if (ran) {
+                if (t != dx) add_into(dx, t, x_numel(g));
+                dx = NULL;
+            }
+        }
+        if (dW) {
+            float *tw = cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g));
+            float *tb = db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
+            if (!tw || (db && !tb) || cmi_dnnl_conv_backward_weights(tp, g, CM_DTYPE_BF16, x, dy16, tw, tb, &ran))
+                return cmi_status(tp);
+            if (ran) {
+                add_into(dW, tw, w_numel(g));
+                if (db) add_into(db, tb, g->Cout);
+                dW = NULL, db = NULL;
+            }
+        }
+    }
+    if (dx || dW || db) { /* widen: f32 kernels on the exact f32 values of x, w and the rounded dy */
+        float *dyw = widen(tp, dy16, y_numel(g));
+        float *xw = dyw && dW ? widen(tp, x, x_numel(g)) : NULL;
+        float *ww = dyw && dx ? widen(tp, w, w_numel(g)) : NULL;
+        if (!dyw || (dW && !xw) || (dx && !ww)) return cmi_status(tp);
+        if (backward_f32(tp, g, xw, ww, dyw, dx, dx_fresh, dW, db)) return cmi_status(tp);
+        if (dx) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_DATA);
+        if (dW) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_WEIGHTS);
     }
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
@@ -322,8 +495,25 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     static const char *op = "conv2d";
     cm_tensor *req[2] = {x, weight};
     if (!cmi_begin(tp, op, 2, req) || !cmi_fetch(tp, 1, &bias)) return NULL;
-    if (!cmi_check_f32(tp, op, "x", x) || !cmi_check_f32(tp, op, "weight", weight)) return NULL;
-    if (bias && !cmi_check_f32(tp, op, "bias", bias)) return NULL;
+    if (tp->autocast == CM_DTYPE_BF16) { /* mixed precision: recorded casts, so f32 leaves get f32 grads */
+        if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
+        if (weight->dtype == CM_DTYPE_F32 && !(weight = cm_cast(tp, weight, CM_DTYPE_BF16))) return NULL;
+    }
+    if (x->dtype != CM_DTYPE_F32 && x->dtype != CM_DTYPE_BF16) {
+        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: 'x' %s has dtype %s; conv2d needs f32 or bf16 (cast with cm_cast)",
+                 cmi_shape(x), cm_dtype_name(x->dtype));
+        return NULL;
+    }
+    if (weight->dtype != x->dtype) {
+        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: dtypes differ: x %s is %s, weight %s is %s (cast one with cm_cast)",
+                 cmi_shape(x), cm_dtype_name(x->dtype), cmi_shape(weight), cm_dtype_name(weight->dtype));
+        return NULL;
+    }
+    if (bias && bias->dtype != CM_DTYPE_F32) {
+        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: bias %s has dtype %s; the bias is f32 (also for bf16 x and weight)",
+                 cmi_shape(bias), cm_dtype_name(bias->dtype));
+        return NULL;
+    }
     const cm_conv2d_opts o = opts ? *opts : cm_conv2d_opts_default();
     if (o.stride[0] < 1 || o.stride[1] < 1 || o.dilation[0] < 1 || o.dilation[1] < 1 || o.padding[0] < 0 ||
         o.padding[1] < 0 || o.groups < 1) {
@@ -389,24 +579,7 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, 4, yshape);
     if (!y) return NULL;
     if (g.N == 0 || g.Cout == 0) return y;
-
-    const int64_t K = cg_K(&g), P = cg_P(&g);
-    const int nth = cm_num_threads();
-    const float *w = cmi_f32(weight);
-    float *wr = NULL;
-    if (g.cl) {
-        if (!(wr = cmi_scratch(tp, sizeof(float) * (size_t)(g.Cout * K)))) return NULL;
-        weight_to_khwc(&g, w, wr);
-        w = wr;
-    }
-    float *colbuf = NULL;
-    const size_t mark = cm_arena_mark(tp->arena); /* the im2col buffer lives only during this call */
-    if (!cg_pointwise(&g)) {
-        int nbuf = par_images(&g, nth) ? nth : 1;
-        if (!(colbuf = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return NULL;
-    }
-    conv_forward(&g, cmi_f32(x), w, bias ? cmi_f32(bias) : NULL, cmi_f32(y), colbuf, nth);
-    cm_arena_rewind(tp->arena, mark);
+    if (conv_forward(tp, &g, x->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, cmi_f32(y))) return NULL;
 
     cm_tensor *ins[3] = {x, weight, bias};
     if (cmi_needs_grad(tp, 3, ins)) {
@@ -414,7 +587,7 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
         if (!n) return NULL;
         conv_ctx *c = n->ctx;
         c->g = g;
-        c->wr = wr;
+        c->dt = x->dtype;
     }
     return y;
 }
