@@ -114,7 +114,42 @@ Test(arena, budget_is_an_oom_error_with_numbers) {
     cm_arena_free(a);
 }
 
-Test(arena, grows_in_chunks_rewinds_and_merges) {
+/* The lane-parallel bernoulli draws word k of the stream for output k, like the scalar definition
+ * (cm_rng_uniform_at), for lengths that end mid-group and a stream that does not start at 0; the
+ * counter advances by one per four outputs. Large n takes the parallel path. */
+Test(rng, bernoulli_is_the_streams_uniforms_below_p) {
+    const size_t ns[] = {1, 3, 63, 64, 65, 1000, 300001};
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        const size_t n = ns[t];
+        cm_rng r = cm_rng_init(0x1234567890abcdefull, 77);
+        r.counter = 5 + t;
+        const uint64_t c0 = r.counter;
+        uint8_t *m = malloc(n);
+        cm_rng_bernoulli(&r, m, n, 0.37f);
+        for (size_t k = 0; k < n; k++)
+            cr_assert_eq(m[k], cm_rng_uniform_at(r.seed, r.stream, c0 * 4 + k) < 0.37f ? 1 : 0, "n %zu, output %zu", n,
+                         k);
+        cr_assert_eq(r.counter, c0 + (n + 3) / 4);
+        free(m);
+    }
+}
+
+Test(arena, reset_reuses_the_same_memory_for_the_same_steps) {
+    /* a repeating step gets the same addresses after a reset: no fresh pages to fault in */
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(0, &a), CM_OK);
+    const size_t sizes[] = {100, 700 * 1024, 3 << 20, 64, 5 << 20, 1 << 20, 9 << 20};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    void *first[NS];
+    for (int i = 0; i < NS; i++) cr_assert_not_null(first[i] = cm_arena_alloc(a, sizes[i]));
+    for (int step = 0; step < 3; step++) {
+        cm_arena_reset(a);
+        for (int i = 0; i < NS; i++) cr_assert_eq(cm_arena_alloc(a, sizes[i]), first[i], "step %d alloc %d", step, i);
+    }
+    cm_arena_free(a);
+}
+
+Test(arena, grows_in_chunks_and_rewinds) {
     cm_arena *a;
     cr_assert_eq(cm_arena_new(0, &a), CM_OK);
     char *p1 = cm_arena_alloc(a, 100);

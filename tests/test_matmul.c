@@ -206,6 +206,32 @@ Test(linear, gradcheck_with_and_without_bias_2d_and_3d) {
     cm_tape_free(tp);
 }
 
+static cm_tensor *call_linear_tbase(cm_tape *tp, cm_tensor *const *in, void *ctx) {
+    return cm_linear(tp, in[0], cm_transpose(tp, in[1], 0, 1), in[2]);
+}
+
+/* A weight given as the recorded transpose of a contiguous (in, out) tensor (GPT-2's Conv1D) is
+ * differentiated through that tensor directly (cmi_transposed_base): same values and gradients as
+ * the reference (bf16 autocast: bf16.linear_weight_as_transpose_of_an_in_out_tensor). */
+Test(linear, weight_as_transpose_of_an_in_out_tensor) {
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[3] = {2, 3, 7}, wbs[2] = {7, 4}, bs[1] = {4};
+    cm_tensor *x = cmt_randn(tp, 3, xs, 1, true), *wb = cmt_randn(tp, 2, wbs, 2, true), *b = cmt_randn(tp, 1, bs, 3, true);
+    cm_tensor *w = cm_transpose(tp, wb, 0, 1);
+    cr_assert_eq(cmi_transposed_base(w), wb, "the transpose of a contiguous leaf is recognised");
+    cr_assert_null(cmi_transposed_base(cm_narrow(tp, cm_transpose(tp, wb, 0, 1), 1, 0, 5)), "a narrowed one is not");
+    cm_tensor *y = cm_linear(tp, x, w, b);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cmt_assert_close("linear through wbᵀ", y, ref_linear(tp, x, w, b), 1e-4, 1e-4);
+    cm_tensor *in[3] = {x, wb, b};
+    cmt_gradcheck_opts o = opts();
+    cmt_gradcheck("linear through wbᵀ", call_linear_tbase, NULL, 3, in, &o);
+    cm_tensor *in_nob[3] = {x, wb, NULL};
+    cmt_gradcheck("linear through wbᵀ, no bias", call_linear_tbase, NULL, 3, in_nob, &o);
+
+    cm_tape_free(tp);
+}
+
 Test(linear, transposed_and_strided_inputs) {
     cm_tape *tp = cmt_tape();
     const int64_t x2[2] = {6, 5}, x3[3] = {2, 3, 5}, ws[2] = {3, 5}, bs[1] = {3};
@@ -297,6 +323,33 @@ static void check_bf16_all(void) {
     check_bf16_vs_f32("bf16 linear 3-D x", 3, x3, 2, w, true, false);
 }
 
+/* Under bf16 autocast a weight given as the transpose of a contiguous (in, out) f32 tensor wb is
+ * cast as wb (contiguous) and used transposed; values and gradients against f32 on the same
+ * bf16-rounded values, tolerances as check_bf16_vs_f32 (K = 40). */
+Test(bf16, linear_weight_as_transpose_of_an_in_out_tensor) {
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[3] = {2, 3, 40}, wbs[2] = {40, 12}, bs[1] = {12}, ys[3] = {2, 3, 12};
+    cm_tensor *x = round_bf16(tp, cmt_randn(tp, 3, xs, 1, false)), *wb = round_bf16(tp, cmt_randn(tp, 2, wbs, 2, false));
+    cm_tensor *b = cmt_randn(tp, 1, bs, 3, true), *g = cmt_randn(tp, 3, ys, 4, false);
+    cm_tensor_set_requires_grad(x, true);
+    cm_tensor_set_requires_grad(wb, true);
+    cm_tensor *y32 = cm_linear(tp, x, cm_transpose(tp, wb, 0, 1), b);
+    cr_assert_eq(cm_tape_backward_with(tp, y32, g), CM_OK, "%s", cm_tape_error(tp));
+    cm_tensor *gx32 = cm_clone_detached(tp, cm_tensor_grad(x)), *gw32 = cm_clone_detached(tp, cm_tensor_grad(wb));
+    cm_tensor *gb32 = cm_clone_detached(tp, cm_tensor_grad(b));
+    cm_tensor_zero_grad(x), cm_tensor_zero_grad(wb), cm_tensor_zero_grad(b);
+    cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *y16 = cm_linear(tp, x, cm_transpose(tp, wb, 0, 1), b);
+    cr_assert(y16, "%s", cm_tape_error(tp));
+    cmt_assert_close("bf16 linear through wbᵀ", y16, y32, 1e-4, 1e-4);
+    cr_assert_eq(cm_tape_backward_with(tp, y16, g), CM_OK, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tensor_dtype(cm_tensor_grad(wb)), CM_DTYPE_F32);
+    cmt_assert_close("bf16 grad x", cm_tensor_grad(x), gx32, 2e-2, 1e-2);
+    cmt_assert_close("bf16 grad wb", cm_tensor_grad(wb), gw32, 2e-2, 1e-2);
+    cmt_assert_close("bf16 grad bias", cm_tensor_grad(b), gb32, 1e-5, 1e-5);
+    cm_tape_free(tp);
+}
+
 /* The widening kernel (bf16 → f32, sgemm) runs on every CPU. */
 Test(bf16, widen_kernel_matches_f32_reference) {
     cmi_bf16_set_kernel(CMI_BF16_WIDEN);
@@ -346,6 +399,68 @@ Test(bf16, primitives_are_cached) {
     cr_assert_eq(cmi_gemm_bf16_cache_size(), n, "repeated calls created primitives: %d -> %d", n,
                  cmi_gemm_bf16_cache_size());
     cm_tape_free(tp);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* f32 GEMM kernels                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Both f32 kernels against a double reference: every transpose pair, alpha/beta, leading dims wider
+ * than the matrices, and inside a parallel region (where both run single-threaded). Tolerance as for
+ * the f32 matmul above (K ≤ 70, N(0, 1) values: 1e-4 + 1e-4·|ref|). */
+Test(f32_gemm, both_kernels_match_a_double_reference) {
+    const cmi_f32_kernel saved = cmi_f32_get_kernel();
+    const int64_t M = 37, N = 29, K = 70, pad = 5;
+    float *a = malloc(sizeof(float) * (size_t)((M + pad) * (K + pad)));
+    float *b = malloc(sizeof(float) * (size_t)((K + pad) * (N + pad)));
+    float *c0 = malloc(sizeof(float) * (size_t)(M * (N + pad)));
+    float *c = malloc(sizeof(float) * (size_t)(M * (N + pad)));
+    cm_rng r = cm_rng_init(7, 0);
+    cm_rng_normal(&r, a, (size_t)((M + pad) * (K + pad)), 0, 1);
+    cm_rng_normal(&r, b, (size_t)((K + pad) * (N + pad)), 0, 1);
+    cm_rng_normal(&r, c0, (size_t)(M * (N + pad)), 0, 1);
+    for (int kern = 0; kern < 2; kern++) {
+        cmi_f32_set_kernel(kern ? CMI_F32_ONEDNN : CMI_F32_OPENBLAS);
+        for (int t = 0; t < 8; t++) {
+            const bool ta = t & 1, tb = t & 2, par = t & 4;
+            const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            const float alpha = 0.75f, beta = -0.5f;
+            memcpy(c, c0, sizeof(float) * (size_t)(M * ldc));
+            if (par) {
+#pragma omp parallel num_threads(2)
+                {
+#pragma omp single
+                    cmi_sgemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+                }
+            } else {
+                cmi_sgemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+            }
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double ref = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        ref += (double)(ta ? a[k * lda + i] : a[i * lda + k]) * (tb ? b[j * ldb + k] : b[k * ldb + j]);
+                    ref = alpha * ref + beta * (double)c0[i * ldc + j];
+                    cr_assert(fabs(c[i * ldc + j] - ref) <= 1e-4 + 1e-4 * fabs(ref),
+                              "%s ta %d tb %d par %d: C[%lld, %lld] = %g, reference %g", cmi_f32_kernel_name(kern),
+                              ta, tb, par, (long long)i, (long long)j, c[i * ldc + j], ref);
+                }
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = N; j < ldc; j++)
+                    cr_assert_eq(c[i * ldc + j], c0[i * ldc + j], "%s wrote past N into the row padding",
+                                 cmi_f32_kernel_name(kern));
+        }
+    }
+    cmi_f32_set_kernel(saved);
+    free(a), free(b), free(c0), free(c);
+}
+
+/* oneDNN's sgemm where its ISA has AVX-512, OpenBLAS elsewhere, unless CM_F32_GEMM says. */
+Test(f32_gemm, default_kernel_follows_the_isa) {
+    const char *env = getenv("CM_F32_GEMM");
+    if (env && *env) cr_skip_test("CM_F32_GEMM=%s overrides the default", env);
+    const bool avx512 = strncmp(cmi_dnnl_isa_name(), "avx512_core", 11) == 0;
+    cr_assert_eq(cmi_f32_get_kernel(), avx512 ? CMI_F32_ONEDNN : CMI_F32_OPENBLAS, "ISA %s", cmi_dnnl_isa_name());
 }
 
 /* ------------------------------------------------------------------------------------------ */

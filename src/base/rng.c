@@ -3,6 +3,7 @@
 #include <composer/base.h>
 
 #include <math.h>
+#include <string.h>
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -42,6 +43,29 @@ void cm_philox4x32(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t ou
     uint32_t ctr[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)};
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     cm_philox4x32_raw(ctr, key, out);
+}
+
+/* Philox of PB consecutive counters at once, lane-parallel (structure of arrays), so the compiler
+ * turns each round into vector multiplies: out[j][i] is word j of counter `counter + i`, the same
+ * words cm_philox4x32 gives. Dropout masks spent ~11% of an amp_bf16 GPT step in the scalar form. */
+#define PB 16
+static inline void philox_lanes(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4][PB]) {
+    uint32_t c0[PB], c1[PB], c2[PB], c3[PB];
+    for (int i = 0; i < PB; i++) {
+        const uint64_t ctr = counter + (uint64_t)i;
+        c0[i] = (uint32_t)ctr, c1[i] = (uint32_t)(ctr >> 32), c2[i] = (uint32_t)stream, c3[i] = (uint32_t)(stream >> 32);
+    }
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        if (r) k0 += PHILOX_W0, k1 += PHILOX_W1;
+        for (int i = 0; i < PB; i++) {
+            const uint64_t p0 = (uint64_t)PHILOX_M0 * c0[i], p1 = (uint64_t)PHILOX_M1 * c2[i];
+            const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[i] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[i] ^ k1;
+            c0[i] = n0, c1[i] = (uint32_t)p1, c2[i] = n2, c3[i] = (uint32_t)p0;
+        }
+    }
+    memcpy(out[0], c0, sizeof c0), memcpy(out[1], c1, sizeof c1), memcpy(out[2], c2, sizeof c2);
+    memcpy(out[3], c3, sizeof c3);
 }
 
 cm_rng cm_rng_init(uint64_t seed, uint64_t stream) {
@@ -90,12 +114,18 @@ void cm_rng_normal(cm_rng *rng, float *out, size_t n, float mean, float std) {
 }
 
 void cm_rng_bernoulli(cm_rng *rng, uint8_t *out, size_t n, float p) {
-    const size_t blocks = (n + 3) / 4;
-#pragma omp parallel for if (blocks > 4096) schedule(static)
-    for (size_t b = 0; b < blocks; b++) {
-        uint32_t w[4];
-        cm_philox4x32(rng->seed, rng->stream, rng->counter + b, w);
-        for (size_t j = 0; j < 4 && b * 4 + j < n; j++) out[b * 4 + j] = u32_to_unit(w[j]) < p ? 1 : 0;
+    const size_t blocks = (n + 3) / 4, groups = (blocks + PB - 1) / PB;
+#pragma omp parallel for if (groups > 256) schedule(static)
+    for (size_t g = 0; g < groups; g++) {
+        uint32_t w[4][PB];
+        philox_lanes(rng->seed, rng->stream, rng->counter + g * PB, w);
+        const size_t first = g * PB * 4;
+        if (first + PB * 4 <= n) {
+            for (int i = 0; i < PB; i++)
+                for (int j = 0; j < 4; j++) out[first + (size_t)i * 4 + (size_t)j] = u32_to_unit(w[j][i]) < p ? 1 : 0;
+        } else {
+            for (size_t k = first; k < n; k++) out[k] = u32_to_unit(w[(k - first) % 4][(k - first) / 4]) < p ? 1 : 0;
+        }
     }
     rng->counter += blocks;
 }

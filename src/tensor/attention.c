@@ -14,6 +14,7 @@
  * q, k and v may be strided views: a (N, D) slice whose rows or columns are unit-stride (e.g.
  * cm_permute of a (B, T, H, D) tensor) is handed to sgemm as is through lda/ldb and a transpose
  * flag; anything else is made contiguous first (a recorded op, so gradients still flow). */
+#include "tensor/dnnl_gemm.h"
 #include "tensor/tensor_impl.h"
 
 #include <cblas.h>
@@ -60,6 +61,12 @@ static bool mat_ref_of(const cm_tensor *t, mat_ref *m) {
 
 static inline const float *mat_at(const mat_ref *m, int64_t b, int64_t h) { return m->base + b * m->sb + h * m->sh; }
 static inline CBLAS_TRANSPOSE flip(CBLAS_TRANSPOSE t) { return t == CblasNoTrans ? CblasTrans : CblasNoTrans; }
+
+/* cblas_sgemm's row-major argument list, on the library's f32 GEMM (cmi_sgemm). */
+static inline void att_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float *a,
+                             int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    cmi_sgemm(ta == CblasTrans, tb == CblasTrans, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 /* Row n of slice (b, h): the operand pointer for a gemm over rows n.. */
 static inline const float *mat_row(const mat_ref *m, int64_t b, int64_t h, int64_t n) {
     return mat_at(m, b, h) + n * (m->tr == CblasNoTrans ? m->ld : 1);
@@ -186,12 +193,12 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
                     apply_dropout(Pb, db, S, m, kn, ks, Pd);
                     A = Pd, lda = kk;
                 }
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, iD, 1.0f,
+                att_sgemm(CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, iD, 1.0f,
                             gvv + bh * S * D, iD);
             }
             if (!need_dL) continue;
             /* dP (m, kn) = dO·Vᵀ */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, flip(mv.tr), m, kk, iD, 1.0f, gOb, iD, mat_at(&mv, b, h), mv.ld,
+            att_sgemm(CblasNoTrans, flip(mv.tr), m, kk, iD, 1.0f, gOb, iD, mat_at(&mv, b, h), mv.ld,
                         0.0f, dLb, iS);
             /* dL = P ⊙ (dP − rowsum(dO ⊙ O)); zero where P is zero (masked keys, fully-masked rows) */
             for (int64_t i = i0; i < i1; i++) {
@@ -208,10 +215,10 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
             }
             /* dQ (m, D) += scale·dL·K;  dK (kn, D) += scale·dLᵀ·Q */
             if (gqv)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld,
+                att_sgemm(CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld,
                             1.0f, gqv + (bh * T + i0) * D, iD);
             if (gkv)
-                cblas_sgemm(CblasRowMajor, CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld,
+                att_sgemm(CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld,
                             1.0f, gkv + bh * S * D, iD);
         }
     }
@@ -353,7 +360,7 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
                 const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = o.causal && i1 < S ? i1 : S; /* keys [0, kn) */
                 const int m = (int)(i1 - i0), kk = (int)kn;
                 /* L (m, kn) = scale·q·kᵀ */
-                cblas_sgemm(CblasRowMajor, mq.tr, flip(mk.tr), m, kk, iD, scale, mat_row(&mq, b, h, i0), mq.ld,
+                att_sgemm(mq.tr, flip(mk.tr), m, kk, iD, scale, mat_row(&mq, b, h, i0), mq.ld,
                             mat_at(&mk, b, h), mk.ld, 0.0f, P + i0 * S, iS);
                 for (int64_t i = i0; i < i1; i++) {
                     float *row = P + i * S;
@@ -392,7 +399,7 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
                     apply_dropout(P + i0 * S, drop + bh * TS + i0 * S, S, m, kn, keep_scale, Pd);
                     A = Pd, lda = kk;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, mv.tr, m, iD, kk, 1.0f, A, lda, mat_at(&mv, b, h), mv.ld,
+                att_sgemm(CblasNoTrans, mv.tr, m, iD, kk, 1.0f, A, lda, mat_at(&mv, b, h), mv.ld,
                             0.0f, ov + (bh * T + i0) * D, iD);
             }
         }

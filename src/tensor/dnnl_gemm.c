@@ -86,6 +86,51 @@ void cmi_bf16_set_kernel(cmi_bf16_kernel k) {
     atomic_store(&g_kernel, (int)k);
 }
 
+/* f32 kernel choice and cmi_sgemm */
+
+static pthread_once_t g_f32_once = PTHREAD_ONCE_INIT;
+static _Atomic int g_f32_kernel = -1;
+
+static void f32_kernel_init(void) {
+    const char *e = getenv("CM_F32_GEMM");
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    int k = (isa & (unsigned)dnnl_cpu_isa_avx512_core) == (unsigned)dnnl_cpu_isa_avx512_core ? CMI_F32_ONEDNN
+                                                                                            : CMI_F32_OPENBLAS;
+    if (e && strcmp(e, "onednn") == 0) k = CMI_F32_ONEDNN;
+    else if (e && strcmp(e, "openblas") == 0) k = CMI_F32_OPENBLAS;
+    else if (e && *e)
+        cm_log_msg(CM_LOG_WARN, "CM_F32_GEMM='%s' is not an f32 GEMM kernel (use openblas or onednn); using %s", e,
+                   cmi_f32_kernel_name((cmi_f32_kernel)k));
+    int expect = -1;
+    atomic_compare_exchange_strong(&g_f32_kernel, &expect, k);
+}
+
+cmi_f32_kernel cmi_f32_get_kernel(void) {
+    pthread_once(&g_f32_once, f32_kernel_init);
+    return (cmi_f32_kernel)atomic_load(&g_f32_kernel);
+}
+
+void cmi_f32_set_kernel(cmi_f32_kernel k) {
+    pthread_once(&g_f32_once, f32_kernel_init);
+    atomic_store(&g_f32_kernel, (int)k);
+}
+
+const char *cmi_f32_kernel_name(cmi_f32_kernel k) { return k == CMI_F32_ONEDNN ? "onednn" : "openblas"; }
+
+void cmi_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
+               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (cmi_f32_get_kernel() == CMI_F32_ONEDNN) {
+        /* dnnl_sgemm is row-major; it only fails on invalid arguments, which callers rule out */
+        dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+        if (st == dnnl_success) return;
+        cm_log_msg(CM_LOG_WARN, "dnnl_sgemm(M=%lld N=%lld K=%lld) failed (status %d); using OpenBLAS", (long long)M,
+                   (long long)N, (long long)K, (int)st);
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Widen: bf16 → f32, then sgemm                                                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -129,9 +174,7 @@ static cm_status gemm_widen(cm_tape *tp, int64_t M, int64_t N, int64_t K, const 
                 for (int64_t j = 0; j < N; j++) row[j] += bias[j];
         }
     }
-    if (K > 0)
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                    (int)K, 1.0f, a32, (int)(ac ? ac : 1), b32, (int)(bc ? bc : 1), 1.0f, c, (int)ldc);
+    if (K > 0) cmi_sgemm(ta, tb, M, N, K, 1.0f, a32, ac ? ac : 1, b32, bc ? bc : 1, 1.0f, c, ldc);
     cm_arena_rewind(tp->arena, mark);
     return CM_OK;
 }

@@ -29,6 +29,24 @@ void cmi_bf16_set_kernel(cmi_bf16_kernel k);
 /* True when oneDNN reports an ISA with bf16 dot-product instructions (avx512_core_bf16 or AMX). */
 bool cmi_bf16_native(void);
 
+/* f32 GEMM, row-major, as cblas_sgemm: C (M, N) = alpha · op(A) · op(B) + beta · C, op(X) = Xᵀ
+ * when tX. Runs on OpenBLAS or on oneDNN's sgemm (dnnl_sgemm), whichever cmi_f32_get_kernel()
+ * says. Inside an OpenMP parallel region both run single-threaded. Dimensions are 64-bit (the
+ * OpenBLAS path fails loudly past INT_MAX: callers check with their own message first). */
+void cmi_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
+               const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+typedef enum { CMI_F32_OPENBLAS, CMI_F32_ONEDNN } cmi_f32_kernel;
+
+/* The f32 GEMM kernel: CM_F32_GEMM when set to "openblas" or "onednn", otherwise oneDNN where its
+ * ISA is AVX-512 or better and OpenBLAS elsewhere. Debian's OpenBLAS 0.3.21 runs its AVX2 (Haswell)
+ * kernels on AMD Zen 4 (it predates Zen 4's AVX-512), where oneDNN's AVX-512 sgemm is 1.7-3.3x
+ * faster on transformer shapes (bench/gemm); on AVX2 OpenBLAS is kept. Read once;
+ * cmi_f32_set_kernel changes it (tests, benchmarks). */
+cmi_f32_kernel cmi_f32_get_kernel(void);
+void cmi_f32_set_kernel(cmi_f32_kernel k);
+const char *cmi_f32_kernel_name(cmi_f32_kernel k); /* "openblas" / "onednn" */
+
 /* oneDNN's effective ISA as a name ("avx2", "avx512_core_amx", ...), for messages and benchmarks. */
 const char *cmi_dnnl_isa_name(void);
 

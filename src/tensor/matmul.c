@@ -1,7 +1,7 @@
 /* Matrix multiplication (batched, broadcasting) and the linear layer, forward and backward.
  *
- * f32 × f32 runs on OpenBLAS (cblas_sgemm), bf16 × bf16 on oneDNN (dnnl_gemm.c) with f32
- * accumulation and an f32 result. A matrix whose last two dims are row-major or column-major
+ * f32 × f32 runs on cmi_sgemm (OpenBLAS, or oneDNN's sgemm on AVX-512: see dnnl_gemm.h), bf16 × bf16
+ * on oneDNN (dnnl_gemm.c) with f32 accumulation and an f32 result. A matrix whose last two dims are row-major or column-major
  * (a transposed view) goes to the GEMM as it is, with CblasTrans for the latter; only other layouts
  * are copied (cm_contiguous, so gradients still flow through the copy).
  *
@@ -120,8 +120,7 @@ static cm_status gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K,
     if (dt == CM_DTYPE_BF16)
         return cmi_gemm_bf16(tp, M, N, K, (const uint16_t *)a, lda, ta, (const uint16_t *)b, ldb, tb, bias, acc, c, ldc);
     if (!fits_blas(tp, M, N, K, lda, ldb, ldc)) return cmi_status(tp);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                1.0f, (const float *)a, (int)lda, (const float *)b, (int)ldb, acc ? 1.0f : 0.0f, c, (int)ldc);
+    cmi_sgemm(ta, tb, M, N, K, 1.0f, (const float *)a, lda, (const float *)b, ldb, acc ? 1.0f : 0.0f, c, ldc);
     return CM_OK;
 }
 
@@ -169,7 +168,7 @@ static const char *to_bf16(cm_tape *tp, const cm_tensor *g) {
     if (!h) return NULL;
     const float *s = cmi_f32(g);
 #pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) h[i] = cm_f32_to_bf16(s[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = cmi_f32_to_bf16(s[i]);
     return (const char *)h;
 }
 
@@ -341,14 +340,16 @@ static bool x_layout(const cm_tensor *x, int64_t *rows, int64_t *ld, bool *t) {
     return false;
 }
 
+/* n->i[0] = 1: in[1] is the weight's base wb (in, out), the weight being wbᵀ (see cm_linear). */
 static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     cm_tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2];
     const cm_dtype dt = x->dtype;
-    const int64_t out_f = w->shape[0], in_f = w->shape[1];
-    int64_t R = 0, xld = 1, wld = 1;
-    bool xt = false, wt = false;
+    const bool wbase = n->i[0] == 1;
+    const int64_t out_f = w->shape[wbase ? 1 : 0], in_f = w->shape[wbase ? 0 : 1];
+    int64_t R = 0, xld = 1, wld = out_f;
+    bool xt = false, wt = true;
     x_layout(x, &R, &xld, &xt);
-    mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
+    if (!wbase) mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
     cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, bias);
     const char *dy = (const char *)gout->data; // (R, out)
     const size_t mark = cm_arena_mark(tp->arena); /* the bf16 dy is scratch, as in matmul_backward */
@@ -356,7 +357,9 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     cm_status st = CM_OK;
     if (gx) /* dx (R, in) += dy (R, out) · w (out, in) */
         st = gemm(tp, dt, R, in_f, out_f, dy, out_f, false, w->data, wld, wt, NULL, true, cmi_f32(gx), in_f);
-    if (!st && gw) /* dw (out, in) += dyᵀ (out, R) · x (R, in) */
+    if (!st && gw && wbase) /* dwb (in, out) += xᵀ (in, R) · dy (R, out): the weight's transpose, directly */
+        st = gemm(tp, dt, in_f, out_f, R, x->data, xld, !xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
+    else if (!st && gw) /* dw (out, in) += dyᵀ (out, R) · x (R, in) */
         st = gemm(tp, dt, out_f, in_f, R, dy, out_f, true, x->data, xld, xt, NULL, true, cmi_f32(gw), in_f);
     if (!st && gb) { /* db (out) += column sums of dy, in f32 */
         const float *g = cmi_f32(gout);
@@ -380,9 +383,21 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
 cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
     cm_tensor *ins[3] = {x, w, bias};
     if (!cmi_begin(tp, "linear", 2, ins) || !cmi_fetch(tp, 1, ins + 2)) return NULL;
+    /* A weight that is a recorded transpose of a contiguous (in, out) tensor wb (GPT-2's Conv1D
+     * stores its weight that way) is used through wb: the forward reads the same memory, the
+     * backward writes wb's gradient with one GEMM instead of filling the view's (out, in) gradient
+     * and adding it back transposed element by element (~7% of a char-GPT step), and autocast
+     * casts wb (contiguous) instead of copying the transposed view. */
+    cm_tensor *wb = cmi_transposed_base(w);
     if (tp->autocast == CM_DTYPE_BF16) {
         if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
-        if (w->dtype == CM_DTYPE_F32 && !(w = cm_cast(tp, w, CM_DTYPE_BF16))) return NULL;
+        if (wb && wb->dtype == CM_DTYPE_F32) {
+            if (!(wb = cm_cast(tp, wb, CM_DTYPE_BF16))) return NULL;
+            w = cmi_view(tp, wb->dtype, 2, w->shape, w->stride, wb->data); /* wbᵀ, not recorded */
+            if (!w) return NULL;
+        } else if (w->dtype == CM_DTYPE_F32 && !(w = cm_cast(tp, w, CM_DTYPE_BF16))) {
+            return NULL;
+        }
         ins[0] = x, ins[1] = w;
     }
     if (!check_pair(tp, "linear", "x", x, "w", w)) return NULL;
@@ -429,6 +444,11 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
     if (gemm(tp, x->dtype, R, out_f, in_f, x->data, xld, xt, w->data, wld, !wt, bias ? cmi_f32(bias) : NULL, false,
              cmi_f32(y), out_f))
         return NULL;
-    if (cmi_needs_grad(tp, 3, ins) && !cmi_record(tp, "linear", y, 3, ins, linear_backward, 0)) return NULL;
+    if (wb) ins[1] = wb;
+    if (cmi_needs_grad(tp, 3, ins)) {
+        cm_node *nd = cmi_record(tp, "linear", y, 3, ins, linear_backward, 0);
+        if (!nd) return NULL;
+        nd->i[0] = wb ? 1 : 0;
+    }
     return y;
 }

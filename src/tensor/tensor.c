@@ -38,13 +38,7 @@ cm_status cm_dtype_parse(const char *s, cm_dtype *out) {
                         s ? s : "(null)");
 }
 
-uint16_t cm_f32_to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
+uint16_t cm_f32_to_bf16(float x) { return cmi_f32_to_bf16(x); }
 
 float cm_bf16_to_f32(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;

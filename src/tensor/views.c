@@ -64,13 +64,19 @@ static void copy_row(int64_t n, char *const *p, const int64_t *inner, void *vctx
     if (c->dd == CM_DTYPE_BF16 && c->ds == CM_DTYPE_F32) {
         uint16_t *d = (uint16_t *)p[0];
         const float *s = (const float *)p[1];
-        for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cm_f32_to_bf16(s[i * inner[1]]);
+        if (inner[0] == 1 && inner[1] == 1)
+            for (int64_t i = 0; i < n; i++) d[i] = cmi_f32_to_bf16(s[i]);
+        else
+            for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cmi_f32_to_bf16(s[i * inner[1]]);
         return;
     }
     if (c->dd == CM_DTYPE_F32 && c->ds == CM_DTYPE_BF16) {
         float *d = (float *)p[0];
         const uint16_t *s = (const uint16_t *)p[1];
-        for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cm_bf16_to_f32(s[i * inner[1]]);
+        if (inner[0] == 1 && inner[1] == 1)
+            for (int64_t i = 0; i < n; i++) d[i] = cmi_bf16_to_f32(s[i]);
+        else
+            for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cmi_bf16_to_f32(s[i * inner[1]]);
         return;
     }
     for (int64_t i = 0; i < n; i++)
@@ -152,7 +158,10 @@ static void add_row(int64_t n, char *const *p, const int64_t *inner, void *ctx) 
     (void)ctx;
     float *dst = (float *)p[0];
     const float *src = (const float *)p[1];
-    for (int64_t i = 0; i < n; i++) dst[i * inner[0]] += src[i * inner[1]];
+    if (inner[0] == 1 && inner[1] == 1) /* the common case, kept apart so it vectorises */
+        for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+    else
+        for (int64_t i = 0; i < n; i++) dst[i * inner[0]] += src[i * inner[1]];
 }
 
 static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
@@ -178,6 +187,16 @@ static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     size_t es[2] = {4, 4};
     cmi_iterate(gout->ndim, gout->shape, 2, st, bases, es, distinct, add_row, NULL);
     return CM_OK;
+}
+
+cm_tensor *cmi_transposed_base(const cm_tensor *w) {
+    if (!w || w->ndim != 2 || !w->node || w->node->backward != view_backward || w->node->n_in != 1) return NULL;
+    cm_tensor *b = w->node->in[0];
+    const view_ctx *c = w->node->ctx;
+    if (!b || b->ndim != 2 || !cmi_is_contig(b) || b->dtype != w->dtype || b->data != w->data || c->offset != 0 ||
+        b->shape[0] != w->shape[1] || b->shape[1] != w->shape[0] || w->stride[0] != 1 || w->stride[1] != b->shape[1])
+        return NULL;
+    return b;
 }
 
 /* Makes a view of t with (ndim, shape, stride) starting `offset` elements after t's data, and
