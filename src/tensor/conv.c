@@ -378,7 +378,7 @@ static uint16_t *to_bf16(cm_tape *tp, const float *p, int64_t n) {
     uint16_t *o = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
     if (!o) return NULL;
 #pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) o[i] = cm_f32_to_bf16(p[i]);
+    for (int64_t i = 0; i < n; i++) o[i] = cmi_f32_to_bf16(p[i]);
     return o;
 }
 
