@@ -416,37 +416,47 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cons
     return CM_OK;
 }
 
+/* oneDNN's backward for x and w of dtype dt and the f32 dy: dx (written in place when dx_fresh,
+ * else through scratch and added), dW and db (through scratch, added); any may be NULL (db is
+ * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
+ * implementation for one). */
+static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, const void *x, const void *w,
+                               const float *dy, float *dx, bool dx_fresh, float *dW, float *db, bool *dx_done,
+                               bool *dw_done) {
+    *dx_done = *dw_done = false;
+    if (!dx && !dW) return CM_OK;
+    const size_t mark = cm_arena_mark(tp->arena);
+    float *t = dx ? (dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g))) : NULL;
+    float *tw = dW ? cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g)) : NULL;
+    float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
+    if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
+    bool rd = false, rw = false;
+    if (cmi_dnnl_conv_backward(tp, g, dt, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (rd) {
+        if (t != dx) add_into(dx, t, x_numel(g));
+        *dx_done = true;
+    }
+    if (rw) {
+        add_into(dW, tw, w_numel(g));
+        if (db) add_into(db, tb, g->Cout);
+        *dw_done = true;
+    }
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+
 /* Backward with f32 operands: dx (overwritten when dx_fresh, else accumulated), dW and db
  * (accumulated; any may be NULL). A pass oneDNN has no implementation for runs on im2col. */
 static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *dy,
                               float *dx, bool dx_fresh, float *dW, float *db) {
-    float *im_dx = dx, *im_dW = dW, *im_db = db;
     if (dnnl_wanted(g)) {
-        const size_t mark = cm_arena_mark(tp->arena);
-        bool ran = false;
-        if (dx) {
-            float *t = dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g));
-            if (!t || cmi_dnnl_conv_backward_data(tp, g, CM_DTYPE_F32, dy, w, t, &ran)) return cmi_status(tp);
-            if (ran) {
-                if (t != dx) add_into(dx, t, x_numel(g));
-                im_dx = NULL;
-            }
-        }
-        if (dW) {
-            float *tw = cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g));
-            float *tb = db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
-            if (!tw || (db && !tb) || cmi_dnnl_conv_backward_weights(tp, g, CM_DTYPE_F32, x, dy, tw, tb, &ran))
-                return cmi_status(tp);
-            if (ran) {
-                add_into(dW, tw, w_numel(g));
-                if (db) add_into(db, tb, g->Cout);
-                im_dW = NULL, im_db = NULL;
-            }
-        }
-        cm_arena_rewind(tp->arena, mark);
+        bool dd = false, wd = false;
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd)) return cmi_status(tp);
+        if (dd) dx = NULL;
+        if (wd) dW = NULL, db = NULL;
     }
-    if (im_db) bias_grad(g, dy, im_db);
-    return im2col_backward(tp, g, x, w, dy, im_dx, im_dW);
+    if (db) bias_grad(g, dy, db);
+    return im2col_backward(tp, g, x, w, dy, dx, dW);
 }
 
 typedef struct {
@@ -470,34 +480,18 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     const void *x = nd->in[0]->data, *w = nd->in[1]->data;
     if (c->dt == CM_DTYPE_F32) return backward_f32(tp, g, x, w, dy, dx, dx_fresh, dW, db);
 
-    /* bf16: the upstream gradient is rounded to bf16, as linear's backward does */
-    const size_t mark = cm_arena_mark(tp->arena);
-    uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
-    if (!dy16) return cmi_status(tp);
+    /* bf16: the upstream gradient is rounded to bf16, as linear's backward does (by oneDNN's
+     * reorder of dy on the native path, by to_bf16 on the widened one) */
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
-        bool ran = false;
-        if (dx) {
-            float *t = dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g));
-            if (!t || cmi_dnnl_conv_backward_data(tp, g, CM_DTYPE_BF16, dy16, w, t, &ran)) return cmi_status(tp);
-            if (ran) {
-                if (t != dx) add_into(dx, t, x_numel(g));
-                dx = NULL;
-            }
-        }
-        if (dW) {
-            float *tw = cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g));
-            float *tb = db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
-            if (!tw || (db && !tb) || cmi_dnnl_conv_backward_weights(tp, g, CM_DTYPE_BF16, x, dy16, tw, tb, &ran))
-                return cmi_status(tp);
-            if (ran) {
-                add_into(dW, tw, w_numel(g));
-                if (db) add_into(db, tb, g->Cout);
-                dW = NULL, db = NULL;
-            }
-        }
+        bool dd = false, wd = false;
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd)) return cmi_status(tp);
+        if (dd) dx = NULL;
+        if (wd) dW = NULL, db = NULL;
     }
+    const size_t mark = cm_arena_mark(tp->arena);
     if (dx || dW || db) { /* widen: f32 kernels on the exact f32 values of x, w and the rounded dy */
-        float *dyw = widen(tp, dy16, y_numel(g));
+        uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
+        float *dyw = dy16 ? widen(tp, dy16, y_numel(g)) : NULL;
         float *xw = dyw && dW ? widen(tp, x, x_numel(g)) : NULL;
         float *ww = dyw && dx ? widen(tp, w, w_numel(g)) : NULL;
         if (!dyw || (dW && !xw) || (dx && !ww)) return cmi_status(tp);

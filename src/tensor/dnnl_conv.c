@@ -224,13 +224,15 @@ static cm_status build(cm_tape *tp, const conv_key *k, conv_entry *e) {
     const dnnl_data_type_t dt = k->bf16 ? dnnl_bf16 : dnnl_f32;
     const dnnl_format_tag_t user_tag = k->cl ? dnnl_nhwc : dnnl_nchw;
     const dnnl_format_tag_t act_tag = k->blocked ? dnnl_format_tag_any : user_tag;
-    /* user descriptors, by pass: x/dx (src), w/dw, y/dy (dst), bias/db */
+    /* descriptors, by pass: x/dx (src), w/dw, y/dy (dst), bias/db */
     const dnnl_data_type_t src_dt = k->pass == CMI_CONV_BWD_DATA ? dnnl_f32 : dt;
     const dnnl_data_type_t dst_dt = k->pass == CMI_CONV_FWD ? dnnl_f32 : dt;
     const dnnl_data_type_t wei_dt = k->pass == CMI_CONV_BWD_WEIGHTS ? dnnl_f32 : dt;
     dnnl_memory_desc_t u_src, u_wei, u_dst, u_bias, p_src, p_wei, p_dst;
     md_act(&u_src, k->N, k->Cin, k->H, k->W, src_dt, user_tag);
-    md_act(&u_dst, k->N, k->Cout, k->OH, k->OW, dst_dt, user_tag);
+    /* y and dy are f32 in the user's layout; in bf16 backward the reorder of dy to what the
+     * primitive wants (bf16, maybe blocked) also rounds it to bf16, in one pass */
+    md_act(&u_dst, k->N, k->Cout, k->OH, k->OW, dnnl_f32, user_tag);
     md_wei(&u_wei, k, wei_dt, dnnl_oihw);
     dnnl_dims_t bd = {k->Cout};
     dnnl_memory_desc_init_by_tag(&u_bias, 1, bd, dnnl_f32, dnnl_a);
@@ -310,62 +312,75 @@ done:
 /* Execution                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Runs pass `pass` with the user buffers ptr[i] in the order build() adds the arguments:
- *   forward          x, w, [bias], y
- *   backward-data    dy, w, dx
- *   backward-weights x, dy, dw, [db] */
-static cm_status run(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, int pass, bool bias, const void *const *ptr,
-                     bool *ran) {
-    *ran = false;
-    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_BF16)
-        return cmi_fail(tp, CM_ERR_DTYPE, "conv2d: oneDNN kernel got dtype %s (f32 or bf16)", cm_dtype_name(dt));
-    conv_key k;
-    memset(&k, 0, sizeof k); /* compared with memcmp: no stray padding bytes */
-    k.N = g->N, k.Cin = g->Cin, k.H = g->H, k.W = g->W, k.Cout = g->Cout, k.OH = g->OH, k.OW = g->OW;
-    k.kh = g->kh, k.kw = g->kw, k.sh = g->sh, k.sw = g->sw, k.ph = g->ph, k.pw = g->pw, k.dh = g->dh, k.dw = g->dw;
-    k.groups = g->groups, k.cl = g->cl, k.bf16 = dt == CM_DTYPE_BF16, k.pass = pass, k.bias = bias;
+static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, int pass, bool bias) {
+    memset(k, 0, sizeof *k); /* compared with memcmp: no stray padding bytes */
+    k->N = g->N, k->Cin = g->Cin, k->H = g->H, k->W = g->W, k->Cout = g->Cout, k->OH = g->OH, k->OW = g->OW;
+    k->kh = g->kh, k->kw = g->kw, k->sh = g->sh, k->sw = g->sw, k->ph = g->ph, k->pw = g->pw, k->dh = g->dh;
+    k->dw = g->dw, k->groups = g->groups, k->cl = g->cl, k->bf16 = dt == CM_DTYPE_BF16, k->pass = pass, k->bias = bias;
     const cmi_conv_act_layout al = cmi_conv_get_act_layout();
     const bool pointwise = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
-    k.blocked = al == CMI_CONV_ACT_BLOCKED || (al == CMI_CONV_ACT_AUTO && !g->cl && !pointwise);
+    k->blocked = al == CMI_CONV_ACT_BLOCKED || (al == CMI_CONV_ACT_AUTO && !g->cl && !pointwise);
+}
 
-    conv_entry local, *e = NULL;
-    bool owned = false;
+/* The cached entry for k, built on first use. When the cache is full the entry is built into
+ * *local and *owned is set: the caller destroys it after use. */
+static cm_status lookup(cm_tape *tp, const conv_key *k, conv_entry *local, conv_entry **out, bool *owned) {
+    *out = NULL;
+    *owned = false;
     pthread_mutex_lock(&g_lock);
     for (int i = 0; i < g_n_cached; i++)
-        if (memcmp(&g_cache[i].key, &k, sizeof k) == 0) {
-            e = &g_cache[i];
+        if (memcmp(&g_cache[i].key, k, sizeof *k) == 0) {
+            *out = &g_cache[i];
             break;
         }
-    if (!e) {
-        conv_entry *slot = g_n_cached < CACHE_CAP ? &g_cache[g_n_cached] : &local;
-        cm_status st = build(tp, &k, slot);
+    if (!*out) {
+        conv_entry *slot = g_n_cached < CACHE_CAP ? &g_cache[g_n_cached] : local;
+        cm_status st = build(tp, k, slot);
         if (st) {
             pthread_mutex_unlock(&g_lock);
             return st;
         }
-        if (slot == &local) owned = true;
+        if (slot == local) *owned = true;
         else g_n_cached++;
-        e = slot;
+        *out = slot;
     }
     pthread_mutex_unlock(&g_lock);
-    if (e->unimplemented) {
-        cmi_conv_stats_note_unimplemented();
-        return CM_OK;
-    }
+    return CM_OK;
+}
 
+static cm_status ensure_stream(cm_tape *tp, const conv_key *k) {
+    dnnl_status_t s;
+    if (!t_stream && (s = dnnl_stream_create(&t_stream, g_engine, dnnl_stream_default_flags)) != dnnl_success)
+        return dnnl_fail(tp, "stream_create", s, k);
+    return CM_OK;
+}
+
+/* Executes entry e with the user buffers ptr[i] in the order build() adds the arguments:
+ *   forward          x, w, [bias], y
+ *   backward-data    dy, w, dx
+ *   backward-weights x, dy, dw, [db]
+ * pre (may be NULL): pre[i] non-NULL is argument i already in the primitive's layout (no reorder). */
+static cm_status exec_entry(cm_tape *tp, const conv_entry *e, const void *const *ptr, const void *const *pre) {
+    const conv_key *k = &e->key;
     dnnl_status_t s;
     cm_status st = CM_OK;
     dnnl_memory_t umem[MAX_ARGS] = {NULL}, pmem[MAX_ARGS] = {NULL}, smem = NULL;
     dnnl_exec_arg_t args[MAX_ARGS + 1];
     const size_t mark = cm_arena_mark(tp->arena); /* reorder buffers and scratchpad: this call only */
-    if (!t_stream && (s = dnnl_stream_create(&t_stream, g_engine, dnnl_stream_default_flags)) != dnnl_success) {
-        st = dnnl_fail(tp, "stream_create", s, &k);
-        goto out;
-    }
+    if ((st = ensure_stream(tp, k))) goto out;
     for (int i = 0; i < e->n_args; i++) {
         const conv_arg *a = &e->args[i];
+        if (pre && pre[i]) {
+            if ((s = dnnl_memory_create(&pmem[i], &a->prim_md, g_engine, (void *)pre[i])) != dnnl_success) {
+                st = dnnl_fail(tp, "memory_create", s, k);
+                goto out;
+            }
+            args[i].arg = a->arg;
+            args[i].memory = pmem[i];
+            continue;
+        }
         if ((s = dnnl_memory_create(&umem[i], &a->user_md, g_engine, (void *)ptr[i])) != dnnl_success) {
-            st = dnnl_fail(tp, "memory_create", s, &k);
+            st = dnnl_fail(tp, "memory_create", s, k);
             goto out;
         }
         if (a->reorder) {
@@ -375,13 +390,13 @@ static cm_status run(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, int pass,
                 goto out;
             }
             if ((s = dnnl_memory_create(&pmem[i], &a->prim_md, g_engine, buf)) != dnnl_success) {
-                st = dnnl_fail(tp, "memory_create", s, &k);
+                st = dnnl_fail(tp, "memory_create", s, k);
                 goto out;
             }
             if (!a->out) {
                 dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, umem[i]}, {DNNL_ARG_TO, pmem[i]}};
                 if ((s = dnnl_primitive_execute(a->reorder, t_stream, 2, ra)) != dnnl_success) {
-                    st = dnnl_fail(tp, "reorder (in)", s, &k);
+                    st = dnnl_fail(tp, "reorder (in)", s, k);
                     goto out;
                 }
             }
@@ -397,7 +412,7 @@ static cm_status run(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, int pass,
             goto out;
         }
         if ((s = dnnl_memory_create(&smem, &e->scratch_md, g_engine, sp)) != dnnl_success) {
-            st = dnnl_fail(tp, "memory_create (scratchpad)", s, &k);
+            st = dnnl_fail(tp, "memory_create (scratchpad)", s, k);
             goto out;
         }
         args[nargs].arg = DNNL_ARG_SCRATCHPAD;
@@ -405,7 +420,7 @@ static cm_status run(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, int pass,
         nargs++;
     }
     if ((s = dnnl_primitive_execute(e->prim, t_stream, nargs, args)) != dnnl_success) {
-        st = dnnl_fail(tp, "execute", s, &k);
+        st = dnnl_fail(tp, "execute", s, k);
         goto out;
     }
     for (int i = 0; i < e->n_args; i++) {
@@ -413,15 +428,12 @@ static cm_status run(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, int pass,
         if (!a->out || !a->reorder) continue;
         dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, pmem[i]}, {DNNL_ARG_TO, umem[i]}};
         if ((s = dnnl_primitive_execute(a->reorder, t_stream, 2, ra)) != dnnl_success) {
-            st = dnnl_fail(tp, "reorder (out)", s, &k);
+            st = dnnl_fail(tp, "reorder (out)", s, k);
             goto out;
         }
     }
-    if ((s = dnnl_stream_wait(t_stream)) != dnnl_success) st = dnnl_fail(tp, "stream_wait", s, &k);
-    else {
-        *ran = true;
-        cmi_conv_stats_note(k.bf16 ? CMI_CONV_RAN_DNNL_BF16 : CMI_CONV_RAN_DNNL, pass);
-    }
+    if ((s = dnnl_stream_wait(t_stream)) != dnnl_success) st = dnnl_fail(tp, "stream_wait", s, k);
+    else cmi_conv_stats_note(k->bf16 ? CMI_CONV_RAN_DNNL_BF16 : CMI_CONV_RAN_DNNL, k->pass);
 out:
     for (int i = 0; i < e->n_args; i++) {
         if (umem[i]) dnnl_memory_destroy(umem[i]);
@@ -429,24 +441,94 @@ out:
     }
     if (smem) dnnl_memory_destroy(smem);
     cm_arena_rewind(tp->arena, mark);
-    if (owned) entry_destroy(e);
     return st;
+}
+
+static cm_status check_dt(cm_tape *tp, cm_dtype dt) {
+    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_BF16)
+        return cmi_fail(tp, CM_ERR_DTYPE, "conv2d: oneDNN kernel got dtype %s (f32 or bf16)", cm_dtype_name(dt));
+    return CM_OK;
 }
 
 cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, const void *x, const void *w,
                                 const float *bias, float *y, bool *ran) {
+    *ran = false;
+    if (check_dt(tp, dt)) return cmi_status(tp);
+    conv_key k;
+    make_key(&k, g, dt, CMI_CONV_FWD, bias != NULL);
+    conv_entry local, *e;
+    bool owned;
+    if (lookup(tp, &k, &local, &e, &owned)) return cmi_status(tp);
+    if (e->unimplemented) {
+        cmi_conv_stats_note_unimplemented();
+        return CM_OK;
+    }
     const void *with_bias[4] = {x, w, bias, y}, *without[3] = {x, w, y};
-    return run(tp, g, dt, CMI_CONV_FWD, bias != NULL, bias ? with_bias : without, ran);
+    cm_status st = exec_entry(tp, e, bias ? with_bias : without, NULL);
+    if (!st) *ran = true;
+    if (owned) entry_destroy(e);
+    return st;
 }
 
-cm_status cmi_dnnl_conv_backward_data(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, const void *dy,
-                                      const void *w, float *dx, bool *ran) {
-    const void *p[3] = {dy, w, dx};
-    return run(tp, g, dt, CMI_CONV_BWD_DATA, false, p, ran);
-}
-
-cm_status cmi_dnnl_conv_backward_weights(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, const void *x,
-                                         const void *dy, float *dw, float *db, bool *ran) {
-    const void *p[4] = {x, dy, dw, db};
-    return run(tp, g, dt, CMI_CONV_BWD_WEIGHTS, db != NULL, p, ran);
+cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, const void *x, const void *w,
+                                 const float *dy, float *dx, float *dw, float *db, bool *ran_data,
+                                 bool *ran_weights) {
+    *ran_data = *ran_weights = false;
+    if (check_dt(tp, dt)) return cmi_status(tp);
+    conv_entry local_d, local_w, *ed = NULL, *ew = NULL;
+    bool owned_d = false, owned_w = false;
+    cm_status st = CM_OK;
+    if (dx) {
+        conv_key k;
+        make_key(&k, g, dt, CMI_CONV_BWD_DATA, false);
+        if ((st = lookup(tp, &k, &local_d, &ed, &owned_d))) goto out;
+        if (ed->unimplemented) cmi_conv_stats_note_unimplemented();
+    }
+    if (dw) {
+        conv_key k;
+        make_key(&k, g, dt, CMI_CONV_BWD_WEIGHTS, db != NULL);
+        if ((st = lookup(tp, &k, &local_w, &ew, &owned_w))) goto out;
+        if (ew->unimplemented) cmi_conv_stats_note_unimplemented();
+    }
+    const bool do_d = ed && !ed->unimplemented, do_w = ew && !ew->unimplemented;
+    const size_t mark = cm_arena_mark(tp->arena);
+    const void *shared = NULL; /* dy reordered (and in bf16 rounded) once for both passes */
+    const conv_arg *ad = do_d ? &ed->args[0] : NULL, *aw = do_w ? &ew->args[1] : NULL; /* DIFF_DST */
+    if (ad && aw && ad->reorder && aw->reorder && dnnl_memory_desc_equal(&ad->prim_md, &aw->prim_md)) {
+        dnnl_status_t s;
+        dnnl_memory_t um = NULL, pm = NULL;
+        void *buf = cmi_scratch(tp, ad->prim_bytes);
+        if (!buf) {
+            st = cmi_status(tp);
+            goto out;
+        }
+        if ((st = ensure_stream(tp, &ed->key))) goto out;
+        if ((s = dnnl_memory_create(&um, &ad->user_md, g_engine, (void *)dy)) != dnnl_success ||
+            (s = dnnl_memory_create(&pm, &ad->prim_md, g_engine, buf)) != dnnl_success) {
+            st = dnnl_fail(tp, "memory_create", s, &ed->key);
+        } else {
+            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, um}, {DNNL_ARG_TO, pm}};
+            if ((s = dnnl_primitive_execute(ad->reorder, t_stream, 2, ra)) != dnnl_success)
+                st = dnnl_fail(tp, "reorder (dy)", s, &ed->key);
+        }
+        if (um) dnnl_memory_destroy(um);
+        if (pm) dnnl_memory_destroy(pm);
+        if (st) goto out;
+        shared = buf;
+    }
+    if (do_d) {
+        const void *p[3] = {dy, w, dx}, *pre[3] = {shared, NULL, NULL};
+        if ((st = exec_entry(tp, ed, p, pre))) goto out;
+        *ran_data = true;
+    }
+    if (do_w) {
+        const void *p[4] = {x, dy, dw, db}, *pre[4] = {NULL, shared, NULL, NULL};
+        if ((st = exec_entry(tp, ew, p, pre))) goto out;
+        *ran_weights = true;
+    }
+    cm_arena_rewind(tp->arena, mark);
+out:
+    if (owned_d) entry_destroy(ed);
+    if (owned_w) entry_destroy(ew);
+    return st;
 }
