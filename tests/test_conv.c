@@ -13,6 +13,7 @@
 #include "tensor/dnnl_gemm.h"
 
 #include <math.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -520,4 +521,28 @@ Test(conv_bf16, dtype_errors_name_the_tensors) {
     cm_tensor *bh = cm_cast(tp, cmt_randn(tp, 1, bs, 3, false), CM_DTYPE_BF16);
     expect_error(tp, cm_conv2d(tp, xh, wh, bh, &o), CM_ERR_DTYPE, "bias (6,)", "f32");
     cm_tape_free(tp);
+}
+
+/* A problem oneDNN has no implementation for runs elsewhere and is counted, never silently: with
+ * oneDNN capped at AVX2 (as on an AVX2-only CI machine) a forced native bf16 convolution is
+ * unimplemented, so each pass goes to the widened f32 kernel, with the same numbers. */
+Test(conv_bf16, unimplemented_problem_falls_back_and_is_counted) {
+    /* this test's own process: no oneDNN kernel has been generated yet */
+    cr_assert_eq(dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2), dnnl_success);
+    cr_assert(!cmi_bf16_native(), "ISA %s", cmi_dnnl_isa_name());
+    const run_mode ref = {true, true, false, false}, ac = {false, true, true, false};
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    conv_run a = run_conv(&k_resnet[2], 21, ref);
+    cmi_conv_set_bf16_kernel(CMI_CONV_BF16_ONEDNN);
+    cmi_conv_stats_reset();
+    conv_run b = run_conv(&k_resnet[2], 21, ac);
+    cmi_conv_stats st;
+    cmi_conv_stats_get(&st);
+    cr_assert_eq(st.unimplemented, 3, "forward, backward-data and backward-weights refused: %lld",
+                 (long long)st.unimplemented);
+    for (int p = 0; p < CMI_CONV_N_PASSES; p++)
+        cr_assert(st.dnnl_bf16[p] == 0 && st.widened[p] == 1 && st.dnnl[p] == 1, "pass %d", p);
+    assert_runs_close("bf16 fallback vs f32", 2, &b, &a, 1e-4, 1e-4);
+    cm_tape_free(a.tp);
+    cm_tape_free(b.tp);
 }
