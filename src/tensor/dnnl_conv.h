@@ -3,8 +3,9 @@
  *
  * Kernels: CM_CONV=dnnl (the default) runs forward, backward-data and backward-weights as oneDNN
  * primitives; CM_CONV=im2col runs conv.c's im2col + OpenBLAS kernel. When oneDNN has no
- * implementation for a problem (primitive creation answers "unimplemented"), that one problem runs
- * on im2col and cmi_conv_stats counts it in `unimplemented`; any other oneDNN failure is an error.
+ * implementation for a problem (primitive creation answers "unimplemented"), that one pass falls
+ * back — an f32 pass to im2col, a native bf16 pass to the widened f32 kernel — and
+ * cmi_conv_stats counts it in `unimplemented`; any other oneDNN failure is an error.
  *
  * bf16 (explicit bf16 x and w, or f32 ones cast by autocast): CM_CONV_BF16=onednn runs oneDNN's
  * bf16 primitives (bf16 src/weights/diff_dst, f32 dst/diff_src/diff_weights, f32 accumulation);
@@ -54,7 +55,7 @@ typedef struct {
     int64_t dnnl_bf16[CMI_CONV_N_PASSES]; /* oneDNN bf16 primitives */
     int64_t im2col[CMI_CONV_N_PASSES];    /* conv.c's im2col kernel */
     int64_t widened[CMI_CONV_N_PASSES];   /* bf16 operands widened to f32 first */
-    int64_t unimplemented;                /* problems oneDNN refused, run on im2col instead */
+    int64_t unimplemented;                /* passes oneDNN refused, run on a fallback instead */
 } cmi_conv_stats;
 void cmi_conv_stats_get(cmi_conv_stats *s);
 void cmi_conv_stats_reset(void);
