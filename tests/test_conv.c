@@ -12,6 +12,8 @@
 #include "tensor/dnnl_conv.h"
 #include "tensor/dnnl_gemm.h"
 
+#include <composer/zoo_vision.h>
+
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
@@ -545,4 +547,43 @@ Test(conv_bf16, unimplemented_problem_falls_back_and_is_counted) {
     assert_runs_close("bf16 fallback vs f32", 2, &b, &a, 1e-4, 1e-4);
     cm_tape_free(a.tp);
     cm_tape_free(b.tp);
+}
+
+/* ResNet-56 itself, the zoo model bench_train_throughput trains (NCHW) and its channels-last
+ * form, f32 and under bf16 autocast: every convolution pass of a forward + backward runs on
+ * oneDNN — 55 convolutions (stem + 27 blocks × 2, option-A shortcuts have none), 55 weight
+ * gradients and 54 input gradients (the images need none) — and none falls back. */
+Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    for (int cl = 0; cl < 2; cl++)
+        for (int amp = 0; amp < 2; amp++) {
+            cm_resnet_config rc;
+            cr_assert_eq(cm_resnet_config_preset("resnet56", &rc), CM_OK, "%s", cm_last_error());
+            rc.channels_last = cl;
+            cm_module *m;
+            cr_assert_eq(cm_resnet_new(&rc, &m), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_module_finalize(m), CM_OK, "%s", cm_last_error());
+            cm_tape *tp = cmt_tape();
+            if (amp) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+            const int64_t xs[4] = {2, 3, 32, 32};
+            cm_tensor *x = cmt_randn(tp, 4, xs, 1, false);
+            cmi_conv_stats_reset();
+            cm_tensor *y = cm_module_forward(m, tp, x);
+            cr_assert(y, "%s", cm_tape_error(tp));
+            cm_tensor *g = cm_full(tp, CM_DTYPE_F32, cm_tensor_ndim(y), cm_tensor_shape(y), 1.0);
+            cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+            cmi_conv_stats st;
+            cmi_conv_stats_get(&st);
+            const bool native = amp && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN;
+            const int64_t want[CMI_CONV_N_PASSES] = {55, 54, 55};
+            for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+                const int64_t on = native ? st.dnnl_bf16[p] : st.dnnl[p];
+                cr_assert(on == want[p] && st.im2col[p] == 0, "%s%s pass %d: %lld on oneDNN (want %lld), %lld on im2col",
+                          cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)on, (long long)want[p],
+                          (long long)st.im2col[p]);
+            }
+            cr_assert_eq(st.unimplemented, 0);
+            cm_tape_free(tp);
+            cm_module_free(m);
+        }
 }
