@@ -417,8 +417,9 @@ static void check_bf16(const cfg *cs, size_t n, cmi_conv_bf16_kernel bk, bool ex
         cmi_conv_stats_get(&st);
         for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
             if (bk == CMI_CONV_BF16_ONEDNN)
-                cr_assert(st.dnnl_bf16[p] == 1 && st.widened[p] == 0, "bf16 config %zu pass %d: %lld native, %lld widened",
-                          k, p, (long long)st.dnnl_bf16[p], (long long)st.widened[p]);
+                cr_assert(st.dnnl_bf16[p] == 1 && st.widened[p] == 0,
+                          "bf16 config %zu pass %d: %lld native, %lld widened", k, p, (long long)st.dnnl_bf16[p],
+                          (long long)st.widened[p]);
             else
                 cr_assert(st.widened[p] == 1 && st.dnnl_bf16[p] == 0 && st.dnnl[p] == 1,
                           "bf16 config %zu pass %d: %lld widened (%lld of them on oneDNN f32), %lld native", k, p,
@@ -578,9 +579,9 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
             const int64_t want[CMI_CONV_N_PASSES] = {55, 54, 55};
             for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
                 const int64_t on = native ? st.dnnl_bf16[p] : st.dnnl[p];
-                cr_assert(on == want[p] && st.im2col[p] == 0, "%s%s pass %d: %lld on oneDNN (want %lld), %lld on im2col",
-                          cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)on, (long long)want[p],
-                          (long long)st.im2col[p]);
+                cr_assert(on == want[p] && st.im2col[p] == 0,
+                          "%s%s pass %d: %lld on oneDNN (want %lld), %lld on im2col", cl ? "channels-last" : "NCHW",
+                          amp ? " amp_bf16" : "", p, (long long)on, (long long)want[p], (long long)st.im2col[p]);
             }
             cr_assert_eq(st.unimplemented, 0);
             cm_tape_free(tp);

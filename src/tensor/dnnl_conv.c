@@ -39,7 +39,8 @@ static void kernel_init(void) {
     int k = CMI_CONV_DNNL;
     if (e && strcmp(e, "dnnl") == 0) k = CMI_CONV_DNNL;
     else if (e && strcmp(e, "im2col") == 0) k = CMI_CONV_IM2COL;
-    else if (e && *e) cm_log_msg(CM_LOG_WARN, "CM_CONV='%s' is not a convolution kernel (use dnnl or im2col); using dnnl", e);
+    else if (e && *e)
+        cm_log_msg(CM_LOG_WARN, "CM_CONV='%s' is not a convolution kernel (use dnnl or im2col); using dnnl", e);
     const char *b = getenv("CM_CONV_BF16");
     int kb = cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN;
     if (b && strcmp(b, "onednn") == 0) kb = CMI_CONV_BF16_ONEDNN;
@@ -202,8 +203,8 @@ static dnnl_status_t add_arg(conv_entry *e, const_dnnl_primitive_desc_t pd, int 
     if (dnnl_memory_desc_equal(&a->user_md, &a->prim_md)) return dnnl_success;
     a->prim_bytes = dnnl_memory_desc_get_size(&a->prim_md);
     dnnl_primitive_desc_t rpd = NULL;
-    dnnl_status_t s = out ? dnnl_reorder_primitive_desc_create(&rpd, &a->prim_md, g_engine, &a->user_md, g_engine, NULL)
-                          : dnnl_reorder_primitive_desc_create(&rpd, &a->user_md, g_engine, &a->prim_md, g_engine, NULL);
+    const dnnl_memory_desc_t *from = out ? &a->prim_md : &a->user_md, *to = out ? &a->user_md : &a->prim_md;
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&rpd, from, g_engine, to, g_engine, NULL);
     if (s == dnnl_success) s = dnnl_primitive_create(&a->reorder, rpd);
     if (rpd) dnnl_primitive_desc_destroy(rpd);
     return s;
