@@ -141,9 +141,14 @@ static float *g_a, *g_b, *g_c;
 static uint16_t *g_ah, *g_bh;
 static cm_tape *g_tape;
 
+static bool g_f32_onednn; /* f32 through oneDNN's sgemm (cmi_sgemm's other kernel) instead of OpenBLAS */
+
 static void run_gemm(cm_dtype dt, const problem *p) {
     const int64_t lda = p->ta ? p->m : p->k, ldb = p->tb ? p->k : p->n;
-    if (dt == CM_DTYPE_F32) {
+    if (dt == CM_DTYPE_F32 && g_f32_onednn) {
+        cmi_f32_set_kernel(CMI_F32_ONEDNN);
+        cmi_sgemm(p->ta, p->tb, p->m, p->n, p->k, 1.0f, g_a, lda, g_b, ldb, 0.0f, g_c, p->n);
+    } else if (dt == CM_DTYPE_F32) {
         cblas_sgemm(CblasRowMajor, p->ta ? CblasTrans : CblasNoTrans, p->tb ? CblasTrans : CblasNoTrans, (int)p->m,
                     (int)p->n, (int)p->k, 1.0f, g_a, (int)lda, g_b, (int)ldb, 0.0f, g_c, (int)p->n);
     } else {
@@ -196,6 +201,10 @@ int main(int argc, char **argv) {
     time_t now = time(NULL);
     strftime(g_date, sizeof g_date, "%Y-%m-%dT%H:%M:%S", localtime(&now));
     if (gethostname(g_host, sizeof g_host) != 0) snprintf(g_host, sizeof g_host, "?");
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: %s [results.tsv]   (default: bench/results/gemm.tsv)\n", argv[0]);
+        return argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) ? 0 : 2;
+    }
     g_tsv = open_tsv(argc > 1 ? argv[1] : NULL);
     const int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const int nt = cm_num_threads();
@@ -240,22 +249,32 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < maxe; i++) g_ah[i] = cm_f32_to_bf16(g_a[i]), g_bh[i] = cm_f32_to_bf16(g_b[i]);
 
     printf("\n== GEMM, %d threads, rows B*T = %lld (best of 3; %% of the %d-core reference peak) ==\n", nt, (long long)R, cores);
-    printf("  %-9s %-5s %6s %6s %6s | %9s %8s %5s | %9s %8s %5s\n", "layer", "gemm", "M", "N", "K", "f32 ms",
-           "GFLOP/s", "%pk", "bf16 ms", "GFLOP/s", "%pk");
+    printf("  f32: OpenBLAS cblas_sgemm | oneDNN dnnl_sgemm (cmi_sgemm's kernels; the library uses %s here)\n",
+           cmi_f32_kernel_name(cmi_f32_get_kernel()));
+    printf("  %-9s %-5s %6s %6s %6s | %9s %8s %5s | %9s %8s %5s | %9s %8s %5s\n", "layer", "gemm", "M", "N", "K",
+           "f32 ms", "GFLOP/s", "%pk", "dnnl ms", "GFLOP/s", "%pk", "bf16 ms", "GFLOP/s", "%pk");
     for (int i = 0; i < n_layers; i++) {
         const int64_t in = layers[i].in, out = layers[i].out;
         const problem ps[3] = {{"fwd", R, out, in, false, true}, {"bwdx", R, in, out, false, false},
                                {"bwdw", out, in, R, true, false}};
         for (int j = 0; j < 3; j++) {
             const problem *p = &ps[j];
-            double t32 = time_gemm(CM_DTYPE_F32, p, 3), t16 = time_gemm(CM_DTYPE_BF16, p, 3);
-            double g32 = flops_of(p) / t32 * 1e-9, g16 = flops_of(p) / t16 * 1e-9;
-            printf("  %-9s %-5s %6lld %6lld %6lld | %9.2f %8.1f %5.0f | %9.2f %8.1f %5.0f\n", layers[i].model, p->name,
-                   (long long)p->m, (long long)p->n, (long long)p->k, t32 * 1e3, g32, 100 * g32 / peakn, t16 * 1e3, g16,
-                   100 * g16 / peakn);
+            const cmi_f32_kernel kept = cmi_f32_get_kernel();
+            g_f32_onednn = false;
+            double t32 = time_gemm(CM_DTYPE_F32, p, 3);
+            g_f32_onednn = true;
+            double td = time_gemm(CM_DTYPE_F32, p, 3);
+            g_f32_onednn = false;
+            cmi_f32_set_kernel(kept);
+            double t16 = time_gemm(CM_DTYPE_BF16, p, 3);
+            double g32 = flops_of(p) / t32 * 1e-9, gd = flops_of(p) / td * 1e-9, g16 = flops_of(p) / t16 * 1e-9;
+            printf("  %-9s %-5s %6lld %6lld %6lld | %9.2f %8.1f %5.0f | %9.2f %8.1f %5.0f | %9.2f %8.1f %5.0f\n",
+                   layers[i].model, p->name, (long long)p->m, (long long)p->n, (long long)p->k, t32 * 1e3, g32,
+                   100 * g32 / peakn, td * 1e3, gd, 100 * gd / peakn, t16 * 1e3, g16, 100 * g16 / peakn);
             char name[64];
             snprintf(name, sizeof name, "%s %s", layers[i].model, p->name);
             tsv("gemm", name, "f32", p->m, p->n, p->k, nt, t32 * 1e3, g32, 100 * g32 / peakn);
+            tsv("gemm", name, "f32_onednn", p->m, p->n, p->k, nt, td * 1e3, gd, 100 * gd / peakn);
             tsv("gemm", name, "bf16", p->m, p->n, p->k, nt, t16 * 1e3, g16, 100 * g16 / peakn);
         }
     }

@@ -205,6 +205,35 @@ Test(layers, batch_norm_updates_running_stats_in_training_and_uses_them_in_eval)
     cm_tape_free(tp);
 }
 
+/* cm_nn_batch_norm_add_relu: the fused op with the module's tensors and mode (the running
+ * statistics and num_batches_tracked move as in its forward); another module type runs its
+ * forward, the add and the ReLU. */
+Test(layers, batch_norm_add_relu_uses_the_module_and_falls_back_for_other_modules) {
+    cm_tape *tp = cmt_tape();
+    cm_module *bn[2];
+    for (int k = 0; k < 2; k++) cr_assert_eq(cm_nn_batch_norm2d_new(3, NULL, &bn[k]), CM_OK);
+    const int64_t xs[4] = {4, 3, 5, 5};
+    cm_tensor *x = cmt_randn(tp, 4, xs, 1, false), *res = cmt_randn(tp, 4, xs, 2, false);
+    cm_tensor *want = cm_relu(tp, cm_add(tp, fwd(bn[0], tp, x), res));
+    cm_tensor *got = cm_nn_batch_norm_add_relu(bn[1], tp, x, res);
+    cr_assert(got, "%s", cm_tape_error(tp));
+    cmt_assert_close("fused BatchNorm2d + add + ReLU", got, want, 1e-6, 1e-6);
+    cmt_assert_close("running_mean", cm_module_buffer(bn[1], "running_mean"), cm_module_buffer(bn[0], "running_mean"), 0,
+                     0);
+    cr_assert_eq(cm_tensor_get_flat(cm_module_buffer(bn[1], "num_batches_tracked"), 0), 1.0);
+    cm_module_train(bn[0], false), cm_module_train(bn[1], false);
+    cmt_assert_close("eval, no residual", cm_nn_batch_norm_add_relu(bn[1], tp, x, NULL), cm_relu(tp, fwd(bn[0], tp, x)),
+                     1e-6, 1e-6);
+    cr_assert_eq(cm_tensor_get_flat(cm_module_buffer(bn[1], "num_batches_tracked"), 0), 1.0, "eval does not count");
+    cm_module *gn;
+    cr_assert_eq(cm_nn_group_norm_new(3, 3, 1e-5f, true, &gn), CM_OK);
+    cmt_assert_close("another module: forward, add, ReLU", cm_nn_batch_norm_add_relu(gn, tp, x, res),
+                     cm_relu(tp, cm_add(tp, fwd(gn, tp, x), res)), 0, 0);
+    cm_module_free(gn);
+    for (int k = 0; k < 2; k++) cm_module_free(bn[k]);
+    cm_tape_free(tp);
+}
+
 /* ---- attention ---- */
 
 static cm_module *attention(bool causal, bool alibi, float pdrop, int64_t C, int64_t H) {

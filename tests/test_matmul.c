@@ -339,9 +339,14 @@ Test(bf16, linear_weight_as_transpose_of_an_in_out_tensor) {
     cm_tensor *gb32 = cm_clone_detached(tp, cm_tensor_grad(b));
     cm_tensor_zero_grad(x), cm_tensor_zero_grad(wb), cm_tensor_zero_grad(b);
     cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    const int64_t nodes = tp->n_nodes;
     cm_tensor *y16 = cm_linear(tp, x, cm_transpose(tp, wb, 0, 1), b);
     cr_assert(y16, "%s", cm_tape_error(tp));
     cmt_assert_close("bf16 linear through wbᵀ", y16, y32, 1e-4, 1e-4);
+    /* the bf16 copies are not on the tape: the transpose view and the linear node, whose inputs are
+     * the f32 tensors that receive the gradients */
+    cr_assert_eq(tp->n_nodes, nodes + 2, "recorded %lld nodes", (long long)(tp->n_nodes - nodes));
+    cr_assert(y16->node && strcmp(y16->node->op, "linear") == 0 && y16->node->in[0] == x && y16->node->in[1] == wb);
     cr_assert_eq(cm_tape_backward_with(tp, y16, g), CM_OK, "%s", cm_tape_error(tp));
     cr_assert_eq(cm_tensor_dtype(cm_tensor_grad(wb)), CM_DTYPE_F32);
     cmt_assert_close("bf16 grad x", cm_tensor_grad(x), gx32, 2e-2, 1e-2);

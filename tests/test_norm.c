@@ -162,6 +162,81 @@ Test(norm, batch_norm_updates_running_stats_with_unbiased_variance) {
     cm_tape_free(tp);
 }
 
+/* cm_batch_norm_add_relu against the three ops it fuses (each gradchecked on its own): outputs,
+ * running statistics and the gradients of x, weight, bias and residual agree to f32 round-off
+ * (same formulas, the ReLU mask from the output), in training and eval, NCHW and channels_last,
+ * without a residual and with a strided one. A gradcheck of the fused op itself would sit on the
+ * ReLU kink for some of the random values. */
+Test(norm, batch_norm_add_relu_matches_the_unfused_ops) {
+    const int64_t s4[4] = {3, 4, 5, 6}, C4 = 4, scl[4] = {3, 5, 6, 4};
+    for (int cl = 0; cl < 2; cl++)
+        for (int train = 0; train < 2; train++)
+            for (int rk = 0; rk < 3; rk++) { /* residual: none, contiguous, strided view */
+                cm_tape *tp = cmt_tape();
+                const int64_t *shape = cl ? scl : s4;
+                cm_tensor *x = cmt_randn(tp, 4, shape, 1, true);
+                cm_tensor *w = cmt_randn(tp, 1, &C4, 2, true), *b = cmt_randn(tp, 1, &C4, 3, true);
+                cm_tensor *res = rk == 0 ? NULL : rk == 1 ? cmt_randn(tp, 4, shape, 4, true)
+                                                          : cmt_randn_noncontig(tp, 4, shape, 4, true);
+                cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
+                cm_tensor *rm[2], *rv[2];
+                for (int k = 0; k < 2; k++) {
+                    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C4, &rm[k]), CM_OK);
+                    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C4, &rv[k]), CM_OK);
+                    cm_tensor_fill(rm[k], 0.25);
+                    cm_tensor_fill(rv[k], 1.5);
+                }
+                cm_batch_norm_opts o = cm_batch_norm_opts_default();
+                o.channels_last = cl;
+                o.training = train;
+                cm_tensor *y0 = cm_batch_norm(tp, x, w, b, rm[0], rv[0], &o);
+                if (res) y0 = cm_add(tp, y0, res);
+                y0 = cm_relu(tp, y0);
+                cr_assert(y0, "%s", cm_tape_error(tp));
+                cr_assert_eq(cm_tape_backward_with(tp, y0, g), CM_OK, "%s", cm_tape_error(tp));
+                cm_tensor *ref[4] = {cm_clone_detached(tp, cm_tensor_grad(x)), cm_clone_detached(tp, cm_tensor_grad(w)),
+                                     cm_clone_detached(tp, cm_tensor_grad(b)),
+                                     res ? cm_clone_detached(tp, cm_tensor_grad(res)) : NULL};
+                cm_tensor *leaves[4] = {x, w, b, res};
+                for (int k = 0; k < 4; k++) cm_tensor_zero_grad(leaves[k]);
+                cm_tensor *y1 = cm_batch_norm_add_relu(tp, x, w, b, rm[1], rv[1], res, &o);
+                cr_assert(y1, "%s", cm_tape_error(tp));
+                char what[96];
+                snprintf(what, sizeof what, "cl %d train %d residual %d", cl, train, rk);
+                cmt_assert_close(what, y1, y0, 1e-6, 1e-6);
+                cmt_assert_close_f32("running_mean", cm_tensor_data(rm[1]), cm_tensor_data(rm[0]), C4, 0, 0);
+                cmt_assert_close_f32("running_var", cm_tensor_data(rv[1]), cm_tensor_data(rv[0]), C4, 0, 0);
+                cr_assert_eq(cm_tape_backward_with(tp, y1, g), CM_OK, "%s", cm_tape_error(tp));
+                const char *names[4] = {"grad x", "grad weight", "grad bias", "grad residual"};
+                for (int k = 0; k < 4; k++)
+                    if (leaves[k]) cmt_assert_close(names[k], cm_tensor_grad(leaves[k]), ref[k], 1e-5, 1e-5);
+                for (int k = 0; k < 2; k++) cm_tensor_free(rm[k]), cm_tensor_free(rv[k]);
+                cm_tape_free(tp);
+            }
+}
+
+/* The point of fusing: the op allocates its output only, where the three ops keep the batch norm's
+ * output and the sum as well. */
+Test(norm, batch_norm_add_relu_keeps_two_tensors_fewer) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[4] = {8, 16, 32, 32}, C = 16;
+    const size_t bytes = sizeof(float) * 8 * 16 * 32 * 32;
+    cm_tensor *x = cmt_randn(tp, 4, s, 1, true), *res = cmt_randn(tp, 4, s, 2, true);
+    cm_tensor *w = cmt_randn(tp, 1, &C, 3, true), *b = cmt_randn(tp, 1, &C, 4, true);
+    /* one big chunk first, so no allocation below skips a chunk's tail */
+    const size_t m = cm_arena_mark(cm_tape_arena(tp));
+    cr_assert(cm_arena_alloc(cm_tape_arena(tp), 64u << 20));
+    cm_arena_rewind(cm_tape_arena(tp), m);
+    size_t u0 = cm_arena_used(cm_tape_arena(tp));
+    cr_assert(cm_relu(tp, cm_add(tp, cm_batch_norm(tp, x, w, b, NULL, NULL, NULL), res)));
+    size_t u1 = cm_arena_used(cm_tape_arena(tp));
+    cr_assert(cm_batch_norm_add_relu(tp, x, w, b, NULL, NULL, res, NULL));
+    size_t u2 = cm_arena_used(cm_tape_arena(tp));
+    cr_assert(u2 - u1 < bytes + bytes / 8 && u1 - u0 >= 3 * bytes, "fused %zu bytes, unfused %zu (one tensor %zu)",
+              u2 - u1, u1 - u0, bytes);
+    cm_tape_free(tp);
+}
+
 /* ---- group norm ---- */
 
 typedef struct {
@@ -288,6 +363,20 @@ Test(norm, dropout_identity_cases_and_p_one) {
 static void expect_error(cm_tape *tp, cm_status want, const char *must_contain) {
     cmt_expect_error(tp, NULL, want, must_contain, NULL);
     cm_tape_reset(tp);
+}
+
+Test(norm, batch_norm_add_relu_bad_residual_is_an_error_naming_both_shapes) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[3] = {2, 6, 4}, s2[3] = {2, 6, 5};
+    cm_tensor *x = cmt_randn(tp, 3, s, 1, false);
+    cr_assert_null(cm_batch_norm_add_relu(tp, x, NULL, NULL, NULL, NULL, cmt_randn(tp, 3, s2, 2, false), NULL));
+    cmt_expect_error(tp, NULL, CM_ERR_SHAPE, "batch_norm_add_relu: residual (2, 6, 5)", "x (2, 6, 4)", NULL);
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 3, s, 1, false);
+    cm_tensor *r16 = cm_cast(tp, cmt_randn(tp, 3, s, 2, false), CM_DTYPE_BF16);
+    cr_assert_null(cm_batch_norm_add_relu(tp, x, NULL, NULL, NULL, NULL, r16, NULL));
+    cmt_expect_error(tp, NULL, CM_ERR_DTYPE, "residual", NULL);
+    cm_tape_free(tp);
 }
 
 Test(norm, bad_inputs_are_errors_naming_op_and_shapes) {

@@ -339,6 +339,11 @@ typedef struct cm_nn_batch_norm_config {
 } cm_nn_batch_norm_config;
 cm_nn_batch_norm_config cm_nn_batch_norm_config_default(void);
 cm_status cm_nn_batch_norm2d_new(int64_t channels, const cm_nn_batch_norm_config *cfg, cm_module **m);
+/* relu(bn(x) + residual) (residual NULL: relu(bn(x))) for a BatchNorm2d module bn, as the fused
+ * cm_batch_norm_add_relu with bn's parameters, buffers, config and mode (num_batches_tracked
+ * counts as in its forward). When bn is another module (replaced by surgery, say), its forward,
+ * cm_add and cm_relu run as separate ops. Errors are recorded on the tape (NULL returned). */
+cm_tensor *cm_nn_batch_norm_add_relu(cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual);
 
 /* Conv2d ("Conv2d"): "weight" (out, in/groups, kh, kw), "bias" (out); PyTorch's default init. */
 typedef struct cm_nn_conv2d_config {

@@ -208,10 +208,11 @@ bool cm_tape_set_grad_enabled(cm_tape *tp, bool on);
 bool cm_tape_grad_enabled(const cm_tape *tp);
 
 /* Autocast for mixed precision. With CM_DTYPE_BF16, cm_matmul, cm_linear and cm_conv2d cast their
- * f32 inputs (a and b; x and w — not the bias) to bf16 with recorded cm_cast nodes, so gradients
- * flow back in f32 to f32 leaves such as master weights, and run the bf16 GEMM or convolution (f32
- * accumulation, f32 result). Every other op is unaffected (attention, norms, softmax and losses
- * stay f32).
+ * f32 inputs (a and b; x and w — not the bias) to bf16 and run the bf16 GEMM or convolution (f32
+ * accumulation, f32 result); gradients flow back in f32 to the f32 tensors, such as master weights
+ * (cm_matmul and cm_conv2d record cm_cast nodes; cm_linear keeps its bf16 copies off the tape and
+ * accumulates its backward GEMMs straight into the f32 tensors' gradients). Every other op is
+ * unaffected (attention, norms, softmax and losses stay f32).
  * CM_DTYPE_F32 turns it off (the default). Returns the previous setting; any other dtype is
  * ignored (the setting is unchanged). */
 cm_dtype cm_tape_set_autocast(cm_tape *tp, cm_dtype dt);
@@ -444,6 +445,14 @@ typedef struct cm_batch_norm_opts {
 cm_batch_norm_opts cm_batch_norm_opts_default(void);
 cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
                          cm_tensor *running_var, const cm_batch_norm_opts *opts);
+/* relu(cm_batch_norm(x, ...) + residual) as one op — residual NULL: relu(cm_batch_norm(x, ...)) —
+ * with the same values, running-statistics updates and gradients as the three ops (ReLU's gradient
+ * is 0 where the output is 0, as cm_relu). It keeps only x and its output for backward instead of
+ * three tensors, and makes one pass over memory instead of three: a ResNet basic block holds two
+ * activation tensors fewer. residual: f32, x's shape, any strides (CM_ERR_SHAPE / CM_ERR_DTYPE). */
+cm_tensor *cm_batch_norm_add_relu(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias,
+                                  cm_tensor *running_mean, cm_tensor *running_var, cm_tensor *residual,
+                                  const cm_batch_norm_opts *opts);
 /* x (N, C, ...), C divisible by groups (CM_ERR_INVALID_ARG otherwise); weight/bias (C) or NULL. */
 cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *weight, cm_tensor *bias, float eps);
 

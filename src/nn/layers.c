@@ -189,17 +189,31 @@ cm_nn_batch_norm_config cm_nn_batch_norm_config_default(void) {
     return (cm_nn_batch_norm_config){1e-5f, 0.1f, true, true, false};
 }
 
-static cm_tensor *bn_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
-    bn_s *s = m->self;
+/* The op options of a BatchNorm2d module: its config and mode. */
+static cm_batch_norm_opts bn_opts(const cm_module *m) {
+    const bn_s *s = m->self;
     cm_batch_norm_opts o = cm_batch_norm_opts_default();
     o.eps = s->cfg.eps;
     o.momentum = s->cfg.momentum;
     o.channels_last = s->cfg.channels_last;
     /* without running stats, eval also normalises with the batch statistics (as PyTorch) */
     o.training = m->training || !s->running_mean;
-    cm_tensor *y = cm_batch_norm(tp, in[0], s->weight, s->bias, s->running_mean, s->running_var, &o);
+    return o;
+}
+
+/* batch_norm(x) [+ residual, then ReLU when fused] with the module's tensors; counts the batch. */
+static cm_tensor *bn_apply(cm_module *m, cm_tape *tp, cm_tensor *x, cm_tensor *residual, bool fused) {
+    bn_s *s = m->self;
+    const cm_batch_norm_opts o = bn_opts(m);
+    cm_tensor *y = fused ? cm_batch_norm_add_relu(tp, x, s->weight, s->bias, s->running_mean, s->running_var,
+                                                  residual, &o)
+                         : cm_batch_norm(tp, x, s->weight, s->bias, s->running_mean, s->running_var, &o);
     if (y && m->training && s->num_batches_tracked) ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
     return y;
+}
+
+static cm_tensor *bn_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
+    return bn_apply(m, tp, in[0], NULL, false);
 }
 static void bn_desc(const cm_module *m, char *buf, size_t cap) {
     const bn_s *s = m->self;
@@ -207,6 +221,16 @@ static void bn_desc(const cm_module *m, char *buf, size_t cap) {
              s->cfg.affine ? "" : ", affine=false", s->cfg.track_running_stats ? "" : ", track_running_stats=false");
 }
 static const cm_module_i bn_vt = {CM_MODULE_ABI, "BatchNorm2d", bn_fwd, free_self, bn_desc};
+
+cm_tensor *cm_nn_batch_norm_add_relu(cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual) {
+    if (!bn || bn->vt != &bn_vt) { /* not a BatchNorm2d (or NULL: cm_module_forward names that) */
+        cm_tensor *y = cm_module_forward(bn, tp, x);
+        if (residual) y = cm_add(tp, y, residual);
+        return cm_relu(tp, y);
+    }
+    if (!tp || cm_tape_status(tp) != CM_OK) return NULL;
+    return bn_apply(bn, tp, x, residual, true);
+}
 
 cm_status cm_nn_batch_norm2d_new(int64_t channels, const cm_nn_batch_norm_config *cfg, cm_module **m) {
     if (!m) return cm_set_error(CM_ERR_INVALID_ARG, "cm_nn_batch_norm2d_new: out is NULL");

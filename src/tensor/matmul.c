@@ -340,27 +340,31 @@ static bool x_layout(const cm_tensor *x, int64_t *rows, int64_t *ld, bool *t) {
     return false;
 }
 
-/* n->i[0] = 1: in[1] is the weight's base wb (in, out), the weight being wbᵀ (see cm_linear). */
+/* What linear's backward multiplies: the operands as the forward used them (bf16 copies under
+ * autocast), their layouts, and where the gradients go (the node's inputs: the f32 tensors the
+ * copies were made from, and for a transposed weight view its (in, out) base). */
+typedef struct {
+    cm_dtype dt;
+    const char *xd, *wd;
+    int64_t R, in_f, out_f, xld, wld;
+    bool xt, wt, wbase;
+} linear_ctx;
+
 static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
-    cm_tensor *x = n->in[0], *w = n->in[1], *bias = n->in[2];
-    const cm_dtype dt = x->dtype;
-    const bool wbase = n->i[0] == 1;
-    const int64_t out_f = w->shape[wbase ? 1 : 0], in_f = w->shape[wbase ? 0 : 1];
-    int64_t R = 0, xld = 1, wld = out_f;
-    bool xt = false, wt = true;
-    x_layout(x, &R, &xld, &xt);
-    if (!wbase) mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
-    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, bias);
+    const linear_ctx *c = n->ctx;
+    const cm_dtype dt = c->dt;
+    const int64_t R = c->R, in_f = c->in_f, out_f = c->out_f;
+    cm_tensor *gx = cmi_grad(tp, n->in[0]), *gw = cmi_grad(tp, n->in[1]), *gb = cmi_grad(tp, n->in[2]);
     const char *dy = (const char *)gout->data; // (R, out)
     const size_t mark = cm_arena_mark(tp->arena); /* the bf16 dy is scratch, as in matmul_backward */
     if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dy = to_bf16(tp, gout))) return cmi_status(tp);
     cm_status st = CM_OK;
     if (gx) /* dx (R, in) += dy (R, out) · w (out, in) */
-        st = gemm(tp, dt, R, in_f, out_f, dy, out_f, false, w->data, wld, wt, NULL, true, cmi_f32(gx), in_f);
-    if (!st && gw && wbase) /* dwb (in, out) += xᵀ (in, R) · dy (R, out): the weight's transpose, directly */
-        st = gemm(tp, dt, in_f, out_f, R, x->data, xld, !xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
+        st = gemm(tp, dt, R, in_f, out_f, dy, out_f, false, c->wd, c->wld, c->wt, NULL, true, cmi_f32(gx), in_f);
+    if (!st && gw && c->wbase) /* dwb (in, out) += xᵀ (in, R) · dy (R, out): the weight's transpose, directly */
+        st = gemm(tp, dt, in_f, out_f, R, c->xd, c->xld, !c->xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
     else if (!st && gw) /* dw (out, in) += dyᵀ (out, R) · x (R, in) */
-        st = gemm(tp, dt, out_f, in_f, R, dy, out_f, true, x->data, xld, xt, NULL, true, cmi_f32(gw), in_f);
+        st = gemm(tp, dt, out_f, in_f, R, dy, out_f, true, c->xd, c->xld, c->xt, NULL, true, cmi_f32(gw), in_f);
     if (!st && gb) { /* db (out) += column sums of dy, in f32 */
         const float *g = cmi_f32(gout);
         float *db = cmi_f32(gb);
@@ -389,16 +393,23 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
      * and adding it back transposed element by element (~7% of a char-GPT step), and autocast
      * casts wb (contiguous) instead of copying the transposed view. */
     cm_tensor *wb = cmi_transposed_base(w);
+    /* Autocast: x and w are multiplied as bf16 copies that are not recorded on the tape; the node's
+     * inputs stay the f32 tensors, and the backward GEMMs accumulate (in f32) straight into their
+     * gradients — no cast nodes, whose f32 gradient buffers and extra passes (a weight's cast
+     * gradient is the size of the weight, every microbatch) cost memory and time. */
+    cm_tensor *x_src = x, *w_src = wb ? wb : w;
     if (tp->autocast == CM_DTYPE_BF16) {
-        if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
+        const bool prev = tp->grad_enabled;
+        tp->grad_enabled = false;
+        if (x->dtype == CM_DTYPE_F32) x = cm_cast(tp, x, CM_DTYPE_BF16);
         if (wb && wb->dtype == CM_DTYPE_F32) {
-            if (!(wb = cm_cast(tp, wb, CM_DTYPE_BF16))) return NULL;
-            w = cmi_view(tp, wb->dtype, 2, w->shape, w->stride, wb->data); /* wbᵀ, not recorded */
-            if (!w) return NULL;
-        } else if (w->dtype == CM_DTYPE_F32 && !(w = cm_cast(tp, w, CM_DTYPE_BF16))) {
-            return NULL;
+            cm_tensor *wb16 = cm_cast(tp, wb, CM_DTYPE_BF16);
+            w = wb16 ? cmi_view(tp, wb16->dtype, 2, w->shape, w->stride, wb16->data) : NULL; /* wb16ᵀ */
+        } else if (w->dtype == CM_DTYPE_F32) {
+            w = cm_cast(tp, w, CM_DTYPE_BF16);
         }
-        ins[0] = x, ins[1] = w;
+        tp->grad_enabled = prev;
+        if (!x || !w) return NULL;
     }
     if (!check_pair(tp, "linear", "x", x, "w", w)) return NULL;
     if (bias && bias->dtype != CM_DTYPE_F32) {
@@ -444,11 +455,14 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
     if (gemm(tp, x->dtype, R, out_f, in_f, x->data, xld, xt, w->data, wld, !wt, bias ? cmi_f32(bias) : NULL, false,
              cmi_f32(y), out_f))
         return NULL;
-    if (wb) ins[1] = wb;
+    /* the gradients go to the f32 sources (contiguous gradients: element order as the copies) */
+    if (x_src != x && x_src->dtype == CM_DTYPE_F32) ins[0] = x_src;
+    if (wb) ins[1] = w_src;
+    else if (w_src != w && w_src->dtype == CM_DTYPE_F32) ins[1] = w_src;
     if (cmi_needs_grad(tp, 3, ins)) {
-        cm_node *nd = cmi_record(tp, "linear", y, 3, ins, linear_backward, 0);
+        cm_node *nd = cmi_record(tp, "linear", y, 3, ins, linear_backward, sizeof(linear_ctx));
         if (!nd) return NULL;
-        nd->i[0] = wb ? 1 : 0;
+        *(linear_ctx *)nd->ctx = (linear_ctx){x->dtype, x->data, w->data, R, in_f, out_f, xld, wld, xt, wt, wb != NULL};
     }
     return y;
 }

@@ -227,18 +227,21 @@ static cm_status chan_moments(cm_tape *tp, const float *a, const float *shift, c
     return CM_OK;
 }
 
-/* out[e] (+)= g[e]·P[c] + (x[e] - S[c])·Q[c] + R[c] over the (O, C, I) layout; g/P may be NULL. */
+/* out[e] (+)= g[e]·P[c] + (x[e] - S[c])·Q[c] + R[c] over the (O, C, I) layout; g/P may be NULL.
+ * Forward only (not accumulating): + res[e] when res is given, then max(·, 0) when relu. */
 static void chan_affine(float *out, bool accumulate, const float *x, const float *S, const float *Q, const float *g,
-                        const float *P, const float *R, int64_t O, int64_t C, int64_t I) {
+                        const float *P, const float *R, int64_t O, int64_t C, int64_t I, const float *res, bool relu) {
     const bool par = O * C * I >= CMI_PAR_MIN;
     if (I == 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o = 0; o < O; o++) {
             float *orow = out + o * C;
-            const float *xr = x + o * C, *gr = g ? g + o * C : NULL; // (C)
+            const float *xr = x + o * C, *gr = g ? g + o * C : NULL, *rr = res ? res + o * C : NULL; // (C)
             for (int64_t c = 0; c < C; c++) {
                 float y = (xr[c] - S[c]) * Q[c] + R[c];
                 if (gr) y += gr[c] * P[c];
+                if (rr) y += rr[c];
+                if (relu) y = y > 0.0f ? y : 0.0f;
                 orow[c] = accumulate ? orow[c] + y : y;
             }
         }
@@ -249,8 +252,15 @@ static void chan_affine(float *out, bool accumulate, const float *x, const float
         for (int64_t c = 0; c < C; c++) {
             const int64_t base = (o * C + c) * I;
             float *orow = out + base;
-            const float *xr = x + base, *gr = g ? g + base : NULL; // (I)
+            const float *xr = x + base, *gr = g ? g + base : NULL, *rr = res ? res + base : NULL; // (I)
             const float s = S[c], q = Q[c], r = R[c], p = P ? P[c] : 0.0f;
+            if (rr || relu) { /* the fused batch_norm_add_relu forward */
+                for (int64_t i = 0; i < I; i++) {
+                    float y = (xr[i] - s) * q + r + (rr ? rr[i] : 0.0f);
+                    orow[i] = y > 0.0f || !relu ? y : 0.0f;
+                }
+                continue;
+            }
             for (int64_t i = 0; i < I; i++) {
                 float y = (xr[i] - s) * q + r;
                 if (gr) y += gr[i] * p;
@@ -288,12 +298,29 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     int64_t O, C, I;
     bn_layout(x, channels_last, &O, &C, &I);
     const double M = (double)(O * I);
-    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
+    cm_tensor *res = n->n_in > 3 ? n->in[3] : NULL;
+    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b), *gr = cmi_grad(tp, res);
     if (cmi_status(tp)) return cmi_status(tp);
+    /* everything below is scratch for this node (the gradients above were allocated before) */
+    const size_t mark = cm_arena_mark(tp->arena);
     double *sg = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *sgx = sg + C; // Σ g, Σ g·(x - mean): (C)
     float *coef = cmi_scratch(tp, sizeof(float) * (size_t)(3 * C + 1));                // P, Q, R: (C) each
     if (!sg || !coef) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout);
+    const int64_t numel = O * C * I;
+    if (n->i[2]) { /* fused ReLU: the gradient reaches the sum only where the output is positive */
+        float *gz = cmi_scratch(tp, sizeof(float) * (size_t)(numel + 1));
+        if (!gz) return cmi_status(tp);
+        const float *y = cmi_f32(n->out);
+#pragma omp parallel for schedule(static) if (numel >= CMI_PAR_MIN)
+        for (int64_t e = 0; e < numel; e++) gz[e] = y[e] > 0.0f ? gv[e] : 0.0f;
+        gv = gz;
+    }
+    if (gr) { /* the residual's gradient is the sum's */
+        float *d = cmi_f32(gr);
+#pragma omp parallel for schedule(static) if (numel >= CMI_PAR_MIN)
+        for (int64_t e = 0; e < numel; e++) d[e] += gv[e];
+    }
     if (chan_moments(tp, xv, s->mean, gv, O, C, I, sg, sgx)) return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
     for (int64_t c = 0; c < C; c++) {
@@ -306,7 +333,8 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         Q[c] = training ? (float)(-(double)P[c] * rs * sum_gxhat / M) : 0.0f;
         R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
     }
-    if (gx) chan_affine(cmi_f32(gx), true, xv, s->mean, Q, gv, P, R, O, C, I);
+    if (gx) chan_affine(cmi_f32(gx), true, xv, s->mean, Q, gv, P, R, O, C, I, NULL, false);
+    cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }
 
@@ -322,12 +350,21 @@ static bool running_check(cm_tape *tp, const char *name, const cm_tensor *r, int
     return true;
 }
 
-cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
-                         cm_tensor *running_var, const cm_batch_norm_opts *opts) {
+/* batch_norm(x) [+ residual] [then ReLU]; op names the op in errors and on the tape. */
+static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_tensor *weight, cm_tensor *bias,
+                                  cm_tensor *running_mean, cm_tensor *running_var, cm_tensor *residual, bool relu,
+                                  const cm_batch_norm_opts *opts) {
     const cm_batch_norm_opts o = opts ? *opts : cm_batch_norm_opts_default();
-    if (!cmi_begin(tp, "batch_norm", 1, &x) ||
-        !cmi_fetch(tp, 4, (cm_tensor *const[]){weight, bias, running_mean, running_var}))
+    if (!cmi_begin(tp, op, 1, &x) ||
+        !cmi_fetch(tp, 5, (cm_tensor *const[]){weight, bias, running_mean, running_var, residual}))
         return NULL;
+    if (residual && !cmi_check_f32(tp, op, "residual", residual)) return NULL;
+    if (residual && (residual->ndim != x->ndim ||
+                     memcmp(residual->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0)) {
+        cmi_fail(tp, CM_ERR_SHAPE, "%s: residual %s must have the shape of x %s", op, cmi_shape(residual),
+                 cmi_shape(x));
+        return NULL;
+    }
     if (!cmi_check_f32(tp, "batch_norm", "x", x) || !eps_check(tp, "batch_norm", o.eps)) return NULL;
     if (x->ndim < 2) {
         cmi_fail(tp, CM_ERR_SHAPE, "batch_norm: x %s must be (N, C, ...)%s with at least 2 dims", cmi_shape(x),
@@ -360,7 +397,7 @@ cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
         return NULL;
     }
     x = cm_contiguous(tp, x);
-    if (!x) return NULL;
+    if (!x || (residual && !(residual = cm_contiguous(tp, residual)))) return NULL;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
     float *stat = cmi_scratch(tp, sizeof(float) * (size_t)(4 * C + 1)); // mean, rstd, Q, R: (C) each
     double *s1 = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *s2 = s1 ? s1 + C : NULL;
@@ -393,18 +430,32 @@ cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
         Q[c] = rstd[c] * (weight ? cmi_f32(weight)[c] : 1.0f);
         R[c] = bias ? cmi_f32(bias)[c] : 0.0f;
     }
-    chan_affine(cmi_f32(out), false, xv, mean, Q, NULL, NULL, R, O, C, I);
-    cm_tensor *ins[3] = {x, weight, bias};
-    if (cmi_needs_grad(tp, 3, ins)) {
-        cm_node *n = cmi_record(tp, "batch_norm", out, 3, ins, batch_norm_backward, sizeof(stats_ctx));
+    chan_affine(cmi_f32(out), false, xv, mean, Q, NULL, NULL, R, O, C, I, residual ? cmi_f32(residual) : NULL, relu);
+    cm_tensor *ins[4] = {x, weight, bias, residual};
+    const int n_in = residual ? 4 : 3;
+    if (cmi_needs_grad(tp, n_in, ins)) {
+        cm_node *n = cmi_record(tp, op, out, n_in, ins, batch_norm_backward, sizeof(stats_ctx));
         if (!n) return NULL;
         stats_ctx *s = n->ctx;
         s->mean = mean;
         s->rstd = rstd;
         n->i[0] = o.training;
         n->i[1] = o.channels_last;
+        n->i[2] = relu;
     }
     return out;
+}
+
+cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, cm_tensor *running_mean,
+                         cm_tensor *running_var, const cm_batch_norm_opts *opts) {
+    return batch_norm_impl(tp, "batch_norm", x, weight, bias, running_mean, running_var, NULL, false, opts);
+}
+
+cm_tensor *cm_batch_norm_add_relu(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias,
+                                  cm_tensor *running_mean, cm_tensor *running_var, cm_tensor *residual,
+                                  const cm_batch_norm_opts *opts) {
+    return batch_norm_impl(tp, "batch_norm_add_relu", x, weight, bias, running_mean, running_var, residual, true,
+                           opts);
 }
 
 /* ------------------------------------------------------------------------------------------ */

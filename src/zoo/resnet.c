@@ -158,16 +158,27 @@ static cm_tensor *pad_shortcut(cm_tape *tp, const block_s *b, cm_tensor *x) {
     return cm_concat(tp, parts, n, axis);
 }
 
+/* relu(bn(x) + residual) through the block's (or stem's) relu module: fused into one op
+ * (cm_nn_batch_norm_add_relu) while that module is a plain ReLU, else bn, add and the module. */
+static cm_tensor *bn_add_relu(cm_module *relu, cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual) {
+    if (strcmp(cm_module_type_name(relu), "ReLU") == 0) return cm_nn_batch_norm_add_relu(bn, tp, x, residual);
+    cm_tensor *y = cm_module_forward(bn, tp, x);
+    return cm_module_forward(relu, tp, residual ? cm_add(tp, y, residual) : y);
+}
+
 static cm_tensor *block_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     block_s *b = cm_module_self(m);
     cm_tensor *x = in[0];
-    cm_tensor *h = cm_module_forward(b->relu, tp, cm_module_forward(b->bn1, tp, cm_module_forward(b->conv1, tp, x)));
-    h = cm_module_forward(b->bn2, tp, cm_module_forward(b->conv2, tp, h));
-    if (b->bottleneck)
-        h = cm_module_forward(b->bn3, tp, cm_module_forward(b->conv3, tp, cm_module_forward(b->relu, tp, h)));
+    cm_tensor *h = bn_add_relu(b->relu, b->bn1, tp, cm_module_forward(b->conv1, tp, x), NULL);
+    cm_module *last = b->bn2;
+    h = cm_module_forward(b->conv2, tp, h);
+    if (b->bottleneck) {
+        h = cm_module_forward(b->conv3, tp, bn_add_relu(b->relu, b->bn2, tp, h, NULL));
+        last = b->bn3;
+    }
     cm_tensor *sc = b->downsample ? cm_module_forward(b->downsample, tp, x) : b->pad_shortcut ? pad_shortcut(tp, b, x) : x;
     if (!h || !sc) return NULL;
-    return cm_module_forward(b->relu, tp, cm_add(tp, h, sc));
+    return bn_add_relu(b->relu, last, tp, h, sc);
 }
 
 static void block_desc(const cm_module *m, char *buf, size_t cap) {
@@ -261,7 +272,7 @@ static cm_tensor *resnet_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *con
         return NULL;
     }
     if (s->cfg.channels_last) x = cm_contiguous(tp, cm_permute(tp, x, (const int[]){0, 2, 3, 1}));
-    x = cm_module_forward(s->relu, tp, cm_module_forward(s->bn1, tp, cm_module_forward(s->conv1, tp, x)));
+    x = bn_add_relu(s->relu, s->bn1, tp, cm_module_forward(s->conv1, tp, x), NULL);
     if (s->maxpool) x = cm_module_forward(s->maxpool, tp, x);
     for (int i = 0; i < s->cfg.n_stages; i++) x = cm_module_forward(s->layers[i], tp, x);
     x = cm_module_forward(s->avgpool, tp, x); /* (B, C, 1, 1) or (B, 1, 1, C) */
