@@ -588,3 +588,30 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
             cm_module_free(m);
         }
 }
+
+/* Autocast with x already bf16 and an f32 weight: the weight is cast (a recorded cm_cast) and the
+ * convolution runs on the two bf16 tensors; values and the f32 weight's gradient match the f32
+ * convolution of the rounded values (bf16-exact upstream gradient: tolerance as check_bf16). */
+Test(conv_bf16, autocast_mixes_an_explicit_bf16_x_with_an_f32_weight) {
+    const cfg *c = &k_resnet[3];
+    cm_tape *tp = cmt_tape();
+    cm_tensor *x, *w, *b;
+    make_inputs(tp, c, 31, false, &x, &w, &b);
+    cm_tensor *xr = rounded(tp, x), *wr = rounded(tp, w);
+    cm_tensor_set_requires_grad(wr, true);
+    cm_tensor *xh = cm_cast(tp, x, CM_DTYPE_BF16);
+    cm_tensor_set_requires_grad(w, true);
+    cm_conv2d_opts o = opts_of(c);
+    cm_tensor *yr = cm_conv2d(tp, xr, wr, NULL, &o);
+    cm_tape *t2 = cmt_tape();
+    cm_tape_set_autocast(t2, CM_DTYPE_BF16);
+    cm_tensor *y = cm_conv2d(t2, xh, w, NULL, &o);
+    cr_assert(y && yr, "%s %s", cm_tape_error(t2), cm_tape_error(tp));
+    cmt_assert_close("mixed autocast y", y, yr, 1e-4, 1e-4);
+    cm_tensor *g = rounded(tp, cmt_randn(tp, 4, cm_tensor_shape(yr), 32, false));
+    cr_assert_eq(cm_tape_backward_with(tp, yr, g), CM_OK, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tape_backward_with(t2, y, g), CM_OK, "%s", cm_tape_error(t2));
+    cmt_assert_close("mixed autocast dw (f32 weight)", cm_tensor_grad(w), cm_tensor_grad(wr), 1e-4, 1e-4);
+    cm_tape_free(t2);
+    cm_tape_free(tp);
+}

@@ -382,6 +382,18 @@ static uint16_t *to_bf16(cm_tape *tp, const float *p, int64_t n) {
     return o;
 }
 
+/* n values stored as st (bf16, or f32 to be rounded to bf16) as f32 holding bf16 values, in arena
+ * scratch: what the widened kernel computes on. */
+static float *bf16_values(cm_tape *tp, const void *p, cm_dtype st, int64_t n) {
+    if (st == CM_DTYPE_BF16) return widen(tp, p, n);
+    uint32_t *o = cmi_scratch(tp, sizeof(float) * (size_t)(n ? n : 1));
+    if (!o) return NULL;
+    const float *s = p;
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = (uint32_t)cmi_f32_to_bf16(s[i]) << 16;
+    return (float *)o;
+}
+
 static int64_t x_numel(const conv_geom *g) { return g->N * g->Cin * g->H * g->W; }
 static int64_t y_numel(const conv_geom *g) { return g->N * g->Cout * g->OH * g->OW; }
 static int64_t w_numel(const conv_geom *g) { return g->Cout * cg_K(g); }
@@ -392,24 +404,25 @@ static cm_status forward_f32(cm_tape *tp, const conv_geom *g, const float *x, co
                              float *y) {
     if (dnnl_wanted(g)) {
         bool ran = false;
-        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_F32, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, x, w, bias, y, &ran)) return cmi_status(tp);
         if (ran) return CM_OK;
     }
     return im2col_forward(tp, g, x, w, bias, y);
 }
 
-/* x and w of dtype dt (f32 or bf16). bf16 runs oneDNN's bf16 primitive when the bf16 kernel is
- * onednn, else (or when it has no implementation) the f32 kernels on the widened operands. */
-static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, const void *x, const void *w,
+/* The convolution computed in dt (f32 or bf16) of x and w stored as xw (dt, or f32 under
+ * autocast). bf16 runs oneDNN's bf16 primitive when the bf16 kernel is onednn, else (or when it
+ * has no implementation) the f32 kernels on the bf16 values widened to f32. */
+static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xws, const void *x, const void *w,
                               const float *bias, float *y) {
     if (dt == CM_DTYPE_F32) return forward_f32(tp, g, x, w, bias, y);
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
         bool ran = false;
-        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, xws, x, w, bias, y, &ran)) return cmi_status(tp);
         if (ran) return CM_OK;
     }
     const size_t mark = cm_arena_mark(tp->arena);
-    float *xw = widen(tp, x, x_numel(g)), *ww = xw ? widen(tp, w, w_numel(g)) : NULL;
+    float *xw = bf16_values(tp, x, xws, x_numel(g)), *ww = xw ? bf16_values(tp, w, xws, w_numel(g)) : NULL;
     if (!ww || forward_f32(tp, g, xw, ww, bias, y)) return cmi_status(tp);
     cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_FWD);
     cm_arena_rewind(tp->arena, mark);
@@ -420,7 +433,7 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cons
  * else through scratch and added), dW and db (through scratch, added); any may be NULL (db is
  * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
  * implementation for one). */
-static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, const void *x, const void *w,
+static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xws, const void *x, const void *w,
                                const float *dy, float *dx, bool dx_fresh, float *dW, float *db, bool *dx_done,
                                bool *dw_done) {
     *dx_done = *dw_done = false;
@@ -431,7 +444,7 @@ static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, con
     float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
     if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
     bool rd = false, rw = false;
-    if (cmi_dnnl_conv_backward(tp, g, dt, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (cmi_dnnl_conv_backward(tp, g, dt, xws, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
     if (rd) {
         if (t != dx) add_into(dx, t, x_numel(g));
         *dx_done = true;
@@ -451,7 +464,8 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
                               float *dx, bool dx_fresh, float *dW, float *db) {
     if (dnnl_wanted(g)) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd)) return cmi_status(tp);
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+            return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
     }
@@ -461,7 +475,8 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
 
 typedef struct {
     conv_geom g;
-    cm_dtype dt; /* of x and w: f32, or bf16 (explicit or from autocast) */
+    cm_dtype dt; /* computed in: f32, or bf16 (explicit bf16 x and w, or autocast) */
+    cm_dtype xw; /* x and w stored as: dt, or f32 under autocast (rounded on the way in) */
 } conv_ctx;
 
 static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
@@ -484,7 +499,8 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
      * reorder of dy on the native path, by to_bf16 on the widened one) */
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_BF16, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd)) return cmi_status(tp);
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xw, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+            return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
     }
@@ -492,8 +508,8 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     if (dx || dW || db) { /* widen: f32 kernels on the exact f32 values of x, w and the rounded dy */
         uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
         float *dyw = dy16 ? widen(tp, dy16, y_numel(g)) : NULL;
-        float *xw = dyw && dW ? widen(tp, x, x_numel(g)) : NULL;
-        float *ww = dyw && dx ? widen(tp, w, w_numel(g)) : NULL;
+        float *xw = dyw && dW ? bf16_values(tp, x, c->xw, x_numel(g)) : NULL;
+        float *ww = dyw && dx ? bf16_values(tp, w, c->xw, w_numel(g)) : NULL;
         if (!dyw || (dW && !xw) || (dx && !ww)) return cmi_status(tp);
         if (backward_f32(tp, g, xw, ww, dyw, dx, dx_fresh, dW, db)) return cmi_status(tp);
         if (dx) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_DATA);
@@ -512,7 +528,12 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     static const char *op = "conv2d";
     cm_tensor *req[2] = {x, weight};
     if (!cmi_begin(tp, op, 2, req) || !cmi_fetch(tp, 1, &bias)) return NULL;
-    if (tp->autocast == CM_DTYPE_BF16) { /* mixed precision: recorded casts, so f32 leaves get f32 grads */
+    /* Mixed precision: f32 x and weight are rounded to bf16 inside the convolution (oneDNN's
+     * reorders into its layout round on the way) and their gradients go straight to them in f32,
+     * like linear's; no bf16 copies on the tape. Mixed with an explicit bf16 tensor, the f32 one
+     * is cast with a recorded cm_cast. */
+    const bool autocast = tp->autocast == CM_DTYPE_BF16;
+    if (autocast && x->dtype != weight->dtype) {
         if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
         if (weight->dtype == CM_DTYPE_F32 && !(weight = cm_cast(tp, weight, CM_DTYPE_BF16))) return NULL;
     }
@@ -591,12 +612,14 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     if (bias) bias = cm_contiguous(tp, bias);
     if (!x || !weight || cmi_status(tp)) return NULL;
 
+    const cm_dtype dt = autocast ? CM_DTYPE_BF16 : x->dtype; /* what the convolution computes in */
     int64_t yshape[4] = {g.N, g.Cout, g.OH, g.OW};
     if (g.cl) yshape[1] = g.OH, yshape[2] = g.OW, yshape[3] = g.Cout;
     cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, 4, yshape);
     if (!y) return NULL;
     if (g.N == 0 || g.Cout == 0) return y;
-    if (conv_forward(tp, &g, x->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, cmi_f32(y))) return NULL;
+    if (conv_forward(tp, &g, dt, x->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, cmi_f32(y)))
+        return NULL;
 
     cm_tensor *ins[3] = {x, weight, bias};
     if (cmi_needs_grad(tp, 3, ins)) {
@@ -604,7 +627,8 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
         if (!n) return NULL;
         conv_ctx *c = n->ctx;
         c->g = g;
-        c->dt = x->dtype;
+        c->dt = dt;
+        c->xw = x->dtype;
     }
     return y;
 }
