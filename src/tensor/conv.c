@@ -5,10 +5,11 @@
  *   - f32: oneDNN's direct convolution primitives (dnnl_conv.c) by default; this file's im2col
  *     kernel with CM_CONV=im2col, and for any problem oneDNN answers "unimplemented" for
  *     (counted in cmi_conv_stats; none of the test or ResNet shapes is).
- *   - bf16 (x and weight bf16, explicitly or cast by autocast; the result and every gradient f32):
- *     oneDNN's bf16 primitives where its ISA has bf16 instructions (avx512_core_bf16, AMX);
- *     elsewhere, or with CM_CONV_BF16=widen, x, w and the bf16-rounded upstream gradient are
- *     widened to f32 (exact) in arena scratch and the f32 kernel runs on them.
+ *   - bf16 (x and weight bf16, or f32 ones under autocast, rounded to bf16 inside the op with no
+ *     cast nodes; the result and every gradient f32): oneDNN's bf16 primitives where its ISA has
+ *     bf16 instructions (avx512_core_bf16, AMX), their reorders doing the rounding; elsewhere,
+ *     or with CM_CONV_BF16=widen, the bf16 values of x, w and the rounded upstream gradient are
+ *     put in f32 arena scratch and the f32 kernel runs on them.
  *   - backward: oneDNN writes dx straight into a gradient buffer that cmi_grad has just created
  *     (all zeros), and through scratch + add into one that already holds a gradient; dW and db
  *     always go through scratch (they accumulate over microbatches).
