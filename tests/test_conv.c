@@ -1,14 +1,21 @@
 /* cm_conv2d: forward against a direct (naive, double) convolution, gradient checks over strides,
- * padding, dilation, groups, depthwise, 1x1, channels-last and non-contiguous inputs, and the
- * error messages for bad shapes and parameters.
+ * padding, dilation, groups, depthwise, 1x1, channels-last and non-contiguous inputs — on both
+ * kernels (oneDNN and im2col, src/tensor/dnnl_conv.h), with counters proving which one ran —
+ * oneDNN against im2col, bf16 (autocast and explicit) against f32 on bf16-rounded values on both
+ * bf16 kernels, and the error messages for bad shapes, dtypes and parameters.
  *
  * Tolerances: conv is linear in each input, so central differences with eps 1e-2 are exact up to
  * f32 rounding of the forward sums (~1e-6 relative); atol 2e-3 + rtol 1e-2 leaves room for that
  * divided by 2·eps. Forward vs the double reference: 1e-4 abs + 1e-4 rel (f32 GEMM sums of <= 150
  * products of N(0,1) values). */
 #include "cmtest.h"
+#include "tensor/dnnl_conv.h"
+#include "tensor/dnnl_gemm.h"
+
+#include <composer/zoo_vision.h>
 
 #include <math.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -115,7 +122,8 @@ Test(conv, forward_matches_direct_convolution) {
     }
 }
 
-Test(conv, gradcheck_all_configs) {
+static void gradcheck_all_configs(cmi_conv_kernel kernel) {
+    cmi_conv_set_kernel(kernel);
     cmt_gradcheck_opts go = cmt_gradcheck_defaults();
     go.atol = 2e-3;
     for (size_t k = 0; k < sizeof k_cfgs / sizeof k_cfgs[0]; k++) {
@@ -124,10 +132,48 @@ Test(conv, gradcheck_all_configs) {
         cm_tensor *in[3];
         make_inputs(tp, c, 200 + k, true, &in[0], &in[1], &in[2]);
         char name[64];
-        snprintf(name, sizeof name, "conv2d config %zu", k);
+        snprintf(name, sizeof name, "conv2d config %zu (%s)", k, kernel == CMI_CONV_DNNL ? "dnnl" : "im2col");
+        cmi_conv_stats_reset();
         cmt_gradcheck(name, call_conv, (void *)c, 3, in, &go);
+        cmi_conv_stats st;
+        cmi_conv_stats_get(&st);
+        /* the kernel asked for is the one that ran, every pass (oneDNN implements all these) */
+        for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+            const int64_t ran = kernel == CMI_CONV_DNNL ? st.dnnl[p] : st.im2col[p];
+            const int64_t other = kernel == CMI_CONV_DNNL ? st.im2col[p] : st.dnnl[p];
+            cr_assert(ran > 0 && other == 0, "%s pass %d: %lld on the kernel asked for, %lld on the other", name, p,
+                      (long long)ran, (long long)other);
+        }
+        cr_assert_eq(st.unimplemented, 0, "%s: oneDNN refused it %lld times", name, (long long)st.unimplemented);
         cm_tape_free(tp);
     }
+}
+
+Test(conv, gradcheck_all_configs_dnnl) { gradcheck_all_configs(CMI_CONV_DNNL); }
+Test(conv, gradcheck_all_configs_im2col) { gradcheck_all_configs(CMI_CONV_IM2COL); }
+
+/* x feeds two convolutions: the second backward finds x's gradient already written and must add
+ * to it (oneDNN writes a fresh gradient in place, an existing one through scratch). */
+static cm_tensor *call_conv_twice(cm_tape *tp, cm_tensor *const *in, void *ctx) {
+    cm_conv2d_opts o = opts_of(ctx);
+    return cm_add(tp, cm_conv2d(tp, in[0], in[1], in[2], &o), cm_conv2d(tp, in[0], in[3], NULL, &o));
+}
+
+Test(conv, gradcheck_input_used_twice_accumulates) {
+    cmt_gradcheck_opts go = cmt_gradcheck_defaults();
+    go.atol = 2e-3;
+    const cfg *cs[2] = {&k_cfgs[0], &k_cfgs[7]};
+    for (int kern = 0; kern < 2; kern++)
+        for (int k = 0; k < 2; k++) {
+            cmi_conv_set_kernel(kern ? CMI_CONV_IM2COL : CMI_CONV_DNNL);
+            cm_tape *tp = cmt_tape();
+            cm_tensor *in[4];
+            make_inputs(tp, cs[k], 400 + k, true, &in[0], &in[1], &in[2]);
+            in[3] = cmt_randn(tp, 4, cm_tensor_shape(in[1]), 410 + k, true);
+            cmt_gradcheck(kern ? "conv2d twice (im2col)" : "conv2d twice (dnnl)", call_conv_twice, (void *)cs[k], 4, in,
+                          &go);
+            cm_tape_free(tp);
+        }
 }
 
 Test(conv, gradcheck_only_weight_or_only_input) {
@@ -220,5 +266,352 @@ Test(conv, errors_name_shapes_and_parameters) {
 
     tp = cmt_tape(); /* NULL input */
     expect_error(tp, cm_conv2d(tp, NULL, cmt_randn(tp, 4, ws, 2, false), NULL, &o), CM_ERR_INVALID_ARG, "NULL", NULL);
+    cm_tape_free(tp);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernels: oneDNN against im2col, the ResNet shapes, bf16                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One forward + backward on its own tape: inputs from make_inputs(seed) (optionally rounded to
+ * bf16 values, still f32), upstream gradient N(0,1) from seed + 7 (optionally rounded), autocast
+ * optional; x, w, b are the leaves whose gradients backward filled. */
+typedef struct {
+    cm_tape *tp;
+    cm_tensor *x, *w, *b, *y;
+} conv_run;
+
+typedef struct {
+    bool round_inputs, round_grad, autocast, explicit_bf16;
+} run_mode;
+
+static cm_tensor *rounded(cm_tape *tp, cm_tensor *t) { /* t's values rounded to bf16, as f32 */
+    cm_tensor *f = cm_empty(tp, CM_DTYPE_F32, cm_tensor_ndim(t), cm_tensor_shape(t));
+    cr_assert(f);
+    cm_tensor_copy(f, cm_cast(tp, t, CM_DTYPE_BF16));
+    return f;
+}
+
+static conv_run run_conv(const cfg *c, uint64_t seed, run_mode m) {
+    conv_run r = {cmt_tape(), NULL, NULL, NULL, NULL};
+    make_inputs(r.tp, c, seed, !m.round_inputs && !m.explicit_bf16, &r.x, &r.w, &r.b);
+    if (m.round_inputs) {
+        r.x = rounded(r.tp, r.x), r.w = rounded(r.tp, r.w);
+        cm_tensor_set_requires_grad(r.x, true);
+        cm_tensor_set_requires_grad(r.w, true);
+    }
+    if (m.explicit_bf16) { /* bf16 leaves (their gradients are f32) */
+        r.x = cm_cast(r.tp, r.x, CM_DTYPE_BF16), r.w = cm_cast(r.tp, r.w, CM_DTYPE_BF16);
+        cr_assert(r.x && r.w);
+        cm_tensor_set_requires_grad(r.x, true);
+        cm_tensor_set_requires_grad(r.w, true);
+    }
+    if (r.b) cm_tensor_set_requires_grad(r.b, true);
+    if (m.autocast) cm_tape_set_autocast(r.tp, CM_DTYPE_BF16);
+    cm_conv2d_opts o = opts_of(c);
+    r.y = cm_conv2d(r.tp, r.x, r.w, r.b, &o);
+    cr_assert(r.y, "%s", cm_tape_error(r.tp));
+    cr_assert_eq(cm_tensor_dtype(r.y), CM_DTYPE_F32);
+    cm_tensor *g = cmt_randn(r.tp, 4, cm_tensor_shape(r.y), seed + 7, false);
+    if (m.round_grad) g = rounded(r.tp, g);
+    cr_assert_eq(cm_tape_backward_with(r.tp, r.y, g), CM_OK, "%s", cm_tape_error(r.tp));
+    return r;
+}
+
+/* a's y and gradients against b's, within atol + rtol·|b| */
+static void assert_runs_close(const char *what, size_t k, const conv_run *a, const conv_run *b, double atol,
+                              double rtol) {
+    char label[96];
+    const cm_tensor *ta[4] = {a->y, cm_tensor_grad(a->x), cm_tensor_grad(a->w), a->b ? cm_tensor_grad(a->b) : NULL};
+    const cm_tensor *tb[4] = {b->y, cm_tensor_grad(b->x), cm_tensor_grad(b->w), b->b ? cm_tensor_grad(b->b) : NULL};
+    const char *names[4] = {"y", "dx", "dw", "db"};
+    for (int i = 0; i < 4; i++) {
+        if (!ta[i] && !tb[i]) continue;
+        snprintf(label, sizeof label, "%s config %zu %s", what, k, names[i]);
+        cr_assert(ta[i] && tb[i], "%s: missing", label);
+        cr_assert_eq(cm_tensor_dtype(ta[i]), CM_DTYPE_F32, "%s: gradients are f32", label);
+        cmt_assert_close(label, ta[i], tb[i], atol, rtol);
+    }
+}
+
+/* oneDNN and im2col compute the same f32 sums in different orders (and oneDNN may split the
+ * reduction over threads or blocks): sums of <= 150 products (forward, dx) and <= 2·30·30 (dw) of
+ * N(0,1) values differ by a few f32 ulps of the partial sums, ~1e-5 here: 1e-4 abs + 1e-4 rel. */
+Test(conv, dnnl_matches_im2col_on_all_configs) {
+    const run_mode m = {false, false, false, false};
+    for (size_t k = 0; k < sizeof k_cfgs / sizeof k_cfgs[0]; k++) {
+        cmi_conv_set_kernel(CMI_CONV_IM2COL);
+        conv_run a = run_conv(&k_cfgs[k], 500 + k, m);
+        cmi_conv_set_kernel(CMI_CONV_DNNL);
+        conv_run b = run_conv(&k_cfgs[k], 500 + k, m);
+        assert_runs_close("dnnl vs im2col", k, &b, &a, 1e-4, 1e-4);
+        cm_tape_free(a.tp);
+        cm_tape_free(b.tp);
+    }
+}
+
+/* The convolutions of a CIFAR ResNet (16/32/64 channels at 32/16/8 pixels, the stride-2
+ * downsamples, the 3-channel stem), on a small batch: every pass must run on oneDNN — a silent
+ * fallback to im2col here would hide a slow path — and agree with im2col (tolerance as above,
+ * with sums of up to 576 products forward and 4·32·32 for dw: 2e-4 abs + 2e-4 rel). */
+static const cfg k_resnet[] = {
+    /* n  cin h   w   cout kh kw sh sw ph pw dh dw g  cl     bias   noncontig */
+    {4, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, false, false},  /* stem */
+    {4, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, false, false}, /* stage 1 */
+    {4, 16, 32, 32, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, false, false, false}, /* downsample to stage 2 */
+    {4, 32, 16, 16, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, false, false}, /* stage 2 */
+    {4, 32, 16, 16, 64, 3, 3, 2, 2, 1, 1, 1, 1, 1, false, false, false}, /* downsample to stage 3 */
+    {4, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, true, false},    /* stage 3 (with a bias) */
+    {4, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, false, false},  /* channels-last stage 1 */
+    {4, 32, 16, 16, 64, 3, 3, 2, 2, 1, 1, 1, 1, 1, true, false, false},  /* channels-last downsample */
+    {4, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, true, false},     /* channels-last stage 3 */
+};
+
+Test(conv, resnet_shapes_run_on_dnnl_and_match_im2col) {
+    const run_mode m = {false, false, false, false};
+    for (size_t k = 0; k < sizeof k_resnet / sizeof k_resnet[0]; k++) {
+        cmi_conv_set_kernel(CMI_CONV_IM2COL);
+        conv_run a = run_conv(&k_resnet[k], 600 + k, m);
+        cmi_conv_set_kernel(CMI_CONV_DNNL);
+        cmi_conv_stats_reset();
+        conv_run b = run_conv(&k_resnet[k], 600 + k, m);
+        cmi_conv_stats st;
+        cmi_conv_stats_get(&st);
+        for (int p = 0; p < CMI_CONV_N_PASSES; p++)
+            cr_assert(st.dnnl[p] == 1 && st.im2col[p] == 0, "resnet config %zu pass %d: %lld on oneDNN, %lld on im2col",
+                      k, p, (long long)st.dnnl[p], (long long)st.im2col[p]);
+        cr_assert_eq(st.unimplemented, 0, "resnet config %zu: oneDNN refused it", k);
+        assert_runs_close("resnet dnnl vs im2col", k, &b, &a, 2e-4, 2e-4);
+        cm_tape_free(a.tp);
+        cm_tape_free(b.tp);
+    }
+}
+
+Test(conv, dnnl_primitives_are_cached) {
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    const run_mode m = {false, false, false, false};
+    conv_run a = run_conv(&k_resnet[1], 1, m);
+    const int n = cmi_dnnl_conv_cache_size();
+    cr_assert(n >= 3, "forward, backward-data and backward-weights cached: %d", n);
+    conv_run b = run_conv(&k_resnet[1], 2, m);
+    cr_assert_eq(cmi_dnnl_conv_cache_size(), n, "a repeated problem must not grow the cache");
+    cm_tape_free(a.tp);
+    cm_tape_free(b.tp);
+}
+
+/* bf16 under autocast against f32 on the same bf16-rounded x and w, with an upstream gradient that
+ * is itself bf16-exact (so rounding it, as the bf16 backward does, changes nothing): products of
+ * bf16 values are exact in f32 and both sides accumulate in f32, so they differ only by summation
+ * order — the f32 tolerance (1e-4 abs + 1e-4 rel) holds. f32 leaves get f32 gradients through the
+ * recorded casts. */
+static void check_bf16(const cfg *cs, size_t n, cmi_conv_bf16_kernel bk, bool explicit_bf16) {
+    const run_mode ref = {true, true, false, false};
+    const run_mode ac = {false, true, !explicit_bf16, explicit_bf16};
+    for (size_t k = 0; k < n; k++) {
+        cmi_conv_set_kernel(CMI_CONV_DNNL);
+        conv_run a = run_conv(&cs[k], 700 + k, ref);
+        cmi_conv_set_bf16_kernel(bk);
+        cmi_conv_stats_reset();
+        conv_run b = run_conv(&cs[k], 700 + k, ac);
+        cmi_conv_stats st;
+        cmi_conv_stats_get(&st);
+        for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+            if (bk == CMI_CONV_BF16_ONEDNN)
+                cr_assert(st.dnnl_bf16[p] == 1 && st.widened[p] == 0,
+                          "bf16 config %zu pass %d: %lld native, %lld widened", k, p, (long long)st.dnnl_bf16[p],
+                          (long long)st.widened[p]);
+            else
+                cr_assert(st.widened[p] == 1 && st.dnnl_bf16[p] == 0 && st.dnnl[p] == 1,
+                          "bf16 config %zu pass %d: %lld widened (%lld of them on oneDNN f32), %lld native", k, p,
+                          (long long)st.widened[p], (long long)st.dnnl[p], (long long)st.dnnl_bf16[p]);
+        }
+        assert_runs_close(bk == CMI_CONV_BF16_ONEDNN ? "bf16 onednn vs f32" : "bf16 widen vs f32", k, &b, &a, 1e-4,
+                          1e-4);
+        cm_tape_free(a.tp);
+        cm_tape_free(b.tp);
+    }
+}
+
+Test(conv_bf16, widen_autocast_matches_f32_on_rounded_values) {
+    check_bf16(k_cfgs, sizeof k_cfgs / sizeof k_cfgs[0], CMI_CONV_BF16_WIDEN, false);
+    check_bf16(k_resnet, sizeof k_resnet / sizeof k_resnet[0], CMI_CONV_BF16_WIDEN, false);
+}
+
+Test(conv_bf16, onednn_autocast_matches_f32_on_rounded_values) {
+    if (!cmi_bf16_native()) cr_skip_test("oneDNN ISA %s has no native bf16 convolution", cmi_dnnl_isa_name());
+    check_bf16(k_cfgs, sizeof k_cfgs / sizeof k_cfgs[0], CMI_CONV_BF16_ONEDNN, false);
+    check_bf16(k_resnet, sizeof k_resnet / sizeof k_resnet[0], CMI_CONV_BF16_ONEDNN, false);
+}
+
+Test(conv_bf16, explicit_bf16_inputs_match_f32_on_rounded_values) {
+    check_bf16(k_resnet, 3, CMI_CONV_BF16_WIDEN, true);
+    if (cmi_bf16_native()) check_bf16(k_resnet, 3, CMI_CONV_BF16_ONEDNN, true);
+}
+
+/* bf16 on the im2col kernel: widened operands, im2col sums. */
+Test(conv_bf16, im2col_kernel_widens) {
+    const run_mode ref = {true, true, false, false}, ac = {false, true, true, false};
+    cmi_conv_set_kernel(CMI_CONV_IM2COL);
+    conv_run a = run_conv(&k_cfgs[3], 9, ref);
+    cmi_conv_stats_reset();
+    conv_run b = run_conv(&k_cfgs[3], 9, ac);
+    cmi_conv_stats st;
+    cmi_conv_stats_get(&st);
+    for (int p = 0; p < CMI_CONV_N_PASSES; p++)
+        cr_assert(st.widened[p] == 1 && st.im2col[p] == 1 && st.dnnl_bf16[p] == 0, "pass %d", p);
+    assert_runs_close("bf16 im2col vs f32", 3, &b, &a, 1e-4, 1e-4);
+    cm_tape_free(a.tp);
+    cm_tape_free(b.tp);
+}
+
+/* The upstream gradient is rounded to bf16 in backward (as linear's): with a gradient that is not
+ * bf16-exact, each of the K = Cout·kh·kw = 576 terms w·dy of dx (w, dy ~ N(0,1)) is off by a
+ * uniform relative error of at most 2⁻⁹, so an element of dx is off by σ ≈ 2⁻⁹/√3·√K ≈ 0.027;
+ * the largest of its 16384 elements (product-of-normal tails) stays within 12σ ≈ 0.3 = 12·2⁻⁹·
+ * √(K/3). Yet it is not equal at f32 precision: that proves the rounding happens. */
+Test(conv_bf16, backward_rounds_the_upstream_gradient) {
+    const run_mode ref = {true, false, false, false}, ac = {false, false, true, false};
+    conv_run a = run_conv(&k_resnet[5], 11, ref);
+    conv_run b = run_conv(&k_resnet[5], 11, ac);
+    const cfg *c = &k_resnet[5];
+    const double tol = 12.0 * ldexp(1.0, -9) * sqrt((double)(c->cout * c->kh * c->kw) / 3.0);
+    cmt_assert_close("bf16 dx", cm_tensor_grad(b.x), cm_tensor_grad(a.x), tol, 0.0);
+    const float *ga = cm_tensor_data(cm_tensor_grad(a.x)), *gb = cm_tensor_data(cm_tensor_grad(b.x));
+    double maxd = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(a.x); i++) maxd = fmax(maxd, fabs((double)ga[i] - gb[i]));
+    cr_assert(maxd > 1e-4, "bf16 dx equals the f32 dx to %g: the upstream gradient was not rounded", maxd);
+    cm_tape_free(a.tp);
+    cm_tape_free(b.tp);
+}
+
+Test(conv_bf16, env_cm_conv_bf16_widen_selects_widen) {
+    setenv("CM_CONV_BF16", "widen", 1); /* read on first use, in this test's own process */
+    cr_assert_eq(cmi_conv_get_bf16_kernel(), CMI_CONV_BF16_WIDEN);
+}
+
+Test(conv, env_cm_conv_im2col_selects_im2col) {
+    setenv("CM_CONV", "im2col", 1);
+    cr_assert_eq(cmi_conv_get_kernel(), CMI_CONV_IM2COL);
+    cmi_conv_stats_reset();
+    const run_mode m = {false, false, false, false};
+    conv_run a = run_conv(&k_cfgs[0], 1, m);
+    cmi_conv_stats st;
+    cmi_conv_stats_get(&st);
+    cr_assert(st.im2col[CMI_CONV_FWD] == 1 && st.dnnl[CMI_CONV_FWD] == 0);
+    cm_tape_free(a.tp);
+}
+
+/* Without overrides: oneDNN, and native bf16 exactly where the ISA has it. */
+Test(conv, default_kernels_follow_the_isa) {
+    const char *e1 = getenv("CM_CONV"), *e2 = getenv("CM_CONV_BF16");
+    if ((e1 && *e1) || (e2 && *e2)) cr_skip_test("CM_CONV / CM_CONV_BF16 override the defaults");
+    cr_assert_eq(cmi_conv_get_kernel(), CMI_CONV_DNNL);
+    cr_assert_eq(cmi_conv_get_bf16_kernel(), cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN, "ISA %s",
+                 cmi_dnnl_isa_name());
+}
+
+Test(conv_bf16, dtype_errors_name_the_tensors) {
+    int64_t xs[4] = {1, 4, 5, 5}, ws[4] = {6, 4, 3, 3}, bs[1] = {6};
+    cm_conv2d_opts o = cm_conv2d_opts_default();
+    cm_tape *tp = cmt_tape(); /* bf16 x with f32 weight (no autocast) */
+    cm_tensor *xh = cm_cast(tp, cmt_randn(tp, 4, xs, 1, false), CM_DTYPE_BF16);
+    expect_error(tp, cm_conv2d(tp, xh, cmt_randn(tp, 4, ws, 2, false), NULL, &o), CM_ERR_DTYPE, "dtypes differ",
+                 "(6, 4, 3, 3)");
+    cm_tape_free(tp);
+    tp = cmt_tape(); /* bf16 bias */
+    xh = cm_cast(tp, cmt_randn(tp, 4, xs, 1, false), CM_DTYPE_BF16);
+    cm_tensor *wh = cm_cast(tp, cmt_randn(tp, 4, ws, 2, false), CM_DTYPE_BF16);
+    cm_tensor *bh = cm_cast(tp, cmt_randn(tp, 1, bs, 3, false), CM_DTYPE_BF16);
+    expect_error(tp, cm_conv2d(tp, xh, wh, bh, &o), CM_ERR_DTYPE, "bias (6,)", "f32");
+    cm_tape_free(tp);
+}
+
+/* A problem oneDNN has no implementation for runs elsewhere and is counted, never silently: with
+ * oneDNN capped at AVX2 (as on an AVX2-only CI machine) a forced native bf16 convolution is
+ * unimplemented, so each pass goes to the widened f32 kernel, with the same numbers. */
+Test(conv_bf16, unimplemented_problem_falls_back_and_is_counted) {
+    /* this test's own process: no oneDNN kernel has been generated yet */
+    cr_assert_eq(dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2), dnnl_success);
+    cr_assert(!cmi_bf16_native(), "ISA %s", cmi_dnnl_isa_name());
+    const run_mode ref = {true, true, false, false}, ac = {false, true, true, false};
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    conv_run a = run_conv(&k_resnet[2], 21, ref);
+    cmi_conv_set_bf16_kernel(CMI_CONV_BF16_ONEDNN);
+    cmi_conv_stats_reset();
+    conv_run b = run_conv(&k_resnet[2], 21, ac);
+    cmi_conv_stats st;
+    cmi_conv_stats_get(&st);
+    cr_assert_eq(st.unimplemented, 3, "forward, backward-data and backward-weights refused: %lld",
+                 (long long)st.unimplemented);
+    for (int p = 0; p < CMI_CONV_N_PASSES; p++)
+        cr_assert(st.dnnl_bf16[p] == 0 && st.widened[p] == 1 && st.dnnl[p] == 1, "pass %d", p);
+    assert_runs_close("bf16 fallback vs f32", 2, &b, &a, 1e-4, 1e-4);
+    cm_tape_free(a.tp);
+    cm_tape_free(b.tp);
+}
+
+/* ResNet-56 itself, the zoo model bench_train_throughput trains (NCHW) and its channels-last
+ * form, f32 and under bf16 autocast: every convolution pass of a forward + backward runs on
+ * oneDNN — 55 convolutions (stem + 27 blocks × 2, option-A shortcuts have none), 55 weight
+ * gradients and 54 input gradients (the images need none) — and none falls back. */
+Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    for (int cl = 0; cl < 2; cl++)
+        for (int amp = 0; amp < 2; amp++) {
+            cm_resnet_config rc;
+            cr_assert_eq(cm_resnet_config_preset("resnet56", &rc), CM_OK, "%s", cm_last_error());
+            rc.channels_last = cl;
+            cm_module *m;
+            cr_assert_eq(cm_resnet_new(&rc, &m), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_module_finalize(m), CM_OK, "%s", cm_last_error());
+            cm_tape *tp = cmt_tape();
+            if (amp) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+            const int64_t xs[4] = {2, 3, 32, 32};
+            cm_tensor *x = cmt_randn(tp, 4, xs, 1, false);
+            cmi_conv_stats_reset();
+            cm_tensor *y = cm_module_forward(m, tp, x);
+            cr_assert(y, "%s", cm_tape_error(tp));
+            cm_tensor *g = cm_full(tp, CM_DTYPE_F32, cm_tensor_ndim(y), cm_tensor_shape(y), 1.0);
+            cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+            cmi_conv_stats st;
+            cmi_conv_stats_get(&st);
+            const bool native = amp && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN;
+            const int64_t want[CMI_CONV_N_PASSES] = {55, 54, 55};
+            for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+                const int64_t on = native ? st.dnnl_bf16[p] : st.dnnl[p];
+                cr_assert(on == want[p] && st.im2col[p] == 0,
+                          "%s%s pass %d: %lld on oneDNN (want %lld), %lld on im2col", cl ? "channels-last" : "NCHW",
+                          amp ? " amp_bf16" : "", p, (long long)on, (long long)want[p], (long long)st.im2col[p]);
+            }
+            cr_assert_eq(st.unimplemented, 0);
+            cm_tape_free(tp);
+            cm_module_free(m);
+        }
+}
+
+/* Autocast with x already bf16 and an f32 weight: the weight is cast (a recorded cm_cast) and the
+ * convolution runs on the two bf16 tensors; values and the f32 weight's gradient match the f32
+ * convolution of the rounded values (bf16-exact upstream gradient: tolerance as check_bf16). */
+Test(conv_bf16, autocast_mixes_an_explicit_bf16_x_with_an_f32_weight) {
+    const cfg *c = &k_resnet[3];
+    cm_tape *tp = cmt_tape();
+    cm_tensor *x, *w, *b;
+    make_inputs(tp, c, 31, false, &x, &w, &b);
+    cm_tensor *xr = rounded(tp, x), *wr = rounded(tp, w);
+    cm_tensor_set_requires_grad(wr, true);
+    cm_tensor *xh = cm_cast(tp, x, CM_DTYPE_BF16);
+    cm_tensor_set_requires_grad(w, true);
+    cm_conv2d_opts o = opts_of(c);
+    cm_tensor *yr = cm_conv2d(tp, xr, wr, NULL, &o);
+    cm_tape *t2 = cmt_tape();
+    cm_tape_set_autocast(t2, CM_DTYPE_BF16);
+    cm_tensor *y = cm_conv2d(t2, xh, w, NULL, &o);
+    cr_assert(y && yr, "%s %s", cm_tape_error(t2), cm_tape_error(tp));
+    cmt_assert_close("mixed autocast y", y, yr, 1e-4, 1e-4);
+    cm_tensor *g = rounded(tp, cmt_randn(tp, 4, cm_tensor_shape(yr), 32, false));
+    cr_assert_eq(cm_tape_backward_with(tp, yr, g), CM_OK, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tape_backward_with(t2, y, g), CM_OK, "%s", cm_tape_error(t2));
+    cmt_assert_close("mixed autocast dw (f32 weight)", cm_tensor_grad(w), cm_tensor_grad(wr), 1e-4, 1e-4);
+    cm_tape_free(t2);
     cm_tape_free(tp);
 }

@@ -207,11 +207,13 @@ void cm_tape_reset(cm_tape *tp);
 bool cm_tape_set_grad_enabled(cm_tape *tp, bool on);
 bool cm_tape_grad_enabled(const cm_tape *tp);
 
-/* Autocast for mixed precision. With CM_DTYPE_BF16, cm_matmul and cm_linear cast their f32
- * inputs (a and b; x and w — not the bias) to bf16 and run the bf16 GEMM (f32 accumulation, f32
- * result); gradients flow back in f32 to the f32 tensors, such as master weights (cm_matmul records
- * cm_cast nodes; cm_linear keeps its bf16 copies off the tape and accumulates its backward GEMMs
- * straight into the f32 tensors' gradients). Every other op is unaffected (conv2d, attention, norms, softmax and losses stay f32).
+/* Autocast for mixed precision. With CM_DTYPE_BF16, cm_matmul, cm_linear and cm_conv2d cast their
+ * f32 inputs (a and b; x and w — not the bias) to bf16 and run the bf16 GEMM or convolution (f32
+ * accumulation, f32 result); gradients flow back in f32 to the f32 tensors, such as master weights
+ * (cm_matmul records cm_cast nodes; cm_linear keeps its bf16 copies off the tape and accumulates
+ * its backward GEMMs straight into the f32 tensors' gradients; cm_conv2d rounds x and w to bf16
+ * inside the convolution and likewise gives their gradients straight to them). Every other op is
+ * unaffected (attention, norms, softmax and losses stay f32).
  * CM_DTYPE_F32 turns it off (the default). Returns the previous setting; any other dtype is
  * ignored (the setting is unchanged). */
 cm_dtype cm_tape_set_autocast(cm_tape *tp, cm_dtype dt);
@@ -480,10 +482,22 @@ typedef struct cm_conv2d_opts {
 cm_conv2d_opts cm_conv2d_opts_default(void);
 
 /* x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw) in both layouts, bias (Cout) or NULL; opts
- * NULL = defaults. Output (N, Cout, OH, OW), OH = floor((H + 2p - d(kh-1) - 1) / s) + 1. Errors:
- * CM_ERR_SHAPE naming the shapes and parameters when the output would be empty, Cin or Cout is not
- * divisible by groups, or weight/bias do not match; CM_ERR_INVALID_ARG for stride/dilation < 1,
- * padding < 0, groups < 1. */
+ * NULL = defaults. Output (N, Cout, OH, OW), OH = floor((H + 2p - d(kh-1) - 1) / s) + 1, always f32.
+ * Dtypes: x and weight both f32, or both bf16; bias f32. Under the tape's bf16 autocast the
+ * convolution is bf16: f32 x and weight are rounded to bf16 inside it (no cast nodes, gradients
+ * f32 straight to them), and an f32 one next to an explicit bf16 one is cast with a recorded
+ * cm_cast. bf16 convolutions multiply the bf16 values and accumulate in f32; their backward rounds
+ * the upstream gradient to bf16 (like linear's) and gives f32 gradients.
+ * Kernels (chosen at run time; results agree to f32 rounding): oneDNN's direct convolution
+ * primitives by default, or im2col + OpenBLAS with the environment variable CM_CONV=im2col; a
+ * problem oneDNN has no implementation for runs on im2col. bf16 runs oneDNN's bf16 primitives
+ * where the CPU has bf16 instructions (AVX512-BF16, AMX) and elsewhere widens the bf16 values to
+ * f32 for the f32 kernel; CM_CONV_BF16=onednn|widen overrides that. Both variables are read once,
+ * at the first convolution.
+ * Errors: CM_ERR_SHAPE naming the shapes and parameters when the output would be empty, Cin or
+ * Cout is not divisible by groups, or weight/bias do not match; CM_ERR_INVALID_ARG for
+ * stride/dilation < 1, padding < 0, groups < 1; CM_ERR_DTYPE for other dtypes or x and weight of
+ * different dtypes; CM_ERR_INTERNAL if oneDNN fails (the message names its status). */
 cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, const cm_conv2d_opts *opts);
 
 typedef struct cm_pool2d_opts {

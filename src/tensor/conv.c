@@ -1,6 +1,29 @@
-/* 2-d convolution: im2col + OpenBLAS GEMM, forward and backward, in NCHW and channels-last layouts.
+/* 2-d convolution, forward and backward, NCHW and channels-last, f32 and bf16: the op, its
+ * kernel choice, and the im2col + OpenBLAS kernel.
  *
- * NCHW, per image n and group g (K = Cin/groups · kh · kw, P = OH · OW):
+ * What runs where (src/tensor/dnnl_conv.h has the switches):
+ *   - f32: oneDNN's direct convolution primitives (dnnl_conv.c) by default; this file's im2col
+ *     kernel with CM_CONV=im2col, and for any problem oneDNN answers "unimplemented" for
+ *     (counted in cmi_conv_stats; none of the test or ResNet shapes is).
+ *   - bf16 (x and weight bf16, or f32 ones under autocast, rounded to bf16 inside the op with no
+ *     cast nodes; the result and every gradient f32): oneDNN's bf16 primitives where its ISA has
+ *     bf16 instructions (avx512_core_bf16, AMX), their reorders doing the rounding; elsewhere,
+ *     or with CM_CONV_BF16=widen, the bf16 values of x, w and the rounded upstream gradient are
+ *     put in f32 arena scratch and the f32 kernel runs on them.
+ *   - backward: oneDNN writes dx straight into a gradient buffer that cmi_grad has just created
+ *     (all zeros), and through scratch + add into one that already holds a gradient; dW and db
+ *     always go through scratch (they accumulate over microbatches).
+ *
+ * Measured (bench/conv: N = 128, ResNet-CIFAR shapes, 2 threads, AMD EPYC with avx512_core_bf16,
+ * best of 5 while other work shared the 2 cores; ratios to im2col f32 from the same run):
+ *   forward + backward, NCHW 3x3: oneDNN f32 (blocked activations) 1.7-3.1x, oneDNN bf16 1.6-5.4x;
+ *   channels-last 3x3: oneDNN f32 1.9-2.9x, bf16 1.9-3.4x; the 3-channel stem 1.2x (NCHW) and
+ *   2.3x (NHWC). On plain nchw oneDNN 2.6 has only a GEMM-based convolution (0.4-1.3x of
+ *   im2col), hence the reorders to its blocked layout (a reorder costs 0.1-0.4 ms on these
+ *   shapes against 1-2 ms per direct pass). With ONEDNN_MAX_CPU_ISA=AVX2 (no bf16: widen)
+ *   oneDNN f32 is 1.4-1.5x im2col on the NCHW 3x3 shapes.
+ *
+ * The im2col kernel, NCHW, per image n and group g (K = Cin/groups · kh · kw, P = OH · OW):
  *   cols (K, P) = im2col(x[n], g)              // rows ordered (c, ki, kj), matching weight's layout
  *   y[n, g] (Cout/g, P) = W_g (Cout/g, K) · cols
  *   dW_g += dy[n, g] · colsᵀ,   dcols = W_gᵀ · dy[n, g],   dx[n] += col2im(dcols)
@@ -19,17 +42,15 @@
  * than images in parallel and needs N times the im2col memory, so it was dropped.
  *
  * The im2col buffer is recomputed in backward instead of kept: it is K/Cin times larger than x; its
- * arena memory is rewound when the call returns (forward and backward), so only one is live at a time. */
+ * arena memory is rewound when the call returns (forward and backward), so only one is live at a
+ * time. The channels-last weight rearrangement Wr is likewise redone in backward (it is small). */
+#include "tensor/dnnl_conv.h"
 #include "tensor/tensor_impl.h"
 
 #include <cblas.h>
 #include <omp.h>
 
-typedef struct {
-    int64_t N, Cin, H, W, Cout, OH, OW, kh, kw;
-    int64_t sh, sw, ph, pw, dh, dw, groups;
-    bool cl;
-} conv_geom;
+typedef cmi_conv_geom conv_geom;
 
 static inline int64_t cg_K(const conv_geom *g) { return g->Cin / g->groups * g->kh * g->kw; }
 static inline int64_t cg_P(const conv_geom *g) { return g->OH * g->OW; }
@@ -150,12 +171,13 @@ static void add_khwc_to_weight(const conv_geom *g, const float *wr, float *w) {
 /* True: images in parallel with single-threaded GEMMs; false: images in turn, threaded GEMMs. */
 static bool par_images(const conv_geom *g, int nth) { return nth > 1 && g->N >= nth; }
 
-/* ---- forward ---- */
+
+/* ---- im2col forward ---- */
 
 /* y (N, Cout, OH, OW) or (N, OH, OW, Cout) = conv(x, w) + bias. x contiguous in its layout;
  * w is W (NCHW) or Wr (channels-last). colbuf holds nth·K·P floats (unused for pointwise). */
-static void conv_forward(const conv_geom *g, const float *x, const float *w, const float *bias, float *y,
-                         float *colbuf, int nth) {
+static void im2col_forward_run(const conv_geom *g, const float *x, const float *w, const float *bias, float *y,
+                               float *colbuf, int nth) {
     const int64_t K = cg_K(g), P = cg_P(g), G = g->groups, Cog = g->Cout / G, Cg = g->Cin / G;
     const int64_t xs = g->Cin * g->H * g->W, ys = g->Cout * P;
     const bool pw = cg_pointwise(g), par = par_images(g, nth);
@@ -172,8 +194,10 @@ static void conv_forward(const conv_geom *g, const float *x, const float *w, con
             else
                 for (int64_t o = 0; o < g->Cout; o++)
                     for (int64_t p = 0; p < P; p++) yn[o * P + p] = bias[o];
+        } else if (K == 0) {
+            memset(yn, 0, sizeof(float) * (size_t)ys);
         }
-        for (int64_t gi = 0; gi < G; gi++) {
+        for (int64_t gi = 0; gi < G && K > 0; gi++) {
             const float *wg = w + gi * Cog * K;
             if (!g->cl) {
                 const float *b = xn + gi * Cg * g->H * g->W; // (Cg, H·W) == (K, P) when pointwise
@@ -198,43 +222,55 @@ static void conv_forward(const conv_geom *g, const float *x, const float *w, con
     }
 }
 
-/* ---- backward ---- */
+static cm_status im2col_forward(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *bias,
+                                float *y) {
+    const int64_t K = cg_K(g), P = cg_P(g);
+    const int nth = cm_num_threads();
+    const size_t mark = cm_arena_mark(tp->arena); /* Wr and the im2col buffer live only during this call */
+    if (g->cl) {
+        float *wr = cmi_scratch(tp, sizeof(float) * (size_t)(g->Cout * K + 1));
+        if (!wr) return cmi_status(tp);
+        weight_to_khwc(g, w, wr);
+        w = wr;
+    }
+    float *colbuf = NULL;
+    if (!cg_pointwise(g)) {
+        int nbuf = par_images(g, nth) ? nth : 1;
+        if (!(colbuf = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P + 1)))) return cmi_status(tp);
+    }
+    im2col_forward_run(g, x, w, bias, y, colbuf, nth);
+    cm_arena_rewind(tp->arena, mark);
+    cmi_conv_stats_note(CMI_CONV_RAN_IM2COL, CMI_CONV_FWD);
+    return CM_OK;
+}
 
-typedef struct {
-    conv_geom g;
-    const float *wr; /* channels-last: the rearranged weight from forward (arena) */
-} conv_ctx;
+/* ---- im2col backward ---- */
 
-static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
-    const conv_ctx *c = nd->ctx;
-    const conv_geom *g = &c->g;
-    cm_tensor *gx = cmi_grad(tp, nd->in[0]);
-    cm_tensor *gw = cmi_grad(tp, nd->in[1]);
-    cm_tensor *gb = cmi_grad(tp, nd->in[2]);
-    if (cmi_status(tp)) return cmi_status(tp);
+/* db[o] += Σ_n,p dy */
+static void bias_grad(const conv_geom *g, const float *dy, float *db) {
+    const int64_t P = cg_P(g), ys = g->Cout * P;
+    for (int64_t n = 0; n < g->N; n++) {
+        const float *dyn = dy + n * ys;
+        if (g->cl)
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t o = 0; o < g->Cout; o++) db[o] += dyn[p * g->Cout + o];
+        else
+            for (int64_t o = 0; o < g->Cout; o++) {
+                float s = 0.0f;
+                for (int64_t p = 0; p < P; p++) s += dyn[o * P + p];
+                db[o] += s;
+            }
+    }
+}
+
+/* dx += conv's input gradient, dW += its weight gradient (either may be NULL), from dy and the f32
+ * x and w (W's layout). */
+static cm_status im2col_backward(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *dy,
+                                 float *dx, float *dW) {
+    if (!dx && !dW) return CM_OK;
     const int64_t K = cg_K(g), P = cg_P(g), G = g->groups, Cog = g->Cout / G, Cg = g->Cin / G;
     const int64_t xs = g->Cin * g->H * g->W, ys = g->Cout * P, WN = g->Cout * K;
-    const float *dy = cmi_f32(gout);
-    const float *x = cmi_f32(nd->in[0]);
-    const float *w = g->cl ? c->wr : cmi_f32(nd->in[1]);
-
-    if (gb) { // db[o] = Σ_n,p dy
-        float *db = cmi_f32(gb);
-        for (int64_t n = 0; n < g->N; n++) {
-            const float *dyn = dy + n * ys;
-            if (g->cl)
-                for (int64_t p = 0; p < P; p++)
-                    for (int64_t o = 0; o < g->Cout; o++) db[o] += dyn[p * g->Cout + o];
-            else
-                for (int64_t o = 0; o < g->Cout; o++) {
-                    float s = 0.0f;
-                    for (int64_t p = 0; p < P; p++) s += dyn[o * P + p];
-                    db[o] += s;
-                }
-        }
-    }
-    if (!gx && !gw) return cmi_status(tp);
-
+    if (K == 0) return CM_OK;
     const int nth = cm_num_threads();
     const bool pw = cg_pointwise(g), par = par_images(g, nth);
     const int nbuf = par ? nth : 1;
@@ -242,15 +278,20 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     /* the scratch below is dead once this node is done: give it back, so a deep network's
      * backward reuses one conv's worth instead of keeping every layer's im2col until reset */
     const size_t mark = cm_arena_mark(tp->arena);
-    if (!pw) {
-        if (gw && !(cols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
-        if (gx && !(dcols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
+    if (g->cl) { /* Wr (Cout, kh, kw, Cg) */
+        float *wr = cmi_scratch(tp, sizeof(float) * (size_t)WN);
+        if (!wr) return cmi_status(tp);
+        weight_to_khwc(g, w, wr);
+        w = wr;
     }
-    if (gw) { // per-thread partial dW (in Wr's layout when channels-last)
+    if (!pw) {
+        if (dW && !(cols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
+        if (dx && !(dcols = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return cmi_status(tp);
+    }
+    if (dW) { // per-thread partial dW (in Wr's layout when channels-last)
         if (!(dwp = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * WN)))) return cmi_status(tp);
         memset(dwp, 0, sizeof(float) * (size_t)(nbuf * WN));
     }
-    float *dx = gx ? cmi_f32(gx) : NULL;
 
 #pragma omp parallel for num_threads(par ? nth : 1) schedule(static)
     for (int64_t n = 0; n < g->N; n++) {
@@ -301,13 +342,179 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
             }
         }
     }
-    if (gw) {
+    if (dW) {
         for (int t = 1; t < nbuf; t++)
             for (int64_t i = 0; i < WN; i++) dwp[i] += dwp[(int64_t)t * WN + i];
-        float *dW = cmi_f32(gw);
         if (g->cl) add_khwc_to_weight(g, dwp, dW);
         else
             for (int64_t i = 0; i < WN; i++) dW[i] += dwp[i];
+        cmi_conv_stats_note(CMI_CONV_RAN_IM2COL, CMI_CONV_BWD_WEIGHTS);
+    }
+    if (dx) cmi_conv_stats_note(CMI_CONV_RAN_IM2COL, CMI_CONV_BWD_DATA);
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+
+/* ---- kernel dispatch ---- */
+
+/* oneDNN wants every dimension positive; an empty Cin (a 0-channel input) stays on im2col. */
+static bool dnnl_wanted(const conv_geom *g) { return cmi_conv_get_kernel() == CMI_CONV_DNNL && g->Cin > 0; }
+
+static void add_into(float *dst, const float *src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* n bf16 values widened to f32 (exact) in arena scratch. */
+static float *widen(cm_tape *tp, const uint16_t *p, int64_t n) {
+    uint32_t *o = cmi_scratch(tp, sizeof(float) * (size_t)(n ? n : 1));
+    if (!o) return NULL;
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = (uint32_t)p[i] << 16;
+    return (float *)o;
+}
+
+/* n f32 values rounded to bf16 in arena scratch (the upstream gradient of a bf16 convolution). */
+static uint16_t *to_bf16(cm_tape *tp, const float *p, int64_t n) {
+    uint16_t *o = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
+    if (!o) return NULL;
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = cmi_f32_to_bf16(p[i]);
+    return o;
+}
+
+/* n values stored as st (bf16, or f32 to be rounded to bf16) as f32 holding bf16 values, in arena
+ * scratch: what the widened kernel computes on. */
+static float *bf16_values(cm_tape *tp, const void *p, cm_dtype st, int64_t n) {
+    if (st == CM_DTYPE_BF16) return widen(tp, p, n);
+    uint32_t *o = cmi_scratch(tp, sizeof(float) * (size_t)(n ? n : 1));
+    if (!o) return NULL;
+    const float *s = p;
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = (uint32_t)cmi_f32_to_bf16(s[i]) << 16;
+    return (float *)o;
+}
+
+static int64_t x_numel(const conv_geom *g) { return g->N * g->Cin * g->H * g->W; }
+static int64_t y_numel(const conv_geom *g) { return g->N * g->Cout * g->OH * g->OW; }
+static int64_t w_numel(const conv_geom *g) { return g->Cout * cg_K(g); }
+
+/* y = conv(x, w) + bias with f32 operands: oneDNN unless CM_CONV=im2col or it has no
+ * implementation for the problem. */
+static cm_status forward_f32(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *bias,
+                             float *y) {
+    if (dnnl_wanted(g)) {
+        bool ran = false;
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (ran) return CM_OK;
+    }
+    return im2col_forward(tp, g, x, w, bias, y);
+}
+
+/* The convolution computed in dt (f32 or bf16) of x and w stored as xw (dt, or f32 under
+ * autocast). bf16 runs oneDNN's bf16 primitive when the bf16 kernel is onednn, else (or when it
+ * has no implementation) the f32 kernels on the bf16 values widened to f32. */
+static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xws, const void *x, const void *w,
+                              const float *bias, float *y) {
+    if (dt == CM_DTYPE_F32) return forward_f32(tp, g, x, w, bias, y);
+    if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
+        bool ran = false;
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, xws, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (ran) return CM_OK;
+    }
+    const size_t mark = cm_arena_mark(tp->arena);
+    float *xw = bf16_values(tp, x, xws, x_numel(g)), *ww = xw ? bf16_values(tp, w, xws, w_numel(g)) : NULL;
+    if (!ww || forward_f32(tp, g, xw, ww, bias, y)) return cmi_status(tp);
+    cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_FWD);
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+
+/* oneDNN's backward for x and w of dtype dt and the f32 dy: dx (written in place when dx_fresh,
+ * else through scratch and added), dW and db (through scratch, added); any may be NULL (db is
+ * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
+ * implementation for one). */
+static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xws, const void *x, const void *w,
+                               const float *dy, float *dx, bool dx_fresh, float *dW, float *db, bool *dx_done,
+                               bool *dw_done) {
+    *dx_done = *dw_done = false;
+    if (!dx && !dW) return CM_OK;
+    const size_t mark = cm_arena_mark(tp->arena);
+    float *t = dx ? (dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g))) : NULL;
+    float *tw = dW ? cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g)) : NULL;
+    float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
+    if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
+    bool rd = false, rw = false;
+    if (cmi_dnnl_conv_backward(tp, g, dt, xws, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (rd) {
+        if (t != dx) add_into(dx, t, x_numel(g));
+        *dx_done = true;
+    }
+    if (rw) {
+        add_into(dW, tw, w_numel(g));
+        if (db) add_into(db, tb, g->Cout);
+        *dw_done = true;
+    }
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+
+/* Backward with f32 operands: dx (overwritten when dx_fresh, else accumulated), dW and db
+ * (accumulated; any may be NULL). A pass oneDNN has no implementation for runs on im2col. */
+static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, const float *w, const float *dy,
+                              float *dx, bool dx_fresh, float *dW, float *db) {
+    if (dnnl_wanted(g)) {
+        bool dd = false, wd = false;
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+            return cmi_status(tp);
+        if (dd) dx = NULL;
+        if (wd) dW = NULL, db = NULL;
+    }
+    if (db) bias_grad(g, dy, db);
+    return im2col_backward(tp, g, x, w, dy, dx, dW);
+}
+
+typedef struct {
+    conv_geom g;
+    cm_dtype dt; /* computed in: f32, or bf16 (explicit bf16 x and w, or autocast) */
+    cm_dtype xw; /* x and w stored as: dt, or f32 under autocast (rounded on the way in) */
+} conv_ctx;
+
+static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
+    const conv_ctx *c = nd->ctx;
+    const conv_geom *g = &c->g;
+    /* A gradient buffer cmi_grad creates now is all zeros: oneDNN can write dx into it instead of
+     * into scratch that is then added. */
+    const bool dx_fresh = nd->in[0]->grad == NULL;
+    cm_tensor *gx = cmi_grad(tp, nd->in[0]);
+    cm_tensor *gw = cmi_grad(tp, nd->in[1]);
+    cm_tensor *gb = cmi_grad(tp, nd->in[2]);
+    if (cmi_status(tp)) return cmi_status(tp);
+    float *dx = gx ? cmi_f32(gx) : NULL, *dW = gw ? cmi_f32(gw) : NULL, *db = gb ? cmi_f32(gb) : NULL;
+    if (!dx && !dW && !db) return CM_OK;
+    const float *dy = cmi_f32(gout);
+    const void *x = nd->in[0]->data, *w = nd->in[1]->data;
+    if (c->dt == CM_DTYPE_F32) return backward_f32(tp, g, x, w, dy, dx, dx_fresh, dW, db);
+
+    /* bf16: the upstream gradient is rounded to bf16, as linear's backward does (by oneDNN's
+     * reorder of dy on the native path, by to_bf16 on the widened one) */
+    if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
+        bool dd = false, wd = false;
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xw, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+            return cmi_status(tp);
+        if (dd) dx = NULL;
+        if (wd) dW = NULL, db = NULL;
+    }
+    const size_t mark = cm_arena_mark(tp->arena);
+    if (dx || dW || db) { /* widen: f32 kernels on the exact f32 values of x, w and the rounded dy */
+        uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
+        float *dyw = dy16 ? widen(tp, dy16, y_numel(g)) : NULL;
+        float *xw = dyw && dW ? bf16_values(tp, x, c->xw, x_numel(g)) : NULL;
+        float *ww = dyw && dx ? bf16_values(tp, w, c->xw, w_numel(g)) : NULL;
+        if (!dyw || (dW && !xw) || (dx && !ww)) return cmi_status(tp);
+        if (backward_f32(tp, g, xw, ww, dyw, dx, dx_fresh, dW, db)) return cmi_status(tp);
+        if (dx) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_DATA);
+        if (dW) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_WEIGHTS);
     }
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
@@ -322,8 +529,30 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     static const char *op = "conv2d";
     cm_tensor *req[2] = {x, weight};
     if (!cmi_begin(tp, op, 2, req) || !cmi_fetch(tp, 1, &bias)) return NULL;
-    if (!cmi_check_f32(tp, op, "x", x) || !cmi_check_f32(tp, op, "weight", weight)) return NULL;
-    if (bias && !cmi_check_f32(tp, op, "bias", bias)) return NULL;
+    /* Mixed precision: f32 x and weight are rounded to bf16 inside the convolution (oneDNN's
+     * reorders into its layout round on the way) and their gradients go straight to them in f32,
+     * like linear's; no bf16 copies on the tape. Mixed with an explicit bf16 tensor, the f32 one
+     * is cast with a recorded cm_cast. */
+    const bool autocast = tp->autocast == CM_DTYPE_BF16;
+    if (autocast && x->dtype != weight->dtype) {
+        if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
+        if (weight->dtype == CM_DTYPE_F32 && !(weight = cm_cast(tp, weight, CM_DTYPE_BF16))) return NULL;
+    }
+    if (x->dtype != CM_DTYPE_F32 && x->dtype != CM_DTYPE_BF16) {
+        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: 'x' %s has dtype %s; conv2d needs f32 or bf16 (cast with cm_cast)",
+                 cmi_shape(x), cm_dtype_name(x->dtype));
+        return NULL;
+    }
+    if (weight->dtype != x->dtype) {
+        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: dtypes differ: x %s is %s, weight %s is %s (cast one with cm_cast)",
+                 cmi_shape(x), cm_dtype_name(x->dtype), cmi_shape(weight), cm_dtype_name(weight->dtype));
+        return NULL;
+    }
+    if (bias && bias->dtype != CM_DTYPE_F32) {
+        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: bias %s has dtype %s; the bias is f32 (also for bf16 x and weight)",
+                 cmi_shape(bias), cm_dtype_name(bias->dtype));
+        return NULL;
+    }
     const cm_conv2d_opts o = opts ? *opts : cm_conv2d_opts_default();
     if (o.stride[0] < 1 || o.stride[1] < 1 || o.dilation[0] < 1 || o.dilation[1] < 1 || o.padding[0] < 0 ||
         o.padding[1] < 0 || o.groups < 1) {
@@ -384,29 +613,14 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     if (bias) bias = cm_contiguous(tp, bias);
     if (!x || !weight || cmi_status(tp)) return NULL;
 
+    const cm_dtype dt = autocast ? CM_DTYPE_BF16 : x->dtype; /* what the convolution computes in */
     int64_t yshape[4] = {g.N, g.Cout, g.OH, g.OW};
     if (g.cl) yshape[1] = g.OH, yshape[2] = g.OW, yshape[3] = g.Cout;
     cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, 4, yshape);
     if (!y) return NULL;
     if (g.N == 0 || g.Cout == 0) return y;
-
-    const int64_t K = cg_K(&g), P = cg_P(&g);
-    const int nth = cm_num_threads();
-    const float *w = cmi_f32(weight);
-    float *wr = NULL;
-    if (g.cl) {
-        if (!(wr = cmi_scratch(tp, sizeof(float) * (size_t)(g.Cout * K)))) return NULL;
-        weight_to_khwc(&g, w, wr);
-        w = wr;
-    }
-    float *colbuf = NULL;
-    const size_t mark = cm_arena_mark(tp->arena); /* the im2col buffer lives only during this call */
-    if (!cg_pointwise(&g)) {
-        int nbuf = par_images(&g, nth) ? nth : 1;
-        if (!(colbuf = cmi_scratch(tp, sizeof(float) * (size_t)(nbuf * K * P)))) return NULL;
-    }
-    conv_forward(&g, cmi_f32(x), w, bias ? cmi_f32(bias) : NULL, cmi_f32(y), colbuf, nth);
-    cm_arena_rewind(tp->arena, mark);
+    if (conv_forward(tp, &g, dt, x->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, cmi_f32(y)))
+        return NULL;
 
     cm_tensor *ins[3] = {x, weight, bias};
     if (cmi_needs_grad(tp, 3, ins)) {
@@ -414,7 +628,8 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
         if (!n) return NULL;
         conv_ctx *c = n->ctx;
         c->g = g;
-        c->wr = wr;
+        c->dt = dt;
+        c->xw = x->dtype;
     }
     return y;
 }

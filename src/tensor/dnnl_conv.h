@@ -1,0 +1,90 @@
+/* 2-d convolution through oneDNN's convolution primitives (private to the tensor layer), and the
+ * choice between them and the im2col kernel in conv.c.
+ *
+ * Kernels: CM_CONV=dnnl (the default) runs forward, backward-data and backward-weights as oneDNN
+ * primitives; CM_CONV=im2col runs conv.c's im2col + OpenBLAS kernel. When oneDNN has no
+ * implementation for a problem (primitive creation answers "unimplemented"), that one pass falls
+ * back — an f32 pass to im2col, a native bf16 pass to the widened f32 kernel — and
+ * cmi_conv_stats counts it in `unimplemented`; any other oneDNN failure is an error.
+ *
+ * bf16 (explicit bf16 x and w, or f32 ones cast by autocast): CM_CONV_BF16=onednn runs oneDNN's
+ * bf16 primitives (bf16 src/weights/diff_dst, f32 dst/diff_src/diff_weights, f32 accumulation);
+ * CM_CONV_BF16=widen widens the bf16 operands to f32 (exactly) and runs the f32 kernel. The
+ * default is onednn where oneDNN's ISA has bf16 instructions (cmi_bf16_native) and widen elsewhere
+ * (AVX2 has no bf16 convolution; plain AVX-512 only emulates it). */
+#ifndef CM_DNNL_CONV_H
+#define CM_DNNL_CONV_H
+
+#include "tensor/tensor_impl.h"
+
+/* The geometry of one convolution (as conv.c validated it). Dilation is PyTorch's (1 = dense). */
+typedef struct {
+    int64_t N, Cin, H, W, Cout, OH, OW, kh, kw;
+    int64_t sh, sw, ph, pw, dh, dw, groups;
+    bool cl; /* x and y are (N, H, W, C); otherwise (N, C, H, W). The weight is always (Cout, Cin/g, kh, kw). */
+} cmi_conv_geom;
+
+typedef enum { CMI_CONV_DNNL, CMI_CONV_IM2COL } cmi_conv_kernel;
+typedef enum { CMI_CONV_BF16_ONEDNN, CMI_CONV_BF16_WIDEN } cmi_conv_bf16_kernel;
+
+/* The kernels in use: read from CM_CONV / CM_CONV_BF16 once; the setters change them (tests,
+ * benchmarks). Not meant to change while a convolution runs on another thread. */
+cmi_conv_kernel cmi_conv_get_kernel(void);
+void cmi_conv_set_kernel(cmi_conv_kernel k);
+cmi_conv_bf16_kernel cmi_conv_get_bf16_kernel(void);
+void cmi_conv_set_bf16_kernel(cmi_conv_bf16_kernel k);
+
+/* Activation layout inside the oneDNN primitives. AUTO (the default): channels-last tensors go to
+ * the primitives as they are (nhwc has direct kernels), NCHW ones are reordered to and from the
+ * blocked layout oneDNN picks (nChw16c, ...): on plain nchw oneDNN 2.6 runs a GEMM-based kernel
+ * that is 5-50x slower than its direct ones, while a reorder costs about a tenth of a direct
+ * pass (bench/conv). Except NCHW 1x1 stride-1 unpadded convolutions: those are one GEMM per
+ * image on plain nchw, faster than the reorders. PLAIN and BLOCKED force one or the other. */
+typedef enum { CMI_CONV_ACT_AUTO, CMI_CONV_ACT_PLAIN, CMI_CONV_ACT_BLOCKED } cmi_conv_act_layout;
+cmi_conv_act_layout cmi_conv_get_act_layout(void);
+void cmi_conv_set_act_layout(cmi_conv_act_layout l);
+
+/* Passes: forward, backward-data, backward-weights. */
+enum { CMI_CONV_FWD, CMI_CONV_BWD_DATA, CMI_CONV_BWD_WEIGHTS, CMI_CONV_N_PASSES };
+
+/* How many passes ran where, since the process started or the last reset (process-wide, atomic).
+ * Tests use it to prove which kernel ran. A widened bf16 pass counts in `widened` and also in
+ * dnnl or im2col (whichever computed it in f32). */
+typedef struct {
+    int64_t dnnl[CMI_CONV_N_PASSES];      /* oneDNN f32 primitives */
+    int64_t dnnl_bf16[CMI_CONV_N_PASSES]; /* oneDNN bf16 primitives */
+    int64_t im2col[CMI_CONV_N_PASSES];    /* conv.c's im2col kernel */
+    int64_t widened[CMI_CONV_N_PASSES];   /* bf16 operands widened to f32 first */
+    int64_t unimplemented;                /* passes oneDNN refused, run on a fallback instead */
+} cmi_conv_stats;
+void cmi_conv_stats_get(cmi_conv_stats *s);
+void cmi_conv_stats_reset(void);
+/* Counts one pass (CMI_CONV_FWD, ...) on a path; used by conv.c and dnnl_conv.c. */
+typedef enum { CMI_CONV_RAN_DNNL, CMI_CONV_RAN_DNNL_BF16, CMI_CONV_RAN_IM2COL, CMI_CONV_RAN_WIDENED } cmi_conv_path;
+void cmi_conv_stats_note(cmi_conv_path path, int pass);
+void cmi_conv_stats_note_unimplemented(void);
+
+/* Passes through oneDNN. dt is the dtype the convolution computes in (f32, or bf16: needs the
+ * bf16 ISA or oneDNN's emulation) and xw the dtype x and w are stored in: dt, or f32 for a bf16
+ * convolution of f32 tensors (autocast), which the reorders into the primitive's layout round to
+ * bf16 on the way. y, dy, dx, dw and db are f32. Layouts: x, dx (N, Cin, H, W) or
+ * channels-last (N, H, W, Cin); y, dy likewise with Cout; w, dw (Cout, Cin/g, kh, kw); bias, db
+ * (Cout) or NULL. Outputs are overwritten (not accumulated). The *ran flags are false (and that
+ * output untouched) for a pass oneDNN has no implementation for; other failures are recorded on
+ * tp (CM_ERR_INTERNAL naming the oneDNN status and the shapes, CM_ERR_OOM for arena scratch).
+ * Primitives are created once per problem and cached for the life of the process (thread-safe).
+ *
+ * Forward: y = conv(x, w) + bias. */
+cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, const void *x,
+                                const void *w, const float *bias, float *y, bool *ran);
+/* Backward: dx (NULL: not wanted) = backward-data(dy, w); dw (NULL: not wanted) and db (NULL, or
+ * with dw) = backward-weights(x, dy). dy is reordered to the primitives' layout once for both
+ * passes; for bf16 that same reorder rounds it to bf16 (round to nearest even). */
+cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, const void *x,
+                                 const void *w, const float *dy, float *dx, float *dw, float *db, bool *ran_data,
+                                 bool *ran_weights);
+
+/* Number of problems in the primitive cache (tests: repeated calls must not grow it). */
+int cmi_dnnl_conv_cache_size(void);
+
+#endif
