@@ -355,6 +355,62 @@ Test(bf16, linear_weight_as_transpose_of_an_in_out_tensor) {
     cm_tape_free(tp);
 }
 
+/* Autocast linear keeps no bf16 copies: x and w are copied into scratch for the forward GEMM and
+ * again for the backward, so the forward leaves only y (and the node) in the arena. */
+Test(bf16, autocast_linear_keeps_no_bf16_copies_on_the_tape) {
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[2] = {64, 96}, ws[2] = {80, 96}, bs[1] = {80}, ys[2] = {64, 80};
+    cm_tensor *x = round_bf16(tp, cmt_randn(tp, 2, xs, 1, false)), *w = round_bf16(tp, cmt_randn(tp, 2, ws, 2, false));
+    cm_tensor *b = cmt_randn(tp, 1, bs, 3, true), *g = round_bf16(tp, cmt_randn(tp, 2, ys, 4, false));
+    cm_tensor_set_requires_grad(x, true);
+    cm_tensor_set_requires_grad(w, true);
+    cm_tensor *y32 = cm_linear(tp, x, w, b);
+    cr_assert_eq(cm_tape_backward_with(tp, y32, g), CM_OK, "%s", cm_tape_error(tp));
+    cm_tensor *gx32 = cm_clone_detached(tp, cm_tensor_grad(x)), *gw32 = cm_clone_detached(tp, cm_tensor_grad(w));
+    cm_tensor_zero_grad(x), cm_tensor_zero_grad(w), cm_tensor_zero_grad(b);
+    cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    const size_t before = cm_arena_used(cm_tape_arena(tp));
+    cm_tensor *y = cm_linear(tp, x, w, b);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    const size_t grew = cm_arena_used(cm_tape_arena(tp)) - before, ybytes = sizeof(float) * 64 * 80;
+    cr_assert(grew >= ybytes && grew < ybytes + 4096, "the forward kept %zu bytes for a %zu-byte output", grew, ybytes);
+    cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+    /* the f32 reference used the same bf16-rounded x, w and dy: only the summation order differs */
+    cmt_assert_close("y", y, y32, 1e-4, 1e-4);
+    cmt_assert_close("grad x", cm_tensor_grad(x), gx32, 1e-4, 1e-4);
+    cmt_assert_close("grad w", cm_tensor_grad(w), gw32, 1e-4, 1e-4);
+    cm_tape_free(tp);
+}
+
+/* An upstream gradient wider than CMI_LINEAR_DY_BLOCK in bf16 is rounded and multiplied in row
+ * blocks; the gradients match f32 on the same bf16-rounded x, w and dy (so only the f32 summation
+ * order differs: dx sums 50000 products of magnitude ~1), for a plain and a transposed
+ * (Conv1D-style) weight. */
+Test(bf16, autocast_linear_backward_in_row_blocks_matches_f32) {
+    const int64_t R = 520, in_f = 32, out_f = 50000;
+    cr_assert_gt((size_t)(R * out_f) * 2, CMI_LINEAR_DY_BLOCK, "the shape must need more than one block");
+    for (int tw = 0; tw < 2; tw++) {
+        cm_tape *tp = cmt_tape();
+        const int64_t xs[2] = {R, in_f}, ws[2] = {out_f, in_f}, wts[2] = {in_f, out_f}, ys[2] = {R, out_f};
+        cm_tensor *x = round_bf16(tp, cmt_randn(tp, 2, xs, 1, false));
+        cm_tensor *w = round_bf16(tp, cmt_randn(tp, 2, tw ? wts : ws, 2, false));
+        cm_tensor *g = round_bf16(tp, cmt_randn(tp, 2, ys, 4, false));
+        cm_tensor_set_requires_grad(x, true);
+        cm_tensor_set_requires_grad(w, true);
+        cm_tensor *y32 = cm_linear(tp, x, tw ? cm_transpose(tp, w, 0, 1) : w, NULL);
+        cr_assert_eq(cm_tape_backward_with(tp, y32, g), CM_OK, "%s", cm_tape_error(tp));
+        cm_tensor *gx32 = cm_clone_detached(tp, cm_tensor_grad(x)), *gw32 = cm_clone_detached(tp, cm_tensor_grad(w));
+        cm_tensor_zero_grad(x), cm_tensor_zero_grad(w);
+        cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+        cm_tensor *y = cm_linear(tp, x, tw ? cm_transpose(tp, w, 0, 1) : w, NULL);
+        cr_assert(y, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+        cmt_assert_close(tw ? "grad x (wᵀ)" : "grad x", cm_tensor_grad(x), gx32, 2e-3, 1e-4);
+        cmt_assert_close(tw ? "grad w (wᵀ)" : "grad w", cm_tensor_grad(w), gw32, 2e-3, 1e-4);
+        cm_tape_free(tp);
+    }
+}
+
 /* The widening kernel (bf16 → f32, sgemm) runs on every CPU. */
 Test(bf16, widen_kernel_matches_f32_reference) {
     cmi_bf16_set_kernel(CMI_BF16_WIDEN);

@@ -159,6 +159,50 @@ Test(views, view_chains_send_their_gradient_to_the_contiguous_base) {
     }
 }
 
+typedef struct {
+    cm_tensor *v, *y;
+    bool shared;
+} alias_probe;
+static void alias_hook(cm_tape *tp, const void *node, void *data) {
+    (void)tp, (void)node;
+    alias_probe *p = data;
+    if (p->v->grad && p->y->grad && p->v->grad->data == p->y->grad->data) p->shared = true;
+}
+
+/* A view that covers its whole base in the same order (reshape of a contiguous tensor) gets the
+ * base's gradient buffer itself instead of its own plus an add — when the base has no gradient yet
+ * (else it must not be clobbered) and not under retain_grads. Partial or reordering views never
+ * alias. Gradients are checked against the analytic ones in every case. */
+Test(views, whole_base_views_share_the_base_gradient) {
+    const int64_t s[2] = {64, 1024}, s3[3] = {8, 8, 1024}; /* 256 KiB: pooled gradients */
+    for (int mode = 0; mode < 3; mode++) { /* 0: alias, 1: base consumed later too, 2: retain_grads */
+        cm_tape_config cfg = cm_tape_config_default();
+        cfg.retain_grads = mode == 2;
+        cfg.poison = true;
+        cm_tape *tp;
+        cr_assert_eq(cm_tape_new(&cfg, &tp), CM_OK);
+        cm_tensor *x = cmt_randn(tp, 2, s, 1, true);
+        cm_tensor *y = cm_mul_scalar(tp, x, 2.0f); /* a tape tensor with a node */
+        cm_tensor *v = cm_reshape(tp, y, 3, s3);
+        cr_assert_eq(cmi_view_alias_base(v), y);
+        cr_assert_null(cmi_view_alias_base(cm_narrow(tp, y, 1, 0, 512)), "a part of the base never aliases");
+        cr_assert_null(cmi_view_alias_base(cm_transpose(tp, y, 0, 1)), "a reordering view never aliases");
+        cm_tensor *loss = cm_sum(tp, cm_mul_scalar(tp, v, 3.0f), NULL, 0, false); /* d loss / d x = 6 */
+        if (mode == 1) /* recorded after v's consumer: runs first in backward, y has a gradient by then */
+            loss = cm_add(tp, loss, cm_sum(tp, cm_mul_scalar(tp, y, 5.0f), NULL, 0, false)); /* + 10 */
+        cr_assert(loss, "%s", cm_tape_error(tp));
+        alias_probe probe = {v, y, false};
+        cm_tape_set_backward_hook(tp, alias_hook, &probe);
+        cr_assert_eq(cm_tape_backward(tp, loss), CM_OK, "%s", cm_tape_error(tp));
+        cr_assert_eq(probe.shared, mode == 0, "mode %d: v's gradient %s y's", mode, probe.shared ? "was" : "was not");
+        const float want = mode == 1 ? 16.0f : 6.0f;
+        cm_tensor *gx = cm_tensor_grad(x);
+        for (int64_t i = 0; i < cm_tensor_numel(gx); i += 97)
+            cr_assert_float_eq(cm_tensor_get_flat(gx, i), want, 1e-5, "mode %d, dx[%lld]", mode, (long long)i);
+        cm_tape_free(tp);
+    }
+}
+
 /* cm_reshape is a view wherever the strides allow (PyTorch's rule), and copies only where not. */
 Test(views, reshape_of_a_strided_tensor_is_a_view_when_the_strides_allow) {
     cm_tape *tp = cmt_tape();

@@ -210,8 +210,9 @@ bool cm_tape_grad_enabled(const cm_tape *tp);
 /* Autocast for mixed precision. With CM_DTYPE_BF16, cm_matmul, cm_linear and cm_conv2d cast their
  * f32 inputs (a and b; x and w — not the bias) to bf16 and run the bf16 GEMM or convolution (f32
  * accumulation, f32 result); gradients flow back in f32 to the f32 tensors, such as master weights
- * (cm_matmul records cm_cast nodes; cm_linear keeps its bf16 copies off the tape and accumulates
- * its backward GEMMs straight into the f32 tensors' gradients; cm_conv2d rounds x and w to bf16
+ * (cm_matmul records cm_cast nodes; cm_linear makes its bf16 copies in scratch that is freed after
+ * the GEMM, makes them again in backward, and accumulates its backward GEMMs straight into the f32
+ * tensors' gradients, so autocast keeps no more memory than f32; cm_conv2d rounds x and w to bf16
  * inside the convolution and likewise gives their gradients straight to them). Every other op is
  * unaffected (attention, norms, softmax and losses stay f32).
  * CM_DTYPE_F32 turns it off (the default). Returns the previous setting; any other dtype is

@@ -340,9 +340,11 @@ static bool x_layout(const cm_tensor *x, int64_t *rows, int64_t *ld, bool *t) {
     return false;
 }
 
-/* What linear's backward multiplies: the operands as the forward used them (bf16 copies under
- * autocast), their layouts, and where the gradients go (the node's inputs: the f32 tensors the
- * copies were made from, and for a transposed weight view its (in, out) base). */
+/* What linear's backward multiplies: the operands as the forward used them, their layouts, and
+ * where the gradients go (the node's inputs: for a transposed weight view its (in, out) base).
+ * Under autocast an f32 operand was multiplied as a bf16 copy in arena scratch, freed right after
+ * the GEMM: the backward makes the copy again from the node's input (xd / wd NULL) rather than
+ * keeping every copy to the end of the step (GPT-2 124M: ~400 MiB of weights and inputs). */
 typedef struct {
     cm_dtype dt;
     const char *xd, *wd;
@@ -350,21 +352,63 @@ typedef struct {
     bool xt, wt, wbase;
 } linear_ctx;
 
+/* The bf16 copy of an f32 operand (contiguous, same shape), unrecorded, in arena scratch. */
+static const char *bf16_copy(cm_tape *tp, cm_tensor *t) {
+    const bool prev = tp->grad_enabled;
+    tp->grad_enabled = false;
+    cm_tensor *c = cm_cast(tp, t, CM_DTYPE_BF16);
+    tp->grad_enabled = prev;
+    return c ? (const char *)c->data : NULL;
+}
+
+/* Under autocast: an operand linear can take (f32, copied to bf16, or bf16 already). */
+static bool float_operand(cm_tape *tp, const char *name, const cm_tensor *t) {
+    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) return true;
+    cmi_fail(tp, CM_ERR_DTYPE, "linear: %s %s has dtype %s; under autocast x and w are f32 or bf16", name, cmi_shape(t),
+             cm_dtype_name(t->dtype));
+    return false;
+}
+
 static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     const linear_ctx *c = n->ctx;
     const cm_dtype dt = c->dt;
     const int64_t R = c->R, in_f = c->in_f, out_f = c->out_f;
     cm_tensor *gx = cmi_grad(tp, n->in[0]), *gw = cmi_grad(tp, n->in[1]), *gb = cmi_grad(tp, n->in[2]);
-    const char *dy = (const char *)gout->data; // (R, out)
-    const size_t mark = cm_arena_mark(tp->arena); /* the bf16 dy is scratch, as in matmul_backward */
-    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dy = to_bf16(tp, gout))) return cmi_status(tp);
+    const size_t mark = cm_arena_mark(tp->arena); /* bf16 copies and dy are scratch, as in matmul_backward */
+    const char *xd = c->xd, *wd = c->wd;
+    if (gw && !xd && !(xd = bf16_copy(tp, n->in[0]))) return cmi_status(tp);
+    if (gx && !wd && !(wd = bf16_copy(tp, n->in[1]))) return cmi_status(tp);
+    const size_t es = cm_dtype_size(dt);
+    /* rows of dy per block: all of them in f32 (dy is read in place), a bounded bf16 copy otherwise */
+    int64_t rb = R;
+    if (dt == CM_DTYPE_BF16 && out_f > 0 && (size_t)(R * out_f) * 2 > CMI_LINEAR_DY_BLOCK) {
+        rb = (int64_t)(CMI_LINEAR_DY_BLOCK / (2 * (size_t)out_f));
+        rb = rb < 64 ? 64 : rb;
+    }
+    uint16_t *dyb = NULL;
+    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dyb = cmi_scratch(tp, 2 * (size_t)((rb < R ? rb : R) * out_f + 1))))
+        return cmi_status(tp);
     cm_status st = CM_OK;
-    if (gx) /* dx (R, in) += dy (R, out) · w (out, in) */
-        st = gemm(tp, dt, R, in_f, out_f, dy, out_f, false, c->wd, c->wld, c->wt, NULL, true, cmi_f32(gx), in_f);
-    if (!st && gw && c->wbase) /* dwb (in, out) += xᵀ (in, R) · dy (R, out): the weight's transpose, directly */
-        st = gemm(tp, dt, in_f, out_f, R, c->xd, c->xld, !c->xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
-    else if (!st && gw) /* dw (out, in) += dyᵀ (out, R) · x (R, in) */
-        st = gemm(tp, dt, out_f, in_f, R, dy, out_f, true, c->xd, c->xld, c->xt, NULL, true, cmi_f32(gw), in_f);
+    for (int64_t r0 = 0; r0 < R && !st && (gx || gw); r0 += rb) {
+        const int64_t m = R - r0 < rb ? R - r0 : rb;
+        const float *g = cmi_f32(gout) + r0 * out_f;
+        const char *dy = (const char *)g; // (m, out)
+        if (dyb) {
+            const int64_t ne = m * out_f;
+#pragma omp parallel for schedule(static) if (ne > CMI_PAR_MIN)
+            for (int64_t i = 0; i < ne; i++) dyb[i] = cmi_f32_to_bf16(g[i]);
+            dy = (const char *)dyb;
+        }
+        /* x's rows r0.. (element (i, k) of the (R, in) matrix is at i·ld + k, or k·ld + i transposed) */
+        const char *xr = xd ? xd + (size_t)(r0 * (c->xt ? 1 : c->xld)) * es : NULL;
+        if (gx) /* dx (m, in) += dy (m, out) · w (out, in) */
+            st = gemm(tp, dt, m, in_f, out_f, dy, out_f, false, wd, c->wld, c->wt, NULL, true, cmi_f32(gx) + r0 * in_f,
+                      in_f);
+        if (!st && gw && c->wbase) /* dwb (in, out) += xᵀ (in, m) · dy (m, out): the weight's transpose, directly */
+            st = gemm(tp, dt, in_f, out_f, m, xr, c->xld, !c->xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
+        else if (!st && gw) /* dw (out, in) += dyᵀ (out, m) · x (m, in) */
+            st = gemm(tp, dt, out_f, in_f, m, dy, out_f, true, xr, c->xld, c->xt, NULL, true, cmi_f32(gw), in_f);
+    }
     if (!st && gb) { /* db (out) += column sums of dy, in f32 */
         const float *g = cmi_f32(gout);
         float *db = cmi_f32(gb);
@@ -393,25 +437,19 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
      * and adding it back transposed element by element (~7% of a char-GPT step), and autocast
      * casts wb (contiguous) instead of copying the transposed view. */
     cm_tensor *wb = cmi_transposed_base(w);
-    /* Autocast: x and w are multiplied as bf16 copies that are not recorded on the tape; the node's
-     * inputs stay the f32 tensors, and the backward GEMMs accumulate (in f32) straight into their
-     * gradients — no cast nodes, whose f32 gradient buffers and extra passes (a weight's cast
+    cm_tensor *wsrc = wb ? wb : w; /* what gets the weight's gradient (and, under autocast, is cast) */
+    /* Autocast: an f32 x or w is multiplied as a bf16 copy that is not recorded on the tape; the
+     * node's inputs stay the f32 tensors, and the backward GEMMs accumulate (in f32) straight into
+     * their gradients — no cast nodes, whose f32 gradient buffers and extra passes (a weight's cast
      * gradient is the size of the weight, every microbatch) cost memory and time. */
-    cm_tensor *x_src = x, *w_src = wb ? wb : w;
-    if (tp->autocast == CM_DTYPE_BF16) {
-        const bool prev = tp->grad_enabled;
-        tp->grad_enabled = false;
-        if (x->dtype == CM_DTYPE_F32) x = cm_cast(tp, x, CM_DTYPE_BF16);
-        if (wb && wb->dtype == CM_DTYPE_F32) {
-            cm_tensor *wb16 = cm_cast(tp, wb, CM_DTYPE_BF16);
-            w = wb16 ? cmi_view(tp, wb16->dtype, 2, w->shape, w->stride, wb16->data) : NULL; /* wb16ᵀ */
-        } else if (w->dtype == CM_DTYPE_F32) {
-            w = cm_cast(tp, w, CM_DTYPE_BF16);
-        }
-        tp->grad_enabled = prev;
-        if (!x || !w) return NULL;
+    const bool ac = tp->autocast == CM_DTYPE_BF16;
+    const bool cast_x = ac && x->dtype == CM_DTYPE_F32, cast_w = ac && wsrc->dtype == CM_DTYPE_F32;
+    if (ac) { /* each operand f32 (cast) or already bf16 */
+        if (!float_operand(tp, "x", x) || !float_operand(tp, "w", w)) return NULL;
+    } else if (!check_pair(tp, "linear", "x", x, "w", w)) {
+        return NULL;
     }
-    if (!check_pair(tp, "linear", "x", x, "w", w)) return NULL;
+    const cm_dtype dt = ac ? CM_DTYPE_BF16 : x->dtype;
     if (bias && bias->dtype != CM_DTYPE_F32) {
         cmi_fail(tp, CM_ERR_DTYPE, "linear: bias %s has dtype %s; the bias is f32 (also for bf16 x and w)",
                  cmi_shape(bias), cm_dtype_name(bias->dtype));
@@ -433,36 +471,41 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
                  cmi_shape(w));
         return NULL;
     }
-    int64_t R = 0, xld = 1, wld = 1;
+    /* Operands multiplied as they are must have a GEMM layout (a recorded copy otherwise); a bf16
+     * copy is contiguous, and wb's copy read through w's (transposed) strides. */
+    int64_t R = cmi_numel(x->ndim - 1, x->shape), xld = in_f, wld = in_f;
     bool xt = false, wt = false;
-    if (!x_layout(x, &R, &xld, &xt)) {
+    if (!cast_x && !x_layout(x, &R, &xld, &xt)) {
         if (!(x = cm_contiguous(tp, x))) return NULL;
         x_layout(x, &R, &xld, &xt);
     }
-    if (!mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt)) {
+    if (!cast_w && !mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt)) {
         if (!(w = cm_contiguous(tp, w))) return NULL;
         mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
     }
+    if (cast_w && wb) mat_layout(out_f, in_f, w->stride[0], w->stride[1], &wld, &wt);
     if (bias && !cmi_is_contig(bias) && !(bias = cm_contiguous(tp, bias))) return NULL;
-    ins[0] = x, ins[1] = w, ins[2] = bias;
 
     int64_t shape[CM_MAX_DIMS];
     memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
     shape[x->ndim - 1] = out_f;
     cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, x->ndim, shape); // (..., out)
     if (!y) return NULL;
+    const size_t mark = cm_arena_mark(tp->arena); /* the bf16 copies live until the GEMM is done */
+    const char *xd = cast_x ? bf16_copy(tp, x) : (const char *)x->data;
+    const char *wd = cast_w ? bf16_copy(tp, wsrc) : (const char *)w->data;
+    if (!xd || !wd) return NULL;
     /* y (R, out) = x (R, in) · wᵀ (in, out) + bias: w's transpose is just the other BLAS flag */
-    if (gemm(tp, x->dtype, R, out_f, in_f, x->data, xld, xt, w->data, wld, !wt, bias ? cmi_f32(bias) : NULL, false,
-             cmi_f32(y), out_f))
-        return NULL;
-    /* the gradients go to the f32 sources (contiguous gradients: element order as the copies) */
-    if (x_src != x && x_src->dtype == CM_DTYPE_F32) ins[0] = x_src;
-    if (wb) ins[1] = w_src;
-    else if (w_src != w && w_src->dtype == CM_DTYPE_F32) ins[1] = w_src;
+    cm_status st = gemm(tp, dt, R, out_f, in_f, xd, xld, xt, wd, wld, !wt, bias ? cmi_f32(bias) : NULL, false,
+                        cmi_f32(y), out_f);
+    cm_arena_rewind(tp->arena, mark);
+    if (st) return NULL;
+    ins[0] = x, ins[1] = wb ? wb : w, ins[2] = bias;
     if (cmi_needs_grad(tp, 3, ins)) {
         cm_node *nd = cmi_record(tp, "linear", y, 3, ins, linear_backward, sizeof(linear_ctx));
         if (!nd) return NULL;
-        *(linear_ctx *)nd->ctx = (linear_ctx){x->dtype, x->data, w->data, R, in_f, out_f, xld, wld, xt, wt, wb != NULL};
+        *(linear_ctx *)nd->ctx = (linear_ctx){dt, cast_x ? NULL : xd, cast_w ? NULL : wd, R, in_f, out_f,
+                                              xld, wld, xt, wt, wb != NULL};
     }
     return y;
 }

@@ -300,6 +300,22 @@ static void gpool_give(cm_tape *tp, void *p) {
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
     if (t->grad) return t->grad;
+    /* A view covering all of its base in the same order (GPT-2's logits reshaped to (B·T, V) for
+     * the loss: 393 MiB) gets the base's gradient itself, reshaped, instead of its own buffer
+     * that view_backward then adds over — when the base has no gradient yet (so the shared buffer
+     * starts at zero, as a new one would) and retain_grads does not promise separate ones. */
+    cm_tensor *vb = tp->retain_grads ? NULL : cmi_view_alias_base(t);
+    if (vb && !vb->grad && (vb->flags & CM_TF_REQUIRES_GRAD)) {
+        cm_tensor *gb = cmi_grad(tp, vb);
+        if (!gb) return NULL;
+        cm_tensor *g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape);
+        if (!g) return NULL;
+        cmi_contig_strides(t->ndim, t->shape, g->stride);
+        g->data = gb->data;
+        g->flags |= CM_TF_GRAD_ALIAS;
+        t->grad = g;
+        return g;
+    }
     if (t->flags & CM_TF_TAPE) {
         const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
         if (tp->retain_grads || !t->node || bytes < GRAD_POOL_MIN) {
@@ -387,7 +403,8 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
         if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
         /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */
         if (!tp->retain_grads && (n->out->flags & CM_TF_TAPE)) {
-            if (cm_tensor_numel(gout) * sizeof(float) >= GRAD_POOL_MIN) gpool_give(tp, gout->data);
+            if (cm_tensor_numel(gout) * sizeof(float) >= GRAD_POOL_MIN && !(gout->flags & CM_TF_GRAD_ALIAS))
+                gpool_give(tp, gout->data);
             n->out->grad = NULL;
         }
     }

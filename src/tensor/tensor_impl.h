@@ -44,6 +44,7 @@ enum {
     CM_TF_TAPE = 1u << 1,      /* struct (and data, unless a view) lives in a tape arena */
     CM_TF_OWNS_DATA = 1u << 2, /* long-lived: `data` was cm_alloc'ed and is freed with the tensor */
     CM_TF_OWNS_GRAD = 1u << 3, /* long-lived: `grad` was allocated by the library */
+    CM_TF_GRAD_ALIAS = 1u << 4, /* on a gradient: it is its view's base's gradient, reshaped (cmi_grad) */
 };
 
 typedef struct cm_node cm_node;
@@ -156,6 +157,9 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
 /* The gradient buffer of t, created as zeros on first use (arena for tape tensors, heap for
  * long-lived ones). NULL when t is NULL or does not require grad, or on OOM (tape error set). */
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t);
+/* The base of t when t is a recorded view that covers all of it in its element order (a reshape
+ * of a contiguous tensor, [un]squeeze): t's gradient can then be the base's, reshaped. Else NULL. */
+cm_tensor *cmi_view_alias_base(const cm_tensor *t);
 /* Adds g (f32, contiguous, shape broadcast-compatible: t's shape after broadcasting) into t's
  * gradient, summing over broadcast dims. No-op if t needs no grad. */
 cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g);
@@ -202,5 +206,9 @@ void cmi_store(cm_dtype dt, void *p, double v);
 
 /* Threshold (elements) above which simple kernels go parallel. */
 #define CMI_PAR_MIN 32768
+
+/* linear's bf16 backward rounds the upstream gradient to bf16 and multiplies it in row blocks of
+ * at most this many bytes (GPT-2's lm_head gradient, 2048 × 50257, would be 196 MiB at once). */
+#define CMI_LINEAR_DY_BLOCK ((size_t)48 << 20)
 
 #endif

@@ -168,6 +168,7 @@ static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     cm_tensor *base = n->in[0];
     cm_tensor *gb = cmi_grad(tp, base);
     if (!gb) return cmi_status(tp);
+    if ((gout->flags & CM_TF_GRAD_ALIAS) && gout->data == gb->data) return CM_OK; /* already there */
     const view_ctx *c = n->ctx;
     /* The view's strides in terms of the base's *contiguous* gradient layout. */
     cm_tensor gv = *gout;
@@ -187,6 +188,19 @@ static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     size_t es[2] = {4, 4};
     cmi_iterate(gout->ndim, gout->shape, 2, st, bases, es, distinct, add_row, NULL);
     return CM_OK;
+}
+
+cm_tensor *cmi_view_alias_base(const cm_tensor *t) {
+    if (!t || !t->node || t->node->backward != view_backward || t->node->n_in != 1) return NULL;
+    cm_tensor *b = t->node->in[0];
+    const view_ctx *c = t->node->ctx;
+    if (!b || c->offset != 0 || c->ndim != t->ndim || cm_tensor_numel(b) != cm_tensor_numel(t)) return NULL;
+    int64_t want = 1; /* c->stride maps the view into b's contiguous gradient: it must be t's own order */
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && c->stride[d] != want) return NULL;
+        want *= t->shape[d];
+    }
+    return b;
 }
 
 cm_tensor *cmi_transposed_base(const cm_tensor *w) {
