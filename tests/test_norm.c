@@ -215,6 +215,48 @@ Test(norm, batch_norm_add_relu_matches_the_unfused_ops) {
             }
 }
 
+/* On intermediate x and residual (tensors with a node) the backward writes their new gradients
+ * instead of adding to zeroed ones; on a poisoning tape (new arena memory is NaN) any element it
+ * failed to write shows up. The reference is the same op on leaves (whose gradients are zeroed and
+ * added to): grad x0 = 1.5 · grad x, grad r0 = 0.5 · grad r. Also the residual being x itself. */
+Test(norm, batch_norm_add_relu_writes_fresh_gradients_of_intermediates) {
+    const int64_t s4[4] = {3, 4, 5, 6}, C4 = 4, scl[4] = {3, 5, 6, 4};
+    for (int cl = 0; cl < 2; cl++)
+        for (int rk = 0; rk < 3; rk++) { /* residual: none, another tensor, x itself */
+            cm_tape_config tc = cm_tape_config_default();
+            tc.poison = true;
+            cm_tape *tp;
+            cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+            const int64_t *shape = cl ? scl : s4;
+            cm_tensor *x0 = cmt_randn(tp, 4, shape, 1, true), *r0 = cmt_randn(tp, 4, shape, 4, true);
+            cm_tensor *w = cmt_randn(tp, 1, &C4, 2, true), *b = cmt_randn(tp, 1, &C4, 3, true);
+            cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
+            cm_batch_norm_opts o = cm_batch_norm_opts_default();
+            o.channels_last = cl;
+            /* reference: leaves holding the same values */
+            cm_tensor *xl = cm_clone_detached(tp, cm_mul_scalar(tp, x0, 1.5f));
+            cm_tensor *rl = cm_clone_detached(tp, cm_mul_scalar(tp, r0, 0.5f));
+            cm_tensor_set_requires_grad(xl, true);
+            cm_tensor_set_requires_grad(rl, true);
+            cm_tensor *yl = cm_batch_norm_add_relu(tp, xl, w, b, NULL, NULL, rk == 0 ? NULL : rk == 1 ? rl : xl, &o);
+            cr_assert(yl, "%s", cm_tape_error(tp));
+            cr_assert_eq(cm_tape_backward_with(tp, yl, g), CM_OK, "%s", cm_tape_error(tp));
+            cm_tensor *gxl = cm_mul_scalar(tp, cm_tensor_grad(xl), 1.5f);
+            cm_tensor *grl = rk == 1 ? cm_mul_scalar(tp, cm_tensor_grad(rl), 0.5f) : NULL;
+            cm_tensor *x = cm_mul_scalar(tp, x0, 1.5f); /* intermediates */
+            cm_tensor *res = rk == 0 ? NULL : rk == 1 ? cm_mul_scalar(tp, r0, 0.5f) : x;
+            cm_tensor *y = cm_batch_norm_add_relu(tp, x, w, b, NULL, NULL, res, &o);
+            cr_assert(y, "%s", cm_tape_error(tp));
+            cmt_assert_close("forward", y, yl, 1e-6, 1e-6);
+            cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+            char what[96];
+            snprintf(what, sizeof what, "grad x (cl %d, residual %d)", cl, rk);
+            cmt_assert_close(what, cm_tensor_grad(x0), gxl, 1e-5, 1e-5);
+            if (rk == 1) cmt_assert_close("grad residual", cm_tensor_grad(r0), grl, 1e-5, 1e-5);
+            cm_tape_free(tp);
+        }
+}
+
 /* The point of fusing: the op allocates its output only, where the three ops keep the batch norm's
  * output and the sum as well. */
 Test(norm, batch_norm_add_relu_keeps_two_tensors_fewer) {

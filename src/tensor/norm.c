@@ -269,6 +269,143 @@ static void chan_affine(float *out, bool accumulate, const float *x, const float
         }
 }
 
+/* Rows [o0, o1) of C channels (channels_last) for bn_bwd_sums, specialised by the constant flags. */
+static inline __attribute__((always_inline)) void sums_rows(const float *restrict x, const float *restrict mean,
+                                                            const float *restrict g, const float *restrict y,
+                                                            float *restrict gr, int64_t o0, int64_t o1, int64_t C,
+                                                            float *restrict f1, float *restrict f2, const bool has_y,
+                                                            const bool has_gr, const bool gr_fresh) {
+    for (int64_t o = o0; o < o1; o++) {
+        const float *restrict xr = x + o * C, *restrict gg = g + o * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) {
+            const float v = has_y && !(y[o * C + c] > 0.0f) ? 0.0f : gg[c];
+            if (has_gr) gr[o * C + c] = gr_fresh ? v : gr[o * C + c] + v;
+            f1[c] += v;
+            f2[c] += (xr[c] - mean[c]) * v;
+        }
+    }
+}
+
+/* Batch norm's backward sums over the (O, C, I) layout, with the fused ReLU and residual folded in:
+ * gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL); gr = gz (gr_fresh)
+ * or gr += gz (gr given: the residual's gradient); sg[c] = Σ gz, sgx[c] = Σ (x - mean[c])·gz.
+ * One pass over x, g (and y, gr) instead of materialising gz and adding it to gr separately. */
+static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, const float *g, const float *y, float *gr,
+                             bool gr_fresh, int64_t O, int64_t C, int64_t I, double *sg, double *sgx) {
+    const bool par = O * C * I >= CMI_PAR_MIN;
+    if (I > 1) {
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            const float m = mean[c];
+            double d1 = 0, d2 = 0;
+            for (int64_t o = 0; o < O; o++) {
+                const int64_t base = (o * C + c) * I;
+                const float *xr = x + base, *gg = g + base, *yr = y ? y + base : NULL;
+                float *rr = gr ? gr + base : NULL;
+                float f1 = 0.0f, f2 = 0.0f;
+#pragma omp simd reduction(+ : f1, f2)
+                for (int64_t i = 0; i < I; i++) {
+                    const float v = yr && !(yr[i] > 0.0f) ? 0.0f : gg[i];
+                    if (rr) rr[i] = gr_fresh ? v : rr[i] + v;
+                    f1 += v;
+                    f2 += (xr[i] - m) * v;
+                }
+                d1 += f1;
+                d2 += f2;
+            }
+            sg[c] = d1;
+            sgx[c] = d2;
+        }
+        return CM_OK;
+    }
+    /* I == 1: rows of C channels; per-thread float sums over blocks of rows, kept in double */
+    enum { BLK = 64 };
+    const int nth = par ? cm_num_threads() : 1;
+    double *part = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C * nth + 1)); // (nth, 2, C)
+    float *facc = cmi_scratch(tp, sizeof(float) * (size_t)(2 * C * nth + 1));   // (nth, 2, C)
+    if (!part || !facc) return cmi_status(tp);
+    memset(part, 0, sizeof(double) * (size_t)(2 * C * nth));
+#pragma omp parallel num_threads(nth)
+    {
+        const int t = omp_get_thread_num();
+        double *p1 = part + (int64_t)t * 2 * C, *p2 = p1 + C;
+        float *restrict f1 = facc + (int64_t)t * 2 * C, *restrict f2 = f1 + C;
+#pragma omp for schedule(static)
+        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
+            const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
+            for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
+            /* one specialised loop per case (the branches would keep the compiler from vectorising) */
+            const int mode = (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
+            switch (mode) {
+            case 0: sums_rows(x, mean, g, NULL, NULL, o0, o1, C, f1, f2, false, false, false); break;
+            case 1: sums_rows(x, mean, g, y, NULL, o0, o1, C, f1, f2, true, false, false); break;
+            case 2: sums_rows(x, mean, g, NULL, gr, o0, o1, C, f1, f2, false, true, true); break;
+            case 3: sums_rows(x, mean, g, y, gr, o0, o1, C, f1, f2, true, true, true); break;
+            case 4: sums_rows(x, mean, g, NULL, gr, o0, o1, C, f1, f2, false, true, false); break;
+            default: sums_rows(x, mean, g, y, gr, o0, o1, C, f1, f2, true, true, false); break;
+            }
+            for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
+        }
+    }
+    for (int64_t c = 0; c < C; c++) {
+        double d1 = 0, d2 = 0;
+        for (int t = 0; t < nth; t++) {
+            d1 += part[(int64_t)t * 2 * C + c];
+            d2 += part[(int64_t)t * 2 * C + C + c];
+        }
+        sg[c] = d1;
+        sgx[c] = d2;
+    }
+    return CM_OK;
+}
+
+/* One row of C channels for bn_bwd_dx, specialised by the constant flags. */
+static inline __attribute__((always_inline)) void dx_row(float *restrict o, const float *restrict x,
+                                                         const float *restrict mean, const float *restrict g,
+                                                         const float *restrict y, const float *restrict P,
+                                                         const float *restrict Q, const float *restrict R, int64_t C,
+                                                         const bool has_y, const bool fresh) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) {
+        const float v = has_y && !(y[c] > 0.0f) ? 0.0f : g[c];
+        const float d = v * P[c] + (x[c] - mean[c]) * Q[c] + R[c];
+        o[c] = fresh ? d : o[c] + d;
+    }
+}
+
+/* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in bn_bwd_sums. */
+static void bn_bwd_dx(float *gx, bool fresh, const float *x, const float *mean, const float *g, const float *y,
+                      const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I) {
+    const bool par = O * C * I >= CMI_PAR_MIN;
+    if (I == 1) {
+        const int mode = (y ? 1 : 0) | (fresh ? 2 : 0);
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t o = 0; o < O; o++) {
+            switch (mode) {
+            case 0: dx_row(gx + o * C, x + o * C, mean, g + o * C, NULL, P, Q, R, C, false, false); break;
+            case 1: dx_row(gx + o * C, x + o * C, mean, g + o * C, y + o * C, P, Q, R, C, true, false); break;
+            case 2: dx_row(gx + o * C, x + o * C, mean, g + o * C, NULL, P, Q, R, C, false, true); break;
+            default: dx_row(gx + o * C, x + o * C, mean, g + o * C, y + o * C, P, Q, R, C, true, true); break;
+            }
+        }
+        return;
+    }
+#pragma omp parallel for collapse(2) if (par) schedule(static)
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t base = (o * C + c) * I;
+            float *restrict orow = gx + base;
+            const float *restrict xr = x + base, *restrict gg = g + base, *restrict yr = y ? y + base : NULL;
+            const float m = mean[c], p = P[c], q = Q[c], r = R[c];
+            for (int64_t i = 0; i < I; i++) {
+                const float v = yr && !(yr[i] > 0.0f) ? 0.0f : gg[i];
+                const float d = v * p + (xr[i] - m) * q + r;
+                orow[i] = fresh ? d : orow[i] + d;
+            }
+        }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Batch norm                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
@@ -299,7 +436,12 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     bn_layout(x, channels_last, &O, &C, &I);
     const double M = (double)(O * I);
     cm_tensor *res = n->n_in > 3 ? n->in[3] : NULL;
-    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b), *gr = cmi_grad(tp, res);
+    /* gradients created now are written rather than added to (no zeroing pass) */
+    bool gx_fresh = false, gr_fresh = false;
+    const bool same = res == x; /* x is also the residual: both add into one (zeroed) gradient */
+    cm_tensor *gx = same ? cmi_grad(tp, x) : cmi_grad_for_write(tp, x, &gx_fresh);
+    cm_tensor *gr = same ? gx : cmi_grad_for_write(tp, res, &gr_fresh);
+    cm_tensor *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
     /* everything below is scratch for this node (the gradients above were allocated before) */
     const size_t mark = cm_arena_mark(tp->arena);
@@ -307,21 +449,9 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     float *coef = cmi_scratch(tp, sizeof(float) * (size_t)(3 * C + 1));                // P, Q, R: (C) each
     if (!sg || !coef) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout);
-    const int64_t numel = O * C * I;
-    if (n->i[2]) { /* fused ReLU: the gradient reaches the sum only where the output is positive */
-        float *gz = cmi_scratch(tp, sizeof(float) * (size_t)(numel + 1));
-        if (!gz) return cmi_status(tp);
-        const float *y = cmi_f32(n->out);
-#pragma omp parallel for schedule(static) if (numel >= CMI_PAR_MIN)
-        for (int64_t e = 0; e < numel; e++) gz[e] = y[e] > 0.0f ? gv[e] : 0.0f;
-        gv = gz;
-    }
-    if (gr) { /* the residual's gradient is the sum's */
-        float *d = cmi_f32(gr);
-#pragma omp parallel for schedule(static) if (numel >= CMI_PAR_MIN)
-        for (int64_t e = 0; e < numel; e++) d[e] += gv[e];
-    }
-    if (chan_moments(tp, xv, s->mean, gv, O, C, I, sg, sgx)) return cmi_status(tp);
+    const float *y = n->i[2] ? cmi_f32(n->out) : NULL; /* fused ReLU: the gradient passes where y > 0 */
+    if (bn_bwd_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx))
+        return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
     for (int64_t c = 0; c < C; c++) {
         const float rs = s->rstd[c], wc = w ? cmi_f32(w)[c] : 1.0f;
@@ -333,7 +463,7 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         Q[c] = training ? (float)(-(double)P[c] * rs * sum_gxhat / M) : 0.0f;
         R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
     }
-    if (gx) chan_affine(cmi_f32(gx), true, xv, s->mean, Q, gv, P, R, O, C, I, NULL, false);
+    if (gx) bn_bwd_dx(cmi_f32(gx), gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I);
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }
@@ -405,11 +535,14 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
     float *mean = stat, *rstd = stat + C, *Q = stat + 2 * C, *R = stat + 3 * C;
     const float *xv = cmi_f32(x);
     if (o.training) {
-        if (chan_moments(tp, xv, NULL, NULL, O, C, I, s1, s2)) return NULL;
-        for (int64_t c = 0; c < C; c++) mean[c] = (float)(s1[c] / (double)M);
+        /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
+         * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
+        for (int64_t c = 0; c < C; c++) mean[c] = xv[c * I];
         if (chan_moments(tp, xv, mean, NULL, O, C, I, s1, s2)) return NULL;
         for (int64_t c = 0; c < C; c++) {
-            double var = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased, corrected two-pass
+            const double var_shift = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased
+            mean[c] = (float)((double)mean[c] + s1[c] / (double)M);
+            double var = var_shift;
             if (var < 0) var = 0;
             rstd[c] = (float)(1.0 / sqrt(var + (double)o.eps));
             if (running_mean) {

@@ -297,6 +297,29 @@ static void gpool_give(cm_tape *tp, void *p) {
         }
 }
 
+cm_tensor *cmi_grad_for_write(cm_tape *tp, cm_tensor *t, bool *fresh) {
+    *fresh = false;
+    if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
+    if (t->grad || !(t->flags & CM_TF_TAPE) || tp->retain_grads || !t->node || cmi_view_alias_base(t))
+        return cmi_grad(tp, t); /* exists, long-lived, retained or possibly shared: zeroed as usual */
+    const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
+    cm_tensor *g;
+    if (bytes < GRAD_POOL_MIN) {
+        g = cmi_new(tp, CM_DTYPE_F32, t->ndim, t->shape);
+    } else {
+        if (!(g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape))) return NULL;
+        cmi_contig_strides(t->ndim, t->shape, g->stride);
+        if (!(g->data = gpool_take(tp, bytes))) {
+            cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
+            return NULL;
+        }
+    }
+    if (!g) return NULL;
+    t->grad = g;
+    *fresh = true;
+    return g;
+}
+
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
     if (t->grad) return t->grad;

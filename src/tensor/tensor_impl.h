@@ -157,6 +157,10 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
 /* The gradient buffer of t, created as zeros on first use (arena for tape tensors, heap for
  * long-lived ones). NULL when t is NULL or does not require grad, or on OOM (tape error set). */
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t);
+/* As cmi_grad, but a gradient it creates now is left uninitialised and *fresh is set: the caller
+ * must then write every element (instead of adding). *fresh is false for one that existed or that
+ * had to be zeroed anyway (long-lived leaves, retain_grads, views sharing their base's). */
+cm_tensor *cmi_grad_for_write(cm_tape *tp, cm_tensor *t, bool *fresh);
 /* The base of t when t is a recorded view that covers all of it in its element order (a reshape
  * of a contiguous tensor, [un]squeeze): t's gradient can then be the base's, reshaped. Else NULL. */
 cm_tensor *cmi_view_alias_base(const cm_tensor *t);
