@@ -615,3 +615,38 @@ Test(conv_bf16, autocast_mixes_an_explicit_bf16_x_with_an_f32_weight) {
     cm_tape_free(t2);
     cm_tape_free(tp);
 }
+
+/* An intermediate x (a tensor with a node) gets its gradient written, not zeroed and added: on a
+ * poisoning tape (new arena memory is NaN) each kernel — oneDNN, im2col (which zeroes it first),
+ * and under autocast — must give the gradient the same op gives a leaf: grad x0 = 2 · grad x. */
+Test(conv, fresh_gradient_of_an_intermediate_input_is_fully_written) {
+    const cfg *cs[2] = {&k_cfgs[0], &k_cfgs[7]}; /* NCHW and channels-last, small: arena gradients */
+    for (int kern = 0; kern < 2; kern++)
+        for (int amp = 0; amp < 2; amp++)
+            for (int k = 0; k < 2; k++) {
+                cmi_conv_set_kernel(kern ? CMI_CONV_IM2COL : CMI_CONV_DNNL);
+                cm_tape_config tc = cm_tape_config_default();
+                tc.poison = true;
+                cm_tape *tp;
+                cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+                cm_tensor *x0, *w, *b;
+                make_inputs(tp, cs[k], 40 + (uint64_t)k, true, &x0, &w, &b);
+                cm_conv2d_opts o = opts_of(cs[k]);
+                if (amp) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+                cm_tensor *xl = cm_clone_detached(tp, cm_mul_scalar(tp, x0, 2.0f)); /* the leaf reference */
+                cm_tensor_set_requires_grad(xl, true);
+                cm_tensor *yl = cm_conv2d(tp, xl, w, b, &o);
+                cr_assert(yl, "%s", cm_tape_error(tp));
+                cm_tensor *g = cmt_randn(tp, cm_tensor_ndim(yl), cm_tensor_shape(yl), 7, false);
+                cr_assert_eq(cm_tape_backward_with(tp, yl, g), CM_OK, "%s", cm_tape_error(tp));
+                cm_tensor *want = cm_mul_scalar(tp, cm_tensor_grad(xl), 2.0f);
+                cm_tensor *y = cm_conv2d(tp, cm_mul_scalar(tp, x0, 2.0f), w, b, &o);
+                cr_assert(y, "%s", cm_tape_error(tp));
+                cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+                char what[96];
+                snprintf(what, sizeof what, "grad x (%s, amp %d, config %d)", kern ? "im2col" : "dnnl", amp, k);
+                cmt_assert_close(what, cm_tensor_grad(x0), want, 1e-5, 1e-5);
+                cm_tape_free(tp);
+            }
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+}

@@ -471,6 +471,7 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
         if (wd) dW = NULL, db = NULL;
     }
     if (db) bias_grad(g, dy, db);
+    if (dx && dx_fresh) memset(dx, 0, sizeof(float) * (size_t)x_numel(g)); /* im2col adds into it */
     return im2col_backward(tp, g, x, w, dy, dx, dW);
 }
 
@@ -483,10 +484,10 @@ typedef struct {
 static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
     const conv_ctx *c = nd->ctx;
     const conv_geom *g = &c->g;
-    /* A gradient buffer cmi_grad creates now is all zeros: oneDNN can write dx into it instead of
-     * into scratch that is then added. */
-    const bool dx_fresh = nd->in[0]->grad == NULL;
-    cm_tensor *gx = cmi_grad(tp, nd->in[0]);
+    /* A gradient buffer created now (uninitialised: cmi_grad_for_write) is written by oneDNN
+     * directly instead of through scratch that is then added; the im2col fallback zeroes it first. */
+    bool dx_fresh = false;
+    cm_tensor *gx = cmi_grad_for_write(tp, nd->in[0], &dx_fresh);
     cm_tensor *gw = cmi_grad(tp, nd->in[1]);
     cm_tensor *gb = cmi_grad(tp, nd->in[2]);
     if (cmi_status(tp)) return cmi_status(tp);
