@@ -53,6 +53,8 @@ static const cfg k_cfgs[] = {
     {1, 4, 7, 6, 4, 3, 2, 2, 1, 1, 1, 2, 1, 2, true, true, false},   /* channels-last, groups, dilation */
     {2, 4, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, true, false, false},  /* channels-last depthwise */
     {2, 4, 4, 3, 6, 1, 1, 1, 1, 0, 0, 1, 1, 2, true, true, false},   /* channels-last pointwise */
+    {2, 2, 6, 6, 8, 1, 1, 1, 1, 0, 0, 1, 1, 1, true, false, false},  /* channels-last pointwise, groups 1 */
+    {2, 4, 6, 6, 8, 1, 1, 2, 2, 0, 0, 1, 1, 1, true, false, false},  /* channels-last 1x1 stride 2 */
     {2, 3, 6, 5, 2, 3, 3, 2, 2, 1, 1, 1, 1, 1, false, true, true},   /* non-contiguous x and weight */
     {1, 2, 5, 4, 4, 2, 3, 1, 1, 0, 1, 1, 1, 2, true, false, true},   /* non-contiguous, channels-last */
     {1, 1, 3, 3, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, false, true, false},  /* kernel covers input: 1x1 out */
@@ -550,8 +552,8 @@ Test(conv_bf16, unimplemented_problem_falls_back_and_is_counted) {
     cm_tape_free(b.tp);
 }
 
-/* ResNet-56 itself, the zoo model bench_train_throughput trains (NCHW) and its channels-last
- * form, f32 and under bf16 autocast: every convolution pass of a forward + backward runs on
+/* ResNet-56 itself, the zoo model bench_train_throughput trains (channels-last, the default) and
+ * its NCHW form, f32 and under bf16 autocast: every convolution pass of a forward + backward runs on
  * oneDNN — 55 convolutions (stem + 27 blocks × 2, option-A shortcuts have none), 55 weight
  * gradients and 54 input gradients (the images need none) — and none falls back. */
 Test(conv, resnet56_model_convolutions_all_run_on_onednn) {

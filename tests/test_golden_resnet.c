@@ -123,6 +123,7 @@ Test(golden_resnet, resnet20_cifar_option_a_step_matches_pytorch) {
     const int64_t w[3] = {4, 8, 16};
     memcpy(rc.widths, w, sizeof w);
     rc.random_init = false;
+    rc.channels_last = false; /* NCHW inside (the default is channels-last: the test below) */
     check_case(g, "r20", &rc);
     cmt_golden_close(g);
 }
@@ -147,6 +148,7 @@ Test(golden_resnet, resnet50_bottleneck_tree_step_matches_pytorch) {
     memcpy(rc.widths, w, sizeof w);
     memcpy(rc.layers, layers, sizeof layers);
     rc.num_classes = 5;
+    rc.channels_last = false; /* bottlenecks and option B in NCHW too (resnet18 runs the default) */
     check_case(g, "rn50", &rc);
     cmt_golden_close(g);
 }
@@ -157,7 +159,7 @@ Test(golden_resnet, channels_last_resnet20_matches_pytorch_too) {
     cr_assert_eq(cm_resnet_config_preset("resnet20", &rc), CM_OK);
     const int64_t w[3] = {4, 8, 16};
     memcpy(rc.widths, w, sizeof w);
-    rc.channels_last = true;
+    cr_assert(rc.channels_last, "presets are channels-last");
     check_case(g, "r20", &rc);
     cmt_golden_close(g);
 }

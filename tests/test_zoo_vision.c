@@ -376,6 +376,8 @@ static void gradcheck_block(const char *name, const cm_resnet_config *rc, int64_
 
 Test(zoo_vision, gradients_through_each_kind_of_residual_block) {
     cm_resnet_config rc = cm_resnet_config_default();
+    cr_assert(rc.channels_last, "the default is channels-last");
+    rc.channels_last = false;
     gradcheck_block("basic, identity shortcut", &rc, 3, 3, 1);
     gradcheck_block("basic, projection (B) stride 2", &rc, 2, 4, 2);
     rc.shortcut = CM_RESNET_SHORTCUT_A;
@@ -384,6 +386,7 @@ Test(zoo_vision, gradients_through_each_kind_of_residual_block) {
     gradcheck_block("basic, option A, channels last", &rc, 2, 4, 2);
     rc = cm_resnet_config_default();
     rc.block = CM_RESNET_BOTTLENECK;
+    rc.channels_last = false; /* channels-last bottlenecks: channels_last_gives_the_same_logits_and_gradients */
     gradcheck_block("bottleneck, projection stride 2", &rc, 4, 2, 2);
     gradcheck_block("bottleneck, identity", &rc, 8, 2, 1);
 }
@@ -404,9 +407,10 @@ Test(zoo_vision, zero_init_residual_makes_blocks_start_as_identity) {
             snprintf(nm, sizeof nm, "layer%d.%d.bn1.weight", s, b);
             cr_assert_eq(cm_tensor_get_flat(cm_module_find_param(m, nm), 0), 1.0, "%s", nm);
         }
-    /* the residual branch is zero: layer1 (identity shortcuts) maps a non-negative input to itself */
+    /* the residual branch is zero: layer1 (identity shortcuts) maps a non-negative input to itself
+     * (channels-last inside: (N, H, W, C)) */
     cm_tape *tp = cmt_tape();
-    const int64_t xs[4] = {2, 16, 8, 8};
+    const int64_t xs[4] = {2, 8, 8, 16};
     cm_tensor *x = cm_relu(tp, cmt_randn(tp, 4, xs, 3, false));
     cmt_assert_close("layer1 with zero-init residuals", fwd(cm_module_child(m, "layer1"), tp, x), x, 0, 0);
     cm_tape_free(tp);
@@ -510,31 +514,46 @@ Test(zoo_vision, train_mode_updates_batch_norm_statistics_and_eval_mode_does_not
     cm_module_free(m);
 }
 
+/* Basic blocks (ResNet-18) and bottlenecks (ResNet-50), both with option-B projections. */
 Test(zoo_vision, channels_last_gives_the_same_logits_and_gradients) {
-    cm_resnet_config rc = tiny_resnet18();
-    cm_module *a, *b;
-    cr_assert_eq(cm_resnet_new(&rc, &a), CM_OK);
-    rc.channels_last = true;
-    cr_assert_eq(cm_resnet_new(&rc, &b), CM_OK);
-    cr_assert_eq(cm_module_finalize(a), CM_OK);
-    cr_assert_eq(cm_module_finalize(b), CM_OK);
-    cm_tape *tp = cmt_tape(), *tp2 = cmt_tape();
-    const int64_t xs[4] = {2, 3, 33, 29};
-    cm_tensor *x = cmt_randn(tp, 4, xs, 4, false);
-    cm_tensor *ya = fwd(a, tp, x), *yb = fwd(b, tp2, x);
-    cmt_assert_close("channels_last logits", yb, ya, 1e-5, 1e-4);
-    cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, ya, NULL, 0, false)), CM_OK);
-    cr_assert_eq(cm_tape_backward(tp2, cm_sum(tp2, yb, NULL, 0, false)), CM_OK);
-    const char *names[] = {"conv1.weight", "layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "layer4.1.bn2.weight"};
-    for (int i = 0; i < 4; i++) {
-        cm_tensor *ga = cm_tensor_grad(cm_module_find_param(a, names[i]));
-        cm_tensor *gb = cm_tensor_grad(cm_module_find_param(b, names[i]));
-        cmt_assert_close(names[i], gb, ga, 1e-4, 1e-3);
+    for (int bott = 0; bott < 2; bott++) {
+        cm_resnet_config rc = tiny_resnet18();
+        if (bott) {
+            cr_assert_eq(cm_resnet_config_preset("resnet50", &rc), CM_OK);
+            const int64_t w[4] = {2, 4, 4, 8};
+            const int layers[4] = {1, 1, 1, 1};
+            memcpy(rc.widths, w, sizeof w);
+            memcpy(rc.layers, layers, sizeof layers);
+            rc.num_classes = 6;
+        }
+        cm_module *a, *b;
+        rc.channels_last = false;
+        cr_assert_eq(cm_resnet_new(&rc, &a), CM_OK);
+        rc.channels_last = true;
+        cr_assert_eq(cm_resnet_new(&rc, &b), CM_OK);
+        cr_assert_eq(cm_module_finalize(a), CM_OK);
+        cr_assert_eq(cm_module_finalize(b), CM_OK);
+        cm_tape *tp = cmt_tape(), *tp2 = cmt_tape();
+        const int64_t xs[4] = {2, 3, 33, 29};
+        cm_tensor *x = cmt_randn(tp, 4, xs, 4, false);
+        cm_tensor *ya = fwd(a, tp, x), *yb = fwd(b, tp2, x);
+        cmt_assert_close(bott ? "channels_last logits (bottleneck)" : "channels_last logits", yb, ya, 1e-5, 1e-4);
+        cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, ya, NULL, 0, false)), CM_OK);
+        cr_assert_eq(cm_tape_backward(tp2, cm_sum(tp2, yb, NULL, 0, false)), CM_OK);
+        const char *names[2][5] = {
+            {"conv1.weight", "layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "layer4.1.bn2.weight", NULL},
+            {"conv1.weight", "layer1.0.conv3.weight", "layer2.0.downsample.0.weight", "layer2.0.conv2.weight",
+             "layer4.0.bn3.weight"}};
+        for (int i = 0; i < 5 && names[bott][i]; i++) {
+            cm_tensor *ga = cm_tensor_grad(cm_module_find_param(a, names[bott][i]));
+            cm_tensor *gb = cm_tensor_grad(cm_module_find_param(b, names[bott][i]));
+            cmt_assert_close(names[bott][i], gb, ga, 1e-4, 1e-3);
+        }
+        cm_tape_free(tp);
+        cm_tape_free(tp2);
+        cm_module_free(a);
+        cm_module_free(b);
     }
-    cm_tape_free(tp);
-    cm_tape_free(tp2);
-    cm_module_free(a);
-    cm_module_free(b);
 }
 
 Test(zoo_vision, weights_round_trip_through_safetensors_by_name) {

@@ -154,7 +154,10 @@ typedef struct cm_resnet_config {
      * torchvision's zero_init_residual). false. */
     bool zero_init_residual;
     /* Activations (N, H, W, C) inside the network (the input stays (N, C, H, W): the network
-     * permutes it once); weights keep PyTorch's layout, so checkpoints are the same. false. */
+     * permutes it once); weights keep PyTorch's layout, so checkpoints are the same. true (the
+     * default, in every preset): oneDNN's convolutions then read and write the activations as
+     * they are, where NCHW costs a layout reorder of every input, output and gradient (a quarter
+     * of a ResNet-56 step's convolution time; docs/PERFORMANCE.md). false gives NCHW inside. */
     bool channels_last;
     float bn_eps;                    /* 1e-5 */
     float bn_momentum;               /* 0.1 */

@@ -25,6 +25,7 @@ cm_resnet_config cm_resnet_config_default(void) {
     c.bn_eps = 1e-5f;
     c.bn_momentum = 0.1f;
     c.random_init = true;
+    c.channels_last = true;
     return c;
 }
 
