@@ -537,19 +537,26 @@ typedef struct cm_attention_opts {
      * probabilities, so the fused and explicit forms agree. rng is required when dropout_p > 0. */
     float dropout_p;
     cm_rng *rng;
+    /* The output's layout. false: (B, H, T, D) contiguous. true: (B, T, H, D) contiguous, i.e. the
+     * heads already merged, so cm_reshape to (B, T, H·D) is a free view (no permute + copy). The
+     * gradient flowing back is read in the same layout. */
+    bool out_bthd;
 } cm_attention_opts;
-/* No mask, no bias, scale 1/sqrt(D), no dropout. */
+/* No mask, no bias, scale 1/sqrt(D), no dropout, output (B, H, T, D). */
 cm_attention_opts cm_attention_opts_default(void);
 
-/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D), contiguous.
+/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D) contiguous, or
+ * (B, T, H, D) contiguous with opts->out_bthd.
  * softmax(q·kᵀ·scale + bias + masks)·v, computed per (b, h) in parallel with sgemm; opts may be NULL
  * (the defaults). The causal mask is top-left aligned: with T != S, query i still sees keys 0..i
  * (queries i >= S − 1 see every key; for decoding with a KV cache, where the T
  * queries are the last T of S positions, pass an explicit bias instead). A query row whose keys are
  * all masked outputs zeros and passes zero gradient (no NaN).
- * The fused backward recomputes nothing: the attention probabilities P (B, H, T, S) are kept in the
- * tape's arena (only when a gradient is needed), so memory grows with B·H·T·S (plus one byte per
- * probability for the dropout mask when dropout_p > 0).
+ * Memory: the attention probabilities P (B, H, T, S) are never kept. The backward recomputes them
+ * block by block (one more q·kᵀ product and exp per score than the forward); what stays in the
+ * tape's arena for it is the output, the padding mask as one float per (b, s), and with
+ * dropout_p > 0 the dropout mask as one bit per probability (B·H·T·S / 8 bytes). q, k, v and bias
+ * are read again in backward, so they must not change between the two.
  * q, k and v may be strided views; the usual cm_permute of a (B, T, H, D) tensor is read in place
  * (no copy); other layouts are made contiguous first.
  * Errors (NULL, tape error naming the shapes): CM_ERR_DTYPE if q, k, v or bias is not f32 or the
