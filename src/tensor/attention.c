@@ -19,6 +19,7 @@
  * flag; anything else is made contiguous first (a recorded op, so gradients still flow). */
 #include "tensor/dnnl_gemm.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/vexp.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -139,14 +140,17 @@ static void softmax_block(const score_src *c, int64_t b, int64_t h, int64_t i0, 
         const int64_t jn = c->causal && i + 1 < kn ? i + 1 : kn;
         for (int64_t j = jn; j < S; j++) row[j] = 0.0f;
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < jn; j++) mx = row[j] > mx ? row[j] : mx;
         if (mx == -INFINITY) { /* every key masked: zeros, and zero gradient through P */
             memset(row, 0, sizeof(float) * (size_t)jn);
             continue;
         }
+        /* cmi_vexpf (as cm_softmax): libm's expf stays scalar, and the backward pays this loop again */
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < jn; j++) {
-            float e = expf(row[j] - mx);
+            const float e = cmi_vexpf(row[j] - mx);
             row[j] = e;
             sum += e;
         }
