@@ -572,5 +572,15 @@ Test(attention, forward_keeps_no_probabilities) {
                   out_bthd, held, out_bytes, bits, bound, probs);
         cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, out, NULL, 0, false)), CM_OK, "%s", cm_tape_error(tp));
     }
+    /* without a gradient only the output stays (the mask draw and the blocks of P are scratch) */
+    cm_tape_set_grad_enabled(tp, false);
+    cm_rng rng = cm_rng_init(1, 0);
+    cm_attention_opts o = cm_attention_opts_default();
+    o.causal = true, o.dropout_p = 0.1f, o.rng = &rng, o.key_padding_mask = mask;
+    const size_t before = cm_arena_used(a);
+    cr_assert(cm_attention(tp, x[0], x[1], x[2], &o), "%s", cm_tape_error(tp));
+    const size_t held = cm_arena_used(a) - before, out_bytes = sizeof(float) * (size_t)(B * H * T * D);
+    cr_assert(held <= out_bytes + 1024, "no grad: the forward holds %zu bytes; want <= out %zu + 1 KiB", held,
+              out_bytes);
     cm_tape_free(tp);
 }

@@ -561,8 +561,8 @@ cm_attention_opts cm_attention_opts_default(void);
  * (no copy); other layouts are made contiguous first.
  * Errors (NULL, tape error naming the shapes): CM_ERR_DTYPE if q, k, v or bias is not f32 or the
  * mask is not u8/i32/i64; CM_ERR_SHAPE if q, k, v are not 4-d, disagree in B, H or D, k and v differ
- * in S, bias does not broadcast to (B, H, T, S), or the mask is not (B, S); CM_ERR_INVALID_ARG if
- * dropout_p is outside [0, 1] or rng is NULL with dropout_p > 0. */
+ * in S, bias does not broadcast to (B, H, T, S), the mask is not (B, S), or H·D >= 2^31 with
+ * out_bthd; CM_ERR_INVALID_ARG if dropout_p is outside [0, 1] or rng is NULL with dropout_p > 0. */
 cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *opts);
 
 #ifdef __cplusplus

@@ -428,11 +428,12 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
     memcpy(src.bst, bst, sizeof src.bst);
     /* What the backward needs stays in the arena: the padding mask's (B, S) rows and the dropout
      * mask's bits. Everything after the mark is scratch for this call. */
-    if (mask && !(src.mrows = mask_rows(tp, mask))) return NULL;
+    if (grad && mask && !(src.mrows = mask_rows(tp, mask))) return NULL;
     const float keep_scale = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
     uint8_t *bits = NULL; /* kept for the backward */
     if (o.dropout_p > 0.0f && grad && !(bits = cmi_scratch(tp, (size_t)((BH * TS + 7) / 8) + 1))) return NULL;
     const size_t mark = cm_arena_mark(tp->arena);
+    if (!grad && mask && !(src.mrows = mask_rows(tp, mask))) return NULL;
     uint8_t *drop = NULL; /* (B, H, T, S) one byte per probability, 1 = dropped: this call only */
     if (o.dropout_p > 0.0f) {
         /* drawn as cm_dropout draws it for the contiguous (B, H, T, S) probabilities (keyed by global
