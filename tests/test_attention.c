@@ -119,6 +119,8 @@ static const att_case k_cases[] = {
 typedef struct {
     const att_case *c;
     cm_tensor *mask;
+    bool out_bthd;   /* ask for the (B, T, H, D) output layout */
+    float dropout_p; /* > 0: fused dropout, the mask drawn from a generator made afresh per call */
 } att_ctx;
 
 /* in: q, k, v, bias (may be NULL). With layout 1 the inputs are (B, T, H, D) / (B, S, H, D) and are
@@ -130,6 +132,9 @@ static cm_tensor *call_attention(cm_tape *tp, cm_tensor *const *in, void *vctx) 
     o.scale = x->c->scale;
     o.bias = in[3];
     o.key_padding_mask = x->mask;
+    o.out_bthd = x->out_bthd;
+    cm_rng rng = cm_rng_init(17, 1);
+    if (x->dropout_p > 0.0f) o.dropout_p = x->dropout_p, o.rng = &rng;
     cm_tensor *q = in[0], *k = in[1], *v = in[2];
     if (x->c->layout == 1) {
         const int perm[4] = {0, 2, 1, 3};
@@ -231,10 +236,10 @@ Test(attention, forward_matches_naive_reference) {
         cm_tape *tp = cmt_tape();
         cm_tensor *in[4] = {make_qkv(tp, c, c->T, 10 + i), make_qkv(tp, c, c->S, 20 + i), make_qkv(tp, c, c->S, 30 + i),
                             make_bias(tp, c)};
-        att_ctx x = {c, make_mask(tp, c)};
+        att_ctx x = {c, make_mask(tp, c), false, 0.0f};
         cm_tensor *out = call_attention(tp, in, &x);
         cr_assert(out, "%s: %s", c->name, cm_tape_error(tp));
-        cm_attention_opts o = {c->causal, c->scale, in[3], x.mask, 0.0f, NULL};
+        cm_attention_opts o = {c->causal, c->scale, in[3], x.mask, 0.0f, NULL, false};
         if (c->layout == 1) {
             const int perm[4] = {0, 2, 1, 3};
             for (int j = 0; j < 3; j++) in[j] = cm_permute(tp, in[j], perm);
@@ -244,18 +249,59 @@ Test(attention, forward_matches_naive_reference) {
     }
 }
 
+/* The backward recomputes P block by block; every case is checked with both output layouts, and
+ * with fused dropout (p = 0.2) on top of its causal mask, bias and padding mask. */
 Test(attention, gradcheck_q_k_v_bias_all_cases) {
-    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
-        const att_case *c = &k_cases[i];
-        cm_tape *tp = cmt_tape();
-        cm_tensor *in[4] = {make_qkv(tp, c, c->T, 10 + i), make_qkv(tp, c, c->S, 20 + i), make_qkv(tp, c, c->S, 30 + i),
-                            make_bias(tp, c)};
-        att_ctx x = {c, make_mask(tp, c)};
-        cmt_gradcheck_opts go = cmt_gradcheck_defaults();
-        go.max_checks = c->B * c->H * c->T * c->S * c->D > 20000 ? 48 : 0; /* all elements on the small cases */
-        cmt_gradcheck(c->name, call_attention, &x, 4, in, &go);
-        cm_tape_free(tp);
-    }
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+        for (int variant = 0; variant < 3; variant++) {
+            const att_case *c = &k_cases[i];
+            cm_tape *tp = cmt_tape();
+            cm_tensor *in[4] = {make_qkv(tp, c, c->T, 10 + i), make_qkv(tp, c, c->S, 20 + i),
+                                make_qkv(tp, c, c->S, 30 + i), make_bias(tp, c)};
+            att_ctx x = {c, make_mask(tp, c), variant >= 1, variant == 2 ? 0.2f : 0.0f};
+            cmt_gradcheck_opts go = cmt_gradcheck_defaults();
+            go.max_checks = c->B * c->H * c->T * c->S * c->D > 20000 ? 48 : 0; /* all elements on the small cases */
+            char name[96];
+            snprintf(name, sizeof name, "%s%s%s", c->name, x.out_bthd ? " out_bthd" : "", x.dropout_p > 0 ? " dropout" : "");
+            cmt_gradcheck(name, call_attention, &x, 4, in, &go);
+            cm_tape_free(tp);
+        }
+}
+
+/* out_bthd = true writes the (B, T, H, D) layout directly: exactly the permuted (B, H, T, D) result,
+ * and (with the upstream gradient permuted to match) exactly the same gradients. */
+Test(attention, out_bthd_is_the_permuted_output_with_the_same_gradients) {
+    static const size_t which[] = {1, 6, 11, 13, 16, 17, 19}; /* causal, ALiBi, masks, permuted, row blocks, parallel */
+    const int perm[4] = {0, 2, 1, 3};
+    for (size_t w = 0; w < sizeof which / sizeof which[0]; w++)
+        for (int dropout = 0; dropout < 2; dropout++) {
+            const att_case *c = &k_cases[which[w]];
+            cm_tensor *out[2], *grads[2][4];
+            cm_tape *tps[2];
+            for (int bthd = 0; bthd < 2; bthd++) {
+                cm_tape *tp = tps[bthd] = cmt_tape();
+                cm_tensor *in[4] = {make_qkv(tp, c, c->T, 10), make_qkv(tp, c, c->S, 20), make_qkv(tp, c, c->S, 30),
+                                    make_bias(tp, c)};
+                att_ctx x = {c, make_mask(tp, c), bthd == 1, dropout ? 0.3f : 0.0f};
+                out[bthd] = call_attention(tp, in, &x);
+                cr_assert(out[bthd], "%s: %s", c->name, cm_tape_error(tp));
+                const int64_t bthd_shape[4] = {c->B, c->T, c->H, c->D};
+                cm_tensor *g = cmt_randn(tp, 4, bthd_shape, 77, false); /* the same numbers in both runs */
+                if (!bthd) g = cm_contiguous(tp, cm_permute(tp, g, perm));
+                cr_assert_eq(cm_tape_backward_with(tp, out[bthd], g), CM_OK, "%s: %s", c->name, cm_tape_error(tp));
+                for (int j = 0; j < 4; j++) grads[bthd][j] = in[j] ? cm_tensor_grad(in[j]) : NULL;
+            }
+            const int64_t *s0 = cm_tensor_shape(out[0]), *s1 = cm_tensor_shape(out[1]);
+            cr_assert(s1[0] == c->B && s1[1] == c->T && s1[2] == c->H && s1[3] == c->D && s0[1] == c->H,
+                      "%s: out_bthd shape", c->name);
+            cr_assert(cm_tensor_is_contiguous(out[1]), "%s: the (B, T, H, D) output must be contiguous", c->name);
+            cmt_assert_close(c->name, out[1], cm_permute(tps[0], out[0], perm), 0, 0);
+            const char *names[4] = {"dq", "dk", "dv", "dbias"};
+            for (int j = 0; j < 4; j++)
+                if (grads[0][j]) cmt_assert_close(names[j], grads[1][j], grads[0][j], 0, 0);
+            cm_tape_free(tps[0]);
+            cm_tape_free(tps[1]);
+        }
 }
 
 Test(attention, fully_masked_rows_give_zeros_and_zero_grad) {
@@ -319,7 +365,7 @@ Test(attention, shared_qkv_accumulates_all_three_gradients) {
     const int64_t s[4] = {1, 2, 4, 3};
     cm_tensor *x = cmt_randn(tp, 4, s, 3, true);
     const att_case c = {"shared", 1, 2, 4, 4, 3, true, 0, 0, 0, 0};
-    att_ctx ctx = {&c, NULL};
+    att_ctx ctx = {&c, NULL, false, 0.0f};
     cm_tensor *in[4] = {x, x, x, NULL};
     cmt_gradcheck_opts go = cmt_gradcheck_defaults();
     go.max_checks = 0;
@@ -331,7 +377,7 @@ Test(attention, no_grad_path_matches_grad_path) {
     const att_case *c = &k_cases[sizeof k_cases / sizeof k_cases[0] - 1]; /* the parallel-size case */
     cm_tape *tp = cmt_tape();
     cm_tensor *in[4] = {make_qkv(tp, c, c->T, 1), make_qkv(tp, c, c->S, 2), make_qkv(tp, c, c->S, 3), make_bias(tp, c)};
-    att_ctx x = {c, make_mask(tp, c)};
+    att_ctx x = {c, make_mask(tp, c), false, 0.0f};
     cm_tensor *a = call_attention(tp, in, &x);
     cm_tape_set_grad_enabled(tp, false);
     cm_tensor *b = call_attention(tp, in, &x);
@@ -452,5 +498,89 @@ Test(attention, fused_dropout_matches_explicit_dropout) {
     cm_attention_opts bad = cm_attention_opts_default();
     bad.dropout_p = 0.5f;
     cmt_expect_error(tp, cm_attention(tp, in[0], in[1], in[2], &bad), CM_ERR_INVALID_ARG, "rng is NULL", NULL);
+    cm_tape_free(tp);
+}
+
+/* The fused mask is cm_dropout's, element for element, and the generator ends where cm_dropout
+ * leaves it: with q = k = 0 every probability is 1/S, and with v (S, S) the identity, out = Pd shows
+ * the mask itself (0 where dropped, keep_scale/S elsewhere). S = 13 puts rows at odd bit offsets;
+ * the second pass runs under a tape row context (masks keyed by global row). */
+Test(attention, dropout_mask_is_cm_dropouts_mask) {
+    const int64_t B = 3, H = 2, T = 70, S = 13;
+    const float p = 0.4f;
+    for (int rows = 0; rows < 2; rows++) {
+        cm_tape *tp = cmt_tape();
+        if (rows) cm_tape_set_rows(tp, 5, B, 11);
+        const int64_t sq[4] = {B, H, T, S}, sk[4] = {B, H, S, S};
+        cm_tensor *q = cm_zeros(tp, CM_DTYPE_F32, 4, sq), *k = cm_zeros(tp, CM_DTYPE_F32, 4, sk),
+                  *v = cm_zeros(tp, CM_DTYPE_F32, 4, sk);
+        cr_assert(q && k && v);
+        float *vv = cm_tensor_data(v);
+        for (int64_t bh = 0; bh < B * H; bh++)
+            for (int64_t j = 0; j < S; j++) vv[(bh * S + j) * S + j] = 1.0f;
+        cm_tensor_set_requires_grad(q, true); /* the recorded path, the one that keeps the bits */
+        cm_rng r1 = cm_rng_init(123, 4), r2 = r1;
+        cm_attention_opts o = cm_attention_opts_default();
+        o.dropout_p = p, o.rng = &r1;
+        cm_tensor *out = cm_attention(tp, q, k, v, &o);
+        cm_tensor *ref = cm_dropout(tp, cm_full(tp, CM_DTYPE_F32, 4, sq, 1.0), p, true, &r2);
+        cr_assert(out && ref, "%s", cm_tape_error(tp));
+        cr_assert_eq(r1.counter, r2.counter, "rows %d: rng counter %llu after attention, %llu after cm_dropout", rows,
+                     (unsigned long long)r1.counter, (unsigned long long)r2.counter);
+        const float *a = cm_tensor_data(out), *d = cm_tensor_data(ref);
+        int64_t dropped = 0;
+        for (int64_t e = 0; e < B * H * T * S; e++) {
+            cr_assert_eq(a[e] == 0.0f, d[e] == 0.0f, "rows %d: element %lld dropped by %s only", rows, (long long)e,
+                         a[e] == 0.0f ? "attention" : "cm_dropout");
+            dropped += d[e] == 0.0f;
+        }
+        cr_assert(dropped > B * H * T * S / 4 && dropped < B * H * T * S / 2, "rows %d: %lld dropped of %lld", rows,
+                  (long long)dropped, (long long)(B * H * T * S));
+        cm_tape_free(tp);
+    }
+}
+
+/* What a forward with grad leaves in the tape's arena does not grow with B·H·T·S beyond the
+ * dropout mask's bit per probability: no P (B, H, T, S) floats, no byte mask. */
+Test(attention, forward_keeps_no_probabilities) {
+    const int64_t B = 2, H = 4, T = 256, S = 256, D = 16;
+    cm_tape *tp = cmt_tape();
+    cm_arena *a = cm_tape_arena(tp);
+    /* The arena's first chunk is 32 MiB, so no allocation below skips the rest of a chunk (which
+     * used() would count): used() counts only what was asked for. */
+    cr_assert_eq(cm_arena_used(a), 0);
+    cr_assert(cm_arena_alloc(a, (size_t)32 << 20));
+    cm_tape_reset(tp);
+    const int64_t s[4] = {B, T, H, D}, sm[2] = {B, S};
+    const int perm[4] = {0, 2, 1, 3};
+    cm_tensor *x[3];
+    for (int j = 0; j < 3; j++) x[j] = cm_permute(tp, cmt_randn(tp, 4, s, 1 + (uint64_t)j, true), perm);
+    cm_tensor *mask = cm_full(tp, CM_DTYPE_U8, 2, sm, 1.0);
+    for (int out_bthd = 0; out_bthd < 2; out_bthd++) {
+        cm_rng rng = cm_rng_init(1, 0);
+        cm_attention_opts o = cm_attention_opts_default();
+        o.causal = true, o.dropout_p = 0.1f, o.rng = &rng, o.key_padding_mask = mask, o.out_bthd = out_bthd;
+        const size_t before = cm_arena_used(a);
+        cm_tensor *out = cm_attention(tp, x[0], x[1], x[2], &o);
+        cr_assert(out, "%s", cm_tape_error(tp));
+        const size_t held = cm_arena_used(a) - before, out_bytes = sizeof(float) * (size_t)(B * H * T * D),
+                     bits = (size_t)(B * H * T * S) / 8, probs = sizeof(float) * (size_t)(B * H * T * S),
+                     bound = out_bytes + bits + 16384;
+        cr_assert(held <= bound,
+                  "out_bthd %d: the forward holds %zu bytes; want <= out %zu + mask bits %zu + 16 KiB = %zu (P alone "
+                  "would be %zu)",
+                  out_bthd, held, out_bytes, bits, bound, probs);
+        cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, out, NULL, 0, false)), CM_OK, "%s", cm_tape_error(tp));
+    }
+    /* without a gradient only the output stays (the mask draw and the blocks of P are scratch) */
+    cm_tape_set_grad_enabled(tp, false);
+    cm_rng rng = cm_rng_init(1, 0);
+    cm_attention_opts o = cm_attention_opts_default();
+    o.causal = true, o.dropout_p = 0.1f, o.rng = &rng, o.key_padding_mask = mask;
+    const size_t before = cm_arena_used(a);
+    cr_assert(cm_attention(tp, x[0], x[1], x[2], &o), "%s", cm_tape_error(tp));
+    const size_t held = cm_arena_used(a) - before, out_bytes = sizeof(float) * (size_t)(B * H * T * D);
+    cr_assert(held <= out_bytes + 1024, "no grad: the forward holds %zu bytes; want <= out %zu + 1 KiB", held,
+              out_bytes);
     cm_tape_free(tp);
 }

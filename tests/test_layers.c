@@ -7,6 +7,7 @@
  * rtol 1e-4 (f32, C = 16, different summation orders); gradchecks eps 1e-2 (3e-3 for blocks with
  * layer norm), atol 1e-3, rtol 1e-2, as the op tests. */
 #include "cmtest.h"
+#include "tensor/tensor_impl.h"
 
 #include <composer/nn.h>
 #include <math.h>
@@ -294,6 +295,30 @@ Test(layers, attention_matches_raw_ops_with_mask_and_alibi) {
         cm_module_free(m);
     }
     cm_tape_free(tp);
+}
+
+/* The fused path asks cm_attention for the (B, T, H, D) layout, so merging the heads is a view: the
+ * module records no copy (a "contiguous" node would keep another (B, T, C) in the tape), also with
+ * attention dropout fused. */
+Test(layers, fused_attention_merges_heads_without_a_copy) {
+    for (int drop = 0; drop < 2; drop++) {
+        cm_tape *tp = cmt_tape();
+        const int64_t xs[3] = {2, 5, 12};
+        cm_tensor *x = cmt_randn(tp, 3, xs, 1, true);
+        cm_module *m = attention(true, false, drop ? 0.1f : 0.0f, 12, 3);
+        cm_module_train(m, true);
+        cm_tensor *y = cm_module_forward(m, tp, x);
+        cr_assert(y, "%s", cm_tape_error(tp));
+        int n_attention = 0;
+        for (cm_node *n = tp->last; n; n = n->prev) {
+            cr_assert_str_neq(n->op, "contiguous", "drop %d: the attention module copied a tensor", drop);
+            n_attention += strcmp(n->op, "attention") == 0;
+        }
+        cr_assert_eq(n_attention, 1, "drop %d: %d fused attention nodes", drop, n_attention);
+        cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, y, NULL, 0, false)), CM_OK, "%s", cm_tape_error(tp));
+        cm_module_free(m);
+        cm_tape_free(tp);
+    }
 }
 
 Test(layers, alibi_slopes_follow_press_et_al) {

@@ -538,25 +538,32 @@ typedef struct cm_attention_opts {
      * probabilities, so the fused and explicit forms agree. rng is required when dropout_p > 0. */
     float dropout_p;
     cm_rng *rng;
+    /* The output's layout. false: (B, H, T, D) contiguous. true: (B, T, H, D) contiguous, i.e. the
+     * heads already merged, so cm_reshape to (B, T, H·D) is a free view (no permute + copy). The
+     * gradient flowing back is read in the same layout. */
+    bool out_bthd;
 } cm_attention_opts;
-/* No mask, no bias, scale 1/sqrt(D), no dropout. */
+/* No mask, no bias, scale 1/sqrt(D), no dropout, output (B, H, T, D). */
 cm_attention_opts cm_attention_opts_default(void);
 
-/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D), contiguous.
+/* Scaled dot-product attention: q (B, H, T, D), k and v (B, H, S, D) → (B, H, T, D) contiguous, or
+ * (B, T, H, D) contiguous with opts->out_bthd.
  * softmax(q·kᵀ·scale + bias + masks)·v, computed per (b, h) in parallel with sgemm; opts may be NULL
  * (the defaults). The causal mask is top-left aligned: with T != S, query i still sees keys 0..i
  * (queries i >= S − 1 see every key; for decoding with a KV cache, where the T
  * queries are the last T of S positions, pass an explicit bias instead). A query row whose keys are
  * all masked outputs zeros and passes zero gradient (no NaN).
- * The fused backward recomputes nothing: the attention probabilities P (B, H, T, S) are kept in the
- * tape's arena (only when a gradient is needed), so memory grows with B·H·T·S (plus one byte per
- * probability for the dropout mask when dropout_p > 0).
+ * Memory: the attention probabilities P (B, H, T, S) are never kept. The backward recomputes them
+ * block by block (one more q·kᵀ product and exp per score than the forward); what stays in the
+ * tape's arena for it is the output, the padding mask as one float per (b, s), and with
+ * dropout_p > 0 the dropout mask as one bit per probability (B·H·T·S / 8 bytes). q, k, v and bias
+ * are read again in backward, so they must not change between the two.
  * q, k and v may be strided views; the usual cm_permute of a (B, T, H, D) tensor is read in place
  * (no copy); other layouts are made contiguous first.
  * Errors (NULL, tape error naming the shapes): CM_ERR_DTYPE if q, k, v or bias is not f32 or the
  * mask is not u8/i32/i64; CM_ERR_SHAPE if q, k, v are not 4-d, disagree in B, H or D, k and v differ
- * in S, bias does not broadcast to (B, H, T, S), or the mask is not (B, S); CM_ERR_INVALID_ARG if
- * dropout_p is outside [0, 1] or rng is NULL with dropout_p > 0. */
+ * in S, bias does not broadcast to (B, H, T, S), the mask is not (B, S), or H·D >= 2^31 with
+ * out_bthd; CM_ERR_INVALID_ARG if dropout_p is outside [0, 1] or rng is NULL with dropout_p > 0. */
 cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *opts);
 
 #ifdef __cplusplus

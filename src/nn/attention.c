@@ -104,7 +104,6 @@ static cm_tensor *attn_core(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *
         cm_tensor *ab = alibi_bias(tp, H, T);
         bias = bias ? cm_add(tp, bias, ab) : ab;
     }
-    cm_tensor *y;
     /* dropout on the probabilities: a plain Dropout runs fused inside cm_attention (same mask from
      * the module's generator as the explicit form); a replacement module needs the probabilities
      * explicitly */
@@ -115,20 +114,20 @@ static cm_tensor *attn_core(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *
         o.causal = causal;
         o.bias = bias;
         o.key_padding_mask = kpm;
+        o.out_bthd = true; /* heads merged by the op: the reshape below is a view, not a copy */
         if (drop) {
             o.dropout_p = cmn_dropout_p(attn_drop);
             o.rng = cm_nn_dropout_rng(attn_drop);
         }
-        y = cm_attention(tp, qh, kh, vh, &o);
-    } else {
-        /* explicit path: dropout on the probabilities */
-        cm_tensor *sc = cm_mul_scalar(tp, cm_matmul(tp, qh, cm_transpose(tp, kh, -2, -1)), 1.0f / sqrtf((float)D));
-        if (bias) sc = cm_add(tp, sc, bias);
-        if (causal || kpm) sc = cm_add(tp, sc, mask_bias(tp, B, T, causal, kpm));
-        cm_tensor *pr = cm_module_forward(attn_drop, tp, cm_softmax(tp, sc, -1)); /* (B, H, T, T) */
-        y = cm_matmul(tp, pr, vh);
+        return cm_reshape(tp, cm_attention(tp, qh, kh, vh, &o), 3, s3); /* (B, T, H, D) → (B, T, C) */
     }
-    return cm_reshape(tp, cm_permute(tp, y, perm), 3, s3); /* (B, T, C) */
+    /* explicit path: dropout on the probabilities */
+    cm_tensor *sc = cm_mul_scalar(tp, cm_matmul(tp, qh, cm_transpose(tp, kh, -2, -1)), 1.0f / sqrtf((float)D));
+    if (bias) sc = cm_add(tp, sc, bias);
+    if (causal || kpm) sc = cm_add(tp, sc, mask_bias(tp, B, T, causal, kpm));
+    cm_tensor *pr = cm_module_forward(attn_drop, tp, cm_softmax(tp, sc, -1)); /* (B, H, T, T) */
+    cm_tensor *y = cm_matmul(tp, pr, vh);                                     /* (B, H, T, D) */
+    return cm_reshape(tp, cm_permute(tp, y, perm), 3, s3);                     /* (B, T, C), a copy */
 }
 
 static cm_tensor *input(int n_in, cm_tensor *const *in, int i) { return i < n_in ? in[i] : NULL; }

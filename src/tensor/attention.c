@@ -1,13 +1,16 @@
 /* Fused scaled dot-product attention with a hand-written backward.
  *
  * Forward, per (b, h) in parallel (OpenMP over B·H, single-threaded sgemm inside), in blocks of
- * query rows (a causal block skips the keys after its last row):
- *   L = q·kᵀ·scale + bias (+ -inf where masked)            // (T, S)
+ * query rows (a causal block skips the keys after its last row), in per-thread (RB, S) scratch:
+ *   L = q·kᵀ·scale + bias (+ -inf where masked)            // (RB, S)
  *   P = softmax_rows(L)       (rows with every key masked → all zeros)
- *   out = P·v                                               // (T, D)
- * P (B, H, T, S) is kept in the arena for the backward pass (no recomputation).
+ *   out = P·v                                               // (RB, D), into (B, H, T, D) or (B, T, H, D)
+ * P is not kept: the backward recomputes each block with the same function (softmax_block), which
+ * costs one q·kᵀ product and an exp per score and saves the B·H·T·S floats a kept P would hold
+ * until the end of the step (24 MiB per GPT-2 124M layer at B = 8, T = 256). The dropout mask is
+ * kept as bits (1/32 of P).
  *
- * Backward, per (b, h):
+ * Backward, per (b, h) and row block, after recomputing P:
  *   dV += Pᵀ·dO;  dP = dO·Vᵀ;  dL = P ⊙ (dP − rowsum(dO ⊙ O));
  *   dQ += dL·K·scale;  dK += dLᵀ·Q·scale;  dBias += dL summed over bias's broadcast dims.
  *
@@ -16,6 +19,7 @@
  * flag; anything else is made contiguous first (a recorded op, so gradients still flow). */
 #include "tensor/dnnl_gemm.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/vexp.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -23,7 +27,7 @@
 #include <omp.h>
 
 cm_attention_opts cm_attention_opts_default(void) {
-    cm_attention_opts o = {false, 0.0f, NULL, NULL, 0.0f, NULL};
+    cm_attention_opts o = {false, 0.0f, NULL, NULL, 0.0f, NULL, false};
     return o;
 }
 
@@ -98,29 +102,125 @@ static float *mask_rows(cm_tape *tp, const cm_tensor *m) {
     return r;
 }
 
+/* What the scores are made of; the forward fills it and the node keeps it for the backward, which
+ * recomputes P from it. */
 typedef struct {
-    cm_tensor *P; /* (B, H, T, S) attention probabilities (before dropout) */
+    mat_ref q, k;
     float scale;
-    const uint8_t *drop; /* (B, H, T, S) 1 = dropped, or NULL without dropout */
-    float keep_scale;    /* 1/(1 - dropout_p) */
+    bool causal;
+    int64_t S, D;
+    const float *bias;  /* or NULL */
+    int64_t bst[4];     /* bias's strides broadcast to (B, H, T, S) */
+    const float *mrows; /* (B, S) additive padding mask (0 / -inf), or NULL */
+} score_src;
+
+/* P (m, S) = softmax_rows(scale·q·kᵀ + bias + masks) for the query rows [i0, i0 + m) of slice
+ * (b, h), with keys [0, kn) computed (kn < S only under the causal mask, which skips the rest).
+ * Columns past the causal diagonal are 0; a row whose keys are all masked is all zeros (so it passes
+ * zero gradient). The forward and the backward both call this with the same blocks, so the
+ * backward's P is the forward's. */
+static void softmax_block(const score_src *c, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t kn, float *P) {
+    const int64_t S = c->S;
+    /* L (m, kn) = scale·q·kᵀ */
+    att_sgemm(c->q.tr, flip(c->k.tr), (int)m, (int)kn, (int)c->D, c->scale, mat_row(&c->q, b, h, i0), c->q.ld,
+              mat_at(&c->k, b, h), c->k.ld, 0.0f, P, (int)S);
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t i = i0 + r;
+        float *row = P + r * S;
+        if (c->bias) {
+            const float *br = c->bias + b * c->bst[0] + h * c->bst[1] + i * c->bst[2];
+            const int64_t sj = c->bst[3];
+            for (int64_t j = 0; j < kn; j++) row[j] += br[j * sj];
+        }
+        if (c->mrows) {
+            const float *mr = c->mrows + b * S;
+            for (int64_t j = 0; j < kn; j++) row[j] += mr[j];
+        }
+        /* top-left causal: query i sees keys 0..i; keys >= kn were never computed */
+        const int64_t jn = c->causal && i + 1 < kn ? i + 1 : kn;
+        for (int64_t j = jn; j < S; j++) row[j] = 0.0f;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < jn; j++) mx = row[j] > mx ? row[j] : mx;
+        if (mx == -INFINITY) { /* every key masked: zeros, and zero gradient through P */
+            memset(row, 0, sizeof(float) * (size_t)jn);
+            continue;
+        }
+        /* cmi_vexpf (as cm_softmax): libm's expf stays scalar, and the backward pays this loop again */
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < jn; j++) {
+            const float e = cmi_vexpf(row[j] - mx);
+            row[j] = e;
+            sum += e;
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < jn; j++) row[j] *= inv;
+    }
+}
+
+/* The dropout mask as bits: bit e % 8 of byte e / 8 is 1 where probability e of the flat
+ * (B, H, T, S) index is dropped. One bit per probability instead of a byte: 0.75 MiB instead of
+ * 6 MiB per GPT-2 124M layer at B = 8, T = 256. The kernels read bytes, unpacked per row block. */
+static void pack_bits(const uint8_t *bytes, int64_t n, uint8_t *bits) {
+    const int64_t nb = (n + 7) / 8;
+#pragma omp parallel for schedule(static) if (n >= CMI_PAR_MIN)
+    for (int64_t w = 0; w < nb; w++) {
+        const int64_t e0 = w * 8, e1 = e0 + 8 < n ? e0 + 8 : n;
+        unsigned x = 0;
+        for (int64_t e = e0; e < e1; e++) x |= (unsigned)(bytes[e] != 0) << (e - e0);
+        bits[w] = (uint8_t)x;
+    }
+}
+
+/* out[j] = bit e0 + j of the mask for j in [0, n). */
+static void unpack_bits(const uint8_t *bits, int64_t e0, int64_t n, uint8_t *out) {
+    int64_t j = 0;
+    for (; j < n && ((e0 + j) & 7); j++) out[j] = (bits[(e0 + j) >> 3] >> ((e0 + j) & 7)) & 1u;
+    const uint8_t *src = bits + ((e0 + j) >> 3);
+    for (; j + 8 <= n; j += 8, src++) {
+        const unsigned x = *src;
+        for (int t = 0; t < 8; t++) out[j + t] = (x >> t) & 1u;
+    }
+    for (; j < n; j++) out[j] = (bits[(e0 + j) >> 3] >> ((e0 + j) & 7)) & 1u;
+}
+
+/* The mask of m rows of a (T, S) slice, starting at flat index e0, keys [0, kn): drop (m, kn) bytes. */
+static void unpack_block(const uint8_t *bits, int64_t e0, int64_t S, int64_t m, int64_t kn, uint8_t *drop) {
+    for (int64_t i = 0; i < m; i++) unpack_bits(bits, e0 + i * S, kn, drop + i * kn);
+}
+
+typedef struct {
+    score_src src;
+    const uint8_t *drop;  /* dropout mask bits over (B, H, T, S), or NULL without dropout */
+    float keep_scale;     /* 1/(1 - dropout_p) */
+    bool bthd;            /* out (and its gradient) is (B, T, H, D), else (B, H, T, D) */
 } attn_ctx;
 
-/* Pd (m, kn) = P ⊙ keep · keep_scale for rows [i0, i0 + m) of one (T, S) slice: the probabilities
- * after dropout, into a dense scratch block. */
-static void apply_dropout(const float *P, const uint8_t *drop, int64_t S, int64_t m, int64_t kn, float keep_scale,
-                          float *Pd) {
+/* Pd (m, kn) = P ⊙ keep · keep_scale for m rows of P (m, S), drop (m, ldd) bytes (1 = dropped): the
+ * probabilities after dropout, into a dense scratch block. */
+static void apply_dropout(const float *P, const uint8_t *drop, int64_t ldd, int64_t S, int64_t m, int64_t kn,
+                          float keep_scale, float *Pd) {
     for (int64_t i = 0; i < m; i++) {
         const float *pr = P + i * S;
-        const uint8_t *dr = drop + i * S;
+        const uint8_t *dr = drop + i * ldd;
         float *o = Pd + i * kn;
         for (int64_t j = 0; j < kn; j++) o[j] = dr[j] ? 0.0f : pr[j] * keep_scale;
     }
+}
+
+/* Where slice (b, h) of the output starts and its row stride: (B, H, T, D) or (B, T, H, D). */
+static inline int64_t out_base(bool bthd, int64_t b, int64_t h, int64_t H, int64_t T, int64_t D) {
+    return bthd ? b * T * H * D + h * D : (b * H + h) * T * D;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Backward                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Per (b, h) and row block: P recomputed by softmax_block (one more q·kᵀ and exp than a kept P),
+ * then as the forward would have kept it. Scratch (per thread, (RB, S) each: P, dL, Pd) is rewound at
+ * the end; only the gradients (and dL (B, H, T, S) when bias needs its gradient) stay. */
 static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     const attn_ctx *c = n->ctx;
     cm_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *bias = n->in[3];
@@ -133,9 +233,10 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
     mat_ref mq, mk, mv;
     if (!mat_ref_of(q, &mq) || !mat_ref_of(k, &mk) || !mat_ref_of(v, &mv))
         return cmi_fail(tp, CM_ERR_STATE, "attention backward: saved q/k/v lost their layout");
-    const int64_t BH = B * H, TS = T * S;
+    const int64_t BH = B * H, TS = T * S, RB = row_block(T);
     const int nth = (BH > 1 && BH * TS * D >= CMI_PAR_MIN) ? cm_num_threads() : 1;
-    /* dL: the full (B, H, T, S) tensor when bias needs its gradient, else one (T, S) slice per thread. */
+    /* dL: the full (B, H, T, S) tensor when bias needs its gradient (allocated before the mark: it
+     * outlives this call), else one (RB, S) block per thread. */
     float *dL_all = NULL;
     cm_tensor *dL_t = NULL;
     if (want_bias) {
@@ -143,85 +244,84 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
         dL_t = cmi_new(tp, CM_DTYPE_F32, 4, shp);
         if (!dL_t) return cmi_status(tp);
         dL_all = cmi_f32(dL_t);
-    } else {
-        dL_all = cmi_scratch(tp, sizeof(float) * (size_t)(TS * nth));
-        if (!dL_all) return cmi_status(tp);
     }
-    float *rs_all = cmi_scratch(tp, sizeof(float) * (size_t)(T * nth)); /* (nth, T) rowsum(dO ⊙ O) */
-    if (!rs_all) return cmi_status(tp);
+    const size_t mark = cm_arena_mark(tp->arena); /* everything below is scratch for this call */
+    const size_t blk = (size_t)(RB * S);
+    if (!want_bias && !(dL_all = cmi_scratch(tp, sizeof(float) * blk * (size_t)nth))) return cmi_status(tp);
+    float *P_all = cmi_scratch(tp, sizeof(float) * blk * (size_t)nth); /* (nth, RB, S) recomputed P */
+    if (!P_all) return cmi_status(tp);
     /* With dropout, O = Pd·V where Pd = P ⊙ keep · ks, so dV = Pdᵀ·dO, dPd = dO·Vᵀ, dP = dPd ⊙ keep · ks,
      * and rowsum(dP ⊙ P) = rowsum(dPd ⊙ Pd) = rowsum(dO ⊙ O): the softmax step is unchanged.
-     * Pd is rebuilt per row block from P and the mask into a per-thread (RB, S) scratch. */
+     * Pd is rebuilt per row block from P and the mask (unpacked to bytes) in per-thread scratch. */
     const uint8_t *drop = c->drop;
     const float ks = c->keep_scale;
     float *pd_all = NULL;
-    if (drop && !(pd_all = cmi_scratch(tp, sizeof(float) * (size_t)(row_block(T) * S * nth))))
+    uint8_t *db_all = NULL; /* (nth, RB, S) the block's mask as bytes */
+    if (drop && (!(pd_all = cmi_scratch(tp, sizeof(float) * blk * (size_t)nth)) ||
+                 !(db_all = cmi_scratch(tp, blk * (size_t)nth))))
         return cmi_status(tp);
-    const float *Pv = cmi_f32(c->P), *Ov = cmi_f32(n->out), *gOv = cmi_f32(gout);
+    score_src src = c->src;
+    src.q = mq, src.k = mk; /* the same layouts the forward used, at the inputs' current addresses */
+    src.bias = bias ? cmi_f32(bias) : NULL;
+    const float *Ov = cmi_f32(n->out), *gOv = cmi_f32(gout); /* both contiguous in out's layout */
     float *gqv = gq ? cmi_f32(gq) : NULL, *gkv = gk ? cmi_f32(gk) : NULL, *gvv = gv ? cmi_f32(gv) : NULL;
-    const float scale = c->scale;
+    const float scale = src.scale;
     const bool need_dL = gq || gk || want_bias;
-    const int iS = (int)S, iD = (int)D;
-    const bool causal = n->i[0];
-    const int64_t RB = row_block(T);
+    const int iS = (int)S, iD = (int)D, ldo = (int)(c->bthd ? H * D : D);
 
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (int64_t bh = 0; bh < BH; bh++) {
-        const int64_t b = bh / H, h = bh % H;
-        const float *P = Pv + bh * TS;     // (T, S)
-        const float *O = Ov + bh * T * D;  // (T, D)
-        const float *gO = gOv + bh * T * D; // (T, D)
-        float *dL = want_bias ? dL_all + bh * TS : dL_all + (int64_t)omp_get_thread_num() * TS; // (T, S)
-        float *rs = rs_all + (int64_t)omp_get_thread_num() * T;                                  // (T)
-        for (int64_t i = 0; i < T; i++) {
-            float acc = 0.0f;
-            for (int64_t d = 0; d < D; d++) acc += gO[i * D + d] * O[i * D + d];
-            rs[i] = acc;
-        }
+        const int64_t b = bh / H, h = bh % H, ob = out_base(c->bthd, b, h, H, T, D);
+        const int64_t th = omp_get_thread_num();
+        const float *O = Ov + ob;   // (T, D), row stride ldo
+        const float *gO = gOv + ob; // (T, D), row stride ldo
+        float *P = P_all + th * (int64_t)blk; // (RB, S)
         for (int64_t i0 = 0; i0 < T; i0 += RB) {
-            const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = causal && i1 < S ? i1 : S; /* keys [0, kn) */
+            const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = src.causal && i1 < S ? i1 : S; /* keys [0, kn) */
             const int m = (int)(i1 - i0), kk = (int)kn;
-            const float *Pb = P + i0 * S, *gOb = gO + i0 * D; // (m, S), (m, D)
-            float *dLb = dL + i0 * S;                         // (m, S)
-            const uint8_t *db = drop ? drop + bh * TS + i0 * S : NULL; // (m, S)
+            softmax_block(&src, b, h, i0, m, kn, P);
+            const float *gOb = gO + i0 * ldo; // (m, D)
+            float *dLb = want_bias ? dL_all + bh * TS + i0 * S : dL_all + th * (int64_t)blk; // (m, S)
+            uint8_t *db = NULL; // (m, kn) 1 = dropped
+            if (drop) unpack_block(drop, bh * TS + i0 * S, S, m, kn, db = db_all + th * (int64_t)blk);
             /* dV (kn, D) += Pdᵀ·dO (Pd = P without dropout) */
             if (gvv) {
-                const float *A = Pb;
+                const float *A = P;
                 int lda = iS;
                 if (db) {
-                    float *Pd = pd_all + (int64_t)omp_get_thread_num() * RB * S;
-                    apply_dropout(Pb, db, S, m, kn, ks, Pd);
+                    float *Pd = pd_all + th * (int64_t)blk;
+                    apply_dropout(P, db, kn, S, m, kn, ks, Pd);
                     A = Pd, lda = kk;
                 }
-                att_sgemm(CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, iD, 1.0f,
-                            gvv + bh * S * D, iD);
+                att_sgemm(CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, ldo, 1.0f, gvv + bh * S * D, iD);
             }
             if (!need_dL) continue;
             /* dP (m, kn) = dO·Vᵀ */
-            att_sgemm(CblasNoTrans, flip(mv.tr), m, kk, iD, 1.0f, gOb, iD, mat_at(&mv, b, h), mv.ld,
-                        0.0f, dLb, iS);
+            att_sgemm(CblasNoTrans, flip(mv.tr), m, kk, iD, 1.0f, gOb, ldo, mat_at(&mv, b, h), mv.ld, 0.0f, dLb, iS);
             /* dL = P ⊙ (dP − rowsum(dO ⊙ O)); zero where P is zero (masked keys, fully-masked rows) */
-            for (int64_t i = i0; i < i1; i++) {
-                const float *pr = P + i * S;
-                float *dr = dL + i * S;
-                const float r = rs[i];
+            for (int64_t r = 0; r < m; r++) {
+                const float *pr = P + r * S, *orow = O + (i0 + r) * ldo, *grow = gO + (i0 + r) * ldo;
+                float *dr = dLb + r * S;
+                float rs = 0.0f;
+                for (int64_t d = 0; d < D; d++) rs += grow[d] * orow[d];
                 if (db) { /* dP = dPd ⊙ keep · ks */
-                    const uint8_t *mr = db + (i - i0) * S;
-                    for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * ((mr[j] ? 0.0f : dr[j] * ks) - r);
+                    const uint8_t *mr = db + r * kn;
+                    for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * ((mr[j] ? 0.0f : dr[j] * ks) - rs);
                 } else {
-                    for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * (dr[j] - r);
+                    for (int64_t j = 0; j < kn; j++) dr[j] = pr[j] * (dr[j] - rs);
                 }
                 for (int64_t j = kn; j < S; j++) dr[j] = 0.0f; /* read by the bias reduction */
             }
             /* dQ (m, D) += scale·dL·K;  dK (kn, D) += scale·dLᵀ·Q */
             if (gqv)
-                att_sgemm(CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld,
-                            1.0f, gqv + (bh * T + i0) * D, iD);
+                att_sgemm(CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld, 1.0f,
+                          gqv + (bh * T + i0) * D, iD);
             if (gkv)
-                att_sgemm(CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld,
-                            1.0f, gkv + bh * S * D, iD);
+                att_sgemm(CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld, 1.0f,
+                          gkv + bh * S * D, iD);
         }
     }
+    cm_arena_rewind(tp->arena, mark);
     if (want_bias) return cmi_accum(tp, bias, dL_t); /* sums over bias's broadcast dims */
     return cmi_status(tp);
 }
@@ -302,15 +402,10 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
     if (!mat_ref_of(q, &mq) && (!(q = cm_contiguous(tp, q)) || !mat_ref_of(q, &mq))) return NULL;
     if (!mat_ref_of(k, &mk) && (!(k = cm_contiguous(tp, k)) || !mat_ref_of(k, &mk))) return NULL;
     if (!mat_ref_of(v, &mv) && (!(v = cm_contiguous(tp, v)) || !mat_ref_of(v, &mv))) return NULL;
-
-    const int64_t oshape[4] = {B, H, T, D};
-    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, 4, oshape); // (B, H, T, D)
-    if (!out) return NULL;
-    cm_tensor *ins[4] = {q, k, v, bias};
-    const bool grad = cmi_needs_grad(tp, 4, ins);
-    const float scale = o.scale != 0.0f ? o.scale : (D > 0 ? 1.0f / sqrtf((float)D) : 1.0f);
-    const int64_t BH = B * H, TS = T * S;
-    const int nth = (BH > 1 && BH * TS * D >= CMI_PAR_MIN) ? cm_num_threads() : 1;
+    if (o.out_bthd && H * D > INT_MAX) {
+        cmi_fail(tp, CM_ERR_SHAPE, "attention: q %s: H·D must be below 2^31 with out_bthd", cmi_shape(q));
+        return NULL;
+    }
     if (!(o.dropout_p >= 0.0f && o.dropout_p <= 1.0f)) {
         cmi_fail(tp, CM_ERR_INVALID_ARG, "attention: dropout_p %g must be in [0, 1]", (double)o.dropout_p);
         return NULL;
@@ -320,99 +415,74 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
                  (double)o.dropout_p);
         return NULL;
     }
-    /* The dropout mask over the contiguous (B, H, T, S) probabilities, drawn as cm_dropout draws it
-     * (keyed by global row under the tape's row context). */
-    uint8_t *drop = NULL;
-    float *pd_all = NULL;
+
+    const int64_t oshape[4] = {B, o.out_bthd ? T : H, o.out_bthd ? H : T, D};
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, 4, oshape); // (B, H, T, D) or (B, T, H, D)
+    if (!out) return NULL;
+    cm_tensor *ins[4] = {q, k, v, bias};
+    const bool grad = cmi_needs_grad(tp, 4, ins);
+    const float scale = o.scale != 0.0f ? o.scale : (D > 0 ? 1.0f / sqrtf((float)D) : 1.0f);
+    const int64_t BH = B * H, TS = T * S, RB = row_block(T);
+    const int nth = (BH > 1 && BH * TS * D >= CMI_PAR_MIN) ? cm_num_threads() : 1;
+    score_src src = {mq, mk, scale, o.causal, S, D, bias ? cmi_f32(bias) : NULL, {0, 0, 0, 0}, NULL};
+    memcpy(src.bst, bst, sizeof src.bst);
+    /* What the backward needs stays in the arena: the padding mask's (B, S) rows and the dropout
+     * mask's bits. Everything after the mark is scratch for this call. */
+    if (grad && mask && !(src.mrows = mask_rows(tp, mask))) return NULL;
     const float keep_scale = o.dropout_p < 1.0f ? 1.0f / (1.0f - o.dropout_p) : 0.0f;
+    uint8_t *bits = NULL; /* kept for the backward */
+    if (o.dropout_p > 0.0f && grad && !(bits = cmi_scratch(tp, (size_t)((BH * TS + 7) / 8) + 1))) return NULL;
+    const size_t mark = cm_arena_mark(tp->arena);
+    if (!grad && mask && !(src.mrows = mask_rows(tp, mask))) return NULL;
+    uint8_t *drop = NULL; /* (B, H, T, S) one byte per probability, 1 = dropped: this call only */
     if (o.dropout_p > 0.0f) {
+        /* drawn as cm_dropout draws it for the contiguous (B, H, T, S) probabilities (keyed by global
+         * row under the tape's row context) */
         if (!(drop = cmi_scratch(tp, (size_t)(BH * TS) + 1))) return NULL;
         cmi_dropout_mask(tp, o.rng, drop, B, BH * TS, o.dropout_p); /* rows: the batch dim */
-        if (!(pd_all = cmi_scratch(tp, sizeof(float) * (size_t)(row_block(T) * S * nth + 1)))) return NULL;
+        if (bits) pack_bits(drop, BH * TS, bits);
     }
-
-    /* P: kept for backward, or one (T, S) slice per thread when no gradient is needed. */
-    cm_tensor *Pt = NULL;
-    float *P_all;
-    if (grad) {
-        if (!(Pt = cmi_new(tp, CM_DTYPE_F32, 4, full))) return NULL;
-        P_all = cmi_f32(Pt);
-    } else {
-        P_all = cmi_scratch(tp, sizeof(float) * (size_t)(TS * nth + 1));
-        if (!P_all) return NULL;
-    }
+    const size_t blk = (size_t)(RB * S);
     float *ov = cmi_f32(out);
     if (T * S * D == 0) {
         /* No keys (every row masked), no queries, or D == 0: the result is all zeros. */
         memset(ov, 0, sizeof(float) * (size_t)(B * H * T * D));
-        if (grad) memset(P_all, 0, sizeof(float) * (size_t)(BH * TS));
     } else {
-        const float *bv = bias ? cmi_f32(bias) : NULL;
-        const float *mrows = NULL; // (B, S)
-        if (mask && !(mrows = mask_rows(tp, mask))) return NULL;
-        const int iS = (int)S, iD = (int)D;
-        const int64_t RB = row_block(T);
+        float *P_all = cmi_scratch(tp, sizeof(float) * blk * (size_t)nth); /* (nth, RB, S) */
+        float *pd_all = drop ? cmi_scratch(tp, sizeof(float) * blk * (size_t)nth) : NULL;
+        if (!P_all || (drop && !pd_all)) return NULL;
+        const int iS = (int)S, iD = (int)D, ldo = (int)(o.out_bthd ? H * D : D);
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
         for (int64_t bh = 0; bh < BH; bh++) {
-            const int64_t b = bh / H, h = bh % H;
-            float *P = grad ? P_all + bh * TS : P_all + (int64_t)omp_get_thread_num() * TS; // (T, S)
+            const int64_t b = bh / H, h = bh % H, th = omp_get_thread_num();
+            float *P = P_all + th * (int64_t)blk; // (RB, S)
+            float *O = ov + out_base(o.out_bthd, b, h, H, T, D); // (T, D), row stride ldo
             for (int64_t i0 = 0; i0 < T; i0 += RB) {
                 const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = o.causal && i1 < S ? i1 : S; /* keys [0, kn) */
                 const int m = (int)(i1 - i0), kk = (int)kn;
-                /* L (m, kn) = scale·q·kᵀ */
-                att_sgemm(mq.tr, flip(mk.tr), m, kk, iD, scale, mat_row(&mq, b, h, i0), mq.ld,
-                            mat_at(&mk, b, h), mk.ld, 0.0f, P + i0 * S, iS);
-                for (int64_t i = i0; i < i1; i++) {
-                    float *row = P + i * S;
-                    if (bv) {
-                        const float *br = bv + b * bst[0] + h * bst[1] + i * bst[2];
-                        const int64_t sj = bst[3];
-                        for (int64_t j = 0; j < kn; j++) row[j] += br[j * sj];
-                    }
-                    if (mrows) {
-                        const float *mr = mrows + b * S;
-                        for (int64_t j = 0; j < kn; j++) row[j] += mr[j];
-                    }
-                    /* top-left causal: query i sees keys 0..i; keys >= kn were never computed */
-                    const int64_t jn = o.causal && i + 1 < kn ? i + 1 : kn;
-                    for (int64_t j = jn; j < S; j++) row[j] = 0.0f;
-                    float mx = -INFINITY;
-                    for (int64_t j = 0; j < jn; j++) mx = row[j] > mx ? row[j] : mx;
-                    if (mx == -INFINITY) { /* every key masked: zeros, and zero gradient through P */
-                        memset(row, 0, sizeof(float) * (size_t)jn);
-                        continue;
-                    }
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j < jn; j++) {
-                        float e = expf(row[j] - mx);
-                        row[j] = e;
-                        sum += e;
-                    }
-                    const float inv = 1.0f / sum;
-                    for (int64_t j = 0; j < jn; j++) row[j] *= inv;
-                }
+                softmax_block(&src, b, h, i0, m, kn, P);
                 /* out (m, D) = Pd·v (Pd = P after dropout) */
-                const float *A = P + i0 * S;
+                const float *A = P;
                 int lda = iS;
                 if (drop) {
-                    float *Pd = pd_all + (int64_t)omp_get_thread_num() * RB * S;
-                    apply_dropout(P + i0 * S, drop + bh * TS + i0 * S, S, m, kn, keep_scale, Pd);
+                    float *Pd = pd_all + th * (int64_t)blk;
+                    apply_dropout(P, drop + bh * TS + i0 * S, S, S, m, kn, keep_scale, Pd);
                     A = Pd, lda = kk;
                 }
-                att_sgemm(CblasNoTrans, mv.tr, m, iD, kk, 1.0f, A, lda, mat_at(&mv, b, h), mv.ld,
-                            0.0f, ov + (bh * T + i0) * D, iD);
+                att_sgemm(CblasNoTrans, mv.tr, m, iD, kk, 1.0f, A, lda, mat_at(&mv, b, h), mv.ld, 0.0f, O + i0 * ldo,
+                          ldo);
             }
         }
     }
+    cm_arena_rewind(tp->arena, mark);
     if (grad) {
         cm_node *n = cmi_record(tp, "attention", out, 4, ins, attention_backward, sizeof(attn_ctx));
         if (!n) return NULL;
         attn_ctx *c = n->ctx;
-        c->P = Pt;
-        c->scale = scale;
-        c->drop = drop;
+        c->src = src;
+        c->drop = bits;
         c->keep_scale = keep_scale;
-        n->i[0] = o.causal;
+        c->bthd = o.out_bthd;
     }
     return out;
 }

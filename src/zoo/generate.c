@@ -176,7 +176,8 @@ static cm_tensor *cached_forward(cm_tape *tp, kv_cache *kc, cm_tensor *ids, int6
         cm_tensor *v = cm_permute(tp, cm_reshape(tp, cm_narrow(tp, kc->v[l], 1, 0, S), 4, s4), perm);
         cm_attention_opts o = cm_attention_opts_default();
         o.causal = past == 0; /* a prefill is square; one new query sees every cached key */
-        cm_tensor *y = cm_reshape(tp, cm_permute(tp, cm_attention(tp, q, k, v, &o), perm), 3, y3); /* (1, t, C) */
+        o.out_bthd = true;    /* (1, t, H, D): merging the heads is a view */
+        cm_tensor *y = cm_reshape(tp, cm_attention(tp, q, k, v, &o), 3, y3); /* (1, t, C) */
         x = cm_add(tp, x, cm_module_forward(bp.c_proj, tp, y));
         x = cm_add(tp, x, cm_module_forward(bp.mlp, tp, cm_module_forward(bp.ln_2, tp, x)));
     }
