@@ -287,6 +287,24 @@ static inline __attribute__((always_inline)) void sums_rows(const float *restric
     }
 }
 
+/* One (o, c) plane of I values (NCHW) for bn_bwd_sums: f[0] += Σ gz, f[1] += Σ (x - m)·gz. */
+static inline __attribute__((always_inline)) void sums_plane(const float *restrict x, float m,
+                                                             const float *restrict g, const float *restrict y,
+                                                             float *restrict gr, int64_t I, float *f,
+                                                             const bool has_y, const bool has_gr,
+                                                             const bool gr_fresh) {
+    float f1 = 0.0f, f2 = 0.0f;
+#pragma omp simd reduction(+ : f1, f2)
+    for (int64_t i = 0; i < I; i++) {
+        const float v = has_y && !(y[i] > 0.0f) ? 0.0f : g[i];
+        if (has_gr) gr[i] = gr_fresh ? v : gr[i] + v;
+        f1 += v;
+        f2 += (x[i] - m) * v;
+    }
+    f[0] += f1;
+    f[1] += f2;
+}
+
 /* Batch norm's backward sums over the (O, C, I) layout, with the fused ReLU and residual folded in:
  * gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL); gr = gz (gr_fresh)
  * or gr += gz (gr given: the residual's gradient); sg[c] = Σ gz, sgx[c] = Σ (x - mean[c])·gz.
@@ -294,6 +312,7 @@ static inline __attribute__((always_inline)) void sums_rows(const float *restric
 static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, const float *g, const float *y, float *gr,
                              bool gr_fresh, int64_t O, int64_t C, int64_t I, double *sg, double *sgx) {
     const bool par = O * C * I >= CMI_PAR_MIN;
+    const int mode = (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
     if (I > 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t c = 0; c < C; c++) {
@@ -303,16 +322,17 @@ static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, con
                 const int64_t base = (o * C + c) * I;
                 const float *xr = x + base, *gg = g + base, *yr = y ? y + base : NULL;
                 float *rr = gr ? gr + base : NULL;
-                float f1 = 0.0f, f2 = 0.0f;
-#pragma omp simd reduction(+ : f1, f2)
-                for (int64_t i = 0; i < I; i++) {
-                    const float v = yr && !(yr[i] > 0.0f) ? 0.0f : gg[i];
-                    if (rr) rr[i] = gr_fresh ? v : rr[i] + v;
-                    f1 += v;
-                    f2 += (xr[i] - m) * v;
+                float f[2] = {0.0f, 0.0f};
+                switch (mode) { /* one specialised loop per case, as in the channels-last branch */
+                case 0: sums_plane(xr, m, gg, NULL, NULL, I, f, false, false, false); break;
+                case 1: sums_plane(xr, m, gg, yr, NULL, I, f, true, false, false); break;
+                case 2: sums_plane(xr, m, gg, NULL, rr, I, f, false, true, true); break;
+                case 3: sums_plane(xr, m, gg, yr, rr, I, f, true, true, true); break;
+                case 4: sums_plane(xr, m, gg, NULL, rr, I, f, false, true, false); break;
+                default: sums_plane(xr, m, gg, yr, rr, I, f, true, true, false); break;
                 }
-                d1 += f1;
-                d2 += f2;
+                d1 += f[0];
+                d2 += f[1];
             }
             sg[c] = d1;
             sgx[c] = d2;
@@ -336,7 +356,6 @@ static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, con
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
             /* one specialised loop per case (the branches would keep the compiler from vectorising) */
-            const int mode = (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
             switch (mode) {
             case 0: sums_rows(x, mean, g, NULL, NULL, o0, o1, C, f1, f2, false, false, false); break;
             case 1: sums_rows(x, mean, g, y, NULL, o0, o1, C, f1, f2, true, false, false); break;
@@ -374,6 +393,19 @@ static inline __attribute__((always_inline)) void dx_row(float *restrict o, cons
     }
 }
 
+/* One (o, c) plane of I values (NCHW) for bn_bwd_dx. */
+static inline __attribute__((always_inline)) void dx_plane(float *restrict o, const float *restrict x,
+                                                           const float *restrict g, const float *restrict y, float m,
+                                                           float p, float q, float r, int64_t I, const bool has_y,
+                                                           const bool fresh) {
+#pragma omp simd
+    for (int64_t i = 0; i < I; i++) {
+        const float v = has_y && !(y[i] > 0.0f) ? 0.0f : g[i];
+        const float d = v * p + (x[i] - m) * q + r;
+        o[i] = fresh ? d : o[i] + d;
+    }
+}
+
 /* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in bn_bwd_sums. */
 static void bn_bwd_dx(float *gx, bool fresh, const float *x, const float *mean, const float *g, const float *y,
                       const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I) {
@@ -398,10 +430,11 @@ static void bn_bwd_dx(float *gx, bool fresh, const float *x, const float *mean, 
             float *restrict orow = gx + base;
             const float *restrict xr = x + base, *restrict gg = g + base, *restrict yr = y ? y + base : NULL;
             const float m = mean[c], p = P[c], q = Q[c], r = R[c];
-            for (int64_t i = 0; i < I; i++) {
-                const float v = yr && !(yr[i] > 0.0f) ? 0.0f : gg[i];
-                const float d = v * p + (xr[i] - m) * q + r;
-                orow[i] = fresh ? d : orow[i] + d;
+            switch ((y ? 1 : 0) | (fresh ? 2 : 0)) {
+            case 0: dx_plane(orow, xr, gg, NULL, m, p, q, r, I, false, false); break;
+            case 1: dx_plane(orow, xr, gg, yr, m, p, q, r, I, true, false); break;
+            case 2: dx_plane(orow, xr, gg, NULL, m, p, q, r, I, false, true); break;
+            default: dx_plane(orow, xr, gg, yr, m, p, q, r, I, true, true); break;
             }
         }
 }
