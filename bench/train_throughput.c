@@ -375,7 +375,7 @@ static void cpu_model(char *buf, size_t cap) {
 }
 
 /* The bf16 peak: all threads running vdpbf16ps (16 lanes x 2 products, 64 FLOPs per instruction)
- * on independent accumulators, best of 4 rounds per thread, summed. 0 without AVX512-BF16 (bf16
+ * on independent accumulators, best of 24 rounds per thread, summed. 0 without AVX512-BF16 (bf16
  * GEMMs then run as widened f32 and the f32 FMA peak is the one that applies). */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -403,7 +403,7 @@ static double bf16_peak(int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
     for (int t = 0; t < threads; t++) {
         double best = 0;
-        for (int round = 0; round < 4; round++) {
+        for (int round = 0; round < 24; round++) {
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
             float v = dpbf16_loop(iters, 1.0f + (float)t);

@@ -54,8 +54,10 @@ static float fma_scalar(int64_t iters, float seed) {
 static volatile float g_sink;
 
 /* FLOP/s of all threads running the widest FMA loop the CPU has at once. Each thread times its
- * own loop (best of a few short rounds) and the rates add up, so a thread that starts late or is
- * preempted between rounds does not pull the others' numbers down. */
+ * own loop (best of 24 rounds of under a millisecond: a VM's virtual cores can share a physical
+ * core for a while, which halves a round's rate; with 4 rounds one run here read 118 GFLOP/s
+ * where the next read 236) and the rates add up, so a thread that starts late or is preempted
+ * between rounds does not pull the others' numbers down. */
 static double measure(void) {
     int lanes = 1;
     float (*fn)(int64_t, float) = fma_scalar;
@@ -72,7 +74,7 @@ static double measure(void) {
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : total, sink)
     for (int t = 0; t < nt; t++) {
         double best = 0;
-        for (int round = 0; round < 4; round++) {
+        for (int round = 0; round < 24; round++) {
             const double t0 = cm_clock_s();
             sink += fn(iters, 1.0f + (float)t);
             const double dt = cm_clock_s() - t0;
