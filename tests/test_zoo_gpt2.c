@@ -8,6 +8,7 @@
  * Tolerances: gradchecks eps 3e-3, atol 1e-3, rtol 1e-2 (as the block gradchecks); a loss computed
  * by hand in double vs the f32 op 1e-5. */
 #include "cmtest.h"
+#include "tensor/tensor_impl.h"
 
 #include <composer/safetensors.h>
 #include <composer/zoo_gpt2.h>
@@ -771,5 +772,35 @@ Test(zoo_gpt2, out_of_memory_anywhere_fails_cleanly) {
     assert_same_params(cm_model_module(m), cm_model_module(b));
     remove(path);
     cm_model_free(b);
+    cm_model_free(m);
+}
+
+/* Memory: a training forward + loss under bf16 autocast keeps no more tape than in f32 (linear's
+ * bf16 copies are scratch, made again in backward; attention keeps no probabilities), and the
+ * backward of both precisions needs the same gradient pool (the logits' reshape shares their
+ * gradient). Same model, same batch, fresh tapes. */
+Test(zoo_gpt2, autocast_keeps_no_more_tape_than_f32) {
+    cm_gpt2_config c = tiny_cfg();
+    c.embd_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
+    cm_model *m = new_model(&c, 3);
+    size_t used[2], pool[2];
+    for (int amp = 0; amp < 2; amp++) {
+        cm_tape *tp = cmt_tape();
+        const int64_t s[2] = {4, 16};
+        cm_tensor *ids = cmt_randint(tp, 2, s, 1, 0, 96), *labels = cmt_randint(tp, 2, s, 2, 0, 96);
+        batch bt;
+        make_batch(&bt, ids, labels);
+        const size_t before = cm_arena_used(cm_tape_arena(tp));
+        if (amp) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+        cm_tensor *loss = cm_model_loss(m, tp, cm_model_forward(m, tp, &bt.b), &bt.b);
+        cr_assert(loss, "%s", cm_tape_error(tp));
+        used[amp] = cm_arena_used(cm_tape_arena(tp)) - before;
+        cr_assert_eq(cm_tape_backward(tp, loss), CM_OK, "%s", cm_tape_error(tp));
+        pool[amp] = 0;
+        for (int i = 0; i < tp->n_gblocks; i++) pool[amp] += tp->gblocks[i].bytes;
+        cm_tape_free(tp);
+    }
+    cr_assert_leq(used[1], used[0], "autocast forward kept %zu bytes, f32 %zu", used[1], used[0]);
+    cr_assert_eq(pool[1], pool[0], "gradient pool: autocast %zu bytes, f32 %zu", pool[1], pool[0]);
     cm_model_free(m);
 }

@@ -163,58 +163,8 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
 /* Per-channel kernels over a (O, C, I) layout: NCHW is (N, C, H·W); channels_last is (N·H·W, C, 1) */
 /* ------------------------------------------------------------------------------------------ */
 
-/* s1[c] = Σ v, s2[c] = Σ (a - shift[c])·v over the channel's O·I elements, where v = b when b is
- * given, else a - shift[c]. shift NULL means 0. Sums in double across rows. */
-static cm_status chan_moments(cm_tape *tp, const float *a, const float *shift, const float *b, int64_t O, int64_t C,
-                              int64_t I, double *s1, double *s2) {
-    const bool par = O * C * I >= CMI_PAR_MIN;
-    if (I > 1) {
-#pragma omp parallel for if (par) schedule(static)
-        for (int64_t c = 0; c < C; c++) {
-            const float sh = shift ? shift[c] : 0.0f;
-            double d1 = 0, d2 = 0;
-            for (int64_t o = 0; o < O; o++) {
-                const float *ar = a + (o * C + c) * I, *br = b ? b + (o * C + c) * I : NULL; // (I)
-                float f1 = 0.0f, f2 = 0.0f;
-                if (br) {
-#pragma omp simd reduction(+ : f1, f2)
-                    for (int64_t i = 0; i < I; i++) {
-                        f1 += br[i];
-                        f2 += (ar[i] - sh) * br[i];
-                    }
-                } else {
-#pragma omp simd reduction(+ : f1, f2)
-                    for (int64_t i = 0; i < I; i++) {
-                        f1 += ar[i] - sh;
-                        f2 += (ar[i] - sh) * (ar[i] - sh);
-                    }
-                }
-                d1 += f1;
-                d2 += f2;
-            }
-            s1[c] = d1;
-            s2[c] = d2;
-        }
-        return CM_OK;
-    }
-    /* I == 1: rows of C channels; per-thread partial sums, then a reduction over threads. */
-    const int nth = par ? cm_num_threads() : 1;
-    double *part = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C * nth + 1)); // (nth, 2, C)
-    if (!part) return cmi_status(tp);
-    memset(part, 0, sizeof(double) * (size_t)(2 * C * nth));
-#pragma omp parallel num_threads(nth)
-    {
-        double *p1 = part + (int64_t)omp_get_thread_num() * 2 * C, *p2 = p1 + C;
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < O; o++) {
-            const float *ar = a + o * C, *br = b ? b + o * C : NULL; // (C)
-            for (int64_t c = 0; c < C; c++) {
-                const float d = ar[c] - (shift ? shift[c] : 0.0f), v = br ? br[c] : d;
-                p1[c] += v;
-                p2[c] += (double)(d * v);
-            }
-        }
-    }
+/* The per-thread (nth, 2, C) partial sums of the channels-last passes, added up in double. */
+static void reduce_parts(const double *part, int nth, int64_t C, double *s1, double *s2) {
     for (int64_t c = 0; c < C; c++) {
         double d1 = 0, d2 = 0;
         for (int t = 0; t < nth; t++) {
@@ -224,6 +174,64 @@ static cm_status chan_moments(cm_tape *tp, const float *a, const float *shift, c
         s1[c] = d1;
         s2[c] = d2;
     }
+}
+
+/* s1[c] = Σ (a - shift[c]), s2[c] = Σ (a - shift[c])² over the channel's O·I elements (the
+ * forward's shifted moments). Float sums per row (NCHW) or per block of rows (channels-last),
+ * added up in double. */
+static cm_status chan_moments(cm_tape *tp, const float *a, const float *shift, int64_t O, int64_t C, int64_t I,
+                              double *s1, double *s2) {
+    const bool par = O * C * I >= CMI_PAR_MIN;
+    if (I > 1) {
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            const float sh = shift[c];
+            double d1 = 0, d2 = 0;
+            for (int64_t o = 0; o < O; o++) {
+                const float *ar = a + (o * C + c) * I; // (I)
+                float f1 = 0.0f, f2 = 0.0f;
+#pragma omp simd reduction(+ : f1, f2)
+                for (int64_t i = 0; i < I; i++) {
+                    f1 += ar[i] - sh;
+                    f2 += (ar[i] - sh) * (ar[i] - sh);
+                }
+                d1 += f1;
+                d2 += f2;
+            }
+            s1[c] = d1;
+            s2[c] = d2;
+        }
+        return CM_OK;
+    }
+    /* I == 1: rows of C channels; per-thread float sums over blocks of rows, kept in double */
+    enum { BLK = 64 };
+    const int nth = par ? cm_num_threads() : 1;
+    double *part = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C * nth + 1)); // (nth, 2, C)
+    float *facc = cmi_scratch(tp, sizeof(float) * (size_t)(2 * C * nth + 1));   // (nth, 2, C)
+    if (!part || !facc) return cmi_status(tp);
+    memset(part, 0, sizeof(double) * (size_t)(2 * C * nth));
+#pragma omp parallel num_threads(nth)
+    {
+        const int t = omp_get_thread_num();
+        double *p1 = part + (int64_t)t * 2 * C, *p2 = p1 + C;
+        float *restrict f1 = facc + (int64_t)t * 2 * C, *restrict f2 = f1 + C;
+#pragma omp for schedule(static)
+        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
+            const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
+            for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
+            for (int64_t o = o0; o < o1; o++) {
+                const float *restrict ar = a + o * C;
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) {
+                    const float d = ar[c] - shift[c];
+                    f1[c] += d;
+                    f2[c] += d * d;
+                }
+            }
+            for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
+        }
+    }
+    reduce_parts(part, nth, C, s1, s2);
     return CM_OK;
 }
 
@@ -367,15 +375,7 @@ static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, con
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
         }
     }
-    for (int64_t c = 0; c < C; c++) {
-        double d1 = 0, d2 = 0;
-        for (int t = 0; t < nth; t++) {
-            d1 += part[(int64_t)t * 2 * C + c];
-            d2 += part[(int64_t)t * 2 * C + C + c];
-        }
-        sg[c] = d1;
-        sgx[c] = d2;
-    }
+    reduce_parts(part, nth, C, sg, sgx);
     return CM_OK;
 }
 
@@ -571,7 +571,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
         for (int64_t c = 0; c < C; c++) mean[c] = xv[c * I];
-        if (chan_moments(tp, xv, mean, NULL, O, C, I, s1, s2)) return NULL;
+        if (chan_moments(tp, xv, mean, O, C, I, s1, s2)) return NULL;
         for (int64_t c = 0; c < C; c++) {
             const double var_shift = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased
             mean[c] = (float)((double)mean[c] + s1[c] / (double)M);
