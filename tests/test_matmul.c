@@ -411,6 +411,31 @@ Test(bf16, autocast_linear_backward_in_row_blocks_matches_f32) {
     }
 }
 
+/* linear writes a new gradient of an intermediate x with the dx GEMM (beta 0) instead of zeroing
+ * it and adding: on a poisoning tape (new arena memory is NaN) a row it missed shows up. Against
+ * the same op on a leaf (zeroed, added to): grad x0 = 2 · grad x; f32, autocast, 3-D x. */
+Test(bf16, linear_writes_a_fresh_input_gradient) {
+    for (int amp = 0; amp < 2; amp++) {
+        cm_tape_config tc = cm_tape_config_default();
+        tc.poison = true;
+        cm_tape *tp;
+        cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+        const int64_t xs[3] = {3, 5, 24}, ws[2] = {10, 24}, bs[1] = {10}, ys[3] = {3, 5, 10};
+        cm_tensor *x0 = cmt_randn(tp, 3, xs, 1, true), *w = cmt_randn(tp, 2, ws, 2, true);
+        cm_tensor *b = cmt_randn(tp, 1, bs, 3, true), *g = cmt_randn(tp, 3, ys, 4, false);
+        if (amp) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+        cm_tensor *xl = cm_clone_detached(tp, cm_mul_scalar(tp, x0, 2.0f));
+        cm_tensor_set_requires_grad(xl, true);
+        cr_assert_eq(cm_tape_backward_with(tp, cm_linear(tp, xl, w, b), g), CM_OK, "%s", cm_tape_error(tp));
+        cm_tensor *want = cm_mul_scalar(tp, cm_tensor_grad(xl), 2.0f);
+        cm_tensor *y = cm_linear(tp, cm_mul_scalar(tp, x0, 2.0f), w, b);
+        cr_assert(y, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+        cmt_assert_close(amp ? "grad x (autocast)" : "grad x", cm_tensor_grad(x0), want, 1e-5, 1e-5);
+        cm_tape_free(tp);
+    }
+}
+
 /* The widening kernel (bf16 → f32, sgemm) runs on every CPU. */
 Test(bf16, widen_kernel_matches_f32_reference) {
     cmi_bf16_set_kernel(CMI_BF16_WIDEN);

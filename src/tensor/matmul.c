@@ -373,7 +373,11 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     const linear_ctx *c = n->ctx;
     const cm_dtype dt = c->dt;
     const int64_t R = c->R, in_f = c->in_f, out_f = c->out_f;
-    cm_tensor *gx = cmi_grad(tp, n->in[0]), *gw = cmi_grad(tp, n->in[1]), *gb = cmi_grad(tp, n->in[2]);
+    /* a new gradient of x is written by the dx GEMM (beta 0) rather than zeroed and added to */
+    bool gx_fresh = false;
+    cm_tensor *gx = n->in[0] == n->in[1] || n->in[0] == n->in[2] ? cmi_grad(tp, n->in[0])
+                                                                  : cmi_grad_for_write(tp, n->in[0], &gx_fresh);
+    cm_tensor *gw = cmi_grad(tp, n->in[1]), *gb = cmi_grad(tp, n->in[2]);
     const size_t mark = cm_arena_mark(tp->arena); /* bf16 copies and dy are scratch, as in matmul_backward */
     const char *xd = c->xd, *wd = c->wd;
     if (gw && !xd && !(xd = bf16_copy(tp, n->in[0]))) return cmi_status(tp);
@@ -402,7 +406,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         /* x's rows r0.. (element (i, k) of the (R, in) matrix is at i·ld + k, or k·ld + i transposed) */
         const char *xr = xd ? xd + (size_t)(r0 * (c->xt ? 1 : c->xld)) * es : NULL;
         if (gx) /* dx (m, in) += dy (m, out) · w (out, in) */
-            st = gemm(tp, dt, m, in_f, out_f, dy, out_f, false, wd, c->wld, c->wt, NULL, true, cmi_f32(gx) + r0 * in_f,
+            st = gemm(tp, dt, m, in_f, out_f, dy, out_f, false, wd, c->wld, c->wt, NULL, !gx_fresh, cmi_f32(gx) + r0 * in_f,
                       in_f);
         if (!st && gw && c->wbase) /* dwb (in, out) += xᵀ (in, m) · dy (m, out): the weight's transpose, directly */
             st = gemm(tp, dt, in_f, out_f, m, xr, c->xld, !c->xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
