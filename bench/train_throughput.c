@@ -10,6 +10,9 @@
  *       --warmup W      untimed steps first (default 1)
  *       --threads N     threads for both sides (default: cm_num_threads())
  *       --no-torch      our side only
+ *       --torch-channels-last   PyTorch's ResNet in torch.channels_last (ours is channels-last inside
+ *                       by default, cm_resnet_config.channels_last); off by default because a
+ *                       PyTorch user has to ask for it. Its TSV rows say "torch_cl".
  *       --out FILE      results TSV (default bench/results/train_throughput.tsv)
  *
  * Workloads (B = batch, T = sequence length):
@@ -456,10 +459,11 @@ int main(int argc, char **argv) {
     const char *workloads = "char,gpt2,resnet56", *precisions = "fp32,amp_bf16";
     const char *out = "bench/results/train_throughput.tsv", *py = "/usr/bin/python3";
     int reps = 3, steps = 0, warmup = -1, threads = cm_num_threads();
-    bool torch = true;
+    bool torch = true, torch_cl = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-torch") == 0) torch = false;
+        else if (strcmp(a, "--torch-channels-last") == 0) torch_cl = true;
         else if (v && strcmp(a, "--workloads") == 0) workloads = v, i++;
         else if (v && strcmp(a, "--precisions") == 0) precisions = v, i++;
         else if (v && strcmp(a, "--reps") == 0) reps = atoi(v), i++;
@@ -469,7 +473,7 @@ int main(int argc, char **argv) {
         else if (v && strcmp(a, "--out") == 0) out = v, i++;
         else {
             fprintf(stderr, "usage: %s [--workloads char,gpt2,resnet56] [--precisions fp32,amp_bf16] [--reps R] "
-                            "[--steps S] [--warmup W] [--threads N] [--no-torch] [--out FILE]\n", argv[0]);
+                            "[--steps S] [--warmup W] [--threads N] [--no-torch] [--torch-channels-last] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -488,6 +492,8 @@ int main(int argc, char **argv) {
     snprintf(nbuf, sizeof nbuf, "%d", threads);
     setenv("CM_NUM_THREADS", nbuf, 1);
     setenv("OMP_NUM_THREADS", nbuf, 1);
+    if (torch_cl) setenv("CM_BENCH_TORCH_CHANNELS_LAST", "1", 1);
+    else unsetenv("CM_BENCH_TORCH_CHANNELS_LAST");
     double peak = 0;
     CHECK(cm_set_num_threads(threads));
     CHECK(cm_peak_flops(&peak));
@@ -517,6 +523,7 @@ int main(int argc, char **argv) {
     if (peak16 > 0) snprintf(p16, sizeof p16, ", bf16 dot-product peak %.1f GFLOP/s", peak16 / 1e9);
     printf("%s; %s, %s, %d threads; load average at start %.2f %.2f %.2f; FMA peak %.1f GFLOP/s%s\n", stamp, cpu,
            isa(), threads, load[0], load[1], load[2], peak / 1e9, p16);
+    if (torch_cl) printf("PyTorch's ResNet runs in torch.channels_last (--torch-channels-last)\n");
     printf("| workload | precision | ours | torch | speed-up | ours peak RSS MiB | torch peak RSS MiB | ours MFU | torch MFU |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     fflush(stdout);
@@ -558,7 +565,7 @@ int main(int argc, char **argv) {
                     getloadavg(load, 3);
                     if (tsv)
                         fprintf(tsv, "%s\t%s\t%s\t%d\t%.2f\t%s\t%s\t%d\t%s\t%.3f\t%s\t%.1f\n", stamp, cpu, isa(),
-                                threads, load[0], w->name, precs[pi], r, torch_turn ? "torch" : "ours", rr.items_per_s,
+                                threads, load[0], w->name, precs[pi], r, torch_turn ? (torch_cl && !w->gpt ? "torch_cl" : "torch") : "ours", rr.items_per_s,
                                 w->unit, rr.rss_mib);
                     if (torch_turn) theirs[nt++] = rr.items_per_s, rss_t = rss_t > rr.rss_mib ? rss_t : rr.rss_mib;
                     else ours[no++] = rr.items_per_s, rss_o = rss_o > rr.rss_mib ? rss_o : rr.rss_mib;

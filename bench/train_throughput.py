@@ -14,8 +14,11 @@ The models are the library's zoo models written in plain torch with the same mat
 - resnet56: He et al.'s CIFAR ResNet-56 with option-A shortcuts (as tests/golden/gen_resnet.py),
   SGD (lr 0.1, momentum 0.9, wd 5e-4 on >= 2-d parameters).
 amp_bf16 is torch.autocast("cpu", dtype=torch.bfloat16) around forward and loss, as Composer.
+With CM_BENCH_TORCH_CHANNELS_LAST=1 (the driver's --torch-channels-last) the ResNet and its input
+batches are in torch.channels_last (Composer's ChannelsLast algorithm does the same).
 """
 import math
+import os
 import sys
 import time
 
@@ -162,11 +165,16 @@ def main():
         img = torch.from_numpy(raw[:n * 3072 * 4].view(np.float32).reshape(n, 3, 32, 32).copy())
         lab = torch.from_numpy(raw[n * 3072 * 4:].view(np.int64).copy())
         model = ResNetCifar()
+        channels_last = os.environ.get("CM_BENCH_TORCH_CHANNELS_LAST") == "1"
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(groups(model, 5e-4), lr=0.1, momentum=0.9)
         batches = [(img[k * B:(k + 1) * B], lab[k * B:(k + 1) * B]) for k in range(total)]
         items = B
 
         def loss_fn(x, y):
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
             return F.cross_entropy(model(x), y)
     else:
         sys.exit("train_throughput.py: unknown workload " + workload)
