@@ -163,78 +163,6 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
 /* Per-channel kernels over a (O, C, I) layout: NCHW is (N, C, H·W); channels_last is (N·H·W, C, 1) */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The per-thread (nth, 2, C) partial sums of the channels-last passes, added up in double. */
-static void reduce_parts(const double *part, int nth, int64_t C, double *s1, double *s2) {
-    for (int64_t c = 0; c < C; c++) {
-        double d1 = 0, d2 = 0;
-        for (int t = 0; t < nth; t++) {
-            d1 += part[(int64_t)t * 2 * C + c];
-            d2 += part[(int64_t)t * 2 * C + C + c];
-        }
-        s1[c] = d1;
-        s2[c] = d2;
-    }
-}
-
-/* s1[c] = Σ (a - shift[c]), s2[c] = Σ (a - shift[c])² over the channel's O·I elements (the
- * forward's shifted moments). Float sums per row (NCHW) or per block of rows (channels-last),
- * added up in double. */
-static cm_status chan_moments(cm_tape *tp, const float *a, const float *shift, int64_t O, int64_t C, int64_t I,
-                              double *s1, double *s2) {
-    const bool par = O * C * I >= CMI_PAR_MIN;
-    if (I > 1) {
-#pragma omp parallel for if (par) schedule(static)
-        for (int64_t c = 0; c < C; c++) {
-            const float sh = shift[c];
-            double d1 = 0, d2 = 0;
-            for (int64_t o = 0; o < O; o++) {
-                const float *ar = a + (o * C + c) * I; // (I)
-                float f1 = 0.0f, f2 = 0.0f;
-#pragma omp simd reduction(+ : f1, f2)
-                for (int64_t i = 0; i < I; i++) {
-                    f1 += ar[i] - sh;
-                    f2 += (ar[i] - sh) * (ar[i] - sh);
-                }
-                d1 += f1;
-                d2 += f2;
-            }
-            s1[c] = d1;
-            s2[c] = d2;
-        }
-        return CM_OK;
-    }
-    /* I == 1: rows of C channels; per-thread float sums over blocks of rows, kept in double */
-    enum { BLK = 64 };
-    const int nth = par ? cm_num_threads() : 1;
-    double *part = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C * nth + 1)); // (nth, 2, C)
-    float *facc = cmi_scratch(tp, sizeof(float) * (size_t)(2 * C * nth + 1));   // (nth, 2, C)
-    if (!part || !facc) return cmi_status(tp);
-    memset(part, 0, sizeof(double) * (size_t)(2 * C * nth));
-#pragma omp parallel num_threads(nth)
-    {
-        const int t = omp_get_thread_num();
-        double *p1 = part + (int64_t)t * 2 * C, *p2 = p1 + C;
-        float *restrict f1 = facc + (int64_t)t * 2 * C, *restrict f2 = f1 + C;
-#pragma omp for schedule(static)
-        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
-            const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
-            for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
-            for (int64_t o = o0; o < o1; o++) {
-                const float *restrict ar = a + o * C;
-#pragma omp simd
-                for (int64_t c = 0; c < C; c++) {
-                    const float d = ar[c] - shift[c];
-                    f1[c] += d;
-                    f2[c] += d * d;
-                }
-            }
-            for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
-        }
-    }
-    reduce_parts(part, nth, C, s1, s2);
-    return CM_OK;
-}
-
 /* out[e] (+)= g[e]·P[c] + (x[e] - S[c])·Q[c] + R[c] over the (O, C, I) layout; g/P may be NULL.
  * Forward only (not accumulating): + res[e] when res is given, then max(·, 0) when relu. */
 static void chan_affine(float *out, bool accumulate, const float *x, const float *S, const float *Q, const float *g,
@@ -277,17 +205,25 @@ static void chan_affine(float *out, bool accumulate, const float *x, const float
         }
 }
 
-/* Rows [o0, o1) of C channels (channels_last) for bn_bwd_sums, specialised by the constant flags. */
+/* The value chan_sums adds up at one element: the upstream gradient (zero where the fused ReLU's
+ * output y is not positive), or without one the shifted input x - m (the forward's moments). */
+static inline __attribute__((always_inline)) float sum_value(float x, float m, const float *g, const float *y,
+                                                             int64_t e, const bool has_g, const bool has_y) {
+    if (!has_g) return x - m;
+    return has_y && !(y[e] > 0.0f) ? 0.0f : g[e];
+}
+
+/* Rows [o0, o1) of C channels (channels_last) for chan_sums, specialised by the constant flags. */
 static inline __attribute__((always_inline)) void sums_rows(const float *restrict x, const float *restrict mean,
                                                             const float *restrict g, const float *restrict y,
                                                             float *restrict gr, int64_t o0, int64_t o1, int64_t C,
-                                                            float *restrict f1, float *restrict f2, const bool has_y,
-                                                            const bool has_gr, const bool gr_fresh) {
+                                                            float *restrict f1, float *restrict f2, const bool has_g,
+                                                            const bool has_y, const bool has_gr, const bool gr_fresh) {
     for (int64_t o = o0; o < o1; o++) {
-        const float *restrict xr = x + o * C, *restrict gg = g + o * C;
+        const float *restrict xr = x + o * C;
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) {
-            const float v = has_y && !(y[o * C + c] > 0.0f) ? 0.0f : gg[c];
+            const float v = sum_value(xr[c], mean[c], g, y, o * C + c, has_g, has_y);
             if (has_gr) gr[o * C + c] = gr_fresh ? v : gr[o * C + c] + v;
             f1[c] += v;
             f2[c] += (xr[c] - mean[c]) * v;
@@ -295,16 +231,16 @@ static inline __attribute__((always_inline)) void sums_rows(const float *restric
     }
 }
 
-/* One (o, c) plane of I values (NCHW) for bn_bwd_sums: f[0] += Σ gz, f[1] += Σ (x - m)·gz. */
+/* One (o, c) plane of I values (NCHW) for chan_sums: f[0] += Σ v, f[1] += Σ (x - m)·v. */
 static inline __attribute__((always_inline)) void sums_plane(const float *restrict x, float m,
                                                              const float *restrict g, const float *restrict y,
-                                                             float *restrict gr, int64_t I, float *f,
+                                                             float *restrict gr, int64_t I, float *f, const bool has_g,
                                                              const bool has_y, const bool has_gr,
                                                              const bool gr_fresh) {
     float f1 = 0.0f, f2 = 0.0f;
 #pragma omp simd reduction(+ : f1, f2)
     for (int64_t i = 0; i < I; i++) {
-        const float v = has_y && !(y[i] > 0.0f) ? 0.0f : g[i];
+        const float v = sum_value(x[i], m, g, y, i, has_g, has_y);
         if (has_gr) gr[i] = gr_fresh ? v : gr[i] + v;
         f1 += v;
         f2 += (x[i] - m) * v;
@@ -313,41 +249,48 @@ static inline __attribute__((always_inline)) void sums_plane(const float *restri
     f[1] += f2;
 }
 
-/* Batch norm's backward sums over the (O, C, I) layout, with the fused ReLU and residual folded in:
- * gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL); gr = gz (gr_fresh)
- * or gr += gz (gr given: the residual's gradient); sg[c] = Σ gz, sgx[c] = Σ (x - mean[c])·gz.
- * One pass over x, g (and y, gr) instead of materialising gz and adding it to gr separately. */
-static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, const float *g, const float *y, float *gr,
-                             bool gr_fresh, int64_t O, int64_t C, int64_t I, double *sg, double *sgx) {
+/* Batch norm's per-channel sums over the (O, C, I) layout, one pass: s1[c] = Σ v and
+ * s2[c] = Σ (x - m[c])·v, where
+ *   - forward (g NULL): v = x - m, m a shift near the mean: the shifted moments;
+ *   - backward: v = gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL),
+ *     m the mean; and gr = gz (gr_fresh) or gr += gz (gr given: the residual's gradient), so gz is
+ *     never materialised and the residual needs no pass of its own.
+ * Float sums per plane (NCHW) or per block of 64 rows (channels-last), added up in double. */
+static cm_status chan_sums(cm_tape *tp, const float *x, const float *m, const float *g, const float *y, float *gr,
+                           bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1, double *s2) {
     const bool par = O * C * I >= CMI_PAR_MIN;
-    const int mode = (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
+    /* one specialised loop per case (branches in the loops would keep them scalar) */
+    const int mode = !g ? 6 : (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
+#define CMI_SUMS_CASES(CALL)                                                                                          \
+    switch (mode) {                                                                                                    \
+    case 0: CALL(g, NULL, NULL, true, false, false, false); break;                                                     \
+    case 1: CALL(g, y, NULL, true, true, false, false); break;                                                         \
+    case 2: CALL(g, NULL, gr, true, false, true, true); break;                                                         \
+    case 3: CALL(g, y, gr, true, true, true, true); break;                                                             \
+    case 4: CALL(g, NULL, gr, true, false, true, false); break;                                                        \
+    case 5: CALL(g, y, gr, true, true, true, false); break;                                                            \
+    default: CALL(NULL, NULL, NULL, false, false, false, false); break;                                                \
+    }
     if (I > 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t c = 0; c < C; c++) {
-            const float m = mean[c];
+            const float mc = m[c];
             double d1 = 0, d2 = 0;
             for (int64_t o = 0; o < O; o++) {
                 const int64_t base = (o * C + c) * I;
-                const float *xr = x + base, *gg = g + base, *yr = y ? y + base : NULL;
-                float *rr = gr ? gr + base : NULL;
                 float f[2] = {0.0f, 0.0f};
-                switch (mode) { /* one specialised loop per case, as in the channels-last branch */
-                case 0: sums_plane(xr, m, gg, NULL, NULL, I, f, false, false, false); break;
-                case 1: sums_plane(xr, m, gg, yr, NULL, I, f, true, false, false); break;
-                case 2: sums_plane(xr, m, gg, NULL, rr, I, f, false, true, true); break;
-                case 3: sums_plane(xr, m, gg, yr, rr, I, f, true, true, true); break;
-                case 4: sums_plane(xr, m, gg, NULL, rr, I, f, false, true, false); break;
-                default: sums_plane(xr, m, gg, yr, rr, I, f, true, true, false); break;
-                }
+#define CMI_PLANE(G, Y, GR, HG, HY, HR, FR)                                                                            \
+    sums_plane(x + base, mc, (G) ? g + base : NULL, (Y) ? y + base : NULL, (GR) ? gr + base : NULL, I, f, HG, HY, HR, FR)
+                CMI_SUMS_CASES(CMI_PLANE)
+#undef CMI_PLANE
                 d1 += f[0];
                 d2 += f[1];
             }
-            sg[c] = d1;
-            sgx[c] = d2;
+            s1[c] = d1;
+            s2[c] = d2;
         }
         return CM_OK;
     }
-    /* I == 1: rows of C channels; per-thread float sums over blocks of rows, kept in double */
     enum { BLK = 64 };
     const int nth = par ? cm_num_threads() : 1;
     double *part = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C * nth + 1)); // (nth, 2, C)
@@ -363,19 +306,22 @@ static cm_status bn_bwd_sums(cm_tape *tp, const float *x, const float *mean, con
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
-            /* one specialised loop per case (the branches would keep the compiler from vectorising) */
-            switch (mode) {
-            case 0: sums_rows(x, mean, g, NULL, NULL, o0, o1, C, f1, f2, false, false, false); break;
-            case 1: sums_rows(x, mean, g, y, NULL, o0, o1, C, f1, f2, true, false, false); break;
-            case 2: sums_rows(x, mean, g, NULL, gr, o0, o1, C, f1, f2, false, true, true); break;
-            case 3: sums_rows(x, mean, g, y, gr, o0, o1, C, f1, f2, true, true, true); break;
-            case 4: sums_rows(x, mean, g, NULL, gr, o0, o1, C, f1, f2, false, true, false); break;
-            default: sums_rows(x, mean, g, y, gr, o0, o1, C, f1, f2, true, true, false); break;
-            }
+#define CMI_ROWS(G, Y, GR, HG, HY, HR, FR) sums_rows(x, m, G, Y, GR, o0, o1, C, f1, f2, HG, HY, HR, FR)
+            CMI_SUMS_CASES(CMI_ROWS)
+#undef CMI_ROWS
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
         }
     }
-    reduce_parts(part, nth, C, sg, sgx);
+#undef CMI_SUMS_CASES
+    for (int64_t c = 0; c < C; c++) {
+        double d1 = 0, d2 = 0;
+        for (int th = 0; th < nth; th++) {
+            d1 += part[(int64_t)th * 2 * C + c];
+            d2 += part[(int64_t)th * 2 * C + C + c];
+        }
+        s1[c] = d1;
+        s2[c] = d2;
+    }
     return CM_OK;
 }
 
@@ -406,7 +352,7 @@ static inline __attribute__((always_inline)) void dx_plane(float *restrict o, co
     }
 }
 
-/* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in bn_bwd_sums. */
+/* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in chan_sums. */
 static void bn_bwd_dx(float *gx, bool fresh, const float *x, const float *mean, const float *g, const float *y,
                       const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I) {
     const bool par = O * C * I >= CMI_PAR_MIN;
@@ -483,7 +429,7 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     if (!sg || !coef) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout);
     const float *y = n->i[2] ? cmi_f32(n->out) : NULL; /* fused ReLU: the gradient passes where y > 0 */
-    if (bn_bwd_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx))
+    if (chan_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx))
         return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
     for (int64_t c = 0; c < C; c++) {
@@ -571,7 +517,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
         for (int64_t c = 0; c < C; c++) mean[c] = xv[c * I];
-        if (chan_moments(tp, xv, mean, O, C, I, s1, s2)) return NULL;
+        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, false, O, C, I, s1, s2)) return NULL;
         for (int64_t c = 0; c < C; c++) {
             const double var_shift = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased
             mean[c] = (float)((double)mean[c] + s1[c] / (double)M);
