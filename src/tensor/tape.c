@@ -297,27 +297,31 @@ static void gpool_give(cm_tape *tp, void *p) {
         }
 }
 
+/* A new gradient for tape tensor t: from the arena (small ones, and with retain_grads or for
+ * leaves, which keep theirs to the reset) or the block pool; zeroed when `zero`. */
+static cm_tensor *tape_grad(cm_tape *tp, cm_tensor *t, bool zero) {
+    const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
+    if (tp->retain_grads || !t->node || bytes < GRAD_POOL_MIN)
+        return zero ? cmi_zeros(tp, CM_DTYPE_F32, t->ndim, t->shape) : cmi_new(tp, CM_DTYPE_F32, t->ndim, t->shape);
+    cm_tensor *g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape);
+    if (!g) return NULL;
+    cmi_contig_strides(t->ndim, t->shape, g->stride);
+    if (!(g->data = gpool_take(tp, bytes))) {
+        cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
+        return NULL;
+    }
+    if (zero) memset(g->data, 0, bytes);
+    return g;
+}
+
 cm_tensor *cmi_grad_for_write(cm_tape *tp, cm_tensor *t, bool *fresh) {
     *fresh = false;
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
     if (t->grad || !(t->flags & CM_TF_TAPE) || tp->retain_grads || !t->node || cmi_view_alias_base(t))
         return cmi_grad(tp, t); /* exists, long-lived, retained or possibly shared: zeroed as usual */
-    const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
-    cm_tensor *g;
-    if (bytes < GRAD_POOL_MIN) {
-        g = cmi_new(tp, CM_DTYPE_F32, t->ndim, t->shape);
-    } else {
-        if (!(g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape))) return NULL;
-        cmi_contig_strides(t->ndim, t->shape, g->stride);
-        if (!(g->data = gpool_take(tp, bytes))) {
-            cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
-            return NULL;
-        }
-    }
-    if (!g) return NULL;
-    t->grad = g;
+    if (!(t->grad = tape_grad(tp, t, false))) return NULL;
     *fresh = true;
-    return g;
+    return t->grad;
 }
 
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
@@ -339,23 +343,7 @@ cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
         t->grad = g;
         return g;
     }
-    if (t->flags & CM_TF_TAPE) {
-        const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
-        if (tp->retain_grads || !t->node || bytes < GRAD_POOL_MIN) {
-            t->grad = cmi_zeros(tp, CM_DTYPE_F32, t->ndim, t->shape);
-            return t->grad;
-        }
-        cm_tensor *g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape);
-        if (!g) return NULL;
-        cmi_contig_strides(t->ndim, t->shape, g->stride);
-        if (!(g->data = gpool_take(tp, bytes))) {
-            cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
-            return NULL;
-        }
-        memset(g->data, 0, bytes);
-        t->grad = g;
-        return g;
-    }
+    if (t->flags & CM_TF_TAPE) return t->grad = tape_grad(tp, t, true);
     cm_tensor *g;
     if (cm_tensor_new(CM_DTYPE_F32, t->ndim, t->shape, &g) != CM_OK) {
         cmi_fail(tp, CM_ERR_OOM, "gradient of %s: %s", cmi_shape(t), cm_last_error());
