@@ -161,14 +161,18 @@ static cm_status gemm_batched(cm_tape *tp, cm_dtype dt, int nbd, const int64_t *
     return st ? st : cmi_status(tp);
 }
 
+/* h[i] = s[i] rounded to bf16, i < n (in parallel when large). */
+static void round_to_bf16(const float *s, int64_t n, uint16_t *h) {
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) h[i] = cmi_f32_to_bf16(s[i]);
+}
+
 /* The upstream gradient rounded to bf16 in arena scratch, for the bf16 backward GEMMs. */
 static const char *to_bf16(cm_tape *tp, const cm_tensor *g) {
     const int64_t n = cm_tensor_numel(g);
     uint16_t *h = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
     if (!h) return NULL;
-    const float *s = cmi_f32(g);
-#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) h[i] = cmi_f32_to_bf16(s[i]);
+    round_to_bf16(cmi_f32(g), n, h);
     return (const char *)h;
 }
 
@@ -398,9 +402,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         const float *g = cmi_f32(gout) + r0 * out_f;
         const char *dy = (const char *)g; // (m, out)
         if (dyb) {
-            const int64_t ne = m * out_f;
-#pragma omp parallel for schedule(static) if (ne > CMI_PAR_MIN)
-            for (int64_t i = 0; i < ne; i++) dyb[i] = cmi_f32_to_bf16(g[i]);
+            round_to_bf16(g, m * out_f, dyb);
             dy = (const char *)dyb;
         }
         /* x's rows r0.. (element (i, k) of the (R, in) matrix is at i·ld + k, or k·ld + i transposed) */
