@@ -591,31 +591,59 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
         }
 }
 
-/* Autocast with x already bf16 and an f32 weight: the weight is cast (a recorded cm_cast) and the
- * convolution runs on the two bf16 tensors; values and the f32 weight's gradient match the f32
- * convolution of the rounded values (bf16-exact upstream gradient: tolerance as check_bf16). */
-Test(conv_bf16, autocast_mixes_an_explicit_bf16_x_with_an_f32_weight) {
-    const cfg *c = &k_resnet[3];
-    cm_tape *tp = cmt_tape();
-    cm_tensor *x, *w, *b;
-    make_inputs(tp, c, 31, false, &x, &w, &b);
-    cm_tensor *xr = rounded(tp, x), *wr = rounded(tp, w);
-    cm_tensor_set_requires_grad(wr, true);
-    cm_tensor *xh = cm_cast(tp, x, CM_DTYPE_BF16);
-    cm_tensor_set_requires_grad(w, true);
-    cm_conv2d_opts o = opts_of(c);
-    cm_tensor *yr = cm_conv2d(tp, xr, wr, NULL, &o);
-    cm_tape *t2 = cmt_tape();
-    cm_tape_set_autocast(t2, CM_DTYPE_BF16);
-    cm_tensor *y = cm_conv2d(t2, xh, w, NULL, &o);
-    cr_assert(y && yr, "%s %s", cm_tape_error(t2), cm_tape_error(tp));
-    cmt_assert_close("mixed autocast y", y, yr, 1e-4, 1e-4);
-    cm_tensor *g = rounded(tp, cmt_randn(tp, 4, cm_tensor_shape(yr), 32, false));
-    cr_assert_eq(cm_tape_backward_with(tp, yr, g), CM_OK, "%s", cm_tape_error(tp));
-    cr_assert_eq(cm_tape_backward_with(t2, y, g), CM_OK, "%s", cm_tape_error(t2));
-    cmt_assert_close("mixed autocast dw (f32 weight)", cm_tensor_grad(w), cm_tensor_grad(wr), 1e-4, 1e-4);
-    cm_tape_free(t2);
-    cm_tape_free(tp);
+/* Under autocast x and weight may each be f32 or bf16 (a ResNet under autocast feeds bf16
+ * activations from batch norm to f32 master weights): one conv2d node, no casts recorded, on both
+ * bf16 kernels; the result is bf16 with opts.out_bf16. Values and the f32 tensors' gradients match
+ * the f32 convolution of the rounded values (bf16-exact upstream gradient: tolerance as
+ * check_bf16); a bf16 result is that f32 result rounded, so within one bf16 ulp (2^-8 relative). */
+Test(conv_bf16, autocast_takes_any_mix_of_bf16_and_f32_and_can_write_a_bf16_result) {
+    const cfg *cs[2] = {&k_resnet[3], &k_resnet[6]}; /* NCHW stage 2, channels-last stage 1 */
+    for (int bk = 0; bk < 2; bk++) {
+        if (bk == CMI_CONV_BF16_ONEDNN && !cmi_bf16_native()) continue; /* widen runs everywhere */
+        cmi_conv_set_bf16_kernel((cmi_conv_bf16_kernel)bk);
+        for (int k = 0; k < 2; k++)
+            for (int mix = 0; mix < 2; mix++) /* 0: bf16 x, f32 weight; 1: f32 x, bf16 weight */
+                for (int out16 = 0; out16 < 2; out16++) {
+                    const cfg *c = cs[k];
+                    cm_tape *tp = cmt_tape();
+                    cm_tensor *x, *w, *b;
+                    make_inputs(tp, c, 31 + (uint64_t)k, true, &x, &w, &b);
+                    cm_tensor *xr = rounded(tp, x), *wr = rounded(tp, w);
+                    cm_tensor_set_requires_grad(xr, true);
+                    cm_tensor_set_requires_grad(wr, true);
+                    cm_conv2d_opts o = opts_of(c);
+                    cm_tensor *yr = cm_conv2d(tp, xr, wr, NULL, &o);
+                    cm_tensor *xa = mix == 0 ? cm_cast(tp, x, CM_DTYPE_BF16) : x;
+                    cm_tensor *wa = mix == 1 ? cm_cast(tp, w, CM_DTYPE_BF16) : w;
+                    cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+                    o.out_bf16 = out16;
+                    const int64_t nodes = cm_tape_n_nodes(tp);
+                    cmi_conv_stats_reset();
+                    cm_tensor *y = cm_conv2d(tp, xa, wa, NULL, &o);
+                    cr_assert(y && yr, "%s", cm_tape_error(tp));
+                    cr_assert_eq(cm_tape_n_nodes(tp), nodes + 1, "one conv2d node, no casts: %lld nodes recorded",
+                                 (long long)(cm_tape_n_nodes(tp) - nodes));
+                    cr_assert_eq(cm_tensor_dtype(y), out16 ? CM_DTYPE_BF16 : CM_DTYPE_F32);
+                    char what[128];
+                    snprintf(what, sizeof what, "kernel %d config %d mix %d out_bf16 %d", bk, k, mix, out16);
+                    cmt_assert_close(what, y, yr, 1e-4, out16 ? 8e-3 : 1e-4);
+                    cm_tensor *g = rounded(tp, cmt_randn(tp, 4, cm_tensor_shape(yr), 32, false));
+                    cm_tape_set_autocast(tp, CM_DTYPE_F32);
+                    cr_assert_eq(cm_tape_backward_with(tp, yr, g), CM_OK, "%s", cm_tape_error(tp));
+                    cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+                    cmi_conv_stats st;
+                    cmi_conv_stats_get(&st);
+                    for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+                        const int64_t ran = bk == CMI_CONV_BF16_ONEDNN ? st.dnnl_bf16[p] : st.widened[p];
+                        cr_assert_eq(ran, 1, "%s: pass %d ran %lld times on the chosen bf16 kernel", what, p,
+                                     (long long)ran);
+                    }
+                    cmt_assert_close("grad x", cm_tensor_grad(x), cm_tensor_grad(xr), 1e-4, 1e-4);
+                    cmt_assert_close("grad weight", cm_tensor_grad(w), cm_tensor_grad(wr), 1e-4, 1e-4);
+                    cm_tape_free(tp);
+                }
+    }
+    cmi_conv_set_bf16_kernel(cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN);
 }
 
 /* An intermediate x (a tensor with a node) gets its gradient written, not zeroed and added: on a

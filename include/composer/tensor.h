@@ -479,16 +479,19 @@ typedef struct cm_conv2d_opts {
     int dilation[2]; /* default 1 */
     int groups;      /* default 1 */
     bool channels_last; /* x and result are (N, H, W, C) instead of (N, C, H, W) */
+    bool out_bf16;      /* a bf16 convolution (autocast, or bf16 x and weight) writes a bf16 result */
 } cm_conv2d_opts;
 cm_conv2d_opts cm_conv2d_opts_default(void);
 
 /* x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw) in both layouts, bias (Cout) or NULL; opts
- * NULL = defaults. Output (N, Cout, OH, OW), OH = floor((H + 2p - d(kh-1) - 1) / s) + 1, always f32.
+ * NULL = defaults. Output (N, Cout, OH, OW), OH = floor((H + 2p - d(kh-1) - 1) / s) + 1: f32, or
+ * bf16 for a bf16 convolution with opts->out_bf16 (for a consumer that reads bf16, such as batch
+ * norm: PyTorch's autocast keeps a ResNet's activations in bf16 the same way).
  * Dtypes: x and weight both f32, or both bf16; bias f32. Under the tape's bf16 autocast the
- * convolution is bf16: f32 x and weight are rounded to bf16 inside it (no cast nodes, gradients
- * f32 straight to them), and an f32 one next to an explicit bf16 one is cast with a recorded
- * cm_cast. bf16 convolutions multiply the bf16 values and accumulate in f32; their backward rounds
- * the upstream gradient to bf16 (like linear's) and gives f32 gradients.
+ * convolution is bf16 and x and weight may each be f32 or bf16: an f32 one is rounded to bf16
+ * inside it (no cast nodes, gradients f32 straight to it). bf16 convolutions multiply the bf16
+ * values and accumulate in f32; their backward rounds the upstream gradient to bf16 (like
+ * linear's) and gives f32 gradients (also to bf16 tensors: gradients are always f32).
  * Kernels (chosen at run time; results agree to f32 rounding): oneDNN's direct convolution
  * primitives by default, or im2col + OpenBLAS with the environment variable CM_CONV=im2col; a
  * problem oneDNN has no implementation for runs on im2col. bf16 runs oneDNN's bf16 primitives
@@ -497,8 +500,8 @@ cm_conv2d_opts cm_conv2d_opts_default(void);
  * at the first convolution.
  * Errors: CM_ERR_SHAPE naming the shapes and parameters when the output would be empty, Cin or
  * Cout is not divisible by groups, or weight/bias do not match; CM_ERR_INVALID_ARG for
- * stride/dilation < 1, padding < 0, groups < 1; CM_ERR_DTYPE for other dtypes or x and weight of
- * different dtypes; CM_ERR_INTERNAL if oneDNN fails (the message names its status). */
+ * stride/dilation < 1, padding < 0, groups < 1; CM_ERR_DTYPE for other dtypes or (outside autocast)
+ * x and weight of different dtypes; CM_ERR_INTERNAL if oneDNN fails (the message names its status). */
 cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias, const cm_conv2d_opts *opts);
 
 typedef struct cm_pool2d_opts {

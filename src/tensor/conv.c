@@ -5,11 +5,13 @@
  *   - f32: oneDNN's direct convolution primitives (dnnl_conv.c) by default; this file's im2col
  *     kernel with CM_CONV=im2col, and for any problem oneDNN answers "unimplemented" for
  *     (counted in cmi_conv_stats; none of the test or ResNet shapes is).
- *   - bf16 (x and weight bf16, or f32 ones under autocast, rounded to bf16 inside the op with no
- *     cast nodes; the result and every gradient f32): oneDNN's bf16 primitives where its ISA has
- *     bf16 instructions (avx512_core_bf16, AMX), their reorders doing the rounding; elsewhere,
- *     or with CM_CONV_BF16=widen, the bf16 values of x, w and the rounded upstream gradient are
- *     put in f32 arena scratch and the f32 kernel runs on them.
+ *   - bf16 (x and weight bf16, or under autocast each of them f32 or bf16, an f32 one rounded to
+ *     bf16 inside the op with no cast nodes; every gradient f32, the result f32 or, with
+ *     opts.out_bf16, bf16): oneDNN's bf16 primitives where its ISA has bf16 instructions
+ *     (avx512_core_bf16, AMX), their reorders doing the rounding and the primitive writing a bf16
+ *     result directly; elsewhere, or with CM_CONV_BF16=widen, the bf16 values of x, w and the
+ *     rounded upstream gradient are put in f32 arena scratch and the f32 kernel runs on them (a
+ *     bf16 result is rounded from its f32 one).
  *   - backward: oneDNN writes dx straight into a gradient buffer that cmi_grad has just created
  *     (all zeros), and through scratch + add into one that already holds a gradient; dW and db
  *     always go through scratch (they accumulate over microbatches).
@@ -405,26 +407,35 @@ static cm_status forward_f32(cm_tape *tp, const conv_geom *g, const float *x, co
                              float *y) {
     if (dnnl_wanted(g)) {
         bool ran = false;
-        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, bias, CM_DTYPE_F32, y, &ran))
+            return cmi_status(tp);
         if (ran) return CM_OK;
     }
     return im2col_forward(tp, g, x, w, bias, y);
 }
 
-/* The convolution computed in dt (f32 or bf16) of x and w stored as xw (dt, or f32 under
- * autocast). bf16 runs oneDNN's bf16 primitive when the bf16 kernel is onednn, else (or when it
- * has no implementation) the f32 kernels on the bf16 values widened to f32. */
-static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xws, const void *x, const void *w,
-                              const float *bias, float *y) {
+/* The convolution computed in dt (f32 or bf16) of x and w stored as xs and ws (dt, or f32 under
+ * autocast), into y stored as ys (f32; bf16 only for a bf16 convolution). bf16 runs oneDNN's bf16
+ * primitive when the bf16 kernel is onednn, else (or when it has no implementation) the f32
+ * kernels on the bf16 values widened to f32, rounding the result to bf16 for a bf16 y. */
+static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, const void *x,
+                              const void *w, const float *bias, cm_dtype ys, void *y) {
     if (dt == CM_DTYPE_F32) return forward_f32(tp, g, x, w, bias, y);
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
         bool ran = false;
-        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, xws, x, w, bias, y, &ran)) return cmi_status(tp);
+        if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, xs, ws, x, w, bias, ys, y, &ran)) return cmi_status(tp);
         if (ran) return CM_OK;
     }
     const size_t mark = cm_arena_mark(tp->arena);
-    float *xw = bf16_values(tp, x, xws, x_numel(g)), *ww = xw ? bf16_values(tp, w, xws, w_numel(g)) : NULL;
-    if (!ww || forward_f32(tp, g, xw, ww, bias, y)) return cmi_status(tp);
+    float *xw = bf16_values(tp, x, xs, x_numel(g)), *ww = xw ? bf16_values(tp, w, ws, w_numel(g)) : NULL;
+    float *yf = ys == CM_DTYPE_BF16 ? cmi_scratch(tp, sizeof(float) * (size_t)y_numel(g)) : y;
+    if (!ww || !yf || forward_f32(tp, g, xw, ww, bias, yf)) return cmi_status(tp);
+    if (yf != y) {
+        uint16_t *yb = y;
+        const int64_t n = y_numel(g);
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) yb[i] = cmi_f32_to_bf16(yf[i]);
+    }
     cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_FWD);
     cm_arena_rewind(tp->arena, mark);
     return CM_OK;
@@ -434,7 +445,8 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
  * else through scratch and added), dW and db (through scratch, added); any may be NULL (db is
  * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
  * implementation for one). */
-static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xws, const void *x, const void *w,
+static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, const void *x,
+                               const void *w,
                                const float *dy, float *dx, bool dx_fresh, float *dW, float *db, bool *dx_done,
                                bool *dw_done) {
     *dx_done = *dw_done = false;
@@ -445,7 +457,7 @@ static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_
     float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
     if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
     bool rd = false, rw = false;
-    if (cmi_dnnl_conv_backward(tp, g, dt, xws, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
     if (rd) {
         if (t != dx) add_into(dx, t, x_numel(g));
         *dx_done = true;
@@ -465,7 +477,7 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
                               float *dx, bool dx_fresh, float *dW, float *db) {
     if (dnnl_wanted(g)) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
@@ -478,7 +490,7 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
 typedef struct {
     conv_geom g;
     cm_dtype dt; /* computed in: f32, or bf16 (explicit bf16 x and w, or autocast) */
-    cm_dtype xw; /* x and w stored as: dt, or f32 under autocast (rounded on the way in) */
+    cm_dtype xs, ws; /* x and w stored as: dt, or either f32 under autocast (rounded on the way in) */
 } conv_ctx;
 
 static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
@@ -501,7 +513,7 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
      * reorder of dy on the native path, by to_bf16 on the widened one) */
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xw, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
@@ -510,8 +522,8 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     if (dx || dW || db) { /* widen: f32 kernels on the exact f32 values of x, w and the rounded dy */
         uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
         float *dyw = dy16 ? widen(tp, dy16, y_numel(g)) : NULL;
-        float *xw = dyw && dW ? bf16_values(tp, x, c->xw, x_numel(g)) : NULL;
-        float *ww = dyw && dx ? bf16_values(tp, w, c->xw, w_numel(g)) : NULL;
+        float *xw = dyw && dW ? bf16_values(tp, x, c->xs, x_numel(g)) : NULL;
+        float *ww = dyw && dx ? bf16_values(tp, w, c->ws, w_numel(g)) : NULL;
         if (!dyw || (dW && !xw) || (dx && !ww)) return cmi_status(tp);
         if (backward_f32(tp, g, xw, ww, dyw, dx, dx_fresh, dW, db)) return cmi_status(tp);
         if (dx) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_DATA);
@@ -522,7 +534,7 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
 }
 
 cm_conv2d_opts cm_conv2d_opts_default(void) {
-    cm_conv2d_opts o = {{1, 1}, {0, 0}, {1, 1}, 1, false};
+    cm_conv2d_opts o = {{1, 1}, {0, 0}, {1, 1}, 1, false, false};
     return o;
 }
 
@@ -530,21 +542,19 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     static const char *op = "conv2d";
     cm_tensor *req[2] = {x, weight};
     if (!cmi_begin(tp, op, 2, req) || !cmi_fetch(tp, 1, &bias)) return NULL;
-    /* Mixed precision: f32 x and weight are rounded to bf16 inside the convolution (oneDNN's
-     * reorders into its layout round on the way) and their gradients go straight to them in f32,
-     * like linear's; no bf16 copies on the tape. Mixed with an explicit bf16 tensor, the f32 one
-     * is cast with a recorded cm_cast. */
+    /* Mixed precision: an f32 x or weight is rounded to bf16 inside the convolution (oneDNN's
+     * reorder into its layout rounds on the way) and its gradient goes straight to it in f32, like
+     * linear's; no bf16 copies on the tape, whichever of x and weight is f32 or bf16. */
     const bool autocast = tp->autocast == CM_DTYPE_BF16;
-    if (autocast && x->dtype != weight->dtype) {
-        if (x->dtype == CM_DTYPE_F32 && !(x = cm_cast(tp, x, CM_DTYPE_BF16))) return NULL;
-        if (weight->dtype == CM_DTYPE_F32 && !(weight = cm_cast(tp, weight, CM_DTYPE_BF16))) return NULL;
+    for (int k = 0; k < 2; k++) {
+        const cm_tensor *t = k ? weight : x;
+        if (t->dtype != CM_DTYPE_F32 && t->dtype != CM_DTYPE_BF16) {
+            cmi_fail(tp, CM_ERR_DTYPE, "conv2d: '%s' %s has dtype %s; conv2d needs f32 or bf16 (cast with cm_cast)",
+                     k ? "weight" : "x", cmi_shape(t), cm_dtype_name(t->dtype));
+            return NULL;
+        }
     }
-    if (x->dtype != CM_DTYPE_F32 && x->dtype != CM_DTYPE_BF16) {
-        cmi_fail(tp, CM_ERR_DTYPE, "conv2d: 'x' %s has dtype %s; conv2d needs f32 or bf16 (cast with cm_cast)",
-                 cmi_shape(x), cm_dtype_name(x->dtype));
-        return NULL;
-    }
-    if (weight->dtype != x->dtype) {
+    if (!autocast && weight->dtype != x->dtype) {
         cmi_fail(tp, CM_ERR_DTYPE, "conv2d: dtypes differ: x %s is %s, weight %s is %s (cast one with cm_cast)",
                  cmi_shape(x), cm_dtype_name(x->dtype), cmi_shape(weight), cm_dtype_name(weight->dtype));
         return NULL;
@@ -617,10 +627,12 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     const cm_dtype dt = autocast ? CM_DTYPE_BF16 : x->dtype; /* what the convolution computes in */
     int64_t yshape[4] = {g.N, g.Cout, g.OH, g.OW};
     if (g.cl) yshape[1] = g.OH, yshape[2] = g.OW, yshape[3] = g.Cout;
-    cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, 4, yshape);
+    const cm_dtype ys = dt == CM_DTYPE_BF16 && o.out_bf16 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+    cm_tensor *y = cmi_new(tp, ys, 4, yshape);
     if (!y) return NULL;
     if (g.N == 0 || g.Cout == 0) return y;
-    if (conv_forward(tp, &g, dt, x->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, cmi_f32(y)))
+    if (conv_forward(tp, &g, dt, x->dtype, weight->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, ys,
+                     y->data))
         return NULL;
 
     cm_tensor *ins[3] = {x, weight, bias};
@@ -630,7 +642,8 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
         conv_ctx *c = n->ctx;
         c->g = g;
         c->dt = dt;
-        c->xw = x->dtype;
+        c->xs = x->dtype;
+        c->ws = weight->dtype;
     }
     return y;
 }

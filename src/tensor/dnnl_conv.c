@@ -105,7 +105,8 @@ void cmi_conv_stats_reset(void) {
 
 typedef struct {
     int64_t N, Cin, H, W, Cout, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, groups;
-    int32_t cl, bf16, pass, bias, blocked, f32_in; /* f32_in: bf16 compute on f32 x and w */
+    int32_t cl, bf16, pass, bias, blocked;
+    int32_t x_f32, w_f32, y_bf16; /* bf16 compute on an f32 x / f32 w (autocast); forward writing a bf16 y */
 } conv_key;
 
 typedef struct {
@@ -230,16 +231,17 @@ static cm_status build(cm_tape *tp, const conv_key *k, conv_entry *e) {
     const dnnl_format_tag_t act_tag = k->blocked ? dnnl_format_tag_any : user_tag;
     /* descriptors, by pass: x/dx (src), w/dw, y/dy (dst), bias/db */
     const dnnl_data_type_t src_dt = k->pass == CMI_CONV_BWD_DATA ? dnnl_f32 : dt;
-    const dnnl_data_type_t dst_dt = k->pass == CMI_CONV_FWD ? dnnl_f32 : dt;
+    const dnnl_data_type_t dst_dt = k->pass == CMI_CONV_FWD ? (k->y_bf16 ? dnnl_bf16 : dnnl_f32) : dt;
     const dnnl_data_type_t wei_dt = k->pass == CMI_CONV_BWD_WEIGHTS ? dnnl_f32 : dt;
-    /* f32 x and w for a bf16 convolution (autocast): the reorders to the primitive's layout
-     * round them to bf16 on the way */
-    const dnnl_data_type_t u_src_dt = k->f32_in ? dnnl_f32 : src_dt, u_wei_dt = k->f32_in ? dnnl_f32 : wei_dt;
+    /* an f32 x or w for a bf16 convolution (autocast): the reorder to the primitive's layout rounds
+     * it to bf16 on the way */
+    const dnnl_data_type_t u_src_dt = k->x_f32 ? dnnl_f32 : src_dt, u_wei_dt = k->w_f32 ? dnnl_f32 : wei_dt;
     dnnl_memory_desc_t u_src, u_wei, u_dst, u_bias, p_src, p_wei, p_dst;
     md_act(&u_src, k->N, k->Cin, k->H, k->W, u_src_dt, user_tag);
-    /* y and dy are f32 in the user's layout; in bf16 backward the reorder of dy to what the
-     * primitive wants (bf16, maybe blocked) also rounds it to bf16, in one pass */
-    md_act(&u_dst, k->N, k->Cout, k->OH, k->OW, dnnl_f32, user_tag);
+    /* y is f32 in the user's layout, or bf16 (y_bf16: the primitive writes it directly); dy is f32,
+     * and in bf16 backward the reorder of dy to what the primitive wants (bf16, maybe blocked) also
+     * rounds it to bf16, in one pass */
+    md_act(&u_dst, k->N, k->Cout, k->OH, k->OW, k->y_bf16 ? dnnl_bf16 : dnnl_f32, user_tag);
     md_wei(&u_wei, k, u_wei_dt, dnnl_oihw);
     dnnl_dims_t bd = {k->Cout};
     dnnl_memory_desc_init_by_tag(&u_bias, 1, bd, dnnl_f32, dnnl_a);
@@ -319,12 +321,15 @@ done:
 /* Execution                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, int pass, bool bias) {
+static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, cm_dtype ys,
+                     int pass, bool bias) {
     memset(k, 0, sizeof *k); /* compared with memcmp: no stray padding bytes */
     k->N = g->N, k->Cin = g->Cin, k->H = g->H, k->W = g->W, k->Cout = g->Cout, k->OH = g->OH, k->OW = g->OW;
     k->kh = g->kh, k->kw = g->kw, k->sh = g->sh, k->sw = g->sw, k->ph = g->ph, k->pw = g->pw, k->dh = g->dh;
     k->dw = g->dw, k->groups = g->groups, k->cl = g->cl, k->bf16 = dt == CM_DTYPE_BF16, k->pass = pass, k->bias = bias;
-    k->f32_in = dt == CM_DTYPE_BF16 && xw == CM_DTYPE_F32;
+    k->x_f32 = dt == CM_DTYPE_BF16 && xs == CM_DTYPE_F32 && pass != CMI_CONV_BWD_DATA;
+    k->w_f32 = dt == CM_DTYPE_BF16 && ws == CM_DTYPE_F32 && pass != CMI_CONV_BWD_WEIGHTS;
+    k->y_bf16 = dt == CM_DTYPE_BF16 && ys == CM_DTYPE_BF16 && pass == CMI_CONV_FWD;
     const cmi_conv_act_layout al = cmi_conv_get_act_layout();
     const bool pointwise = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
     k->blocked = al == CMI_CONV_ACT_BLOCKED || (al == CMI_CONV_ACT_AUTO && !g->cl && !pointwise);
@@ -458,12 +463,12 @@ static cm_status check_dt(cm_tape *tp, cm_dtype dt) {
     return CM_OK;
 }
 
-cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, const void *x,
-                                const void *w, const float *bias, float *y, bool *ran) {
+cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
+                                const void *x, const void *w, const float *bias, cm_dtype ys, void *y, bool *ran) {
     *ran = false;
     if (check_dt(tp, dt)) return cmi_status(tp);
     conv_key k;
-    make_key(&k, g, dt, xw, CMI_CONV_FWD, bias != NULL);
+    make_key(&k, g, dt, xs, ws, ys, CMI_CONV_FWD, bias != NULL);
     conv_entry local, *e;
     bool owned;
     if (lookup(tp, &k, &local, &e, &owned)) return cmi_status(tp);
@@ -478,9 +483,9 @@ cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt
     return st;
 }
 
-cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, const void *x,
-                                 const void *w, const float *dy, float *dx, float *dw, float *db, bool *ran_data,
-                                 bool *ran_weights) {
+cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
+                                 const void *x, const void *w, const float *dy, float *dx, float *dw, float *db,
+                                 bool *ran_data, bool *ran_weights) {
     *ran_data = *ran_weights = false;
     if (check_dt(tp, dt)) return cmi_status(tp);
     conv_entry local_d, local_w, *ed = NULL, *ew = NULL;
@@ -488,13 +493,13 @@ cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype d
     cm_status st = CM_OK;
     if (dx) {
         conv_key k;
-        make_key(&k, g, dt, xw, CMI_CONV_BWD_DATA, false);
+        make_key(&k, g, dt, xs, ws, CM_DTYPE_F32, CMI_CONV_BWD_DATA, false);
         if ((st = lookup(tp, &k, &local_d, &ed, &owned_d))) goto out;
         if (ed->unimplemented) cmi_conv_stats_note_unimplemented();
     }
     if (dw) {
         conv_key k;
-        make_key(&k, g, dt, xw, CMI_CONV_BWD_WEIGHTS, db != NULL);
+        make_key(&k, g, dt, xs, ws, CM_DTYPE_F32, CMI_CONV_BWD_WEIGHTS, db != NULL);
         if ((st = lookup(tp, &k, &local_w, &ew, &owned_w))) goto out;
         if (ew->unimplemented) cmi_conv_stats_note_unimplemented();
     }

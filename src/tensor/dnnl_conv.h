@@ -65,9 +65,10 @@ void cmi_conv_stats_note(cmi_conv_path path, int pass);
 void cmi_conv_stats_note_unimplemented(void);
 
 /* Passes through oneDNN. dt is the dtype the convolution computes in (f32, or bf16: needs the
- * bf16 ISA or oneDNN's emulation) and xw the dtype x and w are stored in: dt, or f32 for a bf16
- * convolution of f32 tensors (autocast), which the reorders into the primitive's layout round to
- * bf16 on the way. y, dy, dx, dw and db are f32. Layouts: x, dx (N, Cin, H, W) or
+ * bf16 ISA or oneDNN's emulation); xs and ws the dtypes x and w are stored in: dt, or f32 in a
+ * bf16 convolution (autocast), which the reorder into the primitive's layout rounds to bf16 on
+ * the way. ys, y's storage: f32, or bf16 for a bf16 convolution (written by the primitive
+ * directly). dy, dx, dw and db are f32. Layouts: x, dx (N, Cin, H, W) or
  * channels-last (N, H, W, Cin); y, dy likewise with Cout; w, dw (Cout, Cin/g, kh, kw); bias, db
  * (Cout) or NULL. Outputs are overwritten (not accumulated). The *ran flags are false (and that
  * output untouched) for a pass oneDNN has no implementation for; other failures are recorded on
@@ -75,14 +76,14 @@ void cmi_conv_stats_note_unimplemented(void);
  * Primitives are created once per problem and cached for the life of the process (thread-safe).
  *
  * Forward: y = conv(x, w) + bias. */
-cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, const void *x,
-                                const void *w, const float *bias, float *y, bool *ran);
+cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
+                                const void *x, const void *w, const float *bias, cm_dtype ys, void *y, bool *ran);
 /* Backward: dx (NULL: not wanted) = backward-data(dy, w); dw (NULL: not wanted) and db (NULL, or
  * with dw) = backward-weights(x, dy). dy is reordered to the primitives' layout once for both
  * passes; for bf16 that same reorder rounds it to bf16 (round to nearest even). */
-cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xw, const void *x,
-                                 const void *w, const float *dy, float *dx, float *dw, float *db, bool *ran_data,
-                                 bool *ran_weights);
+cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
+                                 const void *x, const void *w, const float *dy, float *dx, float *dw, float *db,
+                                 bool *ran_data, bool *ran_weights);
 
 /* Number of problems in the primitive cache (tests: repeated calls must not grow it). */
 int cmi_dnnl_conv_cache_size(void);
