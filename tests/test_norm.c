@@ -257,6 +257,143 @@ Test(norm, batch_norm_add_relu_writes_fresh_gradients_of_intermediates) {
         }
 }
 
+/* An f32 leaf holding t's values (any dtype, any strides), for a reference on the same values. */
+static cm_tensor *f32_leaf(cm_tape *tp, cm_tensor *t) {
+    cm_tensor *l = cm_clone_detached(tp, cm_cast(tp, t, CM_DTYPE_F32));
+    cr_assert(l, "%s", cm_tape_error(tp));
+    cm_tensor_set_requires_grad(l, true);
+    return l;
+}
+
+/* got (bf16) against want (f32) rounded to bf16: each element within one bf16 ulp, and at most 1% of
+ * them not exactly the rounded value (the f32 results may differ in the last bits, since the bf16
+ * kernels may sum in another order; truncating instead of rounding would miss half of them). */
+static void assert_bf16_rounding(const char *what, cm_tape *tp, const cm_tensor *got, cm_tensor *want) {
+    cr_assert_eq(cm_tensor_dtype(got), CM_DTYPE_BF16, "%s: output dtype %s, want bf16", what,
+                 cm_dtype_name(cm_tensor_dtype(got)));
+    cm_tensor *r = cm_cast(tp, want, CM_DTYPE_BF16);
+    cr_assert(r, "%s", cm_tape_error(tp));
+    cmt_assert_close(what, got, r, 1e-30, 1.0 / 128); /* < 2 ulp: 1 ulp is 2^-8 to 2^-7 of the value */
+    const int64_t n = cm_tensor_numel(got);
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; i++) off += cm_tensor_get_flat(got, i) != cm_tensor_get_flat(r, i);
+    cr_assert(off * 100 <= n, "%s: %lld of %lld values are not the f32 result rounded to nearest even", what,
+              (long long)off, (long long)n);
+}
+
+/* bf16 x (a cast of an f32 leaf, so its gradient reaches the leaf) with a residual that is none,
+ * f32, bf16, strided f32 or strided bf16, against the f32 op on the same values (f32 leaves): the
+ * output is bf16 and is the f32 output rounded to nearest even (assert_bf16_rounding); the running
+ * statistics and the f32 gradients of x, weight, bias and residual agree to f32 round-off (the
+ * ReLU masks agree: a positive f32 rounds to a positive bf16). cm_batch_norm
+ * and cm_batch_norm_add_relu, NCHW and channels_last, training and eval, short rows and rows long
+ * enough for the vector loops' main bodies. */
+Test(norm, batch_norm_bf16_x_and_residual_match_f32_on_the_same_values) {
+    const int64_t shapes[2][2][4] = {{{3, 4, 5, 6}, {3, 5, 6, 4}}, {{2, 19, 6, 11}, {2, 6, 11, 19}}};
+    for (int sz = 0; sz < 2; sz++)
+        for (int cl = 0; cl < 2; cl++)
+            for (int train = 0; train < 2; train++)
+                for (int rk = -1; rk < 5; rk++) { /* -1: cm_batch_norm; add_relu with residual none,
+                                                     f32, bf16, strided f32, strided bf16 */
+                    cm_tape *tp = cmt_tape();
+                    const int64_t *shape = shapes[sz][cl], C = shape[cl ? 3 : 1];
+                    const int64_t tshape[4] = {shape[0], shape[1], shape[3], shape[2]};
+                    cm_tensor *x32 = cmt_randn(tp, 4, shape, 1, true);
+                    cm_tensor *x = cm_cast(tp, x32, CM_DTYPE_BF16), *xl = f32_leaf(tp, x);
+                    cm_tensor *w = cmt_randn(tp, 1, &C, 2, true), *b = cmt_randn(tp, 1, &C, 3, true);
+                    cm_tensor *r32 = NULL, *res = NULL;
+                    if (rk == 1 || rk == 2) r32 = cmt_randn(tp, 4, shape, 4, true);
+                    if (rk == 3) r32 = cmt_randn_noncontig(tp, 4, shape, 4, true);
+                    if (rk == 4) r32 = cmt_randn(tp, 4, tshape, 4, true);
+                    res = rk == 2 ? cm_cast(tp, r32, CM_DTYPE_BF16)
+                          : rk == 4 ? cm_transpose(tp, cm_cast(tp, r32, CM_DTYPE_BF16), 2, 3)
+                                    : r32;
+                    cm_tensor *rl = res ? f32_leaf(tp, res) : NULL;
+                    cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
+                    cm_tensor *rm[2], *rv[2];
+                    for (int k = 0; k < 2; k++) {
+                        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rm[k]), CM_OK);
+                        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rv[k]), CM_OK);
+                        cm_tensor_fill(rm[k], 0.25);
+                        cm_tensor_fill(rv[k], 1.5);
+                    }
+                    cm_batch_norm_opts o = cm_batch_norm_opts_default();
+                    o.channels_last = cl;
+                    o.training = train;
+                    cm_tensor *y0 = rk < 0 ? cm_batch_norm(tp, xl, w, b, rm[0], rv[0], &o)
+                                           : cm_batch_norm_add_relu(tp, xl, w, b, rm[0], rv[0], rl, &o);
+                    cr_assert(y0, "%s", cm_tape_error(tp));
+                    cr_assert_eq(cm_tape_backward_with(tp, y0, g), CM_OK, "%s", cm_tape_error(tp));
+                    cm_tensor *ref[4] = {cm_tensor_grad(xl), cm_clone_detached(tp, cm_tensor_grad(w)),
+                                         cm_clone_detached(tp, cm_tensor_grad(b)), rl ? cm_tensor_grad(rl) : NULL};
+                    cm_tensor_zero_grad(w);
+                    cm_tensor_zero_grad(b);
+                    cm_tensor *y1 = rk < 0 ? cm_batch_norm(tp, x, w, b, rm[1], rv[1], &o)
+                                           : cm_batch_norm_add_relu(tp, x, w, b, rm[1], rv[1], res, &o);
+                    cr_assert(y1, "%s", cm_tape_error(tp));
+                    char what[128];
+                    snprintf(what, sizeof what, "size %d cl %d train %d residual %d", sz, cl, train, rk);
+                    assert_bf16_rounding(what, tp, y1, y0);
+                    cmt_assert_close_f32("running_mean", cm_tensor_data(rm[1]), cm_tensor_data(rm[0]), C, 1e-7, 1e-6);
+                    cmt_assert_close_f32("running_var", cm_tensor_data(rv[1]), cm_tensor_data(rv[0]), C, 1e-7, 1e-6);
+                    cr_assert_eq(cm_tape_backward_with(tp, y1, g), CM_OK, "%s", cm_tape_error(tp));
+                    cm_tensor *gr = r32 ? cm_tensor_grad(r32) : NULL;
+                    if (rk == 4) gr = cm_transpose(tp, gr, 2, 3);
+                    cm_tensor *got[4] = {cm_tensor_grad(x32), cm_tensor_grad(w), cm_tensor_grad(b), gr};
+                    const char *names[4] = {"grad x", "grad weight", "grad bias", "grad residual"};
+                    for (int k = 0; k < 4; k++) {
+                        if (!ref[k]) continue;
+                        char gw[192];
+                        snprintf(gw, sizeof gw, "%s (%s)", names[k], what);
+                        cr_assert_eq(cm_tensor_dtype(got[k]), CM_DTYPE_F32, "%s: dtype", gw);
+                        cmt_assert_close(gw, got[k], ref[k], 1e-5, 1e-5);
+                    }
+                    for (int k = 0; k < 2; k++) cm_tensor_free(rm[k]), cm_tensor_free(rv[k]);
+                    cm_tape_free(tp);
+                }
+}
+
+/* As batch_norm_add_relu_writes_fresh_gradients_of_intermediates for bf16 x: an intermediate bf16 x
+ * and residual get fresh f32 gradients, every element written (a poisoning tape shows any that is
+ * not); the reference is the op on f32 leaves holding the same values. */
+Test(norm, batch_norm_add_relu_bf16_writes_fresh_gradients_of_intermediates) {
+    const int64_t s4[4] = {3, 4, 5, 6}, C4 = 4, scl[4] = {3, 5, 6, 4};
+    for (int cl = 0; cl < 2; cl++)
+        for (int rk = 0; rk < 4; rk++) { /* residual: none, bf16, f32, x itself */
+            cm_tape_config tc = cm_tape_config_default();
+            tc.poison = true;
+            cm_tape *tp;
+            cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+            const int64_t *shape = cl ? scl : s4;
+            cm_tensor *x0 = cmt_randn(tp, 4, shape, 1, true), *r0 = cmt_randn(tp, 4, shape, 4, true);
+            cm_tensor *w = cmt_randn(tp, 1, &C4, 2, true), *b = cmt_randn(tp, 1, &C4, 3, true);
+            cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
+            cm_batch_norm_opts o = cm_batch_norm_opts_default();
+            o.channels_last = cl;
+            cm_tensor *x = cm_cast(tp, cm_mul_scalar(tp, x0, 1.5f), CM_DTYPE_BF16); /* intermediates */
+            cm_tensor *res = rk == 0   ? NULL
+                             : rk == 1 ? cm_cast(tp, cm_mul_scalar(tp, r0, 0.5f), CM_DTYPE_BF16)
+                             : rk == 2 ? cm_mul_scalar(tp, r0, 0.5f)
+                                       : x;
+            /* reference: f32 leaves holding the same values */
+            cm_tensor *xl = f32_leaf(tp, x), *rl = res && rk != 3 ? f32_leaf(tp, res) : NULL;
+            cm_tensor *yl = cm_batch_norm_add_relu(tp, xl, w, b, NULL, NULL, rk == 3 ? xl : rl, &o);
+            cr_assert(yl, "%s", cm_tape_error(tp));
+            cr_assert_eq(cm_tape_backward_with(tp, yl, g), CM_OK, "%s", cm_tape_error(tp));
+            cm_tensor *gxl = cm_mul_scalar(tp, cm_tensor_grad(xl), 1.5f);
+            cm_tensor *grl = rl ? cm_mul_scalar(tp, cm_tensor_grad(rl), 0.5f) : NULL;
+            cm_tensor *y = cm_batch_norm_add_relu(tp, x, w, b, NULL, NULL, res, &o);
+            cr_assert(y, "%s", cm_tape_error(tp));
+            assert_bf16_rounding("forward", tp, y, yl);
+            cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+            char what[96];
+            snprintf(what, sizeof what, "grad x (cl %d, residual %d)", cl, rk);
+            cmt_assert_close(what, cm_tensor_grad(x0), gxl, 1e-5, 1e-5);
+            if (rl) cmt_assert_close("grad residual", cm_tensor_grad(r0), grl, 1e-5, 1e-5);
+            cm_tape_free(tp);
+        }
+}
+
 /* The point of fusing: the op allocates its output only, where the three ops keep the batch norm's
  * output and the sum as well. */
 Test(norm, batch_norm_add_relu_keeps_two_tensors_fewer) {
@@ -414,10 +551,25 @@ Test(norm, batch_norm_add_relu_bad_residual_is_an_error_naming_both_shapes) {
     cr_assert_null(cm_batch_norm_add_relu(tp, x, NULL, NULL, NULL, NULL, cmt_randn(tp, 3, s2, 2, false), NULL));
     cmt_expect_error(tp, NULL, CM_ERR_SHAPE, "batch_norm_add_relu: residual (2, 6, 5)", "x (2, 6, 4)", NULL);
     cm_tape_reset(tp);
-    x = cmt_randn(tp, 3, s, 1, false);
-    cm_tensor *r16 = cm_cast(tp, cmt_randn(tp, 3, s, 2, false), CM_DTYPE_BF16);
-    cr_assert_null(cm_batch_norm_add_relu(tp, x, NULL, NULL, NULL, NULL, r16, NULL));
-    cmt_expect_error(tp, NULL, CM_ERR_DTYPE, "residual", NULL);
+    cm_tape_free(tp);
+}
+
+/* x and residual must be f32 or bf16; the message names the op, the tensor, its shape and dtype. */
+Test(norm, batch_norm_other_dtypes_are_errors_naming_op_shape_and_dtype) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s[3] = {2, 6, 4};
+    cr_assert_null(cm_batch_norm(tp, cm_zeros(tp, CM_DTYPE_I32, 3, s), NULL, NULL, NULL, NULL, NULL));
+    cmt_expect_error(tp, NULL, CM_ERR_DTYPE, "batch_norm: 'x' (2, 6, 4) has dtype i32", "f32 or bf16", "cm_cast",
+                     NULL);
+    cm_tape_reset(tp);
+    cm_tensor *x = cm_cast(tp, cmt_randn(tp, 3, s, 1, false), CM_DTYPE_BF16);
+    cr_assert_null(cm_batch_norm_add_relu(tp, x, NULL, NULL, NULL, NULL, cm_zeros(tp, CM_DTYPE_I32, 3, s), NULL));
+    cmt_expect_error(tp, NULL, CM_ERR_DTYPE, "batch_norm_add_relu: 'residual' (2, 6, 4) has dtype i32",
+                     "f32 or bf16", "cm_cast", NULL);
+    cm_tape_reset(tp);
+    cr_assert_null(
+        cm_batch_norm_add_relu(tp, cm_zeros(tp, CM_DTYPE_I64, 3, s), NULL, NULL, NULL, NULL, NULL, NULL));
+    cmt_expect_error(tp, NULL, CM_ERR_DTYPE, "batch_norm_add_relu: 'x' (2, 6, 4) has dtype i64", NULL);
     cm_tape_free(tp);
 }
 

@@ -437,7 +437,13 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
  * any stride) in place: r = (1-momentum)·r + momentum·stat, the variance unbiased, as PyTorch —
  * also when gradients are disabled. Training needs more than one value per channel
  * (CM_ERR_SHAPE). In eval, uses the running statistics (required: CM_ERR_INVALID_ARG without them)
- * and is differentiable in x, weight and bias. weight/bias (C) or NULL. opts NULL = defaults. */
+ * and is differentiable in x, weight and bias. weight/bias (C) or NULL. opts NULL = defaults.
+ * x is f32 or bf16 (any other dtype: CM_ERR_DTYPE) and the output has x's dtype, as under PyTorch's
+ * autocast: bf16 x gives the f32 result rounded to nearest even, so bf16 activations between a
+ * ResNet's convolutions stay bf16 and batch norm reads half the bytes. Weight, bias, the running
+ * and batch statistics and the arithmetic are f32 either way, and the gradients are f32 (those of
+ * a bf16 x included). Before its output is rounded, bf16 x gives what f32 x holding the same
+ * values gives, to f32 round-off (the sums may run in another order). */
 typedef struct cm_batch_norm_opts {
     bool training;  /* default true */
     float momentum; /* default 0.1 */
@@ -451,7 +457,10 @@ cm_tensor *cm_batch_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
  * with the same values, running-statistics updates and gradients as the three ops (ReLU's gradient
  * is 0 where the output is 0, as cm_relu). It keeps only x and its output for backward instead of
  * three tensors, and makes one pass over memory instead of three: a ResNet basic block holds two
- * activation tensors fewer. residual: f32, x's shape, any strides (CM_ERR_SHAPE / CM_ERR_DTYPE). */
+ * activation tensors fewer. residual: x's shape, any strides, f32 or bf16 whatever x's dtype
+ * (CM_ERR_SHAPE / CM_ERR_DTYPE); its gradient is f32. The output has x's dtype, and with bf16 x the
+ * ReLU's mask is taken from the bf16 output (a positive f32 rounds to a positive bf16, short of
+ * underflow). */
 cm_tensor *cm_batch_norm_add_relu(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bias,
                                   cm_tensor *running_mean, cm_tensor *running_var, cm_tensor *residual,
                                   const cm_batch_norm_opts *opts);

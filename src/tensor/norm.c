@@ -163,87 +163,149 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
 /* Per-channel kernels over a (O, C, I) layout: NCHW is (N, C, H·W); channels_last is (N·H·W, C, 1) */
 /* ------------------------------------------------------------------------------------------ */
 
-/* out[e] (+)= g[e]·P[c] + (x[e] - S[c])·Q[c] + R[c] over the (O, C, I) layout; g/P may be NULL.
- * Forward only (not accumulating): + res[e] when res is given, then max(·, 0) when relu. */
-static void chan_affine(float *out, bool accumulate, const float *x, const float *S, const float *Q, const float *g,
-                        const float *P, const float *R, int64_t O, int64_t C, int64_t I, const float *res, bool relu) {
-    const bool par = O * C * I >= CMI_PAR_MIN;
-    if (I == 1) {
-#pragma omp parallel for if (par) schedule(static)
-        for (int64_t o = 0; o < O; o++) {
-            float *orow = out + o * C;
-            const float *xr = x + o * C, *gr = g ? g + o * C : NULL, *rr = res ? res + o * C : NULL; // (C)
-            for (int64_t c = 0; c < C; c++) {
-                float y = (xr[c] - S[c]) * Q[c] + R[c];
-                if (gr) y += gr[c] * P[c];
-                if (rr) y += rr[c];
-                if (relu) y = y > 0.0f ? y : 0.0f;
-                orow[c] = accumulate ? orow[c] + y : y;
-            }
-        }
-        return;
-    }
-#pragma omp parallel for collapse(2) if (par) schedule(static)
-    for (int64_t o = 0; o < O; o++)
+/* Element i of an f32 (bf false) or bf16 (bf true) buffer, as f32; with a constant bf a loop over it
+ * compiles to the plain f32 loop or to a widening load, both vectorised. */
+static inline __attribute__((always_inline)) float ld(const void *p, int64_t i, const bool bf) {
+    return bf ? cmi_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+/* Stores v at element i, rounded to nearest even when bf. */
+static inline __attribute__((always_inline)) void st(void *p, int64_t i, float v, const bool bf) {
+    if (bf)
+        ((uint16_t *)p)[i] = cmi_f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+/* p advanced by i elements of its dtype. */
+static inline __attribute__((always_inline)) const void *at(const void *p, int64_t i, const bool bf) {
+    return bf ? (const void *)((const uint16_t *)p + i) : (const void *)((const float *)p + i);
+}
+
+/* Rows [o0, o1) of C channels (channels_last) for chan_affine, specialised by the constant flags. */
+static inline __attribute__((always_inline)) void affine_rows(void *restrict out, const void *restrict x,
+                                                              const void *restrict res, const float *restrict S,
+                                                              const float *restrict Q, const float *restrict R,
+                                                              int64_t o0, int64_t o1, int64_t C, const bool has_res,
+                                                              const bool relu, const bool xbf, const bool rbf) {
+    for (int64_t o = o0; o < o1; o++) {
+        void *restrict orow = (void *)at(out, o * C, xbf);
+        const void *restrict xr = at(x, o * C, xbf), *restrict rr = has_res ? at(res, o * C, rbf) : NULL; // (C)
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) {
-            const int64_t base = (o * C + c) * I;
-            float *orow = out + base;
-            const float *xr = x + base, *gr = g ? g + base : NULL, *rr = res ? res + base : NULL; // (I)
-            const float s = S[c], q = Q[c], r = R[c], p = P ? P[c] : 0.0f;
-            if (rr || relu) { /* the fused batch_norm_add_relu forward */
-                for (int64_t i = 0; i < I; i++) {
-                    float y = (xr[i] - s) * q + r + (rr ? rr[i] : 0.0f);
-                    orow[i] = y > 0.0f || !relu ? y : 0.0f;
-                }
-                continue;
-            }
-            for (int64_t i = 0; i < I; i++) {
-                float y = (xr[i] - s) * q + r;
-                if (gr) y += gr[i] * p;
-                orow[i] = accumulate ? orow[i] + y : y;
-            }
+            float y = (ld(xr, c, xbf) - S[c]) * Q[c] + R[c];
+            if (has_res) y += ld(rr, c, rbf);
+            if (relu) y = y > 0.0f ? y : 0.0f;
+            st(orow, c, y, xbf);
         }
+    }
+}
+
+/* One (o, c) plane of I values (NCHW) for chan_affine. */
+static inline __attribute__((always_inline)) void affine_plane(void *restrict out, const void *restrict x,
+                                                               const void *restrict res, float s, float q, float r,
+                                                               int64_t I, const bool has_res, const bool relu,
+                                                               const bool xbf, const bool rbf) {
+#pragma omp simd
+    for (int64_t i = 0; i < I; i++) {
+        float y = (ld(x, i, xbf) - s) * q + r;
+        if (has_res) y += ld(res, i, rbf);
+        if (relu) y = y > 0.0f ? y : 0.0f;
+        st(out, i, y, xbf);
+    }
+}
+
+/* out[e] = (x[e] - S[c])·Q[c] + R[c] over the (O, C, I) layout, + res[e] when res is given, then
+ * max(·, 0) when relu. x and out are both f32 or both bf16 (xbf; out rounded to nearest even), res
+ * f32 or bf16 (rbf); S, Q and R are f32 (C) and the arithmetic is f32 either way. out is new
+ * memory (it overlaps neither x nor res). */
+static void chan_affine(void *out, const void *x, const float *S, const float *Q, const float *R, int64_t O, int64_t C,
+                        int64_t I, const void *res, bool relu, bool xbf, bool rbf) {
+    const bool par = O * C * I >= CMI_PAR_MIN;
+    /* one specialised loop per case and dtype, chosen inside the parallel loops (OpenMP outlines a
+     * parallel region before inlining, so flags passed into one would stay run-time values) */
+    const int mode = (relu ? 1 : 0) | (xbf ? 2 : 0) | (res ? (rbf ? 8 : 4) : 0);
+#define CMI_AFFINE_CASES(CALL)                                                                                        \
+    switch (mode) {                                                                                                    \
+    case 0: CALL(false, false, false, false); break;                                                                   \
+    case 1: CALL(false, true, false, false); break;                                                                    \
+    case 2: CALL(false, false, true, false); break;                                                                    \
+    case 3: CALL(false, true, true, false); break;                                                                     \
+    case 4: CALL(true, false, false, false); break;                                                                    \
+    case 5: CALL(true, true, false, false); break;                                                                     \
+    case 6: CALL(true, false, true, false); break;                                                                     \
+    case 7: CALL(true, true, true, false); break;                                                                      \
+    case 8: CALL(true, false, false, true); break;                                                                     \
+    case 9: CALL(true, true, false, true); break;                                                                      \
+    case 10: CALL(true, false, true, true); break;                                                                     \
+    default: CALL(true, true, true, true); break;                                                                      \
+    }
+    if (I == 1) {
+        enum { BLK = 64 };
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
+            const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
+#define CMI_ROWS(HR, RL, XB, RB) affine_rows(out, x, res, S, Q, R, o0, o1, C, HR, RL, XB, RB)
+            CMI_AFFINE_CASES(CMI_ROWS)
+#undef CMI_ROWS
+        }
+    } else {
+#pragma omp parallel for collapse(2) if (par) schedule(static)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t c = 0; c < C; c++) {
+                const int64_t base = (o * C + c) * I;
+#define CMI_PLANE(HR, RL, XB, RB)                                                                                      \
+    affine_plane((void *)at(out, base, XB), at(x, base, XB), (HR) ? at(res, base, RB) : NULL, S[c], Q[c], R[c], I, HR, \
+                 RL, XB, RB)
+                CMI_AFFINE_CASES(CMI_PLANE)
+#undef CMI_PLANE
+            }
+    }
+#undef CMI_AFFINE_CASES
 }
 
 /* The value chan_sums adds up at one element: the upstream gradient (zero where the fused ReLU's
  * output y is not positive), or without one the shifted input x - m (the forward's moments). */
-static inline __attribute__((always_inline)) float sum_value(float x, float m, const float *g, const float *y,
-                                                             int64_t e, const bool has_g, const bool has_y) {
+static inline __attribute__((always_inline)) float sum_value(float x, float m, const float *g, const void *y,
+                                                             int64_t e, const bool has_g, const bool has_y,
+                                                             const bool bf) {
     if (!has_g) return x - m;
-    return has_y && !(y[e] > 0.0f) ? 0.0f : g[e];
+    return has_y && !(ld(y, e, bf) > 0.0f) ? 0.0f : g[e];
 }
 
-/* Rows [o0, o1) of C channels (channels_last) for chan_sums, specialised by the constant flags. */
-static inline __attribute__((always_inline)) void sums_rows(const float *restrict x, const float *restrict mean,
-                                                            const float *restrict g, const float *restrict y,
+/* Rows [o0, o1) of C channels (channels_last) for chan_sums, specialised by the constant flags
+ * (bf: x and y are bf16). */
+static inline __attribute__((always_inline)) void sums_rows(const void *restrict x, const float *restrict mean,
+                                                            const float *restrict g, const void *restrict y,
                                                             float *restrict gr, int64_t o0, int64_t o1, int64_t C,
                                                             float *restrict f1, float *restrict f2, const bool has_g,
-                                                            const bool has_y, const bool has_gr, const bool gr_fresh) {
+                                                            const bool has_y, const bool has_gr, const bool gr_fresh,
+                                                            const bool bf) {
     for (int64_t o = o0; o < o1; o++) {
-        const float *restrict xr = x + o * C;
+        const void *restrict xr = at(x, o * C, bf);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) {
-            const float v = sum_value(xr[c], mean[c], g, y, o * C + c, has_g, has_y);
+            const float xc = ld(xr, c, bf);
+            const float v = sum_value(xc, mean[c], g, y, o * C + c, has_g, has_y, bf);
             if (has_gr) gr[o * C + c] = gr_fresh ? v : gr[o * C + c] + v;
             f1[c] += v;
-            f2[c] += (xr[c] - mean[c]) * v;
+            f2[c] += (xc - mean[c]) * v;
         }
     }
 }
 
 /* One (o, c) plane of I values (NCHW) for chan_sums: f[0] += Σ v, f[1] += Σ (x - m)·v. */
-static inline __attribute__((always_inline)) void sums_plane(const float *restrict x, float m,
-                                                             const float *restrict g, const float *restrict y,
+static inline __attribute__((always_inline)) void sums_plane(const void *restrict x, float m,
+                                                             const float *restrict g, const void *restrict y,
                                                              float *restrict gr, int64_t I, float *f, const bool has_g,
-                                                             const bool has_y, const bool has_gr,
-                                                             const bool gr_fresh) {
+                                                             const bool has_y, const bool has_gr, const bool gr_fresh,
+                                                             const bool bf) {
     float f1 = 0.0f, f2 = 0.0f;
 #pragma omp simd reduction(+ : f1, f2)
     for (int64_t i = 0; i < I; i++) {
-        const float v = sum_value(x[i], m, g, y, i, has_g, has_y);
+        const float xi = ld(x, i, bf);
+        const float v = sum_value(xi, m, g, y, i, has_g, has_y, bf);
         if (has_gr) gr[i] = gr_fresh ? v : gr[i] + v;
         f1 += v;
-        f2 += (x[i] - m) * v;
+        f2 += (xi - m) * v;
     }
     f[0] += f1;
     f[1] += f2;
@@ -255,21 +317,28 @@ static inline __attribute__((always_inline)) void sums_plane(const float *restri
  *   - backward: v = gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL),
  *     m the mean; and gr = gz (gr_fresh) or gr += gz (gr given: the residual's gradient), so gz is
  *     never materialised and the residual needs no pass of its own.
+ * x and y are both f32 or both bf16 (bf); m, g, gr and the arithmetic are f32.
  * Float sums per plane (NCHW) or per block of 64 rows (channels-last), added up in double. */
-static cm_status chan_sums(cm_tape *tp, const float *x, const float *m, const float *g, const float *y, float *gr,
-                           bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1, double *s2) {
+static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const float *g, const void *y, float *gr,
+                           bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1, double *s2, bool bf) {
     const bool par = O * C * I >= CMI_PAR_MIN;
-    /* one specialised loop per case (branches in the loops would keep them scalar) */
+    /* one specialised loop per case and dtype (branches in the loops would keep them scalar) */
     const int mode = !g ? 6 : (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
-#define CMI_SUMS_CASES(CALL)                                                                                          \
+#define CMI_SUMS_MODES(CALL, BF)                                                                                      \
     switch (mode) {                                                                                                    \
-    case 0: CALL(g, NULL, NULL, true, false, false, false); break;                                                     \
-    case 1: CALL(g, y, NULL, true, true, false, false); break;                                                         \
-    case 2: CALL(g, NULL, gr, true, false, true, true); break;                                                         \
-    case 3: CALL(g, y, gr, true, true, true, true); break;                                                             \
-    case 4: CALL(g, NULL, gr, true, false, true, false); break;                                                        \
-    case 5: CALL(g, y, gr, true, true, true, false); break;                                                            \
-    default: CALL(NULL, NULL, NULL, false, false, false, false); break;                                                \
+    case 0: CALL(g, NULL, NULL, true, false, false, false, BF); break;                                                 \
+    case 1: CALL(g, y, NULL, true, true, false, false, BF); break;                                                     \
+    case 2: CALL(g, NULL, gr, true, false, true, true, BF); break;                                                     \
+    case 3: CALL(g, y, gr, true, true, true, true, BF); break;                                                         \
+    case 4: CALL(g, NULL, gr, true, false, true, false, BF); break;                                                    \
+    case 5: CALL(g, y, gr, true, true, true, false, BF); break;                                                        \
+    default: CALL(NULL, NULL, NULL, false, false, false, false, BF); break;                                            \
+    }
+#define CMI_SUMS_CASES(CALL)                                                                                          \
+    if (bf) {                                                                                                          \
+        CMI_SUMS_MODES(CALL, true)                                                                                     \
+    } else {                                                                                                           \
+        CMI_SUMS_MODES(CALL, false)                                                                                    \
     }
     if (I > 1) {
 #pragma omp parallel for if (par) schedule(static)
@@ -279,8 +348,9 @@ static cm_status chan_sums(cm_tape *tp, const float *x, const float *m, const fl
             for (int64_t o = 0; o < O; o++) {
                 const int64_t base = (o * C + c) * I;
                 float f[2] = {0.0f, 0.0f};
-#define CMI_PLANE(G, Y, GR, HG, HY, HR, FR)                                                                            \
-    sums_plane(x + base, mc, (G) ? g + base : NULL, (Y) ? y + base : NULL, (GR) ? gr + base : NULL, I, f, HG, HY, HR, FR)
+#define CMI_PLANE(G, Y, GR, HG, HY, HR, FR, BF)                                                                        \
+    sums_plane(at(x, base, BF), mc, (G) ? g + base : NULL, (Y) ? at(y, base, BF) : NULL, (GR) ? gr + base : NULL, I, \
+               f, HG, HY, HR, FR, BF)
                 CMI_SUMS_CASES(CMI_PLANE)
 #undef CMI_PLANE
                 d1 += f[0];
@@ -306,13 +376,14 @@ static cm_status chan_sums(cm_tape *tp, const float *x, const float *m, const fl
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
-#define CMI_ROWS(G, Y, GR, HG, HY, HR, FR) sums_rows(x, m, G, Y, GR, o0, o1, C, f1, f2, HG, HY, HR, FR)
+#define CMI_ROWS(G, Y, GR, HG, HY, HR, FR, BF) sums_rows(x, m, G, Y, GR, o0, o1, C, f1, f2, HG, HY, HR, FR, BF)
             CMI_SUMS_CASES(CMI_ROWS)
 #undef CMI_ROWS
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
         }
     }
 #undef CMI_SUMS_CASES
+#undef CMI_SUMS_MODES
     for (int64_t c = 0; c < C; c++) {
         double d1 = 0, d2 = 0;
         for (int th = 0; th < nth; th++) {
@@ -325,47 +396,58 @@ static cm_status chan_sums(cm_tape *tp, const float *x, const float *m, const fl
     return CM_OK;
 }
 
-/* One row of C channels for bn_bwd_dx, specialised by the constant flags. */
-static inline __attribute__((always_inline)) void dx_row(float *restrict o, const float *restrict x,
+/* One row of C channels for bn_bwd_dx, specialised by the constant flags (bf: x and y are bf16). */
+static inline __attribute__((always_inline)) void dx_row(float *restrict o, const void *restrict x,
                                                          const float *restrict mean, const float *restrict g,
-                                                         const float *restrict y, const float *restrict P,
+                                                         const void *restrict y, const float *restrict P,
                                                          const float *restrict Q, const float *restrict R, int64_t C,
-                                                         const bool has_y, const bool fresh) {
+                                                         const bool has_y, const bool fresh, const bool bf) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
-        const float v = has_y && !(y[c] > 0.0f) ? 0.0f : g[c];
-        const float d = v * P[c] + (x[c] - mean[c]) * Q[c] + R[c];
+        const float v = has_y && !(ld(y, c, bf) > 0.0f) ? 0.0f : g[c];
+        const float d = v * P[c] + (ld(x, c, bf) - mean[c]) * Q[c] + R[c];
         o[c] = fresh ? d : o[c] + d;
     }
 }
 
 /* One (o, c) plane of I values (NCHW) for bn_bwd_dx. */
-static inline __attribute__((always_inline)) void dx_plane(float *restrict o, const float *restrict x,
-                                                           const float *restrict g, const float *restrict y, float m,
+static inline __attribute__((always_inline)) void dx_plane(float *restrict o, const void *restrict x,
+                                                           const float *restrict g, const void *restrict y, float m,
                                                            float p, float q, float r, int64_t I, const bool has_y,
-                                                           const bool fresh) {
+                                                           const bool fresh, const bool bf) {
 #pragma omp simd
     for (int64_t i = 0; i < I; i++) {
-        const float v = has_y && !(y[i] > 0.0f) ? 0.0f : g[i];
-        const float d = v * p + (x[i] - m) * q + r;
+        const float v = has_y && !(ld(y, i, bf) > 0.0f) ? 0.0f : g[i];
+        const float d = v * p + (ld(x, i, bf) - m) * q + r;
         o[i] = fresh ? d : o[i] + d;
     }
 }
 
-/* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in chan_sums. */
-static void bn_bwd_dx(float *gx, bool fresh, const float *x, const float *mean, const float *g, const float *y,
-                      const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I) {
+/* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in chan_sums. x and y are both f32
+ * or both bf16 (bf); gx, g and the arithmetic are f32. */
+static void bn_bwd_dx(float *gx, bool fresh, const void *x, const float *mean, const float *g, const void *y,
+                      const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I, bool bf) {
     const bool par = O * C * I >= CMI_PAR_MIN;
+    /* one specialised loop per case and dtype */
+    const int mode = (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0);
+#define CMI_DX_CASES(CALL)                                                                                            \
+    switch (mode) {                                                                                                    \
+    case 0: CALL(NULL, false, false, false); break;                                                                    \
+    case 1: CALL(y, true, false, false); break;                                                                        \
+    case 2: CALL(NULL, false, true, false); break;                                                                     \
+    case 3: CALL(y, true, true, false); break;                                                                         \
+    case 4: CALL(NULL, false, false, true); break;                                                                     \
+    case 5: CALL(y, true, false, true); break;                                                                         \
+    case 6: CALL(NULL, false, true, true); break;                                                                      \
+    default: CALL(y, true, true, true); break;                                                                         \
+    }
     if (I == 1) {
-        const int mode = (y ? 1 : 0) | (fresh ? 2 : 0);
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o = 0; o < O; o++) {
-            switch (mode) {
-            case 0: dx_row(gx + o * C, x + o * C, mean, g + o * C, NULL, P, Q, R, C, false, false); break;
-            case 1: dx_row(gx + o * C, x + o * C, mean, g + o * C, y + o * C, P, Q, R, C, true, false); break;
-            case 2: dx_row(gx + o * C, x + o * C, mean, g + o * C, NULL, P, Q, R, C, false, true); break;
-            default: dx_row(gx + o * C, x + o * C, mean, g + o * C, y + o * C, P, Q, R, C, true, true); break;
-            }
+#define CMI_ROW(Y, HY, FR, BF)                                                                                         \
+    dx_row(gx + o * C, at(x, o * C, BF), mean, g + o * C, (Y) ? at(y, o * C, BF) : NULL, P, Q, R, C, HY, FR, BF)
+            CMI_DX_CASES(CMI_ROW)
+#undef CMI_ROW
         }
         return;
     }
@@ -374,15 +456,14 @@ static void bn_bwd_dx(float *gx, bool fresh, const float *x, const float *mean, 
         for (int64_t c = 0; c < C; c++) {
             const int64_t base = (o * C + c) * I;
             float *restrict orow = gx + base;
-            const float *restrict xr = x + base, *restrict gg = g + base, *restrict yr = y ? y + base : NULL;
+            const float *restrict gg = g + base;
             const float m = mean[c], p = P[c], q = Q[c], r = R[c];
-            switch ((y ? 1 : 0) | (fresh ? 2 : 0)) {
-            case 0: dx_plane(orow, xr, gg, NULL, m, p, q, r, I, false, false); break;
-            case 1: dx_plane(orow, xr, gg, yr, m, p, q, r, I, true, false); break;
-            case 2: dx_plane(orow, xr, gg, NULL, m, p, q, r, I, false, true); break;
-            default: dx_plane(orow, xr, gg, yr, m, p, q, r, I, true, true); break;
-            }
+#define CMI_PLANE(Y, HY, FR, BF)                                                                                       \
+    dx_plane(orow, at(x, base, BF), gg, (Y) ? at(y, base, BF) : NULL, m, p, q, r, I, HY, FR, BF)
+            CMI_DX_CASES(CMI_PLANE)
+#undef CMI_PLANE
         }
+#undef CMI_DX_CASES
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -427,9 +508,12 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     double *sg = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *sgx = sg + C; // Σ g, Σ g·(x - mean): (C)
     float *coef = cmi_scratch(tp, sizeof(float) * (size_t)(3 * C + 1));                // P, Q, R: (C) each
     if (!sg || !coef) return cmi_status(tp);
-    const float *xv = cmi_f32(x), *gv = cmi_f32(gout);
-    const float *y = n->i[2] ? cmi_f32(n->out) : NULL; /* fused ReLU: the gradient passes where y > 0 */
-    if (chan_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx))
+    /* x and the output y are f32 or bf16 alike; gout and the gradients are f32 */
+    const bool bf = x->dtype == CM_DTYPE_BF16;
+    const void *xv = x->data;
+    const float *gv = cmi_f32(gout);
+    const void *y = n->i[2] ? n->out->data : NULL; /* fused ReLU: the gradient passes where y > 0 */
+    if (chan_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf))
         return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
     for (int64_t c = 0; c < C; c++) {
@@ -442,7 +526,7 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         Q[c] = training ? (float)(-(double)P[c] * rs * sum_gxhat / M) : 0.0f;
         R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
     }
-    if (gx) bn_bwd_dx(cmi_f32(gx), gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I);
+    if (gx) bn_bwd_dx(cmi_f32(gx), gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I, bf);
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }
@@ -459,7 +543,16 @@ static bool running_check(cm_tape *tp, const char *name, const cm_tensor *r, int
     return true;
 }
 
-/* batch_norm(x) [+ residual] [then ReLU]; op names the op in errors and on the tape. */
+/* x or residual: f32 or bf16 (the kernels' two instantiations). */
+static bool bn_dtype_check(cm_tape *tp, const char *op, const char *name, const cm_tensor *t) {
+    if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) return true;
+    cmi_fail(tp, CM_ERR_DTYPE, "%s: '%s' %s has dtype %s; %s needs f32 or bf16 (cast with cm_cast)", op, name,
+             cmi_shape(t), cm_dtype_name(t->dtype), op);
+    return false;
+}
+
+/* batch_norm(x) [+ residual] [then ReLU]; op names the op in errors and on the tape. x and the
+ * output are f32 or bf16 alike, residual f32 or bf16; statistics and arithmetic are f32. */
 static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_tensor *weight, cm_tensor *bias,
                                   cm_tensor *running_mean, cm_tensor *running_var, cm_tensor *residual, bool relu,
                                   const cm_batch_norm_opts *opts) {
@@ -467,14 +560,14 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
     if (!cmi_begin(tp, op, 1, &x) ||
         !cmi_fetch(tp, 5, (cm_tensor *const[]){weight, bias, running_mean, running_var, residual}))
         return NULL;
-    if (residual && !cmi_check_f32(tp, op, "residual", residual)) return NULL;
+    if (residual && !bn_dtype_check(tp, op, "residual", residual)) return NULL;
     if (residual && (residual->ndim != x->ndim ||
                      memcmp(residual->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0)) {
         cmi_fail(tp, CM_ERR_SHAPE, "%s: residual %s must have the shape of x %s", op, cmi_shape(residual),
                  cmi_shape(x));
         return NULL;
     }
-    if (!cmi_check_f32(tp, "batch_norm", "x", x) || !eps_check(tp, "batch_norm", o.eps)) return NULL;
+    if (!bn_dtype_check(tp, op, "x", x) || !eps_check(tp, "batch_norm", o.eps)) return NULL;
     if (x->ndim < 2) {
         cmi_fail(tp, CM_ERR_SHAPE, "batch_norm: x %s must be (N, C, ...)%s with at least 2 dims", cmi_shape(x),
                  o.channels_last ? " or (N, ..., C)" : "");
@@ -507,17 +600,18 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
     }
     x = cm_contiguous(tp, x);
     if (!x || (residual && !(residual = cm_contiguous(tp, residual)))) return NULL;
-    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
+    cm_tensor *out = cmi_new(tp, x->dtype, x->ndim, x->shape); // x's dtype, as torch's autocast
     float *stat = cmi_scratch(tp, sizeof(float) * (size_t)(4 * C + 1)); // mean, rstd, Q, R: (C) each
     double *s1 = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *s2 = s1 ? s1 + C : NULL;
     if (!out || !stat || !s1) return NULL;
     float *mean = stat, *rstd = stat + C, *Q = stat + 2 * C, *R = stat + 3 * C;
-    const float *xv = cmi_f32(x);
+    const bool bf = x->dtype == CM_DTYPE_BF16;
+    const void *xv = x->data;
     if (o.training) {
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
-        for (int64_t c = 0; c < C; c++) mean[c] = xv[c * I];
-        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, false, O, C, I, s1, s2)) return NULL;
+        for (int64_t c = 0; c < C; c++) mean[c] = ld(xv, c * I, bf);
+        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, false, O, C, I, s1, s2, bf)) return NULL;
         for (int64_t c = 0; c < C; c++) {
             const double var_shift = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased
             mean[c] = (float)((double)mean[c] + s1[c] / (double)M);
@@ -542,7 +636,8 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         Q[c] = rstd[c] * (weight ? cmi_f32(weight)[c] : 1.0f);
         R[c] = bias ? cmi_f32(bias)[c] : 0.0f;
     }
-    chan_affine(cmi_f32(out), false, xv, mean, Q, NULL, NULL, R, O, C, I, residual ? cmi_f32(residual) : NULL, relu);
+    chan_affine(out->data, xv, mean, Q, R, O, C, I, residual ? residual->data : NULL, relu, bf,
+                residual && residual->dtype == CM_DTYPE_BF16);
     cm_tensor *ins[4] = {x, weight, bias, residual};
     const int n_in = residual ? 4 : 3;
     if (cmi_needs_grad(tp, n_in, ins)) {
