@@ -157,7 +157,10 @@ typedef struct cm_resnet_config {
      * permutes it once); weights keep PyTorch's layout, so checkpoints are the same. true (the
      * default, in every preset): oneDNN's convolutions then read and write the activations as
      * they are, where NCHW costs a layout reorder of every input, output and gradient (a quarter
-     * of a ResNet-56 step's convolution time; docs/PERFORMANCE.md). false gives NCHW inside. */
+     * of a ResNet-56 step's convolution time; docs/PERFORMANCE.md). false gives NCHW inside.
+     * Under the tape's bf16 autocast (amp_bf16) the activations between convolutions are bf16,
+     * as in PyTorch's autocast: convolutions write bf16 (cm_conv2d_opts.out_bf16), batch norm and
+     * its fused add + ReLU read and write bf16; gradients, weights and statistics stay f32. */
     bool channels_last;
     float bn_eps;                    /* 1e-5 */
     float bn_momentum;               /* 0.1 */

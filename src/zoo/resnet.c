@@ -105,6 +105,7 @@ static cm_status make_conv(const cm_resnet_config *c, int64_t in, int64_t out, i
     cc.opts.stride[0] = cc.opts.stride[1] = stride;
     cc.opts.padding[0] = cc.opts.padding[1] = k / 2;
     cc.opts.channels_last = c->channels_last;
+    cc.opts.out_bf16 = true; /* under autocast: bf16 activations into batch norm, as PyTorch's */
     cm_status st = cm_nn_conv2d_new(&cc, NULL, m);
     if (!st && rng) st = cm_tensor_init_kaiming_normal(cm_module_param(*m, "weight"), rng, CM_FAN_OUT, 0.0f);
     return st ? cmz_fail_build(m, st) : CM_OK;
@@ -138,8 +139,15 @@ typedef struct {
     cm_module *conv1, *bn1, *conv2, *bn2, *conv3, *bn3, *relu, *downsample;
 } block_s;
 
+/* t in f32: under autocast the activations between convolutions are bf16 (the convolutions write
+ * bf16 for batch norm, which keeps x's dtype); the few ops that take f32 only get an f32 copy. */
+static cm_tensor *as_f32(cm_tape *tp, cm_tensor *t) {
+    return t && cm_tensor_dtype(t) != CM_DTYPE_F32 ? cm_cast(tp, t, CM_DTYPE_F32) : t;
+}
+
 /* Option A: x[:, :, ::s, ::s] with (out - in) zero channels split around it. */
 static cm_tensor *pad_shortcut(cm_tape *tp, const block_s *b, cm_tensor *x) {
+    x = as_f32(tp, x);
     if (b->stride > 1) {
         cm_pool2d_opts po = cm_pool2d_opts_default(1, 1);
         po.stride[0] = po.stride[1] = b->stride;
@@ -163,8 +171,8 @@ static cm_tensor *pad_shortcut(cm_tape *tp, const block_s *b, cm_tensor *x) {
  * (cm_nn_batch_norm_add_relu) while that module is a plain ReLU, else bn, add and the module. */
 static cm_tensor *bn_add_relu(cm_module *relu, cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual) {
     if (strcmp(cm_module_type_name(relu), "ReLU") == 0) return cm_nn_batch_norm_add_relu(bn, tp, x, residual);
-    cm_tensor *y = cm_module_forward(bn, tp, x);
-    return cm_module_forward(relu, tp, residual ? cm_add(tp, y, residual) : y);
+    cm_tensor *y = as_f32(tp, cm_module_forward(bn, tp, x));
+    return cm_module_forward(relu, tp, residual ? cm_add(tp, y, as_f32(tp, residual)) : y);
 }
 
 static cm_tensor *block_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
@@ -274,9 +282,9 @@ static cm_tensor *resnet_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *con
     }
     if (s->cfg.channels_last) x = cm_contiguous(tp, cm_permute(tp, x, (const int[]){0, 2, 3, 1}));
     x = bn_add_relu(s->relu, s->bn1, tp, cm_module_forward(s->conv1, tp, x), NULL);
-    if (s->maxpool) x = cm_module_forward(s->maxpool, tp, x);
+    if (s->maxpool) x = cm_module_forward(s->maxpool, tp, as_f32(tp, x));
     for (int i = 0; i < s->cfg.n_stages; i++) x = cm_module_forward(s->layers[i], tp, x);
-    x = cm_module_forward(s->avgpool, tp, x); /* (B, C, 1, 1) or (B, 1, 1, C) */
+    x = cm_module_forward(s->avgpool, tp, as_f32(tp, x)); /* (B, C, 1, 1) or (B, 1, 1, C) */
     if (!x) return NULL;
     x = cm_reshape(tp, x, 2, (const int64_t[]){cm_tensor_dim(x, 0), -1});
     return cm_module_forward(s->fc, tp, x);
