@@ -518,7 +518,7 @@ int main(int argc, char **argv) {
     else if (ftell(tsv) == 0)
         fprintf(tsv, "date\tcpu\tisa\tthreads\tload1\tworkload\tprecision\trep\tside\titems_per_s\tunit\tpeak_rss_mib\n");
 
-    const double peak16 = bf16_peak(threads);
+    double peak16 = bf16_peak(threads);
     char p16[64] = "";
     if (peak16 > 0) snprintf(p16, sizeof p16, ", bf16 dot-product peak %.1f GFLOP/s", peak16 / 1e9);
     printf("%s; %s, %s, %d threads; load average at start %.2f %.2f %.2f; FMA peak %.1f GFLOP/s%s\n", stamp, cpu,
@@ -572,6 +572,12 @@ int main(int argc, char **argv) {
                 }
             }
             if (tsv) fflush(tsv);
+            /* The peaks again after each row's runs, keeping the highest: this VM's two virtual
+             * cores sometimes share a physical one for minutes, and a peak read then (half the
+             * real one) put MFU above 100 %. */
+            double pk_now = 0;
+            if (cm_peak_flops(&pk_now) == CM_OK && pk_now > peak) peak = pk_now;
+            if (peak16 > 0 && (pk_now = bf16_peak(threads)) > peak16) peak16 = pk_now;
             double mo = median(ours, no), mt = median(theirs, nt), fpi = flops_per_item(w);
             /* amp_bf16 against the bf16 peak where the CPU has bf16 dot products (the GEMMs run there) */
             const double pk = pi == 1 && peak16 > 0 ? peak16 : peak;
@@ -589,9 +595,12 @@ int main(int argc, char **argv) {
         remove(path);
     }
     getloadavg(load, 3);
-    printf("load average at end %.2f %.2f %.2f; MFU = items/s × training FLOPs per item / FMA peak (amp_bf16: / "
-           "bf16 dot-product peak where the CPU has one); peak RSS from "
-           "wait4 (whole process, torch's interpreter included)\n", load[0], load[1], load[2]);
+    p16[0] = 0;
+    if (peak16 > 0) snprintf(p16, sizeof p16, ", bf16 dot-product peak %.1f GFLOP/s", peak16 / 1e9);
+    printf("load average at end %.2f %.2f %.2f; FMA peak %.1f GFLOP/s%s (the highest measured: at the start and "
+           "after each row, whose MFU uses the highest so far); MFU = items/s × training FLOPs per item / FMA peak "
+           "(amp_bf16: / bf16 dot-product peak where the CPU has one); peak RSS from "
+           "wait4 (whole process, torch's interpreter included)\n", load[0], load[1], load[2], peak / 1e9, p16);
     if (tsv) fclose(tsv);
     return 0;
 }
