@@ -646,6 +646,93 @@ Test(conv_bf16, autocast_takes_any_mix_of_bf16_and_f32_and_can_write_a_bf16_resu
     cmi_conv_set_bf16_kernel(cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN);
 }
 
+/* A bf16 convolution output (opts.out_bf16) going into batch norm gets its gradient written by
+ * batch norm's backward in bf16 (cmi_grad_for_write_as), and the convolution reads it as it is
+ * instead of rounding an f32 one: the same f32 value rounded once either way, so the gradients of
+ * x, w and batch norm's parameters are bitwise those of the f32-gradient path. Runs: (0) conv ->
+ * batch_norm_add_relu (bf16 gradient: checked in a backward hook at batch norm's node); (1) the
+ * conv output also used after batch norm (times 0), so its gradient exists, f32, when batch norm
+ * runs: bitwise run 0's; (2) that use times 0.5 (f32 path) and (3) the same use recorded before
+ * batch norm, so batch norm's bf16 gradient is promoted to f32 when that consumer adds to it:
+ * run 2's within one more bf16 rounding of batch norm's part (2^-9 relative per element of dy;
+ * relative L2 error of the gradients 4e-3, measured 7e-4).
+ * Both bf16 kernels, NCHW and channels-last. */
+typedef struct {
+    const cm_tensor *y;
+    int seen;
+    cm_dtype dtype;
+} grad_probe;
+
+static void probe_hook(cm_tape *tp, const void *node, void *data) {
+    (void)tp;
+    grad_probe *p = data;
+    if (node && strcmp(((const cm_node *)node)->op, "batch_norm_add_relu") == 0 && cm_tensor_grad(p->y)) {
+        p->seen++;
+        p->dtype = cm_tensor_dtype(cm_tensor_grad(p->y));
+    }
+}
+
+Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
+    const cfg *cs[2] = {&k_resnet[1], &k_resnet[6]}; /* NCHW and channels-last stage 1 */
+    for (int bk = 0; bk < 2; bk++) {
+        if (bk == CMI_CONV_BF16_ONEDNN && !cmi_bf16_native()) continue;
+        cmi_conv_set_bf16_kernel((cmi_conv_bf16_kernel)bk);
+        for (int k = 0; k < 2; k++) {
+            const cfg *c = cs[k];
+            const int64_t C = c->cout;
+            cm_tensor *grads[4][4];
+            cm_tape *tps[4];
+            for (int run = 0; run < 4; run++) {
+                cm_tape *tp = tps[run] = cmt_tape();
+                cm_tensor *x, *w, *b;
+                make_inputs(tp, c, 70 + (uint64_t)k, true, &x, &w, &b);
+                cm_tensor *bw = cmt_randn(tp, 1, &C, 80, true), *bb = cmt_randn(tp, 1, &C, 81, true);
+                cm_conv2d_opts o = opts_of(c);
+                o.out_bf16 = true;
+                cm_batch_norm_opts bo = cm_batch_norm_opts_default();
+                bo.channels_last = c->cl;
+                cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+                cm_tensor *y = cm_conv2d(tp, x, w, NULL, &o);
+                cr_assert(y && cm_tensor_dtype(y) == CM_DTYPE_BF16, "%s", cm_tape_error(tp));
+                const float f = run == 1 ? 0.0f : 0.5f;
+                cm_tensor *early = run == 3 ? cm_mul_scalar(tp, cm_cast(tp, y, CM_DTYPE_F32), f) : NULL;
+                cm_tensor *z = cm_cast(tp, cm_batch_norm_add_relu(tp, y, bw, bb, NULL, NULL, NULL, &bo), CM_DTYPE_F32);
+                if (run == 1 || run == 2) z = cm_add(tp, z, cm_mul_scalar(tp, cm_cast(tp, y, CM_DTYPE_F32), f));
+                if (run == 3) z = cm_add(tp, z, early);
+                cr_assert(z, "%s", cm_tape_error(tp));
+                grad_probe pr = {y, 0, CM_DTYPE_COUNT};
+                cm_tape_set_backward_hook(tp, probe_hook, &pr);
+                cm_tensor *g = cmt_randn(tp, 4, cm_tensor_shape(z), 82, false);
+                cr_assert_eq(cm_tape_backward_with(tp, z, g), CM_OK, "%s", cm_tape_error(tp));
+                cr_assert_eq(pr.seen, 1);
+                cr_assert_eq(pr.dtype, run == 1 || run == 2 ? CM_DTYPE_F32 : CM_DTYPE_BF16,
+                             "kernel %d config %d run %d: the conv output's gradient after batch norm is %s", bk, k,
+                             run, cm_dtype_name(pr.dtype));
+                cm_tensor *leaves[4] = {x, w, bw, bb};
+                for (int i = 0; i < 4; i++) {
+                    grads[run][i] = cm_tensor_grad(leaves[i]);
+                    cr_assert_eq(cm_tensor_dtype(grads[run][i]), CM_DTYPE_F32);
+                }
+            }
+            const char *names[4] = {"grad x", "grad w", "grad bn weight", "grad bn bias"};
+            for (int i = 0; i < 4; i++) {
+                char what[96];
+                snprintf(what, sizeof what, "kernel %d config %d run 1 %s", bk, k, names[i]);
+                cmt_assert_close(what, grads[1][i], grads[0][i], 0, 0);
+                double dd = 0, nn = 0; /* relative L2 error: elements where the two parts cancel differ more */
+                for (int64_t e = 0; e < cm_tensor_numel(grads[2][i]); e++) {
+                    const double a = cm_tensor_get_flat(grads[3][i], e), r = cm_tensor_get_flat(grads[2][i], e);
+                    dd += (a - r) * (a - r), nn += r * r;
+                }
+                cr_assert(sqrt(dd) <= 4e-3 * sqrt(nn), "kernel %d config %d run 3 %s: relative L2 error %.3g", bk, k,
+                          names[i], sqrt(dd / nn));
+            }
+            for (int run = 0; run < 4; run++) cm_tape_free(tps[run]);
+        }
+    }
+    cmi_conv_set_bf16_kernel(cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN);
+}
+
 /* An intermediate x (a tensor with a node) gets its gradient written, not zeroed and added: on a
  * poisoning tape (new arena memory is NaN) each kernel — oneDNN, im2col (which zeroes it first),
  * and under autocast — must give the gradient the same op gives a leaf: grad x0 = 2 · grad x. */

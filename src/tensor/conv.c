@@ -446,9 +446,8 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
  * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
  * implementation for one). */
 static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, const void *x,
-                               const void *w,
-                               const float *dy, float *dx, bool dx_fresh, float *dW, float *db, bool *dx_done,
-                               bool *dw_done) {
+                               const void *w, cm_dtype dys, const void *dy, float *dx, bool dx_fresh, float *dW,
+                               float *db, bool *dx_done, bool *dw_done) {
     *dx_done = *dw_done = false;
     if (!dx && !dW) return CM_OK;
     const size_t mark = cm_arena_mark(tp->arena);
@@ -457,7 +456,7 @@ static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_
     float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
     if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
     bool rd = false, rw = false;
-    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dys, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
     if (rd) {
         if (t != dx) add_into(dx, t, x_numel(g));
         *dx_done = true;
@@ -477,7 +476,8 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
                               float *dx, bool dx_fresh, float *dW, float *db) {
     if (dnnl_wanted(g)) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, CM_DTYPE_F32, dy, dx, dx_fresh, dW, db,
+                          &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
@@ -505,22 +505,23 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     if (cmi_status(tp)) return cmi_status(tp);
     float *dx = gx ? cmi_f32(gx) : NULL, *dW = gw ? cmi_f32(gw) : NULL, *db = gb ? cmi_f32(gb) : NULL;
     if (!dx && !dW && !db) return CM_OK;
-    const float *dy = cmi_f32(gout);
     const void *x = nd->in[0]->data, *w = nd->in[1]->data;
-    if (c->dt == CM_DTYPE_F32) return backward_f32(tp, g, x, w, dy, dx, dx_fresh, dW, db);
+    if (c->dt == CM_DTYPE_F32) return backward_f32(tp, g, x, w, cmi_f32(gout), dx, dx_fresh, dW, db);
 
     /* bf16: the upstream gradient is rounded to bf16, as linear's backward does (by oneDNN's
-     * reorder of dy on the native path, by to_bf16 on the widened one) */
+     * reorder of dy on the native path, by to_bf16 on the widened one) — unless the consumer
+     * already wrote it in bf16 (nd->bf16_gout: cmi_grad_for_write_as) */
+    const cm_dtype dys = gout->dtype;
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dy, dx, dx_fresh, dW, db, &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dys, gout->data, dx, dx_fresh, dW, db, &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
     }
     const size_t mark = cm_arena_mark(tp->arena);
     if (dx || dW || db) { /* widen: f32 kernels on the exact f32 values of x, w and the rounded dy */
-        uint16_t *dy16 = to_bf16(tp, dy, y_numel(g));
+        const uint16_t *dy16 = dys == CM_DTYPE_BF16 ? gout->data : to_bf16(tp, cmi_f32(gout), y_numel(g));
         float *dyw = dy16 ? widen(tp, dy16, y_numel(g)) : NULL;
         float *xw = dyw && dW ? bf16_values(tp, x, c->xs, x_numel(g)) : NULL;
         float *ww = dyw && dx ? bf16_values(tp, w, c->ws, w_numel(g)) : NULL;
@@ -639,6 +640,7 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     if (cmi_needs_grad(tp, 3, ins)) {
         cm_node *n = cmi_record(tp, op, y, 3, ins, conv_backward, sizeof(conv_ctx));
         if (!n) return NULL;
+        n->bf16_gout = ys == CM_DTYPE_BF16; /* a bf16 consumer may write the gradient in bf16 */
         conv_ctx *c = n->ctx;
         c->g = g;
         c->dt = dt;

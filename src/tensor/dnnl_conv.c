@@ -106,7 +106,7 @@ void cmi_conv_stats_reset(void) {
 typedef struct {
     int64_t N, Cin, H, W, Cout, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, groups;
     int32_t cl, bf16, pass, bias, blocked;
-    int32_t x_f32, w_f32, y_bf16; /* bf16 compute on an f32 x / f32 w (autocast); forward writing a bf16 y */
+    int32_t x_f32, w_f32, y_bf16; /* bf16 compute on an f32 x / f32 w (autocast); a bf16 y (forward) or dy */
 } conv_key;
 
 typedef struct {
@@ -238,9 +238,10 @@ static cm_status build(cm_tape *tp, const conv_key *k, conv_entry *e) {
     const dnnl_data_type_t u_src_dt = k->x_f32 ? dnnl_f32 : src_dt, u_wei_dt = k->w_f32 ? dnnl_f32 : wei_dt;
     dnnl_memory_desc_t u_src, u_wei, u_dst, u_bias, p_src, p_wei, p_dst;
     md_act(&u_src, k->N, k->Cin, k->H, k->W, u_src_dt, user_tag);
-    /* y is f32 in the user's layout, or bf16 (y_bf16: the primitive writes it directly); dy is f32,
-     * and in bf16 backward the reorder of dy to what the primitive wants (bf16, maybe blocked) also
-     * rounds it to bf16, in one pass */
+    /* y is f32 in the user's layout, or bf16 (y_bf16: the primitive writes it directly); dy is f32
+     * or bf16 (y_bf16 in backward), and in bf16 backward the reorder of an f32 dy to what the
+     * primitive wants (bf16, maybe blocked) also rounds it to bf16, in one pass; a bf16 dy in the
+     * primitive's layout needs no reorder at all */
     md_act(&u_dst, k->N, k->Cout, k->OH, k->OW, k->y_bf16 ? dnnl_bf16 : dnnl_f32, user_tag);
     md_wei(&u_wei, k, u_wei_dt, dnnl_oihw);
     dnnl_dims_t bd = {k->Cout};
@@ -329,7 +330,7 @@ static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype 
     k->dw = g->dw, k->groups = g->groups, k->cl = g->cl, k->bf16 = dt == CM_DTYPE_BF16, k->pass = pass, k->bias = bias;
     k->x_f32 = dt == CM_DTYPE_BF16 && xs == CM_DTYPE_F32 && pass != CMI_CONV_BWD_DATA;
     k->w_f32 = dt == CM_DTYPE_BF16 && ws == CM_DTYPE_F32 && pass != CMI_CONV_BWD_WEIGHTS;
-    k->y_bf16 = dt == CM_DTYPE_BF16 && ys == CM_DTYPE_BF16 && pass == CMI_CONV_FWD;
+    k->y_bf16 = dt == CM_DTYPE_BF16 && ys == CM_DTYPE_BF16;
     const cmi_conv_act_layout al = cmi_conv_get_act_layout();
     const bool pointwise = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
     k->blocked = al == CMI_CONV_ACT_BLOCKED || (al == CMI_CONV_ACT_AUTO && !g->cl && !pointwise);
@@ -484,8 +485,8 @@ cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt
 }
 
 cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
-                                 const void *x, const void *w, const float *dy, float *dx, float *dw, float *db,
-                                 bool *ran_data, bool *ran_weights) {
+                                 const void *x, const void *w, cm_dtype dys, const void *dy, float *dx, float *dw,
+                                 float *db, bool *ran_data, bool *ran_weights) {
     *ran_data = *ran_weights = false;
     if (check_dt(tp, dt)) return cmi_status(tp);
     conv_entry local_d, local_w, *ed = NULL, *ew = NULL;
@@ -493,13 +494,13 @@ cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype d
     cm_status st = CM_OK;
     if (dx) {
         conv_key k;
-        make_key(&k, g, dt, xs, ws, CM_DTYPE_F32, CMI_CONV_BWD_DATA, false);
+        make_key(&k, g, dt, xs, ws, dys, CMI_CONV_BWD_DATA, false);
         if ((st = lookup(tp, &k, &local_d, &ed, &owned_d))) goto out;
         if (ed->unimplemented) cmi_conv_stats_note_unimplemented();
     }
     if (dw) {
         conv_key k;
-        make_key(&k, g, dt, xs, ws, CM_DTYPE_F32, CMI_CONV_BWD_WEIGHTS, db != NULL);
+        make_key(&k, g, dt, xs, ws, dys, CMI_CONV_BWD_WEIGHTS, db != NULL);
         if ((st = lookup(tp, &k, &local_w, &ew, &owned_w))) goto out;
         if (ew->unimplemented) cmi_conv_stats_note_unimplemented();
     }

@@ -68,7 +68,8 @@ void cmi_conv_stats_note_unimplemented(void);
  * bf16 ISA or oneDNN's emulation); xs and ws the dtypes x and w are stored in: dt, or f32 in a
  * bf16 convolution (autocast), which the reorder into the primitive's layout rounds to bf16 on
  * the way. ys, y's storage: f32, or bf16 for a bf16 convolution (written by the primitive
- * directly). dy, dx, dw and db are f32. Layouts: x, dx (N, Cin, H, W) or
+ * directly); dys likewise dy's (a bf16 dy in the primitive's layout is read as it is). dx, dw and
+ * db are f32. Layouts: x, dx (N, Cin, H, W) or
  * channels-last (N, H, W, Cin); y, dy likewise with Cout; w, dw (Cout, Cin/g, kh, kw); bias, db
  * (Cout) or NULL. Outputs are overwritten (not accumulated). The *ran flags are false (and that
  * output untouched) for a pass oneDNN has no implementation for; other failures are recorded on
@@ -82,8 +83,8 @@ cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt
  * with dw) = backward-weights(x, dy). dy is reordered to the primitives' layout once for both
  * passes; for bf16 that same reorder rounds it to bf16 (round to nearest even). */
 cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
-                                 const void *x, const void *w, const float *dy, float *dx, float *dw, float *db,
-                                 bool *ran_data, bool *ran_weights);
+                                 const void *x, const void *w, cm_dtype dys, const void *dy, float *dx, float *dw,
+                                 float *db, bool *ran_data, bool *ran_weights);
 
 /* Number of problems in the primitive cache (tests: repeated calls must not grow it). */
 int cmi_dnnl_conv_cache_size(void);

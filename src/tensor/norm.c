@@ -397,55 +397,63 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const flo
 }
 
 /* One row of C channels for bn_bwd_dx, specialised by the constant flags (bf: x and y are bf16). */
-static inline __attribute__((always_inline)) void dx_row(float *restrict o, const void *restrict x,
+static inline __attribute__((always_inline)) void dx_row(void *restrict o, const void *restrict x,
                                                          const float *restrict mean, const float *restrict g,
                                                          const void *restrict y, const float *restrict P,
                                                          const float *restrict Q, const float *restrict R, int64_t C,
-                                                         const bool has_y, const bool fresh, const bool bf) {
+                                                         const bool has_y, const bool fresh, const bool bf,
+                                                         const bool gb) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
         const float v = has_y && !(ld(y, c, bf) > 0.0f) ? 0.0f : g[c];
         const float d = v * P[c] + (ld(x, c, bf) - mean[c]) * Q[c] + R[c];
-        o[c] = fresh ? d : o[c] + d;
+        if (fresh) st(o, c, d, gb);
+        else ((float *)o)[c] += d;
     }
 }
 
 /* One (o, c) plane of I values (NCHW) for bn_bwd_dx. */
-static inline __attribute__((always_inline)) void dx_plane(float *restrict o, const void *restrict x,
+static inline __attribute__((always_inline)) void dx_plane(void *restrict o, const void *restrict x,
                                                            const float *restrict g, const void *restrict y, float m,
                                                            float p, float q, float r, int64_t I, const bool has_y,
-                                                           const bool fresh, const bool bf) {
+                                                           const bool fresh, const bool bf, const bool gb) {
 #pragma omp simd
     for (int64_t i = 0; i < I; i++) {
         const float v = has_y && !(ld(y, i, bf) > 0.0f) ? 0.0f : g[i];
         const float d = v * p + (ld(x, i, bf) - m) * q + r;
-        o[i] = fresh ? d : o[i] + d;
+        if (fresh) st(o, i, d, gb);
+        else ((float *)o)[i] += d;
     }
 }
 
 /* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in chan_sums. x and y are both f32
- * or both bf16 (bf); gx, g and the arithmetic are f32. */
-static void bn_bwd_dx(float *gx, bool fresh, const void *x, const float *mean, const float *g, const void *y,
-                      const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I, bool bf) {
+ * or both bf16 (bf); g and the arithmetic are f32; gx is f32, or bf16 (gb: a fresh gradient of a
+ * bf16 x, cmi_grad_for_write_as) rounded to nearest even. */
+static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, const float *g, const void *y,
+                      const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I, bool bf,
+                      bool gb) {
     const bool par = O * C * I >= CMI_PAR_MIN;
     /* one specialised loop per case and dtype */
-    const int mode = (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0);
+    const int mode = gb ? (y ? 9 : 8) : (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0);
 #define CMI_DX_CASES(CALL)                                                                                            \
     switch (mode) {                                                                                                    \
-    case 0: CALL(NULL, false, false, false); break;                                                                    \
-    case 1: CALL(y, true, false, false); break;                                                                        \
-    case 2: CALL(NULL, false, true, false); break;                                                                     \
-    case 3: CALL(y, true, true, false); break;                                                                         \
-    case 4: CALL(NULL, false, false, true); break;                                                                     \
-    case 5: CALL(y, true, false, true); break;                                                                         \
-    case 6: CALL(NULL, false, true, true); break;                                                                      \
-    default: CALL(y, true, true, true); break;                                                                         \
+    case 0: CALL(NULL, false, false, false, false); break;                                                             \
+    case 1: CALL(y, true, false, false, false); break;                                                                 \
+    case 2: CALL(NULL, false, true, false, false); break;                                                              \
+    case 3: CALL(y, true, true, false, false); break;                                                                  \
+    case 4: CALL(NULL, false, false, true, false); break;                                                              \
+    case 5: CALL(y, true, false, true, false); break;                                                                  \
+    case 6: CALL(NULL, false, true, true, false); break;                                                               \
+    case 7: CALL(y, true, true, true, false); break;                                                                   \
+    case 8: CALL(NULL, false, true, true, true); break;                                                                \
+    default: CALL(y, true, true, true, true); break;                                                                   \
     }
     if (I == 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o = 0; o < O; o++) {
-#define CMI_ROW(Y, HY, FR, BF)                                                                                         \
-    dx_row(gx + o * C, at(x, o * C, BF), mean, g + o * C, (Y) ? at(y, o * C, BF) : NULL, P, Q, R, C, HY, FR, BF)
+#define CMI_ROW(Y, HY, FR, BF, GB)                                                                                     \
+    dx_row((void *)at(gx, o * C, GB), at(x, o * C, BF), mean, g + o * C, (Y) ? at(y, o * C, BF) : NULL, P, Q, R, C,    \
+           HY, FR, BF, GB)
             CMI_DX_CASES(CMI_ROW)
 #undef CMI_ROW
         }
@@ -455,11 +463,11 @@ static void bn_bwd_dx(float *gx, bool fresh, const void *x, const float *mean, c
     for (int64_t o = 0; o < O; o++)
         for (int64_t c = 0; c < C; c++) {
             const int64_t base = (o * C + c) * I;
-            float *restrict orow = gx + base;
             const float *restrict gg = g + base;
             const float m = mean[c], p = P[c], q = Q[c], r = R[c];
-#define CMI_PLANE(Y, HY, FR, BF)                                                                                       \
-    dx_plane(orow, at(x, base, BF), gg, (Y) ? at(y, base, BF) : NULL, m, p, q, r, I, HY, FR, BF)
+#define CMI_PLANE(Y, HY, FR, BF, GB)                                                                                   \
+    dx_plane((void *)at(gx, base, GB), at(x, base, BF), gg, (Y) ? at(y, base, BF) : NULL, m, p, q, r, I, HY, FR, BF,    \
+             GB)
             CMI_DX_CASES(CMI_PLANE)
 #undef CMI_PLANE
         }
@@ -499,7 +507,9 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     /* gradients created now are written rather than added to (no zeroing pass) */
     bool gx_fresh = false, gr_fresh = false;
     const bool same = res == x; /* x is also the residual: both add into one (zeroed) gradient */
-    cm_tensor *gx = same ? cmi_grad(tp, x) : cmi_grad_for_write(tp, x, &gx_fresh);
+    /* a bf16 x made by a bf16 convolution gets its new gradient in bf16: the convolution would
+     * round it to bf16 in a pass of its own (cmi_grad_for_write_as) */
+    cm_tensor *gx = same ? cmi_grad(tp, x) : cmi_grad_for_write_as(tp, x, CM_DTYPE_BF16, &gx_fresh);
     cm_tensor *gr = same ? gx : cmi_grad_for_write(tp, res, &gr_fresh);
     cm_tensor *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
@@ -508,7 +518,7 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     double *sg = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *sgx = sg + C; // Σ g, Σ g·(x - mean): (C)
     float *coef = cmi_scratch(tp, sizeof(float) * (size_t)(3 * C + 1));                // P, Q, R: (C) each
     if (!sg || !coef) return cmi_status(tp);
-    /* x and the output y are f32 or bf16 alike; gout and the gradients are f32 */
+    /* x and the output y are f32 or bf16 alike; gout and the gradients are f32 (gx maybe bf16) */
     const bool bf = x->dtype == CM_DTYPE_BF16;
     const void *xv = x->data;
     const float *gv = cmi_f32(gout);
@@ -526,7 +536,7 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         Q[c] = training ? (float)(-(double)P[c] * rs * sum_gxhat / M) : 0.0f;
         R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
     }
-    if (gx) bn_bwd_dx(cmi_f32(gx), gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I, bf);
+    if (gx) bn_bwd_dx(gx->data, gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I, bf, gx->dtype == CM_DTYPE_BF16);
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }

@@ -297,13 +297,18 @@ static void gpool_give(cm_tape *tp, void *p) {
         }
 }
 
-/* A new gradient for tape tensor t: from the arena (small ones, and with retain_grads or for
- * leaves, which keep theirs to the reset) or the block pool; zeroed when `zero`. */
-static cm_tensor *tape_grad(cm_tape *tp, cm_tensor *t, bool zero) {
-    const size_t bytes = (size_t)cm_tensor_numel(t) * sizeof(float);
-    if (tp->retain_grads || !t->node || bytes < GRAD_POOL_MIN)
-        return zero ? cmi_zeros(tp, CM_DTYPE_F32, t->ndim, t->shape) : cmi_new(tp, CM_DTYPE_F32, t->ndim, t->shape);
-    cm_tensor *g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape);
+/* Whether a gradient of `bytes` bytes comes from the block pool (and goes back to it). */
+static bool grad_pooled(const cm_tape *tp, const cm_tensor *t, size_t bytes) {
+    return !tp->retain_grads && t->node && bytes >= GRAD_POOL_MIN;
+}
+
+/* A new gradient of dtype dt for tape tensor t: from the arena (small ones, and with retain_grads
+ * or for leaves, which keep theirs to the reset) or the block pool; zeroed when `zero`. */
+static cm_tensor *tape_grad(cm_tape *tp, cm_tensor *t, bool zero, cm_dtype dt) {
+    const size_t bytes = (size_t)cm_tensor_numel(t) * cm_dtype_size(dt);
+    if (!grad_pooled(tp, t, bytes))
+        return zero ? cmi_zeros(tp, dt, t->ndim, t->shape) : cmi_new(tp, dt, t->ndim, t->shape);
+    cm_tensor *g = new_struct(tp, dt, t->ndim, t->shape);
     if (!g) return NULL;
     cmi_contig_strides(t->ndim, t->shape, g->stride);
     if (!(g->data = gpool_take(tp, bytes))) {
@@ -319,14 +324,37 @@ cm_tensor *cmi_grad_for_write(cm_tape *tp, cm_tensor *t, bool *fresh) {
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
     if (t->grad || !(t->flags & CM_TF_TAPE) || tp->retain_grads || !t->node || cmi_view_alias_base(t))
         return cmi_grad(tp, t); /* exists, long-lived, retained or possibly shared: zeroed as usual */
-    if (!(t->grad = tape_grad(tp, t, false))) return NULL;
+    if (!(t->grad = tape_grad(tp, t, false, CM_DTYPE_F32))) return NULL;
     *fresh = true;
     return t->grad;
 }
 
+cm_tensor *cmi_grad_for_write_as(cm_tape *tp, cm_tensor *t, cm_dtype dt, bool *fresh) {
+    *fresh = false;
+    if (dt != CM_DTYPE_BF16 || !t || !(t->flags & CM_TF_REQUIRES_GRAD) || t->dtype != CM_DTYPE_BF16 || t->grad ||
+        !(t->flags & CM_TF_TAPE) || tp->retain_grads || !t->node || !t->node->bf16_gout || cmi_view_alias_base(t))
+        return cmi_grad_for_write(tp, t, fresh);
+    if (!(t->grad = tape_grad(tp, t, false, CM_DTYPE_BF16))) return NULL;
+    *fresh = true;
+    return t->grad;
+}
+
+/* t's bf16 gradient (cmi_grad_for_write_as) replaced by an f32 one with the same values. */
+static cm_tensor *promote_grad(cm_tape *tp, cm_tensor *t) {
+    cm_tensor *g16 = t->grad, *g = tape_grad(tp, t, false, CM_DTYPE_F32);
+    if (!g) return NULL;
+    const uint16_t *s = g16->data;
+    float *d = cmi_f32(g);
+    const int64_t n = cm_tensor_numel(t);
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) d[i] = cmi_bf16_to_f32(s[i]);
+    if (grad_pooled(tp, t, cm_tensor_nbytes(g16))) gpool_give(tp, g16->data);
+    return t->grad = g;
+}
+
 cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return NULL;
-    if (t->grad) return t->grad;
+    if (t->grad) return t->grad->dtype == CM_DTYPE_F32 ? t->grad : promote_grad(tp, t);
     /* A view covering all of its base in the same order (GPT-2's logits reshaped to (B·T, V) for
      * the loss: 393 MiB) gets the base's gradient itself, reshaped, instead of its own buffer
      * that view_backward then adds over — when the base has no gradient yet (so the shared buffer
@@ -343,7 +371,7 @@ cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
         t->grad = g;
         return g;
     }
-    if (t->flags & CM_TF_TAPE) return t->grad = tape_grad(tp, t, true);
+    if (t->flags & CM_TF_TAPE) return t->grad = tape_grad(tp, t, true, CM_DTYPE_F32);
     cm_tensor *g;
     if (cm_tensor_new(CM_DTYPE_F32, t->ndim, t->shape, &g) != CM_OK) {
         cmi_fail(tp, CM_ERR_OOM, "gradient of %s: %s", cmi_shape(t), cm_last_error());
@@ -405,6 +433,10 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
     for (cm_node *n = tp->last; n && st == CM_OK; n = n->prev) {
         cm_tensor *gout = n->out->grad;
         if (!gout) continue; /* not on the path from `out` */
+        if (gout->dtype != CM_DTYPE_F32 && !n->bf16_gout && !(gout = cmi_grad(tp, n->out))) {
+            st = tp->status;
+            break;
+        }
         if (tp->fetch && !cmi_fetch(tp, n->n_in, n->in)) {
             st = tp->status;
             break;
@@ -414,7 +446,7 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
         if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
         /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */
         if (!tp->retain_grads && (n->out->flags & CM_TF_TAPE)) {
-            if (cm_tensor_numel(gout) * sizeof(float) >= GRAD_POOL_MIN && !(gout->flags & CM_TF_GRAD_ALIAS))
+            if (grad_pooled(tp, n->out, cm_tensor_nbytes(gout)) && !(gout->flags & CM_TF_GRAD_ALIAS))
                 gpool_give(tp, gout->data);
             n->out->grad = NULL;
         }

@@ -27,8 +27,9 @@
  *       return cmi_status(tp);
  *   }
  *
- * Gradients are always f32, contiguous, with the tensor's shape; a backward function *adds* into
- * them (cmi_grad zero-initialises on first use). Backward functions run after every node recorded
+ * Gradients are f32, contiguous, with the tensor's shape; a backward function *adds* into them
+ * (cmi_grad zero-initialises on first use). The one exception, private to the tensor layer: a
+ * bf16 gradient written by cmi_grad_for_write_as for a producer that takes it (n->bf16_gout). Backward functions run after every node recorded
  * later on the tape, so n->out's gradient is complete when it runs.
  */
 #ifndef CM_TENSOR_IMPL_H
@@ -73,6 +74,7 @@ struct cm_node {
     int64_t i[8];   /* small integer arguments */
     double f[4];    /* small float arguments */
     cm_node *prev;  /* the node recorded before this one */
+    bool bf16_gout; /* its backward takes a bf16 upstream gradient too (see cmi_grad_for_write_as) */
 };
 
 struct cm_tape {
@@ -161,6 +163,15 @@ cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t);
  * must then write every element (instead of adding). *fresh is false for one that existed or that
  * had to be zeroed anyway (long-lived leaves, retain_grads, views sharing their base's). */
 cm_tensor *cmi_grad_for_write(cm_tape *tp, cm_tensor *t, bool *fresh);
+/* As cmi_grad_for_write, but a gradient created now has dtype dt (CM_DTYPE_BF16) when t is bf16 and
+ * was produced by a node whose backward takes a bf16 upstream gradient (n->bf16_gout: a bf16
+ * convolution, which rounds its upstream gradient to bf16 anyway), so the producer's rounding
+ * pass disappears into the consumer's write — PyTorch's autocast keeps such gradients in bf16
+ * too. Otherwise (and with retain_grads) exactly cmi_grad_for_write: the caller checks the
+ * returned dtype. Any later cmi_grad / cmi_accum of t, and a backward without bf16_gout reaching
+ * it, first turns a bf16 gradient into an f32 one (promotes it), so other consumers still see
+ * f32. */
+cm_tensor *cmi_grad_for_write_as(cm_tape *tp, cm_tensor *t, cm_dtype dt, bool *fresh);
 /* The base of t when t is a recorded view that covers all of it in its element order (a reshape
  * of a contiguous tensor, [un]squeeze): t's gradient can then be the base's, reshaped. Else NULL. */
 cm_tensor *cmi_view_alias_base(const cm_tensor *t);
