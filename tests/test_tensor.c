@@ -585,3 +585,83 @@ Test(autograd, intermediate_gradients_are_freed_and_reused_unless_retained) {
         cm_tape_free(tp);
     }
 }
+
+/* ---- first gradients of intermediates are written, not zeroed and added to ---- */
+
+typedef struct {
+    int which;
+    bool flag;
+} fresh_ctx;
+
+static cm_tensor *fresh_op(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    const fresh_ctx *c = vctx;
+    switch (c->which) {
+    case 0: return cm_layer_norm(tp, in[0], in[1], in[2], 1e-5f);
+    case 1: {
+        cm_rng r = cm_rng_init(7, 1);
+        return cm_dropout(tp, in[0], 0.3f, true, &r);
+    }
+    case 2: return cm_bias_gelu(tp, in[0], in[1], c->flag);
+    case 3: return cm_add(tp, in[0], in[1]); /* same shapes, or in[1] broadcast */
+    case 4: {
+        cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+        o.reduction = c->flag ? CM_REDUCTION_NONE : CM_REDUCTION_MEAN;
+        o.label_smoothing = c->flag ? 0.1f : 0.0f;
+        return cm_cross_entropy(tp, in[0], in[1], &o);
+    }
+    default: {
+        cm_attention_opts o = cm_attention_opts_default();
+        o.causal = c->flag;
+        cm_rng r = cm_rng_init(9, 2);
+        if (c->flag) o.dropout_p = 0.2f, o.rng = &r;
+        return cm_attention(tp, in[0], in[1], in[2], &o);
+    }
+    }
+}
+
+Test(tape, ops_write_the_first_gradient_of_an_intermediate_input) {
+    cm_tape *tp = cmt_tape();
+    const int64_t s2[2] = {6, 40}, c40 = 40, s3[3] = {3, 5, 40}, row[1] = {40};
+    fresh_ctx c = {0, false};
+    cm_tensor *ln[3] = {cmt_randn(tp, 2, s2, 1, true), cmt_randn(tp, 1, &c40, 2, true), cmt_randn(tp, 1, &c40, 3, true)};
+    cmt_check_fresh_grads("layer_norm", fresh_op, &c, 3, ln, 1e-5, 1e-5);
+    c.which = 1;
+    cm_tensor *dr[1] = {cmt_randn(tp, 3, s3, 4, true)};
+    cmt_check_fresh_grads("dropout", fresh_op, &c, 1, dr, 1e-6, 1e-6);
+    c.which = 2;
+    cm_tensor *bg[2] = {cmt_randn(tp, 3, s3, 5, true), cmt_randn(tp, 1, row, 6, true)};
+    for (int approx = 0; approx < 2; approx++) {
+        c.flag = approx;
+        cmt_check_fresh_grads(approx ? "bias_gelu (tanh)" : "bias_gelu (erf)", fresh_op, &c, 2, bg, 1e-6, 1e-5);
+    }
+    c.which = 3;
+    cm_tensor *ad[2] = {cmt_randn(tp, 3, s3, 7, true), cmt_randn(tp, 3, s3, 8, true)};
+    cmt_check_fresh_grads("add (residual)", fresh_op, &c, 2, ad, 0, 0);
+    cm_tensor *adb[2] = {cmt_randn(tp, 3, s3, 7, true), cmt_randn(tp, 1, row, 8, true)};
+    cmt_check_fresh_grads("add (broadcast)", fresh_op, &c, 2, adb, 1e-6, 1e-6);
+    /* cross-entropy: index targets with ignored positions (their rows must still be zeros), and
+     * per-position losses with label smoothing; (N, C, S) logits too */
+    c.which = 4;
+    const int64_t ns[1] = {8}, lg[2] = {8, 11}, lg3[3] = {2, 11, 4}, t3[2] = {2, 4};
+    cm_tensor *tgt = cmt_randint(tp, 1, ns, 9, 0, 11);
+    cm_tensor_set(tgt, (const int64_t[]){2}, -100);
+    cm_tensor_set(tgt, (const int64_t[]){5}, -100);
+    cm_tensor *tgt3 = cmt_randint(tp, 2, t3, 10, 0, 11);
+    cm_tensor_set(tgt3, (const int64_t[]){0, 3}, -100);
+    for (int k = 0; k < 2; k++) {
+        c.flag = k;
+        cm_tensor *ce[2] = {cmt_randn(tp, 2, lg, 11, true), tgt};
+        cmt_check_fresh_grads("cross_entropy", fresh_op, &c, 2, ce, 1e-6, 1e-5);
+        cm_tensor *ce3[2] = {cmt_randn(tp, 3, lg3, 12, true), tgt3};
+        cmt_check_fresh_grads("cross_entropy (N, C, S)", fresh_op, &c, 2, ce3, 1e-6, 1e-5);
+    }
+    /* attention: dQ written block by block; causal with dropout too */
+    c.which = 5;
+    const int64_t qs[4] = {2, 2, 9, 4};
+    cm_tensor *at[3] = {cmt_randn(tp, 4, qs, 13, true), cmt_randn(tp, 4, qs, 14, true), cmt_randn(tp, 4, qs, 15, true)};
+    for (int k = 0; k < 2; k++) {
+        c.flag = k;
+        cmt_check_fresh_grads(k ? "attention (causal, dropout)" : "attention", fresh_op, &c, 3, at, 1e-5, 1e-4);
+    }
+    cm_tape_free(tp);
+}

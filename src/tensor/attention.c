@@ -225,11 +225,17 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
     const attn_ctx *c = n->ctx;
     cm_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *bias = n->in[3];
     const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], S = k->shape[2];
-    cm_tensor *gq = cmi_grad(tp, q), *gk = cmi_grad(tp, k), *gv = cmi_grad(tp, v);
+    /* dQ's row blocks are each written once: a gradient of q created now is written by its GEMMs
+     * (beta 0) instead of zeroed and added to; dK and dV add up over row blocks */
+    bool q_fresh = false;
+    cm_tensor *gq = cmi_grad_for_write(tp, q, &q_fresh), *gk = cmi_grad(tp, k), *gv = cmi_grad(tp, v);
     const bool want_bias = bias && cm_tensor_requires_grad(bias);
     if (cmi_status(tp)) return cmi_status(tp);
     if (want_bias) cmi_grad(tp, bias); /* exists (zeros) even when nothing below touches it */
-    if (T == 0 || S == 0 || D == 0 || B * H == 0) return cmi_status(tp); /* every gradient is zero */
+    if (T == 0 || S == 0 || D == 0 || B * H == 0) { /* every gradient is zero */
+        if (q_fresh) memset(gq->data, 0, cm_tensor_nbytes(gq));
+        return cmi_status(tp);
+    }
     mat_ref mq, mk, mv;
     if (!mat_ref_of(q, &mq) || !mat_ref_of(k, &mk) || !mat_ref_of(v, &mv))
         return cmi_fail(tp, CM_ERR_STATE, "attention backward: saved q/k/v lost their layout");
@@ -314,7 +320,7 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
             }
             /* dQ (m, D) += scale·dL·K;  dK (kn, D) += scale·dLᵀ·Q */
             if (gqv)
-                att_sgemm(CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld, 1.0f,
+                att_sgemm(CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld, q_fresh ? 0.0f : 1.0f,
                           gqv + (bh * T + i0) * D, iD);
             if (gkv)
                 att_sgemm(CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld, 1.0f,

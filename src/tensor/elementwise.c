@@ -305,7 +305,8 @@ static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g)
     cm_tensor *x = n->in[0], *b = n->in[1];
     const bool approx = n->i[0];
     const int64_t C = b->shape[0], rows = cm_tensor_numel(x) / (C ? C : 1);
-    cm_tensor *gx = cmi_grad(tp, x);
+    bool fresh = false; /* a gradient of x created now is written, not zeroed and added to */
+    cm_tensor *gx = cmi_grad_for_write(tp, x, &fresh);
     cm_tensor *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *bv = cmi_f32(b), *gv = cmi_f32(g);
@@ -327,13 +328,23 @@ static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g)
             const float *xr = xv + r * C, *gr = gv + r * C;
             float *gxr = gxv ? gxv + r * C : NULL;
             /* one branch-free loop per case, so GCC vectorises each (cmi_vtanhf is inline) */
-            if (approx && gxr && gb_local) {
+            if (approx && gxr && gb_local && fresh) {
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) {
+                    const float d = gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
+                    gxr[c] = d;
+                    gb_local[c] += d;
+                }
+            } else if (approx && gxr && gb_local) {
 #pragma omp simd
                 for (int64_t c = 0; c < C; c++) {
                     const float d = gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
                     gxr[c] += d;
                     gb_local[c] += d;
                 }
+            } else if (approx && gxr && fresh) {
+#pragma omp simd
+                for (int64_t c = 0; c < C; c++) gxr[c] = gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
             } else if (approx && gxr) {
 #pragma omp simd
                 for (int64_t c = 0; c < C; c++) gxr[c] += gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
@@ -341,7 +352,7 @@ static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g)
                 for (int64_t c = 0; c < C; c++) {
                     float z = xr[c] + bv[c];
                     float d = gr[c] * (approx ? gelu_tanh_grad(z) : gelu_erf_grad(z));
-                    if (gxr) gxr[c] += d;
+                    if (gxr) gxr[c] = fresh ? d : gxr[c] + d;
                     if (gb_local) gb_local[c] += d;
                 }
             }

@@ -44,9 +44,15 @@ static inline __attribute__((always_inline)) float ce_lse(const float *xr, int64
 
 /* Index target: gr += w·(softmax - ls/C - (1-ls)·onehot(t)). */
 static inline __attribute__((always_inline)) void ce_grad_index(float *gr, const float *xr, int64_t C, int64_t S,
-                                                                float lse, float w, float u, float eps, int64_t t) {
+                                                                float lse, float w, float u, float eps, int64_t t,
+                                                                const bool fresh) {
+    if (fresh) {
 #pragma omp simd
-    for (int64_t k = 0; k < C; k++) gr[k * S] += w * (cmi_vexpf(xr[k * S] - lse) - u);
+        for (int64_t k = 0; k < C; k++) gr[k * S] = w * (cmi_vexpf(xr[k * S] - lse) - u);
+    } else {
+#pragma omp simd
+        for (int64_t k = 0; k < C; k++) gr[k * S] += w * (cmi_vexpf(xr[k * S] - lse) - u);
+    }
     gr[t * S] -= w * (1.0f - eps);
 }
 
@@ -63,7 +69,8 @@ typedef struct {
 static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     const ce_ctx *c = n->ctx;
     cm_tensor *logits = n->in[0], *target = n->in[1];
-    cm_tensor *gl = cmi_grad(tp, logits);                  // (N, C, S)
+    bool fresh = false; /* a gradient of logits created now is written, not zeroed and added to */
+    cm_tensor *gl = cmi_grad_for_write(tp, logits, &fresh); // (N, C, S)
     cm_tensor *gt = c->soft ? cmi_grad(tp, target) : NULL; // (N, C, S) soft targets only
     if (cmi_status(tp)) return cmi_status(tp);
     const int64_t C = c->C, S = c->S, P = c->N * S;
@@ -80,17 +87,25 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
         const float lse = c->lse[p];
         if (!c->soft) {
             const int64_t t = load_index(target, p);
-            if (t == c->ignore || !glv) continue;
-            if (S == 1) ce_grad_index(glv + off, xr, C, 1, lse, w, u, eps, t);
-            else ce_grad_index(glv + off, xr, C, S, lse, w, u, eps, t);
+            if (!glv) continue;
+            if (t == c->ignore) { /* no gradient: a new buffer still needs its zeros */
+                if (fresh)
+                    for (int64_t k = 0; k < C; k++) glv[off + k * S] = 0.0f;
+                continue;
+            }
+            if (S == 1 && fresh) ce_grad_index(glv + off, xr, C, 1, lse, w, u, eps, t, true);
+            else if (S == 1) ce_grad_index(glv + off, xr, C, 1, lse, w, u, eps, t, false);
+            else ce_grad_index(glv + off, xr, C, S, lse, w, u, eps, t, fresh);
         } else {
             const float *tr = tv + off;
             if (glv) {
                 float tsum = 0.0f; /* Σ of the smoothed targets; 1 for a distribution */
                 for (int64_t k = 0; k < C; k++) tsum += (1.0f - eps) * tr[k * S] + u;
                 float *gr = glv + off;
-                for (int64_t k = 0; k < C; k++)
-                    gr[k * S] += w * (cmi_vexpf(xr[k * S] - lse) * tsum - ((1.0f - eps) * tr[k * S] + u));
+                for (int64_t k = 0; k < C; k++) {
+                    const float d = w * (cmi_vexpf(xr[k * S] - lse) * tsum - ((1.0f - eps) * tr[k * S] + u));
+                    gr[k * S] = fresh ? d : gr[k * S] + d;
+                }
             }
             if (gtv) {
                 float *gr = gtv + off;

@@ -61,7 +61,8 @@ static cm_status layer_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     cm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     const stats_ctx *s = n->ctx;
     const int64_t C = x->shape[x->ndim - 1], R = cmi_numel(x->ndim - 1, x->shape);
-    cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
+    bool fresh = false; /* a gradient of x created now is written, not zeroed and added to */
+    cm_tensor *gx = cmi_grad_for_write(tp, x, &fresh), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout), *wv = w ? cmi_f32(w) : NULL; // (R, C), (R, C), (C)
     float *gxv = gx ? cmi_f32(gx) : NULL;                                               // (R, C)
@@ -91,10 +92,18 @@ static cm_status layer_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
                 a /= (float)C;
                 c2 /= (float)C;
                 float *dx = gxv + r * C;
+                if (fresh) {
 #pragma omp simd
-                for (int64_t c = 0; c < C; c++) {
-                    const float gw_ = wv ? gr[c] * wv[c] : gr[c];
-                    dx[c] += rs * (gw_ - a - (xr[c] - m) * rs * c2);
+                    for (int64_t c = 0; c < C; c++) {
+                        const float gw_ = wv ? gr[c] * wv[c] : gr[c];
+                        dx[c] = rs * (gw_ - a - (xr[c] - m) * rs * c2);
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t c = 0; c < C; c++) {
+                        const float gw_ = wv ? gr[c] * wv[c] : gr[c];
+                        dx[c] += rs * (gw_ - a - (xr[c] - m) * rs * c2);
+                    }
                 }
             }
             if (pw) {
@@ -796,14 +805,20 @@ cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *w
 
 /* drop (numel) u8: 1 where the element was zeroed; kept elements scale by n->f[0] = 1/(1-p). */
 static cm_status dropout_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
-    cm_tensor *gx = cmi_grad(tp, n->in[0]);
+    bool fresh = false; /* a gradient created now is written, not zeroed and added to */
+    cm_tensor *gx = cmi_grad_for_write(tp, n->in[0], &fresh);
     if (!gx) return cmi_status(tp);
     const uint8_t *drop = n->ctx ? *(uint8_t *const *)n->ctx : NULL;
     const float scale = (float)n->f[0], *g = cmi_f32(gout);
     float *d = cmi_f32(gx);
     const int64_t numel = cm_tensor_numel(gx);
+    if (fresh) {
 #pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < numel; i++) d[i] += drop[i] ? 0.0f : g[i] * scale;
+        for (int64_t i = 0; i < numel; i++) d[i] = drop[i] ? 0.0f : g[i] * scale;
+    } else {
+#pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < numel; i++) d[i] += drop[i] ? 0.0f : g[i] * scale;
+    }
     return cmi_status(tp);
 }
 

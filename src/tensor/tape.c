@@ -257,6 +257,27 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
     return node;
 }
 
+/* Chunks of 64 KiB (a multiple of any element size), in parallel above CMI_PAR_MIN floats. */
+#define PAR_CHUNK ((size_t)64 << 10)
+
+void cmi_parallel_memset(void *p, int v, size_t bytes) {
+    const int64_t nc = (int64_t)((bytes + PAR_CHUNK - 1) / PAR_CHUNK);
+#pragma omp parallel for schedule(static) if (bytes >= sizeof(float) * CMI_PAR_MIN)
+    for (int64_t i = 0; i < nc; i++) {
+        const size_t off = (size_t)i * PAR_CHUNK, len = bytes - off < PAR_CHUNK ? bytes - off : PAR_CHUNK;
+        memset((char *)p + off, v, len);
+    }
+}
+
+void cmi_parallel_memcpy(void *dst, const void *src, size_t bytes) {
+    const int64_t nc = (int64_t)((bytes + PAR_CHUNK - 1) / PAR_CHUNK);
+#pragma omp parallel for schedule(static) if (bytes >= sizeof(float) * CMI_PAR_MIN)
+    for (int64_t i = 0; i < nc; i++) {
+        const size_t off = (size_t)i * PAR_CHUNK, len = bytes - off < PAR_CHUNK ? bytes - off : PAR_CHUNK;
+        memcpy((char *)dst + off, (const char *)src + off, len);
+    }
+}
+
 /* Gradients of at least this many bytes come from the tape's block pool; smaller ones from the
  * arena (not worth a heap block each). */
 #define GRAD_POOL_MIN ((size_t)64 << 10)
@@ -315,7 +336,7 @@ static cm_tensor *tape_grad(cm_tape *tp, cm_tensor *t, bool zero, cm_dtype dt) {
         cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
         return NULL;
     }
-    if (zero) memset(g->data, 0, bytes);
+    if (zero) cmi_parallel_memset(g->data, 0, bytes);
     return g;
 }
 
@@ -401,14 +422,20 @@ static void accum_row(int64_t n, char *const *p, const int64_t *inner, void *ctx
 
 cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g) {
     if (!t || !(t->flags & CM_TF_REQUIRES_GRAD)) return CM_OK;
-    cm_tensor *gt = cmi_grad(tp, t);
+    const bool same = cm_tensor_numel(t) == cm_tensor_numel(g);
+    bool fresh = false;
+    /* t's first gradient, no broadcasting (a residual add's): a copy of g, not zeros plus g */
+    cm_tensor *gt = same ? cmi_grad_for_write(tp, t, &fresh) : cmi_grad(tp, t);
     if (!gt) return tp->status;
+    if (fresh) {
+        cmi_parallel_memcpy(gt->data, g->data, cm_tensor_nbytes(gt));
+        return CM_OK;
+    }
     int64_t st[2][CM_MAX_DIMS];
     cmi_broadcast_strides(gt, g->ndim, g->shape, st[0]);
     cmi_contig_strides(g->ndim, g->shape, st[1]);
     char *bases[2] = {(char *)gt->data, (char *)g->data};
     size_t es[2] = {4, 4};
-    bool same = cm_tensor_numel(gt) == cm_tensor_numel(g);
     cmi_iterate(g->ndim, g->shape, 2, st, bases, es, same, accum_row, NULL);
     return CM_OK;
 }

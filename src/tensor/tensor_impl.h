@@ -181,6 +181,11 @@ cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g);
 
 static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
 
+/* memset / memcpy split over the threads when large (one core does not reach the memory
+ * bandwidth two do; the other thread would wait in the OpenMP pool meanwhile). */
+void cmi_parallel_memset(void *p, int v, size_t bytes);
+void cmi_parallel_memcpy(void *dst, const void *src, size_t bytes);
+
 /* cm_f32_to_bf16 (round to nearest even, NaN stays a quiet NaN) written without a branch, so loops
  * over it vectorise (the out-of-line call was 6% of an amp_bf16 GPT step). */
 static inline uint16_t cmi_f32_to_bf16(float x) {

@@ -159,6 +159,46 @@ void cmt_gradcheck(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *c
     cm_tape_free(tp);
 }
 
+void cmt_check_fresh_grads(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *const *in, double atol,
+                           double rtol) {
+    enum { MAXI = 8 };
+    cr_assert(n_in <= MAXI);
+    cm_tape *tp = cmt_tape();
+    cm_tensor *x0[MAXI] = {0}, *leaf[MAXI] = {0}, *mid[MAXI] = {0};
+    int n_diff = 0;
+    for (int k = 0; k < n_in; k++) {
+        if (!in[k] || !cm_tensor_requires_grad(in[k])) {
+            leaf[k] = mid[k] = in[k];
+            continue;
+        }
+        n_diff++;
+        x0[k] = cm_clone_detached(tp, in[k]);
+        cm_tensor_set_requires_grad(x0[k], true);
+        leaf[k] = cm_clone_detached(tp, cm_mul_scalar(tp, x0[k], 1.5f));
+        cm_tensor_set_requires_grad(leaf[k], true);
+        mid[k] = cm_mul_scalar(tp, x0[k], 1.5f);
+        cr_assert(leaf[k] && mid[k], "%s: %s", name, cm_tape_error(tp));
+    }
+    cr_assert(n_diff > 0, "%s: no input requires grad; the check would test nothing", name);
+    cm_tensor *yl = f(tp, leaf, ctx);
+    cr_assert(yl, "%s (leaves): %s", name, cm_tape_error(tp));
+    cm_tensor *g = cmt_randn(tp, yl->ndim, yl->shape, 4242, false);
+    cr_assert_eq(cm_tape_backward_with(tp, yl, g), CM_OK, "%s: %s", name, cm_tape_error(tp));
+    cm_tensor *y = f(tp, mid, ctx);
+    cr_assert(y, "%s (intermediates): %s", name, cm_tape_error(tp));
+    cmt_assert_close(name, y, yl, 0, 0);
+    cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s: %s", name, cm_tape_error(tp));
+    for (int k = 0; k < n_in; k++) {
+        if (!x0[k]) continue;
+        char what[160];
+        snprintf(what, sizeof what, "%s: grad of input %d written fresh", name, k);
+        cm_tensor *want = cm_mul_scalar(tp, cm_tensor_grad(leaf[k]), 1.5f);
+        cr_assert(want && cm_tensor_grad(x0[k]), "%s: missing gradient", what);
+        cmt_assert_close(what, cm_tensor_grad(x0[k]), want, atol, rtol);
+    }
+    cm_tape_free(tp);
+}
+
 void cmt_assert_close(const char *what, const cm_tensor *a, const cm_tensor *b, double atol, double rtol) {
     cr_assert_eq(a->ndim, b->ndim, "%s: ndim %d vs %d (%s vs %s)", what, a->ndim, b->ndim, cmi_shape(a),
                  cmi_shape(b));

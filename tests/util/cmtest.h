@@ -35,6 +35,15 @@ cmt_gradcheck_opts cmt_gradcheck_defaults(void);
 void cmt_gradcheck(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *const *in,
                    const cmt_gradcheck_opts *opts);
 
+/* An op's first gradient of an intermediate input is written (cmi_grad_for_write), not zeroed and
+ * added to: on a poisoning tape (new memory NaN) any element it fails to write shows up. Runs f
+ * on 1.5·in[k] for every input that requires grad, once as leaves holding those values (their
+ * gradients are zeroed and added to) and once as intermediates (mul_scalar outputs), backward
+ * with the same upstream gradient, and checks grad in[k] = 1.5 · grad leaf[k] within atol + rtol.
+ * Inputs that need no grad are passed as they are. f must be deterministic (reseed any rng). */
+void cmt_check_fresh_grads(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *const *in, double atol,
+                           double rtol);
+
 /* Asserts every element of a and b (any dtypes/strides, same shape) agree within atol + rtol·|b|. */
 void cmt_assert_close(const char *what, const cm_tensor *a, const cm_tensor *b, double atol, double rtol);
 void cmt_assert_close_f32(const char *what, const float *a, const float *b, int64_t n, double atol, double rtol);
