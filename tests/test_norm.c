@@ -167,6 +167,17 @@ Test(norm, batch_norm_updates_running_stats_with_unbiased_variance) {
  * (same formulas, the ReLU mask from the output), in training and eval, NCHW and channels_last,
  * without a residual and with a strided one. A gradcheck of the fused op itself would sit on the
  * ReLU kink for some of the random values. */
+/* Two pairs of long-lived running statistics (C) at the same start values (mean 0.25, var 1.5), one
+ * for each of two runs to compare; the caller frees them. */
+static void running_stats(int64_t C, cm_tensor **rm, cm_tensor **rv) {
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rm[k]), CM_OK);
+        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rv[k]), CM_OK);
+        cm_tensor_fill(rm[k], 0.25);
+        cm_tensor_fill(rv[k], 1.5);
+    }
+}
+
 Test(norm, batch_norm_add_relu_matches_the_unfused_ops) {
     const int64_t s4[4] = {3, 4, 5, 6}, C4 = 4, scl[4] = {3, 5, 6, 4};
     for (int cl = 0; cl < 2; cl++)
@@ -180,12 +191,7 @@ Test(norm, batch_norm_add_relu_matches_the_unfused_ops) {
                                                           : cmt_randn_noncontig(tp, 4, shape, 4, true);
                 cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
                 cm_tensor *rm[2], *rv[2];
-                for (int k = 0; k < 2; k++) {
-                    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C4, &rm[k]), CM_OK);
-                    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C4, &rv[k]), CM_OK);
-                    cm_tensor_fill(rm[k], 0.25);
-                    cm_tensor_fill(rv[k], 1.5);
-                }
+                running_stats(C4, rm, rv);
                 cm_batch_norm_opts o = cm_batch_norm_opts_default();
                 o.channels_last = cl;
                 o.training = train;
@@ -311,12 +317,7 @@ Test(norm, batch_norm_bf16_x_and_residual_match_f32_on_the_same_values) {
                     cm_tensor *rl = res ? f32_leaf(tp, res) : NULL;
                     cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
                     cm_tensor *rm[2], *rv[2];
-                    for (int k = 0; k < 2; k++) {
-                        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rm[k]), CM_OK);
-                        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 1, &C, &rv[k]), CM_OK);
-                        cm_tensor_fill(rm[k], 0.25);
-                        cm_tensor_fill(rv[k], 1.5);
-                    }
+                    running_stats(C, rm, rv);
                     cm_batch_norm_opts o = cm_batch_norm_opts_default();
                     o.channels_last = cl;
                     o.training = train;
