@@ -132,7 +132,10 @@ cm_status cm_tensor_set_requires_grad(cm_tensor *t, bool on);
 bool cm_tensor_requires_grad(const cm_tensor *t);
 
 /* The accumulated gradient (same shape as t, contiguous, always f32 — also for bf16/f16 tensors,
- * so master weights never lose precision), or NULL if none yet. For a
+ * so master weights never lose precision), or NULL if none yet. (One exception, seen only by a
+ * backward hook: during backward, the gradient of a bf16 convolution output written by batch
+ * norm is held in bf16 until the convolution's node has run, as PyTorch's autocast holds it; it
+ * is dropped then, and with retain_grads it is f32.) For a
  * long-lived tensor the gradient is long-lived too (freed with the tensor); for a tape tensor it
  * lives in the tape's memory until cm_tape_reset — except that an intermediate tensor's gradient
  * (one made by an op) is dropped during backward once its node has run, unless the tape was made
@@ -442,7 +445,8 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
  * autocast: bf16 x gives the f32 result rounded to nearest even, so bf16 activations between a
  * ResNet's convolutions stay bf16 and batch norm reads half the bytes. Weight, bias, the running
  * and batch statistics and the arithmetic are f32 either way, and the gradients are f32 (those of
- * a bf16 x included). Before its output is rounded, bf16 x gives what f32 x holding the same
+ * a bf16 x included, except that of a bf16 convolution's output, which its backward reads in bf16
+ * anyway: written in bf16, see cm_tensor_grad). Before its output is rounded, bf16 x gives what f32 x holding the same
  * values gives, to f32 round-off (the sums may run in another order). */
 typedef struct cm_batch_norm_opts {
     bool training;  /* default true */
