@@ -655,7 +655,8 @@ Test(conv_bf16, autocast_takes_any_mix_of_bf16_and_f32_and_can_write_a_bf16_resu
  * runs: bitwise run 0's; (2) that use times 0.5 (f32 path) and (3) the same use recorded before
  * batch norm, so batch norm's bf16 gradient is promoted to f32 when that consumer adds to it:
  * run 2's within one more bf16 rounding of batch norm's part (2^-9 relative per element of dy;
- * relative L2 error of the gradients 4e-3, measured 7e-4).
+ * relative L2 error of the gradients 4e-3, measured 7e-4); (4) run 0 on a tape with retain_grads:
+ * the kept gradient of the conv output is f32, and the rest bitwise run 0's.
  * Both bf16 kernels, NCHW and channels-last. */
 typedef struct {
     const cm_tensor *y;
@@ -680,10 +681,15 @@ Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
         for (int k = 0; k < 2; k++) {
             const cfg *c = cs[k];
             const int64_t C = c->cout;
-            cm_tensor *grads[4][4];
-            cm_tape *tps[4];
-            for (int run = 0; run < 4; run++) {
-                cm_tape *tp = tps[run] = cmt_tape();
+            cm_tensor *grads[5][4];
+            cm_tape *tps[5];
+            for (int run = 0; run < 5; run++) {
+                cm_tape_config tc = cm_tape_config_default();
+                tc.poison = true;
+                tc.retain_grads = run == 4;
+                cm_tape *tp;
+                cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+                tps[run] = tp;
                 cm_tensor *x, *w, *b;
                 make_inputs(tp, c, 70 + (uint64_t)k, true, &x, &w, &b);
                 cm_tensor *bw = cmt_randn(tp, 1, &C, 80, true), *bb = cmt_randn(tp, 1, &C, 81, true);
@@ -705,9 +711,12 @@ Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
                 cm_tensor *g = cmt_randn(tp, 4, cm_tensor_shape(z), 82, false);
                 cr_assert_eq(cm_tape_backward_with(tp, z, g), CM_OK, "%s", cm_tape_error(tp));
                 cr_assert_eq(pr.seen, 1);
-                cr_assert_eq(pr.dtype, run == 1 || run == 2 ? CM_DTYPE_F32 : CM_DTYPE_BF16,
+                cr_assert_eq(pr.dtype, run == 1 || run == 2 || run == 4 ? CM_DTYPE_F32 : CM_DTYPE_BF16,
                              "kernel %d config %d run %d: the conv output's gradient after batch norm is %s", bk, k,
                              run, cm_dtype_name(pr.dtype));
+                if (run == 4)
+                    cr_assert(cm_tensor_grad(y) && cm_tensor_dtype(cm_tensor_grad(y)) == CM_DTYPE_F32,
+                              "retain_grads keeps the conv output's gradient, in f32");
                 cm_tensor *leaves[4] = {x, w, bw, bb};
                 for (int i = 0; i < 4; i++) {
                     grads[run][i] = cm_tensor_grad(leaves[i]);
@@ -719,6 +728,8 @@ Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
                 char what[96];
                 snprintf(what, sizeof what, "kernel %d config %d run 1 %s", bk, k, names[i]);
                 cmt_assert_close(what, grads[1][i], grads[0][i], 0, 0);
+                snprintf(what, sizeof what, "kernel %d config %d run 4 (retain_grads) %s", bk, k, names[i]);
+                cmt_assert_close(what, grads[4][i], grads[0][i], 0, 0);
                 double dd = 0, nn = 0; /* relative L2 error: elements where the two parts cancel differ more */
                 for (int64_t e = 0; e < cm_tensor_numel(grads[2][i]); e++) {
                     const double a = cm_tensor_get_flat(grads[3][i], e), r = cm_tensor_get_flat(grads[2][i], e);
@@ -727,7 +738,7 @@ Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
                 cr_assert(sqrt(dd) <= 4e-3 * sqrt(nn), "kernel %d config %d run 3 %s: relative L2 error %.3g", bk, k,
                           names[i], sqrt(dd / nn));
             }
-            for (int run = 0; run < 4; run++) cm_tape_free(tps[run]);
+            for (int run = 0; run < 5; run++) cm_tape_free(tps[run]);
         }
     }
     cmi_conv_set_bf16_kernel(cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN);
