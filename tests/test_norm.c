@@ -229,10 +229,7 @@ Test(norm, batch_norm_add_relu_writes_fresh_gradients_of_intermediates) {
     const int64_t s4[4] = {3, 4, 5, 6}, C4 = 4, scl[4] = {3, 5, 6, 4};
     for (int cl = 0; cl < 2; cl++)
         for (int rk = 0; rk < 3; rk++) { /* residual: none, another tensor, x itself */
-            cm_tape_config tc = cm_tape_config_default();
-            tc.poison = true;
-            cm_tape *tp;
-            cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+            cm_tape *tp = cmt_tape(); /* poisoning */
             const int64_t *shape = cl ? scl : s4;
             cm_tensor *x0 = cmt_randn(tp, 4, shape, 1, true), *r0 = cmt_randn(tp, 4, shape, 4, true);
             cm_tensor *w = cmt_randn(tp, 1, &C4, 2, true), *b = cmt_randn(tp, 1, &C4, 3, true);
@@ -361,10 +358,7 @@ Test(norm, batch_norm_add_relu_bf16_writes_fresh_gradients_of_intermediates) {
     const int64_t s4[4] = {3, 4, 5, 6}, C4 = 4, scl[4] = {3, 5, 6, 4};
     for (int cl = 0; cl < 2; cl++)
         for (int rk = 0; rk < 4; rk++) { /* residual: none, bf16, f32, x itself */
-            cm_tape_config tc = cm_tape_config_default();
-            tc.poison = true;
-            cm_tape *tp;
-            cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+            cm_tape *tp = cmt_tape(); /* poisoning */
             const int64_t *shape = cl ? scl : s4;
             cm_tensor *x0 = cmt_randn(tp, 4, shape, 1, true), *r0 = cmt_randn(tp, 4, shape, 4, true);
             cm_tensor *w = cmt_randn(tp, 1, &C4, 2, true), *b = cmt_randn(tp, 1, &C4, 3, true);
