@@ -609,11 +609,13 @@ static cm_tensor *fresh_op(cm_tape *tp, cm_tensor *const *in, void *vctx) {
         o.label_smoothing = c->flag ? 0.1f : 0.0f;
         return cm_cross_entropy(tp, in[0], in[1], &o);
     }
-    default: {
+    default: { /* which 5: q, k, v; 6: in[0] as all three; 7: in[0] as q, in[1] as k and v */
         cm_attention_opts o = cm_attention_opts_default();
         o.causal = c->flag;
         cm_rng r = cm_rng_init(9, 2);
         if (c->flag) o.dropout_p = 0.2f, o.rng = &r;
+        if (c->which == 6) return cm_attention(tp, in[0], in[0], in[0], &o);
+        if (c->which == 7) return cm_attention(tp, in[0], in[1], in[1], &o);
         return cm_attention(tp, in[0], in[1], in[2], &o);
     }
     }
@@ -655,13 +657,22 @@ Test(tape, ops_write_the_first_gradient_of_an_intermediate_input) {
         cm_tensor *ce3[2] = {cmt_randn(tp, 3, lg3, 12, true), tgt3};
         cmt_check_fresh_grads("cross_entropy (N, C, S)", fresh_op, &c, 2, ce3, 1e-6, 1e-5);
     }
-    /* attention: dQ written block by block; causal with dropout too */
+    /* attention: dQ written block by block, dK and dV by the first block (the rest zeroed); causal
+     * with dropout too */
     c.which = 5;
-    const int64_t qs[4] = {2, 2, 9, 4};
+    const int64_t qs[4] = {2, 2, 70, 4}; /* T 70: two row blocks of ROW_BLOCK (64) */
     cm_tensor *at[3] = {cmt_randn(tp, 4, qs, 13, true), cmt_randn(tp, 4, qs, 14, true), cmt_randn(tp, 4, qs, 15, true)};
     for (int k = 0; k < 2; k++) {
         c.flag = k;
+        c.which = 5;
         cmt_check_fresh_grads(k ? "attention (causal, dropout)" : "attention", fresh_op, &c, 3, at, 1e-5, 1e-4);
+        /* one tensor as q, k and v (its gradient takes all three parts), and as k and v */
+        c.which = 6;
+        cmt_check_fresh_grads(k ? "attention q = k = v (causal, dropout)" : "attention q = k = v", fresh_op, &c, 1,
+                              at, 1e-5, 1e-4);
+        c.which = 7;
+        cmt_check_fresh_grads(k ? "attention k = v (causal, dropout)" : "attention k = v", fresh_op, &c, 2, at, 1e-5,
+                              1e-4);
     }
     cm_tape_free(tp);
 }

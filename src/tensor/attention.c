@@ -225,15 +225,22 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
     const attn_ctx *c = n->ctx;
     cm_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *bias = n->in[3];
     const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], S = k->shape[2];
-    /* dQ's row blocks are each written once: a gradient of q created now is written by its GEMMs
-     * (beta 0) instead of zeroed and added to; dK and dV add up over row blocks */
-    bool q_fresh = false;
-    cm_tensor *gq = cmi_grad_for_write(tp, q, &q_fresh), *gk = cmi_grad(tp, k), *gv = cmi_grad(tp, v);
+    /* Gradients created now are written instead of zeroed and added to: dQ's row blocks are each
+     * written once (beta 0); dK and dV add up over the row blocks, so the first block writes the
+     * keys it covers (beta 0) and zeroes the rest (causal: keys no query of it sees) */
+    bool q_fresh = false, k_fresh = false, v_fresh = false;
+    cm_tensor *gq = cmi_grad_for_write(tp, q, &q_fresh), *gk = cmi_grad_for_write(tp, k, &k_fresh),
+              *gv = cmi_grad_for_write(tp, v, &v_fresh);
+    /* q, k or v passed twice share one gradient, which the other's GEMMs add to: zero it and add */
+    if (q_fresh && (q == k || q == v)) memset(gq->data, 0, cm_tensor_nbytes(gq)), q_fresh = false;
+    if (k_fresh && k == v) memset(gk->data, 0, cm_tensor_nbytes(gk)), k_fresh = false;
     const bool want_bias = bias && cm_tensor_requires_grad(bias);
     if (cmi_status(tp)) return cmi_status(tp);
     if (want_bias) cmi_grad(tp, bias); /* exists (zeros) even when nothing below touches it */
     if (T == 0 || S == 0 || D == 0 || B * H == 0) { /* every gradient is zero */
         if (q_fresh) memset(gq->data, 0, cm_tensor_nbytes(gq));
+        if (k_fresh) memset(gk->data, 0, cm_tensor_nbytes(gk));
+        if (v_fresh) memset(gv->data, 0, cm_tensor_nbytes(gv));
         return cmi_status(tp);
     }
     mat_ref mq, mk, mv;
@@ -285,6 +292,11 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
         for (int64_t i0 = 0; i0 < T; i0 += RB) {
             const int64_t i1 = i0 + RB < T ? i0 + RB : T, kn = src.causal && i1 < S ? i1 : S; /* keys [0, kn) */
             const int m = (int)(i1 - i0), kk = (int)kn;
+            const float beta_k = k_fresh && i0 == 0 ? 0.0f : 1.0f, beta_v = v_fresh && i0 == 0 ? 0.0f : 1.0f;
+            if (i0 == 0 && kn < S) { /* keys the first block does not reach: its GEMMs leave them */
+                if (k_fresh) memset(gkv + (bh * S + kn) * D, 0, sizeof(float) * (size_t)((S - kn) * D));
+                if (v_fresh) memset(gvv + (bh * S + kn) * D, 0, sizeof(float) * (size_t)((S - kn) * D));
+            }
             softmax_block(&src, b, h, i0, m, kn, P);
             const float *gOb = gO + i0 * ldo; // (m, D)
             float *dLb = want_bias ? dL_all + bh * TS + i0 * S : dL_all + th * (int64_t)blk; // (m, S)
@@ -299,7 +311,7 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
                     apply_dropout(P, db, kn, S, m, kn, ks, Pd);
                     A = Pd, lda = kk;
                 }
-                att_sgemm(CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, ldo, 1.0f, gvv + bh * S * D, iD);
+                att_sgemm(CblasTrans, CblasNoTrans, kk, iD, m, 1.0f, A, lda, gOb, ldo, beta_v, gvv + bh * S * D, iD);
             }
             if (!need_dL) continue;
             /* dP (m, kn) = dO·Vᵀ */
@@ -323,7 +335,7 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
                 att_sgemm(CblasNoTrans, mk.tr, m, iD, kk, scale, dLb, iS, mat_at(&mk, b, h), mk.ld, q_fresh ? 0.0f : 1.0f,
                           gqv + (bh * T + i0) * D, iD);
             if (gkv)
-                att_sgemm(CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld, 1.0f,
+                att_sgemm(CblasTrans, mq.tr, kk, iD, m, scale, dLb, iS, mat_row(&mq, b, h, i0), mq.ld, beta_k,
                           gkv + bh * S * D, iD);
         }
     }
