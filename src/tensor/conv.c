@@ -12,9 +12,10 @@
  *     result directly; elsewhere, or with CM_CONV_BF16=widen, the bf16 values of x, w and the
  *     rounded upstream gradient are put in f32 arena scratch and the f32 kernel runs on them (a
  *     bf16 result is rounded from its f32 one).
- *   - backward: oneDNN writes dx straight into a gradient buffer that cmi_grad has just created
- *     (all zeros), and through scratch + add into one that already holds a gradient; dW and db
- *     always go through scratch (they accumulate over microbatches).
+ *   - backward: oneDNN writes dx straight into a gradient buffer created now (uninitialised:
+ *     cmi_grad_for_write), and through scratch + add into one that already holds a gradient; dW
+ *     and db always go through scratch (they accumulate over microbatches). A bf16 upstream
+ *     gradient (written by a bf16 consumer, see cmi_grad_for_write_as) is read as it is.
  *
  * Measured (bench/conv: N = 128, ResNet-CIFAR shapes, 2 threads, AMD EPYC with avx512_core_bf16,
  * best of 5 while other work shared the 2 cores; ratios to im2col f32 from the same run):
@@ -369,19 +370,15 @@ static void add_into(float *dst, const float *src, int64_t n) {
 
 /* n bf16 values widened to f32 (exact) in arena scratch. */
 static float *widen(cm_tape *tp, const uint16_t *p, int64_t n) {
-    uint32_t *o = cmi_scratch(tp, sizeof(float) * (size_t)(n ? n : 1));
-    if (!o) return NULL;
-#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) o[i] = (uint32_t)p[i] << 16;
-    return (float *)o;
+    float *o = cmi_scratch(tp, sizeof(float) * (size_t)(n ? n : 1));
+    if (o) cmi_bf16_widen(o, p, n);
+    return o;
 }
 
 /* n f32 values rounded to bf16 in arena scratch (the upstream gradient of a bf16 convolution). */
 static uint16_t *to_bf16(cm_tape *tp, const float *p, int64_t n) {
     uint16_t *o = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
-    if (!o) return NULL;
-#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) o[i] = cmi_f32_to_bf16(p[i]);
+    if (o) cmi_bf16_round(o, p, n);
     return o;
 }
 
@@ -430,12 +427,7 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
     float *xw = bf16_values(tp, x, xs, x_numel(g)), *ww = xw ? bf16_values(tp, w, ws, w_numel(g)) : NULL;
     float *yf = ys == CM_DTYPE_BF16 ? cmi_scratch(tp, sizeof(float) * (size_t)y_numel(g)) : y;
     if (!ww || !yf || forward_f32(tp, g, xw, ww, bias, yf)) return cmi_status(tp);
-    if (yf != y) {
-        uint16_t *yb = y;
-        const int64_t n = y_numel(g);
-#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-        for (int64_t i = 0; i < n; i++) yb[i] = cmi_f32_to_bf16(yf[i]);
-    }
+    if (yf != y) cmi_bf16_round(y, yf, y_numel(g));
     cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_FWD);
     cm_arena_rewind(tp->arena, mark);
     return CM_OK;

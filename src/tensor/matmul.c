@@ -161,18 +161,12 @@ static cm_status gemm_batched(cm_tape *tp, cm_dtype dt, int nbd, const int64_t *
     return st ? st : cmi_status(tp);
 }
 
-/* h[i] = s[i] rounded to bf16, i < n (in parallel when large). */
-static void round_to_bf16(const float *s, int64_t n, uint16_t *h) {
-#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) h[i] = cmi_f32_to_bf16(s[i]);
-}
-
 /* The upstream gradient rounded to bf16 in arena scratch, for the bf16 backward GEMMs. */
 static const char *to_bf16(cm_tape *tp, const cm_tensor *g) {
     const int64_t n = cm_tensor_numel(g);
     uint16_t *h = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
     if (!h) return NULL;
-    round_to_bf16(cmi_f32(g), n, h);
+    cmi_bf16_round(h, cmi_f32(g), n);
     return (const char *)h;
 }
 
@@ -402,7 +396,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         const float *g = cmi_f32(gout) + r0 * out_f;
         const char *dy = (const char *)g; // (m, out)
         if (dyb) {
-            round_to_bf16(g, m * out_f, dyb);
+            cmi_bf16_round(dyb, g, m * out_f);
             dy = (const char *)dyb;
         }
         /* x's rows r0.. (element (i, k) of the (R, in) matrix is at i·ld + k, or k·ld + i transposed) */

@@ -278,6 +278,16 @@ void cmi_parallel_memcpy(void *dst, const void *src, size_t bytes) {
     }
 }
 
+void cmi_bf16_round(uint16_t *d, const float *s, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) d[i] = cmi_f32_to_bf16(s[i]);
+}
+
+void cmi_bf16_widen(float *d, const uint16_t *s, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) d[i] = cmi_bf16_to_f32(s[i]);
+}
+
 /* Gradients of at least this many bytes come from the tape's block pool; smaller ones from the
  * arena (not worth a heap block each). */
 #define GRAD_POOL_MIN ((size_t)64 << 10)
@@ -364,11 +374,7 @@ cm_tensor *cmi_grad_for_write_as(cm_tape *tp, cm_tensor *t, cm_dtype dt, bool *f
 static cm_tensor *promote_grad(cm_tape *tp, cm_tensor *t) {
     cm_tensor *g16 = t->grad, *g = tape_grad(tp, t, false, CM_DTYPE_F32);
     if (!g) return NULL;
-    const uint16_t *s = g16->data;
-    float *d = cmi_f32(g);
-    const int64_t n = cm_tensor_numel(t);
-#pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) d[i] = cmi_bf16_to_f32(s[i]);
+    cmi_bf16_widen(cmi_f32(g), g16->data, cm_tensor_numel(t));
     if (grad_pooled(tp, t, cm_tensor_nbytes(g16))) gpool_give(tp, g16->data);
     return t->grad = g;
 }

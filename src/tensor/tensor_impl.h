@@ -185,6 +185,10 @@ static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
  * bandwidth two do; the other thread would wait in the OpenMP pool meanwhile). */
 void cmi_parallel_memset(void *p, int v, size_t bytes);
 void cmi_parallel_memcpy(void *dst, const void *src, size_t bytes);
+/* d[i] = s[i] rounded to bf16 (cmi_f32_to_bf16) / widened to f32 (exact), i < n; in parallel when
+ * large. */
+void cmi_bf16_round(uint16_t *d, const float *s, int64_t n);
+void cmi_bf16_widen(float *d, const uint16_t *s, int64_t n);
 
 /* cm_f32_to_bf16 (round to nearest even, NaN stays a quiet NaN) written without a branch, so loops
  * over it vectorise (the out-of-line call was 6% of an amp_bf16 GPT step). */
