@@ -9,6 +9,7 @@
  * divided by 2·eps. Forward vs the double reference: 1e-4 abs + 1e-4 rel (f32 GEMM sums of <= 150
  * products of N(0,1) values). */
 #include "cmtest.h"
+#include "tensor/conv_wgrad.h"
 #include "tensor/dnnl_conv.h"
 #include "tensor/dnnl_gemm.h"
 
@@ -18,6 +19,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     int64_t n, cin, h, w, cout, kh, kw;
@@ -33,6 +35,16 @@ static cm_conv2d_opts opts_of(const cfg *c) {
     o.groups = c->groups;
     o.channels_last = c->cl;
     return o;
+}
+
+/* Whether c's bf16 backward-weights runs on our own kernel (conv_wgrad.h) rather than oneDNN's:
+ * 3x3 stride-1 pad-1 channels-last without a bias, on a CPU with AVX512-BF16, unless switched off. */
+static bool own_wgrad(const cfg *c) {
+    const int64_t oh = (c->h + 2 * c->ph - c->dh * (c->kh - 1) - 1) / c->sh + 1;
+    const int64_t ow = (c->w + 2 * c->pw - c->dw * (c->kw - 1) - 1) / c->sw + 1;
+    const cmi_conv_geom g = {c->n,  c->cin, c->h,  c->w,  c->cout, oh,        ow,   c->kh, c->kw,
+                             c->sh, c->sw,  c->ph, c->pw, c->dh,   c->dw,     c->groups, c->cl};
+    return !c->bias && cmi_conv_get_own_wgrad() && cmi_conv_wgrad_bf16_fits(&g);
 }
 
 static cm_tensor *call_conv(cm_tape *tp, cm_tensor *const *in, void *ctx) {
@@ -418,9 +430,11 @@ static void check_bf16(const cfg *cs, size_t n, cmi_conv_bf16_kernel bk, bool ex
         cmi_conv_stats st;
         cmi_conv_stats_get(&st);
         for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+            const int64_t own = p == CMI_CONV_BWD_WEIGHTS && own_wgrad(&cs[k]);
             if (bk == CMI_CONV_BF16_ONEDNN)
-                cr_assert(st.dnnl_bf16[p] == 1 && st.widened[p] == 0,
-                          "bf16 config %zu pass %d: %lld native, %lld widened", k, p, (long long)st.dnnl_bf16[p],
+                cr_assert(st.dnnl_bf16[p] == 1 - own && st.own_bf16[p] == own && st.widened[p] == 0,
+                          "bf16 config %zu pass %d: %lld native, %lld own (want %lld), %lld widened", k, p,
+                          (long long)st.dnnl_bf16[p], (long long)st.own_bf16[p], (long long)own,
                           (long long)st.widened[p]);
             else
                 cr_assert(st.widened[p] == 1 && st.dnnl_bf16[p] == 0 && st.dnnl[p] == 1,
@@ -579,8 +593,14 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
             cmi_conv_stats_get(&st);
             const bool native = amp && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN;
             const int64_t want[CMI_CONV_N_PASSES] = {55, 54, 55};
+            /* the 52 3x3 stride-1 body convolutions' backward-weights on our own bf16 kernel */
+            const cfg body = {2, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, cl, false, false};
+            const int64_t own = native && own_wgrad(&body) ? 52 : 0;
+            cr_assert_eq(st.own_bf16[CMI_CONV_BWD_WEIGHTS], own, "%s%s: %lld backward-weights on the own kernel",
+                         cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "",
+                         (long long)st.own_bf16[CMI_CONV_BWD_WEIGHTS]);
             for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
-                const int64_t on = native ? st.dnnl_bf16[p] : st.dnnl[p];
+                const int64_t on = native ? st.dnnl_bf16[p] + st.own_bf16[p] : st.dnnl[p];
                 cr_assert(on == want[p] && st.im2col[p] == 0,
                           "%s%s pass %d: %lld on oneDNN (want %lld), %lld on im2col", cl ? "channels-last" : "NCHW",
                           amp ? " amp_bf16" : "", p, (long long)on, (long long)want[p], (long long)st.im2col[p]);
@@ -634,7 +654,8 @@ Test(conv_bf16, autocast_takes_any_mix_of_bf16_and_f32_and_can_write_a_bf16_resu
                     cmi_conv_stats st;
                     cmi_conv_stats_get(&st);
                     for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
-                        const int64_t ran = bk == CMI_CONV_BF16_ONEDNN ? st.dnnl_bf16[p] : st.widened[p];
+                        const int64_t ran =
+                            bk == CMI_CONV_BF16_ONEDNN ? st.dnnl_bf16[p] + st.own_bf16[p] : st.widened[p];
                         cr_assert_eq(ran, 1, "%s: pass %d ran %lld times on the chosen bf16 kernel", what, p,
                                      (long long)ran);
                     }
@@ -777,4 +798,117 @@ Test(conv, fresh_gradient_of_an_intermediate_input_is_fully_written) {
                 cm_tape_free(tp);
             }
     cmi_conv_set_kernel(CMI_CONV_DNNL);
+}
+
+static uint16_t bf16_bits(float f) { /* round to nearest even (finite values) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float bf16_value(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Our own bf16 backward-weights kernel (conv_wgrad.c) against a double reference on the same bf16
+ * values: one and several chunks (a chunk is ~1024 pixels: N 70 at 4x4 is two, the second
+ * partial; N 3 at 5x6 one of three images), 16..64 input channels (one lane block each), 16..128
+ * output channels (tiles of 8), images one pixel pair wide and one row high, x and dy stored as
+ * bf16 or as f32 (unrounded: the kernel rounds them, to nearest even), and dW added to. f32 sums
+ * of <= 1120 products: within 1e-5 of the entry's Σ|products|. The problems it does not take are
+ * named by cmi_conv_wgrad_bf16_fits. */
+Test(conv_bf16, own_backward_weights_matches_a_double_reference) {
+    const cmi_conv_geom probe = {1, 16, 2, 2, 16, 2, 2, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+    if (!cmi_conv_wgrad_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernel runs instead");
+    const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
+                                 {1, 16, 1, 2, 16}, {3, 16, 5, 6, 32},  {2, 32, 7, 4, 16},
+                                 {70, 16, 4, 4, 48}, {5, 48, 3, 8, 64}, {2, 64, 8, 8, 128}};
+    cm_tape_config tc = cm_tape_config_default();
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+    cm_rng rng = cm_rng_init(91, 0);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int st = 0; st < 4; st++) { /* bit 0: x stored f32; bit 1: dy stored f32 */
+            const int64_t N = shapes[s][0], IC = shapes[s][1], H = shapes[s][2], W = shapes[s][3], OC = shapes[s][4];
+            const cmi_conv_geom g = {N, IC, H, W, OC, H, W, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+            cr_assert(cmi_conv_wgrad_bf16_fits(&g), "shape %zu", s);
+            const size_t xn = (size_t)(N * H * W * IC), yn = (size_t)(N * H * W * OC), wn = (size_t)(OC * IC * 9);
+            float *xf = malloc(xn * 4), *yf = malloc(yn * 4), *dw = malloc(wn * 4);
+            uint16_t *xh = malloc(xn * 2), *yh = malloc(yn * 2);
+            double *ref = calloc(wn, sizeof(double)), *mag = calloc(wn, sizeof(double));
+            cm_rng_normal(&rng, xf, xn, 0.0f, 1.0f);
+            cm_rng_normal(&rng, yf, yn, 0.0f, 1.0f);
+            cm_rng_normal(&rng, dw, wn, 0.0f, 1.0f);
+            for (size_t i = 0; i < xn; i++) xh[i] = bf16_bits(xf[i]);
+            for (size_t i = 0; i < yn; i++) yh[i] = bf16_bits(yf[i]);
+            for (size_t i = 0; i < wn; i++) ref[i] = dw[i];
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t oh = 0; oh < H; oh++)
+                    for (int64_t ow = 0; ow < W; ow++)
+                        for (int64_t kh = 0; kh < 3; kh++)
+                            for (int64_t kw = 0; kw < 3; kw++) {
+                                const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                const uint16_t *xp = xh + ((n * H + ih) * W + iw) * IC;
+                                const uint16_t *yp = yh + ((n * H + oh) * W + ow) * OC;
+                                for (int64_t oc = 0; oc < OC; oc++)
+                                    for (int64_t ic = 0; ic < IC; ic++) {
+                                        const double p = (double)bf16_value(yp[oc]) * bf16_value(xp[ic]);
+                                        ref[((oc * IC + ic) * 3 + kh) * 3 + kw] += p;
+                                        mag[((oc * IC + ic) * 3 + kh) * 3 + kw] += fabs(p);
+                                    }
+                            }
+            const bool x32 = st & 1, y32 = st & 2;
+            cr_assert_eq(cmi_conv_wgrad_bf16(tp, &g, x32 ? CM_DTYPE_F32 : CM_DTYPE_BF16, x32 ? (void *)xf : xh,
+                                             y32 ? CM_DTYPE_F32 : CM_DTYPE_BF16, y32 ? (void *)yf : yh, dw),
+                         CM_OK, "%s", cm_tape_error(tp));
+            for (size_t i = 0; i < wn; i++)
+                cr_assert(fabs(dw[i] - ref[i]) <= 1e-5 * mag[i] + 1e-6 * fabs(ref[i]),
+                          "shape %zu (N %lld Cin %lld %lldx%lld Cout %lld) storage %d: dW[%zu] = %.7g, reference %.7g", s,
+                          (long long)N, (long long)IC, (long long)H, (long long)W, (long long)OC, st, i, dw[i], ref[i]);
+            free(xf), free(yf), free(dw), free(xh), free(yh), free(ref), free(mag);
+        }
+    cm_tape_free(tp);
+    /* what it does not take (conv.c then runs oneDNN's bf16 backward-weights) */
+    const cmi_conv_geom no[] = {
+        {1, 16, 4, 4, 16, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, false}, /* NCHW */
+        {1, 8, 4, 4, 16, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},   /* Cin 8 */
+        {1, 16, 4, 4, 24, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},  /* Cout 24 */
+        {1, 16, 4, 5, 16, 4, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},  /* W odd */
+        {1, 16, 4, 4, 16, 2, 2, 3, 3, 2, 2, 1, 1, 1, 1, 1, true},  /* stride 2 */
+        {1, 16, 4, 4, 16, 2, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1, true},  /* no padding */
+        {1, 16, 4, 4, 16, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2, true},  /* 2 groups */
+        {1, 16, 4, 4, 16, 2, 2, 3, 3, 1, 1, 1, 1, 2, 2, 1, true},  /* dilation 2 */
+        {1, 16, 4, 4, 16, 4, 4, 1, 1, 1, 1, 0, 0, 1, 1, 1, true},  /* 1x1 */
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        cr_assert(!cmi_conv_wgrad_bf16_fits(&no[i]), "problem %zu is not the own kernel's", i);
+}
+
+/* Through cm_conv2d under autocast: the own kernel and oneDNN's (CM_CONV_BF16_WGRAD=onednn, or
+ * cmi_conv_set_own_wgrad(false)) give the same weight gradient up to f32 summation order, and the
+ * counters say which ran; the environment variable is read on first use (this test's process). */
+Test(conv_bf16, own_backward_weights_agrees_with_onednn_and_can_be_switched_off) {
+    setenv("CM_CONV_BF16_WGRAD", "onednn", 1); /* before anything reads the switches */
+    cr_assert(!cmi_conv_get_own_wgrad(), "CM_CONV_BF16_WGRAD=onednn switches the own kernel off");
+    cmi_conv_set_own_wgrad(true);
+    if (!cmi_bf16_native()) cr_skip_test("oneDNN ISA %s has no native bf16 convolution", cmi_dnnl_isa_name());
+    if (!own_wgrad(&k_resnet[6])) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernel runs anyway");
+    const run_mode ac = {false, true, true, false};
+    conv_run r[2];
+    for (int own = 0; own < 2; own++) {
+        cmi_conv_set_own_wgrad(own);
+        cmi_conv_stats_reset();
+        r[own] = run_conv(&k_resnet[6], 77, ac); /* channels-last stage 1 */
+        cmi_conv_stats st;
+        cmi_conv_stats_get(&st);
+        cr_assert(st.own_bf16[CMI_CONV_BWD_WEIGHTS] == own && st.dnnl_bf16[CMI_CONV_BWD_WEIGHTS] == 1 - own,
+                  "own %d: %lld own, %lld oneDNN", own, (long long)st.own_bf16[CMI_CONV_BWD_WEIGHTS],
+                  (long long)st.dnnl_bf16[CMI_CONV_BWD_WEIGHTS]);
+    }
+    assert_runs_close("own vs oneDNN backward-weights", 6, &r[1], &r[0], 1e-4, 1e-4);
+    cm_tape_free(r[0].tp);
+    cm_tape_free(r[1].tp);
 }

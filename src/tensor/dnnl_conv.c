@@ -32,7 +32,7 @@
 /* ------------------------------------------------------------------------------------------ */
 
 static pthread_once_t g_kernel_once = PTHREAD_ONCE_INIT;
-static _Atomic int g_kernel = -1, g_bf16_kernel = -1, g_act_layout = CMI_CONV_ACT_AUTO;
+static _Atomic int g_kernel = -1, g_bf16_kernel = -1, g_act_layout = CMI_CONV_ACT_AUTO, g_own_wgrad = -1;
 
 static void kernel_init(void) {
     const char *e = getenv("CM_CONV");
@@ -48,10 +48,28 @@ static void kernel_init(void) {
     else if (b && *b)
         cm_log_msg(CM_LOG_WARN, "CM_CONV_BF16='%s' is not a bf16 convolution kernel (use onednn or widen); using %s",
                    b, kb == CMI_CONV_BF16_ONEDNN ? "onednn" : "widen");
+    const char *ow = getenv("CM_CONV_BF16_WGRAD");
+    int own = 1;
+    if (ow && strcmp(ow, "onednn") == 0) own = 0;
+    else if (ow && *ow && strcmp(ow, "own") != 0)
+        cm_log_msg(CM_LOG_WARN,
+                   "CM_CONV_BF16_WGRAD='%s' is not a bf16 backward-weights kernel (use own or onednn); using own", ow);
     int expect = -1;
     atomic_compare_exchange_strong(&g_kernel, &expect, k);
     expect = -1;
     atomic_compare_exchange_strong(&g_bf16_kernel, &expect, kb);
+    expect = -1;
+    atomic_compare_exchange_strong(&g_own_wgrad, &expect, own);
+}
+
+bool cmi_conv_get_own_wgrad(void) {
+    pthread_once(&g_kernel_once, kernel_init);
+    return atomic_load(&g_own_wgrad) != 0;
+}
+
+void cmi_conv_set_own_wgrad(bool own) {
+    pthread_once(&g_kernel_once, kernel_init);
+    atomic_store(&g_own_wgrad, own ? 1 : 0);
 }
 
 cmi_conv_kernel cmi_conv_get_kernel(void) {
@@ -77,7 +95,7 @@ void cmi_conv_set_bf16_kernel(cmi_conv_bf16_kernel k) {
 cmi_conv_act_layout cmi_conv_get_act_layout(void) { return (cmi_conv_act_layout)atomic_load(&g_act_layout); }
 void cmi_conv_set_act_layout(cmi_conv_act_layout l) { atomic_store(&g_act_layout, (int)l); }
 
-static _Atomic int64_t g_stats[4][CMI_CONV_N_PASSES];
+static _Atomic int64_t g_stats[CMI_CONV_N_PATHS][CMI_CONV_N_PASSES];
 static _Atomic int64_t g_unimplemented;
 
 void cmi_conv_stats_note(cmi_conv_path path, int pass) { atomic_fetch_add(&g_stats[path][pass], 1); }
@@ -89,12 +107,13 @@ void cmi_conv_stats_get(cmi_conv_stats *s) {
         s->dnnl_bf16[p] = atomic_load(&g_stats[CMI_CONV_RAN_DNNL_BF16][p]);
         s->im2col[p] = atomic_load(&g_stats[CMI_CONV_RAN_IM2COL][p]);
         s->widened[p] = atomic_load(&g_stats[CMI_CONV_RAN_WIDENED][p]);
+        s->own_bf16[p] = atomic_load(&g_stats[CMI_CONV_RAN_OWN_BF16][p]);
     }
     s->unimplemented = atomic_load(&g_unimplemented);
 }
 
 void cmi_conv_stats_reset(void) {
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < CMI_CONV_N_PATHS; k++)
         for (int p = 0; p < CMI_CONV_N_PASSES; p++) atomic_store(&g_stats[k][p], 0);
     atomic_store(&g_unimplemented, 0);
 }
