@@ -9,7 +9,7 @@
  * divided by 2·eps. Forward vs the double reference: 1e-4 abs + 1e-4 rel (f32 GEMM sums of <= 150
  * products of N(0,1) values). */
 #include "cmtest.h"
-#include "tensor/conv_wgrad.h"
+#include "tensor/conv_bf16.h"
 #include "tensor/dnnl_conv.h"
 #include "tensor/dnnl_gemm.h"
 
@@ -37,14 +37,18 @@ static cm_conv2d_opts opts_of(const cfg *c) {
     return o;
 }
 
-/* Whether c's bf16 backward-weights runs on our own kernel (conv_wgrad.h) rather than oneDNN's:
- * 3x3 stride-1 pad-1 channels-last without a bias, on a CPU with AVX512-BF16, unless switched off. */
-static bool own_wgrad(const cfg *c) {
+/* Whether pass p (CMI_CONV_FWD, ...) of c's bf16 convolution runs on our own kernels
+ * (conv_bf16.h) rather than oneDNN's: 3x3 stride-1 pad-1 channels-last without a bias, on a CPU
+ * with AVX512-BF16, the pass switched on; forward also needs x stored in bf16 (x_bf16). */
+static bool own_pass(const cfg *c, int p, bool x_bf16) {
     const int64_t oh = (c->h + 2 * c->ph - c->dh * (c->kh - 1) - 1) / c->sh + 1;
     const int64_t ow = (c->w + 2 * c->pw - c->dw * (c->kw - 1) - 1) / c->sw + 1;
-    const cmi_conv_geom g = {c->n,  c->cin, c->h,  c->w,  c->cout, oh,        ow,   c->kh, c->kw,
-                             c->sh, c->sw,  c->ph, c->pw, c->dh,   c->dw,     c->groups, c->cl};
-    return !c->bias && cmi_conv_get_own_wgrad() && cmi_conv_wgrad_bf16_fits(&g);
+    const cmi_conv_geom g = {c->n,  c->cin, c->h,  c->w,  c->cout, oh,    ow,        c->kh, c->kw,
+                             c->sh, c->sw,  c->ph, c->pw, c->dh,   c->dw, c->groups, c->cl};
+    if (c->bias || !(cmi_conv_get_own_passes() >> p & 1)) return false;
+    if (p == CMI_CONV_FWD) return x_bf16 && cmi_conv_direct_bf16_fits(&g);
+    if (p == CMI_CONV_BWD_WEIGHTS) return cmi_conv_wgrad_bf16_fits(&g);
+    return false;
 }
 
 static cm_tensor *call_conv(cm_tape *tp, cm_tensor *const *in, void *ctx) {
@@ -430,7 +434,7 @@ static void check_bf16(const cfg *cs, size_t n, cmi_conv_bf16_kernel bk, bool ex
         cmi_conv_stats st;
         cmi_conv_stats_get(&st);
         for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
-            const int64_t own = p == CMI_CONV_BWD_WEIGHTS && own_wgrad(&cs[k]);
+            const int64_t own = own_pass(&cs[k], p, explicit_bf16);
             if (bk == CMI_CONV_BF16_ONEDNN)
                 cr_assert(st.dnnl_bf16[p] == 1 - own && st.own_bf16[p] == own && st.widened[p] == 0,
                           "bf16 config %zu pass %d: %lld native, %lld own (want %lld), %lld widened", k, p,
@@ -593,12 +597,15 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
             cmi_conv_stats_get(&st);
             const bool native = amp && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN;
             const int64_t want[CMI_CONV_N_PASSES] = {55, 54, 55};
-            /* the 52 3x3 stride-1 body convolutions' backward-weights on our own bf16 kernel */
+            /* the 52 3x3 stride-1 body convolutions on our own bf16 kernels where they fit (their x is
+             * batch norm's bf16 output) */
             const cfg body = {2, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, cl, false, false};
-            const int64_t own = native && own_wgrad(&body) ? 52 : 0;
-            cr_assert_eq(st.own_bf16[CMI_CONV_BWD_WEIGHTS], own, "%s%s: %lld backward-weights on the own kernel",
-                         cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "",
-                         (long long)st.own_bf16[CMI_CONV_BWD_WEIGHTS]);
+            for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+                const int64_t own = native && own_pass(&body, p, true) ? 52 : 0;
+                cr_assert_eq(st.own_bf16[p], own, "%s%s pass %d: %lld on the own kernels (want %lld)",
+                             cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)st.own_bf16[p],
+                             (long long)own);
+            }
             for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
                 const int64_t on = native ? st.dnnl_bf16[p] + st.own_bf16[p] : st.dnnl[p];
                 cr_assert(on == want[p] && st.im2col[p] == 0,
@@ -887,28 +894,125 @@ Test(conv_bf16, own_backward_weights_matches_a_double_reference) {
         cr_assert(!cmi_conv_wgrad_bf16_fits(&no[i]), "problem %zu is not the own kernel's", i);
 }
 
-/* Through cm_conv2d under autocast: the own kernel and oneDNN's (CM_CONV_BF16_WGRAD=onednn, or
- * cmi_conv_set_own_wgrad(false)) give the same weight gradient up to f32 summation order, and the
- * counters say which ran; the environment variable is read on first use (this test's process). */
-Test(conv_bf16, own_backward_weights_agrees_with_onednn_and_can_be_switched_off) {
-    setenv("CM_CONV_BF16_WGRAD", "onednn", 1); /* before anything reads the switches */
-    cr_assert(!cmi_conv_get_own_wgrad(), "CM_CONV_BF16_WGRAD=onednn switches the own kernel off");
-    cmi_conv_set_own_wgrad(true);
+/* Through cm_conv2d on explicit bf16 inputs (so the forward's x is bf16): our own kernels and
+ * oneDNN's (CM_CONV_BF16_OWN=none, or cmi_conv_set_own_passes(0)) give the same results up to f32
+ * summation order (y: one bf16 rounding), and the counters say which ran; the environment
+ * variable is read on first use (this test's own process). */
+Test(conv_bf16, own_kernels_agree_with_onednn_and_can_be_switched_off) {
+    setenv("CM_CONV_BF16_OWN", "none", 1); /* before anything reads the switches */
+    cr_assert_eq(cmi_conv_get_own_passes(), 0u, "CM_CONV_BF16_OWN=none switches the own kernels off");
+    cmi_conv_set_own_passes(7);
     if (!cmi_bf16_native()) cr_skip_test("oneDNN ISA %s has no native bf16 convolution", cmi_dnnl_isa_name());
-    if (!own_wgrad(&k_resnet[6])) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernel runs anyway");
-    const run_mode ac = {false, true, true, false};
+    if (!own_pass(&k_resnet[6], CMI_CONV_BWD_WEIGHTS, true))
+        cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run anyway");
+    const run_mode m = {false, true, false, true};
     conv_run r[2];
     for (int own = 0; own < 2; own++) {
-        cmi_conv_set_own_wgrad(own);
+        cmi_conv_set_own_passes(own ? 7 : 0);
         cmi_conv_stats_reset();
-        r[own] = run_conv(&k_resnet[6], 77, ac); /* channels-last stage 1 */
+        r[own] = run_conv(&k_resnet[6], 77, m); /* channels-last stage 1 */
         cmi_conv_stats st;
         cmi_conv_stats_get(&st);
-        cr_assert(st.own_bf16[CMI_CONV_BWD_WEIGHTS] == own && st.dnnl_bf16[CMI_CONV_BWD_WEIGHTS] == 1 - own,
-                  "own %d: %lld own, %lld oneDNN", own, (long long)st.own_bf16[CMI_CONV_BWD_WEIGHTS],
-                  (long long)st.dnnl_bf16[CMI_CONV_BWD_WEIGHTS]);
+        for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+            const int64_t want = own && own_pass(&k_resnet[6], p, true);
+            cr_assert(st.own_bf16[p] == want && st.dnnl_bf16[p] == 1 - want, "own %d pass %d: %lld own, %lld oneDNN",
+                      own, p, (long long)st.own_bf16[p], (long long)st.dnnl_bf16[p]);
+        }
     }
-    assert_runs_close("own vs oneDNN backward-weights", 6, &r[1], &r[0], 1e-4, 1e-4);
+    cr_assert(own_pass(&k_resnet[6], CMI_CONV_FWD, true), "the forward runs on the own kernel here");
+    /* y: f32 sums in another order, within f32 rounding (the result is f32 here) */
+    assert_runs_close("own vs oneDNN", 6, &r[1], &r[0], 1e-4, 1e-4);
     cm_tape_free(r[0].tp);
     cm_tape_free(r[1].tp);
+}
+
+Test(conv_bf16, env_cm_conv_bf16_own_takes_a_list_of_passes) {
+    setenv("CM_CONV_BF16_OWN", "fwd,weights", 1);
+    cr_assert_eq(cmi_conv_get_own_passes(), (1u << CMI_CONV_FWD) | (1u << CMI_CONV_BWD_WEIGHTS));
+}
+
+Test(conv_bf16, env_cm_conv_bf16_own_rejects_an_unknown_pass_and_keeps_all) {
+    setenv("CM_CONV_BF16_OWN", "fwd,bogus", 1);
+    cr_assert_eq(cmi_conv_get_own_passes(), 7u, "an unknown name warns and keeps every own kernel");
+}
+
+/* Our own direct bf16 kernel (forward, and backward-data as the forward of dy with the weight
+ * transposed and flipped) against a double reference on the same bf16 values: 16, 32 and 64
+ * channels each way, rows of 8 to 32 pixels (tiles of 8 or 16: one tile touching both edges, edge
+ * and interior tiles), one to five rows, weights f32 (rounded inside) or bf16, results f32 or
+ * bf16 (rounded once). f32 sums of <= 576 products: within 1e-5 of Σ|products| (f32 result), or
+ * half a bf16 ulp more (bf16 result). */
+Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
+    const cmi_conv_geom probe = {1, 16, 2, 8, 16, 2, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+    if (!cmi_conv_direct_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run instead");
+    const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
+                                 {2, 16, 3, 16, 16}, {1, 16, 5, 32, 16}, {3, 32, 1, 8, 16}, {2, 16, 4, 24, 32},
+                                 {2, 64, 3, 8, 64},  {1, 32, 2, 16, 64}, {1, 64, 3, 24, 32}};
+    cm_tape_config tc = cm_tape_config_default();
+    tc.poison = true; /* scratch starts as NaN: nothing may be read before it is written */
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+    cm_rng rng = cm_rng_init(93, 0);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int bwd = 0; bwd < 2; bwd++)
+            for (int st = 0; st < 4; st++) { /* bit 0: weight bf16; bit 1: result bf16 */
+                const int64_t N = shapes[s][0], IC = shapes[s][1], H = shapes[s][2], W = shapes[s][3],
+                              OC = shapes[s][4];
+                const cmi_conv_geom g = {N, IC, H, W, OC, H, W, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+                cr_assert(cmi_conv_direct_bf16_fits(&g), "shape %zu", s);
+                const int64_t CI = bwd ? OC : IC, CO = bwd ? IC : OC; /* the direct problem's channels */
+                const size_t in_n = (size_t)(N * H * W * CI), out_n = (size_t)(N * H * W * CO),
+                             wn = (size_t)(OC * IC * 9);
+                float *inf = malloc(in_n * 4), *wf = malloc(wn * 4), *out = malloc(out_n * 4);
+                uint16_t *inh = malloc(in_n * 2), *wh = malloc(wn * 2);
+                double *ref = calloc(out_n, sizeof(double)), *mag = calloc(out_n, sizeof(double));
+                cm_rng_normal(&rng, inf, in_n, 0.0f, 1.0f);
+                cm_rng_normal(&rng, wf, wn, 0.0f, 1.0f);
+                for (size_t i = 0; i < in_n; i++) inh[i] = bf16_bits(inf[i]);
+                for (size_t i = 0; i < wn; i++) wh[i] = bf16_bits(wf[i]);
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t oh = 0; oh < H; oh++)
+                        for (int64_t ow = 0; ow < W; ow++)
+                            for (int64_t kh = 0; kh < 3; kh++)
+                                for (int64_t kw = 0; kw < 3; kw++) {
+                                    const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
+                                    if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                    const uint16_t *ip = inh + ((n * H + ih) * W + iw) * CI;
+                                    const int64_t o = ((n * H + oh) * W + ow) * CO;
+                                    for (int64_t co = 0; co < CO; co++)
+                                        for (int64_t ci = 0; ci < CI; ci++) {
+                                            /* forward: w[co][ci][kh][kw]; backward-data: w[ci][co][2-kh][2-kw] */
+                                            const int64_t wi = bwd ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw
+                                                                   : ((co * CI + ci) * 3 + kh) * 3 + kw;
+                                            const double p = (double)bf16_value(ip[ci]) * bf16_value(wh[wi]);
+                                            ref[o + co] += p;
+                                            mag[o + co] += fabs(p);
+                                        }
+                                }
+                const bool wb = st & 1, ob = st & 2;
+                const void *w = wb ? (const void *)wh : wf;
+                const cm_dtype wd = wb ? CM_DTYPE_BF16 : CM_DTYPE_F32, od = ob ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+                cr_assert_eq(bwd ? cmi_conv_bwd_data_bf16(tp, &g, inh, wd, w, od, out)
+                                 : cmi_conv_fwd_bf16(tp, &g, inh, wd, w, od, out),
+                             CM_OK, "%s", cm_tape_error(tp));
+                for (size_t i = 0; i < out_n; i++) {
+                    const double v = ob ? bf16_value(((uint16_t *)out)[i]) : out[i];
+                    const double tol = 1e-5 * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 0.0);
+                    cr_assert(fabs(v - ref[i]) <= tol,
+                              "shape %zu (N %lld Cin %lld %lldx%lld Cout %lld) %s weight %s result %s: [%zu] = %.7g, "
+                              "reference %.7g",
+                              s, (long long)N, (long long)IC, (long long)H, (long long)W, (long long)OC,
+                              bwd ? "backward-data" : "forward", wb ? "bf16" : "f32", ob ? "bf16" : "f32", i, v, ref[i]);
+                }
+                free(inf), free(wf), free(out), free(inh), free(wh), free(ref), free(mag);
+            }
+    cm_tape_free(tp);
+    const cmi_conv_geom no[] = {
+        {1, 48, 4, 8, 16, 4, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},  /* Cin 48 */
+        {1, 16, 4, 8, 128, 4, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* Cout 128 */
+        {1, 16, 4, 12, 16, 4, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* W 12: not a multiple of 8 */
+        {1, 16, 4, 8, 16, 4, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, false}, /* NCHW */
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        cr_assert(!cmi_conv_direct_bf16_fits(&no[i]), "problem %zu is not the direct kernel's", i);
 }

@@ -11,10 +11,10 @@
  *     (avx512_core_bf16, AMX), their reorders doing the rounding and the primitive writing a bf16
  *     result directly; elsewhere, or with CM_CONV_BF16=widen, the bf16 values of x, w and the
  *     rounded upstream gradient are put in f32 arena scratch and the f32 kernel runs on them (a
- *     bf16 result is rounded from its f32 one). Backward-weights of a 3x3 stride-1 pad-1
- *     channels-last convolution without bias (a ResNet's body) runs on our own AVX512-BF16 kernel
- *     instead of oneDNN's where the CPU has it (conv_wgrad.c: 1.2-1.4x oneDNN's on those shapes;
- *     CM_CONV_BF16_WGRAD=onednn switches it off).
+ *     bf16 result is rounded from its f32 one). A 3x3 stride-1 pad-1 channels-last convolution
+ *     without bias (a ResNet's body) runs on our own AVX512-BF16 kernels instead of oneDNN's
+ *     where the CPU has them (conv_bf16.c; forward with a bf16-stored x, backward-weights), each
+ *     faster than oneDNN's on those shapes; CM_CONV_BF16_OWN switches them per pass.
  *   - backward: oneDNN writes dx straight into a gradient buffer created now (uninitialised:
  *     cmi_grad_for_write), and through scratch + add into one that already holds a gradient; dW
  *     and db always go through scratch (they accumulate over microbatches). A bf16 upstream
@@ -50,7 +50,7 @@
  * The im2col buffer is recomputed in backward instead of kept: it is K/Cin times larger than x; its
  * arena memory is rewound when the call returns (forward and backward), so only one is live at a
  * time. The channels-last weight rearrangement Wr is likewise redone in backward (it is small). */
-#include "tensor/conv_wgrad.h"
+#include "tensor/conv_bf16.h"
 #include "tensor/dnnl_conv.h"
 #include "tensor/tensor_impl.h"
 
@@ -423,6 +423,12 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
                               const void *w, const float *bias, cm_dtype ys, void *y) {
     if (dt == CM_DTYPE_F32) return forward_f32(tp, g, x, w, bias, y);
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
+        if (!bias && xs == CM_DTYPE_BF16 && (cmi_conv_get_own_passes() >> CMI_CONV_FWD & 1) &&
+            cmi_conv_direct_bf16_fits(g)) { /* our own kernel (conv_bf16.h) */
+            if (cmi_conv_fwd_bf16(tp, g, x, ws, w, ys, y)) return cmi_status(tp);
+            cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_FWD);
+            return CM_OK;
+        }
         bool ran = false;
         if (cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, xs, ws, x, w, bias, ys, y, &ran)) return cmi_status(tp);
         if (ran) return CM_OK;
@@ -509,8 +515,8 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
      * already wrote it in bf16 (nd->bf16_gout: cmi_grad_for_write_as) */
     const cm_dtype dys = gout->dtype;
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
-        /* backward-weights of the 3x3 body convolutions on our own kernel (conv_wgrad.h) */
-        if (dW && !db && cmi_conv_get_own_wgrad() && cmi_conv_wgrad_bf16_fits(g)) {
+        /* backward-weights of the 3x3 body convolutions on our own kernel (conv_bf16.h) */
+        if (dW && !db && (cmi_conv_get_own_passes() >> CMI_CONV_BWD_WEIGHTS & 1) && cmi_conv_wgrad_bf16_fits(g)) {
             if (cmi_conv_wgrad_bf16(tp, g, c->xs, x, dys, gout->data, dW)) return cmi_status(tp);
             cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_BWD_WEIGHTS);
             dW = NULL;

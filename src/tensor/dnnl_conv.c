@@ -32,7 +32,7 @@
 /* ------------------------------------------------------------------------------------------ */
 
 static pthread_once_t g_kernel_once = PTHREAD_ONCE_INIT;
-static _Atomic int g_kernel = -1, g_bf16_kernel = -1, g_act_layout = CMI_CONV_ACT_AUTO, g_own_wgrad = -1;
+static _Atomic int g_kernel = -1, g_bf16_kernel = -1, g_act_layout = CMI_CONV_ACT_AUTO, g_own_passes = -1;
 
 static void kernel_init(void) {
     const char *e = getenv("CM_CONV");
@@ -48,28 +48,45 @@ static void kernel_init(void) {
     else if (b && *b)
         cm_log_msg(CM_LOG_WARN, "CM_CONV_BF16='%s' is not a bf16 convolution kernel (use onednn or widen); using %s",
                    b, kb == CMI_CONV_BF16_ONEDNN ? "onednn" : "widen");
-    const char *ow = getenv("CM_CONV_BF16_WGRAD");
-    int own = 1;
-    if (ow && strcmp(ow, "onednn") == 0) own = 0;
-    else if (ow && *ow && strcmp(ow, "own") != 0)
-        cm_log_msg(CM_LOG_WARN,
-                   "CM_CONV_BF16_WGRAD='%s' is not a bf16 backward-weights kernel (use own or onednn); using own", ow);
+    const char *ow = getenv("CM_CONV_BF16_OWN");
+    int own = 7;
+    if (ow && *ow && strcmp(ow, "all") != 0) {
+        own = 0;
+        const char *names[3] = {"fwd", "data", "weights"};
+        for (const char *p = ow; *p;) {
+            const size_t len = strcspn(p, ",");
+            int bit = -1;
+            for (int i = 0; i < 3; i++)
+                if (len == strlen(names[i]) && strncmp(p, names[i], len) == 0) bit = i;
+            if (bit >= 0) own |= 1 << bit;
+            else if (!(len == 4 && strncmp(p, "none", 4) == 0)) {
+                cm_log_msg(CM_LOG_WARN,
+                           "CM_CONV_BF16_OWN='%s': '%.*s' is not a pass (use all, none, or a comma list of fwd, "
+                           "data, weights); using all",
+                           ow, (int)len, p);
+                own = 7;
+                break;
+            }
+            p += len;
+            if (*p == ',') p++;
+        }
+    }
     int expect = -1;
     atomic_compare_exchange_strong(&g_kernel, &expect, k);
     expect = -1;
     atomic_compare_exchange_strong(&g_bf16_kernel, &expect, kb);
     expect = -1;
-    atomic_compare_exchange_strong(&g_own_wgrad, &expect, own);
+    atomic_compare_exchange_strong(&g_own_passes, &expect, own);
 }
 
-bool cmi_conv_get_own_wgrad(void) {
+unsigned cmi_conv_get_own_passes(void) {
     pthread_once(&g_kernel_once, kernel_init);
-    return atomic_load(&g_own_wgrad) != 0;
+    return (unsigned)atomic_load(&g_own_passes);
 }
 
-void cmi_conv_set_own_wgrad(bool own) {
+void cmi_conv_set_own_passes(unsigned mask) {
     pthread_once(&g_kernel_once, kernel_init);
-    atomic_store(&g_own_wgrad, own ? 1 : 0);
+    atomic_store(&g_own_passes, (int)(mask & 7u));
 }
 
 cmi_conv_kernel cmi_conv_get_kernel(void) {

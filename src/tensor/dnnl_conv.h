@@ -44,11 +44,13 @@ typedef enum { CMI_CONV_ACT_AUTO, CMI_CONV_ACT_PLAIN, CMI_CONV_ACT_BLOCKED } cmi
 cmi_conv_act_layout cmi_conv_get_act_layout(void);
 void cmi_conv_set_act_layout(cmi_conv_act_layout l);
 
-/* bf16 backward-weights: our own kernel (conv_wgrad.h) where it fits — 3x3, stride 1, pad 1,
- * channels-last, no bias — when true (the default; CM_CONV_BF16_WGRAD=onednn makes it false),
- * oneDNN's otherwise. Only consulted where the bf16 kernel is onednn. */
-bool cmi_conv_get_own_wgrad(void);
-void cmi_conv_set_own_wgrad(bool own);
+/* Our own bf16 kernels (conv_bf16.h) instead of oneDNN's bf16 primitives, per pass, where they
+ * fit (3x3, stride 1, pad 1, channels-last, no bias, AVX512-BF16; forward also a bf16-stored x):
+ * a mask of bits 1 << CMI_CONV_FWD / CMI_CONV_BWD_DATA / CMI_CONV_BWD_WEIGHTS, all set by default;
+ * CM_CONV_BF16_OWN=none, or a comma list of fwd, data, weights, sets it. Only consulted where
+ * the bf16 kernel is onednn. */
+unsigned cmi_conv_get_own_passes(void);
+void cmi_conv_set_own_passes(unsigned mask);
 
 /* Passes: forward, backward-data, backward-weights. */
 enum { CMI_CONV_FWD, CMI_CONV_BWD_DATA, CMI_CONV_BWD_WEIGHTS, CMI_CONV_N_PASSES };
@@ -61,7 +63,7 @@ typedef struct {
     int64_t dnnl_bf16[CMI_CONV_N_PASSES]; /* oneDNN bf16 primitives */
     int64_t im2col[CMI_CONV_N_PASSES];    /* conv.c's im2col kernel */
     int64_t widened[CMI_CONV_N_PASSES];   /* bf16 operands widened to f32 first */
-    int64_t own_bf16[CMI_CONV_N_PASSES];  /* our own bf16 kernels (conv_wgrad.h: backward-weights) */
+    int64_t own_bf16[CMI_CONV_N_PASSES];  /* our own bf16 kernels (conv_bf16.h) */
     int64_t unimplemented;                /* passes oneDNN refused, run on a fallback instead */
 } cmi_conv_stats;
 void cmi_conv_stats_get(cmi_conv_stats *s);

@@ -1,0 +1,410 @@
+/* Our own bf16 kernels for 3x3, stride-1, pad-1 convolutions on channels-last activations (the
+ * body of a CIFAR ResNet), with AVX512-BF16's dot product (vdpbf16ps, which adds the products of
+ * adjacent bf16 pairs into f32 lanes): backward-weights, and a direct kernel for forward and
+ * backward-data.
+ *
+ * BACKWARD-WEIGHTS. Why: oneDNN 2.6's bf16 backward-weights for these shapes on avx512_core_bf16 (jit_bf16, no
+ * alternative but ref) ran at 52-74 % of the bf16 dot-product peak while its forward and
+ * backward-data ran at 80-100 % (ONEDNN_VERBOSE over a ResNet-56 amp_bf16 step), and it was the
+ * largest single item of that step (~96 ms of ~320).
+ *
+ * The problem: dW[oc][ic][kh][kw] = Σ_{n,oh,ow} dy[n,oh,ow,oc] · x[n, oh+kh-1, ow+kw-1, ic], a
+ * GEMM with a long reduction (all pixels) and a small output (Cout x Cin·9). vdpbf16ps adds the
+ * products of adjacent bf16 pairs into f32 lanes, so the reduction is taken two pixels at a time
+ * (output columns ow, ow+1) and both operands are stored with those pairs adjacent:
+ *   XI[n][ih][q][ic]   = (x[.., ih, q-1, ic], x[.., ih, q, ic])    lanes: 16 input channels;
+ *                                                                   0 outside the image
+ *   DYI[n][oh][pw][oc] = (dy[.., 2pw, oc], dy[.., 2pw+1, oc])      one 32-bit pair, broadcast
+ * so the x pair for output columns (2pw, 2pw+1) and tap kw is XI[..][2pw + kw]. Both are built
+ * per chunk of images (about 1024 pixels: they stay in L2) from bf16 or f32 (rounded to nearest
+ * even, as oneDNN's reorder rounds) storage, while the next chunk's x and dy are prefetched. A
+ * register tile of 24 accumulators — 16 input channels × 8 output channels × the 3 taps kw of
+ * one kh — runs over the whole chunk: per output pair 3 vector loads and 8 broadcasts feed 24
+ * dot products, and the accumulators are loaded and stored once per chunk. Threads take whole
+ * chunks with private f32 accumulators, added up at the end.
+ *
+ * DIRECT (forward; backward-data is the forward of dy with the weight transposed and its taps
+ * mirrored). The reduction (input channels × taps) pairs adjacent input channels, which NHWC
+ * already stores adjacent: a 32-bit input pair is broadcast straight from the activation rows, no
+ * packing, against a packed weight WP[kh][ci/2][co/16][kw][16][2] (built per call, tiny). A tile
+ * is 8 or 16 pixels of one output row × 2 or 1 blocks of 16 output channels (16 accumulators);
+ * per input pair and tap it loads 1-2 weight vectors and broadcasts 8-16 input pairs (a broadcast
+ * per vdpbf16ps costs nothing on Zen 4: a microbenchmark ran 1:1 and 1:3 at the same peak). The
+ * padding columns' products are left out by tile variants specialised for the edges, rows
+ * outside the image by skipping the tap row. The result is stored per pixel as 16 f32 or bf16
+ * values — the NHWC output as it is.
+ *
+ * Measured (bench/conv_bf16: N 128, bf16 x and dy not in cache, f32 weights, 2 threads, AMD EPYC
+ * Zen 4 whose measured bf16 dot-product peak is ~473 GFLOP/s; quiet machine, 2026-11-26), own
+ * against oneDNN 2.6 ms:
+ *   16->16 32x32: forward 1.38 / 1.77, backward-data 1.46 / 1.61, backward-weights 1.74 / 2.50
+ *   32->32 16x16: forward 1.28 / 1.55, backward-data 1.33 / 1.36, backward-weights 1.66 / 2.29
+ *   64->64 8x8:   forward 1.21 / 1.40, backward-data 1.25 / 1.44, backward-weights 1.63 / 2.66
+ */
+#include "tensor/conv_bf16.h"
+
+#include <omp.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CM_CONV_BF16_X86 1
+#endif
+
+bool cmi_conv_wgrad_bf16_fits(const cmi_conv_geom *g) {
+#ifdef CM_CONV_BF16_X86
+    static _Atomic int cpu = -1; /* every thread computes the same value */
+    if (cpu < 0) {
+        __builtin_cpu_init();
+        cpu = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+    }
+    return cpu && g->cl && g->groups == 1 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->ph == 1 &&
+           g->pw == 1 && g->dh == 1 && g->dw == 1 && g->OH == g->H && g->OW == g->W && g->W % 2 == 0 &&
+           g->Cin % 16 == 0 && g->Cout % 16 == 0 && g->N > 0 && g->H > 0 && g->W > 0;
+#else
+    (void)g;
+    return false;
+#endif
+}
+
+#ifdef CM_CONV_BF16_X86
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* Word 2i takes a's word i, word 2i+1 b's word i (a and b in the low 256 bits of the operands). */
+static const uint16_t k_interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                          8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+
+/* 16 values from element i of a bf16 (f32 false) or f32 buffer, as bf16 (f32 rounded to nearest
+ * even). */
+TGT static inline __m256i ld16(const void *p, int64_t i, bool f32) {
+    if (f32) return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps((const float *)p + i));
+    return _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+}
+
+TGT static inline __m512i interleave(__m256i a, __m256i b, __m512i idx) {
+    return _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
+}
+
+/* XI and DYI (see the top) for images [n0, n0 + nb). */
+TGT static void pack_chunk(const cmi_conv_geom *g, const void *x, bool xf32, const void *dy, bool dyf32, int64_t n0,
+                           int64_t nb, uint32_t *XI, uint32_t *DYI) {
+    const int64_t H = g->H, W = g->W, IC = g->Cin, OC = g->Cout;
+    const __m512i idx = _mm512_loadu_si512(k_interleave);
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t r = 0; r < nb * H; r++) { /* image row (n0 + r / H, r % H) */
+        const int64_t xrow = (n0 * H + r) * W * IC, yrow = (n0 * H + r) * W * OC;
+        uint32_t *xo = XI + r * (W + 1) * IC;
+        for (int64_t q = 0; q <= W; q++)
+            for (int64_t c = 0; c < IC; c += 16) {
+                const __m256i a = q > 0 ? ld16(x, xrow + (q - 1) * IC + c, xf32) : zero;
+                const __m256i b = q < W ? ld16(x, xrow + q * IC + c, xf32) : zero;
+                _mm512_storeu_si512(xo + q * IC + c, interleave(a, b, idx));
+            }
+        uint32_t *yo = DYI + r * (W / 2) * OC;
+        for (int64_t pw = 0; pw < W / 2; pw++)
+            for (int64_t c = 0; c < OC; c += 16) {
+                const __m256i a = ld16(dy, yrow + 2 * pw * OC + c, dyf32);
+                const __m256i b = ld16(dy, yrow + (2 * pw + 1) * OC + c, dyf32);
+                _mm512_storeu_si512(yo + pw * OC + c, interleave(a, b, idx));
+            }
+    }
+}
+
+/* Software prefetch of the next chunk's x and dy rows into L2, k cache lines per row of a tile,
+ * while this chunk computes: packing a chunk otherwise waits on memory (x and dy were written
+ * long before) with the dot-product units idle. */
+typedef struct {
+    const char *p[2], *end[2];
+    int k;
+} prefetcher;
+
+TGT static inline void pf_step(prefetcher *pf) {
+    for (int u = 0; u < pf->k; u++) {
+        const int r = pf->p[0] < pf->end[0] ? 0 : 1;
+        if (pf->p[r] >= pf->end[r]) return;
+        _mm_prefetch(pf->p[r], _MM_HINT_T1);
+        pf->p[r] += 64;
+    }
+}
+
+/* One register tile over a packed chunk of nb images: acc[(kh·3 + kw)·OC + oc][ic] for the 16
+ * input channels [ic0, ic0 + 16) (the lanes), the 8 output channels [oc0, oc0 + 8) and kw 0..2 —
+ * 24 accumulators. Per output pair: 3 vector loads of XI (one per tap), 8 broadcasts of a dy
+ * pair, each used by 3 dot products. (Two lane blocks per tile — 6 loads, 4 broadcasts, the same
+ * 24 accumulators — spilled registers and ran at ~75 % of the peak against ~95 % for this one.) */
+TGT static void tile(const cmi_conv_geom *g, const uint32_t *XI, const uint32_t *DYI, int64_t nb, float *acc, int kh,
+                     int64_t ic0, int64_t oc0, prefetcher *pf) {
+    const int64_t H = g->H, W = g->W, IC = g->Cin, OC = g->Cout;
+    __m512 a[8][3];
+#pragma GCC unroll 8
+    for (int o = 0; o < 8; o++)
+#pragma GCC unroll 3
+        for (int kw = 0; kw < 3; kw++) a[o][kw] = _mm512_loadu_ps(acc + ((kh * 3 + kw) * OC + oc0 + o) * IC + ic0);
+    /* output rows whose input row oh + kh - 1 is inside the image */
+    const int64_t lo = kh == 0 ? 1 : 0, hi = kh == 2 ? H - 1 : H;
+    for (int64_t n = 0; n < nb; n++)
+        for (int64_t oh = lo; oh < hi; oh++) {
+            pf_step(pf);
+            const uint32_t *xr = XI + (n * H + oh + kh - 1) * (W + 1) * IC + ic0;
+            const uint32_t *dr = DYI + (n * H + oh) * (W / 2) * OC + oc0;
+            for (int64_t pw = 0; pw < W / 2; pw++) {
+                __m512bh v[3];
+#pragma GCC unroll 3
+                for (int kw = 0; kw < 3; kw++) v[kw] = (__m512bh)_mm512_loadu_si512(xr + (2 * pw + kw) * IC);
+                const uint32_t *dq = dr + pw * OC;
+#pragma GCC unroll 8
+                for (int o = 0; o < 8; o++) {
+                    const __m512bh b = (__m512bh)_mm512_set1_epi32((int)dq[o]);
+#pragma GCC unroll 3
+                    for (int kw = 0; kw < 3; kw++) a[o][kw] = _mm512_dpbf16_ps(a[o][kw], v[kw], b);
+                }
+            }
+        }
+#pragma GCC unroll 8
+    for (int o = 0; o < 8; o++)
+#pragma GCC unroll 3
+        for (int kw = 0; kw < 3; kw++) _mm512_storeu_ps(acc + ((kh * 3 + kw) * OC + oc0 + o) * IC + ic0, a[o][kw]);
+}
+
+/* Every tile over one packed chunk. */
+TGT static void chunk(const cmi_conv_geom *g, const uint32_t *XI, const uint32_t *DYI, int64_t nb, float *acc,
+                      prefetcher *pf) {
+    for (int kh = 0; kh < 3; kh++)
+        for (int64_t ic0 = 0; ic0 < g->Cin; ic0 += 16)
+            for (int64_t oc0 = 0; oc0 < g->Cout; oc0 += 8) tile(g, XI, DYI, nb, acc, kh, ic0, oc0, pf);
+}
+
+/* Rows of tiles a chunk of nb images runs: (Cin / 16)·(Cout / 8) tiles for each kh, over
+ * nb·(H - 1) rows for kh 0 and 2 and nb·H for kh 1. */
+static int64_t row_iters(const cmi_conv_geom *g, int64_t nb) {
+    const int64_t r = (g->Cin / 16) * (g->Cout / 8) * nb * (3 * g->H - 2);
+    return r > 0 ? r : 1;
+}
+#endif
+
+cm_status cmi_conv_wgrad_bf16(cm_tape *tp, const cmi_conv_geom *g, cm_dtype xs, const void *x, cm_dtype dys,
+                              const void *dy, float *dW) {
+#ifdef CM_CONV_BF16_X86
+    if (!cmi_conv_wgrad_bf16_fits(g))
+        return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 backward-weights kernel was called on a problem it "
+                                             "does not handle (N %lld, Cin %lld, Cout %lld, %lldx%lld)",
+                        (long long)g->N, (long long)g->Cin, (long long)g->Cout, (long long)g->H, (long long)g->W);
+    const int64_t H = g->H, W = g->W, IC = g->Cin, OC = g->Cout, N = g->N;
+    /* about 1024 pixels a chunk: XI, DYI and the accumulators stay in L2 while every tile reads them */
+    int64_t nb = (1024 + H * W - 1) / (H * W);
+    if (nb > N) nb = N;
+    const int64_t n_chunks = (N + nb - 1) / nb;
+    int nth = cm_num_threads();
+    if (nth > n_chunks) nth = (int)n_chunks;
+    if (nth < 1) nth = 1;
+    const size_t xi_n = (size_t)(nb * H * (W + 1) * IC), dyi_n = (size_t)(nb * H * (W / 2) * OC), acc_n = (size_t)(9 * IC * OC);
+    const size_t mark = cm_arena_mark(tp->arena);
+    uint32_t *XI = cmi_scratch(tp, sizeof(uint32_t) * xi_n * (size_t)nth);
+    uint32_t *DYI = cmi_scratch(tp, sizeof(uint32_t) * dyi_n * (size_t)nth);
+    float *acc = cmi_scratch(tp, sizeof(float) * acc_n * (size_t)nth);
+    if (!XI || !DYI || !acc) return cmi_status(tp);
+    memset(acc, 0, sizeof(float) * acc_n * (size_t)nth);
+    const bool xf32 = xs == CM_DTYPE_F32, dyf32 = dys == CM_DTYPE_F32;
+#pragma omp parallel num_threads(nth)
+    {
+        const int t = omp_get_thread_num();
+        uint32_t *xi = XI + xi_n * (size_t)t;
+        uint32_t *dyi = DYI + dyi_n * (size_t)t;
+        float *a = acc + acc_n * (size_t)t;
+        const int64_t c0 = n_chunks * t / nth, c1 = n_chunks * (t + 1) / nth; /* this thread's chunks */
+        for (int64_t ch = c0; ch < c1; ch++) {
+            const int64_t n0 = ch * nb, m = n0 + nb <= N ? nb : N - n0;
+            pack_chunk(g, x, xf32, dy, dyf32, n0, m, xi, dyi);
+            /* the next chunk's images [n1, n2), fetched over this chunk's rows of tiles */
+            const int64_t n1 = n0 + m, n2 = ch + 1 < c1 ? (n1 + nb <= N ? n1 + nb : N) : n1;
+            const int64_t px = H * W, xb = IC * (xf32 ? 4 : 2), yb = OC * (dyf32 ? 4 : 2);
+            prefetcher pf = {{(const char *)x + n1 * px * xb, (const char *)dy + n1 * px * yb},
+                             {(const char *)x + n2 * px * xb, (const char *)dy + n2 * px * yb},
+                             (int)(((n2 - n1) * px * (xb + yb) / 64) / row_iters(g, m) + 1)};
+            chunk(g, xi, dyi, m, a, &pf);
+        }
+    }
+    /* dW (Cout, Cin, 3, 3) += the threads' acc[(kh·3 + kw)·OC + oc][ic] */
+#pragma omp parallel for if (OC * IC >= 1024) schedule(static)
+    for (int64_t oc = 0; oc < OC; oc++)
+        for (int64_t ic = 0; ic < IC; ic++)
+            for (int k = 0; k < 9; k++) {
+                float s = 0.0f;
+                for (int t = 0; t < nth; t++) s += acc[acc_n * (size_t)t + (size_t)((k * OC + oc) * IC + ic)];
+                dW[(oc * IC + ic) * 9 + k] += s;
+            }
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+#else
+    (void)xs, (void)x, (void)dys, (void)dy, (void)dW;
+    return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 backward-weights kernel needs x86-64 (N %lld)",
+                    (long long)g->N);
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forward and backward-data: one direct kernel                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+bool cmi_conv_direct_bf16_fits(const cmi_conv_geom *g) {
+    const bool chans = (g->Cin == 16 || g->Cin == 32 || g->Cin == 64) && (g->Cout == 16 || g->Cout == 32 || g->Cout == 64);
+    return chans && g->W % 8 == 0 && cmi_conv_wgrad_bf16_fits(g);
+}
+
+#ifdef CM_CONV_BF16_X86
+/* The direct problem: out (N, H, W, CO) = Σ over 3x3 taps and CI input channels of in (N, H, W, CI)
+ * and the packed weight WP[kh][ci / 2][co / 16][kw][16][2] (pairs of input channels adjacent, as
+ * vdpbf16ps adds them): forward is (x, w), backward-data (dy, w transposed and flipped). */
+typedef struct {
+    int64_t N, H, W, CO;
+    const uint16_t *in, *WP;
+    void *out;
+    bool out_bf16;
+} direct_args;
+
+/* The packed weight of the forward problem (flip false: WP from w[co][ci][kh][kw]) or of
+ * backward-data (flip true: co is w's input channel, ci its output channel, taps mirrored). w is
+ * (Cout, Cin, 3, 3), f32 (rounded to nearest even) or bf16. */
+static void pack_weights(const cmi_conv_geom *g, cm_dtype ws, const void *w, bool flip, uint16_t *WP) {
+    const int64_t CI = flip ? g->Cout : g->Cin, CO = flip ? g->Cin : g->Cout;
+#pragma omp parallel for collapse(2) if (CI * CO >= 1024) schedule(static)
+    for (int64_t kk = 0; kk < 9; kk++)
+        for (int64_t ci = 0; ci < CI; ci++)
+            for (int64_t co = 0; co < CO; co++) {
+                const int64_t kh = kk / 3, kw = kk % 3;
+                const int64_t src = flip ? ((ci * CO + co) * 3 + (2 - kh)) * 3 + (2 - kw) : ((co * CI + ci) * 3 + kh) * 3 + kw;
+                const uint16_t v = ws == CM_DTYPE_BF16 ? ((const uint16_t *)w)[src] : cmi_f32_to_bf16(((const float *)w)[src]);
+                WP[((((kh * (CI / 2) + ci / 2) * (CO / 16) + co / 16) * 3 + kw) * 16 + co % 16) * 2 + ci % 2] = v;
+            }
+}
+
+/* One tile: PX output pixels [ow0, ow0 + PX) of row (n, oh) × OCB blocks of 16 output channels
+ * from oc0, PX·OCB accumulators. Per input-channel pair and tap: OCB weight vectors, PX
+ * broadcasts of an input pair read straight from the NHWC rows (Zen 4 runs a broadcast per
+ * vdpbf16ps at full rate), PX·OCB dot products. L / R: the tile touches the left / right edge
+ * (the padding column's products are left out at compile time). */
+TGT static inline __attribute__((always_inline)) void dtile(const direct_args *d, int64_t n, int64_t oh, int64_t ow0,
+                                                            int64_t oc0, const int CI, const int PX, const int OCB,
+                                                            const bool L, const bool R) {
+    const int64_t H = d->H, W = d->W, CO = d->CO;
+    __m512 a[16][2];
+#pragma GCC unroll 16
+    for (int p = 0; p < PX; p++)
+#pragma GCC unroll 2
+        for (int j = 0; j < OCB; j++) a[p][j] = _mm512_setzero_ps();
+    for (int kh = 0; kh < 3; kh++) {
+        const int64_t ih = oh + kh - 1;
+        if (ih < 0 || ih >= H) continue;
+        const uint32_t *xr = (const uint32_t *)(d->in + ((n * H + ih) * W + ow0) * CI);
+        const uint16_t *wk = d->WP + (((int64_t)kh * (CI / 2)) * (CO / 16) + oc0 / 16) * 3 * 32;
+        for (int icp = 0; icp < CI / 2; icp++, xr++, wk += (CO / 16) * 3 * 32) {
+#pragma GCC unroll 3
+            for (int kw = 0; kw < 3; kw++) {
+                __m512bh wv[2];
+#pragma GCC unroll 2
+                for (int j = 0; j < OCB; j++) wv[j] = (__m512bh)_mm512_loadu_si512(wk + (j * 3 + kw) * 32);
+#pragma GCC unroll 16
+                for (int p = 0; p < PX; p++) {
+                    if ((L && kw == 0 && p == 0) || (R && kw == 2 && p == PX - 1)) continue;
+                    const __m512bh b = (__m512bh)_mm512_set1_epi32((int)xr[(p + kw - 1) * (CI / 2)]);
+#pragma GCC unroll 2
+                    for (int j = 0; j < OCB; j++) a[p][j] = _mm512_dpbf16_ps(a[p][j], wv[j], b);
+                }
+            }
+        }
+    }
+    const int64_t o = ((n * H + oh) * W + ow0) * CO + oc0;
+#pragma GCC unroll 16
+    for (int p = 0; p < PX; p++)
+#pragma GCC unroll 2
+        for (int j = 0; j < OCB; j++) {
+            if (d->out_bf16)
+                _mm256_storeu_si256((__m256i *)((uint16_t *)d->out + o + p * CO + 16 * j),
+                                    (__m256i)_mm512_cvtneps_pbh(a[p][j]));
+            else
+                _mm512_storeu_ps((float *)d->out + o + p * CO + 16 * j, a[p][j]);
+        }
+}
+
+/* One output row (n, oh): every tile, the edge ones specialised; the input row two below is
+ * prefetched for the next output row. */
+#define CM_DIRECT_ROW(CI, PX, OCB)                                                                                      \
+    TGT static void drow_##CI##_##PX##_##OCB(const direct_args *d, int64_t n, int64_t oh) {                           \
+        const int64_t W = d->W;                                                                                        \
+        if (oh + 2 < d->H) {                                                                                           \
+            const char *nx = (const char *)(d->in + ((n * d->H + oh + 2) * W) * (CI));                                  \
+            for (int64_t b = 0; b < W * (CI) * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T0);                          \
+        }                                                                                                              \
+        for (int64_t ow0 = 0; ow0 < W; ow0 += (PX))                                                                    \
+            for (int64_t oc0 = 0; oc0 < d->CO; oc0 += 16 * (OCB)) {                                                    \
+                const bool l = ow0 == 0, r = ow0 + (PX) == W;                                                          \
+                if (l && r) dtile(d, n, oh, ow0, oc0, CI, PX, OCB, true, true);                                        \
+                else if (l) dtile(d, n, oh, ow0, oc0, CI, PX, OCB, true, false);                                       \
+                else if (r) dtile(d, n, oh, ow0, oc0, CI, PX, OCB, false, true);                                       \
+                else dtile(d, n, oh, ow0, oc0, CI, PX, OCB, false, false);                                             \
+            }                                                                                                          \
+    }
+CM_DIRECT_ROW(16, 16, 1)
+CM_DIRECT_ROW(16, 8, 1)
+CM_DIRECT_ROW(16, 8, 2)
+CM_DIRECT_ROW(32, 16, 1)
+CM_DIRECT_ROW(32, 8, 1)
+CM_DIRECT_ROW(32, 8, 2)
+CM_DIRECT_ROW(64, 16, 1)
+CM_DIRECT_ROW(64, 8, 1)
+CM_DIRECT_ROW(64, 8, 2)
+#undef CM_DIRECT_ROW
+
+typedef void (*drow_fn)(const direct_args *, int64_t, int64_t);
+
+/* The direct problem over all rows, images split between the threads. Tiles: 8 pixels × 2 blocks
+ * of 16 output channels where CO allows, else 16 pixels (W a multiple of 16) or 8 × 1 block. */
+static void direct(const direct_args *d, int64_t CI) {
+    const int ocb = d->CO % 32 == 0 ? 2 : 1, px = ocb == 2 || d->W % 16 != 0 ? 8 : 16;
+    const int ci = CI == 16 ? 0 : CI == 32 ? 1 : 2, shape = ocb == 2 ? 2 : px == 8 ? 1 : 0;
+    static const drow_fn fns[3][3] = {{drow_16_16_1, drow_16_8_1, drow_16_8_2},
+                                      {drow_32_16_1, drow_32_8_1, drow_32_8_2},
+                                      {drow_64_16_1, drow_64_8_1, drow_64_8_2}};
+    const drow_fn fn = fns[ci][shape];
+    const int64_t rows = d->N * d->H;
+#pragma omp parallel for schedule(static) if (rows * d->W * CI * d->CO >= 65536)
+    for (int64_t r = 0; r < rows; r++) fn(d, r / d->H, r % d->H);
+}
+
+static cm_status direct_call(cm_tape *tp, const cmi_conv_geom *g, bool bwd, const uint16_t *in, cm_dtype ws,
+                             const void *w, cm_dtype os, void *out) {
+    if (!cmi_conv_direct_bf16_fits(g))
+        return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel was called on a problem it does not "
+                                             "handle (N %lld, Cin %lld, Cout %lld, %lldx%lld)",
+                        (long long)g->N, (long long)g->Cin, (long long)g->Cout, (long long)g->H, (long long)g->W);
+    const size_t mark = cm_arena_mark(tp->arena);
+    uint16_t *WP = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(9 * g->Cin * g->Cout));
+    if (!WP) return cmi_status(tp);
+    pack_weights(g, ws, w, bwd, WP);
+    const int64_t CI = bwd ? g->Cout : g->Cin, CO = bwd ? g->Cin : g->Cout;
+    const direct_args d = {g->N, g->H, g->W, CO, in, WP, out, os == CM_DTYPE_BF16};
+    direct(&d, CI);
+    cm_arena_rewind(tp->arena, mark);
+    return CM_OK;
+}
+#endif
+
+cm_status cmi_conv_fwd_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t *x, cm_dtype ws, const void *w,
+                            cm_dtype ys, void *y) {
+#ifdef CM_CONV_BF16_X86
+    return direct_call(tp, g, false, x, ws, w, ys, y);
+#else
+    (void)x, (void)ws, (void)w, (void)ys, (void)y;
+    return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel needs x86-64 (N %lld)", (long long)g->N);
+#endif
+}
+
+cm_status cmi_conv_bwd_data_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t *dy, cm_dtype ws, const void *w,
+                                 cm_dtype dxs, void *dx) {
+#ifdef CM_CONV_BF16_X86
+    return direct_call(tp, g, true, dy, ws, w, dxs, dx);
+#else
+    (void)dy, (void)ws, (void)w, (void)dxs, (void)dx;
+    return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel needs x86-64 (N %lld)", (long long)g->N);
+#endif
+}
