@@ -38,17 +38,18 @@ static cm_conv2d_opts opts_of(const cfg *c) {
 }
 
 /* Whether pass p (CMI_CONV_FWD, ...) of c's bf16 convolution runs on our own kernels
- * (conv_bf16.h) rather than oneDNN's: 3x3 stride-1 pad-1 channels-last without a bias, on a CPU
- * with AVX512-BF16, the pass switched on; forward also needs x stored in bf16 (x_bf16). */
+ * (conv_bf16.h) rather than oneDNN's: 3x3 stride-1 pad-1 channels-last, on a CPU with
+ * AVX512-BF16, the pass switched on; forward and backward-weights also need no bias, forward x
+ * stored in bf16 (x_bf16). */
 static bool own_pass(const cfg *c, int p, bool x_bf16) {
     const int64_t oh = (c->h + 2 * c->ph - c->dh * (c->kh - 1) - 1) / c->sh + 1;
     const int64_t ow = (c->w + 2 * c->pw - c->dw * (c->kw - 1) - 1) / c->sw + 1;
     const cmi_conv_geom g = {c->n,  c->cin, c->h,  c->w,  c->cout, oh,    ow,        c->kh, c->kw,
                              c->sh, c->sw,  c->ph, c->pw, c->dh,   c->dw, c->groups, c->cl};
-    if (c->bias || !(cmi_conv_get_own_passes() >> p & 1)) return false;
+    if ((c->bias && p != CMI_CONV_BWD_DATA) || !(cmi_conv_get_own_passes() >> p & 1)) return false;
     if (p == CMI_CONV_FWD) return x_bf16 && cmi_conv_direct_bf16_fits(&g);
     if (p == CMI_CONV_BWD_WEIGHTS) return cmi_conv_wgrad_bf16_fits(&g);
-    return false;
+    return cmi_conv_direct_bf16_fits(&g);
 }
 
 static cm_tensor *call_conv(cm_tape *tp, cm_tensor *const *in, void *ctx) {

@@ -510,10 +510,10 @@ cm_conv2d_opts cm_conv2d_opts_default(void);
  * problem oneDNN has no implementation for runs on im2col. bf16 runs oneDNN's bf16 primitives
  * where the CPU has bf16 instructions (AVX512-BF16, AMX) and elsewhere widens the bf16 values to
  * f32 for the f32 kernel; CM_CONV_BF16=onednn|widen overrides that. On the oneDNN path a 3x3,
- * stride-1, pad-1, channels-last convolution without bias runs on the library's own AVX512-BF16
- * kernels (faster than oneDNN's on those shapes): forward (with a bf16 x) and backward-weights;
- * CM_CONV_BF16_OWN=none, or a comma list of fwd, data, weights, chooses which passes do. The
- * variables are read once, at the first convolution.
+ * stride-1, pad-1, channels-last convolution runs on the library's own AVX512-BF16 kernels
+ * (faster than oneDNN's on those shapes): forward (bf16 x, no bias), backward-data, and
+ * backward-weights (no bias); CM_CONV_BF16_OWN=none, or a comma list of fwd, data, weights,
+ * chooses which passes do. The variables are read once, at the first convolution.
  * Errors: CM_ERR_SHAPE naming the shapes and parameters when the output would be empty, Cin or
  * Cout is not divisible by groups, or weight/bias do not match; CM_ERR_INVALID_ARG for
  * stride/dilation < 1, padding < 0, groups < 1; CM_ERR_DTYPE for other dtypes or (outside autocast)

@@ -13,8 +13,9 @@
  *     rounded upstream gradient are put in f32 arena scratch and the f32 kernel runs on them (a
  *     bf16 result is rounded from its f32 one). A 3x3 stride-1 pad-1 channels-last convolution
  *     without bias (a ResNet's body) runs on our own AVX512-BF16 kernels instead of oneDNN's
- *     where the CPU has them (conv_bf16.c; forward with a bf16-stored x, backward-weights), each
- *     faster than oneDNN's on those shapes; CM_CONV_BF16_OWN switches them per pass.
+ *     where the CPU has them (conv_bf16.c; forward with a bf16-stored x, backward-data,
+ *     backward-weights), each faster than oneDNN's on those shapes;
+ *     CM_CONV_BF16_OWN switches them per pass.
  *   - backward: oneDNN writes dx straight into a gradient buffer created now (uninitialised:
  *     cmi_grad_for_write), and through scratch + add into one that already holds a gradient; dW
  *     and db always go through scratch (they accumulate over microbatches). A bf16 upstream
@@ -520,6 +521,20 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
             if (cmi_conv_wgrad_bf16(tp, g, c->xs, x, dys, gout->data, dW)) return cmi_status(tp);
             cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_BWD_WEIGHTS);
             dW = NULL;
+        }
+        /* and backward-data on the direct kernel, which reads dy in bf16 (an f32 one is rounded
+         * first, in a pass of its own: the same values oneDNN's reorder would give it) */
+        if (dx && (cmi_conv_get_own_passes() >> CMI_CONV_BWD_DATA & 1) && cmi_conv_direct_bf16_fits(g)) {
+            const size_t m0 = cm_arena_mark(tp->arena);
+            float *t = dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g));
+            uint16_t *dy16 = dys == CM_DTYPE_BF16 ? (uint16_t *)gout->data : cmi_scratch(tp, 2 * (size_t)y_numel(g));
+            if (!t || !dy16) return cmi_status(tp);
+            if (dy16 != gout->data) cmi_bf16_round(dy16, cmi_f32(gout), y_numel(g));
+            if (cmi_conv_bwd_data_bf16(tp, g, dy16, c->ws, w, CM_DTYPE_F32, t)) return cmi_status(tp);
+            if (t != dx) add_into(dx, t, x_numel(g));
+            cm_arena_rewind(tp->arena, m0);
+            cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_BWD_DATA);
+            dx = NULL;
         }
         bool dd = false, wd = false;
         if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dys, gout->data, dx, dx_fresh, dW, db, &dd, &wd))

@@ -45,7 +45,8 @@ cmi_conv_act_layout cmi_conv_get_act_layout(void);
 void cmi_conv_set_act_layout(cmi_conv_act_layout l);
 
 /* Our own bf16 kernels (conv_bf16.h) instead of oneDNN's bf16 primitives, per pass, where they
- * fit (3x3, stride 1, pad 1, channels-last, no bias, AVX512-BF16; forward also a bf16-stored x):
+ * fit (3x3, stride 1, pad 1, channels-last, AVX512-BF16; forward and backward-weights without a
+ * bias, forward with a bf16-stored x):
  * a mask of bits 1 << CMI_CONV_FWD / CMI_CONV_BWD_DATA / CMI_CONV_BWD_WEIGHTS, all set by default;
  * CM_CONV_BF16_OWN=none, or a comma list of fwd, data, weights, sets it. Only consulted where
  * the bf16 kernel is onednn. */
