@@ -58,7 +58,7 @@ static cm_status run(cm_tape *tp, const problem *pr, int p, bool own, int c, voi
                  : cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_F32, pr->x[c], pr->w, NULL,
                                          CM_DTYPE_BF16, out, &a);
     else if (p == CMI_CONV_BWD_DATA)
-        st = own ? cmi_conv_bwd_data_bf16(tp, g, pr->dy[c], CM_DTYPE_F32, pr->w, CM_DTYPE_F32, out)
+        st = own ? cmi_conv_bwd_data_bf16(tp, g, pr->dy[c], CM_DTYPE_F32, pr->w, CM_DTYPE_F32, out, false)
                  : cmi_dnnl_conv_backward(tp, g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_F32, pr->x[c], pr->w,
                                           CM_DTYPE_BF16, pr->dy[c], out, NULL, NULL, &a, &b);
     else {

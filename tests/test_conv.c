@@ -925,6 +925,29 @@ Test(conv_bf16, own_kernels_agree_with_onednn_and_can_be_switched_off) {
     assert_runs_close("own vs oneDNN", 6, &r[1], &r[0], 1e-4, 1e-4);
     cm_tape_free(r[0].tp);
     cm_tape_free(r[1].tp);
+    /* an x read by two convolutions: the second backward-data adds into its gradient (the own
+     * kernel in its store) */
+    cm_tensor *gx[2];
+    cm_tape *tps[2];
+    for (int own = 0; own < 2; own++) {
+        cmi_conv_set_own_passes(own ? 7 : 0);
+        cm_tape *tp = tps[own] = cmt_tape();
+        cm_tensor *x, *w, *b, *x2, *w2, *b2;
+        make_inputs(tp, &k_resnet[6], 78, true, &x, &w, &b);
+        make_inputs(tp, &k_resnet[6], 88, true, &x2, &w2, &b2); /* x2 unused: a second weight */
+        cm_tensor *xb = cm_cast(tp, x, CM_DTYPE_BF16);
+        cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+        cm_conv2d_opts o = opts_of(&k_resnet[6]);
+        cm_tensor *y = cm_add(tp, cm_conv2d(tp, xb, w, NULL, &o), cm_conv2d(tp, xb, w2, NULL, &o));
+        cr_assert(y, "%s", cm_tape_error(tp));
+        cm_tape_set_autocast(tp, CM_DTYPE_F32);
+        cr_assert_eq(cm_tape_backward_with(tp, y, rounded(tp, cmt_randn(tp, 4, cm_tensor_shape(y), 89, false))), CM_OK,
+                     "%s", cm_tape_error(tp));
+        gx[own] = cm_tensor_grad(x);
+    }
+    cmt_assert_close("grad of an x read twice, own vs oneDNN", gx[1], gx[0], 1e-4, 1e-4);
+    cm_tape_free(tps[0]);
+    cm_tape_free(tps[1]);
 }
 
 Test(conv_bf16, env_cm_conv_bf16_own_takes_a_list_of_passes) {
@@ -941,7 +964,7 @@ Test(conv_bf16, env_cm_conv_bf16_own_rejects_an_unknown_pass_and_keeps_all) {
  * transposed and flipped) against a double reference on the same bf16 values: 16, 32 and 64
  * channels each way, rows of 8 to 32 pixels (tiles of 8 or 16: one tile touching both edges, edge
  * and interior tiles), one to five rows, weights f32 (rounded inside) or bf16, results f32 or
- * bf16 (rounded once). f32 sums of <= 576 products: within 1e-5 of Σ|products| (f32 result), or
+ * bf16 (rounded once); an f32 backward-data result added to what it holds. f32 sums of <= 576 products: within 1e-5 of Σ|products| (f32 result), or
  * half a bf16 ulp more (bf16 result). */
 Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
     const cmi_conv_geom probe = {1, 16, 2, 8, 16, 2, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
@@ -993,12 +1016,16 @@ Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
                 const bool wb = st & 1, ob = st & 2;
                 const void *w = wb ? (const void *)wh : wf;
                 const cm_dtype wd = wb ? CM_DTYPE_BF16 : CM_DTYPE_F32, od = ob ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-                cr_assert_eq(bwd ? cmi_conv_bwd_data_bf16(tp, &g, inh, wd, w, od, out)
+                /* backward-data with an f32 result also adds into what is there: start from 1 */
+                const bool acc = bwd && !ob;
+                if (acc)
+                    for (size_t i = 0; i < out_n; i++) out[i] = 1.0f, ref[i] += 1.0;
+                cr_assert_eq(bwd ? cmi_conv_bwd_data_bf16(tp, &g, inh, wd, w, od, out, acc)
                                  : cmi_conv_fwd_bf16(tp, &g, inh, wd, w, od, out),
                              CM_OK, "%s", cm_tape_error(tp));
                 for (size_t i = 0; i < out_n; i++) {
                     const double v = ob ? bf16_value(((uint16_t *)out)[i]) : out[i];
-                    const double tol = 1e-5 * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 0.0);
+                    const double tol = 1e-5 * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 1e-6 * fabs(ref[i]));
                     cr_assert(fabs(v - ref[i]) <= tol,
                               "shape %zu (N %lld Cin %lld %lldx%lld Cout %lld) %s weight %s result %s: [%zu] = %.7g, "
                               "reference %.7g",

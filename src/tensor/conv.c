@@ -526,12 +526,11 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
          * first, in a pass of its own: the same values oneDNN's reorder would give it) */
         if (dx && (cmi_conv_get_own_passes() >> CMI_CONV_BWD_DATA & 1) && cmi_conv_direct_bf16_fits(g)) {
             const size_t m0 = cm_arena_mark(tp->arena);
-            float *t = dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g));
             uint16_t *dy16 = dys == CM_DTYPE_BF16 ? (uint16_t *)gout->data : cmi_scratch(tp, 2 * (size_t)y_numel(g));
-            if (!t || !dy16) return cmi_status(tp);
+            if (!dy16) return cmi_status(tp);
             if (dy16 != gout->data) cmi_bf16_round(dy16, cmi_f32(gout), y_numel(g));
-            if (cmi_conv_bwd_data_bf16(tp, g, dy16, c->ws, w, CM_DTYPE_F32, t)) return cmi_status(tp);
-            if (t != dx) add_into(dx, t, x_numel(g));
+            /* written into a new gradient, added into one that holds a gradient already */
+            if (cmi_conv_bwd_data_bf16(tp, g, dy16, c->ws, w, CM_DTYPE_F32, dx, !dx_fresh)) return cmi_status(tp);
             cm_arena_rewind(tp->arena, m0);
             cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_BWD_DATA);
             dx = NULL;

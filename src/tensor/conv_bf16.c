@@ -259,7 +259,7 @@ typedef struct {
     int64_t N, H, W, CO;
     const uint16_t *in, *WP;
     void *out;
-    bool out_bf16;
+    bool out_bf16, accumulate; /* accumulate: out (f32) += the result */
 } direct_args;
 
 /* The packed weight of the forward problem (flip false: WP from w[co][ci][kh][kw]) or of
@@ -321,8 +321,10 @@ TGT static inline __attribute__((always_inline)) void dtile(const direct_args *d
             if (d->out_bf16)
                 _mm256_storeu_si256((__m256i *)((uint16_t *)d->out + o + p * CO + 16 * j),
                                     (__m256i)_mm512_cvtneps_pbh(a[p][j]));
-            else
-                _mm512_storeu_ps((float *)d->out + o + p * CO + 16 * j, a[p][j]);
+            else {
+                float *op = (float *)d->out + o + p * CO + 16 * j;
+                _mm512_storeu_ps(op, d->accumulate ? _mm512_add_ps(_mm512_loadu_ps(op), a[p][j]) : a[p][j]);
+            }
         }
 }
 
@@ -372,7 +374,9 @@ static void direct(const direct_args *d, int64_t CI) {
 }
 
 static cm_status direct_call(cm_tape *tp, const cmi_conv_geom *g, bool bwd, const uint16_t *in, cm_dtype ws,
-                             const void *w, cm_dtype os, void *out) {
+                             const void *w, cm_dtype os, void *out, bool accumulate) {
+    if (accumulate && os != CM_DTYPE_F32)
+        return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel adds only into an f32 result");
     if (!cmi_conv_direct_bf16_fits(g))
         return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel was called on a problem it does not "
                                              "handle (N %lld, Cin %lld, Cout %lld, %lldx%lld)",
@@ -382,7 +386,7 @@ static cm_status direct_call(cm_tape *tp, const cmi_conv_geom *g, bool bwd, cons
     if (!WP) return cmi_status(tp);
     pack_weights(g, ws, w, bwd, WP);
     const int64_t CI = bwd ? g->Cout : g->Cin, CO = bwd ? g->Cin : g->Cout;
-    const direct_args d = {g->N, g->H, g->W, CO, in, WP, out, os == CM_DTYPE_BF16};
+    const direct_args d = {g->N, g->H, g->W, CO, in, WP, out, os == CM_DTYPE_BF16, accumulate};
     direct(&d, CI);
     cm_arena_rewind(tp->arena, mark);
     return CM_OK;
@@ -392,7 +396,7 @@ static cm_status direct_call(cm_tape *tp, const cmi_conv_geom *g, bool bwd, cons
 cm_status cmi_conv_fwd_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t *x, cm_dtype ws, const void *w,
                             cm_dtype ys, void *y) {
 #ifdef CM_CONV_BF16_X86
-    return direct_call(tp, g, false, x, ws, w, ys, y);
+    return direct_call(tp, g, false, x, ws, w, ys, y, false);
 #else
     (void)x, (void)ws, (void)w, (void)ys, (void)y;
     return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel needs x86-64 (N %lld)", (long long)g->N);
@@ -400,11 +404,11 @@ cm_status cmi_conv_fwd_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t 
 }
 
 cm_status cmi_conv_bwd_data_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t *dy, cm_dtype ws, const void *w,
-                                 cm_dtype dxs, void *dx) {
+                                 cm_dtype dxs, void *dx, bool accumulate) {
 #ifdef CM_CONV_BF16_X86
-    return direct_call(tp, g, true, dy, ws, w, dxs, dx);
+    return direct_call(tp, g, true, dy, ws, w, dxs, dx, accumulate);
 #else
-    (void)dy, (void)ws, (void)w, (void)dxs, (void)dx;
+    (void)dy, (void)ws, (void)w, (void)dxs, (void)dx, (void)accumulate;
     return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d: the bf16 direct kernel needs x86-64 (N %lld)", (long long)g->N);
 #endif
 }

@@ -30,8 +30,9 @@ bool cmi_conv_direct_bf16_fits(const cmi_conv_geom *g);
 cm_status cmi_conv_fwd_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t *x, cm_dtype ws, const void *w,
                             cm_dtype ys, void *y);
 /* dx (N, H, W, Cin) = backward-data(dy, w) for a g the direct kernel fits: dy bf16 (N, H, W,
- * Cout), w and dx as w and y of cmi_conv_fwd_bf16. Overwrites dx. */
+ * Cout), w and dx as w and y of cmi_conv_fwd_bf16. Overwrites dx, or with accumulate (f32 dx
+ * only) adds to it — in the kernel's store, no scratch and no pass of its own. */
 cm_status cmi_conv_bwd_data_bf16(cm_tape *tp, const cmi_conv_geom *g, const uint16_t *dy, cm_dtype ws, const void *w,
-                                 cm_dtype dxs, void *dx);
+                                 cm_dtype dxs, void *dx, bool accumulate);
 
 #endif
