@@ -3,25 +3,29 @@
  * adjacent bf16 pairs into f32 lanes): backward-weights, and a direct kernel for forward and
  * backward-data.
  *
- * BACKWARD-WEIGHTS. Why: oneDNN 2.6's bf16 backward-weights for these shapes on avx512_core_bf16 (jit_bf16, no
- * alternative but ref) ran at 52-74 % of the bf16 dot-product peak while its forward and
- * backward-data ran at 80-100 % (ONEDNN_VERBOSE over a ResNet-56 amp_bf16 step), and it was the
- * largest single item of that step (~96 ms of ~320).
+ * Why: oneDNN 2.6's bf16 backward-weights for these shapes on avx512_core_bf16 (jit_bf16, no
+ * alternative but ref) ran at 52-74 % of the bf16 dot-product peak (ONEDNN_VERBOSE over a
+ * ResNet-56 amp_bf16 step; ~96 ms of ~320, the largest single item), its forward (brgconv) and
+ * backward-data at 72-100 %; the ResNet's body convolutions are three quarters of its step.
+ *
+ * BACKWARD-WEIGHTS.
  *
  * The problem: dW[oc][ic][kh][kw] = Σ_{n,oh,ow} dy[n,oh,ow,oc] · x[n, oh+kh-1, ow+kw-1, ic], a
- * GEMM with a long reduction (all pixels) and a small output (Cout x Cin·9). vdpbf16ps adds the
- * products of adjacent bf16 pairs into f32 lanes, so the reduction is taken two pixels at a time
- * (output columns ow, ow+1) and both operands are stored with those pairs adjacent:
- *   XI[n][ih][q][ic]   = (x[.., ih, q-1, ic], x[.., ih, q, ic])    lanes: 16 input channels;
- *                                                                   0 outside the image
- *   DYI[n][oh][pw][oc] = (dy[.., 2pw, oc], dy[.., 2pw+1, oc])      one 32-bit pair, broadcast
- * so the x pair for output columns (2pw, 2pw+1) and tap kw is XI[..][2pw + kw]. Both are built
- * per chunk of images (about 1024 pixels: they stay in L2) from bf16 or f32 (rounded to nearest
- * even, as oneDNN's reorder rounds) storage, while the next chunk's x and dy are prefetched. A
+ * GEMM with a long reduction (all pixels) and a small output (Cout x Cin·9). The reduction is
+ * taken two pixels at a time (output columns ow, ow+1), and both operands need those pairs
+ * adjacent:
+ *   x pairs (x[.., q-1, ic], x[.., q, ic]) for 16 input channels (the lanes): interleaved in
+ *     registers from two loads of the NHWC row (vpermt2w; 0 outside the image);
+ *   DYI[n][oh][pw][oc] = (dy[.., 2pw, oc], dy[.., 2pw+1, oc]): one 32-bit pair, broadcast; packed
+ *     per chunk of images (about 1024 pixels: it stays in L2) from bf16 or f32 (rounded to
+ *     nearest even, as oneDNN's reorder rounds) storage, while the next chunk's x and dy are
+ *     prefetched.
+ * so the x pair for output columns (2pw, 2pw+1) and tap kw is (x[2pw + kw - 1], x[2pw + kw]). A
  * register tile of 24 accumulators — 16 input channels × 8 output channels × the 3 taps kw of
- * one kh — runs over the whole chunk: per output pair 3 vector loads and 8 broadcasts feed 24
- * dot products, and the accumulators are loaded and stored once per chunk. Threads take whole
- * chunks with private f32 accumulators, added up at the end.
+ * one kh — runs over the whole chunk: per output pair 2 loads, 2 interleaves and 8 broadcasts
+ * feed 24 dot products, and the accumulators are loaded and stored once per chunk. Threads take
+ * whole chunks with private f32 accumulators, added up at the end. (A packed copy of x as well,
+ * XI, cost 10 % more on 16 channels at 32x32 and the same elsewhere.)
  *
  * DIRECT (forward; backward-data is the forward of dy with the weight transposed and its taps
  * mirrored). The reduction (input channels × taps) pairs adjacent input channels, which NHWC
@@ -85,21 +89,12 @@ TGT static inline __m512i interleave(__m256i a, __m256i b, __m512i idx) {
     return _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
 }
 
-/* XI and DYI (see the top) for images [n0, n0 + nb). */
-TGT static void pack_chunk(const cmi_conv_geom *g, const void *x, bool xf32, const void *dy, bool dyf32, int64_t n0,
-                           int64_t nb, uint32_t *XI, uint32_t *DYI) {
-    const int64_t H = g->H, W = g->W, IC = g->Cin, OC = g->Cout;
+/* DYI (see the top) for images [n0, n0 + nb). */
+TGT static void pack_chunk(const cmi_conv_geom *g, const void *dy, bool dyf32, int64_t n0, int64_t nb, uint32_t *DYI) {
+    const int64_t H = g->H, W = g->W, OC = g->Cout;
     const __m512i idx = _mm512_loadu_si512(k_interleave);
-    const __m256i zero = _mm256_setzero_si256();
     for (int64_t r = 0; r < nb * H; r++) { /* image row (n0 + r / H, r % H) */
-        const int64_t xrow = (n0 * H + r) * W * IC, yrow = (n0 * H + r) * W * OC;
-        uint32_t *xo = XI + r * (W + 1) * IC;
-        for (int64_t q = 0; q <= W; q++)
-            for (int64_t c = 0; c < IC; c += 16) {
-                const __m256i a = q > 0 ? ld16(x, xrow + (q - 1) * IC + c, xf32) : zero;
-                const __m256i b = q < W ? ld16(x, xrow + q * IC + c, xf32) : zero;
-                _mm512_storeu_si512(xo + q * IC + c, interleave(a, b, idx));
-            }
+        const int64_t yrow = (n0 * H + r) * W * OC;
         uint32_t *yo = DYI + r * (W / 2) * OC;
         for (int64_t pw = 0; pw < W / 2; pw++)
             for (int64_t c = 0; c < OC; c += 16) {
@@ -127,14 +122,19 @@ TGT static inline void pf_step(prefetcher *pf) {
     }
 }
 
-/* One register tile over a packed chunk of nb images: acc[(kh·3 + kw)·OC + oc][ic] for the 16
+/* One register tile over a chunk of nb images from n0: acc[(kh·3 + kw)·OC + oc][ic] for the 16
  * input channels [ic0, ic0 + 16) (the lanes), the 8 output channels [oc0, oc0 + 8) and kw 0..2 —
- * 24 accumulators. Per output pair: 3 vector loads of XI (one per tap), 8 broadcasts of a dy
- * pair, each used by 3 dot products. (Two lane blocks per tile — 6 loads, 4 broadcasts, the same
- * 24 accumulators — spilled registers and ran at ~75 % of the peak against ~95 % for this one.) */
-TGT static void tile(const cmi_conv_geom *g, const uint32_t *XI, const uint32_t *DYI, int64_t nb, float *acc, int kh,
-                     int64_t ic0, int64_t oc0, prefetcher *pf) {
+ * 24 accumulators. Per output pair: 2 loads of 16 input channels and 2 interleaves (vpermt2w,
+ * free next to the dot products on Zen 4) give the three x pair vectors — the third is the next
+ * pair's first —, 8 broadcasts of a dy pair from DYI each feed 3 dot products. (Two lane blocks
+ * per tile — 6 vectors, 4 broadcasts, the same 24 accumulators — spilled registers and ran at
+ * ~75 % of the peak against ~95 % for this one.) */
+TGT static inline __attribute__((always_inline)) void tile(const cmi_conv_geom *g, const void *x, int64_t n0,
+                                                           const uint32_t *DYI, int64_t nb, float *acc, int kh,
+                                                           int64_t ic0, int64_t oc0, prefetcher *pf, const bool xf32) {
     const int64_t H = g->H, W = g->W, IC = g->Cin, OC = g->Cout;
+    const __m512i idx = _mm512_loadu_si512(k_interleave);
+    const __m256i zero = _mm256_setzero_si256();
     __m512 a[8][3];
 #pragma GCC unroll 8
     for (int o = 0; o < 8; o++)
@@ -145,19 +145,23 @@ TGT static void tile(const cmi_conv_geom *g, const uint32_t *XI, const uint32_t 
     for (int64_t n = 0; n < nb; n++)
         for (int64_t oh = lo; oh < hi; oh++) {
             pf_step(pf);
-            const uint32_t *xr = XI + (n * H + oh + kh - 1) * (W + 1) * IC + ic0;
+            const int64_t xr = ((n0 + n) * H + oh + kh - 1) * W * IC + ic0; /* element of x[.., ih, 0, ic0] */
             const uint32_t *dr = DYI + (n * H + oh) * (W / 2) * OC + oc0;
+            __m256i p0 = ld16(x, xr, xf32);                                 /* x[2pw] */
+            __m512bh v0 = (__m512bh)interleave(zero, p0, idx);              /* (x[2pw - 1], x[2pw]) */
             for (int64_t pw = 0; pw < W / 2; pw++) {
-                __m512bh v[3];
-#pragma GCC unroll 3
-                for (int kw = 0; kw < 3; kw++) v[kw] = (__m512bh)_mm512_loadu_si512(xr + (2 * pw + kw) * IC);
+                const __m256i p1 = ld16(x, xr + (2 * pw + 1) * IC, xf32);
+                const __m256i p2 = 2 * pw + 2 < W ? ld16(x, xr + (2 * pw + 2) * IC, xf32) : zero;
+                const __m512bh v1 = (__m512bh)interleave(p0, p1, idx), v2 = (__m512bh)interleave(p1, p2, idx);
                 const uint32_t *dq = dr + pw * OC;
 #pragma GCC unroll 8
                 for (int o = 0; o < 8; o++) {
                     const __m512bh b = (__m512bh)_mm512_set1_epi32((int)dq[o]);
-#pragma GCC unroll 3
-                    for (int kw = 0; kw < 3; kw++) a[o][kw] = _mm512_dpbf16_ps(a[o][kw], v[kw], b);
+                    a[o][0] = _mm512_dpbf16_ps(a[o][0], v0, b);
+                    a[o][1] = _mm512_dpbf16_ps(a[o][1], v1, b);
+                    a[o][2] = _mm512_dpbf16_ps(a[o][2], v2, b);
                 }
+                v0 = v2, p0 = p2;
             }
         }
 #pragma GCC unroll 8
@@ -166,13 +170,17 @@ TGT static void tile(const cmi_conv_geom *g, const uint32_t *XI, const uint32_t 
         for (int kw = 0; kw < 3; kw++) _mm512_storeu_ps(acc + ((kh * 3 + kw) * OC + oc0 + o) * IC + ic0, a[o][kw]);
 }
 
-/* Every tile over one packed chunk. */
-TGT static void chunk(const cmi_conv_geom *g, const uint32_t *XI, const uint32_t *DYI, int64_t nb, float *acc,
-                      prefetcher *pf) {
-    for (int kh = 0; kh < 3; kh++)
-        for (int64_t ic0 = 0; ic0 < g->Cin; ic0 += 16)
-            for (int64_t oc0 = 0; oc0 < g->Cout; oc0 += 8) tile(g, XI, DYI, nb, acc, kh, ic0, oc0, pf);
-}
+/* Every tile over one chunk (x stored bf16 or, xf32, f32). */
+#define CM_WGRAD_CHUNK(NAME, XF32)                                                                                     \
+    TGT static void NAME(const cmi_conv_geom *g, const void *x, int64_t n0, const uint32_t *DYI, int64_t nb,          \
+                         float *acc, prefetcher *pf) {                                                                 \
+        for (int kh = 0; kh < 3; kh++)                                                                                 \
+            for (int64_t ic0 = 0; ic0 < g->Cin; ic0 += 16)                                                             \
+                for (int64_t oc0 = 0; oc0 < g->Cout; oc0 += 8) tile(g, x, n0, DYI, nb, acc, kh, ic0, oc0, pf, XF32);    \
+    }
+CM_WGRAD_CHUNK(chunk_x16, false)
+CM_WGRAD_CHUNK(chunk_x32, true)
+#undef CM_WGRAD_CHUNK
 
 /* Rows of tiles a chunk of nb images runs: (Cin / 16)·(Cout / 8) tiles for each kh, over
  * nb·(H - 1) rows for kh 0 and 2 and nb·H for kh 1. */
@@ -190,38 +198,37 @@ cm_status cmi_conv_wgrad_bf16(cm_tape *tp, const cmi_conv_geom *g, cm_dtype xs, 
                                              "does not handle (N %lld, Cin %lld, Cout %lld, %lldx%lld)",
                         (long long)g->N, (long long)g->Cin, (long long)g->Cout, (long long)g->H, (long long)g->W);
     const int64_t H = g->H, W = g->W, IC = g->Cin, OC = g->Cout, N = g->N;
-    /* about 1024 pixels a chunk: XI, DYI and the accumulators stay in L2 while every tile reads them */
+    /* about 1024 pixels a chunk: DYI, x's rows and the accumulators stay in L2 while every tile reads them */
     int64_t nb = (1024 + H * W - 1) / (H * W);
     if (nb > N) nb = N;
     const int64_t n_chunks = (N + nb - 1) / nb;
     int nth = cm_num_threads();
     if (nth > n_chunks) nth = (int)n_chunks;
     if (nth < 1) nth = 1;
-    const size_t xi_n = (size_t)(nb * H * (W + 1) * IC), dyi_n = (size_t)(nb * H * (W / 2) * OC), acc_n = (size_t)(9 * IC * OC);
+    const size_t dyi_n = (size_t)(nb * H * (W / 2) * OC), acc_n = (size_t)(9 * IC * OC);
     const size_t mark = cm_arena_mark(tp->arena);
-    uint32_t *XI = cmi_scratch(tp, sizeof(uint32_t) * xi_n * (size_t)nth);
     uint32_t *DYI = cmi_scratch(tp, sizeof(uint32_t) * dyi_n * (size_t)nth);
     float *acc = cmi_scratch(tp, sizeof(float) * acc_n * (size_t)nth);
-    if (!XI || !DYI || !acc) return cmi_status(tp);
+    if (!DYI || !acc) return cmi_status(tp);
     memset(acc, 0, sizeof(float) * acc_n * (size_t)nth);
     const bool xf32 = xs == CM_DTYPE_F32, dyf32 = dys == CM_DTYPE_F32;
 #pragma omp parallel num_threads(nth)
     {
         const int t = omp_get_thread_num();
-        uint32_t *xi = XI + xi_n * (size_t)t;
         uint32_t *dyi = DYI + dyi_n * (size_t)t;
         float *a = acc + acc_n * (size_t)t;
         const int64_t c0 = n_chunks * t / nth, c1 = n_chunks * (t + 1) / nth; /* this thread's chunks */
         for (int64_t ch = c0; ch < c1; ch++) {
             const int64_t n0 = ch * nb, m = n0 + nb <= N ? nb : N - n0;
-            pack_chunk(g, x, xf32, dy, dyf32, n0, m, xi, dyi);
+            pack_chunk(g, dy, dyf32, n0, m, dyi);
             /* the next chunk's images [n1, n2), fetched over this chunk's rows of tiles */
             const int64_t n1 = n0 + m, n2 = ch + 1 < c1 ? (n1 + nb <= N ? n1 + nb : N) : n1;
             const int64_t px = H * W, xb = IC * (xf32 ? 4 : 2), yb = OC * (dyf32 ? 4 : 2);
             prefetcher pf = {{(const char *)x + n1 * px * xb, (const char *)dy + n1 * px * yb},
                              {(const char *)x + n2 * px * xb, (const char *)dy + n2 * px * yb},
                              (int)(((n2 - n1) * px * (xb + yb) / 64) / row_iters(g, m) + 1)};
-            chunk(g, xi, dyi, m, a, &pf);
+            if (xf32) chunk_x32(g, x, n0, dyi, m, a, &pf);
+            else chunk_x16(g, x, n0, dyi, m, a, &pf);
         }
     }
     /* dW (Cout, Cin, 3, 3) += the threads' acc[(kh·3 + kw)·OC + oc][ic] */
