@@ -820,6 +820,57 @@ static float bf16_value(uint16_t h) {
     return f;
 }
 
+/* The reference walk of the own bf16 kernels' tests: fn(ctx, input pixel, output pixel, kh, kw)
+ * for every tap of a 3x3, stride-1, pad-1 problem on N images of H x W that lands inside the image
+ * (pixels numbered (n·H + h)·W + w). */
+typedef void (*tap_fn)(void *ctx, int64_t ip, int64_t op, int kh, int kw);
+static void each_tap(int64_t N, int64_t H, int64_t W, tap_fn fn, void *ctx) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t oh = 0; oh < H; oh++)
+            for (int64_t ow = 0; ow < W; ow++)
+                for (int kh = 0; kh < 3; kh++)
+                    for (int kw = 0; kw < 3; kw++) {
+                        const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
+                        if (ih >= 0 && ih < H && iw >= 0 && iw < W) fn(ctx, (n * H + ih) * W + iw, (n * H + oh) * W + ow, kh, kw);
+                    }
+}
+
+/* Backward-weights: dW[oc][ic][kh][kw] += dy[op][oc]·x[ip][ic], and Σ|products| per entry. */
+typedef struct {
+    const uint16_t *x, *dy;
+    int64_t IC, OC;
+    double *ref, *mag;
+} wgrad_ref;
+static void wgrad_tap(void *ctx, int64_t ip, int64_t op, int kh, int kw) {
+    const wgrad_ref *r = ctx;
+    for (int64_t oc = 0; oc < r->OC; oc++)
+        for (int64_t ic = 0; ic < r->IC; ic++) {
+            const double p = (double)bf16_value(r->dy[op * r->OC + oc]) * bf16_value(r->x[ip * r->IC + ic]);
+            r->ref[((oc * r->IC + ic) * 3 + kh) * 3 + kw] += p;
+            r->mag[((oc * r->IC + ic) * 3 + kh) * 3 + kw] += fabs(p);
+        }
+}
+
+/* The direct problem: out[op][co] += in[ip][ci]·w, w[co][ci][kh][kw] (forward) or, backward-data,
+ * w[ci][co][2-kh][2-kw] (w is (CI, CO, 3, 3) then: the forward's (Cout, Cin)). */
+typedef struct {
+    const uint16_t *in, *w;
+    int64_t CI, CO;
+    bool bwd;
+    double *ref, *mag;
+} direct_ref;
+static void direct_tap(void *ctx, int64_t ip, int64_t op, int kh, int kw) {
+    const direct_ref *r = ctx;
+    const int64_t CI = r->CI, CO = r->CO;
+    for (int64_t co = 0; co < CO; co++)
+        for (int64_t ci = 0; ci < CI; ci++) {
+            const int64_t wi = r->bwd ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw : ((co * CI + ci) * 3 + kh) * 3 + kw;
+            const double p = (double)bf16_value(r->in[ip * CI + ci]) * bf16_value(r->w[wi]);
+            r->ref[op * CO + co] += p;
+            r->mag[op * CO + co] += fabs(p);
+        }
+}
+
 /* Our own bf16 backward-weights kernel (conv_wgrad.c) against a double reference on the same bf16
  * values: one and several chunks (a chunk is ~1024 pixels: N 70 at 4x4 is two, the second
  * partial; N 3 at 5x6 one of three images), 16..64 input channels (one lane block each), 16..128
@@ -852,22 +903,8 @@ Test(conv_bf16, own_backward_weights_matches_a_double_reference) {
             for (size_t i = 0; i < xn; i++) xh[i] = bf16_bits(xf[i]);
             for (size_t i = 0; i < yn; i++) yh[i] = bf16_bits(yf[i]);
             for (size_t i = 0; i < wn; i++) ref[i] = dw[i];
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t oh = 0; oh < H; oh++)
-                    for (int64_t ow = 0; ow < W; ow++)
-                        for (int64_t kh = 0; kh < 3; kh++)
-                            for (int64_t kw = 0; kw < 3; kw++) {
-                                const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
-                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                                const uint16_t *xp = xh + ((n * H + ih) * W + iw) * IC;
-                                const uint16_t *yp = yh + ((n * H + oh) * W + ow) * OC;
-                                for (int64_t oc = 0; oc < OC; oc++)
-                                    for (int64_t ic = 0; ic < IC; ic++) {
-                                        const double p = (double)bf16_value(yp[oc]) * bf16_value(xp[ic]);
-                                        ref[((oc * IC + ic) * 3 + kh) * 3 + kw] += p;
-                                        mag[((oc * IC + ic) * 3 + kh) * 3 + kw] += fabs(p);
-                                    }
-                            }
+            wgrad_ref wr = {xh, yh, IC, OC, ref, mag};
+            each_tap(N, H, W, wgrad_tap, &wr);
             const bool x32 = st & 1, y32 = st & 2;
             cr_assert_eq(cmi_conv_wgrad_bf16(tp, &g, x32 ? CM_DTYPE_F32 : CM_DTYPE_BF16, x32 ? (void *)xf : xh,
                                              y32 ? CM_DTYPE_F32 : CM_DTYPE_BF16, y32 ? (void *)yf : yh, dw),
@@ -994,25 +1031,8 @@ Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
                 cm_rng_normal(&rng, wf, wn, 0.0f, 1.0f);
                 for (size_t i = 0; i < in_n; i++) inh[i] = bf16_bits(inf[i]);
                 for (size_t i = 0; i < wn; i++) wh[i] = bf16_bits(wf[i]);
-                for (int64_t n = 0; n < N; n++)
-                    for (int64_t oh = 0; oh < H; oh++)
-                        for (int64_t ow = 0; ow < W; ow++)
-                            for (int64_t kh = 0; kh < 3; kh++)
-                                for (int64_t kw = 0; kw < 3; kw++) {
-                                    const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
-                                    if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                                    const uint16_t *ip = inh + ((n * H + ih) * W + iw) * CI;
-                                    const int64_t o = ((n * H + oh) * W + ow) * CO;
-                                    for (int64_t co = 0; co < CO; co++)
-                                        for (int64_t ci = 0; ci < CI; ci++) {
-                                            /* forward: w[co][ci][kh][kw]; backward-data: w[ci][co][2-kh][2-kw] */
-                                            const int64_t wi = bwd ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw
-                                                                   : ((co * CI + ci) * 3 + kh) * 3 + kw;
-                                            const double p = (double)bf16_value(ip[ci]) * bf16_value(wh[wi]);
-                                            ref[o + co] += p;
-                                            mag[o + co] += fabs(p);
-                                        }
-                                }
+                direct_ref dr = {inh, wh, CI, CO, bwd, ref, mag};
+                each_tap(N, H, W, direct_tap, &dr);
                 const bool wb = st & 1, ob = st & 2;
                 const void *w = wb ? (const void *)wh : wf;
                 const cm_dtype wd = wb ? CM_DTYPE_BF16 : CM_DTYPE_F32, od = ob ? CM_DTYPE_BF16 : CM_DTYPE_F32;
