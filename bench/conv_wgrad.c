@@ -68,7 +68,8 @@ int main(int argc, char **argv) {
                 bool rd = false, rw = false;
                 const double t0 = now();
                 cm_status st = k ? cmi_dnnl_conv_backward(tp, &g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_BF16, x[c], w,
-                                                          CM_DTYPE_BF16, dy[c], NULL, dw, NULL, &rd, &rw)
+                                                          CM_DTYPE_BF16, dy[c], CM_DTYPE_F32, NULL, dw, NULL, &rd,
+                                                          &rw)
                                  : cmi_conv_wgrad_bf16(tp, &g, CM_DTYPE_BF16, x[c], CM_DTYPE_BF16, dy[c], dw);
                 const double dt = now() - t0;
                 if (st != CM_OK || (k && !rw)) {
@@ -82,8 +83,8 @@ int main(int argc, char **argv) {
         memset(dw_dnnl, 0, wn * 4);
         bool rd = false, rw = false;
         cmi_conv_wgrad_bf16(tp, &g, CM_DTYPE_BF16, x[0], CM_DTYPE_BF16, dy[0], dw_own);
-        cmi_dnnl_conv_backward(tp, &g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_BF16, x[0], w, CM_DTYPE_BF16, dy[0], NULL,
-                               dw_dnnl, NULL, &rd, &rw);
+        cmi_dnnl_conv_backward(tp, &g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_BF16, x[0], w, CM_DTYPE_BF16, dy[0],
+                               CM_DTYPE_F32, NULL, dw_dnnl, NULL, &rd, &rw);
         double md = 0, mx = 0;
         for (size_t i = 0; i < wn; i++) {
             md = fmax(md, fabs((double)dw_own[i] - dw_dnnl[i]));

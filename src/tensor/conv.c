@@ -437,22 +437,24 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
     return CM_OK;
 }
 
-/* oneDNN's backward for x and w of dtype dt and the f32 dy: dx (written in place when dx_fresh,
- * else through scratch and added), dW and db (through scratch, added); any may be NULL (db is
- * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
- * implementation for one). */
+/* oneDNN's backward for x and w of dtype dt and dy stored as dys: dx (written in place when
+ * dx_fresh, else through scratch and added; stored as dxs: f32, or bf16 for a bf16 convolution,
+ * then always fresh), dW and db (through scratch, added); any may be NULL (db is only computed
+ * with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no implementation for one). */
 static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, const void *x,
-                               const void *w, cm_dtype dys, const void *dy, float *dx, bool dx_fresh, float *dW,
-                               float *db, bool *dx_done, bool *dw_done) {
+                               const void *w, cm_dtype dys, const void *dy, cm_dtype dxs, void *dx, bool dx_fresh,
+                               float *dW, float *db, bool *dx_done, bool *dw_done) {
     *dx_done = *dw_done = false;
     if (!dx && !dW) return CM_OK;
+    if (dx && dxs != CM_DTYPE_F32 && !dx_fresh)
+        return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d backward: a %s dx must be a fresh gradient", cm_dtype_name(dxs));
     const size_t mark = cm_arena_mark(tp->arena);
-    float *t = dx ? (dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g))) : NULL;
+    void *t = dx ? (dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g))) : NULL;
     float *tw = dW ? cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g)) : NULL;
     float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
     if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
     bool rd = false, rw = false;
-    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dys, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dys, dy, dxs, t, tw, tb, &rd, &rw)) return cmi_status(tp);
     if (rd) {
         if (t != dx) add_into(dx, t, x_numel(g));
         *dx_done = true;
@@ -472,8 +474,8 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
                               float *dx, bool dx_fresh, float *dW, float *db) {
     if (dnnl_wanted(g)) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, CM_DTYPE_F32, dy, dx, dx_fresh, dW, db,
-                          &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, CM_DTYPE_F32, dy, CM_DTYPE_F32, dx,
+                          dx_fresh, dW, db, &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
@@ -516,7 +518,8 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
             dW = NULL;
         }
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dys, gout->data, dx, dx_fresh, dW, db, &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dys, gout->data, CM_DTYPE_F32, dx, dx_fresh, dW,
+                          db, &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
