@@ -1,7 +1,8 @@
 /* Times our own bf16 convolution kernels (src/tensor/conv_bf16.c) on the ResNet-CIFAR body
  * convolutions (3x3, stride 1, pad 1, channels-last, N = 128) against oneDNN's primitives for the
  * same pass, with the operands a ResNet under autocast has: bf16 x and dy, f32 master weights
- * (both sides round them to bf16 on the way), a bf16 forward result, f32 dx and dW. Each call
+ * (both sides round them to bf16 on the way), bf16 forward result and dx (batch norm's input
+ * gradient), f32 dW. Each call
  * reads a different one of several x/dy copies (together larger than the L3 cache), as a
  * training step finds them: written long before, not in cache. Prints the best of `reps` calls
  * per kernel and pass, its GFLOP/s, and the largest difference between the two results relative
@@ -48,7 +49,7 @@ typedef struct {
 } problem;
 
 /* One call of pass p (CMI_CONV_FWD, ...) on copy c by our kernel (own) or oneDNN's, into out: y
- * bf16, dx f32, dW f32 (zeroed first: ours adds). */
+ * and dx bf16, dW f32 (zeroed first: ours adds). */
 static cm_status run(cm_tape *tp, const problem *pr, int p, bool own, int c, void *out) {
     const cmi_conv_geom *g = &pr->g;
     bool a = false, b = false;
@@ -58,14 +59,14 @@ static cm_status run(cm_tape *tp, const problem *pr, int p, bool own, int c, voi
                  : cmi_dnnl_conv_forward(tp, g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_F32, pr->x[c], pr->w, NULL,
                                          CM_DTYPE_BF16, out, &a);
     else if (p == CMI_CONV_BWD_DATA)
-        st = own ? cmi_conv_bwd_data_bf16(tp, g, pr->dy[c], CM_DTYPE_F32, pr->w, CM_DTYPE_F32, out, false)
+        st = own ? cmi_conv_bwd_data_bf16(tp, g, pr->dy[c], CM_DTYPE_F32, pr->w, CM_DTYPE_BF16, out, false)
                  : cmi_dnnl_conv_backward(tp, g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_F32, pr->x[c], pr->w,
-                                          CM_DTYPE_BF16, pr->dy[c], out, NULL, NULL, &a, &b);
+                                          CM_DTYPE_BF16, pr->dy[c], CM_DTYPE_BF16, out, NULL, NULL, &a, &b);
     else {
         memset(out, 0, sizeof(float) * (size_t)(g->Cout * g->Cin * 9));
         st = own ? cmi_conv_wgrad_bf16(tp, g, CM_DTYPE_BF16, pr->x[c], CM_DTYPE_BF16, pr->dy[c], out)
                  : cmi_dnnl_conv_backward(tp, g, CM_DTYPE_BF16, CM_DTYPE_BF16, CM_DTYPE_F32, pr->x[c], pr->w,
-                                          CM_DTYPE_BF16, pr->dy[c], NULL, out, NULL, &a, &b);
+                                          CM_DTYPE_BF16, pr->dy[c], CM_DTYPE_F32, NULL, out, NULL, &a, &b);
         a = b;
     }
     if (st == CM_OK && !own && !a) {
@@ -110,7 +111,7 @@ int main(int argc, char **argv) {
         cm_rng_normal(&r, pr.w, wn, 0.0f, 0.1f);
         const size_t on[3] = {yn, xn, wn}; /* output elements per pass */
         for (int p = 0; p < 3; p++) {
-            const size_t esz = p == CMI_CONV_FWD ? 2 : 4;
+            const size_t esz = p == CMI_CONV_BWD_WEIGHTS ? 4 : 2;
             void *out[2] = {malloc(on[p] * esz), malloc(on[p] * esz)};
             double best[2] = {1e30, 1e30};
             for (int i = 0; i < reps + 1; i++)

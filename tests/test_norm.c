@@ -6,8 +6,11 @@
  * (~eps^2 f''') of ~2e-3; at 3e-3 it is ~10x smaller, while the f32 forward's rounding contributes
  * ~1e-6/eps = 3e-4. */
 #include "cmtest.h"
+#include "tensor/dnnl_conv.h"
+#include "tensor/dnnl_gemm.h"
 
 #include <math.h>
+#include <string.h>
 
 static const cmt_gradcheck_opts k_gc = {3e-3, 1e-3, 1e-2, 48};
 
@@ -666,4 +669,195 @@ Test(norm, layer_norm_and_channels_last_batch_norm_parallel_paths_match_double_r
         free(rdb);
     }
     cm_tape_free(tp);
+}
+
+/* ---- a bf16 batch norm output's gradient written in bf16 by the bf16 convolution consuming it ---- */
+
+/* Records, when `op`'s node (the one making h) has run its backward, the dtype of the gradient of h
+ * it read: the gradient is dropped right after (no retain_grads). */
+typedef struct {
+    const cm_tensor *h;
+    const char *op;
+    int seen;
+    cm_dtype dtype;
+} bn_gout_probe;
+
+static void bn_gout_hook(cm_tape *tp, const void *node, void *data) {
+    (void)tp;
+    bn_gout_probe *p = data;
+    const cm_node *n = node;
+    if (n && n->out == p->h && strcmp(n->op, p->op) == 0) {
+        p->seen++;
+        p->dtype = cm_tensor_dtype(cm_tensor_grad(p->h));
+    }
+}
+
+/* One ResNet-like stage under autocast: x (f32 leaf) -> conv1 (3x3, bf16 result) -> batch norm
+ * (plain or with its fused ReLU) -> h (bf16) -> consumer; leaves x, w1, bn weight, bn bias (and w2).
+ * mode 0: consumer conv2 (3x3, f32 result); h's gradient is new when conv2 runs, so conv2 writes it
+ *         in bf16 and batch norm reads it so;
+ *      1: as 0 plus 0·h added to conv2's result: that f32 consumer runs first, so h's gradient is
+ *         f32 and conv2 adds its f32 dx to it (the f32 path, same values up to dx's rounding);
+ *      2: as 0 on a tape with retain_grads: h's gradient is kept, f32;
+ *      3: consumer a 1x1 identity convolution (f32 result): h's gradient is the upstream gradient,
+ *         written in bf16;
+ *      4: consumer cast to f32: h's gradient is the upstream gradient in f32.
+ * g: the upstream gradient (f32, z's shape); h_dtype: the dtype of h's gradient batch norm read. */
+typedef struct {
+    cm_tape *tp;
+    cm_tensor *grads[5]; /* x, w1, bn weight, bn bias, w2 (NULL in modes 3 and 4) */
+    cm_dtype h_dtype;
+    cm_tensor *h_kept; /* mode 2: h's gradient after backward */
+} bn16_run;
+
+static bn16_run bn16_stage(const int64_t *xshape, int64_t C, bool cl, bool add_relu, int mode, const float *g) {
+    bn16_run r = {0};
+    cm_tape_config tc = cm_tape_config_default();
+    tc.poison = true; /* new arena memory is NaN: an element the bf16 writes miss shows */
+    tc.retain_grads = mode == 2;
+    cr_assert_eq(cm_tape_new(&tc, &r.tp), CM_OK);
+    cm_tape *tp = r.tp;
+    const int64_t Cin = xshape[cl ? 3 : 1];
+    const int64_t w1s[4] = {C, Cin, 3, 3}, w2s[4] = {C, C, 3, 3}, ids[4] = {C, C, 1, 1};
+    cm_tensor *x = cmt_randn(tp, 4, xshape, 90, true), *w1 = cmt_randn(tp, 4, w1s, 91, true);
+    cm_tensor *bw = cmt_randn(tp, 1, &C, 92, true), *bb = cmt_randn(tp, 1, &C, 93, true);
+    cm_tensor *w2 = mode < 3 ? cmt_randn(tp, 4, w2s, 94, true) : NULL;
+    if (mode == 3) {
+        w2 = cm_zeros(tp, CM_DTYPE_F32, 4, ids);
+        cr_assert(w2, "%s", cm_tape_error(tp));
+        for (int64_t c = 0; c < C; c++) ((float *)cm_tensor_data(w2))[c * C + c] = 1.0f;
+    }
+    cm_conv2d_opts o1 = cm_conv2d_opts_default(), o2 = o1;
+    o1.padding[0] = o1.padding[1] = 1;
+    o1.channels_last = o2.channels_last = cl;
+    o1.out_bf16 = true;
+    if (mode < 3) o2.padding[0] = o2.padding[1] = 1;
+    cm_batch_norm_opts bo = cm_batch_norm_opts_default();
+    bo.channels_last = cl;
+    cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *y1 = cm_conv2d(tp, x, w1, NULL, &o1);
+    cm_tensor *h = add_relu ? cm_batch_norm_add_relu(tp, y1, bw, bb, NULL, NULL, NULL, &bo)
+                            : cm_batch_norm(tp, y1, bw, bb, NULL, NULL, &bo);
+    cr_assert(h && cm_tensor_dtype(h) == CM_DTYPE_BF16, "%s", cm_tape_error(tp));
+    cm_tensor *z = mode == 4 ? cm_cast(tp, h, CM_DTYPE_F32) : cm_conv2d(tp, h, w2, NULL, &o2);
+    if (mode == 1) z = cm_add(tp, z, cm_mul_scalar(tp, cm_cast(tp, h, CM_DTYPE_F32), 0.0f));
+    cr_assert(z && cm_tensor_dtype(z) == CM_DTYPE_F32, "%s", cm_tape_error(tp));
+    cm_tensor *gt = cm_zeros(tp, CM_DTYPE_F32, 4, cm_tensor_shape(z));
+    cr_assert(gt, "%s", cm_tape_error(tp));
+    memcpy(cm_tensor_data(gt), g, sizeof(float) * (size_t)cm_tensor_numel(z));
+    bn_gout_probe pr = {h, add_relu ? "batch_norm_add_relu" : "batch_norm", 0, CM_DTYPE_COUNT};
+    cm_tape_set_backward_hook(tp, bn_gout_hook, &pr);
+    cr_assert_eq(cm_tape_backward_with(tp, z, gt), CM_OK, "%s", cm_tape_error(tp));
+    cr_assert_eq(pr.seen, 1, "batch norm's node ran %d times with h's gradient there", pr.seen);
+    r.h_dtype = pr.dtype;
+    r.h_kept = mode == 2 ? cm_tensor_grad(h) : NULL;
+    cm_tensor *leaves[5] = {x, w1, bw, bb, mode < 3 ? w2 : NULL};
+    for (int i = 0; i < 5; i++) {
+        r.grads[i] = leaves[i] ? cm_tensor_grad(leaves[i]) : NULL;
+        cr_assert(!leaves[i] || (r.grads[i] && cm_tensor_dtype(r.grads[i]) == CM_DTYPE_F32));
+    }
+    return r;
+}
+
+/* The relative L2 distance ||a - b|| / ||b||. */
+static double rel_l2(const cm_tensor *a, const cm_tensor *b) {
+    double dd = 0, nn = 0;
+    for (int64_t e = 0; e < cm_tensor_numel(b); e++) {
+        const double u = cm_tensor_get_flat(a, e), v = cm_tensor_get_flat(b, e);
+        dd += (u - v) * (u - v), nn += v * v;
+    }
+    return sqrt(dd / nn);
+}
+
+/* conv (bf16 result) -> batch norm (plain, or with the fused ReLU) -> h -> conv under autocast: the
+ * consuming convolution writes h's new gradient in bf16 (cmi_grad_for_write_as; the gradient
+ * batch norm reads is bf16, seen in a backward hook), on oneDNN's bf16 kernel (backward-data
+ * writing diff_src in bf16 itself: counted, none unimplemented), the widened kernel and im2col
+ * (both computing dx in f32 and rounding it), NCHW and channels-last, a small stage (arena
+ * gradients, poisoned) and one large enough for the parallel loops (N·C·H·W = CMI_PAR_MIN).
+ *   - Against the f32 path (mode 1 of bn16_stage: another consumer of h first, so h's gradient is
+ *     f32): the runs differ only by the rounding of dx (h's gradient) to bf16, at most u = 2^-8 of
+ *     each element (8 significant bits), 1.65e-3 relative L2 as measured here. Batch norm's backward
+ *     is linear in that gradient (per channel w·rstd times a projection), and its weight and bias
+ *     gradients are per-channel sums of it: the same relative error, up to ~2x where a channel's
+ *     sum cancels (16 channels; measured up to 3.5e-3). Batch norm's dx is then rounded to bf16 for
+ *     conv1 in both runs, and where the two values differ by ~1.65e-3 a rounding lands one ulp (2u)
+ *     apart with probability about 1.65e-3/2u: sqrt(0.2)·2u ≈ 3.5e-3 RMS more, 2.8e-3 measured for
+ *     grad x and w1. Bound: relative L2 error <= 2u = 7.8e-3, about twice the largest measured; a
+ *     wrong read or an unwritten (NaN) element is orders of magnitude beyond it.
+ *   - retain_grads (mode 2) keeps h's gradient in f32 and takes the f32 path: bitwise mode 1's.
+ *   - Batch norm alone (modes 3 and 4): h's gradient of bf16-exact values, read in bf16 (a 1x1
+ *     identity convolution writes it) or in f32 (a cast): bitwise the same gradients. */
+Test(norm, batch_norm_reads_a_bf16_gradient_of_its_bf16_output_from_a_bf16_convolution) {
+    const int64_t sizes[2][4] = {{2, 8, 6, 6}, {8, 8, 16, 16}}; /* N, Cin, H, W */
+    const int64_t C = 16;
+    for (int kern = 0; kern < 4; kern++) { /* oneDNN bf16, widened, im2col, own bf16 kernels where they fit */
+        if ((kern == 0 || kern == 3) && !cmi_bf16_native()) continue;
+        cmi_conv_set_kernel(kern == 2 ? CMI_CONV_IM2COL : CMI_CONV_DNNL);
+        cmi_conv_set_bf16_kernel(kern == 0 || kern == 3 ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN);
+        cmi_conv_set_own_passes(kern == 3 ? 7u : 0u);
+        for (int sz = 0; sz < 2; sz++)
+            for (int cl = 0; cl < 2; cl++)
+                for (int ar = 0; ar < 2; ar++) {
+                    const int64_t *s = sizes[sz];
+                    const int64_t xs[4] = {s[0], cl ? s[2] : s[1], cl ? s[3] : s[2], cl ? s[1] : s[3]};
+                    const int64_t zn = s[0] * C * s[2] * s[3];
+                    float *g = malloc(sizeof(float) * (size_t)zn);
+                    cm_rng rng = cm_rng_init(95, 0);
+                    cm_rng_normal(&rng, g, (size_t)zn, 0.0f, 1.0f);
+                    for (int64_t e = 0; e < zn; e++) { /* bf16-exact: modes 3 and 4 compare bitwise */
+                        uint32_t u;
+                        memcpy(&u, &g[e], 4);
+                        u &= 0xffff0000u;
+                        memcpy(&g[e], &u, 4);
+                    }
+                    char what[160];
+                    snprintf(what, sizeof what, "kernel %s, N %lld, %s, %s",
+                             kern == 0 ? "onednn" : kern == 1 ? "widen" : kern == 2 ? "im2col" : "own", (long long)s[0],
+                             cl ? "channels-last" : "NCHW", ar ? "batch_norm_add_relu" : "batch_norm");
+                    bn16_run r[5];
+                    for (int mode = 0; mode < 5; mode++) {
+                        cmi_conv_stats_reset();
+                        r[mode] = bn16_stage(xs, C, cl, ar, mode, g);
+                        const cm_dtype want = mode == 0 || mode == 3 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+                        cr_assert_eq(r[mode].h_dtype, want, "%s mode %d: batch norm read h's gradient in %s, want %s",
+                                     what, mode, cm_dtype_name(r[mode].h_dtype), cm_dtype_name(want));
+                        cmi_conv_stats st;
+                        cmi_conv_stats_get(&st);
+                        cr_assert_eq(st.unimplemented, 0, "%s mode %d", what, mode);
+                        if ((kern == 0 || kern == 3) && mode == 0)
+                            cr_assert(st.dnnl_bf16[CMI_CONV_BWD_DATA] + st.own_bf16[CMI_CONV_BWD_DATA] == 2 &&
+                                          st.widened[CMI_CONV_BWD_DATA] == 0 &&
+                                          (kern == 3 || st.own_bf16[CMI_CONV_BWD_DATA] == 0),
+                                      "%s: %lld backward-data passes on oneDNN bf16 and %lld on the own kernel (want "
+                                      "2), %lld widened",
+                                      what, (long long)st.dnnl_bf16[CMI_CONV_BWD_DATA],
+                                      (long long)st.own_bf16[CMI_CONV_BWD_DATA],
+                                      (long long)st.widened[CMI_CONV_BWD_DATA]);
+                        if (kern == 3 && mode == 0 && cl && sz == 1) /* conv 16 -> 16, 3x3 pad 1, 16x16: the own kernel */
+                            cr_assert(st.own_bf16[CMI_CONV_BWD_DATA] == 1, "%s: h's bf16 gradient from the own kernel",
+                                      what);
+                    }
+                    cr_assert(r[2].h_kept && cm_tensor_dtype(r[2].h_kept) == CM_DTYPE_F32,
+                              "%s: retain_grads keeps h's gradient, in f32", what);
+                    const char *names[5] = {"grad x", "grad w1", "grad bn weight", "grad bn bias", "grad w2"};
+                    for (int i = 0; i < 5; i++) {
+                        char w[256];
+                        const double d = rel_l2(r[0].grads[i], r[1].grads[i]);
+                        cr_assert(d <= 0x1p-7, "%s %s: bf16 vs f32 gradient of h: relative L2 error %.3g > 2^-7",
+                                  what, names[i], d);
+                        snprintf(w, sizeof w, "%s %s: retain_grads vs the f32 path", what, names[i]);
+                        cmt_assert_close(w, r[2].grads[i], r[1].grads[i], 0, 0);
+                        if (i == 4) continue;
+                        snprintf(w, sizeof w, "%s %s: h's gradient read in bf16 vs the same values in f32", what,
+                                 names[i]);
+                        cmt_assert_close(w, r[3].grads[i], r[4].grads[i], 0, 0);
+                    }
+                    for (int mode = 0; mode < 5; mode++) cm_tape_free(r[mode].tp);
+                    free(g);
+                }
+    }
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    cmi_conv_set_bf16_kernel(cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN);
+    cmi_conv_set_own_passes(7u);
 }

@@ -134,8 +134,9 @@ bool cm_tensor_requires_grad(const cm_tensor *t);
 /* The accumulated gradient (same shape as t, contiguous, always f32 — also for bf16/f16 tensors,
  * so master weights never lose precision), or NULL if none yet. (One exception, seen only by a
  * backward hook: during backward, the gradient of a bf16 convolution output written by batch
- * norm is held in bf16 until the convolution's node has run, as PyTorch's autocast holds it; it
- * is dropped then, and with retain_grads it is f32.) For a
+ * norm, and that of a bf16 batch norm output written by a bf16 convolution, is held in bf16 until
+ * the producing node has run, as PyTorch's autocast holds it; it is dropped then, and with
+ * retain_grads, or when another op also uses the tensor, it is f32.) For a
  * long-lived tensor the gradient is long-lived too (freed with the tensor); for a tape tensor it
  * lives in the tape's memory until cm_tape_reset — except that an intermediate tensor's gradient
  * (one made by an op) is dropped during backward once its node has run, unless the tape was made
@@ -446,8 +447,9 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
  * ResNet's convolutions stay bf16 and batch norm reads half the bytes. Weight, bias, the running
  * and batch statistics and the arithmetic are f32 either way, and the gradients are f32 (those of
  * a bf16 x included, except that of a bf16 convolution's output, which its backward reads in bf16
- * anyway: written in bf16, see cm_tensor_grad). Before its output is rounded, bf16 x gives what f32 x holding the same
- * values gives, to f32 round-off (the sums may run in another order). */
+ * anyway: written in bf16, see cm_tensor_grad; and a bf16 output's gradient may come in bf16 from
+ * a bf16 convolution consuming it). Before its output is rounded, bf16 x gives what f32 x holding
+ * the same values gives, to f32 round-off (the sums may run in another order). */
 typedef struct cm_batch_norm_opts {
     bool training;  /* default true */
     float momentum; /* default 0.1 */
@@ -504,7 +506,9 @@ cm_conv2d_opts cm_conv2d_opts_default(void);
  * convolution is bf16 and x and weight may each be f32 or bf16: an f32 one is rounded to bf16
  * inside it (no cast nodes, gradients f32 straight to it). bf16 convolutions multiply the bf16
  * values and accumulate in f32; their backward rounds the upstream gradient to bf16 (like
- * linear's) and gives f32 gradients (also to bf16 tensors: gradients are always f32).
+ * linear's) and gives f32 gradients (also to bf16 tensors: gradients are always f32, except that
+ * of a bf16 batch norm output used by this convolution only, written in bf16 during backward:
+ * see cm_tensor_grad).
  * Kernels (chosen at run time; results agree to f32 rounding): oneDNN's direct convolution
  * primitives by default, or im2col + OpenBLAS with the environment variable CM_CONV=im2col; a
  * problem oneDNN has no implementation for runs on im2col. bf16 runs oneDNN's bf16 primitives

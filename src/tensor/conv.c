@@ -6,8 +6,8 @@
  *     kernel with CM_CONV=im2col, and for any problem oneDNN answers "unimplemented" for
  *     (counted in cmi_conv_stats; none of the test or ResNet shapes is).
  *   - bf16 (x and weight bf16, or under autocast each of them f32 or bf16, an f32 one rounded to
- *     bf16 inside the op with no cast nodes; every gradient f32, the result f32 or, with
- *     opts.out_bf16, bf16): oneDNN's bf16 primitives where its ISA has bf16 instructions
+ *     bf16 inside the op with no cast nodes; gradients f32 but dx as below, the result f32 or,
+ *     with opts.out_bf16, bf16): oneDNN's bf16 primitives where its ISA has bf16 instructions
  *     (avx512_core_bf16, AMX), their reorders doing the rounding and the primitive writing a bf16
  *     result directly; elsewhere, or with CM_CONV_BF16=widen, the bf16 values of x, w and the
  *     rounded upstream gradient are put in f32 arena scratch and the f32 kernel runs on them (a
@@ -19,7 +19,12 @@
  *   - backward: oneDNN writes dx straight into a gradient buffer created now (uninitialised:
  *     cmi_grad_for_write), and through scratch + add into one that already holds a gradient; dW
  *     and db always go through scratch (they accumulate over microbatches). A bf16 upstream
- *     gradient (written by a bf16 consumer, see cmi_grad_for_write_as) is read as it is.
+ *     gradient (written by a bf16 consumer, see cmi_grad_for_write_as) is read as it is. In a
+ *     bf16 convolution, dx of a bf16 x made by an op that takes a bf16 gradient (batch norm's bf16
+ *     output: n->bf16_gout) is created in bf16 when it is new (cmi_grad_for_write_as; f32 when x
+ *     already has a gradient, or with retain_grads): oneDNN's backward-data writes diff_src in
+ *     bf16 itself (half the bytes written, and batch norm reads half in its two passes over it),
+ *     the widened and im2col kernels compute dx in f32 scratch and round it into the gradient.
  *
  * Measured (bench/conv: N = 128, ResNet-CIFAR shapes, 2 threads, AMD EPYC with avx512_core_bf16,
  * best of 5 while other work shared the 2 cores; ratios to im2col f32 from the same run):
@@ -444,22 +449,24 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
     return CM_OK;
 }
 
-/* oneDNN's backward for x and w of dtype dt and the f32 dy: dx (written in place when dx_fresh,
- * else through scratch and added), dW and db (through scratch, added); any may be NULL (db is
- * only computed with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no
- * implementation for one). */
+/* oneDNN's backward for x and w of dtype dt and dy stored as dys: dx (written in place when
+ * dx_fresh, else through scratch and added; stored as dxs: f32, or bf16 for a bf16 convolution,
+ * then always fresh), dW and db (through scratch, added); any may be NULL (db is only computed
+ * with dW). *dx_done / *dw_done say which passes ran (oneDNN may have no implementation for one). */
 static cm_status dnnl_backward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, const void *x,
-                               const void *w, cm_dtype dys, const void *dy, float *dx, bool dx_fresh, float *dW,
-                               float *db, bool *dx_done, bool *dw_done) {
+                               const void *w, cm_dtype dys, const void *dy, cm_dtype dxs, void *dx, bool dx_fresh,
+                               float *dW, float *db, bool *dx_done, bool *dw_done) {
     *dx_done = *dw_done = false;
     if (!dx && !dW) return CM_OK;
+    if (dx && dxs != CM_DTYPE_F32 && !dx_fresh)
+        return cmi_fail(tp, CM_ERR_INTERNAL, "conv2d backward: a %s dx must be a fresh gradient", cm_dtype_name(dxs));
     const size_t mark = cm_arena_mark(tp->arena);
-    float *t = dx ? (dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g))) : NULL;
+    void *t = dx ? (dx_fresh ? dx : cmi_scratch(tp, sizeof(float) * (size_t)x_numel(g))) : NULL;
     float *tw = dW ? cmi_scratch(tp, sizeof(float) * (size_t)w_numel(g)) : NULL;
     float *tb = dW && db ? cmi_scratch(tp, sizeof(float) * (size_t)g->Cout) : NULL;
     if ((dx && !t) || (dW && !tw) || (dW && db && !tb)) return cmi_status(tp);
     bool rd = false, rw = false;
-    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dys, dy, t, tw, tb, &rd, &rw)) return cmi_status(tp);
+    if (cmi_dnnl_conv_backward(tp, g, dt, xs, ws, x, w, dys, dy, dxs, t, tw, tb, &rd, &rw)) return cmi_status(tp);
     if (rd) {
         if (t != dx) add_into(dx, t, x_numel(g));
         *dx_done = true;
@@ -479,8 +486,8 @@ static cm_status backward_f32(cm_tape *tp, const conv_geom *g, const float *x, c
                               float *dx, bool dx_fresh, float *dW, float *db) {
     if (dnnl_wanted(g)) {
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, CM_DTYPE_F32, dy, dx, dx_fresh, dW, db,
-                          &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, x, w, CM_DTYPE_F32, dy, CM_DTYPE_F32, dx,
+                          dx_fresh, dW, db, &dd, &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
@@ -500,13 +507,19 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     const conv_ctx *c = nd->ctx;
     const conv_geom *g = &c->g;
     /* A gradient buffer created now (uninitialised: cmi_grad_for_write) is written by oneDNN
-     * directly instead of through scratch that is then added; the im2col fallback zeroes it first. */
+     * directly instead of through scratch that is then added; the im2col fallback zeroes it first.
+     * In a bf16 convolution a new gradient of a bf16 x whose producer takes a bf16 gradient (batch
+     * norm: cmi_grad_for_write_as) is bf16: oneDNN's backward-data writes it directly, the
+     * fallbacks round their f32 result into it. */
     bool dx_fresh = false;
-    cm_tensor *gx = cmi_grad_for_write(tp, nd->in[0], &dx_fresh);
+    cm_tensor *gx = c->dt == CM_DTYPE_BF16 ? cmi_grad_for_write_as(tp, nd->in[0], CM_DTYPE_BF16, &dx_fresh)
+                                           : cmi_grad_for_write(tp, nd->in[0], &dx_fresh);
     cm_tensor *gw = cmi_grad(tp, nd->in[1]);
     cm_tensor *gb = cmi_grad(tp, nd->in[2]);
     if (cmi_status(tp)) return cmi_status(tp);
-    float *dx = gx ? cmi_f32(gx) : NULL, *dW = gw ? cmi_f32(gw) : NULL, *db = gb ? cmi_f32(gb) : NULL;
+    void *dx = gx ? gx->data : NULL;
+    float *dW = gw ? cmi_f32(gw) : NULL, *db = gb ? cmi_f32(gb) : NULL;
+    const cm_dtype dxs = gx ? gx->dtype : CM_DTYPE_F32; /* f32, or bf16 (then dx_fresh) */
     if (!dx && !dW && !db) return CM_OK;
     const void *x = nd->in[0]->data, *w = nd->in[1]->data;
     if (c->dt == CM_DTYPE_F32) return backward_f32(tp, g, x, w, cmi_f32(gout), dx, dx_fresh, dW, db);
@@ -529,14 +542,16 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
             uint16_t *dy16 = dys == CM_DTYPE_BF16 ? (uint16_t *)gout->data : cmi_scratch(tp, 2 * (size_t)y_numel(g));
             if (!dy16) return cmi_status(tp);
             if (dy16 != gout->data) cmi_bf16_round(dy16, cmi_f32(gout), y_numel(g));
-            /* written into a new gradient, added into one that holds a gradient already */
-            if (cmi_conv_bwd_data_bf16(tp, g, dy16, c->ws, w, CM_DTYPE_F32, dx, !dx_fresh)) return cmi_status(tp);
+            /* written into a new gradient (f32, or bf16 for batch norm), added into one that holds
+             * a gradient already (f32) */
+            if (cmi_conv_bwd_data_bf16(tp, g, dy16, c->ws, w, dxs, dx, !dx_fresh)) return cmi_status(tp);
             cm_arena_rewind(tp->arena, m0);
             cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_BWD_DATA);
             dx = NULL;
         }
         bool dd = false, wd = false;
-        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dys, gout->data, dx, dx_fresh, dW, db, &dd, &wd))
+        if (dnnl_backward(tp, g, CM_DTYPE_BF16, c->xs, c->ws, x, w, dys, gout->data, dxs, dx, dx_fresh, dW, db, &dd,
+                          &wd))
             return cmi_status(tp);
         if (dd) dx = NULL;
         if (wd) dW = NULL, db = NULL;
@@ -547,8 +562,12 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
         float *dyw = dy16 ? widen(tp, dy16, y_numel(g)) : NULL;
         float *xw = dyw && dW ? bf16_values(tp, x, c->xs, x_numel(g)) : NULL;
         float *ww = dyw && dx ? bf16_values(tp, w, c->ws, w_numel(g)) : NULL;
-        if (!dyw || (dW && !xw) || (dx && !ww)) return cmi_status(tp);
-        if (backward_f32(tp, g, xw, ww, dyw, dx, dx_fresh, dW, db)) return cmi_status(tp);
+        /* a bf16 dx (fresh): computed in f32 scratch, then rounded into it */
+        float *dxf = dx && dxs == CM_DTYPE_BF16 ? cmi_scratch(tp, sizeof(float) * (size_t)(x_numel(g) ? x_numel(g) : 1))
+                                                : dx;
+        if (!dyw || (dW && !xw) || (dx && (!ww || !dxf))) return cmi_status(tp);
+        if (backward_f32(tp, g, xw, ww, dyw, dxf, dx_fresh, dW, db)) return cmi_status(tp);
+        if (dx && dxf != dx) cmi_bf16_round(dx, dxf, x_numel(g));
         if (dx) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_DATA);
         if (dW) cmi_conv_stats_note(CMI_CONV_RAN_WIDENED, CMI_CONV_BWD_WEIGHTS);
     }

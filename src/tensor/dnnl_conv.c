@@ -10,7 +10,7 @@
  * once. Weights are always given to the primitive in format `any` and reordered from (Cout,
  * Cin/g, kh, kw) on every call (they are small); channels-last activations stay as they are and
  * NCHW ones are reordered to oneDNN's blocked layout and back (see cmi_conv_act_layout). In
- * backward, dy (always f32) is reordered once into the layout both passes want — and, for bf16,
+ * backward, dy (f32, or bf16 from a bf16 consumer) is reordered once into the layout both passes want — and, for bf16,
  * rounded to bf16 by the same reorder: ONEDNN_VERBOSE on a ResNet-56 step had activation
  * reorders at a quarter of oneDNN's time, and a quarter of the reorders into the blocked layout
  * were dy's second one. Scratchpads (and reorder buffers) come from the tape's arena and are given
@@ -143,6 +143,8 @@ typedef struct {
     int64_t N, Cin, H, W, Cout, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, groups;
     int32_t cl, bf16, pass, bias, blocked;
     int32_t x_f32, w_f32, y_bf16; /* bf16 compute on an f32 x / f32 w (autocast); a bf16 y (forward) or dy */
+    int32_t dx_bf16;              /* backward-data writes a bf16 dx */
+    int32_t unused;               /* keeps the key free of padding (compared with memcmp) */
 } conv_key;
 
 typedef struct {
@@ -266,7 +268,7 @@ static cm_status build(cm_tape *tp, const conv_key *k, conv_entry *e) {
     const dnnl_format_tag_t user_tag = k->cl ? dnnl_nhwc : dnnl_nchw;
     const dnnl_format_tag_t act_tag = k->blocked ? dnnl_format_tag_any : user_tag;
     /* descriptors, by pass: x/dx (src), w/dw, y/dy (dst), bias/db */
-    const dnnl_data_type_t src_dt = k->pass == CMI_CONV_BWD_DATA ? dnnl_f32 : dt;
+    const dnnl_data_type_t src_dt = k->pass == CMI_CONV_BWD_DATA ? (k->dx_bf16 ? dnnl_bf16 : dnnl_f32) : dt;
     const dnnl_data_type_t dst_dt = k->pass == CMI_CONV_FWD ? (k->y_bf16 ? dnnl_bf16 : dnnl_f32) : dt;
     const dnnl_data_type_t wei_dt = k->pass == CMI_CONV_BWD_WEIGHTS ? dnnl_f32 : dt;
     /* an f32 x or w for a bf16 convolution (autocast): the reorder to the primitive's layout rounds
@@ -359,7 +361,7 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 
 static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws, cm_dtype ys,
-                     int pass, bool bias) {
+                     cm_dtype dxs, int pass, bool bias) {
     memset(k, 0, sizeof *k); /* compared with memcmp: no stray padding bytes */
     k->N = g->N, k->Cin = g->Cin, k->H = g->H, k->W = g->W, k->Cout = g->Cout, k->OH = g->OH, k->OW = g->OW;
     k->kh = g->kh, k->kw = g->kw, k->sh = g->sh, k->sw = g->sw, k->ph = g->ph, k->pw = g->pw, k->dh = g->dh;
@@ -367,6 +369,7 @@ static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype 
     k->x_f32 = dt == CM_DTYPE_BF16 && xs == CM_DTYPE_F32 && pass != CMI_CONV_BWD_DATA;
     k->w_f32 = dt == CM_DTYPE_BF16 && ws == CM_DTYPE_F32 && pass != CMI_CONV_BWD_WEIGHTS;
     k->y_bf16 = dt == CM_DTYPE_BF16 && ys == CM_DTYPE_BF16;
+    k->dx_bf16 = dt == CM_DTYPE_BF16 && dxs == CM_DTYPE_BF16 && pass == CMI_CONV_BWD_DATA;
     const cmi_conv_act_layout al = cmi_conv_get_act_layout();
     const bool pointwise = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
     k->blocked = al == CMI_CONV_ACT_BLOCKED || (al == CMI_CONV_ACT_AUTO && !g->cl && !pointwise);
@@ -505,7 +508,7 @@ cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt
     *ran = false;
     if (check_dt(tp, dt)) return cmi_status(tp);
     conv_key k;
-    make_key(&k, g, dt, xs, ws, ys, CMI_CONV_FWD, bias != NULL);
+    make_key(&k, g, dt, xs, ws, ys, CM_DTYPE_F32, CMI_CONV_FWD, bias != NULL);
     conv_entry local, *e;
     bool owned;
     if (lookup(tp, &k, &local, &e, &owned)) return cmi_status(tp);
@@ -521,22 +524,22 @@ cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt
 }
 
 cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
-                                 const void *x, const void *w, cm_dtype dys, const void *dy, float *dx, float *dw,
-                                 float *db, bool *ran_data, bool *ran_weights) {
+                                 const void *x, const void *w, cm_dtype dys, const void *dy, cm_dtype dxs, void *dx,
+                                 float *dw, float *db, bool *ran_data, bool *ran_weights) {
     *ran_data = *ran_weights = false;
-    if (check_dt(tp, dt)) return cmi_status(tp);
+    if (check_dt(tp, dt) || (dx && check_dt(tp, dxs))) return cmi_status(tp);
     conv_entry local_d, local_w, *ed = NULL, *ew = NULL;
     bool owned_d = false, owned_w = false;
     cm_status st = CM_OK;
     if (dx) {
         conv_key k;
-        make_key(&k, g, dt, xs, ws, dys, CMI_CONV_BWD_DATA, false);
+        make_key(&k, g, dt, xs, ws, dys, dxs, CMI_CONV_BWD_DATA, false);
         if ((st = lookup(tp, &k, &local_d, &ed, &owned_d))) goto out;
         if (ed->unimplemented) cmi_conv_stats_note_unimplemented();
     }
     if (dw) {
         conv_key k;
-        make_key(&k, g, dt, xs, ws, dys, CMI_CONV_BWD_WEIGHTS, db != NULL);
+        make_key(&k, g, dt, xs, ws, dys, CM_DTYPE_F32, CMI_CONV_BWD_WEIGHTS, db != NULL);
         if ((st = lookup(tp, &k, &local_w, &ew, &owned_w))) goto out;
         if (ew->unimplemented) cmi_conv_stats_note_unimplemented();
     }

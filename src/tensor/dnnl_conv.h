@@ -8,7 +8,8 @@
  * cmi_conv_stats counts it in `unimplemented`; any other oneDNN failure is an error.
  *
  * bf16 (explicit bf16 x and w, or f32 ones cast by autocast): CM_CONV_BF16=onednn runs oneDNN's
- * bf16 primitives (bf16 src/weights/diff_dst, f32 dst/diff_src/diff_weights, f32 accumulation);
+ * bf16 primitives (bf16 src/weights/diff_dst, f32 or bf16 dst and diff_src, f32 diff_weights, f32
+ * accumulation);
  * CM_CONV_BF16=widen widens the bf16 operands to f32 (exactly) and runs the f32 kernel. The
  * default is onednn where oneDNN's ISA has bf16 instructions (cmi_bf16_native) and widen elsewhere
  * (AVX2 has no bf16 convolution; plain AVX-512 only emulates it). */
@@ -85,10 +86,11 @@ void cmi_conv_stats_note_unimplemented(void);
  * bf16 ISA or oneDNN's emulation); xs and ws the dtypes x and w are stored in: dt, or f32 in a
  * bf16 convolution (autocast), which the reorder into the primitive's layout rounds to bf16 on
  * the way. ys, y's storage: f32, or bf16 for a bf16 convolution (written by the primitive
- * directly); dys likewise dy's (a bf16 dy in the primitive's layout is read as it is). dx, dw and
- * db are f32. Layouts: x, dx (N, Cin, H, W) or
- * channels-last (N, H, W, Cin); y, dy likewise with Cout; w, dw (Cout, Cin/g, kh, kw); bias, db
- * (Cout) or NULL. Outputs are overwritten (not accumulated). The *ran flags are false (and that
+ * directly); dys likewise dy's (a bf16 dy in the primitive's layout is read as it is), and dxs
+ * dx's (a bf16 dx, for a bf16 convolution, is written by backward-data directly, rounded to
+ * nearest even; each dtype its own cached primitive). dw and db are f32. Layouts: x, dx (N, Cin,
+ * H, W) or channels-last (N, H, W, Cin); y, dy likewise with Cout; w, dw (Cout, Cin/g, kh, kw);
+ * bias, db (Cout) or NULL. Outputs are overwritten (not accumulated). The *ran flags are false (and that
  * output untouched) for a pass oneDNN has no implementation for; other failures are recorded on
  * tp (CM_ERR_INTERNAL naming the oneDNN status and the shapes, CM_ERR_OOM for arena scratch).
  * Primitives are created once per problem and cached for the life of the process (thread-safe).
@@ -100,8 +102,8 @@ cm_status cmi_dnnl_conv_forward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt
  * with dw) = backward-weights(x, dy). dy is reordered to the primitives' layout once for both
  * passes; for bf16 that same reorder rounds it to bf16 (round to nearest even). */
 cm_status cmi_dnnl_conv_backward(cm_tape *tp, const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, cm_dtype ws,
-                                 const void *x, const void *w, cm_dtype dys, const void *dy, float *dx, float *dw,
-                                 float *db, bool *ran_data, bool *ran_weights);
+                                 const void *x, const void *w, cm_dtype dys, const void *dy, cm_dtype dxs, void *dx,
+                                 float *dw, float *db, bool *ran_data, bool *ran_weights);
 
 /* Number of problems in the primitive cache (tests: repeated calls must not grow it). */
 int cmi_dnnl_conv_cache_size(void);

@@ -1,6 +1,13 @@
 /* Normalisation (layer, batch, group) and dropout. Each forward pass saves its statistics (per-row or
  * per-channel mean and 1/std) in the arena and each backward pass uses the fused closed form, so a
- * normalisation layer costs one node and no intermediate activations. */
+ * normalisation layer costs one node and no intermediate activations.
+ *
+ * Batch norm's dtypes: x and its output are f32 or bf16 alike, the residual f32 or bf16, the
+ * statistics and arithmetic f32. Gradients are f32 with two bf16 exceptions (cmi_grad_for_write_as),
+ * both under autocast in a ResNet: the new gradient of a bf16 x made by a bf16 convolution is
+ * written in bf16 (the convolution would round it anyway), and the gradient of a bf16 output may
+ * arrive in bf16 (n->bf16_gout: written so by the bf16 convolution consuming it), read widened
+ * (exact) in both passes over it. A bf16 gradient only ever meets a bf16 x. */
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
@@ -271,29 +278,30 @@ static void chan_affine(void *out, const void *x, const float *S, const float *Q
 #undef CMI_AFFINE_CASES
 }
 
-/* The value chan_sums adds up at one element: the upstream gradient (zero where the fused ReLU's
- * output y is not positive), or without one the shifted input x - m (the forward's moments). */
-static inline __attribute__((always_inline)) float sum_value(float x, float m, const float *g, const void *y,
+/* The value chan_sums adds up at one element: the upstream gradient (f32, or bf16 when gbf; zero
+ * where the fused ReLU's output y is not positive), or without one the shifted input x - m (the
+ * forward's moments). */
+static inline __attribute__((always_inline)) float sum_value(float x, float m, const void *g, const void *y,
                                                              int64_t e, const bool has_g, const bool has_y,
-                                                             const bool bf) {
+                                                             const bool bf, const bool gbf) {
     if (!has_g) return x - m;
-    return has_y && !(ld(y, e, bf) > 0.0f) ? 0.0f : g[e];
+    return has_y && !(ld(y, e, bf) > 0.0f) ? 0.0f : ld(g, e, gbf);
 }
 
 /* Rows [o0, o1) of C channels (channels_last) for chan_sums, specialised by the constant flags
- * (bf: x and y are bf16). */
+ * (bf: x and y are bf16; gbf: g is bf16). */
 static inline __attribute__((always_inline)) void sums_rows(const void *restrict x, const float *restrict mean,
-                                                            const float *restrict g, const void *restrict y,
+                                                            const void *restrict g, const void *restrict y,
                                                             float *restrict gr, int64_t o0, int64_t o1, int64_t C,
                                                             float *restrict f1, float *restrict f2, const bool has_g,
                                                             const bool has_y, const bool has_gr, const bool gr_fresh,
-                                                            const bool bf) {
+                                                            const bool bf, const bool gbf) {
     for (int64_t o = o0; o < o1; o++) {
         const void *restrict xr = at(x, o * C, bf);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) {
             const float xc = ld(xr, c, bf);
-            const float v = sum_value(xc, mean[c], g, y, o * C + c, has_g, has_y, bf);
+            const float v = sum_value(xc, mean[c], g, y, o * C + c, has_g, has_y, bf, gbf);
             if (has_gr) gr[o * C + c] = gr_fresh ? v : gr[o * C + c] + v;
             f1[c] += v;
             f2[c] += (xc - mean[c]) * v;
@@ -303,15 +311,15 @@ static inline __attribute__((always_inline)) void sums_rows(const void *restrict
 
 /* One (o, c) plane of I values (NCHW) for chan_sums: f[0] += Σ v, f[1] += Σ (x - m)·v. */
 static inline __attribute__((always_inline)) void sums_plane(const void *restrict x, float m,
-                                                             const float *restrict g, const void *restrict y,
+                                                             const void *restrict g, const void *restrict y,
                                                              float *restrict gr, int64_t I, float *f, const bool has_g,
                                                              const bool has_y, const bool has_gr, const bool gr_fresh,
-                                                             const bool bf) {
+                                                             const bool bf, const bool gbf) {
     float f1 = 0.0f, f2 = 0.0f;
 #pragma omp simd reduction(+ : f1, f2)
     for (int64_t i = 0; i < I; i++) {
         const float xi = ld(x, i, bf);
-        const float v = sum_value(xi, m, g, y, i, has_g, has_y, bf);
+        const float v = sum_value(xi, m, g, y, i, has_g, has_y, bf, gbf);
         if (has_gr) gr[i] = gr_fresh ? v : gr[i] + v;
         f1 += v;
         f2 += (xi - m) * v;
@@ -326,28 +334,31 @@ static inline __attribute__((always_inline)) void sums_plane(const void *restric
  *   - backward: v = gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL),
  *     m the mean; and gr = gz (gr_fresh) or gr += gz (gr given: the residual's gradient), so gz is
  *     never materialised and the residual needs no pass of its own.
- * x and y are both f32 or both bf16 (bf); m, g, gr and the arithmetic are f32.
+ * x and y are both f32 or both bf16 (bf); g is f32, or bf16 (gbf: a bf16 gradient of batch norm's
+ * bf16 output, cmi_grad_for_write_as; only with bf) read exactly; m, gr and the arithmetic are f32.
  * Float sums per plane (NCHW) or per block of 64 rows (channels-last), added up in double. */
-static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const float *g, const void *y, float *gr,
-                           bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1, double *s2, bool bf) {
+static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const void *g, const void *y, float *gr,
+                           bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1, double *s2, bool bf, bool gbf) {
     const bool par = O * C * I >= CMI_PAR_MIN;
     /* one specialised loop per case and dtype (branches in the loops would keep them scalar) */
     const int mode = !g ? 6 : (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
-#define CMI_SUMS_MODES(CALL, BF)                                                                                      \
+#define CMI_SUMS_MODES(CALL, BF, GB)                                                                                  \
     switch (mode) {                                                                                                    \
-    case 0: CALL(g, NULL, NULL, true, false, false, false, BF); break;                                                 \
-    case 1: CALL(g, y, NULL, true, true, false, false, BF); break;                                                     \
-    case 2: CALL(g, NULL, gr, true, false, true, true, BF); break;                                                     \
-    case 3: CALL(g, y, gr, true, true, true, true, BF); break;                                                         \
-    case 4: CALL(g, NULL, gr, true, false, true, false, BF); break;                                                    \
-    case 5: CALL(g, y, gr, true, true, true, false, BF); break;                                                        \
-    default: CALL(NULL, NULL, NULL, false, false, false, false, BF); break;                                            \
+    case 0: CALL(g, NULL, NULL, true, false, false, false, BF, GB); break;                                             \
+    case 1: CALL(g, y, NULL, true, true, false, false, BF, GB); break;                                                 \
+    case 2: CALL(g, NULL, gr, true, false, true, true, BF, GB); break;                                                 \
+    case 3: CALL(g, y, gr, true, true, true, true, BF, GB); break;                                                     \
+    case 4: CALL(g, NULL, gr, true, false, true, false, BF, GB); break;                                                \
+    case 5: CALL(g, y, gr, true, true, true, false, BF, GB); break;                                                    \
+    default: CALL(NULL, NULL, NULL, false, false, false, false, BF, GB); break;                                        \
     }
 #define CMI_SUMS_CASES(CALL)                                                                                          \
-    if (bf) {                                                                                                          \
-        CMI_SUMS_MODES(CALL, true)                                                                                     \
+    if (gbf) {                                                                                                         \
+        CMI_SUMS_MODES(CALL, true, true)                                                                               \
+    } else if (bf) {                                                                                                   \
+        CMI_SUMS_MODES(CALL, true, false)                                                                              \
     } else {                                                                                                           \
-        CMI_SUMS_MODES(CALL, false)                                                                                    \
+        CMI_SUMS_MODES(CALL, false, false)                                                                             \
     }
     if (I > 1) {
 #pragma omp parallel for if (par) schedule(static)
@@ -357,9 +368,9 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const flo
             for (int64_t o = 0; o < O; o++) {
                 const int64_t base = (o * C + c) * I;
                 float f[2] = {0.0f, 0.0f};
-#define CMI_PLANE(G, Y, GR, HG, HY, HR, FR, BF)                                                                        \
-    sums_plane(at(x, base, BF), mc, (G) ? g + base : NULL, (Y) ? at(y, base, BF) : NULL, (GR) ? gr + base : NULL, I, \
-               f, HG, HY, HR, FR, BF)
+#define CMI_PLANE(G, Y, GR, HG, HY, HR, FR, BF, GB)                                                                    \
+    sums_plane(at(x, base, BF), mc, (G) ? at(g, base, GB) : NULL, (Y) ? at(y, base, BF) : NULL,                        \
+               (GR) ? gr + base : NULL, I, f, HG, HY, HR, FR, BF, GB)
                 CMI_SUMS_CASES(CMI_PLANE)
 #undef CMI_PLANE
                 d1 += f[0];
@@ -385,7 +396,8 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const flo
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
-#define CMI_ROWS(G, Y, GR, HG, HY, HR, FR, BF) sums_rows(x, m, G, Y, GR, o0, o1, C, f1, f2, HG, HY, HR, FR, BF)
+#define CMI_ROWS(G, Y, GR, HG, HY, HR, FR, BF, GB)                                                                     \
+    sums_rows(x, m, G, Y, GR, o0, o1, C, f1, f2, HG, HY, HR, FR, BF, GB)
             CMI_SUMS_CASES(CMI_ROWS)
 #undef CMI_ROWS
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
@@ -405,16 +417,17 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const flo
     return CM_OK;
 }
 
-/* One row of C channels for bn_bwd_dx, specialised by the constant flags (bf: x and y are bf16). */
+/* One row of C channels for bn_bwd_dx, specialised by the constant flags (bf: x and y are bf16; gb:
+ * the output is bf16; gbf: g is bf16). */
 static inline __attribute__((always_inline)) void dx_row(void *restrict o, const void *restrict x,
-                                                         const float *restrict mean, const float *restrict g,
+                                                         const float *restrict mean, const void *restrict g,
                                                          const void *restrict y, const float *restrict P,
                                                          const float *restrict Q, const float *restrict R, int64_t C,
                                                          const bool has_y, const bool fresh, const bool bf,
-                                                         const bool gb) {
+                                                         const bool gb, const bool gbf) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
-        const float v = has_y && !(ld(y, c, bf) > 0.0f) ? 0.0f : g[c];
+        const float v = has_y && !(ld(y, c, bf) > 0.0f) ? 0.0f : ld(g, c, gbf);
         const float d = v * P[c] + (ld(x, c, bf) - mean[c]) * Q[c] + R[c];
         if (fresh) st(o, c, d, gb);
         else ((float *)o)[c] += d;
@@ -423,12 +436,13 @@ static inline __attribute__((always_inline)) void dx_row(void *restrict o, const
 
 /* One (o, c) plane of I values (NCHW) for bn_bwd_dx. */
 static inline __attribute__((always_inline)) void dx_plane(void *restrict o, const void *restrict x,
-                                                           const float *restrict g, const void *restrict y, float m,
+                                                           const void *restrict g, const void *restrict y, float m,
                                                            float p, float q, float r, int64_t I, const bool has_y,
-                                                           const bool fresh, const bool bf, const bool gb) {
+                                                           const bool fresh, const bool bf, const bool gb,
+                                                           const bool gbf) {
 #pragma omp simd
     for (int64_t i = 0; i < I; i++) {
-        const float v = has_y && !(ld(y, i, bf) > 0.0f) ? 0.0f : g[i];
+        const float v = has_y && !(ld(y, i, bf) > 0.0f) ? 0.0f : ld(g, i, gbf);
         const float d = v * p + (ld(x, i, bf) - m) * q + r;
         if (fresh) st(o, i, d, gb);
         else ((float *)o)[i] += d;
@@ -436,33 +450,41 @@ static inline __attribute__((always_inline)) void dx_plane(void *restrict o, con
 }
 
 /* gx = (fresh) or += gz·P[c] + (x - mean[c])·Q[c] + R[c], gz as in chan_sums. x and y are both f32
- * or both bf16 (bf); g and the arithmetic are f32; gx is f32, or bf16 (gb: a fresh gradient of a
- * bf16 x, cmi_grad_for_write_as) rounded to nearest even. */
-static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, const float *g, const void *y,
+ * or both bf16 (bf); g is f32, or bf16 (gbf, only with bf) read exactly; the arithmetic is f32; gx
+ * is f32, or bf16 (gb: a fresh gradient of a bf16 x, cmi_grad_for_write_as) rounded to nearest
+ * even. */
+static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, const void *g, const void *y,
                       const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I, bool bf,
-                      bool gb) {
+                      bool gb, bool gbf) {
     const bool par = O * C * I >= CMI_PAR_MIN;
-    /* one specialised loop per case and dtype */
-    const int mode = gb ? (y ? 9 : 8) : (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0);
+    /* one specialised loop per case and dtype; a bf16 g (gbf) comes with a bf16 x, and a bf16 gx
+     * (gb) is always fresh with a bf16 x */
+    const int mode = (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0) | (gb ? 8 : 0) | (gbf ? 16 : 0);
 #define CMI_DX_CASES(CALL)                                                                                            \
     switch (mode) {                                                                                                    \
-    case 0: CALL(NULL, false, false, false, false); break;                                                             \
-    case 1: CALL(y, true, false, false, false); break;                                                                 \
-    case 2: CALL(NULL, false, true, false, false); break;                                                              \
-    case 3: CALL(y, true, true, false, false); break;                                                                  \
-    case 4: CALL(NULL, false, false, true, false); break;                                                              \
-    case 5: CALL(y, true, false, true, false); break;                                                                  \
-    case 6: CALL(NULL, false, true, true, false); break;                                                               \
-    case 7: CALL(y, true, true, true, false); break;                                                                   \
-    case 8: CALL(NULL, false, true, true, true); break;                                                                \
-    default: CALL(y, true, true, true, true); break;                                                                   \
+    case 0: CALL(NULL, false, false, false, false, false); break;                                                      \
+    case 1: CALL(y, true, false, false, false, false); break;                                                          \
+    case 2: CALL(NULL, false, true, false, false, false); break;                                                       \
+    case 3: CALL(y, true, true, false, false, false); break;                                                           \
+    case 4: CALL(NULL, false, false, true, false, false); break;                                                       \
+    case 5: CALL(y, true, false, true, false, false); break;                                                           \
+    case 6: CALL(NULL, false, true, true, false, false); break;                                                        \
+    case 7: CALL(y, true, true, true, false, false); break;                                                            \
+    case 14: CALL(NULL, false, true, true, true, false); break;                                                        \
+    case 15: CALL(y, true, true, true, true, false); break;                                                            \
+    case 20: CALL(NULL, false, false, true, false, true); break;                                                       \
+    case 21: CALL(y, true, false, true, false, true); break;                                                           \
+    case 22: CALL(NULL, false, true, true, false, true); break;                                                        \
+    case 23: CALL(y, true, true, true, false, true); break;                                                            \
+    case 30: CALL(NULL, false, true, true, true, true); break;                                                         \
+    default: CALL(y, true, true, true, true, true); break;                                                             \
     }
     if (I == 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o = 0; o < O; o++) {
-#define CMI_ROW(Y, HY, FR, BF, GB)                                                                                     \
-    dx_row((void *)at(gx, o * C, GB), at(x, o * C, BF), mean, g + o * C, (Y) ? at(y, o * C, BF) : NULL, P, Q, R, C,    \
-           HY, FR, BF, GB)
+#define CMI_ROW(Y, HY, FR, BF, GB, GBF)                                                                                \
+    dx_row((void *)at(gx, o * C, GB), at(x, o * C, BF), mean, at(g, o * C, GBF), (Y) ? at(y, o * C, BF) : NULL, P, Q, \
+           R, C, HY, FR, BF, GB, GBF)
             CMI_DX_CASES(CMI_ROW)
 #undef CMI_ROW
         }
@@ -472,11 +494,10 @@ static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, co
     for (int64_t o = 0; o < O; o++)
         for (int64_t c = 0; c < C; c++) {
             const int64_t base = (o * C + c) * I;
-            const float *restrict gg = g + base;
             const float m = mean[c], p = P[c], q = Q[c], r = R[c];
-#define CMI_PLANE(Y, HY, FR, BF, GB)                                                                                   \
-    dx_plane((void *)at(gx, base, GB), at(x, base, BF), gg, (Y) ? at(y, base, BF) : NULL, m, p, q, r, I, HY, FR, BF,    \
-             GB)
+#define CMI_PLANE(Y, HY, FR, BF, GB, GBF)                                                                              \
+    dx_plane((void *)at(gx, base, GB), at(x, base, BF), at(g, base, GBF), (Y) ? at(y, base, BF) : NULL, m, p, q, r, I, \
+             HY, FR, BF, GB, GBF)
             CMI_DX_CASES(CMI_PLANE)
 #undef CMI_PLANE
         }
@@ -527,12 +548,16 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     double *sg = cmi_scratch(tp, sizeof(double) * (size_t)(2 * C + 1)), *sgx = sg + C; // Σ g, Σ g·(x - mean): (C)
     float *coef = cmi_scratch(tp, sizeof(float) * (size_t)(3 * C + 1));                // P, Q, R: (C) each
     if (!sg || !coef) return cmi_status(tp);
-    /* x and the output y are f32 or bf16 alike; gout and the gradients are f32 (gx maybe bf16) */
-    const bool bf = x->dtype == CM_DTYPE_BF16;
-    const void *xv = x->data;
-    const float *gv = cmi_f32(gout);
+    /* x and the output y are f32 or bf16 alike; the gradients are f32 (gx maybe bf16), gout f32 or,
+     * for a bf16 y written by a consumer that takes it (a bf16 convolution: n->bf16_gout,
+     * cmi_grad_for_write_as), bf16: widened exactly as it is read, the arithmetic stays f32 */
+    const bool bf = x->dtype == CM_DTYPE_BF16, gbf = gout->dtype == CM_DTYPE_BF16;
+    if (gbf && !bf)
+        return cmi_fail(tp, CM_ERR_INTERNAL, "%s backward: bf16 upstream gradient for an f32 output %s", n->op,
+                        cmi_shape(x));
+    const void *xv = x->data, *gv = gout->data;
     const void *y = n->i[2] ? n->out->data : NULL; /* fused ReLU: the gradient passes where y > 0 */
-    if (chan_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf))
+    if (chan_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf, gbf))
         return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
     for (int64_t c = 0; c < C; c++) {
@@ -545,7 +570,8 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         Q[c] = training ? (float)(-(double)P[c] * rs * sum_gxhat / M) : 0.0f;
         R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
     }
-    if (gx) bn_bwd_dx(gx->data, gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I, bf, gx->dtype == CM_DTYPE_BF16);
+    if (gx)
+        bn_bwd_dx(gx->data, gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I, bf, gx->dtype == CM_DTYPE_BF16, gbf);
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }
@@ -630,7 +656,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
         for (int64_t c = 0; c < C; c++) mean[c] = ld(xv, c * I, bf);
-        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, false, O, C, I, s1, s2, bf)) return NULL;
+        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, false, O, C, I, s1, s2, bf, false)) return NULL;
         for (int64_t c = 0; c < C; c++) {
             const double var_shift = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased
             mean[c] = (float)((double)mean[c] + s1[c] / (double)M);
@@ -668,6 +694,9 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         n->i[0] = o.training;
         n->i[1] = o.channels_last;
         n->i[2] = relu;
+        /* a bf16 output's gradient may come in bf16 (a bf16 convolution consuming it writes its dx
+         * in bf16, cmi_grad_for_write_as): it is read as it is */
+        n->bf16_gout = bf;
     }
     return out;
 }

@@ -29,8 +29,9 @@
  *
  * Gradients are f32, contiguous, with the tensor's shape; a backward function *adds* into them
  * (cmi_grad zero-initialises on first use). The one exception, private to the tensor layer: a
- * bf16 gradient written by cmi_grad_for_write_as for a producer that takes it (n->bf16_gout). Backward functions run after every node recorded
- * later on the tape, so n->out's gradient is complete when it runs.
+ * bf16 gradient written by cmi_grad_for_write_as for a producer that takes it (n->bf16_gout).
+ * Backward functions run after every node recorded later on the tape, so n->out's gradient is
+ * complete when it runs.
  */
 #ifndef CM_TENSOR_IMPL_H
 #define CM_TENSOR_IMPL_H
@@ -165,9 +166,10 @@ cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t);
 cm_tensor *cmi_grad_for_write(cm_tape *tp, cm_tensor *t, bool *fresh);
 /* As cmi_grad_for_write, but a gradient created now has dtype dt (CM_DTYPE_BF16) when t is bf16 and
  * was produced by a node whose backward takes a bf16 upstream gradient (n->bf16_gout: a bf16
- * convolution, which rounds its upstream gradient to bf16 anyway), so the producer's rounding
- * pass disappears into the consumer's write — PyTorch's autocast keeps such gradients in bf16
- * too. Otherwise (and with retain_grads) exactly cmi_grad_for_write: the caller checks the
+ * convolution, which rounds its upstream gradient to bf16 anyway, so the producer's rounding pass
+ * disappears into the consumer's write; batch norm with a bf16 output, which reads it widened,
+ * so the gradient crosses memory in half the bytes) — PyTorch's autocast keeps such gradients in
+ * bf16 too. Callers: batch norm for its bf16 x, bf16 convolutions for their bf16 x. Otherwise (and with retain_grads) exactly cmi_grad_for_write: the caller checks the
  * returned dtype. Any later cmi_grad / cmi_accum of t, and a backward without bf16_gout reaching
  * it, first turns a bf16 gradient into an f32 one (promotes it), so other consumers still see
  * f32. */
