@@ -273,16 +273,17 @@ typedef struct {
  * backward-data (flip true: co is w's input channel, ci its output channel, taps mirrored). w is
  * (Cout, Cin, 3, 3), f32 (rounded to nearest even) or bf16. */
 static void pack_weights(const cmi_conv_geom *g, cm_dtype ws, const void *w, bool flip, uint16_t *WP) {
-    const int64_t CI = flip ? g->Cout : g->Cin, CO = flip ? g->Cin : g->Cout;
-#pragma omp parallel for collapse(2) if (CI * CO >= 1024) schedule(static)
-    for (int64_t kk = 0; kk < 9; kk++)
-        for (int64_t ci = 0; ci < CI; ci++)
-            for (int64_t co = 0; co < CO; co++) {
-                const int64_t kh = kk / 3, kw = kk % 3;
-                const int64_t src = flip ? ((ci * CO + co) * 3 + (2 - kh)) * 3 + (2 - kw) : ((co * CI + ci) * 3 + kh) * 3 + kw;
-                const uint16_t v = ws == CM_DTYPE_BF16 ? ((const uint16_t *)w)[src] : cmi_f32_to_bf16(((const float *)w)[src]);
-                WP[((((kh * (CI / 2) + ci / 2) * (CO / 16) + co / 16) * 3 + kw) * 16 + co % 16) * 2 + ci % 2] = v;
-            }
+    const int64_t CI = flip ? g->Cout : g->Cin, CO = flip ? g->Cin : g->Cout, K = g->Cin * 9;
+    /* in w's order (contiguous reads, scattered writes into the small WP): entry (a, b, r, s) of
+     * w (Cout, Cin, 3, 3) is (co a, ci b, kh r, kw s) forward, (ci a, co b, kh 2-r, kw 2-s) flipped */
+#pragma omp parallel for if (CI * CO >= 1024) schedule(static)
+    for (int64_t a = 0; a < g->Cout; a++)
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t b = k / 9, r = k / 3 % 3, sk = k % 3, src = a * K + k;
+            const uint16_t v = ws == CM_DTYPE_BF16 ? ((const uint16_t *)w)[src] : cmi_f32_to_bf16(((const float *)w)[src]);
+            const int64_t co = flip ? b : a, ci = flip ? a : b, kh = flip ? 2 - r : r, kw = flip ? 2 - sk : sk;
+            WP[((((kh * (CI / 2) + ci / 2) * (CO / 16) + co / 16) * 3 + kw) * 16 + co % 16) * 2 + ci % 2] = v;
+        }
 }
 
 /* One tile: PX output pixels [ow0, ow0 + PX) of row (n, oh) × OCB blocks of 16 output channels
