@@ -58,6 +58,7 @@ static void row_stats(const float *x, int64_t rows, int64_t L, float eps, float 
 typedef struct {
     float *mean;
     float *rstd;
+    float *affine; /* batch norm: the forward's Q then R, (C) each (chan_affine's coefficients) */
 } stats_ctx;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -278,13 +279,22 @@ static void chan_affine(void *out, const void *x, const float *S, const float *Q
 #undef CMI_AFFINE_CASES
 }
 
+/* Whether the fused ReLU let x through in the forward: its input (x - S)·Q + R, computed as
+ * chan_affine computed it (S the mean, Q and R the forward's coefficients), is positive — so the
+ * backward of batch norm without a residual need not read the output for its mask. */
+static inline __attribute__((always_inline)) bool relu_passes(float x, float s, float q, float r) {
+    return (x - s) * q + r > 0.0f;
+}
+
 /* The value chan_sums adds up at one element: the upstream gradient (f32, or bf16 when gbf; zero
- * where the fused ReLU's output y is not positive), or without one the shifted input x - m (the
- * forward's moments). */
+ * where the fused ReLU did not pass: its output y is not positive, or with has_z its recomputed
+ * input (x - m)·q + r is not), or without one the shifted input x - m (the forward's moments). */
 static inline __attribute__((always_inline)) float sum_value(float x, float m, const void *g, const void *y,
-                                                             int64_t e, const bool has_g, const bool has_y,
-                                                             const bool bf, const bool gbf) {
+                                                             float q, float r, int64_t e, const bool has_g,
+                                                             const bool has_y, const bool has_z, const bool bf,
+                                                             const bool gbf) {
     if (!has_g) return x - m;
+    if (has_z) return relu_passes(x, m, q, r) ? ld(g, e, gbf) : 0.0f;
     return has_y && !(ld(y, e, bf) > 0.0f) ? 0.0f : ld(g, e, gbf);
 }
 
@@ -292,16 +302,18 @@ static inline __attribute__((always_inline)) float sum_value(float x, float m, c
  * (bf: x and y are bf16; gbf: g is bf16). */
 static inline __attribute__((always_inline)) void sums_rows(const void *restrict x, const float *restrict mean,
                                                             const void *restrict g, const void *restrict y,
-                                                            float *restrict gr, int64_t o0, int64_t o1, int64_t C,
-                                                            float *restrict f1, float *restrict f2, const bool has_g,
-                                                            const bool has_y, const bool has_gr, const bool gr_fresh,
+                                                            const float *restrict zq, float *restrict gr, int64_t o0,
+                                                            int64_t o1, int64_t C, float *restrict f1,
+                                                            float *restrict f2, const bool has_g, const bool has_y,
+                                                            const bool has_z, const bool has_gr, const bool gr_fresh,
                                                             const bool bf, const bool gbf) {
     for (int64_t o = o0; o < o1; o++) {
         const void *restrict xr = at(x, o * C, bf);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) {
             const float xc = ld(xr, c, bf);
-            const float v = sum_value(xc, mean[c], g, y, o * C + c, has_g, has_y, bf, gbf);
+            const float v = sum_value(xc, mean[c], g, y, has_z ? zq[c] : 0.0f, has_z ? zq[C + c] : 0.0f, o * C + c,
+                                      has_g, has_y, has_z, bf, gbf);
             if (has_gr) gr[o * C + c] = gr_fresh ? v : gr[o * C + c] + v;
             f1[c] += v;
             f2[c] += (xc - mean[c]) * v;
@@ -311,15 +323,16 @@ static inline __attribute__((always_inline)) void sums_rows(const void *restrict
 
 /* One (o, c) plane of I values (NCHW) for chan_sums: f[0] += Σ v, f[1] += Σ (x - m)·v. */
 static inline __attribute__((always_inline)) void sums_plane(const void *restrict x, float m,
-                                                             const void *restrict g, const void *restrict y,
-                                                             float *restrict gr, int64_t I, float *f, const bool has_g,
-                                                             const bool has_y, const bool has_gr, const bool gr_fresh,
-                                                             const bool bf, const bool gbf) {
+                                                             const void *restrict g, const void *restrict y, float q,
+                                                             float r, float *restrict gr, int64_t I, float *f,
+                                                             const bool has_g, const bool has_y, const bool has_z,
+                                                             const bool has_gr, const bool gr_fresh, const bool bf,
+                                                             const bool gbf) {
     float f1 = 0.0f, f2 = 0.0f;
 #pragma omp simd reduction(+ : f1, f2)
     for (int64_t i = 0; i < I; i++) {
         const float xi = ld(x, i, bf);
-        const float v = sum_value(xi, m, g, y, i, has_g, has_y, bf, gbf);
+        const float v = sum_value(xi, m, g, y, q, r, i, has_g, has_y, has_z, bf, gbf);
         if (has_gr) gr[i] = gr_fresh ? v : gr[i] + v;
         f1 += v;
         f2 += (xi - m) * v;
@@ -331,26 +344,29 @@ static inline __attribute__((always_inline)) void sums_plane(const void *restric
 /* Batch norm's per-channel sums over the (O, C, I) layout, one pass: s1[c] = Σ v and
  * s2[c] = Σ (x - m[c])·v, where
  *   - forward (g NULL): v = x - m, m a shift near the mean: the shifted moments;
- *   - backward: v = gz = g where y > 0 (y given: the fused ReLU's output) else 0, or g (y NULL),
- *     m the mean; and gr = gz (gr_fresh) or gr += gz (gr given: the residual's gradient), so gz is
+ *   - backward: v = gz = g where y > 0 (y given: the fused ReLU's output) else 0, or where
+ *     (x - m)·Q + R > 0 (zq given instead: the forward's Q and R, (C) each, when there was no
+ *     residual: relu_passes) else 0, or g (neither), m the mean; and gr = gz (gr_fresh) or gr += gz (gr given: the residual's gradient), so gz is
  *     never materialised and the residual needs no pass of its own.
  * x and y are both f32 or both bf16 (bf); g is f32, or bf16 (gbf: a bf16 gradient of batch norm's
  * bf16 output, cmi_grad_for_write_as; only with bf) read exactly; m, gr and the arithmetic are f32.
  * Float sums per plane (NCHW) or per block of 64 rows (channels-last), added up in double. */
-static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const void *g, const void *y, float *gr,
-                           bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1, double *s2, bool bf, bool gbf) {
+static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const void *g, const void *y,
+                           const float *zq, float *gr, bool gr_fresh, int64_t O, int64_t C, int64_t I, double *s1,
+                           double *s2, bool bf, bool gbf) {
     const bool par = O * C * I >= CMI_PAR_MIN;
     /* one specialised loop per case and dtype (branches in the loops would keep them scalar) */
-    const int mode = !g ? 6 : (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
+    const int mode = !g ? 6 : zq && !gr ? 7 : (y ? 1 : 0) | (gr ? (gr_fresh ? 2 : 4) : 0);
 #define CMI_SUMS_MODES(CALL, BF, GB)                                                                                  \
     switch (mode) {                                                                                                    \
-    case 0: CALL(g, NULL, NULL, true, false, false, false, BF, GB); break;                                             \
-    case 1: CALL(g, y, NULL, true, true, false, false, BF, GB); break;                                                 \
-    case 2: CALL(g, NULL, gr, true, false, true, true, BF, GB); break;                                                 \
-    case 3: CALL(g, y, gr, true, true, true, true, BF, GB); break;                                                     \
-    case 4: CALL(g, NULL, gr, true, false, true, false, BF, GB); break;                                                \
-    case 5: CALL(g, y, gr, true, true, true, false, BF, GB); break;                                                    \
-    default: CALL(NULL, NULL, NULL, false, false, false, false, BF, GB); break;                                        \
+    case 0: CALL(g, NULL, NULL, true, false, false, false, false, BF, GB); break;                                      \
+    case 1: CALL(g, y, NULL, true, true, false, false, false, BF, GB); break;                                          \
+    case 2: CALL(g, NULL, gr, true, false, false, true, true, BF, GB); break;                                          \
+    case 3: CALL(g, y, gr, true, true, false, true, true, BF, GB); break;                                              \
+    case 4: CALL(g, NULL, gr, true, false, false, true, false, BF, GB); break;                                         \
+    case 5: CALL(g, y, gr, true, true, false, true, false, BF, GB); break;                                             \
+    case 7: CALL(g, NULL, NULL, true, false, true, false, false, BF, GB); break;                                       \
+    default: CALL(NULL, NULL, NULL, false, false, false, false, false, BF, GB); break;                                 \
     }
 #define CMI_SUMS_CASES(CALL)                                                                                          \
     if (gbf) {                                                                                                         \
@@ -368,9 +384,9 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const voi
             for (int64_t o = 0; o < O; o++) {
                 const int64_t base = (o * C + c) * I;
                 float f[2] = {0.0f, 0.0f};
-#define CMI_PLANE(G, Y, GR, HG, HY, HR, FR, BF, GB)                                                                    \
-    sums_plane(at(x, base, BF), mc, (G) ? at(g, base, GB) : NULL, (Y) ? at(y, base, BF) : NULL,                        \
-               (GR) ? gr + base : NULL, I, f, HG, HY, HR, FR, BF, GB)
+#define CMI_PLANE(G, Y, GR, HG, HY, HZ, HR, FR, BF, GB)                                                                \
+    sums_plane(at(x, base, BF), mc, (G) ? at(g, base, GB) : NULL, (Y) ? at(y, base, BF) : NULL, (HZ) ? zq[c] : 0.0f,   \
+               (HZ) ? zq[C + c] : 0.0f, (GR) ? gr + base : NULL, I, f, HG, HY, HZ, HR, FR, BF, GB)
                 CMI_SUMS_CASES(CMI_PLANE)
 #undef CMI_PLANE
                 d1 += f[0];
@@ -396,8 +412,8 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const voi
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
-#define CMI_ROWS(G, Y, GR, HG, HY, HR, FR, BF, GB)                                                                     \
-    sums_rows(x, m, G, Y, GR, o0, o1, C, f1, f2, HG, HY, HR, FR, BF, GB)
+#define CMI_ROWS(G, Y, GR, HG, HY, HZ, HR, FR, BF, GB)                                                                 \
+    sums_rows(x, m, G, Y, zq, GR, o0, o1, C, f1, f2, HG, HY, HZ, HR, FR, BF, GB)
             CMI_SUMS_CASES(CMI_ROWS)
 #undef CMI_ROWS
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
@@ -421,13 +437,16 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const voi
  * the output is bf16; gbf: g is bf16). */
 static inline __attribute__((always_inline)) void dx_row(void *restrict o, const void *restrict x,
                                                          const float *restrict mean, const void *restrict g,
-                                                         const void *restrict y, const float *restrict P,
-                                                         const float *restrict Q, const float *restrict R, int64_t C,
-                                                         const bool has_y, const bool fresh, const bool bf,
+                                                         const void *restrict y, const float *restrict zq,
+                                                         const float *restrict P, const float *restrict Q,
+                                                         const float *restrict R, int64_t C, const bool has_y,
+                                                         const bool has_z, const bool fresh, const bool bf,
                                                          const bool gb, const bool gbf) {
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) {
-        const float v = has_y && !(ld(y, c, bf) > 0.0f) ? 0.0f : ld(g, c, gbf);
+        const float v = has_z   ? (relu_passes(ld(x, c, bf), mean[c], zq[c], zq[C + c]) ? ld(g, c, gbf) : 0.0f)
+                        : has_y ? (ld(y, c, bf) > 0.0f ? ld(g, c, gbf) : 0.0f)
+                                : ld(g, c, gbf);
         const float d = v * P[c] + (ld(x, c, bf) - mean[c]) * Q[c] + R[c];
         if (fresh) st(o, c, d, gb);
         else ((float *)o)[c] += d;
@@ -437,12 +456,14 @@ static inline __attribute__((always_inline)) void dx_row(void *restrict o, const
 /* One (o, c) plane of I values (NCHW) for bn_bwd_dx. */
 static inline __attribute__((always_inline)) void dx_plane(void *restrict o, const void *restrict x,
                                                            const void *restrict g, const void *restrict y, float m,
-                                                           float p, float q, float r, int64_t I, const bool has_y,
-                                                           const bool fresh, const bool bf, const bool gb,
-                                                           const bool gbf) {
+                                                           float zq_q, float zq_r, float p, float q, float r, int64_t I,
+                                                           const bool has_y, const bool has_z, const bool fresh,
+                                                           const bool bf, const bool gb, const bool gbf) {
 #pragma omp simd
     for (int64_t i = 0; i < I; i++) {
-        const float v = has_y && !(ld(y, i, bf) > 0.0f) ? 0.0f : ld(g, i, gbf);
+        const float v = has_z   ? (relu_passes(ld(x, i, bf), m, zq_q, zq_r) ? ld(g, i, gbf) : 0.0f)
+                        : has_y ? (ld(y, i, bf) > 0.0f ? ld(g, i, gbf) : 0.0f)
+                                : ld(g, i, gbf);
         const float d = v * p + (ld(x, i, bf) - m) * q + r;
         if (fresh) st(o, i, d, gb);
         else ((float *)o)[i] += d;
@@ -454,37 +475,45 @@ static inline __attribute__((always_inline)) void dx_plane(void *restrict o, con
  * is f32, or bf16 (gb: a fresh gradient of a bf16 x, cmi_grad_for_write_as) rounded to nearest
  * even. */
 static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, const void *g, const void *y,
-                      const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I, bool bf,
-                      bool gb, bool gbf) {
+                      const float *zq, const float *P, const float *Q, const float *R, int64_t O, int64_t C, int64_t I,
+                      bool bf, bool gb, bool gbf) {
     const bool par = O * C * I >= CMI_PAR_MIN;
     /* one specialised loop per case and dtype; a bf16 g (gbf) comes with a bf16 x, and a bf16 gx
-     * (gb) is always fresh with a bf16 x */
-    const int mode = (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0) | (gb ? 8 : 0) | (gbf ? 16 : 0);
+     * (gb) is always fresh with a bf16 x; zq (the ReLU mask recomputed) comes without y */
+    const int mode = (y ? 1 : 0) | (fresh ? 2 : 0) | (bf ? 4 : 0) | (gb ? 8 : 0) | (gbf ? 16 : 0) | (zq ? 32 : 0);
 #define CMI_DX_CASES(CALL)                                                                                            \
     switch (mode) {                                                                                                    \
-    case 0: CALL(NULL, false, false, false, false, false); break;                                                      \
-    case 1: CALL(y, true, false, false, false, false); break;                                                          \
-    case 2: CALL(NULL, false, true, false, false, false); break;                                                       \
-    case 3: CALL(y, true, true, false, false, false); break;                                                           \
-    case 4: CALL(NULL, false, false, true, false, false); break;                                                       \
-    case 5: CALL(y, true, false, true, false, false); break;                                                           \
-    case 6: CALL(NULL, false, true, true, false, false); break;                                                        \
-    case 7: CALL(y, true, true, true, false, false); break;                                                            \
-    case 14: CALL(NULL, false, true, true, true, false); break;                                                        \
-    case 15: CALL(y, true, true, true, true, false); break;                                                            \
-    case 20: CALL(NULL, false, false, true, false, true); break;                                                       \
-    case 21: CALL(y, true, false, true, false, true); break;                                                           \
-    case 22: CALL(NULL, false, true, true, false, true); break;                                                        \
-    case 23: CALL(y, true, true, true, false, true); break;                                                            \
-    case 30: CALL(NULL, false, true, true, true, true); break;                                                         \
-    default: CALL(y, true, true, true, true, true); break;                                                             \
+    case 0: CALL(NULL, false, false, false, false, false, false); break;                                               \
+    case 1: CALL(y, true, false, false, false, false, false); break;                                                   \
+    case 2: CALL(NULL, false, false, true, false, false, false); break;                                                \
+    case 3: CALL(y, true, false, true, false, false, false); break;                                                    \
+    case 4: CALL(NULL, false, false, false, true, false, false); break;                                                \
+    case 5: CALL(y, true, false, false, true, false, false); break;                                                    \
+    case 6: CALL(NULL, false, false, true, true, false, false); break;                                                 \
+    case 7: CALL(y, true, false, true, true, false, false); break;                                                     \
+    case 14: CALL(NULL, false, false, true, true, true, false); break;                                                 \
+    case 15: CALL(y, true, false, true, true, true, false); break;                                                     \
+    case 20: CALL(NULL, false, false, false, true, false, true); break;                                                \
+    case 21: CALL(y, true, false, false, true, false, true); break;                                                    \
+    case 22: CALL(NULL, false, false, true, true, false, true); break;                                                 \
+    case 23: CALL(y, true, false, true, true, false, true); break;                                                     \
+    case 30: CALL(NULL, false, false, true, true, true, true); break;                                                  \
+    case 31: CALL(y, true, false, true, true, true, true); break;                                                      \
+    case 32: CALL(NULL, false, true, false, false, false, false); break;                                               \
+    case 34: CALL(NULL, false, true, true, false, false, false); break;                                                \
+    case 36: CALL(NULL, false, true, false, true, false, false); break;                                                \
+    case 38: CALL(NULL, false, true, true, true, false, false); break;                                                 \
+    case 46: CALL(NULL, false, true, true, true, true, false); break;                                                  \
+    case 52: CALL(NULL, false, true, false, true, false, true); break;                                                 \
+    case 54: CALL(NULL, false, true, true, true, false, true); break;                                                  \
+    default: CALL(NULL, false, true, true, true, true, true); break; /* 62 */                                          \
     }
     if (I == 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o = 0; o < O; o++) {
-#define CMI_ROW(Y, HY, FR, BF, GB, GBF)                                                                                \
-    dx_row((void *)at(gx, o * C, GB), at(x, o * C, BF), mean, at(g, o * C, GBF), (Y) ? at(y, o * C, BF) : NULL, P, Q, \
-           R, C, HY, FR, BF, GB, GBF)
+#define CMI_ROW(Y, HY, HZ, FR, BF, GB, GBF)                                                                            \
+    dx_row((void *)at(gx, o * C, GB), at(x, o * C, BF), mean, at(g, o * C, GBF), (Y) ? at(y, o * C, BF) : NULL, zq, P, \
+           Q, R, C, HY, HZ, FR, BF, GB, GBF)
             CMI_DX_CASES(CMI_ROW)
 #undef CMI_ROW
         }
@@ -495,9 +524,10 @@ static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, co
         for (int64_t c = 0; c < C; c++) {
             const int64_t base = (o * C + c) * I;
             const float m = mean[c], p = P[c], q = Q[c], r = R[c];
-#define CMI_PLANE(Y, HY, FR, BF, GB, GBF)                                                                              \
-    dx_plane((void *)at(gx, base, GB), at(x, base, BF), at(g, base, GBF), (Y) ? at(y, base, BF) : NULL, m, p, q, r, I, \
-             HY, FR, BF, GB, GBF)
+            const float zq_q = zq ? zq[c] : 0.0f, zq_r = zq ? zq[C + c] : 0.0f;
+#define CMI_PLANE(Y, HY, HZ, FR, BF, GB, GBF)                                                                          \
+    dx_plane((void *)at(gx, base, GB), at(x, base, BF), at(g, base, GBF), (Y) ? at(y, base, BF) : NULL, m, zq_q, zq_r, \
+             p, q, r, I, HY, HZ, FR, BF, GB, GBF)
             CMI_DX_CASES(CMI_PLANE)
 #undef CMI_PLANE
         }
@@ -556,8 +586,11 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         return cmi_fail(tp, CM_ERR_INTERNAL, "%s backward: bf16 upstream gradient for an f32 output %s", n->op,
                         cmi_shape(x));
     const void *xv = x->data, *gv = gout->data;
-    const void *y = n->i[2] ? n->out->data : NULL; /* fused ReLU: the gradient passes where y > 0 */
-    if (chan_sums(tp, xv, s->mean, gv, y, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf, gbf))
+    /* fused ReLU: the gradient passes where its input was positive — recomputed from x and the
+     * forward's coefficients without a residual (no read of the output), else where y > 0 */
+    const float *zq = n->i[2] && !res ? s->affine : NULL;
+    const void *y = n->i[2] && res ? n->out->data : NULL;
+    if (chan_sums(tp, xv, s->mean, gv, y, zq, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf, gbf))
         return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
     for (int64_t c = 0; c < C; c++) {
@@ -571,7 +604,7 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
         R[c] = training ? (float)(-(double)P[c] * sg[c] / M) : 0.0f;
     }
     if (gx)
-        bn_bwd_dx(gx->data, gx_fresh, xv, s->mean, gv, y, P, Q, R, O, C, I, bf, gx->dtype == CM_DTYPE_BF16, gbf);
+        bn_bwd_dx(gx->data, gx_fresh, xv, s->mean, gv, y, zq, P, Q, R, O, C, I, bf, gx->dtype == CM_DTYPE_BF16, gbf);
     cm_arena_rewind(tp->arena, mark);
     return cmi_status(tp);
 }
@@ -656,7 +689,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
         for (int64_t c = 0; c < C; c++) mean[c] = ld(xv, c * I, bf);
-        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, false, O, C, I, s1, s2, bf, false)) return NULL;
+        if (chan_sums(tp, xv, mean, NULL, NULL, NULL, NULL, false, O, C, I, s1, s2, bf, false)) return NULL;
         for (int64_t c = 0; c < C; c++) {
             const double var_shift = (s2[c] - s1[c] * s1[c] / (double)M) / (double)M; // biased
             mean[c] = (float)((double)mean[c] + s1[c] / (double)M);
@@ -691,6 +724,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         stats_ctx *s = n->ctx;
         s->mean = mean;
         s->rstd = rstd;
+        s->affine = Q; /* Q then R */
         n->i[0] = o.training;
         n->i[1] = o.channels_last;
         n->i[2] = relu;
