@@ -395,26 +395,12 @@ __attribute__((target("avx512f,avx512bf16"))) static float dpbf16_loop(int64_t i
 }
 #endif
 
+static double bf16_peak(int threads) {
 #if defined(__x86_64__)
-/* The f32 FMA counterpart (16 lanes x 2 FLOPs per vfmadd on zmm), for the FMA peak re-measured
- * here: cm_peak_flops measures once per process and keeps that value. */
-__attribute__((target("avx512f"))) static float fma_loop(int64_t iters, float seed) {
-    enum { NA = 12 };
-    __m512 acc[NA];
-    const __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-7f);
-    for (int k = 0; k < NA; k++) acc[k] = _mm512_set1_ps(seed + (float)k);
-    for (int64_t i = 0; i < iters; i++)
-        for (int k = 0; k < NA; k++) acc[k] = _mm512_fmadd_ps(acc[k], a, b);
-    __m512 t = acc[0];
-    for (int k = 1; k < NA; k++) t = _mm512_add_ps(t, acc[k]);
-    return _mm512_reduce_add_ps(t);
-}
-
-/* All threads running fn (12 independent accumulators, flops_per_iter FLOPs an iteration), best
- * of 24 rounds per thread, summed. */
-static double loop_peak(int threads, float (*fn)(int64_t, float), double flops_per_iter) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
     const int64_t iters = 200000;
-    const double flops = flops_per_iter * (double)iters;
+    const double flops = 64.0 * 12 * (double)iters;
     double total = 0;
     volatile float sink = 0;
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
@@ -423,7 +409,7 @@ static double loop_peak(int threads, float (*fn)(int64_t, float), double flops_p
         for (int round = 0; round < 24; round++) {
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
-            float v = fn(iters, 1.0f + (float)t);
+            float v = dpbf16_loop(iters, 1.0f + (float)t);
             clock_gettime(CLOCK_MONOTONIC, &t1);
             sink += v;
             const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
@@ -433,32 +419,17 @@ static double loop_peak(int threads, float (*fn)(int64_t, float), double flops_p
     }
     (void)sink;
     return total;
-}
-#endif
-
-static double bf16_peak(int threads) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512bf16")) return 0;
-    return loop_peak(threads, dpbf16_loop, 64.0 * 12);
 #else
     (void)threads;
     return 0;
 #endif
 }
 
-/* The f32 FMA peak now: measured again where the CPU has AVX-512 (the widest FMA there, as
- * cm_peak_flops measures it), else cm_peak_flops' one measurement. */
-static double f32_peak(int threads) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return loop_peak(threads, fma_loop, 32.0 * 12);
-#endif
-    (void)threads;
+/* The f32 FMA peak now (cm_peak_flops keeps its first measurement for the process). */
+static double f32_peak(void) {
     double pk = 0;
-    return cm_peak_flops(&pk) == CM_OK ? pk : 0;
+    return cm_peak_flops_measure(&pk) == CM_OK ? pk : 0;
 }
-
 static const char *isa(void) {
 #if defined(__AVX512F__)
     return "AVX-512";
@@ -531,7 +502,7 @@ int main(int argc, char **argv) {
     double peak = 0;
     CHECK(cm_set_num_threads(threads));
     CHECK(cm_peak_flops(&peak));
-    const double pk0 = f32_peak(threads);
+    const double pk0 = f32_peak();
     if (pk0 > peak) peak = pk0;
 
     char cpu[256];
@@ -612,7 +583,7 @@ int main(int argc, char **argv) {
              * cores sometimes share a physical one for minutes, and a peak read then (half the
              * real one) put MFU above 100 %. */
             double pk_now = 0;
-            if ((pk_now = f32_peak(threads)) > peak) peak = pk_now;
+            if ((pk_now = f32_peak()) > peak) peak = pk_now;
             if (peak16 > 0 && (pk_now = bf16_peak(threads)) > peak16) peak16 = pk_now;
             double mo = median(ours, no), mt = median(theirs, nt), fpi = flops_per_item(w);
             /* amp_bf16 against the bf16 peak where the CPU has bf16 dot products (the GEMMs run there) */

@@ -208,6 +208,20 @@ Test(peak_flops, measured_peak_is_positive_and_cached) {
     cr_expect_eq(a, b);
 }
 
+/* cm_peak_flops_measure measures on every call: positive, ignoring CM_PEAK_FLOPS, and the value
+ * cm_peak_flops cached is not what it returns (two ~50 ms timings agreeing to the last bit would
+ * mean a cached value) */
+Test(peak_flops, measure_takes_a_new_measurement_every_call) {
+    setenv("CM_PEAK_FLOPS", "2.5e9", 1);
+    double a = 0, b = 0, c = 0;
+    cr_assert_eq(cm_peak_flops_measure(&a), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_peak_flops_measure(&b), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_peak_flops_measure(&c), CM_OK, "%s", cm_last_error());
+    cr_expect(a > 1e6 && a != 2.5e9, "measured %g FLOP/s, not the environment's", a);
+    cr_expect(a != b || b != c, "three measurements all %g: not measured again", a);
+    cr_expect_eq(cm_peak_flops_measure(NULL), CM_ERR_INVALID_ARG);
+}
+
 Test(lr_monitor, logs_each_batch_lr_following_the_scheduler) {
     cm_callback_plugin cb;
     cr_assert_eq(cm_lr_monitor_new(&cb), CM_OK);

@@ -129,6 +129,11 @@ cm_status cm_speed_monitor_new(const cm_speed_monitor_config *cfg, cm_callback_p
  * MFU above 1. Errors: CM_ERR_INVALID_ARG (CM_PEAK_FLOPS set but not a positive number). Thread-safe. */
 cm_status cm_peak_flops(double *out);
 
+/* The same FMA measurement taken now, every call (not cached; CM_PEAK_FLOPS not consulted): for a
+ * benchmark that re-measures between runs because the machine's clock or core sharing moved. About
+ * 50 ms. Errors: CM_ERR_INVALID_ARG (out NULL). Thread-safe. */
+cm_status cm_peak_flops_measure(double *out);
+
 /* =============================================================================================
  * LRMonitor: the learning rate of each parameter group
  * =========================================================================================== */

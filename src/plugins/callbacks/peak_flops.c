@@ -90,6 +90,12 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static double g_measured;
 static void do_measure(void) { g_measured = measure(); }
 
+cm_status cm_peak_flops_measure(double *out) {
+    if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_peak_flops_measure: out is NULL");
+    *out = measure();
+    return CM_OK;
+}
+
 cm_status cm_peak_flops(double *out) {
     if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_peak_flops: out is NULL");
     const char *env = getenv("CM_PEAK_FLOPS");
