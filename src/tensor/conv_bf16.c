@@ -270,20 +270,25 @@ typedef struct {
 } direct_args;
 
 /* The packed weight of the forward problem (flip false: WP from w[co][ci][kh][kw]) or of
- * backward-data (flip true: co is w's input channel, ci its output channel, taps mirrored). w is
- * (Cout, Cin, 3, 3), f32 (rounded to nearest even) or bf16. */
-static void pack_weights(const cmi_conv_geom *g, cm_dtype ws, const void *w, bool flip, uint16_t *WP) {
-    const int64_t CI = flip ? g->Cout : g->Cin, CO = flip ? g->Cin : g->Cout, K = g->Cin * 9;
-    /* in w's order (contiguous reads, scattered writes into the small WP): entry (a, b, r, s) of
-     * w (Cout, Cin, 3, 3) is (co a, ci b, kh r, kw s) forward, (ci a, co b, kh 2-r, kw 2-s) flipped */
-#pragma omp parallel for if (CI * CO >= 1024) schedule(static)
-    for (int64_t a = 0; a < g->Cout; a++)
-        for (int64_t k = 0; k < K; k++) {
-            const int64_t b = k / 9, r = k / 3 % 3, sk = k % 3, src = a * K + k;
-            const uint16_t v = ws == CM_DTYPE_BF16 ? ((const uint16_t *)w)[src] : cmi_f32_to_bf16(((const float *)w)[src]);
-            const int64_t co = flip ? b : a, ci = flip ? a : b, kh = flip ? 2 - r : r, kw = flip ? 2 - sk : sk;
-            WP[((((kh * (CI / 2) + ci / 2) * (CO / 16) + co / 16) * 3 + kw) * 16 + co % 16) * 2 + ci % 2] = v;
-        }
+ * backward-data (flip true: co is w's input channel, ci its output channel, taps mirrored), from
+ * the bf16 values wb of w (Cout, Cin, 3, 3). */
+static void pack_weights(const cmi_conv_geom *g, const uint16_t *wb, bool flip, uint16_t *WP) {
+    const int64_t CI = flip ? g->Cout : g->Cin, CO = flip ? g->Cin : g->Cout;
+    /* in WP's order; the 32 values of one (kh, ci pair, co block, kw) come from wb (Cout, Cin, 3, 3)
+     * at fixed strides: forward w[co][ci][kh][kw], flipped w[ci][co][2-kh][2-kw] */
+    const int64_t sl = flip ? 9 : 9 * CI, se = flip ? 9 * CO : 9; /* strides of co % 16 and ci % 2 */
+#pragma omp parallel for collapse(2) if (CI * CO >= 1024) schedule(static)
+    for (int64_t kh = 0; kh < 3; kh++)
+        for (int64_t cp = 0; cp < CI / 2; cp++)
+            for (int64_t cb = 0; cb < CO / 16; cb++)
+                for (int64_t kw = 0; kw < 3; kw++) {
+                    const int64_t co = cb * 16, ci = 2 * cp;
+                    const uint16_t *src = wb + (flip ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw
+                                                     : ((co * CI + ci) * 3 + kh) * 3 + kw);
+                    uint16_t *dst = WP + ((((kh * (CI / 2) + cp) * (CO / 16) + cb) * 3 + kw) * 16) * 2;
+                    for (int l = 0; l < 16; l++)
+                        for (int e = 0; e < 2; e++) dst[2 * l + e] = src[l * sl + e * se];
+                }
 }
 
 /* One tile: PX output pixels [ow0, ow0 + PX) of row (n, oh) × OCB blocks of 16 output channels
@@ -390,9 +395,12 @@ static cm_status direct_call(cm_tape *tp, const cmi_conv_geom *g, bool bwd, cons
                                              "handle (N %lld, Cin %lld, Cout %lld, %lldx%lld)",
                         (long long)g->N, (long long)g->Cin, (long long)g->Cout, (long long)g->H, (long long)g->W);
     const size_t mark = cm_arena_mark(tp->arena);
-    uint16_t *WP = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(9 * g->Cin * g->Cout));
-    if (!WP) return cmi_status(tp);
-    pack_weights(g, ws, w, bwd, WP);
+    const int64_t wn = 9 * g->Cin * g->Cout;
+    uint16_t *WP = cmi_scratch(tp, sizeof(uint16_t) * (size_t)wn);
+    uint16_t *wb = ws == CM_DTYPE_BF16 ? (uint16_t *)w : cmi_scratch(tp, sizeof(uint16_t) * (size_t)wn);
+    if (!WP || !wb) return cmi_status(tp);
+    if (wb != w) cmi_bf16_round(wb, w, wn); /* rounded in w's order first: one vectorised pass */
+    pack_weights(g, wb, bwd, WP);
     const int64_t CI = bwd ? g->Cout : g->Cin, CO = bwd ? g->Cin : g->Cout;
     const direct_args d = {g->N, g->H, g->W, CO, in, WP, out, os == CM_DTYPE_BF16, accumulate};
     direct(&d, CI);
