@@ -687,21 +687,6 @@ Test(conv_bf16, autocast_takes_any_mix_of_bf16_and_f32_and_can_write_a_bf16_resu
  * relative L2 error of the gradients 4e-3, measured 7e-4); (4) run 0 on a tape with retain_grads:
  * the kept gradient of the conv output is f32, and the rest bitwise run 0's.
  * Both bf16 kernels, NCHW and channels-last. */
-typedef struct {
-    const cm_tensor *y;
-    int seen;
-    cm_dtype dtype;
-} grad_probe;
-
-static void probe_hook(cm_tape *tp, const void *node, void *data) {
-    (void)tp;
-    grad_probe *p = data;
-    if (node && strcmp(((const cm_node *)node)->op, "batch_norm_add_relu") == 0 && cm_tensor_grad(p->y)) {
-        p->seen++;
-        p->dtype = cm_tensor_dtype(cm_tensor_grad(p->y));
-    }
-}
-
 Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
     const cfg *cs[2] = {&k_resnet[1], &k_resnet[6]}; /* NCHW and channels-last stage 1 */
     for (int bk = 0; bk < 2; bk++) {
@@ -735,8 +720,8 @@ Test(conv_bf16, batch_norm_writes_a_bf16_convolution_output_gradient_in_bf16) {
                 if (run == 1 || run == 2) z = cm_add(tp, z, cm_mul_scalar(tp, cm_cast(tp, y, CM_DTYPE_F32), f));
                 if (run == 3) z = cm_add(tp, z, early);
                 cr_assert(z, "%s", cm_tape_error(tp));
-                grad_probe pr = {y, 0, CM_DTYPE_COUNT};
-                cm_tape_set_backward_hook(tp, probe_hook, &pr);
+                cmt_grad_probe pr = {y, "batch_norm_add_relu", 0, CM_DTYPE_COUNT};
+                cm_tape_set_backward_hook(tp, cmt_grad_probe_hook, &pr);
                 cm_tensor *g = cmt_randn(tp, 4, cm_tensor_shape(z), 82, false);
                 cr_assert_eq(cm_tape_backward_with(tp, z, g), CM_OK, "%s", cm_tape_error(tp));
                 cr_assert_eq(pr.seen, 1);

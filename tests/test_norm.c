@@ -673,25 +673,6 @@ Test(norm, layer_norm_and_channels_last_batch_norm_parallel_paths_match_double_r
 
 /* ---- a bf16 batch norm output's gradient written in bf16 by the bf16 convolution consuming it ---- */
 
-/* Records, when `op`'s node (the one making h) has run its backward, the dtype of the gradient of h
- * it read: the gradient is dropped right after (no retain_grads). */
-typedef struct {
-    const cm_tensor *h;
-    const char *op;
-    int seen;
-    cm_dtype dtype;
-} bn_gout_probe;
-
-static void bn_gout_hook(cm_tape *tp, const void *node, void *data) {
-    (void)tp;
-    bn_gout_probe *p = data;
-    const cm_node *n = node;
-    if (n && n->out == p->h && strcmp(n->op, p->op) == 0) {
-        p->seen++;
-        p->dtype = cm_tensor_dtype(cm_tensor_grad(p->h));
-    }
-}
-
 /* One ResNet-like stage under autocast: x (f32 leaf) -> conv1 (3x3, bf16 result) -> batch norm
  * (plain or with its fused ReLU) -> h (bf16) -> consumer; leaves x, w1, bn weight, bn bias (and w2).
  * mode 0: consumer conv2 (3x3, f32 result); h's gradient is new when conv2 runs, so conv2 writes it
@@ -745,8 +726,8 @@ static bn16_run bn16_stage(const int64_t *xshape, int64_t C, bool cl, bool add_r
     cm_tensor *gt = cm_zeros(tp, CM_DTYPE_F32, 4, cm_tensor_shape(z));
     cr_assert(gt, "%s", cm_tape_error(tp));
     memcpy(cm_tensor_data(gt), g, sizeof(float) * (size_t)cm_tensor_numel(z));
-    bn_gout_probe pr = {h, add_relu ? "batch_norm_add_relu" : "batch_norm", 0, CM_DTYPE_COUNT};
-    cm_tape_set_backward_hook(tp, bn_gout_hook, &pr);
+    cmt_grad_probe pr = {h, add_relu ? "batch_norm_add_relu" : "batch_norm", 0, CM_DTYPE_COUNT};
+    cm_tape_set_backward_hook(tp, cmt_grad_probe_hook, &pr);
     cr_assert_eq(cm_tape_backward_with(tp, z, gt), CM_OK, "%s", cm_tape_error(tp));
     cr_assert_eq(pr.seen, 1, "batch norm's node ran %d times with h's gradient there", pr.seen);
     r.h_dtype = pr.dtype;

@@ -311,3 +311,13 @@ cm_tensor *cmt_golden_on_tape(cmt_golden *g, cm_tape *tp, const char *name, bool
     if (grad) cm_tensor_set_requires_grad(t, true);
     return t;
 }
+
+void cmt_grad_probe_hook(cm_tape *tp, const void *node, void *data) {
+    (void)tp;
+    cmt_grad_probe *p = data;
+    const cm_node *n = node;
+    if (n && strcmp(n->op, p->op) == 0 && cm_tensor_grad(p->t)) {
+        p->seen++;
+        p->dtype = cm_tensor_dtype(cm_tensor_grad(p->t));
+    }
+}

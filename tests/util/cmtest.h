@@ -44,6 +44,18 @@ void cmt_gradcheck(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *c
 void cmt_check_fresh_grads(const char *name, cmt_fn f, void *ctx, int n_in, cm_tensor *const *in, double atol,
                            double rtol);
 
+/* A backward hook (cm_tape_set_backward_hook(tp, cmt_grad_probe_hook, &probe)) recording the dtype
+ * of t's gradient each time a node of op `op` has run its backward while t has one — the gradient
+ * that node wrote or read, before the tape drops it. seen counts those nodes; start it at 0 and
+ * dtype at CM_DTYPE_COUNT. */
+typedef struct {
+    const cm_tensor *t;
+    const char *op;
+    int seen;
+    cm_dtype dtype;
+} cmt_grad_probe;
+void cmt_grad_probe_hook(cm_tape *tp, const void *node, void *data);
+
 /* Asserts every element of a and b (any dtypes/strides, same shape) agree within atol + rtol·|b|. */
 void cmt_assert_close(const char *what, const cm_tensor *a, const cm_tensor *b, double atol, double rtol);
 void cmt_assert_close_f32(const char *what, const float *a, const float *b, int64_t n, double atol, double rtol);
