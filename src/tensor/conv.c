@@ -373,6 +373,9 @@ static cm_status im2col_backward(cm_tape *tp, const conv_geom *g, const float *x
 /* oneDNN wants every dimension positive; an empty Cin (a 0-channel input) stays on im2col. */
 static bool dnnl_wanted(const conv_geom *g) { return cmi_conv_get_kernel() == CMI_CONV_DNNL && g->Cin > 0; }
 
+/* Whether our own bf16 kernel for pass (CMI_CONV_FWD, ...) is switched on (CM_CONV_BF16_OWN). */
+static bool own_on(int pass) { return cmi_conv_get_own_passes() >> pass & 1u; }
+
 static void add_into(float *dst, const float *src, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
     for (int64_t i = 0; i < n; i++) dst[i] += src[i];
@@ -429,7 +432,7 @@ static cm_status conv_forward(cm_tape *tp, const conv_geom *g, cm_dtype dt, cm_d
                               const void *w, const float *bias, cm_dtype ys, void *y) {
     if (dt == CM_DTYPE_F32) return forward_f32(tp, g, x, w, bias, y);
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
-        if (!bias && xs == CM_DTYPE_BF16 && (cmi_conv_get_own_passes() >> CMI_CONV_FWD & 1) &&
+        if (!bias && xs == CM_DTYPE_BF16 && own_on(CMI_CONV_FWD) &&
             cmi_conv_direct_bf16_fits(g)) { /* our own kernel (conv_bf16.h) */
             if (cmi_conv_fwd_bf16(tp, g, x, ws, w, ys, y)) return cmi_status(tp);
             cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_FWD);
@@ -530,14 +533,14 @@ static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) 
     const cm_dtype dys = gout->dtype;
     if (dnnl_wanted(g) && cmi_conv_get_bf16_kernel() == CMI_CONV_BF16_ONEDNN) {
         /* backward-weights of the 3x3 body convolutions on our own kernel (conv_bf16.h) */
-        if (dW && !db && (cmi_conv_get_own_passes() >> CMI_CONV_BWD_WEIGHTS & 1) && cmi_conv_wgrad_bf16_fits(g)) {
+        if (dW && !db && own_on(CMI_CONV_BWD_WEIGHTS) && cmi_conv_wgrad_bf16_fits(g)) {
             if (cmi_conv_wgrad_bf16(tp, g, c->xs, x, dys, gout->data, dW)) return cmi_status(tp);
             cmi_conv_stats_note(CMI_CONV_RAN_OWN_BF16, CMI_CONV_BWD_WEIGHTS);
             dW = NULL;
         }
         /* and backward-data on the direct kernel, which reads dy in bf16 (an f32 one is rounded
          * first, in a pass of its own: the same values oneDNN's reorder would give it) */
-        if (dx && (cmi_conv_get_own_passes() >> CMI_CONV_BWD_DATA & 1) && cmi_conv_direct_bf16_fits(g)) {
+        if (dx && own_on(CMI_CONV_BWD_DATA) && cmi_conv_direct_bf16_fits(g)) {
             const size_t m0 = cm_arena_mark(tp->arena);
             uint16_t *dy16 = dys == CM_DTYPE_BF16 ? (uint16_t *)gout->data : cmi_scratch(tp, 2 * (size_t)y_numel(g));
             if (!dy16) return cmi_status(tp);
