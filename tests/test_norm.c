@@ -671,6 +671,71 @@ Test(norm, layer_norm_and_channels_last_batch_norm_parallel_paths_match_double_r
     cm_tape_free(tp);
 }
 
+/* Channels-last batch norm runs its row loops with the channel count a compile-time constant for 16,
+ * 32 and 64 channels (CMI_BY_C in norm.c) and at run time otherwise; NCHW runs the plane loops, which
+ * share none of that. Each width (and 24, the run-time one) against NCHW on the same values (the
+ * channels-last x permuted on the tape, so both gradients reach one leaf): f32 and bf16 x,
+ * cm_batch_norm, cm_batch_norm_add_relu without a residual (its ReLU mask recomputed from x) and
+ * with one, training and eval, fresh gradients (x an intermediate) and accumulated ones (a leaf),
+ * serial and parallel sizes with a partial last block of rows. */
+Test(norm, channels_last_batch_norm_of_16_32_64_channels_matches_nchw) {
+    const int64_t widths[4] = {16, 32, 64, 24}, sizes[2][3] = {{2, 3, 5}, {9, 15, 17}}; /* N, H, W */
+    const int to_nchw[4] = {0, 3, 1, 2}, to_cl[4] = {0, 2, 3, 1};
+    for (int wi = 0; wi < 4; wi++)
+        for (int sz = 0; sz < 2; sz++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int rk = -1; rk < 2; rk++) /* cm_batch_norm; add_relu without, with a residual */
+                    for (int train = 0; train < 2; train++) {
+                        const int64_t C = widths[wi], *s = sizes[sz], shape[4] = {s[0], s[1], s[2], C};
+                        const bool leaf = !bf && train; /* bf16 x is a cast: an intermediate */
+                        cm_tape *tp = cmt_tape();
+                        cm_tensor *x0 = cmt_randn(tp, 4, shape, 80 + (uint64_t)wi, true);
+                        cm_tensor *x = bf ? cm_cast(tp, x0, CM_DTYPE_BF16) : leaf ? x0 : cm_mul_scalar(tp, x0, 1.0f);
+                        cm_tensor *r0 = rk == 1 ? cmt_randn(tp, 4, shape, 90 + (uint64_t)wi, true) : NULL;
+                        cm_tensor *r = r0 && bf ? cm_cast(tp, r0, CM_DTYPE_BF16) : r0;
+                        cm_tensor *w = cmt_randn(tp, 1, &C, 2, true), *b = cmt_randn(tp, 1, &C, 3, true);
+                        cm_tensor *g = cmt_randn(tp, 4, shape, 5, false);
+                        cm_tensor *rm[2], *rv[2];
+                        running_stats(C, rm, rv);
+                        cm_tensor *y[2], *grads[2][4];
+                        for (int nc = 0; nc < 2; nc++) { /* 0: channels-last, 1: NCHW */
+                            cm_batch_norm_opts o = cm_batch_norm_opts_default();
+                            o.channels_last = !nc;
+                            o.training = train;
+                            cm_tensor *xi = nc ? cm_contiguous(tp, cm_permute(tp, x, to_nchw)) : x;
+                            cm_tensor *ri = r && nc ? cm_contiguous(tp, cm_permute(tp, r, to_nchw)) : r;
+                            cm_tensor *gi = nc ? cm_contiguous(tp, cm_permute(tp, g, to_nchw)) : g;
+                            y[nc] = rk < 0 ? cm_batch_norm(tp, xi, w, b, rm[nc], rv[nc], &o)
+                                           : cm_batch_norm_add_relu(tp, xi, w, b, rm[nc], rv[nc], ri, &o);
+                            cr_assert(y[nc] && gi, "%s", cm_tape_error(tp));
+                            cr_assert_eq(cm_tape_backward_with(tp, y[nc], gi), CM_OK, "%s", cm_tape_error(tp));
+                            cm_tensor *leaves[4] = {x0, w, b, r0};
+                            for (int k = 0; k < 4; k++) {
+                                grads[nc][k] = leaves[k] ? cm_clone_detached(tp, cm_tensor_grad(leaves[k])) : NULL;
+                                if (leaves[k]) cm_tensor_zero_grad(leaves[k]);
+                            }
+                        }
+                        char what[160];
+                        snprintf(what, sizeof what, "C %lld, N %lld, %s x, %s, %s", (long long)C, (long long)s[0],
+                                 bf ? "bf16" : "f32", rk < 0 ? "batch_norm" : rk ? "add_relu + residual" : "add_relu",
+                                 train ? "training" : "eval");
+                        const double tol = bf ? 1.0 / 128 : 1e-5; /* bf16 outputs: within one rounding */
+                        cmt_assert_close(what, y[0], cm_permute(tp, y[1], to_cl), 1e-6, tol);
+                        if (train)
+                            cmt_assert_close_f32("running_var", cm_tensor_data(rv[0]), cm_tensor_data(rv[1]), C, 1e-7,
+                                                 1e-6);
+                        const char *names[4] = {"grad x", "grad weight", "grad bias", "grad residual"};
+                        for (int k = 0; k < 4; k++) {
+                            if (!grads[0][k]) continue;
+                            char gw[224];
+                            snprintf(gw, sizeof gw, "%s (%s)", names[k], what);
+                            cmt_assert_close(gw, grads[0][k], grads[1][k], 1e-5, 1e-4);
+                        }
+                        for (int k = 0; k < 2; k++) cm_tensor_free(rm[k]), cm_tensor_free(rv[k]);
+                        cm_tape_free(tp);
+                    }
+}
+
 /* ---- a bf16 batch norm output's gradient written in bf16 by the bf16 convolution consuming it ---- */
 
 /* One ResNet-like stage under autocast: x (f32 leaf) -> conv1 (3x3, bf16 result) -> batch norm

@@ -197,12 +197,24 @@ static inline __attribute__((always_inline)) const void *at(const void *p, int64
     return bf ? (const void *)((const uint16_t *)p + i) : (const void *)((const float *)p + i);
 }
 
+/* F(args..., CK): the row kernels with the channel count a compile-time constant for the common
+ * widths (fully unrolled, no remainder), else CK 0 (C at run time). */
+#define CMI_BY_C(F, ...)                                                                                               \
+    do {                                                                                                               \
+        if (C == 16) F(__VA_ARGS__, 16);                                                                               \
+        else if (C == 32) F(__VA_ARGS__, 32);                                                                          \
+        else if (C == 64) F(__VA_ARGS__, 64);                                                                          \
+        else F(__VA_ARGS__, 0);                                                                                        \
+    } while (0)
+
 /* Rows [o0, o1) of C channels (channels_last) for chan_affine, specialised by the constant flags. */
 static inline __attribute__((always_inline)) void affine_rows(void *restrict out, const void *restrict x,
                                                               const void *restrict res, const float *restrict S,
                                                               const float *restrict Q, const float *restrict R,
                                                               int64_t o0, int64_t o1, int64_t C, const bool has_res,
-                                                              const bool relu, const bool xbf, const bool rbf) {
+                                                              const bool relu, const bool xbf, const bool rbf,
+                                                              const int64_t CK) {
+    if (CK) C = CK;
     for (int64_t o = o0; o < o1; o++) {
         void *restrict orow = (void *)at(out, o * C, xbf);
         const void *restrict xr = at(x, o * C, xbf), *restrict rr = has_res ? at(res, o * C, rbf) : NULL; // (C)
@@ -260,7 +272,7 @@ static void chan_affine(void *out, const void *x, const float *S, const float *Q
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
-#define CMI_ROWS(HR, RL, XB, RB) affine_rows(out, x, res, S, Q, R, o0, o1, C, HR, RL, XB, RB)
+#define CMI_ROWS(HR, RL, XB, RB) CMI_BY_C(affine_rows, out, x, res, S, Q, R, o0, o1, C, HR, RL, XB, RB)
             CMI_AFFINE_CASES(CMI_ROWS)
 #undef CMI_ROWS
         }
@@ -306,7 +318,8 @@ static inline __attribute__((always_inline)) void sums_rows(const void *restrict
                                                             int64_t o1, int64_t C, float *restrict f1,
                                                             float *restrict f2, const bool has_g, const bool has_y,
                                                             const bool has_z, const bool has_gr, const bool gr_fresh,
-                                                            const bool bf, const bool gbf) {
+                                                            const bool bf, const bool gbf, const int64_t CK) {
+    if (CK) C = CK;
     for (int64_t o = o0; o < o1; o++) {
         const void *restrict xr = at(x, o * C, bf);
 #pragma omp simd
@@ -413,7 +426,7 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const voi
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
 #define CMI_ROWS(G, Y, GR, HG, HY, HZ, HR, FR, BF, GB)                                                                 \
-    sums_rows(x, m, G, Y, zq, GR, o0, o1, C, f1, f2, HG, HY, HZ, HR, FR, BF, GB)
+    CMI_BY_C(sums_rows, x, m, G, Y, zq, GR, o0, o1, C, f1, f2, HG, HY, HZ, HR, FR, BF, GB)
             CMI_SUMS_CASES(CMI_ROWS)
 #undef CMI_ROWS
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
@@ -433,23 +446,28 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const voi
     return CM_OK;
 }
 
-/* One row of C channels for bn_bwd_dx, specialised by the constant flags (bf: x and y are bf16; gb:
- * the output is bf16; gbf: g is bf16). */
-static inline __attribute__((always_inline)) void dx_row(void *restrict o, const void *restrict x,
-                                                         const float *restrict mean, const void *restrict g,
-                                                         const void *restrict y, const float *restrict zq,
-                                                         const float *restrict P, const float *restrict Q,
-                                                         const float *restrict R, int64_t C, const bool has_y,
-                                                         const bool has_z, const bool fresh, const bool bf,
-                                                         const bool gb, const bool gbf) {
+/* Rows [o0, o1) of C channels (channels_last) for bn_bwd_dx, specialised by the constant flags (bf: x
+ * and y are bf16; gb: the output is bf16; gbf: g is bf16). */
+static inline __attribute__((always_inline)) void dx_rows(void *restrict o, const void *restrict x,
+                                                          const float *restrict mean, const void *restrict g,
+                                                          const void *restrict y, const float *restrict zq,
+                                                          const float *restrict P, const float *restrict Q,
+                                                          const float *restrict R, int64_t o0, int64_t o1, int64_t C,
+                                                          const bool has_y, const bool has_z, const bool fresh,
+                                                          const bool bf, const bool gb, const bool gbf,
+                                                          const int64_t CK) {
+    if (CK) C = CK;
+    for (int64_t r = o0; r < o1; r++) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; c++) {
-        const float v = has_z   ? (relu_passes(ld(x, c, bf), mean[c], zq[c], zq[C + c]) ? ld(g, c, gbf) : 0.0f)
-                        : has_y ? (ld(y, c, bf) > 0.0f ? ld(g, c, gbf) : 0.0f)
-                                : ld(g, c, gbf);
-        const float d = v * P[c] + (ld(x, c, bf) - mean[c]) * Q[c] + R[c];
-        if (fresh) st(o, c, d, gb);
-        else ((float *)o)[c] += d;
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t e = r * C + c;
+            const float v = has_z   ? (relu_passes(ld(x, e, bf), mean[c], zq[c], zq[C + c]) ? ld(g, e, gbf) : 0.0f)
+                            : has_y ? (ld(y, e, bf) > 0.0f ? ld(g, e, gbf) : 0.0f)
+                                    : ld(g, e, gbf);
+            const float d = v * P[c] + (ld(x, e, bf) - mean[c]) * Q[c] + R[c];
+            if (fresh) st(o, e, d, gb);
+            else ((float *)o)[e] += d;
+        }
     }
 }
 
@@ -509,11 +527,12 @@ static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, co
     default: CALL(NULL, false, true, true, true, true, true); break; /* 62 */                                          \
     }
     if (I == 1) {
+        enum { BLK = 64 };
 #pragma omp parallel for if (par) schedule(static)
-        for (int64_t o = 0; o < O; o++) {
+        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
+            const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
 #define CMI_ROW(Y, HY, HZ, FR, BF, GB, GBF)                                                                            \
-    dx_row((void *)at(gx, o * C, GB), at(x, o * C, BF), mean, at(g, o * C, GBF), (Y) ? at(y, o * C, BF) : NULL, zq, P, \
-           Q, R, C, HY, HZ, FR, BF, GB, GBF)
+    CMI_BY_C(dx_rows, gx, x, mean, g, Y, zq, P, Q, R, o0, o1, C, HY, HZ, FR, BF, GB, GBF)
             CMI_DX_CASES(CMI_ROW)
 #undef CMI_ROW
         }
