@@ -98,13 +98,16 @@ static cm_tensor *view_chain(cm_tape *tp, cm_tensor *const *in, void *ctx) {
         int64_t s4[4] = {2, 2, 2, 2}, s2[2] = {2, 8};
         return cm_reshape(tp, cm_reshape(tp, cm_narrow(tp, x, 1, 1, 2), 4, s4), 2, s2);
     }
+    case 11: return cm_slice(tp, x, 2, 1, 4, 2); /* elements 1 and 3 of the last axis */
+    case 12: /* a slice of a slice (recorded against x) of a transpose */
+        return cm_slice(tp, cm_slice(tp, cm_transpose(tp, x, 1, 2), 1, 0, 4, 3), 2, 1, 3, 1);
     default: return cm_cast(tp, cm_cast(tp, x, CM_DTYPE_BF16), CM_DTYPE_F32);
     }
 }
 
 Test(views, every_view_op_gradchecks_on_contiguous_and_strided_inputs) {
     const int64_t s[3] = {2, 3, 4};
-    for (int which = 0; which <= 10; which++) {
+    for (int which = 0; which <= 12; which++) {
         cm_tape *tp = cmt_tape();
         cm_tensor *x = cmt_randn(tp, 3, s, 1 + which, true);
         cm_tensor *in[1] = {x};
@@ -122,6 +125,55 @@ Test(views, every_view_op_gradchecks_on_contiguous_and_strided_inputs) {
         }
         cm_tape_free(tp);
     }
+}
+
+/* cm_slice picks start, start + step, ... below stop (torch's t[start:stop:step]) on any axis, of
+ * contiguous and strided tensors and of bf16 ones, as a view of t's memory; its gradient lands on
+ * exactly those elements. */
+Test(views, slice_takes_every_step_th_element_and_its_gradient_lands_there) {
+    const int64_t s[3] = {3, 7, 5};
+    const int64_t cases[][4] = {{0, 0, 3, 2}, {1, 1, 7, 3}, {2, 0, 5, 2}, {1, 2, 3, 1}, {1, 6, 7, 4}, {2, 4, 4, 1}};
+    for (int k = 0; k < 6; k++)
+        for (int kind = 0; kind < 3; kind++) { /* contiguous f32, strided f32, bf16 */
+            cm_tape *tp = cmt_tape();
+            const int axis = (int)cases[k][0];
+            const int64_t start = cases[k][1], stop = cases[k][2], step = cases[k][3];
+            cm_tensor *x = kind == 1 ? cmt_randn_noncontig(tp, 3, s, 7, true) : cmt_randn(tp, 3, s, 7, true);
+            cm_tensor *xs = kind == 2 ? cm_cast(tp, x, CM_DTYPE_BF16) : x;
+            cm_tensor *y = cm_slice(tp, xs, axis, start, stop, step);
+            cr_assert(y, "%s", cm_tape_error(tp));
+            const int64_t len = (stop - start + step - 1) / step;
+            cr_assert_eq(cm_tensor_dim(y, axis), len, "case %d: %lld elements along axis %d, want %lld", k,
+                         (long long)cm_tensor_dim(y, axis), axis, (long long)len);
+            cr_assert_eq(cm_tensor_dtype(y), cm_tensor_dtype(xs));
+            cr_assert(len == 0 || (const char *)cm_tensor_data(y) >= (const char *)cm_tensor_data(xs), "a view");
+            const int64_t n = cm_tensor_numel(y);
+            cm_tensor *g = cm_full(tp, CM_DTYPE_F32, 3, cm_tensor_shape(y), 1.0f);
+            for (int64_t e = 0; e < n; e++) ((float *)cm_tensor_data(g))[e] = (float)(e + 1); /* contiguous */
+            if (n) cr_assert_eq(cm_tape_backward_with(tp, y, g), CM_OK, "%s", cm_tape_error(tp));
+            cm_tensor *gx = cm_tensor_grad(x);
+            int64_t e = 0;
+            for (int64_t i = 0; i < s[0]; i++)
+                for (int64_t j = 0; j < s[1]; j++)
+                    for (int64_t l = 0; l < s[2]; l++) {
+                        const int64_t idx[3] = {i, j, l}, a = idx[axis];
+                        const bool picked = a >= start && a < stop && (a - start) % step == 0;
+                        const float want_g = picked ? (float)(++e) : 0.0f;
+                        const int64_t fx = (i * s[1] + j) * s[2] + l;
+                        if (picked) {
+                            const float got = cm_tensor_get_flat(y, e - 1), want = cm_tensor_get_flat(xs, fx);
+                            cr_assert_eq(got, want, "case %d kind %d: y[%lld] = %g, want x[%lld,%lld,%lld] = %g", k,
+                                         kind, (long long)(e - 1), (double)got, (long long)i, (long long)j,
+                                         (long long)l, (double)want);
+                        }
+                        if (n)
+                            cr_assert_eq(cm_tensor_get_flat(gx, fx), want_g, "case %d kind %d: grad x[%lld,%lld,%lld] "
+                                         "= %g, want %g", k, kind, (long long)i, (long long)j, (long long)l,
+                                         (double)cm_tensor_get_flat(gx, fx), (double)want_g);
+                    }
+            cr_assert_eq(e, n, "case %d: %lld picked, %lld in the slice", k, (long long)e, (long long)n);
+            cm_tape_free(tp);
+        }
 }
 
 /* A view of a view of a contiguous tensor is recorded against that tensor (one gradient add for the
@@ -263,6 +315,18 @@ Test(views, errors_name_the_shapes) {
     x = cmt_randn(tp, 2, s, 1, false);
     cr_assert_null(cm_narrow(tp, x, 1, 3, 2));
     cr_assert(strstr(cm_tape_error(tp), "[3, 5)"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_slice(tp, x, 1, 0, 4, 0));
+    cr_assert(strstr(cm_tape_error(tp), "slice") && strstr(cm_tape_error(tp), "step 0"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_slice(tp, x, 1, 2, 5, 2));
+    cr_assert(strstr(cm_tape_error(tp), "[2, 5)") && strstr(cm_tape_error(tp), "(3, 4)"), "%s", cm_tape_error(tp));
+    cm_tape_reset(tp);
+    x = cmt_randn(tp, 2, s, 1, false);
+    cr_assert_null(cm_slice(tp, x, 0, 2, 1, 1));
+    cr_assert_eq(cm_tape_status(tp), CM_ERR_INVALID_ARG);
     cm_tape_reset(tp);
     x = cmt_randn(tp, 2, s, 1, false);
     cr_assert_null(cm_squeeze(tp, x, 0));

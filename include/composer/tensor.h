@@ -287,6 +287,10 @@ cm_tensor *cm_permute(cm_tape *tp, cm_tensor *t, const int *perm); /* perm has n
 cm_tensor *cm_transpose(cm_tape *tp, cm_tensor *t, int a, int b);
 /* Elements [start, start+length) along axis (a view). */
 cm_tensor *cm_narrow(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t length);
+/* Elements start, start + step, ... below stop along axis (a view, as torch's t[start:stop:step] on
+ * that axis): (stop - start + step - 1) / step of them. 0 <= start <= stop <= the axis' size and
+ * step >= 1, else CM_ERR_INVALID_ARG naming the range or the step. */
+cm_tensor *cm_slice(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t stop, int64_t step);
 /* Broadcast to `shape` (size-1 dims stretch with stride 0; new leading dims allowed). */
 cm_tensor *cm_expand(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape);
 cm_tensor *cm_squeeze(cm_tape *tp, cm_tensor *t, int axis); /* axis must have size 1 */

@@ -368,20 +368,37 @@ cm_tensor *cm_transpose(cm_tape *tp, cm_tensor *t, int a, int b) {
     return cm_permute(tp, t, perm);
 }
 
-cm_tensor *cm_narrow(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t length) {
-    if (!cmi_begin(tp, "narrow", 1, &t)) return NULL;
-    if (!cmi_axis(tp, "narrow", t->ndim, &axis)) return NULL;
-    if (start < 0 || length < 0 || start + length > t->shape[axis]) {
-        cmi_fail(tp, CM_ERR_INVALID_ARG, "narrow: range [%lld, %lld) is outside axis %d of %s", (long long)start,
-                 (long long)(start + length), axis, cmi_shape(t));
+/* Elements start, start + step, ... below stop along axis, a view for narrow (step 1) and slice. */
+static cm_tensor *strided_range(cm_tape *tp, const char *op, cm_tensor *t, int axis, int64_t start, int64_t stop,
+                                int64_t step) {
+    if (!cmi_begin(tp, op, 1, &t)) return NULL;
+    if (!cmi_axis(tp, op, t->ndim, &axis)) return NULL;
+    if (step < 1) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: step %lld must be >= 1", op, (long long)step);
         return NULL;
     }
-    int64_t shape[CM_MAX_DIMS], gstride[CM_MAX_DIMS];
+    if (start < 0 || stop < start || stop > t->shape[axis]) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: range [%lld, %lld) is outside axis %d of %s", op, (long long)start,
+                 (long long)stop, axis, cmi_shape(t));
+        return NULL;
+    }
+    int64_t shape[CM_MAX_DIMS], stride[CM_MAX_DIMS], gstride[CM_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
-    shape[axis] = length;
+    memcpy(stride, t->stride, sizeof stride);
+    shape[axis] = (stop - start + step - 1) / step;
     cmi_contig_strides(t->ndim, t->shape, gstride);
-    return make_view(tp, "narrow", t, t->ndim, shape, t->stride, start * t->stride[axis], gstride,
-                     start * gstride[axis]);
+    const int64_t offset = start * t->stride[axis], goffset = start * gstride[axis];
+    stride[axis] *= step;
+    gstride[axis] *= step;
+    return make_view(tp, op, t, t->ndim, shape, stride, offset, gstride, goffset);
+}
+
+cm_tensor *cm_narrow(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t length) {
+    return strided_range(tp, "narrow", t, axis, start, start + length, 1);
+}
+
+cm_tensor *cm_slice(cm_tape *tp, cm_tensor *t, int axis, int64_t start, int64_t stop, int64_t step) {
+    return strided_range(tp, "slice", t, axis, start, stop, step);
 }
 
 cm_tensor *cm_expand(cm_tape *tp, cm_tensor *t, int ndim, const int64_t *shape) {
