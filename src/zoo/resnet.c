@@ -145,25 +145,25 @@ static cm_tensor *as_f32(cm_tape *tp, cm_tensor *t) {
     return t && cm_tensor_dtype(t) != CM_DTYPE_F32 ? cm_cast(tp, t, CM_DTYPE_F32) : t;
 }
 
-/* Option A: x[:, :, ::s, ::s] with (out - in) zero channels split around it. */
+/* Option A: x[:, :, ::s, ::s] (a strided view) with (out - in) zero channels split around it, in x's
+ * dtype (bf16 under autocast: batch norm takes a bf16 residual). */
 static cm_tensor *pad_shortcut(cm_tape *tp, const block_s *b, cm_tensor *x) {
-    x = as_f32(tp, x);
+    if (!x) return NULL;
+    const int ha = b->channels_last ? 1 : 2, axis = b->channels_last ? 3 : 1;
     if (b->stride > 1) {
-        cm_pool2d_opts po = cm_pool2d_opts_default(1, 1);
-        po.stride[0] = po.stride[1] = b->stride;
-        po.channels_last = b->channels_last;
-        x = cm_max_pool2d(tp, x, &po);
+        x = cm_slice(tp, x, ha, 0, cm_tensor_dim(x, ha), b->stride);
+        if (x) x = cm_slice(tp, x, ha + 1, 0, cm_tensor_dim(x, ha + 1), b->stride);
     }
     if (!x || b->out == b->in) return x;
-    const int axis = b->channels_last ? 3 : 1;
     const int64_t lo = (b->out - b->in) / 2, hi = b->out - b->in - lo;
     int64_t shape[4];
     for (int i = 0; i < 4; i++) shape[i] = cm_tensor_dim(x, i);
     cm_tensor *parts[3];
     int n = 0;
-    if (lo > 0) shape[axis] = lo, parts[n++] = cm_zeros(tp, CM_DTYPE_F32, 4, shape);
+    const cm_dtype dt = cm_tensor_dtype(x);
+    if (lo > 0) shape[axis] = lo, parts[n++] = cm_zeros(tp, dt, 4, shape);
     parts[n++] = x;
-    shape[axis] = hi, parts[n++] = cm_zeros(tp, CM_DTYPE_F32, 4, shape);
+    shape[axis] = hi, parts[n++] = cm_zeros(tp, dt, 4, shape);
     return cm_concat(tp, parts, n, axis);
 }
 
