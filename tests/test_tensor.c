@@ -49,6 +49,34 @@ Test(dtype, names_parse_and_sizes) {
     cr_assert_eq(cm_dtype_size(CM_DTYPE_U8), 1);
 }
 
+/* The row rounding (cmi_bf16_round16, vcvtneps2bf16 where the build has AVX512-BF16) and the
+ * parallel cmi_bf16_round give cm_f32_to_bf16's result for every high half with low halves around
+ * the rounding points: zeros, denormals (which the instruction alone flushes) next to normals in one
+ * vector, ties, infinities, quiet and signalling NaNs; an odd length runs the tail. */
+Test(dtype, bf16_row_rounding_equals_the_scalar_rounding_everywhere) {
+    const uint32_t lows[6] = {0x0000, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1234};
+    const int64_t n = 65536 * 6 + 5;
+    float *s = malloc(sizeof(float) * (size_t)n);
+    uint16_t *d = malloc(sizeof(uint16_t) * (size_t)n);
+    cr_assert(s && d);
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t u = ((uint32_t)(i / 6 % 65536) << 16) | lows[i % 6];
+        memcpy(&s[i], &u, 4);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        memset(d, 0xa5, sizeof(uint16_t) * (size_t)n);
+        if (pass == 0) cmi_bf16_round(d, s, n);
+        else cmi_bf16_round16(d, s, n - n % 16);
+        for (int64_t i = 0; i < (pass ? n - n % 16 : n); i++) {
+            uint32_t u;
+            memcpy(&u, &s[i], 4);
+            cr_assert_eq(d[i], cm_f32_to_bf16(s[i]), "%s: %08x -> %04x, want %04x",
+                         pass ? "cmi_bf16_round16" : "cmi_bf16_round", u, d[i], cm_f32_to_bf16(s[i]));
+        }
+    }
+    free(s), free(d);
+}
+
 Test(dtype, bf16_and_f16_conversions_round_to_nearest_even) {
     cr_assert_eq(cm_f32_to_bf16(1.0f), 0x3f80);
     cr_assert_eq(cm_bf16_to_f32(0x3f80), 1.0f);

@@ -215,6 +215,7 @@ static inline __attribute__((always_inline)) void affine_rows(void *restrict out
                                                               const bool relu, const bool xbf, const bool rbf,
                                                               const int64_t CK) {
     if (CK) C = CK;
+    float yb[64]; /* a bf16 row of CK channels: f32 here, then rounded as a row */
     for (int64_t o = o0; o < o1; o++) {
         void *restrict orow = (void *)at(out, o * C, xbf);
         const void *restrict xr = at(x, o * C, xbf), *restrict rr = has_res ? at(res, o * C, rbf) : NULL; // (C)
@@ -223,8 +224,10 @@ static inline __attribute__((always_inline)) void affine_rows(void *restrict out
             float y = (ld(xr, c, xbf) - S[c]) * Q[c] + R[c];
             if (has_res) y += ld(rr, c, rbf);
             if (relu) y = y > 0.0f ? y : 0.0f;
-            st(orow, c, y, xbf);
+            if (xbf && CK) yb[c] = y;
+            else st(orow, c, y, xbf);
         }
+        if (xbf && CK) cmi_bf16_round16(orow, yb, CK);
     }
 }
 
@@ -457,6 +460,8 @@ static inline __attribute__((always_inline)) void dx_rows(void *restrict o, cons
                                                           const bool bf, const bool gb, const bool gbf,
                                                           const int64_t CK) {
     if (CK) C = CK;
+    const bool rows_bf = fresh && gb && CK; /* bf16 rows of CK channels: f32 here, then rounded as a row */
+    float db[64]; /* CK <= 64 */
     for (int64_t r = o0; r < o1; r++) {
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) {
@@ -465,9 +470,11 @@ static inline __attribute__((always_inline)) void dx_rows(void *restrict o, cons
                             : has_y ? (ld(y, e, bf) > 0.0f ? ld(g, e, gbf) : 0.0f)
                                     : ld(g, e, gbf);
             const float d = v * P[c] + (ld(x, e, bf) - mean[c]) * Q[c] + R[c];
-            if (fresh) st(o, e, d, gb);
+            if (rows_bf) db[c] = d;
+            else if (fresh) st(o, e, d, gb);
             else ((float *)o)[e] += d;
         }
+        if (rows_bf) cmi_bf16_round16((uint16_t *)o + r * C, db, CK);
     }
 }
 
