@@ -49,8 +49,8 @@ Test(dtype, names_parse_and_sizes) {
     cr_assert_eq(cm_dtype_size(CM_DTYPE_U8), 1);
 }
 
-/* The row rounding (cmi_bf16_round16, vcvtneps2bf16 where the build has AVX512-BF16) and the
- * parallel cmi_bf16_round give cm_f32_to_bf16's result for every high half with low halves around
+/* The row rounding (cmi_bf16_round16, vcvtneps2bf16 where the build has AVX512-BF16), the
+ * parallel cmi_bf16_round and cm_cast give cm_f32_to_bf16's result for every high half with low halves around
  * the rounding points: zeros, denormals (which the instruction alone flushes) next to normals in one
  * vector, ties, infinities, quiet and signalling NaNs; an odd length runs the tail. */
 Test(dtype, bf16_row_rounding_equals_the_scalar_rounding_everywhere) {
@@ -63,17 +63,29 @@ Test(dtype, bf16_row_rounding_equals_the_scalar_rounding_everywhere) {
         const uint32_t u = ((uint32_t)(i / 6 % 65536) << 16) | lows[i % 6];
         memcpy(&s[i], &u, 4);
     }
-    for (int pass = 0; pass < 2; pass++) {
+    cm_tape *tp = cmt_tape();
+    cm_tensor *t = cm_zeros(tp, CM_DTYPE_F32, 1, &n);
+    cr_assert(t, "%s", cm_tape_error(tp));
+    memcpy(cm_tensor_data(t), s, sizeof(float) * (size_t)n);
+    const char *names[3] = {"cmi_bf16_round", "cmi_bf16_round16", "cm_cast"};
+    for (int pass = 0; pass < 3; pass++) {
+        const uint16_t *got = d;
         memset(d, 0xa5, sizeof(uint16_t) * (size_t)n);
         if (pass == 0) cmi_bf16_round(d, s, n);
-        else cmi_bf16_round16(d, s, n - n % 16);
-        for (int64_t i = 0; i < (pass ? n - n % 16 : n); i++) {
+        else if (pass == 1) cmi_bf16_round16(d, s, n - n % 16);
+        else {
+            cm_tensor *b = cm_cast(tp, t, CM_DTYPE_BF16);
+            cr_assert(b, "%s", cm_tape_error(tp));
+            got = cm_tensor_data(b);
+        }
+        for (int64_t i = 0; i < (pass == 1 ? n - n % 16 : n); i++) {
             uint32_t u;
             memcpy(&u, &s[i], 4);
-            cr_assert_eq(d[i], cm_f32_to_bf16(s[i]), "%s: %08x -> %04x, want %04x",
-                         pass ? "cmi_bf16_round16" : "cmi_bf16_round", u, d[i], cm_f32_to_bf16(s[i]));
+            cr_assert_eq(got[i], cm_f32_to_bf16(s[i]), "%s: %08x -> %04x, want %04x", names[pass], u, got[i],
+                         cm_f32_to_bf16(s[i]));
         }
     }
+    cm_tape_free(tp);
     free(s), free(d);
 }
 
