@@ -231,15 +231,18 @@ cm_status cmi_conv_wgrad_bf16(cm_tape *tp, const cmi_conv_geom *g, cm_dtype xs, 
             else chunk_x16(g, x, n0, dyi, m, a, &pf);
         }
     }
-    /* dW (Cout, Cin, 3, 3) += the threads' acc[(kh·3 + kw)·OC + oc][ic] */
+    /* dW (Cout, Cin, 3, 3) += the threads' acc[(kh·3 + kw)·OC + oc][ic], read along ic (contiguous;
+     * the threads' order of the sum is kept) */
 #pragma omp parallel for if (OC * IC >= 1024) schedule(static)
     for (int64_t oc = 0; oc < OC; oc++)
-        for (int64_t ic = 0; ic < IC; ic++)
-            for (int k = 0; k < 9; k++) {
+        for (int k = 0; k < 9; k++) {
+            const float *a0 = acc + (size_t)((k * OC + oc) * IC);
+            for (int64_t ic = 0; ic < IC; ic++) {
                 float s = 0.0f;
-                for (int t = 0; t < nth; t++) s += acc[acc_n * (size_t)t + (size_t)((k * OC + oc) * IC + ic)];
+                for (int t = 0; t < nth; t++) s += a0[acc_n * (size_t)t + (size_t)ic];
                 dW[(oc * IC + ic) * 9 + k] += s;
             }
+        }
     cm_arena_rewind(tp->arena, mark);
     return CM_OK;
 #else
