@@ -280,10 +280,8 @@ void cmi_parallel_memcpy(void *dst, const void *src, size_t bytes) {
 
 void cmi_bf16_round(uint16_t *d, const float *s, int64_t n) {
     enum { BLK = 4096 };
-    const int64_t n16 = n - n % 16;
 #pragma omp parallel for schedule(static) if (n > CMI_PAR_MIN)
-    for (int64_t i = 0; i < n16; i += BLK) cmi_bf16_round16(d + i, s + i, n16 - i < BLK ? n16 - i : BLK);
-    for (int64_t i = n16; i < n; i++) d[i] = cmi_f32_to_bf16(s[i]);
+    for (int64_t i = 0; i < n; i += BLK) cmi_bf16_round_n(d + i, s + i, n - i < BLK ? n - i : BLK);
 }
 
 void cmi_bf16_widen(float *d, const uint16_t *s, int64_t n) {

@@ -222,6 +222,13 @@ static inline void cmi_bf16_round16(uint16_t *restrict d, const float *restrict 
     }
 }
 
+/* cmi_bf16_round16 for any n: the multiple-of-16 part, then the rest by the formula. */
+static inline void cmi_bf16_round_n(uint16_t *restrict d, const float *restrict s, int64_t n) {
+    const int64_t n16 = n - n % 16;
+    cmi_bf16_round16(d, s, n16);
+    for (int64_t i = n16; i < n; i++) d[i] = cmi_f32_to_bf16(s[i]);
+}
+
 static inline float cmi_bf16_to_f32(uint16_t x) {
     const uint32_t u = (uint32_t)x << 16;
     float f;

@@ -64,11 +64,9 @@ static void copy_row(int64_t n, char *const *p, const int64_t *inner, void *vctx
     if (c->dd == CM_DTYPE_BF16 && c->ds == CM_DTYPE_F32) {
         uint16_t *d = (uint16_t *)p[0];
         const float *s = (const float *)p[1];
-        if (inner[0] == 1 && inner[1] == 1) {
-            const int64_t n16 = n - n % 16;
-            cmi_bf16_round16(d, s, n16);
-            for (int64_t i = n16; i < n; i++) d[i] = cmi_f32_to_bf16(s[i]);
-        } else
+        if (inner[0] == 1 && inner[1] == 1)
+            cmi_bf16_round_n(d, s, n);
+        else
             for (int64_t i = 0; i < n; i++) d[i * inner[0]] = cmi_f32_to_bf16(s[i * inner[1]]);
         return;
     }
