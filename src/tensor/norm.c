@@ -197,13 +197,13 @@ static inline __attribute__((always_inline)) const void *at(const void *p, int64
     return bf ? (const void *)((const uint16_t *)p + i) : (const void *)((const float *)p + i);
 }
 
-/* F(args..., CK): the row kernels with the channel count a compile-time constant for the common
- * widths (fully unrolled, no remainder), else CK 0 (C at run time). */
-#define CMI_BY_C(F, ...)                                                                                               \
+/* F(args..., CK): the row kernels with the channel count CV a compile-time constant CK for the
+ * common widths (fully unrolled, no remainder), else CK 0 (CV at run time). */
+#define CMI_BY_C(CV, F, ...)                                                                                           \
     do {                                                                                                               \
-        if (C == 16) F(__VA_ARGS__, 16);                                                                               \
-        else if (C == 32) F(__VA_ARGS__, 32);                                                                          \
-        else if (C == 64) F(__VA_ARGS__, 64);                                                                          \
+        if ((CV) == 16) F(__VA_ARGS__, 16);                                                                            \
+        else if ((CV) == 32) F(__VA_ARGS__, 32);                                                                       \
+        else if ((CV) == 64) F(__VA_ARGS__, 64);                                                                       \
         else F(__VA_ARGS__, 0);                                                                                        \
     } while (0)
 
@@ -275,7 +275,7 @@ static void chan_affine(void *out, const void *x, const float *S, const float *Q
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
-#define CMI_ROWS(HR, RL, XB, RB) CMI_BY_C(affine_rows, out, x, res, S, Q, R, o0, o1, C, HR, RL, XB, RB)
+#define CMI_ROWS(HR, RL, XB, RB) CMI_BY_C(C, affine_rows, out, x, res, S, Q, R, o0, o1, C, HR, RL, XB, RB)
             CMI_AFFINE_CASES(CMI_ROWS)
 #undef CMI_ROWS
         }
@@ -429,7 +429,7 @@ static cm_status chan_sums(cm_tape *tp, const void *x, const float *m, const voi
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
             for (int64_t c = 0; c < C; c++) f1[c] = f2[c] = 0.0f;
 #define CMI_ROWS(G, Y, GR, HG, HY, HZ, HR, FR, BF, GB)                                                                 \
-    CMI_BY_C(sums_rows, x, m, G, Y, zq, GR, o0, o1, C, f1, f2, HG, HY, HZ, HR, FR, BF, GB)
+    CMI_BY_C(C, sums_rows, x, m, G, Y, zq, GR, o0, o1, C, f1, f2, HG, HY, HZ, HR, FR, BF, GB)
             CMI_SUMS_CASES(CMI_ROWS)
 #undef CMI_ROWS
             for (int64_t c = 0; c < C; c++) p1[c] += f1[c], p2[c] += f2[c];
@@ -539,7 +539,7 @@ static void bn_bwd_dx(void *gx, bool fresh, const void *x, const float *mean, co
         for (int64_t o0 = 0; o0 < O; o0 += BLK) {
             const int64_t o1 = o0 + BLK < O ? o0 + BLK : O;
 #define CMI_ROW(Y, HY, HZ, FR, BF, GB, GBF)                                                                            \
-    CMI_BY_C(dx_rows, gx, x, mean, g, Y, zq, P, Q, R, o0, o1, C, HY, HZ, FR, BF, GB, GBF)
+    CMI_BY_C(C, dx_rows, gx, x, mean, g, Y, zq, P, Q, R, o0, o1, C, HY, HZ, FR, BF, GB, GBF)
             CMI_DX_CASES(CMI_ROW)
 #undef CMI_ROW
         }
