@@ -4,11 +4,15 @@
  *   dnnl-plain    oneDNN primitives on the user's nchw / nhwc activations (the default for NHWC)
  *   dnnl-blocked  oneDNN primitives on its own blocked activation layout, reordered in and out
  *                 (the default for NCHW)
+ *   dnnl-winograd oneDNN's f32 Winograd F(4x4, 3x3) wherever it has one (blocked layout), direct
+ *                 elsewhere (CM_CONV_ALGO=winograd)
+ *   dnnl-auto     the default: Winograd where cmi_conv_algo's auto rule takes it, direct elsewhere
+ * (the f32 variants above dnnl-winograd run the direct algorithm)
  * in f32, and with bf16 x and weight (explicit bf16 leaves, as autocast produces them):
  *   bf16-widen    bf16 widened to f32, then the f32 oneDNN kernel (CM_CONV_BF16=widen)
  *   bf16-dnnl-*   oneDNN's bf16 primitives (needs avx512_core_bf16 or AMX; skipped elsewhere)
- * Usage: bench_conv [reps] [filter] (CM_NUM_THREADS sets the threads; filter: run only kernels
- * whose name contains it). Prints the best of `reps` timed runs (after one warm-up) and the ratio
+ * Usage: bench_conv [reps] [filter] [shape] (CM_NUM_THREADS sets the threads; filter: run only
+ * kernels whose name contains it; shape: only shapes whose name contains it). Prints the best of `reps` timed runs (after one warm-up) and the ratio
  * to im2col f32 of the same shape and layout. */
 #include "tensor/dnnl_conv.h"
 #include "tensor/dnnl_gemm.h"
@@ -36,24 +40,30 @@ typedef struct {
     cmi_conv_act_layout act;
     bool bf16;
     cmi_conv_bf16_kernel bk;
+    cmi_conv_algo algo; /* f32 algorithm (bf16 is always direct) */
 } variant;
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 3;
-    const char *filter = argc > 2 ? argv[2] : NULL;
+    const char *filter = argc > 2 ? argv[2] : NULL, *shape_filter = argc > 3 ? argv[3] : NULL;
     const shape shapes[] = {
         {"stage1 16->16 3x3 32x32", 128, 16, 32, 16, 3, 1, 1}, {"stage2 32->32 3x3 16x16", 128, 32, 16, 32, 3, 1, 1},
         {"stage3 64->64 3x3 8x8", 128, 64, 8, 64, 3, 1, 1},    {"down 16->32 3x3 s2", 128, 16, 32, 32, 3, 2, 1},
         {"down 32->64 3x3 s2", 128, 32, 16, 64, 3, 2, 1},      {"stem 3->16 3x3 32x32", 128, 3, 32, 16, 3, 1, 1},
         {"1x1 32->64 16x16", 128, 32, 16, 64, 1, 1, 0},
+        /* ImageNet ResNet-18/34 stages at batch 32 */
+        {"in-s1 64->64 3x3 56x56", 32, 64, 56, 64, 3, 1, 1},   {"in-s2 128->128 3x3 28x28", 32, 128, 28, 128, 3, 1, 1},
+        {"in-s3 256->256 3x3 14x14", 32, 256, 14, 256, 3, 1, 1}, {"in-s4 512->512 3x3 7x7", 32, 512, 7, 512, 3, 1, 1},
     };
     const variant variants[] = {
-        {"im2col", CMI_CONV_IM2COL, CMI_CONV_ACT_AUTO, false, CMI_CONV_BF16_WIDEN},
-        {"dnnl-plain", CMI_CONV_DNNL, CMI_CONV_ACT_PLAIN, false, CMI_CONV_BF16_WIDEN},
-        {"dnnl-blocked", CMI_CONV_DNNL, CMI_CONV_ACT_BLOCKED, false, CMI_CONV_BF16_WIDEN},
-        {"bf16-widen", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, true, CMI_CONV_BF16_WIDEN},
-        {"bf16-dnnl-plain", CMI_CONV_DNNL, CMI_CONV_ACT_PLAIN, true, CMI_CONV_BF16_ONEDNN},
-        {"bf16-dnnl-blocked", CMI_CONV_DNNL, CMI_CONV_ACT_BLOCKED, true, CMI_CONV_BF16_ONEDNN},
+        {"im2col", CMI_CONV_IM2COL, CMI_CONV_ACT_AUTO, false, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_DIRECT},
+        {"dnnl-plain", CMI_CONV_DNNL, CMI_CONV_ACT_PLAIN, false, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_DIRECT},
+        {"dnnl-blocked", CMI_CONV_DNNL, CMI_CONV_ACT_BLOCKED, false, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_DIRECT},
+        {"dnnl-winograd", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, false, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_WINOGRAD},
+        {"dnnl-auto", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, false, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_AUTO},
+        {"bf16-widen", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, true, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_DIRECT},
+        {"bf16-dnnl-plain", CMI_CONV_DNNL, CMI_CONV_ACT_PLAIN, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_DIRECT},
+        {"bf16-dnnl-blocked", CMI_CONV_DNNL, CMI_CONV_ACT_BLOCKED, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_DIRECT},
     };
     const int nv = (int)(sizeof variants / sizeof variants[0]);
     cm_tape_config cfg = cm_tape_config_default();
@@ -65,6 +75,7 @@ int main(int argc, char **argv) {
     for (int cl = 0; cl < 2; cl++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const shape *sh = &shapes[s];
+            if (shape_filter && !strstr(sh->name, shape_filter)) continue;
             int64_t xs[4] = {sh->n, sh->cin, sh->hw, sh->hw}, ws[4] = {sh->cout, sh->cin, sh->k, sh->k};
             if (cl) xs[1] = sh->hw, xs[2] = sh->hw, xs[3] = sh->cin;
             cm_tensor *x, *w, *xh, *wh;
@@ -91,6 +102,7 @@ int main(int argc, char **argv) {
                 cmi_conv_set_kernel(va->kernel);
                 cmi_conv_set_act_layout(va->act);
                 cmi_conv_set_bf16_kernel(va->bk);
+                cmi_conv_set_algo(va->algo);
                 double tf = 1e30, tb = 1e30;
                 for (int i = 0; i < reps + 1; i++) {
                     double t0 = now();
@@ -114,6 +126,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 4; i++) cm_tensor_free(all[i]);
         }
     cmi_conv_set_act_layout(CMI_CONV_ACT_AUTO);
+    cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
     cm_tape_free(tp);
     return 0;
 }

@@ -52,6 +52,12 @@ static bool own_pass(const cfg *c, int p, bool x_bf16) {
     return cmi_conv_direct_bf16_fits(&g);
 }
 
+/* oneDNN 2.6 has f32 Winograd kernels on AVX-512 only (elsewhere WINOGRAD falls back to direct) */
+static bool have_winograd(void) {
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+    return (isa & avx512) == avx512;
+}
+
 static cm_tensor *call_conv(cm_tape *tp, cm_tensor *const *in, void *ctx) {
     cm_conv2d_opts o = opts_of(ctx);
     return cm_conv2d(tp, in[0], in[1], in[2], &o);
@@ -522,11 +528,29 @@ Test(conv, env_cm_conv_im2col_selects_im2col) {
     cm_tape_free(a.tp);
 }
 
+Test(conv, env_cm_conv_algo_selects_the_algorithm) {
+    setenv("CM_CONV_ALGO", "direct", 1); /* read on first use, in this test's own process */
+    cr_assert_eq(cmi_conv_get_algo(), CMI_CONV_ALGO_DIRECT);
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    cmi_conv_stats_reset();
+    conv_run a = run_conv(&k_resnet[5], 1, (run_mode){false, false, false, false}); /* stage 3: auto's Winograd */
+    cmi_conv_stats st;
+    cmi_conv_stats_get(&st);
+    for (int p = 0; p < CMI_CONV_N_PASSES; p++) cr_assert(st.dnnl[p] == 1 && st.winograd[p] == 0, "pass %d", p);
+    cm_tape_free(a.tp);
+}
+
+Test(conv, env_cm_conv_algo_rejects_an_unknown_algorithm_and_keeps_auto) {
+    setenv("CM_CONV_ALGO", "fft", 1);
+    cr_assert_eq(cmi_conv_get_algo(), CMI_CONV_ALGO_AUTO);
+}
+
 /* Without overrides: oneDNN, and native bf16 exactly where the ISA has it. */
 Test(conv, default_kernels_follow_the_isa) {
     const char *e1 = getenv("CM_CONV"), *e2 = getenv("CM_CONV_BF16");
     if ((e1 && *e1) || (e2 && *e2)) cr_skip_test("CM_CONV / CM_CONV_BF16 override the defaults");
     cr_assert_eq(cmi_conv_get_kernel(), CMI_CONV_DNNL);
+    if (!(getenv("CM_CONV_ALGO") && *getenv("CM_CONV_ALGO"))) cr_assert_eq(cmi_conv_get_algo(), CMI_CONV_ALGO_AUTO);
     cr_assert_eq(cmi_conv_get_bf16_kernel(), cmi_bf16_native() ? CMI_CONV_BF16_ONEDNN : CMI_CONV_BF16_WIDEN, "ISA %s",
                  cmi_dnnl_isa_name());
 }
@@ -607,8 +631,13 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
                              cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)st.own_bf16[p],
                              (long long)own);
             }
+            /* f32: the 34 stride-1 convolutions of stages 2 and 3 (32 and 64 channels) on Winograd (auto) */
+            const int64_t wino = !amp && have_winograd() && cmi_conv_get_algo() == CMI_CONV_ALGO_AUTO ? 34 : 0;
             for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
                 const int64_t on = native ? st.dnnl_bf16[p] + st.own_bf16[p] : st.dnnl[p];
+                cr_assert_eq(st.winograd[p], wino, "%s%s pass %d: %lld on Winograd (want %lld)",
+                             cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)st.winograd[p],
+                             (long long)wino);
                 cr_assert(on == want[p] && st.im2col[p] == 0,
                           "%s%s pass %d: %lld on oneDNN (want %lld), %lld on im2col", cl ? "channels-last" : "NCHW",
                           amp ? " amp_bf16" : "", p, (long long)on, (long long)want[p], (long long)st.im2col[p]);
@@ -1048,4 +1077,141 @@ Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
     };
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
         cr_assert(!cmi_conv_direct_bf16_fits(&no[i]), "problem %zu is not the direct kernel's", i);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* f32 algorithm: Winograd (oneDNN's F(4x4, 3x3)) against direct                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* t (4-d, the config's layout) as doubles in (N, C, H, W) order */
+static double *as_nchw(const cm_tensor *t, bool cl) {
+    const int64_t *s = cm_tensor_shape(t);
+    const int64_t N = s[0], C = cl ? s[3] : s[1], H = cl ? s[1] : s[2], W = cl ? s[2] : s[3];
+    double *v = malloc((size_t)(N * C * H * W) * sizeof(double));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t w = 0; w < W; w++) {
+                    int64_t i[4] = {n, c, h, w};
+                    if (cl) i[1] = h, i[2] = w, i[3] = c;
+                    v[((n * C + c) * H + h) * W + w] = cm_tensor_get(t, i);
+                }
+    return v;
+}
+
+/* Largest |got - want| / (Σ|products| + tiny) over t, t in the config's layout, want and mag NCHW */
+static double worst_error(const cm_tensor *t, bool cl, const double *want, const double *mag) {
+    double *got = as_nchw(t, cl), worst = 0.0;
+    for (int64_t i = 0; i < cm_tensor_numel(t); i++) {
+        const double e = fabs(got[i] - want[i]) / (mag[i] + 1e-30);
+        if (e > worst) worst = e;
+    }
+    free(got);
+    return worst;
+}
+
+/* y, dx and dw of a 3x3 stride-1 pad-1 convolution in double (NCHW, weight (Cout, Cin, 3, 3)),
+ * each with Σ|products| per entry */
+typedef struct {
+    double *y, *dx, *dw, *ym, *dxm, *dwm;
+} conv_ref3;
+static conv_ref3 ref_conv3(int64_t N, int64_t CI, int64_t H, int64_t W, int64_t CO, const double *x, const double *w,
+                           const double *dy) {
+    conv_ref3 r;
+    const size_t xn = (size_t)(N * CI * H * W), yn = (size_t)(N * CO * H * W), wn = (size_t)(CO * CI * 9);
+    r.y = calloc(yn, 8), r.ym = calloc(yn, 8), r.dx = calloc(xn, 8), r.dxm = calloc(xn, 8);
+    r.dw = calloc(wn, 8), r.dwm = calloc(wn, 8);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t co = 0; co < CO; co++)
+            for (int64_t ci = 0; ci < CI; ci++)
+                for (int64_t oh = 0; oh < H; oh++)
+                    for (int64_t ow = 0; ow < W; ow++)
+                        for (int kh = 0; kh < 3; kh++)
+                            for (int kw = 0; kw < 3; kw++) {
+                                const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                const int64_t xi = ((n * CI + ci) * H + ih) * W + iw, yi = ((n * CO + co) * H + oh) * W + ow;
+                                const int64_t wi = ((co * CI + ci) * 3 + kh) * 3 + kw;
+                                r.y[yi] += x[xi] * w[wi], r.ym[yi] += fabs(x[xi] * w[wi]);
+                                r.dx[xi] += dy[yi] * w[wi], r.dxm[xi] += fabs(dy[yi] * w[wi]);
+                                r.dw[wi] += dy[yi] * x[xi], r.dwm[wi] += fabs(dy[yi] * x[xi]);
+                            }
+    return r;
+}
+
+/* Each algorithm's forward, backward-data and backward-weights against the double reference, on
+ * the ResNet-CIFAR stage shapes and odd ones (7x9 pixels: partial 4x4 tiles; 48 -> 32 channels),
+ * NCHW and channels-last, with and without a bias; the counters say which algorithm ran.
+ * Error, as a fraction of each entry's Σ|products| (measured on this machine, AVX-512): direct
+ * up to 3.2e-7, Winograd up to 1.5e-6 (its transforms, at points 0, ±1, ±2, ±1/2, amplify f32
+ * rounding; worst in dw). Bounds 1e-6 and 5e-6: a wrong tap or a lost tile border is O(1). */
+Test(conv, winograd_and_direct_match_a_double_reference) {
+    cmi_conv_set_kernel(CMI_CONV_DNNL);
+    const int wino = have_winograd();
+    const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
+                                 {4, 32, 16, 16, 32}, {3, 64, 8, 8, 64}, {2, 48, 7, 9, 32}, {2, 32, 4, 4, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int cl = 0; cl < 2; cl++) {
+            const int64_t N = shapes[s][0], CI = shapes[s][1], H = shapes[s][2], W = shapes[s][3], CO = shapes[s][4];
+            const bool bias = s == 2;
+            const cfg c = {N, CI, H, W, CO, 3, 3, 1, 1, 1, 1, 1, 1, 1, cl, bias, false};
+            double worst[2][3] = {{0}};
+            for (int algo = 0; algo < 2; algo++) {
+                cmi_conv_set_algo(algo ? CMI_CONV_ALGO_WINOGRAD : CMI_CONV_ALGO_DIRECT);
+                cmi_conv_stats_reset();
+                const run_mode m = {false, false, false, false};
+                conv_run r = run_conv(&c, 900 + s, m);
+                cmi_conv_stats st;
+                cmi_conv_stats_get(&st);
+                for (int p = 0; p < CMI_CONV_N_PASSES; p++)
+                    cr_assert(st.dnnl[p] == 1 && st.winograd[p] == (algo && wino) && st.im2col[p] == 0,
+                              "shape %zu %s algo %d pass %d: dnnl %lld winograd %lld im2col %lld", s, cl ? "NHWC" : "NCHW",
+                              algo, p, (long long)st.dnnl[p], (long long)st.winograd[p], (long long)st.im2col[p]);
+                double *x = as_nchw(r.x, cl), *dy = NULL, *w = malloc((size_t)(CO * CI * 9) * 8);
+                for (int64_t i = 0; i < CO * CI * 9; i++) w[i] = cm_tensor_get_flat(r.w, i);
+                cm_tensor *g = cmt_randn(r.tp, 4, cm_tensor_shape(r.y), 900 + s + 7, false); /* run_conv's dy */
+                dy = as_nchw(g, cl);
+                conv_ref3 ref = ref_conv3(N, CI, H, W, CO, x, w, dy);
+                if (bias) /* y's reference without the bias: take it off (exact enough: b is O(1)) */
+                    for (int64_t n = 0; n < N; n++)
+                        for (int64_t co = 0; co < CO; co++)
+                            for (int64_t i = 0; i < H * W; i++) {
+                                ref.y[(n * CO + co) * H * W + i] += cm_tensor_get_flat(r.b, co);
+                                ref.ym[(n * CO + co) * H * W + i] += fabs(cm_tensor_get_flat(r.b, co));
+                            }
+                worst[algo][0] = worst_error(r.y, cl, ref.y, ref.ym);
+                worst[algo][1] = worst_error(cm_tensor_grad(r.x), cl, ref.dx, ref.dxm);
+                double wworst = 0.0;
+                for (int64_t i = 0; i < CO * CI * 9; i++) {
+                    const double e = fabs(cm_tensor_get_flat(cm_tensor_grad(r.w), i) - ref.dw[i]) / (ref.dwm[i] + 1e-30);
+                    if (e > wworst) wworst = e;
+                }
+                worst[algo][2] = wworst;
+                if (bias) {
+                    const cm_tensor *db = cm_tensor_grad(r.b);
+                    for (int64_t co = 0; co < CO; co++) {
+                        double want = 0.0, mag = 0.0;
+                        for (int64_t n = 0; n < N; n++)
+                            for (int64_t i = 0; i < H * W; i++) {
+                                want += dy[(n * CO + co) * H * W + i];
+                                mag += fabs(dy[(n * CO + co) * H * W + i]);
+                            }
+                        cr_assert(fabs(cm_tensor_get_flat(db, co) - want) <= 1e-6 * mag, "shape %zu algo %d db[%lld]",
+                                  s, algo, (long long)co);
+                    }
+                }
+                free(x), free(dy), free(w);
+                free(ref.y), free(ref.ym), free(ref.dx), free(ref.dxm), free(ref.dw), free(ref.dwm);
+                cm_tape_free(r.tp);
+            }
+            const char *names[3] = {"y", "dx", "dw"};
+            for (int i = 0; i < 3; i++)
+                for (int algo = 0; algo < 2; algo++) {
+                    const double bound = algo ? 5e-6 : 1e-6;
+                    cr_assert(worst[algo][i] <= bound, "shape %zu %s %s %s: error %.3g of Σ|products| (bound %.0e)", s,
+                              cl ? "channels-last" : "NCHW", algo ? "winograd" : "direct", names[i], worst[algo][i],
+                              bound);
+                }
+        }
+    cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
 }

@@ -32,7 +32,8 @@
 /* ------------------------------------------------------------------------------------------ */
 
 static pthread_once_t g_kernel_once = PTHREAD_ONCE_INIT;
-static _Atomic int g_kernel = -1, g_bf16_kernel = -1, g_act_layout = CMI_CONV_ACT_AUTO, g_own_passes = -1;
+static _Atomic int g_kernel = -1, g_bf16_kernel = -1, g_act_layout = CMI_CONV_ACT_AUTO, g_own_passes = -1,
+                   g_algo = -1;
 
 static void kernel_init(void) {
     const char *e = getenv("CM_CONV");
@@ -71,7 +72,17 @@ static void kernel_init(void) {
             if (*p == ',') p++;
         }
     }
+    const char *a = getenv("CM_CONV_ALGO");
+    int algo = CMI_CONV_ALGO_AUTO;
+    if (a && strcmp(a, "auto") == 0) algo = CMI_CONV_ALGO_AUTO;
+    else if (a && strcmp(a, "direct") == 0) algo = CMI_CONV_ALGO_DIRECT;
+    else if (a && strcmp(a, "winograd") == 0) algo = CMI_CONV_ALGO_WINOGRAD;
+    else if (a && *a)
+        cm_log_msg(CM_LOG_WARN, "CM_CONV_ALGO='%s' is not a convolution algorithm (use auto, direct or winograd); using auto",
+                   a);
     int expect = -1;
+    atomic_compare_exchange_strong(&g_algo, &expect, algo);
+    expect = -1;
     atomic_compare_exchange_strong(&g_kernel, &expect, k);
     expect = -1;
     atomic_compare_exchange_strong(&g_bf16_kernel, &expect, kb);
@@ -109,6 +120,16 @@ void cmi_conv_set_bf16_kernel(cmi_conv_bf16_kernel k) {
     atomic_store(&g_bf16_kernel, (int)k);
 }
 
+cmi_conv_algo cmi_conv_get_algo(void) {
+    pthread_once(&g_kernel_once, kernel_init);
+    return (cmi_conv_algo)atomic_load(&g_algo);
+}
+
+void cmi_conv_set_algo(cmi_conv_algo a) {
+    pthread_once(&g_kernel_once, kernel_init);
+    atomic_store(&g_algo, (int)a);
+}
+
 cmi_conv_act_layout cmi_conv_get_act_layout(void) { return (cmi_conv_act_layout)atomic_load(&g_act_layout); }
 void cmi_conv_set_act_layout(cmi_conv_act_layout l) { atomic_store(&g_act_layout, (int)l); }
 
@@ -125,6 +146,7 @@ void cmi_conv_stats_get(cmi_conv_stats *s) {
         s->im2col[p] = atomic_load(&g_stats[CMI_CONV_RAN_IM2COL][p]);
         s->widened[p] = atomic_load(&g_stats[CMI_CONV_RAN_WIDENED][p]);
         s->own_bf16[p] = atomic_load(&g_stats[CMI_CONV_RAN_OWN_BF16][p]);
+        s->winograd[p] = atomic_load(&g_stats[CMI_CONV_RAN_WINOGRAD][p]);
     }
     s->unimplemented = atomic_load(&g_unimplemented);
 }
@@ -144,7 +166,7 @@ typedef struct {
     int32_t cl, bf16, pass, bias, blocked;
     int32_t x_f32, w_f32, y_bf16; /* bf16 compute on an f32 x / f32 w (autocast); a bf16 y (forward) or dy */
     int32_t dx_bf16;              /* backward-data writes a bf16 dx */
-    int32_t unused;               /* keeps the key free of padding (compared with memcmp) */
+    int32_t wino;                 /* f32 Winograd asked for (falls back to direct where oneDNN has none) */
 } conv_key;
 
 typedef struct {
@@ -158,6 +180,7 @@ typedef struct {
 typedef struct {
     conv_key key;
     bool unimplemented;
+    bool wino; /* the primitive is oneDNN's Winograd convolution (key.wino and oneDNN had one) */
     dnnl_primitive_t prim;
     int n_args;
     conv_arg args[MAX_ARGS];
@@ -211,22 +234,21 @@ static void md_wei(dnnl_memory_desc_t *md, const conv_key *k, dnnl_data_type_t d
 }
 
 /* The convolution descriptor of pass `pass` over the given memory descriptors. */
-static dnnl_status_t conv_desc(dnnl_convolution_desc_t *cd, const conv_key *k, int pass, const dnnl_memory_desc_t *src,
-                               const dnnl_memory_desc_t *wei, const dnnl_memory_desc_t *bias,
-                               const dnnl_memory_desc_t *dst) {
+static dnnl_status_t conv_desc(dnnl_convolution_desc_t *cd, const conv_key *k, int pass, dnnl_alg_kind_t alg,
+                               const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                               const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst) {
     dnnl_dims_t strides = {k->sh, k->sw}, dil = {k->dh - 1, k->dw - 1}, pl = {k->ph, k->pw}, pr = {k->ph, k->pw};
     /* oneDNN checks (H + pl + pr - ((kh-1)(dh) + 1)) / sh + 1 == OH with integer division, which is
      * PyTorch's floor for a non-empty output: pr = pl matches PyTorch's symmetric padding. */
     switch (pass) {
     case CMI_CONV_FWD:
-        return dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct, src, wei,
-                                                          bias, dst, strides, dil, pl, pr);
+        return dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, alg, src, wei, bias, dst, strides,
+                                                          dil, pl, pr);
     case CMI_CONV_BWD_DATA:
-        return dnnl_dilated_convolution_backward_data_desc_init(cd, dnnl_convolution_direct, src, wei, dst, strides,
-                                                                dil, pl, pr);
+        return dnnl_dilated_convolution_backward_data_desc_init(cd, alg, src, wei, dst, strides, dil, pl, pr);
     default:
-        return dnnl_dilated_convolution_backward_weights_desc_init(cd, dnnl_convolution_direct, src, wei, bias, dst,
-                                                                   strides, dil, pl, pr);
+        return dnnl_dilated_convolution_backward_weights_desc_init(cd, alg, src, wei, bias, dst, strides, dil, pl,
+                                                                   pr);
     }
 }
 
@@ -254,6 +276,39 @@ static void entry_destroy(conv_entry *e) {
     for (int i = 0; i < e->n_args; i++)
         if (e->args[i].reorder) dnnl_primitive_destroy(e->args[i].reorder);
     memset(e, 0, sizeof *e);
+}
+
+/* The primitive descriptor of k's pass with algorithm alg over the primitive-side descriptors
+ * (backward passes are created with the forward's as a hint, built here too, its activations in
+ * act_tag). On failure *what
+ * names the step; dnnl_unimplemented is oneDNN having no kernel for it. */
+static dnnl_status_t create_pd(dnnl_primitive_desc_t *pd, const conv_key *k, dnnl_alg_kind_t alg,
+                               dnnl_format_tag_t act_tag, const dnnl_memory_desc_t *p_src, const dnnl_memory_desc_t *p_wei,
+                               const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *p_dst,
+                               const_dnnl_primitive_attr_t attr, const char **what) {
+    dnnl_convolution_desc_t cd, fd;
+    dnnl_primitive_desc_t hint = NULL;
+    dnnl_status_t s;
+    *pd = NULL;
+    if (k->pass != CMI_CONV_FWD) { /* backward primitives need the forward's descriptor as a hint */
+        const dnnl_data_type_t dt = k->bf16 ? dnnl_bf16 : dnnl_f32;
+        dnnl_memory_desc_t h_src, h_wei, h_dst;
+        md_act(&h_src, k->N, k->Cin, k->H, k->W, dt, act_tag);
+        md_act(&h_dst, k->N, k->Cout, k->OH, k->OW, dt, act_tag);
+        md_wei(&h_wei, k, dt, dnnl_format_tag_any);
+        *what = "forward desc_init (hint)";
+        if ((s = conv_desc(&fd, k, CMI_CONV_FWD, alg, &h_src, &h_wei, bias, &h_dst)) != dnnl_success) return s;
+        *what = "forward primitive_desc_create (hint)";
+        if ((s = dnnl_primitive_desc_create(&hint, &fd, NULL, g_engine, NULL)) != dnnl_success) return s;
+    }
+    *what = "desc_init";
+    s = conv_desc(&cd, k, k->pass, alg, p_src, p_wei, bias, p_dst);
+    if (s == dnnl_success) {
+        *what = "primitive_desc_create";
+        s = dnnl_primitive_desc_create(pd, &cd, attr, g_engine, hint);
+    }
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    return s;
 }
 
 /* Builds the primitives for key k into e (not yet in the cache). Called with g_lock held.
@@ -288,37 +343,28 @@ static cm_status build(cm_tape *tp, const conv_key *k, conv_entry *e) {
     md_act(&p_dst, k->N, k->Cout, k->OH, k->OW, dst_dt, act_tag);
     md_wei(&p_wei, k, wei_dt, dnnl_format_tag_any);
 
-    dnnl_convolution_desc_t cd, fd;
-    dnnl_primitive_desc_t hint = NULL, pd = NULL;
+    dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_attr_t attr = NULL;
     cm_status st = CM_OK;
-    if (k->pass != CMI_CONV_FWD) { /* backward primitives need the forward's descriptor as a hint */
-        dnnl_memory_desc_t h_src, h_wei, h_dst;
-        md_act(&h_src, k->N, k->Cin, k->H, k->W, dt, act_tag);
-        md_act(&h_dst, k->N, k->Cout, k->OH, k->OW, dt, act_tag);
-        md_wei(&h_wei, k, dt, dnnl_format_tag_any);
-        if ((s = conv_desc(&fd, k, CMI_CONV_FWD, &h_src, &h_wei, k->bias ? &u_bias : NULL, &h_dst)) != dnnl_success)
-            return dnnl_fail(tp, "forward desc_init (hint)", s, k);
-        if ((s = dnnl_primitive_desc_create(&hint, &fd, NULL, g_engine, NULL)) != dnnl_success) {
-            if (s == dnnl_unimplemented) {
-                e->unimplemented = true;
-                return CM_OK;
-            }
-            return dnnl_fail(tp, "forward primitive_desc_create (hint)", s, k);
-        }
-    }
-    if ((s = conv_desc(&cd, k, k->pass, &p_src, &p_wei, k->bias ? &u_bias : NULL, &p_dst)) != dnnl_success) {
-        st = dnnl_fail(tp, "desc_init", s, k);
-        goto done;
-    }
     if ((s = dnnl_primitive_attr_create(&attr)) != dnnl_success ||
         (s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user)) != dnnl_success) {
         st = dnnl_fail(tp, "attr", s, k);
         goto done;
     }
-    if ((s = dnnl_primitive_desc_create(&pd, &cd, attr, g_engine, hint)) != dnnl_success) {
-        if (s == dnnl_unimplemented) e->unimplemented = true;
-        else st = dnnl_fail(tp, "primitive_desc_create", s, k);
+    /* Winograd first where asked, then direct; unimplemented for both is not an error */
+    for (int wino = k->wino; wino >= 0 && !pd; wino--) {
+        const char *what = NULL;
+        const dnnl_alg_kind_t alg = wino ? dnnl_convolution_winograd : dnnl_convolution_direct;
+        s = create_pd(&pd, k, alg, act_tag, &p_src, &p_wei, k->bias ? &u_bias : NULL, &p_dst, attr, &what);
+        if (s == dnnl_unimplemented) continue;
+        if (s != dnnl_success) {
+            st = dnnl_fail(tp, what, s, k);
+            goto done;
+        }
+        e->wino = wino;
+    }
+    if (!pd) {
+        e->unimplemented = true;
         goto done;
     }
     switch (k->pass) {
@@ -351,7 +397,6 @@ static cm_status build(cm_tape *tp, const conv_key *k, conv_entry *e) {
 done:
     if (st) entry_destroy(e);
     if (pd) dnnl_primitive_desc_destroy(pd);
-    if (hint) dnnl_primitive_desc_destroy(hint);
     if (attr) dnnl_primitive_attr_destroy(attr);
     return st;
 }
@@ -373,6 +418,14 @@ static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype 
     const cmi_conv_act_layout al = cmi_conv_get_act_layout();
     const bool pointwise = g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
     k->blocked = al == CMI_CONV_ACT_BLOCKED || (al == CMI_CONV_ACT_AUTO && !g->cl && !pointwise);
+    const cmi_conv_algo algo = cmi_conv_get_algo();
+    const bool dense3x3 = g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
+                          g->groups == 1;
+    k->wino = !k->bf16 && dense3x3 &&
+              (algo == CMI_CONV_ALGO_WINOGRAD ||
+               (algo == CMI_CONV_ALGO_AUTO && g->Cin % 16 == 0 && g->Cout % 16 == 0 && g->Cin >= 32 &&
+                g->Cout >= 32 && g->OH >= 4 && g->OW >= 4));
+    if (k->wino) k->blocked = 1; /* oneDNN's Winograd kernels work on the blocked layout only */
 }
 
 /* The cached entry for k, built on first use. When the cache is full the entry is built into
@@ -486,7 +539,10 @@ static cm_status exec_entry(cm_tape *tp, const conv_entry *e, const void *const 
         }
     }
     if ((s = dnnl_stream_wait(t_stream)) != dnnl_success) st = dnnl_fail(tp, "stream_wait", s, k);
-    else cmi_conv_stats_note(k->bf16 ? CMI_CONV_RAN_DNNL_BF16 : CMI_CONV_RAN_DNNL, k->pass);
+    else {
+        cmi_conv_stats_note(k->bf16 ? CMI_CONV_RAN_DNNL_BF16 : CMI_CONV_RAN_DNNL, k->pass);
+        if (e->wino) cmi_conv_stats_note(CMI_CONV_RAN_WINOGRAD, k->pass);
+    }
 out:
     for (int i = 0; i < e->n_args; i++) {
         if (umem[i]) dnnl_memory_destroy(umem[i]);

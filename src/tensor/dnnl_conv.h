@@ -54,6 +54,19 @@ void cmi_conv_set_act_layout(cmi_conv_act_layout l);
 unsigned cmi_conv_get_own_passes(void);
 void cmi_conv_set_own_passes(unsigned mask);
 
+/* The f32 algorithm of oneDNN's primitives. DIRECT: direct convolution everywhere. WINOGRAD:
+ * oneDNN's Winograd F(4x4, 3x3) kernel for every f32 3x3 stride-1 undilated ungrouped
+ * convolution it has one for (AVX-512; Cin and Cout multiples of 16), direct elsewhere. AUTO (the
+ * default): Winograd where it measured faster than direct on this machine kind (bench/conv: with
+ * 32 and 64 channels about 1.7-2x per forward + backward, reorders to and from the blocked layout
+ * included; with 16 channels slower): Cin and Cout multiples of 16 and at least 32, output at
+ * least 4x4. Winograd rounds differently from direct (transforms in f32): test_conv bounds its
+ * error against a double-precision reference. bf16 convolutions are always direct (oneDNN has no
+ * bf16 Winograd). CM_CONV_ALGO=auto|direct|winograd sets it. Passes that run Winograd work on
+ * oneDNN's blocked activation layout whatever cmi_conv_act_layout says. */
+typedef enum { CMI_CONV_ALGO_AUTO, CMI_CONV_ALGO_DIRECT, CMI_CONV_ALGO_WINOGRAD } cmi_conv_algo;
+cmi_conv_algo cmi_conv_get_algo(void);
+void cmi_conv_set_algo(cmi_conv_algo a);
 /* Passes: forward, backward-data, backward-weights. */
 enum { CMI_CONV_FWD, CMI_CONV_BWD_DATA, CMI_CONV_BWD_WEIGHTS, CMI_CONV_N_PASSES };
 
@@ -66,6 +79,7 @@ typedef struct {
     int64_t im2col[CMI_CONV_N_PASSES];    /* conv.c's im2col kernel */
     int64_t widened[CMI_CONV_N_PASSES];   /* bf16 operands widened to f32 first */
     int64_t own_bf16[CMI_CONV_N_PASSES];  /* our own bf16 kernels (conv_bf16.h) */
+    int64_t winograd[CMI_CONV_N_PASSES];  /* oneDNN f32 Winograd primitives (also counted in dnnl) */
     int64_t unimplemented;                /* passes oneDNN refused, run on a fallback instead */
 } cmi_conv_stats;
 void cmi_conv_stats_get(cmi_conv_stats *s);
@@ -77,6 +91,7 @@ typedef enum {
     CMI_CONV_RAN_IM2COL,
     CMI_CONV_RAN_WIDENED,
     CMI_CONV_RAN_OWN_BF16,
+    CMI_CONV_RAN_WINOGRAD,
     CMI_CONV_N_PATHS
 } cmi_conv_path;
 void cmi_conv_stats_note(cmi_conv_path path, int pass);
