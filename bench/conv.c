@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
         {"bf16-widen", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, true, CMI_CONV_BF16_WIDEN, CMI_CONV_ALGO_DIRECT},
         {"bf16-dnnl-plain", CMI_CONV_DNNL, CMI_CONV_ACT_PLAIN, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_DIRECT},
         {"bf16-dnnl-blocked", CMI_CONV_DNNL, CMI_CONV_ACT_BLOCKED, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_DIRECT},
+        {"bf16-auto", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_AUTO},
     };
     const int nv = (int)(sizeof variants / sizeof variants[0]);
     cm_tape_config cfg = cm_tape_config_default();

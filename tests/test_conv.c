@@ -432,6 +432,7 @@ Test(conv, dnnl_primitives_are_cached) {
 static void check_bf16(const cfg *cs, size_t n, cmi_conv_bf16_kernel bk, bool explicit_bf16) {
     const run_mode ref = {true, true, false, false};
     const run_mode ac = {false, true, !explicit_bf16, explicit_bf16};
+    cmi_conv_set_algo(CMI_CONV_ALGO_DIRECT); /* exact products: the Winograd kernels have tests of their own */
     for (size_t k = 0; k < n; k++) {
         cmi_conv_set_kernel(CMI_CONV_DNNL);
         conv_run a = run_conv(&cs[k], 700 + k, ref);
@@ -457,6 +458,7 @@ static void check_bf16(const cfg *cs, size_t n, cmi_conv_bf16_kernel bk, bool ex
         cm_tape_free(a.tp);
         cm_tape_free(b.tp);
     }
+    cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
 }
 
 Test(conv_bf16, widen_autocast_matches_f32_on_rounded_values) {
@@ -631,9 +633,15 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
                              cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)st.own_bf16[p],
                              (long long)own);
             }
-            /* f32: the 34 stride-1 convolutions of stages 2 and 3 (32 and 64 channels) on Winograd (auto) */
-            const int64_t wino = !amp && have_winograd() && cmi_conv_get_algo() == CMI_CONV_ALGO_AUTO ? 34 : 0;
+            /* the 34 stride-1 convolutions of stages 2 and 3 (32 and 64 channels) on Winograd (auto):
+             * oneDNN's in f32, every pass; our own in bf16, forward and backward-data, where the own
+             * kernels run (the images are 32x32: every body convolution fits Winograd's blocks) */
+            const bool autoalgo = cmi_conv_get_algo() == CMI_CONV_ALGO_AUTO;
             for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
+                const int64_t wino = !autoalgo                ? 0
+                                     : !amp                   ? (have_winograd() ? 34 : 0)
+                                     : p == CMI_CONV_BWD_WEIGHTS ? 0
+                                                              : (native && own_pass(&body, p, true) ? 34 : 0);
                 const int64_t on = native ? st.dnnl_bf16[p] + st.own_bf16[p] : st.dnnl[p];
                 cr_assert_eq(st.winograd[p], wino, "%s%s pass %d: %lld on Winograd (want %lld)",
                              cl ? "channels-last" : "NCHW", amp ? " amp_bf16" : "", p, (long long)st.winograd[p],
@@ -1020,6 +1028,7 @@ Test(conv_bf16, env_cm_conv_bf16_own_rejects_an_unknown_pass_and_keeps_all) {
 Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
     const cmi_conv_geom probe = {1, 16, 2, 8, 16, 2, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
     if (!cmi_conv_direct_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run instead");
+    cmi_conv_set_algo(CMI_CONV_ALGO_DIRECT); /* the Winograd kernel has a test of its own */
     const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
                                  {2, 16, 3, 16, 16}, {1, 16, 5, 32, 16}, {3, 32, 1, 8, 16}, {2, 16, 4, 24, 32},
                                  {2, 64, 3, 8, 64},  {1, 32, 2, 16, 64}, {1, 64, 3, 24, 32}};
@@ -1214,4 +1223,104 @@ Test(conv, winograd_and_direct_match_a_double_reference) {
                 }
         }
     cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
+}
+
+/* Our own bf16 Winograd F(2x2, 3x3) kernel (forward and backward-data, conv_bf16.c) against a
+ * double reference on the same bf16 input values and the f32 or bf16 weight: one and several
+ * blocks per image, blocks of several tile rows (W 8, 16, 24), 16..64 channels each way, f32 and
+ * bf16 results, backward-data added into an f32 result. Its error is the rounding of the
+ * transformed input and weight to bf16 (2^-9 relative each) carried through the transforms:
+ * measured worst 3.7e-3 of the entry's Σ|products| (the direct kernel, which rounds an f32 weight
+ * to bf16 and is exact otherwise: 1.1e-3 on these problems). Bound 1e-2 of Σ|products| (+ half a
+ * bf16 ulp for a bf16 result): a wrong tap, tile or transform sign is O(1). And the summed error
+ * must stay within 2e-3 of the summed Σ|products|: a systematic bias would show there. */
+Test(conv_bf16, own_winograd_kernel_matches_a_double_reference) {
+    const cmi_conv_geom probe = {1, 16, 2, 32, 16, 2, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+    if (!cmi_conv_winograd_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run instead");
+    cmi_conv_set_algo(CMI_CONV_ALGO_WINOGRAD);
+    const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
+                                 {2, 16, 4, 32, 16}, {1, 32, 4, 16, 32}, {2, 64, 8, 8, 64}, {1, 16, 8, 8, 32},
+                                 {1, 32, 4, 16, 64}, {1, 64, 8, 8, 16},  {1, 32, 8, 24, 32}, {3, 16, 6, 32, 64}};
+    cm_tape_config tc = cm_tape_config_default();
+    tc.poison = true; /* scratch starts as NaN: nothing may be read before it is written */
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+    cm_rng rng = cm_rng_init(97, 0);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int bwd = 0; bwd < 2; bwd++)
+            for (int st = 0; st < 4; st++) { /* bit 0: weight bf16; bit 1: result bf16 */
+                const int64_t N = shapes[s][0], IC = shapes[s][1], H = shapes[s][2], W = shapes[s][3],
+                              OC = shapes[s][4];
+                const cmi_conv_geom g = {N, IC, H, W, OC, H, W, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+                cr_assert(cmi_conv_winograd_bf16_fits(&g), "shape %zu", s);
+                const int64_t CI = bwd ? OC : IC, CO = bwd ? IC : OC;
+                const size_t in_n = (size_t)(N * H * W * CI), out_n = (size_t)(N * H * W * CO),
+                             wn = (size_t)(OC * IC * 9);
+                float *inf = malloc(in_n * 4), *wf = malloc(wn * 4), *out = malloc(out_n * 4);
+                uint16_t *inh = malloc(in_n * 2), *wh = malloc(wn * 2);
+                double *ref = calloc(out_n, sizeof(double)), *mag = calloc(out_n, sizeof(double));
+                cm_rng_normal(&rng, inf, in_n, 0.0f, 1.0f);
+                cm_rng_normal(&rng, wf, wn, 0.0f, 1.0f);
+                for (size_t i = 0; i < in_n; i++) inh[i] = bf16_bits(inf[i]);
+                for (size_t i = 0; i < wn; i++) wh[i] = bf16_bits(wf[i]);
+                const bool wb = st & 1, ob = st & 2;
+                /* Σ|products| from the bf16 weight; the reference value from the weight the kernel gets */
+                direct_ref dr = {inh, wh, CI, CO, bwd, ref, mag};
+                each_tap(N, H, W, direct_tap, &dr);
+                if (!wb) { /* an f32 weight: reference on the f32 values (the kernel does not round w first) */
+                    memset(ref, 0, out_n * sizeof(double));
+                    for (int64_t n = 0; n < N; n++)
+                        for (int64_t oh = 0; oh < H; oh++)
+                            for (int64_t ow = 0; ow < W; ow++)
+                                for (int kh = 0; kh < 3; kh++)
+                                    for (int kw = 0; kw < 3; kw++) {
+                                        const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
+                                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                        const int64_t ip = (n * H + ih) * W + iw, op = (n * H + oh) * W + ow;
+                                        for (int64_t co = 0; co < CO; co++)
+                                            for (int64_t ci = 0; ci < CI; ci++) {
+                                                const int64_t wi = bwd ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw
+                                                                       : ((co * CI + ci) * 3 + kh) * 3 + kw;
+                                                ref[op * CO + co] += (double)bf16_value(inh[ip * CI + ci]) * wf[wi];
+                                            }
+                                    }
+                }
+                const void *w = wb ? (const void *)wh : wf;
+                const cm_dtype wd = wb ? CM_DTYPE_BF16 : CM_DTYPE_F32, od = ob ? CM_DTYPE_BF16 : CM_DTYPE_F32;
+                const bool acc = bwd && !ob;
+                if (acc)
+                    for (size_t i = 0; i < out_n; i++) out[i] = 1.0f, ref[i] += 1.0;
+                cmi_conv_stats_reset();
+                cr_assert_eq(bwd ? cmi_conv_bwd_data_bf16(tp, &g, inh, wd, w, od, out, acc)
+                                 : cmi_conv_fwd_bf16(tp, &g, inh, wd, w, od, out),
+                             CM_OK, "%s", cm_tape_error(tp));
+                cmi_conv_stats cs;
+                cmi_conv_stats_get(&cs);
+                cr_assert_eq(cs.winograd[bwd ? CMI_CONV_BWD_DATA : CMI_CONV_FWD], 1, "shape %zu: ran Winograd", s);
+                double err_sum = 0.0, mag_sum = 0.0;
+                for (size_t i = 0; i < out_n; i++) {
+                    const double v = ob ? bf16_value(((uint16_t *)out)[i]) : out[i];
+                    const double e = fabs(v - ref[i]), tol = 1e-2 * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 0.0);
+                    err_sum += e, mag_sum += mag[i];
+                    cr_assert(e <= tol,
+                              "shape %zu (N %lld Cin %lld %lldx%lld Cout %lld) %s weight %s result %s: [%zu] = %.7g, "
+                              "reference %.7g (Σ|products| %.4g)",
+                              s, (long long)N, (long long)IC, (long long)H, (long long)W, (long long)OC,
+                              bwd ? "backward-data" : "forward", wb ? "bf16" : "f32", ob ? "bf16" : "f32", i, v, ref[i],
+                              mag[i]);
+                }
+                cr_assert(err_sum <= 2e-3 * mag_sum, "shape %zu %s: mean error %.3g of the mean Σ|products|", s,
+                          bwd ? "backward-data" : "forward", err_sum / mag_sum);
+                free(inf), free(wf), free(out), free(inh), free(wh), free(ref), free(mag);
+            }
+    cm_tape_free(tp);
+    cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
+    const cmi_conv_geom no[] = {
+        {1, 16, 3, 32, 16, 3, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* H odd */
+        {1, 16, 2, 16, 16, 2, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* W 16, one tile row: 8 tiles */
+        {1, 16, 4, 8, 16, 4, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},   /* W 8, H 4: 8 tiles */
+        {1, 48, 4, 32, 16, 4, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* not the direct kernel's (Cin 48) */
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        cr_assert(!cmi_conv_winograd_bf16_fits(&no[i]), "problem %zu is not the Winograd kernel's", i);
 }

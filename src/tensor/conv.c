@@ -18,7 +18,8 @@
  *     without bias (a ResNet's body) runs on our own AVX512-BF16 kernels instead of oneDNN's
  *     where the CPU has them (conv_bf16.c; forward with a bf16-stored x, backward-data,
  *     backward-weights), each faster than oneDNN's on those shapes;
- *     CM_CONV_BF16_OWN switches them per pass.
+ *     CM_CONV_BF16_OWN switches them per pass. Their forward and backward-data run a bf16
+ *     Winograd F(2x2, 3x3) instead of the direct kernel from 32 channels (CM_CONV_ALGO).
  *   - backward: oneDNN writes dx straight into a gradient buffer created now (uninitialised:
  *     cmi_grad_for_write), and through scratch + add into one that already holds a gradient; dW
  *     and db always go through scratch (they accumulate over microbatches). A bf16 upstream

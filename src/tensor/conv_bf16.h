@@ -24,6 +24,12 @@ cm_status cmi_conv_wgrad_bf16(cm_tape *tp, const cmi_conv_geom *g, cm_dtype xs, 
  * with Cin and Cout each 16, 32 or 64 and W a multiple of 8. */
 bool cmi_conv_direct_bf16_fits(const cmi_conv_geom *g);
 
+/* Whether the Winograd F(2x2, 3x3) kernel (conv_bf16.c) handles g: as the direct kernel, with H
+ * even and blocks of whole tile rows whose 2x2 tiles are a multiple of 16 and at most 128 (W 8
+ * needs H a multiple of 8, W 16 a multiple of 4). cmi_conv_fwd_bf16 and cmi_conv_bwd_data_bf16
+ * run it instead of the direct kernel where it fits, unless cmi_conv_get_algo() is DIRECT. */
+bool cmi_conv_winograd_bf16_fits(const cmi_conv_geom *g);
+
 /* y (N, H, W, Cout) = conv(x, w) for a g the direct kernel fits: x bf16 (N, H, W, Cin), w (Cout,
  * Cin, 3, 3) f32 (rounded to bf16, nearest even) or bf16 (ws), y f32 or bf16 (ys: the f32 sum
  * rounded to nearest even); products of bf16 values added up in f32. Overwrites y. */

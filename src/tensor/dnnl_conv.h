@@ -61,9 +61,12 @@ void cmi_conv_set_own_passes(unsigned mask);
  * 32 and 64 channels about 1.7-2x per forward + backward, reorders to and from the blocked layout
  * included; with 16 channels slower): Cin and Cout multiples of 16 and at least 32, output at
  * least 4x4. Winograd rounds differently from direct (transforms in f32): test_conv bounds its
- * error against a double-precision reference. bf16 convolutions are always direct (oneDNN has no
- * bf16 Winograd). CM_CONV_ALGO=auto|direct|winograd sets it. Passes that run Winograd work on
- * oneDNN's blocked activation layout whatever cmi_conv_act_layout says. */
+ * error against a double-precision reference. Passes that run Winograd work on oneDNN's blocked
+ * activation layout whatever cmi_conv_act_layout says. bf16 (oneDNN has no bf16 Winograd): our own
+ * kernels' forward and backward-data (conv_bf16.h) run our bf16 Winograd F(2x2, 3x3) where it fits
+ * — WINOGRAD: always; AUTO: with 32 or more channels each way (1.2-1.3x their direct kernel per
+ * pass there; with 16 no faster) — its transformed operands rounded to bf16 (error ~3x the direct
+ * kernel's, bounded by test_conv). CM_CONV_ALGO=auto|direct|winograd sets it. */
 typedef enum { CMI_CONV_ALGO_AUTO, CMI_CONV_ALGO_DIRECT, CMI_CONV_ALGO_WINOGRAD } cmi_conv_algo;
 cmi_conv_algo cmi_conv_get_algo(void);
 void cmi_conv_set_algo(cmi_conv_algo a);
