@@ -447,30 +447,47 @@ typedef struct {
 
 /* U of the forward problem (flip false: g(co, ci) = w[co][ci]) or of backward-data (flip true:
  * co is w's input channel, ci its output channel, taps mirrored), from w (Cout, Cin, 3, 3) stored
- * as f32 or bf16, computed in f32 (G's halves are exact) and rounded to nearest even. */
-static void wino_weights(const cmi_conv_geom *g, cm_dtype ws, const void *w, bool flip, uint16_t *U) {
+ * as f32 or bf16, computed in f32 (G's halves are exact) and rounded to nearest even
+ * (cmi_bf16_round16). 16 input channels at a time, in the lanes (the weight gathered). */
+TGT static void wino_weights(const cmi_conv_geom *g, cm_dtype ws, const void *w, bool flip, uint16_t *U) {
     const int64_t CI = flip ? g->Cout : g->Cin, CO = flip ? g->Cin : g->Cout;
-#pragma omp parallel for if (CI * CO >= 4096) schedule(static)
+    const int64_t sci = flip ? CO * 9 : 9, sco = flip ? 9 : CI * 9; /* strides of ci and co in w */
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)sci));
+    const __m512 half = _mm512_set1_ps(0.5f);
+#pragma omp parallel for if (CI * CO >= 1024) schedule(static)
     for (int64_t co = 0; co < CO; co++)
-        for (int64_t ci = 0; ci < CI; ci++) {
-            float k[3][3], t[4][3];
-            const int64_t base = flip ? (ci * CO + co) * 9 : (co * CI + ci) * 9;
+        for (int64_t c0 = 0; c0 < CI; c0 += 16) {
+            __m512 k[3][3], t[4][3];
+            const int64_t base = co * sco + c0 * sci;
             for (int q = 0; q < 9; q++) {
-                const int64_t i = base + (flip ? 8 - q : q);
-                k[q / 3][q % 3] = ws == CM_DTYPE_BF16 ? cmi_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+                const int64_t o = base + (flip ? 8 - q : q);
+                if (ws == CM_DTYPE_BF16) { /* (no 16-bit gather; a bf16 weight is the rare case) */
+                    float kk[16];
+                    for (int l = 0; l < 16; l++) kk[l] = cmi_bf16_to_f32(((const uint16_t *)w)[o + l * sci]);
+                    k[q / 3][q % 3] = _mm512_loadu_ps(kk);
+                } else
+                    k[q / 3][q % 3] = _mm512_i32gather_ps(idx, (const float *)w + o, 4);
             }
             for (int c = 0; c < 3; c++) { /* t = G k */
                 t[0][c] = k[0][c];
-                t[1][c] = 0.5f * (k[0][c] + k[1][c] + k[2][c]);
-                t[2][c] = 0.5f * (k[0][c] - k[1][c] + k[2][c]);
+                t[1][c] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(k[0][c], k[1][c]), k[2][c]));
+                t[2][c] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(k[0][c], k[1][c]), k[2][c]));
                 t[3][c] = k[2][c];
             }
-            uint16_t *u = U + (ci / 2 * CO + co) * 2 + ci % 2;
-            const int64_t step = CI / 2 * CO * 2; /* between consecutive ξ */
+            uint32_t *dst = (uint32_t *)U + (c0 / 2) * CO + co;
             for (int i = 0; i < 4; i++) { /* U = t Gᵀ */
-                const float v[4] = {t[i][0], 0.5f * (t[i][0] + t[i][1] + t[i][2]), 0.5f * (t[i][0] - t[i][1] + t[i][2]),
-                                    t[i][2]};
-                for (int j = 0; j < 4; j++) u[(4 * i + j) * step] = cmi_f32_to_bf16(v[j]);
+                float v[4][16];
+                _mm512_storeu_ps(v[0], t[i][0]);
+                _mm512_storeu_ps(v[1], _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(t[i][0], t[i][1]), t[i][2])));
+                _mm512_storeu_ps(v[2], _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(t[i][0], t[i][1]), t[i][2])));
+                _mm512_storeu_ps(v[3], t[i][2]);
+                for (int j = 0; j < 4; j++) {
+                    uint32_t h[8];
+                    cmi_bf16_round16((uint16_t *)h, v[j], 16); /* ci pairs: h[p] = (ci 2p, ci 2p + 1) */
+                    uint32_t *d = dst + (int64_t)(4 * i + j) * (CI / 2) * CO;
+                    for (int p = 0; p < 8; p++) d[p * CO] = h[p];
+                }
             }
         }
 }
