@@ -7,6 +7,8 @@
  *   dnnl-winograd oneDNN's f32 Winograd F(4x4, 3x3) wherever it has one (blocked layout), direct
  *                 elsewhere (CM_CONV_ALGO=winograd)
  *   dnnl-auto     the default: Winograd where cmi_conv_algo's auto rule takes it, direct elsewhere
+ *   bf16-auto / bf16-winograd  the same for our own bf16 kernels (bf16-winograd: Winograd for
+ *                 forward and backward-data at every channel count, 16 included)
  * (the f32 variants above dnnl-winograd run the direct algorithm)
  * in f32, and with bf16 x and weight (explicit bf16 leaves, as autocast produces them):
  *   bf16-widen    bf16 widened to f32, then the f32 oneDNN kernel (CM_CONV_BF16=widen)
@@ -65,6 +67,7 @@ int main(int argc, char **argv) {
         {"bf16-dnnl-plain", CMI_CONV_DNNL, CMI_CONV_ACT_PLAIN, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_DIRECT},
         {"bf16-dnnl-blocked", CMI_CONV_DNNL, CMI_CONV_ACT_BLOCKED, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_DIRECT},
         {"bf16-auto", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_AUTO},
+        {"bf16-winograd", CMI_CONV_DNNL, CMI_CONV_ACT_AUTO, true, CMI_CONV_BF16_ONEDNN, CMI_CONV_ALGO_WINOGRAD},
     };
     const int nv = (int)(sizeof variants / sizeof variants[0]);
     cm_tape_config cfg = cm_tape_config_default();
