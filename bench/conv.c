@@ -7,15 +7,16 @@
  *   dnnl-winograd oneDNN's f32 Winograd F(4x4, 3x3) wherever it has one (blocked layout), direct
  *                 elsewhere (CM_CONV_ALGO=winograd)
  *   dnnl-auto     the default: Winograd where cmi_conv_algo's auto rule takes it, direct elsewhere
- *   bf16-auto / bf16-winograd  the same for our own bf16 kernels (bf16-winograd: Winograd for
- *                 forward and backward-data at every channel count, 16 included)
- * (the f32 variants above dnnl-winograd run the direct algorithm)
- * in f32, and with bf16 x and weight (explicit bf16 leaves, as autocast produces them):
+ * (the f32 variants above dnnl-winograd run the direct algorithm) in f32, and with bf16 x and
+ * weight (explicit bf16 leaves, as autocast produces them):
  *   bf16-widen    bf16 widened to f32, then the f32 oneDNN kernel (CM_CONV_BF16=widen)
- *   bf16-dnnl-*   oneDNN's bf16 primitives (needs avx512_core_bf16 or AMX; skipped elsewhere)
+ *   bf16-dnnl-*   oneDNN's bf16 primitives (needs avx512_core_bf16 or AMX; skipped elsewhere), and
+ *                 where they fit our own bf16 kernels (conv_bf16.h), direct algorithm
+ *   bf16-auto     the default: our own kernels' Winograd where the auto rule takes it
+ *   bf16-winograd Winograd for forward and backward-data at every channel count, 16 included
  * Usage: bench_conv [reps] [filter] [shape] (CM_NUM_THREADS sets the threads; filter: run only
- * kernels whose name contains it; shape: only shapes whose name contains it). Prints the best of `reps` timed runs (after one warm-up) and the ratio
- * to im2col f32 of the same shape and layout. */
+ * kernels whose name contains it; shape: only shapes whose name contains it). Prints the best of
+ * `reps` timed runs (after one warm-up) and the ratio to im2col f32 of the same shape and layout. */
 #include "tensor/dnnl_conv.h"
 #include "tensor/dnnl_gemm.h"
 

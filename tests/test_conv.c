@@ -1139,7 +1139,8 @@ static conv_ref3 ref_conv3(int64_t N, int64_t CI, int64_t H, int64_t W, int64_t 
                             for (int kw = 0; kw < 3; kw++) {
                                 const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
                                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                                const int64_t xi = ((n * CI + ci) * H + ih) * W + iw, yi = ((n * CO + co) * H + oh) * W + ow;
+                                const int64_t xi = ((n * CI + ci) * H + ih) * W + iw;
+                                const int64_t yi = ((n * CO + co) * H + oh) * W + ow;
                                 const int64_t wi = ((co * CI + ci) * 3 + kh) * 3 + kw;
                                 r.y[yi] += x[xi] * w[wi], r.ym[yi] += fabs(x[xi] * w[wi]);
                                 r.dx[xi] += dy[yi] * w[wi], r.dxm[xi] += fabs(dy[yi] * w[wi]);
@@ -1174,8 +1175,8 @@ Test(conv, winograd_and_direct_match_a_double_reference) {
                 cmi_conv_stats_get(&st);
                 for (int p = 0; p < CMI_CONV_N_PASSES; p++)
                     cr_assert(st.dnnl[p] == 1 && st.winograd[p] == (algo && wino) && st.im2col[p] == 0,
-                              "shape %zu %s algo %d pass %d: dnnl %lld winograd %lld im2col %lld", s, cl ? "NHWC" : "NCHW",
-                              algo, p, (long long)st.dnnl[p], (long long)st.winograd[p], (long long)st.im2col[p]);
+                              "shape %zu %s algo %d pass %d: dnnl %lld winograd %lld im2col %lld", s,
+                              cl ? "NHWC" : "NCHW", algo, p, (long long)st.dnnl[p], (long long)st.winograd[p], (long long)st.im2col[p]);
                 double *x = as_nchw(r.x, cl), *dy = NULL, *w = malloc((size_t)(CO * CI * 9) * 8);
                 for (int64_t i = 0; i < CO * CI * 9; i++) w[i] = cm_tensor_get_flat(r.w, i);
                 cm_tensor *g = cmt_randn(r.tp, 4, cm_tensor_shape(r.y), 900 + s + 7, false); /* run_conv's dy */
@@ -1192,7 +1193,8 @@ Test(conv, winograd_and_direct_match_a_double_reference) {
                 worst[algo][1] = worst_error(cm_tensor_grad(r.x), cl, ref.dx, ref.dxm);
                 double wworst = 0.0;
                 for (int64_t i = 0; i < CO * CI * 9; i++) {
-                    const double e = fabs(cm_tensor_get_flat(cm_tensor_grad(r.w), i) - ref.dw[i]) / (ref.dwm[i] + 1e-30);
+                    const double got = cm_tensor_get_flat(cm_tensor_grad(r.w), i);
+                    const double e = fabs(got - ref.dw[i]) / (ref.dwm[i] + 1e-30);
                     if (e > wworst) wworst = e;
                 }
                 worst[algo][2] = wworst;

@@ -42,9 +42,10 @@
  * output transforms in f32 around 16 small GEMMs on vdpbf16ps; the transformed operands are
  * rounded to bf16. Used where cmi_conv_get_algo() allows (auto: 32 or more channels each way).
  * Measured (2 threads, cmi_conv_fwd_bf16 on N 128, bf16 x in cache, bf16 y; ms, direct / Winograd):
- * 16->16 32x32 1.33 / 1.42, 32->32 16x16 1.26 / 1.07, 64->64 8x8 1.14 / 0.86-0.90 (one thread:
- * 2.64 / 2.16 and 2.20 / 1.64: the 16-channel GEMMs, 8 pair steps deep, and the transforms are a
- * larger share with two threads). In a ResNet-56 amp_bf16 step (perf, 30 steps): the 32- and
+ * 32->32 16x16 1.26 / 1.07, 64->64 8x8 1.14 / 0.86-0.90; 16->16 32x32 1.33 / 1.42 in one run and
+ * 1.25 / 1.15 in another (one thread 2.64 / 2.16), and in the ResNet-56 amp_bf16 step Winograd on
+ * the 16-channel convolutions too was slower (504-532 against 537-543 img/s): their GEMMs are only
+ * 8 pair steps deep and the transforms a larger share. In that step (perf, 30 steps) the 32- and
  * 64-channel forward + backward-data samples went down 9 % and 27 %.
  *
  * Measured (bench/conv_bf16: N 128, bf16 x and dy not in cache, f32 weights, 2 threads, AMD EPYC
@@ -418,8 +419,8 @@ static void direct(const direct_args *d, int64_t CI) {
  * — 16 products per tile and channel pair instead of 36: 2.25x fewer multiplies. The 16 sums over
  * input channels are 16 small GEMMs (tiles x CI) · (CI x CO), on vdpbf16ps like the direct kernel:
  * V and U are rounded to bf16 (nearest even), products added in f32. V is computed in f32 from
- * the bf16 input (exact: sums and differences of two bf16 values, then of two of those) and
- * rounded once; U from the f32 weight (an f32 master weight is not rounded before the
+ * the bf16 input (sums and differences of four bf16 values: exact unless their magnitudes differ
+ * by more than 2^15) and rounded once; U from the f32 weight (an f32 master weight is not rounded before the
  * transform). The rounding of V and U is the algorithm's extra error over the direct kernel's
  * (whose inputs are exact bf16 values): test_conv bounds both against a double reference.
  *

@@ -78,8 +78,8 @@ static void kernel_init(void) {
     else if (a && strcmp(a, "direct") == 0) algo = CMI_CONV_ALGO_DIRECT;
     else if (a && strcmp(a, "winograd") == 0) algo = CMI_CONV_ALGO_WINOGRAD;
     else if (a && *a)
-        cm_log_msg(CM_LOG_WARN, "CM_CONV_ALGO='%s' is not a convolution algorithm (use auto, direct or winograd); using auto",
-                   a);
+        cm_log_msg(CM_LOG_WARN,
+                   "CM_CONV_ALGO='%s' is not a convolution algorithm (use auto, direct or winograd); using auto", a);
     int expect = -1;
     atomic_compare_exchange_strong(&g_algo, &expect, algo);
     expect = -1;
@@ -280,10 +280,10 @@ static void entry_destroy(conv_entry *e) {
 
 /* The primitive descriptor of k's pass with algorithm alg over the primitive-side descriptors
  * (backward passes are created with the forward's as a hint, built here too, its activations in
- * act_tag). On failure *what
- * names the step; dnnl_unimplemented is oneDNN having no kernel for it. */
+ * act_tag). On failure *what names the step; dnnl_unimplemented is oneDNN having no kernel for it. */
 static dnnl_status_t create_pd(dnnl_primitive_desc_t *pd, const conv_key *k, dnnl_alg_kind_t alg,
-                               dnnl_format_tag_t act_tag, const dnnl_memory_desc_t *p_src, const dnnl_memory_desc_t *p_wei,
+                               dnnl_format_tag_t act_tag, const dnnl_memory_desc_t *p_src,
+                               const dnnl_memory_desc_t *p_wei,
                                const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *p_dst,
                                const_dnnl_primitive_attr_t attr, const char **what) {
     dnnl_convolution_desc_t cd, fd;
@@ -421,7 +421,10 @@ static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype 
     const cmi_conv_algo algo = cmi_conv_get_algo();
     const bool dense3x3 = g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
                           g->groups == 1;
-    k->wino = !k->bf16 && dense3x3 &&
+    /* oneDNN 2.6 has f32 Winograd on AVX-512 only: elsewhere ask for direct (a Winograd request
+     * falls back to direct anyway, but on the blocked layout, slower for channels-last) */
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+    k->wino = !k->bf16 && dense3x3 && (isa & avx512) == avx512 &&
               (algo == CMI_CONV_ALGO_WINOGRAD ||
                (algo == CMI_CONV_ALGO_AUTO && g->Cin % 16 == 0 && g->Cout % 16 == 0 && g->Cin >= 32 &&
                 g->Cout >= 32 && g->OH >= 4 && g->OW >= 4));
