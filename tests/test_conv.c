@@ -874,9 +874,11 @@ static void wgrad_tap(void *ctx, int64_t ip, int64_t op, int kh, int kw) {
 }
 
 /* The direct problem: out[op][co] += in[ip][ci]·w, w[co][ci][kh][kw] (forward) or, backward-data,
- * w[ci][co][2-kh][2-kw] (w is (CI, CO, 3, 3) then: the forward's (Cout, Cin)). */
+ * w[ci][co][2-kh][2-kw] (w is (CI, CO, 3, 3) then: the forward's (Cout, Cin)); the weight's bf16
+ * values w, or its f32 values wf where given. */
 typedef struct {
     const uint16_t *in, *w;
+    const float *wf;
     int64_t CI, CO;
     bool bwd;
     double *ref, *mag;
@@ -887,7 +889,7 @@ static void direct_tap(void *ctx, int64_t ip, int64_t op, int kh, int kw) {
     for (int64_t co = 0; co < CO; co++)
         for (int64_t ci = 0; ci < CI; ci++) {
             const int64_t wi = r->bwd ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw : ((co * CI + ci) * 3 + kh) * 3 + kw;
-            const double p = (double)bf16_value(r->in[ip * CI + ci]) * bf16_value(r->w[wi]);
+            const double p = (double)bf16_value(r->in[ip * CI + ci]) * (r->wf ? (double)r->wf[wi] : bf16_value(r->w[wi]));
             r->ref[op * CO + co] += p;
             r->mag[op * CO + co] += fabs(p);
         }
@@ -1019,31 +1021,30 @@ Test(conv_bf16, env_cm_conv_bf16_own_rejects_an_unknown_pass_and_keeps_all) {
     cr_assert_eq(cmi_conv_get_own_passes(), 7u, "an unknown name warns and keeps every own kernel");
 }
 
-/* Our own direct bf16 kernel (forward, and backward-data as the forward of dy with the weight
- * transposed and flipped) against a double reference on the same bf16 values: 16, 32 and 64
- * channels each way, rows of 8 to 32 pixels (tiles of 8 or 16: one tile touching both edges, edge
- * and interior tiles), one to five rows, weights f32 (rounded inside) or bf16, results f32 or
- * bf16 (rounded once); an f32 backward-data result added to what it holds. f32 sums of <= 576 products: within 1e-5 of Σ|products| (f32 result), or
- * half a bf16 ulp more (bf16 result). */
-Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
-    const cmi_conv_geom probe = {1, 16, 2, 8, 16, 2, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
-    if (!cmi_conv_direct_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run instead");
-    cmi_conv_set_algo(CMI_CONV_ALGO_DIRECT); /* the Winograd kernel has a test of its own */
-    const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
-                                 {2, 16, 3, 16, 16}, {1, 16, 5, 32, 16}, {3, 32, 1, 8, 16}, {2, 16, 4, 24, 32},
-                                 {2, 64, 3, 8, 64},  {1, 32, 2, 16, 64}, {1, 64, 3, 24, 32}};
+/* Forward and backward-data of our own bf16 kernels (cmi_conv_fwd_bf16, cmi_conv_bwd_data_bf16) on
+ * algorithm `algo` against a double reference, for each shape (N, Cin, H, W, Cout) and each mix of
+ * weight storage (f32 / bf16) and result (f32 / bf16; an f32 backward-data result is added to:
+ * it starts at 1). Per entry: |error| <= tol_mag·Σ|products| + (bf16 result: half a bf16 ulp of
+ * the reference; f32: 1e-6·|reference|); with sum_bound, also Σ|error| <= sum_bound·Σ Σ|products|.
+ * The reference takes the weight's bf16 values, or its f32 values where the kernel transforms an
+ * f32 weight unrounded (f32_weight_ref). The pass must run on the algorithm asked for (counted). */
+static void check_own_bf16_passes(cmi_conv_algo algo, const int64_t (*shapes)[5], size_t n_shapes, uint64_t seed,
+                                  double tol_mag, double sum_bound, bool f32_weight_ref) {
+    cmi_conv_set_algo(algo);
     cm_tape_config tc = cm_tape_config_default();
     tc.poison = true; /* scratch starts as NaN: nothing may be read before it is written */
     cm_tape *tp;
     cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
-    cm_rng rng = cm_rng_init(93, 0);
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    cm_rng rng = cm_rng_init(seed, 0);
+    for (size_t s = 0; s < n_shapes; s++)
         for (int bwd = 0; bwd < 2; bwd++)
             for (int st = 0; st < 4; st++) { /* bit 0: weight bf16; bit 1: result bf16 */
                 const int64_t N = shapes[s][0], IC = shapes[s][1], H = shapes[s][2], W = shapes[s][3],
                               OC = shapes[s][4];
                 const cmi_conv_geom g = {N, IC, H, W, OC, H, W, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
-                cr_assert(cmi_conv_direct_bf16_fits(&g), "shape %zu", s);
+                cr_assert(algo == CMI_CONV_ALGO_WINOGRAD ? cmi_conv_winograd_bf16_fits(&g)
+                                                         : cmi_conv_direct_bf16_fits(&g),
+                          "shape %zu", s);
                 const int64_t CI = bwd ? OC : IC, CO = bwd ? IC : OC; /* the direct problem's channels */
                 const size_t in_n = (size_t)(N * H * W * CI), out_n = (size_t)(N * H * W * CO),
                              wn = (size_t)(OC * IC * 9);
@@ -1054,30 +1055,58 @@ Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
                 cm_rng_normal(&rng, wf, wn, 0.0f, 1.0f);
                 for (size_t i = 0; i < in_n; i++) inh[i] = bf16_bits(inf[i]);
                 for (size_t i = 0; i < wn; i++) wh[i] = bf16_bits(wf[i]);
-                direct_ref dr = {inh, wh, CI, CO, bwd, ref, mag};
-                each_tap(N, H, W, direct_tap, &dr);
                 const bool wb = st & 1, ob = st & 2;
+                direct_ref dr = {inh, wh, f32_weight_ref && !wb ? wf : NULL, CI, CO, bwd, ref, mag};
+                each_tap(N, H, W, direct_tap, &dr);
                 const void *w = wb ? (const void *)wh : wf;
                 const cm_dtype wd = wb ? CM_DTYPE_BF16 : CM_DTYPE_F32, od = ob ? CM_DTYPE_BF16 : CM_DTYPE_F32;
                 /* backward-data with an f32 result also adds into what is there: start from 1 */
                 const bool acc = bwd && !ob;
                 if (acc)
                     for (size_t i = 0; i < out_n; i++) out[i] = 1.0f, ref[i] += 1.0;
+                cmi_conv_stats_reset();
                 cr_assert_eq(bwd ? cmi_conv_bwd_data_bf16(tp, &g, inh, wd, w, od, out, acc)
                                  : cmi_conv_fwd_bf16(tp, &g, inh, wd, w, od, out),
                              CM_OK, "%s", cm_tape_error(tp));
+                cmi_conv_stats cs;
+                cmi_conv_stats_get(&cs);
+                cr_assert_eq(cs.winograd[bwd ? CMI_CONV_BWD_DATA : CMI_CONV_FWD], algo == CMI_CONV_ALGO_WINOGRAD,
+                             "shape %zu: Winograd ran %lld times", s,
+                             (long long)cs.winograd[bwd ? CMI_CONV_BWD_DATA : CMI_CONV_FWD]);
+                double err_sum = 0.0, mag_sum = 0.0;
                 for (size_t i = 0; i < out_n; i++) {
-                    const double v = ob ? bf16_value(((uint16_t *)out)[i]) : out[i];
-                    const double tol = 1e-5 * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 1e-6 * fabs(ref[i]));
-                    cr_assert(fabs(v - ref[i]) <= tol,
+                    const double v = ob ? bf16_value(((uint16_t *)out)[i]) : out[i], e = fabs(v - ref[i]);
+                    const double tol = tol_mag * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 1e-6 * fabs(ref[i]));
+                    err_sum += e, mag_sum += mag[i];
+                    cr_assert(e <= tol,
                               "shape %zu (N %lld Cin %lld %lldx%lld Cout %lld) %s weight %s result %s: [%zu] = %.7g, "
-                              "reference %.7g",
+                              "reference %.7g (Σ|products| %.4g)",
                               s, (long long)N, (long long)IC, (long long)H, (long long)W, (long long)OC,
-                              bwd ? "backward-data" : "forward", wb ? "bf16" : "f32", ob ? "bf16" : "f32", i, v, ref[i]);
+                              bwd ? "backward-data" : "forward", wb ? "bf16" : "f32", ob ? "bf16" : "f32", i, v, ref[i],
+                              mag[i]);
                 }
+                if (sum_bound > 0)
+                    cr_assert(err_sum <= sum_bound * mag_sum, "shape %zu %s: summed error %.3g of the summed Σ|products|",
+                              s, bwd ? "backward-data" : "forward", err_sum / mag_sum);
                 free(inf), free(wf), free(out), free(inh), free(wh), free(ref), free(mag);
             }
     cm_tape_free(tp);
+    cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
+}
+
+/* Our own direct bf16 kernel (forward, and backward-data as the forward of dy with the weight
+ * transposed and flipped) against a double reference on the same bf16 values: 16, 32 and 64
+ * channels each way, rows of 8 to 32 pixels (tiles of 8 or 16: one tile touching both edges, edge
+ * and interior tiles), one to five rows, weights f32 (rounded inside) or bf16, results f32 or
+ * bf16 (rounded once); an f32 backward-data result added to what it holds. f32 sums of <= 576
+ * products: within 1e-5 of Σ|products| (f32 result), or half a bf16 ulp more (bf16 result). */
+Test(conv_bf16, own_direct_kernel_matches_a_double_reference) {
+    const cmi_conv_geom probe = {1, 16, 2, 8, 16, 2, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
+    if (!cmi_conv_direct_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run instead");
+    const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
+                                 {2, 16, 3, 16, 16}, {1, 16, 5, 32, 16}, {3, 32, 1, 8, 16}, {2, 16, 4, 24, 32},
+                                 {2, 64, 3, 8, 64},  {1, 32, 2, 16, 64}, {1, 64, 3, 24, 32}};
+    check_own_bf16_passes(CMI_CONV_ALGO_DIRECT, shapes, sizeof shapes / sizeof shapes[0], 93, 1e-5, 0.0, false);
     const cmi_conv_geom no[] = {
         {1, 48, 4, 8, 16, 4, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},  /* Cin 48 */
         {1, 16, 4, 8, 128, 4, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* Cout 128 */
@@ -1239,84 +1268,10 @@ Test(conv, winograd_and_direct_match_a_double_reference) {
 Test(conv_bf16, own_winograd_kernel_matches_a_double_reference) {
     const cmi_conv_geom probe = {1, 16, 2, 32, 16, 2, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
     if (!cmi_conv_winograd_bf16_fits(&probe)) cr_skip_test("this CPU has no AVX512-BF16: oneDNN's kernels run instead");
-    cmi_conv_set_algo(CMI_CONV_ALGO_WINOGRAD);
     const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
                                  {2, 16, 4, 32, 16}, {1, 32, 4, 16, 32}, {2, 64, 8, 8, 64}, {1, 16, 8, 8, 32},
                                  {1, 32, 4, 16, 64}, {1, 64, 8, 8, 16},  {1, 32, 8, 24, 32}, {3, 16, 6, 32, 64}};
-    cm_tape_config tc = cm_tape_config_default();
-    tc.poison = true; /* scratch starts as NaN: nothing may be read before it is written */
-    cm_tape *tp;
-    cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
-    cm_rng rng = cm_rng_init(97, 0);
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int bwd = 0; bwd < 2; bwd++)
-            for (int st = 0; st < 4; st++) { /* bit 0: weight bf16; bit 1: result bf16 */
-                const int64_t N = shapes[s][0], IC = shapes[s][1], H = shapes[s][2], W = shapes[s][3],
-                              OC = shapes[s][4];
-                const cmi_conv_geom g = {N, IC, H, W, OC, H, W, 3, 3, 1, 1, 1, 1, 1, 1, 1, true};
-                cr_assert(cmi_conv_winograd_bf16_fits(&g), "shape %zu", s);
-                const int64_t CI = bwd ? OC : IC, CO = bwd ? IC : OC;
-                const size_t in_n = (size_t)(N * H * W * CI), out_n = (size_t)(N * H * W * CO),
-                             wn = (size_t)(OC * IC * 9);
-                float *inf = malloc(in_n * 4), *wf = malloc(wn * 4), *out = malloc(out_n * 4);
-                uint16_t *inh = malloc(in_n * 2), *wh = malloc(wn * 2);
-                double *ref = calloc(out_n, sizeof(double)), *mag = calloc(out_n, sizeof(double));
-                cm_rng_normal(&rng, inf, in_n, 0.0f, 1.0f);
-                cm_rng_normal(&rng, wf, wn, 0.0f, 1.0f);
-                for (size_t i = 0; i < in_n; i++) inh[i] = bf16_bits(inf[i]);
-                for (size_t i = 0; i < wn; i++) wh[i] = bf16_bits(wf[i]);
-                const bool wb = st & 1, ob = st & 2;
-                /* Σ|products| from the bf16 weight; the reference value from the weight the kernel gets */
-                direct_ref dr = {inh, wh, CI, CO, bwd, ref, mag};
-                each_tap(N, H, W, direct_tap, &dr);
-                if (!wb) { /* an f32 weight: reference on the f32 values (the kernel does not round w first) */
-                    memset(ref, 0, out_n * sizeof(double));
-                    for (int64_t n = 0; n < N; n++)
-                        for (int64_t oh = 0; oh < H; oh++)
-                            for (int64_t ow = 0; ow < W; ow++)
-                                for (int kh = 0; kh < 3; kh++)
-                                    for (int kw = 0; kw < 3; kw++) {
-                                        const int64_t ih = oh + kh - 1, iw = ow + kw - 1;
-                                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                                        const int64_t ip = (n * H + ih) * W + iw, op = (n * H + oh) * W + ow;
-                                        for (int64_t co = 0; co < CO; co++)
-                                            for (int64_t ci = 0; ci < CI; ci++) {
-                                                const int64_t wi = bwd ? ((ci * CO + co) * 3 + 2 - kh) * 3 + 2 - kw
-                                                                       : ((co * CI + ci) * 3 + kh) * 3 + kw;
-                                                ref[op * CO + co] += (double)bf16_value(inh[ip * CI + ci]) * wf[wi];
-                                            }
-                                    }
-                }
-                const void *w = wb ? (const void *)wh : wf;
-                const cm_dtype wd = wb ? CM_DTYPE_BF16 : CM_DTYPE_F32, od = ob ? CM_DTYPE_BF16 : CM_DTYPE_F32;
-                const bool acc = bwd && !ob;
-                if (acc)
-                    for (size_t i = 0; i < out_n; i++) out[i] = 1.0f, ref[i] += 1.0;
-                cmi_conv_stats_reset();
-                cr_assert_eq(bwd ? cmi_conv_bwd_data_bf16(tp, &g, inh, wd, w, od, out, acc)
-                                 : cmi_conv_fwd_bf16(tp, &g, inh, wd, w, od, out),
-                             CM_OK, "%s", cm_tape_error(tp));
-                cmi_conv_stats cs;
-                cmi_conv_stats_get(&cs);
-                cr_assert_eq(cs.winograd[bwd ? CMI_CONV_BWD_DATA : CMI_CONV_FWD], 1, "shape %zu: ran Winograd", s);
-                double err_sum = 0.0, mag_sum = 0.0;
-                for (size_t i = 0; i < out_n; i++) {
-                    const double v = ob ? bf16_value(((uint16_t *)out)[i]) : out[i];
-                    const double e = fabs(v - ref[i]), tol = 1e-2 * mag[i] + (ob ? fabs(ref[i]) * (1.0 / 256) : 0.0);
-                    err_sum += e, mag_sum += mag[i];
-                    cr_assert(e <= tol,
-                              "shape %zu (N %lld Cin %lld %lldx%lld Cout %lld) %s weight %s result %s: [%zu] = %.7g, "
-                              "reference %.7g (Σ|products| %.4g)",
-                              s, (long long)N, (long long)IC, (long long)H, (long long)W, (long long)OC,
-                              bwd ? "backward-data" : "forward", wb ? "bf16" : "f32", ob ? "bf16" : "f32", i, v, ref[i],
-                              mag[i]);
-                }
-                cr_assert(err_sum <= 2e-3 * mag_sum, "shape %zu %s: mean error %.3g of the mean Σ|products|", s,
-                          bwd ? "backward-data" : "forward", err_sum / mag_sum);
-                free(inf), free(wf), free(out), free(inh), free(wh), free(ref), free(mag);
-            }
-    cm_tape_free(tp);
-    cmi_conv_set_algo(CMI_CONV_ALGO_AUTO);
+    check_own_bf16_passes(CMI_CONV_ALGO_WINOGRAD, shapes, sizeof shapes / sizeof shapes[0], 97, 1e-2, 2e-3, true);
     const cmi_conv_geom no[] = {
         {1, 16, 3, 32, 16, 3, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* H odd */
         {1, 16, 2, 16, 16, 2, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, true}, /* W 16, one tile row: 8 tiles */

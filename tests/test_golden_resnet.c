@@ -118,14 +118,21 @@ static void check_case(cmt_golden *g, const char *c, const cm_resnet_config *rc)
     cm_model_free(model);
 }
 
-Test(golden_resnet, resnet20_cifar_option_a_step_matches_pytorch) {
-    cmt_golden *g = cmt_golden_open(k_path);
+/* The golden ResNet-20: widths 4/8/16, PyTorch's weights loaded over no random init, NCHW or
+ * channels-last inside. */
+static cm_resnet_config resnet20_golden(bool channels_last) {
     cm_resnet_config rc;
     cr_assert_eq(cm_resnet_config_preset("resnet20", &rc), CM_OK);
     const int64_t w[3] = {4, 8, 16};
     memcpy(rc.widths, w, sizeof w);
     rc.random_init = false;
-    rc.channels_last = false; /* NCHW inside (the default is channels-last: the test below) */
+    rc.channels_last = channels_last;
+    return rc;
+}
+
+Test(golden_resnet, resnet20_cifar_option_a_step_matches_pytorch) {
+    cmt_golden *g = cmt_golden_open(k_path);
+    const cm_resnet_config rc = resnet20_golden(false); /* NCHW (the default is channels-last: below) */
     check_case(g, "r20", &rc);
     cmt_golden_close(g);
 }
@@ -177,12 +184,7 @@ Test(golden_resnet, resnet20_with_winograd_convolutions_matches_pytorch) {
     cmi_conv_set_algo(CMI_CONV_ALGO_WINOGRAD);
     for (int cl = 0; cl < 2; cl++) {
         cmt_golden *g = cmt_golden_open(k_path);
-        cm_resnet_config rc;
-        cr_assert_eq(cm_resnet_config_preset("resnet20", &rc), CM_OK);
-        const int64_t w[3] = {4, 8, 16};
-        memcpy(rc.widths, w, sizeof w);
-        rc.random_init = false;
-        rc.channels_last = cl;
+        const cm_resnet_config rc = resnet20_golden(cl);
         cmi_conv_stats_reset();
         check_case(g, "r20", &rc);
         cmi_conv_stats st;
