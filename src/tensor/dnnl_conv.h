@@ -60,7 +60,7 @@ void cmi_conv_set_own_passes(unsigned mask);
  * default): Winograd where it measured faster than direct on this machine kind (bench/conv: with
  * 32 and 64 channels about 1.7-2x per forward + backward, reorders to and from the blocked layout
  * included; with 16 channels slower): Cin and Cout multiples of 16 and at least 32, output at
- * least 4x4. Winograd rounds differently from direct (transforms in f32): test_conv bounds its
+ * least 4x4, oneDNN's ISA with AVX-512 (elsewhere it has no f32 Winograd: direct). Winograd rounds differently from direct (transforms in f32): test_conv bounds its
  * error against a double-precision reference. Passes that run Winograd work on oneDNN's blocked
  * activation layout whatever cmi_conv_act_layout says. bf16 (oneDNN has no bf16 Winograd): our own
  * kernels' forward and backward-data (conv_bf16.h) run our bf16 Winograd F(2x2, 3x3) where it fits
