@@ -52,12 +52,6 @@ static bool own_pass(const cfg *c, int p, bool x_bf16) {
     return cmi_conv_direct_bf16_fits(&g);
 }
 
-/* oneDNN 2.6 has f32 Winograd kernels on AVX-512 only (elsewhere WINOGRAD falls back to direct) */
-static bool have_winograd(void) {
-    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
-    return (isa & avx512) == avx512;
-}
-
 static cm_tensor *call_conv(cm_tape *tp, cm_tensor *const *in, void *ctx) {
     cm_conv2d_opts o = opts_of(ctx);
     return cm_conv2d(tp, in[0], in[1], in[2], &o);
@@ -580,6 +574,8 @@ Test(conv_bf16, unimplemented_problem_falls_back_and_is_counted) {
     /* this test's own process: no oneDNN kernel has been generated yet */
     cr_assert_eq(dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2), dnnl_success);
     cr_assert(!cmi_bf16_native(), "ISA %s", cmi_dnnl_isa_name());
+    cr_assert(!cmi_conv_winograd_f32_available(), "no f32 Winograd asked for below AVX-512 (ISA %s)",
+              cmi_dnnl_isa_name());
     const run_mode ref = {true, true, false, false}, ac = {false, true, true, false};
     cmi_conv_set_kernel(CMI_CONV_DNNL);
     conv_run a = run_conv(&k_resnet[2], 21, ref);
@@ -639,7 +635,7 @@ Test(conv, resnet56_model_convolutions_all_run_on_onednn) {
             const bool autoalgo = cmi_conv_get_algo() == CMI_CONV_ALGO_AUTO;
             for (int p = 0; p < CMI_CONV_N_PASSES; p++) {
                 const int64_t wino = !autoalgo                ? 0
-                                     : !amp                   ? (have_winograd() ? 34 : 0)
+                                     : !amp                   ? (cmi_conv_winograd_f32_available() ? 34 : 0)
                                      : p == CMI_CONV_BWD_WEIGHTS ? 0
                                                               : (native && own_pass(&body, p, true) ? 34 : 0);
                 const int64_t on = native ? st.dnnl_bf16[p] + st.own_bf16[p] : st.dnnl[p];
@@ -1186,7 +1182,7 @@ static conv_ref3 ref_conv3(int64_t N, int64_t CI, int64_t H, int64_t W, int64_t 
  * rounding; worst in dw). Bounds 1e-6 and 5e-6: a wrong tap or a lost tile border is O(1). */
 Test(conv, winograd_and_direct_match_a_double_reference) {
     cmi_conv_set_kernel(CMI_CONV_DNNL);
-    const int wino = have_winograd();
+    const int wino = cmi_conv_winograd_f32_available();
     const int64_t shapes[][5] = {/* N, Cin, H, W, Cout */
                                  {4, 32, 16, 16, 32}, {3, 64, 8, 8, 64}, {2, 48, 7, 9, 32}, {2, 32, 4, 4, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

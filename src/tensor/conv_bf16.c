@@ -271,11 +271,18 @@ bool cmi_conv_direct_bf16_fits(const cmi_conv_geom *g) {
     return chans && g->W % 8 == 0 && cmi_conv_wgrad_bf16_fits(g);
 }
 
+/* The Winograd kernel's tile rows per block: the fewest that divide the H/2 tile rows and whose
+ * W/2-tile rows make a multiple of 16 tiles; 0 where there are none. */
+static int64_t wino_rows(const cmi_conv_geom *g) {
+    for (int64_t r = 1; r <= g->H / 2; r++)
+        if ((g->H / 2) % r == 0 && (r * g->W / 2) % 16 == 0) return r;
+    return 0;
+}
+
 bool cmi_conv_winograd_bf16_fits(const cmi_conv_geom *g) {
     if (!cmi_conv_direct_bf16_fits(g) || g->H % 2 != 0) return false;
-    for (int64_t r = 1; r <= g->H / 2; r++) /* as wino_rows() */
-        if ((g->H / 2) % r == 0 && (r * g->W / 2) % 16 == 0) return r * g->W / 2 <= 128;
-    return false;
+    const int64_t r = wino_rows(g);
+    return r > 0 && r * g->W / 2 <= 128;
 }
 
 #ifdef CM_CONV_BF16_X86
@@ -428,13 +435,6 @@ static void direct(const direct_args *d, int64_t CI) {
  * over the threads; per block, in thread-local scratch: V[ξ][t][ci] (bf16, 16·T·CI), the 16
  * GEMMs into M[ξ][t][co] (f32) in register tiles of 8 tiles x 32 output channels (or 16 x 16),
  * and the output transform of M into the NHWC output (f32, added to with accumulate, or bf16). */
-
-/* Tile rows per block: the fewest whose tiles are a multiple of 16 (fits checked it exists). */
-static int64_t wino_rows(const cmi_conv_geom *g) {
-    for (int64_t r = 1; r <= g->H / 2; r++)
-        if ((g->H / 2) % r == 0 && (r * g->W / 2) % 16 == 0) return r;
-    return 0;
-}
 
 typedef struct {
     int64_t N, H, W, CI, CO, R, T; /* T = R·W/2 tiles per block */

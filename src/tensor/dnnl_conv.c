@@ -130,6 +130,11 @@ void cmi_conv_set_algo(cmi_conv_algo a) {
     atomic_store(&g_algo, (int)a);
 }
 
+bool cmi_conv_winograd_f32_available(void) {
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+    return (isa & avx512) == avx512;
+}
+
 cmi_conv_act_layout cmi_conv_get_act_layout(void) { return (cmi_conv_act_layout)atomic_load(&g_act_layout); }
 void cmi_conv_set_act_layout(cmi_conv_act_layout l) { atomic_store(&g_act_layout, (int)l); }
 
@@ -423,8 +428,7 @@ static void make_key(conv_key *k, const cmi_conv_geom *g, cm_dtype dt, cm_dtype 
                           g->groups == 1;
     /* oneDNN 2.6 has f32 Winograd on AVX-512 only: elsewhere ask for direct (a Winograd request
      * falls back to direct anyway, but on the blocked layout, slower for channels-last) */
-    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
-    k->wino = !k->bf16 && dense3x3 && (isa & avx512) == avx512 &&
+    k->wino = !k->bf16 && dense3x3 && cmi_conv_winograd_f32_available() &&
               (algo == CMI_CONV_ALGO_WINOGRAD ||
                (algo == CMI_CONV_ALGO_AUTO && g->Cin % 16 == 0 && g->Cout % 16 == 0 && g->Cin >= 32 &&
                 g->Cout >= 32 && g->OH >= 4 && g->OW >= 4));

@@ -70,6 +70,9 @@ void cmi_conv_set_own_passes(unsigned mask);
 typedef enum { CMI_CONV_ALGO_AUTO, CMI_CONV_ALGO_DIRECT, CMI_CONV_ALGO_WINOGRAD } cmi_conv_algo;
 cmi_conv_algo cmi_conv_get_algo(void);
 void cmi_conv_set_algo(cmi_conv_algo a);
+/* Whether oneDNN's ISA (as capped now: ONEDNN_MAX_CPU_ISA, dnnl_set_max_cpu_isa) has its f32
+ * Winograd kernels, AVX-512; the f32 Winograd is asked for only there. */
+bool cmi_conv_winograd_f32_available(void);
 /* Passes: forward, backward-data, backward-weights. */
 enum { CMI_CONV_FWD, CMI_CONV_BWD_DATA, CMI_CONV_BWD_WEIGHTS, CMI_CONV_N_PASSES };
 
