@@ -1,0 +1,131 @@
+/*
+ * The device backends' kernel table (private to the tensor layer).
+ *
+ * An op's logic — argument and shape checks, output allocation, the backward node — is written
+ * once in the op files of src/tensor/. Where the CPU path computes with loops over host memory, the device path
+ * calls a slot of this table with device pointers, shapes and strides (in elements). One table per
+ * device: the CUDA one lives in src/tensor/cuda/ (built with nvcc, or for the CUDA emulator), and a
+ * build without CUDA has none (cmi_backend_get returns NULL and says why).
+ *
+ * Every slot returns CM_OK or an error recorded with cm_set_error naming the kernel and the CUDA
+ * error (CM_ERR_DEVICE), or CM_ERR_OOM for device memory. Kernels are queued on the backend's
+ * stream and run in order; results are visible to later kernels and copies at once, to the host
+ * after memcpy (D2H), which waits.
+ *
+ * Semantics mirror the CPU code they replace (named at each slot), so CPU and GPU give the same
+ * results up to floating-point summation order: the backend comparison tests
+ * (tests/test_backend_ops.c) check each against the CPU.
+ */
+#ifndef CM_TENSOR_BACKEND_H
+#define CM_TENSOR_BACKEND_H
+
+#include <composer/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { CMI_H2D, CMI_D2H, CMI_D2D } cmi_copy_kind;
+
+/* Binary elementwise ops (elementwise.c). */
+typedef enum { CMI_BIN_ADD, CMI_BIN_SUB, CMI_BIN_MUL, CMI_BIN_DIV } cmi_bin_op;
+/* Backward of binary ops: t = g·x (0), t = g/x (1), t = -g·o/x (2), t = -g (3). */
+typedef enum { CMI_BWD_MUL = 0, CMI_BWD_DIV = 1, CMI_BWD_DIV_B = 2, CMI_BWD_NEG = 3 } cmi_bin_bwd_mode;
+/* Unary elementwise ops (elementwise.c); p0, p1 are the scalar arguments. */
+typedef enum {
+    CMI_UN_NEG, CMI_UN_EXP, CMI_UN_LOG, CMI_UN_SQRT, CMI_UN_ABS, CMI_UN_RELU, CMI_UN_GELU_TANH, CMI_UN_GELU_ERF,
+    CMI_UN_SILU, CMI_UN_TANH, CMI_UN_SIGMOID, CMI_UN_ADD_S, CMI_UN_MUL_S, CMI_UN_POW, CMI_UN_CLAMP, CMI_UN_COUNT
+} cmi_un_op;
+/* Reduction kernels (reduce.c): sums (in double), squared deviations from a per-output mean,
+ * first extreme element (NaN propagates, the first NaN wins). */
+typedef enum { CMI_RED_SUM, CMI_RED_SQDEV, CMI_RED_MAX, CMI_RED_MIN } cmi_red_kernel;
+
+/* A reduction plan: the input split into kept dims (one output each) and reduced dims, both
+ * collapsed where possible (reduce.c's plan_reduce). kcstride/rcstride are the strides of the same
+ * dims in the contiguous layout of the input's shape (for the index of the chosen element). */
+typedef struct cmi_red_plan {
+    int nk, nr;
+    int64_t kshape[CM_MAX_DIMS], kstride[CM_MAX_DIMS], kcstride[CM_MAX_DIMS];
+    int64_t rshape[CM_MAX_DIMS], rstride[CM_MAX_DIMS], rcstride[CM_MAX_DIMS];
+    int64_t n_out, n_red;
+} cmi_red_plan;
+
+typedef struct cmi_backend {
+    const char *name; /* "cuda" */
+    cm_device device;
+
+    /* ---- runtime ---- */
+    cm_status (*init)(void); /* idempotent; CM_OK, or why the device cannot be used */
+    const char *(*describe)(void);
+    /* Caching allocator: 256-byte aligned device memory, NULL + CM_ERR_OOM (naming the request
+     * and the device's use) when the device or the budget is full. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    cm_status (*memcpy)(void *dst, const void *src, size_t bytes, cmi_copy_kind kind);
+    cm_status (*memset)(void *p, int byte, size_t bytes);
+    cm_status (*sync)(void);
+    void (*mem_stats)(cm_device_memory *out);
+    void (*reset_peak)(void);
+    void (*set_budget)(size_t bytes);
+
+    /* ---- copies and fills (tensor.c, views.c) ---- */
+    /* dst[i] = v over an nd-dim strided view (dtype dt; v converted as cmi_store does). */
+    cm_status (*fill)(void *dst, cm_dtype dt, int nd, const int64_t *shape, const int64_t *stride, double v);
+    /* dst[i] = convert(src[i]) elementwise over `shape`; src strides may be 0 (broadcast). Same
+     * conversions as cmi_load/cmi_store (through double; bf16/f16 rounded to nearest even). */
+    cm_status (*copy)(void *dst, cm_dtype ddt, const int64_t *dstride, const void *src, cm_dtype sdt,
+                      const int64_t *sstride, int nd, const int64_t *shape);
+    /* dst[i] = start + i·step, row-major, contiguous (cm_tensor_arange_fill / cm_arange). */
+    cm_status (*arange)(void *dst, cm_dtype dt, int64_t n, double start, double step);
+
+    /* ---- elementwise, f32 (elementwise.c) ---- */
+    /* out (contiguous, shape) = a op b, a and b read through their (broadcast) strides. */
+    cm_status (*binary)(cmi_bin_op op, float *out, const float *a, const int64_t *sa, const float *b,
+                        const int64_t *sb, int nd, const int64_t *shape);
+    /* t (contiguous) = f(g, x, o) per mode: g and o contiguous, x through (broadcast) strides sx. */
+    cm_status (*binary_bwd)(cmi_bin_bwd_mode mode, float *t, const float *g, const float *x, const int64_t *sx,
+                            const float *o, int nd, const int64_t *shape);
+    /* out (contiguous) = f(a) with a through strides sa. */
+    cm_status (*unary)(cmi_un_op op, float p0, float p1, float *out, const float *a, const int64_t *sa, int nd,
+                       const int64_t *shape);
+    /* ga[i] += g[i]·f'(a[i], out[i]): ga, g, out contiguous, a through strides sa. */
+    cm_status (*unary_bwd)(cmi_un_op op, float p0, float p1, float *ga, const float *g, const float *a,
+                           const int64_t *sa, const float *out, int nd, const int64_t *shape);
+    /* dst[i] += scale·src[i], dst contiguous over `shape`, src through (broadcast) strides. */
+    cm_status (*add_scaled)(float *dst, const float *src, const int64_t *sstride, float scale, int nd,
+                            const int64_t *shape);
+    /* dst (strides dstride, with 0 on the dims summed over) += the sum of src (contiguous, shape)
+     * over the dims where dstride is 0: cmi_accum's broadcast reduction. Sums in double. */
+    cm_status (*accum)(float *dst, const int64_t *dstride, const float *src, int nd, const int64_t *shape);
+
+    /* ---- reductions (reduce.c) ---- */
+    /* Over plan P of x: SUM writes out[o] = (float)(Σ·scale) (scale NaN gives NaN), SQDEV writes
+     * out[o] = (float)(Σ(x - mean[o])²·scale) and needs mean (double, n_out); both also write
+     * Σ·scale in double to sums (n_out, may be NULL). MAX/MIN write the extreme to out and, when
+     * idx is not NULL, its index in the contiguous layout of x's shape to idx. */
+    cm_status (*reduce)(cmi_red_kernel k, const cmi_red_plan *P, const float *x, const double *mean, double scale,
+                        float *out, double *sums, int64_t *idx);
+    /* ga[idx[o]] += g[o], o < n (each idx distinct). */
+    cm_status (*scatter_add)(float *ga, const int64_t *idx, const float *g, int64_t n);
+    /* ga[i] += scale·g[i·sg]·(x[i·sx] - m[i·sm]) over shape (reduce.c's var backward); ga contiguous. */
+    cm_status (*var_bwd)(float *ga, const float *g, const int64_t *sg, const float *x, const int64_t *sx,
+                         const float *m, const int64_t *sm, float scale, int nd, const int64_t *shape);
+    /* softmax / log_softmax of contiguous x viewed as (outer, L, inner) along L; and their backward
+     * gx += ... from y = the output and g (reduce.c). */
+    cm_status (*softmax)(const float *x, float *y, int64_t outer, int64_t L, int64_t inner, bool log_out);
+    cm_status (*softmax_bwd)(const float *y, const float *g, float *gx, int64_t outer, int64_t L, int64_t inner,
+                             bool log_out);
+    /* d[i] = double(s[i]) → float, for small host-side finishing steps: out[i] = (float)in[i]. */
+    cm_status (*f64_to_f32)(float *out, const double *in, int64_t n);
+} cmi_backend;
+
+/* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */
+const cmi_backend *cmi_backend_get(cm_device d);
+/* The CUDA table when this build has one (src/tensor/cuda/backend.cu), else NULL; *why (may be
+ * NULL) gets a reason for its absence. */
+const cmi_backend *cmi_cuda_backend(const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
