@@ -141,7 +141,7 @@ static void check_op(const char *name, op_fn f, const void *arg, int n_in, const
         for (int i = 0; i < n_in; i++) {
             if (!specs[i].grad) continue;
             cm_tensor *a = cm_tensor_grad(cin[i]), *b = cm_tensor_grad(gin[i]);
-            cr_assert(a && b, "%s: input %d has a gradient on %s only", name, i, a ? "cpu" : "gpu");
+            cr_assert(a && b, "%s: input %d: gradient on cpu %s, on gpu %s", name, i, a ? "yes" : "no", b ? "yes" : "no");
             cr_assert_eq(cm_tensor_device(b), CM_DEVICE_CUDA);
             cm_tensor *bc = to_cpu(b);
             const double eb = nerr(bc, a);
@@ -280,6 +280,34 @@ static cm_tensor *f_views(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     return cm_mul(tp, x, x);
 }
 
+typedef struct {
+    int ta, tb; /* 1: the operand is given transposed (a view) */
+    bool bf16;  /* under bf16 autocast */
+} mm_arg;
+
+static cm_tensor *f_matmul(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const mm_arg *m = varg;
+    cm_tensor *a = m->ta ? cm_transpose(tp, in[0], -1, -2) : in[0];
+    cm_tensor *b = m->tb ? cm_transpose(tp, in[1], -1, -2) : in[1];
+    if (m->bf16) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *y = cm_matmul(tp, a, b);
+    cm_tape_set_autocast(tp, CM_DTYPE_F32);
+    return y;
+}
+
+typedef struct {
+    bool bias, wt, bf16, rows3; /* wt: the weight is the transpose of a (in, out) tensor (GPT-2's Conv1D) */
+} lin_arg;
+
+static cm_tensor *f_linear(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const lin_arg *l = varg;
+    cm_tensor *w = l->wt ? cm_transpose(tp, in[1], 0, 1) : in[1];
+    if (l->bf16) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *y = cm_linear(tp, in[0], w, l->bias ? in[2] : NULL);
+    cm_tape_set_autocast(tp, CM_DTYPE_F32);
+    return y;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Tests
  * ------------------------------------------------------------------------------------------- */
@@ -364,6 +392,42 @@ Test(backend_ops, softmax_and_log_softmax_along_last_and_middle_axes) {
             snprintf(name, sizeof name, "%s axis %d", log ? "log_softmax" : "softmax", a.axis);
             check_op(name, f_softmax, &a, 1, &s, 1e-6, 1e-5);
         }
+}
+
+Test(backend_ops, matmul_batched_broadcast_and_transposed) {
+    const struct {
+        in_spec a, b;
+        mm_arg m;
+    } cases[] = {
+        {SPEC(2, IN_NORMAL, true, 17, 23), SPEC(2, IN_NORMAL, true, 23, 9), {0, 0, false}},
+        {SPEC(2, IN_NORMAL, true, 23, 17), SPEC(2, IN_NORMAL, true, 9, 23), {1, 1, false}},
+        {SPEC(3, IN_NORMAL, true, 4, 17, 23), SPEC(2, IN_NORMAL, true, 23, 9), {0, 0, false}}, /* b broadcast */
+        {SPEC(4, IN_NORMAL, true, 2, 3, 5, 7), SPEC(4, IN_NORMAL, true, 2, 1, 7, 6), {0, 0, false}},
+        {SPEC(3, IN_NORMAL, true, 3, 7, 5), SPEC(3, IN_NORMAL, true, 3, 6, 7), {1, 1, false}},
+        {SPEC(3, IN_NORMAL, true, 1, 8, 5), SPEC(3, IN_NORMAL, true, 4, 5, 6), {0, 0, false}}, /* a broadcast */
+        {SPEC(2, IN_NORMAL, true, 33, 64), SPEC(2, IN_NORMAL, true, 64, 31), {0, 0, true}},    /* bf16 */
+        {SPEC(3, IN_NORMAL, true, 2, 64, 33), SPEC(2, IN_NORMAL, true, 31, 64), {1, 1, true}},
+        {SPEC(2, IN_NORMAL, true, 5, 0), SPEC(2, IN_NORMAL, true, 0, 4), {0, 0, false}},      /* K = 0 */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        in_spec s[2] = {cases[c].a, cases[c].b};
+        char name[64];
+        snprintf(name, sizeof name, "matmul case %zu", c);
+        check_op(name, f_matmul, &cases[c].m, 2, s, 1e-6, 2e-6);
+    }
+}
+
+Test(backend_ops, linear_with_bias_transposed_weights_and_autocast) {
+    for (int v = 0; v < 16; v++) {
+        lin_arg l = {v & 1, (v >> 1) & 1, (v >> 2) & 1, (v >> 3) & 1};
+        in_spec s[3] = {l.rows3 ? (in_spec)SPEC(3, IN_NORMAL, true, 3, 11, 40) : (in_spec)SPEC(2, IN_NORMAL, true, 37, 40),
+                        l.wt ? (in_spec)SPEC(2, IN_NORMAL, true, 40, 24) : (in_spec)SPEC(2, IN_NORMAL, true, 24, 40),
+                        SPEC(1, IN_NORMAL, true, 24)};
+        s[2].grad = l.bias; /* unused without a bias */
+        char name[64];
+        snprintf(name, sizeof name, "linear bias=%d wt=%d bf16=%d rows3=%d", l.bias, l.wt, l.bf16, l.rows3);
+        check_op(name, f_linear, &l, 3, s, 1e-6, 2e-6);
+    }
 }
 
 Test(backend_ops, view_chains_and_casts_send_gradients_back) {

@@ -115,8 +115,17 @@ typedef struct cmi_backend {
     cm_status (*softmax)(const float *x, float *y, int64_t outer, int64_t L, int64_t inner, bool log_out);
     cm_status (*softmax_bwd)(const float *y, const float *g, float *gx, int64_t outer, int64_t L, int64_t inner,
                              bool log_out);
-    /* d[i] = double(s[i]) → float, for small host-side finishing steps: out[i] = (float)in[i]. */
+    /* out[i] = (float)in[i]. */
     cm_status (*f64_to_f32)(float *out, const double *in, int64_t n);
+
+    /* ---- GEMM (matmul.c) ---- */
+    /* Row-major C (M, N), rows ldc apart, = op(A) (M, K) · op(B) (K, N) [+ bias (N)] [+ C when acc],
+     * for `batch` entries at element strides sa, sb, sc (batch 1: one GEMM). A element (i, k) is at
+     * a[ta ? k·lda + i : i·lda + k], B's likewise. A and B have dtype dt (f32 or bf16), C and bias
+     * f32; f32 accumulation. */
+    cm_status (*gemm)(cm_dtype dt, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, bool ta,
+                      const void *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc,
+                      int64_t batch, int64_t sa, int64_t sb, int64_t sc);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

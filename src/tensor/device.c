@@ -59,6 +59,8 @@ static const char *const k_gpu_ops[] = {
     "add_scalar", "mul_scalar", "pow", "clamp",
     /* reductions (reduce.c) */
     "sum", "mean", "max", "min", "var", "softmax", "log_softmax",
+    /* GEMMs (matmul.c) */
+    "matmul", "linear",
 };
 
 bool cmi_op_on_device(const char *op, cm_device dev) {

@@ -135,6 +135,11 @@ bool cmi_dev_fail(cm_tape *tp, cm_status s, const char *op);
 cm_arena *cmi_dev_arena(cm_tape *tp, cm_device dev);
 /* Scratch memory on the current op's device (cmi_scratch on the CPU). NULL + tape error on OOM. */
 void *cmi_dev_scratch(cm_tape *tp, size_t bytes);
+/* The arena the current op's tensors and device scratch come from (the device arena on a GPU), for
+ * ops that mark and rewind their scratch. */
+static inline cm_arena *cmi_op_arena(cm_tape *tp) {
+    return tp->dev == CM_DEVICE_CPU ? tp->arena : cmi_dev_arena(tp, tp->dev);
+}
 /* Frees the device data of a long-lived tensor (cm_tensor_free). */
 void cmi_dev_free_data(cm_tensor *t);
 /* dst = src read through strides sstride (src broadcast to dst's shape), any devices and dtypes:

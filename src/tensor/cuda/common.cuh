@@ -39,6 +39,12 @@ cm_status cmi_cuda_launched(const char *kernel);
     } while (0)
 
 cudaStream_t cmi_cuda_stream(void);
+/* The caching allocator (runtime.cu), for the backend's own buffers (cuBLASLt's workspace). */
+void *cmi_cuda_alloc(size_t bytes);
+void cmi_cuda_free(void *p);
+/* dst[i] += src[i] over `shape`, both through strides (elementwise.cu). */
+cm_status cmi_cuda_copy_add(float *dst, const int64_t *dstride, const float *src, const int64_t *sstride, int nd,
+                            const int64_t *shape);
 /* Blocks for n items at `block` threads each, at least 1, at most a few waves of the device. */
 unsigned cmi_cuda_grid(int64_t n, int block);
 int cmi_cuda_sm_count(void);
@@ -215,4 +221,6 @@ cm_status cmi_cuda_var_bwd(float *, const float *, const int64_t *, const float 
 cm_status cmi_cuda_softmax(const float *, float *, int64_t, int64_t, int64_t, bool);
 cm_status cmi_cuda_softmax_bwd(const float *, const float *, float *, int64_t, int64_t, int64_t, bool);
 cm_status cmi_cuda_f64_to_f32(float *, const double *, int64_t);
+cm_status cmi_cuda_gemm(cm_dtype, int64_t, int64_t, int64_t, const void *, int64_t, bool, const void *, int64_t, bool,
+                        const float *, bool, float *, int64_t, int64_t, int64_t, int64_t, int64_t);
 }

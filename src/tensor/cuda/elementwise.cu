@@ -282,6 +282,20 @@ extern "C" cm_status cmi_cuda_accum(float *dst, const int64_t *dstride, const fl
     return cmi_cuda_reduce_add(&P, src, dst);
 }
 
+__global__ void k_add_strided(float *dst, const float *src, cmi_iter it) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < it.n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[cmi_iter_off(it, 0, i)] += src[cmi_iter_off(it, 1, i)];
+}
+
+cm_status cmi_cuda_copy_add(float *dst, const int64_t *dstride, const float *src, const int64_t *sstride, int nd,
+                            const int64_t *shape) {
+    const int64_t *st[2] = {dstride, sstride};
+    const cmi_iter it = cmi_iter_make(nd, shape, 2, st);
+    if (it.n == 0) return CM_OK;
+    CMI_LAUNCH(k_add_strided, cmi_cuda_grid(it.n, BLOCK), BLOCK, 0, cmi_cuda_stream(), dst, src, it);
+    return cmi_cuda_launched("add_strided");
+}
+
 __global__ void k_var_bwd(float *ga, const float *g, const float *x, const float *m, float scale, cmi_iter it) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < it.n; i += (int64_t)gridDim.x * blockDim.x)
         ga[i] += scale * g[cmi_iter_off(it, 1, i)] * (x[cmi_iter_off(it, 2, i)] - m[cmi_iter_off(it, 3, i)]);

@@ -244,6 +244,8 @@ cm_status cmi_cuda_launched(const char *kernel) {
 }
 
 cudaStream_t cmi_cuda_stream(void) { return S().stream; }
+void *cmi_cuda_alloc(size_t bytes) { return rt_alloc(bytes); }
+void cmi_cuda_free(void *p) { rt_free(p); }
 
 int cmi_cuda_sm_count(void) { return S().prop.multiProcessorCount > 0 ? S().prop.multiProcessorCount : 1; }
 
@@ -339,6 +341,7 @@ static cmi_backend make_table(void) {
     b.softmax = cmi_cuda_softmax;
     b.softmax_bwd = cmi_cuda_softmax_bwd;
     b.f64_to_f32 = cmi_cuda_f64_to_f32;
+    b.gemm = cmi_cuda_gemm;
     return b;
 }
 

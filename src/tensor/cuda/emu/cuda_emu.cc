@@ -526,3 +526,89 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
 cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute, int v) {
     return v <= (227 << 10) ? cudaSuccess : set_err(cudaErrorInvalidValue);
 }
+
+/* ---- cuBLASLt (cublaslt_emu.h) ---- */
+
+#include "cublaslt_emu.h"
+
+static size_t lt_esize(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+/* Element of a stored matrix as float. */
+static float lt_load(cudaDataType_t t, const void *p, int64_t i) {
+    if (t == CUDA_R_32F) return ((const float *)p)[i];
+    const unsigned short h = ((const unsigned short *)p)[i];
+    return t == CUDA_R_16BF ? __uint_as_float((unsigned)h << 16) : cmi_emu_half2float(h);
+}
+
+static float tf32(float x) { /* round to nearest even on 10 mantissa bits, as the tensor cores read f32 */
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
+    return __uint_as_float(u);
+}
+
+cublasStatus_t cmi_emu_lt_check(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D) {
+    const uint64_t m = D->rows, n = D->cols;
+    const uint64_t am = d->ta == CUBLAS_OP_N ? A->rows : A->cols, ak = d->ta == CUBLAS_OP_N ? A->cols : A->rows;
+    const uint64_t bk = d->tb == CUBLAS_OP_N ? B->rows : B->cols, bn = d->tb == CUBLAS_OP_N ? B->cols : B->rows;
+    if (am != m || bn != n || ak != bk || C->rows != m || C->cols != n) {
+        fprintf(stderr, "cublaslt_emu: dimensions do not match: D %llux%llu, op(A) %llux%llu, op(B) %llux%llu\n",
+                (unsigned long long)m, (unsigned long long)n, (unsigned long long)am, (unsigned long long)ak,
+                (unsigned long long)bk, (unsigned long long)bn);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const cublasLtMatrixLayout_t all[4] = {A, B, C, D};
+    for (const cublasLtMatrixLayout_t l : all) {
+        if (l->ld < (int64_t)(l->rows ? l->rows : 1)) {
+            fprintf(stderr, "cublaslt_emu: leading dimension %lld < rows %llu\n", (long long)l->ld,
+                    (unsigned long long)l->rows);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        if (l->batch != D->batch) return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (C->type != CUDA_R_32F || D->type != CUDA_R_32F || A->type != B->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && (!d->bias || d->bias_type != CUDA_R_32F))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t Ad, const void *B, cublasLtMatrixLayout_t Bd, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t Cd, void *D, cublasLtMatrixLayout_t Dd,
+                              const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t) {
+    cublasStatus_t s = cmi_emu_lt_check(d, Ad, Bd, Cd, Dd);
+    if (s) return s;
+    const int64_t m = (int64_t)Dd->rows, n = (int64_t)Dd->cols, k = (int64_t)(d->ta == CUBLAS_OP_N ? Ad->cols : Ad->rows);
+    if (m && n && ((k && (!cmi_emu_is_device_ptr(A) || !cmi_emu_is_device_ptr(B))) || !cmi_emu_is_device_ptr(D) ||
+                   !cmi_emu_is_device_ptr(C) || (d->bias && !cmi_emu_is_device_ptr(d->bias)))) {
+        fprintf(stderr, "cublaslt_emu: a matrix pointer is not device memory\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    const bool tf = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && Ad->type == CUDA_R_32F;
+    access_scope open;
+    for (int32_t bt = 0; bt < Dd->batch; bt++) {
+        const char *a = (const char *)A + (size_t)(bt * Ad->batch_stride) * lt_esize(Ad->type);
+        const char *b = (const char *)B + (size_t)(bt * Bd->batch_stride) * lt_esize(Bd->type);
+        const float *c = (const float *)C + bt * Cd->batch_stride;
+        float *dd = (float *)D + bt * Dd->batch_stride;
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                float acc = 0.0f;
+                for (int64_t p = 0; p < k; p++) {
+                    const int64_t ai = d->ta == CUBLAS_OP_N ? i + p * Ad->ld : p + i * Ad->ld;
+                    const int64_t bi = d->tb == CUBLAS_OP_N ? p + j * Bd->ld : j + p * Bd->ld;
+                    float x = lt_load(Ad->type, a, ai), y = lt_load(Bd->type, b, bi);
+                    if (tf) x = tf32(x), y = tf32(y);
+                    acc += x * y;
+                }
+                float v = al * acc + (be != 0.0f ? be * c[i + j * Cd->ld] : 0.0f);
+                if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) v += ((const float *)d->bias)[i];
+                dd[i + j * Dd->ld] = v;
+            }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
