@@ -308,6 +308,46 @@ static cm_tensor *f_linear(cm_tape *tp, cm_tensor *const *in, const void *varg) 
     return y;
 }
 
+typedef struct {
+    int red;       /* CM_REDUCTION_* */
+    float ls;      /* label smoothing */
+    bool soft;     /* probability targets (softmax of in[1]) */
+    bool ignore;   /* set a few targets to ignore_index */
+} ce_arg;
+
+static cm_tensor *f_ce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const ce_arg *c = varg;
+    cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+    o.reduction = (cm_reduction)c->red;
+    o.label_smoothing = c->ls;
+    cm_tensor *t = in[1];
+    if (c->soft) t = cm_softmax(tp, t, 1);
+    if (c->ignore) { /* positions 0 and 3 of the index target ignored (a copy, so the input stays) */
+        t = cm_clone_detached(tp, t);
+        int64_t i0[1] = {0}, i3[1] = {3};
+        if (t && cm_tensor_ndim(t) == 1) {
+            cm_tensor_set(t, i0, -100);
+            cm_tensor_set(t, i3, -100);
+        }
+    }
+    return cm_cross_entropy(tp, in[0], t, &o);
+}
+
+static cm_tensor *f_layer_norm(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const int affine = *(const int *)varg;
+    return cm_layer_norm(tp, in[0], affine ? in[1] : NULL, affine ? in[2] : NULL, 1e-5f);
+}
+
+static cm_tensor *f_bias_gelu(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    return cm_bias_gelu(tp, in[0], in[1], *(const bool *)varg);
+}
+
+static cm_tensor *f_embedding(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const int which = *(const int *)varg;
+    if (which == 0) return cm_embedding(tp, in[0], in[1]);
+    return cm_index_select(tp, in[0], 1, in[1]);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Tests
  * ------------------------------------------------------------------------------------------- */
@@ -427,6 +467,130 @@ Test(backend_ops, linear_with_bias_transposed_weights_and_autocast) {
         char name[64];
         snprintf(name, sizeof name, "linear bias=%d wt=%d bf16=%d rows3=%d", l.bias, l.wt, l.bf16, l.rows3);
         check_op(name, f_linear, &l, 3, s, 1e-6, 2e-6);
+    }
+}
+
+Test(backend_ops, cross_entropy_with_every_option) {
+    const struct {
+        in_spec x, t;
+        ce_arg a;
+    } cases[] = {
+        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_MEAN, 0, 0, 0}},
+        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_SUM, 0.1f, 0, 1}},
+        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_NONE, 0.2f, 0, 1}},
+        {SPEC(3, IN_NORMAL, true, 4, 7, 9), {2, {4, 9}, IN_INDEX, false, CM_DTYPE_F32, 7}, {CM_REDUCTION_MEAN, 0.1f, 0, 0}},
+        {SPEC(3, IN_NORMAL, true, 4, 7, 9), {2, {4, 9}, IN_INDEX, false, CM_DTYPE_F32, 7}, {CM_REDUCTION_NONE, 0, 0, 0}},
+        {SPEC(2, IN_NORMAL, true, 6, 1500), {1, {6}, IN_INDEX, false, CM_DTYPE_F32, 1500}, {CM_REDUCTION_MEAN, 0.05f, 0, 0}},
+        {SPEC(2, IN_NORMAL, true, 9, 13), SPEC(2, IN_NORMAL, true, 9, 13), {CM_REDUCTION_MEAN, 0.1f, 1, 0}},
+        {SPEC(3, IN_NORMAL, true, 2, 5, 3), SPEC(3, IN_NORMAL, true, 2, 5, 3), {CM_REDUCTION_NONE, 0, 1, 0}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        in_spec s[2] = {cases[c].x, cases[c].t};
+        char name[64];
+        snprintf(name, sizeof name, "cross_entropy case %zu", c);
+        check_op(name, f_ce, &cases[c].a, 2, s, 2e-6, 2e-6);
+    }
+}
+
+Test(backend_ops, cross_entropy_names_a_bad_target_on_both_devices) {
+    int64_t xs[2] = {4, 5}, ts[1] = {4};
+    cm_tensor *x, *t, *gx, *gt;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, xs, &x), CM_OK);
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_I64, 1, ts, &t), CM_OK);
+    int64_t i2[1] = {2};
+    cm_tensor_set(t, i2, 9);
+    cr_assert_eq(cm_tensor_to_device(x, CM_DEVICE_CUDA, &gx), CM_OK);
+    cr_assert_eq(cm_tensor_to_device(t, CM_DEVICE_CUDA, &gt), CM_OK);
+    cm_tape *tc = poisoned_tape(CM_DEVICE_CPU), *tg = poisoned_tape(CM_DEVICE_CUDA);
+    cr_assert_null(cm_cross_entropy(tc, x, t, NULL));
+    cr_assert_null(cm_cross_entropy(tg, gx, gt, NULL));
+    cr_assert_str_eq(cm_tape_error(tg), cm_tape_error(tc));
+    cr_assert(strstr(cm_tape_error(tg), "target(2) = 9"), "%s", cm_tape_error(tg));
+    cm_tape_free(tc);
+    cm_tape_free(tg);
+    cm_tensor_free(x);
+    cm_tensor_free(t);
+    cm_tensor_free(gx);
+    cm_tensor_free(gt);
+}
+
+Test(backend_ops, layer_norm_rows_and_parameters) {
+    const int64_t Cs[] = {1, 7, 64, 100, 768};
+    for (int affine = 0; affine < 2; affine++)
+        for (size_t i = 0; i < sizeof Cs / sizeof Cs[0]; i++) {
+            in_spec s[3] = {SPEC(3, IN_NORMAL, true, 3, 23, Cs[i]), SPEC(1, IN_NORMAL, true, Cs[i]),
+                            SPEC(1, IN_NORMAL, true, Cs[i])};
+            s[1].grad = s[2].grad = affine;
+            char name[64];
+            snprintf(name, sizeof name, "layer_norm C=%lld affine=%d", (long long)Cs[i], affine);
+            check_op(name, f_layer_norm, &affine, 3, s, 2e-6, 1e-5);
+        }
+}
+
+Test(backend_ops, bias_gelu_both_forms) {
+    for (int a = 0; a < 2; a++) {
+        bool approx = a == 1;
+        in_spec s[2] = {SPEC(3, IN_NORMAL, true, 5, 33, 70), SPEC(1, IN_NORMAL, true, 70)};
+        check_op(approx ? "bias_gelu tanh" : "bias_gelu erf", f_bias_gelu, &approx, 2, s, 2e-6, 2e-6);
+    }
+}
+
+Test(backend_ops, embedding_and_index_select_with_repeated_indices) {
+    int w = 0;
+    in_spec e[2] = {SPEC(2, IN_NORMAL, true, 50, 24), {3, {4, 9, 2}, IN_INDEX, false, CM_DTYPE_F32, 50}};
+    check_op("embedding", f_embedding, &w, 2, e, 0.0, 1e-6);
+    e[1].shape[0] = 1; /* 18 positions into 3 rows: many repeats */
+    e[1].hi = 3;
+    check_op("embedding repeats", f_embedding, &w, 2, e, 0.0, 1e-6);
+    w = 1;
+    in_spec x[2] = {SPEC(3, IN_NORMAL, true, 4, 6, 5), {1, {10}, IN_INDEX, false, CM_DTYPE_F32, 6}};
+    check_op("index_select", f_embedding, &w, 2, x, 0.0, 1e-6);
+}
+
+/* Dropout masks: the same seed gives the same mask on both devices, bit for bit — with and without
+ * the tape's row context (the trainer's microbatch rows). */
+Test(backend_ops, dropout_masks_are_identical_on_cpu_and_gpu) {
+    int64_t sh[3] = {6, 5, 13};
+    for (int ctx = 0; ctx < 2; ctx++) {
+        cm_tensor *x;
+        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 3, sh, &x), CM_OK);
+        cr_assert_eq(cm_tensor_fill(x, 1.0), CM_OK);
+        cm_tensor *gx;
+        cr_assert_eq(cm_tensor_to_device(x, CM_DEVICE_CUDA, &gx), CM_OK);
+        cr_assert_eq(cm_tensor_set_requires_grad(x, true), CM_OK);
+        cr_assert_eq(cm_tensor_set_requires_grad(gx, true), CM_OK);
+        cm_tape *tc = poisoned_tape(CM_DEVICE_CPU), *tg = poisoned_tape(CM_DEVICE_CUDA);
+        if (ctx) { /* rows 2..8 of a batch of 16 */
+            cm_tape_set_rows(tc, 2, 6, 16);
+            cm_tape_set_rows(tg, 2, 6, 16);
+        }
+        cm_rng rc = cm_rng_init(99, 3), rg = cm_rng_init(99, 3);
+        cm_tensor *yc = cm_dropout(tc, x, 0.3f, true, &rc), *yg = cm_dropout(tg, gx, 0.3f, true, &rg);
+        cr_assert(yc && yg, "%s %s", cm_tape_error(tc), cm_tape_error(tg));
+        cr_assert_eq(rc.counter, rg.counter, "rng counters %llu vs %llu", (unsigned long long)rc.counter,
+                     (unsigned long long)rg.counter);
+        cm_tensor *ygc = to_cpu(yg);
+        int dropped = 0;
+        for (int64_t i = 0; i < 6 * 5 * 13; i++) {
+            cr_assert_eq(cm_tensor_get_flat(ygc, i), cm_tensor_get_flat(yc, i), "element %lld (row context %d)",
+                         (long long)i, ctx);
+            dropped += cm_tensor_get_flat(yc, i) == 0.0;
+        }
+        cr_assert(dropped > 40 && dropped < 200, "%d of 390 dropped at p 0.3", dropped);
+        cr_assert_eq(cm_tape_backward_with(tc, yc, yc), CM_OK);
+        cm_tensor *gyg = to_cpu(yg), *gyd;
+        cr_assert_eq(cm_tensor_to_device(gyg, CM_DEVICE_CUDA, &gyd), CM_OK);
+        cr_assert_eq(cm_tape_backward_with(tg, yg, gyd), CM_OK, "%s", cm_tape_error(tg));
+        cm_tensor *g2 = to_cpu(cm_tensor_grad(gx));
+        cr_assert_eq(nerr(g2, cm_tensor_grad(x)), 0.0);
+        cm_tensor_free(g2);
+        cm_tensor_free(gyg);
+        cm_tensor_free(gyd);
+        cm_tensor_free(ygc);
+        cm_tape_free(tc);
+        cm_tape_free(tg);
+        cm_tensor_free(x);
+        cm_tensor_free(gx);
     }
 }
 

@@ -126,6 +126,54 @@ typedef struct cmi_backend {
     cm_status (*gemm)(cm_dtype dt, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, bool ta,
                       const void *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc,
                       int64_t batch, int64_t sa, int64_t sb, int64_t sc);
+
+    /* ---- losses (loss.c) ---- */
+    /* Class-index targets (P of them, dtype dt): *count gets how many are not `ignore`, *bad the
+     * first position holding neither a class in [0, C) nor ignore (-1 if none) and *bad_val its
+     * value. Waits for the device (the caller needs the answer). */
+    cm_status (*ce_check)(const void *target, cm_dtype dt, int64_t P, int64_t C, int64_t ignore, int64_t *count,
+                          int64_t *bad, int64_t *bad_val);
+    /* Cross-entropy of contiguous logits (N, C, S) (loss.c): lse (N·S) gets each position's
+     * log-sum-exp; out (N·S) the losses when `none`, else out[0] = Σ losses / denom. soft: target is
+     * f32 probabilities of the logits' shape, else class indices of dtype tdt. */
+    cm_status (*ce_fwd)(const float *x, const void *target, cm_dtype tdt, bool soft, int64_t N, int64_t C, int64_t S,
+                        int64_t ignore, float eps, bool none, double denom, float *out, float *lse);
+    /* Its backward: gl (logits' shape) written (fresh) or added to, gt (soft targets) added to; either
+     * may be NULL. g is the upstream gradient: (N·S) when none, else g[0] (divided by denom). */
+    cm_status (*ce_bwd)(const float *x, const void *target, cm_dtype tdt, bool soft, int64_t N, int64_t C, int64_t S,
+                        int64_t ignore, float eps, bool none, double denom, const float *g, const float *lse,
+                        float *gl, bool fresh, float *gt);
+
+    /* ---- normalisation, dropout, fused activations (norm.c, elementwise.c) ---- */
+    /* y = (x - mean)·rstd·w + b per row of contiguous x (R, C); w, b may be NULL; mean, rstd (R). */
+    cm_status (*layer_norm)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                            int64_t R, int64_t C, float eps);
+    /* gx (written when fresh, else added; may be NULL), gw and gb (added; may be NULL). */
+    cm_status (*layer_norm_bwd)(const float *x, const float *w, const float *g, const float *mean, const float *rstd,
+                                float *gx, bool fresh, float *gw, float *gb, int64_t R, int64_t C);
+    /* y = gelu(x + b) over rows of C (contiguous x, y; b (C)). */
+    cm_status (*bias_gelu)(const float *x, const float *b, float *y, int64_t rows, int64_t C, bool approx);
+    cm_status (*bias_gelu_bwd)(const float *x, const float *b, const float *g, float *gx, bool fresh, float *gb,
+                               int64_t rows, int64_t C, bool approx);
+    /* Dropout of contiguous x (numel): drop[i] = 1 where dropped, y = kept·scale. The mask is
+     * cm_rng_bernoulli's from (seed, stream, counter): with rows > 0, row i (numel/rows elements)
+     * draws from counter + (row_first + i)·ceil(numel/rows / 4) (cmi_dropout_mask's row context);
+     * rows 0, the whole tensor from counter. */
+    cm_status (*dropout)(const float *x, float *y, uint8_t *drop, int64_t numel, int64_t rows, int64_t row_first,
+                         uint64_t seed, uint64_t stream, uint64_t counter, float p, float scale);
+    cm_status (*dropout_bwd)(const float *g, const uint8_t *drop, float *gx, int64_t n, float scale, bool fresh);
+
+    /* ---- indexing (index.c) ---- */
+    /* out (n, i64) = the indices of idx (contiguous, dtype dt); *bad the first position outside
+     * [0, limit) (-1 if none) with *bad_val its value. Waits for the device. */
+    cm_status (*read_indices)(int64_t *out, const void *idx, cm_dtype dt, int64_t n, int64_t limit, int64_t *bad,
+                              int64_t *bad_val);
+    /* out (O, K, I) = rows idx[k] of a (O, A, I), elements of es bytes; and the backward
+     * ga[o, idx[k]] += g[o, k] (repeated indices accumulate). */
+    cm_status (*select_rows)(void *out, const void *a, const int64_t *idx, int64_t O, int64_t A, int64_t I, int64_t K,
+                             size_t es);
+    cm_status (*select_rows_bwd)(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A, int64_t I,
+                                 int64_t K);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

@@ -61,6 +61,8 @@ static const char *const k_gpu_ops[] = {
     "sum", "mean", "max", "min", "var", "softmax", "log_softmax",
     /* GEMMs (matmul.c) */
     "matmul", "linear",
+    /* losses, norms, dropout, fused activations, indexing */
+    "cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
 };
 
 bool cmi_op_on_device(const char *op, cm_device dev) {

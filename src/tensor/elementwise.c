@@ -347,6 +347,14 @@ static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g)
     cm_tensor *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *bv = cmi_f32(b), *gv = cmi_f32(g);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp,
+                     be->bias_gelu_bwd(xv, bv, gv, gx ? cmi_f32(gx) : NULL, fresh, gb ? cmi_f32(gb) : NULL, rows, C,
+                                       approx),
+                     "bias_gelu backward");
+        return cmi_status(tp);
+    }
     /* dx is needed for db too; write it into gx directly when we have it, else a scratch row. */
     float *gbv = gb ? cmi_f32(gb) : NULL;
     float *gxv = gx ? cmi_f32(gx) : NULL;
@@ -417,9 +425,15 @@ cm_tensor *cm_bias_gelu(cm_tape *tp, cm_tensor *x, cm_tensor *bias, bool approxi
     ins[1] = bias;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
     if (!out) return NULL;
-    const int64_t C = bias->shape[0], rows = C ? cm_tensor_numel(x) / C : 0;
+    const int64_t C = bias->shape[0];
+    int64_t rows = C ? cm_tensor_numel(x) / C : 0;
     const float *xv = cmi_f32(x), *bv = cmi_f32(bias);
     float *ov = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->bias_gelu(xv, bv, ov, rows, C, approximate), "bias_gelu")) return NULL;
+        rows = 0; /* nothing left for the CPU loop */
+    }
 #pragma omp parallel for if (rows * C >= CMI_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         if (approximate) {

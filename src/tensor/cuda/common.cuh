@@ -221,6 +221,24 @@ cm_status cmi_cuda_var_bwd(float *, const float *, const int64_t *, const float 
 cm_status cmi_cuda_softmax(const float *, float *, int64_t, int64_t, int64_t, bool);
 cm_status cmi_cuda_softmax_bwd(const float *, const float *, float *, int64_t, int64_t, int64_t, bool);
 cm_status cmi_cuda_f64_to_f32(float *, const double *, int64_t);
+cm_status cmi_cuda_ce_check(const void *, cm_dtype, int64_t, int64_t, int64_t, int64_t *, int64_t *, int64_t *);
+cm_status cmi_cuda_ce_fwd(const float *, const void *, cm_dtype, bool, int64_t, int64_t, int64_t, int64_t, float, bool,
+                          double, float *, float *);
+cm_status cmi_cuda_ce_bwd(const float *, const void *, cm_dtype, bool, int64_t, int64_t, int64_t, int64_t, float, bool,
+                          double, const float *, const float *, float *, bool, float *);
+cm_status cmi_cuda_layer_norm(const float *, const float *, const float *, float *, float *, float *, int64_t, int64_t,
+                              float);
+cm_status cmi_cuda_layer_norm_bwd(const float *, const float *, const float *, const float *, const float *, float *,
+                                  bool, float *, float *, int64_t, int64_t);
+cm_status cmi_cuda_bias_gelu(const float *, const float *, float *, int64_t, int64_t, bool);
+cm_status cmi_cuda_bias_gelu_bwd(const float *, const float *, const float *, float *, bool, float *, int64_t, int64_t,
+                                 bool);
+cm_status cmi_cuda_dropout(const float *, float *, uint8_t *, int64_t, int64_t, int64_t, uint64_t, uint64_t, uint64_t,
+                           float, float);
+cm_status cmi_cuda_dropout_bwd(const float *, const uint8_t *, float *, int64_t, float, bool);
+cm_status cmi_cuda_read_indices(int64_t *, const void *, cm_dtype, int64_t, int64_t, int64_t *, int64_t *);
+cm_status cmi_cuda_select_rows(void *, const void *, const int64_t *, int64_t, int64_t, int64_t, int64_t, size_t);
+cm_status cmi_cuda_select_rows_bwd(float *, const float *, const int64_t *, int64_t, int64_t, int64_t, int64_t);
 cm_status cmi_cuda_gemm(cm_dtype, int64_t, int64_t, int64_t, const void *, int64_t, bool, const void *, int64_t, bool,
                         const float *, bool, float *, int64_t, int64_t, int64_t, int64_t, int64_t);
 }

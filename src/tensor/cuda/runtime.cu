@@ -342,6 +342,18 @@ static cmi_backend make_table(void) {
     b.softmax_bwd = cmi_cuda_softmax_bwd;
     b.f64_to_f32 = cmi_cuda_f64_to_f32;
     b.gemm = cmi_cuda_gemm;
+    b.ce_check = cmi_cuda_ce_check;
+    b.ce_fwd = cmi_cuda_ce_fwd;
+    b.ce_bwd = cmi_cuda_ce_bwd;
+    b.layer_norm = cmi_cuda_layer_norm;
+    b.layer_norm_bwd = cmi_cuda_layer_norm_bwd;
+    b.bias_gelu = cmi_cuda_bias_gelu;
+    b.bias_gelu_bwd = cmi_cuda_bias_gelu_bwd;
+    b.dropout = cmi_cuda_dropout;
+    b.dropout_bwd = cmi_cuda_dropout_bwd;
+    b.read_indices = cmi_cuda_read_indices;
+    b.select_rows = cmi_cuda_select_rows;
+    b.select_rows_bwd = cmi_cuda_select_rows_bwd;
     return b;
 }
 
