@@ -50,6 +50,25 @@ typedef struct cmi_red_plan {
     int64_t n_out, n_red;
 } cmi_red_plan;
 
+/* What scaled dot-product attention computes (attention.c): q (B, H, T, D), k and v (B, H, S, D)
+ * read through their strides; bias (f32, strides broadcast to (B, H, T, S)) or NULL; mrow (B, S)
+ * f32 with 0 marking padded keys, or NULL; dropout from (seed, stream, counter) as cm_dropout draws
+ * it over the contiguous (B, H, T, S) probabilities (rows > 0: the tape's row context over B). */
+typedef struct cmi_attn_desc {
+    const float *q, *k, *v;
+    int64_t qs[4], ks[4], vs[4];
+    const float *bias;
+    int64_t bst[4];
+    const float *mrow;
+    int64_t B, H, T, S, D;
+    float scale;
+    bool causal;
+    float dropout_p, keep_scale;
+    uint64_t seed, stream, counter;
+    int64_t rows, row_first;
+    bool bthd; /* out and its gradient (B, T, H, D), else (B, H, T, D) */
+} cmi_attn_desc;
+
 typedef struct cmi_backend {
     const char *name; /* "cuda" */
     cm_device device;
@@ -174,6 +193,17 @@ typedef struct cmi_backend {
                              size_t es);
     cm_status (*select_rows_bwd)(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A, int64_t I,
                                  int64_t K);
+
+    /* ---- attention (attention.c) ---- */
+    /* out (B, H, T, D) or (B, T, H, D), contiguous; lse (B, H, T): each query's log-sum-exp (+inf
+     * for a query whose keys are all masked). */
+    cm_status (*attention)(const cmi_attn_desc *d, float *out, float *lse);
+    /* Gradients from out, its gradient gout (out's layout) and lse: gq (B, H, T, D), gk and gv
+     * (B, H, S, D), contiguous, each written (fresh) or added to, or NULL. dS (B, H, T, S), if not
+     * NULL, gets the score gradients (for a bias's gradient); entries the causal mask skips are left
+     * as they are (the caller zeroes dS first). */
+    cm_status (*attention_bwd)(const cmi_attn_desc *d, const float *out, const float *gout, const float *lse,
+                               float *gq, bool q_fresh, float *gk, bool k_fresh, float *gv, bool v_fresh, float *dS);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

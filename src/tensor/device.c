@@ -63,6 +63,8 @@ static const char *const k_gpu_ops[] = {
     "matmul", "linear",
     /* losses, norms, dropout, fused activations, indexing */
     "cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
+    /* attention (attention.c) */
+    "attention",
 };
 
 bool cmi_op_on_device(const char *op, cm_device dev) {

@@ -354,6 +354,8 @@ static cmi_backend make_table(void) {
     b.read_indices = cmi_cuda_read_indices;
     b.select_rows = cmi_cuda_select_rows;
     b.select_rows_bwd = cmi_cuda_select_rows_bwd;
+    b.attention = cmi_cuda_attention;
+    b.attention_bwd = cmi_cuda_attention_bwd;
     return b;
 }
 
