@@ -32,6 +32,23 @@ struct lt_state {
     bool tf32 = false;
 };
 
+/* cublasGetStatusString lives in libcublas, which we do not link (only cuBLASLt). */
+static const char *lt_status_str(cublasStatus_t s) {
+    switch ((int)s) {
+    case 0: return "CUBLAS_STATUS_SUCCESS";
+    case 1: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case 7: return "CUBLAS_STATUS_INVALID_VALUE";
+    case 8: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case 11: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case 13: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case 14: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case 15: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case 16: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "CUBLAS_STATUS_(unknown)";
+    }
+}
+
 static lt_state g_lt;
 static std::mutex g_lt_mu;
 
@@ -40,7 +57,7 @@ static cm_status lt_init(void) {
     if (g_lt.h) return CM_OK;
     cublasStatus_t s = cublasLtCreate(&g_lt.h);
     if (s != CUBLAS_STATUS_SUCCESS)
-        return cm_set_error(CM_ERR_DEVICE, "cuda: cublasLtCreate failed: %s", cublasGetStatusString(s));
+        return cm_set_error(CM_ERR_DEVICE, "cuda: cublasLtCreate failed: %s", lt_status_str(s));
     g_lt.ws_bytes = (size_t)32 << 20;
     g_lt.ws = cmi_cuda_alloc(g_lt.ws_bytes);
     if (!g_lt.ws) {
@@ -65,7 +82,7 @@ static uint32_t alignment_of(const void *p) {
         cublasStatus_t s_ = (call);                                                                                 \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                          \
             st = cm_set_error(CM_ERR_DEVICE, "cuda: %s: %s (GEMM M=%lld N=%lld K=%lld, %s)", #call,                 \
-                              cublasGetStatusString(s_), (long long)M, (long long)N, (long long)K, cm_dtype_name(dt)); \
+                              lt_status_str(s_), (long long)M, (long long)N, (long long)K, cm_dtype_name(dt)); \
             goto done;                                                                                              \
         }                                                                                                           \
     } while (0)
