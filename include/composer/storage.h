@@ -88,6 +88,9 @@ typedef struct cm_object_store_config {
     cm_s3_addressing addressing;
 } cm_object_store_config;
 
+/* The defaults above; the environment variables CM_STORAGE_MAX_RETRIES, CM_STORAGE_RETRY_BACKOFF_S
+ * and CM_STORAGE_TIMEOUT_S, when set, replace max_retries, retry_backoff_s and timeout_s (for
+ * every store, including the checkpoints' and datasets'). */
 cm_object_store_config cm_object_store_config_default(void);
 
 /* Whether `path` names an object store rather than a local path: it starts with "<scheme>://"

@@ -18,6 +18,11 @@ cm_object_store_config cm_object_store_config_default(void) {
     c.timeout_s = 60;
     c.connect_timeout_s = 10;
     c.addressing = CM_S3_ADDRESSING_AUTO;
+    /* operators (and tests) tune the retry policy of every store without code */
+    const char *v;
+    if ((v = getenv("CM_STORAGE_MAX_RETRIES")) && *v) c.max_retries = atoi(v);
+    if ((v = getenv("CM_STORAGE_RETRY_BACKOFF_S")) && *v) c.retry_backoff_s = atof(v);
+    if ((v = getenv("CM_STORAGE_TIMEOUT_S")) && *v) c.timeout_s = atof(v);
     return c;
 }
 
