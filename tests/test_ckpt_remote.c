@@ -398,3 +398,37 @@ Test(ckpt_remote, existing_remote_checkpoint_is_kept_without_save_overwrite, .in
               "message: %s", cm_last_error());
     unmake(&again);
 }
+
+/* A lazy open downloads a file only when a read first touches it: reading a model tensor fetches
+ * model.safetensors and nothing else (a sharded resume reads only its ranks' pieces, so each rank
+ * downloads only the files holding them). */
+Test(ckpt_remote, lazy_open_downloads_only_the_files_read, .init = setup, .fini = teardown, .timeout = 120) {
+    const char *uri = "s3://bkt/lazy";
+    opts o = {.save_folder = uri, .interval = "2ba", .max = "2ba"};
+    rig g = run(&o);
+    cr_assert_eq(g.fit_status, CM_OK, "%s", cm_last_error());
+    unmake(&g);
+    wipe_local();
+    char *loc = staging(uri);
+    cmi_remote *r;
+    cr_assert_eq(cmi_remote_new(uri, loc, "latest", -1, false, &r), CM_OK);
+    cm_checkpoint *ck;
+    cr_assert_eq(cmi_remote_open(r, "ep0-ba2", &ck), CM_OK, "%s", cm_last_error());
+    char mp[600], op[600];
+    snprintf(mp, sizeof mp, "%s/ep0-ba2/model.safetensors", loc);
+    snprintf(op, sizeof op, "%s/ep0-ba2/optimizer.safetensors", loc);
+    cr_assert(access(mp, F_OK) != 0 && access(op, F_OK) != 0, "files were downloaded at open");
+    const char *name = cmi_ck_global_name(ck, CMI_CK_KIND_MODEL, 0);
+    cmi_ck_global gl;
+    cr_assert(cmi_ck_find(ck, CMI_CK_KIND_MODEL, name, &gl));
+    float *buf = malloc(sizeof(float) * (size_t)gl.numel);
+    cr_assert_eq(cmi_ck_read_range(ck, CMI_CK_KIND_MODEL, name, 0, gl.numel, buf), CM_OK, "%s", cm_last_error());
+    cr_assert(access(mp, F_OK) == 0, "the model file was not fetched");
+    cr_assert(access(op, F_OK) != 0, "the optimizer file was fetched without being read");
+    cr_assert_eq(cm_checkpoint_verify(ck), CM_OK, "%s", cm_last_error()); /* verify fetches the rest */
+    cr_assert(access(op, F_OK) == 0);
+    free(buf);
+    cm_checkpoint_close(ck);
+    cmi_remote_free(r);
+    cm_free(loc);
+}
