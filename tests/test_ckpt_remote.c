@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 typedef struct opts {
-    const char *save_folder, *interval, *max;
+    const char *save_folder, *interval, *max, *load_path;
     bool autoresume;
     int keep;
     int64_t stop_at; /* stop after this batch (0: run to max) */
@@ -82,6 +82,7 @@ static rig run(const opts *o) {
     c.save_interval_str = o->interval;
     c.save_num_checkpoints_to_keep = o->keep ? o->keep : -1;
     c.autoresume = o->autoresume;
+    c.load_path = o->load_path;
     g.new_status = cm_trainer_new(&c, &g.tr);
     if (g.new_status) {
         cm_callback_plugin_free(cb);
@@ -397,6 +398,33 @@ Test(ckpt_remote, existing_remote_checkpoint_is_kept_without_save_overwrite, .in
     cr_assert(strstr(cm_last_error(), "s3://bkt/lp/ep0-ba2' already exists") && strstr(cm_last_error(), "save_overwrite"),
               "message: %s", cm_last_error());
     unmake(&again);
+}
+
+Test(ckpt_remote, load_path_on_s3_names_a_checkpoint_or_a_folder_with_a_pointer, .init = setup, .fini = teardown,
+     .timeout = 120) {
+    opts full_o = {.max = "10ba"};
+    rig full = run(&full_o);
+    opts o1 = {.save_folder = "s3://bkt/lp", .interval = "2ba", .max = "4ba"};
+    rig first = run(&o1);
+    cr_assert_eq(first.fit_status, CM_OK, "%s", cm_last_error());
+    unmake(&first);
+    const char *paths[] = {"s3://bkt/lp/ep0-ba4", "s3://bkt/lp/"};
+    for (int i = 0; i < 2; i++) {
+        wipe_local();
+        opts o2 = {.load_path = paths[i], .max = "10ba"};
+        rig r = run(&o2);
+        cr_assert_eq(r.new_status, CM_OK, "%s: %s", paths[i], cm_last_error());
+        cr_assert_eq(r.fit_status, CM_OK, "%s", cm_last_error());
+        cr_assert(strstr(cm_trainer_resumed_from(r.tr), "ep0-ba4"), "%s loaded %s", paths[i], cm_trainer_resumed_from(r.tr));
+        expect_same_state(&full, &r, paths[i]);
+        unmake(&r);
+    }
+    opts bad = {.load_path = "s3://bkt/lp/nothing-here", .max = "10ba"};
+    rig b = run(&bad);
+    cr_assert_eq(b.new_status, CM_ERR_NOT_FOUND, "%s", cm_last_error());
+    cr_assert(strstr(cm_last_error(), "s3://bkt/lp/nothing-here"), "message: %s", cm_last_error());
+    unmake(&b);
+    unmake(&full);
 }
 
 /* A lazy open downloads a file only when a read first touches it: reading a model tensor fetches
