@@ -11,6 +11,7 @@
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -1034,6 +1035,28 @@ static cm_status make_run_folder(run *r, char *run_name) {
     return CM_OK;
 }
 
+/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample)
+ * go to "<save_folder>/run/" at the end of the run, beside the checkpoints. */
+static cm_status upload_run_folder(const char *dir, const char *save_folder) {
+    char uri[PATH_MAX];
+    snprintf(uri, sizeof uri, "%s/run", save_folder);
+    cm_object_store *st;
+    cm_status s = cm_object_store_open(uri, NULL, &st);
+    DIR *d = s ? NULL : opendir(dir);
+    if (!s && !d) s = cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
+    struct dirent *e;
+    while (!s && d && (e = readdir(d))) {
+        char path[PATH_MAX];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] == '.' || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        s = cm_object_store_upload(st, e->d_name, path);
+    }
+    if (d) closedir(d);
+    cm_object_store_close(st);
+    return s;
+}
+
 int cmd_train(const char *prog, int argc, char **argv) {
     const char *pos[64];
     int n_pos;
@@ -1199,6 +1222,13 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s%s%s\n", dir, have_plot ? ", loss.svg" : "",
             have_weights ? ", model.safetensors" : "", have_sample ? ", sample.txt" : "");
+    if (r.tc.save_folder && cm_storage_is_remote(r.tc.save_folder)) {
+        if (r.ctx.log) fflush(r.ctx.log);
+        if (upload_run_folder(dir, r.tc.save_folder) == CM_OK)
+            cli_say(&r.ctx, "run folder uploaded to %s/run/\n", r.tc.save_folder);
+        else
+            fprintf(stderr, "%s: uploading the run folder: %s\n", prog, cm_last_error()), rc = 1;
+    }
     cm_free(weights), cm_free(metrics), cm_free(plot), cm_free(sample);
     return finish(&r, rc);
 }
