@@ -42,6 +42,8 @@
 extern "C" {
 #endif
 
+
+
 /* ---------------------------------------------------------------------------------------------
  * Column encodings
  * ------------------------------------------------------------------------------------------- */
@@ -268,6 +270,34 @@ typedef struct cm_mds_sample {
 cm_status cm_mds_reader_get(cm_mds_reader *r, int64_t index, cm_mds_sample *out);
 /* Releases the sample's reference (its values become invalid). Safe on a zeroed sample. */
 void cm_mds_sample_release(cm_mds_sample *s);
+
+/* ---------------------------------------------------------------------------------------------
+ * Streaming's sample order (FORMATS §5.4-5.8)
+ *
+ * These reproduce StreamingDataset's functions bit for bit — numpy's default_rng (SeedSequence and
+ * PCG64) included — so a run here visits samples in the order MosaicML Streaming would for the
+ * same seed and configuration.
+ * ------------------------------------------------------------------------------------------- */
+
+/* get_shuffle(algo, shard_sizes, num_canonical_nodes, seed, epoch, block_size): the shuffled
+ * sample ids of one epoch into ids (sum of shard_sizes values). algo: "py1e" (Streaming's
+ * default), "py1br", "py1s", "py2s", "naive", or "py1b" (removed from Streaming in 0.11; its last
+ * version). The seed used is seed + epoch as Python ints. Errors: CM_ERR_INVALID_ARG (unknown
+ * algorithm naming it, num_canonical_nodes < 1, block_size < 1, a canonical node with no samples
+ * under py1e), CM_ERR_OOM. Thread-safe. */
+cm_status cm_streaming_shuffle(const char *algo, const int64_t *shard_sizes, int64_t n_shards, int64_t num_canonical_nodes,
+                               uint64_t seed, int64_t epoch, int64_t block_size, int64_t *ids);
+
+/* get_partitions(algo, ...): the epoch's positions dealt to (physical nodes, ranks per node,
+ * workers per rank, batches per worker, batch size), -1 for padding, after dropping the first
+ * drop_first positions (resumption). algo "orig" or "relaxed" (the default);
+ * initial_physical_nodes 0 means None. *out is cm_alloc'd (cm_free it), shape[5] its dims.
+ * Errors: CM_ERR_INVALID_ARG with Streaming's own message (nodes that do not divide, a global
+ * batch the initial devices do not divide, resuming past the end), CM_ERR_OOM. */
+cm_status cm_streaming_partition(const char *algo, int64_t num_samples, int64_t num_canonical_nodes,
+                                 int64_t num_physical_nodes, int64_t ranks_per_node, int64_t workers_per_rank,
+                                 int64_t batch_size, int64_t drop_first, int64_t initial_physical_nodes, int64_t **out,
+                                 int64_t shape[5]);
 
 #ifdef __cplusplus
 }
