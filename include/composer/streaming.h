@@ -299,6 +299,97 @@ cm_status cm_streaming_partition(const char *algo, int64_t num_samples, int64_t 
                                  int64_t batch_size, int64_t drop_first, int64_t initial_physical_nodes, int64_t **out,
                                  int64_t shape[5]);
 
+
+/* ---------------------------------------------------------------------------------------------
+ * StreamingDataset: MDS streams as a dataset that decides its own epoch order
+ *
+ *     cm_streaming_config sc = cm_streaming_config_default();
+ *     sc.remote = "file:///data/c4-mds";   // or a local path; NULL when `local` holds the dataset
+ *     sc.local = "/tmp/cache";
+ *     sc.shuffle = true;                   // py1e, seed 9176 (Streaming's defaults)
+ *     sc.batch_size = 8;                   // per device, as Streaming's batch_size
+ *     sc.max_seq_len = 1024;               // column "tokens" -> fields input_ids / labels
+ *     cm_dataset *ds;
+ *     cm_dataset_streaming_new(&sc, rank, world_size, &ds);
+ *     // a loader over ds with batch_size 8 * world_size follows Streaming's order
+ *
+ * Fields: every fixed-size numeric column (scalars and ndarrays of static shape) becomes a field
+ * of its name (uint8 -> u8, float16 -> f16, float32 -> f32, int32 -> i32, int/int64 -> i64;
+ * int8/int16/uint16 -> i32, uint32/uint64 -> i64, float64 -> f32). With max_seq_len > 0 the
+ * column "tokens" (an integer ndarray, or bytes of int64 tokens as llm-foundry writes them) gives
+ * "input_ids" (its first max_seq_len tokens, padded with 0) and "labels" (the next token at each
+ * position, -100 where there is none, as Hugging Face's shifted causal-LM labels). With image_h,
+ * image_w and image_c set, pil/png/jpeg columns become u8 (H, W, C) fields. Other columns (str,
+ * json, ...) are not fields.
+ *
+ * Order: the loader asks the dataset for each global batch. The dataset computes Streaming's
+ * epoch exactly (resample_streams, the partition over nodes = world_size / ranks_per_node and
+ * ranks_per_node, the shuffle, the mapping back to samples) with drop_first = the position
+ * resumed from, so a resumed run sees exactly the samples not yet seen, on any number of ranks
+ * (with partition_algo relaxed; the global batch must stay the same). Workers per rank are taken
+ * as 1: the loader's threads are not Streaming's DataLoader workers, and Streaming's order does
+ * not depend on their number except in how the final partial batch is split.
+ *
+ * Cache: with a remote, shards are fetched into `local` when a sample needs them and ahead of the
+ * order (predownload samples), compressed shards are decompressed there (the compressed file is
+ * removed unless keep_zip), and with cache_limit the least recently used shards are evicted to
+ * stay under it. Ranks sharing `local` on a node fetch each shard once (a lock file per shard).
+ * Remotes: local paths and file:// URLs.
+ * ------------------------------------------------------------------------------------------- */
+
+#define CM_STREAMING_MAX_STREAMS 32
+
+/* One stream; the weights follow Stream(): at most one of proportion, repeat, choose (< 0:
+ * unset). Unset remote/local/split/validate_hash take the dataset's. */
+typedef struct cm_stream_config {
+    const char *remote, *local, *split;
+    double proportion, repeat;
+    int64_t choose;
+} cm_stream_config;
+
+typedef struct cm_streaming_config {
+    const cm_stream_config *streams; /* NULL: one stream from remote/local/split */
+    int n_streams;
+    const char *remote, *local, *split;
+    const char *validate_hash; /* NULL: none */
+    bool keep_zip;             /* default false */
+    int download_retry;        /* default 2 */
+    int64_t epoch_size;        /* 0: the streams' own sizes (None) */
+    int64_t predownload;       /* -1: 8 * batch_size */
+    int64_t cache_limit;       /* bytes; 0: no limit */
+    const char *sampling_method; /* "balanced" (default) or "fixed" */
+    int64_t sampling_granularity; /* default 1 */
+    const char *partition_algo;  /* "relaxed" (default) or "orig" */
+    int64_t num_canonical_nodes; /* 0: 64 x nodes for py1s/py2s, else nodes */
+    int64_t batch_size;          /* per device; required */
+    bool shuffle;                /* default false */
+    const char *shuffle_algo;    /* default "py1e" */
+    uint64_t shuffle_seed;       /* default 9176 */
+    int64_t shuffle_block_size;  /* 0: max(4000000 / num_canonical_nodes, 2^18) */
+    int64_t initial_physical_nodes; /* 0: None (this run's node count) */
+    bool allow_unsafe_types;
+    int ranks_per_node;          /* 0: LOCAL_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE, else world_size */
+    int64_t max_seq_len;         /* > 0: the text fields (see above) */
+    int64_t image_h, image_w, image_c; /* > 0: image columns as u8 (H, W, C) */
+} cm_streaming_config;
+
+cm_streaming_config cm_streaming_config_default(void);
+
+/* A streaming dataset for rank `rank` of `world_size`. Reads every stream's index.json (fetched
+ * into local first when missing). Errors: CM_ERR_INVALID_ARG naming the argument (no streams,
+ * remote and local both unset, bad weights, batch_size < 1, unknown shuffle_algo /
+ * partition_algo / sampling_method / validate_hash, a cache_limit under 4 x the largest shard,
+ * streams whose columns differ, no usable field), the reader's errors for index.json, CM_ERR_IO
+ * / CM_ERR_NOT_FOUND from the remote, CM_ERR_OOM. get is thread-safe. */
+cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int world_size, cm_dataset **out);
+
+/* Bytes of shard files in the cache of the first stream's local directory (for tests and
+ * benchmarks). */
+int64_t cm_streaming_cache_usage(const cm_dataset *ds);
+/* Shards this process fetched from a remote, and shards it evicted. */
+int64_t cm_streaming_n_fetched(const cm_dataset *ds);
+int64_t cm_streaming_n_evicted(const cm_dataset *ds);
+
 #ifdef __cplusplus
 }
 #endif
