@@ -178,6 +178,37 @@ void cm_module_set_seed(cm_module *m, uint64_t seed);
 cm_tensor *cm_module_forward(cm_module *m, cm_tape *tp, cm_tensor *x);
 cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in);
 
+/* Activation checkpointing of one module, as Composer's `module._activation_checkpointing`: while
+ * on, cm_module_forward of m with gradients on runs m's forward as a checkpointed region
+ * (cm_tape_checkpoint): only m's inputs and output are kept, and backward runs m's forward again to
+ * differentiate it. Losses and gradients are the same bits as without it. m's forward must meet
+ * cm_tape_checkpoint's conditions (the zoo's modules do). Nothing changes with gradients off. */
+void cm_module_set_checkpointing(cm_module *m, bool on);
+bool cm_module_checkpointing(const cm_module *m);
+
+/* Which modules a policy checkpoints: those of type `type_name` (cm_module_type_name, compared
+ * without case: "GPT2Block", "gpt2block"), and among them — numbered 0, 1, ... in the order
+ * cm_module_visit meets them (a transformer's block index) — the ones `blocks` names: NULL or
+ * "" for all, else a comma-separated list of block ids and ranges as llm-foundry's
+ * activation_checkpointing_target writes them: "first-n", "last-k", "middle-m" (start
+ * max(last/2 - m/2, 0), m of them), "range-i-j" ([i, j)), and one of our own, "every-k" (0, k,
+ * 2k, ...); ranges are clipped to the blocks there are. */
+typedef struct cm_act_ckpt_target {
+    const char *type_name;
+    const char *blocks;
+} cm_act_ckpt_target;
+
+/* Applies an activation checkpointing policy to the tree under root: clears every module's flag,
+ * then sets it on the modules the targets name (n targets). n = 0 is the default: the modules that
+ * root a wrap unit (cm_module_set_wrap_unit) and whose type roots at least two different units —
+ * the transformer blocks of GPT-2 and BERT, the stages of a ResNet — so each repeated unit is one
+ * region. *n_marked (may be NULL) gets how many modules were marked. Errors, with nothing
+ * changed: CM_ERR_NOT_FOUND (a type no module of the tree has, naming the closest type it has),
+ * CM_ERR_INVALID_ARG (a bad blocks element, naming it; a NULL or empty type_name; a module marked
+ * both as itself and inside a marked ancestor — each region has one granularity, as llm-foundry
+ * requires). */
+cm_status cm_module_checkpoint_policy(cm_module *root, const cm_act_ckpt_target *targets, int n, int *n_marked);
+
 /* Writes a PyTorch-style tree ("(c_attn): Linear(in=768, out=2304, bias)") into buf, always
  * NUL-terminated; returns the length the full text needs (as snprintf). */
 size_t cm_module_summary(const cm_module *m, char *buf, size_t cap);

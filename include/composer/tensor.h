@@ -314,6 +314,41 @@ void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
  * default: numbers drawn in sequence). Survives cm_tape_reset. */
 void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total);
 
+/* Activation checkpointing: cm_tape_checkpoint(tp, fn, data, n_in, in) returns fn(tp, n_in, in, data)
+ * but keeps, of everything fn computed, only its result. With gradients on it records one node;
+ * its backward replays the region — runs fn again with gradients on, on the same inputs, then
+ * backpropagates the node's upstream gradient through what the replay recorded — so the region's
+ * activations exist only while it runs forward and while its backward runs. Gradients (to the
+ * inputs, to parameters and to any tensor made before the call that fn reads) are those the
+ * region gives without checkpointing, bit for bit: the forward runs fn exactly as it runs without
+ * checkpointing, and the replay runs it again with the tape as it was — the generators of the
+ * random ops (cm_dropout, cm_attention's dropout) back at the states they had, so the masks are
+ * the same; the row context (cm_tape_set_rows) and autocast as they were. Generators end at the
+ * states the forward left them in; batch norm does not update its running statistics again in a
+ * replay (see cm_tape_replaying). The replay's memory comes from a second arena, reset after the
+ * region's backward, which counts against what is left of arena_budget.
+ * fn must compute the same thing when run again: read only `in`, long-lived tensors and tensors the
+ * tape made before the call; draw random numbers only through the tape's random ops; keep no
+ * pointer to what it makes; return one tensor it made (an input returned as is, or a result that
+ * needs no gradient, is returned without checkpointing anything). Entries of `in` may be NULL
+ * (optional inputs), and fn sees the same array again in backward (the tensors must stay valid
+ * until the tape is reset, as every tape tensor does). With gradients off, or inside another
+ * checkpointed region (regions do not nest: the inner one is part of the outer), it just calls fn.
+ * Errors (NULL, tape error): fn's errors; CM_ERR_INVALID_ARG (fn NULL, n_in < 0); CM_ERR_OOM; in
+ * backward CM_ERR_STATE when the replay gives another shape or dtype than the forward did. */
+typedef cm_tensor *(*cm_tape_region_fn)(cm_tape *tp, int n_in, cm_tensor *const *in, void *data);
+cm_tensor *cm_tape_checkpoint(cm_tape *tp, cm_tape_region_fn fn, void *data, int n_in, cm_tensor *const *in);
+/* True while backward replays a checkpointed region: state that a forward updates once (batch
+ * norm's running statistics, a module's counters) must be left alone then. */
+bool cm_tape_replaying(const cm_tape *tp);
+/* Checkpointed regions recorded since the last reset. */
+int64_t cm_tape_n_checkpoints(const cm_tape *tp);
+/* The most host bytes the tape's arenas have held at once since it was made (or since
+ * cm_tape_reset_peak): its arena's peak, or, where larger, what it held during a checkpoint's
+ * replay plus the most its replay arena held then. */
+size_t cm_tape_peak_bytes(const cm_tape *tp);
+void cm_tape_reset_peak(cm_tape *tp);
+
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */
 /* Records an error on the tape (first one wins) and returns it; for model code that detects

@@ -208,7 +208,7 @@ static cm_tensor *bn_apply(cm_module *m, cm_tape *tp, cm_tensor *x, cm_tensor *r
     cm_tensor *y = fused ? cm_batch_norm_add_relu(tp, x, s->weight, s->bias, s->running_mean, s->running_var,
                                                   residual, &o)
                          : cm_batch_norm(tp, x, s->weight, s->bias, s->running_mean, s->running_var, &o);
-    if (y && m->training && s->num_batches_tracked) ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
+    if (y && m->training && s->num_batches_tracked && !cm_tape_replaying(tp)) ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
     return y;
 }
 

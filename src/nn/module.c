@@ -367,6 +367,17 @@ void cm_module_set_seed(cm_module *m, uint64_t seed) { cm_module_visit(m, seed_f
 
 /* ---- forward ---- */
 
+void cm_module_set_checkpointing(cm_module *m, bool on) {
+    if (m) m->checkpoint = on;
+}
+bool cm_module_checkpointing(const cm_module *m) { return m && m->checkpoint; }
+
+/* A checkpointed module's region: its own forward (cm_module_forward_n checked the inputs). */
+static cm_tensor *module_region(cm_tape *tp, int n_in, cm_tensor *const *in, void *data) {
+    cm_module *m = data;
+    return m->vt->forward(m, tp, n_in, in);
+}
+
 cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     if (!tp || tp->status != CM_OK) return NULL;
     if (!m) return cmn_fail(tp, CM_ERR_INVALID_ARG, "cm_module_forward: module is NULL");
@@ -383,7 +394,8 @@ cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *c
         return cmn_fail(tp, CM_ERR_INVALID_ARG, "in module %s (%s): input 0 is NULL", path[0] ? path : "<root>",
                         m->vt->type_name);
     }
-    cm_tensor *y = m->vt->forward(m, tp, n_in, in);
+    cm_tensor *y = m->checkpoint && tp->grad_enabled ? cm_tape_checkpoint(tp, module_region, m, n_in, in)
+                                                     : m->vt->forward(m, tp, n_in, in);
     if (y) return y;
     cm_module_path(m, path, sizeof path);
     if (tp->status == CM_OK)

@@ -40,6 +40,7 @@ struct cm_module {
     int n_buffers, cap_buffers;
     char *unit;      /* wrap unit label, "" = use the path; NULL = inherit */
     bool training;
+    bool checkpoint; /* activation checkpointing (cm_module_set_checkpointing) */
     cmn_pack *pack;  /* only on a finalized root */
 };
 

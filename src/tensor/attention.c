@@ -432,6 +432,7 @@ static cm_tensor *attention_dev(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tens
         const int64_t numel = B * H * T * S;
         const bool by_row = tp->row_total > 0 && B == tp->row_n && B > 0;
         const int64_t blocks = by_row ? (numel / B + 3) / 4 : (numel + 3) / 4;
+        cmi_rng_note(tp, o->rng);
         d.seed = o->rng->seed, d.stream = o->rng->stream, d.counter = o->rng->counter;
         d.rows = by_row ? B : 0;
         d.row_first = by_row ? tp->row_first : 0;
@@ -583,6 +584,7 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
         /* drawn as cm_dropout draws it for the contiguous (B, H, T, S) probabilities (keyed by global
          * row under the tape's row context) */
         if (!(drop = cmi_scratch(tp, (size_t)(BH * TS) + 1))) return NULL;
+        cmi_rng_note(tp, o.rng);
         cmi_dropout_mask(tp, o.rng, drop, B, BH * TS, o.dropout_p); /* rows: the batch dim */
         if (bits) pack_bits(drop, BH * TS, bits);
     }

@@ -738,7 +738,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
             double var = var_shift;
             if (var < 0) var = 0;
             rstd[c] = (float)(1.0 / sqrt(var + (double)o.eps));
-            if (running_mean) {
+            if (running_mean && !tp->replaying) { /* a checkpoint's replay: updated in its forward */
                 float *rm = (float *)running_mean->data + c * running_mean->stride[0];
                 float *rv = (float *)running_var->data + c * running_var->stride[0];
                 *rm = (1.0f - o.momentum) * *rm + o.momentum * mean[c];
@@ -969,6 +969,7 @@ cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng 
     if (!out || !drop) return NULL;
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, *x = cmi_f32(a);
     float *y = cmi_f32(out);
+    cmi_rng_note(tp, rng);
     const cmi_backend *be = cmi_be(tp);
     if (be) {
         /* the same numbers as cmi_dropout_mask: per-row counters with the row context, else in sequence */

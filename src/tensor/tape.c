@@ -41,6 +41,10 @@ void cm_tape_free(cm_tape *tp) {
     cm_free(tp->gblocks);
     cm_arena_free(tp->arena);
     cm_arena_free(tp->dev_arena);
+    cm_arena_free(tp->alt_arena);
+    cm_arena_free(tp->alt_dev_arena);
+    cm_free(tp->notes);
+    cm_free(tp->outer);
     cm_free(tp);
 }
 
@@ -48,9 +52,12 @@ void cm_tape_reset(cm_tape *tp) {
     for (int i = 0; i < tp->n_gblocks; i++) tp->gblocks[i].in_use = false; /* their tensors are gone */
     cm_arena_reset(tp->arena);
     if (tp->dev_arena) cm_arena_reset(tp->dev_arena);
+    if (tp->alt_arena) cm_arena_reset(tp->alt_arena);
+    if (tp->alt_dev_arena) cm_arena_reset(tp->alt_dev_arena);
     tp->dev = tp->default_dev;
     tp->last = NULL;
     tp->n_nodes = 0;
+    tp->n_ckpt = 0;
     tp->status = CM_OK;
     tp->error[0] = '\0';
 }
@@ -292,6 +299,7 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
     node->out = out;
     node->n_in = n;
     node->prev = tp->last;
+    node->inner = tp->ckpt_depth > 0;
     tp->last = node;
     tp->n_nodes++;
     out->node = node;
@@ -372,6 +380,25 @@ static void gpool_give(cm_tape *tp, void *p) {
         }
 }
 
+void *cmi_gpool_take(cm_tape *tp, size_t bytes, cm_device dev) { return gpool_take(tp, bytes, dev); }
+void cmi_gpool_give(cm_tape *tp, void *p) { gpool_give(tp, p); }
+
+void cmi_swap_arenas(cm_tape *tp) {
+    cm_arena *a = tp->arena, *d = tp->dev_arena;
+    tp->arena = tp->alt_arena, tp->dev_arena = tp->alt_dev_arena;
+    tp->alt_arena = a, tp->alt_dev_arena = d;
+}
+
+/* While a checkpointed region is replayed (checkpoint.c) the tape allocates from its replay
+ * arenas, which are reset once the region's backward has run. The gradient of a tensor from
+ * outside the region (its input, a tensor it captured, a leaf) must outlive that: it is allocated
+ * in the main arenas, swapped in for the allocation. Returns whether it swapped (swap back then). */
+static bool outer_grad_begin(cm_tape *tp, const cm_tensor *t) {
+    if (!tp->replaying || (t->node && t->node->inner)) return false;
+    cmi_swap_arenas(tp);
+    return true;
+}
+
 /* Whether a gradient of `bytes` bytes comes from the block pool (and goes back to it). */
 static bool grad_pooled(const cm_tape *tp, const cm_tensor *t, size_t bytes) {
     return !tp->retain_grads && t->node && bytes >= GRAD_POOL_MIN;
@@ -379,7 +406,15 @@ static bool grad_pooled(const cm_tape *tp, const cm_tensor *t, size_t bytes) {
 
 /* A new gradient of dtype dt for tape tensor t: from the arena (small ones, and with retain_grads
  * or for leaves, which keep theirs to the reset) or the block pool; zeroed when `zero`. */
+static cm_tensor *tape_grad_in(cm_tape *tp, cm_tensor *t, bool zero, cm_dtype dt);
 static cm_tensor *tape_grad(cm_tape *tp, cm_tensor *t, bool zero, cm_dtype dt) {
+    const bool swapped = outer_grad_begin(tp, t);
+    cm_tensor *g = tape_grad_in(tp, t, zero, dt);
+    if (swapped) cmi_swap_arenas(tp);
+    return g;
+}
+
+static cm_tensor *tape_grad_in(cm_tape *tp, cm_tensor *t, bool zero, cm_dtype dt) {
     const size_t bytes = (size_t)cm_tensor_numel(t) * cm_dtype_size(dt);
     if (!grad_pooled(tp, t, bytes))
         return zero ? cmi_zeros(tp, dt, t->ndim, t->shape) : cmi_new(tp, dt, t->ndim, t->shape);
@@ -443,7 +478,9 @@ cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
     if (vb && !vb->grad && (vb->flags & CM_TF_REQUIRES_GRAD)) {
         cm_tensor *gb = cmi_grad(tp, vb);
         if (!gb) return NULL;
+        const bool swapped = outer_grad_begin(tp, t);
         cm_tensor *g = new_struct(tp, CM_DTYPE_F32, t->ndim, t->shape);
+        if (swapped) cmi_swap_arenas(tp);
         if (!g) return NULL;
         cmi_contig_strides(t->ndim, t->shape, g->stride);
         g->data = gb->data;
@@ -511,6 +548,33 @@ cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g) {
 
 /* ---- backward ---- */
 
+cm_status cmi_run_backward(cm_tape *tp, cm_node *last, bool hooks) {
+    cm_status st = CM_OK;
+    for (cm_node *n = last; n && st == CM_OK; n = n->prev) {
+        cm_tensor *gout = n->out->grad;
+        if (!gout) continue; /* not on the path from `out` */
+        if (gout->dtype != CM_DTYPE_F32 && !n->bf16_gout && !(gout = cmi_grad(tp, n->out))) {
+            st = tp->status;
+            break;
+        }
+        tp->dev = n->out->device;
+        if (tp->fetch && !cmi_fetch(tp, n->n_in, n->in)) {
+            st = tp->status;
+            break;
+        }
+        st = n->backward(tp, n, gout);
+        if (st == CM_OK && tp->status) st = tp->status;
+        if (st == CM_OK && hooks && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
+        /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */
+        if (!tp->retain_grads && (n->out->flags & CM_TF_TAPE)) {
+            if (grad_pooled(tp, n->out, cm_tensor_nbytes(gout)) && !(gout->flags & CM_TF_GRAD_ALIAS))
+                gpool_give(tp, gout->data);
+            n->out->grad = NULL;
+        }
+    }
+    return st;
+}
+
 cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *grad) {
     if (tp->status) return cm_set_error(tp->status, "%s", tp->error);
     if (!out || !grad) return cmi_fail(tp, CM_ERR_INVALID_ARG, "backward: output or gradient is NULL");
@@ -531,28 +595,7 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
     tp->in_backward = true; /* a node's inputs may sit on another device (cm_to_device's) */
     cm_status st = cmi_accum(tp, out, grad);
     if (tp->bw_hook && st == CM_OK) tp->bw_hook(tp, NULL, tp->bw_hook_data);
-    for (cm_node *n = tp->last; n && st == CM_OK; n = n->prev) {
-        cm_tensor *gout = n->out->grad;
-        if (!gout) continue; /* not on the path from `out` */
-        if (gout->dtype != CM_DTYPE_F32 && !n->bf16_gout && !(gout = cmi_grad(tp, n->out))) {
-            st = tp->status;
-            break;
-        }
-        tp->dev = n->out->device;
-        if (tp->fetch && !cmi_fetch(tp, n->n_in, n->in)) {
-            st = tp->status;
-            break;
-        }
-        st = n->backward(tp, n, gout);
-        if (st == CM_OK && tp->status) st = tp->status;
-        if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
-        /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */
-        if (!tp->retain_grads && (n->out->flags & CM_TF_TAPE)) {
-            if (grad_pooled(tp, n->out, cm_tensor_nbytes(gout)) && !(gout->flags & CM_TF_GRAD_ALIAS))
-                gpool_give(tp, gout->data);
-            n->out->grad = NULL;
-        }
-    }
+    if (st == CM_OK) st = cmi_run_backward(tp, tp->last, true);
     tp->grad_enabled = prev;
     tp->in_backward = false;
     if (st && !tp->status) cmi_fail(tp, st, "backward: %s", cm_last_error());

@@ -80,6 +80,13 @@ struct cm_node {
     double f[4];    /* small float arguments */
     cm_node *prev;  /* the node recorded before this one */
     bool bf16_gout; /* its backward takes a bf16 upstream gradient too (see cmi_grad_for_write_as) */
+    bool inner;     /* recorded inside a checkpointed region or its replay (checkpoint.c) */
+};
+
+/* A generator a checkpointed region drew from, and its state before the region's first draw. */
+struct cmi_rng_note {
+    cm_rng *rng;
+    cm_rng before;
 };
 
 struct cm_tape {
@@ -115,6 +122,19 @@ struct cm_tape {
     size_t dev_budget;
     bool poison;
     bool in_backward;
+    /* Activation checkpointing (checkpoint.c). ckpt_depth > 0 inside a checkpointed region's
+     * forward or its replay (nodes recorded then are `inner`; a cm_tape_checkpoint there runs its
+     * function directly). While `replaying`, the tape allocates from its replay arenas, swapped
+     * with the main ones (cmi_swap_arenas): alt_arena / alt_dev_arena hold the other pair. */
+    int ckpt_depth;
+    bool replaying;
+    cm_arena *alt_arena, *alt_dev_arena;
+    struct cmi_rng_note *notes; /* generators drawn from in the current region (heap, reused) */
+    int n_notes, cap_notes;
+    cm_tensor **outer;          /* tensors from outside the region it reads (heap, reused) */
+    int n_outer, cap_outer;
+    int64_t n_ckpt;             /* checkpointed regions recorded since the last reset */
+    size_t ckpt_peak;           /* the most both arenas held at once during a replay */
 };
 
 /* ---- devices (device.c) ---- */
@@ -162,6 +182,9 @@ bool cmi_fetch(cm_tape *tp, int n, cm_tensor *const *ts);
  * the batch is split. Otherwise the numbers are drawn in sequence and the counter advances by
  * ceil(numel / 4). */
 void cmi_dropout_mask(const cm_tape *tp, cm_rng *rng, uint8_t *drop, int64_t rows, int64_t numel, float p);
+/* Before an op draws from rng: inside a checkpointed region, remembers rng's state so the replay
+ * draws the same numbers (checkpoint.c). */
+void cmi_rng_note(cm_tape *tp, cm_rng *rng);
 /* Records the first error on the tape and in cm_last_error(); returns s. */
 cm_status cmi_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 cm_status cmi_failv(cm_tape *tp, cm_status s, const char *fmt, va_list ap);
@@ -222,6 +245,17 @@ cm_tensor *cmi_view_alias_base(const cm_tensor *t);
 /* Adds g (f32, contiguous, shape broadcast-compatible: t's shape after broadcasting) into t's
  * gradient, summing over broadcast dims. No-op if t needs no grad. */
 cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g);
+
+/* Runs the backward of the nodes from `last` back along prev to NULL, each whose output has a
+ * gradient; with `hooks` the backward hook too (the tape's own chain; a replayed region's nodes
+ * run without it). Intermediate gradients are released as their producers run. */
+cm_status cmi_run_backward(cm_tape *tp, cm_node *last, bool hooks);
+/* A heap block of at least `bytes` on dev from the tape's gradient pool (NULL on OOM), and its
+ * return. */
+void *cmi_gpool_take(cm_tape *tp, size_t bytes, cm_device dev);
+void cmi_gpool_give(cm_tape *tp, void *p);
+/* Exchanges the tape's arenas with its alternate pair (checkpoint.c's replay arenas). */
+void cmi_swap_arenas(cm_tape *tp);
 
 static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
 

@@ -3,13 +3,14 @@
  * read from two units' code), attention, layer norms, views of parameters, one wrap unit per
  * block — and FULL_SHARD must gather every one of them on use, in forward and in backward.
  *
- *   dist_gpt OUT STRATEGY [bf16] [dropout]
+ *   dist_gpt OUT STRATEGY [bf16] [dropout] [ckpt]
  *                                  train 6 batches of 6 sequences in microbatches of 2 (AdamW,
  *                                  clipping); rank 0 writes every parameter and the last loss
  * Outputs are compared with `dist_train --compare A B TOL`.
  *
  * `dropout` sets every dropout of the model to 0.1: masks are keyed by global row, so N ranks
- * still equal one process. */
+ * still equal one process. `ckpt` checkpoints every block (the default activation checkpointing
+ * policy): the same bits as without. */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -58,10 +59,11 @@ int main(int argc, char **argv) {
     }
     cm_dist_config dc = cm_dist_config_default();
     TRY(cm_sharding_parse(argv[2], &dc.sharding));
-    bool bf16 = false, dropout = false;
+    bool bf16 = false, dropout = false, ckpt = false;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "bf16")) bf16 = true;
         else if (!strcmp(argv[i], "dropout")) dropout = true;
+        else if (!strcmp(argv[i], "ckpt")) ckpt = true;
     }
     cm_comm *comm;
     TRY(cm_comm_auto_new(NULL, &comm));
@@ -86,6 +88,15 @@ int main(int argc, char **argv) {
     cm_rng rng = cm_rng_init(3, 0);
     cm_model *model;
     TRY(cm_gpt2_new(&gc, &rng, &model));
+    if (ckpt) {
+        int marked = 0;
+        TRY(cm_module_checkpoint_policy(cm_model_module(model), NULL, 0, &marked));
+        if (marked != gc.n_layer) {
+            fprintf(stderr, "dist_gpt: the default policy checkpoints %d modules, not the %lld blocks\n", marked,
+                    (long long)gc.n_layer);
+            return 1;
+        }
+    }
     cm_dist *dp;
     TRY(cm_dist_new(comm, model, &dc, &dp));
 
@@ -162,9 +173,9 @@ int main(int argc, char **argv) {
         }
         fclose(f);
         const cm_dist_stats st = cm_dist_get_stats(dp);
-        printf("dist_gpt: %d ranks, %s%s: loss %.6f, %d units, gathers %lld\n", world, cm_sharding_name(dc.sharding),
-               bf16 ? ", amp_bf16" : "", cm_state_total_loss(cm_trainer_state(tr)), cm_module_n_units(root),
-               (long long)st.n_gathers);
+        printf("dist_gpt: %d ranks, %s%s%s: loss %.6f, %d units, gathers %lld\n", world,
+               cm_sharding_name(dc.sharding), bf16 ? ", amp_bf16" : "", ckpt ? ", checkpointed" : "",
+               cm_state_total_loss(cm_trainer_state(tr)), cm_module_n_units(root), (long long)st.n_gathers);
     }
     cm_trainer_free(tr);
     cm_optim_free(opt);

@@ -178,6 +178,24 @@ gpt_sharded_equivalence)
     launch -n 3 "$bin/dist_gpt" "$tmp/g16.txt" FULL_SHARD bf16 || fail "GPT FULL_SHARD amp_bf16 on 3 ranks"
     "$bin/dist_train" --compare "$tmp/ref16.txt" "$tmp/g16.txt" $tol || fail "GPT FULL_SHARD amp_bf16 differs from 1 process"
     ;;
+act_ckpt_equivalence)
+    # Activation checkpointing of every block changes no bit: one process (fp32 and amp_bf16,
+    # dropout on, microbatches of 2), and 3 ranks of each sharding strategy against the same
+    # ranks without it (tolerance 0: the files hold every value to 9 digits, which round-trips
+    # f32). Against one process the usual GPT dropout tolerance (gpt_sharded_equivalence) holds.
+    g=$bin/dist_gpt
+    for p in "" bf16; do
+        env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/ref$p.txt" NO_SHARD dropout $p || fail "1-process GPT run $p"
+        env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/ck$p.txt" NO_SHARD dropout ckpt $p || fail "1-process checkpointed GPT run $p"
+        "$bin/dist_train" --compare "$tmp/ref$p.txt" "$tmp/ck$p.txt" 0 || fail "checkpointing changed a 1-process run $p"
+    done
+    for strategy in NO_SHARD SHARD_GRAD_OP FULL_SHARD; do
+        launch -n 3 "$g" "$tmp/a.txt" $strategy dropout || fail "GPT $strategy on 3 ranks"
+        launch -n 3 "$g" "$tmp/b.txt" $strategy dropout ckpt || fail "checkpointed GPT $strategy on 3 ranks"
+        "$bin/dist_train" --compare "$tmp/a.txt" "$tmp/b.txt" 0 || fail "checkpointing changed $strategy on 3 ranks"
+        "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/b.txt" 1e-4 || fail "checkpointed $strategy on 3 ranks differs from 1 process"
+    done
+    ;;
 timeout_names_missing_rank)
     start=$(date +%s)
     CM_DIST_TIMEOUT=2 launch -n 3 "$bin/dist_faults" skip >"$tmp/out" 2>&1
