@@ -175,6 +175,29 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
     cfg.batch_log_interval = (int)k;
     return cm_optimizer_monitor_new(&cfg, &out->callback);
 }
+/* Tracker loggers (loggers.h), with Composer's argument names. */
+
+/* loggers.tensorboard: {log_dir: tensorboard_logs, flush_interval: 100, rank_zero_only: true,
+ * histogram_interval: 0, histogram_params: true, histogram_grads: true, log_traces: false} */
+static cm_status make_tensorboard(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_tensorboard_logger_config cfg = cm_tensorboard_logger_config_default();
+    cm_status s;
+    if ((s = cm_config_get_string(c, KEY("log_dir"), cfg.log_dir, &cfg.log_dir))) return s;
+    if ((s = cm_config_get_int(c, KEY("flush_interval"), cfg.flush_interval, &cfg.flush_interval))) return s;
+    if ((s = cm_config_get_bool(c, KEY("rank_zero_only"), cfg.rank_zero_only, &cfg.rank_zero_only))) return s;
+    if ((s = cm_config_get_int(c, KEY("histogram_interval"), 0, &cfg.histogram_interval))) return s;
+    if ((s = cm_config_get_bool(c, KEY("histogram_params"), true, &cfg.histogram_params))) return s;
+    if ((s = cm_config_get_bool(c, KEY("histogram_grads"), true, &cfg.histogram_grads))) return s;
+    if ((s = cm_config_get_bool(c, KEY("log_traces"), false, &cfg.log_traces))) return s;
+    if ((s = cm_tensorboard_logger_new(&cfg, &out->logger))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: %s", cm_config_origin(c, path), msg);
+    }
+    return CM_OK;
+}
 #undef KEY
 
 const cli_plugin_entry cli_plugin_registry[] = {
@@ -182,6 +205,9 @@ const cli_plugin_entry cli_plugin_registry[] = {
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
     {"progress_bar", CLI_LOGGER, make_progress_bar, "ProgressBarLogger on stderr (also top-level progress_bar: true)"},
     {"console", CLI_LOGGER, make_console, "ConsoleLogger: metric blocks on stdout every log_interval (1ep)"},
+    {"tensorboard", CLI_LOGGER, make_tensorboard,
+     "TensorBoardLogger: log_dir (tensorboard_logs), flush_interval (100), rank_zero_only (true), "
+     "histogram_interval (0: none), histogram_params, histogram_grads (true)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,
      "SpeedMonitor: window_size (100), peak_flops (0: measured), time_unit (hours)"},
     {"lr_monitor", CLI_CALLBACK, make_lr_monitor, "LRMonitor: logs lr-<Optimizer>/group<i>"},

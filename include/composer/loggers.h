@@ -12,6 +12,7 @@
  *  - FileLogger: the run folder <root>/<run_name>/ with metrics.jsonl (one JSON object per log
  *    call: {"batch": 120, "epoch": 0, "loss/train/total": 1.93}), log.txt (the ConsoleLogger's
  *    text) and, at the end of fit, loss.svg (train and eval loss curves).
+ *  - Experiment trackers (the last section): TensorBoardLogger (tfevents files).
  *  - InMemoryLogger is in composer/trainer.h.
  *
  * All loggers of a run use the same folder: it is named after the state's run name
@@ -175,6 +176,53 @@ cm_status cm_file_logger_new(const cm_file_logger_config *cfg, cm_logger_plugin 
 /* The run folder of a FileLogger plugin after INIT (borrowed, valid while the plugin lives); NULL
  * before INIT, on ranks other than 0, or if `p` is not a FileLogger. */
 const char *cm_file_logger_folder(const cm_logger_plugin *p);
+
+/* ---------------------------------------------------------------------------------------------
+ * Experiment trackers: TensorBoardLogger
+ *
+ * Composer's tracker loggers with Composer's argument names. None of them ever stops training:
+ * a tracker that cannot be written is reported once as a warning, and the run goes on — a
+ * FileLogger's metrics.jsonl keeps every value.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Settings of a TensorBoardLogger; start from cm_tensorboard_logger_config_default(). At INIT it
+ * creates <log_dir>/<run name>/ and the event file events.out.tfevents.<time>.<host>.<pid>.<n>
+ * there (TensorBoard reads each subfolder of the logdir as a run: `tensorboard --logdir
+ * tensorboard_logs`). It writes:
+ *  - a scalar per logged metric (tag = the metric's name, step = the batch; values as float32,
+ *    as TensorBoard stores them);
+ *  - the hyperparameters as a text summary "hyperparameters/text_summary" (a Markdown table,
+ *    sorted by key; written again when more arrive);
+ *  - with histogram_interval > 0, every histogram_interval batches (at BATCH_END, after the
+ *    optimizer step) a histogram per parameter ("parameters/<name>") and per gradient
+ *    ("gradients/<name>") over TensorFlow's default buckets. NaN and infinite elements are left
+ *    out of a histogram (and counted in a warning). Under SHARD_GRAD_OP / FULL_SHARD each rank
+ *    histograms its shards and the counts are summed over the ranks, so every rank must run the
+ *    logger (it does: all ranks get the plugin; only rank 0 writes with rank_zero_only).
+ * The file is flushed every flush_interval batches, at EVAL_START, EVAL_END, EPOCH_END and
+ * FIT_END, and at close. Files are checked with an independent reader (python3-protobuf) in the
+ * tests: framing, CRCs, steps, tags and values. */
+typedef struct cm_tensorboard_logger_config {
+    const char *log_dir;        /* NULL or "" = "tensorboard_logs" (Composer's default); copied */
+    int64_t flush_interval;     /* batches (default 100) */
+    bool rank_zero_only;        /* only rank 0 writes (default true); else each rank its own file */
+    bool log_traces;            /* include "traces/..." metrics (default false) */
+    int64_t histogram_interval; /* batches between histograms; 0 = none (default) */
+    bool histogram_params;      /* when histograms are on: of the parameters (default true) */
+    bool histogram_grads;       /* and of their gradients (default true) */
+} cm_tensorboard_logger_config;
+
+cm_tensorboard_logger_config cm_tensorboard_logger_config_default(void);
+
+/* A new TensorBoardLogger plugin. Errors: CM_ERR_INVALID_ARG (NULL, flush_interval < 1,
+ * histogram_interval < 0, histograms on with neither params nor grads), CM_ERR_OOM. A folder or
+ * file that cannot be created fails INIT (from cm_trainer_new) naming the path; a write error
+ * later is a warning, once, and the logger stops writing. */
+cm_status cm_tensorboard_logger_new(const cm_tensorboard_logger_config *cfg, cm_logger_plugin *out);
+
+/* The event file of a TensorBoardLogger after INIT (borrowed, valid while the plugin lives); NULL
+ * before INIT, on a rank that does not write, or if `p` is not a TensorBoardLogger. */
+const char *cm_tensorboard_logger_file(const cm_logger_plugin *p);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,225 @@
+/* Byte buffers, hand-written protocol buffers, JSON text and CRC-32C for the tracker loggers. */
+#include "wire.h"
+
+#include <composer/report.h>
+
+#include <fnmatch.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+
+/* ---- buffer ---- */
+
+static bool grow(cmi_buf *b, size_t extra) {
+    if (b->oom) return false;
+    size_t need = b->n + extra + 1; /* + 1: room for the NUL of cmi_buf_str */
+    if (need <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need) cap *= 2;
+    uint8_t *p = cm_alloc(cap, 16);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    if (b->n) memcpy(p, b->p, b->n);
+    cm_free(b->p);
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void cmi_buf_put(cmi_buf *b, const void *data, size_t n) {
+    if (!n || !grow(b, n)) return;
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+
+void cmi_buf_putc(cmi_buf *b, int c) {
+    uint8_t x = (uint8_t)c;
+    cmi_buf_put(b, &x, 1);
+}
+
+void cmi_buf_puts(cmi_buf *b, const char *s) { cmi_buf_put(b, s, strlen(s)); }
+
+void cmi_buf_printf(cmi_buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    int k = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    if ((size_t)k < sizeof small) {
+        cmi_buf_put(b, small, (size_t)k);
+        return;
+    }
+    if (!grow(b, (size_t)k)) return;
+    va_start(ap, fmt);
+    vsnprintf((char *)b->p + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+}
+
+const char *cmi_buf_str(cmi_buf *b) {
+    if (!b->p && !grow(b, 0)) return "";
+    if (b->oom) return "";
+    b->p[b->n] = '\0';
+    return (const char *)b->p;
+}
+
+void cmi_buf_reset(cmi_buf *b) {
+    b->n = 0;
+    b->oom = false;
+}
+
+void cmi_buf_free(cmi_buf *b) {
+    cm_free(b->p);
+    *b = (cmi_buf){0};
+}
+
+/* ---- protocol buffers ---- */
+
+void cmi_pb_varint(cmi_buf *b, uint64_t v) {
+    uint8_t t[10];
+    int k = 0;
+    do {
+        t[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    cmi_buf_put(b, t, (size_t)k);
+}
+
+void cmi_pb_key(cmi_buf *b, int field, int wire_type) { cmi_pb_varint(b, ((uint64_t)field << 3) | (uint64_t)wire_type); }
+
+void cmi_pb_int64(cmi_buf *b, int field, int64_t v) {
+    cmi_pb_key(b, field, 0);
+    cmi_pb_varint(b, (uint64_t)v);
+}
+
+void cmi_pb_double(cmi_buf *b, int field, double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    uint8_t t[8];
+    for (int i = 0; i < 8; i++) t[i] = (uint8_t)(u >> (8 * i));
+    cmi_pb_key(b, field, 1);
+    cmi_buf_put(b, t, 8);
+}
+
+void cmi_pb_float(cmi_buf *b, int field, float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    uint8_t t[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
+    cmi_pb_key(b, field, 5);
+    cmi_buf_put(b, t, 4);
+}
+
+void cmi_pb_bytes(cmi_buf *b, int field, const void *data, size_t n) {
+    cmi_pb_key(b, field, 2);
+    cmi_pb_varint(b, n);
+    cmi_buf_put(b, data, n);
+}
+
+void cmi_pb_string(cmi_buf *b, int field, const char *s) { cmi_pb_bytes(b, field, s, strlen(s)); }
+
+size_t cmi_pb_begin(cmi_buf *b, int field) {
+    cmi_pb_key(b, field, 2);
+    return b->n;
+}
+
+void cmi_pb_end(cmi_buf *b, size_t mark) {
+    if (b->oom) return;
+    const size_t len = b->n - mark;
+    uint8_t t[10];
+    int k = 0;
+    uint64_t v = len;
+    do {
+        t[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    if (!grow(b, (size_t)k)) return;
+    memmove(b->p + mark + k, b->p + mark, len);
+    memcpy(b->p + mark, t, (size_t)k);
+    b->n += (size_t)k;
+}
+
+/* ---- JSON ---- */
+
+void cmi_json_str(cmi_buf *b, const char *s) {
+    if (!s) {
+        cmi_buf_puts(b, "null");
+        return;
+    }
+    cmi_buf_putc(b, '"');
+    const char *run = s;
+    for (const char *c = s;; c++) {
+        const unsigned char u = (unsigned char)*c;
+        if (u && u >= 0x20 && u != '"' && u != '\\') continue;
+        cmi_buf_put(b, run, (size_t)(c - run));
+        if (!u) break;
+        switch (u) {
+        case '"': cmi_buf_puts(b, "\\\""); break;
+        case '\\': cmi_buf_puts(b, "\\\\"); break;
+        case '\n': cmi_buf_puts(b, "\\n"); break;
+        case '\r': cmi_buf_puts(b, "\\r"); break;
+        case '\t': cmi_buf_puts(b, "\\t"); break;
+        default: cmi_buf_printf(b, "\\u%04x", u); break;
+        }
+        run = c + 1;
+    }
+    cmi_buf_putc(b, '"');
+}
+
+void cmi_json_num(cmi_buf *b, double v, int nan_style) {
+    if (!isfinite(v)) {
+        const char *s = isnan(v) ? "NaN" : v > 0 ? "Infinity" : "-Infinity";
+        if (nan_style == 0) cmi_json_str(b, s);
+        else cmi_buf_puts(b, s);
+        return;
+    }
+    char t[48];
+    cm_format_double_shortest(v, t, sizeof t);
+    cmi_buf_puts(b, t);
+}
+
+void cmi_json_int(cmi_buf *b, int64_t v) { cmi_buf_printf(b, "%lld", (long long)v); }
+
+/* ---- CRC-32C ---- */
+
+static uint32_t g_crc_table[256];
+static pthread_once_t g_crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        g_crc_table[i] = c;
+    }
+}
+
+uint32_t cmi_crc32c(uint32_t crc, const void *data, size_t n) {
+    pthread_once(&g_crc_once, crc_init);
+    const uint8_t *p = data;
+    uint32_t c = ~crc;
+    for (size_t i = 0; i < n; i++) c = g_crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+    return ~c;
+}
+
+uint32_t cmi_crc32c_masked(const void *data, size_t n) {
+    const uint32_t c = cmi_crc32c(0, data, n);
+    return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+/* ---- helpers ---- */
+
+bool cmi_glob_any(const char *const *patterns, size_t n, const char *name) {
+    for (size_t i = 0; patterns && i < n; i++)
+        if (patterns[i] && fnmatch(patterns[i], name, 0) == 0) return true;
+    return false;
+}
+
+double cmi_unix_time(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6;
+}
