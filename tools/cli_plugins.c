@@ -7,6 +7,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -198,6 +199,121 @@ static cm_status make_tensorboard(cm_config *c, const char *path, cli_ctx *ctx, 
     }
     return CM_OK;
 }
+/* A map of strings (`tags: {team: ml}`) as (key, value) pairs in a malloc'd array (*n pairs);
+ * absent or null = none. */
+static cm_status get_string_map(cm_config *c, const char *key, const char ***out, size_t *n) {
+    *out = NULL, *n = 0;
+    cm_config_kind k = cm_config_kind_of(c, key);
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, key);
+        return CM_OK;
+    }
+    if (k != CM_CONFIG_MAP)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: expected a map of names to values ({name: value, ...})",
+                            cm_config_origin(c, key), key);
+    const int len = cm_config_len(c, key);
+    const char **p = calloc((size_t)(2 * len + 1), sizeof *p);
+    if (!p) return cm_set_error(CM_ERR_OOM, "out of memory reading %s", key);
+    for (int i = 0; i < len; i++) {
+        char sub[512];
+        p[2 * i] = cm_config_key_at(c, key, i);
+        snprintf(sub, sizeof sub, "%s.%s", key, p[2 * i]);
+        cm_status s = cm_config_get_string(c, sub, "", &p[2 * i + 1]);
+        if (s) {
+            free(p);
+            return s;
+        }
+    }
+    *out = p, *n = (size_t)len;
+    return CM_OK;
+}
+
+/* A list of strings (or one string) in a malloc'd array; absent or null = none. */
+static cm_status get_string_list(cm_config *c, const char *key, const char ***out, size_t *n) {
+    *out = NULL, *n = 0;
+    cm_config_kind k = cm_config_kind_of(c, key);
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, key);
+        return CM_OK;
+    }
+    if (k == CM_CONFIG_MAP)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: expected a list of names ([a, b*])", cm_config_origin(c, key),
+                            key);
+    const int len = k == CM_CONFIG_SEQ ? cm_config_len(c, key) : 1;
+    const char **p = calloc((size_t)len + 1, sizeof *p);
+    if (!p) return cm_set_error(CM_ERR_OOM, "out of memory reading %s", key);
+    for (int i = 0; i < len; i++) {
+        char sub[512];
+        if (k == CM_CONFIG_SEQ) snprintf(sub, sizeof sub, "%s.%d", key, i);
+        else snprintf(sub, sizeof sub, "%s", key);
+        cm_status s = cm_config_get_string(c, sub, "", &p[i]);
+        if (s) {
+            free(p);
+            return s;
+        }
+    }
+    *out = p, *n = (size_t)len;
+    return CM_OK;
+}
+
+/* Composer's MLFlowLogger arguments this logger accepts and that change nothing here. */
+static cm_status accept_inert(cm_config *c, const char *path, const char *const *names, int n, const char *why) {
+    char key[256];
+    for (int i = 0; i < n; i++) {
+        snprintf(key, sizeof key, "%s.%s", path, names[i]);
+        if (cm_config_has(c, key))
+            cm_log_msg(CM_LOG_WARN, "%s: %s has no effect here (%s)", cm_config_origin(c, key), key, why);
+        cm_config_touch(c, key);
+    }
+    return CM_OK;
+}
+
+/* loggers.mlflow: Composer's MLFlowLogger arguments — experiment_name, run_name, tags, tracking_uri,
+ * rank_zero_only, flush_interval (s), rename_metrics, ignore_metrics, ignore_hyperparameters,
+ * run_group, resume, log_duplicated_metric_every_n_steps — and the HTTP settings max_retries,
+ * backoff_factor, request_timeout, close_timeout, max_queued. */
+static cm_status make_mlflow(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_mlflow_logger_config cfg = cm_mlflow_logger_config_default();
+    cm_status s;
+    int64_t k;
+    const char **tags = NULL, **ren = NULL, **ign = NULL, **ign_h = NULL;
+    if ((s = cm_config_get_string(c, KEY("tracking_uri"), NULL, &cfg.tracking_uri)) ||
+        (s = cm_config_get_string(c, KEY("experiment_name"), NULL, &cfg.experiment_name)) ||
+        (s = cm_config_get_string(c, KEY("run_name"), NULL, &cfg.run_name)) ||
+        (s = cm_config_get_string(c, KEY("run_group"), NULL, &cfg.run_group)) ||
+        (s = cm_config_get_bool(c, KEY("rank_zero_only"), true, &cfg.rank_zero_only)) ||
+        (s = cm_config_get_double(c, KEY("flush_interval"), cfg.flush_interval, &cfg.flush_interval)) ||
+        (s = cm_config_get_bool(c, KEY("resume"), false, &cfg.resume)) ||
+        (s = cm_config_get_int(c, KEY("log_duplicated_metric_every_n_steps"), cfg.log_duplicated_metric_every_n_steps,
+                               &cfg.log_duplicated_metric_every_n_steps)) ||
+        (s = cm_config_get_int(c, KEY("max_retries"), -1, &k)))
+        return s;
+    cfg.max_retries = (int)(k < -1 ? -1 : k > 1000 ? 1000 : k);
+    if ((s = cm_config_get_double(c, KEY("backoff_factor"), -1, &cfg.backoff_factor)) ||
+        (s = cm_config_get_double(c, KEY("request_timeout"), 0, &cfg.request_timeout)) ||
+        (s = cm_config_get_double(c, KEY("close_timeout"), cfg.close_timeout, &cfg.close_timeout)) ||
+        (s = cm_config_get_int(c, KEY("max_queued"), cfg.max_queued, &cfg.max_queued)))
+        return s;
+    static const char *const inert[] = {"synchronous", "log_system_metrics", "logging_buffer_seconds",
+                                        "model_registry_prefix", "model_registry_uri"};
+    accept_inert(c, path, inert, 5, "this logger always sends from its own thread, and logs no system metrics or "
+                                    "models");
+    if (!(s = get_string_map(c, KEY("tags"), &tags, &cfg.n_tags)) &&
+        !(s = get_string_map(c, KEY("rename_metrics"), &ren, &cfg.n_rename)) &&
+        !(s = get_string_list(c, KEY("ignore_metrics"), &ign, &cfg.n_ignore_metrics)) &&
+        !(s = get_string_list(c, KEY("ignore_hyperparameters"), &ign_h, &cfg.n_ignore_hyperparameters))) {
+        cfg.tags = tags, cfg.rename_metrics = ren, cfg.ignore_metrics = ign, cfg.ignore_hyperparameters = ign_h;
+        if ((s = cm_mlflow_logger_new(&cfg, &out->logger))) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            s = cm_set_error(s, "%s: %s: %s", cm_config_origin(c, path), path, msg);
+        }
+    }
+    free(tags), free(ren), free(ign), free(ign_h);
+    return s;
+}
 #undef KEY
 
 const cli_plugin_entry cli_plugin_registry[] = {
@@ -208,6 +324,9 @@ const cli_plugin_entry cli_plugin_registry[] = {
     {"tensorboard", CLI_LOGGER, make_tensorboard,
      "TensorBoardLogger: log_dir (tensorboard_logs), flush_interval (100), rank_zero_only (true), "
      "histogram_interval (0: none), histogram_params, histogram_grads (true)"},
+    {"mlflow", CLI_LOGGER, make_mlflow,
+     "MLFlowLogger: tracking_uri ($MLFLOW_TRACKING_URI), experiment_name, run_name, tags, run_group, "
+     "flush_interval (10 s), rename_metrics, ignore_metrics, ignore_hyperparameters, resume, rank_zero_only"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,
      "SpeedMonitor: window_size (100), peak_flops (0: measured), time_unit (hours)"},
     {"lr_monitor", CLI_CALLBACK, make_lr_monitor, "LRMonitor: logs lr-<Optimizer>/group<i>"},

@@ -224,6 +224,93 @@ cm_status cm_tensorboard_logger_new(const cm_tensorboard_logger_config *cfg, cm_
  * before INIT, on a rank that does not write, or if `p` is not a TensorBoardLogger. */
 const char *cm_tensorboard_logger_file(const cm_logger_plugin *p);
 
+/* What a network tracker (MLflow, W&B) has done so far, for tests, dashboards and end-of-run
+ * summaries (cm_mlflow_logger_stats, cm_wandb_logger_stats). */
+typedef struct cm_tracker_stats {
+    int64_t requests;        /* requests the server accepted */
+    int64_t retries;         /* attempts repeated after a 429, a 5xx or a network error */
+    int64_t failed_requests; /* requests given up on (no good answer after the retries) or rejected (4xx) */
+    int64_t metrics_sent;    /* metric values the server accepted */
+    int64_t metrics_dropped; /* values not sent: rejected, over the queue bound, or unsent at close */
+    int64_t metrics_queued;  /* values waiting to be sent */
+    int reports;             /* warnings printed about the tracker (each kind of trouble once) */
+    bool down;               /* the last attempt got no good answer */
+    bool finished;           /* the run was marked finished (or failed) on the server */
+    char run_id[128];        /* the tracker's id of the run; "" until it exists */
+    char last_error[512];    /* the last failure; "" if none */
+} cm_tracker_stats;
+
+/* Settings of an MLFlowLogger; start from cm_mlflow_logger_config_default(). Composer's
+ * MLFlowLogger over MLflow's REST API (../shared/FORMATS.md §8) with libcurl:
+ *  - the experiment: $MLFLOW_EXPERIMENT_ID if set, else experiment_name looked up
+ *    (experiments/get-by-name) or created (experiments/create);
+ *  - the run: $MLFLOW_RUN_ID if set; with resume, the run of the experiment tagged
+ *    run_name=<the trainer's run name> (runs/search) if there is one; else runs/create with the
+ *    run name, the start time and the tags mlflow.runName, mlflow.user ($USER),
+ *    mlflow.source.name, mlflow.source.type=LOCAL, run_name (the trainer's run name, for resume),
+ *    run_group if set, and `tags`;
+ *  - hyperparameters as params, each key once (MLflow refuses to change a param: a later
+ *    different value is left out with a warning); metrics with step = the batch and their
+ *    wall-clock time, batched every flush_interval seconds into runs/log-batch requests within
+ *    the API's limits (1000 metrics, 100 params, 1000 items, 1 MB); a value equal to the one sent
+ *    for the same name less than log_duplicated_metric_every_n_steps steps before is skipped
+ *    (Composer's rule); names MLflow would refuse (characters outside [A-Za-z0-9_-. /], paths
+ *    like "a//b", longer than 250) are left out with a warning naming them (rename_metrics can
+ *    give them a valid name);
+ *  - at close, runs/update with status FINISHED, or FAILED when a fit started and did not reach
+ *    FIT_END (an error or an interruption), and the end time.
+ * Sending happens on a thread of the logger, never on the training thread. Requests are retried
+ * on network errors, 429 and 5xx with exponential backoff (MLflow's client settings). While the
+ * server is away the values wait in a queue of at most max_queued values (newer ones are dropped
+ * when it is full, and counted); the first failure is reported once, the training goes on. At
+ * close the logger spends at most close_timeout seconds sending what is left.
+ * Environment: MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, MLFLOW_RUN_ID,
+ * MLFLOW_TRACKING_TOKEN (Bearer) or MLFLOW_TRACKING_USERNAME / _PASSWORD (Basic),
+ * MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH, MLFLOW_TRACKING_CLIENT_CERT_PATH,
+ * MLFLOW_HTTP_REQUEST_MAX_RETRIES / _BACKOFF_FACTOR / _BACKOFF_JITTER / _TIMEOUT.
+ * Verified against the protocol with a test server (tests/trackers/mlflow_server.py), not against
+ * a live MLflow service. Not supported: the local file store (tracking URIs that are paths or
+ * file:), artifacts, models, system metrics. */
+typedef struct cm_mlflow_logger_config {
+    const char *tracking_uri;    /* http(s)://host[:port][/prefix]; "databricks" = $DATABRICKS_HOST with
+                                    $DATABRICKS_TOKEN; NULL = $MLFLOW_TRACKING_URI (required then) */
+    const char *experiment_name; /* NULL = $MLFLOW_EXPERIMENT_NAME or "my-mlflow-experiment" */
+    const char *run_name;        /* NULL = the trainer's run name */
+    const char *const *tags;     /* n_tags (key, value) pairs: tags[2i] = tags[2i+1] */
+    size_t n_tags;
+    const char *run_group;       /* adds the tag run_group (NULL = none) */
+    bool rank_zero_only;         /* only rank 0 logs (default true); else one run per rank, named
+                                    <run_name>-rank<r> */
+    double flush_interval;       /* seconds between sends (default 10, Composer's) */
+    const char *const *rename_metrics; /* n_rename (from, to) pairs: exact names */
+    size_t n_rename;
+    const char *const *ignore_metrics; /* fnmatch patterns of metrics not sent */
+    size_t n_ignore_metrics;
+    const char *const *ignore_hyperparameters; /* fnmatch patterns of hyperparameters not sent */
+    size_t n_ignore_hyperparameters;
+    bool resume;                 /* reuse the run tagged with this run name (default false) */
+    int64_t log_duplicated_metric_every_n_steps; /* default 100 (Composer's) */
+    int max_retries;             /* -1 = $MLFLOW_HTTP_REQUEST_MAX_RETRIES or 7 */
+    double backoff_factor;       /* < 0 = $MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR or 2 (seconds) */
+    double backoff_jitter;       /* < 0 = $MLFLOW_HTTP_REQUEST_BACKOFF_JITTER or 1 (seconds) */
+    double request_timeout;      /* <= 0 = $MLFLOW_HTTP_REQUEST_TIMEOUT or 120 (seconds) */
+    double close_timeout;        /* seconds the close may spend sending (default 60) */
+    int64_t max_queued;          /* values kept while the server is away (default 100000) */
+} cm_mlflow_logger_config;
+
+cm_mlflow_logger_config cm_mlflow_logger_config_default(void);
+
+/* A new MLFlowLogger plugin. Strings are copied. Errors: CM_ERR_INVALID_ARG naming the setting:
+ * NULL, no tracking URI (and no $MLFLOW_TRACKING_URI), a URI that is not http(s) (or
+ * "databricks" without $DATABRICKS_HOST), an empty experiment name, bad intervals, counts or
+ * timeouts, NULL entries in the lists, a tag or param name MLflow would refuse, a non-numeric
+ * MLFLOW_HTTP_REQUEST_* variable; CM_ERR_OOM. Nothing is sent before INIT. */
+cm_status cm_mlflow_logger_new(const cm_mlflow_logger_config *cfg, cm_logger_plugin *out);
+
+/* A snapshot of what the logger has done (thread-safe: the sending thread updates it). Errors:
+ * CM_ERR_INVALID_ARG if `p` is not an MLFlowLogger or out is NULL. */
+cm_status cm_mlflow_logger_stats(const cm_logger_plugin *p, cm_tracker_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -210,6 +210,65 @@ uint32_t cmi_crc32c_masked(const void *data, size_t n) {
     return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
 }
 
+/* ---- interned names ---- */
+
+static uint64_t str_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+int64_t cmi_intern_find(const cmi_intern *t, const char *s) {
+    if (!t->cap) return -1;
+    for (uint64_t i = str_hash(s) & (uint64_t)(t->cap - 1);; i = (i + 1) & (uint64_t)(t->cap - 1)) {
+        const int64_t k = t->slots[i];
+        if (!k) return -1;
+        if (strcmp(t->names[k - 1], s) == 0) return k - 1;
+    }
+}
+
+int64_t cmi_intern_add(cmi_intern *t, const char *s, bool *added) {
+    *added = false;
+    int64_t k = cmi_intern_find(t, s);
+    if (k >= 0) return k;
+    if (2 * (t->n + 1) > t->cap) { /* keep the table at most half full */
+        const int64_t cap = t->cap ? 2 * t->cap : 64;
+        int64_t *slots = cm_alloc_zeroed(sizeof *slots * (size_t)cap, 16);
+        if (!slots) return -1;
+        for (int64_t j = 0; j < t->n; j++) {
+            uint64_t i = str_hash(t->names[j]) & (uint64_t)(cap - 1);
+            while (slots[i]) i = (i + 1) & (uint64_t)(cap - 1);
+            slots[i] = j + 1;
+        }
+        cm_free(t->slots);
+        t->slots = slots, t->cap = cap;
+    }
+    if (t->n == t->names_cap) {
+        const int64_t nc = t->names_cap ? 2 * t->names_cap : 32;
+        char **nn = cm_alloc(sizeof *nn * (size_t)nc, 16);
+        if (!nn) return -1;
+        if (t->n) memcpy(nn, t->names, sizeof *nn * (size_t)t->n);
+        cm_free(t->names);
+        t->names = nn, t->names_cap = nc;
+    }
+    const size_t len = strlen(s) + 1;
+    char *copy = cm_alloc(len, 8);
+    if (!copy) return -1;
+    memcpy(copy, s, len);
+    uint64_t i = str_hash(s) & (uint64_t)(t->cap - 1);
+    while (t->slots[i]) i = (i + 1) & (uint64_t)(t->cap - 1);
+    t->names[t->n] = copy;
+    t->slots[i] = ++t->n;
+    *added = true;
+    return t->n - 1;
+}
+
+void cmi_intern_free(cmi_intern *t) {
+    for (int64_t i = 0; i < t->n; i++) cm_free(t->names[i]);
+    cm_free(t->names), cm_free(t->slots);
+    *t = (cmi_intern){0};
+}
+
 /* ---- helpers ---- */
 
 bool cmi_glob_any(const char *const *patterns, size_t n, const char *name) {

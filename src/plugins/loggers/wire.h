@@ -57,6 +57,18 @@ uint32_t cmi_crc32c(uint32_t crc, const void *data, size_t n);
 /* TFRecord's masked CRC: ((c >> 15) | (c << 17)) + 0xA282EAD8. */
 uint32_t cmi_crc32c_masked(const void *data, size_t n);
 
+/* ---- interned names: a string -> dense index table (indices 0, 1, 2, ... in first-seen order) ---- */
+typedef struct cmi_intern {
+    char **names;    /* (n) owned copies */
+    int64_t *slots;  /* (cap) open addressing: index + 1, 0 = empty */
+    int64_t n, names_cap, cap;
+} cmi_intern;
+/* The index of s, or -1. */
+int64_t cmi_intern_find(const cmi_intern *t, const char *s);
+/* The index of s, adding it (*added = true) if new; -1 on OOM. */
+int64_t cmi_intern_add(cmi_intern *t, const char *s, bool *added);
+void cmi_intern_free(cmi_intern *t);
+
 /* ---- small helpers ---- */
 /* Whether `name` matches any of the fnmatch patterns (NULL list = none). */
 bool cmi_glob_any(const char *const *patterns, size_t n, const char *name);
