@@ -83,6 +83,38 @@ Test(cli_trackers, tensorboard_from_yaml_writes_a_readable_event_file) {
     free(json), free(file);
 }
 
+Test(cli_trackers, mlflow_from_yaml_logs_the_run_to_the_server) {
+    cmt_server srv = cmt_server_start("mlflow_server.py");
+    char args[2048];
+    snprintf(args, sizeof args,
+             "train " DIR "/mnist.yaml run_name=ml loggers.mlflow.tracking_uri=%s loggers.mlflow.experiment_name=cli "
+             "loggers.mlflow.tags.team=vision 'loggers.mlflow.ignore_metrics=[\"trainer/*\"]' "
+             "loggers.mlflow.flush_interval=0.1 loggers.mlflow.synchronous=false",
+             srv.url);
+    int rc = run(args);
+    cJSON *st = cmt_server_call(&srv, "/_test/state", NULL);
+    cmt_server_stop(&srv);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "loggers.mlflow.synchronous has no effect here"), "%s", out);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "violations")), 0, "%s", cJSON_Print(st));
+    const cJSON *run = cJSON_GetObjectItem(st, "runs")->child;
+    cr_assert_not_null(run);
+    const cJSON *info = cJSON_GetObjectItem(run, "info"), *data = cJSON_GetObjectItem(run, "data");
+    cr_assert_str_eq(cJSON_GetObjectItem(info, "run_name")->valuestring, "ml");
+    cr_assert_str_eq(cJSON_GetObjectItem(info, "status")->valuestring, "FINISHED");
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(data, "tags"), "team")->valuestring, "vision");
+    int losses = 0, trainer = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItem(data, "metrics")) {
+        const char *k = cJSON_GetObjectItem(m, "key")->valuestring;
+        losses += !strcmp(k, "loss/train/total");
+        trainer += !strncmp(k, "trainer/", 8);
+    }
+    cr_assert_eq(losses, 3);
+    cr_assert_eq(trainer, 0, "ignore_metrics trainer/* let %d through", trainer);
+    cJSON_Delete(st);
+}
+
 Test(cli_trackers, misspelt_or_bad_tracker_arguments_name_the_key) {
     struct {
         const char *args;
@@ -94,6 +126,10 @@ Test(cli_trackers, misspelt_or_bad_tracker_arguments_name_the_key) {
          "unknown key 'loggers.tensorboard.flush_intervall' (did you mean 'loggers.tensorboard.flush_interval'?)"},
         {"loggers.tensorboard.flush_interval=0", 2, "flush_interval must be at least 1 batch"},
         {"loggers.tensorboard.rank_zero_only=maybe", 2, "loggers.tensorboard.rank_zero_only: 'maybe'"},
+        {"loggers.mlflow.tracking_uri=http://localhost:1' 'loggers.mlflow.experiment=x", 2,
+         "unknown key 'loggers.mlflow.experiment' (did you mean 'loggers.mlflow.experiment_name'?)"},
+        {"loggers.mlflow.tracking_uri=file:///tmp/mlruns", 2, "is not an http(s) URL"},
+        {"loggers.mlflow.tags=[a]", 2, "loggers.mlflow.tags: expected a map"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[1024];
