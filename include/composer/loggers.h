@@ -311,6 +311,80 @@ cm_status cm_mlflow_logger_new(const cm_mlflow_logger_config *cfg, cm_logger_plu
  * CM_ERR_INVALID_ARG if `p` is not an MLFlowLogger or out is NULL. */
 cm_status cm_mlflow_logger_stats(const cm_logger_plugin *p, cm_tracker_stats *out);
 
+/* How a WandBLogger runs (wandb.init's mode). */
+typedef enum cm_wandb_mode {
+    CM_WANDB_ONLINE = 0,  /* send to the server as the run goes */
+    CM_WANDB_OFFLINE = 1, /* write a run folder to upload later with `wandb sync` */
+    CM_WANDB_DISABLED = 2 /* log nothing */
+} cm_wandb_mode;
+
+/* Settings of a WandBLogger; start from cm_wandb_logger_config_default(). Composer's WandBLogger
+ * (wandb.init's project, entity, name, group, tags, notes, job_type, mode, dir, id) without the
+ * wandb client: the logger speaks the HTTP protocol the official client speaks.
+ *  - Online: a GraphQL UpsertBucket mutation (POST <base>/graphql, the API key as HTTP Basic
+ *    "api:<key>") creates the run — name = the run id, displayName, project, entity, group, tags,
+ *    notes, jobType, host, and the config ({"<hyperparameter>": {"value": v}}, sent again when
+ *    hyperparameters arrive) — then POST <base>/files/<entity>/<project>/<run id>/file_stream
+ *    sends the history ("wandb-history.jsonl": one JSON line per step with the step's values,
+ *    "_step", "_runtime", "_timestamp"; lines appended at their offsets) and the summary
+ *    ("wandb-summary.json": the latest value of each key) every flush_interval seconds, and at
+ *    close {"complete": true, "exitcode": 0 (or 1 when a fit started and did not end)}.
+ *  - Offline: <dir>/wandb/offline-run-<YYYYMMDD_HHMMSS>-<run id>/run-<run id>.wandb, the
+ *    client's transaction log: the LevelDB-log framing with wandb's ":W&B" header and CRC-32
+ *    (wandb/sdk/internal/datastore.py) around Record protos (wandb_internal.proto) — Header, Run
+ *    (id, entity, project, display name, group, tags, notes, job type, host, start time), Config
+ *    when hyperparameters arrive, a History record per step, and at close Summary and Exit.
+ *    `wandb sync <that folder>` is meant to upload it; the tests read it with a reader written
+ *    from datastore.py and the protos, not with `wandb sync` itself.
+ * Steps are the batch (Composer's step); values logged at one step go into one history row;
+ * a step lower than the current one is dropped with a warning (as wandb does). Names are sent as
+ * they are. Sending happens on a thread of the logger, with retries on network errors, 429 and
+ * 5xx (backoff from 2 s up to 60 s, wandb's); a server that is away is reported once, rows wait
+ * in a queue of at most max_queued rows, and the close spends at most close_timeout seconds.
+ * Environment (as wandb's): WANDB_API_KEY (required online), WANDB_BASE_URL (default
+ * https://api.wandb.ai), WANDB_MODE, WANDB_PROJECT, WANDB_ENTITY, WANDB_NAME, WANDB_RUN_GROUP,
+ * WANDB_TAGS (comma-separated), WANDB_NOTES, WANDB_JOB_TYPE, WANDB_RUN_ID, WANDB_DIR; settings
+ * in the config win over the environment. Verified against the protocol with a test server
+ * (tests/trackers/wandb_server.py), not against the live W&B service. Not supported: artifacts
+ * (log_artifacts), media, system metrics, console capture, resuming a run. */
+typedef struct cm_wandb_logger_config {
+    const char *project, *entity; /* NULL = $WANDB_PROJECT / $WANDB_ENTITY, else the server's default
+                                     (the API key's entity; project "uncategorized") */
+    const char *name;             /* display name; NULL = $WANDB_NAME or the trainer's run name */
+    const char *group;            /* NULL = $WANDB_RUN_GROUP */
+    const char *const *tags;      /* n_tags strings; none = $WANDB_TAGS */
+    size_t n_tags;
+    const char *notes, *job_type; /* NULL = $WANDB_NOTES / $WANDB_JOB_TYPE */
+    const char *id;               /* the run id; NULL = $WANDB_RUN_ID or 8 random [a-z0-9] */
+    int mode;                     /* a cm_wandb_mode; -1 = $WANDB_MODE ("online", "offline",
+                                     "disabled"/"dryrun" as wandb reads it) or online */
+    const char *dir;              /* the folder holding wandb/ (offline); NULL = $WANDB_DIR or "." */
+    bool rank_zero_only;          /* only rank 0 logs (default true); else <name>-rank<r>, grouped */
+    double flush_interval;        /* seconds between file_stream requests (default 15, wandb's) */
+    int max_retries;              /* per request (default 7) */
+    double backoff_s;             /* the first retry's wait, doubling up to 60 s (default 2) */
+    double request_timeout;       /* seconds (default 180, wandb's) */
+    double close_timeout;         /* seconds the close may spend sending (default 60) */
+    int64_t max_queued;           /* history rows kept while the server is away (default 100000) */
+} cm_wandb_logger_config;
+
+cm_wandb_logger_config cm_wandb_logger_config_default(void);
+
+/* A new WandBLogger plugin. Strings are copied. Errors: CM_ERR_INVALID_ARG naming the setting
+ * (NULL, no WANDB_API_KEY online, a base URL that is not http(s), a bad mode or run id (wandb's
+ * rule: letters, digits, '-' and '_', at most 128), bad intervals or counts, NULL tags);
+ * CM_ERR_OOM. The offline folder is created at INIT (an error there fails INIT naming it). */
+cm_status cm_wandb_logger_new(const cm_wandb_logger_config *cfg, cm_logger_plugin *out);
+
+/* A snapshot of what the logger has done (thread-safe). Offline: run_id is set at INIT and
+ * metrics_sent counts the values written to the run folder. Errors: CM_ERR_INVALID_ARG if `p` is
+ * not a WandBLogger or out is NULL. */
+cm_status cm_wandb_logger_stats(const cm_logger_plugin *p, cm_tracker_stats *out);
+
+/* The offline run folder after INIT (borrowed, valid while the plugin lives); NULL online, before
+ * INIT or on a rank that does not log. */
+const char *cm_wandb_logger_run_dir(const cm_logger_plugin *p);
+
 #ifdef __cplusplus
 }
 #endif
