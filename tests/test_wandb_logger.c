@@ -11,6 +11,7 @@
 #include "cmtrack.h"
 #include "cmtrain.h"
 
+#include "plugins/loggers/wb_store.h"
 #include "plugins/loggers/wire.h"
 
 #include <math.h>
@@ -325,8 +326,8 @@ Test(wandb_logger, values_at_a_lower_step_are_dropped_with_one_warning) {
     cr_assert_eq(cm_state_new(&st0), CM_OK);
     cmt_stderr_begin();
     cr_assert_eq(p.vt->init(p.self, st0), CM_OK);
-    const int64_t steps[] = {0, 0, 2, 1, 1, 5, 5, 3};
-    for (int i = 0; i < 8; i++) {
+    const int64_t steps[] = {0, 0, 2, 1, 1, 5, 5, 5, 3};
+    for (int i = 0; i < 9; i++) {
         cm_timestamp ts = {.batch = steps[i]};
         cm_metric_value v = {i % 2 ? "a" : "b", (double)i};
         cr_assert_eq(p.vt->log_metrics(p.self, &v, 1, &ts), CM_OK);
@@ -338,10 +339,11 @@ Test(wandb_logger, values_at_a_lower_step_are_dropped_with_one_warning) {
     assert_no_violations(st);
     const cJSON *hist = cJSON_GetObjectItem(only_run(st), "history");
     char *h = cJSON_PrintUnformatted(hist);
-    /* rows 0 (b=0, a=1), 2 (b=2), 5 (a=5, b=6) */
+    /* rows 0 (b=0, a=1), 2 (b=2), 5 (a=5 then 7: the latest, b=6) */
     cr_assert_eq(cJSON_GetArraySize(hist), 3, "%s", h);
     cr_assert_eq(num_of(cJSON_GetObjectItem(cJSON_GetArrayItem(hist, 0), "a")), 1);
     cr_assert_eq(num_of(cJSON_GetObjectItem(cJSON_GetArrayItem(hist, 2), "b")), 6);
+    cr_assert_eq(num_of(cJSON_GetObjectItem(cJSON_GetArrayItem(hist, 2), "a")), 7);
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(hist, 2), "_step")->valueint, 5);
     free(h);
     cJSON_Delete(st);
@@ -483,6 +485,85 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     cJSON_Delete(rows);
     cJSON_Delete(recs);
     cmt_rig_free(&g);
+    cmt_tmpdir_remove(&t);
+}
+
+/* A Record{num, config{update{key "k", value_json "\"xx...\""}}} of exactly `want` bytes. */
+static void sized_record(cmi_buf *b, int64_t num, size_t want) {
+    for (size_t len = want > 40 ? want - 40 : 1;; len++) {
+        cmi_buf_reset(b);
+        cmi_pb_int64(b, 1, num);
+        size_t c = cmi_pb_begin(b, 5), u = cmi_pb_begin(b, 1);
+        cmi_pb_string(b, 1, "k");
+        char *v = malloc(len + 3);
+        v[0] = '"', memset(v + 1, 'x', len), v[len + 1] = '"', v[len + 2] = '\0';
+        cmi_pb_string(b, 16, v);
+        free(v);
+        cmi_pb_end(b, u), cmi_pb_end(b, c);
+        if (b->n == want) return;
+        cr_assert_lt(b->n, want + 8, "cannot make a record of %zu bytes", want);
+    }
+}
+
+/* The framing at the block edges: a record ending 3 bytes before a block's end (the next record
+ * starts after 3 zero bytes), one spanning three blocks (FIRST, MIDDLE, LAST), one ending exactly
+ * at a block's end, and an empty FIRST piece (a record that starts with exactly a header's room). */
+Test(wandb_logger, the_transaction_log_framing_at_block_edges_reads_back) {
+    cmt_tmpdir t = cmt_tmpdir_make("wb");
+    char path[256];
+    snprintf(path, sizeof path, "%s/run-edges.wandb", t.dir);
+    cmi_wb_store st = {fopen(path, "wb"), 0, 0};
+    cr_assert_not_null(st.f);
+    cmi_wb_store_header(&st);
+    cmi_buf b = {0};
+    const int B = CMI_WB_BLOCK_LEN, H = CMI_WB_HEADER_LEN;
+    size_t sizes[8];
+    int k = 0;
+    /* 1: ends 3 bytes before the end of block 0 */
+    sizes[k] = (size_t)(B - 3 - H - H);
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    cr_assert_eq(st.index, B - 3);
+    /* 2: after 3 zero bytes, at the start of block 1; 3: spans blocks 1 to 3 */
+    sizes[k] = 100;
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    cr_assert_eq(st.index, B + H + 100, "no padding before record 2: index %lld", (long long)st.index);
+    sizes[k] = 70000;
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    /* 4: fills the rest of its block exactly */
+    const int64_t left = B - st.index % B;
+    sizes[k] = (size_t)(left - H);
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    cr_assert_eq(st.index % B, 0);
+    /* 5: leaves exactly a header's room; 6: an empty FIRST piece there, then LAST */
+    sizes[k] = (size_t)(B - 2 * H);
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    cr_assert_eq(B - st.index % B, H);
+    sizes[k] = 100;
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    cr_assert_eq(st.index % B, H + 100, "record 6: index %lld", (long long)st.index); /* LAST in a new block */
+    /* 7: after its FIRST piece, 4 bytes more than a block holds are left: MIDDLE, then a LAST of 4 */
+    sizes[k] = (size_t)((B - st.index % B - H) + (B - H + 4));
+    sized_record(&b, k + 1, sizes[k]), cmi_wb_store_write(&st, b.p, b.n), k++;
+    cr_assert_eq(st.index % B, H + 4, "record 7: index %lld", (long long)st.index);
+    cmi_buf_free(&b);
+    cr_assert_eq(st.err, 0);
+    cr_assert_eq(fclose(st.f), 0);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/trackers/wandb_read.py '%s'", path);
+    int rc;
+    char *out = cmt_run(cmd, &rc);
+    cr_assert_eq(rc, 0, "wandb_read.py failed (its message is above)");
+    cJSON *recs = cJSON_Parse(out);
+    free(out);
+    cr_assert_eq(cJSON_GetArraySize(recs), k);
+    for (int i = 0; i < k; i++) {
+        const cJSON *r = cJSON_GetArrayItem(recs, i);
+        cr_assert_eq(cJSON_GetObjectItem(r, "num")->valueint, i + 1);
+        const char *v = sget(cJSON_GetObjectItem(r, "config"), "k");
+        cr_assert_not_null(v, "record %d has no config value", i + 1);
+        cr_assert_gt(strlen(v), sizes[i] - 40, "record %d lost data", i + 1);
+    }
+    cJSON_Delete(recs);
     cmt_tmpdir_remove(&t);
 }
 

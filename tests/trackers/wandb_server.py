@@ -17,8 +17,8 @@ Checks (a breach is recorded in "violations" and answered 400):
   - file_stream: the run was upserted; a JSON object with only "files", "complete", "exitcode",
     "uploaded", "preempting"; files named wandb-history.jsonl, wandb-summary.json,
     wandb-events.jsonl or output.log, each {"offset": int >= 0, "content": [str]}; history lines
-    at the offset the server has (a resend of lines it has is allowed), each a JSON object (NaN
-    and Infinity allowed, as wandb's JSON has them) with an integer "_step" increasing from line
+    at the offset the server has (a resend of lines it has is allowed), each a JSON object without
+    duplicate keys (NaN and Infinity allowed, as wandb's JSON has them) with an integer "_step" increasing from line
     to line, numeric "_runtime" and "_timestamp"; the summary one JSON object at offset 0; a line
     at most 10 MiB - 100 KiB, a request at most 10 MiB; "exitcode" an integer with "complete".
 
@@ -58,6 +58,14 @@ MAX_LINE = (10 << 20) - (100 << 10)
 
 class Bad(Exception):
     pass
+
+
+def no_duplicate_keys(pairs):
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise Bad(f"duplicate keys {dup} in one JSON object")
+    return dict(pairs)
 
 
 def clean(x):
@@ -269,7 +277,7 @@ class Handler(BaseHTTPRequestHandler):
                 rows = []
                 for i, line in enumerate(content):
                     try:
-                        row = json.loads(line)
+                        row = json.loads(line, object_pairs_hook=no_duplicate_keys)
                     except ValueError as e:
                         raise Bad(f"history line {off + i} is not JSON: {e}")
                     if not isinstance(row, dict):
@@ -289,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
                 if off != 0 or len(content) != 1:
                     raise Bad(f"the summary is one line at offset 0, got offset {off}, {len(content)} lines")
                 try:
-                    summ = json.loads(content[0])
+                    summ = json.loads(content[0], object_pairs_hook=no_duplicate_keys)
                 except ValueError as e:
                     raise Bad(f"the summary is not JSON: {e}")
                 if not isinstance(summ, dict):

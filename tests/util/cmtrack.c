@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,6 +155,9 @@ cmt_server cmt_server_start(const char *script) {
     pid_t pid = fork();
     cr_assert_geq(pid, 0, "fork failed");
     if (pid == 0) {
+        /* the server goes with the test process, even one that crashes (else it would keep the
+         * test's stderr open and hold up whoever reads it) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         dup2(fd[1], 1);
         close(fd[0]), close(fd[1]);
         execl("/usr/bin/python3", "python3", path, "--port", "0", (char *)NULL);

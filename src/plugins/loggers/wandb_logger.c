@@ -4,6 +4,7 @@
  * its transaction log (LevelDB-log framing around Record protos) for `wandb sync`. */
 #include "loggers_impl.h"
 #include "tracker.h"
+#include "wb_store.h"
 #include "wire.h"
 
 #include <cjson/cJSON.h>
@@ -14,7 +15,6 @@
 #include <strings.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 /* The mutation the client sends (core/api/graphql/mutation_run.graphql), as it sends it. */
 static const char UPSERT_BUCKET[] =
@@ -33,53 +33,6 @@ enum {
     MAX_REQUEST_BYTES = 10 << 20,
     HEARTBEAT_S = 30,
 };
-
-/* ---- the offline transaction log (wandb/sdk/internal/datastore.py) ---- */
-
-enum { LOG_HEADER_LEN = 7, LOG_BLOCK_LEN = 32768, LOG_FULL = 1, LOG_FIRST = 2, LOG_MIDDLE = 3, LOG_LAST = 4 };
-
-typedef struct {
-    FILE *f;
-    int64_t index; /* bytes written */
-    int err;       /* first errno */
-} wb_store;
-
-static void store_put(wb_store *s, const void *p, size_t n) {
-    if (s->err || !n) return;
-    if (fwrite(p, 1, n, s->f) != n) s->err = errno ? errno : EIO;
-    s->index += (int64_t)n;
-}
-
-/* checksum: crc32 (zlib's) of the type byte, continued over the data */
-static void store_record(wb_store *s, const uint8_t *data, size_t n, int type) {
-    uint8_t t = (uint8_t)type;
-    uLong crc = crc32(0L, &t, 1);
-    crc = crc32(crc, data, (uInt)n);
-    uint8_t h[7] = {(uint8_t)crc, (uint8_t)(crc >> 8), (uint8_t)(crc >> 16), (uint8_t)(crc >> 24),
-                    (uint8_t)n, (uint8_t)(n >> 8), t};
-    store_put(s, h, 7);
-    store_put(s, data, n);
-}
-
-static void store_write(wb_store *s, const uint8_t *data, size_t n) {
-    int64_t space = LOG_BLOCK_LEN - s->index % LOG_BLOCK_LEN;
-    if (space < LOG_HEADER_LEN) { /* pad the block's tail with zeros */
-        static const uint8_t zeros[LOG_HEADER_LEN] = {0};
-        store_put(s, zeros, (size_t)space);
-        space = LOG_BLOCK_LEN;
-    }
-    if ((int64_t)n + LOG_HEADER_LEN <= space) {
-        store_record(s, data, n, LOG_FULL);
-        return;
-    }
-    size_t room = (size_t)space - LOG_HEADER_LEN, used = room;
-    store_record(s, data, room, LOG_FIRST);
-    while (n - used > LOG_BLOCK_LEN - LOG_HEADER_LEN) {
-        store_record(s, data + used, LOG_BLOCK_LEN - LOG_HEADER_LEN, LOG_MIDDLE);
-        used += LOG_BLOCK_LEN - LOG_HEADER_LEN;
-    }
-    store_record(s, data + used, n - used, LOG_LAST);
-}
 
 /* Record field numbers (wandb/proto/wandb_internal.proto) */
 enum { REC_NUM = 1, REC_HISTORY = 2, REC_SUMMARY = 3, REC_CONFIG = 5, REC_RUN = 17, REC_EXIT = 18, REC_HEADER = 21 };
@@ -118,7 +71,7 @@ typedef struct {
     cmi_buf line;
     /* offline */
     char *run_dir, *store_path;
-    wb_store store;
+    cmi_wb_store store;
     int64_t rec_num;
     cmi_buf rec, sub;
     bool store_broken;
@@ -433,7 +386,7 @@ static void rec_begin(wandb_logger *lg) {
 static void rec_end(wandb_logger *lg) {
     if (lg->store_broken) return;
     if (lg->rec.oom) lg->store.err = ENOMEM;
-    else store_write(&lg->store, lg->rec.p, lg->rec.n);
+    else cmi_wb_store_write(&lg->store, lg->rec.p, lg->rec.n);
     if (lg->store.err) {
         lg->store_broken = true;
         lg->health.st.reports++;
@@ -481,9 +434,7 @@ static cm_status offline_open(wandb_logger *lg, const cm_state *st) {
     lg->store.f = fopen(lg->store_path, "wbx");
     if (!lg->store.f)
         return cm_set_error(CM_ERR_IO, "WandBLogger: cannot create '%s': %s", lg->store_path, strerror(errno));
-    /* the file header: ":W&B", magic 0xBEE1, version 0 */
-    const uint8_t head[7] = {':', 'W', '&', 'B', 0xE1, 0xBE, 0};
-    store_put(&lg->store, head, 7);
+    cmi_wb_store_header(&lg->store);
     /* Header, then Run */
     cmi_buf *r = &lg->rec, *sub = &lg->sub;
     rec_begin(lg);
