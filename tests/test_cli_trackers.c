@@ -115,6 +115,54 @@ Test(cli_trackers, mlflow_from_yaml_logs_the_run_to_the_server) {
     cJSON_Delete(st);
 }
 
+Test(cli_trackers, wandb_from_yaml_online_and_offline) {
+    cmt_server srv = cmt_server_start("wandb_server.py");
+    setenv("WANDB_API_KEY", "test-key", 1);
+    setenv("WANDB_BASE_URL", srv.url, 1);
+    char args[2048];
+    snprintf(args, sizeof args,
+             "train " DIR "/mnist.yaml run_name=wb loggers.wandb.project=p 'loggers.wandb.tags=[x, y]' "
+             "loggers.wandb.flush_interval=0.1 loggers.wandb.init_kwargs.notes=hello");
+    int rc = run(args);
+    cJSON *st = cmt_server_call(&srv, "/_test/state", NULL);
+    cmt_server_stop(&srv);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "violations")), 0, "%s", cJSON_Print(st));
+    const cJSON *wrun = cJSON_GetObjectItem(st, "runs")->child;
+    cr_assert_not_null(wrun);
+    cr_assert_str_eq(cJSON_GetObjectItem(wrun, "displayName")->valuestring, "wb");
+    cr_assert_str_eq(cJSON_GetObjectItem(wrun, "notes")->valuestring, "hello");
+    cr_assert_str_eq(cJSON_PrintUnformatted(cJSON_GetObjectItem(wrun, "tags")), "[\"x\",\"y\"]");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(wrun, "history")), 3, "one row per batch");
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(wrun, "complete")));
+    cJSON_Delete(st);
+    /* offline, through init_kwargs as Composer passes it; no key needed */
+    unsetenv("WANDB_API_KEY");
+    rc = run("train " DIR "/mnist.yaml run_name=wboff loggers.wandb.init_kwargs.mode=offline "
+             "loggers.wandb.init_kwargs.dir=" DIR "/wbdir");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    int lrc;
+    char *ls = cmt_run("ls -1 " DIR "/wbdir/wandb/offline-run-*/run-*.wandb", &lrc);
+    cr_assert_eq(lrc, 0, "no offline run file: %s", ls);
+    char *nl = strchr(ls, '\n');
+    cr_assert(nl && nl[1] == '\0', "want one run file, got %s", ls);
+    *nl = '\0';
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/trackers/wandb_read.py '%s'", ls);
+    char *json = cmt_run(cmd, &rc);
+    cr_assert_eq(rc, 0, "wandb_read.py failed on %s", ls);
+    cJSON *recs = cJSON_Parse(json);
+    int hist = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, recs) hist += cJSON_GetObjectItem(r, "history") != NULL;
+    cr_assert_eq(hist, 3);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(recs, 1), "run"), "display_name")
+                         ->valuestring,
+                     "wboff");
+    cJSON_Delete(recs);
+    free(json), free(ls);
+}
+
 Test(cli_trackers, misspelt_or_bad_tracker_arguments_name_the_key) {
     struct {
         const char *args;
@@ -130,6 +178,10 @@ Test(cli_trackers, misspelt_or_bad_tracker_arguments_name_the_key) {
          "unknown key 'loggers.mlflow.experiment' (did you mean 'loggers.mlflow.experiment_name'?)"},
         {"loggers.mlflow.tracking_uri=file:///tmp/mlruns", 2, "is not an http(s) URL"},
         {"loggers.mlflow.tags=[a]", 2, "loggers.mlflow.tags: expected a map"},
+        {"loggers.wandb.init_kwargs.mode=offline' 'loggers.wandb.init_kwargs.job_typ=x", 2,
+         "unknown key 'loggers.wandb.init_kwargs.job_typ' (did you mean 'loggers.wandb.init_kwargs.job_type'?)"},
+        {"loggers.wandb.init_kwargs.mode=sometimes", 2, "loggers.wandb.init_kwargs.mode: unknown value 'sometimes'"},
+        {"loggers.wandb.init_kwargs.mode=offline' 'loggers.wandb.projct=p", 2, "did you mean 'loggers.wandb.project'?"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[1024];

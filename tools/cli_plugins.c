@@ -314,6 +314,81 @@ static cm_status make_mlflow(cm_config *c, const char *path, cli_ctx *ctx, cli_p
     free(tags), free(ren), free(ign), free(ign_h);
     return s;
 }
+/* loggers.wandb: Composer's WandBLogger arguments — project, group, name, entity, tags,
+ * rank_zero_only, log_artifacts (not supported: a warning), init_kwargs {mode, dir, notes,
+ * job_type, id} (wandb.init's; also accepted at the top level) — and flush_interval, max_retries,
+ * backoff_s, request_timeout, close_timeout, max_queued. */
+static cm_status make_wandb(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_wandb_logger_config cfg = cm_wandb_logger_config_default();
+    cm_status s;
+    int64_t k;
+    bool artifacts;
+    const char **tags = NULL;
+    if ((s = cm_config_get_string(c, KEY("project"), NULL, &cfg.project)) ||
+        (s = cm_config_get_string(c, KEY("entity"), NULL, &cfg.entity)) ||
+        (s = cm_config_get_string(c, KEY("name"), NULL, &cfg.name)) ||
+        (s = cm_config_get_string(c, KEY("group"), NULL, &cfg.group)) ||
+        (s = cm_config_get_bool(c, KEY("rank_zero_only"), true, &cfg.rank_zero_only)) ||
+        (s = cm_config_get_bool(c, KEY("log_artifacts"), false, &artifacts)) ||
+        (s = cm_config_get_double(c, KEY("flush_interval"), cfg.flush_interval, &cfg.flush_interval)) ||
+        (s = cm_config_get_int(c, KEY("max_retries"), cfg.max_retries, &k)))
+        return s;
+    cfg.max_retries = (int)(k < -1 ? -1 : k > 1000 ? 1000 : k);
+    if ((s = cm_config_get_double(c, KEY("backoff_s"), cfg.backoff_s, &cfg.backoff_s)) ||
+        (s = cm_config_get_double(c, KEY("request_timeout"), cfg.request_timeout, &cfg.request_timeout)) ||
+        (s = cm_config_get_double(c, KEY("close_timeout"), cfg.close_timeout, &cfg.close_timeout)) ||
+        (s = cm_config_get_int(c, KEY("max_queued"), cfg.max_queued, &cfg.max_queued)))
+        return s;
+    if (artifacts)
+        cm_log_msg(CM_LOG_WARN, "%s: %s.log_artifacts: artifacts are not uploaded by this WandBLogger",
+                   cm_config_origin(c, KEY("log_artifacts")), path);
+    /* wandb.init's settings, at the top level or in init_kwargs (Composer's way) */
+    static const char *const modes[] = {"online", "offline", "disabled", "dryrun"};
+    const char *sub[2] = {path, NULL};
+    char kw[256];
+    snprintf(kw, sizeof kw, "%s.init_kwargs", path);
+    if (cm_config_kind_of(c, kw) == CM_CONFIG_MAP) sub[1] = kw;
+    else cm_config_touch(c, kw);
+    for (int i = 0; i < 2 && sub[i]; i++) {
+        char p[320];
+        int mode;
+        snprintf(p, sizeof p, "%s.mode", sub[i]);
+        if ((s = cm_config_get_choice(c, p, modes, 4, NULL, &mode))) return s;
+        if (mode >= 0) cfg.mode = mode == 3 ? CM_WANDB_OFFLINE : mode;
+        const char **fields[] = {&cfg.dir, &cfg.notes, &cfg.job_type, &cfg.id};
+        const char *names[] = {"dir", "notes", "job_type", "id"};
+        for (int f = 0; f < 4; f++) {
+            const char *v = NULL;
+            snprintf(p, sizeof p, "%s.%s", sub[i], names[f]);
+            if ((s = cm_config_get_string(c, p, NULL, &v))) return s;
+            if (v) *fields[f] = v;
+        }
+        if (i == 1) {
+            const char *pv = NULL;
+            static const char *const alias[][2] = {{"project", "project"}, {"entity", "entity"}, {"name", "name"},
+                                                   {"group", "group"}};
+            for (int a = 0; a < 4; a++) {
+                snprintf(p, sizeof p, "%s.%s", sub[i], alias[a][0]);
+                if ((s = cm_config_get_string(c, p, NULL, &pv))) return s;
+                if (pv && a == 0 && !cfg.project) cfg.project = pv;
+                if (pv && a == 1 && !cfg.entity) cfg.entity = pv;
+                if (pv && a == 2 && !cfg.name) cfg.name = pv;
+                if (pv && a == 3 && !cfg.group) cfg.group = pv;
+            }
+        }
+    }
+    if ((s = get_string_list(c, KEY("tags"), &tags, &cfg.n_tags))) return s;
+    cfg.tags = tags;
+    if ((s = cm_wandb_logger_new(&cfg, &out->logger))) {
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        s = cm_set_error(s, "%s: %s: %s", cm_config_origin(c, path), path, msg);
+    }
+    free(tags);
+    return s;
+}
 #undef KEY
 
 const cli_plugin_entry cli_plugin_registry[] = {
@@ -327,6 +402,9 @@ const cli_plugin_entry cli_plugin_registry[] = {
     {"mlflow", CLI_LOGGER, make_mlflow,
      "MLFlowLogger: tracking_uri ($MLFLOW_TRACKING_URI), experiment_name, run_name, tags, run_group, "
      "flush_interval (10 s), rename_metrics, ignore_metrics, ignore_hyperparameters, resume, rank_zero_only"},
+    {"wandb", CLI_LOGGER, make_wandb,
+     "WandBLogger: project, entity, name, group, tags, init_kwargs {mode: online | offline | disabled, dir, notes, "
+     "job_type, id}, rank_zero_only ($WANDB_API_KEY, $WANDB_BASE_URL)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,
      "SpeedMonitor: window_size (100), peak_flops (0: measured), time_unit (hours)"},
     {"lr_monitor", CLI_CALLBACK, make_lr_monitor, "LRMonitor: logs lr-<Optimizer>/group<i>"},
