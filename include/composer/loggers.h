@@ -12,7 +12,9 @@
  *  - FileLogger: the run folder <root>/<run_name>/ with metrics.jsonl (one JSON object per log
  *    call: {"batch": 120, "epoch": 0, "loss/train/total": 1.93}), log.txt (the ConsoleLogger's
  *    text) and, at the end of fit, loss.svg (train and eval loss curves).
- *  - Experiment trackers (the last section): TensorBoardLogger (tfevents files).
+ *  - Experiment trackers (the last section): TensorBoardLogger (tfevents files), MLFlowLogger (an
+ *    MLflow tracking server's REST API) and WandBLogger (Weights & Biases, online or offline).
+ *    MLflow and W&B were verified against their protocols with test servers, not live services.
  *  - InMemoryLogger is in composer/trainer.h.
  *
  * All loggers of a run use the same folder: it is named after the state's run name
@@ -178,11 +180,23 @@ cm_status cm_file_logger_new(const cm_file_logger_config *cfg, cm_logger_plugin 
 const char *cm_file_logger_folder(const cm_logger_plugin *p);
 
 /* ---------------------------------------------------------------------------------------------
- * Experiment trackers: TensorBoardLogger
+ * Experiment trackers: TensorBoardLogger, MLFlowLogger, WandBLogger
  *
  * Composer's tracker loggers with Composer's argument names. None of them ever stops training:
- * a tracker that cannot be written is reported once as a warning, and the run goes on — a
- * FileLogger's metrics.jsonl keeps every value.
+ * a tracker that cannot be written or reached is retried (the network ones), then reported once
+ * as a warning, and the run goes on — a FileLogger's metrics.jsonl keeps every value. The
+ * network loggers (MLflow, W&B online) send from a thread of their own through a bounded queue,
+ * so a slow or absent server never stalls a training step; what is queued is sent when the
+ * logger closes (cm_trainer_close, or cm_trainer_free), within close_timeout.
+ *
+ * The MLflow and W&B loggers were verified against the HTTP protocols their official clients
+ * speak (MLflow's REST API; W&B's GraphQL UpsertBucket and file_stream endpoints), with test
+ * servers that implement and check those endpoints (tests/trackers/) — NOT against a live MLflow
+ * or W&B service. The offline W&B folder was read back with a reader written from the wandb
+ * client's source, not with `wandb sync` itself.
+ *
+ * Thread-safety: as every logger, a tracker belongs to its trainer's thread; the *_stats getters
+ * may be called from any thread.
  * ------------------------------------------------------------------------------------------- */
 
 /* Settings of a TensorBoardLogger; start from cm_tensorboard_logger_config_default(). At INIT it
