@@ -132,7 +132,7 @@ Test(cli_trackers, wandb_from_yaml_online_and_offline) {
     cr_assert_not_null(wrun);
     cr_assert_str_eq(cJSON_GetObjectItem(wrun, "displayName")->valuestring, "wb");
     cr_assert_str_eq(cJSON_GetObjectItem(wrun, "notes")->valuestring, "hello");
-    cr_assert_str_eq(cJSON_PrintUnformatted(cJSON_GetObjectItem(wrun, "tags")), "[\"x\",\"y\"]");
+    cmt_assert_json(cJSON_GetObjectItem(wrun, "tags"), "[\"x\",\"y\"]");
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(wrun, "history")), 3, "one row per batch");
     cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(wrun, "complete")));
     cJSON_Delete(st);

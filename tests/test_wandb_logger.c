@@ -157,7 +157,7 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
     cr_assert_str_eq(sget(run, "displayName"), "wb-run");
     cr_assert_str_eq(sget(run, "groupName"), "g1");
     cr_assert_str_eq(sget(run, "notes"), "a test");
-    cr_assert_str_eq(cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "tags")), "[\"a\",\"b c\"]");
+    cmt_assert_json(cJSON_GetObjectItem(run, "tags"), "[\"a\",\"b c\"]");
     cr_assert_not_null(sget(run, "host"));
     /* the config: the trainer's hyperparameters as {"value": v} */
     const cJSON *cfg = cJSON_GetObjectItem(run, "config");
@@ -370,7 +370,7 @@ Test(wandb_logger, environment_variables_name_the_run) {
     cr_assert_str_eq(run->string, "team-x/envproj/my-run_1");
     cr_assert_str_eq(sget(run, "displayName"), "pretty");
     cr_assert_str_eq(sget(run, "groupName"), "sweep-1");
-    cr_assert_str_eq(cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "tags")), "[\"x\",\"y\",\"z\"]");
+    cmt_assert_json(cJSON_GetObjectItem(run, "tags"), "[\"x\",\"y\",\"z\"]");
     cJSON_Delete(st);
 }
 
@@ -447,7 +447,7 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     cr_assert_str_eq(sget(run, "run_id"), s.run_id);
     cr_assert_str_eq(sget(run, "display_name"), "off-run");
     cr_assert_str_eq(sget(run, "project"), "proj");
-    cr_assert_str_eq(cJSON_PrintUnformatted(cJSON_GetObjectItem(run, "tags")), "[\"off\"]");
+    cmt_assert_json(cJSON_GetObjectItem(run, "tags"), "[\"off\"]");
     cr_assert(fabs(cJSON_GetObjectItem(run, "start_time")->valuedouble - cmi_unix_time()) < 600);
     /* config, history rows, then summary and exit */
     cJSON *rows = cJSON_CreateArray();

@@ -250,7 +250,7 @@ typedef struct cm_tracker_stats {
     int reports;             /* warnings printed about the tracker (each kind of trouble once) */
     bool down;               /* the last attempt got no good answer */
     bool finished;           /* the run was marked finished (or failed) on the server */
-    char run_id[128];        /* the tracker's id of the run; "" until it exists */
+    char run_id[160];        /* the tracker's id of the run; "" until it exists */
     char last_error[512];    /* the last failure; "" if none */
 } cm_tracker_stats;
 

@@ -90,6 +90,14 @@ char *cmt_stderr_end(void) {
     return s;
 }
 
+void cmt_assert_json(const cJSON *x, const char *want) {
+    char *got = x ? cJSON_PrintUnformatted(x) : NULL;
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", got ? got : "(missing)");
+    cJSON_free(got);
+    cr_assert_str_eq(copy, want);
+}
+
 int cmt_count(const char *hay, const char *needle) {
     int c = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) c++;

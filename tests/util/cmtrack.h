@@ -54,6 +54,8 @@ void cmt_rig_free(cmt_rig *g);
  * limits do not apply; keep it under 64 KiB). end returns it (malloc'd) and restores stderr. */
 void cmt_stderr_begin(void);
 char *cmt_stderr_end(void);
+/* Asserts that x printed as compact JSON is `want`. */
+void cmt_assert_json(const cJSON *x, const char *want);
 /* How many times `needle` occurs in `hay`. */
 int cmt_count(const char *hay, const char *needle);
 

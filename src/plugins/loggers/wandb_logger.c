@@ -58,7 +58,7 @@ typedef struct {
     cmi_http_opts http_opts;
     /* training thread */
     bool initialised, enabled, fit_open, closed, warned_step;
-    char run_id[136], display_name[256], host[256];
+    char run_id[160], display_name[256], host[256];
     double start_time;
     cmi_intern names;
     wb_name *info;
