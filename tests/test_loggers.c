@@ -95,6 +95,8 @@ typedef struct {
     bool no_eval;
     const char *eval_interval; /* default 1ep */
     int rank, world_size;
+    int64_t eval_n;      /* eval samples (default 32) */
+    int64_t eval_subset; /* eval_subset_num_batches (0 = the default, all) */
 } rig_opts;
 
 /* A trainer over the tiny data with `n` loggers (taken). */
@@ -103,7 +105,7 @@ static rig make(const rig_opts *o, const cm_logger_plugin *loggers, int n) {
     g.ds = cmt_synth_dataset(48, 8, 3, false, NULL);
     g.dl = cmt_loader(g.ds, 8, false, 7);
     if (!o->no_eval) {
-        g.eds = cmt_synth_dataset(32, 8, 3, false, NULL);
+        g.eds = cmt_synth_dataset(o->eval_n ? o->eval_n : 32, 8, 3, false, NULL);
         g.edl = cmt_loader(g.eds, 16, true, 0);
     }
     g.model = cmt_mlp(8, 16, 3, 0.0f, 3);
@@ -113,6 +115,7 @@ static rig make(const rig_opts *o, const cm_logger_plugin *loggers, int n) {
     c.eval_dataloader = g.edl;
     cr_assert_eq(cm_time_parse(o->max_duration ? o->max_duration : "2ep", &c.max_duration), CM_OK);
     c.run_name = o->run_name;
+    if (o->eval_subset) c.eval_subset_num_batches = o->eval_subset;
     if (o->eval_interval) cr_assert_eq(cm_time_parse(o->eval_interval, &c.eval_interval), CM_OK);
     c.loggers = loggers;
     c.n_loggers = n;
@@ -186,6 +189,28 @@ Test(progress_bar_logger, lines_mode_prints_one_clean_line_per_interval) {
         cr_assert(matches(want_re[i], line), "line %d '%s' does not match %s", i, line, want_re[i]);
     }
     cr_assert_eq(i, 8, "got %d lines, want 8", i);
+    free(cap.text);
+}
+
+/* The eval bar's total is the batches the evaluation runs: eval_subset_num_batches of them when
+ * that is fewer than the loader has (here 2 of 4), not the loader's length. */
+Test(progress_bar_logger, eval_bar_total_counts_eval_subset_num_batches) {
+    capture cap;
+    capture_open(&cap);
+    cm_progress_bar_logger_config pc = cm_progress_bar_logger_config_default();
+    pc.stream = cap.f;
+    pc.mode = CM_PROGRESS_LINES;
+    pc.line_every_frac = 0.5;
+    pc.clock = zero_clock;
+    cm_logger_plugin p;
+    cr_assert_eq(cm_progress_bar_logger_new(&pc, &p), CM_OK);
+    rig g = make(&(rig_opts){.max_duration = "1ep", .eval_n = 64, .eval_subset = 2}, &p, 1);
+    fit(&g);
+    cr_assert_eq(cm_state_dataloader_len(cm_trainer_state(g.tr)), 6, "after eval the train loop's length is back");
+    unmake(&g);
+    capture_close(&cap);
+    cr_assert(matches("\neval: 100% 2/2 \\[", cap.text), "the eval bar ends full at 2/2:\n%s", cap.text);
+    cr_assert_null(strstr(cap.text, "/4 "), "no bar counts the loader's 4 batches:\n%s", cap.text);
     free(cap.text);
 }
 

@@ -219,6 +219,11 @@ cm_dataloader *cm_state_dataloader(const cm_state *st);
 const char *cm_state_dataloader_label(const cm_state *st);
 /* Global batches per epoch of the train loader (0 when there is none). */
 int64_t cm_state_batches_per_epoch(const cm_state *st);
+/* How many batches the loop over cm_state_dataloader runs (Composer's state.dataloader_len): the
+ * train loader's batches per epoch during fit, an evaluator's batches limited by its
+ * subset_num_batches during eval, predict's limited by its subset; -1 outside loops or when the
+ * loader cannot say. */
+int64_t cm_state_dataloader_len(const cm_state *st);
 /* The current batch: the loader's batch, or the current microbatch between BEFORE_FORWARD and
  * AFTER_BACKWARD (and the eval/predict batch in those loops). NULL outside. */
 cm_batch *cm_state_batch(const cm_state *st);

@@ -99,6 +99,7 @@ cm_dataloader *cm_state_train_dataloader(const cm_state *st) { return st->train_
 cm_dataloader *cm_state_dataloader(const cm_state *st) { return st->dl; }
 const char *cm_state_dataloader_label(const cm_state *st) { return st->dl_label; }
 int64_t cm_state_batches_per_epoch(const cm_state *st) { return st->batches_per_epoch; }
+int64_t cm_state_dataloader_len(const cm_state *st) { return st->dl ? st->dl_len : -1; }
 cm_batch *cm_state_batch(const cm_state *st) { return st->batch; }
 const cm_model_batch *cm_state_model_batch(const cm_state *st) { return st->has_mbatch ? &st->mbatch : NULL; }
 cm_tensor *cm_state_outputs(const cm_state *st) { return st->outputs; }

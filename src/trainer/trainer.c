@@ -68,6 +68,14 @@ static cm_status check_interval(const char *what, cm_time t) {
 
 static cm_status run(cm_trainer *tr, cm_event ev) { return cm_engine_run_event(tr->engine, ev); }
 
+/* Batches a loop over dl runs: the loader's count per epoch, at most `subset` when that is set
+ * (> 0); -1 when the loader does not know its length. */
+static int64_t loop_len(cm_dataloader *dl, int64_t subset) {
+    const int64_t n = dl ? cm_dataloader_steps_per_epoch(dl) : 0;
+    if (subset > 0 && (n <= 0 || subset < n)) return subset;
+    return n > 0 ? n : -1;
+}
+
 static cm_status reduce(cm_trainer *tr, double *v, int n) {
     if (!tr->dist.all_reduce_sum || n == 0) return CM_OK;
     cm_status s = tr->dist.all_reduce_sum(v, n, tr->dist.data);
@@ -368,6 +376,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     for (int i = 0; i < cfg->n_algorithms; i++)
         if ((s = cm_engine_add_algorithm(tr->engine, cfg->algorithms[i]))) goto release;
     st->dl = st->train_dl;
+    st->dl_len = loop_len(st->train_dl, -1);
     snprintf(st->dl_label, sizeof st->dl_label, "train");
     if ((s = run(tr, CM_EVENT_INIT)) || (s = log_hparams(tr)) || (s = run(tr, CM_EVENT_BEFORE_LOAD)) ||
         (s = cmi_ckpt_load_start(tr)) || (s = run(tr, CM_EVENT_AFTER_LOAD)))
@@ -789,12 +798,14 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
     cm_metric_set *ms = &st->metric_sets[ev->set];
     const bool was_training = cm_module_is_training(root);
     cm_dataloader *prev_dl = st->dl;
+    const int64_t prev_len = st->dl_len;
     char prev_label[64];
     snprintf(prev_label, sizeof prev_label, "%s", st->dl_label);
     cm_module_train(root, false);
     const bool prev_grad = cm_tape_set_grad_enabled(tr->tape, false);
     cm_tape_reset(tr->tape);
     st->dl = ev->dl;
+    st->dl_len = loop_len(ev->dl, ev->subset);
     snprintf(st->dl_label, sizeof st->dl_label, "%s", ev->label);
     cmi_metric_set_reset(ms);
     st->n_microbatches = 1, st->microbatch_index = 0;
@@ -828,6 +839,7 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
     cm_tape_set_grad_enabled(tr->tape, prev_grad);
     cm_module_train(root, was_training);
     st->dl = prev_dl;
+    st->dl_len = prev_len;
     snprintf(st->dl_label, sizeof st->dl_label, "%s", prev_label);
     return s;
 }
@@ -1019,6 +1031,7 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
         return cm_set_error(CM_ERR_STATE, "fit: the train loader has no batches per epoch");
     st->stop = false;
     st->dl = st->train_dl;
+    st->dl_len = loop_len(st->train_dl, -1);
     snprintf(st->dl_label, sizeof st->dl_label, "train");
     cm_module_train(cm_model_module(st->model), true);
     if ((s = run(tr, CM_EVENT_FIT_START))) return s;
@@ -1118,7 +1131,9 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
     cm_module_train(root, false);
     const bool prev_grad = cm_tape_set_grad_enabled(tr->tape, false);
     cm_dataloader *prev_dl = st->dl;
+    const int64_t prev_len = st->dl_len;
     st->dl = dl;
+    st->dl_len = loop_len(dl, subset_num_batches);
     snprintf(st->dl_label, sizeof st->dl_label, "predict");
     cm_tape_reset(tr->tape);
     s = cm_dataloader_set_state(dl, (cm_dataloader_state){cm_dataloader_get_state(dl).epoch, 0});
@@ -1150,6 +1165,7 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
     cm_tape_set_grad_enabled(tr->tape, prev_grad);
     cm_module_train(root, was_training);
     st->dl = prev_dl;
+    st->dl_len = prev_len;
     snprintf(st->dl_label, sizeof st->dl_label, "train");
     return s;
 }

@@ -33,6 +33,7 @@ struct cm_state {
     cm_dataloader *train_dl;
     cm_dataloader *dl; /* being iterated now */
     char dl_label[64];
+    int64_t dl_len; /* batches the current loop runs (Composer's state.dataloader_len); -1 unknown */
     int64_t batches_per_epoch;
 
     cm_timestamp ts;
