@@ -196,6 +196,18 @@ cm_status cm_metrics_file_close(cm_metrics_file *f);
 /* The path the file was opened with (borrowed; valid until close). */
 const char *cm_metrics_file_path(const cm_metrics_file *f);
 
+/* The file's length in bytes now (every line is flushed as it is written): where the next line
+ * goes. -1 (with an error set) if the system cannot say. */
+int64_t cm_metrics_file_size(const cm_metrics_file *f);
+
+/* Removes the bytes [from, to) — whole lines — from the file, keeping what follows `to`, and goes
+ * on writing at the end: a resumed run drops the lines an interrupted run wrote after its last
+ * checkpoint (from = the file's size when that checkpoint was saved) while keeping the lines it has
+ * written itself since it opened the file (to = the size at open). CM_ERR_INVALID_ARG when not
+ * 0 <= from <= to <= size, or when `from` or `to` is not at the start of a line (the file is then
+ * unchanged); CM_ERR_IO naming the path on a read or write failure. */
+cm_status cm_metrics_file_cut(cm_metrics_file *f, int64_t from, int64_t to);
+
 /* Called once per metric of each line, in file order: `line` is 1-based, `value` may be NaN or
  * infinite (from "NaN"/"Infinity"/"-Infinity" or null, which reads as NaN). `name` is valid during
  * the call only. Return CM_OK to go on; any other status stops reading and is returned as is. */

@@ -331,6 +331,11 @@ typedef struct cm_logger_i {
     /* At cm_engine_close / cm_trainer_close, after flush. */
     cm_status (*close)(void *self, const cm_state *st);
     void (*free)(void *self);
+    /* Checkpoint state, as cm_callback_i's save / load (Composer's logger destinations are
+     * callbacks with a state_dict): saved with every checkpoint, loaded between BEFORE_LOAD and
+     * AFTER_LOAD of a resumed run. Optional (NULL: nothing kept). */
+    size_t (*save)(void *self, char *buf, size_t cap);
+    cm_status (*load)(void *self, const char *json, size_t len);
 } cm_logger_i;
 
 /* =============================================================================================

@@ -354,9 +354,10 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
         return cm_set_error(CM_ERR_OOM, "checkpoint manifest: out of memory");
     }
     /* plugins */
-    cJSON *algs = cJSON_CreateArray(), *cbs = cJSON_CreateArray();
-    if (!add(m, "algorithms", algs) || !add(m, "callbacks", cbs)) {
+    cJSON *algs = cJSON_CreateArray(), *cbs = cJSON_CreateArray(), *lgs = cJSON_CreateArray();
+    if (!add(m, "algorithms", algs) || !add(m, "callbacks", cbs) || !add(m, "loggers", lgs)) {
         if (!cJSON_GetObjectItemCaseSensitive(m, "callbacks")) cJSON_Delete(cbs);
+        if (!cJSON_GetObjectItemCaseSensitive(m, "loggers")) cJSON_Delete(lgs);
         cJSON_Delete(m);
         return cm_set_error(CM_ERR_OOM, "checkpoint manifest: out of memory");
     }
@@ -383,6 +384,17 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
             break;
         }
         if ((s = plugin_state("callback", p.vt->name, p.vt->save, p.self, &state))) break;
+        if (!add(o, "name", cJSON_CreateString(p.vt->name)) || !add(o, "state", state)) s = CM_ERR_OOM;
+    }
+    for (int i = 0; !s && i < cm_engine_n_loggers(tr->engine); i++) {
+        cm_logger_plugin p = cm_engine_logger_plugin(tr->engine, i);
+        cJSON *state, *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(lgs, o)) {
+            cJSON_Delete(o);
+            s = CM_ERR_OOM;
+            break;
+        }
+        if ((s = plugin_state("logger", p.vt->name, p.vt->save, p.self, &state))) break;
         if (!add(o, "name", cJSON_CreateString(p.vt->name)) || !add(o, "state", state)) s = CM_ERR_OOM;
     }
     if (s) {
@@ -1219,6 +1231,13 @@ static cm_status load_into(cm_trainer *tr, const char *path) {
         int k = 0;
         for (int j = 0; j < i; j++) k += !strcmp(cm_engine_callback(tr->engine, j).vt->name, p.vt->name);
         s = load_plugin("callback", p.vt->name, p.vt->load, p.self, cbs, k, path);
+    }
+    const cJSON *lgs = cJSON_GetObjectItemCaseSensitive(root, "loggers"); /* absent before loggers kept state */
+    for (int i = 0; !s && lgs && i < cm_engine_n_loggers(tr->engine); i++) {
+        cm_logger_plugin p = cm_engine_logger_plugin(tr->engine, i);
+        int k = 0;
+        for (int j = 0; j < i; j++) k += !strcmp(cm_engine_logger_plugin(tr->engine, j).vt->name, p.vt->name);
+        s = load_plugin("logger", p.vt->name, p.vt->load, p.self, lgs, k, path);
     }
     s = cmi_dist_agree(tr, s, "loading a checkpoint");
     if (!s) {
