@@ -437,6 +437,38 @@ ckpt_resume_mismatch_errors)
     n=$(grep -c "'optimizer-rank3-of-4.safetensors' is missing" "$tmp/out")
     [ "$n" = 2 ] || fail "$n ranks (not 2) name the missing rank file"
     ;;
+cli_config_error_shows_our_message_alone)
+    # A typo'd key on 2 ranks: the job ends with status 2 and our one-line error, once, without
+    # mpirun's two boxes about a process that "returned a non-zero exit code".
+    cli_setup
+    launch -n 2 train "$tmp/tiny.yaml" optimzer.lr=1 run_root="$tmp/runs" >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc = 2 ] || fail "exit status $rc, want 2 (a config error)"
+    [ "$(grep -c "unknown key 'optimzer" "$tmp/out")" = 1 ] || fail "the error is not shown exactly once"
+    [ "$(wc -l <"$tmp/out")" = 1 ] || fail "more than our one line was printed"
+    # the launcher drops only those two boxes: another of mpirun's boxes (a rank killed by a
+    # signal) and the ranks' own lines pass through, in order (a stand-in mpirun prints them)
+    cat >"$tmp/mpirun" <<'EOS'
+#!/bin/sh
+[ "$1" = --version ] && { echo "mpirun (Open MPI) 4.1.4"; exit 0; }
+r=--------------------------------------------------------------------------
+printf 'rank line\n%s\nPrimary job  terminated normally, but 1 process returned\na non-zero exit code.\n%s\n' $r $r >&2
+printf '%s\nmpirun noticed that process rank 1 exited on signal 11 (Segmentation fault).\n%s\n' $r $r >&2
+printf '%s\nmpirun detected that one or more processes exited with non-zero status, thus causing\n%s\n' $r $r >&2
+printf 'partial' >&2
+exit 139
+EOS
+    chmod +x "$tmp/mpirun"
+    CM_MPIRUN="$tmp/mpirun" "$composer" -n 2 train x.yaml >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc = 139 ] || fail "the stand-in's status 139 became $rc"
+    printf 'rank line\n%s\nmpirun noticed that process rank 1 exited on signal 11 (Segmentation fault).\n%s\npartial' \
+        -------------------------------------------------------------------------- \
+        -------------------------------------------------------------------------- >"$tmp/want"
+    cmp -s "$tmp/out" "$tmp/want" || fail "the filtered output differs from the expected one"
+    ;;
 *)
     fail "unknown case '$case_'"
     ;;
