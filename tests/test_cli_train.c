@@ -152,6 +152,12 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     cr_assert_neq(rc, 0);
     cr_assert(strstr(again, "/nonexistent.yaml"), "%s", again);
 
+    /* missing weights are named as such (not as a missing tokenizer.json next to them) */
+    rc = run("generate --weights /missing.safetensors", again, sizeof again);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, again);
+    cr_assert(strstr(again, "--weights '/missing.safetensors': no such file"), "%s", again);
+    cr_assert_null(strstr(again, "tokenizer"), "%s", again);
+
     /* eval on the config's eval set */
     rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny/model.safetensors eval_subset_num_batches=1", out,
              sizeof out);

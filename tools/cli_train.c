@@ -1337,6 +1337,18 @@ int cmd_generate(const char *prog, int argc, char **argv) {
         !parse_num(prog, "--top-k", g_gen_topk, 0, &topk) || !parse_num(prog, "--seed", g_gen_seed, 0, &seed) ||
         (g_gen_heads && !parse_num(prog, "--n-head", g_gen_heads, 1, &heads)))
         return EXIT_USAGE;
+    /* the weights first: the tokenizer and config are found next to them, so a wrong path would
+     * otherwise be reported as a missing '<dir>/tokenizer.json' */
+    struct stat wst;
+    const int wrc = stat(g_gen_weights, &wst), werr = errno;
+    if (wrc != 0 || !S_ISREG(wst.st_mode)) {
+        fprintf(stderr, "%s: --weights '%s': %s\n", prog, g_gen_weights,
+                wrc != 0 ? (werr == ENOENT ? "no such file (a model.safetensors, e.g. runs/NAME/model.safetensors)"
+                                           : strerror(werr))
+                : S_ISDIR(wst.st_mode) ? "is a directory (pass the .safetensors file in it)"
+                                       : "is not a regular file");
+        return 1;
+    }
     char wdir[PATH_MAX], cfg_path[PATH_MAX], tok_path[PATH_MAX];
     snprintf(wdir, sizeof wdir, "%s", g_gen_weights);
     char *d = dirname(wdir);
