@@ -6,6 +6,7 @@
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/config.h>
+#include <composer/profiler.h>
 #include <composer/report.h>
 #include <composer/trainer.h>
 
@@ -72,6 +73,15 @@ extern const cli_plugin_entry cli_plugin_registry[];
 /* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
  * config origin, the closest entry and the available ones. */
 const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);
+
+/* profiler: {schedule: {skip_first, wait, warmup, active, repeat}, json_trace_handler: {folder,
+ * filename, merged_trace_filename, overwrite, num_traces_to_keep}, sys_prof_cpu, sys_prof_memory,
+ * sys_prof_disk, sys_prof_net, sys_prof_stats_thread_interval_seconds, record_ops,
+ * summary_row_limit} (llm-foundry's build_profiler keys). *present false (and nothing made) when
+ * the config has no profiler. The trace folder defaults to <run_root>/{run_name}/traces, the run
+ * folder's; the op table goes to stdout on rank 0 (`summary`). */
+cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume, bool summary, cm_callback_plugin *out,
+                            bool *present);
 
 /* Prints to stdout and to ctx->log (if any). */
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -177,6 +177,93 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
 }
 #undef KEY
 
+/* ---------------------------------------------------------------------------------------------
+ * The profiler (top-level key, as llm-foundry's build_profiler)
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume, bool summary, cm_callback_plugin *out,
+                            bool *present) {
+    *present = false;
+    *out = (cm_callback_plugin){0};
+    cm_config_kind k = cm_config_kind_of(c, "profiler");
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, "profiler");
+        return CM_OK;
+    }
+    if (k != CM_CONFIG_MAP)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: profiler: expected a map ({schedule: {...}, json_trace_handler: "
+                                                "{...}})", cm_config_origin(c, "profiler"));
+    cm_config_touch(c, "profiler");
+    cm_profiler_config pc = cm_profiler_config_default();
+    cm_status s;
+    struct {
+        const char *key;
+        int64_t *v;
+    } sched[] = {{"profiler.schedule.skip_first", &pc.schedule.skip_first}, {"profiler.schedule.wait", &pc.schedule.wait},
+                 {"profiler.schedule.warmup", &pc.schedule.warmup}, {"profiler.schedule.active", &pc.schedule.active},
+                 {"profiler.schedule.repeat", &pc.schedule.repeat}};
+    cm_config_touch(c, "profiler.schedule");
+    for (size_t i = 0; i < sizeof sched / sizeof *sched; i++)
+        if ((s = cm_config_get_int(c, sched[i].key, *sched[i].v, sched[i].v))) return s;
+    if ((s = cm_cyclic_schedule_check(&pc.schedule))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: profiler.schedule: %s", cm_config_origin(c, "profiler.schedule"), msg);
+    }
+    if ((s = cm_config_get_bool(c, "profiler.sys_prof_cpu", pc.sys_prof_cpu, &pc.sys_prof_cpu)) ||
+        (s = cm_config_get_bool(c, "profiler.sys_prof_memory", pc.sys_prof_memory, &pc.sys_prof_memory)) ||
+        (s = cm_config_get_bool(c, "profiler.sys_prof_disk", pc.sys_prof_disk, &pc.sys_prof_disk)) ||
+        (s = cm_config_get_bool(c, "profiler.sys_prof_net", pc.sys_prof_net, &pc.sys_prof_net)) ||
+        (s = cm_config_get_double(c, "profiler.sys_prof_stats_thread_interval_seconds",
+                                  pc.sys_prof_stats_thread_interval_seconds, &pc.sys_prof_stats_thread_interval_seconds)) ||
+        (s = cm_config_get_bool(c, "profiler.record_ops", pc.record_ops, &pc.record_ops)))
+        return s;
+    int64_t rows;
+    if ((s = cm_config_get_int(c, "profiler.summary_row_limit", pc.summary_row_limit, &rows))) return s;
+    pc.summary_row_limit = (int)rows;
+    pc.summary_stream = summary ? stdout : NULL;
+    /* the JSON trace handler, into the run folder unless told otherwise */
+    cm_trace_handler th = {0};
+    const cm_config_kind jk = cm_config_kind_of(c, "profiler.json_trace_handler");
+    cm_config_touch(c, "profiler.json_trace_handler");
+    if (jk != CM_CONFIG_NULL) {
+        cm_json_trace_handler_config jc = cm_json_trace_handler_config_default();
+        char folder[1024];
+        snprintf(folder, sizeof folder, "%s/{run_name}/traces", run_root ? run_root : CM_RUN_ROOT_DEFAULT);
+        int64_t keep;
+        const char *merged = jc.merged_trace_filename;
+        if ((s = cm_config_get_string(c, "profiler.json_trace_handler.folder", folder, &jc.folder)) ||
+            (s = cm_config_get_string(c, "profiler.json_trace_handler.filename", jc.filename, &jc.filename)) ||
+            (s = cm_config_get_bool(c, "profiler.json_trace_handler.overwrite", autoresume, &jc.overwrite)) ||
+            (s = cm_config_get_int(c, "profiler.json_trace_handler.num_traces_to_keep", -1, &keep)))
+            return s;
+        if (cm_config_kind_of(c, "profiler.json_trace_handler.merged_trace_filename") == CM_CONFIG_NULL) {
+            cm_config_touch(c, "profiler.json_trace_handler.merged_trace_filename");
+            merged = NULL;
+        } else if ((s = cm_config_get_string(c, "profiler.json_trace_handler.merged_trace_filename", merged, &merged))) {
+            return s;
+        }
+        jc.merged_trace_filename = merged;
+        jc.num_traces_to_keep = (int)keep;
+        if ((s = cm_json_trace_handler_new(&jc, &th))) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "%s: profiler.json_trace_handler: %s",
+                                cm_config_origin(c, "profiler.json_trace_handler"), msg);
+        }
+        pc.trace_handlers = &th, pc.n_trace_handlers = 1;
+    }
+    cm_profiler *prof;
+    if ((s = cm_profiler_new(&pc, &prof, out))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        cm_trace_handler_free(th);
+        return cm_set_error(s, "%s: profiler: %s", cm_config_origin(c, "profiler"), msg);
+    }
+    *present = true;
+    return CM_OK;
+}
+
 const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},

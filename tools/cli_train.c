@@ -578,6 +578,23 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
     return CM_OK;
 }
 
+/* The profiler runs first among the callbacks (every rank makes one: the ranks meet at its
+ * barriers when a cycle starts and ends; rank 0 prints the op table). */
+static cm_status build_profiler(run *r) {
+    cm_callback_plugin p;
+    bool present;
+    TRY(cli_profiler_make(r->cfg, r->run_root, r->tc.autoresume, r->rank == 0 && !r->ctx.quiet, &p, &present));
+    if (!present) return CM_OK;
+    if (r->n_cbs == MAX_PLUGINS) {
+        cm_callback_plugin_free(p);
+        return bad(r->cfg, "callbacks", "at most %d entries with the profiler", MAX_PLUGINS - 1);
+    }
+    memmove(r->cbs + 1, r->cbs, sizeof *r->cbs * (size_t)r->n_cbs);
+    r->cbs[0] = p;
+    r->n_cbs++;
+    return CM_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The whole config
  * ------------------------------------------------------------------------------------------- */
@@ -587,7 +604,7 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
 static void touch_unused(run *r) {
     static const char *const train_only[] = {
         "max_duration", "optimizer", "scheduler", "schedulers", "algorithms", "callbacks", "loggers",
-        "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval",
+        "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval", "profiler",
         "save_folder", "save_interval", "save_num_checkpoints_to_keep", "autoresume", "load_path",
         "save_filename", "save_latest_filename", "save_overwrite", "save_weights_only", "load_weights_only",
         "load_strict_model_weights",
@@ -752,6 +769,7 @@ static cm_status build_run(run *r) {
         TRY(build_schedulers(r));
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
+        TRY(build_profiler(r));
         TRY(build_plugins(r, "loggers", CLI_LOGGER));
         if (r->gpt2) {
             TRY(cm_config_get_string(c, "sample.prompt", "\n", &r->prompt));

@@ -240,6 +240,23 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
 typedef void (*cm_tape_backward_hook_fn)(cm_tape *tp, const void *node, void *data);
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data);
 
+/* A function the tape calls around every op, for profiling (composer/profiler.h installs one on
+ * the trainer's tape while it records): BEGIN when an op has checked its required inputs
+ * (n_in, ins; out NULL), RECORDED when it has computed its output and recorded its backward node
+ * (out, and every input in order, NULL entries allowed), and BACKWARD_BEGIN / BACKWARD_END around
+ * each node's backward (the node's op, out and inputs). Ops that record no node (gradients off,
+ * or no input requiring one) give BEGIN only. NULL fn removes it; it survives cm_tape_reset. It
+ * must not record on, reset or fail the tape. */
+typedef enum cm_tape_op_phase {
+    CM_TAPE_OP_BEGIN = 0,
+    CM_TAPE_OP_RECORDED = 1,
+    CM_TAPE_OP_BACKWARD_BEGIN = 2,
+    CM_TAPE_OP_BACKWARD_END = 3
+} cm_tape_op_phase;
+typedef void (*cm_tape_op_hook_fn)(cm_tape_op_phase phase, const char *op, const cm_tensor *out, int n_in,
+                                   cm_tensor *const *ins, void *data);
+void cm_tape_set_op_hook(cm_tape *tp, cm_tape_op_hook_fn fn, void *data);
+
 /* A function every op calls on each tensor input before reading it (in forward, also with
  * gradients off), and backward calls on each input of a node before running the node's backward.
  * Returning an error fails the op (the tape records it). The distributed layer's FULL_SHARD uses

@@ -3,6 +3,7 @@
  * and loading a checkpoint back into a trainer (autoresume, load_path). */
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
+#include "base/prof_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -758,16 +759,21 @@ static cm_status job_commit(cmi_ckpt *ck, cmi_ck_job *job, ck_paths *p, bool ful
 
 cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job) {
     ck_paths p;
+    const bool prof = cmi_prof_on(); /* a background save records on its own thread */
+    if (prof) cmi_prof_begin("checkpoint/write", "checkpoint", NULL);
     cm_status s = job_prepare(job, &p);
     cJSON *files = s ? NULL : cJSON_CreateObject();
     if (!s && !add(job->manifest, "files", files)) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
     for (int f = 0; !s && f < job->n_files; f++) s = write_file(p.tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    if (prof) cmi_prof_end("checkpoint/write");
     if (s && p.made_tmp) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         s = cm_set_error(s, "checkpoint '%s' was not saved (previous checkpoints are intact): %s", p.final, msg);
     }
+    if (!s && prof) cmi_prof_begin("checkpoint/commit", "checkpoint", NULL);
     if (!s) s = job_commit(ck, job, &p, true);
+    if (prof) cmi_prof_end("checkpoint/commit");
     paths_free(&p);
     return s;
 }
@@ -922,7 +928,23 @@ out:
     return s;
 }
 
+static cm_status save_impl(cm_trainer *tr, const char *folder, const char *name, bool update_pointer,
+                           bool allow_async);
+
+/* A save as one profiler slice (composer/profiler.h), its phases inside. */
 static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool allow_async) {
+    if (cmi_prof_on()) {
+        char args[400];
+        snprintf(args, sizeof args, "{\"name\": \"%.300s\"}", name);
+        cmi_prof_begin("checkpoint/save", "checkpoint", args);
+    }
+    cm_status s = save_impl(tr, folder, name, update_pointer, allow_async);
+    cmi_prof_end("checkpoint/save");
+    return s;
+}
+
+static cm_status save_impl(cm_trainer *tr, const char *folder, const char *name, bool update_pointer,
+                           bool allow_async) {
     cmi_ckpt *ck = tr->ckpt;
     cm_status s = cmi_ckpt_wait(tr); /* one save at a time: the extra memory is one snapshot */
     if (s) return s;
@@ -950,7 +972,10 @@ static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool
         }
     }
     cmi_ck_job *job;
-    if ((s = build_job(tr, folder, name, update_pointer, async, &job))) return s;
+    if (cmi_prof_on()) cmi_prof_begin("checkpoint/snapshot", "checkpoint", NULL);
+    s = build_job(tr, folder, name, update_pointer, async, &job);
+    cmi_prof_end("checkpoint/snapshot");
+    if (s) return s;
     ck->last_saved_batch = tr->st.ts.batch;
     ck->last_saved_epoch = tr->st.ts.epoch;
     if (!async) {

@@ -93,6 +93,8 @@ struct cm_tape {
     void *bw_hook_data;
     cm_tape_fetch_fn fetch;           /* see cm_tape_set_fetch_hook */
     void *fetch_data;
+    cm_tape_op_hook_fn op_hook;       /* see cm_tape_set_op_hook */
+    void *op_hook_data;
     int64_t row_first, row_n, row_total; /* see cm_tape_set_rows (row_total 0: none) */
     /* Gradient buffers of large intermediate tensors (tape.c): heap blocks reused across
      * backward passes and steps. A block is handed out by cmi_grad and returned when the node that

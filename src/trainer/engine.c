@@ -1,7 +1,9 @@
 /* The engine: registered plugins, ordering passes, running an event, tracing, closing; and the
  * logging handle that fans out to every logger. */
 #include "trainer/trainer_impl.h"
+#include "base/prof_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -206,6 +208,40 @@ const cm_trace *cm_engine_trace(const cm_engine *e, int i) {
 }
 int64_t cm_engine_n_applied(const cm_engine *e, int i) { return e && i >= 0 && i < e->n_algs ? e->n_applied[i] : 0; }
 
+/* ---- profiling (composer/profiler.h): event pairs as slices, each plugin call as a complete
+ * event; nothing but a load and a branch when no profiler records ---- */
+
+/* Composer's Event.canonical_name: the value without before_/after_/_start/_end ("batch",
+ * "forward", "eval_forward"), as the slice "event/<canonical>". */
+static char g_pair_names[CM_EVENT_COUNT][48];
+static pthread_once_t g_pair_once = PTHREAD_ONCE_INIT;
+
+static void cut(char *s, const char *what) {
+    char *p;
+    while ((p = strstr(s, what))) memmove(p, p + strlen(what), strlen(p + strlen(what)) + 1);
+}
+
+static void pair_names_init(void) {
+    for (int i = 0; i < CM_EVENT_COUNT; i++) {
+        char v[40];
+        snprintf(v, sizeof v, "%s", cm_event_value((cm_event)i));
+        cut(v, "before_"), cut(v, "after_"), cut(v, "_start"), cut(v, "_end");
+        snprintf(g_pair_names[i], sizeof g_pair_names[i], "event/%s", v);
+    }
+}
+
+static const char *pair_name(cm_event ev) {
+    pthread_once(&g_pair_once, pair_names_init);
+    return g_pair_names[ev];
+}
+
+static void prof_call(const char *kind, const char *name, cm_event ev, int64_t t0) {
+    char n[160], cat[128];
+    snprintf(n, sizeof n, "%s/%s/event/%s", kind, name, cm_event_value(ev));
+    snprintf(cat, sizeof cat, "%s,%s", cm_event_value(ev), name);
+    cmi_prof_complete(n, cat, t0, cmi_prof_now_ns(), NULL);
+}
+
 /* Rewrites the last error as "plugin '<name>' failed <what>: <message>". */
 static cm_status blame(cm_status s, const char *name, const char *what) {
     char msg[1024];
@@ -234,7 +270,9 @@ static cm_status run_algorithms(cm_engine *e, cm_event ev) {
     for (int i = 0; i < n; i++) {
         cm_algorithm *a = e->run[i];
         cm_clear_error();
+        const int64_t t0 = cmi_prof_on() ? cmi_prof_now_ns() : 0;
         cm_status s = a->vt->apply(a->self, ev, e->st, &e->logger);
+        if (t0) prof_call("algorithm", a->vt->name, ev, t0);
         e->traces[e->n_traces++] = (cm_trace){a->vt->name, ev, i, s};
         e->n_applied[a->index]++;
         cm_log_msg(CM_LOG_DEBUG, "engine: %s: %s (order %d) %s", cm_event_name(ev), a->vt->name, i,
@@ -249,7 +287,9 @@ static cm_status run_callbacks(cm_engine *e, cm_event ev) {
     snprintf(what, sizeof what, "on %s", cm_event_name(ev));
     for (int i = 0; i < e->n_cbs; i++) {
         cm_clear_error();
+        const int64_t t0 = cmi_prof_on() ? cmi_prof_now_ns() : 0;
         cm_status s = e->cbs[i].vt->run_event(e->cbs[i].self, ev, e->st, &e->logger);
+        if (t0) prof_call("callback", e->cbs[i].vt->name, ev, t0);
         if (s) return blame(s, e->cbs[i].vt->name, what);
     }
     return CM_OK;
@@ -262,8 +302,10 @@ static cm_status run_loggers(cm_engine *e, cm_event ev) {
         const cm_logger_i *vt = e->lgs[i].vt;
         cm_status s = CM_OK;
         cm_clear_error();
+        const int64_t t0 = cmi_prof_on() && vt->run_event ? cmi_prof_now_ns() : 0;
         if (ev == CM_EVENT_INIT && vt->init) s = vt->init(e->lgs[i].self, e->st);
         if (!s && vt->run_event) s = vt->run_event(e->lgs[i].self, ev, e->st);
+        if (t0) prof_call("logger", vt->name, ev, t0);
         if (s) return blame(s, vt->name, what);
     }
     return CM_OK;
@@ -275,11 +317,21 @@ cm_status cm_engine_run_event(cm_engine *e, cm_event ev) {
     if ((unsigned)ev >= CM_EVENT_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_engine_run_event: event %d is not valid", (int)ev);
     e->n_traces = 0;
+    /* the profiler decides first whether this event is recorded; an after event closes its pair's
+     * slice before the plugins run and a before event opens it after them, as Composer's engine */
+    if (cmi_prof_event_hook.fn) cmi_prof_event_hook.fn(cmi_prof_event_hook.data, (int)ev, e->st);
+    if (cm_event_is_after(ev) && cmi_prof_on()) cmi_prof_end(pair_name(ev));
     if (ev == CM_EVENT_INIT) {
         if ((s = run_loggers(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_algorithms(e, ev))) return s;
         return CM_OK;
     }
     if ((s = run_algorithms(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_loggers(e, ev))) return s;
+    if (cm_event_is_before(ev) && cmi_prof_on()) {
+        char args[96];
+        snprintf(args, sizeof args, "{\"epoch\": %lld, \"batch\": %lld}", (long long)e->st->ts.epoch,
+                 (long long)e->st->ts.batch);
+        cmi_prof_begin(pair_name(ev), "event", args);
+    }
     return CM_OK;
 }
 

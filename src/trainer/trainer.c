@@ -3,6 +3,7 @@
  * eval interval, standalone eval, predict, close. The event order is documented in trainer.h. */
 #include "trainer/trainer_impl.h"
 #include "checkpoint/ckpt_impl.h"
+#include "base/prof_impl.h"
 
 #include <composer/report.h>
 
@@ -745,13 +746,16 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     }
     cmi_state_set_batch(st, b, local_samples, local_tokens);
     st->outputs = st->loss = NULL;
+    if (tr->dist.sync_grads && cmi_prof_on()) cmi_prof_begin("dist/sync_grads", "dist", NULL);
     if (tr->dist.sync_grads && (s = tr->dist.sync_grads(st, tr->dist.data))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "gradient synchronisation failed: %s", msg);
     }
+    if (tr->dist.sync_grads) cmi_prof_end("dist/sync_grads");
     if ((s = run(tr, CM_EVENT_AFTER_TRAIN_BATCH))) return s;
 
+    if (cmi_prof_on()) cmi_prof_begin("optimizer/step", "optimizer", NULL);
     cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
     double mult = 1.0;
     if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
@@ -762,6 +766,7 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
     }
+    cmi_prof_end("optimizer/step");
 
     if ((s = reduce(tr, &loss_sum, 1))) return s;
     st->total_loss = loss_sum;

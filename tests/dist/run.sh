@@ -469,6 +469,23 @@ EOS
         -------------------------------------------------------------------------- >"$tmp/want"
     cmp -s "$tmp/out" "$tmp/want" || fail "the filtered output differs from the expected one"
     ;;
+cli_train_profiler_merges_ranks)
+    # `composer -n 2 train` with a profiler: each rank writes its file of the cycle, rank 0 merges
+    # them onto its clock; the merged trace is valid, nested, in time order, has both ranks, and
+    # every collective names the rank that arrived last.
+    cli_setup
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" run_name=prof \
+        'profiler={schedule: {wait: 1, warmup: 1, active: 2}, sys_prof_memory: true}' >"$tmp/out" 2>&1 \
+        || { cat "$tmp/out"; fail "profiled train on 2 ranks"; }
+    cat "$tmp/out"
+    t="$tmp/runs/prof/traces"
+    [ "$(ls "$t" | tr '\n' ' ')" = "ep0-ba4-rank0.json ep0-ba4-rank1.json merged_trace.json " ] \
+        || fail "trace folder holds: $(ls "$t")"
+    "$bin/trace_check" "$t/merged_trace.json" 2 || fail "the merged trace"
+    grep -q '"name":"collective/all_reduce"' "$t/merged_trace.json" || fail "no all_reduce in the merged trace"
+    grep -q '"name": "linear_backward"' "$t/ep0-ba4-rank1.json" || fail "rank 1 recorded no backward op"
+    [ "$(grep -c '^linear ' "$tmp/out")" = 1 ] || fail "the op table is printed once (rank 0)"
+    ;;
 *)
     fail "unknown case '$case_'"
     ;;
