@@ -187,8 +187,10 @@ void cm_trace_handler_free(cm_trace_handler h); /* calls vt->free(self) if both 
 /* JSONTraceHandler (Composer's): Chrome Trace Event JSON, one file per rank per cycle, written
  * as Composer does ("[\n", events separated by ",\n", "\n]\n"), starting with the metadata events
  * process_name ("Rank N training loop process"), thread_name ("Training Loop", ...),
- * thread_sort_index, global_rank, process_sort_index, clock_sync_timestamp_us,
- * clock_sync_error_bound and cycle. After each cycle every rank has written its file and rank 0
+ * thread_sort_index, global_rank, process_sort_index, wall_clock_base_us, clock_sync_timestamp_us,
+ * clock_sync_error_bound and cycle. Times (ts, and the clock sync) are microseconds since
+ * wall_clock_base_us (a whole second of the wall clock, fixed per rank), so a reader's doubles
+ * keep them to the nanosecond; add the base for wall-clock time. After each cycle every rank has written its file and rank 0
  * merges all ranks' files of every cycle so far into merged_trace_filename (cm_trace_merge).
  * Paths are formatted with {run_name}, {rank}, {world_size} and, in filename, {epoch}, {batch},
  * {sample}, {token}. */

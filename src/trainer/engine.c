@@ -235,11 +235,19 @@ static const char *pair_name(cm_event ev) {
     return g_pair_names[ev];
 }
 
-static void prof_call(const char *kind, const char *name, cm_event ev, int64_t t0) {
-    char n[160], cat[128];
+/* A plugin call is a slice (begin/end, not a complete event): a marker the plugin leaves open is
+ * then closed with it, so the trace still nests. */
+static bool prof_call(bool begin, const char *kind, const char *name, cm_event ev) {
+    char n[160];
     snprintf(n, sizeof n, "%s/%s/event/%s", kind, name, cm_event_value(ev));
-    snprintf(cat, sizeof cat, "%s,%s", cm_event_value(ev), name);
-    cmi_prof_complete(n, cat, t0, cmi_prof_now_ns(), NULL);
+    if (begin) {
+        char cat[128];
+        snprintf(cat, sizeof cat, "%s,%s", cm_event_value(ev), name);
+        cmi_prof_begin(n, cat, NULL);
+    } else {
+        cmi_prof_end(n);
+    }
+    return true;
 }
 
 /* Rewrites the last error as "plugin '<name>' failed <what>: <message>". */
@@ -270,9 +278,9 @@ static cm_status run_algorithms(cm_engine *e, cm_event ev) {
     for (int i = 0; i < n; i++) {
         cm_algorithm *a = e->run[i];
         cm_clear_error();
-        const int64_t t0 = cmi_prof_on() ? cmi_prof_now_ns() : 0;
+        const bool prof = cmi_prof_on() && prof_call(true, "algorithm", a->vt->name, ev);
         cm_status s = a->vt->apply(a->self, ev, e->st, &e->logger);
-        if (t0) prof_call("algorithm", a->vt->name, ev, t0);
+        if (prof) prof_call(false, "algorithm", a->vt->name, ev);
         e->traces[e->n_traces++] = (cm_trace){a->vt->name, ev, i, s};
         e->n_applied[a->index]++;
         cm_log_msg(CM_LOG_DEBUG, "engine: %s: %s (order %d) %s", cm_event_name(ev), a->vt->name, i,
@@ -287,9 +295,9 @@ static cm_status run_callbacks(cm_engine *e, cm_event ev) {
     snprintf(what, sizeof what, "on %s", cm_event_name(ev));
     for (int i = 0; i < e->n_cbs; i++) {
         cm_clear_error();
-        const int64_t t0 = cmi_prof_on() ? cmi_prof_now_ns() : 0;
+        const bool prof = cmi_prof_on() && prof_call(true, "callback", e->cbs[i].vt->name, ev);
         cm_status s = e->cbs[i].vt->run_event(e->cbs[i].self, ev, e->st, &e->logger);
-        if (t0) prof_call("callback", e->cbs[i].vt->name, ev, t0);
+        if (prof) prof_call(false, "callback", e->cbs[i].vt->name, ev);
         if (s) return blame(s, e->cbs[i].vt->name, what);
     }
     return CM_OK;
@@ -302,10 +310,10 @@ static cm_status run_loggers(cm_engine *e, cm_event ev) {
         const cm_logger_i *vt = e->lgs[i].vt;
         cm_status s = CM_OK;
         cm_clear_error();
-        const int64_t t0 = cmi_prof_on() && vt->run_event ? cmi_prof_now_ns() : 0;
+        const bool prof = vt->run_event && cmi_prof_on() && prof_call(true, "logger", vt->name, ev);
         if (ev == CM_EVENT_INIT && vt->init) s = vt->init(e->lgs[i].self, e->st);
         if (!s && vt->run_event) s = vt->run_event(e->lgs[i].self, ev, e->st);
-        if (t0) prof_call("logger", vt->name, ev, t0);
+        if (prof) prof_call(false, "logger", vt->name, ev);
         if (s) return blame(s, vt->name, what);
     }
     return CM_OK;

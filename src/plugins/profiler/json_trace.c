@@ -112,7 +112,10 @@ static void meta(FILE *f, bool *first, const char *name, int pid, int tid, const
     fputs("}}", f);
 }
 
-static cm_status write_trace(const char *path, const cm_trace_cycle *c, int rank) {
+/* Times are written relative to `base_ns` (a whole second of the wall clock, the same for every
+ * cycle of the handler), so they stay exact through a reader's doubles; the base is given as
+ * wall_clock_base_us and the clock sync is relative to it too (merging only uses differences). */
+static cm_status write_trace(const char *path, const cm_trace_cycle *c, int rank, int64_t base_ns) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
@@ -129,7 +132,9 @@ static cm_status write_trace(const char *path, const cm_trace_cycle *c, int rank
     }
     meta(f, &first, "global_rank", rank, main_tid, "value", NULL, rank);
     meta(f, &first, "process_sort_index", rank, main_tid, "sort_index", NULL, rank);
-    meta(f, &first, "clock_sync_timestamp_us", rank, main_tid, "value", NULL, (long long)(c->clock_sync_ns / 1000));
+    meta(f, &first, "wall_clock_base_us", rank, main_tid, "value", NULL, (long long)(base_ns / 1000));
+    meta(f, &first, "clock_sync_timestamp_us", rank, main_tid, "value", NULL,
+         (long long)((c->clock_sync_ns - base_ns) / 1000));
     meta(f, &first, "clock_sync_error_bound", rank, main_tid, "value", NULL, (long long)(c->clock_sync_error_ns / 1000));
     meta(f, &first, "cycle", rank, main_tid, "value", NULL, (long long)c->cycle);
     for (int64_t i = 0; i < c->n_events; i++) {
@@ -141,7 +146,7 @@ static cm_status write_trace(const char *path, const cm_trace_cycle *c, int rank
             json_str(f, e->cat);
         }
         fprintf(f, ", \"ph\": \"%c\", \"ts\": ", e->ph);
-        json_us(f, e->ts_ns);
+        json_us(f, e->ts_ns - base_ns);
         if (e->ph == 'X') {
             fputs(", \"dur\": ", f);
             json_us(f, e->dur_ns);
@@ -178,6 +183,7 @@ typedef struct json_handler {
     int rank, world;
     cm_status (*barrier)(void *);
     void *barrier_data;
+    int64_t base_ns; /* times in the files are relative to it (0: not chosen yet) */
     saved *saves; /* every cycle's files (NULL paths once deleted) */
     int n_saves, cap_saves;
 } json_handler;
@@ -291,7 +297,8 @@ static cm_status jt_save(void *self, const cm_trace_cycle *c) {
         if (slash) *slash = '\0';
         if (slash) s = mkdirs(dir);
     }
-    if (!s) s = write_trace(sv->paths[h->rank], c, h->rank);
+    if (!h->base_ns) h->base_ns = c->clock_sync_ns - c->clock_sync_ns % 1000000000;
+    if (!s) s = write_trace(sv->paths[h->rank], c, h->rank, h->base_ns);
     /* every rank's file is on disk before rank 0 merges them (all ranks reach the barrier, even
      * one whose write failed, so none waits for ever) */
     cm_status b = h->barrier ? h->barrier(h->barrier_data) : CM_OK;
@@ -441,9 +448,8 @@ typedef struct item {
 static int item_cmp(const void *a, const void *b) {
     const item *x = a, *y = b;
     if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
-    /* at the same time: ends before begins, longer complete events (the outer ones) first */
-    const int xe = x->ph == 'E' || x->ph == 'e', ye = y->ph == 'E' || y->ph == 'e';
-    if (xe != ye) return ye - xe;
+    /* at the same time: reading order (a rank's file is in time order on each thread), except
+     * that of two complete events the longer (the outer one, recorded after) comes first */
     if (x->ph == 'X' && y->ph == 'X' && x->dur != y->dur) return x->dur > y->dur ? -1 : 1;
     return x->index < y->index ? -1 : x->index > y->index;
 }
