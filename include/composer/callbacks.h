@@ -288,6 +288,44 @@ cm_optimizer_monitor_config cm_optimizer_monitor_config_default(void);
  * (batch_log_interval < 1), CM_ERR_OOM. */
 cm_status cm_optimizer_monitor_new(const cm_optimizer_monitor_config *cfg, cm_callback_plugin *out);
 
+/* =============================================================================================
+ * NaNMonitor: a NaN loss fails the run, or rolls it back
+ * =========================================================================================== */
+
+/* What NaNMonitor does when a microbatch's loss is NaN (checked at every AFTER_LOSS, before the
+ * loss is scaled). */
+#define CM_NAN_ACTION_LIST(X)                  \
+    X(CM_NAN_ERROR, "error")                   \
+    X(CM_NAN_ROLLBACK, "rollback")
+
+typedef enum cm_nan_action {
+#define CM_X_(name, str) name,
+    CM_NAN_ACTION_LIST(CM_X_)
+#undef CM_X_
+    CM_NAN_ACTION_COUNT
+} cm_nan_action;
+
+/* "error" or "rollback" (case-insensitive); CM_ERR_INVALID_ARG naming both otherwise. */
+cm_status cm_nan_action_parse(const char *s, cm_nan_action *out);
+
+typedef struct cm_nan_monitor_config {
+    /* CM_NAN_ERROR (Composer's behaviour, the default): the fit fails with CM_ERR_STATE "Train loss
+     * contains a NaN." naming the epoch, batch and microbatch. CM_NAN_ROLLBACK: cm_state_rollback —
+     * the batch is abandoned, the trainer goes back to its last checkpoint and skips the data of
+     * the batches since then, this one included (trainer.h); the callback logs
+     * nan_monitor/rollbacks (their count so far) when it asks. */
+    cm_nan_action on_nan;
+    /* Rollbacks allowed over the run (a NaN that comes back from every checkpoint would otherwise
+     * eat the data); the next NaN fails the fit as with CM_NAN_ERROR. Default 5; >= 0. */
+    int max_rollbacks;
+} cm_nan_monitor_config;
+
+cm_nan_monitor_config cm_nan_monitor_config_default(void);
+
+/* Name "NaNMonitor". cfg NULL = defaults. Save/load: the number of rollbacks so far. Errors:
+ * CM_ERR_INVALID_ARG (a bad on_nan, max_rollbacks < 0), CM_ERR_OOM. */
+cm_status cm_nan_monitor_new(const cm_nan_monitor_config *cfg, cm_callback_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

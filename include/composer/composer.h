@@ -30,6 +30,7 @@
 #include <composer/trainer.h>
 #include <composer/algorithms.h>
 #include <composer/callbacks.h>
+#include <composer/profiler.h>
 #include <composer/loggers.h>
 #include <composer/config.h>
 #include <composer/dist.h>

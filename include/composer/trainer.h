@@ -284,6 +284,22 @@ cm_status cm_state_metric_at(const cm_state *st, const char *label, int i, const
 void cm_state_stop_training(const cm_state *st);
 bool cm_state_stop_requested(const cm_state *st);
 
+/* Asks the trainer to roll the batch in progress back (NaNMonitor's on_nan: rollback; callable
+ * from a callback during a training batch, up to AFTER_TRAIN_BATCH). The trainer finishes the
+ * batch's microbatches (so every rank runs the same collectives), then — on every rank, if any
+ * rank asked — abandons it: no BATCH_END, no metrics, no checkpoint; it loads the last checkpoint
+ * this trainer saved or resumed from (the whole state: weights, optimizer, timestamp, plugin
+ * states; the loggers' too, so the FileLogger drops the rows logged since) and moves the train
+ * loader past the abandoned batch, so the data of the batches since the checkpoint — this one
+ * included — is skipped, and the run trains the same number of batches on later data. A skipped
+ * range that reaches into the next epoch ends the checkpoint's epoch instead. The rollback is
+ * logged (a warning naming the checkpoint and the skipped batches) and the metrics
+ * trainer/rollback/skipped_batches and trainer/rollback/skipped_samples are logged at the batch
+ * the run continues from. Without a checkpoint to go back to, fit fails with CM_ERR_STATE naming
+ * the batch. */
+void cm_state_rollback(const cm_state *st);
+bool cm_state_rollback_requested(const cm_state *st);
+
 /* =============================================================================================
  * Logging: the handle plugins log through, and the logger vtable
  * =========================================================================================== */

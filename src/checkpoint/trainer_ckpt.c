@@ -1283,6 +1283,16 @@ done:
     return s;
 }
 
+cm_status cmi_ckpt_rollback_load(cm_trainer *tr, const char *path) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return cm_set_error(CM_ERR_STATE, "no checkpoint configuration to roll back with");
+    const bool wo = ck->load_weights_only;
+    ck->load_weights_only = false;
+    cm_status s = load_into(tr, path);
+    ck->load_weights_only = wo;
+    return s;
+}
+
 cm_status cmi_ckpt_load_start(cm_trainer *tr) {
     cmi_ckpt *ck = tr->ckpt;
     if (!ck) return CM_OK;

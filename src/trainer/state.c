@@ -146,6 +146,11 @@ void cm_state_stop_training(const cm_state *st) {
     ((cm_state *)st)->stop = true;
 }
 bool cm_state_stop_requested(const cm_state *st) { return st->stop; }
+void cm_state_rollback(const cm_state *st) {
+    /* the second documented change through a const state, read by the loop after the microbatches */
+    ((cm_state *)st)->rollback = true;
+}
+bool cm_state_rollback_requested(const cm_state *st) { return st->rollback; }
 
 static const cm_metric_set *find_set(const cm_state *st, const char *label) {
     for (int i = 0; label && i < st->n_metric_sets; i++)

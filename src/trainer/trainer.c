@@ -768,7 +768,14 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     }
     cmi_prof_end("optimizer/step");
 
-    if ((s = reduce(tr, &loss_sum, 1))) return s;
+    /* one reduce for the loss and for whether some rank asked to roll this batch back */
+    double red[2] = {loss_sum, st->rollback ? 1.0 : 0.0};
+    if ((s = reduce(tr, red, 2))) return s;
+    loss_sum = red[0];
+    if (red[1] > 0) {
+        st->rollback = true; /* on every rank: fit_loop abandons the batch */
+        return CM_OK;
+    }
     st->total_loss = loss_sum;
     if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "loss/train/total", loss_sum))) return s;
     return metrics_finish(tr, &st->metric_sets[0]);
@@ -913,6 +920,50 @@ static cm_status log_time(cm_trainer *tr) {
     return cm_logger_log_metrics(cm_engine_logger(tr->engine), v, (int)(sizeof v / sizeof *v));
 }
 
+/* cm_state_rollback: the batch in progress is abandoned, the last checkpoint loaded, and the
+ * loader moved past the abandoned batch (see trainer.h). */
+static cm_status rollback(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    st->rollback = false;
+    cm_tape_reset(tr->tape);
+    cmi_state_clear_batch(st);
+    st->outputs = st->loss = NULL;
+    const cm_timestamp bad = st->ts; /* the abandoned batch is number bad.batch (0-based) */
+    const cm_dataloader_state after = cm_dataloader_get_state(st->train_dl);
+    cm_status s = cmi_ckpt_wait(tr);
+    if (s) return s;
+    const char *last = cm_trainer_last_checkpoint(tr);
+    if (!last) last = cm_trainer_resumed_from(tr);
+    if (!last)
+        return cm_set_error(CM_ERR_STATE, "rollback asked at batch %lld (epoch %lld), but there is no checkpoint to go "
+                                          "back to (set save_folder and a save_interval)",
+                            (long long)bad.batch, (long long)bad.epoch);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", last);
+    if ((s = cmi_ckpt_rollback_load(tr, path))) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "rollback at batch %lld: %s", (long long)bad.batch, msg);
+    }
+    /* skip the data of the batches since the checkpoint, the abandoned one included */
+    cm_dataloader_state to = after;
+    const bool crossed = after.epoch != st->ts.epoch;
+    if (crossed) {
+        const cm_dataset *ds = cm_dataloader_dataset(st->train_dl);
+        to = (cm_dataloader_state){st->ts.epoch, ds ? cm_dataset_len(ds) : 0};
+    }
+    if ((s = cm_dataloader_set_state(st->train_dl, to))) return s;
+    const int64_t skipped = bad.batch + 1 - st->ts.batch, skipped_samples = bad.sample - st->ts.sample;
+    cm_log_msg(CM_LOG_WARN, "rollback at batch %lld (epoch %lld): went back to checkpoint '%s' (batch %lld) and "
+                            "skipped the data of batches %lld to %lld%s; training goes on from batch %lld",
+               (long long)bad.batch + 1, (long long)bad.epoch, path, (long long)st->ts.batch,
+               (long long)st->ts.batch + 1, (long long)bad.batch + 1,
+               crossed ? " (to the end of the checkpoint's epoch)" : "", (long long)st->ts.batch + 1);
+    cm_metric_value v[] = {{"trainer/rollback/skipped_batches", (double)skipped},
+                           {"trainer/rollback/skipped_samples", (double)(skipped_samples > 0 ? skipped_samples : 0)}};
+    return cm_logger_log_metrics(cm_engine_logger(tr->engine), v, 2);
+}
+
 /* Preemption: the signal that arrived during fit (0: none). Handlers are installed only while
  * fit runs; they set this flag and reset themselves, so a second signal acts as usual. */
 static volatile sig_atomic_t g_signal;
@@ -944,6 +995,10 @@ static cm_status fit_loop(cm_trainer *tr) {
                 return s;
             const double t0 = cm_clock_s();
             if ((s = train_batch(tr, b))) return s;
+            if (st->rollback) {
+                if ((s = rollback(tr))) return s;
+                continue;
+            }
             double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
             if ((s = reduce(tr, counts, 2))) return s;
             if (st->max_duration.unit == CM_TIME_TOKEN && counts[1] <= 0)

@@ -51,6 +51,7 @@ struct cm_state {
     cm_tape *tape;
     double total_loss;
     bool stop;
+    bool rollback; /* cm_state_rollback: abandon this batch and go back to the last checkpoint */
 
     cm_metric_set *metric_sets; /* [0] = "train", then one per evaluator */
     int n_metric_sets;
@@ -110,6 +111,10 @@ void cmi_state_clear_batch(cm_state *st);
 cm_status cmi_metric_set_init(cm_metric_set *ms, const cm_model *model, bool train, const char *label);
 void cmi_metric_set_deinit(cm_metric_set *ms);
 void cmi_metric_set_reset(cm_metric_set *ms);
+
+/* Loads checkpoint `path` mid-fit, whole (as a resume, whatever load_weights_only says), for a
+ * rollback (checkpoint/trainer_ckpt.c). */
+cm_status cmi_ckpt_rollback_load(cm_trainer *tr, const char *path);
 
 /* Drops the engine's plugins without freeing them (cm_trainer_new failing after registration:
  * the caller keeps its plugins). */

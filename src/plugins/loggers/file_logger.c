@@ -234,19 +234,24 @@ static cm_status fl_load(void *self, const char *json, size_t len) {
         return cm_set_error(CM_ERR_FORMAT, "FileLogger: checkpoint state '%.*s' is not {\"metrics_bytes\": N}",
                             (int)(len < 200 ? len : 200), json);
     if (!lg->mf) return CM_OK; /* not writing metrics (another rank, or metrics_file off) */
-    if (at > lg->opened_size) {
-        cm_log_msg(CM_LOG_WARN, "FileLogger: the checkpoint was saved when '%s' had %lld bytes, but it had %lld when "
-                                "this run opened it (another file?); it is left as it is",
-                   lg->metrics_path, at, (long long)lg->opened_size);
+    const int64_t size = cm_metrics_file_size(lg->mf);
+    if (size < 0) return cm_last_status();
+    /* a checkpoint of an earlier run (resuming): drop its later lines, keep this run's since it
+     * opened the file; one of this run (a rollback): drop everything after it */
+    const int64_t to = at <= lg->opened_size ? lg->opened_size : size;
+    if (at > size) {
+        cm_log_msg(CM_LOG_WARN, "FileLogger: the checkpoint was saved when '%s' had %lld bytes, but it has %lld "
+                                "(another file?); it is left as it is",
+                   lg->metrics_path, at, (long long)size);
         return CM_OK;
     }
-    if (at == lg->opened_size) return CM_OK;
-    const int64_t lines = count_lines(lg->metrics_path, at, lg->opened_size);
-    cm_status s = cm_metrics_file_cut(lg->mf, at, lg->opened_size);
+    if (at == to) return CM_OK;
+    const int64_t lines = count_lines(lg->metrics_path, at, to);
+    cm_status s = cm_metrics_file_cut(lg->mf, at, to);
     if (s) return s;
-    cm_log_msg(CM_LOG_INFO, "FileLogger: dropped %lld line(s) of '%s' written after the checkpoint (this run trains "
+    cm_log_msg(CM_LOG_INFO, "FileLogger: dropped %lld line(s) of '%s' written after the checkpoint (the run trains "
                             "those batches again)", (long long)lines, lg->metrics_path);
-    lg->opened_size = at;
+    if (lg->opened_size > at) lg->opened_size = at;
     return CM_OK;
 }
 
