@@ -163,3 +163,187 @@ Test(nan_monitor, bad_configs_are_refused) {
     cr_assert_eq(cm_nan_action_parse("retry", &a), CM_ERR_INVALID_ARG);
     cr_assert(strstr(cm_last_error(), "error or rollback"), "%s", cm_last_error());
 }
+
+/* ---- a small rig: the tiny MLP on 48 shuffled samples, batch 8 ------------------------------- */
+
+typedef struct rig {
+    cm_dataset *ds;
+    cm_dataloader *dl;
+    cm_model *model;
+    cm_trainer *tr;
+    cm_in_memory_logger *mem;
+} rig;
+
+static rig rig_make(const char *max_duration, cm_callback_plugin *cbs, int n_cbs, uint64_t model_seed,
+                    cm_trainer_config *extra) {
+    rig g = {0};
+    g.ds = cmt_synth_dataset(48, 8, 3, false, NULL);
+    g.dl = cmt_loader(g.ds, 8, false, 7);
+    g.model = cmt_mlp(8, 16, 3, 0.0f, model_seed);
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&g.mem, &lp), CM_OK);
+    cm_trainer_config c = extra ? *extra : cm_trainer_config_default();
+    c.model = g.model, c.train_dataloader = g.dl;
+    if (!c.run_name) c.run_name = "obs";
+    cr_assert_eq(cm_time_parse(max_duration, &c.max_duration), CM_OK);
+    c.callbacks = cbs, c.n_callbacks = n_cbs;
+    c.loggers = &lp, c.n_loggers = 1;
+    cr_assert_eq(cm_trainer_new(&c, &g.tr), CM_OK, "%s", cm_last_error());
+    return g;
+}
+
+static void rig_fit(rig *g) { cr_assert_eq(cm_trainer_fit(g->tr, NULL), CM_OK, "%s", cm_last_error()); }
+
+static void rig_free(rig *g) {
+    cm_trainer_free(g->tr);
+    cm_model_free(g->model);
+    cm_dataloader_free(g->dl);
+    cm_dataset_free(g->ds);
+}
+
+/* ---- SystemMetricsMonitor ------------------------------------------------------------------- */
+
+/* Sleeps 30 ms at every batch end: /proc/stat's CPU counters move in 10 ms ticks. */
+static cm_status nap_run(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
+    if (ev == CM_EVENT_BATCH_END) usleep(30000);
+    return CM_OK;
+}
+static const cm_callback_i nap_vt = {CM_CALLBACK_ABI, "Nap", nap_run, NULL, NULL, NULL, NULL};
+
+Test(system_metrics_monitor, logs_cpu_memory_disk_and_network_every_interval) {
+    cm_system_metrics_monitor_config sc = cm_system_metrics_monitor_config_default();
+    cm_callback_plugin cb[2] = {{0}, {&nap_vt, NULL}};
+    cr_assert_eq(cm_system_metrics_monitor_new(&sc, &cb[0]), CM_OK);
+    rig g = rig_make("4ba", cb, 2, 3, NULL);
+    rig_fit(&g);
+    double v;
+    cr_assert_eq(cm_in_memory_logger_count(g.mem, "cpu_memory_total"), 4, "once per batch start");
+    cr_assert_eq(cm_in_memory_logger_count(g.mem, "cpu_percentage"), 3, "from the second batch on (a difference)");
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "cpu_percentage", &v), CM_OK);
+    cr_assert(v >= 0 && v <= 100, "cpu_percentage %g", v);
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "cpu_memory_total", &v), CM_OK);
+    cr_assert_gt(v, 1e6);
+    double avail;
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "cpu_memory_available", &avail), CM_OK);
+    cr_assert(avail > 0 && avail <= v);
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "disk_memory_total", &v), CM_OK);
+    cr_assert_gt(v, 0);
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "disk_memory_percent", &v), CM_OK);
+    cr_assert(v >= 0 && v <= 100);
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "network_bytes_recv", &v), CM_OK, "lo is always there");
+    cr_assert_eq(cm_in_memory_logger_last(g.mem, "process_rss_bytes", &v), CM_OK);
+    cr_assert_gt(v, 1e5);
+    rig_free(&g);
+    sc.interval = 2;
+    cr_assert_eq(cm_system_metrics_monitor_new(&sc, &cb[0]), CM_OK);
+    rig h = rig_make("4ba", cb, 1, 3, NULL);
+    rig_fit(&h);
+    cr_assert_eq(cm_in_memory_logger_count(h.mem, "cpu_memory_total"), 2, "every 2nd batch start");
+    rig_free(&h);
+    sc.interval = 0;
+    cr_assert_eq(cm_system_metrics_monitor_new(&sc, &cb[0]), CM_ERR_INVALID_ARG);
+}
+
+/* ---- FreeOutputs ---------------------------------------------------------------------------- */
+
+Test(free_outputs, the_outputs_are_gone_after_the_loss_so_train_metrics_see_none) {
+    rig a = rig_make("2ba", NULL, 0, 3, NULL);
+    rig_fit(&a);
+    double with, without;
+    cr_assert_eq(cm_in_memory_logger_last(a.mem, "metrics/train/MulticlassAccuracy", &without), CM_OK);
+    cr_assert(isfinite(without), "without FreeOutputs the train accuracy is computed: %g", without);
+    rig_free(&a);
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_free_outputs_new(&cb), CM_OK);
+    rig b = rig_make("2ba", &cb, 1, 3, NULL);
+    rig_fit(&b);
+    cr_assert_eq(cm_in_memory_logger_last(b.mem, "metrics/train/MulticlassAccuracy", &with), CM_OK);
+    cr_assert(isnan(with), "with FreeOutputs no outputs reach the train metrics: %g", with);
+    double l1, l2;
+    cr_assert_eq(cm_in_memory_logger_last(b.mem, "loss/train/total", &l2), CM_OK);
+    rig c = rig_make("2ba", NULL, 0, 3, NULL);
+    rig_fit(&c);
+    cr_assert_eq(cm_in_memory_logger_last(c.mem, "loss/train/total", &l1), CM_OK);
+    cr_assert_eq(l1, l2, "training itself is unchanged: loss %g vs %g", l1, l2);
+    rig_free(&b), rig_free(&c);
+}
+
+/* ---- LoadCheckpoint and CheckpointSaver ----------------------------------------------------- */
+
+static void expect_same_params(cm_model *a, cm_model *b, const char *what) {
+    int64_t na, nb;
+    float *pa = cmt_params_copy(a, &na), *pb = cmt_params_copy(b, &nb);
+    cr_assert_eq(na, nb);
+    for (int64_t i = 0; i < na; i++) cr_assert_eq(pa[i], pb[i], "%s: parameter %lld differs", what, (long long)i);
+    free(pa), free(pb);
+}
+
+Test(load_checkpoint, loads_a_checkpoints_weights_or_a_safetensors_file_at_its_event) {
+    char dir[64], folder[128], file[160], ck[200];
+    tmp_make(dir, sizeof dir);
+    /* a run saves its checkpoints through CheckpointSaver's arguments ({run_name} expanded) */
+    cm_checkpoint_saver_config sv = cm_checkpoint_saver_config_default();
+    char fmt[128];
+    snprintf(fmt, sizeof fmt, "%s/{run_name}/ckpts", dir);
+    sv.folder = fmt;
+    cr_assert_eq(cm_time_parse("2ba", &sv.save_interval), CM_OK);
+    sv.num_checkpoints_to_keep = 1;
+    cm_trainer_config tc = cm_trainer_config_default();
+    tc.run_name = "src";
+    cr_assert_eq(cm_checkpoint_saver_apply(&sv, "src", folder, sizeof folder, &tc), CM_OK);
+    char want[128];
+    snprintf(want, sizeof want, "%s/src/ckpts", dir);
+    cr_assert_str_eq(folder, want);
+    rig a = rig_make("4ba", NULL, 0, 3, &tc);
+    rig_fit(&a);
+    snprintf(ck, sizeof ck, "%s/ep0-ba4", folder);
+    struct stat sb;
+    cr_assert_eq(stat(ck, &sb), 0, "CheckpointSaver's folder holds %s", ck);
+    snprintf(file, sizeof file, "%s/ep0-ba2", folder);
+    cr_assert_neq(stat(file, &sb), 0, "num_checkpoints_to_keep 1 removed ep0-ba2");
+    snprintf(file, sizeof file, "%s/w.safetensors", dir);
+    cr_assert_eq(cm_module_save_safetensors(cm_model_module(a.model), file), CM_OK);
+
+    const char *paths[2] = {ck, file};
+    const cm_event events[2] = {CM_EVENT_BEFORE_LOAD, CM_EVENT_FIT_START};
+    for (int k = 0; k < 2; k++) {
+        cm_load_checkpoint_config lc = cm_load_checkpoint_config_default();
+        lc.load_path = paths[k];
+        lc.event = events[k];
+        cm_callback_plugin cb;
+        cr_assert_eq(cm_load_checkpoint_new(&lc, &cb), CM_OK);
+        rig b = rig_make("1ba", &cb, 1, 99, NULL); /* other initial weights */
+        int64_t n;
+        float *before = cmt_params_copy(b.model, &n);
+        if (k == 1) { /* not loaded before its event */
+            float *now = cmt_params_copy(a.model, &n);
+            bool differ = false;
+            for (int64_t i = 0; i < n; i++) differ |= before[i] != now[i];
+            cr_assert(differ);
+            free(now);
+            cr_assert_eq(cm_trainer_fit(b.tr, &(cm_fit_opts){cm_time_make(0, CM_TIME_BATCH), false}), CM_OK);
+        }
+        free(before);
+        if (k == 0) expect_same_params(a.model, b.model, "loaded at BEFORE_LOAD from the checkpoint");
+        rig_free(&b);
+    }
+    /* errors name the path */
+    cm_load_checkpoint_config lc = cm_load_checkpoint_config_default();
+    lc.load_path = "/nonexistent/ckpt";
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_load_checkpoint_new(&lc, &cb), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = a.model, c.run_name = "bad";
+    c.callbacks = &cb, c.n_callbacks = 1;
+    cm_trainer *tr;
+    cr_assert_neq(cm_trainer_new(&c, &tr), CM_OK);
+    cr_assert(strstr(cm_last_error(), "/nonexistent/ckpt") && strstr(cm_last_error(), "LoadCheckpoint"), "%s",
+              cm_last_error());
+    cm_callback_plugin_free(cb);
+    lc.load_path = NULL;
+    cr_assert_eq(cm_load_checkpoint_new(&lc, &cb), CM_ERR_INVALID_ARG);
+    sv.num_checkpoints_to_keep = 0;
+    cr_assert_eq(cm_checkpoint_saver_apply(&sv, "x", folder, sizeof folder, &tc), CM_ERR_INVALID_ARG);
+    rig_free(&a);
+    tmp_remove(dir);
+}

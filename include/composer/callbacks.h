@@ -326,6 +326,96 @@ cm_nan_monitor_config cm_nan_monitor_config_default(void);
  * CM_ERR_INVALID_ARG (a bad on_nan, max_rollbacks < 0), CM_ERR_OOM. */
 cm_status cm_nan_monitor_new(const cm_nan_monitor_config *cfg, cm_callback_plugin *out);
 
+/* =============================================================================================
+ * SystemMetricsMonitor: the machine's CPU, memory, disk and network
+ * =========================================================================================== */
+
+/* Composer's SystemMetricsMonitor, read from /proc and statvfs: at every BATCH_START,
+ * EVAL_BATCH_START and PREDICT_BATCH_START (every interval-th of them) it logs
+ *   cpu_percentage            the machine's busy CPU share since the last log (0..100)
+ *   cpu_memory_total, cpu_memory_available, cpu_memory_used (bytes), cpu_memory_percent
+ *   disk_memory_total, disk_memory_used, disk_memory_free (bytes), disk_memory_percent (of "/")
+ *   network_bytes_sent, network_bytes_recv (all interfaces, since boot)
+ * and, beyond Composer, process_cpu_percentage (this process, 100 = one core) and
+ * process_rss_bytes. Composer logs only GPU metrics unless log_all_data on a CPU-only machine;
+ * here the CPU ones are always logged (there are no GPU metrics). */
+typedef struct cm_system_metrics_monitor_config {
+    bool log_all_data; /* Composer's flag; accepted, no effect (one process: its own metrics) */
+    int interval;      /* log every interval-th batch start (>= 1); default 1, as Composer */
+} cm_system_metrics_monitor_config;
+
+cm_system_metrics_monitor_config cm_system_metrics_monitor_config_default(void);
+/* Name "SystemMetricsMonitor". cfg NULL = defaults. Errors: CM_ERR_INVALID_ARG (interval < 1),
+ * CM_ERR_OOM. */
+cm_status cm_system_metrics_monitor_new(const cm_system_metrics_monitor_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * FreeOutputs
+ * =========================================================================================== */
+
+/* Composer's FreeOutputs: at AFTER_LOSS the state's outputs are dropped (cm_state_free_outputs),
+ * so nothing after the loss holds them — as in Composer, the train metrics then see no outputs
+ * and are not computed. The outputs' memory is the tape arena's and comes back when the
+ * microbatch ends, as it would without the callback (Composer's frees a GPU tensor early).
+ * Name "FreeOutputs". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
+cm_status cm_free_outputs_new(cm_callback_plugin *out);
+
+/* =============================================================================================
+ * LoadCheckpoint: weights from a checkpoint at a chosen event
+ * =========================================================================================== */
+
+/* Composer's LoadCheckpoint(load_path, load_options, event): the first time `event` fires, the
+ * model's weights are loaded from load_path — a checkpoint directory written by the trainer
+ * (monolithic or sharded; its model tensors are verified), or a .safetensors file — into the
+ * model (cm_module_load_safetensors). Composer loads again at every later occurrence of the
+ * event; here once (a recurring event would otherwise reset the weights each time). Only the
+ * model: the optimizer and the run's time come from the trainer's own load_path / autoresume.
+ * Not under a sharded strategy (the parameters live in the shards). */
+typedef struct cm_load_checkpoint_config {
+    const char *load_path;            /* required; copied */
+    cm_event event;                   /* default CM_EVENT_BEFORE_LOAD */
+    bool strict_model_weights;        /* default true: every model tensor must match by name */
+    const char *const *ignore_keys;   /* glob patterns of names not to load (copied) */
+    int n_ignore_keys;
+} cm_load_checkpoint_config;
+
+cm_load_checkpoint_config cm_load_checkpoint_config_default(void);
+/* Name "LoadCheckpoint". Errors: CM_ERR_INVALID_ARG (no load_path, a bad event), CM_ERR_OOM. At
+ * the event: the load's errors (CM_ERR_NOT_FOUND for a missing path or, strict, names that do
+ * not match; CM_ERR_SHAPE; CM_ERR_FORMAT for a damaged checkpoint), CM_ERR_UNSUPPORTED under a
+ * sharded strategy. */
+cm_status cm_load_checkpoint_new(const cm_load_checkpoint_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * CheckpointSaver
+ * =========================================================================================== */
+
+/* Composer's CheckpointSaver arguments. Composer's Trainer turns its save_* arguments into a
+ * CheckpointSaver callback; here the trainer saves itself (transactional, sharded and elastic
+ * checkpoints: composer/checkpoint.h), so the callback's arguments configure that saver:
+ * cm_checkpoint_saver_apply writes them into a trainer config (save_folder = folder,
+ * save_filename = filename, save_latest_filename = latest_filename, save_interval,
+ * save_weights_only = weights_only, save_num_checkpoints_to_keep, save_overwrite = overwrite).
+ * The checkpoints are directories (manifest.json + safetensors), so Composer's ".pt" file
+ * names do not apply: filename's default is the trainer's "ep{epoch}-ba{batch}". */
+typedef struct cm_checkpoint_saver_config {
+    const char *folder;          /* default "{run_name}/checkpoints" */
+    const char *filename;        /* default "ep{epoch}-ba{batch}" */
+    const char *latest_filename; /* default "latest"; "" = no pointer */
+    cm_time save_interval;       /* default 1ep */
+    bool weights_only;           /* default false */
+    int num_checkpoints_to_keep; /* default -1 (all) */
+    bool overwrite;              /* default false */
+} cm_checkpoint_saver_config;
+
+cm_checkpoint_saver_config cm_checkpoint_saver_config_default(void);
+/* Writes the saver's settings into *tc; {run_name} in folder is expanded with `run_name` into
+ * folder_buf (cap bytes), which must outlive the trainer's construction. Errors:
+ * CM_ERR_INVALID_ARG (an empty folder, num_checkpoints_to_keep < -1 or 0, a folder too long for
+ * folder_buf, tc NULL). */
+cm_status cm_checkpoint_saver_apply(const cm_checkpoint_saver_config *cfg, const char *run_name, char *folder_buf,
+                                    size_t cap, cm_trainer_config *tc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -300,6 +300,10 @@ bool cm_state_stop_requested(const cm_state *st);
 void cm_state_rollback(const cm_state *st);
 bool cm_state_rollback_requested(const cm_state *st);
 
+/* Drops the state's outputs (FreeOutputs): a callback may call it from AFTER_LOSS on; the train
+ * metrics are then not computed for the microbatch. */
+void cm_state_free_outputs(const cm_state *st);
+
 /* =============================================================================================
  * Logging: the handle plugins log through, and the logger vtable
  * =========================================================================================== */

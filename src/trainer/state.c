@@ -151,6 +151,7 @@ void cm_state_rollback(const cm_state *st) {
     ((cm_state *)st)->rollback = true;
 }
 bool cm_state_rollback_requested(const cm_state *st) { return st->rollback; }
+void cm_state_free_outputs(const cm_state *st) { ((cm_state *)st)->outputs = NULL; }
 
 static const cm_metric_set *find_set(const cm_state *st, const char *label) {
     for (int i = 0; label && i < st->n_metric_sets; i++)
