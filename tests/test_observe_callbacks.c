@@ -347,3 +347,110 @@ Test(load_checkpoint, loads_a_checkpoints_weights_or_a_safetensors_file_at_its_e
     rig_free(&a);
     tmp_remove(dir);
 }
+
+/* ---- Generate ------------------------------------------------------------------------------- */
+
+#include <composer/datasets.h>
+#include <composer/tokenizer.h>
+#include <composer/zoo_gpt2.h>
+
+/* A tiny char GPT on a repeated text, in `dir`: tokenizer, token file, model, loader. */
+typedef struct gpt_rig {
+    cm_tokenizer *tok;
+    cm_dataset *ds;
+    cm_dataloader *dl;
+    cm_model *model;
+} gpt_rig;
+
+static gpt_rig gpt_make(const char *dir) {
+    gpt_rig g = {0};
+    static const char text[] = "the quick brown fox jumps over the lazy dog. ";
+    char buf[4096] = "";
+    for (int i = 0; i < 60; i++) strcat(buf, text);
+    cr_assert_eq(cm_tokenizer_char_new_from_text(buf, strlen(buf), &g.tok), CM_OK);
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(cm_tokenizer_encode(g.tok, buf, strlen(buf), &ids, &n), CM_OK);
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokens.bin", dir);
+    cr_assert_eq(cm_token_file_write(path, ids, n, CM_TOKEN_WIDTH_AUTO), CM_OK);
+    cm_free(ids);
+    cm_tokens_config tc = cm_tokens_config_default();
+    tc.seq_len = 16;
+    cr_assert_eq(cm_dataset_tokens_new(path, &tc, &g.ds), CM_OK, "%s", cm_last_error());
+    g.dl = cmt_loader(g.ds, 4, false, 1);
+    cm_gpt2_config gc;
+    cr_assert_eq(cm_gpt2_config_preset("tiny", &gc), CM_OK);
+    gc.vocab_size = cm_tokenizer_vocab_size(g.tok);
+    gc.n_positions = 16;
+    cm_rng rng = cm_rng_init(5, 0);
+    cr_assert_eq(cm_gpt2_new(&gc, &rng, &g.model), CM_OK, "%s", cm_last_error());
+    return g;
+}
+
+static void gpt_free(gpt_rig *g) {
+    cm_model_free(g->model);
+    cm_dataloader_free(g->dl);
+    cm_dataset_free(g->ds);
+    cm_tokenizer_free(g->tok);
+}
+
+/* Every batch, each prompt's continuation is logged as a text; the last one is exactly what the
+ * trained model generates from that prompt afterwards. */
+Test(generate, logs_each_prompts_continuation_every_interval) {
+    char dir[64];
+    tmp_make(dir, sizeof dir);
+    gpt_rig g = gpt_make(dir);
+    const char *prompts[2] = {"the ", ""};
+    cm_generate_config gc = cm_generate_config_default();
+    gc.tokenizer = g.tok;
+    gc.prompts = prompts, gc.n_prompts = 2;
+    cr_assert_eq(cm_time_parse("1ba", &gc.interval), CM_OK);
+    gc.max_new_tokens = 6;
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_generate_new(&gc, &cb), CM_OK, "%s", cm_last_error());
+    cm_in_memory_logger *mem;
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = g.model, c.train_dataloader = g.dl, c.run_name = "gen";
+    cr_assert_eq(cm_time_parse("3ba", &c.max_duration), CM_OK);
+    c.callbacks = &cb, c.n_callbacks = 1;
+    c.loggers = &lp, c.n_loggers = 1;
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_in_memory_logger_text_count(mem, "generate/0"), 3);
+    cr_assert_eq(cm_in_memory_logger_text_count(mem, "generate/1"), 3);
+    const char *last = cm_in_memory_logger_text(mem, "generate/0");
+    cr_assert_not_null(last);
+    cr_assert_eq(strncmp(last, "the ", 4), 0, "starts with the prompt: '%s'", last);
+    cr_assert_eq(strlen(last), 4 + 6, "the prompt and 6 characters: '%s'", last);
+    /* the same generation from the trained model */
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(cm_tokenizer_encode(g.tok, "the ", 4, &ids, &n), CM_OK);
+    int64_t p64[4], out[6], n_out;
+    for (int i = 0; i < 4; i++) p64[i] = ids[i];
+    cm_gpt2_generate_config ggc = cm_gpt2_generate_config_default();
+    ggc.temperature = 0, ggc.seed = 42;
+    cr_assert_eq(cm_gpt2_generate(g.model, p64, 4, 6, &ggc, out, &n_out), CM_OK);
+    int32_t all[10];
+    for (int i = 0; i < 4; i++) all[i] = ids[i];
+    for (int i = 0; i < n_out; i++) all[4 + i] = (int32_t)out[i];
+    char *text;
+    size_t len;
+    cr_assert_eq(cm_tokenizer_decode(g.tok, all, 4 + n_out, &text, &len), CM_OK);
+    cr_assert_str_eq(last, text, "logged '%s', the trained model gives '%s'", last, text);
+    cm_free(text), cm_free(ids);
+    cm_trainer_free(tr);
+    gpt_free(&g);
+    tmp_remove(dir);
+}
+
+Test(generate, bad_configs_are_refused) {
+    cm_generate_config gc = cm_generate_config_default();
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_generate_new(&gc, &cb), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "tokenizer"), "%s", cm_last_error());
+}

@@ -416,6 +416,39 @@ cm_checkpoint_saver_config cm_checkpoint_saver_config_default(void);
 cm_status cm_checkpoint_saver_apply(const cm_checkpoint_saver_config *cfg, const char *run_name, char *folder_buf,
                                     size_t cap, cm_trainer_config *tc);
 
+/* =============================================================================================
+ * Generate: samples from a GPT during training
+ * =========================================================================================== */
+
+struct cm_tokenizer;
+
+/* Composer's Generate(prompts, interval, **generate_kwargs): every `interval` (at BATCH_END for a
+ * batch interval, at EPOCH_END for an epoch one), rank 0 continues each prompt with
+ * cm_gpt2_generate (KV cache, eval mode, no gradients, the model unchanged) and logs
+ * prompt + continuation with cm_logger_log_text under "generate/<i>" (i: the prompt's index),
+ * which the FileLogger writes into log.txt and the ConsoleLogger prints; the InMemoryLogger keeps
+ * them. Generation stops at the tokenizer's end-of-text token when it has one. Composer logs a
+ * table per call (prompt, generation); here one text per prompt. The model must be a GPT-2 of
+ * the zoo (cm_model_is_gpt2); not under FULL_SHARD (the parameters live in the shards). */
+typedef struct cm_generate_config {
+    const struct cm_tokenizer *tokenizer; /* required; borrowed (must outlive the trainer) */
+    const char *const *prompts;          /* required, copied; "" = start from end-of-text (or id 0) */
+    int n_prompts;
+    cm_time interval;                    /* required: ba or ep, count >= 1 */
+    int64_t max_new_tokens;              /* default 100 */
+    float temperature;                   /* default 0: greedy (Hugging Face's default, do_sample false) */
+    int64_t top_k;                       /* default 0 = all */
+    float top_p;                         /* default 1 */
+    uint64_t seed;                       /* the sampling stream; default 42 */
+} cm_generate_config;
+
+cm_generate_config cm_generate_config_default(void);
+/* Name "Generate". Errors: CM_ERR_INVALID_ARG (no tokenizer, no prompts, an interval not in ba or
+ * ep, max_new_tokens < 1, temperature < 0, top_p outside (0, 1]), CM_ERR_OOM. During the run: a
+ * model that is not a GPT-2 (CM_ERR_UNSUPPORTED at FIT_START), the tokenizer's and generation's
+ * errors. */
+cm_status cm_generate_new(const cm_generate_config *cfg, cm_callback_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -332,6 +332,10 @@ typedef struct cm_logger cm_logger;
 cm_status cm_logger_log_metrics(cm_logger *lg, const cm_metric_value *values, int n);
 cm_status cm_logger_log_metric(cm_logger *lg, const char *name, double value);
 cm_status cm_logger_log_hyperparameters(cm_logger *lg, const cm_hparam *hparams, int n);
+/* A text under a key (a generated sample: Composer's Logger.log_table), stamped with the state's
+ * timestamp: every destination with a log_text slot gets it, the others do not. Errors as
+ * cm_logger_log_metrics. */
+cm_status cm_logger_log_text(cm_logger *lg, const char *key, const char *text);
 
 #define CM_LOGGER_ABI 1
 
@@ -356,6 +360,8 @@ typedef struct cm_logger_i {
      * AFTER_LOAD of a resumed run. Optional (NULL: nothing kept). */
     size_t (*save)(void *self, char *buf, size_t cap);
     cm_status (*load)(void *self, const char *json, size_t len);
+    /* A text (cm_logger_log_text) at timestamp ts. Optional (NULL: texts are not kept). */
+    cm_status (*log_text)(void *self, const char *key, const char *text, const cm_timestamp *ts);
 } cm_logger_i;
 
 /* =============================================================================================
@@ -512,6 +518,9 @@ int64_t cm_in_memory_logger_count(const cm_in_memory_logger *lg, const char *nam
 cm_status cm_in_memory_logger_last(const cm_in_memory_logger *lg, const char *name, double *out);
 /* The latest hyperparameter value logged under key, as a string ("%.17g" for numbers); NULL if none. */
 const char *cm_in_memory_logger_hparam(const cm_in_memory_logger *lg, const char *key);
+/* How many texts were logged under key, and the latest (NULL if none; valid while the logger lives). */
+int64_t cm_in_memory_logger_text_count(const cm_in_memory_logger *lg, const char *key);
+const char *cm_in_memory_logger_text(const cm_in_memory_logger *lg, const char *key);
 
 /* =============================================================================================
  * The trainer

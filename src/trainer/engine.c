@@ -395,6 +395,24 @@ cm_status cm_logger_log_metric(cm_logger *lg, const char *name, double value) {
     return cm_logger_log_metrics(lg, &v, 1);
 }
 
+cm_status cm_logger_log_text(cm_logger *lg, const char *key, const char *text) {
+    if (!lg || !key || !text) return cm_set_error(CM_ERR_INVALID_ARG, "cm_logger_log_text: NULL argument");
+    cm_engine *e = lg->engine;
+    cm_status first = CM_OK;
+    char msg[1024] = "";
+    for (int i = 0; i < e->n_lgs; i++) {
+        if (!e->lgs[i].vt->log_text) continue;
+        cm_clear_error();
+        cm_status s = e->lgs[i].vt->log_text(e->lgs[i].self, key, text, &e->st->ts);
+        if (s && !first) {
+            first = s;
+            snprintf(msg, sizeof msg, "logger '%s' failed to log text: %s", e->lgs[i].vt->name,
+                     cm_last_error()[0] ? cm_last_error() : cm_status_str(s));
+        }
+    }
+    return first ? cm_set_error(first, "%s", msg) : CM_OK;
+}
+
 cm_status cm_logger_log_hyperparameters(cm_logger *lg, const cm_hparam *hparams, int n) {
     if (!lg || (n > 0 && !hparams))
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_logger_log_hyperparameters: NULL argument");

@@ -194,6 +194,15 @@ static void fl_free(void *self) {
     cm_free(lg);
 }
 
+/* Texts (generated samples) go to log.txt, each under a header line. */
+static cm_status fl_log_text(void *self, const char *key, const char *text, const cm_timestamp *ts) {
+    file_logger *lg = self;
+    if (!lg->active || !lg->log) return CM_OK;
+    fprintf(lg->log, "[text] %s (epoch %lld, batch %lld):\n%s%s", key, (long long)(ts ? ts->epoch : 0),
+            (long long)(ts ? ts->batch : 0), text, text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
+    return flush_log(lg);
+}
+
 /* Checkpoint state: where metrics.jsonl ended when the checkpoint was saved. */
 static size_t fl_save(void *self, char *buf, size_t cap) {
     file_logger *lg = self;
@@ -267,6 +276,7 @@ static const cm_logger_i file_vt = {
     .free = fl_free,
     .save = fl_save,
     .load = fl_load,
+    .log_text = fl_log_text,
 };
 
 cm_status cm_file_logger_new(const cm_file_logger_config *cfg, cm_logger_plugin *out) {
