@@ -454,3 +454,106 @@ Test(generate, bad_configs_are_refused) {
     cr_assert_eq(cm_generate_new(&gc, &cb), CM_ERR_INVALID_ARG);
     cr_assert(strstr(cm_last_error(), "tokenizer"), "%s", cm_last_error());
 }
+
+/* ---- ImageVisualizer ------------------------------------------------------------------------ */
+
+#include <composer/zoo_vision.h>
+
+/* One MNIST batch of 8 through the zoo CNN: the PNG grid is read back by PIL (Debian's
+ * python3-pil), an independent decoder; its first tile is sample 0 scaled to 0..255, and the
+ * strips under it hold the logged prediction (green or red) and target (blue). */
+Test(image_visualizer, writes_a_png_grid_that_pil_reads_back) {
+    char dir[64], folder[128];
+    tmp_make(dir, sizeof dir);
+    snprintf(folder, sizeof folder, "%s/{run_name}/img", dir);
+    cm_mnist_config mc = cm_mnist_config_default();
+    cm_dataset *ds;
+    cr_assert_eq(cm_dataset_mnist_new("../shared/data/mnist", CM_SPLIT_TEST, &mc, &ds), CM_OK, "%s", cm_last_error());
+    cm_dataloader *dl = ordered_loader(ds, 8);
+    cm_cnn_config cc;
+    cr_assert_eq(cm_cnn_config_preset("mnist_small", &cc), CM_OK);
+    cc.random_init = true, cc.seed = 1;
+    cm_model *model;
+    cr_assert_eq(cm_cnn_model_new(&cc, &model), CM_OK, "%s", cm_last_error());
+    cm_image_visualizer_config vc = cm_image_visualizer_config_default();
+    cr_assert_eq(cm_time_parse("1ba", &vc.interval), CM_OK);
+    vc.folder = folder;
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_image_visualizer_new(&vc, &cb), CM_OK, "%s", cm_last_error());
+    cm_in_memory_logger *mem;
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = model, c.train_dataloader = dl, c.run_name = "viz";
+    cr_assert_eq(cm_time_parse("1ba", &c.max_duration), CM_OK);
+    c.callbacks = &cb, c.n_callbacks = 1;
+    c.loggers = &lp, c.n_loggers = 1;
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    const char *text = cm_in_memory_logger_text(mem, "Images/Train");
+    cr_assert_not_null(text);
+    char path[256];
+    snprintf(path, sizeof path, "%s/viz/img/train_ba0.png", dir);
+    cr_assert_eq(strncmp(text, path, strlen(path)), 0, "logged '%s'", text);
+    int preds[8], tgts[8];
+    const char *p = strstr(text, "predictions: "), *t = strstr(text, "targets: ");
+    cr_assert(p && t, "%s", text);
+    p += 13, t += 9;
+    for (int i = 0; i < 8; i++) {
+        preds[i] = (int)strtol(p, (char **)&p, 10);
+        tgts[i] = (int)strtol(t, (char **)&t, 10);
+    }
+    /* PIL: size, mode, tile 0 (scaled ×2, at (2, 2)), the strips' colours under it */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 -c \"from PIL import Image; im = Image.open('%s'); im.load(); print(im.format, im.mode, "
+             "im.size[0], im.size[1]); print(' '.join(str(im.getpixel((2 + 2 * x, 2 + 2 * y))[0]) for y in range(28) "
+             "for x in range(28))); print(*im.getpixel((2 + %d * 56 // 10 + 1, 2 + 56 + 3))); "
+             "print(*im.getpixel((2 + %d * 56 // 10 + 1, 2 + 56 + 7 + 3)))\"",
+             path, preds[0], tgts[0]);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    char fmt[16], mode[16];
+    int w = 0, h = 0;
+    cr_assert_eq(fscanf(f, "%15s %15s %d %d", fmt, mode, &w, &h), 4, "PIL could not read %s", path);
+    cr_assert_str_eq(fmt, "PNG");
+    cr_assert_str_eq(mode, "RGB");
+    cr_assert_eq(w, 8 * 58 + 2);
+    cr_assert_eq(h, 56 + 2 * 7 + 2 + 2);
+    /* sample 0, min-max scaled */
+    float img[784], lbl_f[2];
+    int64_t lbl;
+    void *outs[2] = {img, &lbl};
+    (void)lbl_f;
+    const cm_sample_ctx ctx = {0, 0, false};
+    cr_assert_eq(cm_dataset_get(ds, 0, &ctx, outs), CM_OK);
+    float lo = img[0], hi = img[0];
+    for (int i = 0; i < 784; i++) lo = img[i] < lo ? img[i] : lo, hi = img[i] > hi ? img[i] : hi;
+    for (int i = 0; i < 784; i++) {
+        int got;
+        cr_assert_eq(fscanf(f, "%d", &got), 1);
+        const double want = (img[i] - lo) / (hi - lo) * 255.0;
+        cr_assert(fabs(got - want) <= 1.0, "pixel %d: %d, want %.1f", i, got, want);
+    }
+    cr_assert_eq(tgts[0], (int)lbl, "the target is the label");
+    int pr, pg, pb, tr_, tg, tb;
+    cr_assert_eq(fscanf(f, "%d %d %d %d %d %d", &pr, &pg, &pb, &tr_, &tg, &tb), 6);
+    if (preds[0] == tgts[0]) cr_assert(pr == 30 && pg == 170 && pb == 60, "a right prediction is green");
+    else cr_assert(pr == 220 && pg == 40 && pb == 40, "a wrong prediction is red: %d %d %d", pr, pg, pb);
+    cr_assert(tr_ == 40 && tg == 90 && tb == 220, "the target is blue: %d %d %d", tr_, tg, tb);
+    cr_assert_eq(pclose(f), 0);
+    cm_trainer_free(tr);
+    cm_model_free(model);
+    cm_dataloader_free(dl);
+    cm_dataset_free(ds);
+    tmp_remove(dir);
+}
+
+Test(png, cm_png_write_refuses_bad_images) {
+    uint8_t px[12] = {0};
+    cr_assert_eq(cm_png_write("/tmp/x.png", 0, 2, 3, px), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_png_write("/tmp/x.png", 2, 2, 2, px), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_png_write("/nonexistent/dir/x.png", 2, 2, 3, px), CM_ERR_IO);
+    cr_assert(strstr(cm_last_error(), "/nonexistent/dir/x.png"), "%s", cm_last_error());
+}

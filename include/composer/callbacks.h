@@ -449,6 +449,38 @@ cm_generate_config cm_generate_config_default(void);
  * errors. */
 cm_status cm_generate_new(const cm_generate_config *cfg, cm_callback_plugin *out);
 
+/* =============================================================================================
+ * ImageVisualizer: a PNG grid of input images and predictions
+ * =========================================================================================== */
+
+/* Composer's ImageVisualizer (mode "input"): every `interval` during training (at AFTER_FORWARD
+ * of the batch's first microbatch, when the batch count is a multiple of it) and at the first
+ * batch of every evaluation, rank 0 writes a PNG grid of the batch's first num_images images —
+ * each scaled to its own minimum and maximum, enlarged to at least 56 pixels — with, under each,
+ * two strips of one cell per class: the predicted class (the outputs' argmax) filled green when
+ * it is the target and red when not, and the target class filled blue. The file is
+ * <folder>/<label>_ba<batch>.png (label "train" or the evaluator's), and its path with the
+ * predictions and targets is logged as a text under "Images/Train" or "Images/<Label>" (Composer
+ * logs the images to its image-capable loggers). Images: field input_key, (N, C, H, W) or with
+ * channels_last (N, H, W, C), C 1 or 3, f32 or u8; targets: field target_key, integer (N); the
+ * outputs: (N, classes) logits. */
+typedef struct cm_image_visualizer_config {
+    cm_time interval;   /* ba or ep; default 100ba */
+    const char *mode;   /* "input" (default); "segmentation" is not supported */
+    int num_images;     /* default 8 */
+    bool channels_last; /* default false */
+    int input_key;      /* the batch field of the images; default 0 */
+    int target_key;     /* the batch field of the targets; default 1 */
+    const char *folder; /* copied; default "{run_name}/images" ({run_name}: the state's) */
+} cm_image_visualizer_config;
+
+cm_image_visualizer_config cm_image_visualizer_config_default(void);
+/* Name "ImageVisualizer". Errors: CM_ERR_INVALID_ARG (interval not in ba or ep or < 1,
+ * num_images < 1, a key < 0, an empty folder), CM_ERR_UNSUPPORTED (mode "segmentation"), CM_ERR_OOM.
+ * During the run: CM_ERR_SHAPE naming the field when the images or targets do not have those
+ * shapes, CM_ERR_IO naming the file. */
+cm_status cm_image_visualizer_new(const cm_image_visualizer_config *cfg, cm_callback_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -312,6 +312,17 @@ cm_status cm_run_folder_create(const char *root, const char *run_name, char **ou
  * CM_RUN_FILE_* names. CM_ERR_INVALID_ARG for NULL; CM_ERR_OOM. */
 cm_status cm_run_folder_path(const char *dir, const char *file, char **out_path);
 
+/* ---------------------------------------------------------------------------------------------
+ * PNG images
+ * ------------------------------------------------------------------------------------------- */
+
+/* Writes a width × height image of 8-bit pixels — channels 1 (gray) or 3 (RGB), rows top to
+ * bottom, `pixels` holding width·height·channels bytes — as a PNG file (IHDR, one zlib-compressed
+ * IDAT of filter-0 rows, IEND; CRC-32 on every chunk), through a temporary file renamed into
+ * place. Errors: CM_ERR_INVALID_ARG (NULL, a side < 1 or > 65535, channels not 1 or 3), CM_ERR_IO
+ * naming the path, CM_ERR_OOM. Thread-safe. */
+cm_status cm_png_write(const char *path, int64_t width, int64_t height, int channels, const uint8_t *pixels);
+
 #ifdef __cplusplus
 }
 #endif
