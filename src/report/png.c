@@ -16,7 +16,7 @@ static bool chunk(FILE *f, const char *type, const uint8_t *data, size_t n) {
     uint8_t hdr[8];
     be32(hdr, (uint32_t)n);
     memcpy(hdr + 4, type, 4);
-    uLong crc = crc32(1L, (const Bytef *)type, 4);
+    uLong crc = crc32(0L, (const Bytef *)type, 4);
     if (n) crc = crc32(crc, data, (uInt)n);
     uint8_t tail[4];
     be32(tail, (uint32_t)crc);
