@@ -557,3 +557,72 @@ Test(png, cm_png_write_refuses_bad_images) {
     cr_assert_eq(cm_png_write("/nonexistent/dir/x.png", 2, 2, 3, px), CM_ERR_IO);
     cr_assert(strstr(cm_last_error(), "/nonexistent/dir/x.png"), "%s", cm_last_error());
 }
+
+/* ---- ExportForInference --------------------------------------------------------------------- */
+
+/* At FIT_END the MLP is exported; its infer.c compiles with warnings as errors, reads the
+ * exported weights and prints the trained model's eval logits for an input. */
+Test(export_for_inference, the_exported_c_program_compiles_and_gives_our_logits) {
+    char dir[64], save[128];
+    tmp_make(dir, sizeof dir);
+    snprintf(save, sizeof save, "%s/export", dir);
+    cm_export_for_inference_config ec = cm_export_for_inference_config_default();
+    ec.save_path = save;
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_export_for_inference_new(&ec, &cb), CM_OK, "%s", cm_last_error());
+    rig g = rig_make("3ba", &cb, 1, 3, NULL);
+    rig_fit(&g);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cc -O2 -std=c99 -Wall -Wextra -Werror -o %s/infer %s/infer.c -lm 2>&1", save, save);
+    cr_assert_eq(system(cmd), 0, "infer.c does not compile: %s", cmd);
+    /* an input and our logits for it */
+    const float in[8] = {0.5f, -1.25f, 2.0f, 0.125f, -0.75f, 1.5f, -2.5f, 0.25f};
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(NULL, &tp), CM_OK);
+    int64_t shape[2] = {1, 8};
+    cm_tensor *x;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, shape, &x), CM_OK);
+    memcpy(cm_tensor_data(x), in, sizeof in);
+    cm_module *root = cm_model_module(g.model);
+    cm_module_train(root, false);
+    cm_tensor *y = cm_module_forward(root, tp, x);
+    cr_assert_not_null(y, "%s", cm_tape_error(tp));
+    char input[256] = "";
+    for (int i = 0; i < 8; i++) snprintf(input + strlen(input), sizeof input - strlen(input), "%.9g ", (double)in[i]);
+    snprintf(cmd, sizeof cmd, "echo '%s' | %s/infer %s/model.safetensors", input, save, save);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    for (int k = 0; k < 3; k++) {
+        double got;
+        cr_assert_eq(fscanf(p, "%lf", &got), 1, "logit %d missing", k);
+        const double want = cm_tensor_get_flat(y, k);
+        cr_assert(fabs(got - want) <= 1e-5 * (1 + fabs(want)), "logit %d: the program gives %.9g, the model %.9g", k,
+                  got, want);
+    }
+    cr_assert_eq(pclose(p), 0);
+    /* another weights file is refused */
+    snprintf(cmd, sizeof cmd, "echo 1 | %s/infer /dev/null 2>/dev/null", save);
+    cr_assert_neq(system(cmd), 0);
+    cm_tensor_free(x);
+    cm_tape_free(tp);
+    rig_free(&g);
+    tmp_remove(dir);
+}
+
+Test(export_for_inference, other_formats_and_layers_are_refused_by_name) {
+    cm_export_for_inference_config ec = cm_export_for_inference_config_default();
+    cm_callback_plugin cb;
+    ec.save_path = "/tmp/x";
+    ec.save_format = "onnx";
+    cr_assert_eq(cm_export_for_inference_new(&ec, &cb), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "onnx"), "%s", cm_last_error());
+    ec.save_format = "c", ec.save_path = NULL;
+    cr_assert_eq(cm_export_for_inference_new(&ec, &cb), CM_ERR_INVALID_ARG);
+    cm_cnn_config cc;
+    cr_assert_eq(cm_cnn_config_preset("mnist_small", &cc), CM_OK);
+    cm_model *cnn;
+    cr_assert_eq(cm_cnn_model_new(&cc, &cnn), CM_OK);
+    cr_assert_eq(cm_export_for_inference(cnn, "/tmp/cm-obs-never"), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "Sequential"), "%s", cm_last_error());
+    cm_model_free(cnn);
+}

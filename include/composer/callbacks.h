@@ -481,6 +481,34 @@ cm_image_visualizer_config cm_image_visualizer_config_default(void);
  * shapes, CM_ERR_IO naming the file. */
 cm_status cm_image_visualizer_new(const cm_image_visualizer_config *cfg, cm_callback_plugin *out);
 
+/* =============================================================================================
+ * ExportForInference: weights and a standalone C program
+ * =========================================================================================== */
+
+/* Composer's ExportForInferenceCallback(save_format, save_path): at FIT_END, rank 0 writes into
+ * the folder save_path the model's weights (model.safetensors) and infer.c, a self-contained C
+ * program (C99 and libm, nothing of this library) that reads those weights and prints the
+ * logits of one input:
+ *     cc -O2 -o infer save_path/infer.c -lm
+ *     ./infer save_path/model.safetensors < input.txt    # in_features numbers -> one logit a line
+ * Composer exports TorchScript or ONNX; here save_format "c", for models that are a Sequential
+ * of Flatten, Linear (and GPT-2's Conv1D), the activations (ReLU, GELU, NewGELU, SiLU, Tanh,
+ * Sigmoid, Identity) and Dropout (inactive at inference) — the zoo MLP. Other layers are refused
+ * by name. The program computes in float with double accumulation; it agrees with the model's
+ * eval forward to float rounding. */
+typedef struct cm_export_for_inference_config {
+    const char *save_format; /* "c" (default); "torchscript" and "onnx" are refused */
+    const char *save_path;   /* required: the folder (made if missing); copied */
+} cm_export_for_inference_config;
+
+cm_export_for_inference_config cm_export_for_inference_config_default(void);
+/* Name "ExportForInferenceCallback". Errors: CM_ERR_INVALID_ARG (no save_path, an unknown format),
+ * CM_ERR_UNSUPPORTED (torchscript, onnx), CM_ERR_OOM. At FIT_END: CM_ERR_UNSUPPORTED naming a
+ * layer the program cannot run, CM_ERR_IO naming a file. */
+cm_status cm_export_for_inference_new(const cm_export_for_inference_config *cfg, cm_callback_plugin *out);
+/* The export itself, for a model outside a trainer (the same files). */
+cm_status cm_export_for_inference(cm_model *model, const char *save_path);
+
 #ifdef __cplusplus
 }
 #endif
