@@ -626,3 +626,95 @@ Test(export_for_inference, other_formats_and_layers_are_refused_by_name) {
     cr_assert(strstr(cm_last_error(), "Sequential"), "%s", cm_last_error());
     cm_model_free(cnn);
 }
+
+/* ---- MemorySnapshot and OOMObserver --------------------------------------------------------- */
+
+#include <cjson/cJSON.h>
+
+static cJSON *read_json(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s missing", path);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cJSON *j = cJSON_Parse(buf);
+    cr_assert_not_null(j, "%s is not JSON", path);
+    return j;
+}
+
+/* skip 1, record 2 batches of 2 microbatches: 16 events each, the arena growing in forward and
+ * backward; one file, named after the last recorded batch, and its plot. */
+Test(memory_snapshot, records_the_arena_over_the_chosen_batches) {
+    char dir[64], folder[128];
+    tmp_make(dir, sizeof dir);
+    snprintf(folder, sizeof folder, "%s/mem", dir);
+    cm_memory_snapshot_config mc = cm_memory_snapshot_config_default();
+    mc.interval = cm_time_make(2, CM_TIME_BATCH);
+    mc.folder = folder;
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_memory_snapshot_new(&mc, &cb), CM_OK);
+    cm_trainer_config tc = cm_trainer_config_default();
+    tc.device_train_microbatch_size = 4;
+    rig g = rig_make("4ba", &cb, 1, 3, &tc);
+    rig_fit(&g);
+    char path[256];
+    snprintf(path, sizeof path, "%s/rank0.3.memory_snapshot.json", folder);
+    cJSON *j = read_json(path);
+    const cJSON *entries = cJSON_GetObjectItemCaseSensitive(j, "entries");
+    cr_assert_eq(cJSON_GetArraySize(entries), 2 * 16, "%d entries", cJSON_GetArraySize(entries));
+    double fwd = -1, bwd = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, entries) {
+        const double b = cJSON_GetObjectItemCaseSensitive(e, "batch")->valuedouble;
+        cr_assert(b == 1 || b == 2, "batch %g recorded", b);
+        const char *ev = cJSON_GetObjectItemCaseSensitive(e, "event")->valuestring;
+        const double a = cJSON_GetObjectItemCaseSensitive(e, "arena_bytes")->valuedouble;
+        if (!strcmp(ev, "after_forward") && fwd < 0) fwd = a;
+        if (!strcmp(ev, "after_backward") && bwd < 0) bwd = a;
+    }
+    cr_assert_gt(fwd, 0, "activations in the arena after forward");
+    cr_assert_geq(bwd, fwd, "backward adds to them (%g vs %g)", bwd, fwd);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/rank0.3.memory_snapshot.svg", folder);
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0, "the plot %s", path);
+    rig_free(&g);
+    /* again into the same folder: refused without overwrite, naming the file */
+    cr_assert_eq(cm_memory_snapshot_new(&mc, &cb), CM_OK);
+    rig h = rig_make("4ba", &cb, 1, 3, &tc);
+    cr_assert_eq(cm_trainer_fit(h.tr, NULL), CM_ERR_IO);
+    cr_assert(strstr(cm_last_error(), "exists"), "%s", cm_last_error());
+    rig_free(&h);
+    tmp_remove(dir);
+}
+
+/* An arena budget too small for a batch of 8: with a fixed microbatch size the fit fails with the
+ * arena's own error, and the observer has written the batch's timeline and the failed request. */
+Test(oom_observer, writes_the_batch_timeline_when_the_arena_runs_out) {
+    char dir[64], folder[128];
+    tmp_make(dir, sizeof dir);
+    snprintf(folder, sizeof folder, "%s/{run_name}", dir);
+    cm_oom_observer_config oc = cm_oom_observer_config_default();
+    oc.folder = folder;
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_oom_observer_new(&oc, &cb), CM_OK);
+    cm_trainer_config tc = cm_trainer_config_default();
+    tc.arena_budget = 3000;
+    tc.run_name = "oomrun";
+    rig g = rig_make("2ba", &cb, 1, 3, &tc);
+    cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_ERR_OOM);
+    cr_assert(strstr(cm_last_error(), "arena") || strstr(cm_last_error(), "budget"), "the arena's message: %s",
+              cm_last_error());
+    char path[256];
+    snprintf(path, sizeof path, "%s/oomrun/rank0_oom.json", dir);
+    cJSON *j = read_json(path);
+    const cJSON *oom = cJSON_GetObjectItemCaseSensitive(j, "oom");
+    cr_assert_not_null(oom);
+    cr_assert_gt(cJSON_GetObjectItemCaseSensitive(oom, "request_bytes")->valuedouble, 0);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(oom, "budget_bytes")->valuedouble, 3000);
+    cr_assert_geq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "entries")), 2);
+    cJSON_Delete(j);
+    rig_free(&g);
+    tmp_remove(dir);
+}

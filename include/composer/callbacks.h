@@ -509,6 +509,48 @@ cm_status cm_export_for_inference_new(const cm_export_for_inference_config *cfg,
 /* The export itself, for a model outside a trainer (the same files). */
 cm_status cm_export_for_inference(cm_model *model, const char *save_path);
 
+/* =============================================================================================
+ * MemorySnapshot and OOMObserver: the tape arena's timeline
+ * =========================================================================================== */
+
+/* The CPU analogue of Composer's MemorySnapshot and OOMObserver, which record PyTorch's CUDA
+ * allocator: here the tape arena (activations and tape nodes; composer/base.h) is sampled at every
+ * event of a training batch — per microbatch BEFORE_FORWARD, AFTER_FORWARD, AFTER_LOSS,
+ * AFTER_BACKWARD and the rest — as entries {t_us, event, batch, microbatch, arena_bytes,
+ * arena_peak_bytes, rss_bytes}, written as JSON ({"rank", "arena_budget_bytes", "entries": [...],
+ * and for an OOM "oom": {...}}) next to an SVG plot of arena_bytes over time (same name, .svg). */
+typedef struct cm_memory_snapshot_config {
+    int skip_batches;     /* batches not recorded first; default 1 */
+    cm_time interval;     /* how long to record after them (ba); default 3ba */
+    int max_entries;      /* entries kept; default 100000 */
+    const char *folder;   /* copied; default "{run_name}/memory_traces" */
+    const char *filename; /* copied; default "rank{rank}.{batch}.memory_snapshot.json" ({batch}: the last recorded) */
+    bool overwrite;       /* default false: an existing file is an error */
+} cm_memory_snapshot_config;
+
+cm_memory_snapshot_config cm_memory_snapshot_config_default(void);
+/* Name "MemorySnapshot": records batches skip_batches .. skip_batches + interval − 1 (0-based)
+ * and writes the snapshot once, after the last of them. Errors: CM_ERR_INVALID_ARG
+ * (skip_batches < 0, interval not a positive count of ba, max_entries < 1, empty folder or
+ * filename), CM_ERR_OOM; CM_ERR_IO naming the file when it is written. */
+cm_status cm_memory_snapshot_new(const cm_memory_snapshot_config *cfg, cm_callback_plugin *out);
+
+/* OOMObserver: keeps the timeline of the batch in progress; when the arena runs out of its
+ * budget (CM_ERR_OOM: a fixed microbatch size fails, automatic microbatching retries smaller)
+ * it writes that batch's timeline with "oom": {request_bytes, used_bytes, budget_bytes, event,
+ * batch, microbatch, count} to <folder>/<filename>.json and .svg (a later OOM overwrites them;
+ * count says how many there were) and logs a warning naming the file. */
+typedef struct cm_oom_observer_config {
+    const char *folder;   /* copied; default "{run_name}/traces" */
+    const char *filename; /* copied; default "rank{rank}_oom" */
+    int max_entries;      /* per batch; default 100000 */
+} cm_oom_observer_config;
+
+cm_oom_observer_config cm_oom_observer_config_default(void);
+/* Name "OOMObserver". Errors: CM_ERR_INVALID_ARG (empty folder or filename, max_entries < 1),
+ * CM_ERR_OOM; a snapshot that cannot be written is a warning (the OOM itself is the error). */
+cm_status cm_oom_observer_new(const cm_oom_observer_config *cfg, cm_callback_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

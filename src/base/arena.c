@@ -25,6 +25,8 @@ struct cm_arena {
     size_t budget; /* 0 = unlimited */
     size_t peak;
     bool poison;
+    cm_arena_oom_fn oom_hook; /* cm_arena_set_oom_hook */
+    void *oom_data;
 };
 
 cm_status cm_arena_new(size_t budget, cm_arena **out) {
@@ -101,6 +103,7 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
             cm_set_error(CM_ERR_OOM,
                          "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes)",
                          bytes, a->pos, a->budget);
+            if (a->oom_hook) a->oom_hook(bytes, a->pos, a->budget, a->oom_data);
             return NULL;
         }
         a->cur = a->n_chunks - 1;
@@ -110,7 +113,14 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
                  "out of memory: arena request of %zu bytes exceeds the budget (in use %zu of %zu bytes; raise the "
                  "budget or lower the microbatch size)",
                  bytes, a->pos, a->budget);
+    if (a->oom_hook) a->oom_hook(bytes, a->pos, a->budget, a->oom_data);
     return NULL;
+}
+
+void cm_arena_set_oom_hook(cm_arena *a, cm_arena_oom_fn fn, void *data) {
+    if (!a) return;
+    a->oom_hook = fn;
+    a->oom_data = fn ? data : NULL;
 }
 
 /* Chunks are kept as they are: merging them into one block would hand the next step freshly
