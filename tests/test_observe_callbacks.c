@@ -718,3 +718,71 @@ Test(oom_observer, writes_the_batch_timeline_when_the_arena_runs_out) {
     rig_free(&g);
     tmp_remove(dir);
 }
+
+/* ---- ActivationMonitor ---------------------------------------------------------------------- */
+
+static double first_logged(const cm_in_memory_logger *m, const char *name) {
+    for (int64_t i = 0; i < cm_in_memory_logger_n(m); i++)
+        if (!strcmp(cm_in_memory_logger_record(m, i)->name, name)) return cm_in_memory_logger_record(m, i)->value;
+    cr_assert_fail("nothing logged as %s", name);
+    return NAN;
+}
+
+/* Every 2nd batch, the first microbatch's modules: the root's input statistics equal the ones
+ * computed by hand from the batch (samples 0-7, in order), a module's input has the statistics of
+ * the previous module's output, and ignored modules log nothing. */
+Test(activation_monitor, logs_module_input_and_output_statistics_at_the_interval) {
+    cm_activation_monitor_config ac = cm_activation_monitor_config_default();
+    cr_assert_eq(cm_time_parse("2ba", &ac.interval), CM_OK);
+    const char *ignore[1] = {"2"};
+    ac.ignore_module_types = ignore, ac.n_ignore_module_types = 1;
+    cm_callback_plugin cb;
+    cr_assert_eq(cm_activation_monitor_new(&ac, &cb), CM_OK);
+    cm_dataset *ds = cmt_synth_dataset(48, 8, 3, false, NULL);
+    cm_dataloader *dl = ordered_loader(ds, 8);
+    cm_model *model = cmt_mlp(8, 16, 3, 0.0f, 3);
+    cm_in_memory_logger *mem;
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = model, c.train_dataloader = dl, c.run_name = "act";
+    cr_assert_eq(cm_time_parse("4ba", &c.max_duration), CM_OK);
+    c.callbacks = &cb, c.n_callbacks = 1;
+    c.loggers = &lp, c.n_loggers = 1;
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_in_memory_logger_count(mem, "activations/max/0_output.0"), 2, "batches 0 and 2");
+    cr_assert_eq(cm_in_memory_logger_count(mem, "activations/kurtosis/_input.0"), 2);
+    cr_assert_eq(cm_in_memory_logger_count(mem, "activations/max/2_output.0"), 0, "module 2 is ignored");
+    cr_assert_eq(first_logged(mem, "activations/average/1_input.0"), first_logged(mem, "activations/average/0_output.0"));
+    cr_assert_eq(first_logged(mem, "activations/l2_norm/1_input.0"), first_logged(mem, "activations/l2_norm/0_output.0"));
+    cr_assert_geq(first_logged(mem, "activations/average/1_output.0"), 0.0, "a ReLU's output");
+    /* the root's input: samples 0-7 */
+    double mx = 0, sum = 0, l2 = 0, kurt = 0;
+    for (int s = 0; s < 8; s++) {
+        float x[8];
+        int64_t y;
+        float tok;
+        void *outs[3] = {x, &y, &tok};
+        const cm_sample_ctx ctx = {0, 0, true};
+        cr_assert_eq(cm_dataset_get(ds, s, &ctx, outs), CM_OK);
+        double s1 = 0, s2 = 0, m = -INFINITY;
+        for (int j = 0; j < 8; j++) s1 += x[j], s2 += (double)x[j] * x[j], m = x[j] > m ? x[j] : m;
+        double m2 = 0, m4 = 0;
+        for (int j = 0; j < 8; j++) {
+            const double d = x[j] - s1 / 8;
+            m2 += d * d, m4 += d * d * d * d;
+        }
+        m2 /= 8, m4 /= 8;
+        mx += m, sum += s1, l2 += sqrt(s2), kurt += m4 / (m2 * m2);
+    }
+    cr_assert_float_eq(first_logged(mem, "activations/max/_input.0"), mx / 8, 1e-9);
+    cr_assert_float_eq(first_logged(mem, "activations/average/_input.0"), sum / 64, 1e-9);
+    cr_assert_float_eq(first_logged(mem, "activations/l2_norm/_input.0"), l2 / 8, 1e-9);
+    cr_assert_float_eq(first_logged(mem, "activations/kurtosis/_input.0"), kurt / 8, 1e-9);
+    cm_trainer_free(tr);
+    cm_model_free(model);
+    cm_dataloader_free(dl);
+    cm_dataset_free(ds);
+}

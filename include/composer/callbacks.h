@@ -551,6 +551,32 @@ cm_oom_observer_config cm_oom_observer_config_default(void);
  * CM_ERR_OOM; a snapshot that cannot be written is a warning (the OOM itself is the error). */
 cm_status cm_oom_observer_new(const cm_oom_observer_config *cfg, cm_callback_plugin *out);
 
+/* =============================================================================================
+ * ActivationMonitor: statistics of every module's inputs and outputs
+ * =========================================================================================== */
+
+/* Composer's ActivationMonitor: at the first microbatch of every `interval`-th batch it hooks
+ * every module's forward (cm_module_set_forward_hook, from BEFORE_FORWARD to AFTER_FORWARD) and
+ * logs, for each floating-point input i and the output of each module (path = its dotted name,
+ * "" for the root), statistics over the last dimension averaged over the other rows:
+ *   activations/max/<path>_input.<i>, activations/average/<path>_input.<i> (the plain mean),
+ *   activations/l2_norm/<path>_input.<i>, activations/kurtosis/<path>_input.<i> (m4 / var²),
+ * and the same with _output.0. Modules whose path contains one of ignore_module_types are left
+ * out. Composer's only_log_wandb sends them to W&B alone when it is there; here they go to every
+ * logger (a W&B logger included). Only modules called through cm_module_forward are seen. */
+typedef struct cm_activation_monitor_config {
+    cm_time interval;                       /* ba or ep; default 25ba */
+    const char *const *ignore_module_types; /* substrings of paths to skip (copied); default none */
+    int n_ignore_module_types;
+    bool only_log_wandb;                    /* default true; see above */
+} cm_activation_monitor_config;
+
+cm_activation_monitor_config cm_activation_monitor_config_default(void);
+/* Name "ActivationMonitor". A batch interval below 10ba is allowed with a warning (Composer's:
+ * the hooks cost throughput). Errors: CM_ERR_INVALID_ARG (interval not a positive count of ba or
+ * ep, n_ignore without the array), CM_ERR_OOM. */
+cm_status cm_activation_monitor_new(const cm_activation_monitor_config *cfg, cm_callback_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

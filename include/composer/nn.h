@@ -178,6 +178,15 @@ void cm_module_set_seed(cm_module *m, uint64_t seed);
 cm_tensor *cm_module_forward(cm_module *m, cm_tape *tp, cm_tensor *x);
 cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in);
 
+/* A function cm_module_forward(_n) calls after a module's forward succeeded, with its inputs and
+ * output (tape tensors, valid until the tape is reset): ActivationMonitor's forward hooks, as
+ * PyTorch's register_forward_hook. cm_module_set_forward_hook sets it on m and every module below
+ * it now (modules added later have none); NULL fn removes it. The hook must not record on the tape
+ * or change the tensors. Modules whose parent calls them without cm_module_forward (fused blocks)
+ * are not seen. Not thread-safe with a forward in flight. */
+typedef void (*cm_module_forward_hook_fn)(cm_module *m, int n_in, cm_tensor *const *in, cm_tensor *out, void *data);
+void cm_module_set_forward_hook(cm_module *m, cm_module_forward_hook_fn fn, void *data);
+
 /* Writes a PyTorch-style tree ("(c_attn): Linear(in=768, out=2304, bias)") into buf, always
  * NUL-terminated; returns the length the full text needs (as snprintf). */
 size_t cm_module_summary(const cm_module *m, char *buf, size_t cap);
