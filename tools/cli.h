@@ -50,6 +50,13 @@ typedef struct cli_ctx {
     cm_time console_log_interval; /* plain progress lines (console logger); count 0 = none */
     int64_t total_batches;   /* batches the fit will run (0 = unknown) */
     bool quiet;
+    /* for the callbacks of issue 21 */
+    const char *run_root;                /* folders default to <run_root>/{run_name}/... */
+    const struct cm_tokenizer *tokenizer; /* the data's (GPT configs), or NULL: for generate */
+    cm_checkpoint_saver_config saver;    /* callbacks.checkpoint_saver, applied once the run name is known */
+    bool has_saver;
+    int64_t file_flush_interval;         /* loggers.file: the run's FileLogger (0 = its default) */
+    bool file_log_traces;
 } cli_ctx;
 
 typedef struct cli_plugin_out {

@@ -52,7 +52,7 @@ static cm_status make_gradient_clipping(cm_config *c, const char *path, cli_ctx 
  * false (Composer adds its ProgressBarLogger for progress_bar: true). */
 static cm_status make_progress_bar(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     (void)ctx;
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     out->none = true;
     return CM_OK;
 }
@@ -61,10 +61,33 @@ static cm_status make_progress_bar(cm_config *c, const char *path, cli_ctx *ctx,
 static cm_status make_console(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     char key[256];
     snprintf(key, sizeof key, "%s.log_interval", path);
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     cm_status s = cm_config_get_time(c, key, "1ep", &ctx->console_log_interval);
     out->none = true;
     return s;
+}
+
+/* loggers.file: {flush_interval: 100, log_traces: false} — the run's FileLogger (metrics.jsonl and
+ * loss.svg in the run folder), which the CLI always has; Composer's filename names its text log,
+ * which here is the run folder's log.txt. */
+static cm_status make_file(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256];
+    cm_status s;
+    cm_config_mark_read(c, path);
+    snprintf(key, sizeof key, "%s.filename", path);
+    if (cm_config_has(c, key))
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: the run's files are runs/<run_name>/metrics.jsonl and log.txt; "
+                                                "set run_root and run_name to place them",
+                            cm_config_origin(c, key), key);
+    snprintf(key, sizeof key, "%s.flush_interval", path);
+    if ((s = cm_config_get_int(c, key, 100, &ctx->file_flush_interval))) return s;
+    if (ctx->file_flush_interval < 1)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: %lld must be at least 1 (batches)", cm_config_origin(c, key), key,
+                            (long long)ctx->file_flush_interval);
+    snprintf(key, sizeof key, "%s.log_traces", path);
+    if ((s = cm_config_get_bool(c, key, false, &ctx->file_log_traces))) return s;
+    out->none = true;
+    return CM_OK;
 }
 
 /* Callbacks (callbacks.h), with Composer's argument names. */
@@ -99,7 +122,7 @@ static cm_status make_speed_monitor(cm_config *c, const char *path, cli_ctx *ctx
     cm_speed_monitor_config cfg = cm_speed_monitor_config_default();
     int64_t w;
     cm_status s;
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     if ((s = cm_config_get_int(c, KEY("window_size"), cfg.window_size, &w))) return s;
     cfg.window_size = (int)w;
     if ((s = cm_config_get_double(c, KEY("peak_flops"), cfg.peak_flops, &cfg.peak_flops))) return s;
@@ -110,13 +133,13 @@ static cm_status make_speed_monitor(cm_config *c, const char *path, cli_ctx *ctx
 /* callbacks.lr_monitor: {} and callbacks.memory_monitor: {} */
 static cm_status make_lr_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     (void)ctx;
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     return cm_lr_monitor_new(&out->callback);
 }
 
 static cm_status make_memory_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     (void)ctx;
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     return cm_memory_monitor_new(&out->callback);
 }
 
@@ -155,7 +178,7 @@ static cm_status make_runtime_estimator(cm_config *c, const char *path, cli_ctx 
     cm_runtime_estimator_config cfg = cm_runtime_estimator_config_default();
     int64_t k;
     cm_status s;
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     if ((s = cm_config_get_int(c, KEY("skip_batches"), cfg.skip_batches, &k))) return s;
     cfg.skip_batches = (int)k;
     if ((s = get_wall_unit(c, KEY("time_unit"), &cfg.time_unit))) return s;
@@ -169,12 +192,272 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
     cm_optimizer_monitor_config cfg = cm_optimizer_monitor_config_default();
     int64_t k;
     cm_status s;
-    cm_config_touch(c, path);
+    cm_config_mark_read(c, path);
     if ((s = cm_config_get_bool(c, KEY("log_optimizer_metrics"), true, &cfg.log_optimizer_metrics))) return s;
     if ((s = cm_config_get_int(c, KEY("batch_log_interval"), cfg.batch_log_interval, &k))) return s;
     cfg.batch_log_interval = (int)k;
     return cm_optimizer_monitor_new(&cfg, &out->callback);
 }
+/* A list of strings under key (a scalar counts as one), into out (cap entries; borrowed). */
+static cm_status get_strings(cm_config *c, const char *key, const char **out, int cap, int *n) {
+    *n = 0;
+    const cm_config_kind k = cm_config_kind_of(c, key);
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, key);
+        return CM_OK;
+    }
+    if (k == CM_CONFIG_SCALAR) {
+        *n = 1;
+        return cm_config_get_string(c, key, NULL, &out[0]);
+    }
+    if (k != CM_CONFIG_SEQ)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: expected a list of strings", cm_config_origin(c, key), key);
+    const int len = cm_config_len(c, key);
+    if (len > cap) return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: at most %d entries", cm_config_origin(c, key), key, cap);
+    for (int i = 0; i < len; i++) {
+        char ki[300];
+        snprintf(ki, sizeof ki, "%s.%d", key, i);
+        cm_status s = cm_config_get_string(c, ki, "", &out[i]);
+        if (s) return s;
+    }
+    *n = len;
+    cm_config_touch(c, key);
+    return CM_OK;
+}
+
+/* A folder default under the run folder: <run_root>/{run_name}/<sub>. */
+static const char *run_sub(const cli_ctx *ctx, const char *sub, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/{run_name}/%s", ctx->run_root ? ctx->run_root : CM_RUN_ROOT_DEFAULT, sub);
+    return buf;
+}
+
+/* Prefixes the current error with the config origin of `path`; a value the library does not
+ * support is a config error (exit status 2) like any other bad value. */
+static cm_status at(cm_config *c, const char *path, cm_status s) {
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", cm_last_error());
+    return cm_set_error(s == CM_ERR_UNSUPPORTED ? CM_ERR_INVALID_ARG : s, "%s: %s: %s", cm_config_origin(c, path), path,
+                        msg);
+}
+
+/* callbacks.nan_monitor: {on_nan: error | rollback, max_rollbacks: 5} */
+static cm_status make_nan_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_nan_monitor_config cfg = cm_nan_monitor_config_default();
+    static const char *const actions[] = {"error", "rollback"};
+    int a;
+    int64_t k;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_choice(c, KEY("on_nan"), actions, 2, "error", &a))) return s;
+    cfg.on_nan = (cm_nan_action)a;
+    if ((s = cm_config_get_int(c, KEY("max_rollbacks"), cfg.max_rollbacks, &k))) return s;
+    cfg.max_rollbacks = (int)k;
+    if ((s = cm_nan_monitor_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.system_metrics_monitor: {log_all_data: false, interval: 1} */
+static cm_status make_system_metrics_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_system_metrics_monitor_config cfg = cm_system_metrics_monitor_config_default();
+    int64_t k;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_bool(c, KEY("log_all_data"), false, &cfg.log_all_data))) return s;
+    if ((s = cm_config_get_int(c, KEY("interval"), 1, &k))) return s;
+    cfg.interval = (int)k;
+    if ((s = cm_system_metrics_monitor_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.free_outputs: {} */
+static cm_status make_free_outputs(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    cm_config_mark_read(c, path);
+    return cm_free_outputs_new(&out->callback);
+}
+
+/* callbacks.activation_monitor: {interval: 25ba, ignore_module_types: [...], only_log_wandb: true} */
+static cm_status make_activation_monitor(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_activation_monitor_config cfg = cm_activation_monitor_config_default();
+    const char *ignore[32];
+    int n;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_time(c, KEY("interval"), "25ba", &cfg.interval)) ||
+        (s = get_strings(c, KEY("ignore_module_types"), ignore, 32, &n)) ||
+        (s = cm_config_get_bool(c, KEY("only_log_wandb"), true, &cfg.only_log_wandb)))
+        return s;
+    cfg.ignore_module_types = ignore, cfg.n_ignore_module_types = n;
+    if ((s = cm_activation_monitor_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.generate: {prompts: [...], interval: 100ba, max_new_tokens: 100, do_sample: false,
+ * temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42} (Composer's Generate and its generate kwargs) */
+static cm_status make_generate(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256];
+    cm_generate_config cfg = cm_generate_config_default();
+    const char *prompts[64];
+    int n;
+    bool sample;
+    double temp, top_p;
+    int64_t k;
+    cm_status s;
+    if ((s = get_strings(c, KEY("prompts"), prompts, 64, &n))) return s;
+    if (!n)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s.prompts: required (a list of strings)", cm_config_origin(c, path),
+                            path);
+    if ((s = cm_config_get_time(c, KEY("interval"), NULL, &cfg.interval))) return s;
+    if (cfg.interval.count == 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s.interval: required (e.g. 100ba)", cm_config_origin(c, path), path);
+    if ((s = cm_config_get_int(c, KEY("max_new_tokens"), 100, &cfg.max_new_tokens)) ||
+        (s = cm_config_get_bool(c, KEY("do_sample"), false, &sample)) ||
+        (s = cm_config_get_double(c, KEY("temperature"), 1.0, &temp)) ||
+        (s = cm_config_get_int(c, KEY("top_k"), 0, &cfg.top_k)) ||
+        (s = cm_config_get_double(c, KEY("top_p"), 1.0, &top_p)) || (s = cm_config_get_int(c, KEY("seed"), 42, &k)))
+        return s;
+    cfg.temperature = sample ? (float)temp : 0.0f; /* Hugging Face: greedy unless do_sample */
+    cfg.top_p = (float)top_p;
+    cfg.seed = (uint64_t)k;
+    cfg.prompts = prompts, cfg.n_prompts = n;
+    cfg.tokenizer = ctx->tokenizer;
+    if (!cfg.tokenizer)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: no tokenizer (a GPT on token data with a tokenizer.json next "
+                                                "to it)", cm_config_origin(c, path), path);
+    if ((s = cm_generate_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.image_visualizer: {interval: 100ba, mode: input, num_images: 8, channels_last: false,
+ * input_key: 0, target_key: 1, folder} */
+static cm_status make_image_visualizer(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256], def[512];
+    cm_image_visualizer_config cfg = cm_image_visualizer_config_default();
+    int64_t n, ik, tk;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_time(c, KEY("interval"), "100ba", &cfg.interval)) ||
+        (s = cm_config_get_string(c, KEY("mode"), "input", &cfg.mode)) ||
+        (s = cm_config_get_int(c, KEY("num_images"), 8, &n)) ||
+        (s = cm_config_get_bool(c, KEY("channels_last"), false, &cfg.channels_last)) ||
+        (s = cm_config_get_int(c, KEY("input_key"), 0, &ik)) || (s = cm_config_get_int(c, KEY("target_key"), 1, &tk)) ||
+        (s = cm_config_get_string(c, KEY("folder"), run_sub(ctx, "images", def, sizeof def), &cfg.folder)))
+        return s;
+    cfg.num_images = (int)n, cfg.input_key = (int)ik, cfg.target_key = (int)tk;
+    if ((s = cm_image_visualizer_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.memory_snapshot: {skip_batches: 1, interval: 3ba, max_entries: 100000, folder, filename,
+ * overwrite: false} */
+static cm_status make_memory_snapshot(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256], def[512];
+    cm_memory_snapshot_config cfg = cm_memory_snapshot_config_default();
+    int64_t skip, max;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_int(c, KEY("skip_batches"), 1, &skip)) ||
+        (s = cm_config_get_time(c, KEY("interval"), "3ba", &cfg.interval)) ||
+        (s = cm_config_get_int(c, KEY("max_entries"), 100000, &max)) ||
+        (s = cm_config_get_string(c, KEY("folder"), run_sub(ctx, "memory_traces", def, sizeof def), &cfg.folder)) ||
+        (s = cm_config_get_string(c, KEY("filename"), cfg.filename, &cfg.filename)) ||
+        (s = cm_config_get_bool(c, KEY("overwrite"), false, &cfg.overwrite)))
+        return s;
+    cfg.skip_batches = (int)skip, cfg.max_entries = (int)max;
+    if ((s = cm_memory_snapshot_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.oom_observer: {folder, filename: rank{rank}_oom, max_entries: 100000} */
+static cm_status make_oom_observer(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256], def[512];
+    cm_oom_observer_config cfg = cm_oom_observer_config_default();
+    int64_t max;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_string(c, KEY("folder"), run_sub(ctx, "traces", def, sizeof def), &cfg.folder)) ||
+        (s = cm_config_get_string(c, KEY("filename"), cfg.filename, &cfg.filename)) ||
+        (s = cm_config_get_int(c, KEY("max_entries"), 100000, &max)))
+        return s;
+    cfg.max_entries = (int)max;
+    if ((s = cm_oom_observer_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.export_for_inference: {save_format: c, save_path (default: the run folder's export/)} */
+static cm_status make_export_for_inference(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256], def[512];
+    cm_export_for_inference_config cfg = cm_export_for_inference_config_default();
+    const char *sp;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if ((s = cm_config_get_string(c, KEY("save_format"), "c", &cfg.save_format)) ||
+        (s = cm_config_get_string(c, KEY("save_path"), NULL, &sp)))
+        return s;
+    if (!sp) sp = run_sub(ctx, "export", def, sizeof def);
+    cfg.save_path = sp;
+    if ((s = cm_export_for_inference_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.load_checkpoint: {load_path, event: before_load, strict_model_weights: true,
+ * ignore_keys: [...]} (of Composer's load_options, the model's weights) */
+static cm_status make_load_checkpoint(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_load_checkpoint_config cfg = cm_load_checkpoint_config_default();
+    const char *ev, *ignore[32];
+    int n;
+    cm_status s;
+    if ((s = cm_config_get_string(c, KEY("load_path"), NULL, &cfg.load_path))) return s;
+    if (!cfg.load_path)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s.load_path: required (a checkpoint folder or .safetensors)",
+                            cm_config_origin(c, path), path);
+    if ((s = cm_config_get_string(c, KEY("event"), "before_load", &ev))) return s;
+    if ((s = cm_event_parse(ev, &cfg.event))) return at(c, KEY("event"), s);
+    if ((s = cm_config_get_bool(c, KEY("strict_model_weights"), true, &cfg.strict_model_weights)) ||
+        (s = get_strings(c, KEY("ignore_keys"), ignore, 32, &n)))
+        return s;
+    cfg.ignore_keys = ignore, cfg.n_ignore_keys = n;
+    if ((s = cm_load_checkpoint_new(&cfg, &out->callback))) return at(c, path, s);
+    return CM_OK;
+}
+
+/* callbacks.checkpoint_saver: {folder, filename, latest_filename, save_interval: 1ep, weights_only,
+ * num_checkpoints_to_keep: -1, overwrite} — the trainer's own saver, set up from these */
+static cm_status make_checkpoint_saver(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256];
+    cm_checkpoint_saver_config cfg = cm_checkpoint_saver_config_default();
+    int64_t keep;
+    cm_status s;
+    cm_config_mark_read(c, path);
+    if (cm_config_has(c, "save_folder"))
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: save_folder is set too; keep one of them",
+                            cm_config_origin(c, path), path);
+    if ((s = cm_config_get_string(c, KEY("folder"), cfg.folder, &cfg.folder)) ||
+        (s = cm_config_get_string(c, KEY("filename"), cfg.filename, &cfg.filename)) ||
+        (s = cm_config_get_string(c, KEY("latest_filename"), cfg.latest_filename, &cfg.latest_filename)) ||
+        (s = cm_config_get_time(c, KEY("save_interval"), "1ep", &cfg.save_interval)) ||
+        (s = cm_config_get_bool(c, KEY("weights_only"), false, &cfg.weights_only)) ||
+        (s = cm_config_get_int(c, KEY("num_checkpoints_to_keep"), -1, &keep)) ||
+        (s = cm_config_get_bool(c, KEY("overwrite"), false, &cfg.overwrite)))
+        return s;
+    cfg.num_checkpoints_to_keep = (int)keep;
+    if (cfg.num_checkpoints_to_keep < -1 || cfg.num_checkpoints_to_keep == 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s.num_checkpoints_to_keep: %d (use -1 for all, or >= 1)",
+                            cm_config_origin(c, path), path, cfg.num_checkpoints_to_keep);
+    ctx->saver = cfg;
+    ctx->has_saver = true;
+    out->none = true;
+    return CM_OK;
+}
+
 #undef KEY
 
 /* ---------------------------------------------------------------------------------------------
@@ -193,7 +476,7 @@ cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume,
     if (k != CM_CONFIG_MAP)
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: profiler: expected a map ({schedule: {...}, json_trace_handler: "
                                                 "{...}})", cm_config_origin(c, "profiler"));
-    cm_config_touch(c, "profiler");
+    cm_config_mark_read(c, "profiler");
     cm_profiler_config pc = cm_profiler_config_default();
     cm_status s;
     struct {
@@ -202,7 +485,7 @@ cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume,
     } sched[] = {{"profiler.schedule.skip_first", &pc.schedule.skip_first}, {"profiler.schedule.wait", &pc.schedule.wait},
                  {"profiler.schedule.warmup", &pc.schedule.warmup}, {"profiler.schedule.active", &pc.schedule.active},
                  {"profiler.schedule.repeat", &pc.schedule.repeat}};
-    cm_config_touch(c, "profiler.schedule");
+    cm_config_mark_read(c, "profiler.schedule");
     for (size_t i = 0; i < sizeof sched / sizeof *sched; i++)
         if ((s = cm_config_get_int(c, sched[i].key, *sched[i].v, sched[i].v))) return s;
     if ((s = cm_cyclic_schedule_check(&pc.schedule))) {
@@ -225,7 +508,7 @@ cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume,
     /* the JSON trace handler, into the run folder unless told otherwise */
     cm_trace_handler th = {0};
     const cm_config_kind jk = cm_config_kind_of(c, "profiler.json_trace_handler");
-    cm_config_touch(c, "profiler.json_trace_handler");
+    cm_config_mark_read(c, "profiler.json_trace_handler");
     if (jk != CM_CONFIG_NULL) {
         cm_json_trace_handler_config jc = cm_json_trace_handler_config_default();
         char folder[1024];
@@ -269,6 +552,7 @@ const cli_plugin_entry cli_plugin_registry[] = {
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
     {"progress_bar", CLI_LOGGER, make_progress_bar, "ProgressBarLogger on stderr (also top-level progress_bar: true)"},
     {"console", CLI_LOGGER, make_console, "ConsoleLogger: metric blocks on stdout every log_interval (1ep)"},
+    {"file", CLI_LOGGER, make_file, "FileLogger (the run folder's metrics.jsonl): flush_interval (100), log_traces (false)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,
      "SpeedMonitor: window_size (100), peak_flops (0: measured), time_unit (hours)"},
     {"lr_monitor", CLI_CALLBACK, make_lr_monitor, "LRMonitor: logs lr-<Optimizer>/group<i>"},
@@ -281,6 +565,28 @@ const cli_plugin_entry cli_plugin_registry[] = {
      "RuntimeEstimator: skip_batches (1), time_unit (hours)"},
     {"optimizer_monitor", CLI_CALLBACK, make_optimizer_monitor,
      "OptimizerMonitor: log_optimizer_metrics (true), batch_log_interval (1)"},
+    {"nan_monitor", CLI_CALLBACK, make_nan_monitor, "NaNMonitor: on_nan (error | rollback), max_rollbacks (5)"},
+    {"activation_monitor", CLI_CALLBACK, make_activation_monitor,
+     "ActivationMonitor: interval (25ba), ignore_module_types ([]), only_log_wandb (true)"},
+    {"system_metrics_monitor", CLI_CALLBACK, make_system_metrics_monitor,
+     "SystemMetricsMonitor: log_all_data (false), interval (1)"},
+    {"generate", CLI_CALLBACK, make_generate,
+     "Generate: prompts, interval, max_new_tokens (100), do_sample (false), temperature (1), top_k, top_p, seed"},
+    {"image_visualizer", CLI_CALLBACK, make_image_visualizer,
+     "ImageVisualizer: interval (100ba), mode (input), num_images (8), channels_last, input_key (0), target_key (1), "
+     "folder"},
+    {"memory_snapshot", CLI_CALLBACK, make_memory_snapshot,
+     "MemorySnapshot: skip_batches (1), interval (3ba), max_entries, folder, filename, overwrite"},
+    {"oom_observer", CLI_CALLBACK, make_oom_observer, "OOMObserver: folder, filename (rank{rank}_oom), max_entries"},
+    {"free_outputs", CLI_CALLBACK, make_free_outputs, "FreeOutputs: drops the outputs after the loss"},
+    {"export_for_inference", CLI_CALLBACK, make_export_for_inference,
+     "ExportForInferenceCallback: save_format (c), save_path (the run folder's export/)"},
+    {"load_checkpoint", CLI_CALLBACK, make_load_checkpoint,
+     "LoadCheckpoint: load_path, event (before_load), strict_model_weights (true), ignore_keys"},
+    {"checkpoint_saver", CLI_CALLBACK, make_checkpoint_saver,
+     "CheckpointSaver: folder, filename, latest_filename, save_interval (1ep), weights_only, "
+     "num_checkpoints_to_keep (-1), overwrite"},
+
     {NULL, CLI_ALGORITHM, NULL, NULL},
 };
 

@@ -567,7 +567,7 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         if (pk != CM_CONFIG_MAP && pk != CM_CONFIG_NULL) return bad(c, p, "expected a map of arguments ({} for none)");
         cli_plugin_out out = {0};
         TRY(e->make(c, p, &r->ctx, &out));
-        cm_config_touch(c, p); /* an argument-less entry ({} or null) is read */
+        cm_config_mark_read(c, p); /* an argument-less entry ({} or null) is read; unknown arguments are not */
         if (out.none) continue;
         int *n = kind == CLI_ALGORITHM ? &r->n_algs : kind == CLI_CALLBACK ? &r->n_cbs : &r->n_lgs;
         if (*n == MAX_PLUGINS) return bad(c, section, "at most %d entries", MAX_PLUGINS);
@@ -767,6 +767,8 @@ static cm_status build_run(run *r) {
     if (r->mode == MODE_TRAIN) {
         TRY(read_optimizer(r));
         TRY(build_schedulers(r));
+        r->ctx.run_root = r->run_root;
+        r->ctx.tokenizer = r->tok;
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
         TRY(build_profiler(r));
@@ -786,6 +788,12 @@ static cm_status build_run(run *r) {
 /* ---------------------------------------------------------------------------------------------
  * Help
  * ------------------------------------------------------------------------------------------- */
+
+/* The registry's rows of a kind, one a line, indented to the key column. */
+static void plugin_rows(FILE *f, cli_plugin_kind kind) {
+    for (const cli_plugin_entry *e = cli_plugin_registry; e->name; e++)
+        if (e->kind == kind) fprintf(f, "                     %s: %s\n", e->name, e->help);
+}
 
 static void print_keys(FILE *f) {
     fprintf(f,
@@ -809,8 +817,18 @@ static void print_keys(FILE *f) {
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
             "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
-            "  callbacks:         (none yet)\n"
-            "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
+            "  callbacks:         a map of Composer's callbacks by snake_case name, with their arguments:\n");
+    plugin_rows(f, CLI_CALLBACK);
+    fprintf(f,
+            "  loggers:           a map of loggers:\n");
+    plugin_rows(f, CLI_LOGGER);
+    fprintf(f,
+            "  profiler:          schedule: {skip_first (0), wait (0), warmup (1), active (4), repeat (1)},\n"
+            "                     json_trace_handler: {folder (<run folder>/traces), filename\n"
+            "                     (ep{epoch}-ba{batch}-rank{rank}.json), merged_trace_filename (merged_trace.json),\n"
+            "                     overwrite, num_traces_to_keep (-1)}, sys_prof_cpu (true), sys_prof_memory,\n"
+            "                     sys_prof_disk, sys_prof_net (false), sys_prof_stats_thread_interval_seconds (0.5),\n"
+            "                     record_ops (true), summary_row_limit (20): Chrome traces and an op table\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"
             "  max_duration       how long to train: 2000ba, 3ep, 1e6tok, ... (required)\n"
             "  eval_interval      1ep; 500ba; 0 disables evaluation during training\n"
@@ -1029,6 +1047,23 @@ static int finish(run *r, int rc) {
     return rc;
 }
 
+/* Texts the callbacks log (Generate's samples, ImageVisualizer's files): printed and teed into
+ * log.txt like the rest of the CLI's output (the FileLogger's own text log is off here). */
+static cm_status text_log_metrics(void *self, const cm_metric_value *v, int n, const cm_timestamp *ts) {
+    (void)self, (void)v, (void)n, (void)ts;
+    return CM_OK;
+}
+static cm_status text_log_text(void *self, const char *key, const char *text, const cm_timestamp *ts) {
+    const size_t n = strlen(text);
+    cli_say(self, "[text] %s (epoch %lld, batch %lld):\n%s%s", key, (long long)ts->epoch, (long long)ts->batch, text,
+            n && text[n - 1] == '\n' ? "" : "\n");
+    return CM_OK;
+}
+static void text_free(void *self) { (void)self; }
+static const cm_logger_i k_text_logger = {
+    .abi = CM_LOGGER_ABI, .name = "TextLog", .log_metrics = text_log_metrics, .free = text_free,
+    .log_text = text_log_text};
+
 /* Rank 0's run folder: config.yaml, log.txt, tokenizer.json. Fills run_name (cap 256). */
 static cm_status make_run_folder(run *r, char *run_name) {
     char *dir = NULL, *path = NULL;
@@ -1092,6 +1127,10 @@ int cmd_train(const char *prog, int argc, char **argv) {
         return finish(&r, settle(&r, prog));
     }
     r.tc.run_name = run_name;
+    char saver_folder[1024];
+    if (!r.err_code && r.ctx.has_saver &&
+        cm_checkpoint_saver_apply(&r.ctx.saver, run_name, saver_folder, sizeof saver_folder, &r.tc) != CM_OK)
+        note(&r, "callbacks.checkpoint_saver");
     /* rank 0 speaks for the job; another rank's warnings and errors still reach its stderr (the
      * launcher's --stderr 'logs/rank{rank}.txt' keeps them apart), its info lines only when
      * CM_LOG asks for them */
@@ -1113,6 +1152,8 @@ int cmd_train(const char *prog, int argc, char **argv) {
         fc.folder = r.ctx.run_dir;
         fc.text_log = false;
         fc.append = r.tc.autoresume; /* the loss curve of a resumed run continues the earlier one's */
+        if (r.ctx.file_flush_interval > 0) fc.flush_interval = r.ctx.file_flush_interval;
+        fc.log_traces = r.ctx.file_log_traces;
         if (cm_file_logger_new(&fc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
     }
@@ -1121,6 +1162,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
         if (cm_progress_bar_logger_new(&pc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
     }
+    if (!r.err_code && r.rank == 0 && r.n_lgs < MAX_PLUGINS) r.lgs[r.n_lgs++] = (cm_logger_plugin){&k_text_logger, &r.ctx};
     if (!r.err_code && r.rank == 0 && r.ctx.console_log_interval.count > 0) {
         cm_console_logger_config cc = cm_console_logger_config_default();
         cc.log_interval = r.ctx.console_log_interval;

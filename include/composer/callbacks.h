@@ -498,7 +498,7 @@ cm_status cm_image_visualizer_new(const cm_image_visualizer_config *cfg, cm_call
  * eval forward to float rounding. */
 typedef struct cm_export_for_inference_config {
     const char *save_format; /* "c" (default); "torchscript" and "onnx" are refused */
-    const char *save_path;   /* required: the folder (made if missing); copied */
+    const char *save_path;   /* required: the folder (made if missing; {run_name} is the state's); copied */
 } cm_export_for_inference_config;
 
 cm_export_for_inference_config cm_export_for_inference_config_default(void);

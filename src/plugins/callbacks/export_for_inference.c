@@ -221,8 +221,16 @@ cm_export_for_inference_config cm_export_for_inference_config_default(void) {
 static cm_status ex_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
     export_cb *e = self;
     if (ev != CM_EVENT_FIT_END || cm_state_rank(st) != 0) return CM_OK;
-    cm_status s = cm_export_for_inference(cm_state_model(st), e->path);
-    if (!s) cm_log_msg(CM_LOG_INFO, "ExportForInference: wrote %s/model.safetensors and %s/infer.c", e->path, e->path);
+    char path[2048];
+    size_t k = 0;
+    for (const char *p = e->path; *p && k + 1 < sizeof path; p++) {
+        if (!strncmp(p, "{run_name}", 10)) k += (size_t)snprintf(path + k, sizeof path - k, "%s", cm_state_run_name(st)), p += 9;
+        else path[k++] = *p;
+        if (k >= sizeof path) k = sizeof path - 1;
+    }
+    path[k] = '\0';
+    cm_status s = cm_export_for_inference(cm_state_model(st), path);
+    if (!s) cm_log_msg(CM_LOG_INFO, "ExportForInference: wrote %s/model.safetensors and %s/infer.c", path, path);
     return s;
 }
 
