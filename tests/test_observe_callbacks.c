@@ -274,7 +274,7 @@ static void expect_same_params(cm_model *a, cm_model *b, const char *what) {
     int64_t na, nb;
     float *pa = cmt_params_copy(a, &na), *pb = cmt_params_copy(b, &nb);
     cr_assert_eq(na, nb);
-    for (int64_t i = 0; i < na; i++) cr_assert_eq(pa[i], pb[i], "%s: parameter %lld differs", what, (long long)i);
+    for (int64_t i = 0; i < na; i++) cr_assert_eq(pa[i], pb[i], "%s: parameter %lld differs: %.9g vs %.9g", what, (long long)i, pa[i], pb[i]);
     free(pa), free(pb);
 }
 

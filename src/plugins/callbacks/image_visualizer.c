@@ -131,7 +131,7 @@ static cm_status render(imgvis *v, const cm_tensor *img, const cm_tensor *out, c
     if (!st) st = cm_png_write(path, W, H, 3, px);
     cm_free(px);
     if (st) return st;
-    char key[96], text[1600];
+    char key[96], text[1200 + 2 * 512 + 64];
     snprintf(key, sizeof key, "Images/%c%s", label[0] >= 'a' && label[0] <= 'z' ? label[0] - 32 : label[0], label + 1);
     snprintf(text, sizeof text, "%s\npredictions: %s%s%s", path, preds, tgt ? "\ntargets: " : "", tgt ? tgts : "");
     return cm_logger_log_text(lg, key, text);
