@@ -181,7 +181,7 @@ static cm_optim *make_optim(cm_model *m, bool adam) {
     return o;
 }
 
-cmt_run cmt_run_new(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, const cmt_run_opts *o) {
+cm_status cmt_run_try(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, const cmt_run_opts *o, cmt_run *out) {
     cmt_run r = {0};
     r.opt = make_optim(rig->model, o->adam);
     cm_algorithm_plugin algs[16];
@@ -218,6 +218,7 @@ cmt_run cmt_run_new(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, con
     c.save_filename = "ba{batch}";
     c.load_path = o->load_path;
     c.handle_signals = false;
+    if (o->load_exclude_algorithms) c.load_exclude_algorithms = &o->load_exclude_algorithms, c.n_load_exclude_algorithms = 1;
     cm_status s = cm_trainer_new(&c, &r.tr);
     if (s) {
         char msg[2048];
@@ -225,8 +226,17 @@ cmt_run cmt_run_new(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, con
         for (int i = 0; i < n_algs; i++) cm_algorithm_plugin_free(algs[i]);
         cm_logger_plugin_free(mp);
         cm_optim_free(r.opt);
-        cr_assert_fail("cm_trainer_new (%s): %s", rig->family, msg);
+        memset(out, 0, sizeof *out);
+        return cm_set_error(s, "%s", msg);
     }
+    *out = r;
+    return CM_OK;
+}
+
+cmt_run cmt_run_new(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, const cmt_run_opts *o) {
+    cmt_run r;
+    cm_status s = cmt_run_try(rig, make_algos, algos_data, o, &r);
+    cr_assert_eq(s, CM_OK, "cm_trainer_new (%s): %s", rig->family, cm_last_error());
     return r;
 }
 

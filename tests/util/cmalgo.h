@@ -46,6 +46,7 @@ typedef struct cmt_run_opts {
     const char *load_path;      /* NULL: start fresh */
     bool adam;                  /* DecoupledAdamW lr 1e-2 (default); false: DecoupledSGDW lr 0.1, momentum 0.9 */
     bool schedule;              /* a step scheduler (gamma 0.5 every batch), as Composer's test's StepLR */
+    const char *load_exclude_algorithms; /* one glob, or NULL */
 } cmt_run_opts;
 
 cmt_run_opts cmt_run_opts_default(void);
@@ -58,6 +59,9 @@ typedef struct cmt_run {
     cm_in_memory_logger *mem;
 } cmt_run;
 cmt_run cmt_run_new(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, const cmt_run_opts *o);
+/* The same without aborting: cm_trainer_new's status (the plugins are freed on failure and
+ * cm_last_error() holds the message). */
+cm_status cmt_run_try(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, const cmt_run_opts *o, cmt_run *out);
 void cmt_run_free(cmt_run *r);
 
 /* Fits `fit_first` (a duration, e.g. "1ba"), then fit again to max_duration, and checks that both
