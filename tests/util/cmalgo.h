@@ -64,8 +64,8 @@ cmt_run cmt_run_new(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, con
 cm_status cmt_run_try(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, const cmt_run_opts *o, cmt_run *out);
 void cmt_run_free(cmt_run *r);
 
-/* Fits `fit_first` (a duration, e.g. "1ba"), then fit again to max_duration, and checks that both
- * fits ran, the loss stayed finite and the weights changed. */
+/* Fits `fit_first` (a duration in ba, e.g. "1ba"), then fits again for the rest of max_duration
+ * (in ba), and checks that both fits ran, the loss stayed finite and the weights changed. */
 void cmt_check_fit_twice(cmt_rig_fn make_rig, void *rig_data, cmt_algos_fn make_algos, void *algos_data,
                          const cmt_run_opts *o, const char *fit_first, const char *label);
 

@@ -1,0 +1,120 @@
+/*
+ * composer/train_algos.h — Composer's training methods as algorithms: EMA, SWA, SAM and
+ * LayerFreezing, with Composer's class names, argument names, defaults and events. Each has a
+ * config struct with a _default() holding Composer's defaults, a constructor giving a plugin for
+ * the trainer (cfg.algorithms) and, where it computes something, its math as a plain function
+ * that needs no trainer (Composer's functional API: compute_ema, freeze_layers, ...).
+ *
+ * State. Every one of them checkpoints what it needs so that a resumed run continues bit for bit
+ * (Composer marks the resumption of LayerFreezing, SAM and SWA as failing; here they resume
+ * exactly): EMA's averaged weights and which weights the model holds, SWA's average, its count
+ * and its schedule, SAM's step counter, LayerFreezing's progress. Large state goes into the
+ * checkpoint's algorithms.safetensors (cm_algorithm_i.tensors), the rest into the manifest.
+ *
+ * Distributed. They work on one process and under NO_SHARD data parallelism (every rank holds the
+ * whole model and applies the same update); under SHARD_GRAD_OP and FULL_SHARD, where a rank holds
+ * only pieces of the parameters, they refuse to start (CM_ERR_UNSUPPORTED on INIT, naming the
+ * algorithm and the strategy to use).
+ *
+ *     cm_ema_config ec = cm_ema_config_default();            // half_life "1000ba"
+ *     ec.half_life = "50ba";
+ *     cm_ema *ema;                                          // a handle, valid while the trainer lives
+ *     cm_algorithm_plugin algs[2];
+ *     if (cm_ema_new(&ec, &ema, &algs[0]) != CM_OK) ...;
+ *     cm_layer_freezing_config lf = cm_layer_freezing_config_default();
+ *     cm_layer_freezing_new(&lf, &algs[1]);
+ *     cfg.algorithms = algs; cfg.n_algorithms = 2;           // the trainer takes them
+ *     ... cm_trainer_fit(tr, NULL) ...
+ *     cm_ema_use_ema_weights(ema);                          // the averaged model, e.g. to export it
+ *
+ * Threading: an algorithm belongs to its trainer's thread; the plain functions are thread-safe
+ * on distinct buffers.
+ */
+#ifndef COMPOSER_TRAIN_ALGOS_H
+#define COMPOSER_TRAIN_ALGOS_H
+
+#include <composer/trainer.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* =============================================================================================
+ * EMA — exponential moving average of the weights (Composer's EMA)
+ *
+ * W_ema ← smoothing·W_ema + (1 − smoothing)·W_model, after every update_interval, where
+ * smoothing = 2^(−update_interval / half_life) (so half_life is the number of intervals after which
+ * a term's weight has halved). The average covers the parameters that require grad when the
+ * average starts and every persistent buffer (batch-norm statistics, also num_batches_tracked,
+ * averaged in f32 and truncated as torch does).
+ *
+ * Events, as Composer: INIT makes the average (a copy of the model, so a checkpoint can be
+ * loaded into it); on the update event (BATCH_END for intervals in ba, EPOCH_END in ep) the
+ * average starts once ema_start is reached — it is made again from the model then — and is
+ * updated whenever the timestamp is a multiple of update_interval. EVAL_START swaps the averaged
+ * weights into the model and EVAL_END swaps the training weights back, so evaluation sees the
+ * average. On BATCH_CHECKPOINT / EPOCH_CHECKPOINT, when a checkpoint is about to be saved
+ * (cm_state_checkpoint_due), the averaged weights are swapped in, so model.safetensors holds the
+ * EMA model, and the EMA's own state (algorithms.safetensors) holds the training weights; the next
+ * BATCH_START swaps them back. A resumed run therefore continues exactly. A checkpoint saved by
+ * cm_trainer_save_checkpoint or after a preemption signal holds the training weights in the model
+ * (as Composer's trainer.save_checkpoint); either way the checkpoint records where each is.
+ * After fit, the model holds the averaged weights when the last checkpoint was saved at the end
+ * (Composer's behaviour); cm_ema_use_ema_weights / cm_ema_use_training_weights choose.
+ *
+ * Differences from Composer, on purpose: before an update the training weights are swapped back
+ * in if a checkpoint left the averaged ones in the model (Composer would average the average into
+ * itself when an epoch-interval update follows a batch checkpoint); and averaging the model's
+ * master weights happens in f32 exactly as torch computes it (smoothing rounded to f32, two
+ * products, one sum), so the result equals Composer's bit for bit.
+ * =========================================================================================== */
+
+typedef struct cm_ema_config {
+    const char *half_life;       /* "1000ba" (Composer's default); ba or ep, a whole count; NULL when
+                                    smoothing is given (Composer refuses both, and so do we) */
+    double smoothing;            /* NAN (None): from half_life; else in [0, 1] (half_life must be NULL) */
+    const char *ema_start;       /* "0.0dur": dur, ba, ep, sp or tok */
+    const char *update_interval; /* NULL (None): 1 in half_life's unit, or "1ba" with smoothing; ba or
+                                    ep, and with half_life the same unit */
+} cm_ema_config;
+
+cm_ema_config cm_ema_config_default(void);
+
+/* The smoothing of a half life: 2^(−update_interval / half_life) (0 for a half life of 0). */
+double cm_ema_smoothing(double half_life, double update_interval);
+
+/* Composer's compute_ema over n floats: ema[i] = fl(fl(ema[i]·s) + fl(model[i]·(1 − s))) with
+ * s = (float)smoothing and 1 − s computed in double then rounded, as torch evaluates
+ * `ema * smoothing + param * (1. - smoothing)` on f32 tensors. */
+void cm_ema_update(float *ema, const float *model, int64_t n, double smoothing);
+
+/* Composer's compute_ema(model, ema_model, smoothing) on two module trees: every parameter and
+ * persistent buffer of `model` that `ema_model` has under the same name (and shape and dtype) is
+ * averaged into ema_model's; names ema_model lacks are skipped, as Composer does. Integer buffers
+ * (num_batches_tracked) are averaged in f32 and truncated toward zero, as torch's copy_ does.
+ * Errors: CM_ERR_INVALID_ARG (NULL, smoothing outside [0, 1]), CM_ERR_SHAPE naming a tensor
+ * whose shape or dtype differs. */
+cm_status cm_compute_ema(cm_module *model, cm_module *ema_model, double smoothing);
+
+/* The algorithm (name "EMA"), with a handle for the calls below (handle may be NULL; it stays
+ * valid while the plugin lives, i.e. until the trainer that took it is freed, or until
+ * cm_algorithm_plugin_free for a plugin never registered). Errors: CM_ERR_INVALID_ARG naming the
+ * argument: both or neither of half_life and smoothing, a time string that does not parse or has
+ * a unit Composer does not allow there, update_interval in another unit than half_life,
+ * smoothing outside [0, 1]; CM_ERR_OOM. */
+typedef struct cm_ema cm_ema;
+cm_status cm_ema_new(const cm_ema_config *cfg, cm_ema **handle, cm_algorithm_plugin *out);
+
+double cm_ema_get_smoothing(const cm_ema *e);
+bool cm_ema_started(const cm_ema *e);        /* the average has started (ema_start reached) */
+bool cm_ema_weights_active(const cm_ema *e); /* the model holds the averaged weights now */
+/* Makes the model hold the averaged (or the training) weights, swapping them with the ones the
+ * EMA keeps: nothing is lost, and the trainer's later swaps stay consistent. A no-op when they are
+ * already there. Errors: CM_ERR_STATE before INIT (no model yet). */
+cm_status cm_ema_use_ema_weights(cm_ema *e);
+cm_status cm_ema_use_training_weights(cm_ema *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COMPOSER_TRAIN_ALGOS_H */
