@@ -114,6 +114,57 @@ bool cm_ema_weights_active(const cm_ema *e); /* the model holds the averaged wei
 cm_status cm_ema_use_ema_weights(cm_ema *e);
 cm_status cm_ema_use_training_weights(cm_ema *e);
 
+/* =============================================================================================
+ * LayerFreezing — progressively freeze the network's layers, earliest first (Composer's
+ * LayerFreezing; FreezeOut, Freeze Training)
+ *
+ * The layers are the modules with parameters and no children, in depth-first order (Composer's
+ * _get_layers); the last one (the head) is never frozen. On every EPOCH_END, with elapsed duration
+ * d: the frozen fraction is 0 while d ≤ freeze_start, then freeze_level · (d − freeze_start) /
+ * (1 − freeze_start); the first ⌊fraction · (layers − 1)⌋ layers are frozen: their parameters stop
+ * requiring grad (backward no longer computes them) and are removed from the optimizer
+ * (cm_optim_exclude: no update, no weight decay, no momentum). A parameter tied to a frozen layer's
+ * (GPT-2's lm_head.weight is transformer.wte.weight) freezes with it, as in torch. Logs
+ * layer_freezing/layers_frozen and layer_freezing/percentage_frozen.
+ *
+ * Checkpoints record how many layers are frozen; loading freezes them again (model and optimizer)
+ * on AFTER_LOAD, so a resumed run continues exactly (Composer saves nothing and warns that such
+ * checkpoints cannot reliably resume). Layers never thaw.
+ * =========================================================================================== */
+
+typedef struct cm_layer_freezing_config {
+    double freeze_start; /* 0.5: the fraction of training before freezing begins, in [0, 1) */
+    double freeze_level; /* 1.0: the fraction of layers frozen at the end of training, in [0, 1] */
+} cm_layer_freezing_config;
+
+cm_layer_freezing_config cm_layer_freezing_config_default(void);
+
+/* Composer's _freeze_schedule: the fraction of layers to freeze at elapsed duration
+ * current_duration (see above). */
+double cm_layer_freezing_schedule(double current_duration, double freeze_start, double freeze_level);
+
+/* Composer's _get_layers: the modules of root's tree that have parameters and no children, in
+ * depth-first order, into out (room for cap; NULL to count); returns how many there are. */
+int64_t cm_layer_freezing_layers(cm_module *root, cm_module **out, int64_t cap);
+
+/* Freezes the first `n_layers` layers of root's tree (never the last): their parameters stop
+ * requiring grad and, when opt is not NULL, are removed from it (cm_optim_exclude: opt's spans
+ * must be the finalized root's unit buffers, or hold the parameters). Errors: CM_ERR_INVALID_ARG
+ * (NULL root, n_layers < 0), CM_ERR_STATE (root not finalized), cm_optim_exclude's
+ * (CM_ERR_NOT_FOUND naming the parameter the optimizer does not hold). */
+cm_status cm_layer_freezing_freeze(cm_module *root, cm_optim *opt, int64_t n_layers);
+
+/* Composer's freeze_layers(model, optimizers, current_duration, freeze_start, freeze_level):
+ * freezes the first ⌊schedule · (layers − 1)⌋ layers and reports that depth and the fraction
+ * (each may be NULL). Errors as cm_layer_freezing_freeze, and CM_ERR_INVALID_ARG for a
+ * freeze_start outside [0, 1) or a freeze_level outside [0, 1]. */
+cm_status cm_freeze_layers(cm_module *root, cm_optim *opt, double current_duration, double freeze_start,
+                           double freeze_level, int64_t *freeze_depth, double *freeze_percentage);
+
+/* The algorithm (name "LayerFreezing"). Errors: CM_ERR_INVALID_ARG naming freeze_start or
+ * freeze_level out of range, CM_ERR_OOM. */
+cm_status cm_layer_freezing_new(const cm_layer_freezing_config *cfg, cm_algorithm_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,13 @@ Read by tests/test_train_algos.c. Keys:
           with running statistics and num_batches_tracked): "ema.w<k>.<name>" is the model's state
           at step k, "ema.avg<k>.<name>" the EMA model's state after compute_ema at step k
           (smoothing 2^(-1/3), Composer's half_life 3ba), starting from a copy of w0.
+  lf.*    LayerFreezing: "lf.schedule" rows (current_duration, freeze_start, freeze_level, fraction,
+          depth of 3 layers, depth of 16 layers) from _freeze_schedule and freeze_layers' int();
+          a trajectory of an nn.Sequential(Linear(4, 6), ReLU, Linear(6, 5), ReLU, Linear(5, 3))
+          under AdamW and under SGD with momentum ("lf.<opt>.init.<name>", "lf.grad<k>.<name>",
+          "lf.<opt>.final.<name>"): 5 steps with fixed gradients, freeze_layers(current_duration
+          0.75, freeze_start 0.5, freeze_level 1.0) before step 2 — layer "0" is frozen, loses its
+          gradient and leaves the optimizer's group.
 """
 import math
 import os
@@ -59,6 +66,79 @@ for k in range(STEPS + 1):
     compute_ema(model, ema, smoothing)
     for name, t in ema.state_dict().items():
         out[f"ema.avg{k}.{name}"] = t.clone()
+
+
+# ---- LayerFreezing: Composer's functions, verbatim ----
+def _freeze_schedule(current_duration, freeze_start, freeze_level):
+    if current_duration <= freeze_start:
+        return 0.0
+    total_freezing_time = 1.0 - freeze_start
+    freezing_time_elapsed = current_duration - freeze_start
+    freezing_time_elapsed_frac = freezing_time_elapsed / total_freezing_time
+    return freeze_level * freezing_time_elapsed_frac
+
+
+def _get_layers(module, flat_children):
+    if (len(list(module.children())) == 0 and len(list(module.parameters())) > 0):
+        flat_children.append(module)
+    else:
+        for child in module.children():
+            _get_layers(child, flat_children)
+
+
+def _remove_param_from_optimizers(p, optimizers):
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group['params'] = list(filter(lambda x: id(x) != id(p), group['params']))
+
+
+def freeze_layers(model, optimizers, current_duration, freeze_start=0.5, freeze_level=1.0):
+    flat_children = []
+    _get_layers(model, flat_children)
+    freeze_percentage = _freeze_schedule(current_duration=current_duration, freeze_start=freeze_start,
+                                         freeze_level=freeze_level)
+    freeze_depth = int(freeze_percentage * len(flat_children[0:-1]))
+    for i, child in enumerate(flat_children[0:-1]):
+        if i < freeze_depth:
+            for p in child.parameters():
+                _remove_param_from_optimizers(p, optimizers)
+                p.requires_grad = False
+    return freeze_depth, freeze_percentage
+
+
+rows = []
+for cur in [0.0, 0.25, 0.5, 0.5000001, 0.6, 0.75, 0.9, 1.0]:
+    for start in [0.0, 0.5, 0.9]:
+        for level in [1.0, 0.5, 0.3]:
+            f = _freeze_schedule(cur, start, level)
+            rows.append([cur, start, level, f, int(f * 2), int(f * 15)])
+out["lf.schedule"] = torch.tensor(rows, dtype=torch.float32)
+out["lf.schedule_depths"] = torch.tensor([[r[4], r[5]] for r in rows], dtype=torch.int64)
+
+LF_STEPS = 5
+lf_init = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 5), torch.nn.ReLU(),
+                              torch.nn.Linear(5, 3))
+lf_grads = [{n: torch.randn_like(p) for n, p in lf_init.named_parameters()} for _ in range(LF_STEPS)]
+for k in range(LF_STEPS):
+    for n, g in lf_grads[k].items():
+        out[f"lf.grad{k}.{n}"] = g
+for name, make in [("adamw", lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.1)),
+                   ("sgd", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.05))]:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 5), torch.nn.ReLU(),
+                                torch.nn.Linear(5, 3))
+    model.load_state_dict(lf_init.state_dict())
+    for n, p in model.named_parameters():
+        out[f"lf.{name}.init.{n}"] = p.detach().clone()
+    opt = make(model.parameters())
+    for k in range(LF_STEPS):
+        if k == 2:
+            depth, pct = freeze_layers(model, [opt], current_duration=0.75, freeze_start=0.5, freeze_level=1.0)
+            assert depth == 1 and pct == 0.5
+        for n, p in model.named_parameters():
+            p.grad = lf_grads[k][n].clone() if p.requires_grad else None  # frozen: backward gives none
+        opt.step()
+    for n, p in model.named_parameters():
+        out[f"lf.{name}.final.{n}"] = p.detach().clone()
 
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_algos.safetensors")
 stwrite.save(path, out)
