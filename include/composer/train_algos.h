@@ -165,6 +165,49 @@ cm_status cm_freeze_layers(cm_module *root, cm_optim *opt, double current_durati
  * freeze_level out of range, CM_ERR_OOM. */
 cm_status cm_layer_freezing_new(const cm_layer_freezing_config *cfg, cm_algorithm_plugin *out);
 
+/* =============================================================================================
+ * SAM — sharpness-aware minimization (Composer's SAM and SAMOptimizer, after Foret et al. 2020)
+ *
+ * Every `interval`-th optimizer step (the k-th step with k % interval == 0, counting from 1) is
+ * taken at the gradient of the perturbed weights: compute the gradient g at w, move to
+ * w + e(w) with e(w) = rho · g / (‖g‖₂ + epsilon) (‖g‖ over every gradient, frozen parameters
+ * contributing nothing), compute the gradient there, return to w and take the base optimizer's step
+ * with that second gradient. Other steps are ordinary. It installs a custom train step on
+ * AFTER_LOAD (Composer's event) through cm_state_set_train_step, so each gradient computation is
+ * the trainer's whole microbatch loop with its events: GradientClipping and other
+ * AFTER_TRAIN_BATCH algorithms act on both gradients, as inside Composer's closure. The batch's
+ * loss and train metrics are the first gradient's (Composer discards the second's loss dict).
+ * The step counter is checkpointed, so resumption is exact (Composer: xfail).
+ *
+ * Differences from Composer, on purpose: w is restored exactly from a copy (Composer subtracts
+ * e(w) again, which can leave w an ulp off); on several ranks the first gradient is the global
+ * batch's (synchronised), so every rank takes the same perturbation and N ranks train as one
+ * (Composer perturbs each rank by its local gradient); a batch whose loss is exactly 0 still
+ * steps (Composer's `if loss:` skips it).
+ * =========================================================================================== */
+
+typedef struct cm_sam_config {
+    double rho;       /* 0.05: the neighbourhood size, ≥ 0 */
+    double epsilon;   /* 1e-12: added to the gradient norm */
+    int64_t interval; /* 1: SAM runs on every interval-th step (≥ 1) */
+} cm_sam_config;
+
+cm_sam_config cm_sam_config_default(void);
+
+/* SAMOptimizer.first_step over n spans (params[i] and grads[i] hold lens[i] floats): saves w into
+ * saved[i] (lens[i] floats each, caller's memory), then w ← w + g · (rho / (‖g‖₂ + epsilon)),
+ * the scale rounded to f32 as torch's. *grad_norm (may be NULL) gets ‖g‖₂ (accumulated in
+ * double). Errors: CM_ERR_INVALID_ARG (rho < 0 or not finite, epsilon < 0, NULL spans). */
+cm_status cm_sam_perturb(float *const *params, const float *const *grads, float *const *saved, const int64_t *lens,
+                         int n, double rho, double epsilon, double *grad_norm);
+/* Puts w back from saved (the spans cm_sam_perturb filled). */
+void cm_sam_restore(float *const *params, const float *const *saved, const int64_t *lens, int n);
+
+/* The algorithm (name "SAM"). Errors: CM_ERR_INVALID_ARG naming rho (< 0 or not finite), epsilon
+ * (< 0) or interval (< 1); CM_ERR_OOM. On AFTER_LOAD: CM_ERR_STATE when another algorithm already
+ * replaced the train step, CM_ERR_UNSUPPORTED under a sharded strategy. */
+cm_status cm_sam_new(const cm_sam_config *cfg, cm_algorithm_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

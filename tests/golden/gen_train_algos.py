@@ -16,6 +16,10 @@ Read by tests/test_train_algos.c. Keys:
           "lf.<opt>.final.<name>"): 5 steps with fixed gradients, freeze_layers(current_duration
           0.75, freeze_start 0.5, freeze_level 1.0) before step 2 — layer "0" is frozen, loses its
           gradient and leaves the optimizer's group.
+  sam.*   SAM: Composer's SAMOptimizer (verbatim) over SGD(lr 0.1, momentum 0.9, weight_decay 1e-3) on
+          nn.Sequential(Linear(6, 8), ReLU, Linear(8, 3)) with a fixed batch ("sam.x" (8, 6),
+          "sam.y" (8,)) and mean cross-entropy; "sam.init.<name>", and "sam.i<interval>.step<k>.<name>"
+          after step k (k = 1..4) for interval 1 and 2; "sam.i1.loss<k>" the loss each step returns.
 """
 import math
 import os
@@ -139,6 +143,99 @@ for name, make in [("adamw", lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_dec
         opt.step()
     for n, p in model.named_parameters():
         out[f"lf.{name}.final.{n}"] = p.detach().clone()
+
+
+# ---- SAM: Composer's SAMOptimizer, verbatim but for the trainer plumbing (ddp_sync, loss_dict) ----
+class SAMOptimizer(torch.optim.Optimizer):
+    def __init__(self, base_optimizer, rho=0.05, epsilon=1.0e-12, interval=1, **kwargs):
+        if rho < 0:
+            raise ValueError(f'Invalid rho, should be non-negative: {rho}')
+        self.base_optimizer = base_optimizer
+        self.global_step = 0
+        self.interval = interval
+        defaults = {'rho': rho, 'epsilon': epsilon, **kwargs}
+        super(SAMOptimizer, self).__init__(self.base_optimizer.param_groups, defaults)
+
+    @torch.no_grad()
+    def sub_e_w(self):
+        for group in self.param_groups:
+            for p in group['params']:
+                if 'e_w' not in self.state[p]:
+                    continue
+                e_w = self.state[p]['e_w']
+                p.sub_(e_w)
+
+    @torch.no_grad()
+    def first_step(self):
+        grad_norm = self._grad_norm()
+        for group in self.param_groups:
+            scale = group['rho'] / (grad_norm + group['epsilon'])
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                e_w = p.grad * scale.to(p)
+                p.add_(e_w)
+                self.state[p]['e_w'] = e_w
+
+    @torch.no_grad()
+    def second_step(self):
+        for group in self.param_groups:
+            for p in group['params']:
+                if p.grad is None or 'e_w' not in self.state[p]:
+                    continue
+                p.sub_(self.state[p]['e_w'])
+        self.base_optimizer.step()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        closure = torch.enable_grad()(closure)
+        loss = None
+        if (self.global_step + 1) % self.interval == 0:
+            loss = closure()
+            if loss:
+                self.first_step()
+                if closure():
+                    self.second_step()
+                else:
+                    self.sub_e_w()
+        else:
+            loss = closure()
+            if loss:
+                self.base_optimizer.step()
+        self.global_step += 1
+        return loss
+
+    def _grad_norm(self):
+        norm = torch.norm(torch.stack([p.grad.norm(p=2) for group in self.param_groups for p in group['params']
+                                       if p.grad is not None]), p='fro')
+        return norm
+
+
+sam_init = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+for n, p in sam_init.named_parameters():
+    out[f"sam.init.{n}"] = p.detach().clone()
+sam_x = torch.randn(8, 6)
+sam_y = torch.randint(0, 3, (8,))
+out["sam.x"] = sam_x
+out["sam.y"] = sam_y
+for interval in (1, 2):
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model.load_state_dict(sam_init.state_dict())
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    opt = SAMOptimizer(base, rho=0.5, epsilon=1.0e-12, interval=interval)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(sam_x), sam_y)
+        loss.backward()
+        return loss.item()
+
+    for k in range(1, 5):
+        loss = opt.step(closure)
+        if interval == 1:
+            out[f"sam.i1.loss{k}"] = torch.tensor([loss], dtype=torch.float32)
+        for n, p in model.named_parameters():
+            out[f"sam.i{interval}.step{k}.{n}"] = p.detach().clone()
 
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_algos.safetensors")
 stwrite.save(path, out)
