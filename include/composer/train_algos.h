@@ -208,6 +208,72 @@ void cm_sam_restore(float *const *params, const float *const *saved, const int64
  * replaced the train step, CM_ERR_UNSUPPORTED under a sharded strategy. */
 cm_status cm_sam_new(const cm_sam_config *cfg, cm_algorithm_plugin *out);
 
+/* =============================================================================================
+ * SWA — stochastic weight averaging (Composer's SWA, Izmailov et al. 2018, with torch's
+ * AveragedModel and SWALR)
+ *
+ * From swa_start on, every update_interval-th update event (BATCH_END for an interval in ba,
+ * EPOCH_END in ep; the average is made again from the model when SWA starts) adds the model's
+ * parameters to an equal-weight running average: avg ← avg + (w − avg) / (n + 1), n the number
+ * averaged so far (AveragedModel.update_parameters); the average's buffers follow the model's at
+ * each update (AveragedModel with use_buffers=False in the torch Composer runs on today). On the
+ * first update event at or after swa_end the model's parameters and buffers are replaced by the
+ * average and SWA stops. Batch-norm statistics are recomputed as Composer does: by the training
+ * that follows swa_end (its advice: leave at least an epoch after swa_end; a warning is logged when
+ * the average is put in at the very end of training, where they cannot be).
+ *
+ * With schedule_swa_lr, SWA owns the learning rate from its start to the end of the run (through
+ * cm_state_set_lr_multiplier_override, replacing the schedulers): SWALR's schedule, annealed from
+ * the learning rate in use when SWA started, lr₀, toward swa_lr over anneal_steps SWA updates:
+ * lr = swa_lr·α + lr₀·(1 − α), α = anneal(min(1, k / anneal_steps)) after k updates, anneal(t) = t
+ * (linear) or (1 − cos πt)/2 (cos). The optimizer's groups must share one learning rate (Composer:
+ * "SWA supports only one LR").
+ *
+ * The checkpoint holds the average (algorithms.safetensors), the update count, the step counter,
+ * whether SWA started or completed and the schedule's state, so resumption is exact (Composer:
+ * xfail on several ranks).
+ *
+ * Differences from Composer, on purpose: swa_lr is honoured (Composer replaces it by the
+ * schedulers' last learning rate whenever schedule_swa_lr is set, so its schedule is flat; with
+ * swa_lr unset we do the same: the learning rate stays at lr₀); and the SWA schedule is not undone
+ * by the schedulers each batch (Composer's LambdaLR schedulers override SWALR's learning rate at
+ * their next step).
+ * =========================================================================================== */
+
+typedef enum cm_swa_anneal { CM_SWA_ANNEAL_LINEAR = 0, CM_SWA_ANNEAL_COS = 1 } cm_swa_anneal;
+/* "linear"/"lin" and "cos"/"cosine", case-insensitive (Composer's names). CM_ERR_INVALID_ARG
+ * listing them otherwise. */
+cm_status cm_swa_anneal_parse(const char *s, cm_swa_anneal *out);
+
+typedef struct cm_swa_config {
+    const char *swa_start;       /* "0.7dur": dur or ep */
+    const char *swa_end;         /* "0.97dur": dur or ep, the unit of swa_start, after it */
+    const char *update_interval; /* "1ep": ba or ep */
+    bool schedule_swa_lr;        /* false */
+    const char *anneal_strategy; /* "linear" (or "cos") */
+    int64_t anneal_steps;        /* 10 (> 0) */
+    double swa_lr;               /* NAN (None): the learning rate SWA started with */
+} cm_swa_config;
+
+cm_swa_config cm_swa_config_default(void);
+
+/* AveragedModel.update_parameters over n floats after n_averaged updates: a copy when
+ * n_averaged is 0, else avg ← avg + (model − avg) / (n_averaged + 1), each operation rounded to
+ * f32 as torch computes it. */
+void cm_swa_average_update(float *avg, const float *model, int64_t n, int64_t n_averaged);
+
+/* SWALR's learning rate after `step` scheduler steps (0: as created, lr0): swa_lr·α + lr0·(1 − α),
+ * α = anneal(min(1, step / max(1, anneal_steps))) (anneal_steps 0: α = 1 from the first step). */
+double cm_swa_lr(double lr0, double swa_lr, int64_t step, int64_t anneal_steps, cm_swa_anneal strategy);
+
+/* The algorithm (name "SWA"). Errors: CM_ERR_INVALID_ARG naming the argument (a time string that
+ * does not parse or has a unit Composer refuses there, swa_start and swa_end in different units or
+ * not swa_start < swa_end, a fraction outside [0, 1], anneal_steps ≤ 0, an unknown
+ * anneal_strategy, swa_lr < 0); CM_ERR_OOM. On INIT: CM_ERR_UNSUPPORTED under a sharded strategy;
+ * with schedule_swa_lr, CM_ERR_INVALID_ARG when the optimizer's groups have different learning
+ * rates. */
+cm_status cm_swa_new(const cm_swa_config *cfg, cm_algorithm_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,10 @@ Read by tests/test_train_algos.c. Keys:
           nn.Sequential(Linear(6, 8), ReLU, Linear(8, 3)) with a fixed batch ("sam.x" (8, 6),
           "sam.y" (8,)) and mean cross-entropy; "sam.init.<name>", and "sam.i<interval>.step<k>.<name>"
           after step k (k = 1..4) for interval 1 and 2; "sam.i1.loss<k>" the loss each step returns.
+  swa.*   SWA: torch.optim.swa_utils.AveragedModel.update_parameters over a trajectory of the Small
+          model's parameters ("swa.w<k>.<name>" the model at update k, "swa.avg<k>.<name>" the average
+          after it, k = 0..5); SWALR's learning rates ("swa.lr.<strategy>.a<anneal_epochs>": the lr after
+          0..14 scheduler steps, from lr 0.1 toward swa_lr 0.01).
 """
 import math
 import os
@@ -236,6 +240,32 @@ for interval in (1, 2):
             out[f"sam.i1.loss{k}"] = torch.tensor([loss], dtype=torch.float32)
         for n, p in model.named_parameters():
             out[f"sam.i{interval}.step{k}.{n}"] = p.detach().clone()
+
+
+# ---- SWA: torch's AveragedModel and SWALR (what Composer's SWA wraps) ----
+from torch.optim.swa_utils import SWALR, AveragedModel  # noqa: E402
+
+model = Small()
+averaged = AveragedModel(model)
+for k in range(6):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (1 + k))
+    for name, t in model.named_parameters():
+        out[f"swa.w{k}.{name}"] = t.detach().clone()
+    averaged.update_parameters(model)
+    for name, t in averaged.module.named_parameters():
+        out[f"swa.avg{k}.{name}"] = t.detach().clone()
+for strategy in ("linear", "cos"):
+    for anneal in (0, 1, 4):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        sched = SWALR(opt, swa_lr=0.01, anneal_epochs=anneal, anneal_strategy=strategy)
+        lrs = [opt.param_groups[0]["lr"]]
+        for _ in range(14):
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        out[f"swa.lr.{strategy}.a{anneal}"] = torch.tensor(lrs, dtype=torch.float64).float()
 
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_algos.safetensors")
 stwrite.save(path, out)
