@@ -291,3 +291,73 @@ Test(train_hooks, algorithm_tensors_are_saved_checked_and_restored) {
     cmt_rmtree(dir);
     free(dir);
 }
+
+/* ---- the training methods together, and their refusal of sharded strategies ---- */
+
+static int all_four(cm_algorithm_plugin *out, int cap, void *data) {
+    cm_ema_config e = cm_ema_config_default();
+    e.half_life = "2ba";
+    cm_swa_config w = cm_swa_config_default();
+    w.swa_start = "0.25dur", w.swa_end = "0.75dur", w.update_interval = "1ba", w.schedule_swa_lr = true, w.swa_lr = 1e-3;
+    cm_sam_config s = cm_sam_config_default();
+    s.interval = 2;
+    cm_layer_freezing_config l = cm_layer_freezing_config_default();
+    l.freeze_start = 0.0;
+    cr_assert_eq(cm_ema_new(&e, NULL, &out[0]), CM_OK);
+    cr_assert_eq(cm_swa_new(&w, &out[1]), CM_OK);
+    cr_assert_eq(cm_sam_new(&s, &out[2]), CM_OK);
+    cr_assert_eq(cm_layer_freezing_new(&l, &out[3]), CM_OK);
+    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &out[4]), CM_OK);
+    return 5;
+}
+
+Test(train_hooks, the_four_methods_compose_and_resume_exactly_on_resnet_and_gpt2) {
+    cmt_rig_fn rigs[2] = {cmt_rig_resnet, cmt_rig_gpt2};
+    for (int i = 0; i < 2; i++) {
+        cmt_resumption_opts o = cmt_resumption_opts_default();
+        o.total_batches = 6, o.resume_batch = 3, o.label = "EMA + SWA + SAM + LayerFreezing + clipping";
+        o.run.eval = true, o.run.eval_interval = "2ba";
+        cmt_check_algorithm_resumption(rigs[i], NULL, all_four, NULL, &o);
+    }
+}
+
+static int one_of(cm_algorithm_plugin *out, int cap, void *data) {
+    cm_algorithm_plugin all[5];
+    all_four(all, 5, NULL);
+    const int k = *(int *)data;
+    for (int i = 0; i < 5; i++)
+        if (i != k) cm_algorithm_plugin_free(all[i]);
+    out[0] = all[k];
+    return 1;
+}
+
+Test(train_hooks, the_methods_refuse_sharded_parameters) {
+    /* a one-rank "sharded" trainer whose shard spans cover every unit: every rank would hold
+     * pieces, which the methods cannot average, perturb or freeze */
+    const char *names[4] = {"EMA", "SWA", "SAM", "LayerFreezing"};
+    for (int k = 0; k < 4; k++) {
+        cmt_rig rig;
+        cmt_rig_mlp(&rig, NULL);
+        cm_module *root = cm_model_module(rig.model);
+        cm_shard_span spans[4];
+        const int n = cm_module_n_units(root);
+        for (int u = 0; u < n; u++) {
+            const cm_unit_info *ui = cm_module_unit(root, u);
+            spans[u] = (cm_shard_span){u, 0, ui->numel, ui->params, ui->grads};
+        }
+        cm_algorithm_plugin alg;
+        one_of(&alg, 1, &k);
+        cm_trainer_config tc = cm_trainer_config_default();
+        tc.model = rig.model, tc.train_dataloader = rig.dl, tc.algorithms = &alg, tc.n_algorithms = 1;
+        tc.dist.shard_spans = spans, tc.dist.n_shard_spans = n;
+        cm_trainer *tr = NULL;
+        cm_status s = cm_trainer_new(&tc, &tr);
+        cr_expect_eq(s, CM_ERR_UNSUPPORTED, "%s: %s", names[k], s ? cm_last_error() : "accepted");
+        if (s) {
+            cr_expect(strstr(cm_last_error(), names[k]) && strstr(cm_last_error(), "NO_SHARD"), "%s", cm_last_error());
+            cm_algorithm_plugin_free(alg);
+        }
+        cm_trainer_free(tr);
+        cmt_rig_free(&rig);
+    }
+}
