@@ -239,11 +239,17 @@ Test(train_hooks, checkpoint_due_is_true_exactly_before_the_saves) {
     free(dir);
 }
 
-Test(train_hooks, algorithm_tensors_are_saved_checked_and_restored) {
+static void algorithm_tensors_case(bool save_async);
+
+Test(train_hooks, algorithm_tensors_are_saved_checked_and_restored) { algorithm_tensors_case(false); }
+/* a background save snapshots them at the save point (batch 2 changes them right after) */
+Test(train_hooks, algorithm_tensors_are_snapshotted_by_background_saves) { algorithm_tensors_case(true); }
+
+static void algorithm_tensors_case(bool save_async) {
     char *dir = cmt_tmpdir();
     char ck[600];
     cmt_run_opts o = cmt_run_opts_default();
-    o.max_duration = "2ba", o.save_folder = dir;
+    o.max_duration = "2ba", o.save_folder = dir, o.save_async = save_async;
     cmt_rig rig;
     cmt_rig_mlp(&rig, NULL);
     memset(&g_probe, 0, sizeof g_probe);
@@ -266,7 +272,7 @@ Test(train_hooks, algorithm_tensors_are_saved_checked_and_restored) {
     cmt_rig_mlp(&rig, NULL);
     memset(&g_probe, 0, sizeof g_probe);
     g_probe.mode = 6;
-    o.save_folder = NULL, o.load_path = ck;
+    o.save_folder = NULL, o.load_path = ck, o.save_async = false;
     r = cmt_run_new(&rig, probe_algos, NULL, &o);
     cr_expect(g_probe.counter[0] == 1 && g_probe.counter[2] == 3, "loaded %g %g", g_probe.counter[0], g_probe.counter[2]);
     cmt_run_free(&r);

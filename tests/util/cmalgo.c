@@ -218,6 +218,7 @@ cm_status cmt_run_try(cmt_rig *rig, cmt_algos_fn make_algos, void *algos_data, c
     c.save_filename = "ba{batch}";
     c.load_path = o->load_path;
     c.handle_signals = false;
+    c.save_async = o->save_async;
     if (o->load_exclude_algorithms) c.load_exclude_algorithms = &o->load_exclude_algorithms, c.n_load_exclude_algorithms = 1;
     cm_status s = cm_trainer_new(&c, &r.tr);
     if (s) {

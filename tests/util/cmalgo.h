@@ -47,6 +47,7 @@ typedef struct cmt_run_opts {
     bool adam;                  /* DecoupledAdamW lr 1e-2 (default); false: DecoupledSGDW lr 0.1, momentum 0.9 */
     bool schedule;              /* a step scheduler (gamma 0.5 every batch), as Composer's test's StepLR */
     const char *load_exclude_algorithms; /* one glob, or NULL */
+    bool save_async;                     /* background checkpoint saves */
 } cmt_run_opts;
 
 cmt_run_opts cmt_run_opts_default(void);
