@@ -186,19 +186,34 @@ static int ema_algos(cm_algorithm_plugin *out, int cap, void *data) {
     return 1;
 }
 
+static void eval_sees_average_saving(ema_case *c, int64_t start_batch, int64_t interval, double smoothing,
+                                     const char *save_interval, const char *eval_interval, int n_evals);
+
 static void eval_sees_average(ema_case *c, int64_t start_batch, int64_t interval, double smoothing) {
+    eval_sees_average_saving(c, start_batch, interval, smoothing, NULL, "1ba", 6);
+}
+
+static void eval_sees_average_saving(ema_case *c, int64_t start_batch, int64_t interval, double smoothing,
+                                     const char *save_interval, const char *eval_interval, int n_evals) {
     cmt_rig rig;
     cmt_rig_resnet(&rig, NULL); /* batch-norm statistics are averaged too */
     cmt_run_opts o = cmt_run_opts_default();
-    o.max_duration = "6ba", o.eval = true, o.eval_interval = "1ba";
+    char *dir = save_interval ? cmt_tmpdir() : NULL;
+    o.max_duration = "6ba", o.eval = true, o.eval_interval = eval_interval;
+    o.save_folder = dir, o.save_interval = save_interval;
     cmt_run r = cmt_run_new(&rig, ema_algos, c, &o);
     watcher w = {.smoothing = smoothing, .start_batch = start_batch, .interval = interval};
     cr_assert_eq(cm_engine_add_callback(cm_trainer_engine(r.tr), (cm_callback_plugin){&watcher_vt, &w}), CM_OK);
     cr_assert_eq(cm_trainer_fit(r.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_expect_eq(w.failures, 0, "%d failures, first: %s", w.failures, w.msg);
-    cr_expect_eq(w.evals_checked, 6);
+    cr_expect_eq(w.evals_checked, n_evals);
     cr_expect(cm_ema_started(c->handle));
-    cr_expect(!cm_ema_weights_active(c->handle), "no checkpoint: the training weights stay after fit");
+    if (dir) { /* a save at the end of training may have left the average in the model */
+        cr_assert_eq(cm_ema_use_training_weights(c->handle), CM_OK);
+        cmt_rmtree(dir);
+        free(dir);
+    }
+    cr_expect(!cm_ema_weights_active(c->handle), "the training weights are in the model after fit");
     cr_expect_float_eq(cm_ema_get_smoothing(c->handle), smoothing, 1e-15);
     /* the handle swaps the average in and out */
     float *t = malloc(sizeof(float) * (size_t)w.n);
@@ -223,6 +238,14 @@ static void eval_sees_average(ema_case *c, int64_t start_batch, int64_t interval
 Test(ema, evaluation_sees_exactly_the_average_and_training_resumes_with_training_weights) {
     ema_case c = {.half_life = "3ba", .smoothing = NAN};
     eval_sees_average(&c, 1, 1, pow(2, -1.0 / 3));
+}
+
+/* Averages in epochs with a checkpoint after every batch: the batch checkpoint before each epoch
+ * end swaps the average into the model, and the epoch-end update must average the training
+ * weights all the same (Composer would average the average into the training weights). */
+Test(ema, epoch_updates_after_batch_checkpoints_average_the_training_weights) {
+    ema_case c = {.half_life = "2ep", .smoothing = NAN};
+    eval_sees_average_saving(&c, 2, 2, pow(2, -1.0 / 2), "1ba", "1ep", 3);
 }
 
 Test(ema, ema_start_and_update_interval) {

@@ -43,6 +43,8 @@
  *                 per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS,
  *                                 BEFORE_BACKWARD, AFTER_BACKWARD
  *                 AFTER_TRAIN_BATCH, (optimizer step), BATCH_END, [eval], BATCH_CHECKPOINT
+ *                 (a custom train step may run BEFORE_TRAIN_BATCH ... AFTER_TRAIN_BATCH more than
+ *                 once before its optimizer step: see cm_state_set_train_step)
  *     BEFORE_DATALOADER (finds the epoch exhausted), EPOCH_END, [eval], EPOCH_CHECKPOINT
  *   ITERATION_END, ITERATION_CHECKPOINT, FIT_END
  *   eval:        EVAL_BEFORE_ALL, per evaluator: EVAL_START, per batch: EVAL_BATCH_START,
@@ -60,7 +62,8 @@
  *    the end of a fit that reached max_duration, so the pairs always nest (Composer fires
  *    ITERATION_END only with an iteration length set, so by default never).
  *  - BEFORE_TRAIN_BATCH fires once per batch, also when automatic microbatching retries the batch
- *    with a smaller microbatch (Composer fires it again on each retry).
+ *    with a smaller microbatch (Composer fires it again on each retry); under a custom train step
+ *    (cm_state_set_train_step, e.g. SAM) it fires once per gradient computation, as in Composer.
  *  - Evaluation runs each batch whole (no eval microbatching); padded rows of an eval batch are
  *    run through the model but not counted by the metrics.
  *  - seed defaults to 42 rather than a random seed, so runs are reproducible by default.
