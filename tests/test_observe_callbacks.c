@@ -40,7 +40,7 @@ static cm_status poison_apply(void *self, cm_event ev, cm_state *st, cm_logger *
         }
     return CM_OK;
 }
-static const cm_algorithm_i poison_vt = {CM_ALGORITHM_ABI, "PoisonLoss", poison_match, poison_apply, NULL, NULL, NULL, NULL};
+static const cm_algorithm_i poison_vt = {.abi = CM_ALGORITHM_ABI, .name = "PoisonLoss", .match = poison_match, .apply = poison_apply};
 
 static cm_dataloader *ordered_loader(cm_dataset *ds, int64_t batch) {
     cm_dataloader_config lc = cm_dataloader_config_default();

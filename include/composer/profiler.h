@@ -16,7 +16,8 @@
  *    its own thread);
  *  - every op on the autograd tape, forward (name = the op, "linear") and backward
  *    ("linear_backward"), with args {shapes, dtypes, flops}; the FLOPs are counted for the GEMM-like
- *    ops as torch.profiler's with_flops does (cm_op_flops), 0 for the rest;
+ *    ops as torch.profiler's with_flops does (cm_op_flops), 0 for the rest. The times are the
+ *    host's: for ops on a GPU, which run asynchronously, they are the launches;
  *  - each collective (all_reduce, reduce_scatter, all_gather, broadcast, barrier) as an async span
  *    "collective/<kind>" from its start to its completion with args {seq, bytes, dtype}; in the
  *    merged trace each also gets {last_rank, waited_us}: which rank arrived last at that collective

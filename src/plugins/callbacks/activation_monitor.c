@@ -56,7 +56,9 @@ static bool stats(const cm_tensor *t, double out[4]) {
     const int64_t n = cm_tensor_numel(t), d = nd ? cm_tensor_shape(t)[nd - 1] : 1;
     if (n == 0 || d == 0) return false;
     const int64_t rows = n / d;
-    const float *f = dt == CM_DTYPE_F32 && cm_tensor_is_contiguous(t) ? cm_tensor_data(t) : NULL;
+    /* host f32 read in place; anything else (bf16, strided views, a GPU tensor) element by element */
+    const float *f =
+        dt == CM_DTYPE_F32 && cm_tensor_is_contiguous(t) && cm_tensor_device(t) == CM_DEVICE_CPU ? cm_tensor_data(t) : NULL;
     double sum = 0, l2 = 0, kurt = 0, mx = 0;
     for (int64_t r = 0; r < rows; r++) {
         double s1 = 0, s2 = 0, m = -INFINITY;
