@@ -34,5 +34,6 @@
 #include <composer/config.h>
 #include <composer/dist.h>
 #include <composer/checkpoint.h>
+#include <composer/hf.h>
 
 #endif
