@@ -6,6 +6,7 @@
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/config.h>
+#include <composer/hf.h>
 #include <composer/report.h>
 #include <composer/trainer.h>
 
@@ -49,6 +50,11 @@ typedef struct cli_ctx {
     cm_time console_log_interval; /* plain progress lines (console logger); count 0 = none */
     int64_t total_batches;   /* batches the fit will run (0 = unknown) */
     bool quiet;
+    /* the run's model and tokenizer (hf_checkpointer), known when the plugins are made */
+    cm_model *model;
+    const cm_tokenizer *tok;
+    int64_t model_max_length; /* the tokenizer's limit, -1 = the model's positions */
+    bool full_shard;          /* parallelism.fsdp.sharding_strategy: FULL_SHARD */
 } cli_ctx;
 
 typedef struct cli_plugin_out {

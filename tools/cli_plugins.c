@@ -175,6 +175,35 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
     cfg.batch_log_interval = (int)k;
     return cm_optimizer_monitor_new(&cfg, &out->callback);
 }
+/* callbacks.hf_checkpointer: {save_folder, save_interval: 1dur, huggingface_folder_name: ba{batch}}
+ * (llm-foundry's HuggingFaceCheckpointer), for model.name: hf */
+static cm_status make_hf_checkpointer(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256];
+    cm_hf_checkpointer_config cfg = cm_hf_checkpointer_config_default();
+    cm_status s;
+    if ((s = cm_config_get_string(c, KEY("save_folder"), NULL, &cfg.save_folder))) return s;
+    if (!cfg.save_folder)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: required: where to write the pretrained folders "
+                                                "(<save_folder>/huggingface/<huggingface_folder_name>)",
+                            cm_config_origin(c, path), key);
+    if ((s = cm_config_get_time(c, KEY("save_interval"), "1dur", &cfg.save_interval))) return s;
+    if ((s = cm_config_get_string(c, KEY("huggingface_folder_name"), cfg.huggingface_folder_name,
+                                  &cfg.huggingface_folder_name)))
+        return s;
+    if (ctx->full_shard)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: not with FULL_SHARD (the parameters are sharded at rest); "
+                                                "export a checkpoint instead (composer ckpt export --hf)",
+                            cm_config_origin(c, path), path);
+    cfg.model = ctx->model;
+    cfg.tokenizer = ctx->tok;
+    cfg.model_max_length = ctx->model_max_length;
+    if ((s = cm_hf_checkpointer_new(&cfg, &out->callback))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: %s: %s", cm_config_origin(c, path), path, msg);
+    }
+    return CM_OK;
+}
 #undef KEY
 
 const cli_plugin_entry cli_plugin_registry[] = {
@@ -194,6 +223,8 @@ const cli_plugin_entry cli_plugin_registry[] = {
      "RuntimeEstimator: skip_batches (1), time_unit (hours)"},
     {"optimizer_monitor", CLI_CALLBACK, make_optimizer_monitor,
      "OptimizerMonitor: log_optimizer_metrics (true), batch_log_interval (1)"},
+    {"hf_checkpointer", CLI_CALLBACK, make_hf_checkpointer,
+     "HuggingFaceCheckpointer: save_folder, save_interval (1dur), huggingface_folder_name (ba{batch}); model.name: hf"},
     {NULL, CLI_ALGORITHM, NULL, NULL},
 };
 

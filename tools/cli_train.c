@@ -7,7 +7,9 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 #include <composer/datasets.h>
+#include <composer/hf.h>
 #include <composer/tokenizer.h>
+#include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 
@@ -36,6 +38,10 @@ typedef struct run {
     cm_model *model;
     bool gpt2;
     cm_gpt2_config gpt;
+    /* model.name: hf (a Hugging Face pretrained folder) */
+    bool hf;
+    cm_hf_task hf_task;
+    cm_hf_tokenizer_info hf_ti; /* model_max_length also from tokenizer.kwargs */
     /* data */
     cm_tokenizer *tok;
     char tok_path[PATH_MAX];
@@ -167,7 +173,7 @@ static bool file_exists(const char *p) {
  * Model
  * ------------------------------------------------------------------------------------------- */
 
-static const char *const k_model_names[] = {"gpt2", "mlp", "cnn", "resnet"};
+static const char *const k_model_names[] = {"gpt2", "mlp", "cnn", "resnet", "hf"};
 
 static cm_status build_gpt2(run *r, bool init) {
     cm_config *c = r->cfg;
@@ -205,14 +211,121 @@ static cm_status build_gpt2(run *r, bool init) {
     return cm_gpt2_new(&g, init ? &rng : NULL, &r->model);
 }
 
+/* Appends s to buf[*n, cap) as a JSON string. */
+static void json_str(char *buf, size_t cap, size_t *n, const char *s) {
+    if (*n < cap) buf[(*n)++] = '"';
+    for (; *s && *n + 8 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') *n += (size_t)snprintf(buf + *n, cap - *n, "\\%c", ch);
+        else if (ch < 0x20) *n += (size_t)snprintf(buf + *n, cap - *n, "\\u%04x", ch);
+        else buf[(*n)++] = (char)ch;
+    }
+    if (*n < cap) buf[(*n)++] = '"';
+}
+
+/* model.config_overrides (a map of scalars) as a JSON object for cm_hf_load into buf; "" when
+ * absent. */
+static cm_status overrides_json(cm_config *c, const char *key, char *buf, size_t cap) {
+    buf[0] = '\0';
+    cm_config_kind k = cm_config_kind_of(c, key);
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, key);
+        return CM_OK;
+    }
+    if (k != CM_CONFIG_MAP) return bad(c, key, "expected a map of config.json fields ({hidden_dropout_prob: 0.0})");
+    size_t n = 0;
+    buf[n++] = '{';
+    for (int i = 0; i < cm_config_len(c, key); i++) {
+        const char *name = cm_config_key_at(c, key, i);
+        char kk[512];
+        snprintf(kk, sizeof kk, "%s.%s", key, name);
+        if (i) buf[n++] = ',';
+        json_str(buf, cap - 64, &n, name);
+        buf[n++] = ':';
+        cm_config_kind vk = cm_config_kind_of(c, kk);
+        if (vk == CM_CONFIG_NULL) {
+            cm_config_touch(c, kk);
+            n += (size_t)snprintf(buf + n, cap - n, "null");
+            continue;
+        }
+        if (vk != CM_CONFIG_SCALAR)
+            return bad(c, kk, "only scalar values (numbers, strings, true/false, null) can override config.json");
+        const char *txt;
+        TRY(cm_config_get_string(c, kk, NULL, &txt));
+        char *end;
+        double d = strtod(txt, &end);
+        if (*txt && !*end && isfinite(d)) n += (size_t)snprintf(buf + n, cap - n, "%.17g", d);
+        else if (!strcmp(txt, "true") || !strcmp(txt, "false")) n += (size_t)snprintf(buf + n, cap - n, "%s", txt);
+        else json_str(buf, cap - 64, &n, txt);
+        if (n + 80 >= cap) return bad(c, key, "too long (at most %zu bytes as JSON)", cap - 80);
+    }
+    buf[n++] = '}';
+    buf[n] = '\0';
+    return CM_OK;
+}
+
+/* model: {name: hf, pretrained_model_name_or_path, task, num_labels, pretrained, config_overrides}
+ * (llm-foundry's keys) and the tokenizer: tokenizer.name (default: the same folder),
+ * tokenizer.kwargs.model_max_length. */
+static cm_status build_hf(run *r) {
+    cm_config *c = r->cfg;
+    const char *dir, *tdir;
+    TRY(get_s(c, "model", "pretrained_model_name_or_path", NULL, &dir));
+    if (!dir)
+        return bad(c, "model.pretrained_model_name_or_path",
+                   "required: a Hugging Face pretrained folder (config.json, model.safetensors, tokenizer files)");
+    static const char *const tasks[3] = {"masked_lm", "sequence_classification", "causal_lm"}; /* cm_hf_task order */
+    int task;
+    TRY(cm_config_get_choice(c, "model.task", tasks, 3, NULL, &task));
+    if (task < 0) return bad(c, "model.task", "required: masked_lm, sequence_classification or causal_lm");
+    cm_hf_load_opts o = cm_hf_load_opts_default();
+    o.task = (cm_hf_task)task;
+    if (o.task == CM_HF_TASK_SEQUENCE_CLASSIFICATION) TRY(get_i(c, "model", "num_labels", 0, &o.num_labels));
+    if (o.num_labels < 0) return bad(c, "model.num_labels", "%lld must be >= 1 (or 0: config.json's)", (long long)o.num_labels);
+    TRY(get_b(c, "model", "pretrained", true, &o.pretrained));
+    o.seed = r->seed;
+    /* the tokenizer first: a bad folder is named before the weights are read */
+    TRY(cm_config_get_string(c, "tokenizer.name", dir, &tdir));
+    int64_t kw_max;
+    TRY(cm_config_get_int(c, "tokenizer.kwargs.model_max_length", -1, &kw_max));
+    cm_tokenizer_free(r->tok);
+    r->tok = NULL;
+    if (cm_hf_tokenizer_load(tdir, &r->tok, &r->hf_ti) != CM_OK) {
+        r->tok = NULL;
+        return at_key(c, cm_config_has(c, "tokenizer.name") ? "tokenizer.name" : "model.pretrained_model_name_or_path",
+                      cm_last_status());
+    }
+    if (kw_max > 0) r->hf_ti.model_max_length = kw_max;
+    snprintf(r->tok_path, sizeof r->tok_path, "%s", tdir);
+    char ov[4096];
+    TRY(overrides_json(c, "model.config_overrides", ov, sizeof ov));
+    o.config_overrides = ov[0] ? ov : NULL;
+    cm_status s = cm_hf_load(dir, &o, &r->model, NULL);
+    if (s) return at_key(c, "model.pretrained_model_name_or_path", s);
+    r->hf = true;
+    r->hf_task = o.task;
+    const cm_bert_config *b = cm_bert_model_config(r->model);
+    const int64_t V = b ? b->vocab_size : cm_gpt2_model_config(r->model)->vocab_size;
+    if (cm_tokenizer_vocab_size(r->tok) > V)
+        return bad(c, "tokenizer.name", "the tokenizer of '%s' has %lld tokens but the model's vocab_size is %lld", tdir,
+                   (long long)cm_tokenizer_vocab_size(r->tok), (long long)V);
+    if (!b) {
+        r->gpt2 = true;
+        r->gpt = *cm_gpt2_model_config(r->model);
+    }
+    return CM_OK;
+}
+
 static cm_status build_model(run *r, bool init) {
     cm_config *c = r->cfg;
     int which;
-    TRY(cm_config_get_choice(c, "model.name", k_model_names, 4, NULL, &which));
-    if (which < 0) return bad(c, "model.name", "required: the zoo model (gpt2, mlp, cnn or resnet)");
+    TRY(cm_config_get_choice(c, "model.name", k_model_names, 5, NULL, &which));
+    if (which < 0) return bad(c, "model.name", "required: the zoo model (gpt2, mlp, cnn, resnet) or hf");
     switch (which) {
     case 0:
         return build_gpt2(r, init);
+    case 4:
+        return build_hf(r);
     case 1: {
         cm_mlp_config m;
         const char *preset;
@@ -272,7 +385,7 @@ static cm_status build_model(run *r, bool init) {
  * Data
  * ------------------------------------------------------------------------------------------- */
 
-static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10"};
+static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10", "sst2", "tsv", "text"};
 
 /* The tokenizer.json of a token dataset section (its dir, or next to its path), if any. */
 static void find_tokenizer(run *r, const char *sec) {
@@ -301,13 +414,130 @@ static void find_tokenizer(run *r, const char *sec) {
     snprintf(r->tok_path, sizeof r->tok_path, "%s", buf);
 }
 
+/* The model's longest sequence (BERT's max_position_embeddings, GPT-2's n_positions), or -1. */
+static int64_t model_max_positions(const run *r) {
+    const cm_bert_config *b = r->model ? cm_bert_model_config(r->model) : NULL;
+    return b ? b->max_position_embeddings : r->gpt2 ? r->gpt.n_positions : -1;
+}
+
+/* sst2 | tsv | text datasets (type 3, 4, 5) at section p ("train_loader.dataset"); masked-LM
+ * models get them through cm_bert_mlm_dataset_new. */
+static cm_status open_text_dataset(run *r, const char *p, bool train, int type, cm_dataset **out) {
+    cm_config *c = r->cfg;
+    char k[256];
+    const char *tname = k_dataset_types[type];
+    keyf(k, sizeof k, p, "type");
+    if (!r->tok)
+        return bad(c, k, "%s needs a tokenizer: use model.name: hf (the folder's tokenizer) or set tokenizer.name", tname);
+    const bool mlm = r->hf && r->hf_task == CM_HF_TASK_MASKED_LM;
+    const bool cls = r->hf ? r->hf_task == CM_HF_TASK_SEQUENCE_CLASSIFICATION : !r->gpt2;
+    if (cls && type == 5)
+        return bad(c, k, "text has no labels: sequence_classification trains on sst2 or tsv (with label_column)");
+    if (r->gpt2 && type != 5) return bad(c, k, "a causal LM trains on text (or tokens), not %s", tname);
+    /* max_seq_len: 128 (the seed's), within the model's positions and the tokenizer's limit */
+    const int64_t max_pos = model_max_positions(r), tok_max = r->hf_ti.model_max_length;
+    int64_t def = 128;
+    if (max_pos > 0 && def > max_pos) def = max_pos;
+    if (tok_max > 0 && def > tok_max) def = tok_max;
+    int64_t L;
+    TRY(get_i(c, p, "max_seq_len", def, &L));
+    keyf(k, sizeof k, p, "max_seq_len");
+    if (max_pos > 0 && L > max_pos)
+        return bad(c, k, "%lld is longer than the model's maximum of %lld positions", (long long)L, (long long)max_pos);
+    if (tok_max > 0 && L > tok_max)
+        return bad(c, k, "%lld is longer than the tokenizer's model_max_length %lld (tokenizer_config.json, or "
+                         "tokenizer.kwargs.model_max_length)", (long long)L, (long long)tok_max);
+    cm_dataset *ds = NULL;
+    cm_status s = CM_OK;
+    const char *path = NULL;
+    char buf[PATH_MAX];
+    if (type == 3) { /* sst2: path, or dir + split */
+        static const char *const splits[] = {"train", "dev", "test"};
+        const char *dir;
+        TRY(get_s(c, p, "path", NULL, &path));
+        if (!path) {
+            int split;
+            TRY(get_s(c, p, "dir", "../shared/data/sst2", &dir));
+            TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "split"), splits, 3, train ? "train" : "dev", &split));
+            snprintf(buf, sizeof buf, "%s/%s.tsv", dir, splits[split]);
+            path = buf;
+        }
+        s = cm_dataset_sst2_new(path, r->tok, L, &ds);
+    } else if (type == 4) { /* tsv: path, text_column, label_column (classification) */
+        cm_tsv_config tc = cm_tsv_config_default();
+        tc.max_len = L;
+        TRY(get_s(c, p, "path", NULL, &path));
+        if (!path) return bad(c, p, "a tsv dataset needs 'path' (a tab-separated file with a header)");
+        TRY(get_s(c, p, "text_column", tc.text_column, &tc.text_column));
+        if (cls) {
+            TRY(get_s(c, p, "label_column", tc.label_column, &tc.label_column));
+            const cm_bert_config *b = cm_bert_model_config(r->model);
+            tc.num_labels = b ? b->num_labels : 0;
+        } else {
+            tc.label_column = NULL;
+        }
+        s = cm_dataset_tsv_new(path, r->tok, &tc, &ds);
+    } else { /* text: path (a file or a list), text_column (.tsv files), line_by_line */
+        cm_text_config xc = cm_text_config_default();
+        xc.max_len = L;
+        xc.layout = r->gpt2 ? CM_TEXT_CAUSAL : CM_TEXT_BLOCKS;
+        const char *paths[16];
+        int n = 0;
+        keyf(k, sizeof k, p, "path");
+        if (cm_config_kind_of(c, k) == CM_CONFIG_SEQ) {
+            n = cm_config_len(c, k);
+            if (n < 1 || n > 16) return bad(c, k, "a list of 1 to 16 files, got %d", n);
+            for (int i = 0; i < n; i++) {
+                char ki[300];
+                snprintf(ki, sizeof ki, "%s.%d", k, i);
+                TRY(cm_config_get_string(c, ki, NULL, &paths[i]));
+            }
+        } else {
+            TRY(get_s(c, p, "path", NULL, &paths[0]));
+            if (!paths[0]) return bad(c, p, "a text dataset needs 'path' (a file, or a list of files)");
+            n = 1;
+        }
+        path = paths[0];
+        TRY(get_s(c, p, "text_column", xc.text_column, &xc.text_column));
+        if (!r->gpt2) {
+            bool lbl;
+            TRY(get_b(c, p, "line_by_line", false, &lbl));
+            if (lbl) xc.layout = CM_TEXT_LINES;
+        }
+        s = cm_dataset_text_new(paths, n, r->tok, &xc, &ds);
+    }
+    if (s != CM_OK) return at_key(c, p, s);
+    if (mlm) { /* Hugging Face's DataCollatorForLanguageModeling: mlm_probability, 80/10/10 */
+        cm_bert_mlm_mask_config mc;
+        if (cm_bert_mlm_mask_config_from_tokenizer(r->tok, 0, &mc) != CM_OK) {
+            cm_dataset_free(ds);
+            return at_key(c, "tokenizer.name", cm_last_status());
+        }
+        double prob;
+        if ((s = get_d(c, p, "mlm_probability", mc.mlm_probability, &prob)) != CM_OK) {
+            cm_dataset_free(ds);
+            return s;
+        }
+        mc.mlm_probability = (float)prob;
+        cm_dataset *m = NULL;
+        if ((s = cm_bert_mlm_dataset_new(ds, &mc, &m)) != CM_OK) {
+            cm_dataset_free(ds);
+            return at_key(c, keyf(k, sizeof k, p, "mlm_probability"), s);
+        }
+        ds = m;
+    }
+    *out = ds;
+    return CM_OK;
+}
+
 static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **out) {
     cm_config *c = r->cfg;
     char k[256], p[256];
     snprintf(p, sizeof p, "%s.dataset", sec);
     int type;
-    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 3, r->gpt2 ? "tokens" : NULL, &type));
-    if (type < 0) return bad(c, k, "required: tokens, mnist or cifar10");
+    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 6, r->gpt2 ? "tokens" : NULL, &type));
+    if (type < 0) return bad(c, k, "required: tokens, mnist, cifar10, sst2, tsv or text");
+    if (type >= 3) return open_text_dataset(r, p, train, type, out);
     if (type == 0) {
         static const char *const splits[] = {"train", "val"};
         const char *path, *dir;
@@ -715,6 +945,23 @@ static cm_status start_dist(run *r) {
     return s;
 }
 
+/* A model from a pretrained folder carries the folder's config.json and tokenizer into every
+ * checkpoint (a record-only HuggingFaceCheckpointer, unless callbacks.hf_checkpointer made one),
+ * so `composer ckpt export --hf` can write the folder back. */
+static cm_status add_hf_record(run *r) {
+    if (!r->hf) return CM_OK;
+    for (int i = 0; i < r->n_cbs; i++)
+        if (!strcmp(r->cbs[i].vt->name, "HuggingFaceCheckpointer")) return CM_OK;
+    if (r->n_cbs == MAX_PLUGINS) return bad(r->cfg, "callbacks", "at most %d entries", MAX_PLUGINS - 1);
+    cm_hf_checkpointer_config hc = cm_hf_checkpointer_config_default();
+    hc.model = r->model;
+    hc.tokenizer = r->tok;
+    hc.model_max_length = r->hf_ti.model_max_length;
+    TRY(cm_hf_checkpointer_new(&hc, &r->cbs[r->n_cbs]));
+    r->n_cbs++;
+    return CM_OK;
+}
+
 static cm_status build_run(run *r) {
     cm_config *c = r->cfg;
     int64_t seed;
@@ -750,8 +997,13 @@ static cm_status build_run(run *r) {
     if (r->mode == MODE_TRAIN) {
         TRY(read_optimizer(r));
         TRY(build_schedulers(r));
+        r->ctx.model = r->model;
+        r->ctx.tok = r->tok;
+        r->ctx.model_max_length = r->hf_ti.model_max_length;
+        r->ctx.full_shard = r->sharding == CM_SHARDING_FULL_SHARD;
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
+        TRY(add_hf_record(r));
         TRY(build_plugins(r, "loggers", CLI_LOGGER));
         if (r->gpt2) {
             TRY(cm_config_get_string(c, "sample.prompt", "\n", &r->prompt));
@@ -1026,7 +1278,7 @@ static cm_status make_run_folder(run *r, char *run_name) {
     cm_run_folder_path(dir, CM_RUN_FILE_LOG, &path);
     r->ctx.log = fopen(path, r->tc.autoresume ? "a" : "w"); /* a resumed run goes on in the same folder */
     cm_free(path);
-    if (r->tok) {
+    if (r->tok && !r->hf) { /* a pretrained folder's tokenizer travels with the HF folders instead */
         cm_run_folder_path(dir, "tokenizer.json", &path);
         if (cm_tokenizer_save(r->tok, path) != CM_OK) cm_log_msg(CM_LOG_WARN, "%s", cm_last_error());
         cm_free(path);

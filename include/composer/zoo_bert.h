@@ -195,6 +195,20 @@ cm_status cm_bert_mlm_mask(const cm_bert_mlm_mask_config *cfg, uint64_t sample_i
 cm_status cm_bert_mlm_mask_batch(const cm_bert_mlm_mask_config *cfg, uint64_t first_sample_index,
                                  cm_tensor *input_ids, const cm_tensor *attention_mask, cm_tensor *labels);
 
+/* A masked-LM dataset over `inner` (any dataset with "input_ids" i32 (L,) and optionally
+ * "attention_mask" i32 (L,): cm_dataset_text_new, cm_dataset_tsv_new, SST-2): every sample's
+ * input_ids are masked by cm_bert_mlm_mask (Hugging Face DataCollatorForLanguageModeling's
+ * 80/10/10 rule, mlm_probability, special tokens and padding never selected) and a field
+ * "labels" i64 (L,) is added (the original id at selected positions, -100 elsewhere), so BERT's
+ * MLM loss and metrics read it. The masks are a pure function of (cfg->seed, the loader's seed,
+ * the epoch, the sample index): new masks every training epoch, as the collator re-masks each
+ * time it sees a sample, and the same on every worker, rank and resumption; evaluation
+ * (ctx->training false) masks as epoch 0, so every evaluation scores the same positions. On
+ * success the new dataset owns inner (cm_dataset_free frees both); on failure inner stays the
+ * caller's. Errors: CM_ERR_INVALID_ARG (bad cfg as cm_bert_mlm_mask, no "input_ids", a field
+ * called "labels" already, wrong dtypes), CM_ERR_OOM. get is thread-safe when inner's is. */
+cm_status cm_bert_mlm_dataset_new(cm_dataset *inner, const cm_bert_mlm_mask_config *cfg, cm_dataset **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 #include <composer/zoo_gpt2.h>
 
 #include "text/text_impl.h"
+#include "zoo/hf_impl.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_PATH 4096
 
@@ -352,8 +354,14 @@ static cm_status read_config(const char *dir, const char *overrides, hf_cfg *c) 
     const char *arch = cJSON_IsArray(ar) && cJSON_IsString(ar->child) ? ar->child->valuestring : NULL;
     const char *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
     if (st == CM_OK && !type && arch) type = !strncmp(arch, "Bert", 4) ? "bert" : !strncmp(arch, "GPT2", 4) ? "gpt2" : NULL;
+    /* transformers' AutoConfig, for configs from before model_type (Google's BERT-Tiny): the
+     * model type named in the folder's path */
+    if (st == CM_OK && !type) type = strstr(dir, "gpt2") ? "gpt2" : strstr(dir, "bert") ? "bert" : NULL;
     if (st == CM_OK && !type)
-        st = cm_set_error(CM_ERR_FORMAT, "config.json '%s' has neither model_type nor a known architectures entry", path);
+        st = cm_set_error(CM_ERR_FORMAT,
+                          "config.json '%s' has neither model_type nor architectures, and the path names no model type "
+                          "(add \"model_type\": \"bert\" or \"gpt2\")",
+                          path);
     if (st == CM_OK && strcmp(type, "bert") && strcmp(type, "gpt2"))
         st = cm_set_error(CM_ERR_UNSUPPORTED,
                           "config.json '%s': model_type \"%s\"%s%s%s is not implemented (supported: bert, gpt2)", path,
@@ -721,8 +729,7 @@ cm_status cm_hf_config_json(const cm_model *m, int64_t eos_token_id, char **json
     return *json ? CM_OK : cm_set_error(CM_ERR_OOM, "cm_hf_config_json: out of memory");
 }
 
-/* mkdir -p. */
-static cm_status mkdirs(const char *path) {
+cm_status cmi_hf_mkdirs(const char *path) {
     char p[MAX_PATH];
     snprintf(p, sizeof p, "%s", path);
     size_t n = strlen(p);
@@ -740,6 +747,23 @@ static cm_status mkdirs(const char *path) {
     return CM_OK;
 }
 
+cm_status cmi_hf_write(const char *dir, const char *config_json, cm_model *m, const cm_hf_file *files, int n) {
+    char p[MAX_PATH];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    cm_status st = cm_write_file_atomic_(p, config_json, strlen(config_json));
+    if (st == CM_OK && m) {
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+        if (unlink(p) != 0 && errno != ENOENT) st = cm_set_error(CM_ERR_IO, "cannot remove '%s': %s", p, strerror(errno));
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        if (st == CM_OK) st = cm_module_save_safetensors(cm_model_module(m), p);
+    }
+    for (int i = 0; st == CM_OK && i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i].name);
+        st = cm_write_file_atomic_(p, files[i].data, files[i].len);
+    }
+    return st;
+}
+
 static int64_t max_positions(const cm_model *m) {
     const cm_bert_config *b = cm_bert_model_config(m);
     const cm_gpt2_config *g = cm_gpt2_model_config(m);
@@ -749,22 +773,16 @@ static int64_t max_positions(const cm_model *m) {
 cm_status cm_hf_save(cm_model *m, const cm_tokenizer *tok, const cm_hf_tokenizer_info *ti, const char *dir) {
     if (!m || !dir) return cm_set_error(CM_ERR_INVALID_ARG, "cm_hf_save: NULL argument");
     char *cfg = NULL;
+    cm_hf_file *files = NULL;
+    int n = 0;
     int64_t eos = tok ? cm_tokenizer_special(tok, CM_TOKEN_EOT) : -1;
     cm_status st = cm_hf_config_json(m, eos, &cfg);
-    if (st == CM_OK) st = mkdirs(dir);
-    char p[MAX_PATH];
-    if (st == CM_OK) {
-        snprintf(p, sizeof p, "%s/config.json", dir);
-        st = cm_write_file_atomic_(p, cfg, strlen(cfg));
-    }
+    if (st == CM_OK && tok)
+        st = cm_hf_tokenizer_files(tok, ti && ti->model_max_length > 0 ? ti->model_max_length : max_positions(m), &files,
+                                   &n);
+    if (st == CM_OK) st = cmi_hf_mkdirs(dir);
+    if (st == CM_OK) st = cmi_hf_write(dir, cfg, m, files, n);
+    cm_hf_files_free(files, n);
     cm_free(cfg);
-    if (st == CM_OK) {
-        snprintf(p, sizeof p, "%s/model.safetensors", dir);
-        st = cm_module_save_safetensors(cm_model_module(m), p);
-    }
-    if (st == CM_OK && tok) {
-        int64_t max_len = ti && ti->model_max_length > 0 ? ti->model_max_length : max_positions(m);
-        st = cm_hf_tokenizer_save(tok, max_len, dir);
-    }
     return st;
 }
