@@ -284,7 +284,13 @@ static cm_status build_hf(run *r) {
     if (o.num_labels < 0) return bad(c, "model.num_labels", "%lld must be >= 1 (or 0: config.json's)", (long long)o.num_labels);
     TRY(get_b(c, "model", "pretrained", true, &o.pretrained));
     o.seed = r->seed;
-    /* the tokenizer first: a bad folder is named before the weights are read */
+    char ov[4096];
+    TRY(overrides_json(c, "model.config_overrides", ov, sizeof ov));
+    o.config_overrides = ov[0] ? ov : NULL;
+    cm_status s = cm_hf_load(dir, &o, &r->model, NULL);
+    if (s) return at_key(c, "model.pretrained_model_name_or_path", s);
+    /* the tokenizer: tokenizer.name, else the model's folder */
+    const bool tok_set = cm_config_has(c, "tokenizer.name");
     TRY(cm_config_get_string(c, "tokenizer.name", dir, &tdir));
     int64_t kw_max;
     TRY(cm_config_get_int(c, "tokenizer.kwargs.model_max_length", -1, &kw_max));
@@ -292,18 +298,14 @@ static cm_status build_hf(run *r) {
     r->tok = NULL;
     if (cm_hf_tokenizer_load(tdir, &r->tok, &r->hf_ti) != CM_OK) {
         r->tok = NULL;
-        return at_key(c, cm_config_has(c, "tokenizer.name") ? "tokenizer.name" : "model.pretrained_model_name_or_path",
-                      cm_last_status());
+        return at_key(c, tok_set ? "tokenizer.name" : "model.pretrained_model_name_or_path", cm_last_status());
     }
     if (kw_max > 0) r->hf_ti.model_max_length = kw_max;
     snprintf(r->tok_path, sizeof r->tok_path, "%s", tdir);
-    char ov[4096];
-    TRY(overrides_json(c, "model.config_overrides", ov, sizeof ov));
-    o.config_overrides = ov[0] ? ov : NULL;
-    cm_status s = cm_hf_load(dir, &o, &r->model, NULL);
-    if (s) return at_key(c, "model.pretrained_model_name_or_path", s);
     r->hf = true;
     r->hf_task = o.task;
+    /* the MLM head on the masked positions only: the same loss and metrics, a fraction of the cost */
+    if (o.task == CM_HF_TASK_MASKED_LM) TRY(cm_bert_mlm_sparse_logits(r->model, true));
     const cm_bert_config *b = cm_bert_model_config(r->model);
     const int64_t V = b ? b->vocab_size : cm_gpt2_model_config(r->model)->vocab_size;
     if (cm_tokenizer_vocab_size(r->tok) > V)
@@ -1024,7 +1026,7 @@ static cm_status build_run(run *r) {
 static void print_keys(FILE *f) {
     fprintf(f,
             "config keys (YAML; override any of them with key.path=value):\n"
-            "  model:             name: gpt2 | mlp | cnn | resnet; preset: a zoo preset (gpt2: shakespeare-char,\n"
+            "  model:             name: gpt2 | mlp | cnn | resnet | hf; preset: a zoo preset (gpt2: shakespeare-char,\n"
             "                     tiny, gpt2, ...; mlp/cnn: mnist, mnist_small, ...; resnet: resnet20, ...);\n"
             "                     then any config field by name (gpt2: vocab_size, n_positions, n_embd,\n"
             "                     n_layer, n_head, dropout | embd_pdrop attn_pdrop resid_pdrop,\n"
@@ -1032,8 +1034,16 @@ static void print_keys(FILE *f) {
             "                     in_features, hidden [..], num_classes, dropout; cnn: in_channels, image_h,\n"
             "                     image_w, channels [c1, c2], hidden, num_classes, dropout1, dropout2;\n"
             "                     resnet: num_classes, in_channels, zero_init_residual, channels_last)\n"
-            "  train_loader:      dataset: {type: tokens | mnist | cifar10, dir, split, path (tokens: a\n"
-            "  eval_loader:       .bin file or glob), seq_len (tokens), crop_padding, hflip_p (cifar10)},\n"
+            "                     hf: a Hugging Face pretrained folder (BERT, GPT-2): pretrained_model_name_or_path,\n"
+            "                     task: masked_lm | sequence_classification | causal_lm, num_labels (0: config.json's),\n"
+            "                     pretrained (true; false: config.json only), config_overrides {field: value}\n"
+            "  tokenizer:         (hf) name: a folder with vocab.txt / vocab.json+merges.txt / tokenizer.json\n"
+            "                     (default: the model's folder), kwargs: {model_max_length}\n"
+            "  train_loader:      dataset: {type: tokens | mnist | cifar10 | sst2 | tsv | text, dir, split, path\n"
+            "  eval_loader:       (tokens: a .bin file or glob; text: a file or a list, .tsv files by column),\n"
+            "                     seq_len (tokens), crop_padding, hflip_p (cifar10), max_seq_len (128),\n"
+            "                     text_column (sentence), label_column (label), line_by_line (false),\n"
+            "                     mlm_probability (0.15, masked_lm)},\n"
             "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
@@ -1043,7 +1053,8 @@ static void print_keys(FILE *f) {
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
             "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
-            "  callbacks:         (none yet)\n"
+            "  callbacks:         speed_monitor, lr_monitor, ...; hf_checkpointer: {save_folder, save_interval,\n"
+            "                     huggingface_folder_name} (model.name: hf)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"
             "  max_duration       how long to train: 2000ba, 3ep, 1e6tok, ... (required)\n"
@@ -1065,7 +1076,9 @@ static void print_keys(FILE *f) {
             "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
             "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
-            "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
+            "model.safetensors and, for GPT models, tokenizer.json and sample.txt. A model: {name: hf} run\n"
+            "keeps config.json and the tokenizer in its checkpoints: composer ckpt export --hf CKPT -o DIR\n"
+            "writes the pretrained folder (or callbacks.hf_checkpointer writes it during training).\n");
 }
 
 static const char *g_print_config, *g_quiet_train;
@@ -1469,7 +1482,9 @@ static void eval_usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s CONFIG.yaml --weights PATH [key.path=value ...]\n\n"
             "Builds the config's model, loads PATH (safetensors) and evaluates it on the config's\n"
-            "eval_loader, printing every metric. A run folder's config.yaml works as CONFIG.\n\noptions:\n",
+            "eval_loader, printing every metric. A run folder's config.yaml works as CONFIG. A model from\n"
+            "a pretrained folder (model.name: hf) is evaluated with the folder's weights when --weights\n"
+            "is not given.\n\noptions:\n",
             prog);
     cli_print_flags(f, k_eval_flags);
     fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
@@ -1481,8 +1496,8 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     g_eval_weights = NULL;
     int rc = cli_parse_flags(prog, k_eval_flags, argc, argv, pos, 64, &n_pos, eval_usage);
     if (rc) return rc < 0 ? 0 : rc;
-    if (n_pos == 0 || !g_eval_weights) {
-        fprintf(stderr, "%s: missing %s; see '%s --help'\n", prog, n_pos == 0 ? "CONFIG.yaml" : "--weights PATH", prog);
+    if (n_pos == 0) {
+        fprintf(stderr, "%s: missing CONFIG.yaml; see '%s --help'\n", prog, prog);
         return EXIT_USAGE;
     }
     run r = {0};
@@ -1490,7 +1505,11 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     r.rank = 0, r.world = 1;
     if ((rc = load_config(prog, pos[0], pos + 1, n_pos - 1, &r.cfg)) != 0) return rc;
     if (build_run(&r) != CM_OK) note(&r, NULL);
-    if (!r.err_code) {
+    if (!r.err_code && !g_eval_weights && !r.hf) {
+        fprintf(stderr, "%s: missing --weights PATH; see '%s --help'\n", prog, prog);
+        return finish(&r, EXIT_USAGE);
+    }
+    if (!r.err_code && g_eval_weights) {
         cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
                              : cm_module_load_safetensors(cm_model_module(r.model), g_eval_weights, NULL, NULL);
         if (s) {
@@ -1523,7 +1542,8 @@ int cmd_eval(const char *prog, int argc, char **argv) {
         cm_trainer_free(tr);
         return finish(&r, 1);
     }
-    cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights, (long long)cm_dataset_len(r.eval_ds),
+    cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights ? g_eval_weights : "the pretrained folder",
+            (long long)cm_dataset_len(r.eval_ds),
             cm_clock_s() - t0, r.world > 1 ? " (split over the ranks)" : "");
     print_eval_metrics(&r, tr, "eval");
     cm_trainer_free(tr);

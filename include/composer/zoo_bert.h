@@ -121,6 +121,15 @@ cm_status cm_bert_classifier_new(const cm_bert_config *cfg, cm_rng *rng, cm_mode
  * model lives), or NULL for any other model. */
 const cm_bert_config *cm_bert_model_config(const cm_model *m);
 
+/* Sparse MLM logits (off by default): when on, forward on a batch with "labels" runs the MLM head
+ * only at the positions whose label is not -100 and returns their logits, (n, vocab_size) in
+ * row-major order of (B, L), instead of (B, L, vocab_size); the loss and both metrics read them
+ * against those labels and give the same values as the dense logits (to rounding), for a
+ * fraction of the decoder's cost (MosaicBERT computes its MLM head the same way). A batch without
+ * labels, or whose labels select nothing, gets the dense logits. `composer train` turns it on for
+ * masked_lm. Errors: CM_ERR_INVALID_ARG (not a BertForMaskedLM zoo model). */
+cm_status cm_bert_mlm_sparse_logits(cm_model *m, bool on);
+
 /* FLOPs of forward + backward for one sequence of L tokens (3 × the forward's multiply-adds × 2):
  * every matmul of the embeddings-to-head path, the attention scores and weighted sums (L² terms),
  * and the head (the MLM decoder over all L positions, or the pooler and classifier). */
