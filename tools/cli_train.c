@@ -292,8 +292,9 @@ static cm_status build_hf(run *r) {
     /* the tokenizer: tokenizer.name, else the model's folder */
     const bool tok_set = cm_config_has(c, "tokenizer.name");
     TRY(cm_config_get_string(c, "tokenizer.name", dir, &tdir));
-    int64_t kw_max;
-    TRY(cm_config_get_int(c, "tokenizer.kwargs.model_max_length", -1, &kw_max));
+    int64_t kw_max = -1; /* optional: not written into the resolved config when absent */
+    if (cm_config_has(c, "tokenizer.kwargs.model_max_length"))
+        TRY(cm_config_get_int(c, "tokenizer.kwargs.model_max_length", -1, &kw_max));
     cm_tokenizer_free(r->tok);
     r->tok = NULL;
     if (cm_hf_tokenizer_load(tdir, &r->tok, &r->hf_ti) != CM_OK) {

@@ -284,6 +284,27 @@ static cm_status from_tokenizer_json(const cJSON *root, const char *path, settin
     return st;
 }
 
+cm_status cmi_hf_tokenizer_from_json_text(const char *text, size_t len, const char *label, cm_tokenizer **out) {
+    *out = NULL;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return cm_set_error(CM_ERR_FORMAT, "'%s' is not a JSON object; is it truncated?", label);
+    }
+    settings s;
+    memset(&s, 0, sizeof s);
+    s.do_lower_case = s.strip_accents = -1;
+    s.model_max_length = -1;
+    cm_status st = from_tokenizer_json(root, label, &s, out);
+    if (st == CM_OK && (*out)->type == CM_TOKENIZER_WORDPIECE) (*out)->lowercase = s.do_lower_case != 0;
+    if (st == CM_OK && (st = apply_specials(*out, &s, label)) != CM_OK) {
+        cm_tokenizer_free(*out);
+        *out = NULL;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
 cm_status cm_hf_tokenizer_load(const char *dir, cm_tokenizer **out, cm_hf_tokenizer_info *info) {
     if (!dir || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_hf_tokenizer_load: NULL argument");
     *out = NULL;

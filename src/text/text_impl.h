@@ -107,6 +107,10 @@ void cm_gpt2_byte_alphabet_(uint32_t byte_to_cp[256]);
 cm_status cm_wordpiece_from_memory_(const uint8_t *data, size_t len, const char *what, bool lowercase,
                                     cm_tokenizer **out);
 
+/* A Hugging Face tokenizer.json from memory (the fuzzing entry point of cm_hf_tokenizer_load's
+ * tokenizer.json path; `label` names it in messages). */
+cm_status cmi_hf_tokenizer_from_json_text(const char *text, size_t len, const char *label, cm_tokenizer **out);
+
 /* The char tokenizer for sorted, distinct code points cps[0, n). */
 cm_status cm_char_from_code_points_(const uint32_t *cps, int64_t n, cm_tokenizer **out);
 
