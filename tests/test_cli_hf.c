@@ -207,6 +207,12 @@ Test(cli_hf, gpt2_folder_trains_on_text_and_samples) {
     int rc = run("train " DIR "/gpt.yaml", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "GPT2LMHeadModel") && strstr(out, "--- sample (8 tokens"), "%s", out);
+    /* generation from the run's weights with the folder's tokenizer */
+    rc = run("generate --weights " DIR "/runs/gpt/model.safetensors --tokenizer tests/golden/hf/gpt2 --prompt 'the ' "
+             "-n 6 --temperature 0",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(!strncmp(out, "the ", 4), "the prompt comes first:\n%s", out);
 }
 
 static void expect_fail(const char *args, int want_rc, const char *s1, const char *s2) {

@@ -1561,7 +1561,7 @@ static const cli_flag k_gen_flags[] = {
     {"--weights", "-w", "PATH", "GPT-2 weights (.safetensors, e.g. runs/NAME/model.safetensors)", &g_gen_weights},
     {"--config", "-c", "YAML", "the model config (default: config.yaml next to the weights, if present)",
      &g_gen_config},
-    {"--tokenizer", "-t", "JSON", "tokenizer.json (default: next to the weights)", &g_gen_tok},
+    {"--tokenizer", "-t", "JSON", "tokenizer.json (default: next to the weights), or a Hugging Face folder", &g_gen_tok},
     {"--prompt", "-p", "TEXT", "the text to continue (default \"\\n\"; \"\" = start from <|endoftext|> / id 0)",
      &g_gen_prompt},
     {"--max-new-tokens", "-n", "N", "tokens to generate (default 200)", &g_gen_n},
@@ -1620,8 +1620,11 @@ int cmd_generate(const char *prog, int argc, char **argv) {
 
     run r = {0};
     r.mode = MODE_GENERATE;
-    if (cm_tokenizer_load(g_gen_tok, &r.tok) != CM_OK) {
-        fprintf(stderr, "%s: tokenizer: %s (pass --tokenizer DIR/tokenizer.json)\n", prog, cm_last_error());
+    struct stat tsb;
+    const bool tok_dir = stat(g_gen_tok, &tsb) == 0 && S_ISDIR(tsb.st_mode); /* a Hugging Face folder */
+    if ((tok_dir ? cm_hf_tokenizer_load(g_gen_tok, &r.tok, NULL) : cm_tokenizer_load(g_gen_tok, &r.tok)) != CM_OK) {
+        fprintf(stderr, "%s: tokenizer: %s (pass --tokenizer DIR/tokenizer.json, or a pretrained folder)\n", prog,
+                cm_last_error());
         return 1;
     }
     snprintf(r.tok_path, sizeof r.tok_path, "%s", g_gen_tok);
