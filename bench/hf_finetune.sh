@@ -8,9 +8,13 @@
 #   bench/hf_finetune.sh                      # pretraining 6 epochs, fine-tuning 3 epochs (the
 #                                             # examples as written: hours on two cores)
 #   MLM_DURATION=2ep FT_DURATION=1ep bench/hf_finetune.sh    # a smaller budget
-#   SKIP_MLM=1 bench/hf_finetune.sh           # reuse runs/bench-bert-mlm/huggingface/final
+#   SKIP_MLM=1 bench/hf_finetune.sh           # reuse runs/$MLM_NAME/huggingface/final
 #
-# Other knobs: FT_SEQ (max_seq_len of fine-tuning, 128 as the seed; SST-2's longest sentence is 66
+# Two fine-tuning settings, each run from the pretrained folder and from random weights: all of
+# SST-2's training set for FT_DURATION (the seeds'), and its first SUBSET rows (2000; 0 skips it)
+# for SUBSET_DURATION (3ep) — few labels, where pretraining on the unlabelled sentences matters most.
+#
+# Other knobs: MLM_NAME (the pretraining run's name, bench-bert-mlm), FT_SEQ (max_seq_len of fine-tuning, 128 as the seed; SST-2's longest sentence is 66
 # tokens, so 64 gives the same model at half the cost), FT_LR, SEED, THREADS (CM_NUM_THREADS),
 # COMPOSER (the binary, default build/tools/composer). Results are appended to
 # bench/results/hf_finetune.tsv. Run from the repository root on an otherwise idle machine: the
@@ -25,6 +29,9 @@ FT_DURATION=${FT_DURATION:-3ep}
 FT_SEQ=${FT_SEQ:-128}
 FT_LR=${FT_LR:-1.0e-4}
 SEED=${SEED:-17}
+SUBSET=${SUBSET:-2000}
+SUBSET_DURATION=${SUBSET_DURATION:-3ep}
+MLM_NAME=${MLM_NAME:-bench-bert-mlm}
 THREADS=${THREADS:-}
 ROOT=runs
 OUT=bench/results/hf_finetune.tsv
@@ -58,16 +65,26 @@ run() {
 
 printf 'run\tinit\tbudget\tdev_accuracy\tdev_cross_entropy\tbatches\twall_s (appended to %s)\n' "$OUT"
 if [ -z "${SKIP_MLM:-}" ]; then
-    run bert-mlm random "$MLM_DURATION" examples/bert-mlm.yaml progress_bar=false run_root=$ROOT run_name=bench-bert-mlm \
-        seed="$SEED" max_duration="$MLM_DURATION" save_folder=null callbacks.hf_checkpointer.save_folder=$ROOT/bench-bert-mlm
+    run bert-mlm random "$MLM_DURATION" examples/bert-mlm.yaml progress_bar=false run_root=$ROOT run_name="$MLM_NAME" \
+        seed="$SEED" max_duration="$MLM_DURATION" save_folder=null callbacks.hf_checkpointer.save_folder="$ROOT/$MLM_NAME"
 fi
-FOLDER=$ROOT/bench-bert-mlm/huggingface/final
+FOLDER=$ROOT/$MLM_NAME/huggingface/final
 [ -f "$FOLDER/config.json" ] || { echo "no pretrained folder $FOLDER (run without SKIP_MLM)" >&2; exit 1; }
-for init in pretrained random; do
-    pre=true
-    [ $init = random ] && pre=false
-    run bert-sst2 "$init" "$FT_DURATION" examples/bert-sst2.yaml progress_bar=false run_root=$ROOT run_name=bench-bert-sst2-$init \
-        seed="$SEED" max_duration="$FT_DURATION" model.pretrained_model_name_or_path="$FOLDER" model.pretrained=$pre \
-        train_loader.dataset.max_seq_len="$FT_SEQ" eval_loader.dataset.max_seq_len="$FT_SEQ" optimizer.lr="$FT_LR" \
-        save_folder=null
-done
+# fine-tune NAME TRAIN_DATASET DURATION: the pretrained and the random-weights run
+finetune() {
+    name=$1 data=$2 dur=$3
+    for init in pretrained random; do
+        pre=true
+        [ $init = random ] && pre=false
+        run "$name" "$init" "$dur" examples/bert-sst2.yaml progress_bar=false run_root=$ROOT run_name=bench-$name-$init \
+            seed="$SEED" max_duration="$dur" model.pretrained_model_name_or_path="$FOLDER" model.pretrained=$pre \
+            train_loader.dataset="$data" eval_loader.dataset.max_seq_len="$FT_SEQ" optimizer.lr="$FT_LR" save_folder=null
+    done
+}
+# the seeds' setting: all of SST-2's training set
+finetune bert-sst2 "{type: sst2, split: train, max_seq_len: $FT_SEQ}" "$FT_DURATION"
+# few labels: the first SUBSET rows of train.tsv, SUBSET_DURATION of training
+if [ "$SUBSET" -gt 0 ]; then
+    head -n $((SUBSET + 1)) ../shared/data/sst2/train.tsv >"$ROOT/sst2-train-$SUBSET.tsv"
+    finetune "bert-sst2-$SUBSET" "{type: tsv, path: $ROOT/sst2-train-$SUBSET.tsv, max_seq_len: $FT_SEQ}" "$SUBSET_DURATION"
+fi
