@@ -4,8 +4,9 @@
  * (fit / eval / predict / close) with microbatching, mixed precision and metrics.
  *
  * The loop is a sequence of events (Composer's names and order, listed in CM_EVENT_LIST). At each
- * event the engine runs the algorithms whose match() accepts it (ordered by the ordering passes;
- * reversed on AFTER_* events so before/after pairs nest), then the callbacks, then the loggers. On
+ * event the engine runs the algorithms whose match() accepts it (ordered by the ordering passes:
+ * reversed on AFTER_* events so before/after pairs nest, SelectiveBackprop first and
+ * LowPrecisionLayerNorm last), then the callbacks, then the loggers. On
  * INIT the order is loggers, callbacks, algorithms. Plugins are vtables with an abi number and a
  * `void *self`; registering one hands `self` to the engine, which frees it.
  *
@@ -95,7 +96,8 @@ extern "C" {
  * =========================================================================================== */
 
 /* X-macro list: enum suffix, Composer's value string, kind (BEFORE: has a matching after event;
- * AFTER: algorithms run in reverse registration order; NONE: neither), in Composer's order. */
+ * AFTER: Composer's is_after_event; NONE: neither), in Composer's order. Algorithms run in
+ * reverse order on the AFTER_* events only (see cm_ordering_pass_filo). */
 #define CM_EVENT_LIST(X)                                          \
     X(INIT, "init", NONE)                                         \
     X(BEFORE_LOAD, "before_load", BEFORE)                         \
@@ -404,9 +406,24 @@ typedef struct cm_ordering_pass {
     cm_ordering_pass_fn fn;
     void *data;
 } cm_ordering_pass;
-/* The built-in pass every engine starts with: reverses the order on AFTER_* events, so an
- * algorithm that runs first on BEFORE_X runs last on AFTER_X (first in, last out). */
+/* The built-in passes every engine starts with, in this order (Composer's default passes):
+ *  - cm_ordering_pass_filo (Composer's set_filo_order): reverses the order on the events whose
+ *    name starts with AFTER_ (AFTER_LOAD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS,
+ *    AFTER_BACKWARD, AFTER_TRAIN_BATCH), so an algorithm that runs first on BEFORE_X runs last on
+ *    AFTER_X (first in, last out); *_START / *_END events keep the registration order.
+ *  - cm_ordering_pass_selective_backprop_first (sort_selective_backprop_first): algorithms named
+ *    "SelectiveBackprop" run first, so its extra forward sees the batch before any augmentation.
+ *  - cm_ordering_pass_low_precision_layernorm_last (sort_low_precision_layernorm_last):
+ *    algorithms named "LowPrecisionLayerNorm" run last, after every surgery that adds LayerNorms
+ *    (GatedLinearUnits).
+ * Both moves are stable (the others keep their order). Composer runs the two moves before its
+ * FILO pass, so on AFTER_DATALOADER (where SelectiveBackprop works) the reversal put it last
+ * after all; here FILO runs first and the two rules hold on every event. */
 int cm_ordering_pass_filo(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data);
+int cm_ordering_pass_selective_backprop_first(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                              void *data);
+int cm_ordering_pass_low_precision_layernorm_last(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                                  void *data);
 
 /* A new engine over `st` (borrowed; the trainer's state, or one from cm_state_new). Errors:
  * CM_ERR_INVALID_ARG (NULL), CM_ERR_OOM. */
@@ -420,7 +437,7 @@ void cm_engine_free(cm_engine *e);
 cm_status cm_engine_add_algorithm(cm_engine *e, cm_algorithm_plugin p);
 cm_status cm_engine_add_callback(cm_engine *e, cm_callback_plugin p);
 cm_status cm_engine_add_logger(cm_engine *e, cm_logger_plugin p);
-/* Inserts a pass at `index` (0 = first, before the built-in FILO pass; -1 = last). Errors:
+/* Inserts a pass at `index` (0 = first, before the three built-in passes; -1 = last). Errors:
  * CM_ERR_INVALID_ARG (NULL fn, index out of range), CM_ERR_OOM. */
 cm_status cm_engine_add_ordering_pass(cm_engine *e, cm_ordering_pass pass, int index);
 
@@ -557,7 +574,7 @@ typedef struct cm_trainer_config {
     int n_callbacks;
     const cm_logger_plugin *loggers;       /* taken on success */
     int n_loggers;
-    const cm_ordering_pass *algorithm_passes; /* appended after the built-in FILO pass */
+    const cm_ordering_pass *algorithm_passes; /* appended after the built-in passes */
     int n_algorithm_passes;
     cm_precision precision;               /* default fp32 */
     int64_t device_train_microbatch_size; /* rows per microbatch; 0 = the whole batch (default); CM_MICROBATCH_AUTO */
@@ -589,7 +606,8 @@ typedef struct cm_trainer_config {
     bool load_strict_model_weights;   /* default true: every model tensor must match by name */
     const char *const *load_ignore_keys; /* glob patterns of model tensor names not to load */
     int n_load_ignore_keys;
-    const char *const *load_exclude_algorithms; /* glob patterns of algorithm names whose state is not loaded */
+    const char *const *load_exclude_algorithms; /* glob patterns of algorithm names whose state is not
+                                                    loaded and which are not re-applied from the checkpoint */
     int n_load_exclude_algorithms;
     bool autoresume;                  /* resume from the newest complete checkpoint in save_folder
                                          (needs run_name); takes precedence over load_path */
@@ -603,19 +621,32 @@ cm_trainer_config cm_trainer_config_default(void);
 typedef struct cm_trainer cm_trainer;
 
 /* Checks the configuration, builds the state and the engine, registers the plugins (taking them
- * only if everything succeeds), locks the model's flat buffers (cm_module_lock, until
- * cm_trainer_free), seeds the model (cm_module_set_seed), then fires INIT, logs the
- * hyperparameters, fires BEFORE_LOAD, loads a checkpoint (autoresume, else load_path: weights,
- * optimizer state, timestamp, data positions, dropout RNG counters, plugin states — all verified
- * first) and fires AFTER_LOAD. Errors: CM_ERR_INVALID_ARG naming the field and the fix (no model,
+ * only if everything succeeds), then:
+ *  1. fires INIT — model surgery happens here (composer/surgery_algorithms.h) — logs the
+ *     hyperparameters and fires BEFORE_LOAD;
+ *  2. picks the checkpoint to load (autoresume, else load_path) and applies the model surgery it
+ *     requires that the algorithms do not already apply (Composer's required-on-load rule: the
+ *     checkpoint's required_on_load algorithms are made from their recorded arguments, registered
+ *     after cfg's (they are then saved in later checkpoints too) and applied on INIT, in the
+ *     passes' order; load_exclude_algorithms skips them. The same algorithm given with other
+ *     arguments is a warning, as in Composer);
+ *  3. makes its own optimizer when cfg.optimizer is NULL — after the surgery, so on INIT
+ *     cm_state_optimizer is NULL then — locks the model's flat buffers (cm_module_lock, until
+ *     cm_trainer_free), and seeds the model (cm_module_set_seed);
+ *  4. loads the checkpoint (weights, optimizer state, timestamp, data positions, dropout RNG
+ *     counters, plugin states — all verified first) and fires AFTER_LOAD.
+ * Errors: CM_ERR_INVALID_ARG naming the field and the fix (no model,
  * a loader in the wrong mode, max_duration in dur/iter/sec, a bad eval_interval or save_interval,
  * microbatch size < -1, ssr <= 0, an invalid scheduler or precision, a bad plugin vtable, a bad
  * save_filename, autoresume without save_folder and run_name), CM_ERR_UNSUPPORTED (amp_fp16; a
  * checkpoint of another format version), CM_ERR_STATE (the model's module is not finalized; a
- * checkpoint whose optimizer differs), CM_ERR_FORMAT (a damaged checkpoint, named), CM_ERR_NOT_FOUND
- * (load_path missing; model names that do not match with load_strict_model_weights), CM_ERR_OOM,
- * a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any failure nothing is taken: the caller
- * still owns (and frees) the plugins. */
+ * checkpoint whose optimizer differs; surgery on INIT re-packed the parameters under a
+ * cfg.optimizer made before — call cm_trainer_prepare_model first; a checkpoint's required
+ * algorithm that the passes order before one of cfg's, Composer's ValueError), CM_ERR_FORMAT (a
+ * damaged checkpoint, named), CM_ERR_NOT_FOUND (load_path missing; model names that do not match
+ * with load_strict_model_weights), CM_ERR_OOM, a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD,
+ * a required algorithm's error (naming it and load_exclude_algorithms). On any failure nothing is
+ * taken: the caller still owns (and frees) the plugins. */
 cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out);
 
 /* Closes (if not closed) and frees the trainer, its engine and plugins, and the optimizer it
