@@ -424,3 +424,27 @@ cm_status cm_nn_bert_layer_new(const cm_nn_attention_config *cfg, cm_rng *rng, c
 fail:
     return fail_build(m, st);
 }
+
+/* ---- reading and retuning ---- */
+
+static bool is_attention_family(const cm_module *m) {
+    const cm_module_i *vt = m ? m->vt : NULL;
+    return vt == &gattn_vt || vt == &mlp_vt || vt == &gblock_vt || vt == &bself_vt || vt == &bselfout_vt ||
+           vt == &battn_vt || vt == &binter_vt || vt == &bout_vt || vt == &blayer_vt;
+}
+
+cm_status cm_nn_attention_config_of(const cm_module *m, cm_nn_attention_config *out) {
+    if (!is_attention_family(m) || !out)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_nn_attention_config_of: the module is %s%s, not a GPT-2 or BERT "
+                                                "transformer module", m ? "a " : "", m ? m->vt->type_name : "NULL");
+    *out = *(const cm_nn_attention_config *)m->self; /* every state struct here starts with its config */
+    return CM_OK;
+}
+
+cm_status cm_nn_attention_set_alibi(cm_module *m, bool on) {
+    if (!m || (m->vt != &gattn_vt && m->vt != &bself_vt))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_nn_attention_set_alibi: the module is %s%s, not a GPT2Attention "
+                                                "or BertSelfAttention", m ? "a " : "", m ? m->vt->type_name : "NULL");
+    ((cm_nn_attention_config *)m->self)->alibi = on;
+    return CM_OK;
+}

@@ -126,25 +126,51 @@ cm_status cm_nn_embedding_new(int64_t num, int64_t dim, cm_rng *rng, cm_module *
 typedef struct {
     int64_t dim, groups;
     float eps;
+    bool low_precision; /* cm_nn_norm_set_low_precision */
     cm_tensor *weight, *bias;
 } norm_s;
 
+/* t rounded to bf16 and widened back (a recorded cast pair: the gradient passes unchanged). */
+static cm_tensor *bf16_round(cm_tape *tp, cm_tensor *t) {
+    return t ? cm_cast(tp, cm_cast(tp, t, CM_DTYPE_BF16), CM_DTYPE_F32) : NULL;
+}
+
+/* The norm's inputs and parameters, rounded to bf16 when the module is low-precision and the tape
+ * autocasts to bf16; *lp tells whether they were. */
+static void lp_inputs(const norm_s *s, cm_tape *tp, cm_tensor **x, cm_tensor **w, cm_tensor **b, bool *lp) {
+    *w = s->weight, *b = s->bias;
+    *lp = s->low_precision && cm_tape_autocast(tp) == CM_DTYPE_BF16;
+    if (!*lp) return;
+    *x = bf16_round(tp, *x);
+    *w = bf16_round(tp, *w);
+    *b = bf16_round(tp, *b);
+}
+
 static cm_tensor *ln_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     norm_s *s = m->self;
-    return cm_layer_norm(tp, in[0], s->weight, s->bias, s->eps);
+    cm_tensor *x = in[0], *w, *b;
+    bool lp;
+    lp_inputs(s, tp, &x, &w, &b, &lp);
+    cm_tensor *y = cm_layer_norm(tp, x, w, b, s->eps);
+    return lp ? bf16_round(tp, y) : y;
 }
 static cm_tensor *gn_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     norm_s *s = m->self;
-    return cm_group_norm(tp, in[0], s->groups, s->weight, s->bias, s->eps);
+    cm_tensor *x = in[0], *w, *b;
+    bool lp;
+    lp_inputs(s, tp, &x, &w, &b, &lp);
+    cm_tensor *y = cm_group_norm(tp, x, s->groups, w, b, s->eps);
+    return lp ? bf16_round(tp, y) : y;
 }
 static void ln_desc(const cm_module *m, char *buf, size_t cap) {
     const norm_s *s = m->self;
-    snprintf(buf, cap, "%lld, eps=%g%s", (long long)s->dim, s->eps, s->weight ? "" : ", affine=false");
+    snprintf(buf, cap, "%lld, eps=%g%s%s", (long long)s->dim, s->eps, s->weight ? "" : ", affine=false",
+             s->low_precision ? ", low_precision" : "");
 }
 static void gn_desc(const cm_module *m, char *buf, size_t cap) {
     const norm_s *s = m->self;
-    snprintf(buf, cap, "%lld, %lld, eps=%g%s", (long long)s->groups, (long long)s->dim, s->eps,
-             s->weight ? "" : ", affine=false");
+    snprintf(buf, cap, "%lld, %lld, eps=%g%s%s", (long long)s->groups, (long long)s->dim, s->eps,
+             s->weight ? "" : ", affine=false", s->low_precision ? ", low_precision" : "");
 }
 static const cm_module_i ln_vt = {CM_MODULE_ABI, "LayerNorm", ln_fwd, free_self, ln_desc};
 static const cm_module_i gn_vt = {CM_MODULE_ABI, "GroupNorm", gn_fwd, free_self, gn_desc};
@@ -224,7 +250,10 @@ static const cm_module_i bn_vt = {CM_MODULE_ABI, "BatchNorm2d", bn_fwd, free_sel
 
 cm_tensor *cm_nn_batch_norm_add_relu(cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual) {
     if (!bn || bn->vt != &bn_vt) { /* not a BatchNorm2d (or NULL: cm_module_forward names that) */
+        /* the elementwise ops take f32: a bf16 output or residual (under autocast) is widened */
         cm_tensor *y = cm_module_forward(bn, tp, x);
+        if (y && cm_tensor_dtype(y) != CM_DTYPE_F32) y = cm_cast(tp, y, CM_DTYPE_F32);
+        if (residual && cm_tensor_dtype(residual) != CM_DTYPE_F32) residual = cm_cast(tp, residual, CM_DTYPE_F32);
         if (residual) y = cm_add(tp, y, residual);
         return cm_relu(tp, y);
     }
@@ -499,4 +528,90 @@ cm_status cm_nn_sequential_append(cm_module *seq, cm_module *child) {
     char name[24];
     snprintf(name, sizeof name, "%d", seq->n_children);
     return cm_module_add_child(seq, name, child, NULL);
+}
+
+/* ---- reading and retuning layers ---- */
+
+static cm_status not_a(const cm_module *m, const char *fn, const char *want) {
+    return cm_set_error(CM_ERR_INVALID_ARG, "%s: the module is %s%s, not a %s", fn, m ? "a " : "",
+                        m ? m->vt->type_name : "NULL", want);
+}
+
+cm_status cm_nn_conv2d_config_of(const cm_module *m, cm_nn_conv2d_config *out) {
+    if (!m || m->vt != &conv_vt || !out) return not_a(m, "cm_nn_conv2d_config_of", "Conv2d");
+    *out = ((const conv_s *)m->self)->cfg;
+    return CM_OK;
+}
+
+cm_status cm_nn_batch_norm2d_config_of(const cm_module *m, int64_t *channels, cm_nn_batch_norm_config *out) {
+    if (!m || m->vt != &bn_vt) return not_a(m, "cm_nn_batch_norm2d_config_of", "BatchNorm2d");
+    const bn_s *s = m->self;
+    if (channels) *channels = s->c;
+    if (out) *out = s->cfg;
+    return CM_OK;
+}
+
+cm_status cm_nn_pool2d_opts_of(const cm_module *m, cm_pool2d_opts *out) {
+    if (!m || (m->vt != &maxpool_vt && m->vt != &avgpool_vt) || !out)
+        return not_a(m, "cm_nn_pool2d_opts_of", "MaxPool2d or AvgPool2d");
+    *out = ((const pool_s *)m->self)->o;
+    return CM_OK;
+}
+
+cm_status cm_nn_norm_config_of(const cm_module *m, int64_t *groups, int64_t *dim, float *eps, bool *affine) {
+    if (!m || (m->vt != &ln_vt && m->vt != &gn_vt)) return not_a(m, "cm_nn_norm_config_of", "LayerNorm or GroupNorm");
+    const norm_s *s = m->self;
+    if (groups) *groups = s->groups;
+    if (dim) *dim = s->dim;
+    if (eps) *eps = s->eps;
+    if (affine) *affine = s->weight != NULL;
+    return CM_OK;
+}
+
+cm_status cm_nn_dropout_p_of(const cm_module *m, float *p) {
+    if (!cmn_is_dropout(m) || !p) return not_a(m, "cm_nn_dropout_p_of", "Dropout");
+    *p = cmn_dropout_p(m);
+    return CM_OK;
+}
+
+cm_status cm_nn_embedding_dims(const cm_module *m, int64_t *num, int64_t *dim) {
+    if (!m || m->vt != &emb_vt) return not_a(m, "cm_nn_embedding_dims", "Embedding");
+    const emb_s *s = m->self;
+    if (num) *num = s->num;
+    if (dim) *dim = s->dim;
+    return CM_OK;
+}
+
+cm_status cm_nn_norm_set_low_precision(cm_module *m, bool on) {
+    if (!m || (m->vt != &ln_vt && m->vt != &gn_vt)) return not_a(m, "cm_nn_norm_set_low_precision", "LayerNorm or GroupNorm");
+    ((norm_s *)m->self)->low_precision = on;
+    return CM_OK;
+}
+
+bool cm_nn_norm_is_low_precision(const cm_module *m) {
+    return m && (m->vt == &ln_vt || m->vt == &gn_vt) && ((const norm_s *)m->self)->low_precision;
+}
+
+cm_status cm_nn_set_channels_last(cm_module *m, bool on) {
+    if (m && m->vt == &conv_vt) {
+        ((conv_s *)m->self)->cfg.opts.channels_last = on;
+    } else if (m && m->vt == &bn_vt) {
+        ((bn_s *)m->self)->cfg.channels_last = on;
+    } else if (m && (m->vt == &maxpool_vt || m->vt == &avgpool_vt)) {
+        ((pool_s *)m->self)->o.channels_last = on;
+    } else if (m && m->vt == &adapt_vt) {
+        ((pool_s *)m->self)->channels_last = on;
+    } else {
+        return not_a(m, "cm_nn_set_channels_last", "Conv2d, BatchNorm2d, MaxPool2d, AvgPool2d or AdaptiveAvgPool2d");
+    }
+    return CM_OK;
+}
+
+bool cm_nn_is_channels_last(const cm_module *m) {
+    if (!m) return false;
+    if (m->vt == &conv_vt) return ((const conv_s *)m->self)->cfg.opts.channels_last;
+    if (m->vt == &bn_vt) return ((const bn_s *)m->self)->cfg.channels_last;
+    if (m->vt == &maxpool_vt || m->vt == &avgpool_vt) return ((const pool_s *)m->self)->o.channels_last;
+    if (m->vt == &adapt_vt) return ((const pool_s *)m->self)->channels_last;
+    return false;
 }

@@ -107,6 +107,7 @@ cm_status cmn_unpack(cm_module *root) {
     cm_free(mem);
     cmn_pack_free(p);
     root->pack = NULL;
+    root->layout_version++;
     return CM_OK;
 }
 
@@ -276,6 +277,7 @@ cm_status cm_module_finalize(cm_module *root) {
     p->n_buffers = L.nb;
     cmn_pack_free(root->pack); /* the old flat buffers: no tensor points into them any more */
     root->pack = p;
+    root->layout_version++;
     cm_module_visit(root, seed_at_finalize, NULL);
     return CM_OK;
 oom:
@@ -327,6 +329,7 @@ cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t alig
 }
 
 bool cm_module_is_finalized(const cm_module *root) { return root && root->pack; }
+uint64_t cm_module_layout_version(const cm_module *root) { return root ? root->layout_version : 0; }
 
 /* ---- queries ---- */
 
