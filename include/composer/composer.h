@@ -29,6 +29,7 @@
 #include <composer/report.h>
 #include <composer/trainer.h>
 #include <composer/algorithms.h>
+#include <composer/surgery_algorithms.h>
 #include <composer/callbacks.h>
 #include <composer/loggers.h>
 #include <composer/config.h>

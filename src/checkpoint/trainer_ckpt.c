@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
 
+#include <composer/surgery_algorithms.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -147,6 +149,7 @@ void cmi_ckpt_free(cm_trainer *tr) {
     free_strs(ck->kept, ck->n_kept);
     cm_free(ck->last_path);
     cm_free(ck->resumed_from);
+    cm_free(ck->pending);
     cm_free(ck);
     tr->ckpt = NULL;
 }
@@ -372,7 +375,28 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
         if ((s = plugin_state("algorithm", cm_algorithm_name(a), cm_algorithm_vtable(a)->save, cm_algorithm_self(a),
                               &state)))
             break;
-        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) s = CM_ERR_OOM;
+        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) {
+            s = CM_ERR_OOM;
+            break;
+        }
+        /* the methods of composer/surgery_algorithms.h: their arguments (Composer's repr) and
+         * whether loading must re-apply them */
+        const cm_algorithm_info *info = cm_algorithm_info_of(cm_algorithm_vtable(a));
+        if (info) {
+            char hp[1024];
+            size_t n = cm_algorithm_hparams_json((cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)},
+                                                 hp, sizeof hp);
+            cJSON *hj = n && n < sizeof hp ? cJSON_Parse(hp) : NULL;
+            if (!hj) {
+                s = cm_set_error(CM_ERR_INTERNAL, "algorithm '%s': its arguments are not JSON (%zu bytes)",
+                                 cm_algorithm_name(a), n);
+                break;
+            }
+            if (!add(o, "hparams", hj) || !add(o, "required_on_load", cJSON_CreateBool(info->required_on_load))) {
+                s = CM_ERR_OOM;
+                break;
+            }
+        }
     }
     for (int i = 0; !s && i < cm_engine_n_callbacks(tr->engine); i++) {
         cm_callback_plugin p = cm_engine_callback(tr->engine, i);
@@ -1239,10 +1263,10 @@ done:
     return s;
 }
 
-cm_status cmi_ckpt_load_start(cm_trainer *tr) {
-    cmi_ckpt *ck = tr->ckpt;
-    if (!ck) return CM_OK;
-    if (ck->autoresume) {
+cm_status cmi_ckpt_resolve(cm_trainer *dist_tr, bool autoresume, const char *save_folder, const char *latest,
+                           const char *load_path, char **out) {
+    *out = NULL;
+    if (autoresume && save_folder) {
         cm_checkpoint_search srch;
         memset(&srch, 0, sizeof srch);
         /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
@@ -1251,31 +1275,56 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
             int32_t status;
             char msg[1500];
         } res = {0, ""};
-        if (tr->dist.rank == 0) {
-            res.status = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+        if (!dist_tr || dist_tr->dist.rank == 0) {
+            res.status = cm_checkpoint_find_latest(save_folder, latest, &srch);
             if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
         }
-        cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
-        if (!bs) bs = cmi_dist_bcast(tr, &srch, sizeof srch);
-        if (bs) return bs;
+        if (dist_tr) {
+            cm_status bs = cmi_dist_bcast(dist_tr, &res, sizeof res);
+            if (!bs) bs = cmi_dist_bcast(dist_tr, &srch, sizeof srch);
+            if (bs) return bs;
+        }
         cm_status s = (cm_status)res.status;
         if (s) cm_set_error(s, "%s", res.msg);
         if (s == CM_OK) {
             if (srch.n_rejected)
                 cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
-            return load_into(tr, srch.path);
+            *out = dup_str(srch.path);
+            return *out ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
         }
         if (s != CM_ERR_NOT_FOUND) return s;
         if (srch.n_rejected) {
             return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
                                                "start the run over",
-                                ck->save_folder, srch.rejected);
+                                save_folder, srch.rejected);
         }
-        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", ck->save_folder,
-                   ck->load_path ? "loading load_path" : "starting from scratch");
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", save_folder,
+                   load_path ? "loading load_path" : "starting from scratch");
     }
-    if (ck->load_path) return load_into(tr, ck->load_path);
+    if (load_path && load_path[0]) {
+        *out = dup_str(load_path);
+        return *out ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    }
     return CM_OK;
+}
+
+cm_status cmi_ckpt_prepare_load(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    cm_free(ck->pending);
+    ck->pending = NULL;
+    cm_status s = cmi_ckpt_resolve(tr, ck->autoresume, ck->save_folder, ck->save_latest_filename, ck->load_path,
+                                   &ck->pending);
+    if (s || !ck->pending) return s;
+    int added = 0;
+    s = cmi_apply_required_algorithms(tr->engine, &tr->st, ck->pending, (const char *const *)ck->exclude_algs,
+                                      ck->n_exclude_algs, &added);
+    return cmi_dist_agree(tr, s, "applying the checkpoint's required algorithms");
+}
+
+cm_status cmi_ckpt_load_start(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    return ck && ck->pending ? load_into(tr, ck->pending) : CM_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------

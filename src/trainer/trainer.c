@@ -3,6 +3,7 @@
  * eval interval, standalone eval, predict, close. The event order is documented in trainer.h. */
 #include "trainer/trainer_impl.h"
 #include "checkpoint/ckpt_impl.h"
+#include <composer/surgery_algorithms.h>
 
 #include <composer/report.h>
 
@@ -345,18 +346,11 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     if (cfg->dist.fetch) cm_tape_set_fetch_hook(tr->tape, cfg->dist.fetch, cfg->dist.data);
     if (cfg->train_dataloader && (s = cm_data_spec_new(cfg->train_dataloader, &cfg->train_data_spec, &tr->spec)))
         goto fail;
-    if (cfg->optimizer)
-        st->optimizer = cfg->optimizer;
-    else if ((s = default_optimizer(tr)))
-        goto fail;
-    else
-        st->optimizer = tr->own_optim;
     if ((s = cmi_ckpt_new(tr, cfg))) goto fail;
     cm_module *root = cm_model_module(st->model);
-    if ((s = cm_module_lock(root))) goto fail;
-    tr->locked = true;
-    if ((s = collect_dropout(tr, root))) goto fail;
-    cm_module_set_seed(root, st->seed);
+    /* the trainer's own optimizer is made after the INIT surgery (below); a given one is visible
+     * on INIT */
+    st->optimizer = cfg->optimizer;
 
     if ((s = cm_engine_new(st, &tr->engine))) goto fail;
     for (int i = 0; i < cfg->n_algorithm_passes; i++)
@@ -367,11 +361,39 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         if ((s = cm_engine_add_callback(tr->engine, cfg->callbacks[i]))) goto release;
     for (int i = 0; i < cfg->n_algorithms; i++)
         if ((s = cm_engine_add_algorithm(tr->engine, cfg->algorithms[i]))) goto release;
+    tr->n_user_algs = cfg->n_algorithms;
     st->dl = st->train_dl;
     snprintf(st->dl_label, sizeof st->dl_label, "train");
+    /* INIT (model surgery), then the surgery the checkpoint to load requires — all before the
+     * optimizer and the lock, so re-packing the flat buffers is safe */
+    const uint64_t layout = cm_module_layout_version(root);
     if ((s = run(tr, CM_EVENT_INIT)) || (s = log_hparams(tr)) || (s = run(tr, CM_EVENT_BEFORE_LOAD)) ||
-        (s = cmi_ckpt_load_start(tr)) || (s = run(tr, CM_EVENT_AFTER_LOAD)))
+        (s = cmi_ckpt_prepare_load(tr)))
         goto release;
+    if (cfg->optimizer && cm_module_layout_version(root) != layout) {
+        char names[256] = "";
+        for (int i = 0; i < cm_engine_n_algorithms(tr->engine); i++) {
+            cm_algorithm *a = cm_engine_algorithm(tr->engine, i);
+            if (!cm_algorithm_info_of(cm_algorithm_vtable(a))) continue;
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", cm_algorithm_name(a));
+        }
+        s = cm_set_error(CM_ERR_STATE,
+                         "model surgery on INIT (%s) re-packed the model's parameters, but the optimizer in the "
+                         "config was made over the old ones: call cm_trainer_prepare_model(&cfg) before making the "
+                         "optimizer (and data parallelism), or leave optimizer NULL for the trainer's own",
+                         names[0] ? names : "the algorithms");
+        goto release;
+    }
+    if (!cfg->optimizer) {
+        if ((s = default_optimizer(tr))) goto release;
+        st->optimizer = tr->own_optim;
+    }
+    if ((s = cm_module_lock(root))) goto release;
+    tr->locked = true;
+    if ((s = collect_dropout(tr, root))) goto release;
+    cm_module_set_seed(root, st->seed);
+    if ((s = cmi_ckpt_load_start(tr)) || (s = run(tr, CM_EVENT_AFTER_LOAD))) goto release;
     *out = tr;
     return CM_OK;
 
@@ -381,6 +403,9 @@ oom:
 release: {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", cm_last_error());
+    /* the algorithms the trainer made (required on load) are its own; the config's go back */
+    if (cm_engine_n_algorithms(tr->engine) > cfg->n_algorithms)
+        cmi_engine_pop_algorithms(tr->engine, cm_engine_n_algorithms(tr->engine) - cfg->n_algorithms);
     cmi_engine_release(tr->engine);
     cm_set_error(s, "%s", msg);
 }
@@ -1151,5 +1176,92 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
     cm_module_train(root, was_training);
     st->dl = prev_dl;
     snprintf(st->dl_label, sizeof st->dl_label, "train");
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Model surgery before the trainer (composer/surgery_algorithms.h)
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cm_trainer_prepare_model(const cm_trainer_config *cfg) {
+    static const char fn[] = "cm_trainer_prepare_model";
+    if (!cfg || !cfg->model) return cm_set_error(CM_ERR_INVALID_ARG, "%s: NULL %s", fn, cfg ? "model" : "config");
+    cm_module *root = cm_model_module(cfg->model);
+    if (!cm_module_is_finalized(root))
+        return cm_set_error(CM_ERR_STATE, "%s: the model's module is not finalized (cm_module_finalize)", fn);
+    if (cm_module_is_locked(root))
+        return cm_set_error(CM_ERR_STATE, "%s: the model is locked by an optimizer or data parallelism already: call "
+                                          "%s first, then make them",
+                            fn, fn);
+    if (cfg->n_algorithms < 0 || (cfg->n_algorithms && !cfg->algorithms))
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: n_algorithms %d without algorithms", fn, cfg->n_algorithms);
+    for (int i = 0; i < cfg->n_algorithms; i++) {
+        const cm_algorithm_i *vt = cfg->algorithms[i].vt;
+        if (!vt || vt->abi != CM_ALGORITHM_ABI || !vt->name || !vt->match || !vt->apply)
+            return cm_set_error(CM_ERR_INVALID_ARG, "algorithms[%d]: bad vtable (abi %d, name, match, apply needed)", i,
+                                CM_ALGORITHM_ABI);
+    }
+    cm_state *st = NULL;
+    cm_engine *e = NULL;
+    cm_algorithm **order = NULL;
+    char *path = NULL;
+    cm_status s = cm_state_new(&st);
+    if (s) return s;
+    st->model = cfg->model;
+    st->seed = cfg->seed;
+    st->precision = cfg->precision;
+    st->rank = cfg->dist.rank;
+    st->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : 1;
+    if ((s = cm_engine_new(st, &e))) goto done;
+    for (int i = 0; !s && i < cfg->n_algorithm_passes; i++)
+        s = cm_engine_add_ordering_pass(e, cfg->algorithm_passes[i], -1);
+    for (int i = 0; !s && i < cfg->n_algorithms; i++) s = cm_engine_add_algorithm(e, cfg->algorithms[i]);
+    if (s) goto done;
+    /* the INIT of the config's surgery methods, in the engine's order */
+    if (!(order = cm_alloc(sizeof *order * (size_t)(cfg->n_algorithms + 1), 16))) {
+        s = cm_set_error(CM_ERR_OOM, "%s: out of memory", fn);
+        goto done;
+    }
+    const int n = cmi_engine_order_all(e, CM_EVENT_INIT, order);
+    if (n < 0) {
+        s = cm_last_status();
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const cm_algorithm_i *vt = cm_algorithm_vtable(order[i]);
+        void *self = cm_algorithm_self(order[i]);
+        if (!cm_algorithm_info_of(vt) || !vt->match(self, CM_EVENT_INIT, st)) continue;
+        cm_clear_error();
+        if ((s = vt->apply(self, CM_EVENT_INIT, st, cm_engine_logger(e)))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error()[0] ? cm_last_error() : cm_status_str(s));
+            s = cm_set_error(s, "plugin '%s' failed on INIT: %s", vt->name, msg);
+            goto done;
+        }
+    }
+    /* the surgery the checkpoint to load requires */
+    const bool folder = cfg->save_folder && cfg->save_folder[0];
+    if ((s = cmi_ckpt_resolve(NULL, cfg->autoresume && folder, folder ? cfg->save_folder : NULL,
+                              cfg->save_latest_filename ? cfg->save_latest_filename : CM_CKPT_LATEST_DEFAULT,
+                              cfg->load_path, &path)))
+        goto done;
+    if (path) {
+        int added = 0;
+        s = cmi_apply_required_algorithms(e, st, path, cfg->load_exclude_algorithms,
+                                          cfg->n_load_exclude_algorithms > 0 ? cfg->n_load_exclude_algorithms : 0,
+                                          &added);
+        if (!s) cmi_engine_pop_algorithms(e, added); /* made here, freed here: cm_trainer_new makes its own */
+    }
+done:
+    cm_free(path);
+    cm_free(order);
+    if (e) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", s ? cm_last_error() : "");
+        cmi_engine_release(e); /* the config's plugins stay the caller's */
+        cm_engine_free(e);
+        if (s) cm_set_error(s, "%s", msg);
+    }
+    cm_state_free(st);
     return s;
 }

@@ -93,6 +93,7 @@ struct cm_trainer {
     uint64_t *drop_base;
     int n_drop;
     int64_t *mb_counts; /* (world_size) every rank's microbatch count, made on first use */
+    int n_user_algs;    /* the algorithms of the config; those after them the trainer made (required on load) */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep
@@ -113,5 +114,11 @@ void cmi_metric_set_reset(cm_metric_set *ms);
 /* Drops the engine's plugins without freeing them (cm_trainer_new failing after registration:
  * the caller keeps its plugins). */
 void cmi_engine_release(cm_engine *e);
+/* Every registered algorithm in the order the passes give for event ev, matching or not (Composer
+ * orders its state.algorithms so when it adds a checkpoint's required algorithms): into out (room
+ * for cm_engine_n_algorithms). Returns the count, or -1 (error set) for a bad pass. */
+int cmi_engine_order_all(cm_engine *e, cm_event ev, cm_algorithm **out);
+/* Unregisters the last n algorithms, freeing their plugins (ones the trainer made itself). */
+void cmi_engine_pop_algorithms(cm_engine *e, int n);
 
 #endif

@@ -1,0 +1,468 @@
+/* The surgery methods on their own (functional forms and plugins): the registry (Composer's names,
+ * keys, required_on_load, defaults, JSON arguments in and out, errors naming the closest valid
+ * name), and for each method what it changes on the model families it applies to, that applying it
+ * again changes nothing, the error naming what it looked for on a model it cannot apply to, and the
+ * locked-model error. */
+#include "cmsurg.h"
+#include "cmtest.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *type;
+    int64_t n;
+} cnt;
+static bool cnt_visit(cm_module *m, const char *path, int depth, void *data) {
+    cnt *c = data;
+    c->n += !strcmp(cm_module_type_name(m), c->type);
+    return true;
+}
+static int64_t n_of(cm_model *m, const char *type) {
+    cnt c = {type, 0};
+    cm_module_visit(cm_model_module(m), cnt_visit, &c);
+    return c.n;
+}
+
+/* The model's output on a fixed batch of its rig (eval mode, no gradients), as a new tensor. */
+static cm_tensor *fixed_output(cmt_rig *r) {
+    cm_batch *b;
+    cm_dataloader_config ec = cm_dataloader_config_eval();
+    ec.batch_size = 4;
+    cm_dataloader *dl;
+    cr_assert_eq(cm_dataloader_new(r->ds, &ec, &dl), CM_OK);
+    cr_assert_eq(cm_dataloader_next(dl, &b), CM_OK);
+    const char *names[CM_DATASET_MAX_FIELDS];
+    cm_tensor *fields[CM_DATASET_MAX_FIELDS];
+    for (int i = 0; i < b->n_fields; i++) names[i] = b->names[i], fields[i] = b->fields[i];
+    cm_model_batch mb = {names, fields, b->n_fields, b->n_rows, 0};
+    cm_tape *tp = cmt_tape();
+    cm_tape_set_grad_enabled(tp, false);
+    cm_module *root = cm_model_module(r->model);
+    const bool tr = cm_module_is_training(root);
+    cm_module_train(root, false);
+    cm_tensor *y = cm_model_forward(r->model, tp, &mb);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cm_tensor *out;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, cm_tensor_ndim(y), cm_tensor_shape(y), &out), CM_OK);
+    cm_tensor_copy(out, y);
+    cm_module_train(root, tr);
+    cm_tape_free(tp);
+    cm_dataloader_free(dl);
+    return out;
+}
+
+static double max_diff(const cm_tensor *a, const cm_tensor *b) {
+    double d = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(a); i++) d = fmax(d, fabs(cm_tensor_get_flat(a, i) - cm_tensor_get_flat(b, i)));
+    return d;
+}
+
+/* ---- the registry ---- */
+
+Test(surgery_algos, registry_has_composers_names_keys_and_required_on_load) {
+    struct {
+        const char *name, *key;
+        bool required;
+    } want[] = {{"Alibi", "alibi", true},
+                {"BlurPool", "blurpool", true},
+                {"ChannelsLast", "channels_last", false},
+                {"FusedLayerNorm", "fused_layernorm", false},
+                {"GhostBatchNorm", "ghost_batchnorm", true},
+                {"LowPrecisionGroupNorm", "low_precision_groupnorm", true},
+                {"LowPrecisionLayerNorm", "low_precision_layernorm", true},
+                {"SqueezeExcite", "squeeze_excite", true},
+                {"StochasticDepth", "stochastic_depth", true}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const cm_algorithm_info *a = cm_algorithm_info_find(want[i].name), *b = cm_algorithm_info_find(want[i].key);
+        cr_assert(a && a == b, "%s / %s", want[i].name, want[i].key);
+        cr_expect_str_eq(a->key, want[i].key);
+        cr_expect_eq(a->required_on_load, want[i].required, "%s", want[i].name);
+        /* every method is made from "{}" but those with a required argument */
+        cm_algorithm_plugin p;
+        bool needs = false;
+        for (int k = 0; k < a->n_args; k++) needs = needs || !cm_algorithm_info_arg(a, k)->def;
+        cm_status s = cm_algorithm_new_from_json(a->name, "{}", &p);
+        if (needs) {
+            cr_expect_eq(s, CM_ERR_INVALID_ARG, "%s", a->name);
+            cr_expect(strstr(cm_last_error(), "is required"), "%s", cm_last_error());
+            continue;
+        }
+        cr_assert_eq(s, CM_OK, "%s: %s", a->name, cm_last_error());
+        cr_expect_str_eq(p.vt->name, a->name);
+        cr_expect_eq(cm_algorithm_info_of(p.vt), a);
+        cm_algorithm_plugin_free(p);
+    }
+    cr_expect_eq(cm_algorithm_info_count(), (int)(sizeof want / sizeof *want));
+    cr_expect_null(cm_algorithm_info_find("GradientClipping"), "only the surgery methods are here");
+}
+
+Test(surgery_algos, arguments_print_composers_defaults_and_round_trip) {
+    cm_algorithm_plugin p, q;
+    cr_assert_eq(cm_algorithm_new_from_json("blurpool", NULL, &p), CM_OK);
+    char a[512], b[512];
+    cm_algorithm_hparams_json(p, a, sizeof a);
+    cr_expect_str_eq(a, "{\"replace_convs\":true,\"replace_maxpools\":true,\"blur_first\":true,\"min_channels\":16}");
+    cm_algorithm_plugin_free(p);
+    cr_assert_eq(cm_algorithm_new_from_json("StochasticDepth",
+                                            "{\"target_layer_name\": \"ResNetBasicBlock\", \"drop_warmup\": \"0.1\"}", &p),
+                 CM_OK, "%s", cm_last_error());
+    cm_algorithm_hparams_json(p, a, sizeof a);
+    cr_expect_str_eq(a, "{\"target_layer_name\":\"ResNetBasicBlock\",\"stochastic_method\":\"block\",\"drop_rate\":0.2,"
+                        "\"drop_distribution\":\"linear\",\"drop_warmup\":\"0.1dur\"}");
+    cr_assert_eq(cm_algorithm_new_from_json("StochasticDepth", a, &q), CM_OK, "%s", cm_last_error());
+    cm_algorithm_hparams_json(q, b, sizeof b);
+    cr_expect_str_eq(a, b, "printed arguments make the same method again");
+    cm_algorithm_plugin_free(p);
+    cm_algorithm_plugin_free(q);
+    cr_assert_eq(cm_algorithm_new_from_json("squeeze_excite", "{\"latent_channels\": 0.25, \"min_channels\": null}", &p),
+                 CM_OK);
+    cm_algorithm_hparams_json(p, a, sizeof a);
+    cr_expect_str_eq(a, "{\"latent_channels\":0.25,\"min_channels\":128}", "null is the default");
+    cm_algorithm_plugin_free(p);
+    char small[8];
+    cr_assert_eq(cm_algorithm_new_from_json("GhostBatchNorm", NULL, &p), CM_OK);
+    cr_expect_eq(cm_algorithm_hparams_json(p, small, sizeof small), strlen("{\"ghost_batch_size\":32}"));
+    cr_expect_eq(strlen(small), 7, "truncated like snprintf");
+    cm_algorithm_plugin_free(p);
+}
+
+Test(surgery_algos, bad_names_and_arguments_name_the_closest_valid_one) {
+    cm_algorithm_plugin p;
+    cr_expect_eq(cm_algorithm_new_from_json("BlurPol", NULL, &p), CM_ERR_NOT_FOUND);
+    cr_expect(strstr(cm_last_error(), "did you mean 'BlurPool'"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("blurpool", "{\"min_channel\": 8}", &p), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "BlurPool: unknown argument 'min_channel' (did you mean 'min_channels'?"), "%s",
+              cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("blurpool", "{\"min_channels\": \"x\"}", &p), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "min_channels must be an integer"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("stochastic_depth",
+                                            "{\"target_layer_name\": \"ResNetBottleneck\", \"stochastic_method\": \"blok\"}",
+                                            &p),
+                 CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "did you mean 'block'"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("stochastic_depth", "{\"target_layer_name\": \"Bottleneck\"}", &p),
+                 CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "ResNetBottleneck, ResNetBasicBlock"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("stochastic_depth",
+                                            "{\"target_layer_name\": \"ResNetBottleneck\", \"stochastic_method\": \"sample\", "
+                                            "\"drop_warmup\": \"10ba\"}",
+                                            &p),
+                 CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "drop_warmup can not be used with \"sample\""), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("alibi", "[1]", &p), CM_ERR_FORMAT);
+    cr_expect_eq(cm_algorithm_new_from_json("blurpool", "{\"replace_convs\": false, \"replace_maxpools\": false}", &p),
+                 CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "both false"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("channels_last", "{\"x\": 1}", &p), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "it takes no arguments"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("low_precision_layernorm", "{\"apply_at\": \"fit_start\"}", &p),
+                 CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "init, before_load, after_load"), "%s", cm_last_error());
+    cr_expect_eq(cm_algorithm_new_from_json("alibi", "{\"max_sequence_length\": 64}", &p), CM_ERR_UNSUPPORTED,
+                 "Composer's default train_sequence_length_scaling 0.25 needs batch reshaping (not yet)");
+    cr_assert_eq(cm_algorithm_new_from_json("alibi", "{\"max_sequence_length\": 64, "
+                                                     "\"train_sequence_length_scaling\": 1}",
+                                            &p),
+                 CM_OK, "%s", cm_last_error());
+    cm_algorithm_plugin_free(p);
+}
+
+/* ---- BlurPool ---- */
+
+Test(surgery_algos, blurpool_blurs_strided_convs_and_max_pools_once) {
+    cmt_rig r = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    cm_module *root = cm_model_module(r.model);
+    const int64_t params = cm_module_count_params(root, false);
+    cm_blurpool_config c = cm_blurpool_config_default();
+    c.min_channels = 8;
+    int64_t nc, np;
+    cr_assert_eq(cm_apply_blurpool(root, &c, &nc, &np), CM_OK, "%s", cm_last_error());
+    /* widths 4/8: layer2.0's strided conv2 (8 in) and downsample.0 (16 in); the stem (3 in) and
+     * nothing in layer1 (stride 1) */
+    cr_expect_eq(nc, 2);
+    cr_expect_eq(np, 1, "the stem's max pool");
+    cr_expect_str_eq(cm_module_type_name(cm_module_find(root, "layer2.0.conv2")), "BlurConv2d");
+    cr_expect_str_eq(cm_module_type_name(cm_module_find(root, "layer2.0.downsample.0")), "BlurConv2d");
+    cr_expect_str_eq(cm_module_type_name(cm_module_find(root, "conv1")), "Conv2d");
+    cr_expect_str_eq(cm_module_type_name(cm_module_find(root, "maxpool")), "BlurMaxPool2d");
+    cr_expect_eq(cm_module_count_params(root, false), params, "the convolutions keep their weights");
+    cm_tensor *y1 = fixed_output(&r);
+    cr_assert_eq(cm_apply_blurpool(root, &c, &nc, &np), CM_OK);
+    cr_expect_eq(nc + np, 0, "applied again: nothing to do");
+    cm_tensor *y2 = fixed_output(&r);
+    cr_expect_eq(max_diff(y1, y2), 0);
+    cm_tensor_free(y1);
+    cm_tensor_free(y2);
+    /* locked: surgery would re-pack under the optimizer */
+    cmt_rig_free(&r);
+    r = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    root = cm_model_module(r.model);
+    cm_module_lock(root);
+    cr_assert_eq(cm_apply_blurpool(root, &c, &nc, &np), CM_ERR_STATE);
+    cr_expect(strstr(cm_last_error(), "cm_trainer_prepare_model"), "%s", cm_last_error());
+    cm_module_unlock(root);
+    cmt_rig_free(&r);
+    /* nothing to blur: the error names what it looked for */
+    r = cmt_rig_new(CMT_GPT2, 1);
+    cr_assert_eq(cm_apply_blurpool(cm_model_module(r.model), &c, &nc, &np), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "BlurPool: the model (GPT2LMHeadModel) has nothing to apply to: it looked for "
+                                      "Conv2d layers with a stride above 1 and at least min_channels input channels and "
+                                      "MaxPool2d layers; min_channels is 8"),
+              "%s", cm_last_error());
+    cmt_rig_free(&r);
+}
+
+/* ---- ChannelsLast ---- */
+
+Test(surgery_algos, channels_last_switches_the_zoo_cnns_with_the_same_outputs) {
+    const cmt_family fams[3] = {CMT_RESNET, CMT_RESNET_IMNET, CMT_CNN};
+    for (int i = 0; i < 3; i++) {
+        cmt_rig r = cmt_rig_new(fams[i], 1);
+        cm_module *root = cm_model_module(r.model);
+        if (fams[i] == CMT_RESNET_IMNET) { /* with blurred layers in it */
+            cm_blurpool_config c = cm_blurpool_config_default();
+            c.min_channels = 8;
+            cr_assert_eq(cm_apply_blurpool(root, &c, NULL, NULL), CM_OK);
+            cm_squeeze_excite_config sc = {2, 8};
+            cr_assert_eq(cm_apply_squeeze_excite(root, &sc, 3, NULL), CM_OK, "%s", cm_last_error());
+        }
+        cm_tensor *y0 = fixed_output(&r);
+        int64_t n;
+        cr_assert_eq(cm_apply_channels_last(root, &n), CM_OK, "%s", cm_last_error());
+        cr_expect_eq(n, 1, "%s", cmt_family_name(fams[i]));
+        cr_expect(cm_nn_is_channels_last(cm_module_find(root, "conv1")) ||
+                      cm_nn_is_channels_last(cm_module_find(root, "conv1.conv")),
+                  "%s: conv1 is channels-last", cmt_family_name(fams[i]));
+        cm_tensor *y1 = fixed_output(&r);
+        cr_expect(max_diff(y0, y1) < 1e-5, "%s: outputs %g apart", cmt_family_name(fams[i]), max_diff(y0, y1));
+        cr_assert_eq(cm_apply_channels_last(root, &n), CM_OK);
+        cr_expect_eq(n, 0, "already channels-last");
+        cm_tensor_free(y0);
+        cm_tensor_free(y1);
+        cmt_rig_free(&r);
+    }
+    cmt_rig r = cmt_rig_new(CMT_GROUPNORM, 1);
+    cr_assert_eq(cm_apply_channels_last(cm_model_module(r.model), NULL), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "looked for a ResNet or MnistCNN network") &&
+                  strstr(cm_last_error(), "Conv2d layers sit in a network without a layout switch"),
+              "%s", cm_last_error());
+    cmt_rig_free(&r);
+}
+
+/* ---- ALiBi ---- */
+
+Test(surgery_algos, alibi_biases_attention_and_zeroes_and_widens_position_embeddings) {
+    const cmt_family fams[2] = {CMT_GPT2, CMT_BERT};
+    const char *pos[2] = {"transformer.wpe", "bert.embeddings.position_embeddings"};
+    for (int i = 0; i < 2; i++) {
+        cmt_rig r = cmt_rig_new(fams[i], 1);
+        cm_module *root = cm_model_module(r.model);
+        int64_t n;
+        cr_assert_eq(cm_apply_alibi(root, 48, &n), CM_OK, "%s", cm_last_error());
+        cr_expect_eq(n, 2 + 1, "%s: 2 attention modules and the position embedding", cmt_family_name(fams[i]));
+        cm_module *pe = cm_module_find(root, pos[i]);
+        int64_t rows;
+        cr_assert_eq(cm_nn_embedding_dims(pe, &rows, NULL), CM_OK);
+        cr_expect_eq(rows, 48);
+        cm_tensor *w = cm_module_param(pe, "weight");
+        cr_expect(!cm_tensor_requires_grad(w), "frozen");
+        for (int64_t k = 0; k < cm_tensor_numel(w); k++) cr_assert_eq(cm_tensor_get_flat(w, k), 0.0);
+        cr_assert_eq(cm_apply_alibi(root, 48, &n), CM_OK);
+        cr_expect_eq(n, 0, "applied again: nothing to do");
+        /* sequences longer than the model's 32 positions now run */
+        const int64_t s[2] = {2, 40};
+        cm_tape *tp = cmt_tape();
+        cm_tensor *ids = cmt_randint(tp, 2, s, 1, 0, 50);
+        const char *names[1] = {"input_ids"};
+        cm_model_batch mb = {names, &ids, 1, 2, 0};
+        cm_tensor *y = cm_model_forward(r.model, tp, &mb);
+        cr_assert(y, "%s: %s", cmt_family_name(fams[i]), cm_tape_error(tp));
+        cm_tape_free(tp);
+        if (fams[i] == CMT_GPT2) { /* generation runs (without the KV cache) */
+            int64_t prompt[3] = {1, 2, 3}, out[5], nout;
+            cm_gpt2_generate_config gc = cm_gpt2_generate_config_default();
+            gc.temperature = 0;
+            cr_assert_eq(cm_gpt2_generate(r.model, prompt, 3, 5, &gc, out, &nout), CM_OK, "%s", cm_last_error());
+            cr_expect_eq(nout, 5);
+        }
+        cmt_rig_free(&r);
+    }
+    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cr_assert_eq(cm_apply_alibi(cm_model_module(r.model), 48, NULL), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "ALiBi: the model (ResNet) has nothing to apply to: it looked for GPT2Attention "
+                                      "and BertSelfAttention modules"),
+              "%s", cm_last_error());
+    cmt_rig_free(&r);
+}
+
+/* ---- StochasticDepth ---- */
+
+Test(surgery_algos, stochastic_depth_rates_follow_depth_and_blocks_drop) {
+    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cm_module *root = cm_model_module(r.model);
+    cr_assert_eq(cm_apply_stochastic_depth(root, CM_SD_RESNET_BOTTLENECK, CM_STOCHASTIC_BLOCK, 0.3, CM_DROP_LINEAR, NULL),
+                 CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "looked for Bottleneck blocks (target_layer_name ResNetBottleneck); ResNet-18/34 "
+                                      "and the CIFAR ResNets have BasicBlock: use ResNetBasicBlock"),
+              "%s", cm_last_error());
+    int64_t n;
+    cr_assert_eq(cm_apply_stochastic_depth(root, CM_SD_RESNET_BASIC_BLOCK, CM_STOCHASTIC_BLOCK, 0.3, CM_DROP_LINEAR, &n),
+                 CM_OK, "%s", cm_last_error());
+    cr_expect_eq(n, 3);
+    const char *blocks[3] = {"layer1.0", "layer2.0", "layer3.0"};
+    for (int i = 0; i < 3; i++) {
+        cm_resnet_drop_mode mode;
+        float rate;
+        cr_assert_eq(cm_resnet_block_drop(cm_module_find(root, blocks[i]), &mode, &rate), CM_OK);
+        cr_expect_eq(mode, CM_RESNET_DROP_BLOCK);
+        cr_expect(fabsf(rate - 0.3f * (float)(i + 1) / 3.0f) < 1e-7f, "block %d: rate %g", i, rate);
+        cr_expect(cm_nn_dropout_rng(cm_module_find(root, "layer1.0.stochastic_depth")), "the generator child");
+    }
+    cr_assert_eq(cm_stochastic_depth_set_rate(root, CM_SD_RESNET_BASIC_BLOCK, 0.6, CM_DROP_UNIFORM, &n), CM_OK);
+    float rate;
+    cm_resnet_block_drop(cm_module_find(root, "layer1.0"), NULL, &rate);
+    cr_expect(fabsf(rate - 0.6f) < 1e-7f);
+    /* drop_rate 1 in training: every block is skipped — layer1.0 (identity shortcut) returns its
+     * input, so the output only depends on the stem and the downsampling shortcuts */
+    cm_stochastic_depth_set_rate(root, CM_SD_RESNET_BASIC_BLOCK, 1.0, CM_DROP_UNIFORM, NULL);
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[4] = {2, 8, 4, 4};
+    cm_tensor *x = cmt_randn(tp, 4, xs, 3, false);
+    cm_module *b1 = cm_module_find(root, "layer1.0");
+    cm_tensor *y = cm_module_forward(b1, tp, cm_relu(tp, x));
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cmt_assert_close("a dropped identity block returns its input", y, cm_relu(tp, x), 0, 0);
+    cm_tape_free(tp);
+    cmt_rig_free(&r);
+}
+
+Test(surgery_algos, stochastic_depth_sample_mode_drops_rows_by_global_row) {
+    cm_resnet_config rc = cm_resnet_config_default();
+    rc.channels_last = false;
+    cm_module *blk;
+    cm_rng rng = cm_rng_init(1, 0);
+    cr_assert_eq(cm_resnet_block_new(&rc, 4, 4, 1, &rng, &blk), CM_OK);
+    cr_assert_eq(cm_module_finalize(blk), CM_OK);
+    cr_assert_eq(cm_resnet_block_set_drop(blk, CM_RESNET_DROP_SAMPLE, 0.5f), CM_OK);
+    cm_module_set_seed(blk, 5);
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[4] = {16, 4, 3, 3};
+    cm_tensor *x = cm_relu(tp, cmt_randn(tp, 4, xs, 3, false));
+    cm_rng *g = cm_nn_dropout_rng(cm_module_child(blk, "stochastic_depth"));
+    const cm_rng start = *g;
+    cm_tensor *y = cm_module_forward(blk, tp, x);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    /* a dropped row is relu(0 + x) = x (identity shortcut, x ≥ 0); kept rows differ */
+    int dropped = 0;
+    for (int64_t i = 0; i < 16; i++) {
+        bool same = true;
+        for (int64_t k = 0; k < 36; k++) same = same && cm_tensor_get_flat(y, i * 36 + k) == cm_tensor_get_flat(x, i * 36 + k);
+        dropped += same;
+    }
+    cr_expect(dropped > 2 && dropped < 14, "%d of 16 rows dropped at rate 0.5", dropped);
+    /* the same rows again from the same counter: the draws are a function of (seed, stream, row) */
+    *g = start;
+    cm_tensor *y2 = cm_module_forward(blk, tp, x);
+    cmt_assert_close("redrawn from the same counter", y2, y, 0, 0);
+    cm_tape_free(tp);
+    cm_module_free(blk);
+}
+
+/* ---- SqueezeExcite ---- */
+
+Test(surgery_algos, squeeze_excite_wraps_wide_convs_with_seeded_layers) {
+    cmt_rig a = cmt_rig_new(CMT_RESNET, 1), b = cmt_rig_new(CMT_RESNET, 1), c = cmt_rig_new(CMT_RESNET, 1);
+    cm_squeeze_excite_config sc = {0.5, 8};
+    int64_t n;
+    cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(a.model), &sc, 7, &n), CM_OK, "%s", cm_last_error());
+    /* widths 4/8/16: every conv with min(in, out) >= 8 — layer2.0.conv2, layer3.0.{conv1, conv2}, the
+     * downsample convs of layer2.0 (4 in) no, of layer3.0 (8 → 16) yes */
+    cr_expect_eq(n, 4);
+    cr_expect_eq(n_of(a.model, "SqueezeExciteConv2d"), 4);
+    cm_module *se = cm_module_find(cm_model_module(a.model), "layer3.0.conv2.se");
+    cr_assert(se);
+    cr_expect_str_eq(cm_module_type_name(se), "SqueezeExcite2d");
+    cr_assert(cm_module_find_param(cm_model_module(a.model), "layer3.0.conv2.se.pool_and_mlp.2.weight"));
+    cr_assert(cm_module_find_param(cm_model_module(a.model), "layer3.0.conv2.conv.weight"));
+    cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(b.model), &sc, 7, NULL), CM_OK);
+    cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(c.model), &sc, 8, NULL), CM_OK);
+    cm_tensor *wa = cm_module_find_param(cm_model_module(a.model), "layer3.0.conv2.se.pool_and_mlp.2.weight");
+    cm_tensor *wb = cm_module_find_param(cm_model_module(b.model), "layer3.0.conv2.se.pool_and_mlp.2.weight");
+    cm_tensor *wc = cm_module_find_param(cm_model_module(c.model), "layer3.0.conv2.se.pool_and_mlp.2.weight");
+    cr_expect_eq(max_diff(wa, wb), 0, "the same seed draws the same layers");
+    cr_expect(max_diff(wa, wc) > 0, "another seed others");
+    cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(a.model), &sc, 7, &n), CM_OK);
+    cr_expect_eq(n, 0, "applied again: nothing to do");
+    cmt_rig_free(&a);
+    cmt_rig_free(&b);
+    cmt_rig_free(&c);
+    a = cmt_rig_new(CMT_MLP, 1);
+    cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(a.model), &sc, 7, &n), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "looked for Conv2d layers with at least min_channels input and output channels; "
+                                      "min_channels is 8 and the model has 0 Conv2d layers"),
+              "%s", cm_last_error());
+    cmt_rig_free(&a);
+}
+
+/* ---- GhostBatchNorm ---- */
+
+Test(surgery_algos, ghost_batchnorm_wraps_every_batch_norm) {
+    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    const int64_t bns = n_of(r.model, "BatchNorm2d");
+    cm_tensor *y0 = fixed_output(&r);
+    int64_t n;
+    cr_assert_eq(cm_apply_ghost_batchnorm(cm_model_module(r.model), 2, &n), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(n, bns);
+    cr_expect_eq(n_of(r.model, "GhostBatchNorm2d"), bns);
+    cm_tensor *y1 = fixed_output(&r);
+    cr_expect_eq(max_diff(y0, y1), 0, "in eval a ghost batch norm is its batch norm");
+    cr_assert_eq(cm_apply_ghost_batchnorm(cm_model_module(r.model), 2, &n), CM_OK);
+    cr_expect_eq(n, 0);
+    cm_tensor_free(y0);
+    cm_tensor_free(y1);
+    cmt_rig_free(&r);
+    r = cmt_rig_new(CMT_GPT2, 1);
+    cr_assert_eq(cm_apply_ghost_batchnorm(cm_model_module(r.model), 2, &n), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "it looked for BatchNorm2d layers"), "%s", cm_last_error());
+    cmt_rig_free(&r);
+}
+
+/* ---- LowPrecisionLayerNorm / GroupNorm, FusedLayerNorm ---- */
+
+Test(surgery_algos, low_precision_norms_switch_under_amp_only) {
+    cmt_rig r = cmt_rig_new(CMT_GPT2, 1);
+    int64_t n = -1;
+    cr_assert_eq(cm_apply_low_precision_layernorm(cm_model_module(r.model), CM_PRECISION_FP32, &n), CM_OK);
+    cr_expect_eq(n, 0, "fp32: Composer's NoEffectWarning, nothing changed");
+    cr_assert_eq(cm_apply_low_precision_layernorm(cm_model_module(r.model), CM_PRECISION_AMP_BF16, &n), CM_OK);
+    cr_expect_eq(n, 5, "ln_1 and ln_2 of 2 blocks, ln_f");
+    cr_expect(cm_nn_norm_is_low_precision(cm_module_find(cm_model_module(r.model), "transformer.ln_f")));
+    cr_assert_eq(cm_apply_low_precision_groupnorm(cm_model_module(r.model), CM_PRECISION_AMP_BF16, &n),
+                 CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "LowPrecisionGroupNorm: the model (GPT2LMHeadModel) has nothing to apply to: it "
+                                      "looked for GroupNorm layers"),
+              "%s", cm_last_error());
+    cmt_rig_free(&r);
+    r = cmt_rig_new(CMT_GROUPNORM, 1);
+    cr_assert_eq(cm_apply_low_precision_groupnorm(cm_model_module(r.model), CM_PRECISION_AMP_BF16, &n), CM_OK);
+    cr_expect_eq(n, 1);
+    cmt_rig_free(&r);
+    /* FusedLayerNorm: accepted, says once that it is built in */
+    cm_algorithm_plugin p;
+    cr_assert_eq(cm_algorithm_new_from_json("fused_layernorm", NULL, &p), CM_OK);
+    cm_state *st;
+    cm_state_new(&st);
+    cmt_log_capture_start();
+    cr_assert(p.vt->match(p.self, CM_EVENT_INIT, st));
+    cr_assert_eq(p.vt->apply(p.self, CM_EVENT_INIT, st, NULL), CM_OK);
+    cr_assert_eq(p.vt->apply(p.self, CM_EVENT_INIT, st, NULL), CM_OK);
+    const char *log = cmt_log_capture_text();
+    const char *first = strstr(log, "FusedLayerNorm: built in");
+    cr_expect(first && !strstr(first + 1, "FusedLayerNorm: built in"), "logged once: %s", log);
+    cmt_log_capture_stop();
+    cm_state_free(st);
+    cm_algorithm_plugin_free(p);
+}
