@@ -1,0 +1,190 @@
+/* Every surgery method on every model family it applies to, as Composer's
+ * tests/algorithms/test_algorithm_resumption.py does it — and on the methods Composer marks xfail
+ * there (StochasticDepth, GyroDropout) too: run A trains 3 batches, fit("1ba") then fit("2ba"),
+ * saving a checkpoint after every batch; run B starts from a fresh model with fresh plugins, loads
+ * A's batch-1 checkpoint and trains on; the batch-2 and batch-3 checkpoints of both runs must be
+ * bit for bit the same (model, optimizer, RNG counters, timestamp, algorithm records), and A's
+ * batch-1 and batch-2 weights must differ. Also the composition of every method that applies to a
+ * ResNet, and of every method that applies to a GPT-2, in one run each. */
+#include "cmsurg.h"
+#include "cmtest.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*algs_fn)(cm_algorithm_plugin *out);
+
+static cm_algorithm_plugin make(const char *name, const char *json) {
+    cm_algorithm_plugin p;
+    cr_assert_eq(cm_algorithm_new_from_json(name, json, &p), CM_OK, "%s: %s", name, cm_last_error());
+    return p;
+}
+
+static void check_resumption(const char *label, cmt_family f, algs_fn algs, cm_precision prec) {
+    char *d1 = cmt_temp_dir(), *d2 = cmt_temp_dir();
+    cm_algorithm_plugin a[8];
+    cm_optim *opt;
+    cm_status s;
+    /* run A: fit 1 batch, then fit again to the end */
+    cmt_rig r = cmt_rig_new(f, 11);
+    cmt_run o = cmt_run_default();
+    o.precision = prec;
+    o.save_folder = d1;
+    int n = algs(a);
+    cm_trainer *tr = cmt_trainer(&r, a, n, &o, &opt, &s);
+    cr_assert(tr, "%s on %s: %s", label, cmt_family_name(f), cm_last_error());
+    cm_fit_opts fo = cm_fit_opts_default();
+    cr_assert_eq(cm_time_parse("1ba", &fo.duration), CM_OK);
+    cr_assert_eq(cm_trainer_fit(tr, &fo), CM_OK, "%s on %s: %s", label, cmt_family_name(f), cm_last_error());
+    cr_assert_eq(cm_time_parse("2ba", &fo.duration), CM_OK);
+    cr_assert_eq(cm_trainer_fit(tr, &fo), CM_OK, "%s on %s (fit again): %s", label, cmt_family_name(f), cm_last_error());
+    cr_assert_eq(cm_state_timestamp(cm_trainer_state(tr))->batch, 3, "%s on %s: fit twice trained 3 batches", label,
+                 cmt_family_name(f));
+    const double loss = cm_state_total_loss(cm_trainer_state(tr));
+    cr_assert(isfinite(loss), "%s on %s: loss %g", label, cmt_family_name(f), loss);
+    cm_trainer_free(tr);
+    cmt_rig_free(&r);
+    /* run B: a fresh model and fresh plugins from A's batch-1 checkpoint */
+    char ck[1024];
+    snprintf(ck, sizeof ck, "%s/ba1", d1);
+    r = cmt_rig_new(f, 11);
+    o.save_folder = d2;
+    o.load_path = ck;
+    n = algs(a);
+    tr = cmt_trainer(&r, a, n, &o, &opt, &s);
+    cr_assert(tr, "%s on %s (resumed): %s", label, cmt_family_name(f), cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s on %s (resumed): %s", label, cmt_family_name(f), cm_last_error());
+    cm_trainer_free(tr);
+    cmt_rig_free(&r);
+    char a2[1024], b2[1024], what[160];
+    for (int b = 2; b <= 3; b++) {
+        snprintf(a2, sizeof a2, "%s/ba%d", d1, b);
+        snprintf(b2, sizeof b2, "%s/ba%d", d2, b);
+        snprintf(what, sizeof what, "%s on %s, batch %d", label, cmt_family_name(f), b);
+        cmt_assert_ckpts_equal(a2, b2, what);
+    }
+    snprintf(a2, sizeof a2, "%s/ba2", d1);
+    snprintf(what, sizeof what, "%s on %s", label, cmt_family_name(f));
+    cmt_assert_weights_differ(ck, a2, what);
+    cmt_rm_rf(d1);
+    cmt_rm_rf(d2);
+    free(d1);
+    free(d2);
+}
+
+static int alibi(cm_algorithm_plugin *o) {
+    o[0] = make("alibi", "{\"max_sequence_length\": 16, \"train_sequence_length_scaling\": 1}");
+    return 1;
+}
+static int blurpool(cm_algorithm_plugin *o) {
+    o[0] = make("blurpool", "{\"min_channels\": 4}");
+    return 1;
+}
+static int blurpool_after(cm_algorithm_plugin *o) {
+    o[0] = make("blurpool", "{\"min_channels\": 4, \"blur_first\": false}");
+    return 1;
+}
+static int channels_last(cm_algorithm_plugin *o) {
+    o[0] = make("channels_last", NULL);
+    return 1;
+}
+static int sd_basic(cm_algorithm_plugin *o) {
+    o[0] = make("stochastic_depth", "{\"target_layer_name\": \"ResNetBasicBlock\", \"drop_rate\": 0.5, "
+                                    "\"drop_distribution\": \"uniform\"}");
+    return 1;
+}
+static int sd_warmup(cm_algorithm_plugin *o) {
+    o[0] = make("stochastic_depth", "{\"target_layer_name\": \"ResNetBasicBlock\", \"drop_rate\": 0.9, "
+                                    "\"drop_warmup\": \"1ba\"}");
+    return 1;
+}
+static int sd_bottleneck_sample(cm_algorithm_plugin *o) {
+    o[0] = make("stochastic_depth", "{\"target_layer_name\": \"ResNetBottleneck\", \"stochastic_method\": \"sample\", "
+                                    "\"drop_rate\": 0.5}");
+    return 1;
+}
+static int se(cm_algorithm_plugin *o) {
+    o[0] = make("squeeze_excite", "{\"latent_channels\": 0.5, \"min_channels\": 4}");
+    return 1;
+}
+static int ghost(cm_algorithm_plugin *o) {
+    o[0] = make("ghost_batchnorm", "{\"ghost_batch_size\": 4}");
+    return 1;
+}
+static int lpln(cm_algorithm_plugin *o) {
+    o[0] = make("low_precision_layernorm", NULL);
+    return 1;
+}
+static int lpgn(cm_algorithm_plugin *o) {
+    o[0] = make("low_precision_groupnorm", "{\"apply_at\": \"after_load\"}");
+    return 1;
+}
+static int fused(cm_algorithm_plugin *o) {
+    o[0] = make("fused_layernorm", NULL);
+    return 1;
+}
+
+Test(surgery_resumption, alibi_on_gpt2_and_bert) {
+    check_resumption("Alibi", CMT_GPT2, alibi, CM_PRECISION_FP32);
+    check_resumption("Alibi", CMT_BERT, alibi, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, blurpool_on_resnets) {
+    check_resumption("BlurPool", CMT_RESNET_IMNET, blurpool, CM_PRECISION_FP32);
+    check_resumption("BlurPool(blur_first=false)", CMT_RESNET, blurpool_after, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, channels_last_on_resnet_and_cnn) {
+    check_resumption("ChannelsLast", CMT_RESNET, channels_last, CM_PRECISION_FP32);
+    check_resumption("ChannelsLast", CMT_CNN, channels_last, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, stochastic_depth_block_with_warmup_and_sample) {
+    check_resumption("StochasticDepth(block)", CMT_RESNET, sd_basic, CM_PRECISION_FP32);
+    check_resumption("StochasticDepth(block, warmup)", CMT_RESNET, sd_warmup, CM_PRECISION_FP32);
+    check_resumption("StochasticDepth(sample)", CMT_RESNET_IMNET, sd_bottleneck_sample, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, squeeze_excite_on_resnet_and_cnn) {
+    check_resumption("SqueezeExcite", CMT_RESNET, se, CM_PRECISION_FP32);
+    check_resumption("SqueezeExcite", CMT_CNN, se, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, ghost_batchnorm_on_resnets) {
+    check_resumption("GhostBatchNorm", CMT_RESNET, ghost, CM_PRECISION_FP32);
+    check_resumption("GhostBatchNorm", CMT_RESNET_IMNET, ghost, CM_PRECISION_AMP_BF16);
+}
+
+Test(surgery_resumption, low_precision_norms_and_fused_layernorm_under_amp) {
+    check_resumption("LowPrecisionLayerNorm", CMT_GPT2, lpln, CM_PRECISION_AMP_BF16);
+    check_resumption("LowPrecisionLayerNorm", CMT_BERT, lpln, CM_PRECISION_AMP_BF16);
+    check_resumption("LowPrecisionGroupNorm(after_load)", CMT_GROUPNORM, lpgn, CM_PRECISION_AMP_BF16);
+    check_resumption("FusedLayerNorm", CMT_GPT2, fused, CM_PRECISION_FP32);
+}
+
+/* Every method that applies to a ResNet, composed. */
+static int resnet_all(cm_algorithm_plugin *o) {
+    int n = 0;
+    o[n++] = make("blurpool", "{\"min_channels\": 4}");
+    o[n++] = make("squeeze_excite", "{\"latent_channels\": 0.5, \"min_channels\": 8}");
+    o[n++] = make("ghost_batchnorm", "{\"ghost_batch_size\": 4}");
+    o[n++] = make("stochastic_depth", "{\"target_layer_name\": \"ResNetBottleneck\", \"drop_rate\": 0.3}");
+    o[n++] = make("channels_last", NULL);
+    return n;
+}
+
+/* Every method that applies to a GPT-2, composed. */
+static int gpt_all(cm_algorithm_plugin *o) {
+    int n = 0;
+    o[n++] = make("low_precision_layernorm", NULL); /* registered first, runs last */
+    o[n++] = make("alibi", "{\"max_sequence_length\": 16, \"train_sequence_length_scaling\": 1}");
+    o[n++] = make("fused_layernorm", NULL);
+    return n;
+}
+
+Test(surgery_resumption, every_resnet_method_composed_and_every_gpt_method_composed) {
+    check_resumption("the ResNet methods", CMT_RESNET_IMNET, resnet_all, CM_PRECISION_AMP_BF16);
+    check_resumption("the GPT-2 methods", CMT_GPT2, gpt_all, CM_PRECISION_AMP_BF16);
+}
