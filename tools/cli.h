@@ -5,6 +5,7 @@
 
 #include <composer/composer.h>
 #include <composer/algorithms.h>
+#include <composer/surgery_algorithms.h>
 #include <composer/config.h>
 #include <composer/report.h>
 #include <composer/trainer.h>
@@ -72,6 +73,10 @@ extern const cli_plugin_entry cli_plugin_registry[];
 /* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
  * config origin, the closest entry and the available ones. */
 const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);
+
+/* Marks an entry without arguments ({} or null) as read; an entry with arguments is left to the
+ * getters, so arguments nobody reads are reported as unknown keys. */
+void cli_touch_entry(cm_config *c, const char *path);
 
 /* Prints to stdout and to ctx->log (if any). */
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

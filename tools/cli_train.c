@@ -67,6 +67,7 @@ typedef struct run {
     int n_lgs;
     cm_trainer_config tc;
     const char *load_path;
+    const char *exclude_algs[MAX_PLUGINS]; /* load_exclude_algorithms (borrowed from the config) */
     cli_ctx ctx;
     /* sample (GPT) */
     const char *prompt;
@@ -567,7 +568,7 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         if (pk != CM_CONFIG_MAP && pk != CM_CONFIG_NULL) return bad(c, p, "expected a map of arguments ({} for none)");
         cli_plugin_out out = {0};
         TRY(e->make(c, p, &r->ctx, &out));
-        cm_config_touch(c, p); /* an argument-less entry ({} or null) is read */
+        cli_touch_entry(c, p); /* an argument-less entry ({} or null) is read; unread arguments are unknown */
         if (out.none) continue;
         int *n = kind == CLI_ALGORITHM ? &r->n_algs : kind == CLI_CALLBACK ? &r->n_cbs : &r->n_lgs;
         if (*n == MAX_PLUGINS) return bad(c, section, "at most %d entries", MAX_PLUGINS);
@@ -590,7 +591,7 @@ static void touch_unused(run *r) {
         "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval",
         "save_folder", "save_interval", "save_num_checkpoints_to_keep", "autoresume", "load_path",
         "save_filename", "save_latest_filename", "save_overwrite", "save_weights_only", "load_weights_only",
-        "load_strict_model_weights",
+        "load_strict_model_weights", "load_exclude_algorithms",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
         "dist_timeout"};
@@ -673,6 +674,27 @@ static cm_status read_trainer_keys(run *r) {
     }
     if (tc->autoresume && !tc->save_folder)
         return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
+    /* load_exclude_algorithms: [BlurPool, ...] — algorithms (glob patterns of class names) whose
+     * checkpoint state is not loaded and whose surgery is not re-applied */
+    cm_config_kind ek = cm_config_kind_of(c, "load_exclude_algorithms");
+    if (ek == CM_CONFIG_SCALAR) {
+        TRY(cm_config_get_string(c, "load_exclude_algorithms", NULL, &r->exclude_algs[0]));
+        tc->n_load_exclude_algorithms = 1;
+    } else if (ek == CM_CONFIG_SEQ) {
+        const int n = cm_config_len(c, "load_exclude_algorithms");
+        if (n > MAX_PLUGINS) return bad(c, "load_exclude_algorithms", "at most %d names", MAX_PLUGINS);
+        for (int i = 0; i < n; i++) {
+            char k[64];
+            snprintf(k, sizeof k, "load_exclude_algorithms.%d", i);
+            TRY(cm_config_get_string(c, k, NULL, &r->exclude_algs[i]));
+        }
+        tc->n_load_exclude_algorithms = n;
+    } else if (ek == CM_CONFIG_MAP) {
+        return bad(c, "load_exclude_algorithms", "expected a list of algorithm names ([BlurPool, SqueezeExcite])");
+    } else {
+        cm_config_touch(c, "load_exclude_algorithms");
+    }
+    tc->load_exclude_algorithms = r->exclude_algs;
     return CM_OK;
 }
 
@@ -790,7 +812,14 @@ static void print_keys(FILE *f) {
             "  schedulers:        | step | multistep | exponential | cosine_annealing | polynomial | ...,\n"
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
-            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
+            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold};\n"
+            "                     model surgery, Composer's names and arguments: alibi {max_sequence_length,\n"
+            "                     train_sequence_length_scaling}; blurpool {replace_convs, replace_maxpools,\n"
+            "                     blur_first, min_channels}; channels_last {}; fused_layernorm {} (built in);\n"
+            "                     ghost_batchnorm {ghost_batch_size}; low_precision_layernorm {apply_at};\n"
+            "                     low_precision_groupnorm {apply_at}; squeeze_excite {latent_channels,\n"
+            "                     min_channels}; stochastic_depth {target_layer_name, stochastic_method,\n"
+            "                     drop_rate, drop_distribution, drop_warmup}\n"
             "  callbacks:         (none yet)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"
@@ -806,7 +835,8 @@ static void print_keys(FILE *f) {
             "  load_path          weights (.safetensors) to start from\n"
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
-            "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
+            "  load_weights_only, load_strict_model_weights, load_exclude_algorithms, autoresume:\n"
+            "                     checkpoints, as Composer (a checkpoint's model surgery is re-applied)\n"
             "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
             "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
             "                     nothing to shard)\n"
@@ -1062,6 +1092,12 @@ int cmd_train(const char *prog, int argc, char **argv) {
                              : cm_module_load_safetensors(cm_model_module(r.model), r.load_path, NULL, NULL);
         if (s) note(&r, "load_path");
     }
+    /* model surgery (the algorithms' and what a checkpoint to load requires) before data
+     * parallelism and the optimizer take the flat parameter buffers; the trainer applies the same
+     * methods again on INIT, which then change nothing */
+    r.tc.model = r.model;
+    r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
+    if (!r.err_code && cm_trainer_prepare_model(&r.tc) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
     if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
     /* the run folder: rank 0 alone makes it (generating the name when the config has none) */

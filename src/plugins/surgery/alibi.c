@@ -106,9 +106,10 @@ cm_status cm_apply_alibi(cm_module *root, int64_t max_sequence_length, int64_t *
         cm_log_msg(CM_LOG_WARN, "ALiBi: %s has no position embedding it knows (GPT2Model.wpe, "
                                 "BertEmbeddings.position_embeddings); only the attention bias was added",
                    cm_module_type_name(root));
-    cm_log_msg(CM_LOG_INFO, "ALiBi: %lld attention modules of %s biased, %lld position embeddings zeroed and frozen at "
-                            "%lld positions", (long long)c.attn, cm_module_type_name(root), (long long)c.pos,
-               (long long)max_sequence_length);
+    if ((c.attn - c.attn_on) + c.replaced)
+        cm_log_msg(CM_LOG_INFO, "ALiBi: %lld attention modules of %s biased, %lld position embeddings zeroed and frozen "
+                                "at %lld positions", (long long)c.attn, cm_module_type_name(root), (long long)c.pos,
+                   (long long)max_sequence_length);
     return CM_OK;
 }
 

@@ -55,8 +55,13 @@ cm_status cm_apply_channels_last(cm_module *root, int64_t *n_changed) {
     int64_t n = 0;
     cm_module_visit(root, switch_nets, &n);
     if (n_changed) *n_changed = n;
-    cm_log_msg(CM_LOG_INFO, "ChannelsLast: %s: %lld network%s switched to channels-last%s", cm_module_type_name(root),
-               (long long)n, n == 1 ? "" : "s", sc.switched ? " (the zoo's ResNets are channels-last already)" : "");
+    static const char k_already[] = "ChannelsLast: the model's networks are channels-last already (the zoo's ResNets "
+                                    "are by default): nothing to switch";
+    if (n)
+        cm_log_msg(CM_LOG_INFO, "ChannelsLast: %s: %lld network%s switched to channels-last", cm_module_type_name(root),
+                   (long long)n, n == 1 ? "" : "s");
+    else
+        cmi_log_once(k_already);
     return CM_OK;
 }
 

@@ -48,8 +48,9 @@ static cm_status apply_lp(cm_module *root, cm_precision precision, const char *t
     }
     cm_module_visit(root, set_visit, &sc);
     if (n) *n = sc.n - sc.on;
-    cm_log_msg(CM_LOG_INFO, "%s: %lld %s layers of %s compute in bf16 under autocast", algo, (long long)sc.n, type,
-               cm_module_type_name(root));
+    if (sc.n > sc.on)
+        cm_log_msg(CM_LOG_INFO, "%s: %lld %s layers of %s compute in bf16 under autocast", algo, (long long)sc.n, type,
+                   cm_module_type_name(root));
     return CM_OK;
 }
 

@@ -86,9 +86,10 @@ cm_status cm_apply_stochastic_depth(cm_module *root, cm_stochastic_depth_target 
     cm_module_visit(root, set_visit, &c);
     if (c.st) return c.st;
     if (n_blocks) *n_blocks = c.n;
-    cm_log_msg(CM_LOG_INFO, "StochasticDepth: %lld %s blocks of %s drop their branch (%s, drop_rate %g, %s)",
-               (long long)c.n, k_target_types[target], cm_module_type_name(root), k_methods[method], drop_rate,
-               k_dists[dist]);
+    if (c.already < c.n)
+        cm_log_msg(CM_LOG_INFO, "StochasticDepth: %lld %s blocks of %s drop their branch (%s, drop_rate %g, %s)",
+                   (long long)c.n, k_target_types[target], cm_module_type_name(root), k_methods[method], drop_rate,
+                   k_dists[dist]);
     return CM_OK;
 }
 
