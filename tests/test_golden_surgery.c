@@ -17,25 +17,28 @@
 
 static const char *k_path = "tests/golden/surgery.safetensors";
 
+/* data: {file prefix, module prefix}: "<file prefix>X" loads into "<module prefix>X". */
 static bool strip_prefix(const char *file_name, char *buf, size_t cap, void *data) {
-    const char *pre = data;
-    size_t n = strlen(pre);
-    if (strncmp(file_name, pre, n)) return false;
-    snprintf(buf, cap, "%s", file_name + n);
+    const char *const *pre = data;
+    size_t n = strlen(pre[0]);
+    if (strncmp(file_name, pre[0], n)) return false;
+    snprintf(buf, cap, "%s%s", pre[1], file_name + n);
     return true;
 }
 
 /* Loads "<prefix><name>" tensors of the golden file into root by name; every parameter and
  * persistent buffer must be found. */
-static void load_weights(cm_module *root, const char *prefix) {
+static void load_weights_into(cm_module *root, const char *prefix, const char *module_prefix) {
+    const char *pre[2] = {prefix, module_prefix};
     cm_load_opts lo = cm_load_opts_default();
     lo.strict = false;
     lo.rename = strip_prefix;
-    lo.rename_data = (void *)prefix;
+    lo.rename_data = pre;
     cm_load_report rep;
     cr_assert_eq(cm_module_load_safetensors(root, k_path, &lo, &rep), CM_OK, "%s: %s", prefix, cm_last_error());
-    cr_assert_eq(rep.n_missing, 0, "%s: missing %s", prefix, rep.missing);
+    if (!module_prefix[0]) cr_assert_eq(rep.n_missing, 0, "%s: missing %s", prefix, rep.missing);
 }
+static void load_weights(cm_module *root, const char *prefix) { load_weights_into(root, prefix, ""); }
 
 /* (N, C, H, W) → (N, H, W, C) contiguous, and back. */
 static cm_tensor *to_nhwc(cm_tape *tp, cm_tensor *x) { return cm_contiguous(tp, cm_permute(tp, x, (const int[]){0, 2, 3, 1})); }
@@ -365,5 +368,142 @@ Test(golden_surgery, low_precision_norms_match_lp_layernorm_under_autocast) {
         cm_tape_free(tp);
         cm_module_free(root);
     }
+    cmt_golden_close(g);
+}
+
+Test(golden_surgery, weight_standardization_matches_composer) {
+    cmt_golden *g = cmt_golden_open(k_path);
+    cm_tape *tp = cmt_tape();
+    cmt_assert_close("standardized weight", cm_nn_standardize_weight(tp, cmt_golden_on_tape(g, tp, "ws.w", false)),
+                     cmt_golden_on_tape(g, tp, "ws.std", false), 1e-5, 1e-5);
+    cm_nn_conv2d_config cc = cm_nn_conv2d_config_default(4, 6, 3, 3);
+    cc.bias = false, cc.opts.padding[0] = cc.opts.padding[1] = 1;
+    cm_module *seq, *conv;
+    cm_nn_sequential_new(&seq);
+    cr_assert_eq(cm_nn_conv2d_new(&cc, NULL, &conv), CM_OK);
+    cm_nn_sequential_append(seq, conv);
+    cr_assert_eq(cm_module_finalize(seq), CM_OK);
+    cm_tensor *w = cmt_golden_get(g, "ws.w");
+    cm_tensor_copy(cm_module_param(conv, "weight"), w);
+    cm_tensor_free(w);
+    int64_t n;
+    cr_assert_eq(cm_apply_weight_standardization(seq, 0, &n), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(n, 1);
+    cm_tensor *x = cmt_golden_on_tape(g, tp, "ws.x", true);
+    cm_tensor *y = cm_module_forward(seq, tp, x);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cmt_assert_close("conv with the standardized weight", y, cmt_golden_on_tape(g, tp, "ws.y", false), 1e-5, 1e-5);
+    cr_assert_eq(cm_tape_backward_with(tp, y, cmt_golden_on_tape(g, tp, "ws.gout", false)), CM_OK);
+    cmt_assert_close("dx", cm_tensor_grad(x), cmt_golden_on_tape(g, tp, "ws.dx", false), 1e-5, 1e-5);
+    cmt_assert_close("dW through the standardization", cm_tensor_grad(cm_module_param(conv, "weight")),
+                     cmt_golden_on_tape(g, tp, "ws.dw", false), 1e-4, 1e-4);
+    cm_apply_weight_standardization(seq, 1, &n);
+    cr_expect_eq(n, 0, "n_last_layers_ignore 1 leaves the only conv... (already on: it stays on)");
+    cm_tape_free(tp);
+    cm_module_free(seq);
+    cmt_golden_close(g);
+}
+
+/* a (r, k) · b (k, c) into out (r, c). */
+static void matmul_f32(const float *a, const float *b, int64_t r, int64_t k, int64_t c, float *out) {
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < c; j++) {
+            double s = 0;
+            for (int64_t t = 0; t < k; t++) s += (double)a[i * k + t] * b[t * c + j];
+            out[i * c + j] = (float)s;
+        }
+}
+
+Test(golden_surgery, factorize_starts_from_composers_svd_initialisation) {
+    cmt_golden *g = cmt_golden_open(k_path);
+    /* a Linear(20, 12): module1 (12, 5) · module0 (5, 20) = the rank-5 SVD product (transposed:
+     * Composer factors the (in, out) matrix) */
+    cm_module *seq, *lin;
+    cm_nn_sequential_new(&seq);
+    cr_assert_eq(cm_nn_linear_new(20, 12, true, NULL, &lin), CM_OK);
+    cm_nn_sequential_append(seq, lin);
+    cr_assert_eq(cm_module_finalize(seq), CM_OK);
+    cm_tensor *w = cmt_golden_get(g, "fac.lw");
+    cm_tensor_copy(cm_module_param(lin, "weight"), w);
+    cm_factorize_config fc = cm_factorize_config_default();
+    fc.factorize_convs = false, fc.min_features = 0, fc.latent_features = 5;
+    int64_t nc, nl;
+    cr_assert_eq(cm_apply_factorization(seq, &fc, &nc, &nl), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(nl, 1);
+    cr_assert_str_eq(cm_module_type_name(cm_module_child_at(seq, 0)), "FactorizedLinear");
+    float eff[12 * 20], want[12 * 20];
+    matmul_f32(cm_tensor_data(cm_module_find_param(seq, "0.module1.weight")),
+               cm_tensor_data(cm_module_find_param(seq, "0.module0.weight")), 12, 5, 20, eff);
+    cm_tensor *prod = cmt_golden_get(g, "fac.lprod5"); /* (20, 12) */
+    for (int i = 0; i < 12; i++)
+        for (int j = 0; j < 20; j++) want[i * 20 + j] = (float)cm_tensor_get_flat(prod, j * 12 + i);
+    cmt_assert_close_f32("rank-5 linear", eff, want, 240, 1e-5, 1e-5);
+    float p[12 * 12], q[12 * 20], sv[12];
+    cr_assert_eq(cm_factorize_svd(cm_tensor_data(w), 12, 20, 12, p, q, sv), CM_OK);
+    cm_tensor *s = cmt_golden_get(g, "fac.ls");
+    cmt_assert_close_f32("singular values", sv, cm_tensor_data(s), 12, 1e-5, 1e-5);
+    matmul_f32(p, q, 12, 12, 20, eff);
+    cmt_assert_close_f32("full rank: the weight itself", eff, cm_tensor_data(w), 240, 1e-5, 1e-5);
+    cm_tensor_free(s), cm_tensor_free(prod), cm_tensor_free(w);
+    cm_module_free(seq);
+
+    /* a Conv2d(6, 8, 3×3) at rank 3: the factorized convolution's output is Composer's */
+    cm_nn_conv2d_config cc = cm_nn_conv2d_config_default(6, 8, 3, 3);
+    cc.opts.padding[0] = cc.opts.padding[1] = 1;
+    cm_module *conv;
+    cm_nn_sequential_new(&seq);
+    cr_assert_eq(cm_nn_conv2d_new(&cc, NULL, &conv), CM_OK);
+    cm_nn_sequential_append(seq, conv);
+    cr_assert_eq(cm_module_finalize(seq), CM_OK);
+    w = cmt_golden_get(g, "fac.cw");
+    cm_tensor *b = cmt_golden_get(g, "fac.cb");
+    cm_tensor_copy(cm_module_param(conv, "weight"), w);
+    cm_tensor_copy(cm_module_param(conv, "bias"), b);
+    fc = cm_factorize_config_default();
+    fc.factorize_linears = false, fc.min_channels = 0, fc.latent_channels = 3;
+    cr_assert_eq(cm_apply_factorization(seq, &fc, &nc, &nl), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(nc, 1);
+    cr_assert(cm_module_find_param(seq, "0.module0.weight") && cm_module_find_param(seq, "0.module1.bias"),
+              "Composer's names module0 / module1");
+    cm_tape *tp = cmt_tape();
+    cmt_assert_close("rank-3 convolution", cm_module_forward(seq, tp, cmt_golden_on_tape(g, tp, "fac.cx", false)),
+                     cmt_golden_on_tape(g, tp, "fac.cy", false), 1e-4, 1e-4);
+    cm_tape_free(tp);
+    cm_tensor_free(w), cm_tensor_free(b);
+    cm_module_free(seq);
+    /* Composer's rules */
+    cr_expect_eq(cm_factorize_latent_size(0.25, 512, 256), 64);
+    cr_expect_eq(cm_factorize_latent_size(0.001, 512, 256), 1);
+    cr_expect_eq(cm_factorize_latent_size(128, 512, 256), 128);
+    cr_expect_eq(cm_factorize_max_rank(256, 256, 9), 230, "ceil(2304·256/2560 - 1)");
+    cr_expect_eq(cm_factorize_max_rank(512, 512, 1), 255, "divides evenly: one lower");
+    cmt_golden_close(g);
+}
+
+Test(golden_surgery, gated_linear_units_output_matches_composer) {
+    cmt_golden *g = cmt_golden_open(k_path);
+    cm_nn_attention_config ac = cm_nn_attention_config_default(8, 2);
+    ac.causal = false, ac.mlp_ratio = 2, ac.ln_eps = 1e-12f, ac.act = CM_ACT_GELU;
+    cm_module *layer;
+    cr_assert_eq(cm_nn_bert_layer_new(&ac, NULL, &layer), CM_OK);
+    cr_assert_eq(cm_module_finalize(layer), CM_OK);
+    cm_gated_linear_units_config gc = cm_gated_linear_units_config_default();
+    int64_t n;
+    cr_assert_eq(cm_apply_gated_linear_units(layer, &gc, 1, &n), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(n, 2, "intermediate and output");
+    cr_assert_str_eq(cm_module_type_name(cm_module_child(layer, "intermediate")), "Identity");
+    cm_module *out = cm_module_child(layer, "output");
+    cr_assert_str_eq(cm_module_type_name(out), "BERTGatedFFOutput");
+    load_weights_into(layer, "glu.w.", "output.");
+    cm_tape *tp = cmt_tape();
+    cm_tensor *h = cmt_golden_on_tape(g, tp, "glu.h", true);
+    cm_tensor *in[2] = {h, h};
+    cm_tensor *y = cm_module_forward_n(out, tp, 2, in);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    cmt_assert_close("BERTGatedFFOutput", y, cmt_golden_on_tape(g, tp, "glu.y", false), 1e-5, 1e-5);
+    cr_assert_eq(cm_tape_backward_with(tp, y, cmt_golden_on_tape(g, tp, "glu.gout", false)), CM_OK);
+    cmt_assert_close("dh (both paths)", cm_tensor_grad(h), cmt_golden_on_tape(g, tp, "glu.dh", false), 1e-5, 1e-4);
+    cm_tape_free(tp);
+    cm_module_free(layer);
     cmt_golden_close(g);
 }

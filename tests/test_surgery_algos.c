@@ -69,12 +69,16 @@ Test(surgery_algos, registry_has_composers_names_keys_and_required_on_load) {
     } want[] = {{"Alibi", "alibi", true},
                 {"BlurPool", "blurpool", true},
                 {"ChannelsLast", "channels_last", false},
+                {"Factorize", "factorize", true},
                 {"FusedLayerNorm", "fused_layernorm", false},
+                {"GatedLinearUnits", "gated_linear_units", true},
                 {"GhostBatchNorm", "ghost_batchnorm", true},
+                {"GyroDropout", "gyro_dropout", true},
                 {"LowPrecisionGroupNorm", "low_precision_groupnorm", true},
                 {"LowPrecisionLayerNorm", "low_precision_layernorm", true},
                 {"SqueezeExcite", "squeeze_excite", true},
-                {"StochasticDepth", "stochastic_depth", true}};
+                {"StochasticDepth", "stochastic_depth", true},
+                {"WeightStandardization", "weight_standardization", true}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         const cm_algorithm_info *a = cm_algorithm_info_find(want[i].name), *b = cm_algorithm_info_find(want[i].key);
         cr_assert(a && a == b, "%s / %s", want[i].name, want[i].key);
@@ -465,4 +469,141 @@ Test(surgery_algos, low_precision_norms_switch_under_amp_only) {
     cmt_log_capture_stop();
     cm_state_free(st);
     cm_algorithm_plugin_free(p);
+}
+
+/* ---- WeightStandardization ---- */
+
+Test(surgery_algos, weight_standardization_skips_the_last_layers) {
+    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cm_module *root = cm_model_module(r.model);
+    const int64_t convs = n_of(r.model, "Conv2d");
+    int64_t n;
+    cr_assert_eq(cm_apply_weight_standardization(root, 2, &n), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(n, convs - 2);
+    cr_expect(cm_nn_conv2d_weight_standardization(cm_module_find(root, "conv1")), "the first is standardized");
+    cr_expect(!cm_nn_conv2d_weight_standardization(cm_module_find(root, "layer3.0.downsample.0")),
+              "the last (in model order) is not");
+    cm_module_lock(root);
+    cr_assert_eq(cm_apply_weight_standardization(root, 2, &n), CM_OK, "no re-packing: fine on a locked model");
+    cm_module_unlock(root);
+    cmt_rig_free(&r);
+    r = cmt_rig_new(CMT_MLP, 1);
+    cr_assert_eq(cm_apply_weight_standardization(cm_model_module(r.model), 0, &n), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "it looked for Conv2d layers"), "%s", cm_last_error());
+    cmt_rig_free(&r);
+}
+
+/* ---- GatedLinearUnits ---- */
+
+Test(surgery_algos, gated_linear_units_replace_berts_feed_forward) {
+    cmt_rig r = cmt_rig_new(CMT_BERT, 1);
+    cm_gated_linear_units_config gc = cm_gated_linear_units_config_default();
+    int64_t n;
+    cr_assert_eq(cm_apply_gated_linear_units(cm_model_module(r.model), &gc, 3, &n), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(n, 4, "2 layers × (intermediate, output)");
+    cr_expect_eq(n_of(r.model, "BERTGatedFFOutput"), 2);
+    cr_expect_eq(n_of(r.model, "BertIntermediate"), 0);
+    cm_tensor *y = fixed_output(&r);
+    cr_expect(isfinite(cm_tensor_get_flat(y, 0)));
+    cm_tensor_free(y);
+    cr_assert_eq(cm_apply_gated_linear_units(cm_model_module(r.model), &gc, 3, &n), CM_OK);
+    cr_expect_eq(n, 0, "applied again: nothing to do");
+    cmt_rig_free(&r);
+    r = cmt_rig_new(CMT_GPT2, 1);
+    cr_assert_eq(cm_apply_gated_linear_units(cm_model_module(r.model), &gc, 3, &n), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "it looked for BertIntermediate and BertOutput modules; Gated Linear Units only "
+                                      "has a surgery policy for BERT"),
+              "%s", cm_last_error());
+    cmt_rig_free(&r);
+}
+
+/* ---- Factorize ---- */
+
+Test(surgery_algos, factorize_keeps_what_rank_k_can_keep) {
+    /* a rank-2 weight factorized at rank 2 computes exactly what it did */
+    cm_module *seq, *lin;
+    cm_nn_sequential_new(&seq);
+    cr_assert_eq(cm_nn_linear_new(12, 10, true, NULL, &lin), CM_OK);
+    cm_nn_sequential_append(seq, lin);
+    cr_assert_eq(cm_module_finalize(seq), CM_OK);
+    float *w = cm_tensor_data(cm_module_param(lin, "weight"));
+    for (int i = 0; i < 10; i++)
+        for (int j = 0; j < 12; j++) w[i * 12 + j] = (float)((i + 1) * (j % 3) - 0.5 * (i % 2) * (j + 1));
+    cm_tensor_fill(cm_module_param(lin, "bias"), 0.25);
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[2] = {3, 12};
+    cm_tensor *x = cmt_randn(tp, 2, xs, 1, false);
+    cm_tensor *y0 = cm_clone_detached(tp, cm_module_forward(seq, tp, x));
+    cm_factorize_config fc = cm_factorize_config_default();
+    fc.min_features = 0, fc.latent_features = 2;
+    int64_t nc, nl;
+    cr_assert_eq(cm_apply_factorization(seq, &fc, &nc, &nl), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(nl, 1);
+    cmt_assert_close("rank 2 at rank 2", cm_module_forward(seq, tp, x), y0, 1e-4, 1e-4);
+    cr_assert_eq(cm_apply_factorization(seq, &fc, &nc, &nl), CM_OK);
+    cr_expect_eq(nc + nl, 0, "applied again: nothing to do");
+    cm_tape_free(tp);
+    cm_module_free(seq);
+    /* too small a gain: a latent size above the break-even rank is not factorized */
+    cmt_rig r = cmt_rig_new(CMT_MLP, 1);
+    fc = cm_factorize_config_default();
+    /* Linear(8, 16): 0.9 · 8 = 7 > ceil(8·16/24 - 1) = 5; Linear(16, 3): narrower than min_features */
+    fc.min_features = 4, fc.latent_features = 0.9;
+    fc.factorize_convs = false;
+    cr_assert_eq(cm_apply_factorization(cm_model_module(r.model), &fc, &nc, &nl), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "Linear layers with at least min_features inputs and outputs; whose latent size is "
+                                      "small enough to save work") &&
+                  strstr(cm_last_error(), "the model has 0 Conv2d and 2 Linear"),
+              "%s", cm_last_error());
+    fc.latent_features = 0.25;
+    cr_assert_eq(cm_apply_factorization(cm_model_module(r.model), &fc, &nc, &nl), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(nl, 1, "Linear(8, 16) at rank 0.25 · 8 = 2");
+    cr_expect_str_eq(cm_module_type_name(cm_module_find(cm_model_module(r.model), "0")), "FactorizedLinear");
+    cmt_rig_free(&r);
+}
+
+/* ---- GyroDropout ---- */
+
+Test(surgery_algos, gyro_dropout_masks_rows_in_tau_groups_by_global_row) {
+    cmt_rig r = cmt_rig_new(CMT_MLP, 1);
+    cm_module *root = cm_model_module(r.model);
+    cm_gyro_dropout_config gc = {0.5, 8, 4};
+    int64_t n;
+    cr_assert_eq(cm_apply_gyro_dropout(root, &gc, 9, &n), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(n, 1);
+    cm_module *g = cm_module_find(root, "2");
+    cr_assert_str_eq(cm_module_type_name(g), "GyroDropoutLayer");
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[2] = {8, 16};
+    cm_tensor *ones = cm_full(tp, CM_DTYPE_F32, 2, xs, 1.0);
+    cmt_expect_error(tp, cm_module_forward(g, tp, ones), CM_ERR_STATE, "no schedule yet", NULL);
+    cm_tape_free(tp);
+    tp = cmt_tape();
+    ones = cm_full(tp, CM_DTYPE_F32, 2, xs, 1.0);
+    cr_assert_eq(cm_gyro_dropout_set_schedule(root, 4, 2), CM_OK); /* iter_num int(8/8)·4 = 4 */
+    cm_tensor *y = cm_module_forward(g, tp, ones);
+    cr_assert(y, "%s", cm_tape_error(tp));
+    /* rows 0-1, 2-3, 4-5, 6-7 share a mask; kept features are 2 (1 / (1 - 0.5)) */
+    for (int row = 0; row < 8; row += 2)
+        for (int f = 0; f < 16; f++) {
+            const double a = cm_tensor_get_flat(y, row * 16 + f), b = cm_tensor_get_flat(y, (row + 1) * 16 + f);
+            cr_assert(a == b && (a == 0 || a == 2), "row %d feature %d: %g %g", row, f, a, b);
+        }
+    /* a microbatch of rows 4..7 of the same batch gets those rows' masks */
+    const int64_t hs[2] = {4, 16};
+    cm_tape_set_rows(tp, 4, 4, 8);
+    cm_tensor *yh = cm_module_forward(g, tp, cm_full(tp, CM_DTYPE_F32, 2, hs, 1.0));
+    cmt_assert_close("microbatch rows 4..7", yh, cm_narrow(tp, y, 0, 4, 4), 0, 0);
+    cm_tape_set_rows(tp, 0, 0, 0);
+    /* the picks change every iter_num steps, not before */
+    cm_gyro_dropout_set_step(root, 3);
+    cmt_assert_close("step 3: the same picks", cm_module_forward(g, tp, ones), y, 0, 0);
+    cm_gyro_dropout_set_step(root, 4);
+    cr_expect(max_diff(cm_module_forward(g, tp, ones), y) > 0, "step 4: new picks");
+    /* rows not a multiple of tau: Composer's layer cannot split them */
+    const int64_t bad[2] = {6, 16};
+    cmt_expect_error(tp, cm_module_forward(g, tp, cm_full(tp, CM_DTYPE_F32, 2, bad, 1.0)), CM_ERR_SHAPE,
+                     "not a multiple of tau 4", NULL);
+    cm_tape_free(tp);
+    cmt_rig_free(&r);
 }

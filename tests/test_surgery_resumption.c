@@ -5,7 +5,8 @@
  * A's batch-1 checkpoint and trains on; the batch-2 and batch-3 checkpoints of both runs must be
  * bit for bit the same (model, optimizer, RNG counters, timestamp, algorithm records), and A's
  * batch-1 and batch-2 weights must differ. Also the composition of every method that applies to a
- * ResNet, and of every method that applies to a GPT-2, in one run each. */
+ * ResNet, of every method that applies to a GPT-2, and of every one that applies to BERT, in one
+ * run each. */
 #include "cmsurg.h"
 #include "cmtest.h"
 
@@ -164,6 +165,46 @@ Test(surgery_resumption, low_precision_norms_and_fused_layernorm_under_amp) {
     check_resumption("FusedLayerNorm", CMT_GPT2, fused, CM_PRECISION_FP32);
 }
 
+static int factorize_convs(cm_algorithm_plugin *o) {
+    o[0] = make("factorize", "{\"min_channels\": 8, \"latent_channels\": 0.25}");
+    return 1;
+}
+static int factorize_linears(cm_algorithm_plugin *o) {
+    o[0] = make("factorize", "{\"min_features\": 8, \"latent_features\": 0.25}");
+    return 1;
+}
+static int glu(cm_algorithm_plugin *o) {
+    o[0] = make("gated_linear_units", "{\"gated_layer_bias\": true}");
+    return 1;
+}
+static int ws(cm_algorithm_plugin *o) {
+    o[0] = make("weight_standardization", "{\"n_last_layers_ignore\": 1}");
+    return 1;
+}
+static int gyro(cm_algorithm_plugin *o) {
+    o[0] = make("gyro_dropout", "{\"p\": 0.5, \"sigma\": 8, \"tau\": 4}");
+    return 1;
+}
+
+Test(surgery_resumption, factorize_on_resnet_mlp_and_bert) {
+    check_resumption("Factorize(convs)", CMT_RESNET_IMNET, factorize_convs, CM_PRECISION_FP32);
+    check_resumption("Factorize(linears)", CMT_MLP, factorize_linears, CM_PRECISION_FP32);
+    check_resumption("Factorize(linears)", CMT_BERT, factorize_linears, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, gated_linear_units_on_bert) {
+    check_resumption("GatedLinearUnits", CMT_BERT, glu, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, weight_standardization_on_resnet_and_cnn) {
+    check_resumption("WeightStandardization", CMT_RESNET, ws, CM_PRECISION_FP32);
+    check_resumption("WeightStandardization", CMT_CNN, ws, CM_PRECISION_FP32);
+}
+
+Test(surgery_resumption, gyro_dropout_on_mlp) {
+    check_resumption("GyroDropout", CMT_MLP, gyro, CM_PRECISION_FP32);
+}
+
 /* Every method that applies to a ResNet, composed. */
 static int resnet_all(cm_algorithm_plugin *o) {
     int n = 0;
@@ -172,6 +213,19 @@ static int resnet_all(cm_algorithm_plugin *o) {
     o[n++] = make("ghost_batchnorm", "{\"ghost_batch_size\": 4}");
     o[n++] = make("stochastic_depth", "{\"target_layer_name\": \"ResNetBottleneck\", \"drop_rate\": 0.3}");
     o[n++] = make("channels_last", NULL);
+    o[n++] = make("factorize", "{\"min_channels\": 8, \"latent_channels\": 0.25}");
+    o[n++] = make("weight_standardization", NULL);
+    return n;
+}
+
+/* Every method that applies to BERT, composed. */
+static int bert_all(cm_algorithm_plugin *o) {
+    int n = 0;
+    o[n++] = make("low_precision_layernorm", NULL);
+    o[n++] = make("alibi", "{\"max_sequence_length\": 16, \"train_sequence_length_scaling\": 1}");
+    o[n++] = make("gated_linear_units", NULL);
+    o[n++] = make("factorize", "{\"min_features\": 16, \"latent_features\": 0.25}");
+    o[n++] = make("fused_layernorm", NULL);
     return n;
 }
 
@@ -187,4 +241,5 @@ static int gpt_all(cm_algorithm_plugin *o) {
 Test(surgery_resumption, every_resnet_method_composed_and_every_gpt_method_composed) {
     check_resumption("the ResNet methods", CMT_RESNET_IMNET, resnet_all, CM_PRECISION_AMP_BF16);
     check_resumption("the GPT-2 methods", CMT_GPT2, gpt_all, CM_PRECISION_AMP_BF16);
+    check_resumption("the BERT methods", CMT_BERT, bert_all, CM_PRECISION_AMP_BF16);
 }

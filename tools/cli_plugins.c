@@ -151,6 +151,10 @@ SURGERY_ROW(low_precision_layernorm)
 SURGERY_ROW(low_precision_groupnorm)
 SURGERY_ROW(squeeze_excite)
 SURGERY_ROW(stochastic_depth)
+SURGERY_ROW(factorize)
+SURGERY_ROW(gated_linear_units)
+SURGERY_ROW(gyro_dropout)
+SURGERY_ROW(weight_standardization)
 #undef SURGERY_ROW
 
 /* algorithms.fused_layernorm: {} — accepted (Composer's and llm-foundry's configs name it); every
@@ -297,7 +301,14 @@ const cli_plugin_entry cli_plugin_registry[] = {
     {"blurpool", CLI_ALGORITHM, make_blurpool,
      "BlurPool: replace_convs (true), replace_maxpools (true), blur_first (true), min_channels (16)"},
     {"channels_last", CLI_ALGORITHM, make_channels_last, "ChannelsLast: no arguments"},
+    {"factorize", CLI_ALGORITHM, make_factorize,
+     "Factorize: factorize_convs (true), factorize_linears (true), min_channels (256), latent_channels (0.25), "
+     "min_features (256), latent_features (128)"},
     {"fused_layernorm", CLI_ALGORITHM, make_fused_layernorm, "FusedLayerNorm: built in (every LayerNorm is fused)"},
+    {"gated_linear_units", CLI_ALGORITHM, make_gated_linear_units,
+     "GatedLinearUnits: act_fn (null: the model's; relu, gelu, gelu_tanh, silu, tanh, sigmoid, identity), "
+     "gated_layer_bias (false), non_gated_layer_bias (false)"},
+    {"gyro_dropout", CLI_ALGORITHM, make_gyro_dropout, "GyroDropout: p (0.5), sigma (256), tau (16)"},
     {"ghost_batchnorm", CLI_ALGORITHM, make_ghost_batchnorm, "GhostBatchNorm: ghost_batch_size (32)"},
     {"low_precision_groupnorm", CLI_ALGORITHM, make_low_precision_groupnorm,
      "LowPrecisionGroupNorm: apply_at (init, before_load, after_load; init)"},
@@ -307,6 +318,8 @@ const cli_plugin_entry cli_plugin_registry[] = {
     {"stochastic_depth", CLI_ALGORITHM, make_stochastic_depth,
      "StochasticDepth: target_layer_name (ResNetBottleneck, ResNetBasicBlock; required), stochastic_method "
      "(block, sample; block), drop_rate (0.2), drop_distribution (uniform, linear; linear), drop_warmup (0dur)"},
+    {"weight_standardization", CLI_ALGORITHM, make_weight_standardization,
+     "WeightStandardization: n_last_layers_ignore (0)"},
     {"progress_bar", CLI_LOGGER, make_progress_bar, "ProgressBarLogger on stderr (also top-level progress_bar: true)"},
     {"console", CLI_LOGGER, make_console, "ConsoleLogger: metric blocks on stdout every log_interval (1ep)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,

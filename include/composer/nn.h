@@ -481,6 +481,15 @@ cm_status cm_nn_attention_set_alibi(cm_module *m, bool on);
  * Without autocast the forward is the plain f32 one. */
 cm_status cm_nn_norm_set_low_precision(cm_module *m, bool on);
 bool cm_nn_norm_is_low_precision(const cm_module *m); /* false for other modules */
+/* Weight standardization (Qiao et al. 2019; Composer's WeightStandardization) for a Conv2d: while
+ * on, its forward convolves with cm_nn_standardize_weight(weight) — the stored weight stays the
+ * parameter (and keeps its name), the gradient flows through the standardization. */
+cm_status cm_nn_conv2d_set_weight_standardization(cm_module *m, bool on);
+bool cm_nn_conv2d_weight_standardization(const cm_module *m); /* false for other modules */
+/* (W - mean) / sqrt(var + 1e-10) over every dim but the first (biased variance), as Composer's
+ * _standardize_weights: an op chain on the tape, differentiable in w. NULL + tape error for a
+ * weight of fewer than 2 dims. */
+cm_tensor *cm_nn_standardize_weight(cm_tape *tp, cm_tensor *w);
 /* Switches the activation layout of Conv2d, BatchNorm2d, MaxPool2d, AvgPool2d and
  * AdaptiveAvgPool2d between (N, C, H, W) and (N, H, W, C) (channels_last). Weights keep their
  * layout. The caller makes the layers' inputs match (see cm_resnet_set_channels_last). */

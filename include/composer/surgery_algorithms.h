@@ -317,6 +317,119 @@ cm_status cm_apply_low_precision_groupnorm(cm_module *root, cm_precision precisi
  * no-op — every LayerNorm here already is the fused kernel (cm_layer_norm). It logs that once. */
 cm_status cm_fused_layernorm_new(cm_algorithm_plugin *out);
 
+/* =============================================================================================
+ * WeightStandardization (Qiao et al. 2019; Composer's WeightStandardization,
+ * "weight_standardization")
+ * =========================================================================================== */
+
+/* Every Conv2d but the last n_last_layers_ignore (model order) convolves with its weight
+ * standardized per output channel, (W - mean) / sqrt(var + 1e-10) (cm_nn_standardize_weight):
+ * switched in place (cm_nn_conv2d_set_weight_standardization), the parameter keeps its name.
+ * Composer's parametrization renames the weight, so there a checkpoint cannot load without the
+ * method; here it is required on load instead (Composer does not mark it so). */
+typedef struct cm_weight_standardization_config {
+    int64_t n_last_layers_ignore; /* 0 */
+} cm_weight_standardization_config;
+
+cm_weight_standardization_config cm_weight_standardization_config_default(void);
+cm_status cm_weight_standardization_new(const cm_weight_standardization_config *cfg, cm_algorithm_plugin *out);
+/* *n_standardized: the Conv2d layers standardized. Errors: CM_ERR_INVALID_ARG (a negative count),
+ * CM_ERR_UNSUPPORTED (no Conv2d). Works on a locked model (nothing is re-packed). */
+cm_status cm_apply_weight_standardization(cm_module *root, int64_t n_last_layers_ignore, int64_t *n_standardized);
+
+/* =============================================================================================
+ * GatedLinearUnits (Shazeer 2020; Composer's GatedLinearUnits, "gated_linear_units")
+ * =========================================================================================== */
+
+/* BERT's feed-forward blocks become gated linear units, as Composer's surgery: every
+ * BertIntermediate becomes an Identity and every BertOutput a BERTGatedFFOutput {gated_layer
+ * Linear(C, F), non_gated_layer Linear(C, F), wo Linear(F, C), dropout, layernorm LayerNorm(C)}:
+ * layernorm(wo(dropout(act(gated_layer(h)) · non_gated_layer(h))) + h). New layers: PyTorch's
+ * default init from (seed, hash(path)); dropout p and LayerNorm eps from the replaced BertOutput.
+ * act_fn: the BertIntermediate's activation when not set (Composer's act_fn=None), an error when
+ * they differ. Required on load. */
+typedef struct cm_gated_linear_units_config {
+    int act_fn;                /* -1 (null: the model's), or 0 relu, 1 gelu, 2 gelu_tanh, 3 silu, 4 tanh,
+                                  5 sigmoid, 6 identity (the YAML/JSON names) */
+    bool gated_layer_bias;     /* false */
+    bool non_gated_layer_bias; /* false */
+} cm_gated_linear_units_config;
+
+cm_gated_linear_units_config cm_gated_linear_units_config_default(void);
+cm_status cm_gated_linear_units_new(const cm_gated_linear_units_config *cfg, cm_algorithm_plugin *out);
+/* *n_replaced: modules replaced (two per layer). Errors: CM_ERR_INVALID_ARG (a bad act_fn; mixed
+ * activations without act_fn), CM_ERR_STATE (locked), CM_ERR_UNSUPPORTED (no BertIntermediate /
+ * BertOutput), CM_ERR_OOM. */
+cm_status cm_apply_gated_linear_units(cm_module *root, const cm_gated_linear_units_config *cfg, uint64_t seed,
+                                      int64_t *n_replaced);
+
+/* =============================================================================================
+ * Factorize (Composer's Factorize, "factorize")
+ * =========================================================================================== */
+
+/* Conv2d layers (groups 1) with min(in, out) >= min_channels become FactorizedConv2d {module0:
+ * Conv2d(in, k, its kernel, stride and padding, no bias), module1: Conv2d(k, out, 1×1, bias)}, and
+ * Linear layers with min(in, out) >= min_features FactorizedLinear {module0: Linear(in, k, no
+ * bias), module1: Linear(k, out)}, when the latent size k (latent_* if >= 1, else that fraction of
+ * min(in, out), at least 1) is at most Composer's break-even rank ceil(fan_in·out / (fan_in + out)
+ * - 1) with fan_in = in·kh·kw. Composer re-initialises the pair randomly; here it starts as the
+ * best rank-k approximation of the original (cm_factorize_svd of the weight as (out, fan_in);
+ * module1 takes the original bias), so nothing is lost that rank k can keep. GPT-2's projections
+ * are Conv1D, which Composer does not factorize either. Required on load. */
+typedef struct cm_factorize_config {
+    bool factorize_convs;   /* true */
+    bool factorize_linears; /* true */
+    int64_t min_channels;   /* 256 */
+    double latent_channels; /* 0.25 */
+    int64_t min_features;   /* 256 */
+    double latent_features; /* 128 */
+} cm_factorize_config;
+
+cm_factorize_config cm_factorize_config_default(void);
+cm_status cm_factorize_new(const cm_factorize_config *cfg, cm_algorithm_plugin *out);
+/* *n_convs / *n_linears: layers factorized. Errors: CM_ERR_INVALID_ARG (both factorize_* false, a
+ * size <= 0), CM_ERR_STATE (locked), CM_ERR_UNSUPPORTED (nothing wide enough, naming the rules and
+ * what the model has), CM_ERR_INTERNAL (LAPACK failed), CM_ERR_OOM. */
+cm_status cm_apply_factorization(cm_module *root, const cm_factorize_config *cfg, int64_t *n_convs, int64_t *n_linears);
+/* The best rank-k factors of w (rows, cols), row-major: w ≈ p (rows, k) · q (k, cols) with
+ * p = U_k √S_k and q = √S_k V_kᵀ (Composer's _svd_initialize); s_out (min(rows, cols)), if not NULL,
+ * gets every singular value, largest first. LAPACK's dgesdd in double. Errors: CM_ERR_INVALID_ARG
+ * (k outside [1, min(rows, cols)]), CM_ERR_UNSUPPORTED (over 2^30 elements), CM_ERR_INTERNAL,
+ * CM_ERR_OOM. */
+cm_status cm_factorize_svd(const float *w, int64_t rows, int64_t cols, int64_t k, float *p, float *q, float *s_out);
+/* Composer's _clean_latent_size and _max_rank_with_possible_speedup. */
+int64_t cm_factorize_latent_size(double latent, int64_t in, int64_t out);
+int64_t cm_factorize_max_rank(int64_t in, int64_t out, int64_t kernel_numel);
+
+/* =============================================================================================
+ * GyroDropout (Composer's GyroDropout, "gyro_dropout")
+ * =========================================================================================== */
+
+/* Every Dropout becomes a GyroDropoutLayer (see gyro_dropout.c for the math): sigma preselected
+ * feature masks, tau of them picked every iter_num = int(iters_per_epoch · max_epoch / sigma) · tau
+ * steps, one per equal group of rows, kept features scaled by 1/(1-p). Inputs (B, F) with B a
+ * multiple of tau. The masks are pure functions of (seed, layer, index) and the step is the
+ * trainer's batch count, so runs resume exactly and microbatches see their rows' masks (Composer
+ * draws from torch's global generator and counts forward calls; its resumption test is xfail).
+ * The surgery runs on INIT (Composer's on FIT_START); FIT_START sets the schedule from the train
+ * loader's length and max_duration (ep, or ba rounded up to epochs; Composer reads max_duration's
+ * number as epochs whatever its unit); BATCH_START sets the step. Required on load. */
+typedef struct cm_gyro_dropout_config {
+    double p;      /* 0.5, in [0, 1) */
+    int64_t sigma; /* 256 */
+    int64_t tau;   /* 16 */
+} cm_gyro_dropout_config;
+
+cm_gyro_dropout_config cm_gyro_dropout_config_default(void);
+cm_status cm_gyro_dropout_new(const cm_gyro_dropout_config *cfg, cm_algorithm_plugin *out);
+/* The surgery (masks from seed). Errors: CM_ERR_INVALID_ARG, CM_ERR_STATE (locked),
+ * CM_ERR_UNSUPPORTED (no Dropout). */
+cm_status cm_apply_gyro_dropout(cm_module *root, const cm_gyro_dropout_config *cfg, uint64_t seed, int64_t *n_replaced);
+/* The schedule and the step of every GyroDropoutLayer under root (by hand, without the
+ * algorithm). Errors: CM_ERR_INVALID_ARG, CM_ERR_STATE (no GyroDropoutLayer). */
+cm_status cm_gyro_dropout_set_schedule(cm_module *root, int64_t iters_per_epoch, int64_t max_epoch);
+cm_status cm_gyro_dropout_set_step(cm_module *root, int64_t step);
+
 #ifdef __cplusplus
 }
 #endif

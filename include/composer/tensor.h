@@ -256,6 +256,9 @@ void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
  * process also with dropout. The trainer sets it for every microbatch. total 0 clears it (the
  * default: numbers drawn in sequence). Survives cm_tape_reset. */
 void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total);
+/* The row context (false and zeros when none is set): for random modules of their own that key
+ * their draws by global row as cm_dropout does. */
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total);
 
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */

@@ -295,8 +295,21 @@ cm_status cm_nn_batch_norm2d_new(int64_t channels, const cm_nn_batch_norm_config
 
 typedef struct {
     cm_nn_conv2d_config cfg;
+    bool weight_standardization; /* cm_nn_conv2d_set_weight_standardization */
     cm_tensor *weight, *bias;
 } conv_s;
+
+cm_tensor *cm_nn_standardize_weight(cm_tape *tp, cm_tensor *w) {
+    if (!tp || cm_tape_status(tp) || !w) return NULL;
+    const int nd = cm_tensor_ndim(w);
+    if (nd < 2) return cmn_fail(tp, CM_ERR_SHAPE, "weight standardization: a %d-d weight has no fan-in dims", nd);
+    int axes[CM_MAX_DIMS];
+    for (int i = 1; i < nd; i++) axes[i - 1] = i;
+    /* torch.var_mean(W, dim=1.., keepdim=True, unbiased=False): (W - mean) / sqrt(var + 1e-10) */
+    cm_tensor *mean = cm_mean(tp, w, axes, nd - 1, true);
+    cm_tensor *var = cm_var(tp, w, axes, nd - 1, 0, true);
+    return cm_div(tp, cm_sub(tp, w, mean), cm_sqrt(tp, cm_add_scalar(tp, var, 1e-10f)));
+}
 
 cm_nn_conv2d_config cm_nn_conv2d_config_default(int64_t in, int64_t out, int kh, int kw) {
     cm_nn_conv2d_config c;
@@ -309,14 +322,15 @@ cm_nn_conv2d_config cm_nn_conv2d_config_default(int64_t in, int64_t out, int kh,
 
 static cm_tensor *conv_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     conv_s *s = m->self;
-    return cm_conv2d(tp, in[0], s->weight, s->bias, &s->cfg.opts);
+    cm_tensor *w = s->weight_standardization ? cm_nn_standardize_weight(tp, s->weight) : s->weight;
+    return cm_conv2d(tp, in[0], w, s->bias, &s->cfg.opts);
 }
 static void conv_desc(const cm_module *m, char *buf, size_t cap) {
     const conv_s *s = m->self;
     const cm_conv2d_opts *o = &s->cfg.opts;
-    snprintf(buf, cap, "%lld, %lld, kernel_size=(%d, %d), stride=(%d, %d), padding=(%d, %d)%s", (long long)s->cfg.in,
+    snprintf(buf, cap, "%lld, %lld, kernel_size=(%d, %d), stride=(%d, %d), padding=(%d, %d)%s%s", (long long)s->cfg.in,
              (long long)s->cfg.out, s->cfg.kernel[0], s->cfg.kernel[1], o->stride[0], o->stride[1], o->padding[0],
-             o->padding[1], s->cfg.bias ? "" : ", bias=false");
+             o->padding[1], s->cfg.bias ? "" : ", bias=false", s->weight_standardization ? ", weight_standardization" : "");
 }
 static const cm_module_i conv_vt = {CM_MODULE_ABI, "Conv2d", conv_fwd, free_self, conv_desc};
 
@@ -614,4 +628,14 @@ bool cm_nn_is_channels_last(const cm_module *m) {
     if (m->vt == &maxpool_vt || m->vt == &avgpool_vt) return ((const pool_s *)m->self)->o.channels_last;
     if (m->vt == &adapt_vt) return ((const pool_s *)m->self)->channels_last;
     return false;
+}
+
+cm_status cm_nn_conv2d_set_weight_standardization(cm_module *m, bool on) {
+    if (!m || m->vt != &conv_vt) return not_a(m, "cm_nn_conv2d_set_weight_standardization", "Conv2d");
+    ((conv_s *)m->self)->weight_standardization = on;
+    return CM_OK;
+}
+
+bool cm_nn_conv2d_weight_standardization(const cm_module *m) {
+    return m && m->vt == &conv_vt && ((const conv_s *)m->self)->weight_standardization;
 }

@@ -12,6 +12,10 @@ Debian package):
                branch scaled by 1 - drop_rate), with non-trivial BatchNorm running statistics
   alibi.*      _get_alibi_head_slopes for several head counts; the BERT (bidirectional) bias; a
                BertSelfAttention and a causal GPT2Attention forward with Composer's ALiBi forms
+  ws.*         WeightStandardization: the standardized weight, a convolution with it and its gradients
+  fac.*        Factorize's SVD initialisation (the rank-k product and the singular values) of a linear
+               and a convolution weight, and the factorized convolution's output
+  glu.*        BERTGatedFFOutput: output and the hidden states' gradient
   lpln.*/lpgn.* LPLayerNorm / LPGroupNorm under autocast: the norm of bf16 x, weight and bias,
                computed in f32 and rounded to bf16 — what PyTorch's CUDA kernels (Composer's target)
                compute. Debian's torch 1.13 CPU bf16 kernels round intermediate values too (their
@@ -240,6 +244,59 @@ w, b = torch.randn(6), torch.randn(6)
 with torch.no_grad():
     y = F.group_norm(bf(x), 3, bf(w), bf(b), 1e-5).bfloat16()
 out.update({"lpgn.x": x, "lpgn.w": w, "lpgn.b": b, "lpgn.y": y.float()})
+
+# ---- WeightStandardization (composer/algorithms/weight_standardization) ----
+
+def standardize(W):
+    dims = list(range(1, W.dim()))
+    var, mean = torch.var_mean(W, dim=dims, keepdim=True, unbiased=False)
+    return (W - mean) / torch.sqrt(var + 1e-10)
+
+
+W = leaf(6, 4, 3, 3, scale=3.0)
+x = leaf(2, 4, 7, 7)
+Ws = standardize(W)
+y = F.conv2d(x, Ws, None, 1, 1)
+gy = torch.randn_like(y)
+y.backward(gy)
+out.update({"ws.w": W, "ws.std": Ws, "ws.x": x, "ws.y": y, "ws.gout": gy, "ws.dx": x.grad, "ws.dw": W.grad})
+
+
+# ---- Factorize's initialisation (factorize_core._svd_initialize on Composer's matrices) ----
+
+def svd_init(Wa, k):
+    U, sv, Vt = torch.linalg.svd(Wa, full_matrices=False)
+    r = torch.sqrt(sv[:k])
+    return U[:, :k] * r, Vt[:k] * r.reshape(-1, 1), sv
+
+
+Wl = torch.randn(12, 20)
+a, b, sv = svd_init(Wl.T.contiguous(), 5)  # FactorizedLinear: weight (in, out) = W^T
+out.update({"fac.lw": Wl, "fac.lprod5": a @ b, "fac.ls": sv})
+Wc, bc = torch.randn(8, 6, 3, 3), torch.randn(8)
+a, b, sv = svd_init(Wc.reshape(8, -1).T.contiguous(), 3)  # _weights_conv2d_to_mat: (fan_in, out)
+W0 = a.T.reshape(3, 6, 3, 3)                                 # _mat_to_weights_conv2d
+W1 = b.T.reshape(8, 3, 1, 1)
+xc = torch.randn(2, 6, 6, 6)
+with torch.no_grad():
+    yc = F.conv2d(F.conv2d(xc, W0, None, 1, 1), W1, bc)
+out.update({"fac.cw": Wc, "fac.cb": bc, "fac.cx": xc, "fac.cy": yc, "fac.cs": sv})
+
+# ---- GatedLinearUnits (gated_linear_unit_layers.BERTGatedFFOutput) ----
+
+Cg, Fg = 8, 16
+h = leaf(2, 3, Cg)
+gl, ng, wo = torch.nn.Linear(Cg, Fg, bias=False), torch.nn.Linear(Cg, Fg, bias=False), torch.nn.Linear(Fg, Cg)
+ln = torch.nn.LayerNorm(Cg, eps=1e-12)
+with torch.no_grad():
+    ln.weight.copy_(torch.rand(Cg) + 0.5)
+    ln.bias.copy_(torch.randn(Cg) * 0.1)
+y = ln(wo(F.gelu(gl(h)) * ng(h)) + h)
+gy = torch.randn_like(y)
+y.backward(gy)
+out.update({"glu.h": h, "glu.y": y, "glu.gout": gy, "glu.dh": h.grad, "glu.w.gated_layer.weight": gl.weight,
+            "glu.w.non_gated_layer.weight": ng.weight, "glu.w.wo.weight": wo.weight, "glu.w.wo.bias": wo.bias,
+            "glu.w.layernorm.weight": ln.weight, "glu.w.layernorm.bias": ln.bias})
 
 stwrite.save(os.path.join(os.path.dirname(os.path.abspath(__file__)), "surgery.safetensors"),
              {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in out.items()},

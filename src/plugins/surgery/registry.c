@@ -14,12 +14,16 @@ static const cmi_algo_entry *const k_entries[] = {
     &cmi_alibi_entry,
     &cmi_blurpool_entry,
     &cmi_channels_last_entry,
+    &cmi_factorize_entry,
     &cmi_fused_layernorm_entry,
+    &cmi_glu_entry,
     &cmi_ghost_bn_entry,
+    &cmi_gyro_dropout_entry,
     &cmi_lp_groupnorm_entry,
     &cmi_lp_layernorm_entry,
     &cmi_squeeze_excite_entry,
     &cmi_stochastic_depth_entry,
+    &cmi_weight_std_entry,
 };
 #define N_ENTRIES ((int)(sizeof k_entries / sizeof *k_entries))
 
