@@ -76,6 +76,7 @@ Test(surgery_algos, registry_has_composers_names_keys_and_required_on_load) {
                 {"GyroDropout", "gyro_dropout", true},
                 {"LowPrecisionGroupNorm", "low_precision_groupnorm", true},
                 {"LowPrecisionLayerNorm", "low_precision_layernorm", true},
+                {"NoOpModel", "no_op_model", true},
                 {"SqueezeExcite", "squeeze_excite", true},
                 {"StochasticDepth", "stochastic_depth", true},
                 {"WeightStandardization", "weight_standardization", true}};

@@ -201,6 +201,16 @@ Test(surgery_resumption, weight_standardization_on_resnet_and_cnn) {
     check_resumption("WeightStandardization", CMT_CNN, ws, CM_PRECISION_FP32);
 }
 
+static int noop(cm_algorithm_plugin *o) {
+    o[0] = make("no_op_model", NULL);
+    return 1;
+}
+
+Test(surgery_resumption, no_op_model_on_mlp_and_gpt2) {
+    check_resumption("NoOpModel", CMT_MLP, noop, CM_PRECISION_FP32);
+    check_resumption("NoOpModel", CMT_GPT2, noop, CM_PRECISION_FP32);
+}
+
 Test(surgery_resumption, gyro_dropout_on_mlp) {
     check_resumption("GyroDropout", CMT_MLP, gyro, CM_PRECISION_FP32);
 }

@@ -8,6 +8,7 @@
 #include "cmtest.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,4 +307,40 @@ Test(surgery_trainer, prepare_model_applies_the_checkpoints_surgery_before_a_giv
     cmt_rig_free(&rig);
     cmt_rm_rf(dir);
     free(dir);
+}
+
+Test(surgery_trainer, no_op_model_replaces_the_model_on_init_only) {
+    cmt_rig rig = cmt_rig_new(CMT_MLP, 1);
+    cm_algorithm_plugin a[1];
+    cr_assert_eq(cm_no_op_model_new(&a[0]), CM_OK);
+    cmt_run o = cmt_run_default();
+    cm_optim *opt;
+    cm_status s;
+    cm_trainer *tr = cmt_trainer(&rig, a, 1, &o, &opt, &s);
+    cr_assert(tr, "%s", cm_last_error());
+    cm_state *st = cm_trainer_state(tr);
+    cm_model *m = cm_state_model(st);
+    cr_assert_str_eq(cm_model_type_name(m), "NoOpModelClass");
+    cm_module *root = cm_model_module(m);
+    cr_assert_eq(cm_module_n_params(root), 1);
+    cr_assert(cm_module_is_locked(root) && !cm_module_is_locked(cm_model_module(rig.model)),
+              "the trainer locked the model it trains");
+    cm_tensor *w = cm_module_find_param(root, "weights");
+    cr_assert_eq(cm_tensor_get_flat(w, 0), 1.5);
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_neq(cm_tensor_get_flat(w, 0), 1.5, "the one weight trains toward 1");
+    cr_assert(isfinite(cm_state_total_loss(st)));
+    /* only in the surgery window */
+    cr_assert_eq(cm_state_set_model(st, rig.model), CM_ERR_STATE);
+    cr_assert(strstr(cm_last_error(), "only be replaced on INIT"), "%s", cm_last_error());
+    cm_trainer_free(tr);
+    /* with an optimizer made over the old model: an error */
+    o.own_optimizer = true;
+    cr_assert_eq(cm_no_op_model_new(&a[0]), CM_OK);
+    cr_assert_null(cmt_trainer(&rig, a, 1, &o, &opt, &s));
+    cr_assert_eq(s, CM_ERR_STATE);
+    cr_assert(strstr(cm_last_error(), "replaced the model on INIT, but the optimizer in the config"), "%s", cm_last_error());
+    cm_algorithm_plugin_free(a[0]);
+    cm_optim_free(opt);
+    cmt_rig_free(&rig);
 }

@@ -155,6 +155,7 @@ SURGERY_ROW(factorize)
 SURGERY_ROW(gated_linear_units)
 SURGERY_ROW(gyro_dropout)
 SURGERY_ROW(weight_standardization)
+SURGERY_ROW(no_op_model)
 #undef SURGERY_ROW
 
 /* algorithms.fused_layernorm: {} — accepted (Composer's and llm-foundry's configs name it); every
@@ -314,6 +315,7 @@ const cli_plugin_entry cli_plugin_registry[] = {
      "LowPrecisionGroupNorm: apply_at (init, before_load, after_load; init)"},
     {"low_precision_layernorm", CLI_ALGORITHM, make_low_precision_layernorm,
      "LowPrecisionLayerNorm: apply_at (init, before_load, after_load; init)"},
+    {"no_op_model", CLI_ALGORITHM, make_no_op_model, "NoOpModel: no arguments (the model becomes a no-op)"},
     {"squeeze_excite", CLI_ALGORITHM, make_squeeze_excite, "SqueezeExcite: latent_channels (64), min_channels (128)"},
     {"stochastic_depth", CLI_ALGORITHM, make_stochastic_depth,
      "StochasticDepth: target_layer_name (ResNetBottleneck, ResNetBasicBlock; required), stochastic_method "

@@ -823,7 +823,7 @@ static void print_keys(FILE *f) {
             "                     factorize_linears, min_channels, latent_channels, min_features,\n"
             "                     latent_features}; gated_linear_units {act_fn, gated_layer_bias,\n"
             "                     non_gated_layer_bias}; gyro_dropout {p, sigma, tau};\n"
-            "                     weight_standardization {n_last_layers_ignore}\n"
+            "                     weight_standardization {n_last_layers_ignore}; no_op_model {}\n"
             "  callbacks:         (none yet)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"

@@ -430,6 +430,20 @@ cm_status cm_apply_gyro_dropout(cm_module *root, const cm_gyro_dropout_config *c
 cm_status cm_gyro_dropout_set_schedule(cm_module *root, int64_t iters_per_epoch, int64_t max_epoch);
 cm_status cm_gyro_dropout_set_step(cm_module *root, int64_t step);
 
+/* =============================================================================================
+ * NoOpModel (Composer's NoOpModel, "no_op_model")
+ * =========================================================================================== */
+
+/* On INIT the trainer's model is replaced (cm_state_set_model) by a NoOpModelClass: one
+ * parameter "weights" = [1.5]; forward = the batch's target (the field "label", "labels" or
+ * "target", else the last field; as f32) × weights; loss = mean squared error against the target;
+ * eval_forward = the target; no metrics. For measuring everything but the model. The plugin owns
+ * the new model. With an optimizer in the config it is an error (made over the old parameters).
+ * Required on load. */
+cm_status cm_no_op_model_new(cm_algorithm_plugin *out);
+/* The NoOpModelClass model alone (caller frees it with cm_model_free). */
+cm_status cm_no_op_model_new_model(cm_model **out);
+
 #ifdef __cplusplus
 }
 #endif

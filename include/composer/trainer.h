@@ -209,6 +209,12 @@ void cm_state_free(cm_state *st); /* only for states from cm_state_new; NULL is 
  * AFTER_DATALOADER until BATCH_END (the microbatch ones from BEFORE_FORWARD to AFTER_BACKWARD);
  * tensors made on the tape (outputs, loss) are valid until the end of the microbatch. */
 cm_model *cm_state_model(const cm_state *st);
+/* Replaces the model the trainer trains (Composer's `state.model = ...`, as NoOpModel does): only
+ * on INIT and while a checkpoint's required algorithms are applied (CM_ERR_STATE otherwise), so
+ * the trainer makes its optimizer, metrics and lock for the new model. The model stays the
+ * caller's (a plugin keeps it alive until its free, which comes after the trainer stops using it);
+ * its module must be finalized (CM_ERR_STATE). A state from cm_state_new accepts it any time. */
+cm_status cm_state_set_model(cm_state *st, cm_model *model);
 cm_optim *cm_state_optimizer(const cm_state *st);
 int cm_state_n_schedulers(const cm_state *st);
 const cm_sched_config *cm_state_scheduler(const cm_state *st, int i); /* NULL out of range */

@@ -89,6 +89,18 @@ void cm_state_free(cm_state *st) {
 }
 
 cm_model *cm_state_model(const cm_state *st) { return st->model; }
+
+cm_status cm_state_set_model(cm_state *st, cm_model *model) {
+    if (!st || !model) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_set_model: NULL %s", st ? "model" : "state");
+    if (!st->model_settable && !st->owned_by_user)
+        return cm_set_error(CM_ERR_STATE, "cm_state_set_model: the model can only be replaced on INIT (and while a "
+                                          "checkpoint's required algorithms are applied), before the trainer makes its "
+                                          "optimizer");
+    if (!cm_module_is_finalized(cm_model_module(model)))
+        return cm_set_error(CM_ERR_STATE, "cm_state_set_model: the new model's module is not finalized");
+    st->model = model;
+    return CM_OK;
+}
 cm_optim *cm_state_optimizer(const cm_state *st) { return st->optimizer; }
 int cm_state_n_schedulers(const cm_state *st) { return st->n_schedulers; }
 const cm_sched_config *cm_state_scheduler(const cm_state *st, int i) {

@@ -367,9 +367,26 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     /* INIT (model surgery), then the surgery the checkpoint to load requires — all before the
      * optimizer and the lock, so re-packing the flat buffers is safe */
     const uint64_t layout = cm_module_layout_version(root);
+    st->model_settable = true;
     if ((s = run(tr, CM_EVENT_INIT)) || (s = log_hparams(tr)) || (s = run(tr, CM_EVENT_BEFORE_LOAD)) ||
         (s = cmi_ckpt_prepare_load(tr)))
         goto release;
+    st->model_settable = false;
+    if (st->model != cfg->model) { /* an algorithm replaced the model (NoOpModel): its metrics and root */
+        if (cfg->optimizer) {
+            s = cm_set_error(CM_ERR_STATE, "an algorithm replaced the model on INIT, but the optimizer in the config was "
+                                           "made over the old model's parameters: leave optimizer NULL for the "
+                                           "trainer's own");
+            goto release;
+        }
+        for (int i = 0; i < st->n_metric_sets; i++) {
+            char label[64];
+            snprintf(label, sizeof label, "%s", st->metric_sets[i].label);
+            cmi_metric_set_deinit(&st->metric_sets[i]);
+            if ((s = cmi_metric_set_init(&st->metric_sets[i], st->model, i == 0, label))) goto release;
+        }
+        root = cm_model_module(st->model);
+    }
     if (cfg->optimizer && cm_module_layout_version(root) != layout) {
         char names[256] = "";
         for (int i = 0; i < cm_engine_n_algorithms(tr->engine); i++) {
@@ -436,8 +453,10 @@ void cm_trainer_free(cm_trainer *tr) {
     if (!tr->closed && cm_trainer_close(tr) != CM_OK)
         cm_log_msg(CM_LOG_WARN, "trainer: closing: %s", cm_last_error());
     cmi_ckpt_free(tr);
-    cm_engine_free(tr->engine);
+    /* unlock first: a model an algorithm put in the state (NoOpModel) goes with the plugins */
     if (tr->locked) cm_module_unlock(cm_model_module(tr->st.model));
+    tr->locked = false;
+    cm_engine_free(tr->engine);
     cm_optim_free(tr->own_optim);
     cm_data_spec_free(tr->spec);
     cm_tape_free(tr->tape);

@@ -24,6 +24,7 @@ struct cm_state {
     bool progress_bar;
 
     cm_model *model;
+    bool model_settable; /* the surgery window (INIT to the checkpoint's required algorithms): cm_state_set_model */
     cm_optim *optimizer;
     cm_sched_config *schedulers;
     int n_schedulers;

@@ -21,6 +21,7 @@ static const cmi_algo_entry *const k_entries[] = {
     &cmi_gyro_dropout_entry,
     &cmi_lp_groupnorm_entry,
     &cmi_lp_layernorm_entry,
+    &cmi_no_op_model_entry,
     &cmi_squeeze_excite_entry,
     &cmi_stochastic_depth_entry,
     &cmi_weight_std_entry,
