@@ -4,6 +4,7 @@
  * loading a checkpoint re-applies its surgery before the weights are read, with Composer's warnings
  * (auto-adding; the same method with other arguments) and errors (ordering conflict; a method that
  * fails), load_exclude_algorithms, and the re-applied methods saved again. */
+#include "cms3.h"
 #include "cmsurg.h"
 #include "cmtest.h"
 
@@ -343,4 +344,55 @@ Test(surgery_trainer, no_op_model_replaces_the_model_on_init_only) {
     cm_algorithm_plugin_free(a[0]);
     cm_optim_free(opt);
     cmt_rig_free(&rig);
+}
+
+/* A checkpoint on an object store: its surgery is re-applied from the manifest fetched through the
+ * store, before the weights are read (load_path s3://... and autoresume on the store). */
+Test(surgery_trainer, a_checkpoint_on_an_object_store_reapplies_its_surgery) {
+    cmt_s3 s3;
+    cmt_s3_start(&s3, "bkt");
+    cm_algorithm_plugin algs[2] = {se(2, 8), blur()};
+    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    cmt_run o = cmt_run_default();
+    o.max_duration = "2ba";
+    o.save_folder = "s3://bkt/surg";
+    cm_optim *opt;
+    cm_status s;
+    cm_trainer *tr = cmt_trainer(&rig, algs, 2, &o, &opt, &s);
+    cr_assert(tr, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    cm_trainer_free(tr);
+    cmt_rig_free(&rig);
+    const char *paths[2] = {"s3://bkt/surg/ba2", NULL};
+    for (int k = 0; k < 2; k++) {
+        rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
+        o = cmt_run_default();
+        o.load_path = paths[k];
+        if (paths[k]) {
+            tr = cmt_trainer(&rig, NULL, 0, &o, &opt, &s);
+        } else {
+            /* autoresume from the store: the helper's config plus autoresume */
+            cm_trainer_config tc = cm_trainer_config_default();
+            tc.model = rig.model;
+            tc.train_dataloader = rig.dl;
+            cr_assert_eq(cm_time_parse("3ba", &tc.max_duration), CM_OK);
+            tc.seed = 17;
+            tc.save_folder = "s3://bkt/surg";
+            tc.save_filename = "ba{batch}";
+            tc.save_interval_str = "1ba";
+            tc.autoresume = true;
+            tc.run_name = "surgery-test";
+            tc.handle_signals = false;
+            s = cm_trainer_new(&tc, &tr);
+            if (s) tr = NULL;
+        }
+        cr_assert(tr, "%s: %s", paths[k] ? paths[k] : "autoresume", cm_last_error());
+        cr_assert(model_has(rig.model, "SqueezeExciteConv2d") && model_has(rig.model, "BlurConv2d"));
+        cr_assert_eq(cm_engine_n_algorithms(cm_trainer_engine(tr)), 2);
+        cr_assert_eq(cm_state_timestamp(cm_trainer_state(tr))->batch, 2, "resumed at batch 2");
+        cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+        cm_trainer_free(tr);
+        cmt_rig_free(&rig);
+    }
+    cmt_s3_stop(&s3);
 }

@@ -34,6 +34,7 @@
 #include <composer/loggers.h>
 #include <composer/config.h>
 #include <composer/dist.h>
+#include <composer/storage.h>
 #include <composer/checkpoint.h>
 
 #endif

@@ -40,11 +40,11 @@ static void append(char *list, size_t cap, const char *item) {
     snprintf(list + l, cap - l, "%s%s", l ? ", " : "", item);
 }
 
-cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, const char *const *exclude,
-                                        int n_exclude, int *n_added) {
+cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, cmi_remote *via,
+                                        const char *const *exclude, int n_exclude, int *n_added) {
     *n_added = 0;
     cm_checkpoint *ck = NULL;
-    cm_status s = cm_checkpoint_open(path, &ck);
+    cm_status s = via ? cmi_remote_open_path(via, path, &ck) : cm_checkpoint_open(path, &ck);
     if (s) return s;
     const cJSON *algs = cJSON_GetObjectItemCaseSensitive(cmi_checkpoint_root(ck), "algorithms");
     enum { MAXM = 32 };

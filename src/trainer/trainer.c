@@ -442,7 +442,7 @@ cm_status cm_trainer_close(cm_trainer *tr) {
     if (tr->closed) return CM_OK;
     tr->closed = true;
     char msg[1536];
-    cm_status w = cmi_ckpt_wait(tr);
+    cm_status w = cmi_ckpt_finish(tr, false); /* the background save and the uploads */
     if (w) snprintf(msg, sizeof msg, "%s", cm_last_error());
     cm_status s = tr->engine ? cm_engine_close(tr->engine) : CM_OK;
     return w ? cm_set_error(w, "%s", msg) : s;
@@ -1100,6 +1100,8 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
     if (cmi_fit_done(tr)) {
         if ((s = run(tr, CM_EVENT_ITERATION_END)) || (s = run(tr, CM_EVENT_ITERATION_CHECKPOINT))) return s;
         tr->iteration_open = false;
+        /* with a remote save_folder, fit ends when every checkpoint is uploaded (or fails loudly) */
+        if ((s = cmi_ckpt_finish(tr, true))) return s;
     }
     return run(tr, CM_EVENT_FIT_END);
 }
@@ -1258,15 +1260,22 @@ cm_status cm_trainer_prepare_model(const cm_trainer_config *cfg) {
             goto done;
         }
     }
-    /* the surgery the checkpoint to load requires */
+    /* the surgery the checkpoint to load requires (a checkpoint on an object store: the trainer's) */
     const bool folder = cfg->save_folder && cfg->save_folder[0];
+    const bool remote = (cfg->autoresume && folder && cm_storage_is_remote(cfg->save_folder)) ||
+                        (cfg->load_path && cm_storage_is_remote(cfg->load_path));
+    if (remote) {
+        cm_log_msg(CM_LOG_INFO, "%s: the surgery a checkpoint on an object store requires is applied by the trainer "
+                                "(make the optimizer after cm_trainer_new if it requires any)", fn);
+        goto done;
+    }
     if ((s = cmi_ckpt_resolve(NULL, cfg->autoresume && folder, folder ? cfg->save_folder : NULL,
                               cfg->save_latest_filename ? cfg->save_latest_filename : CM_CKPT_LATEST_DEFAULT,
                               cfg->load_path, &path)))
         goto done;
     if (path) {
         int added = 0;
-        s = cmi_apply_required_algorithms(e, st, path, cfg->load_exclude_algorithms,
+        s = cmi_apply_required_algorithms(e, st, path, NULL, cfg->load_exclude_algorithms,
                                           cfg->n_load_exclude_algorithms > 0 ? cfg->n_load_exclude_algorithms : 0,
                                           &added);
         if (!s) cmi_engine_pop_algorithms(e, added); /* made here, freed here: cm_trainer_new makes its own */
