@@ -139,7 +139,8 @@ static cm_status set_arg(const char *algo, const cmi_arg *ca, const cJSON *v, vo
     return cm_set_error(CM_ERR_INTERNAL, "%s: argument %s has no kind", algo, a->name);
 }
 
-/* Every argument's default from its text (the table is the one source of the defaults). */
+/* The config's defaults (its _default(); the argument table's default texts say the same, which
+ * the registry test checks: YAML reads those). */
 static cm_status apply_defaults(const cmi_algo_entry *e, void *cfg) {
     e->cfg_default(cfg);
     return CM_OK;
