@@ -648,3 +648,35 @@ Test(surgery_algos, gyro_dropout_masks_rows_in_tau_groups_by_global_row) {
     cm_tape_free(tp);
     cmt_rig_free(&r);
 }
+
+/* ---- gradient checks of the new functions (compositions of checked ops, checked again) ---- */
+
+static cm_tensor *f_blur(cm_tape *tp, cm_tensor *const *in, void *ctx) {
+    return cm_blur_2d(tp, in[0], NULL, *(int *)ctx, false, false);
+}
+static cm_tensor *f_blurmax(cm_tape *tp, cm_tensor *const *in, void *ctx) {
+    cm_pool2d_opts o = cm_pool2d_opts_default(3, 3);
+    o.stride[0] = o.stride[1] = 2, o.padding[0] = o.padding[1] = 1;
+    return cm_blurmax_pool2d(tp, in[0], &o, NULL);
+}
+static cm_tensor *f_standardize(cm_tape *tp, cm_tensor *const *in, void *ctx) { return cm_nn_standardize_weight(tp, in[0]); }
+static cm_tensor *f_ghost(cm_tape *tp, cm_tensor *const *in, void *ctx) { return cm_ghost_batch_norm(tp, ctx, in[0], 3); }
+
+Test(surgery_algos, gradients_of_the_new_functions) {
+    cm_tape *tp = cmt_tape();
+    const int64_t xs[4] = {2, 3, 6, 5};
+    cm_tensor *x = cmt_randn(tp, 4, xs, 1, true);
+    int strides[2] = {1, 2};
+    for (int i = 0; i < 2; i++) cmt_gradcheck("blur_2d", f_blur, &strides[i], 1, &x, NULL);
+    cmt_gradcheck("blurmax_pool2d", f_blurmax, NULL, 1, &x, NULL); /* random values: no ties in the max */
+    const int64_t ws[4] = {4, 3, 3, 3};
+    cm_tensor *w = cmt_randn(tp, 4, ws, 2, true);
+    cmt_gradcheck("standardize_weight", f_standardize, NULL, 1, &w, NULL);
+    cm_module *bn;
+    cr_assert_eq(cm_nn_batch_norm2d_new(3, NULL, &bn), CM_OK);
+    const int64_t gs[4] = {7, 3, 2, 2};
+    cm_tensor *g = cmt_randn(tp, 4, gs, 3, true);
+    cmt_gradcheck("ghost batch norm (chunks 3, 3, 1)", f_ghost, bn, 1, &g, NULL);
+    cm_module_free(bn);
+    cm_tape_free(tp);
+}
