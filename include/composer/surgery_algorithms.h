@@ -24,7 +24,10 @@
  * autoresume) re-creates and applies the ones the trainer was not given, before any weight is
  * read, with Composer's warnings and errors (see cm_trainer_new). These are Alibi, BlurPool,
  * Factorize, GatedLinearUnits, GhostBatchNorm, GyroDropout, LowPrecisionGroupNorm,
- * LowPrecisionLayerNorm, NoOpModel, SqueezeExcite and StochasticDepth.
+ * LowPrecisionLayerNorm, NoOpModel, SqueezeExcite and StochasticDepth (Composer's list), and
+ * WeightStandardization (see its section). ChannelsLast and FusedLayerNorm change no numbers.
+ *
+ * The methods and the differences from Composer are summed up in docs/SURGERY.md.
  *
  *     cm_blurpool_config bc = cm_blurpool_config_default();     // Composer's defaults
  *     cm_algorithm_plugin algs[2];
@@ -32,7 +35,8 @@
  *     cm_algorithm_new_from_json("SqueezeExcite", "{\"min_channels\": 64}", &algs[1]);
  *     cfg.algorithms = algs; cfg.n_algorithms = 2;               // applied on INIT
  *
- *     cm_apply_blurpool(cm_model_module(model), &bc, &n_conv, &n_pool);   // or by hand
+ *     int64_t n_conv, n_pool;                                    // or by hand, no trainer:
+ *     cm_apply_blurpool(cm_model_module(model), &bc, &n_conv, &n_pool);
  *
  * Threading: the plugins belong to their trainer's thread; the functional forms change the tree
  * they are given (one thread at a time, as the tree); the registry functions are thread-safe.
