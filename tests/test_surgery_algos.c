@@ -27,7 +27,7 @@ static int64_t n_of(cm_model *m, const char *type) {
 }
 
 /* The model's output on a fixed batch of its rig (eval mode, no gradients), as a new tensor. */
-static cm_tensor *fixed_output(cmt_rig *r) {
+static cm_tensor *fixed_output(cmt_srig *r) {
     cm_batch *b;
     cm_dataloader_config ec = cm_dataloader_config_eval();
     ec.batch_size = 4;
@@ -218,7 +218,7 @@ Test(surgery_algos, bad_names_and_arguments_name_the_closest_valid_one) {
 /* ---- BlurPool ---- */
 
 Test(surgery_algos, blurpool_blurs_strided_convs_and_max_pools_once) {
-    cmt_rig r = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    cmt_srig r = cmt_srig_new(CMT_RESNET_IMNET, 1);
     cm_module *root = cm_model_module(r.model);
     const int64_t params = cm_module_count_params(root, false);
     cm_blurpool_config c = cm_blurpool_config_default();
@@ -242,22 +242,22 @@ Test(surgery_algos, blurpool_blurs_strided_convs_and_max_pools_once) {
     cm_tensor_free(y1);
     cm_tensor_free(y2);
     /* locked: surgery would re-pack under the optimizer */
-    cmt_rig_free(&r);
-    r = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    cmt_srig_free(&r);
+    r = cmt_srig_new(CMT_RESNET_IMNET, 1);
     root = cm_model_module(r.model);
     cm_module_lock(root);
     cr_assert_eq(cm_apply_blurpool(root, &c, &nc, &np), CM_ERR_STATE);
     cr_expect(strstr(cm_last_error(), "cm_trainer_prepare_model"), "%s", cm_last_error());
     cm_module_unlock(root);
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
     /* nothing to blur: the error names what it looked for */
-    r = cmt_rig_new(CMT_GPT2, 1);
+    r = cmt_srig_new(CMT_GPT2, 1);
     cr_assert_eq(cm_apply_blurpool(cm_model_module(r.model), &c, &nc, &np), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "BlurPool: the model (GPT2LMHeadModel) has nothing to apply to: it looked for "
                                       "Conv2d layers with a stride above 1 and at least min_channels input channels and "
                                       "MaxPool2d layers; min_channels is 8"),
               "%s", cm_last_error());
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- ChannelsLast ---- */
@@ -265,7 +265,7 @@ Test(surgery_algos, blurpool_blurs_strided_convs_and_max_pools_once) {
 Test(surgery_algos, channels_last_switches_the_zoo_cnns_with_the_same_outputs) {
     const cmt_family fams[3] = {CMT_RESNET, CMT_RESNET_IMNET, CMT_CNN};
     for (int i = 0; i < 3; i++) {
-        cmt_rig r = cmt_rig_new(fams[i], 1);
+        cmt_srig r = cmt_srig_new(fams[i], 1);
         cm_module *root = cm_model_module(r.model);
         if (fams[i] == CMT_RESNET_IMNET) { /* with blurred layers in it */
             cm_blurpool_config c = cm_blurpool_config_default();
@@ -287,14 +287,14 @@ Test(surgery_algos, channels_last_switches_the_zoo_cnns_with_the_same_outputs) {
         cr_expect_eq(n, 0, "already channels-last");
         cm_tensor_free(y0);
         cm_tensor_free(y1);
-        cmt_rig_free(&r);
+        cmt_srig_free(&r);
     }
-    cmt_rig r = cmt_rig_new(CMT_GROUPNORM, 1);
+    cmt_srig r = cmt_srig_new(CMT_GROUPNORM, 1);
     cr_assert_eq(cm_apply_channels_last(cm_model_module(r.model), NULL), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "looked for a ResNet or MnistCNN network") &&
                   strstr(cm_last_error(), "Conv2d layers sit in a network without a layout switch"),
               "%s", cm_last_error());
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- ALiBi ---- */
@@ -303,7 +303,7 @@ Test(surgery_algos, alibi_biases_attention_and_zeroes_and_widens_position_embedd
     const cmt_family fams[2] = {CMT_GPT2, CMT_BERT};
     const char *pos[2] = {"transformer.wpe", "bert.embeddings.position_embeddings"};
     for (int i = 0; i < 2; i++) {
-        cmt_rig r = cmt_rig_new(fams[i], 1);
+        cmt_srig r = cmt_srig_new(fams[i], 1);
         cm_module *root = cm_model_module(r.model);
         int64_t n;
         cr_assert_eq(cm_apply_alibi(root, 48, &n), CM_OK, "%s", cm_last_error());
@@ -333,20 +333,20 @@ Test(surgery_algos, alibi_biases_attention_and_zeroes_and_widens_position_embedd
             cr_assert_eq(cm_gpt2_generate(r.model, prompt, 3, 5, &gc, out, &nout), CM_OK, "%s", cm_last_error());
             cr_expect_eq(nout, 5);
         }
-        cmt_rig_free(&r);
+        cmt_srig_free(&r);
     }
-    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cmt_srig r = cmt_srig_new(CMT_RESNET, 1);
     cr_assert_eq(cm_apply_alibi(cm_model_module(r.model), 48, NULL), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "ALiBi: the model (ResNet) has nothing to apply to: it looked for GPT2Attention "
                                       "and BertSelfAttention modules"),
               "%s", cm_last_error());
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- StochasticDepth ---- */
 
 Test(surgery_algos, stochastic_depth_rates_follow_depth_and_blocks_drop) {
-    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cmt_srig r = cmt_srig_new(CMT_RESNET, 1);
     cm_module *root = cm_model_module(r.model);
     cr_assert_eq(cm_apply_stochastic_depth(root, CM_SD_RESNET_BOTTLENECK, CM_STOCHASTIC_BLOCK, 0.3, CM_DROP_LINEAR, NULL),
                  CM_ERR_UNSUPPORTED);
@@ -381,7 +381,7 @@ Test(surgery_algos, stochastic_depth_rates_follow_depth_and_blocks_drop) {
     cr_assert(y, "%s", cm_tape_error(tp));
     cmt_assert_close("a dropped identity block returns its input", y, cm_relu(tp, x), 0, 0);
     cm_tape_free(tp);
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 Test(surgery_algos, stochastic_depth_sample_mode_drops_rows_by_global_row) {
@@ -419,7 +419,7 @@ Test(surgery_algos, stochastic_depth_sample_mode_drops_rows_by_global_row) {
 /* ---- SqueezeExcite ---- */
 
 Test(surgery_algos, squeeze_excite_wraps_wide_convs_with_seeded_layers) {
-    cmt_rig a = cmt_rig_new(CMT_RESNET, 1), b = cmt_rig_new(CMT_RESNET, 1), c = cmt_rig_new(CMT_RESNET, 1);
+    cmt_srig a = cmt_srig_new(CMT_RESNET, 1), b = cmt_srig_new(CMT_RESNET, 1), c = cmt_srig_new(CMT_RESNET, 1);
     cm_squeeze_excite_config sc = {0.5, 8};
     int64_t n;
     cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(a.model), &sc, 7, &n), CM_OK, "%s", cm_last_error());
@@ -441,21 +441,21 @@ Test(surgery_algos, squeeze_excite_wraps_wide_convs_with_seeded_layers) {
     cr_expect(max_diff(wa, wc) > 0, "another seed others");
     cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(a.model), &sc, 7, &n), CM_OK);
     cr_expect_eq(n, 0, "applied again: nothing to do");
-    cmt_rig_free(&a);
-    cmt_rig_free(&b);
-    cmt_rig_free(&c);
-    a = cmt_rig_new(CMT_MLP, 1);
+    cmt_srig_free(&a);
+    cmt_srig_free(&b);
+    cmt_srig_free(&c);
+    a = cmt_srig_new(CMT_MLP, 1);
     cr_assert_eq(cm_apply_squeeze_excite(cm_model_module(a.model), &sc, 7, &n), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "looked for Conv2d layers with at least min_channels input and output channels; "
                                       "min_channels is 8 and the model has 0 Conv2d layers"),
               "%s", cm_last_error());
-    cmt_rig_free(&a);
+    cmt_srig_free(&a);
 }
 
 /* ---- GhostBatchNorm ---- */
 
 Test(surgery_algos, ghost_batchnorm_wraps_every_batch_norm) {
-    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cmt_srig r = cmt_srig_new(CMT_RESNET, 1);
     const int64_t bns = n_of(r.model, "BatchNorm2d");
     cm_tensor *y0 = fixed_output(&r);
     int64_t n;
@@ -468,17 +468,17 @@ Test(surgery_algos, ghost_batchnorm_wraps_every_batch_norm) {
     cr_expect_eq(n, 0);
     cm_tensor_free(y0);
     cm_tensor_free(y1);
-    cmt_rig_free(&r);
-    r = cmt_rig_new(CMT_GPT2, 1);
+    cmt_srig_free(&r);
+    r = cmt_srig_new(CMT_GPT2, 1);
     cr_assert_eq(cm_apply_ghost_batchnorm(cm_model_module(r.model), 2, &n), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "it looked for BatchNorm2d layers"), "%s", cm_last_error());
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- LowPrecisionLayerNorm / GroupNorm, FusedLayerNorm ---- */
 
 Test(surgery_algos, low_precision_norms_switch_under_amp_only) {
-    cmt_rig r = cmt_rig_new(CMT_GPT2, 1);
+    cmt_srig r = cmt_srig_new(CMT_GPT2, 1);
     int64_t n = -1;
     cr_assert_eq(cm_apply_low_precision_layernorm(cm_model_module(r.model), CM_PRECISION_FP32, &n), CM_OK);
     cr_expect_eq(n, 0, "fp32: Composer's NoEffectWarning, nothing changed");
@@ -490,11 +490,11 @@ Test(surgery_algos, low_precision_norms_switch_under_amp_only) {
     cr_expect(strstr(cm_last_error(), "LowPrecisionGroupNorm: the model (GPT2LMHeadModel) has nothing to apply to: it "
                                       "looked for GroupNorm layers"),
               "%s", cm_last_error());
-    cmt_rig_free(&r);
-    r = cmt_rig_new(CMT_GROUPNORM, 1);
+    cmt_srig_free(&r);
+    r = cmt_srig_new(CMT_GROUPNORM, 1);
     cr_assert_eq(cm_apply_low_precision_groupnorm(cm_model_module(r.model), CM_PRECISION_AMP_BF16, &n), CM_OK);
     cr_expect_eq(n, 1);
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
     /* FusedLayerNorm: accepted, says once that it is built in */
     cm_algorithm_plugin p;
     cr_assert_eq(cm_algorithm_new_from_json("fused_layernorm", NULL, &p), CM_OK);
@@ -515,7 +515,7 @@ Test(surgery_algos, low_precision_norms_switch_under_amp_only) {
 /* ---- WeightStandardization ---- */
 
 Test(surgery_algos, weight_standardization_skips_the_last_layers) {
-    cmt_rig r = cmt_rig_new(CMT_RESNET, 1);
+    cmt_srig r = cmt_srig_new(CMT_RESNET, 1);
     cm_module *root = cm_model_module(r.model);
     const int64_t convs = n_of(r.model, "Conv2d");
     int64_t n;
@@ -527,17 +527,17 @@ Test(surgery_algos, weight_standardization_skips_the_last_layers) {
     cm_module_lock(root);
     cr_assert_eq(cm_apply_weight_standardization(root, 2, &n), CM_OK, "no re-packing: fine on a locked model");
     cm_module_unlock(root);
-    cmt_rig_free(&r);
-    r = cmt_rig_new(CMT_MLP, 1);
+    cmt_srig_free(&r);
+    r = cmt_srig_new(CMT_MLP, 1);
     cr_assert_eq(cm_apply_weight_standardization(cm_model_module(r.model), 0, &n), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "it looked for Conv2d layers"), "%s", cm_last_error());
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- GatedLinearUnits ---- */
 
 Test(surgery_algos, gated_linear_units_replace_berts_feed_forward) {
-    cmt_rig r = cmt_rig_new(CMT_BERT, 1);
+    cmt_srig r = cmt_srig_new(CMT_BERT, 1);
     cm_gated_linear_units_config gc = cm_gated_linear_units_config_default();
     int64_t n;
     cr_assert_eq(cm_apply_gated_linear_units(cm_model_module(r.model), &gc, 3, &n), CM_OK, "%s", cm_last_error());
@@ -549,13 +549,13 @@ Test(surgery_algos, gated_linear_units_replace_berts_feed_forward) {
     cm_tensor_free(y);
     cr_assert_eq(cm_apply_gated_linear_units(cm_model_module(r.model), &gc, 3, &n), CM_OK);
     cr_expect_eq(n, 0, "applied again: nothing to do");
-    cmt_rig_free(&r);
-    r = cmt_rig_new(CMT_GPT2, 1);
+    cmt_srig_free(&r);
+    r = cmt_srig_new(CMT_GPT2, 1);
     cr_assert_eq(cm_apply_gated_linear_units(cm_model_module(r.model), &gc, 3, &n), CM_ERR_UNSUPPORTED);
     cr_expect(strstr(cm_last_error(), "it looked for BertIntermediate and BertOutput modules; Gated Linear Units only "
                                       "has a surgery policy for BERT"),
               "%s", cm_last_error());
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- Factorize ---- */
@@ -586,7 +586,7 @@ Test(surgery_algos, factorize_keeps_what_rank_k_can_keep) {
     cm_tape_free(tp);
     cm_module_free(seq);
     /* too small a gain: a latent size above the break-even rank is not factorized */
-    cmt_rig r = cmt_rig_new(CMT_MLP, 1);
+    cmt_srig r = cmt_srig_new(CMT_MLP, 1);
     fc = cm_factorize_config_default();
     /* Linear(8, 16): 0.9 · 8 = 7 > ceil(8·16/24 - 1) = 5; Linear(16, 3): narrower than min_features */
     fc.min_features = 4, fc.latent_features = 0.9;
@@ -600,13 +600,13 @@ Test(surgery_algos, factorize_keeps_what_rank_k_can_keep) {
     cr_assert_eq(cm_apply_factorization(cm_model_module(r.model), &fc, &nc, &nl), CM_OK, "%s", cm_last_error());
     cr_expect_eq(nl, 1, "Linear(8, 16) at rank 0.25 · 8 = 2");
     cr_expect_str_eq(cm_module_type_name(cm_module_find(cm_model_module(r.model), "0")), "FactorizedLinear");
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- GyroDropout ---- */
 
 Test(surgery_algos, gyro_dropout_masks_rows_in_tau_groups_by_global_row) {
-    cmt_rig r = cmt_rig_new(CMT_MLP, 1);
+    cmt_srig r = cmt_srig_new(CMT_MLP, 1);
     cm_module *root = cm_model_module(r.model);
     cm_gyro_dropout_config gc = {0.5, 8, 4};
     int64_t n;
@@ -646,7 +646,7 @@ Test(surgery_algos, gyro_dropout_masks_rows_in_tau_groups_by_global_row) {
     cmt_expect_error(tp, cm_module_forward(g, tp, cm_full(tp, CM_DTYPE_F32, 2, bad, 1.0)), CM_ERR_SHAPE,
                      "not a multiple of tau 4", NULL);
     cm_tape_free(tp);
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
 }
 
 /* ---- gradient checks of the new functions (compositions of checked ops, checked again) ---- */

@@ -32,15 +32,15 @@ static void check_resumption_n(const char *label, cmt_family f, algs_fn algs, cm
     cm_optim *opt;
     cm_status s;
     /* run A: fit 1 batch, then fit again to the end */
-    cmt_rig r = cmt_rig_new(f, 11);
-    cmt_run o = cmt_run_default();
+    cmt_srig r = cmt_srig_new(f, 11);
+    cmt_srun o = cmt_srun_default();
     char md[16];
     snprintf(md, sizeof md, "%dba", batches);
     o.max_duration = md;
     o.precision = prec;
     o.save_folder = d1;
     int n = algs(a);
-    cm_trainer *tr = cmt_trainer(&r, a, n, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&r, a, n, &o, &opt, &s);
     cr_assert(tr, "%s on %s: %s", label, cmt_family_name(f), cm_last_error());
     cm_fit_opts fo = cm_fit_opts_default();
     cr_assert_eq(cm_time_parse("1ba", &fo.duration), CM_OK);
@@ -52,19 +52,19 @@ static void check_resumption_n(const char *label, cmt_family f, algs_fn algs, cm
     const double loss = cm_state_total_loss(cm_trainer_state(tr));
     cr_assert(isfinite(loss), "%s on %s: loss %g", label, cmt_family_name(f), loss);
     cm_trainer_free(tr);
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
     /* run B: a fresh model and fresh plugins from A's batch-1 checkpoint */
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/ba1", d1);
-    r = cmt_rig_new(f, 11);
+    r = cmt_srig_new(f, 11);
     o.save_folder = d2;
     o.load_path = ck;
     n = algs(a);
-    tr = cmt_trainer(&r, a, n, &o, &opt, &s);
+    tr = cmt_strainer(&r, a, n, &o, &opt, &s);
     cr_assert(tr, "%s on %s (resumed): %s", label, cmt_family_name(f), cm_last_error());
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s on %s (resumed): %s", label, cmt_family_name(f), cm_last_error());
     cm_trainer_free(tr);
-    cmt_rig_free(&r);
+    cmt_srig_free(&r);
     char a2[1024], b2[1024], what[160];
     for (int b = 2; b <= batches; b++) {
         snprintf(a2, sizeof a2, "%s/ba%d", d1, b);

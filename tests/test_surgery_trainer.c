@@ -46,12 +46,12 @@ static cm_algorithm_plugin ghost(void) {
 }
 
 Test(surgery_trainer, init_surgery_happens_before_the_trainers_optimizer_and_the_new_layers_train) {
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 1);
     cm_algorithm_plugin algs[2] = {blur(), se(2, 8)};
-    cmt_run o = cmt_run_default();
+    cmt_srun o = cmt_srun_default();
     cm_optim *opt;
     cm_status s;
-    cm_trainer *tr = cmt_trainer(&rig, algs, 2, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, algs, 2, &o, &opt, &s);
     cr_assert(tr, "%s", cm_last_error());
     cr_assert(model_has(rig.model, "BlurConv2d") && model_has(rig.model, "BlurMaxPool2d") &&
               model_has(rig.model, "SqueezeExciteConv2d"));
@@ -64,27 +64,27 @@ Test(surgery_trainer, init_surgery_happens_before_the_trainers_optimizer_and_the
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_neq((float)cm_tensor_get_flat(w, 0), before, "the optimizer made after the surgery trains the new layer");
     cm_trainer_free(tr);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
 }
 
 Test(surgery_trainer, surgery_under_a_given_optimizer_is_an_error_that_prepare_model_fixes) {
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 1);
     cm_algorithm_plugin algs[1] = {blur()};
-    cmt_run o = cmt_run_default();
+    cmt_srun o = cmt_srun_default();
     o.own_optimizer = true;
     cm_optim *opt;
     cm_status s;
-    cr_assert_null(cmt_trainer(&rig, algs, 1, &o, &opt, &s));
+    cr_assert_null(cmt_strainer(&rig, algs, 1, &o, &opt, &s));
     cr_assert_eq(s, CM_ERR_STATE);
     cr_assert(strstr(cm_last_error(), "model surgery on INIT (BlurPool) re-packed the model's parameters") &&
                   strstr(cm_last_error(), "cm_trainer_prepare_model(&cfg) before making the optimizer"),
               "%s", cm_last_error());
     cm_optim_free(opt);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     /* the plugin is still ours: prepare the model first, then the optimizer, then the trainer */
-    rig = cmt_rig_new(CMT_RESNET_IMNET, 1);
+    rig = cmt_srig_new(CMT_RESNET_IMNET, 1);
     o.prepare = true;
-    cm_trainer *tr = cmt_trainer(&rig, algs, 1, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, algs, 1, &o, &opt, &s);
     cr_assert(tr, "%s", cm_last_error());
     cr_assert(model_has(rig.model, "BlurConv2d"));
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
@@ -98,22 +98,22 @@ Test(surgery_trainer, surgery_under_a_given_optimizer_is_an_error_that_prepare_m
     cr_assert_eq(cm_trainer_prepare_model(&c), CM_ERR_STATE);
     cr_assert(strstr(cm_last_error(), "locked"), "%s", cm_last_error());
     cm_module_unlock(root);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
 }
 
 /* Trains `family` with algs for 2 batches, saving every batch under dir. */
 static void train_and_save(cmt_family f, cm_algorithm_plugin *algs, int n, const char *dir) {
-    cmt_rig rig = cmt_rig_new(f, 1);
-    cmt_run o = cmt_run_default();
+    cmt_srig rig = cmt_srig_new(f, 1);
+    cmt_srun o = cmt_srun_default();
     o.max_duration = "2ba";
     o.save_folder = dir;
     cm_optim *opt;
     cm_status s;
-    cm_trainer *tr = cmt_trainer(&rig, algs, n, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, algs, n, &o, &opt, &s);
     cr_assert(tr, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
     cm_trainer_free(tr);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
 }
 
 static cJSON *read_manifest(const char *ckpt) {
@@ -152,14 +152,14 @@ Test(surgery_trainer, loading_reapplies_the_checkpoints_surgery_before_the_weigh
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/ba2", dir);
     /* a fresh model, no algorithms: the checkpoint's surgery is applied, then its weights load */
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
-    cmt_run o = cmt_run_default();
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
+    cmt_srun o = cmt_srun_default();
     o.load_path = ck;
     o.save_folder = dir2;
     cm_optim *opt;
     cm_status s;
     cmt_log_capture_start();
-    cm_trainer *tr = cmt_trainer(&rig, NULL, 0, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, NULL, 0, &o, &opt, &s);
     const char *log = cmt_log_capture_text();
     cr_assert(tr, "%s", cm_last_error());
     cr_assert(strstr(log, "Automatically adding required_on_load algorithm SqueezeExcite to trainer") &&
@@ -182,15 +182,15 @@ Test(surgery_trainer, loading_reapplies_the_checkpoints_surgery_before_the_weigh
                  "the re-applied methods are recorded again");
     cJSON_Delete(m);
     cm_trainer_free(tr);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     /* excluding one: its surgery is not re-applied, so the strict weight load names its tensors */
-    rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
+    rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
     const char *ex[1] = {"Squeeze*"};
     o.exclude = ex, o.n_exclude = 1, o.save_folder = NULL;
-    cr_assert_null(cmt_trainer(&rig, NULL, 0, &o, &opt, &s));
+    cr_assert_null(cmt_strainer(&rig, NULL, 0, &o, &opt, &s));
     cr_assert_eq(s, CM_ERR_NOT_FOUND, "%s", cm_last_error());
     cr_assert(strstr(cm_last_error(), "se.pool_and_mlp"), "%s", cm_last_error());
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     cmt_rm_rf(dir);
     cmt_rm_rf(dir2);
     free(dir);
@@ -203,14 +203,14 @@ Test(surgery_trainer, the_same_method_with_other_arguments_warns_as_composer) {
     train_and_save(CMT_RESNET_IMNET, algs, 1, dir);
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/ba2", dir);
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
     cm_algorithm_plugin mine[1] = {se(3, 8)};
-    cmt_run o = cmt_run_default();
+    cmt_srun o = cmt_srun_default();
     o.load_path = ck;
     cm_optim *opt;
     cm_status s;
     cmt_log_capture_start();
-    cm_trainer *tr = cmt_trainer(&rig, mine, 1, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, mine, 1, &o, &opt, &s);
     const char *log = cmt_log_capture_text();
     cr_assert(strstr(log, "required_on_load algorithm SqueezeExcite({\"latent_channels\":2,\"min_channels\":8}) was "
                           "enabled when training the loaded checkpoint") &&
@@ -222,7 +222,7 @@ Test(surgery_trainer, the_same_method_with_other_arguments_warns_as_composer) {
     cr_assert_null(tr);
     cr_assert_eq(s, CM_ERR_SHAPE, "%s", cm_last_error());
     cm_algorithm_plugin_free(mine[0]);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     cmt_rm_rf(dir);
     free(dir);
 }
@@ -233,16 +233,16 @@ Test(surgery_trainer, a_required_method_ordered_before_a_users_is_composers_erro
     train_and_save(CMT_RESNET_IMNET, algs, 1, dir);
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/ba2", dir);
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
     /* LowPrecisionLayerNorm runs last, so GhostBatchNorm would go before it — after it already ran */
     cm_low_precision_norm_config lc = cm_low_precision_norm_config_default();
     cm_algorithm_plugin mine[1];
     cr_assert_eq(cm_low_precision_layernorm_new(&lc, &mine[0]), CM_OK);
-    cmt_run o = cmt_run_default();
+    cmt_srun o = cmt_srun_default();
     o.load_path = ck;
     cm_optim *opt;
     cm_status s;
-    cr_assert_null(cmt_trainer(&rig, mine, 1, &o, &opt, &s));
+    cr_assert_null(cmt_strainer(&rig, mine, 1, &o, &opt, &s));
     cr_assert_eq(s, CM_ERR_STATE);
     cr_assert(strstr(cm_last_error(), "required to successfully load it: [GhostBatchNorm({\"ghost_batch_size\":4})]") &&
                   strstr(cm_last_error(), "ordered before a user specified algorithm (LowPrecisionLayerNorm)") &&
@@ -250,7 +250,7 @@ Test(surgery_trainer, a_required_method_ordered_before_a_users_is_composers_erro
               "%s", cm_last_error());
     cr_assert(!model_has(rig.model, "GhostBatchNorm2d"), "nothing was applied");
     cm_algorithm_plugin_free(mine[0]);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     cmt_rm_rf(dir);
     free(dir);
 }
@@ -262,19 +262,19 @@ Test(surgery_trainer, a_required_method_that_fails_is_composers_error) {
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/ba2", dir);
     /* an MLP has no convolution for SqueezeExcite */
-    cmt_rig rig = cmt_rig_new(CMT_MLP, 2);
-    cmt_run o = cmt_run_default();
+    cmt_srig rig = cmt_srig_new(CMT_MLP, 2);
+    cmt_srun o = cmt_srun_default();
     o.load_path = ck;
     o.weights_only = true;
     cm_optim *opt;
     cm_status s;
-    cr_assert_null(cmt_trainer(&rig, NULL, 0, &o, &opt, &s));
+    cr_assert_null(cmt_strainer(&rig, NULL, 0, &o, &opt, &s));
     cr_assert_eq(s, CM_ERR_UNSUPPORTED, "%s", cm_last_error());
     cr_assert(strstr(cm_last_error(), "Attempted to autocreate and apply required algorithms but SqueezeExcite failed") &&
                   strstr(cm_last_error(), "looked for Conv2d layers") &&
                   strstr(cm_last_error(), "load_exclude_algorithms=['SqueezeExcite']"),
               "%s", cm_last_error());
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     cmt_rm_rf(dir);
     free(dir);
 }
@@ -285,39 +285,39 @@ Test(surgery_trainer, prepare_model_applies_the_checkpoints_surgery_before_a_giv
     train_and_save(CMT_RESNET_IMNET, algs, 2, dir);
     char ck[1024];
     snprintf(ck, sizeof ck, "%s/ba1", dir);
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
-    cmt_run o = cmt_run_default();
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
+    cmt_srun o = cmt_srun_default();
     o.load_path = ck;
     o.weights_only = true; /* trained with the trainer's DecoupledSGDW; this run brings its own AdamW */
     o.own_optimizer = true;
     cm_optim *opt;
     cm_status s;
-    cr_assert_null(cmt_trainer(&rig, NULL, 0, &o, &opt, &s), "without preparing, the optimizer's spans go stale");
+    cr_assert_null(cmt_strainer(&rig, NULL, 0, &o, &opt, &s), "without preparing, the optimizer's spans go stale");
     cr_assert_eq(s, CM_ERR_STATE, "%s", cm_last_error());
     cm_optim_free(opt);
-    cmt_rig_free(&rig);
-    rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
+    cmt_srig_free(&rig);
+    rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
     o.prepare = true;
-    cm_trainer *tr = cmt_trainer(&rig, NULL, 0, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, NULL, 0, &o, &opt, &s);
     cr_assert(tr, "%s", cm_last_error());
     cr_assert(model_has(rig.model, "SqueezeExciteConv2d"));
     cr_assert_eq(cm_engine_n_algorithms(cm_trainer_engine(tr)), 2);
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
     cm_trainer_free(tr);
     cm_optim_free(opt);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     cmt_rm_rf(dir);
     free(dir);
 }
 
 Test(surgery_trainer, no_op_model_replaces_the_model_on_init_only) {
-    cmt_rig rig = cmt_rig_new(CMT_MLP, 1);
+    cmt_srig rig = cmt_srig_new(CMT_MLP, 1);
     cm_algorithm_plugin a[1];
     cr_assert_eq(cm_no_op_model_new(&a[0]), CM_OK);
-    cmt_run o = cmt_run_default();
+    cmt_srun o = cmt_srun_default();
     cm_optim *opt;
     cm_status s;
-    cm_trainer *tr = cmt_trainer(&rig, a, 1, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, a, 1, &o, &opt, &s);
     cr_assert(tr, "%s", cm_last_error());
     cm_state *st = cm_trainer_state(tr);
     cm_model *m = cm_state_model(st);
@@ -338,12 +338,12 @@ Test(surgery_trainer, no_op_model_replaces_the_model_on_init_only) {
     /* with an optimizer made over the old model: an error */
     o.own_optimizer = true;
     cr_assert_eq(cm_no_op_model_new(&a[0]), CM_OK);
-    cr_assert_null(cmt_trainer(&rig, a, 1, &o, &opt, &s));
+    cr_assert_null(cmt_strainer(&rig, a, 1, &o, &opt, &s));
     cr_assert_eq(s, CM_ERR_STATE);
     cr_assert(strstr(cm_last_error(), "replaced the model on INIT, but the optimizer in the config"), "%s", cm_last_error());
     cm_algorithm_plugin_free(a[0]);
     cm_optim_free(opt);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
 }
 
 /* A checkpoint on an object store: its surgery is re-applied from the manifest fetched through the
@@ -352,24 +352,24 @@ Test(surgery_trainer, a_checkpoint_on_an_object_store_reapplies_its_surgery) {
     cmt_s3 s3;
     cmt_s3_start(&s3, "bkt");
     cm_algorithm_plugin algs[2] = {se(2, 8), blur()};
-    cmt_rig rig = cmt_rig_new(CMT_RESNET_IMNET, 1);
-    cmt_run o = cmt_run_default();
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 1);
+    cmt_srun o = cmt_srun_default();
     o.max_duration = "2ba";
     o.save_folder = "s3://bkt/surg";
     cm_optim *opt;
     cm_status s;
-    cm_trainer *tr = cmt_trainer(&rig, algs, 2, &o, &opt, &s);
+    cm_trainer *tr = cmt_strainer(&rig, algs, 2, &o, &opt, &s);
     cr_assert(tr, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
     cm_trainer_free(tr);
-    cmt_rig_free(&rig);
+    cmt_srig_free(&rig);
     const char *paths[2] = {"s3://bkt/surg/ba2", NULL};
     for (int k = 0; k < 2; k++) {
-        rig = cmt_rig_new(CMT_RESNET_IMNET, 2);
-        o = cmt_run_default();
+        rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
+        o = cmt_srun_default();
         o.load_path = paths[k];
         if (paths[k]) {
-            tr = cmt_trainer(&rig, NULL, 0, &o, &opt, &s);
+            tr = cmt_strainer(&rig, NULL, 0, &o, &opt, &s);
         } else {
             /* autoresume from the store: the helper's config plus autoresume */
             cm_trainer_config tc = cm_trainer_config_default();
@@ -392,7 +392,7 @@ Test(surgery_trainer, a_checkpoint_on_an_object_store_reapplies_its_surgery) {
         cr_assert_eq(cm_state_timestamp(cm_trainer_state(tr))->batch, 2, "resumed at batch 2");
         cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
         cm_trainer_free(tr);
-        cmt_rig_free(&rig);
+        cmt_srig_free(&rig);
     }
     cmt_s3_stop(&s3);
 }

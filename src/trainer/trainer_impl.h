@@ -54,6 +54,13 @@ struct cm_state {
 
     cm_metric_set *metric_sets; /* [0] = "train", then one per evaluator */
     int n_metric_sets;
+
+    bool checkpoint_due;   /* during BATCH/EPOCH_CHECKPOINT: a save follows (cm_state_checkpoint_due) */
+    double lr_override;    /* NaN: the schedulers set the lr multiplier */
+    /* an algorithm's train step (cm_state_set_train_step); NULL: the default */
+    cm_train_step_fn step_fn;
+    void *step_data;
+    const char *step_name;
 };
 
 /* A configured evaluator. */
@@ -95,6 +102,7 @@ struct cm_trainer {
     int n_drop;
     int64_t *mb_counts; /* (world_size) every rank's microbatch count, made on first use */
     int n_user_algs;    /* the algorithms of the config; those after them the trainer made (required on load) */
+    bool record_pass;   /* this gradient computation records the batch's loss and train metrics */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep

@@ -87,8 +87,8 @@ static cm_model *gn_model(uint64_t seed) {
     return model;
 }
 
-cmt_rig cmt_rig_new(cmt_family f, uint64_t seed) {
-    cmt_rig r = {f, NULL, NULL, NULL};
+cmt_srig cmt_srig_new(cmt_family f, uint64_t seed) {
+    cmt_srig r = {f, NULL, NULL, NULL};
     const int64_t n = 32;
     switch (f) {
     case CMT_MLP: {
@@ -166,22 +166,22 @@ cmt_rig cmt_rig_new(cmt_family f, uint64_t seed) {
     return r;
 }
 
-void cmt_rig_free(cmt_rig *r) {
+void cmt_srig_free(cmt_srig *r) {
     cm_dataloader_free(r->dl);
     cm_dataset_free(r->ds);
     cm_model_free(r->model);
     memset(r, 0, sizeof *r);
 }
 
-cmt_run cmt_run_default(void) {
-    cmt_run o;
+cmt_srun cmt_srun_default(void) {
+    cmt_srun o;
     memset(&o, 0, sizeof o);
     o.max_duration = "3ba";
     o.precision = CM_PRECISION_FP32;
     return o;
 }
 
-cm_trainer *cmt_trainer(cmt_rig *rig, cm_algorithm_plugin *algs, int n, const cmt_run *o, cm_optim **opt,
+cm_trainer *cmt_strainer(cmt_srig *rig, cm_algorithm_plugin *algs, int n, const cmt_srun *o, cm_optim **opt,
                         cm_status *status) {
     cm_trainer_config c = cm_trainer_config_default();
     c.model = rig->model;

@@ -23,18 +23,18 @@ const char *cmt_family_name(cmt_family f);
 
 /* A fresh model (the same weights for the same family and seed) and a train loader of 4 batches
  * of 8 samples (shuffled with seed 7) over a dataset the caller frees after the loader. */
-typedef struct cmt_rig {
+typedef struct cmt_srig {
     cmt_family family;
     cm_model *model;
     cm_dataset *ds;
     cm_dataloader *dl;
-} cmt_rig;
+} cmt_srig;
 
-cmt_rig cmt_rig_new(cmt_family f, uint64_t seed);
-void cmt_rig_free(cmt_rig *r);
+cmt_srig cmt_srig_new(cmt_family f, uint64_t seed);
+void cmt_srig_free(cmt_srig *r);
 
-/* Options of cmt_trainer. */
-typedef struct cmt_run {
+/* Options of cmt_strainer. */
+typedef struct cmt_srun {
     const char *max_duration;  /* "3ba" */
     cm_precision precision;    /* fp32 */
     int64_t microbatch;        /* 0: whole batches */
@@ -46,13 +46,13 @@ typedef struct cmt_run {
     bool own_optimizer;        /* make a DecoupledAdamW over the unit spans before the trainer (false:
                                   the trainer's DecoupledSGDW) */
     bool prepare;              /* with own_optimizer: cm_trainer_prepare_model first */
-} cmt_run;
-cmt_run cmt_run_default(void);
+} cmt_srun;
+cmt_srun cmt_srun_default(void);
 
 /* A trainer over rig with algs (taken on success; n may be 0). *opt receives the optimizer made
  * here (or NULL): free it after the trainer. Returns NULL when cm_trainer_new fails (the status
  * in *status, the plugins then still the caller's). */
-cm_trainer *cmt_trainer(cmt_rig *rig, cm_algorithm_plugin *algs, int n, const cmt_run *o, cm_optim **opt,
+cm_trainer *cmt_strainer(cmt_srig *rig, cm_algorithm_plugin *algs, int n, const cmt_srun *o, cm_optim **opt,
                         cm_status *status);
 
 /* Checkpoint directories hold the same state: model.safetensors and optimizer.safetensors
