@@ -5,8 +5,8 @@
  *
  * The loop is a sequence of events (Composer's names and order, listed in CM_EVENT_LIST). At each
  * event the engine runs the algorithms whose match() accepts it (ordered by the ordering passes:
- * reversed on AFTER_* events so before/after pairs nest, SelectiveBackprop first and
- * LowPrecisionLayerNorm last), then the callbacks, then the loggers. On
+ * SelectiveBackprop first and LowPrecisionLayerNorm last, then reversed on AFTER_* events so
+ * before/after pairs nest), then the callbacks, then the loggers. On
  * INIT the order is loggers, callbacks, algorithms. Plugins are vtables with an abi number and a
  * `void *self`; registering one hands `self` to the engine, which frees it.
  *
@@ -482,19 +482,20 @@ typedef struct cm_ordering_pass {
     cm_ordering_pass_fn fn;
     void *data;
 } cm_ordering_pass;
-/* The built-in passes every engine starts with, in this order (Composer's default passes):
+/* The built-in passes every engine starts with, in this order (Composer's default passes, in
+ * Composer's order):
+ *  - cm_ordering_pass_selective_backprop_first (sort_selective_backprop_first): algorithms named
+ *    "SelectiveBackprop" move to the front.
+ *  - cm_ordering_pass_low_precision_layernorm_last (sort_low_precision_layernorm_last):
+ *    algorithms named "LowPrecisionLayerNorm" move to the back, so on INIT its surgery comes after
+ *    every surgery that adds LayerNorms (GatedLinearUnits).
  *  - cm_ordering_pass_filo (Composer's set_filo_order): reverses the order on the events whose
  *    name starts with AFTER_ (AFTER_LOAD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS,
  *    AFTER_BACKWARD, AFTER_TRAIN_BATCH), so an algorithm that runs first on BEFORE_X runs last on
  *    AFTER_X (first in, last out); *_START / *_END events keep the registration order.
- *  - cm_ordering_pass_selective_backprop_first (sort_selective_backprop_first): algorithms named
- *    "SelectiveBackprop" run first, so its extra forward sees the batch before any augmentation.
- *  - cm_ordering_pass_low_precision_layernorm_last (sort_low_precision_layernorm_last):
- *    algorithms named "LowPrecisionLayerNorm" run last, after every surgery that adds LayerNorms
- *    (GatedLinearUnits).
- * Both moves are stable (the others keep their order). Composer runs the two moves before its
- * FILO pass, so on AFTER_DATALOADER (where SelectiveBackprop works) the reversal put it last
- * after all; here FILO runs first and the two rules hold on every event. */
+ * Both moves are stable (the others keep their order). Since FILO comes last, on AFTER_* events
+ * the net order is reversed: SelectiveBackprop runs last on AFTER_DATALOADER, after the other
+ * methods there changed the batch — Composer's net behaviour, kept so recipes compose the same. */
 int cm_ordering_pass_filo(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data);
 int cm_ordering_pass_selective_backprop_first(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
                                               void *data);

@@ -115,10 +115,11 @@ cm_status cm_engine_new(cm_state *st, cm_engine **out) {
         cm_free(e);
         return CM_ERR_OOM;
     }
-    /* FILO first, then the two placement rules, so they hold on AFTER_* events too */
-    e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_filo, NULL};
+    /* Composer's _get_default_passes order: the two placement rules, then FILO (so on AFTER_*
+     * events the reversal has the last word, as in Composer) */
     e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_selective_backprop_first, NULL};
     e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_low_precision_layernorm_last, NULL};
+    e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_filo, NULL};
     *out = e;
     return CM_OK;
 }
