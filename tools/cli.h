@@ -69,6 +69,16 @@ typedef struct cli_plugin_entry {
 
 extern const cli_plugin_entry cli_plugin_registry[];
 
+/* The data methods' constructors (cli_data_algos.c). */
+cm_status cli_make_mixup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_cutmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_cutout(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_label_smoothing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_progressive_resizing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_seq_length_warmup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_selective_backprop(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_colout(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+
 /* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
  * config origin, the closest entry and the available ones. */
 const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);

@@ -180,6 +180,21 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
 const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
+    {"mixup", CLI_ALGORITHM, cli_make_mixup, "MixUp: alpha (0.2), interpolate_loss (false), input_key, target_key"},
+    {"cutmix", CLI_ALGORITHM, cli_make_cutmix,
+     "CutMix: alpha (1.0), interpolate_loss (false), uniform_sampling (false), input_key, target_key"},
+    {"cutout", CLI_ALGORITHM, cli_make_cutout, "CutOut: num_holes (1), length (0.5), uniform_sampling (false), input_key"},
+    {"label_smoothing", CLI_ALGORITHM, cli_make_label_smoothing, "LabelSmoothing: smoothing (0.1), target_key"},
+    {"progressive_resizing", CLI_ALGORITHM, cli_make_progressive_resizing,
+     "ProgressiveResizing: mode (resize, crop; resize), initial_scale (0.5), finetune_fraction (0.2), delay_fraction "
+     "(0.5), size_increment (4), resize_targets (false), input_key, target_key"},
+    {"seq_length_warmup", CLI_ALGORITHM, cli_make_seq_length_warmup,
+     "SeqLengthWarmup: duration (0.3), min_seq_length (8), max_seq_length (1024), step_size (8), truncate (true), "
+     "preserve_end_of_sequence (false)"},
+    {"selective_backprop", CLI_ALGORITHM, cli_make_selective_backprop,
+     "SelectiveBackprop: start (0.5), end (0.9), keep (0.5), scale_factor (1.0), interrupt (2), input_key, target_key"},
+    {"colout", CLI_ALGORITHM, cli_make_colout,
+     "ColOut: p_row (0.15), p_col (0.15), batch (true), resize_target (auto, true, false; auto), input_key, target_key"},
     {"progress_bar", CLI_LOGGER, make_progress_bar, "ProgressBarLogger on stderr (also top-level progress_bar: true)"},
     {"console", CLI_LOGGER, make_console, "ConsoleLogger: metric blocks on stdout every log_interval (1ep)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,

@@ -21,8 +21,9 @@
  * Batch fields. Composer finds the input and the target by input_key / target_key, 0 and 1 by
  * default (the first two elements of the batch). Here a batch's fields are named (the dataset's
  * names: "image" and "label" for MNIST and CIFAR, "input_ids" and "labels" for token files), so a
- * key is a field name, and NULL (the default) means the batch's field 0 for the input and field 1
- * for the target, as Composer's defaults. A key that names no field is an error listing the
+ * key is a field name, or decimal digits for a position ("0", "1", as Composer's integer keys), and
+ * NULL (the default) means the batch's field 0 for the input and field 1 for the target, as
+ * Composer's defaults. A key that names no field is an error listing the
  * fields; so is a field whose shape or dtype the method cannot work on (it names what it looked
  * for: "CutMix: input 'input' is (16, 8) f32; CutMix cuts boxes out of images (N, C, H, W)").
  *

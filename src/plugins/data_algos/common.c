@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdlib.h>
 
 /* ---- draws ---- */
 
@@ -120,7 +121,20 @@ cm_status cm_mix_targets(const cm_tensor *target, const int64_t *perm, double w,
 
 /* ---- fields, owned tensors, keys ---- */
 
+/* A key of decimal digits is a position, as Composer's integer keys. */
+static int key_position(const char *key) {
+    if (!key || !*key || strlen(key) > 3) return -1;
+    for (const char *p = key; *p; p++)
+        if (*p < '0' || *p > '9') return -1;
+    return atoi(key);
+}
+
 int cmi_da_field(const char *const *names, int n, const char *key, int pos, const char *algo, const char *role) {
+    const int kp = key_position(key);
+    if (kp >= 0) {
+        if (kp < n) return kp;
+        key = NULL, pos = kp;
+    }
     if (key) {
         for (int i = 0; i < n; i++)
             if (!strcmp(names[i], key)) return i;
@@ -132,8 +146,8 @@ int cmi_da_field(const char *const *names, int n, const char *key, int pos, cons
     if (key)
         cm_set_error(CM_ERR_NOT_FOUND, "%s: the batch has no field '%s' for %s (fields: %s)", algo, key, role, list);
     else
-        cm_set_error(CM_ERR_NOT_FOUND, "%s: %s defaults to the batch's field %d, but the batch has %d field%s (%s); set "
-                                       "%s to a field name",
+        cm_set_error(CM_ERR_NOT_FOUND, "%s: %s is the batch's field %d, but the batch has %d field%s (%s); set %s to a "
+                                       "field name",
                      algo, role, pos, n, n == 1 ? "" : "s", list, role);
     return -1;
 }
