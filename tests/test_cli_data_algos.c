@@ -100,6 +100,32 @@ Test(cli_data_algos, image_methods_train_a_resnet_from_yaml) {
     cr_assert(strstr(out, "trained 3 batches"), "%s", out);
 }
 
+Test(cli_data_algos, randaugment_and_augmix_augment_the_train_images) {
+    int rc = run("train " DIR "/resnet.yaml run_name=ra --print-config algorithms.randaugment={}");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "  randaugment:\n    severity: 9\n    depth: 2\n    augmentation_set: all\n"), "%s", out);
+    rc = run("train " DIR "/resnet.yaml run_name=am --print-config algorithms.augmix={}");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "  augmix:\n    severity: 3\n    depth: -1\n    width: 3\n    alpha: 1.0\n"
+                          "    augmentation_set: all\n"),
+              "%s", out);
+    rc = run("train " DIR "/resnet.yaml run_name=ra 'algorithms.randaugment={severity: 5, augmentation_set: safe}'");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "trained 3 batches"), "%s", out);
+    rc = run("train " DIR "/resnet.yaml run_name=am 'algorithms.augmix={width: 2, alpha: 0.5}'");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "trained 3 batches"), "%s", out);
+    /* not on token data; not both */
+    rc = run("train " DIR "/gpt.yaml run_name=ragpt --print-config algorithms.randaugment={}");
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "algorithms.randaugment: RandAugment augments images: the train dataset must be mnist or "
+                          "cifar10"),
+              "%s", out);
+    rc = run("train " DIR "/resnet.yaml --print-config 'algorithms={randaugment: {}, augmix: {}}'");
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "randaugment and augmix both augment the train images; keep one"), "%s", out);
+}
+
 Test(cli_data_algos, seq_length_warmup_trains_a_gpt_from_yaml) {
     int rc = run("train " DIR "/gpt.yaml 'algorithms.seq_length_warmup={duration: 1.0, min_seq_length: 8, "
                  "max_seq_length: 32, step_size: 8}'");
@@ -140,6 +166,11 @@ Test(cli_data_algos, typos_and_bad_values_name_the_key_and_suggest) {
         {"algorithms.progressive_resizing={delay_fraction: 0.9}", 2,
          "delay_fraction + finetune_fraction must be at most 1"},
         {"algorithms.selective_backprop.keep=many", 2, "algorithms.selective_backprop.keep: 'many' is not a number"},
+        {"algorithms.randaugment.severty=3", 2, "did you mean 'algorithms.randaugment.severity'?"},
+        {"algorithms.randaugment.augmentation_set=most", 2,
+         "algorithms.randaugment.augmentation_set: unknown value 'most'"},
+        {"algorithms.randaugment.severity=11", 2, "RandAugment: severity 11 must satisfy 0 <= severity <= 10"},
+        {"algorithms.augmix.width=0", 2, "AugMix: width 0 must be >= 1"},
         /* every algorithm's arguments are checked, GradientClipping's too */
         {"algorithms.gradient_clipping.clipping_tpe=norm", 2,
          "did you mean 'algorithms.gradient_clipping.clipping_type'?"},

@@ -163,3 +163,98 @@ cm_status cli_make_colout(cm_config *c, const char *path, cli_ctx *ctx, cli_plug
     m.resize_target = (cm_resize_target)which;
     return made(c, path, cm_colout_new(&m, &out->algorithm));
 }
+
+/* ---- RandAugment and AugMix: the train dataset's u8 transform ----
+ * Composer inserts them into the train dataset's transforms; here they go into the image
+ * dataset's augmentation (cm_image_augment.u8_transform), which runs on the loader's workers on
+ * the raw pixels. Their configs live as long as the process (one run per process). */
+
+static cm_randaugment_config g_ra;
+static cm_augmix_config g_am;
+static bool g_ra_applied, g_am_applied;
+
+static cm_status read_set(cm_config *c, const char *key, cm_augmentation_set *out) {
+    static const char *const sets[] = {"all", "safe", "original"}; /* cm_augmentation_set's order */
+    int which;
+    cm_status s = cm_config_get_choice(c, key, sets, 3, "all", &which);
+    if (!s) *out = (cm_augmentation_set)which;
+    return s;
+}
+
+static cm_status read_randaugment(cm_config *c, const char *path, cm_randaugment_config *m) {
+    char key[256];
+    int64_t sev, depth;
+    *m = cm_randaugment_config_default();
+    cm_status s;
+    if ((s = get_int(c, KEY("severity"), m->severity, &sev)) || (s = get_int(c, KEY("depth"), m->depth, &depth)) ||
+        (s = read_set(c, KEY("augmentation_set"), &m->augmentation_set)))
+        return s;
+    m->severity = sev < -1 ? -1 : sev > 99 ? 99 : (int)sev, m->depth = depth < -1 ? -1 : depth > 1000 ? 1000 : (int)depth;
+    cm_algorithm_plugin p; /* the plugin's checks, with Composer's messages */
+    if ((s = made(c, path, cm_randaugment_new(m, NULL, &p)))) return s;
+    cm_algorithm_plugin_free(p);
+    return CM_OK;
+}
+
+static cm_status read_augmix(cm_config *c, const char *path, cm_augmix_config *m) {
+    char key[256];
+    int64_t sev, depth, width;
+    *m = cm_augmix_config_default();
+    cm_status s;
+    if ((s = get_int(c, KEY("severity"), m->severity, &sev)) || (s = get_int(c, KEY("depth"), m->depth, &depth)) ||
+        (s = get_int(c, KEY("width"), m->width, &width)) || (s = cm_config_get_double(c, KEY("alpha"), m->alpha, &m->alpha)) ||
+        (s = read_set(c, KEY("augmentation_set"), &m->augmentation_set)))
+        return s;
+    m->severity = sev < -1 ? -1 : sev > 99 ? 99 : (int)sev, m->depth = depth < -1 ? -1 : depth > 1000 ? 1000 : (int)depth;
+    m->width = width < 0 ? 0 : width > 1000 ? 1000 : (int)width;
+    cm_algorithm_plugin p;
+    if ((s = made(c, path, cm_augmix_new(m, NULL, &p)))) return s;
+    cm_algorithm_plugin_free(p);
+    return CM_OK;
+}
+
+cm_status cli_image_u8_transform(cm_config *c, cm_image_augment *aug) {
+    const bool ra = cm_config_kind_of(c, "algorithms.randaugment") >= CM_CONFIG_NULL;
+    const bool am = cm_config_kind_of(c, "algorithms.augmix") >= CM_CONFIG_NULL;
+    if (ra && am) {
+        const char *o = cm_config_origin(c, "algorithms.augmix");
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s%salgorithms: randaugment and augmix both augment the train images; "
+                                                "keep one",
+                            o, *o ? ": " : "");
+    }
+    cm_status s;
+    if (ra) {
+        if ((s = read_randaugment(c, "algorithms.randaugment", &g_ra))) return s;
+        aug->u8_transform = cm_randaugment_transform, aug->u8_transform_data = &g_ra, g_ra_applied = true;
+    } else if (am) {
+        if ((s = read_augmix(c, "algorithms.augmix", &g_am))) return s;
+        aug->u8_transform = cm_augmix_transform, aug->u8_transform_data = &g_am, g_am_applied = true;
+    }
+    return CM_OK;
+}
+
+/* algorithms.randaugment: {severity: 9, depth: 2, augmentation_set: all | safe | original} */
+cm_status cli_make_randaugment(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    cm_randaugment_config m;
+    cm_status s = read_randaugment(c, path, &m);
+    if (s) return s;
+    if (!g_ra_applied)
+        return made(c, path, cm_set_error(CM_ERR_INVALID_ARG, "RandAugment augments images: the train dataset must be "
+                                                              "mnist or cifar10"));
+    out->none = true; /* the train dataset applies it */
+    return CM_OK;
+}
+
+/* algorithms.augmix: {severity: 3, depth: -1, width: 3, alpha: 1.0, augmentation_set: all | safe | original} */
+cm_status cli_make_augmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    cm_augmix_config m;
+    cm_status s = read_augmix(c, path, &m);
+    if (s) return s;
+    if (!g_am_applied)
+        return made(c, path, cm_set_error(CM_ERR_INVALID_ARG, "AugMix augments images: the train dataset must be mnist "
+                                                              "or cifar10"));
+    out->none = true;
+    return CM_OK;
+}

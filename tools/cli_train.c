@@ -346,6 +346,7 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
     int64_t crop;
     TRY(get_i(c, p, "crop_padding", 0, &crop));
     aug.crop_padding = (int)crop;
+    if (train) TRY(cli_image_u8_transform(c, &aug)); /* algorithms.randaugment / augmix */
     if (type == 1) {
         cm_mnist_config mc = cm_mnist_config_default();
         mc.augment = aug;
@@ -794,7 +795,8 @@ static void print_keys(FILE *f) {
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
             "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
             "                     mixup, cutmix, cutout, colout, label_smoothing, progressive_resizing,\n"
-            "                     seq_length_warmup, selective_backprop: {Composer's argument names}\n"
+            "                     seq_length_warmup, selective_backprop, randaugment, augmix: {Composer's\n"
+            "                     argument names}\n"
             "  callbacks:         (none yet)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"

@@ -381,6 +381,150 @@ cm_status cm_colout_new(const cm_colout_config *cfg, cm_algorithm_plugin *out);
 cm_status cm_colout_batch(const cm_tensor *input, const cm_tensor *target, double p_row, double p_col, cm_rng *rng,
                           cm_tensor **out_input, cm_tensor **out_target);
 
+/* =============================================================================================
+ * The Pillow operations of AugMix and RandAugment, on u8 images
+ *
+ * Images are u8 (C, H, W), contiguous, C = 1 (Pillow's "L") or 3 ("RGB") — the layout of the
+ * datasets' raw pixels. Each function computes what Pillow 9 computes, pixel for pixel (tests
+ * compare them with Debian's python3-pil exactly): look-up tables per band, bilinear resampling
+ * of the pixel centres with black outside (truncated to u8, as Pillow), and ImageEnhance's blends.
+ * in and out may be the same memory except for the geometric ones (rotate, affine). Errors:
+ * CM_ERR_SHAPE (C not 1 or 3, an empty image), CM_ERR_INVALID_ARG (NULLs, overlap, a bad
+ * parameter), CM_ERR_OOM. Thread-safe.
+ * =========================================================================================== */
+
+cm_status cm_pil_autocontrast(const uint8_t *in, int64_t C, int64_t H, int64_t W, uint8_t *out); /* ImageOps.autocontrast */
+cm_status cm_pil_equalize(const uint8_t *in, int64_t C, int64_t H, int64_t W, uint8_t *out);     /* ImageOps.equalize */
+/* ImageOps.posterize(image, bits), bits in [0, 8]. */
+cm_status cm_pil_posterize(const uint8_t *in, int64_t C, int64_t H, int64_t W, int bits, uint8_t *out);
+/* ImageOps.solarize(image, threshold): pixels >= threshold become 255 - pixel. */
+cm_status cm_pil_solarize(const uint8_t *in, int64_t C, int64_t H, int64_t W, int threshold, uint8_t *out);
+/* image.rotate(degrees, resample=BILINEAR): counter-clockwise about the centre, same size. */
+cm_status cm_pil_rotate(const uint8_t *in, int64_t C, int64_t H, int64_t W, double degrees, uint8_t *out);
+/* image.transform(size, AFFINE, a, resample=BILINEAR): output (x, y) reads the input at
+ * (a0·x + a1·y + a2, a3·x + a4·y + a5) of pixel centres — shear_x is (1, s, 0, 0, 1, 0), translate_x
+ * (1, 0, t, 0, 1, 0). */
+cm_status cm_pil_affine(const uint8_t *in, int64_t C, int64_t H, int64_t W, const double a[6], uint8_t *out);
+/* ImageEnhance.Color / Contrast / Brightness / Sharpness(image).enhance(factor). */
+cm_status cm_pil_color(const uint8_t *in, int64_t C, int64_t H, int64_t W, double factor, uint8_t *out);
+cm_status cm_pil_contrast(const uint8_t *in, int64_t C, int64_t H, int64_t W, double factor, uint8_t *out);
+cm_status cm_pil_brightness(const uint8_t *in, int64_t C, int64_t H, int64_t W, double factor, uint8_t *out);
+cm_status cm_pil_sharpness(const uint8_t *in, int64_t C, int64_t H, int64_t W, double factor, uint8_t *out);
+
+/* Composer's augmentation functions (augmentation_primitives.py): each draws its strength from
+ * the severity (0..10) — e.g. rotate by ±int(U(0.1, severity)·3) degrees, solarize at
+ * 256 - int(U(0.1, severity)·25.6) — then applies the Pillow operation above. */
+#define CM_AUGMENT_OP_LIST(X)                                    \
+    X(CM_AUGMENT_AUTOCONTRAST, "autocontrast")                   \
+    X(CM_AUGMENT_EQUALIZE, "equalize")                           \
+    X(CM_AUGMENT_POSTERIZE, "posterize")                         \
+    X(CM_AUGMENT_ROTATE, "rotate")                               \
+    X(CM_AUGMENT_SOLARIZE, "solarize")                           \
+    X(CM_AUGMENT_SHEAR_X, "shear_x")                             \
+    X(CM_AUGMENT_SHEAR_Y, "shear_y")                             \
+    X(CM_AUGMENT_TRANSLATE_X, "translate_x")                     \
+    X(CM_AUGMENT_TRANSLATE_Y, "translate_y")                     \
+    X(CM_AUGMENT_COLOR, "color")                                 \
+    X(CM_AUGMENT_CONTRAST, "contrast")                           \
+    X(CM_AUGMENT_BRIGHTNESS, "brightness")                       \
+    X(CM_AUGMENT_SHARPNESS, "sharpness")                         \
+    X(CM_AUGMENT_COLOR_ORIGINAL, "color_original")               \
+    X(CM_AUGMENT_CONTRAST_ORIGINAL, "contrast_original")         \
+    X(CM_AUGMENT_BRIGHTNESS_ORIGINAL, "brightness_original")     \
+    X(CM_AUGMENT_SHARPNESS_ORIGINAL, "sharpness_original")
+
+typedef enum cm_augment_op {
+#define CM_X_(name, str) name,
+    CM_AUGMENT_OP_LIST(CM_X_)
+#undef CM_X_
+    CM_AUGMENT_OP_COUNT
+} cm_augment_op;
+
+/* Composer's augmentation_sets: "all" (the first thirteen), "safe" (the nine that ImageNet-C and
+ * CIFAR-10-C do not test: no color, contrast, brightness, sharpness), "original" (the nine and the
+ * *_original enhancements of google-research/augmix). */
+#define CM_AUGMENTATION_SET_LIST(X)                  \
+    X(CM_AUGMENTATION_SET_ALL, "all")                \
+    X(CM_AUGMENTATION_SET_SAFE, "safe")              \
+    X(CM_AUGMENTATION_SET_ORIGINAL, "original")
+
+typedef enum cm_augmentation_set {
+#define CM_X_(name, str) name,
+    CM_AUGMENTATION_SET_LIST(CM_X_)
+#undef CM_X_
+    CM_AUGMENTATION_SET_COUNT
+} cm_augmentation_set;
+
+const char *cm_augment_op_name(cm_augment_op op);            /* "rotate"; "?" out of range */
+const char *cm_augmentation_set_name(cm_augmentation_set s); /* "all"; "?" out of range */
+/* Exact names, as Composer's keys; CM_ERR_INVALID_ARG listing them otherwise. */
+cm_status cm_augmentation_set_parse(const char *s, cm_augmentation_set *out);
+/* The set's operations into ops (room for CM_AUGMENT_OP_COUNT); returns how many (0 for a bad set). */
+int cm_augmentation_set_ops(cm_augmentation_set set, cm_augment_op *ops);
+/* One augmentation function at `severity`, drawing from rng. Errors as the operations'. */
+cm_status cm_augment_op_apply(cm_augment_op op, double severity, cm_rng *rng, const uint8_t *in, int64_t C, int64_t H,
+                              int64_t W, uint8_t *out);
+
+/* =============================================================================================
+ * RandAugment (Composer's RandAugment: severity 9, depth 2, augmentation_set "all") and AugMix
+ * (Composer's AugMix: severity 3, depth -1, width 3, alpha 1.0, augmentation_set "all")
+ *
+ * RandAugment applies `depth` operations drawn uniformly from the set. AugMix makes `width` chains
+ * of `depth` operations (depth <= 0: 1 to 3, drawn per chain) from the image, and mixes:
+ * out = (1 - m)·image + m·Σ w_i·chain_i, w ~ Dirichlet(alpha), m ~ Beta(alpha, alpha), in f32,
+ * truncated to u8 (Composer's _augmix_pil_image).
+ *
+ * Composer inserts them as a transform of a torchvision dataset's PIL images at FIT_START. Here
+ * the same place is the image datasets' augmentation (datasets.h, cm_image_augment.u8_transform:
+ * set it to cm_randaugment_transform / cm_augmix_transform with the config as its data): on the
+ * raw pixels after the crop and flip, before normalisation, in the loader's workers, each sample's
+ * draws keyed by (the loader's seed, the epoch, the dataset index) — the same images for any
+ * number of workers and ranks, and after resuming. `composer train` does that for
+ * algorithms.randaugment / algorithms.augmix. The plugins do the same on AFTER_DATALOADER for
+ * batches that are u8 images (N, C, H, W) (a model that normalises itself): keyed by (the trainer's
+ * seed, the batch's epoch, each row's dataset index); a float batch is refused with this advice.
+ * =========================================================================================== */
+
+typedef struct cm_randaugment_config {
+    int severity;                         /* 9, in [0, 10] */
+    int depth;                            /* 2, >= 0 */
+    cm_augmentation_set augmentation_set; /* all */
+} cm_randaugment_config;
+cm_randaugment_config cm_randaugment_config_default(void);
+
+typedef struct cm_augmix_config {
+    int severity;                         /* 3, in [0, 10] */
+    int depth;                            /* -1: 1 to 3 per chain; > 0: that many */
+    int width;                            /* 3, >= 1: the chains */
+    double alpha;                         /* 1.0, > 0 */
+    cm_augmentation_set augmentation_set; /* all */
+} cm_augmix_config;
+cm_augmix_config cm_augmix_config_default(void);
+
+/* composer.functional.randaugment_image / augmix_image on one image (in may be out); cfg NULL =
+ * the defaults. Errors: CM_ERR_INVALID_ARG (Composer's argument checks; alpha > 0), the
+ * operations' errors. */
+cm_status cm_randaugment_image(const cm_randaugment_config *cfg, cm_rng *rng, const uint8_t *in, int64_t C, int64_t H,
+                               int64_t W, uint8_t *out);
+cm_status cm_augmix_image(const cm_augmix_config *cfg, cm_rng *rng, const uint8_t *in, int64_t C, int64_t H, int64_t W,
+                          uint8_t *out);
+/* AugMix's mixing of n pixels: out = trunc((1 - mixing)·in + mixing·Σ_i weights[i]·chains[i]) in
+ * f32, clipped to [0, 255]. */
+cm_status cm_augmix_combine(const uint8_t *in, const uint8_t *const *chains, const float *weights, int width,
+                            float mixing, int64_t n, uint8_t *out);
+/* The dataset form (cm_image_augment.u8_transform): augments img in place with draws keyed by
+ * (seed, epoch, index); data is a const cm_randaugment_config * / cm_augmix_config * (NULL = the
+ * defaults). Thread-safe. */
+cm_status cm_randaugment_transform(uint8_t *img, int64_t C, int64_t H, int64_t W, uint64_t seed, int64_t epoch,
+                                   int64_t index, const void *data);
+cm_status cm_augmix_transform(uint8_t *img, int64_t C, int64_t H, int64_t W, uint64_t seed, int64_t epoch,
+                              int64_t index, const void *data);
+
+/* The plugins "RandAugment" and "AugMix" (see above), on the field input_key (NULL = field 0;
+ * copied). Errors: the configs' checks, CM_ERR_OOM. */
+cm_status cm_randaugment_new(const cm_randaugment_config *cfg, const char *input_key, cm_algorithm_plugin *out);
+cm_status cm_augmix_new(const cm_augmix_config *cfg, const char *input_key, cm_algorithm_plugin *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -106,6 +106,48 @@ static cm_dataset *synth_new(int kind, int64_t n, int64_t C, int64_t H, int64_t 
     return ds;
 }
 
+/* ---- a model that normalises u8 images itself (for RandAugment / AugMix on raw pixels) ---- */
+
+typedef struct {
+    cm_model *inner;
+    const char *names[CM_DATASET_MAX_FIELDS];
+} u8model;
+
+/* The batch with "image" cast to f32 and scaled to [0, 1). */
+static cm_model_batch as_float(cm_tape *tp, const cm_model_batch *b, cm_tensor **fields) {
+    for (int i = 0; i < b->n; i++) {
+        fields[i] = b->fields[i];
+        if (!strcmp(b->names[i], "image") && cm_tensor_dtype(b->fields[i]) == CM_DTYPE_U8)
+            fields[i] = cm_mul_scalar(tp, cm_cast(tp, b->fields[i], CM_DTYPE_F32), 1.0f / 255.0f);
+    }
+    return (cm_model_batch){b->names, fields, b->n, b->n_samples, b->n_tokens};
+}
+static cm_tensor *u8_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
+    cm_tensor *f[CM_DATASET_MAX_FIELDS];
+    const cm_model_batch fb = as_float(tp, b, f);
+    return cm_model_forward(((u8model *)self)->inner, tp, &fb);
+}
+static cm_tensor *u8_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_model_batch *b) {
+    return cm_model_loss(((u8model *)self)->inner, tp, out, b);
+}
+static int u8_n_metrics(void *self, bool train) { return cm_model_n_metrics(((u8model *)self)->inner, train); }
+static cm_metric u8_metric(void *self, bool train, int i) { return cm_model_metric(((u8model *)self)->inner, train, i); }
+static cm_module *u8_module(void *self) { return cm_model_module(((u8model *)self)->inner); }
+static void u8_free(void *self) {
+    cm_model_free(((u8model *)self)->inner);
+    free(self);
+}
+static const cm_model_i u8_vt = {CM_MODEL_ABI, "U8ImageModel", u8_forward, u8_loss, NULL, u8_n_metrics, u8_metric,
+                                 NULL, u8_module, u8_free};
+
+static cm_model *u8_wrap(cm_model *inner) {
+    u8model *u = calloc(1, sizeof *u);
+    u->inner = inner;
+    cm_model *m;
+    cr_assert_eq(cm_model_new(&u8_vt, u, &m), CM_OK, "%s", cm_last_error());
+    return m;
+}
+
 /* ---- rigs ---- */
 
 cda_rig_opts cda_rig_opts_default(void) { return (cda_rig_opts){3, 8, false}; }
@@ -156,6 +198,7 @@ cda_rig cda_rig_new(cda_family f, const cda_rig_opts *o) {
     default:
         cr_assert_fail("family %d", (int)f);
     }
+    if (ro.u8_images && (f == CDA_RESNET || f == CDA_CNN)) r.model = u8_wrap(r.model);
     r.dl = cmt_loader(r.ds, ro.batch_size, false, 5);
     return r;
 }

@@ -41,10 +41,10 @@ static double normal01(cm_rng *rng) {
 }
 
 /* Marsaglia and Tsang (2000) for shape >= 1; Gamma(a) = Gamma(a + 1)·U^(1/a) below 1. */
-static double gamma_draw(cm_rng *rng, double a) {
+double cmi_da_gamma(cm_rng *rng, double a) {
     if (a < 1.0) {
         const double u = 1.0 - cmi_da_u01(rng); /* (0, 1] */
-        return gamma_draw(rng, a + 1.0) * pow(u, 1.0 / a);
+        return cmi_da_gamma(rng, a + 1.0) * pow(u, 1.0 / a);
     }
     const double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
     for (;;) {
@@ -61,7 +61,7 @@ static double gamma_draw(cm_rng *rng, double a) {
 }
 
 double cm_random_beta(cm_rng *rng, double a, double b) {
-    const double x = gamma_draw(rng, a), y = gamma_draw(rng, b);
+    const double x = cmi_da_gamma(rng, a), y = cmi_da_gamma(rng, b);
     /* both underflow only for tiny shapes: fall back on which one is larger in expectation */
     if (x + y <= 0.0) return a >= b ? 1.0 : 0.0;
     return x / (x + y);

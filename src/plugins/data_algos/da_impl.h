@@ -18,6 +18,8 @@ cm_rng cmi_da_rng(uint64_t seed, uint64_t tag, int64_t a, int64_t b, int64_t c);
  * [lo, hi) (hi > lo), as numpy's randint(lo, hi). */
 double cmi_da_u01(cm_rng *rng);
 int64_t cmi_da_randint(cm_rng *rng, int64_t lo, int64_t hi);
+/* A Gamma(a, 1) draw, a > 0 (Marsaglia–Tsang; the a < 1 boost). */
+double cmi_da_gamma(cm_rng *rng, double a);
 
 /* The index of the field `key` among names[0, n) (NULL key: position `pos`), or -1 with the
  * error "<algo>: ... for <role> (fields: ...)". */
