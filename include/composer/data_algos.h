@@ -1,9 +1,15 @@
 /*
  * composer/data_algos.h — Composer's data methods: algorithms that change the batch (its inputs,
- * targets, rows or sequence length) rather than the model or the optimizer. Each comes twice, as
+ * targets, rows or sequence length) rather than the model or the optimizer — MixUp, CutMix,
+ * CutOut, LabelSmoothing, ProgressiveResizing, SeqLengthWarmup, SelectiveBackprop, ColOut,
+ * RandAugment and AugMix (with the Pillow operations they use, on u8 images). Each comes twice, as
  * in Composer: a plugin for the trainer (Composer's class name, constructor arguments, defaults
  * and events; a config struct with cm_<name>_config_default() and cm_<name>_new) and its math as
  * plain functions usable without a trainer (composer.functional: mixup_batch, cutmix_batch, ...).
+ * `composer train` reads them under algorithms: with Composer's snake_case names (mixup, cutmix,
+ * cutout, colout, label_smoothing, progressive_resizing, seq_length_warmup, selective_backprop,
+ * randaugment, augmix) and argument names. The trainer hooks they use (replacing the batch or a
+ * field of it, the dry run) are in composer/trainer.h.
  *
  *     cm_mixup_config mc = cm_mixup_config_default();          // alpha 0.2
  *     cm_label_smoothing_config lc = cm_label_smoothing_config_default();  // smoothing 0.1
