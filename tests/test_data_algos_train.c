@@ -429,3 +429,24 @@ Test(data_algos_train, every_image_method_composes_on_a_resnet_and_every_token_m
     cda_check_fit_twice(CDA_GPT2, all_token, NULL, &o, "all token methods");
     cda_check_resumption(CDA_GPT2, all_token, NULL, &o, 3, 1, "all token methods");
 }
+
+/* ---- checkpoint state ---- */
+
+Test(data_algos_train, stateful_methods_save_what_they_applied_and_check_what_they_load) {
+    cm_algorithm_plugin a[2];
+    cr_assert_eq(cm_seq_length_warmup_new(NULL, &a[0]), CM_OK);
+    cr_assert_eq(cm_progressive_resizing_new(NULL, &a[1]), CM_OK);
+    const char *good[2] = {"{\"curr_seq_len\":16,\"curr_bs\":8}", "{\"scale_factor\":0.75,\"height\":24,\"width\":24}"};
+    const char *key[2] = {"curr_seq_len", "scale_factor"};
+    for (int i = 0; i < 2; i++) {
+        char buf[256];
+        cr_assert_eq(a[i].vt->load(a[i].self, good[i], strlen(good[i])), CM_OK, "%s", cm_last_error());
+        const size_t n = a[i].vt->save(a[i].self, buf, sizeof buf);
+        cr_assert_lt(n, sizeof buf);
+        cr_expect_str_eq(buf, good[i]);
+        cr_expect_eq(a[i].vt->load(a[i].self, "[1]", 3), CM_ERR_FORMAT);
+        cr_expect_eq(a[i].vt->load(a[i].self, "{}", 2), CM_ERR_FORMAT);
+        cr_expect(strstr(cm_last_error(), key[i]) && strstr(cm_last_error(), a[i].vt->name), "%s", cm_last_error());
+        cm_algorithm_plugin_free(a[i]);
+    }
+}

@@ -314,7 +314,9 @@ cm_status cm_set_batch_sequence_length(const char *const *names, cm_tensor *cons
  * — the model's own loss of that row — and int(keep·N) rows are kept, drawn without replacement
  * with probabilities rising with the loss's rank (cm_select_using_loss): the batch becomes those
  * rows (every field), so the step trains on the harder samples. Time counts the kept samples, as
- * Composer's. Per rank, on its own rows. Not under a sharded strategy on several ranks
+ * Composer's. Per rank, on its own rows. As in Composer the extra forward runs in training mode:
+ * dropout draws from its streams and batch norm updates its running statistics with the whole
+ * batch (deterministically, so runs still resume exactly). Not under a sharded strategy on several ranks
  * (CM_ERR_UNSUPPORTED: the extra forward would need the ranks' parameter gathers in step).
  * =========================================================================================== */
 
