@@ -2,6 +2,7 @@
  * (and a few MNIST batches): the run folder's files, the metrics, generation from the saved
  * weights, evaluation, --print-config, and the messages and exit codes of bad keys and values.
  * Runs the built binary (CM_COMPOSER_BIN). */
+#include "cms3.h"
 #include "cmtest.h"
 
 #include <composer/tokenizer.h>
@@ -182,6 +183,45 @@ Test(cli_train, autoresume_continues_the_run_folder_logs) {
     while (fgets(line, sizeof line, f)) n += strstr(line, "\"loss/train/total\"") != NULL;
     fclose(f);
     cr_assert_eq(n, 5, "%d train losses in metrics.jsonl, want 5 (3 + 2 resumed)", n);
+}
+
+/* save_folder on s3 (s3rver on loopback): checkpoints and, at the end, the run folder go to the
+ * bucket; a second run on a "fresh machine" (no staging folder) resumes from it. */
+Test(cli_train, s3_save_folder_uploads_checkpoints_and_the_run_folder, .timeout = 120) {
+    cmt_s3 s3;
+    cmt_s3_start(&s3, "bkt");
+    char stage[300], env[400];
+    snprintf(stage, sizeof stage, "%s/stage", s3.dir);
+    snprintf(env, sizeof env, "mkdir -p %s", stage);
+    cr_assert_eq(system(env), 0);
+    setenv("TMPDIR", stage, 1);
+    cr_assert_eq(system("rm -rf " DIR "/runs/s3"), 0);
+    const char *base = "train " DIR "/tiny.yaml run_name=s3 save_folder=s3://bkt/cli save_interval=2ba autoresume=true "
+                       "eval_interval=0";
+    char args[512];
+    snprintf(args, sizeof args, "%s max_duration=3ba", base);
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "run folder uploaded to s3://bkt/cli/run/"), "%s", out);
+    cm_object_store *st;
+    cr_assert_eq(cm_object_store_open("s3://bkt/cli", NULL, &st), CM_OK, "%s", cm_last_error());
+    const char *want[] = {"ep0-ba2/manifest.json", "ep0-ba3/manifest.json", "latest",         "run/config.yaml",
+                          "run/log.txt",           "run/metrics.jsonl",     "run/loss.svg",   "run/model.safetensors"};
+    for (int i = 0; i < 8; i++) {
+        uint64_t n;
+        cr_assert_eq(cm_object_store_get_size(st, want[i], &n), CM_OK, "%s: %s", want[i], cm_last_error());
+    }
+    snprintf(env, sizeof env, "rm -rf %s/composer-checkpoints", stage);
+    cr_assert_eq(system(env), 0);
+    snprintf(args, sizeof args, "%s max_duration=5ba", base);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "resumed from checkpoint") && strstr(out, "ep0-ba3"), "%s", out);
+    uint64_t n;
+    cr_assert_eq(cm_object_store_get_size(st, "ep0-ba5/manifest.json", &n), CM_OK, "%s", cm_last_error());
+    cm_object_store_close(st);
+    cr_assert_eq(cmt_s3_stat(&s3, "refused"), 0);
+    cmt_s3_stop(&s3);
 }
 
 Test(cli_train, print_config_shows_defaults_and_overrides) {

@@ -7,10 +7,12 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 #include <composer/datasets.h>
+#include <composer/streaming.h>
 #include <composer/tokenizer.h>
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -272,7 +274,7 @@ static cm_status build_model(run *r, bool init) {
  * Data
  * ------------------------------------------------------------------------------------------- */
 
-static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10"};
+static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10", "streaming"};
 
 /* The tokenizer.json of a token dataset section (its dir, or next to its path), if any. */
 static void find_tokenizer(run *r, const char *sec) {
@@ -301,13 +303,77 @@ static void find_tokenizer(run *r, const char *sec) {
     snprintf(r->tok_path, sizeof r->tok_path, "%s", buf);
 }
 
+/* Bytes as Streaming's bytes_to_int reads them: 123, "10b", "64kb", "1.5mb", "2gb" (base 1024). */
+static bool parse_bytes(const char *t, int64_t *out) {
+    char *end;
+    double v = strtod(t, &end);
+    if (end == t || v < 0) return false;
+    while (*end == ' ') end++;
+    double m = 1;
+    if (!strcasecmp(end, "kb")) m = 1024.0;
+    else if (!strcasecmp(end, "mb")) m = 1024.0 * 1024;
+    else if (!strcasecmp(end, "gb")) m = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(end, "tb")) m = 1024.0 * 1024 * 1024 * 1024;
+    else if (*end && strcasecmp(end, "b")) return false;
+    *out = (int64_t)(v * m);
+    return true;
+}
+
+/* dataset: {type: streaming, remote, local, split, shuffle, shuffle_algo, ...}: MosaicML
+ * Streaming's StreamingDataset arguments under their names. batch_size is per device, as
+ * Streaming's (default: the loader's global batch / world size). */
+static cm_status open_streaming(run *r, const char *sec, const char *p, bool train, cm_dataset **out) {
+    cm_config *c = r->cfg;
+    char k[256];
+    int64_t global = train ? 32 : (r->train_batch ? r->train_batch : 32);
+    if (train && cm_config_has(c, "global_train_batch_size")) TRY(cm_config_get_int(c, "global_train_batch_size", 32, &global));
+    TRY(get_i(c, sec, "batch_size", global, &global));
+    if (global % r->world)
+        return bad(c, keyf(k, sizeof k, sec, "batch_size"), "%lld is not a multiple of the %d ranks (a streaming dataset "
+                                                           "gives every device the same batch)", (long long)global, r->world);
+    cm_streaming_config sc = cm_streaming_config_default();
+    TRY(get_s(c, p, "remote", NULL, &sc.remote));
+    TRY(get_s(c, p, "local", NULL, &sc.local));
+    TRY(get_s(c, p, "split", NULL, &sc.split));
+    TRY(get_s(c, p, "validate_hash", NULL, &sc.validate_hash));
+    TRY(get_s(c, p, "shuffle_algo", "py1e", &sc.shuffle_algo));
+    TRY(get_s(c, p, "partition_algo", "relaxed", &sc.partition_algo));
+    TRY(get_s(c, p, "sampling_method", "balanced", &sc.sampling_method));
+    TRY(get_b(c, p, "shuffle", false, &sc.shuffle));
+    TRY(get_b(c, p, "keep_zip", false, &sc.keep_zip));
+    TRY(get_b(c, p, "allow_unsafe_types", false, &sc.allow_unsafe_types));
+    int64_t v;
+    TRY(get_i(c, p, "shuffle_seed", 9176, &v));
+    sc.shuffle_seed = (uint64_t)v;
+    TRY(get_i(c, p, "shuffle_block_size", 0, &sc.shuffle_block_size));
+    TRY(get_i(c, p, "num_canonical_nodes", 0, &sc.num_canonical_nodes));
+    TRY(get_i(c, p, "predownload", -1, &sc.predownload));
+    TRY(get_i(c, p, "download_retry", 2, &v));
+    sc.download_retry = (int)v;
+    TRY(get_i(c, p, "epoch_size", 0, &sc.epoch_size));
+    TRY(get_i(c, p, "sampling_granularity", 1, &sc.sampling_granularity));
+    TRY(get_i(c, p, "max_seq_len", r->gpt2 ? r->gpt.n_positions : 0, &sc.max_seq_len));
+    TRY(get_i(c, p, "batch_size", global / r->world, &sc.batch_size));
+    if (sc.batch_size * r->world != global)
+        return bad(c, keyf(k, sizeof k, p, "batch_size"), "%lld per device on %d ranks is not the loader's global batch "
+                                                         "of %lld", (long long)sc.batch_size, r->world, (long long)global);
+    const char *cl;
+    TRY(get_s(c, p, "cache_limit", NULL, &cl));
+    if (cl && !parse_bytes(cl, &sc.cache_limit))
+        return bad(c, keyf(k, sizeof k, p, "cache_limit"), "'%s' is not a byte size (e.g. 10gb, 500mb, 1048576)", cl);
+    if (!sc.remote && !sc.local) return bad(c, p, "a streaming dataset needs remote and/or local");
+    if (cm_dataset_streaming_new(&sc, r->rank, r->world, out) != CM_OK) return at_key(c, p, cm_last_status());
+    return CM_OK;
+}
+
 static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **out) {
     cm_config *c = r->cfg;
     char k[256], p[256];
     snprintf(p, sizeof p, "%s.dataset", sec);
     int type;
-    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 3, r->gpt2 ? "tokens" : NULL, &type));
-    if (type < 0) return bad(c, k, "required: tokens, mnist or cifar10");
+    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 4, r->gpt2 ? "tokens" : NULL, &type));
+    if (type < 0) return bad(c, k, "required: tokens, mnist, cifar10 or streaming");
+    if (type == 3) return open_streaming(r, sec, p, train, out);
     if (type == 0) {
         static const char *const splits[] = {"train", "val"};
         const char *path, *dir;
@@ -1040,6 +1106,28 @@ static cm_status make_run_folder(run *r, char *run_name) {
     return CM_OK;
 }
 
+/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample)
+ * go to "<save_folder>/run/" at the end of the run, beside the checkpoints. */
+static cm_status upload_run_folder(const char *dir, const char *save_folder) {
+    char uri[PATH_MAX];
+    snprintf(uri, sizeof uri, "%s/run", save_folder);
+    cm_object_store *st;
+    cm_status s = cm_object_store_open(uri, NULL, &st);
+    DIR *d = s ? NULL : opendir(dir);
+    if (!s && !d) s = cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
+    struct dirent *e;
+    while (!s && d && (e = readdir(d))) {
+        char path[PATH_MAX];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] == '.' || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        s = cm_object_store_upload(st, e->d_name, path);
+    }
+    if (d) closedir(d);
+    cm_object_store_close(st);
+    return s;
+}
+
 int cmd_train(const char *prog, int argc, char **argv) {
     const char *pos[64];
     int n_pos;
@@ -1205,6 +1293,13 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s%s%s\n", dir, have_plot ? ", loss.svg" : "",
             have_weights ? ", model.safetensors" : "", have_sample ? ", sample.txt" : "");
+    if (r.tc.save_folder && cm_storage_is_remote(r.tc.save_folder)) {
+        if (r.ctx.log) fflush(r.ctx.log);
+        if (upload_run_folder(dir, r.tc.save_folder) == CM_OK)
+            cli_say(&r.ctx, "run folder uploaded to %s/run/\n", r.tc.save_folder);
+        else
+            fprintf(stderr, "%s: uploading the run folder: %s\n", prog, cm_last_error()), rc = 1;
+    }
     cm_free(weights), cm_free(metrics), cm_free(plot), cm_free(sample);
     return finish(&r, rc);
 }

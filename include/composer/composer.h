@@ -35,6 +35,7 @@
 #include <composer/loggers.h>
 #include <composer/config.h>
 #include <composer/dist.h>
+#include <composer/storage.h>
 #include <composer/checkpoint.h>
 
 #endif

@@ -623,7 +623,8 @@ typedef struct cm_trainer_config {
     /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
      * Saving happens when save_folder is set: at save_interval and once at the end of training
      * (a run that reached max_duration always leaves a checkpoint of its last batch). */
-    const char *save_folder;          /* copied; NULL or "" = no saving (default) */
+    const char *save_folder;          /* copied; NULL or "" = no saving (default); a local folder, or
+                                         s3:// gs:// oci:// (checkpoint.h: remote checkpoints) */
     const char *save_filename;        /* NULL = "ep{epoch}-ba{batch}" ({epoch} {batch} {sample} {token}
                                          {run_name} {rank}) */
     const char *save_latest_filename; /* the pointer file in save_folder; NULL = "latest", "" = none */
@@ -635,7 +636,8 @@ typedef struct cm_trainer_config {
     bool save_async;                  /* snapshot, then write on a background thread */
     size_t save_async_max_bytes;      /* bound on the snapshot; larger states are saved synchronously
                                          (0 = 1 GiB) */
-    const char *load_path;            /* a checkpoint directory to start from (NULL = none) */
+    const char *load_path;            /* a checkpoint directory to start from (NULL = none), local
+                                         or s3:// gs:// oci:// */
     bool load_weights_only;           /* load only the model's weights from it */
     bool load_strict_model_weights;   /* default true: every model tensor must match by name */
     const char *const *load_ignore_keys; /* glob patterns of model tensor names not to load */

@@ -4,6 +4,7 @@
 #define CM_CKPT_IMPL_H
 
 #include <composer/checkpoint.h>
+#include <composer/storage.h>
 
 #include <cjson/cJSON.h>
 #include <pthread.h>
@@ -48,6 +49,45 @@ bool cmi_json_get_i64(const cJSON *o, const char *key, int64_t *out);
 bool cmi_json_get_double(const cJSON *o, const char *key, double *out); /* null reads as NaN */
 cJSON *cmi_timestamp_to_json(const cm_timestamp *ts);
 bool cmi_timestamp_from_json(const cJSON *o, cm_timestamp *ts);
+
+/* ---- lazy opening (reader.c): a checkpoint whose files come from an object store ---- */
+
+/* Brings file `file` of the checkpoint directory `dir` (downloads it to "<dir>/<file>"). */
+typedef cm_status (*cmi_ck_fetch_fn)(void *data, const char *dir, const char *file);
+/* cm_checkpoint_open, except that listed files missing from `path` are fetched through `fetch`
+ * when first read (cmi_ck_read_range fetches only the files holding the pieces it reads;
+ * cm_checkpoint_verify fetches all), then checked like the others. The manifest must be there. */
+cm_status cmi_checkpoint_open_lazy(const char *path, cmi_ck_fetch_fn fetch, void *data, cm_checkpoint **out);
+
+/* ---- remote checkpoints (remote.c) ---- */
+
+typedef struct cmi_remote cmi_remote;
+/* The staging folder of a remote save_folder: ${TMPDIR:-/tmp}/composer-checkpoints/<xxh3(uri)>. */
+char *cmi_remote_default_local(const char *uri);
+/* Opens the store for `uri` (errors name save_folder). uploader: this rank uploads (rank 0). */
+cm_status cmi_remote_new(const char *uri, const char *local, const char *latest, int keep, bool uploader,
+                         cmi_remote **out);
+/* Uploads what is queued, stops the thread, frees. */
+void cmi_remote_free(cmi_remote *r);
+const char *cmi_remote_uri(const cmi_remote *r);
+const char *cmi_remote_local(const cmi_remote *r);
+/* Queues "<local>/<name>" (committed) for upload: files, manifest last, pointer, rotation.
+ * Blocks while 2 uploads are pending. Returns an earlier upload's failure. */
+cm_status cmi_remote_enqueue(cmi_remote *r, const char *name, bool update_pointer);
+/* The first upload failure so far (CM_OK: none), its message set. Thread-safe. */
+cm_status cmi_remote_failure(cmi_remote *r);
+/* Waits until every queued upload is done; the first failure. */
+cm_status cmi_remote_drain(cmi_remote *r);
+bool cmi_remote_exists(cmi_remote *r, const char *name);
+bool cmi_remote_was_rejected(cmi_remote *r, const char *name);
+/* Autoresume: the newest complete remote checkpoint, opened (manifest fetched into the staging
+ * folder) and, when monolithic, verified; out->path is its local directory. Damaged ones are
+ * skipped (and set aside when saved again). CM_ERR_NOT_FOUND when there is none. */
+cm_status cmi_remote_find_latest(cmi_remote *r, cm_checkpoint_search *out);
+/* Fetches the manifest of remote checkpoint `name` and opens it lazily. */
+cm_status cmi_remote_open(cmi_remote *r, const char *name, cm_checkpoint **out);
+/* Opens a checkpoint directory of the staging folder lazily (its manifest is there). */
+cm_status cmi_remote_open_path(cmi_remote *r, const char *path, cm_checkpoint **out);
 
 /* ---- sharded pieces (reader.c) ---- */
 
@@ -106,6 +146,7 @@ typedef struct cmi_ck_job {
     char *name;     /* its name inside folder */
     bool overwrite;
     bool update_pointer; /* write the latest pointer and rotate */
+    bool upload;         /* a save into a remote save_folder: queue the upload once committed */
     cJSON *manifest;     /* without "files" (added when hashed) */
     char fnames[CMI_CK_MAX_FILES][64];
     cmi_ck_tensor *tensors[CMI_CK_MAX_FILES];
@@ -128,6 +169,9 @@ typedef struct cmi_ckpt {
     char **ignore_keys, **exclude_algs;
     int n_ignore_keys, n_exclude_algs;
     cJSON *config_json; /* the resolved options for manifests */
+    cmi_remote *remote;      /* save_folder is an object store (save_folder above: the local staging) */
+    cmi_remote *load_remote; /* load_path is on an object store */
+    int rank;
 
     /* saving */
     int64_t last_saved_batch;    /* ts.batch of the last save (-1 none) */
@@ -159,6 +203,8 @@ cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *pre
 cm_status cmi_ckpt_save_now(cm_trainer *tr);
 /* Waits for a background save and returns its failure. */
 cm_status cmi_ckpt_wait(cm_trainer *tr);
+/* The end of fit: waits for the background save and every upload; all ranks agree on the outcome. */
+cm_status cmi_ckpt_finish(cm_trainer *tr, bool collective);
 bool cmi_ckpt_handles_signals(const cm_trainer *tr);
 
 /* ---- multi-rank checkpoints (collective.c) ---- */

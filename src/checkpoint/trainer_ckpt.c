@@ -112,14 +112,24 @@ cm_status cmi_ckpt_new(cm_trainer *tr, const cm_trainer_config *c) {
     ck->load_strict = c->load_strict_model_weights;
     ck->last_saved_batch = -1;
     ck->last_saved_epoch = -1;
+    ck->rank = c->dist.rank;
     if (has_folder(c)) {
-        if (!(ck->save_folder = dup_str(c->save_folder)) ||
+        /* file:// is a local folder; s3://, gs://, oci:// commit into a local staging folder and upload */
+        const char *sf = !strncmp(c->save_folder, "file://", 7) ? c->save_folder + 7 : c->save_folder;
+        const bool remote = cm_storage_is_remote(sf);
+        if (!(ck->save_folder = remote ? cmi_remote_default_local(sf) : dup_str(sf)) ||
             !(ck->save_filename = dup_str(c->save_filename ? c->save_filename : CM_CKPT_FILENAME_DEFAULT)) ||
             !(ck->save_latest_filename =
                   dup_str(c->save_latest_filename ? c->save_latest_filename : CM_CKPT_LATEST_DEFAULT)))
             return CM_ERR_OOM;
+        cm_status rs = remote ? cmi_remote_new(sf, ck->save_folder, ck->save_latest_filename, ck->keep,
+                                               c->dist.rank == 0, &ck->remote)
+                              : CM_OK;
+        if (rs) return rs;
     }
-    if (c->load_path && c->load_path[0] && !(ck->load_path = dup_str(c->load_path))) return CM_ERR_OOM;
+    if (c->load_path && c->load_path[0] &&
+        !(ck->load_path = dup_str(!strncmp(c->load_path, "file://", 7) ? c->load_path + 7 : c->load_path)))
+        return CM_ERR_OOM;
     if (c->dist.world_size > 1 && (ck->save_folder || ck->load_path || ck->autoresume) &&
         (!c->dist.broadcast || !c->dist.all_gather))
         return cm_set_error(CM_ERR_INVALID_ARG, "checkpoints in a %d-rank run are collective and need the dist hooks "
@@ -138,6 +148,9 @@ void cmi_ckpt_free(cm_trainer *tr) {
     if (!ck) return;
     if (ck->running && cmi_ckpt_wait(tr) != CM_OK)
         cm_log_msg(CM_LOG_WARN, "trainer: %s", cm_last_error());
+    if (ck->remote && cmi_remote_drain(ck->remote) != CM_OK) cm_log_msg(CM_LOG_WARN, "trainer: %s", cm_last_error());
+    cmi_remote_free(ck->remote);
+    cmi_remote_free(ck->load_remote);
     cm_free(ck->save_folder);
     cm_free(ck->save_filename);
     cm_free(ck->save_latest_filename);
@@ -427,8 +440,10 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
     if (!job) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
     job->folder = dup_str(folder);
     job->name = dup_str(name);
-    job->overwrite = ck->save_overwrite;
     job->update_pointer = update_pointer;
+    /* a remote save_folder decides "already exists" remotely; the staging folder is a cache */
+    job->upload = update_pointer && ck->remote && !strcmp(folder, ck->save_folder);
+    job->overwrite = ck->save_overwrite || job->upload;
     cm_status s = (!job->folder || !job->name) ? cm_set_error(CM_ERR_OOM, "checkpoint: out of memory") : CM_OK;
     const bool sharded = tr->dist.n_shard_spans > 0; /* also on one rank: FULL_SHARD's buffers are not valid at rest */
     if (!s && (!sharded || tr->dist.rank == 0)) s = build_manifest(tr, weights_only, &job->manifest);
@@ -675,6 +690,31 @@ static cm_status job_prepare(cmi_ck_job *job, ck_paths *p) {
     if (!p->final || !p->tmp || !p->old) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
     sweep_stale(job->folder);
     p->exists = access(p->final, F_OK) == 0;
+    if (p->exists && !job->overwrite) {
+        /* a checkpoint known to be damaged (autoresume skipped it) must not block the run: set it
+         * aside under a hidden name (never deleted: the message says where) and save anew */
+        cm_checkpoint *old = NULL;
+        cm_status os = cm_checkpoint_open(p->final, &old);
+        if (!os) os = cm_checkpoint_verify(old);
+        cm_checkpoint_close(old);
+        if (os) {
+            char why[1024], aside[320];
+            snprintf(why, sizeof why, "%s", cm_last_error());
+            snprintf(aside, sizeof aside, ".corrupt-%lld-%d-%s", (long long)time(NULL), ctr, job->name);
+            char *ap = cmi_path_join(job->folder, aside);
+            if (!ap) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+            if (rename(p->final, ap) != 0) {
+                cm_status rs = cm_set_error(CM_ERR_IO, "checkpoint '%s' is damaged (%s) and cannot be moved aside to "
+                                                       "'%s': %s", p->final, why, ap, strerror(errno));
+                cm_free(ap);
+                return rs;
+            }
+            cm_log_msg(CM_LOG_WARN, "checkpoint '%s' is damaged (%s): moved aside to '%s'; saving it anew", p->final,
+                       why, ap);
+            cm_free(ap);
+            p->exists = false;
+        }
+    }
     if (p->exists && !job->overwrite)
         return cm_set_error(CM_ERR_STATE, "checkpoint '%s' already exists: set save_overwrite to replace it, or change "
                                           "save_filename / save_folder",
@@ -739,8 +779,11 @@ static cm_status job_commit(cmi_ckpt *ck, cmi_ck_job *job, ck_paths *p, bool ful
                                 msg);
         }
     }
-    if (job->update_pointer) s = rotate(ck, job->folder, job->name);
+    /* with a remote save_folder the uploader rotates (remotely, then the local copy), after the
+     * newer checkpoint is uploaded */
+    if (job->update_pointer && !job->upload) s = rotate(ck, job->folder, job->name);
     cm_log_msg(CM_LOG_DEBUG, "checkpoint: saved '%s'", p->final);
+    if (!s && job->upload) s = cmi_remote_enqueue(ck->remote, job->name, job->update_pointer);
     return s;
 }
 
@@ -964,7 +1007,34 @@ static cm_status save_interval_name(cm_trainer *tr, bool allow_async) {
     char name[300];
     cm_status s = cm_checkpoint_format_name(ck->save_filename, &tr->st.ts, tr->st.run_name, tr->st.rank, name, sizeof name);
     if (s) return s;
+    if (ck->remote) {
+        /* before anything is written: an earlier upload's failure, and "already exists" remotely
+         * (a checkpoint autoresume found damaged is set aside and saved anew instead) */
+        cm_status mine = CM_OK;
+        if (tr->dist.rank == 0) {
+            mine = cmi_remote_failure(ck->remote);
+            if (!mine && !ck->save_overwrite && !cmi_remote_was_rejected(ck->remote, name) &&
+                cmi_remote_exists(ck->remote, name))
+                mine = cm_set_error(CM_ERR_STATE, "checkpoint '%s/%s' already exists: set save_overwrite to replace it, "
+                                                  "or change save_filename / save_folder",
+                                    cmi_remote_uri(ck->remote), name);
+        }
+        if ((s = cmi_dist_agree(tr, mine, "checkpoint save"))) return s;
+    }
     return save(tr, ck->save_folder, name, true, allow_async);
+}
+
+cm_status cmi_ckpt_finish(cm_trainer *tr, bool collective) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck || (collective && !ck->remote)) return CM_OK; /* fit's end waits for uploads only */
+    cm_status s = cmi_ckpt_wait(tr);
+    char msg[2048] = "";
+    if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
+    if (!s && ck->remote && tr->dist.rank == 0) s = cmi_remote_drain(ck->remote);
+    if (s && !msg[0]) snprintf(msg, sizeof msg, "%s", cm_last_error());
+    if (s) cm_set_error(s, "%s", msg);
+    if (collective && cmi_multi(tr)) s = cmi_dist_agree(tr, s, "finishing the checkpoint uploads");
+    return s;
 }
 
 cm_status cmi_ckpt_save_now(cm_trainer *tr) {
@@ -981,6 +1051,10 @@ cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *pre
     if (!ck) return CM_OK;
     if (ck->running && atomic_load(&ck->done)) {
         cm_status s = cmi_ckpt_wait(tr);
+        if (s) return s;
+    }
+    if (ck->remote && !cmi_multi(tr)) {
+        cm_status s = cmi_remote_failure(ck->remote); /* a background upload failed: stop loudly */
         if (s) return s;
     }
     if (!ck->save_folder) return CM_OK;
@@ -1128,7 +1202,7 @@ static cm_status check_run_state(cm_trainer *tr, const cm_checkpoint *c, const c
 
 /* Loads on every rank (all ranks call it with the same path): each checks and plans its part,
  * the ranks agree, and only then does anything change. */
-static cm_status load_into(cm_trainer *tr, const char *path) {
+static cm_status load_into(cm_trainer *tr, const char *path, cmi_remote *via) {
     cmi_ckpt *ck = tr->ckpt;
     cm_state *st = &tr->st;
     cm_checkpoint *c = NULL;
@@ -1136,7 +1210,7 @@ static cm_status load_into(cm_trainer *tr, const char *path) {
     cm_dataloader_state old_train = {0, 0};
     bool moved_train = false, weights_only = ck->load_weights_only;
     const cJSON *root = NULL;
-    cm_status s = cm_checkpoint_open(path, &c);
+    cm_status s = via ? cmi_remote_open_path(via, path, &c) : cm_checkpoint_open(path, &c);
     /* a monolithic checkpoint is read whole: hash it whole; a sharded one is hashed piece by
      * piece as this rank reads it */
     if (!s && !cm_checkpoint_sharded(c)) s = cm_checkpoint_verify(c);
@@ -1239,6 +1313,81 @@ done:
     return s;
 }
 
+/* load_path on an object store: ".../NAME" (a checkpoint) or a folder with a latest pointer.
+ * Rank 0 fetches the manifest into a staging folder; every rank then reads its part lazily. */
+static cm_status load_remote_path(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    const char *lp = ck->load_path;
+    size_t n = strlen(lp);
+    while (n && lp[n - 1] == '/') n--;
+    char parent[4096], name[256];
+    const char *slash = memrchr(lp, '/', n);
+    if (!slash || slash - lp < 6 || (size_t)(slash - lp) >= sizeof parent || n - (size_t)(slash - lp) - 1 >= sizeof name)
+        return cm_set_error(CM_ERR_INVALID_ARG, "load_path '%s': name a checkpoint (s3://BUCKET/PREFIX/NAME)", lp);
+    snprintf(parent, sizeof parent, "%.*s", (int)(slash - lp), lp);
+    snprintf(name, sizeof name, "%.*s", (int)(n - (size_t)(slash - lp) - 1), slash + 1);
+    char *local = cmi_remote_default_local(parent);
+    cm_status s = local ? cmi_remote_new(parent, local, NULL, -1, false, &ck->load_remote) : CM_ERR_OOM;
+    cm_free(local);
+    struct {
+        int32_t status;
+        char msg[1500];
+        char path[4096];
+    } res = {0, "", ""};
+    if (!s && tr->dist.rank == 0) {
+        cm_checkpoint *c = NULL;
+        cm_status os = cmi_remote_exists(ck->load_remote, name) ? cmi_remote_open(ck->load_remote, name, &c)
+                                                                 : CM_ERR_NOT_FOUND;
+        if (os == CM_ERR_NOT_FOUND) {
+            /* a folder: follow its pointer */
+            cmi_remote *pr = NULL;
+            char *l2 = cmi_remote_default_local(lp);
+            char *txt = NULL;
+            size_t tn;
+            cm_object_store *st = NULL;
+            os = l2 ? cm_object_store_open(lp, NULL, &st) : CM_ERR_OOM;
+            if (!os) os = cm_object_store_get(st, CM_CKPT_LATEST_DEFAULT, 4096, &txt, &tn);
+            while (!os && tn && (txt[tn - 1] == '\n' || txt[tn - 1] == ' ')) txt[--tn] = 0;
+            if (!os) os = cmi_remote_new(lp, l2, NULL, -1, false, &pr);
+            if (!os) os = cmi_remote_open(pr, txt, &c);
+            if (os == CM_ERR_NOT_FOUND)
+                cm_set_error(CM_ERR_NOT_FOUND, "load_path '%s' is neither a checkpoint (no %s) nor a folder with a "
+                                               "latest pointer", lp, CM_CKPT_MANIFEST);
+            if (!os) { /* load through the folder's store from now on */
+                cmi_remote_free(ck->load_remote);
+                ck->load_remote = pr;
+                pr = NULL;
+            }
+            cmi_remote_free(pr);
+            cm_object_store_close(st);
+            cm_free(txt);
+            cm_free(l2);
+        }
+        if (!os) snprintf(res.path, sizeof res.path, "%s", cm_checkpoint_path(c));
+        cm_checkpoint_close(c);
+        res.status = os;
+        if (os) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
+    }
+    cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
+    if (bs) return bs;
+    if (s) return s;
+    if (res.status) return cm_set_error((cm_status)res.status, "%s", res.msg);
+    if (tr->dist.rank != 0) {
+        /* the pointer may have named another folder: open the store rank 0 used */
+        const char *rp = res.path, *rs = strrchr(rp, '/');
+        (void)rs;
+        if (!strstr(rp, cmi_remote_local(ck->load_remote))) {
+            cmi_remote_free(ck->load_remote);
+            ck->load_remote = NULL;
+            char *l2 = cmi_remote_default_local(lp);
+            s = l2 ? cmi_remote_new(lp, l2, NULL, -1, false, &ck->load_remote) : CM_ERR_OOM;
+            cm_free(l2);
+            if (s) return s;
+        }
+    }
+    return load_into(tr, res.path, ck->load_remote);
+}
+
 cm_status cmi_ckpt_load_start(cm_trainer *tr) {
     cmi_ckpt *ck = tr->ckpt;
     if (!ck) return CM_OK;
@@ -1252,7 +1401,8 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
             char msg[1500];
         } res = {0, ""};
         if (tr->dist.rank == 0) {
-            res.status = cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+            res.status = ck->remote ? cmi_remote_find_latest(ck->remote, &srch)
+                                    : cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
             if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
         }
         cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
@@ -1263,18 +1413,20 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
         if (s == CM_OK) {
             if (srch.n_rejected)
                 cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
-            return load_into(tr, srch.path);
+            return load_into(tr, srch.path, ck->remote);
         }
         if (s != CM_ERR_NOT_FOUND) return s;
         if (srch.n_rejected) {
             return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
                                                "start the run over",
-                                ck->save_folder, srch.rejected);
+                                ck->remote ? cmi_remote_uri(ck->remote) : ck->save_folder, srch.rejected);
         }
-        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", ck->save_folder,
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s",
+                   ck->remote ? cmi_remote_uri(ck->remote) : ck->save_folder,
                    ck->load_path ? "loading load_path" : "starting from scratch");
     }
-    if (ck->load_path) return load_into(tr, ck->load_path);
+    if (ck->load_path && cm_storage_is_remote(ck->load_path)) return load_remote_path(tr);
+    if (ck->load_path) return load_into(tr, ck->load_path, NULL);
     return CM_OK;
 }
 

@@ -8,6 +8,7 @@
  * written in bf16 (the convolution would round it anyway), and the gradient of a bf16 output may
  * arrive in bf16 (n->bf16_gout: written so by the bf16 convolution consuming it), read widened
  * (exact) in both passes over it. A bf16 gradient only ever meets a bf16 x. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
@@ -74,6 +75,14 @@ static cm_status layer_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout), *wv = w ? cmi_f32(w) : NULL; // (R, C), (R, C), (C)
     float *gxv = gx ? cmi_f32(gx) : NULL;                                               // (R, C)
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp,
+                     be->layer_norm_bwd(xv, wv, gv, s->mean, s->rstd, gxv, fresh, gw ? cmi_f32(gw) : NULL,
+                                        gb ? cmi_f32(gb) : NULL, R, C),
+                     "layer_norm backward");
+        return cmi_status(tp);
+    }
     const int nth = (R * C >= CMI_PAR_MIN) ? cm_num_threads() : 1;
     float *partial = NULL; // (nth, 2, C): per-thread sums of g·xhat and g
     if (gw || gb) {
@@ -141,18 +150,25 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
                  cmi_shape(x));
         return NULL;
     }
-    const int64_t C = x->shape[x->ndim - 1], R = cmi_numel(x->ndim - 1, x->shape);
+    const int64_t C = x->shape[x->ndim - 1];
+    int64_t R = cmi_numel(x->ndim - 1, x->shape);
     if (!param_check(tp, "layer_norm", "weight", &weight, C, x) || !param_check(tp, "layer_norm", "bias", &bias, C, x))
         return NULL;
     x = cm_contiguous(tp, x);
     if (!x) return NULL;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
-    float *mean = cmi_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
-    float *rstd = cmi_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
+    float *mean = cmi_dev_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
+    float *rstd = cmi_dev_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
     if (!out || !mean || !rstd) return NULL;
     const float *xv = cmi_f32(x), *wv = weight ? cmi_f32(weight) : NULL, *bv = bias ? cmi_f32(bias) : NULL;
     float *ov = cmi_f32(out);
-    row_stats(xv, R, C, eps, mean, rstd);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->layer_norm(xv, wv, bv, ov, mean, rstd, R, C, eps), "layer_norm")) return NULL;
+        R = 0; /* the CPU loops below have nothing to do */
+    } else {
+        row_stats(xv, R, C, eps, mean, rstd);
+    }
 #pragma omp parallel for if (R * C >= CMI_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = xv + r * C; // (C)
@@ -901,6 +917,11 @@ static cm_status dropout_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout
     const float scale = (float)n->f[0], *g = cmi_f32(gout);
     float *d = cmi_f32(gx);
     const int64_t numel = cm_tensor_numel(gx);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp, be->dropout_bwd(g, drop, d, numel, scale, fresh), "dropout backward");
+        return cmi_status(tp);
+    }
     if (fresh) {
 #pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < numel; i++) d[i] = drop[i] ? 0.0f : g[i] * scale;
@@ -944,13 +965,27 @@ cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng 
     if (!a) return NULL;
     const int64_t numel = cm_tensor_numel(a);
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, a->ndim, a->shape);
-    uint8_t *drop = cmi_scratch(tp, (size_t)numel + 1); // (numel)
+    uint8_t *drop = cmi_dev_scratch(tp, (size_t)numel + 1); // (numel)
     if (!out || !drop) return NULL;
-    cmi_dropout_mask(tp, rng, drop, a->ndim ? a->shape[0] : 1, numel, p);
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, *x = cmi_f32(a);
     float *y = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        /* the same numbers as cmi_dropout_mask: per-row counters with the row context, else in sequence */
+        const int64_t rows = a->ndim ? a->shape[0] : 1;
+        const bool by_row = tp->row_total > 0 && rows == tp->row_n && rows > 0 && numel % rows == 0;
+        const int64_t blocks = by_row ? (numel / rows + 3) / 4 : (numel + 3) / 4;
+        if (cmi_dev_fail(tp,
+                         be->dropout(x, y, drop, numel, by_row ? rows : 0, by_row ? tp->row_first : 0, rng->seed,
+                                     rng->stream, rng->counter, p, scale),
+                         "dropout"))
+            return NULL;
+        rng->counter += (uint64_t)(by_row ? tp->row_total * blocks : blocks);
+    } else {
+        cmi_dropout_mask(tp, rng, drop, a->ndim ? a->shape[0] : 1, numel, p);
 #pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < numel; i++) y[i] = drop[i] ? 0.0f : x[i] * scale;
+        for (int64_t i = 0; i < numel; i++) y[i] = drop[i] ? 0.0f : x[i] * scale;
+    }
     if (cmi_needs_grad(tp, 1, &a)) {
         cm_node *n = cmi_record(tp, "dropout", out, 1, &a, dropout_backward, sizeof(uint8_t *));
         if (!n) return NULL;

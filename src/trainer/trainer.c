@@ -403,7 +403,7 @@ cm_status cm_trainer_close(cm_trainer *tr) {
     if (tr->closed) return CM_OK;
     tr->closed = true;
     char msg[1536];
-    cm_status w = cmi_ckpt_wait(tr);
+    cm_status w = cmi_ckpt_finish(tr, false); /* the background save and the uploads */
     if (w) snprintf(msg, sizeof msg, "%s", cm_last_error());
     cm_status s = tr->engine ? cm_engine_close(tr->engine) : CM_OK;
     return w ? cm_set_error(w, "%s", msg) : s;
@@ -1176,6 +1176,8 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
     if (cmi_fit_done(tr)) {
         if ((s = run(tr, CM_EVENT_ITERATION_END)) || (s = run(tr, CM_EVENT_ITERATION_CHECKPOINT))) return s;
         tr->iteration_open = false;
+        /* with a remote save_folder, fit ends when every checkpoint is uploaded (or fails loudly) */
+        if ((s = cmi_ckpt_finish(tr, true))) return s;
     }
     return run(tr, CM_EVENT_FIT_END);
 }

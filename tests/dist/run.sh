@@ -9,6 +9,34 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# A real S3-compatible server on loopback (s3rver, installed by scripts/install-deps) behind
+# tests/s3/s3proxy.py, which checks every request's SigV4 signature; the environment points
+# every rank at it. Both stop when the case ends.
+s3_start() {
+    s3rver=${CM_S3RVER:-/usr/local/lib/composer-test-tools/node_modules/.bin/s3rver}
+    [ -x "$s3rver" ] || fail "s3rver is not installed at $s3rver: run scripts/install-deps"
+    s3port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    mkdir -p "$tmp/s3data"
+    # its listing continuation tokens use DES, in OpenSSL 3's legacy provider
+    NODE_OPTIONS=--openssl-legacy-provider "$s3rver" -d "$tmp/s3data" -a 127.0.0.1 -p "$s3port" --silent \
+        --configure-bucket bkt >"$tmp/s3rver.log" 2>&1 &
+    s3pid=$!
+    /usr/bin/python3 tests/s3/s3proxy.py "$s3port" S3RVER S3RVER "$tmp/proxy.port" >"$tmp/proxy.log" 2>&1 &
+    proxypid=$!
+    trap 'kill $s3pid $proxypid 2>/dev/null; rm -rf "$tmp"' EXIT
+    for _ in $(seq 150); do
+        [ -f "$tmp/proxy.port" ] && /usr/bin/python3 -c "import socket; socket.create_connection(('127.0.0.1', $s3port))" \
+            2>/dev/null && break
+        sleep 0.1
+    done
+    [ -f "$tmp/proxy.port" ] || fail "the S3 test proxy did not start: $(cat "$tmp/proxy.log")"
+    export S3_ENDPOINT_URL="http://127.0.0.1:$(cat "$tmp/proxy.port")" AWS_ACCESS_KEY_ID=S3RVER \
+        AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1
+}
+s3_stat() { # a counter of the proxy ("refused": requests whose signature it rejected)
+    /usr/bin/python3 -c "import json, urllib.request; print(json.load(urllib.request.urlopen('$S3_ENDPOINT_URL/__proxy/stats'))['$1'])"
+}
+
 # `timeout` guards the harness itself: a case that hangs fails instead of blocking the suite.
 # A hang shows as a run that lasted the whole limit (exit statuses cannot tell: mpirun itself
 # reports a rank killed by SIGKILL as 137).
@@ -469,6 +497,31 @@ ckpt_resume_mismatch_errors)
     [ $rc -ne 0 ] || fail "a checkpoint without a rank file was accepted"
     n=$(grep -c "'optimizer-rank3-of-4.safetensors' is missing" "$tmp/out")
     [ "$n" = 2 ] || fail "$n ranks (not 2) name the missing rank file"
+    ;;
+ckpt_remote_preemption)
+    # Preemption end to end on a bucket: 4 sharded ranks save every 2 batches to s3:// (uploads in
+    # the background), rank 2 is killed (SIGKILL) in the 6th save, the local staging folder is
+    # deleted (a fresh machine), and the job resumes on 3 ranks from the newest complete remote
+    # checkpoint. It must equal, bit for bit, the same 3-rank resume from a local copy of that
+    # checkpoint, and the uninterrupted 4-rank run within the elastic tolerance (ckpt_elastic_resume).
+    s3_start
+    export TMPDIR="$tmp/stage" CM_STORAGE_RETRY_BACKOFF_S=0.05
+    mkdir -p "$TMPDIR"
+    ck=$bin/dist_ckpt
+    launch -n 4 "$ck" "$tmp/ref.txt" --shard --save "$tmp/A" --interval 2ba || fail "the uninterrupted 4-rank run"
+    CM_DIST_TIMEOUT=20 launch -n 4 "$ck" "$tmp/k.txt" --shard --save s3://bkt/run --interval 2ba --autoresume \
+        --fault kill:2:6 >"$tmp/out" 2>&1
+    [ $? -ne 0 ] || fail "exit status 0 after a rank was killed"
+    rm -rf "$TMPDIR/composer-checkpoints"
+    launch -n 3 "$ck" "$tmp/r3.txt" --shard --save s3://bkt/run --interval 2ba --autoresume \
+        || fail "resuming on 3 ranks from the bucket"
+    name=$(sed -n 's|^R .*/\(ep[0-9]*-ba[0-9]*\)$|\1|p' "$tmp/r3.txt")
+    [ -n "$name" ] || fail "the 3-rank run did not resume from the bucket: $(head -3 "$tmp/r3.txt")"
+    launch -n 3 "$ck" "$tmp/l3.txt" --shard --load "$tmp/A/$name" || fail "the same resume from the local copy"
+    "$ck" --compare "$tmp/l3.txt" "$tmp/r3.txt" 0 || fail "resuming from s3 differs from resuming from the local $name"
+    "$ck" --compare "$tmp/ref.txt" "$tmp/r3.txt" 2e-6 || fail "4 -> 3 ranks through s3 differs from the uninterrupted run"
+    [ "$(s3_stat refused)" = 0 ] || fail "the proxy refused $(s3_stat refused) signatures"
+    echo "resumed from s3 at $name"
     ;;
 *)
     fail "unknown case '$case_'"
