@@ -568,3 +568,19 @@ Test(data_algos, mixing_functions_refuse_bad_arguments) {
     cr_expect(strstr(cm_last_error(), "(3, 2) f32"), "%s", cm_last_error());
     cm_tensor_free(x), cm_tensor_free(o), cm_tensor_free(i), cm_tensor_free(y), cm_tensor_free(t);
 }
+
+/* The functional forms read and write host memory: a GPU tensor is refused, never read as host
+ * memory (skipped where no GPU, nor the CUDA emulator, is built in). */
+Test(data_algos, gpu_tensors_are_refused_by_name) {
+    if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no CUDA device: %s", cm_last_error());
+    const int64_t s[4] = {2, 1, 4, 4};
+    cm_tensor *g, *c;
+    cr_assert_eq(cm_tensor_new_on(CM_DEVICE_CUDA, CM_DTYPE_F32, 4, s, &g), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 4, s, &c), CM_OK);
+    int64_t perm[2] = {1, 0};
+    cr_expect_eq(cm_mixup_batch(g, perm, 0.3, c), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_last_error(), "cuda") && strstr(cm_last_error(), "CPU tensors"), "%s", cm_last_error());
+    cm_rng r = cm_rng_init(1, 1);
+    cr_expect_eq(cm_cutout_batch(g, 1, 0.5, false, &r), CM_ERR_UNSUPPORTED);
+    cm_tensor_free(g), cm_tensor_free(c);
+}

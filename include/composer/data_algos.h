@@ -49,6 +49,9 @@
  * ProgressiveResizing and SeqLengthWarmup still save what they last applied (scale and size;
  * length and batch size) for the record; loading checks its form and otherwise ignores it.
  *
+ * Devices: the functional forms read and write host memory; a tensor on another device is
+ * CM_ERR_UNSUPPORTED naming it (copy it with cm_tensor_to_device), never read as host memory.
+ *
  * Threading: a plugin belongs to its trainer's thread. The functional forms are thread-safe for
  * distinct outputs and generators.
  */

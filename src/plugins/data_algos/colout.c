@@ -49,6 +49,8 @@ cm_status cm_colout_batch(const cm_tensor *input, const cm_tensor *target, doubl
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_colout_batch: NULL input, rng or outputs");
     *out_input = NULL;
     if (out_target) *out_target = NULL;
+    cm_status hs = cmi_da_check_host("cm_colout_batch", input, target, NULL);
+    if (hs) return hs;
     char a[96], b[96];
     if (cm_tensor_ndim(input) < 2)
         return cm_set_error(CM_ERR_SHAPE, "cm_colout_batch: input %s must be images (..., H, W)", cmi_da_desc(input, a, sizeof a));

@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 
 /* ---- draws ---- */
@@ -75,6 +76,8 @@ int64_t cmi_da_class_at(const cm_tensor *t, int64_t i) { return (int64_t)cm_tens
 
 cm_status cm_mix_targets(const cm_tensor *target, const int64_t *perm, double w, int64_t C, cm_tensor *out) {
     if (!target || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_mix_targets: NULL target or out");
+    cm_status hs = cmi_da_check_host("cm_mix_targets", target, out, NULL);
+    if (hs) return hs;
     char a[96], b[96];
     const int64_t N = cm_tensor_ndim(target) >= 1 ? cm_tensor_dim(target, 0) : -1;
     if (C < 1 || cm_tensor_ndim(out) != 2 || cm_tensor_dim(out, 0) != N || cm_tensor_dim(out, 1) != C ||
@@ -202,5 +205,18 @@ cm_status cmi_da_load_numbers(const char *algo, const char *json, size_t len, co
         }
     }
     cJSON_Delete(o);
+    return s;
+}
+
+cm_status cmi_da_check_host(const char *who, const cm_tensor *t, ...) {
+    va_list ap;
+    va_start(ap, t);
+    cm_status s = CM_OK;
+    for (const cm_tensor *x = t; x && !s; x = va_arg(ap, const cm_tensor *))
+        if (cm_tensor_device(x) != CM_DEVICE_CPU)
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "%s: a tensor is on %s; the data methods work on CPU tensors (copy it "
+                                                 "with cm_tensor_to_device)",
+                             who, cm_device_name(cm_tensor_device(x)));
+    va_end(ap);
     return s;
 }

@@ -11,6 +11,8 @@ static int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + 
 
 cm_status cm_cutout_batch(cm_tensor *input, int num_holes, double length, bool uniform_sampling, cm_rng *rng) {
     if (!input || !rng) return cm_set_error(CM_ERR_INVALID_ARG, "cm_cutout_batch: NULL input or rng");
+    cm_status hs = cmi_da_check_host("cm_cutout_batch", input, NULL);
+    if (hs) return hs;
     char d[96];
     if (cm_tensor_ndim(input) < 2)
         return cm_set_error(CM_ERR_SHAPE, "cm_cutout_batch: input %s must be images (..., H, W)",

@@ -34,6 +34,10 @@ void cmi_da_owned_clear(cmi_da_owned *o);
 /* Takes t (NULL is ignored); CM_ERR_INTERNAL when full (t is then freed). */
 cm_status cmi_da_owned_add(cmi_da_owned *o, cm_tensor *t);
 
+/* CM_ERR_UNSUPPORTED unless every non-NULL tensor of the list (ending with NULL) lives on the CPU:
+ * the data methods read and write host memory (no GPU kernels of theirs yet). */
+cm_status cmi_da_check_host(const char *who, const cm_tensor *t, ...);
+
 /* A copy of a key string (NULL stays NULL); false on out of memory. */
 bool cmi_da_dup_key(const char *key, char **out);
 

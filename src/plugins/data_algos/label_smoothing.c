@@ -6,6 +6,8 @@
 
 cm_status cm_smooth_labels(const cm_tensor *logits, const cm_tensor *target, double smoothing, cm_tensor *out) {
     if (!logits || !target || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_smooth_labels: NULL logits, target or out");
+    cm_status hs = cmi_da_check_host("cm_smooth_labels", logits, target, out, NULL);
+    if (hs) return hs;
     char d[96];
     if (cm_tensor_ndim(logits) != 2)
         return cm_set_error(CM_ERR_SHAPE, "cm_smooth_labels: logits %s must be (N, C)", cmi_da_desc(logits, d, sizeof d));

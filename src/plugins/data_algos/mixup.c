@@ -25,6 +25,8 @@ static cm_status check_perm(const char *who, const int64_t *perm, int64_t n) {
 
 cm_status cmi_da_check_pair(const char *who, const cm_tensor *in, const cm_tensor *out, const int64_t *perm) {
     if (!in || !out) return cm_set_error(CM_ERR_INVALID_ARG, "%s: NULL input or out", who);
+    cm_status hs = cmi_da_check_host(who, in, out, NULL);
+    if (hs) return hs;
     if (in == out || cm_tensor_data(in) == cm_tensor_data(out))
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: input and out are the same memory (use a separate output)", who);
     char a[96], b[96];

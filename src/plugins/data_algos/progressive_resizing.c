@@ -121,6 +121,8 @@ cm_status cm_resize_batch(const cm_tensor *input, const cm_tensor *target, doubl
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_resize_batch: NULL input, target (with resize_targets), rng (crop) "
                                                 "or outputs");
     *out_input = *out_target = NULL;
+    cm_status hs = cmi_da_check_host("cm_resize_batch", input, target, NULL);
+    if (hs) return hs;
     char d[96];
     if (cm_tensor_ndim(input) != 4)
         return cm_set_error(CM_ERR_SHAPE, "cm_resize_batch: input %s must be images (N, C, H, W)",

@@ -71,6 +71,8 @@ cm_status cm_select_using_loss(const float *losses, int64_t n, double keep, cons
 
 cm_status cm_interpolate_bilinear(const cm_tensor *x, double s, cm_tensor **out) {
     if (!x || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_interpolate_bilinear: NULL input or out");
+    cm_status hs = cmi_da_check_host("cm_interpolate_bilinear", x, NULL);
+    if (hs) return hs;
     char d[96];
     if (cm_tensor_ndim(x) != 4) return cm_set_error(CM_ERR_SHAPE, "cm_interpolate_bilinear: %s is not (N, C, H, W)", cmi_da_desc(x, d, sizeof d));
     if (cm_tensor_dtype(x) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(x))

@@ -45,6 +45,8 @@ cm_status cm_set_batch_sequence_length(const char *const *names, cm_tensor *cons
         if (!names[i] || !fields[i]) return cm_set_error(CM_ERR_INVALID_ARG, "%s: field %d is NULL", who, i);
         if (!cm_tensor_is_contiguous(fields[i]))
             return cm_set_error(CM_ERR_INVALID_ARG, "%s: field '%s' must be contiguous", who, names[i]);
+        cm_status hs = cmi_da_check_host(who, fields[i], NULL);
+        if (hs) return hs;
     }
     /* the batch's length: dim 1 of its first field with more than one dim, as Composer */
     int64_t T = 0, B = n ? cm_tensor_dim(fields[0], 0) : 0;
