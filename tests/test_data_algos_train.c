@@ -400,7 +400,9 @@ static int all_image(cm_algorithm_plugin *out, int cap, void *data) {
     cm_mixup_config mu = cm_mixup_config_default();
     cm_cutmix_config cm = cm_cutmix_config_default();
     cm_label_smoothing_config ls = cm_label_smoothing_config_default();
-    /* SelectiveBackprop first, as Composer's ordering pass puts it */
+    /* SelectiveBackprop first, where Composer's ordering pass sorts it; AFTER_DATALOADER is an
+     * AFTER_ event, so the first-in-last-out pass then runs it last there, after the others have
+     * changed the batch — Composer's net order too */
     cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
     cr_assert_eq(cm_progressive_resizing_new(&pr, &out[1]), CM_OK);
     cr_assert_eq(cm_colout_new(&co, &out[2]), CM_OK);
