@@ -289,6 +289,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     st->model = cfg->model;
     st->ssr = cfg->scale_schedule_ratio;
     st->lr_multiplier = 1.0;
+    st->lr_override = NAN;
     st->total_loss = NAN;
     st->train_dl = cfg->train_dataloader;
     st->batches_per_epoch = cfg->train_dataloader ? cm_dataloader_steps_per_epoch(cfg->train_dataloader) : 0;
@@ -607,7 +608,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!loss) goto tape_fail;
     st->loss = loss;
     if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
-    if (st->metric_sets[0].n && st->outputs && !tr->dry) {
+    if (tr->record_pass && !tr->dry && st->metric_sets[0].n && st->outputs) {
         const cm_model_batch mb0 = {st->mb_names, orig, st->mbatch.n, st->mbatch.n_samples, st->mbatch.n_tokens};
         if ((s = metrics_update(&st->metric_sets[0], st->outputs, &mb0))) {
             char msg[1024];
@@ -625,7 +626,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
     /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
      * poison the batch loss. */
-    if (share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+    if (tr->record_pass && share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
     if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
     cm_tape_reset(tr->tape);
     st->outputs = st->loss = NULL;
@@ -650,7 +651,7 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     } else {
         cm_module_zero_grad(root);
     }
-    cmi_metric_set_reset(&st->metric_sets[0]);
+    if (tr->record_pass) cmi_metric_set_reset(&st->metric_sets[0]);
     cm_tape_reset(tr->tape);
     cm_batch *mbs;
     int64_t n_mb, n_total;
@@ -668,54 +669,43 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     return CM_OK;
 }
 
-/* This rank's counts of batch b (the spec's samples and tokens) summed over the ranks into
- * counts[2], in one all-reduce. When `fixup` is set on any rank (an algorithm replaced the batch,
- * or a dry run's batch), b's global counts and this rank's row offset are recomputed from every
- * rank's rows, so dropout keys rows of the new batch without overlap between ranks. */
-static cm_status count_batch(cm_trainer *tr, cm_batch *b, bool fixup, double counts[2]) {
-    const int W = tr->dist.world_size > 1 ? tr->dist.world_size : 0, n = 5 + W;
-    if (!tr->count_buf && !(tr->count_buf = cm_alloc(sizeof(double) * (size_t)n, 16)))
-        return cm_set_error(CM_ERR_OOM, "fit: out of memory");
-    double *v = tr->count_buf;
-    memset(v, 0, sizeof(double) * (size_t)n);
-    v[0] = (double)cm_data_spec_n_samples(tr->spec, b), v[1] = (double)cm_data_spec_n_tokens(tr->spec, b);
-    v[2] = fixup ? 1.0 : 0.0, v[3] = (double)b->n_samples, v[4] = (double)b->n_tokens;
-    if (W) v[5 + tr->dist.rank] = (double)b->n_rows;
-    cm_status s = reduce(tr, v, n);
-    if (s) return s;
-    if (v[2] > 0) {
-        b->global_n_samples = (int64_t)v[3], b->global_n_tokens = (int64_t)v[4], b->rank_offset = 0;
-        for (int r = 0; r < tr->dist.rank && W; r++) b->rank_offset += (int64_t)v[5 + r];
-    }
-    counts[0] = v[0], counts[1] = v[1];
-    return CM_OK;
-}
+/* One gradient computation of the batch (a closure run, see cm_train_closure in trainer.h):
+ * BEFORE_TRAIN_BATCH, the microbatches (retried with smaller ones under automatic
+ * microbatching), the gradient synchronisation, AFTER_TRAIN_BATCH. */
+struct cm_train_closure {
+    cm_trainer *tr;
+    cm_batch *b;
+    int64_t local_samples, local_tokens;
+    double global_w;
+    int runs, steps;
+    double loss_sum; /* the first run's */
+};
 
-/* The global batch's gradient of batch b: its microbatches (retried with smaller ones under
- * automatic microbatching), then the gradient synchronisation. *loss_sum gets this rank's
- * share-weighted loss. */
-static cm_status batch_grads(cm_trainer *tr, cm_batch *b, double global_w, int64_t local_samples,
-                             int64_t local_tokens, double *loss_sum) {
+static cm_status grad_pass(cm_train_closure *c) {
+    cm_trainer *tr = c->tr;
     cm_state *st = &tr->st;
+    cm_batch *b = c->b;
     cm_status s;
+    tr->record_pass = c->runs == 0;
+    cmi_state_set_batch(st, b, c->local_samples, c->local_tokens);
+    if ((s = run(tr, CM_EVENT_BEFORE_TRAIN_BATCH))) return s;
+
     if (tr->mb_config == CM_MICROBATCH_AUTO && st->microbatch_size <= 0) {
         st->microbatch_size = b->n_rows > 0 ? b->n_rows : 1;
         if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "trainer/device_train_microbatch_size",
                                       (double)st->microbatch_size)))
             return s;
     }
-    *loss_sum = 0;
+    double loss_sum = 0;
     /* On several ranks the search is collective: after each attempt the ranks tell each other
      * whether one ran out of memory (or failed), and all retry together (cm_dist does not start
      * gradient collectives during backward while the size is automatic, so an attempt that is
      * thrown away never leaves one half-done). */
     const bool agree = tr->mb_config == CM_MICROBATCH_AUTO && tr->dist.world_size > 1;
-    /* every microbatch of every attempt draws dropout from the counters the batch starts with */
-    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
     for (;;) {
         int64_t mbsz = tr->mb_config == 0 ? (b->n_rows > 0 ? b->n_rows : 1) : st->microbatch_size;
         bool oom;
-        s = run_microbatches(tr, b, mbsz, global_w, &oom, loss_sum);
+        s = run_microbatches(tr, b, mbsz, c->global_w, &oom, &loss_sum);
         if (agree) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", s ? cm_last_error() : "");
@@ -755,13 +745,79 @@ static cm_status batch_grads(cm_trainer *tr, cm_batch *b, double global_w, int64
                                       (double)st->microbatch_size)))
             return s;
     }
-    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    cmi_state_set_batch(st, b, c->local_samples, c->local_tokens);
     st->outputs = st->loss = NULL;
     if (tr->dist.sync_grads && (s = tr->dist.sync_grads(st, tr->dist.data))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "gradient synchronisation failed: %s", msg);
     }
+    if (c->runs == 0) c->loss_sum = loss_sum;
+    c->runs++;
+    tr->record_pass = true;
+    return run(tr, CM_EVENT_AFTER_TRAIN_BATCH);
+}
+
+static cm_status opt_step(cm_train_closure *c) {
+    cm_trainer *tr = c->tr;
+    cm_state *st = &tr->st;
+    cm_status s;
+    double mult = 1.0;
+    if (!isnan(st->lr_override)) {
+        mult = st->lr_override;
+    } else {
+        cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
+        if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
+    }
+    st->lr_multiplier = mult;
+    if ((s = cm_optim_step(st->optimizer, mult))) return s;
+    c->steps++;
+    if (tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
+    }
+    return CM_OK;
+}
+
+cm_status cm_train_closure_run(cm_train_closure *c) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_train_closure_run: NULL closure");
+    if (c->steps)
+        return cm_set_error(CM_ERR_STATE, "train step '%s': the closure ran after the optimizer step of this batch",
+                            c->tr->st.step_name ? c->tr->st.step_name : "?");
+    return grad_pass(c);
+}
+
+cm_status cm_train_closure_step(cm_train_closure *c) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_train_closure_step: NULL closure");
+    const char *name = c->tr->st.step_name ? c->tr->st.step_name : "?";
+    if (c->runs == 0)
+        return cm_set_error(CM_ERR_STATE, "train step '%s': the optimizer step came before any gradient computation "
+                                          "(run the closure first)", name);
+    if (c->steps) return cm_set_error(CM_ERR_STATE, "train step '%s': a second optimizer step in one batch", name);
+    return opt_step(c);
+}
+
+/* This rank's counts of batch b (the spec's samples and tokens) summed over the ranks into
+ * counts[2], in one all-reduce. When `fixup` is set on any rank (an algorithm replaced the batch,
+ * or a dry run's batch), b's global counts and this rank's row offset are recomputed from every
+ * rank's rows, so dropout keys rows of the new batch without overlap between ranks. */
+static cm_status count_batch(cm_trainer *tr, cm_batch *b, bool fixup, double counts[2]) {
+    const int W = tr->dist.world_size > 1 ? tr->dist.world_size : 0, n = 5 + W;
+    if (!tr->count_buf && !(tr->count_buf = cm_alloc(sizeof(double) * (size_t)n, 16)))
+        return cm_set_error(CM_ERR_OOM, "fit: out of memory");
+    double *v = tr->count_buf;
+    memset(v, 0, sizeof(double) * (size_t)n);
+    v[0] = (double)cm_data_spec_n_samples(tr->spec, b), v[1] = (double)cm_data_spec_n_tokens(tr->spec, b);
+    v[2] = fixup ? 1.0 : 0.0, v[3] = (double)b->n_samples, v[4] = (double)b->n_tokens;
+    if (W) v[5 + tr->dist.rank] = (double)b->n_rows;
+    cm_status s = reduce(tr, v, n);
+    if (s) return s;
+    if (v[2] > 0) {
+        b->global_n_samples = (int64_t)v[3], b->global_n_tokens = (int64_t)v[4], b->rank_offset = 0;
+        for (int r = 0; r < tr->dist.rank && W; r++) b->rank_offset += (int64_t)v[5 + r];
+    }
+    counts[0] = v[0], counts[1] = v[1];
     return CM_OK;
 }
 
@@ -785,23 +841,29 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     if ((s = count_batch(tr, b, st->batch_dirty, counts))) return s;
     const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
     if ((s = check_global_weight(tr, global_w))) return s;
-    cmi_state_set_batch(st, b, local_samples, local_tokens);
-    if ((s = run(tr, CM_EVENT_BEFORE_TRAIN_BATCH))) return s;
-    double loss_sum = 0;
-    if ((s = batch_grads(tr, b, global_w, local_samples, local_tokens, &loss_sum))) return s;
-    if ((s = run(tr, CM_EVENT_AFTER_TRAIN_BATCH))) return s;
-
-    cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
-    double mult = 1.0;
-    if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
-    st->lr_multiplier = mult;
-    if ((s = cm_optim_step(st->optimizer, mult))) return s;
-    if (tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", cm_last_error());
-        return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
+    /* every microbatch of every attempt and closure run draws dropout from the counters the
+     * batch starts with */
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
+    cm_train_closure c = {tr, b, local_samples, local_tokens, global_w, 0, 0, 0.0};
+    if (st->step_fn) {
+        const char *name = st->step_name;
+        s = st->step_fn(st->step_data, st, &c);
+        tr->record_pass = true;
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "train step '%s' (epoch %lld, batch %lld): %s", name, (long long)st->ts.epoch,
+                                (long long)st->ts.batch_in_epoch, msg);
+        }
+        if (c.runs == 0)
+            return cm_set_error(CM_ERR_STATE, "train step '%s' returned without computing the batch's gradient (it must "
+                                              "call cm_train_closure_run at least once)", name);
+        cmi_state_set_batch(st, b, local_samples, local_tokens);
+        st->outputs = st->loss = NULL;
+    } else {
+        if ((s = grad_pass(&c)) || (s = opt_step(&c))) return s;
     }
-
+    double loss_sum = c.loss_sum;
     if ((s = reduce(tr, &loss_sum, 1))) return s;
     st->total_loss = loss_sum;
     if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "loss/train/total", loss_sum))) return s;
@@ -854,12 +916,16 @@ cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch) {
     const int64_t local_samples = cm_data_spec_n_samples(tr->spec, &b), local_tokens = cm_data_spec_n_tokens(tr->spec, &b);
     const int64_t mb_index = st->microbatch_index, n_mb = st->n_microbatches;
     tr->dry = true;
-    double counts[2] = {0, 0}, loss_sum;
+    double counts[2] = {0, 0};
     if (!(s = count_batch(tr, &b, true, counts))) {
         const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
-        if (!(s = check_global_weight(tr, global_w))) s = batch_grads(tr, &b, global_w, local_samples, local_tokens, &loss_sum);
+        for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
+        /* one gradient computation as the default step makes it (its events are off: tr->dry) */
+        cm_train_closure c = {tr, &b, local_samples, local_tokens, global_w, 0, 0, 0.0};
+        if (!(s = check_global_weight(tr, global_w))) s = grad_pass(&c);
     }
     tr->dry = false;
+    tr->record_pass = true;
     char msg[1024] = "";
     if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
     /* undo: gradients, dropout counters, batch-norm statistics; the batch the algorithms see */
@@ -1054,10 +1120,11 @@ static cm_status fit_loop(cm_trainer *tr) {
                                                         "tokens (use a token dataset or a count_tokens function)");
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], cm_clock_s() - t0);
-            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false)) ||
-                (s = run(tr, CM_EVENT_BATCH_CHECKPOINT)) ||
-                (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev)))
-                return s;
+            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false))) return s;
+            st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_BATCH_CHECKPOINT, &prev);
+            s = run(tr, CM_EVENT_BATCH_CHECKPOINT);
+            st->checkpoint_due = false;
+            if (s || (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev))) return s;
             cmi_state_clear_batch(st);
             /* preemption: stop after this batch — on every rank, if any rank got the signal, so all
              * of them save together (a signal arriving after this point is seen after the next) */
@@ -1083,10 +1150,11 @@ static cm_status fit_loop(cm_trainer *tr) {
             }
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_epoch(&st->ts, 0.0);
-            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true)) ||
-                (s = run(tr, CM_EVENT_EPOCH_CHECKPOINT)) ||
-                (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev)))
-                return s;
+            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true))) return s;
+            st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev);
+            s = run(tr, CM_EVENT_EPOCH_CHECKPOINT);
+            st->checkpoint_due = false;
+            if (s || (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev))) return s;
         }
     }
     return CM_OK;

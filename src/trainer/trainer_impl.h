@@ -60,6 +60,12 @@ struct cm_state {
     cm_event event;
     struct cm_trainer *trainer;
     bool batch_dirty;
+    bool checkpoint_due;   /* during BATCH/EPOCH_CHECKPOINT: a save follows (cm_state_checkpoint_due) */
+    double lr_override;    /* NaN: the schedulers set the lr multiplier */
+    /* an algorithm's train step (cm_state_set_train_step); NULL: the default */
+    cm_train_step_fn step_fn;
+    void *step_data;
+    const char *step_name;
 };
 
 /* A configured evaluator. */
@@ -105,6 +111,7 @@ struct cm_trainer {
     cm_batch work;
     double *count_buf; /* (5 + world_size) the per-batch count reduce, made on first use */
     bool dry;          /* cm_state_dry_run in progress: no events, metrics or loss logging */
+    bool record_pass;   /* this gradient computation records the batch's loss and train metrics */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep
