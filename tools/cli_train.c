@@ -412,6 +412,7 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
     int64_t crop;
     TRY(get_i(c, p, "crop_padding", 0, &crop));
     aug.crop_padding = (int)crop;
+    if (train) TRY(cli_image_u8_transform(c, &aug)); /* algorithms.randaugment / augmix */
     if (type == 1) {
         cm_mnist_config mc = cm_mnist_config_default();
         mc.augment = aug;
@@ -863,6 +864,9 @@ static void print_keys(FILE *f) {
             "                     ema: {half_life, smoothing, ema_start, update_interval}; sam: {rho, epsilon,\n"
             "                     interval}; swa: {swa_start, swa_end, update_interval, schedule_swa_lr,\n"
             "                     anneal_strategy, anneal_steps, swa_lr}; layer_freezing: {freeze_start, freeze_level}\n"
+            "                     mixup, cutmix, cutout, colout, label_smoothing, progressive_resizing,\n"
+            "                     seq_length_warmup, selective_backprop, randaugment, augmix: {Composer's\n"
+            "                     argument names}\n"
             "  callbacks:         (none yet)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"

@@ -204,6 +204,39 @@ crashed_rank_shows_error)
     [ $rc -ne 0 ] || fail "exit status 0 after a rank failed"
     grep -q "simulated failure: cannot read shard 7" "$tmp/out" || fail "the failing rank's error is not shown"
     ;;
+data_algos_on_ranks)
+    # SeqLengthWarmup cuts every row the same way on any number of ranks, so N ranks train as one
+    # process — the full-length dry run of the first batch included, which runs the strategy's
+    # collectives (DDP's gradient all-reduce, SHARD_GRAD_OP's reduce-scatter, FULL_SHARD's gathers
+    # and phantom microbatches) — and the trainer recounts the shorter batches' tokens on every
+    # rank. Same tolerance as cli_train_equivalence.
+    cli_setup
+    slw="algorithms.seq_length_warmup={duration: 1.0, min_seq_length: 8, max_seq_length: 32, step_size: 8}"
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref "$slw" >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    for st in NO_SHARD SHARD_GRAD_OP FULL_SHARD; do
+        launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/$st" run_name=s parallelism.fsdp.sharding_strategy=$st "$slw" \
+            >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "SeqLengthWarmup under $st on 2 ranks"; }
+        "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/$st/s" 2e-6 || fail "SeqLengthWarmup under $st: 2 ranks differ from 1 process"
+    done
+    # truncate false re-cuts each rank's 3 rows of 32 tokens into more, shorter rows (12, then 6, then
+    # 4): in the same global order as one process's, so with dropout the masks — keyed by global
+    # row — agree only if every rank's row offset and the batch's row total are recounted
+    slw="algorithms.seq_length_warmup={duration: 1.0, min_seq_length: 8, max_seq_length: 32, step_size: 8, truncate: false}"
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=reshape model.dropout=0.1 "$slw" >"$tmp/ref.out" 2>&1 \
+        || { cat "$tmp/ref.out"; fail "1-process train (reshape)"; }
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/re" run_name=s model.dropout=0.1 "$slw" \
+        >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "SeqLengthWarmup (reshape) on 2 ranks"; }
+    "$bin/dist_cli_compare" "$tmp/ref/reshape" "$tmp/re/s" 2e-6 || fail "SeqLengthWarmup (reshape, dropout): 2 ranks differ from 1 process"
+    # SelectiveBackprop selects on each rank's rows: the job runs, counts the kept samples, and
+    # refuses the sharded strategies with a message instead of a hang
+    sb="algorithms.selective_backprop={start: 0, end: 1, interrupt: 0}"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/sb" run_name=sb "$sb" >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "SelectiveBackprop on 2 ranks"; }
+    [ "$(grep -c '"loss/train/total"' "$tmp/sb/sb/metrics.jsonl")" = 6 ] || fail "SelectiveBackprop on 2 ranks: not 6 train losses"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/sbfs" run_name=sb parallelism.fsdp.sharding_strategy=FULL_SHARD "$sb" \
+        >"$tmp/out" 2>&1 && fail "SelectiveBackprop under FULL_SHARD should be refused"
+    grep -q "SelectiveBackprop: the selection forward under a sharded strategy on 2 ranks is not supported" "$tmp/out" \
+        || { cat "$tmp/out"; fail "SelectiveBackprop under FULL_SHARD: no clear message"; }
+    ;;
 cli_train_equivalence)
     # `composer -n N train` against a plain `composer train` of the same config.
     cli_setup
