@@ -243,6 +243,7 @@ cm_tensor *cm_to_device(cm_tape *tp, cm_tensor *t, cm_device dev) {
         cmi_dev_fail(tp, s, "to_device");
         return NULL;
     }
+    tp->dev = t->device; /* the input is read where it is */
     if (!cmi_fetch(tp, 1, &t)) return NULL;
     tp->dev = dev;
     cm_tensor *out = cmi_new(tp, t->dtype, t->ndim, t->shape);
