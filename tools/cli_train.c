@@ -682,9 +682,11 @@ static cm_status read_trainer_keys(run *r) {
     int prec;
     TRY(cm_config_get_choice(c, "precision", precisions, CM_PRECISION_COUNT, "fp32", &prec));
     tc->precision = (cm_precision)prec;
-    static const char *const devices[] = {"cpu"};
+    /* Composer's device: cpu or gpu ("cuda" is taken too) */
+    static const char *const devices[] = {"cpu", "gpu", "cuda"};
     int dev;
-    TRY(cm_config_get_choice(c, "device", devices, 1, "cpu", &dev));
+    TRY(cm_config_get_choice(c, "device", devices, 3, "cpu", &dev));
+    tc->device = dev == 0 ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
     if (r->mode == MODE_GENERATE) return CM_OK;
     /* distribution (used when the launcher or mpirun started this process) */
     static const char *const strategies[] = {
@@ -878,7 +880,7 @@ static void print_keys(FILE *f) {
             "  precision          fp32 | amp_bf16 (amp_fp16: not on CPU)\n"
             "  seed (42), run_name (generated), run_root (runs), progress_bar (true),\n"
             "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
-            "  accumulate_train_batch_on_tokens, device (cpu)\n"
+            "  accumulate_train_batch_on_tokens, device (cpu | gpu: one NVIDIA GPU, in a build with CUDA)\n"
             "  load_path          weights (.safetensors) to start from\n"
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
@@ -1161,6 +1163,18 @@ int cmd_train(const char *prog, int argc, char **argv) {
         if (s) note(&r, "load_path");
     }
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
+    /* device: gpu moves the model before the optimizer is made over its buffers */
+    if (!r.err_code && r.tc.device != CM_DEVICE_CPU) {
+        cm_status s = r.world > 1 ? cm_set_error(CM_ERR_UNSUPPORTED, "device: gpu with %d ranks needs NCCL, which is not "
+                                                                     "supported yet (one rank per GPU run)", r.world)
+                                  : cm_module_to_device(cm_model_module(r.model), r.tc.device);
+        if (s) {
+            char msg[900];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            cm_set_error(s, "%s: device gpu: %s", cm_config_origin(r.cfg, "device"), msg);
+            note(&r, NULL);
+        }
+    }
     if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
     /* the run folder: rank 0 alone makes it (generating the name when the config has none) */
     char run_name[256] = "";
@@ -1270,6 +1284,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
     if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
     if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (r.rank > 0) return finish(&r, 0);
+    /* the weights are written and sampled from on the host */
+    if (cm_module_device(root) != CM_DEVICE_CPU && cm_module_to_device(root, CM_DEVICE_CPU) != CM_OK) {
+        note(&r, "moving the trained model back to the CPU");
+        return finish(&r, settle(&r, prog));
+    }
 
     /* outputs (rank 0): weights, plot, sample */
     const char *dir = r.ctx.run_dir;

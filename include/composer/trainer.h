@@ -690,6 +690,16 @@ typedef struct cm_trainer_config {
     bool progress_bar;                    /* for the console logger (read through the state) */
     size_t arena_budget;                  /* bytes for one microbatch's activations; 0 = unlimited */
     cm_trainer_dist dist;
+    /* Where training runs (Composer's device: cpu or gpu). With CM_DEVICE_CUDA the model trains on
+     * the process's GPU: the trainer moves it there (cm_module_to_device) unless it is there already,
+     * keeps the tape's activations in GPU memory (device_arena_budget bytes per microbatch, 0 = what
+     * the GPU has; going over it is an out-of-memory error that automatic microbatching catches, as
+     * arena_budget on the CPU), copies every microbatch to the GPU, and reads outputs back for the
+     * metrics. An optimizer passed in must have been made from the model's buffers on that device
+     * (move the model first). Errors: cm_device_check's (no CUDA build, no driver, no GPU), and
+     * CM_ERR_UNSUPPORTED for several ranks on GPUs (multi-GPU training needs NCCL, not there yet). */
+    cm_device device;
+    size_t device_arena_budget;
 
     /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
      * Saving happens when save_folder is set: at save_interval and once at the end of training

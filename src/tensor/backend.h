@@ -69,6 +69,22 @@ typedef struct cmi_attn_desc {
     bool bthd; /* out and its gradient (B, T, H, D), else (B, H, T, D) */
 } cmi_attn_desc;
 
+/* One optimizer update over a flat span (optim.c's sgd_range / adam_range). */
+typedef struct cmi_sgd_args {
+    float *p, *b; /* b: momentum buffer or NULL */
+    const float *g;
+    int64_t n;
+    float l2, mom, one_minus_damp, keep, neg_lr;
+    bool has_mom, first, nesterov, decay, use_l2;
+} cmi_sgd_args;
+typedef struct cmi_adam_args {
+    float *p, *m, *v, *vmax;
+    const float *g;
+    int64_t n;
+    float keep, l2, b1, omb1, b2, omb2, neg_step, bc2_sqrt, eps;
+    bool decay, use_l2, amsgrad;
+} cmi_adam_args;
+
 typedef struct cmi_backend {
     const char *name; /* "cuda" */
     cm_device device;
@@ -86,6 +102,8 @@ typedef struct cmi_backend {
     void (*mem_stats)(cm_device_memory *out);
     void (*reset_peak)(void);
     void (*set_budget)(size_t bytes);
+    /* Whether p points into memory this backend handed out (a live allocation). No device call. */
+    bool (*owns)(const void *p);
 
     /* ---- copies and fills (tensor.c, views.c) ---- */
     /* dst[i] = v over an nd-dim strided view (dtype dt; v converted as cmi_store does). */
@@ -204,6 +222,12 @@ typedef struct cmi_backend {
      * as they are (the caller zeroes dS first). */
     cm_status (*attention_bwd)(const cmi_attn_desc *d, const float *out, const float *gout, const float *lse,
                                float *gq, bool q_fresh, float *gk, bool k_fresh, float *gv, bool v_fresh, float *dS);
+
+    /* ---- optimizers and clipping over flat spans (optim.c, grad_clip.c) ---- */
+    cm_status (*sgd_step)(const cmi_sgd_args *a);
+    cm_status (*adam_step)(const cmi_adam_args *a);
+    /* *out = Σ x[i]² in double (waits for the device). */
+    cm_status (*sumsq)(const float *x, int64_t n, double *out);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

@@ -341,9 +341,34 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         st->n_schedulers = cfg->n_schedulers;
     }
 
+    /* the device: the model moves there before the optimizer is made over its buffers */
+    tr->device = cfg->device;
+    if (cfg->device != CM_DEVICE_CPU) {
+        cm_module *mroot = cm_model_module(st->model);
+        if ((s = cm_device_check(cfg->device))) goto fail;
+        if (cfg->dist.world_size > 1) {
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "device %s: %d ranks on GPUs need NCCL, which is not supported yet "
+                                                 "(train on one GPU, or on CPUs with several ranks)",
+                             cm_device_name(cfg->device), cfg->dist.world_size);
+            goto fail;
+        }
+        if (cm_module_device(mroot) != cfg->device) {
+            if (cfg->optimizer) {
+                s = cm_set_error(CM_ERR_INVALID_ARG,
+                                 "device %s: the model is on %s and an optimizer was passed in, made over its %s "
+                                 "buffers; move the model first (cm_module_to_device) and make the optimizer after",
+                                 cm_device_name(cfg->device), cm_device_name(cm_module_device(mroot)),
+                                 cm_device_name(cm_module_device(mroot)));
+                goto fail;
+            }
+            if ((s = cm_module_to_device(mroot, cfg->device))) goto fail;
+        }
+    }
     cm_tape_config tc = cm_tape_config_default();
     tc.arena_budget = cfg->arena_budget;
+    tc.device_budget = cfg->device_arena_budget;
     if ((s = cm_tape_new(&tc, &tr->tape))) goto fail;
+    if (cfg->device != CM_DEVICE_CPU && (s = cm_tape_set_device(tr->tape, cfg->device))) goto fail;
     st->tape = tr->tape;
     cm_tape_set_autocast(tr->tape, st->precision == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16 : CM_DTYPE_F32);
     if (cfg->dist.fetch) cm_tape_set_fetch_hook(tr->tape, cfg->dist.fetch, cfg->dist.data);
@@ -451,7 +476,22 @@ static cm_status check_usable(cm_trainer *tr, const char *what) {
  * Metrics
  * ------------------------------------------------------------------------------------------- */
 
-static cm_status metrics_update(cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+/* The metrics read outputs and targets on the host: on a GPU they are copied back first (on the
+ * tape, freed with it). */
+static cm_status metrics_update(cm_tape *tp, cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+    cm_tensor *host_fields[CM_DATASET_MAX_FIELDS];
+    cm_model_batch hb;
+    if (outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU) {
+        const bool prev = cm_tape_set_grad_enabled(tp, false);
+        outputs = cm_to_device(tp, outputs, CM_DEVICE_CPU);
+        for (int i = 0; i < b->n && i < CM_DATASET_MAX_FIELDS; i++)
+            host_fields[i] = b->fields[i] ? cm_to_device(tp, b->fields[i], CM_DEVICE_CPU) : NULL;
+        cm_tape_set_grad_enabled(tp, prev);
+        if (cm_tape_status(tp)) return cm_set_error(cm_tape_status(tp), "metrics: %s", cm_tape_error(tp));
+        hb = *b;
+        hb.fields = host_fields;
+        b = &hb;
+    }
     for (int i = 0; i < ms->n; i++) {
         cm_status s = cm_metric_update(&ms->metrics[i], outputs, b, ms->sums + i * CM_METRIC_MAX_STATE);
         if (s) return s;
@@ -543,6 +583,18 @@ static cm_status phantom_from_dataset(cm_trainer *tr) {
 
 static cm_status model_error(cm_trainer *tr, const char *where);
 
+/* On a GPU: the model batch's fields become copies on the device, on the tape (freed with it; the
+ * cm_batch keeps the host tensors). False on failure, with the tape's error. */
+static bool batch_to_device(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    if (tr->device == CM_DEVICE_CPU) return true;
+    const bool prev = cm_tape_set_grad_enabled(tr->tape, false);
+    for (int i = 0; i < st->mbatch.n; i++)
+        if (st->mb_fields[i]) st->mb_fields[i] = cm_to_device(tr->tape, st->mb_fields[i], tr->device);
+    cm_tape_set_grad_enabled(tr->tape, prev);
+    return cm_tape_status(tr->tape) == CM_OK;
+}
+
 static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
     cm_state *st = &tr->st;
     cm_module *root = cm_model_module(st->model);
@@ -557,6 +609,7 @@ static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
     }
     st->microbatch_index = index;
     cmi_state_set_batch(st, pb, 0, 0);
+    if (!batch_to_device(tr)) return model_error(tr, "fit (phantom microbatch)");
     cm_module_train(root, false);
     cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
     cm_tensor *loss = out ? cm_model_loss(st->model, tr->tape, out, &st->mbatch) : NULL;
@@ -599,7 +652,8 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
      * metrics see the batch copied at the start of the microbatch. */
     cm_tensor *orig[CM_DATASET_MAX_FIELDS];
     memcpy(orig, st->mb_fields, sizeof(cm_tensor *) * (size_t)mb->n_fields);
-    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
+    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s; /* plugins see the batch on the host */
+    if (!batch_to_device(tr)) goto tape_fail;
     cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
     if (!out) goto tape_fail;
     st->outputs = out;
@@ -610,7 +664,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
     if (tr->record_pass && !tr->dry && st->metric_sets[0].n && st->outputs) {
         const cm_model_batch mb0 = {st->mb_names, orig, st->mbatch.n, st->mbatch.n_samples, st->mbatch.n_tokens};
-        if ((s = metrics_update(&st->metric_sets[0], st->outputs, &mb0))) {
+        if ((s = metrics_update(tr->tape, &st->metric_sets[0], st->outputs, &mb0))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
             return cm_set_error(s, "train metrics (epoch %lld, batch %lld): %s", (long long)st->ts.epoch,
@@ -951,7 +1005,7 @@ static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
     cm_state *st = &tr->st;
     if (!ms->n || !st->outputs) return CM_OK;
     const int64_t real = b->n_rows - b->n_padded;
-    if (b->n_padded <= 0) return metrics_update(ms, st->outputs, &st->mbatch);
+    if (b->n_padded <= 0) return metrics_update(tr->tape, ms, st->outputs, &st->mbatch);
     if (real <= 0) return CM_OK;
     cm_tensor *fields[CM_DATASET_MAX_FIELDS];
     for (int i = 0; i < st->mbatch.n; i++) {
@@ -962,7 +1016,7 @@ static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
     if (cm_tensor_ndim(out) >= 1 && cm_tensor_dim(out, 0) == b->n_rows) out = cm_narrow(tr->tape, out, 0, 0, real);
     if (cm_tape_status(tr->tape)) return model_error(tr, "eval");
     cm_model_batch mb = {st->mbatch.names, fields, st->mbatch.n, real, b->n_tokens};
-    return metrics_update(ms, out, &mb);
+    return metrics_update(tr->tape, ms, out, &mb);
 }
 
 static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
@@ -987,6 +1041,10 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
         if ((s = cm_dataloader_next(ev->dl, &b)) || !b) break;
         cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
         if ((s = run(tr, CM_EVENT_EVAL_BATCH_START)) || (s = run(tr, CM_EVENT_EVAL_BEFORE_FORWARD))) break;
+        if (!batch_to_device(tr)) {
+            s = model_error(tr, "eval");
+            break;
+        }
         st->outputs = cm_model_eval_forward(st->model, tr->tape, &st->mbatch);
         if (!st->outputs) {
             s = model_error(tr, "eval");
@@ -1318,13 +1376,22 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
         if ((s = cm_dataloader_next(dl, &b)) || !b) break;
         cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
         if ((s = run(tr, CM_EVENT_PREDICT_BATCH_START)) || (s = run(tr, CM_EVENT_PREDICT_BEFORE_FORWARD))) break;
+        if (!batch_to_device(tr)) {
+            s = model_error(tr, "predict");
+            break;
+        }
         st->outputs = cm_model_forward(st->model, tr->tape, &st->mbatch);
         if (!st->outputs) {
             s = model_error(tr, "predict");
             break;
         }
         if ((s = run(tr, CM_EVENT_PREDICT_AFTER_FORWARD))) break;
-        if ((s = fn(b, st->outputs, data))) {
+        cm_tensor *host_out = st->outputs; /* the callback reads the outputs on the host */
+        if (cm_tensor_device(host_out) != CM_DEVICE_CPU && !(host_out = cm_to_device(tr->tape, host_out, CM_DEVICE_CPU))) {
+            s = model_error(tr, "predict");
+            break;
+        }
+        if ((s = fn(b, host_out, data))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
             s = cm_set_error(s, "predict: the callback failed on batch %lld: %s", (long long)n, msg);

@@ -88,6 +88,7 @@ struct cm_trainer {
     int64_t mb_config; /* 0 whole batch, > 0 rows, CM_MICROBATCH_AUTO */
     bool tokens_weighting;
     bool deterministic;
+    cm_device device; /* cm_trainer_config.device */
     int n_threads;
     cm_trainer_dist dist;
     bool closed, locked, iteration_open;
