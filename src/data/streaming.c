@@ -13,6 +13,7 @@
  *     waiting by an evictor (a held shard is skipped);
  *   - ".cm_cache.lock", exclusive while shards are evicted to stay under cache_limit.
  * The LRU clock is the raw files' mtime, refreshed at every open. */
+#include "image_impl.h"
 #include "mds_impl.h"
 #include "stream_order_impl.h"
 
@@ -85,6 +86,8 @@ typedef struct streaming {
     int n_fields;
     field fields[CM_DATASET_MAX_FIELDS];
     int tokens_col;
+    bool img_f32, img_augment; /* image fields normalised to f32 (C, H, W); augmented for training */
+    float lut[3][256];         /* (x/255 - mean[c]) / std[c] */
     pthread_mutex_t mu; /* shards' open state, plan, counters */
     uint64_t clock;
     plan plan;
@@ -459,8 +462,34 @@ static int64_t read_int(const cm_mds_value *v, cm_mds_dtype dt, const uint8_t *p
     }
 }
 
+/* An image value as normalised f32 (C, H, W): decoded to u8 (H, W, C), laid out as (C, H, W),
+ * augmented for training (cm_image_augment_draw keyed by the sample id, as cm_dataset_cifar10),
+ * then mapped through the per-channel LUT — the steps and arithmetic of the cifar10 and mnist
+ * datasets, so the same pixels give the same floats. */
+static cm_status image_f32(const streaming *s, cm_mds_kind kind, const cm_mds_value *v, int64_t index,
+                           const cm_sample_ctx *ctx, int64_t C, int64_t H, int64_t W, float *out) {
+    const size_t n = (size_t)(C * H * W);
+    uint8_t small[3 * 3 * 64 * 64], *buf = n * 3 <= sizeof small ? small : cm_alloc(n * 3, 64);
+    if (!buf) return CM_ERR_OOM;
+    uint8_t *hwc = buf, *chw = buf + n, *aug = buf + 2 * n;
+    cm_status st = cm_mds_image_decode(kind, v, H, W, (int)C, hwc);
+    if (!st) {
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t p = 0; p < H * W; p++) chw[c * H * W + p] = hwc[p * C + c];
+        const uint8_t *src = chw;
+        if (s->img_augment && ctx->training) {
+            cm_image_augment_params ap = cm_image_augment_draw(&s->cfg.image_augment, ctx->seed, ctx->epoch, index);
+            cm_image_transform_u8(&ap, C, H, W, chw, aug);
+            src = aug;
+        }
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t p = 0; p < H * W; p++) out[c * H * W + p] = s->lut[c][src[c * H * W + p]];
+    }
+    if (buf != small) cm_free(buf);
+    return st;
+}
+
 static cm_status st_get(void *self, int64_t index, const cm_sample_ctx *ctx, void *const *out) {
-    (void)ctx;
     streaming *s = self;
     int64_t local;
     int i = locate(s, index, &local);
@@ -480,7 +509,11 @@ static cm_status st_get(void *self, int64_t index, const cm_sample_ctx *ctx, voi
         int64_t numel = 1;
         for (int d = 0; d < fd->desc.ndim; d++) numel *= fd->desc.shape[d];
         if (fd->kind == F_IMAGE) {
-            st = cm_mds_image_decode(enc->kind, v, fd->desc.shape[0], fd->desc.shape[1], (int)fd->desc.shape[2], out[f]);
+            if (!s->img_f32) {
+                st = cm_mds_image_decode(enc->kind, v, fd->desc.shape[0], fd->desc.shape[1], (int)fd->desc.shape[2], out[f]);
+                continue;
+            }
+            st = image_f32(s, enc->kind, v, index, ctx, fd->desc.shape[0], fd->desc.shape[1], fd->desc.shape[2], out[f]);
             continue;
         }
         if (fd->kind == F_INPUT_IDS || fd->kind == F_LABELS) {
@@ -946,12 +979,12 @@ static cm_status build_fields(streaming *s) {
         }
         if ((e->kind == CM_MDS_PIL || e->kind == CM_MDS_PNG || e->kind == CM_MDS_JPEG) && s->cfg.image_h > 0) {
             if (s->n_fields == CM_DATASET_MAX_FIELDS) break;
-            if (s->cfg.image_c != 1 && s->cfg.image_c != 3)
-                return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_c %lld (use 1 or 3)", (long long)s->cfg.image_c);
             snprintf(fd->name, sizeof fd->name, "%s", ix->column_names[c]);
             fd->kind = F_IMAGE;
             fd->column = c;
-            fd->desc = (cm_field_desc){fd->name, CM_DTYPE_U8, 3, {s->cfg.image_h, s->cfg.image_w, s->cfg.image_c}};
+            const int64_t H = s->cfg.image_h, W = s->cfg.image_w, C = s->cfg.image_c;
+            fd->desc = s->img_f32 ? (cm_field_desc){fd->name, CM_DTYPE_F32, 3, {C, H, W}}
+                                  : (cm_field_desc){fd->name, CM_DTYPE_U8, 3, {H, W, C}};
             s->n_fields++;
             continue;
         }
@@ -973,6 +1006,66 @@ static cm_status build_fields(streaming *s) {
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: no column of this dataset becomes a tensor field (fixed-size numeric "
                                                 "columns do; set max_seq_len for a 'tokens' column, image_h/w/c for "
                                                 "images)", ix->path);
+    return CM_OK;
+}
+
+/* The field names of `renames` (checked: each names a column that became one field; the new
+ * names are unique). */
+static cm_status apply_renames(streaming *s, const cm_streaming_rename *rn, int n) {
+    const cmi_mds_index *ix = &s->streams[0].ix;
+    char have[512] = "";
+    for (int f = 0; f < s->n_fields; f++)
+        if (s->fields[f].kind == F_NUMERIC || s->fields[f].kind == F_IMAGE)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "",
+                     ix->column_names[s->fields[f].column]);
+    for (int k = 0; k < n; k++) {
+        if (!rn[k].column || !rn[k].field || !rn[k].field[0] || strlen(rn[k].field) >= sizeof s->fields[0].name)
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: renames[%d] needs a column and a field name of "
+                                                    "1 to %zu characters", k, sizeof s->fields[0].name - 1);
+        int hit = -1;
+        for (int f = 0; f < s->n_fields && hit < 0; f++)
+            if ((s->fields[f].kind == F_NUMERIC || s->fields[f].kind == F_IMAGE) &&
+                !strcmp(ix->column_names[s->fields[f].column], rn[k].column))
+                hit = f;
+        if (hit < 0)
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: cannot rename column '%s': it is not a field of "
+                                                    "%s (columns that are: %s)", rn[k].column, ix->path, have);
+        snprintf(s->fields[hit].name, sizeof s->fields[hit].name, "%s", rn[k].field);
+    }
+    for (int a = 0; a < s->n_fields; a++)
+        for (int b = a + 1; b < s->n_fields; b++)
+            if (!strcmp(s->fields[a].name, s->fields[b].name))
+                return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: two fields would be called '%s' (check "
+                                                        "renames)", s->fields[a].name);
+    return CM_OK;
+}
+
+/* image_c, image_mean/std and image_augment: checked, and the normalisation tables built. */
+static cm_status setup_images(streaming *s) {
+    const cm_streaming_config *c = &s->cfg;
+    if (c->image_h <= 0 && c->image_w <= 0 && c->image_c <= 0) {
+        if (c->image_std[0] != 0 || cm_image_augment_enabled(&c->image_augment))
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_std / image_augment need image_h, image_w "
+                                                    "and image_c");
+        return CM_OK;
+    }
+    if (c->image_h <= 0 || c->image_w <= 0 || (c->image_c != 1 && c->image_c != 3))
+        return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_h %lld, image_w %lld, image_c %lld (sizes >= 1; "
+                                                "image_c 1 or 3)", (long long)c->image_h, (long long)c->image_w,
+                            (long long)c->image_c);
+    cm_status st = cm_image_augment_check(&c->image_augment, "streaming dataset: image_augment");
+    if (st) return st;
+    s->img_f32 = c->image_std[0] != 0;
+    s->img_augment = cm_image_augment_enabled(&c->image_augment);
+    if (s->img_augment && !s->img_f32)
+        return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_augment works on normalised images: set "
+                                                "image_mean and image_std too");
+    for (int k = 0; s->img_f32 && k < c->image_c; k++) {
+        if (!(c->image_std[k] > 0))
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_std[%d] %g must be > 0 (one per channel, "
+                                                    "image_c of them)", k, (double)c->image_std[k]);
+        cm_image_make_lut(s->lut[k], c->image_mean[k], c->image_std[k]);
+    }
     return CM_OK;
 }
 
@@ -1088,6 +1181,8 @@ cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int
     c.partition_algo = s->partition_algo;
     c.sampling_method = s->fixed_sampling ? "fixed" : "balanced";
     c.streams = NULL;
+    c.renames = NULL; /* read once, while the fields are named */
+    c.n_renames = 0;
     s->cfg = c;
     if (!s->shuffle_algo || !s->partition_algo) {
         st = CM_ERR_OOM;
@@ -1179,7 +1274,9 @@ cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int
         }
     }
     if ((st = apply_weights(s))) goto fail;
+    if ((st = setup_images(s))) goto fail;
     if ((st = build_fields(s))) goto fail;
+    if (cfg && cfg->n_renames > 0 && (st = apply_renames(s, cfg->renames, cfg->n_renames))) goto fail;
     if ((st = cm_dataset_new(&k_streaming_vt, s, out))) goto fail;
     if ((st = cm_dataset_set_order(*out, &k_streaming_order))) {
         cm_dataset_free(*out); /* frees s */
