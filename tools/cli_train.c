@@ -945,7 +945,16 @@ static void print_keys(FILE *f) {
             "                     resnet: num_classes, in_channels, zero_init_residual, channels_last)\n"
             "  train_loader:      dataset: {type: tokens | mnist | cifar10, dir, split, path (tokens: a\n"
             "  eval_loader:       .bin file or glob), seq_len (tokens), crop_padding, hflip_p (cifar10)},\n"
-            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth\n"
+            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth;\n"
+            "                     or dataset: {type: streaming (MosaicML Streaming's MDS), remote (s3://, gs://,\n"
+            "                     oci://, file://, a folder), local (the cache), split, streams: {name: {remote,\n"
+            "                     local, split, proportion | repeat | choose}}, shuffle, shuffle_algo,\n"
+            "                     shuffle_seed, shuffle_block_size, num_canonical_nodes, partition_algo,\n"
+            "                     sampling_method, sampling_granularity, epoch_size, batch_size (per device),\n"
+            "                     predownload, cache_limit (10gb), download_retry, keep_zip, validate_hash,\n"
+            "                     allow_unsafe_types, max_seq_len (a tokens column), image_h, image_w,\n"
+            "                     image_c, image_mean, image_std, crop_padding, hflip_p (image columns),\n"
+            "                     fields: {column: field}}\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
             "                     dampening, nesterov (sgd kinds)\n"
@@ -976,7 +985,8 @@ static void print_keys(FILE *f) {
             "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
             "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
-            "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
+            "model.safetensors and, for GPT models, tokenizer.json and sample.txt. With a bucket as\n"
+            "save_folder, the run folder follows every checkpoint to <save_folder>/run/.\n");
 }
 
 static const char *g_print_config, *g_quiet_train;
