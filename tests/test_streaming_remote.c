@@ -236,28 +236,34 @@ Test(streaming_remote, s3_faults_are_retried_and_exhausted_retries_name_the_shar
      .fini = s3_teardown, .timeout = 120) {
     char *src = mktmp(), *cache = mktmp();
     const int n_shards = write_ds(src, 120, 2000, NULL);
+    cr_assert_eq(n_shards, 3);
     upload_dir(src, "s3://bkt/ds");
     cm_dataset *loc = open_ds(NULL, src, 8, -1, 2);
     int64_t want[120], got[120];
     cr_assert_eq(read_epoch(loc, 8, want, NULL), 120);
     cm_dataset_free(loc);
-    /* 500s on two shard downloads, a connection cut mid-body, and the server gone for a while */
+    /* 500s on two shard downloads, a 503, a connection cut mid-body, and the server stopping
+     * while a download is in flight (held in the proxy), back a second later */
     cm_dataset *ds = open_ds("s3://bkt/ds", cache, 8, 0, 8);
     cmt_s3_ctl(&g_s3, "fail?status=500&count=2&match=GET%20/bkt/ds/shard.00000", NULL, 0);
     cmt_s3_ctl(&g_s3, "cut?after=700&count=1&match=GET%20/bkt/ds/shard.00001", NULL, 0);
-    cmt_s3_ctl(&g_s3, "fail?status=503&count=1&match=GET%20/bkt/ds/shard.00002", NULL, 0);
-    cmt_s3_server_kill(&g_s3);
+    cmt_s3_ctl(&g_s3, "fail?status=503&count=1&match=GET%20/bkt/ds/shard.00001", NULL, 0); /* on the resumed GET */
+    cmt_s3_ctl(&g_s3, "delay?seconds=0.5&count=1&match=GET%20/bkt/ds/shard.00002", NULL, 0);
     reader rd = {ds, got, 0, CM_OK, ""};
     pthread_t th;
     pthread_create(&th, NULL, reader_main, &rd);
-    nap_ms(600);
+    for (int i = 0; i < 500 && count_gets(&g_s3, "/ds/shard.00002") == 0; i++) nap_ms(10);
+    cr_assert_eq(count_gets(&g_s3, "/ds/shard.00002"), 1, "the download of shard 2 never started (%d GETs)", count_gets(&g_s3, "/ds/shard.00002"));
+    cmt_s3_server_kill(&g_s3);
+    nap_ms(1000);
     cmt_s3_server_restart(&g_s3);
     pthread_join(th, NULL);
     cr_assert_eq(rd.st, CM_OK, "%s", rd.msg);
     cr_assert_eq(rd.n, 120);
     for (int i = 0; i < 120; i++) cr_assert_eq(got[i], want[i], "position %d", i);
     cr_assert_eq(cm_streaming_n_fetched(ds), n_shards);
-    cr_assert_geq(cmt_s3_stat(&g_s3, "faults"), 4, "the injected faults were not all hit");
+    cr_assert_geq(cmt_s3_stat(&g_s3, "faults"), 5, "the injected faults were not all hit");
+    cr_assert_geq(count_gets(&g_s3, "/ds/shard.00002"), 2, "shard 2's download was not retried after the server stopped");
     cr_assert_eq(count_files(cache, ".part-"), 0, "a partial download was left in the cache");
     cm_dataset_free(ds);
     /* the server gone for good: a clear error naming the shard's URI, nothing partial cached */

@@ -3,10 +3,11 @@
  *   dist_streaming write DIR [URI]
  *       writes the synthetic classification set (synth.h, 240 samples) as MDS shards of about 30
  *       samples into DIR ("input" ndarray:float32:12, "label" int), and uploads its files to URI.
- *   dist_streaming read OUT REMOTE LOCAL
+ *   dist_streaming read OUT REMOTE LOCAL [CACHE_LIMIT]
  *       every rank reads its part of epoch 0 (global batch 12, shuffled py1e) through a
- *       dataloader, with LOCAL as the cache shared by the ranks; rank 0 writes each step's
- *       global sample ids ("S <step> id...", sorted) and "F <shards fetched by all ranks>" to OUT.
+ *       dataloader, with LOCAL as the cache shared by the ranks (CACHE_LIMIT bytes at most);
+ *       rank 0 writes each step's global sample ids ("S <step> id...", sorted) and
+ *       "F <shards fetched by all ranks>" to OUT.
  *   dist_streaming train OUT REMOTE LOCAL [--save DIR] [--load PATH] [--max 30ba] [--interval 5ba]
  *       trains the MLP of synth.h on the streaming dataset with the Trainer (DDP, NO_SHARD, Adam,
  *       global batch 12), checkpoints to DIR; rank 0 writes "S <batch> ids..." (every rank's
@@ -69,8 +70,9 @@ static cm_status comm_sum(double *v, int n, const void *ctx) {
     return cm_comm_all_reduce_sum_f64(g_comm, v, n);
 }
 
-static cm_status open_stream(const char *remote, const char *local, int world, cm_dataset **ds) {
+static cm_status open_stream(const char *remote, const char *local, int world, int64_t cache_limit, cm_dataset **ds) {
     cm_streaming_config sc = cm_streaming_config_default();
+    sc.cache_limit = cache_limit;
     sc.remote = remote;
     sc.local = local;
     sc.batch_size = G / world;
@@ -120,10 +122,10 @@ static int cmd_write(const char *dir, const char *uri) {
     return 0;
 }
 
-static int cmd_read(const char *out, const char *remote, const char *local) {
+static int cmd_read(const char *out, const char *remote, const char *local, int64_t cache_limit) {
     const int world = cm_comm_size(g_comm);
     cm_dataset *ds;
-    TRY(open_stream(remote, local, world, &ds));
+    TRY(open_stream(remote, local, world, cache_limit, &ds));
     cm_dataloader_config lc = cm_dataloader_config_default();
     lc.batch_size = G;
     lc.rank = g_rank;
@@ -191,7 +193,7 @@ static int cmd_train(int argc, char **argv) {
     }
     const int world = cm_comm_size(g_comm);
     cm_dataset *ds;
-    TRY(open_stream(remote, local, world, &ds));
+    TRY(open_stream(remote, local, world, 0, &ds));
     cm_model *model;
     TRY(dt_mlp_new(0, 0.0f, &model));
     cm_dist *dp;
@@ -262,7 +264,8 @@ int main(int argc, char **argv) {
     }
     TRY(cm_comm_auto_new(NULL, &g_comm));
     g_rank = cm_comm_rank(g_comm);
-    int rc = !strcmp(argv[1], "read") ? cmd_read(argv[2], argv[3], argv[4]) : cmd_train(argc - 2, argv + 2);
+    int rc = !strcmp(argv[1], "read") ? cmd_read(argv[2], argv[3], argv[4], argc > 5 ? atoll(argv[5]) : 0)
+                                      : cmd_train(argc - 2, argv + 2);
     cm_comm_free(g_comm);
     return rc;
 }

@@ -513,6 +513,20 @@ print(len(c), max(c.values()))")
     grep '^S' "$tmp/three.txt" >"$tmp/three_s"
     [ "$(wc -l <"$tmp/one_s")" = 20 ] || fail "1 process read $(wc -l <"$tmp/one_s") steps, want 20"
     cmp -s "$tmp/one_s" "$tmp/three_s" || { diff "$tmp/one_s" "$tmp/three_s" | head; fail "3 ranks saw other samples than 1 process"; }
+    # the same with a cache_limit of Streaming's minimum (4 x the largest shard, raw and zip
+    # together, + index.json): the ranks evict each other's shards (never one being fetched or
+    # opened) and still read exactly the same samples, and the cache ends within its limit
+    limit=$(/usr/bin/python3 -c "
+import json, os
+ix = json.load(open('$tmp/src/index.json'))
+print(4 * max(s['raw_data']['bytes'] + (s['zip_data'] or {'bytes': 0})['bytes'] for s in ix['shards'])
+      + os.path.getsize('$tmp/src/index.json'))")
+    launch -n 3 "$st" read "$tmp/lim.txt" s3://bkt/ds "$tmp/cachelim" "$limit" || fail "reading on 3 ranks under cache_limit $limit"
+    grep '^S' "$tmp/lim.txt" >"$tmp/lim_s"
+    cmp -s "$tmp/one_s" "$tmp/lim_s" || { diff "$tmp/one_s" "$tmp/lim_s" | head; fail "under cache_limit the ranks saw other samples"; }
+    used=$(cat "$tmp/cachelim"/index.json "$tmp/cachelim"/shard.*.mds 2>/dev/null | wc -c)
+    [ "$used" -le "$limit" ] || fail "the cache holds $used bytes, over cache_limit $limit"
+    echo "under cache_limit $limit: $(grep '^F' "$tmp/lim.txt") shard fetches for $n shards, $used bytes cached at the end"
     [ "$(s3_stat refused)" = 0 ] || fail "the proxy refused $(s3_stat refused) signatures"
     ;;
 streaming_resume_elastic)
