@@ -231,8 +231,11 @@ Test(cli_streaming, remote_save_folder_gets_the_run_folder_at_every_checkpoint, 
                                "optimizer: {name: sgd, lr: 0.01}\n"
                                "save_folder: s3://bkt/live\n"
                                "save_interval: 2ba\n");
+    /* what a profiler would leave in a subfolder goes too */
+    cr_assert_eq(system("mkdir -p " DIR "/runs/up/traces && echo '{}' > " DIR "/runs/up/traces/rank0.json"), 0);
     rc = run("train " DIR "/up.yaml");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert_eq(count_lines(&s3, "PUT /bkt/live/run/traces/rank0.json"), 4);
     /* checkpoints at 2, 4, 6: the run folder went up after each of them and once more at the end */
     cr_assert_eq(count_lines(&s3, "PUT /bkt/live/run/metrics.jsonl"), 4, "metrics.jsonl uploaded %d times",
                  count_lines(&s3, "PUT /bkt/live/run/metrics.jsonl"));

@@ -1207,24 +1207,39 @@ static cm_status make_run_folder(run *r, char *run_name) {
     return CM_OK;
 }
 
-/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample)
- * go to "<save_folder>/run/" at the end of the run, beside the checkpoints. */
+/* Uploads the regular files under `dir` (subfolders such as traces/ included, as key prefixes)
+ * to `st` under `prefix`. */
+static cm_status upload_tree(cm_object_store *st, const char *dir, const char *prefix, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
+    cm_status s = CM_OK;
+    struct dirent *e;
+    while (!s && (e = readdir(d))) {
+        char path[PATH_MAX], key[PATH_MAX];
+        struct stat sb;
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(key, sizeof key, "%s%s", prefix, e->d_name);
+        if (stat(path, &sb) != 0) continue;
+        if (S_ISREG(sb.st_mode)) {
+            s = cm_object_store_upload(st, key, path);
+        } else if (S_ISDIR(sb.st_mode) && depth < 4) {
+            strncat(key, "/", sizeof key - strlen(key) - 1);
+            s = upload_tree(st, path, key, depth + 1);
+        }
+    }
+    closedir(d);
+    return s;
+}
+
+/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample,
+ * and what subfolders hold) go to "<save_folder>/run/", beside the checkpoints. */
 static cm_status upload_run_folder(const char *dir, const char *save_folder) {
     char uri[PATH_MAX];
     snprintf(uri, sizeof uri, "%s/run", save_folder);
     cm_object_store *st;
     cm_status s = cm_object_store_open(uri, NULL, &st);
-    DIR *d = s ? NULL : opendir(dir);
-    if (!s && !d) s = cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
-    struct dirent *e;
-    while (!s && d && (e = readdir(d))) {
-        char path[PATH_MAX];
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] == '.' || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        s = cm_object_store_upload(st, e->d_name, path);
-    }
-    if (d) closedir(d);
+    if (!s) s = upload_tree(st, dir, "", 0);
     cm_object_store_close(st);
     return s;
 }

@@ -305,7 +305,7 @@ cm_status cm_streaming_partition(const char *algo, int64_t num_samples, int64_t 
  * StreamingDataset: MDS streams as a dataset that decides its own epoch order
  *
  *     cm_streaming_config sc = cm_streaming_config_default();
- *     sc.remote = "file:///data/c4-mds";   // or a local path; NULL when `local` holds the dataset
+ *     sc.remote = "s3://my-bucket/c4-mds"; // gs://, oci://, file://, a folder; NULL: `local` holds it
  *     sc.local = "/tmp/cache";
  *     sc.shuffle = true;                   // py1e, seed 9176 (Streaming's defaults)
  *     sc.batch_size = 8;                   // per device, as Streaming's batch_size
