@@ -72,7 +72,7 @@ static cm_status p_lg_metrics(void *self, const cm_metric_value *v, int n, const
     return p->fail_on == CM_EVENT_INIT ? cm_set_error(CM_ERR_IO, "disk full") : CM_OK;
 }
 
-static const cm_algorithm_i alg_vt = {CM_ALGORITHM_ABI, "Alg", p_match, p_apply, NULL, NULL, p_close_alg, p_free};
+static const cm_algorithm_i alg_vt = {CM_ALGORITHM_ABI, "Alg", p_match, p_apply, NULL, NULL, p_close_alg, p_free, NULL};
 static const cm_callback_i cb_vt = {CM_CALLBACK_ABI, "Cb", p_cb, NULL, NULL, p_close_cb, p_free};
 static const cm_logger_i lg_vt = {CM_LOGGER_ABI, "Lg", p_lg_init, NULL, p_lg_metrics, p_lg_event, NULL, p_lg_close, p_free};
 

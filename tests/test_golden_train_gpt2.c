@@ -134,7 +134,7 @@ static cm_status p_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {
     p->norm[p->steps++] = sqrt(ss);
     return CM_OK;
 }
-static const cm_algorithm_i probe_vt = {CM_ALGORITHM_ABI, "GradProbe", p_match, p_apply, NULL, NULL, NULL, NULL};
+static const cm_algorithm_i probe_vt = {CM_ALGORITHM_ABI, "GradProbe", p_match, p_apply, NULL, NULL, NULL, NULL, NULL};
 
 /* ---------------------------------------------------------------------------------------------
  * One run: the model from the golden's initial weights, the trainer, fit 5ba

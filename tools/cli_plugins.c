@@ -6,6 +6,7 @@
 /* Keys and paths are cut to their buffers on purpose (longer ones are not valid config paths). */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <strings.h>
@@ -47,6 +48,97 @@ static cm_status make_gradient_clipping(cm_config *c, const char *path, cli_ctx 
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: %g must be > 0 and finite", cm_config_origin(c, key), key, thr);
     return cm_grad_clip_new((cm_grad_clip_type)type, thr, &out->algorithm);
 }
+
+/* The training methods (train_algos.h), with Composer's argument names and defaults. A null
+ * value (`half_life: null`) is Composer's None. Constructor errors get the entry's origin. */
+static cm_status at_entry(cm_config *c, const char *path, cm_status s) {
+    if (!s) return s;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", cm_last_error());
+    return cm_set_error(s, "%s: %s: %s", cm_config_origin(c, path), path, msg);
+}
+
+/* A string argument whose null means None: *out NULL for `key: null`, def when absent. */
+static cm_status get_optional_string(cm_config *c, const char *key, const char *def, const char **out) {
+    if (cm_config_kind_of(c, key) == CM_CONFIG_NULL) {
+        cm_config_touch(c, key);
+        *out = NULL;
+        return CM_OK;
+    }
+    return cm_config_get_string(c, key, def, out);
+}
+
+/* A real argument whose null or absence means None (NaN). */
+static cm_status get_optional_double(cm_config *c, const char *key, double *out) {
+    *out = NAN;
+    if (!cm_config_has(c, key)) {
+        cm_config_touch(c, key);
+        return CM_OK;
+    }
+    return cm_config_get_double(c, key, NAN, out);
+}
+
+#define AKEY(k) (snprintf(key, sizeof key, "%s." k, path), key)
+
+/* algorithms.ema: {half_life: 1000ba, smoothing: null, ema_start: 0.0dur, update_interval: null} */
+static cm_status make_ema(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_ema_config cfg = cm_ema_config_default();
+    cm_status s;
+    if ((s = get_optional_string(c, AKEY("half_life"), "1000ba", &cfg.half_life)) ||
+        (s = get_optional_double(c, AKEY("smoothing"), &cfg.smoothing)) ||
+        (s = cm_config_get_string(c, AKEY("ema_start"), "0.0dur", &cfg.ema_start)) ||
+        (s = get_optional_string(c, AKEY("update_interval"), NULL, &cfg.update_interval)))
+        return s;
+    return at_entry(c, path, cm_ema_new(&cfg, NULL, &out->algorithm));
+}
+
+/* algorithms.swa: {swa_start: 0.7dur, swa_end: 0.97dur, update_interval: 1ep, schedule_swa_lr:
+ * false, anneal_strategy: linear, anneal_steps: 10, swa_lr: null} */
+static cm_status make_swa(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_swa_config cfg = cm_swa_config_default();
+    int64_t steps;
+    cm_status s;
+    if ((s = cm_config_get_string(c, AKEY("swa_start"), cfg.swa_start, &cfg.swa_start)) ||
+        (s = cm_config_get_string(c, AKEY("swa_end"), cfg.swa_end, &cfg.swa_end)) ||
+        (s = cm_config_get_string(c, AKEY("update_interval"), cfg.update_interval, &cfg.update_interval)) ||
+        (s = cm_config_get_bool(c, AKEY("schedule_swa_lr"), false, &cfg.schedule_swa_lr)) ||
+        (s = cm_config_get_string(c, AKEY("anneal_strategy"), cfg.anneal_strategy, &cfg.anneal_strategy)) ||
+        (s = cm_config_get_int(c, AKEY("anneal_steps"), cfg.anneal_steps, &steps)) ||
+        (s = get_optional_double(c, AKEY("swa_lr"), &cfg.swa_lr)))
+        return s;
+    cfg.anneal_steps = steps;
+    return at_entry(c, path, cm_swa_new(&cfg, &out->algorithm));
+}
+
+/* algorithms.sam: {rho: 0.05, epsilon: 1.0e-12, interval: 1} */
+static cm_status make_sam(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_sam_config cfg = cm_sam_config_default();
+    cm_status s;
+    if ((s = cm_config_get_double(c, AKEY("rho"), cfg.rho, &cfg.rho)) ||
+        (s = cm_config_get_double(c, AKEY("epsilon"), cfg.epsilon, &cfg.epsilon)) ||
+        (s = cm_config_get_int(c, AKEY("interval"), cfg.interval, &cfg.interval)))
+        return s;
+    return at_entry(c, path, cm_sam_new(&cfg, &out->algorithm));
+}
+
+/* algorithms.layer_freezing: {freeze_start: 0.5, freeze_level: 1.0} */
+static cm_status make_layer_freezing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    char key[256];
+    cm_layer_freezing_config cfg = cm_layer_freezing_config_default();
+    cm_status s;
+    if ((s = cm_config_get_double(c, AKEY("freeze_start"), cfg.freeze_start, &cfg.freeze_start)) ||
+        (s = cm_config_get_double(c, AKEY("freeze_level"), cfg.freeze_level, &cfg.freeze_level)))
+        return s;
+    return at_entry(c, path, cm_layer_freezing_new(&cfg, &out->algorithm));
+}
+#undef AKEY
 
 /* loggers.progress_bar: {} — the ProgressBarLogger, added unless the top-level progress_bar is
  * false (Composer adds its ProgressBarLogger for progress_bar: true). */
@@ -180,6 +272,13 @@ static cm_status make_optimizer_monitor(cm_config *c, const char *path, cli_ctx 
 const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
+    {"ema", CLI_ALGORITHM, make_ema,
+     "EMA: half_life (1000ba; null to use smoothing), smoothing (null), ema_start (0.0dur), update_interval (null)"},
+    {"swa", CLI_ALGORITHM, make_swa,
+     "SWA: swa_start (0.7dur), swa_end (0.97dur), update_interval (1ep), schedule_swa_lr (false), anneal_strategy "
+     "(linear, cos), anneal_steps (10), swa_lr (null)"},
+    {"sam", CLI_ALGORITHM, make_sam, "SAM: rho (0.05), epsilon (1.0e-12), interval (1)"},
+    {"layer_freezing", CLI_ALGORITHM, make_layer_freezing, "LayerFreezing: freeze_start (0.5), freeze_level (1.0)"},
     {"progress_bar", CLI_LOGGER, make_progress_bar, "ProgressBarLogger on stderr (also top-level progress_bar: true)"},
     {"console", CLI_LOGGER, make_console, "ConsoleLogger: metric blocks on stdout every log_interval (1ep)"},
     {"speed_monitor", CLI_CALLBACK, make_speed_monitor,

@@ -730,7 +730,10 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         if (pk != CM_CONFIG_MAP && pk != CM_CONFIG_NULL) return bad(c, p, "expected a map of arguments ({} for none)");
         cli_plugin_out out = {0};
         TRY(e->make(c, p, &r->ctx, &out));
-        cm_config_touch(c, p); /* an argument-less entry ({} or null) is read */
+        /* an argument-less entry ({} or null) is read; an entry with arguments is read key by key
+         * by its constructor, so an argument it does not know stays unread and is reported with
+         * the closest valid name (touching the whole map would hide it) */
+        if (cm_config_len(c, p) == 0) cm_config_touch(c, p);
         if (out.none) continue;
         int *n = kind == CLI_ALGORITHM ? &r->n_algs : kind == CLI_CALLBACK ? &r->n_cbs : &r->n_lgs;
         if (*n == MAX_PLUGINS) return bad(c, section, "at most %d entries", MAX_PLUGINS);
@@ -963,6 +966,9 @@ static void print_keys(FILE *f) {
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
             "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
+            "                     ema: {half_life, smoothing, ema_start, update_interval}; sam: {rho, epsilon,\n"
+            "                     interval}; swa: {swa_start, swa_end, update_interval, schedule_swa_lr,\n"
+            "                     anneal_strategy, anneal_steps, swa_lr}; layer_freezing: {freeze_start, freeze_level}\n"
             "  callbacks:         (none yet)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"

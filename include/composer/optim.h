@@ -166,6 +166,19 @@ cm_status cm_optim_step(cm_optim *o, double lr_multiplier);
 /* Sets every span's gradient to 0 (spans with NULL grad are skipped). */
 void cm_optim_zero_grad(cm_optim *o);
 
+/* Removes parameters from the optimizer, as Composer's LayerFreezing removes frozen parameters
+ * from the param groups: the `n` floats at `param` — a part of one span's parameter buffer (a
+ * parameter's range of its unit) — are skipped by every later step: no update, no weight decay,
+ * no change to their momentum or Adam moments (their state stays in the checkpoint as it was).
+ * The span's step count still advances for its other elements, as torch's per-parameter counts
+ * do for the parameters left in the group. Excluding a part twice is harmless; there is no way
+ * back. Not saved in checkpoints (LayerFreezing excludes again when its state is loaded).
+ * Errors: CM_ERR_INVALID_ARG (NULL, n < 0), CM_ERR_NOT_FOUND (no span's buffer holds the whole
+ * range), CM_ERR_OOM. */
+cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n);
+/* The number of elements excluded (over all spans). */
+int64_t cm_optim_n_excluded(const cm_optim *o);
+
 /* Optimizer state, for checkpoints. Entries are named "<span>.<key>" with key one of
  * "step" (i64, 1 element: updates applied to the span), "momentum_buffer" (SGD kinds with
  * momentum ≠ 0), "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad) — f32, n elements —

@@ -43,6 +43,8 @@
  *                 per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS,
  *                                 BEFORE_BACKWARD, AFTER_BACKWARD
  *                 AFTER_TRAIN_BATCH, (optimizer step), BATCH_END, [eval], BATCH_CHECKPOINT
+ *                 (a custom train step may run BEFORE_TRAIN_BATCH ... AFTER_TRAIN_BATCH more than
+ *                 once before its optimizer step: see cm_state_set_train_step)
  *     BEFORE_DATALOADER (finds the epoch exhausted), EPOCH_END, [eval], EPOCH_CHECKPOINT
  *   ITERATION_END, ITERATION_CHECKPOINT, FIT_END
  *   eval:        EVAL_BEFORE_ALL, per evaluator: EVAL_START, per batch: EVAL_BATCH_START,
@@ -60,7 +62,8 @@
  *    the end of a fit that reached max_duration, so the pairs always nest (Composer fires
  *    ITERATION_END only with an iteration length set, so by default never).
  *  - BEFORE_TRAIN_BATCH fires once per batch, also when automatic microbatching retries the batch
- *    with a smaller microbatch (Composer fires it again on each retry).
+ *    with a smaller microbatch (Composer fires it again on each retry); under a custom train step
+ *    (cm_state_set_train_step, e.g. SAM) it fires once per gradient computation, as in Composer.
  *  - Evaluation runs each batch whole (no eval microbatching); padded rows of an eval batch are
  *    run through the model but not counted by the metrics.
  *  - seed defaults to 42 rather than a random seed, so runs are reproducible by default.
@@ -279,6 +282,54 @@ cm_status cm_state_metric_at(const cm_state *st, const char *label, int i, const
 void cm_state_stop_training(const cm_state *st);
 bool cm_state_stop_requested(const cm_state *st);
 
+/* During BATCH_CHECKPOINT and EPOCH_CHECKPOINT: whether the trainer saves a checkpoint into
+ * save_folder right after this event (the save interval is due, or training ends here) — what
+ * Composer's algorithms ask its CheckpointSaver (EMA swaps its weights in for such a save).
+ * false at every other event, without a save_folder, and for cm_trainer_save_checkpoint and the
+ * save after a preemption signal. */
+bool cm_state_checkpoint_due(const cm_state *st);
+
+/* Learning-rate control for algorithms that own the schedule for a while (SWA's SWALR): from the
+ * next optimizer step on, the multiplier of every group's lr is `multiplier` instead of the
+ * product of the schedulers (NaN: the schedulers again, the default). multiplier must be ≥ 0 and
+ * finite or NaN (CM_ERR_INVALID_ARG). The override is not saved in checkpoints: the algorithm
+ * that sets it sets it again when its state is loaded (on AFTER_LOAD). */
+cm_status cm_state_set_lr_multiplier_override(cm_state *st, double multiplier);
+double cm_state_lr_multiplier_override(const cm_state *st); /* NaN when none */
+
+/* ---- Custom train steps: closures, after Composer's optimizer.step(closure) ----
+ *
+ * A batch is normally one gradient computation — BEFORE_TRAIN_BATCH, every microbatch's forward
+ * and backward (BEFORE_FORWARD ... AFTER_BACKWARD), the gradient synchronisation across ranks,
+ * AFTER_TRAIN_BATCH — followed by one optimizer step. An algorithm that needs several gradient
+ * computations per step (SAM: the gradient at w, then at w + e(w)) installs a train step with
+ * cm_state_set_train_step; the trainer then calls it once per batch with a closure instead:
+ *
+ *   cm_train_closure_run(c)   one gradient computation at the model's current parameters, the
+ *                             whole sequence above with its events (so GradientClipping and other
+ *                             AFTER_TRAIN_BATCH algorithms act on every gradient, as inside
+ *                             Composer's closure); it starts from zero gradients. The first run
+ *                             of a batch gives the batch's loss and train metrics; later runs
+ *                             update neither (Composer passes them a throw-away loss dict). Every
+ *                             run draws dropout from the batch's starting counters, so all runs
+ *                             of a batch see the same masks; batch-norm running statistics are
+ *                             updated by every run, as in Composer.
+ *   cm_train_closure_step(c)  the optimizer step with the batch's learning-rate multiplier (the
+ *                             schedulers' product or the override), then the parameter
+ *                             synchronisation of sharded strategies.
+ *
+ * The step function must run the closure at least once and step at most once per batch
+ * (CM_ERR_STATE otherwise, naming the algorithm's step); it may leave the parameters as it
+ * likes (SAM restores w before stepping). Errors it returns stop the fit like a plugin's error.
+ * fn NULL restores the default. Setting a step when another algorithm's is installed fails with
+ * CM_ERR_STATE naming both (two closure algorithms do not compose). `name` (static storage)
+ * names the step in messages. */
+typedef struct cm_train_closure cm_train_closure;
+typedef cm_status (*cm_train_step_fn)(void *data, cm_state *st, cm_train_closure *c);
+cm_status cm_state_set_train_step(cm_state *st, const char *name, cm_train_step_fn fn, void *data);
+cm_status cm_train_closure_run(cm_train_closure *c);
+cm_status cm_train_closure_step(cm_train_closure *c);
+
 /* =============================================================================================
  * Logging: the handle plugins log through, and the logger vtable
  * =========================================================================================== */
@@ -334,6 +385,16 @@ typedef struct cm_logger_i {
 
 #define CM_ALGORITHM_ABI 1
 
+/* One tensor of an algorithm's checkpoint state: a contiguous buffer the algorithm owns (a save
+ * reads it, a load writes it). name: unique within the algorithm, borrowed. */
+typedef struct cm_plugin_tensor {
+    const char *name;
+    cm_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    void *data;
+} cm_plugin_tensor;
+
 /* An algorithm changes the training (Composer's Algorithm): match(event, state) decides whether
  * apply runs on this event. name, match and apply are required; the rest may be NULL. */
 typedef struct cm_algorithm_i {
@@ -349,6 +410,15 @@ typedef struct cm_algorithm_i {
     cm_status (*load)(void *self, const char *json, size_t len);
     cm_status (*close)(void *self, cm_state *st, cm_logger *lg);
     void (*free)(void *self);
+    /* Optional: tensors of the checkpoint state, for what JSON cannot hold (EMA's averaged weights,
+     * SWA's average). Writes up to cap entries into out and returns how many there are (call with
+     * cap 0 to count); the list must not change after INIT. A checkpoint saves them in
+     * algorithms.safetensors as "<name>/<tensor>" ("<name>#<k>/<tensor>" for the k-th algorithm
+     * of the same name, k ≥ 1); loading checks every one (present, same dtype and shape: errors
+     * name the tensor) before anything changes, copies them into data, then calls load with the
+     * JSON state. Weights-only checkpoints hold none; sharded checkpoints refuse an algorithm
+     * that has some (CM_ERR_UNSUPPORTED at the save). */
+    int (*tensors)(void *self, cm_plugin_tensor *out, int cap);
 } cm_algorithm_i;
 
 #define CM_CALLBACK_ABI 1

@@ -92,7 +92,7 @@ cm_status cmi_remote_open_path(cmi_remote *r, const char *path, cm_checkpoint **
 /* ---- sharded pieces (reader.c) ---- */
 
 #define CMI_CK_MAX_WORLD 65536 /* ranks a sharded checkpoint may have */
-enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1 };
+enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1, CMI_CK_KIND_ALGO = 2 };
 
 /* A tensor as a whole, over all its pieces. name borrowed until close. */
 typedef struct cmi_ck_global {
@@ -138,7 +138,7 @@ typedef struct cmi_ck_tensor {
     int64_t begin, end;
 } cmi_ck_tensor;
 
-#define CMI_CK_MAX_FILES 2
+#define CMI_CK_MAX_FILES 3
 
 /* One save: what to write and where. Owned by the saver while it runs. */
 typedef struct cmi_ck_job {
@@ -154,6 +154,7 @@ typedef struct cmi_ck_job {
     int n_files;
     void *staging; /* the async snapshot (owned) */
     size_t staging_bytes;
+    char *names;   /* the algorithm tensors' "<name>/<tensor>" names (owned) */
 } cmi_ck_job;
 
 typedef struct cmi_ckpt {
@@ -199,6 +200,8 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr);
 /* After BATCH_CHECKPOINT / EPOCH_CHECKPOINT: reports an earlier background failure, then saves
  * if the interval (or the end of training) says so. prev: the timestamp before the batch/epoch. */
 cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev);
+/* Whether cmi_ckpt_on_event will save at this event (cm_state_checkpoint_due). */
+bool cmi_ckpt_due(const cm_trainer *tr, cm_event ev, const cm_timestamp *prev);
 /* Saves now into save_folder (a no-op without one, or when this batch is already saved). */
 cm_status cmi_ckpt_save_now(cm_trainer *tr);
 /* Waits for a background save and returns its failure. */
@@ -244,6 +247,11 @@ typedef struct cmi_ld_plan {
 /* Plans the model (and, unless weights_only, the optimizer) and checks every range it reads
  * (hashes of the pieces touched). Errors name the checkpoint and the tensor. */
 cm_status cmi_ld_plan_build(cm_trainer *tr, cm_checkpoint *c, bool weights_only, cmi_ld_plan *p);
+/* Adds one copy to a plan after checking the range it reads (the pieces' hashes). */
+cm_status cmi_ld_plan_add(cmi_ld_plan *p, cm_checkpoint *c, int kind, const char *name, int64_t a, int64_t b, void *dst);
+/* The checkpoint name of algorithm i's tensor `tensor`: "<name>/<tensor>", or "<name>#<k>/<tensor>"
+ * for the k-th (k ≥ 1) registered algorithm of the same name. Returns the length, as snprintf. */
+int cmi_algo_tensor_name(cm_engine *e, int i, const char *tensor, char *buf, size_t cap);
 void cmi_ld_plan_apply(cm_checkpoint *c, const cmi_ld_plan *p);
 void cmi_ld_plan_free(cmi_ld_plan *p);
 

@@ -101,8 +101,12 @@ static cm_status read_pointer(const char *folder, const char *latest_name, char 
     return s;
 }
 
-/* The kind of a checkpoint file from its name: optimizer state or model. */
-static int file_kind(const char *name) { return strncmp(name, "optimizer", 9) ? CMI_CK_KIND_MODEL : CMI_CK_KIND_OPTIM; }
+/* The kind of a checkpoint file from its name: optimizer state, algorithm state or model. */
+static int file_kind(const char *name) {
+    if (!strncmp(name, "optimizer", 9)) return CMI_CK_KIND_OPTIM;
+    if (!strncmp(name, "algorithms", 10)) return CMI_CK_KIND_ALGO;
+    return CMI_CK_KIND_MODEL;
+}
 
 /* The number of elements of a shape; -1 for a negative dimension or an overflow. */
 static int64_t prod(const int64_t *shape, int ndim) {
@@ -585,7 +589,8 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
     size_t lo, hi;
     if (!find_group(ck, kind, name, &lo, &hi))
         return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' has no %s tensor '%s'", ck->path,
-                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : "model", name);
+                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : kind == CMI_CK_KIND_ALGO ? "algorithm" : "model",
+                            name);
     const cm_ckpt_tensor *f = &ck->tensors[ck->order[lo]];
     const int64_t total = prod(f->global_shape, f->global_ndim);
     if (a < 0 || b < a || b > total)

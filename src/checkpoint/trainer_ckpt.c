@@ -419,6 +419,7 @@ void cmi_ck_job_free(cmi_ck_job *job) {
     cJSON_Delete(job->manifest);
     for (int i = 0; i < CMI_CK_MAX_FILES; i++) cm_free(job->tensors[i]);
     cm_free(job->staging);
+    cm_free(job->names);
     cm_free(job);
 }
 
@@ -429,6 +430,94 @@ static void set_tensor(cmi_ck_tensor *t, const char *name, const cm_tensor *x) {
     memcpy(t->shape, cm_tensor_shape(x), sizeof(int64_t) * (size_t)t->ndim);
     t->data = cm_tensor_data(x);
     t->nbytes = cm_tensor_nbytes(x);
+}
+
+int cmi_algo_tensor_name(cm_engine *e, int i, const char *tensor, char *buf, size_t cap) {
+    const char *name = cm_algorithm_name(cm_engine_algorithm(e, i));
+    int k = 0;
+    for (int j = 0; j < i; j++) k += !strcmp(cm_algorithm_name(cm_engine_algorithm(e, j)), name);
+    return k ? snprintf(buf, cap, "%s#%d/%s", name, k, tensor) : snprintf(buf, cap, "%s/%s", name, tensor);
+}
+
+/* Algorithm i's checkpoint tensors (cm_algorithm_i.tensors) into a new array; *n = 0 and NULL
+ * when it has none. */
+static cm_status algo_tensors(cm_engine *e, int i, cm_plugin_tensor **out, int *n) {
+    *out = NULL, *n = 0;
+    cm_algorithm *a = cm_engine_algorithm(e, i);
+    const cm_algorithm_i *vt = cm_algorithm_vtable(a);
+    if (!vt->tensors) return CM_OK;
+    const int cnt = vt->tensors(cm_algorithm_self(a), NULL, 0);
+    if (cnt < 0) return cm_set_error(CM_ERR_STATE, "algorithm '%s' listed %d checkpoint tensors", vt->name, cnt);
+    if (cnt == 0) return CM_OK;
+    cm_plugin_tensor *t = cm_alloc_zeroed(sizeof *t * (size_t)cnt, 16);
+    if (!t) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    const int again = vt->tensors(cm_algorithm_self(a), t, cnt);
+    for (int k = 0; k < cnt && again == cnt; k++) {
+        if (!t[k].name || (!t[k].data && t[k].ndim >= 0) || t[k].ndim < 0 || t[k].ndim > CM_MAX_DIMS) {
+            cm_free(t);
+            return cm_set_error(CM_ERR_STATE, "algorithm '%s': checkpoint tensor %d has no name, no data or a bad rank",
+                                vt->name, k);
+        }
+    }
+    if (again != cnt) {
+        cm_free(t);
+        return cm_set_error(CM_ERR_STATE, "algorithm '%s' listed %d checkpoint tensors, then %d", vt->name, cnt, again);
+    }
+    *out = t, *n = cnt;
+    return CM_OK;
+}
+
+static int64_t plugin_numel(const cm_plugin_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+/* The algorithms' tensors of the job (file algorithms.safetensors), with their names in
+ * job->names. Sharded saves refuse them: their files are per rank. */
+static cm_status job_algorithm_tensors(cm_trainer *tr, cmi_ck_job *job, bool sharded) {
+    cm_engine *e = tr->engine;
+    int total = 0;
+    size_t name_bytes = 0;
+    cm_status s = CM_OK;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        cm_plugin_tensor *t;
+        int n;
+        if ((s = algo_tensors(e, i, &t, &n))) break;
+        for (int k = 0; k < n; k++) name_bytes += (size_t)cmi_algo_tensor_name(e, i, t[k].name, NULL, 0) + 1;
+        total += n;
+        cm_free(t);
+        if (n && sharded)
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "checkpoint: algorithm '%s' keeps tensors in checkpoints, which sharded "
+                                                 "checkpoints do not hold yet (use sharding_strategy NO_SHARD)",
+                             cm_algorithm_name(cm_engine_algorithm(e, i)));
+    }
+    if (s || total == 0) return s;
+    const int f = job->n_files;
+    snprintf(job->fnames[f], sizeof job->fnames[f], "%s", CM_CKPT_ALGO_FILE);
+    job->tensors[f] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)total, 16);
+    job->names = cm_alloc(name_bytes, 1);
+    if (!job->tensors[f] || !job->names) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    char *np = job->names;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        cm_plugin_tensor *t;
+        int n;
+        if ((s = algo_tensors(e, i, &t, &n))) break;
+        for (int k = 0; k < n; k++) {
+            cmi_ck_tensor *ct = &job->tensors[f][job->n_tensors[f]++];
+            const int len = cmi_algo_tensor_name(e, i, t[k].name, np, name_bytes - (size_t)(np - job->names));
+            ct->name = np;
+            np += len + 1;
+            ct->dtype = cm_st_dtype_from_cm(t[k].dtype);
+            ct->ndim = t[k].ndim;
+            memcpy(ct->shape, t[k].shape, sizeof(int64_t) * (size_t)t[k].ndim);
+            ct->data = t[k].data;
+            ct->nbytes = (size_t)plugin_numel(&t[k]) * cm_dtype_size(t[k].dtype);
+        }
+        cm_free(t);
+    }
+    job->n_files = f + 1;
+    return s;
 }
 
 static cm_status build_job(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool async,
@@ -487,6 +576,7 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
         }
         job->n_files = 2;
     }
+    if (!s && !weights_only) s = job_algorithm_tensors(tr, job, sharded);
     if (!s && async) {
         size_t total = 0;
         for (int f = 0; f < job->n_files; f++)
@@ -520,12 +610,20 @@ static size_t snapshot_bytes(cm_trainer *tr) {
     size_t total = 0;
     for (int64_t i = 0; i < cm_module_n_params(root); i++) total += cm_tensor_nbytes(cm_module_param_info(root, i).tensor);
     for (int64_t i = 0; i < cm_module_n_buffers(root); i++) total += cm_tensor_nbytes(cm_module_buffer_info(root, i).tensor);
-    if (!tr->ckpt->save_weights_only)
+    if (!tr->ckpt->save_weights_only) {
         for (int i = 0; i < cm_optim_n_state(tr->st.optimizer); i++) {
             cm_optim_state_entry e;
             cm_optim_state_get(tr->st.optimizer, i, &e);
             total += (size_t)e.numel * cm_dtype_size(e.dtype);
         }
+        for (int i = 0; i < cm_engine_n_algorithms(tr->engine); i++) {
+            cm_plugin_tensor *t;
+            int n;
+            if (algo_tensors(tr->engine, i, &t, &n)) continue;
+            for (int k = 0; k < n; k++) total += (size_t)plugin_numel(&t[k]) * cm_dtype_size(t[k].dtype);
+            cm_free(t);
+        }
+    }
     return total;
 }
 
@@ -1046,18 +1144,9 @@ cm_status cmi_ckpt_save_now(cm_trainer *tr) {
     return s ? s : w;
 }
 
-cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
-    cmi_ckpt *ck = tr->ckpt;
-    if (!ck) return CM_OK;
-    if (ck->running && atomic_load(&ck->done)) {
-        cm_status s = cmi_ckpt_wait(tr);
-        if (s) return s;
-    }
-    if (ck->remote && !cmi_multi(tr)) {
-        cm_status s = cmi_remote_failure(ck->remote); /* a background upload failed: stop loudly */
-        if (s) return s;
-    }
-    if (!ck->save_folder) return CM_OK;
+bool cmi_ckpt_due(const cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
+    const cmi_ckpt *ck = tr->ckpt;
+    if (!ck || !ck->save_folder) return false;
     const cm_state *st = &tr->st;
     const bool done = cmi_fit_done(tr);
     const bool ep = ck->save_interval.unit == CM_TIME_EPOCH;
@@ -1069,7 +1158,21 @@ cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *pre
         due = (ep && cmi_interval_hit(tr, ck->save_interval, prev, &st->ts, true)) ||
               (done && ck->last_saved_batch != st->ts.batch);
     }
-    if (!due || (ck->last_saved_batch == st->ts.batch && ck->last_saved_epoch == st->ts.epoch)) return CM_OK;
+    return due && !(ck->last_saved_batch == st->ts.batch && ck->last_saved_epoch == st->ts.epoch);
+}
+
+cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    if (ck->running && atomic_load(&ck->done)) {
+        cm_status s = cmi_ckpt_wait(tr);
+        if (s) return s;
+    }
+    if (ck->remote && !cmi_multi(tr)) {
+        cm_status s = cmi_remote_failure(ck->remote); /* a background upload failed: stop loudly */
+        if (s) return s;
+    }
+    if (!cmi_ckpt_due(tr, ev, prev)) return CM_OK;
     return save_interval_name(tr, true);
 }
 
@@ -1200,6 +1303,47 @@ static cm_status check_run_state(cm_trainer *tr, const cm_checkpoint *c, const c
     return CM_OK;
 }
 
+/* The algorithms' checkpoint tensors: for every algorithm that is not excluded and whose state
+ * the checkpoint holds, each of its tensors must be there with the same dtype and shape. */
+static cm_status plan_algorithms(cm_trainer *tr, cm_checkpoint *c, const cJSON *root, cmi_ld_plan *p) {
+    cmi_ckpt *ck = tr->ckpt;
+    cm_engine *e = tr->engine;
+    const char *path = cm_checkpoint_path(c);
+    const cJSON *algs = cJSON_GetObjectItemCaseSensitive(root, "algorithms");
+    cm_status s = CM_OK;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        const char *name = cm_algorithm_name(cm_engine_algorithm(e, i));
+        int k = 0;
+        for (int j = 0; j < i; j++) k += !strcmp(cm_algorithm_name(cm_engine_algorithm(e, j)), name);
+        if (excluded(ck, name) || !find_plugin(algs, name, k)) continue;
+        cm_plugin_tensor *t;
+        int n;
+        if ((s = algo_tensors(e, i, &t, &n))) break;
+        for (int q = 0; !s && q < n; q++) {
+            char full[512];
+            cmi_algo_tensor_name(e, i, t[q].name, full, sizeof full);
+            cmi_ck_global g;
+            if (!cmi_ck_find(c, CMI_CK_KIND_ALGO, full, &g)) {
+                s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' holds the state of algorithm '%s' but not its tensor "
+                                                "'%s' (saved by another version? set load_exclude_algorithms to start "
+                                                "'%s' fresh)", path, name, full, name);
+                break;
+            }
+            bool same = g.ndim == t[q].ndim && g.dtype == cm_st_dtype_from_cm(t[q].dtype);
+            for (int d = 0; same && d < g.ndim; d++) same = g.shape[d] == t[q].shape[d];
+            if (!same) {
+                s = cm_set_error(CM_ERR_SHAPE, "checkpoint '%s': algorithm tensor '%s' has another dtype or shape than "
+                                               "this run's (a different model, or the algorithm's settings changed)",
+                                 path, full);
+                break;
+            }
+            s = cmi_ld_plan_add(p, c, CMI_CK_KIND_ALGO, g.name, 0, g.numel, t[q].data);
+        }
+        cm_free(t);
+    }
+    return s;
+}
+
 /* Loads on every rank (all ranks call it with the same path): each checks and plans its part,
  * the ranks agree, and only then does anything change. */
 static cm_status load_into(cm_trainer *tr, const char *path, cmi_remote *via) {
@@ -1221,6 +1365,7 @@ static cm_status load_into(cm_trainer *tr, const char *path, cmi_remote *via) {
         if (!weights_only) s = check_run_state(tr, c, root, path, &old_train, &moved_train);
     }
     if (!s) s = cmi_ld_plan_build(tr, c, weights_only, &plan);
+    if (!s && !weights_only) s = plan_algorithms(tr, c, root, &plan);
     s = cmi_dist_agree(tr, s, "loading a checkpoint");
     if (s) goto done;
 

@@ -76,6 +76,8 @@ typedef struct span {
     int64_t step;
     float *buf[E_COUNT]; /* owned, (n,) or NULL; buf[E_STEP] unused */
     char *entry_name[E_COUNT];
+    int64_t *excl;       /* (2·n_excl) sorted, disjoint element ranges [lo, hi) that steps skip */
+    int n_excl, cap_excl;
 } span;
 
 typedef struct group {
@@ -107,6 +109,7 @@ cm_status cm_optim_new(cm_optim_kind kind, cm_optim **out) {
 
 static void span_release(span *s) {
     cm_free(s->name);
+    cm_free(s->excl);
     for (int e = 0; e < E_COUNT; e++) {
         cm_free(s->buf[e]);
         cm_free(s->entry_name[e]);
@@ -454,12 +457,17 @@ static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
                   (float)(1.0 - h->dampening), decoupled ? (float)(1.0 - decay_factor * h->weight_decay) : 1.0f,
                   (float)-lr};
     bool has_mom = h->momentum != 0, first = s->step == 0, nesterov = has_mom && h->nesterov;
-    int64_t n = s->n;
+    /* the span minus its excluded ranges, piece by piece (elementwise: the split changes nothing) */
+    for (int r = 0; r <= s->n_excl; r++) {
+        const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
+        const int64_t n = b1 - b0;
+        if (n <= 0) continue;
 #pragma omp parallel if (n >= PAR_MIN)
-    {
-        int64_t lo, hi;
-        thread_range(n, &lo, &hi);
-        sgd_dispatch(&a, lo, hi, has_mom, first, nesterov, decoupled, l2);
+        {
+            int64_t lo, hi;
+            thread_range(n, &lo, &hi);
+            sgd_dispatch(&a, b0 + lo, b0 + hi, has_mom, first, nesterov, decoupled, l2);
+        }
     }
 }
 
@@ -495,12 +503,16 @@ static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
                    (float)bc2_sqrt,
                    (float)h->eps};
     bool ams = h->amsgrad;
-    int64_t n = s->n;
+    for (int r = 0; r <= s->n_excl; r++) {
+        const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
+        const int64_t n = b1 - b0;
+        if (n <= 0) continue;
 #pragma omp parallel if (n >= PAR_MIN)
-    {
-        int64_t lo, hi;
-        thread_range(n, &lo, &hi);
-        adam_dispatch(&a, lo, hi, decay, l2, ams);
+        {
+            int64_t lo, hi;
+            thread_range(n, &lo, &hi);
+            adam_dispatch(&a, b0 + lo, b0 + hi, decay, l2, ams);
+        }
     }
 }
 
@@ -526,6 +538,49 @@ cm_status cm_optim_step(cm_optim *o, double lr_multiplier) {
         }
     }
     return CM_OK;
+}
+
+cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n) {
+    if (!o || (!param && n > 0) || n < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "optimizer exclude: NULL optimizer or parameters, or n %lld < 0",
+                            (long long)n);
+    if (n == 0) return CM_OK;
+    span *sp = NULL;
+    for (int i = 0; i < o->n_spans && !sp; i++)
+        if (o->spans[i].param && param >= o->spans[i].param && param + n <= o->spans[i].param + o->spans[i].n)
+            sp = &o->spans[i];
+    if (!sp)
+        return cm_set_error(CM_ERR_NOT_FOUND, "%s: no span holds the %lld parameters to exclude (they must lie in one "
+                                              "span's buffer)", cm_optim_kind_name(o->kind), (long long)n);
+    int64_t lo = param - sp->param, hi = lo + n;
+    /* merge [lo, hi) into the sorted, disjoint list */
+    int64_t *nx = cm_alloc(sizeof(int64_t) * 2 * (size_t)(sp->n_excl + 1), 16);
+    if (!nx) return cm_set_error(CM_ERR_OOM, "optimizer exclude: out of memory");
+    int m = 0;
+    bool placed = false;
+    for (int r = 0; r < sp->n_excl; r++) {
+        const int64_t a = sp->excl[2 * r], b = sp->excl[2 * r + 1];
+        if (b < lo) {
+            nx[2 * m] = a, nx[2 * m + 1] = b, m++;
+        } else if (a > hi) {
+            if (!placed) nx[2 * m] = lo, nx[2 * m + 1] = hi, m++, placed = true;
+            nx[2 * m] = a, nx[2 * m + 1] = b, m++;
+        } else { /* overlapping or touching: absorb */
+            lo = a < lo ? a : lo;
+            hi = b > hi ? b : hi;
+        }
+    }
+    if (!placed) nx[2 * m] = lo, nx[2 * m + 1] = hi, m++;
+    cm_free(sp->excl);
+    sp->excl = nx, sp->n_excl = m, sp->cap_excl = m;
+    return CM_OK;
+}
+
+int64_t cm_optim_n_excluded(const cm_optim *o) {
+    int64_t n = 0;
+    for (int i = 0; o && i < o->n_spans; i++)
+        for (int r = 0; r < o->spans[i].n_excl; r++) n += o->spans[i].excl[2 * r + 1] - o->spans[i].excl[2 * r];
+    return n;
 }
 
 void cm_optim_zero_grad(cm_optim *o) {

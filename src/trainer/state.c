@@ -81,6 +81,7 @@ cm_status cm_state_new(cm_state **out) {
     st->ssr = 1.0;
     st->lr_multiplier = 1.0;
     st->total_loss = NAN;
+    st->lr_override = NAN;
     return CM_OK;
 }
 
@@ -145,6 +146,32 @@ void cm_state_stop_training(const cm_state *st) {
     ((cm_state *)st)->stop = true;
 }
 bool cm_state_stop_requested(const cm_state *st) { return st->stop; }
+
+bool cm_state_checkpoint_due(const cm_state *st) { return st && st->checkpoint_due; }
+
+cm_status cm_state_set_lr_multiplier_override(cm_state *st, double multiplier) {
+    if (!st) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_set_lr_multiplier_override: NULL state");
+    if (!isnan(multiplier) && (!(multiplier >= 0) || !isfinite(multiplier)))
+        return cm_set_error(CM_ERR_INVALID_ARG, "learning-rate multiplier override %g: must be finite and >= 0 (or NaN "
+                                                "to hand the schedule back to the schedulers)",
+                            multiplier);
+    st->lr_override = multiplier;
+    return CM_OK;
+}
+
+double cm_state_lr_multiplier_override(const cm_state *st) { return st ? st->lr_override : NAN; }
+
+cm_status cm_state_set_train_step(cm_state *st, const char *name, cm_train_step_fn fn, void *data) {
+    if (!st) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_set_train_step: NULL state");
+    if (fn && st->step_fn && (st->step_fn != fn || st->step_data != data))
+        return cm_set_error(CM_ERR_STATE, "train step '%s' cannot be installed: '%s' already replaces the train step "
+                                          "(two algorithms that run the batch's closure themselves do not compose)",
+                            name ? name : "?", st->step_name ? st->step_name : "?");
+    st->step_fn = fn;
+    st->step_data = fn ? data : NULL;
+    st->step_name = fn ? (name ? name : "custom train step") : NULL;
+    return CM_OK;
+}
 
 static const cm_metric_set *find_set(const cm_state *st, const char *label) {
     for (int i = 0; label && i < st->n_metric_sets; i++)

@@ -288,6 +288,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     st->model = cfg->model;
     st->ssr = cfg->scale_schedule_ratio;
     st->lr_multiplier = 1.0;
+    st->lr_override = NAN;
     st->total_loss = NAN;
     st->train_dl = cfg->train_dataloader;
     st->batches_per_epoch = cfg->train_dataloader ? cm_dataloader_steps_per_epoch(cfg->train_dataloader) : 0;
@@ -598,7 +599,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!loss) goto tape_fail;
     st->loss = loss;
     if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
-    if (st->metric_sets[0].n && st->outputs) {
+    if (tr->record_pass && st->metric_sets[0].n && st->outputs) {
         if ((s = metrics_update(&st->metric_sets[0], st->outputs, &st->mbatch))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
@@ -615,7 +616,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
     /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
      * poison the batch loss. */
-    if (share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+    if (tr->record_pass && share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
     if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
     cm_tape_reset(tr->tape);
     st->outputs = st->loss = NULL;
@@ -640,7 +641,7 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     } else {
         cm_module_zero_grad(root);
     }
-    cmi_metric_set_reset(&st->metric_sets[0]);
+    if (tr->record_pass) cmi_metric_set_reset(&st->metric_sets[0]);
     cm_tape_reset(tr->tape);
     cm_batch *mbs;
     int64_t n_mb, n_total;
@@ -658,23 +659,25 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     return CM_OK;
 }
 
-static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
+/* One gradient computation of the batch (a closure run, see cm_train_closure in trainer.h):
+ * BEFORE_TRAIN_BATCH, the microbatches (retried with smaller ones under automatic
+ * microbatching), the gradient synchronisation, AFTER_TRAIN_BATCH. */
+struct cm_train_closure {
+    cm_trainer *tr;
+    cm_batch *b;
+    int64_t local_samples, local_tokens;
+    double global_w;
+    int runs, steps;
+    double loss_sum; /* the first run's */
+};
+
+static cm_status grad_pass(cm_train_closure *c) {
+    cm_trainer *tr = c->tr;
     cm_state *st = &tr->st;
-    cm_module *root = cm_model_module(st->model);
-    cm_module_train(root, true);
+    cm_batch *b = c->b;
     cm_status s;
-    double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
-    const int64_t local_samples = (int64_t)counts[0], local_tokens = (int64_t)counts[1];
-    if ((s = reduce(tr, counts, 2))) return s;
-    const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
-    if (!(global_w > 0))
-        return cm_set_error(CM_ERR_INVALID_ARG,
-                            "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
-                            (long long)st->ts.epoch, (long long)st->ts.batch_in_epoch,
-                            tr->tokens_weighting ? "tokens" : "samples",
-                            tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
-                                                   "tokens, or a count_tokens in train_data_spec)" : "");
-    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    tr->record_pass = c->runs == 0;
+    cmi_state_set_batch(st, b, c->local_samples, c->local_tokens);
     if ((s = run(tr, CM_EVENT_BEFORE_TRAIN_BATCH))) return s;
 
     if (tr->mb_config == CM_MICROBATCH_AUTO && st->microbatch_size <= 0) {
@@ -689,12 +692,10 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
      * gradient collectives during backward while the size is automatic, so an attempt that is
      * thrown away never leaves one half-done). */
     const bool agree = tr->mb_config == CM_MICROBATCH_AUTO && tr->dist.world_size > 1;
-    /* every microbatch of every attempt draws dropout from the counters the batch starts with */
-    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
     for (;;) {
         int64_t mbsz = tr->mb_config == 0 ? (b->n_rows > 0 ? b->n_rows : 1) : st->microbatch_size;
         bool oom;
-        s = run_microbatches(tr, b, mbsz, global_w, &oom, &loss_sum);
+        s = run_microbatches(tr, b, mbsz, c->global_w, &oom, &loss_sum);
         if (agree) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", s ? cm_last_error() : "");
@@ -734,26 +735,98 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
                                       (double)st->microbatch_size)))
             return s;
     }
-    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    cmi_state_set_batch(st, b, c->local_samples, c->local_tokens);
     st->outputs = st->loss = NULL;
     if (tr->dist.sync_grads && (s = tr->dist.sync_grads(st, tr->dist.data))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "gradient synchronisation failed: %s", msg);
     }
-    if ((s = run(tr, CM_EVENT_AFTER_TRAIN_BATCH))) return s;
+    if (c->runs == 0) c->loss_sum = loss_sum;
+    c->runs++;
+    tr->record_pass = true;
+    return run(tr, CM_EVENT_AFTER_TRAIN_BATCH);
+}
 
-    cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
+static cm_status opt_step(cm_train_closure *c) {
+    cm_trainer *tr = c->tr;
+    cm_state *st = &tr->st;
+    cm_status s;
     double mult = 1.0;
-    if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
+    if (!isnan(st->lr_override)) {
+        mult = st->lr_override;
+    } else {
+        cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
+        if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
+    }
     st->lr_multiplier = mult;
     if ((s = cm_optim_step(st->optimizer, mult))) return s;
+    c->steps++;
     if (tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
     }
+    return CM_OK;
+}
 
+cm_status cm_train_closure_run(cm_train_closure *c) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_train_closure_run: NULL closure");
+    if (c->steps)
+        return cm_set_error(CM_ERR_STATE, "train step '%s': the closure ran after the optimizer step of this batch",
+                            c->tr->st.step_name ? c->tr->st.step_name : "?");
+    return grad_pass(c);
+}
+
+cm_status cm_train_closure_step(cm_train_closure *c) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_train_closure_step: NULL closure");
+    const char *name = c->tr->st.step_name ? c->tr->st.step_name : "?";
+    if (c->runs == 0)
+        return cm_set_error(CM_ERR_STATE, "train step '%s': the optimizer step came before any gradient computation "
+                                          "(run the closure first)", name);
+    if (c->steps) return cm_set_error(CM_ERR_STATE, "train step '%s': a second optimizer step in one batch", name);
+    return opt_step(c);
+}
+
+static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    cm_module_train(root, true);
+    cm_status s;
+    double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
+    const int64_t local_samples = (int64_t)counts[0], local_tokens = (int64_t)counts[1];
+    if ((s = reduce(tr, counts, 2))) return s;
+    const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
+    if (!(global_w > 0))
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
+                            (long long)st->ts.epoch, (long long)st->ts.batch_in_epoch,
+                            tr->tokens_weighting ? "tokens" : "samples",
+                            tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
+                                                   "tokens, or a count_tokens in train_data_spec)" : "");
+    /* every microbatch of every attempt and closure run draws dropout from the counters the
+     * batch starts with */
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
+    cm_train_closure c = {tr, b, local_samples, local_tokens, global_w, 0, 0, 0.0};
+    if (st->step_fn) {
+        const char *name = st->step_name;
+        s = st->step_fn(st->step_data, st, &c);
+        tr->record_pass = true;
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "train step '%s' (epoch %lld, batch %lld): %s", name, (long long)st->ts.epoch,
+                                (long long)st->ts.batch_in_epoch, msg);
+        }
+        if (c.runs == 0)
+            return cm_set_error(CM_ERR_STATE, "train step '%s' returned without computing the batch's gradient (it must "
+                                              "call cm_train_closure_run at least once)", name);
+        cmi_state_set_batch(st, b, local_samples, local_tokens);
+        st->outputs = st->loss = NULL;
+    } else {
+        if ((s = grad_pass(&c)) || (s = opt_step(&c))) return s;
+    }
+    double loss_sum = c.loss_sum;
     if ((s = reduce(tr, &loss_sum, 1))) return s;
     st->total_loss = loss_sum;
     if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "loss/train/total", loss_sum))) return s;
@@ -934,10 +1007,11 @@ static cm_status fit_loop(cm_trainer *tr) {
                                                         "tokens (use a token dataset or a count_tokens function)");
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], cm_clock_s() - t0);
-            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false)) ||
-                (s = run(tr, CM_EVENT_BATCH_CHECKPOINT)) ||
-                (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev)))
-                return s;
+            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false))) return s;
+            st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_BATCH_CHECKPOINT, &prev);
+            s = run(tr, CM_EVENT_BATCH_CHECKPOINT);
+            st->checkpoint_due = false;
+            if (s || (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev))) return s;
             cmi_state_clear_batch(st);
             /* preemption: stop after this batch — on every rank, if any rank got the signal, so all
              * of them save together (a signal arriving after this point is seen after the next) */
@@ -963,10 +1037,11 @@ static cm_status fit_loop(cm_trainer *tr) {
             }
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_epoch(&st->ts, 0.0);
-            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true)) ||
-                (s = run(tr, CM_EVENT_EPOCH_CHECKPOINT)) ||
-                (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev)))
-                return s;
+            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true))) return s;
+            st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev);
+            s = run(tr, CM_EVENT_EPOCH_CHECKPOINT);
+            st->checkpoint_due = false;
+            if (s || (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev))) return s;
         }
     }
     return CM_OK;

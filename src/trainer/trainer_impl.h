@@ -53,6 +53,13 @@ struct cm_state {
 
     cm_metric_set *metric_sets; /* [0] = "train", then one per evaluator */
     int n_metric_sets;
+
+    bool checkpoint_due;   /* during BATCH/EPOCH_CHECKPOINT: a save follows (cm_state_checkpoint_due) */
+    double lr_override;    /* NaN: the schedulers set the lr multiplier */
+    /* an algorithm's train step (cm_state_set_train_step); NULL: the default */
+    cm_train_step_fn step_fn;
+    void *step_data;
+    const char *step_name;
 };
 
 /* A configured evaluator. */
@@ -93,6 +100,7 @@ struct cm_trainer {
     uint64_t *drop_base;
     int n_drop;
     int64_t *mb_counts; /* (world_size) every rank's microbatch count, made on first use */
+    bool record_pass;   /* this gradient computation records the batch's loss and train metrics */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep

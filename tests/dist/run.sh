@@ -560,6 +560,24 @@ streaming_resume_elastic)
     "$bin/dist_ckpt" --compare "$tmp/w4.txt" "$tmp/r2.txt" $tol || fail "4 -> 2 ranks differs from the uninterrupted 4-rank run"
     [ "$(s3_stat refused)" = 0 ] || fail "the proxy refused $(s3_stat refused) signatures"
     ;;
+train_algos_equivalence)
+    # The training methods under NO_SHARD: every rank applies the same update (SAM perturbs by the
+    # global batch's gradient), so 2 ranks (microbatches of 2 and 1 rows each) train as one process
+    # (tolerance as cli_train_equivalence).
+    # Under a sharded strategy they refuse to start, on every rank, naming NO_SHARD.
+    cli_setup
+    algos='algorithms={ema: {half_life: 2ba}, sam: {rho: 0.1, interval: 2}, swa: {swa_start: 0.3dur, swa_end: 0.7dur, update_interval: 1ba, schedule_swa_lr: true, swa_lr: 0.05}, layer_freezing: {freeze_start: 0.0}}'
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref "$algos" >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    for n in 2; do
+        launch -n $n train "$tmp/tiny.yaml" run_root="$tmp/n$n" run_name=r "$algos" >"$tmp/n$n.out" 2>&1 || { cat "$tmp/n$n.out"; fail "train on $n ranks"; }
+        "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/n$n/r" 2e-6 || fail "$n ranks with the methods differ from 1 process"
+    done
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/sh" "$algos" parallelism.fsdp.sharding_strategy=SHARD_GRAD_OP >"$tmp/sh.out" 2>&1
+    rc=$?
+    cat "$tmp/sh.out"
+    [ $rc -ne 0 ] || fail "the methods were accepted under SHARD_GRAD_OP"
+    grep -q "use sharding_strategy NO_SHARD" "$tmp/sh.out" || fail "the refusal does not name NO_SHARD"
+    ;;
 *)
     fail "unknown case '$case_'"
     ;;
