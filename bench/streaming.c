@@ -1,7 +1,8 @@
 /* Samples per second of the streaming dataset (streaming.h) through the dataloader: the CIFAR-10
  * test split as MDS shards ("x" pil, "y" int, 4 MB shards), read into normalised f32 images as a
  * training run would, from
- *   local      the shards read in place
+ *   local      the shards read in place (compressed ones are decompressed beside themselves on
+ *              the first read, as Streaming does, so with zstd this row includes that cost)
  *   s3 cold    a loopback S3 server (s3rver, started here) into an empty cache
  *   s3 warm    the same again, every shard already cached
  *   file cold  a file:// remote into an empty cache (the copy-through cost without HTTP)
