@@ -26,13 +26,25 @@
 #include <time.h>
 #include <unistd.h>
 
+static char g_dirs[16][48];
+static int g_n_dirs;
+
 static char *mktmp(void) {
-    static char dirs[16][48];
-    static int n;
-    char *d = dirs[n++ % 16];
+    cr_assert_lt(g_n_dirs, 16);
+    char *d = g_dirs[g_n_dirs++];
     snprintf(d, 48, "/tmp/cm_strr_XXXXXX");
     cr_assert_not_null(mkdtemp(d));
     return d;
+}
+
+/* Removes the test's temporary folders (left in place when a test fails, for a look). */
+static void rm_tmps(void) {
+    for (int i = 0; i < g_n_dirs; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "rm -rf %.48s", g_dirs[i]);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dirs[i]);
+    }
+    g_n_dirs = 0;
 }
 
 static void nap_ms(int ms) {
@@ -147,7 +159,10 @@ static void s3_setup(void) {
     cmt_s3_start(&g_s3, "bkt");
     setenv("CM_STORAGE_RETRY_BACKOFF_S", "0.05", 1);
 }
-static void s3_teardown(void) { cmt_s3_stop(&g_s3); }
+static void s3_teardown(void) {
+    cmt_s3_stop(&g_s3);
+    rm_tmps();
+}
 
 Test(streaming_remote, s3_equals_local_each_shard_fetched_once_and_prefetched_ahead, .init = s3_setup, .fini = s3_teardown,
      .timeout = 120) {
@@ -407,6 +422,7 @@ Test(streaming_remote, full_cache_with_every_shard_held_is_a_clear_error_then_re
     cr_assert_leq(cm_streaming_cache_usage(ds), cfg.cache_limit);
     for (int k = 0; k < held; k++) close(fds[k]);
     cm_dataset_free(ds);
+    rm_tmps();
 }
 
 Test(streaming_remote, full_disk_while_fetching_is_a_clear_error_and_leaves_nothing_partial) {
@@ -436,4 +452,5 @@ Test(streaming_remote, full_disk_while_fetching_is_a_clear_error_and_leaves_noth
     cr_assert_eq(cm_dataset_get(ds, 0, NULL, out), CM_OK, "%s", cm_last_error());
     cr_assert_eq(y, 0);
     cm_dataset_free(ds);
+    rm_tmps();
 }
