@@ -35,6 +35,7 @@ int cli_mkdirs(const char *path); /* 0 or an errno */
 int cmd_train(const char *prog, int argc, char **argv);
 int cmd_eval(const char *prog, int argc, char **argv);
 int cmd_generate(const char *prog, int argc, char **argv);
+int cmd_data_convert(const char *prog, int argc, char **argv); /* cli_data.c */
 
 /* ---------------------------------------------------------------------------------------------
  * Plugin registry: config name -> constructor reading its arguments from the config node
