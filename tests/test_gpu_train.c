@@ -9,12 +9,16 @@
  *   - a checkpoint saved on the GPU resumes on the CPU and one saved on the CPU resumes on the GPU,
  *     continuing the uninterrupted run;
  *   - automatic microbatching catches the GPU's out-of-memory (a device arena budget) and the
- *     microbatched run equals the full batch.
+ *     microbatched run equals the full batch;
+ *   - the golden ResNet steps (test_golden_resnet's: ResNet-20 NCHW and channels-last, an
+ *     ImageNet-stem ResNet-18, a bottleneck ResNet-50) give PyTorch's logits, gradients and running
+ *     statistics on the GPU (convolutions, batch norm, pooling, concat).
  * Where no GPU can be used the program exits 77 (CTest: skipped). Built with -DCM_CUDA=EMU it runs
  * on the CUDA emulator. The device is probed in a child process (CUDA does not survive the forks
  * Criterion makes for each test).
  */
 #include "cmgolden_gpt2.h"
+#include "cmgolden_resnet.h"
 #include "cmtest.h"
 #include "cmtrain.h"
 
@@ -273,6 +277,28 @@ Test(gpu_train, auto_microbatching_catches_the_gpu_out_of_memory) {
     expect_params_close("auto microbatches vs the full batch: parameters", autom.model, full.model, 2e-5, 0);
     gpu_run_end(&full);
     gpu_run_end(&autom);
+    cmt_golden_close(g);
+}
+
+Test(gpu_train, the_golden_resnet_steps_match_pytorch_on_the_gpu) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_RESNET);
+    for (int cl = 0; cl < 2; cl++) {
+        const cm_resnet_config rc = cmt_golden_resnet20(cl);
+        cmt_golden_resnet_check(g, "r20", &rc, CM_DEVICE_CUDA);
+    }
+    cm_resnet_config rc;
+    cr_assert_eq(cm_resnet_config_preset("resnet18", &rc), CM_OK);
+    const int64_t w[4] = {2, 4, 8, 16};
+    memcpy(rc.widths, w, sizeof w);
+    rc.num_classes = 7;
+    cmt_golden_resnet_check(g, "rn18", &rc, CM_DEVICE_CUDA);
+    cr_assert_eq(cm_resnet_config_preset("resnet50", &rc), CM_OK);
+    const int layers[4] = {2, 1, 1, 1};
+    memcpy(rc.widths, w, sizeof w);
+    memcpy(rc.layers, layers, sizeof layers);
+    rc.num_classes = 5;
+    rc.channels_last = false;
+    cmt_golden_resnet_check(g, "rn50", &rc, CM_DEVICE_CUDA);
     cmt_golden_close(g);
 }
 

@@ -373,6 +373,12 @@ static cmi_backend make_table(void) {
     b.sgd_step = cmi_cuda_sgd_step;
     b.adam_step = cmi_cuda_adam_step;
     b.sumsq = cmi_cuda_sumsq;
+    b.conv = cmi_cuda_conv;
+    b.conv_bwd = cmi_cuda_conv_bwd;
+    b.batch_norm = cmi_cuda_batch_norm;
+    b.batch_norm_bwd = cmi_cuda_batch_norm_bwd;
+    b.pool = cmi_cuda_pool;
+    b.pool_bwd = cmi_cuda_pool_bwd;
     return b;
 }
 
