@@ -118,15 +118,18 @@ static cm_status get_d(cm_config *c, const char *prefix, const char *key, double
     char k[256];
     return cm_config_get_double(c, keyf(k, sizeof k, prefix, key), def, out);
 }
-static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
-    /* the shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06 */
+/* The shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06. */
+static double short_decimal(float v) {
     char buf[32];
     for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)def);
-        if ((float)strtod(buf, NULL) == def) break;
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
     }
+    return strtod(buf, NULL);
+}
+static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
     double d;
-    TRY(get_d(c, prefix, key, strtod(buf, NULL), &d));
+    TRY(get_d(c, prefix, key, short_decimal(def), &d));
     *out = (float)d;
     return CM_OK;
 }
@@ -362,8 +365,102 @@ static cm_status open_streaming(run *r, const char *sec, const char *p, bool tra
     TRY(get_s(c, p, "cache_limit", NULL, &cl));
     if (cl && !parse_bytes(cl, &sc.cache_limit))
         return bad(c, keyf(k, sizeof k, p, "cache_limit"), "'%s' is not a byte size (e.g. 10gb, 500mb, 1048576)", cl);
-    if (!sc.remote && !sc.local) return bad(c, p, "a streaming dataset needs remote and/or local");
+    /* streams: {name: {remote, local, split, proportion | repeat | choose}, ...} as llm-foundry's
+     * (a list of such maps works too) */
+    cm_stream_config streams[CM_STREAMING_MAX_STREAMS];
+    const char *sp = keyf(k, sizeof k, p, "streams");
+    char spath[256];
+    snprintf(spath, sizeof spath, "%s", sp);
+    const cm_config_kind sk = cm_config_kind_of(c, spath);
+    if (sk != CM_CONFIG_ABSENT && sk != CM_CONFIG_NULL) {
+        if (sk != CM_CONFIG_MAP && sk != CM_CONFIG_SEQ)
+            return bad(c, spath, "expected a map of stream names to {remote, local, split, proportion, repeat, choose}");
+        sc.n_streams = cm_config_len(c, spath);
+        if (sc.n_streams < 1 || sc.n_streams > CM_STREAMING_MAX_STREAMS)
+            return bad(c, spath, "%d streams (1 to %d)", sc.n_streams, CM_STREAMING_MAX_STREAMS);
+        for (int i = 0; i < sc.n_streams; i++) {
+            char one[320];
+            if (sk == CM_CONFIG_MAP) snprintf(one, sizeof one, "%s.%s", spath, cm_config_key_at(c, spath, i));
+            else snprintf(one, sizeof one, "%s.%d", spath, i);
+            if (cm_config_kind_of(c, one) != CM_CONFIG_MAP)
+                return bad(c, one, "expected a map {remote, local, split, proportion, repeat, choose}");
+            cm_stream_config *st = &streams[i];
+            *st = (cm_stream_config){.proportion = -1, .repeat = -1, .choose = -1};
+            TRY(get_s(c, one, "remote", NULL, &st->remote));
+            TRY(get_s(c, one, "local", NULL, &st->local));
+            TRY(get_s(c, one, "split", NULL, &st->split));
+            char kk[400];
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "proportion"))) TRY(get_d(c, one, "proportion", 0, &st->proportion));
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "repeat"))) TRY(get_d(c, one, "repeat", 0, &st->repeat));
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "choose"))) TRY(get_i(c, one, "choose", 0, &st->choose));
+            if ((st->proportion >= 0) + (st->repeat >= 0) + (st->choose >= 0) > 1)
+                return bad(c, one, "give at most one of proportion, repeat and choose");
+            if (!st->remote && !st->local && !sc.remote && !sc.local)
+                return bad(c, one, "a stream needs remote and/or local");
+        }
+        sc.streams = streams;
+    } else if (!sc.remote && !sc.local) {
+        return bad(c, p, "a streaming dataset needs remote and/or local (or streams: {name: {remote, local}, ...})");
+    }
+    /* images: image_h/w/c, normalised as the cifar10 (3 channels) and mnist (1) datasets by
+     * default, augmented with their keys; fields renames columns ({x: image, y: label}) */
+    TRY(get_i(c, p, "image_h", 0, &sc.image_h));
+    if (sc.image_h > 0) {
+        TRY(get_i(c, p, "image_w", sc.image_h, &sc.image_w));
+        TRY(get_i(c, p, "image_c", 3, &sc.image_c));
+        if (sc.image_c != 1 && sc.image_c != 3) return bad(c, keyf(k, sizeof k, p, "image_c"), "%lld (use 1 or 3)", (long long)sc.image_c);
+        const cm_cifar10_config cc = cm_cifar10_config_default();
+        const cm_mnist_config mc = cm_mnist_config_default();
+        double dm[3], ds[3], vm[3], vs[3];
+        for (int q = 0; q < 3; q++) {
+            dm[q] = short_decimal(sc.image_c == 3 ? cc.mean[q] : mc.mean);
+            ds[q] = short_decimal(sc.image_c == 3 ? cc.std[q] : mc.std);
+        }
+        int nm, ns;
+        TRY(cm_config_get_doubles(c, keyf(k, sizeof k, p, "image_mean"), dm, (int)sc.image_c, vm, 3, &nm));
+        if (nm != sc.image_c) return bad(c, k, "%d values for %lld channels", nm, (long long)sc.image_c);
+        TRY(cm_config_get_doubles(c, keyf(k, sizeof k, p, "image_std"), ds, (int)sc.image_c, vs, 3, &ns));
+        if (ns != sc.image_c) return bad(c, k, "%d values for %lld channels", ns, (long long)sc.image_c);
+        for (int q = 0; q < ns; q++) {
+            if (!(vs[q] > 0)) return bad(c, k, "%g must be > 0", vs[q]);
+            sc.image_mean[q] = (float)vm[q], sc.image_std[q] = (float)vs[q];
+        }
+        int64_t crop;
+        TRY(get_i(c, p, "crop_padding", 0, &crop));
+        sc.image_augment.crop_padding = (int)crop;
+        TRY(get_f(c, p, "hflip_p", 0, &sc.image_augment.hflip_p));
+        if (!train) sc.image_augment = (cm_image_augment){0};
+    }
+    cm_streaming_rename renames[8];
+    const char *fp = keyf(k, sizeof k, p, "fields");
+    char fpath[256];
+    snprintf(fpath, sizeof fpath, "%s", fp);
+    if (cm_config_kind_of(c, fpath) == CM_CONFIG_MAP) {
+        sc.n_renames = cm_config_len(c, fpath);
+        if (sc.n_renames > 8) return bad(c, fpath, "at most 8 renames");
+        for (int i = 0; i < sc.n_renames; i++) {
+            renames[i].column = cm_config_key_at(c, fpath, i);
+            char one[400];
+            snprintf(one, sizeof one, "%s.%s", fpath, renames[i].column);
+            TRY(cm_config_get_string(c, one, NULL, &renames[i].field));
+        }
+        sc.renames = renames;
+    } else if (cm_config_kind_of(c, fpath) != CM_CONFIG_ABSENT) {
+        return bad(c, fpath, "expected a map of column names to field names ({x: image, y: label})");
+    }
     if (cm_dataset_streaming_new(&sc, r->rank, r->world, out) != CM_OK) return at_key(c, p, cm_last_status());
+    /* the zoo's models read fixed field names: say which are missing and how to map them */
+    const char *need = r->gpt2 ? "input_ids" : "image";
+    if (cm_dataset_find_field(*out, need) < 0) {
+        char have[512] = "";
+        for (int f = 0; f < cm_dataset_n_fields(*out); f++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", f ? ", " : "", cm_dataset_field(*out, f)->name);
+        cm_dataset_free(*out);
+        *out = NULL;
+        return bad(c, p, "the model reads the field '%s', and this dataset has %s%s", need, have,
+                   r->gpt2 ? " (set max_seq_len for a 'tokens' column)"
+                           : " (map the columns with fields: {x: image, y: label}, and set image_h/image_w/image_c)");
+    }
     return CM_OK;
 }
 
@@ -413,6 +510,7 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
     int64_t crop;
     TRY(get_i(c, p, "crop_padding", 0, &crop));
     aug.crop_padding = (int)crop;
+    if (train) TRY(cli_image_u8_transform(c, &aug)); /* algorithms.randaugment / augmix */
     if (type == 1) {
         cm_mnist_config mc = cm_mnist_config_default();
         mc.augment = aug;
@@ -682,9 +780,11 @@ static cm_status read_trainer_keys(run *r) {
     int prec;
     TRY(cm_config_get_choice(c, "precision", precisions, CM_PRECISION_COUNT, "fp32", &prec));
     tc->precision = (cm_precision)prec;
-    static const char *const devices[] = {"cpu"};
+    /* Composer's device: cpu or gpu ("cuda" is taken too) */
+    static const char *const devices[] = {"cpu", "gpu", "cuda"};
     int dev;
-    TRY(cm_config_get_choice(c, "device", devices, 1, "cpu", &dev));
+    TRY(cm_config_get_choice(c, "device", devices, 3, "cpu", &dev));
+    tc->device = dev == 0 ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
     if (r->mode == MODE_GENERATE) return CM_OK;
     /* distribution (used when the launcher or mpirun started this process) */
     static const char *const strategies[] = {
@@ -873,7 +973,16 @@ static void print_keys(FILE *f) {
             "                     resnet: num_classes, in_channels, zero_init_residual, channels_last)\n"
             "  train_loader:      dataset: {type: tokens | mnist | cifar10, dir, split, path (tokens: a\n"
             "  eval_loader:       .bin file or glob), seq_len (tokens), crop_padding, hflip_p (cifar10)},\n"
-            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth\n"
+            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth;\n"
+            "                     or dataset: {type: streaming (MosaicML Streaming's MDS), remote (s3://, gs://,\n"
+            "                     oci://, file://, a folder), local (the cache), split, streams: {name: {remote,\n"
+            "                     local, split, proportion | repeat | choose}}, shuffle, shuffle_algo,\n"
+            "                     shuffle_seed, shuffle_block_size, num_canonical_nodes, partition_algo,\n"
+            "                     sampling_method, sampling_granularity, epoch_size, batch_size (per device),\n"
+            "                     predownload, cache_limit (10gb), download_retry, keep_zip, validate_hash,\n"
+            "                     allow_unsafe_types, max_seq_len (a tokens column), image_h, image_w,\n"
+            "                     image_c, image_mean, image_std, crop_padding, hflip_p (image columns),\n"
+            "                     fields: {column: field}}\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
             "                     dampening, nesterov (sgd kinds)\n"
@@ -895,7 +1004,10 @@ static void print_keys(FILE *f) {
             "                     factorize_linears, min_channels, latent_channels, min_features,\n"
             "                     latent_features}; gated_linear_units {act_fn, gated_layer_bias,\n"
             "                     non_gated_layer_bias}; gyro_dropout {p, sigma, tau};\n"
-            "                     weight_standardization {n_last_layers_ignore}; no_op_model {}\n"
+            "                     weight_standardization {n_last_layers_ignore}; no_op_model {};\n"
+            "                     mixup, cutmix, cutout, colout, label_smoothing, progressive_resizing,\n"
+            "                     seq_length_warmup, selective_backprop, randaugment, augmix: {Composer's\n"
+            "                     argument names}\n"
             "  callbacks:         (none yet)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"
@@ -907,7 +1019,7 @@ static void print_keys(FILE *f) {
             "  precision          fp32 | amp_bf16 (amp_fp16: not on CPU)\n"
             "  seed (42), run_name (generated), run_root (runs), progress_bar (true),\n"
             "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
-            "  accumulate_train_batch_on_tokens, device (cpu)\n"
+            "  accumulate_train_batch_on_tokens, device (cpu | gpu: one NVIDIA GPU, in a build with CUDA)\n"
             "  load_path          weights (.safetensors) to start from\n"
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
@@ -919,7 +1031,8 @@ static void print_keys(FILE *f) {
             "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
             "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
-            "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
+            "model.safetensors and, for GPT models, tokenizer.json and sample.txt. With a bucket as\n"
+            "save_folder, the run folder follows every checkpoint to <save_folder>/run/.\n");
 }
 
 static const char *g_print_config, *g_quiet_train;
@@ -1140,26 +1253,107 @@ static cm_status make_run_folder(run *r, char *run_name) {
     return CM_OK;
 }
 
-/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample)
- * go to "<save_folder>/run/" at the end of the run, beside the checkpoints. */
+/* Uploads the regular files under `dir` (subfolders such as traces/ included, as key prefixes)
+ * to `st` under `prefix`. */
+static cm_status upload_tree(cm_object_store *st, const char *dir, const char *prefix, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
+    cm_status s = CM_OK;
+    struct dirent *e;
+    while (!s && (e = readdir(d))) {
+        char path[PATH_MAX], key[PATH_MAX];
+        struct stat sb;
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(key, sizeof key, "%s%s", prefix, e->d_name);
+        if (stat(path, &sb) != 0) continue;
+        if (S_ISREG(sb.st_mode)) {
+            s = cm_object_store_upload(st, key, path);
+        } else if (S_ISDIR(sb.st_mode) && depth < 4) {
+            strncat(key, "/", sizeof key - strlen(key) - 1);
+            s = upload_tree(st, path, key, depth + 1);
+        }
+    }
+    closedir(d);
+    return s;
+}
+
+/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample,
+ * and what subfolders hold) go to "<save_folder>/run/", beside the checkpoints. */
 static cm_status upload_run_folder(const char *dir, const char *save_folder) {
     char uri[PATH_MAX];
     snprintf(uri, sizeof uri, "%s/run", save_folder);
     cm_object_store *st;
     cm_status s = cm_object_store_open(uri, NULL, &st);
-    DIR *d = s ? NULL : opendir(dir);
-    if (!s && !d) s = cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
-    struct dirent *e;
-    while (!s && d && (e = readdir(d))) {
-        char path[PATH_MAX];
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] == '.' || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        s = cm_object_store_upload(st, e->d_name, path);
-    }
-    if (d) closedir(d);
+    if (!s) s = upload_tree(st, dir, "", 0);
     cm_object_store_close(st);
     return s;
+}
+
+/* With a remote save_folder, rank 0's run folder follows the checkpoints to <save_folder>/run/
+ * at the save interval (loss.svg redrawn first), not only at the end, so a run that dies mid-way
+ * still left its log, metrics and plot beside its checkpoints. A failed upload here is a warning
+ * (the next interval tries again; the one at the end of the run is an error). */
+typedef struct run_uploader {
+    const char *dir, *save_folder;
+    FILE *log;
+    cm_time iv;
+    int64_t total_batches;
+    int64_t prev_sample, prev_token, prev_batch;
+    int64_t uploads;
+} run_uploader;
+
+static bool crossed(int64_t prev, int64_t now, int64_t every) { return every > 0 && now / every > prev / every; }
+
+static cm_status ru_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
+    (void)lg;
+    run_uploader *u = self;
+    const cm_timestamp *ts = cm_state_timestamp(st);
+    bool due = false;
+    if (ev == CM_EVENT_BATCH_CHECKPOINT) {
+        switch (u->iv.unit) {
+        case CM_TIME_BATCH: due = crossed(u->prev_batch, ts->batch, u->iv.count); break;
+        case CM_TIME_SAMPLE: due = crossed(u->prev_sample, ts->sample, u->iv.count); break;
+        case CM_TIME_TOKEN: due = crossed(u->prev_token, ts->token, u->iv.count); break;
+        case CM_TIME_DURATION: {
+            const int64_t every = (int64_t)llround(u->iv.frac * (double)u->total_batches);
+            due = crossed(u->prev_batch, ts->batch, every > 0 ? every : 1);
+            break;
+        }
+        default: break;
+        }
+        u->prev_batch = ts->batch, u->prev_sample = ts->sample, u->prev_token = ts->token;
+    } else if (ev == CM_EVENT_EPOCH_CHECKPOINT) {
+        due = u->iv.unit == CM_TIME_EPOCH && u->iv.count > 0 && ts->epoch % u->iv.count == 0;
+    }
+    if (!due) return CM_OK;
+    if (u->log) fflush(u->log);
+    char *metrics = NULL, *plot = NULL;
+    cm_run_folder_path(u->dir, CM_RUN_FILE_METRICS, &metrics);
+    cm_run_folder_path(u->dir, CM_RUN_FILE_PLOT, &plot);
+    if (metrics && plot && access(metrics, F_OK) == 0) cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL);
+    cm_free(metrics), cm_free(plot);
+    if (upload_run_folder(u->dir, u->save_folder) == CM_OK) u->uploads++;
+    else cm_log_msg(CM_LOG_WARN, "uploading the run folder to %s/run/ (will retry at the next interval): %s",
+                    u->save_folder, cm_last_error());
+    return CM_OK;
+}
+
+static void ru_free(void *self) { cm_free(self); }
+
+static const cm_callback_i k_run_uploader = {CM_CALLBACK_ABI, "RunFolderUploader", ru_event, NULL, NULL, NULL, ru_free};
+
+static cm_status run_uploader_new(run *r, cm_callback_plugin *out) {
+    run_uploader *u = cm_alloc_zeroed(sizeof *u, 16);
+    if (!u) return CM_ERR_OOM;
+    u->dir = r->ctx.run_dir;
+    u->save_folder = r->tc.save_folder;
+    u->log = r->ctx.log;
+    u->iv = r->tc.save_interval;
+    if (r->tc.save_interval_str && cm_time_parse(r->tc.save_interval_str, &u->iv) != CM_OK) u->iv = r->tc.save_interval;
+    u->total_batches = r->ctx.total_batches;
+    *out = (cm_callback_plugin){&k_run_uploader, u};
+    return CM_OK;
 }
 
 int cmd_train(const char *prog, int argc, char **argv) {
@@ -1197,6 +1391,18 @@ int cmd_train(const char *prog, int argc, char **argv) {
     r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
     if (!r.err_code && cm_trainer_prepare_model(&r.tc) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
+    /* device: gpu moves the model before the optimizer is made over its buffers */
+    if (!r.err_code && r.tc.device != CM_DEVICE_CPU) {
+        cm_status s = r.world > 1 ? cm_set_error(CM_ERR_UNSUPPORTED, "device: gpu with %d ranks needs NCCL, which is not "
+                                                                     "supported yet (one rank per GPU run)", r.world)
+                                  : cm_module_to_device(cm_model_module(r.model), r.tc.device);
+        if (s) {
+            char msg[900];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            cm_set_error(s, "%s: device gpu: %s", cm_config_origin(r.cfg, "device"), msg);
+            note(&r, NULL);
+        }
+    }
     if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
     /* the run folder: rank 0 alone makes it (generating the name when the config has none) */
     char run_name[256] = "";
@@ -1243,6 +1449,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
         cc.stream = stdout;
         if (cm_console_logger_new(&cc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
+    }
+    if (!r.err_code && r.rank == 0 && r.tc.save_folder && cm_storage_is_remote(r.tc.save_folder)) {
+        if (r.n_cbs == MAX_PLUGINS) note(&r, "too many callbacks for the run folder's uploader");
+        else if (run_uploader_new(&r, &r.cbs[r.n_cbs]) != CM_OK) note(&r, NULL);
+        else r.n_cbs++;
     }
     r.tc.model = r.model;
     r.tc.train_dataloader = r.train_dl;
@@ -1306,6 +1517,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
     if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
     if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (r.rank > 0) return finish(&r, 0);
+    /* the weights are written and sampled from on the host */
+    if (cm_module_device(root) != CM_DEVICE_CPU && cm_module_to_device(root, CM_DEVICE_CPU) != CM_OK) {
+        note(&r, "moving the trained model back to the CPU");
+        return finish(&r, settle(&r, prog));
+    }
 
     /* outputs (rank 0): weights, plot, sample */
     const char *dir = r.ctx.run_dir;

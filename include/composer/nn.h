@@ -201,6 +201,17 @@ bool cm_module_is_finalized(const cm_module *root);
  * while it stays the same. 0 for a tree never finalized. */
 uint64_t cm_module_layout_version(const cm_module *root);
 
+/* Moves a finalized model's parameters, gradients and buffers (running statistics, counters, ...)
+ * to device `dev`, keeping every tensor's identity (pointers to parameters stay valid; their data
+ * and device change) and the values. Afterwards cm_unit_info.params/grads are device memory and
+ * forward passes must be given inputs on `dev` (the trainer moves batches itself). Move the model
+ * after finalize and surgery and before creating an optimizer or a trainer: re-finalizing and
+ * surgery need the model on the CPU. Errors: CM_ERR_STATE (not finalized, or locked by an
+ * optimizer), cm_device_check's, CM_ERR_OOM (the model is unchanged). */
+cm_status cm_module_to_device(cm_module *root, cm_device dev);
+/* The device of a finalized model's parameters (CM_DEVICE_CPU otherwise). */
+cm_device cm_module_device(const cm_module *root);
+
 /* One wrap unit: `numel` floats of parameters and of gradients, contiguous. Borrowed from the
  * root; valid until the next finalize/surgery or cm_module_free. */
 typedef struct cm_unit_info {
@@ -209,6 +220,7 @@ typedef struct cm_unit_info {
     float *grads;        /* (numel), mirrors params */
     int64_t numel;
     int64_t n_params;    /* parameters in this unit */
+    cm_device device;    /* where params and grads live (cm_module_to_device) */
 } cm_unit_info;
 
 /* One named parameter, by value. name and tensor are borrowed from the root (valid until the

@@ -106,6 +106,14 @@ cm_status cm_device_check(cm_device d);
 /* A description of the device ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)", "cpu"), or ""
  * if it is not available. The string is static. */
 const char *cm_device_describe(cm_device d);
+/* The dense peak FLOP/s of device d for computing in `dt` (bf16: the tensor cores; f32: the CUDA
+ * cores' FMA rate; CM_DTYPE_F16 is read as TF32, the rate of f32 GEMMs on tensor cores), from a
+ * table of NVIDIA data sheets looked up by the device's name: H100 SXM/PCIe/NVL, H200, A100, L40S,
+ * L4, RTX 4090. Errors: CM_ERR_NOT_FOUND naming the device when it is not in the table (pass the
+ * peak explicitly, e.g. SpeedMonitor's peak_flops), cm_device_check's; the CPU is
+ * CM_ERR_INVALID_ARG (cm_peak_flops measures it). */
+cm_status cm_device_peak_flops(cm_device d, cm_dtype dt, double *out);
+
 /* Waits for all work queued on d (nothing to do on the CPU). Errors: CM_ERR_DEVICE naming the
  * failed kernel's error, if an earlier launch failed asynchronously. */
 cm_status cm_device_synchronize(cm_device d);

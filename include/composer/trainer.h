@@ -230,8 +230,10 @@ cm_dataloader *cm_state_dataloader(const cm_state *st);
 const char *cm_state_dataloader_label(const cm_state *st);
 /* Global batches per epoch of the train loader (0 when there is none). */
 int64_t cm_state_batches_per_epoch(const cm_state *st);
-/* The current batch: the loader's batch, or the current microbatch between BEFORE_FORWARD and
- * AFTER_BACKWARD (and the eval/predict batch in those loops). NULL outside. */
+/* The current batch: the train batch (from AFTER_DATALOADER, the trainer's working copy of the
+ * loader's, with the changes algorithms made on AFTER_DATALOADER; see cm_state_set_batch), or the
+ * current microbatch between BEFORE_FORWARD and AFTER_BACKWARD (and the eval/predict batch in
+ * those loops). NULL outside. */
 cm_batch *cm_state_batch(const cm_state *st);
 /* The same batch as the model sees it (field names, tensors, counts). NULL outside. */
 const cm_model_batch *cm_state_model_batch(const cm_state *st);
@@ -283,6 +285,56 @@ bool cm_state_progress_bar(const cm_state *st);
 cm_status cm_state_metric(const cm_state *st, const char *label, const char *name, double *out);
 int cm_state_n_metrics(const cm_state *st, const char *label);
 cm_status cm_state_metric_at(const cm_state *st, const char *label, int i, const char **name, double *value);
+
+/* ---- What algorithms may change in the batch ----
+ * Composer's algorithms change state.batch on the events Composer allows; here the changes go
+ * through these calls, so the trainer knows what changed and keeps its counts consistent.
+ *
+ * On AFTER_DATALOADER (during fit) the batch is the trainer's working copy of the loader's
+ * batch (the loader's own tensors are never touched): an algorithm may replace a field's tensor
+ * (same rows; e.g. ProgressiveResizing's smaller images, CutOut's masked ones) or the whole batch
+ * (other rows or sequence lengths: SelectiveBackprop's selected rows, SeqLengthWarmup's
+ * truncation). The trainer counts samples and tokens after AFTER_DATALOADER, as Composer does, so
+ * time, the microbatch weights and throughput follow the new batch; when any rank replaced its
+ * batch the global counts and this rank's row offset (which key the dropout masks) are
+ * recomputed from every rank's rows. Tensors given here must stay valid until BATCH_END (the
+ * plugin owns them; e.g. it frees them on its next apply or in its free), be contiguous, and
+ * have the batch's rows in dim 0.
+ *
+ * From BEFORE_FORWARD to BEFORE_BACKWARD (each microbatch) an algorithm may replace a field of
+ * the model batch (cm_state_model_batch): what the model's forward and loss read for the rest of
+ * the microbatch (MixUp's mixed inputs on BEFORE_FORWARD, LabelSmoothing's smoothed targets on
+ * BEFORE_LOSS); the tensor may come from cm_state_tape (valid until the microbatch ends) and must
+ * keep the microbatch's rows in dim 0. cm_state_batch keeps the loader's view of the microbatch,
+ * and the training metrics are computed on the microbatch as it was before these changes (as
+ * Composer's metrics use the batch copied at the microbatch's start).
+ *
+ * The event the engine is running now (CM_EVENT_COUNT outside events). */
+cm_event cm_state_event(const cm_state *st);
+/* Replaces the tensor of the field called `name` (see above for when and what). Errors:
+ * CM_ERR_NOT_FOUND (no such field, listing the fields), CM_ERR_SHAPE (other rows in dim 0),
+ * CM_ERR_INVALID_ARG (NULLs; a non-contiguous tensor on AFTER_DATALOADER), CM_ERR_STATE (another
+ * event, or no batch). */
+cm_status cm_state_set_batch_field(cm_state *st, const char *name, cm_tensor *t);
+/* Replaces the whole train batch on AFTER_DATALOADER: fields, names, n_rows, n_samples, n_padded,
+ * indices, valid, row_tokens and n_tokens are taken from *b (the struct is copied; its arrays,
+ * strings and tensors are borrowed until BATCH_END; NULL arrays mean "every row is a sample with
+ * no tokens", as cm_data_spec_split reads them); epoch, step and position stay the loader's. Errors:
+ * CM_ERR_STATE (another event), CM_ERR_INVALID_ARG (inconsistent counts, a field without a name
+ * or tensor, a non-contiguous one), CM_ERR_SHAPE (a field without n_rows rows). */
+cm_status cm_state_set_batch(cm_state *st, const cm_batch *b);
+/* A dry run of a train step on `batch` (on AFTER_DATALOADER during fit; Composer's
+ * SeqLengthWarmup "activates" the model so): forward and backward of its microbatches exactly as
+ * the trainer would train them (the microbatch size; automatic microbatching lowers it until the
+ * batch fits, and keeps the size it found; the ranks' gradient synchronisation) — one gradient
+ * computation, also under a custom train step — with no events, metrics, loss logging or
+ * optimizer step. Afterwards everything is as before: gradients zeroed,
+ * dropout counters and batch-norm statistics restored — only the arena has grown to the batch's
+ * size (memory claimed up front) and an automatic microbatch size may be smaller. Every rank must
+ * call it on the same batch step. Errors: CM_ERR_STATE (another event), CM_ERR_INVALID_ARG (a
+ * field without the batch's rows, not contiguous), the model's errors and CM_ERR_OOM as
+ * cm_trainer_fit's, prefixed "dry run of a N-row batch: ". */
+cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch);
 
 /* Asks the trainer to stop after the current batch (Composer's state.stop_training()): the loop
  * finishes the batch (BATCH_END, BATCH_CHECKPOINT), then fires FIT_END. Callbacks receive a
@@ -662,6 +714,17 @@ typedef struct cm_trainer_config {
     bool progress_bar;                    /* for the console logger (read through the state) */
     size_t arena_budget;                  /* bytes for one microbatch's activations; 0 = unlimited */
     cm_trainer_dist dist;
+    /* Where training runs (Composer's device: cpu or gpu). With CM_DEVICE_CUDA the model trains on
+     * the process's GPU: the trainer moves it there (cm_module_to_device) after the INIT model surgery
+     * (which re-packs its buffers on the CPU) unless it is there already,
+     * keeps the tape's activations in GPU memory (device_arena_budget bytes per microbatch, 0 = what
+     * the GPU has; going over it is an out-of-memory error that automatic microbatching catches, as
+     * arena_budget on the CPU), copies every microbatch to the GPU, and reads outputs back for the
+     * metrics. An optimizer passed in must have been made from the model's buffers on that device
+     * (move the model first). Errors: cm_device_check's (no CUDA build, no driver, no GPU), and
+     * CM_ERR_UNSUPPORTED for several ranks on GPUs (multi-GPU training needs NCCL, not there yet). */
+    cm_device device;
+    size_t device_arena_budget;
 
     /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
      * Saving happens when save_folder is set: at save_interval and once at the end of training

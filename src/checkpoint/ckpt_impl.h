@@ -131,6 +131,7 @@ typedef struct cmi_ck_tensor {
     int64_t shape[CM_MAX_DIMS];
     const void *data;
     size_t nbytes;
+    cm_device device; /* where data lives; GPU tensors are copied into the job's host staging */
     /* a piece of a larger tensor (sharded files): elements [begin, end) of global_shape */
     bool piece;
     int gndim;

@@ -3,6 +3,7 @@
  * and loading a checkpoint back into a trainer (autoresume, load_path). */
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <composer/surgery_algorithms.h>
 
@@ -454,6 +455,7 @@ static void set_tensor(cmi_ck_tensor *t, const char *name, const cm_tensor *x) {
     memcpy(t->shape, cm_tensor_shape(x), sizeof(int64_t) * (size_t)t->ndim);
     t->data = cm_tensor_data(x);
     t->nbytes = cm_tensor_nbytes(x);
+    t->device = cm_tensor_device(x);
 }
 
 int cmi_algo_tensor_name(cm_engine *e, int i, const char *tensor, char *buf, size_t cap) {
@@ -597,11 +599,16 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
             t->shape[0] = e.numel;
             t->data = e.data;
             t->nbytes = (size_t)e.numel * cm_dtype_size(e.dtype);
+            t->device = e.device;
         }
         job->n_files = 2;
     }
     if (!s && !weights_only) s = job_algorithm_tensors(tr, job, sharded);
-    if (!s && async) {
+    /* tensors on a GPU are written from a host snapshot, as a background save's */
+    bool on_device = false;
+    for (int f = 0; !s && f < job->n_files; f++)
+        for (int i = 0; i < job->n_tensors[f]; i++) on_device = on_device || job->tensors[f][i].device != CM_DEVICE_CPU;
+    if (!s && (async || on_device)) {
         size_t total = 0;
         for (int f = 0; f < job->n_files; f++)
             for (int i = 0; i < job->n_tensors[f]; i++) total += (job->tensors[f][i].nbytes + 63) & ~(size_t)63;
@@ -615,8 +622,9 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
             for (int f = 0; f < job->n_files; f++)
                 for (int i = 0; i < job->n_tensors[f]; i++) {
                     cmi_ck_tensor *t = &job->tensors[f][i];
-                    if (t->nbytes) memcpy(p, t->data, t->nbytes);
+                    if (t->nbytes && !s) s = cmi_dev_memcpy(p, CM_DEVICE_CPU, t->data, t->device, t->nbytes);
                     t->data = p;
+                    t->device = CM_DEVICE_CPU;
                     p += (t->nbytes + 63) & ~(size_t)63;
                 }
         }

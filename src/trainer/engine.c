@@ -335,12 +335,15 @@ cm_status cm_engine_run_event(cm_engine *e, cm_event ev) {
     if ((unsigned)ev >= CM_EVENT_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_engine_run_event: event %d is not valid", (int)ev);
     e->n_traces = 0;
+    const cm_event prev = e->st->event;
+    e->st->event = ev;
     if (ev == CM_EVENT_INIT) {
-        if ((s = run_loggers(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_algorithms(e, ev))) return s;
-        return CM_OK;
+        if (!(s = run_loggers(e, ev)) && !(s = run_callbacks(e, ev))) s = run_algorithms(e, ev);
+    } else if (!(s = run_algorithms(e, ev)) && !(s = run_callbacks(e, ev))) {
+        s = run_loggers(e, ev);
     }
-    if ((s = run_algorithms(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_loggers(e, ev))) return s;
-    return CM_OK;
+    e->st->event = prev;
+    return s;
 }
 
 cm_status cm_engine_close(cm_engine *e) {

@@ -67,7 +67,8 @@ static cm_status check_interval(const char *what, cm_time t) {
     return CM_OK;
 }
 
-static cm_status run(cm_trainer *tr, cm_event ev) { return cm_engine_run_event(tr->engine, ev); }
+/* Events are not fired during a dry run (cm_state_dry_run): nothing but the step itself happens. */
+static cm_status run(cm_trainer *tr, cm_event ev) { return tr->dry ? CM_OK : cm_engine_run_event(tr->engine, ev); }
 
 static cm_status reduce(cm_trainer *tr, double *v, int n) {
     if (!tr->dist.all_reduce_sum || n == 0) return CM_OK;
@@ -304,6 +305,8 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     tr->dist = cfg->dist;
     st->dist = &tr->dist;
     tr->last_eval_batch = -1;
+    st->event = CM_EVENT_COUNT;
+    st->trainer = tr;
 
     /* evaluators: eval_dataloader first (label "eval"), then the list */
     tr->n_evals = (cfg->eval_dataloader ? 1 : 0) + cfg->n_evaluators;
@@ -339,9 +342,35 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         st->n_schedulers = cfg->n_schedulers;
     }
 
+    /* the device: checked now; the model moves there after the INIT surgery and before the
+     * optimizer is made over its buffers */
+    tr->device = cfg->device;
+    if (cfg->device != CM_DEVICE_CPU) {
+        cm_module *mroot = cm_model_module(st->model);
+        if ((s = cm_device_check(cfg->device))) goto fail;
+        if (cfg->dist.world_size > 1) {
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "device %s: %d ranks on GPUs need NCCL, which is not supported yet "
+                                                 "(train on one GPU, or on CPUs with several ranks)",
+                             cm_device_name(cfg->device), cfg->dist.world_size);
+            goto fail;
+        }
+        if (cm_module_device(mroot) != cfg->device) {
+            if (cfg->optimizer) {
+                s = cm_set_error(CM_ERR_INVALID_ARG,
+                                 "device %s: the model is on %s and an optimizer was passed in, made over its %s "
+                                 "buffers; move the model first (cm_module_to_device) and make the optimizer after",
+                                 cm_device_name(cfg->device), cm_device_name(cm_module_device(mroot)),
+                                 cm_device_name(cm_module_device(mroot)));
+                goto fail;
+            }
+            /* moved after INIT: surgery re-packs the model's buffers on the CPU */
+        }
+    }
     cm_tape_config tc = cm_tape_config_default();
     tc.arena_budget = cfg->arena_budget;
+    tc.device_budget = cfg->device_arena_budget;
     if ((s = cm_tape_new(&tc, &tr->tape))) goto fail;
+    if (cfg->device != CM_DEVICE_CPU && (s = cm_tape_set_device(tr->tape, cfg->device))) goto fail;
     st->tape = tr->tape;
     cm_tape_set_autocast(tr->tape, st->precision == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16 : CM_DTYPE_F32);
     if (cfg->dist.fetch) cm_tape_set_fetch_hook(tr->tape, cfg->dist.fetch, cfg->dist.data);
@@ -403,6 +432,9 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
                          names[0] ? names : "the algorithms");
         goto release;
     }
+    if (cfg->device != CM_DEVICE_CPU && cm_module_device(root) != cfg->device &&
+        (s = cm_module_to_device(root, cfg->device)))
+        goto release;
     if (!cfg->optimizer) {
         if ((s = default_optimizer(tr))) goto release;
         st->optimizer = tr->own_optim;
@@ -465,6 +497,7 @@ void cm_trainer_free(cm_trainer *tr) {
     cm_free(tr->drop_rngs);
     cm_free(tr->drop_base);
     cm_free(tr->mb_counts);
+    cm_free(tr->count_buf);
     for (int i = 0; tr->st.metric_sets && i < tr->st.n_metric_sets; i++) cmi_metric_set_deinit(&tr->st.metric_sets[i]);
     cm_free(tr->st.metric_sets);
     cm_free(tr->st.schedulers);
@@ -491,7 +524,22 @@ static cm_status check_usable(cm_trainer *tr, const char *what) {
  * Metrics
  * ------------------------------------------------------------------------------------------- */
 
-static cm_status metrics_update(cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+/* The metrics read outputs and targets on the host: on a GPU they are copied back first (on the
+ * tape, freed with it). */
+static cm_status metrics_update(cm_tape *tp, cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+    cm_tensor *host_fields[CM_DATASET_MAX_FIELDS];
+    cm_model_batch hb;
+    if (outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU) {
+        const bool prev = cm_tape_set_grad_enabled(tp, false);
+        outputs = cm_to_device(tp, outputs, CM_DEVICE_CPU);
+        for (int i = 0; i < b->n && i < CM_DATASET_MAX_FIELDS; i++)
+            host_fields[i] = b->fields[i] ? cm_to_device(tp, b->fields[i], CM_DEVICE_CPU) : NULL;
+        cm_tape_set_grad_enabled(tp, prev);
+        if (cm_tape_status(tp)) return cm_set_error(cm_tape_status(tp), "metrics: %s", cm_tape_error(tp));
+        hb = *b;
+        hb.fields = host_fields;
+        b = &hb;
+    }
     for (int i = 0; i < ms->n; i++) {
         cm_status s = cm_metric_update(&ms->metrics[i], outputs, b, ms->sums + i * CM_METRIC_MAX_STATE);
         if (s) return s;
@@ -583,6 +631,18 @@ static cm_status phantom_from_dataset(cm_trainer *tr) {
 
 static cm_status model_error(cm_trainer *tr, const char *where);
 
+/* On a GPU: the model batch's fields become copies on the device, on the tape (freed with it; the
+ * cm_batch keeps the host tensors). False on failure, with the tape's error. */
+static bool batch_to_device(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    if (tr->device == CM_DEVICE_CPU) return true;
+    const bool prev = cm_tape_set_grad_enabled(tr->tape, false);
+    for (int i = 0; i < st->mbatch.n; i++)
+        if (st->mb_fields[i]) st->mb_fields[i] = cm_to_device(tr->tape, st->mb_fields[i], tr->device);
+    cm_tape_set_grad_enabled(tr->tape, prev);
+    return cm_tape_status(tr->tape) == CM_OK;
+}
+
 static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
     cm_state *st = &tr->st;
     cm_module *root = cm_model_module(st->model);
@@ -597,6 +657,7 @@ static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
     }
     st->microbatch_index = index;
     cmi_state_set_batch(st, pb, 0, 0);
+    if (!batch_to_device(tr)) return model_error(tr, "fit (phantom microbatch)");
     cm_module_train(root, false);
     cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
     cm_tensor *loss = out ? cm_model_loss(st->model, tr->tape, out, &st->mbatch) : NULL;
@@ -634,7 +695,13 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     cm_tape_set_rows(tr->tape, first_row, mb->n_rows, mb->global_n_samples);
     int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
     cmi_state_set_batch(st, mb, ns, nt);
-    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
+    /* Training metrics see the microbatch as it was before the algorithms of this microbatch
+     * changed its fields (MixUp's mixed targets, LabelSmoothing's smoothed ones), as Composer's
+     * metrics see the batch copied at the start of the microbatch. */
+    cm_tensor *orig[CM_DATASET_MAX_FIELDS];
+    memcpy(orig, st->mb_fields, sizeof(cm_tensor *) * (size_t)mb->n_fields);
+    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s; /* plugins see the batch on the host */
+    if (!batch_to_device(tr)) goto tape_fail;
     cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
     if (!out) goto tape_fail;
     st->outputs = out;
@@ -643,8 +710,9 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!loss) goto tape_fail;
     st->loss = loss;
     if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
-    if (tr->record_pass && st->metric_sets[0].n && st->outputs) {
-        if ((s = metrics_update(&st->metric_sets[0], st->outputs, &st->mbatch))) {
+    if (tr->record_pass && !tr->dry && st->metric_sets[0].n && st->outputs) {
+        const cm_model_batch mb0 = {st->mb_names, orig, st->mbatch.n, st->mbatch.n_samples, st->mbatch.n_tokens};
+        if ((s = metrics_update(tr->tape, &st->metric_sets[0], st->outputs, &mb0))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
             return cm_set_error(s, "train metrics (epoch %lld, batch %lld): %s", (long long)st->ts.epoch,
@@ -832,22 +900,49 @@ cm_status cm_train_closure_step(cm_train_closure *c) {
     return opt_step(c);
 }
 
+/* This rank's counts of batch b (the spec's samples and tokens) summed over the ranks into
+ * counts[2], in one all-reduce. When `fixup` is set on any rank (an algorithm replaced the batch,
+ * or a dry run's batch), b's global counts and this rank's row offset are recomputed from every
+ * rank's rows, so dropout keys rows of the new batch without overlap between ranks. */
+static cm_status count_batch(cm_trainer *tr, cm_batch *b, bool fixup, double counts[2]) {
+    const int W = tr->dist.world_size > 1 ? tr->dist.world_size : 0, n = 5 + W;
+    if (!tr->count_buf && !(tr->count_buf = cm_alloc(sizeof(double) * (size_t)n, 16)))
+        return cm_set_error(CM_ERR_OOM, "fit: out of memory");
+    double *v = tr->count_buf;
+    memset(v, 0, sizeof(double) * (size_t)n);
+    v[0] = (double)cm_data_spec_n_samples(tr->spec, b), v[1] = (double)cm_data_spec_n_tokens(tr->spec, b);
+    v[2] = fixup ? 1.0 : 0.0, v[3] = (double)b->n_samples, v[4] = (double)b->n_tokens;
+    if (W) v[5 + tr->dist.rank] = (double)b->n_rows;
+    cm_status s = reduce(tr, v, n);
+    if (s) return s;
+    if (v[2] > 0) {
+        b->global_n_samples = (int64_t)v[3], b->global_n_tokens = (int64_t)v[4], b->rank_offset = 0;
+        for (int r = 0; r < tr->dist.rank && W; r++) b->rank_offset += (int64_t)v[5 + r];
+    }
+    counts[0] = v[0], counts[1] = v[1];
+    return CM_OK;
+}
+
+static cm_status check_global_weight(cm_trainer *tr, double global_w) {
+    if (global_w > 0) return CM_OK;
+    return cm_set_error(CM_ERR_INVALID_ARG,
+                        "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
+                        (long long)tr->st.ts.epoch, (long long)tr->st.ts.batch_in_epoch,
+                        tr->tokens_weighting ? "tokens" : "samples",
+                        tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
+                                               "tokens, or a count_tokens in train_data_spec)" : "");
+}
+
 static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     cm_state *st = &tr->st;
     cm_module *root = cm_model_module(st->model);
     cm_module_train(root, true);
     cm_status s;
-    double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
-    const int64_t local_samples = (int64_t)counts[0], local_tokens = (int64_t)counts[1];
-    if ((s = reduce(tr, counts, 2))) return s;
+    const int64_t local_samples = cm_data_spec_n_samples(tr->spec, b), local_tokens = cm_data_spec_n_tokens(tr->spec, b);
+    double counts[2] = {0, 0};
+    if ((s = count_batch(tr, b, st->batch_dirty, counts))) return s;
     const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
-    if (!(global_w > 0))
-        return cm_set_error(CM_ERR_INVALID_ARG,
-                            "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
-                            (long long)st->ts.epoch, (long long)st->ts.batch_in_epoch,
-                            tr->tokens_weighting ? "tokens" : "samples",
-                            tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
-                                                   "tokens, or a count_tokens in train_data_spec)" : "");
+    if ((s = check_global_weight(tr, global_w))) return s;
     /* every microbatch of every attempt and closure run draws dropout from the counters the
      * batch starts with */
     for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
@@ -877,6 +972,78 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
     return metrics_finish(tr, &st->metric_sets[0]);
 }
 
+/* ---- the dry run (cm_state_dry_run) ---- */
+
+/* Copies of the model's persistent buffers (batch-norm statistics), to undo a dry run's forward. */
+static cm_status snapshot_buffers(cm_module *root, char **out, bool restore) {
+    const int64_t n = cm_module_n_buffers(root);
+    size_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += cm_tensor_nbytes(cm_module_buffer_info(root, i).tensor);
+    if (!restore && !(*out = cm_alloc(total ? total : 1, 16))) return cm_set_error(CM_ERR_OOM, "dry run: out of memory");
+    size_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        cm_tensor *t = cm_module_buffer_info(root, i).tensor;
+        const size_t nb = cm_tensor_nbytes(t);
+        if (restore) memcpy(cm_tensor_data(t), *out + off, nb);
+        else memcpy(*out + off, cm_tensor_data(t), nb);
+        off += nb;
+    }
+    return CM_OK;
+}
+
+cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch) {
+    if (!st || !batch) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_dry_run: NULL state or batch");
+    cm_trainer *tr = st->trainer;
+    if (!tr || st->event != CM_EVENT_AFTER_DATALOADER || st->batch != &tr->work || tr->dry)
+        return cm_set_error(CM_ERR_STATE, "cm_state_dry_run: only on AFTER_DATALOADER during fit (now: %s)",
+                            st->event < CM_EVENT_COUNT ? cm_event_name(st->event) : "outside events");
+    for (int f = 0; f < batch->n_fields; f++)
+        if (!batch->fields[f] || cm_tensor_ndim(batch->fields[f]) < 1 || cm_tensor_dim(batch->fields[f], 0) != batch->n_rows ||
+            !cm_tensor_is_contiguous(batch->fields[f]))
+            return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_dry_run: field %d ('%s') must be contiguous with the batch's "
+                                                    "%lld rows in dim 0",
+                                f, batch->names[f] ? batch->names[f] : "?", (long long)batch->n_rows);
+    cm_module *root = cm_model_module(st->model);
+    uint64_t *counters = tr->n_drop ? cm_alloc(sizeof(uint64_t) * (size_t)tr->n_drop, 16) : NULL;
+    if (tr->n_drop && !counters) return cm_set_error(CM_ERR_OOM, "dry run: out of memory");
+    char *bufs = NULL;
+    cm_status s = snapshot_buffers(root, &bufs, false);
+    if (s) {
+        cm_free(counters);
+        return s;
+    }
+    for (int k = 0; k < tr->n_drop; k++) counters[k] = tr->drop_rngs[k]->counter;
+    cm_batch b = *batch;
+    b.microbatch = -1;
+    const int64_t local_samples = cm_data_spec_n_samples(tr->spec, &b), local_tokens = cm_data_spec_n_tokens(tr->spec, &b);
+    const int64_t mb_index = st->microbatch_index, n_mb = st->n_microbatches;
+    tr->dry = true;
+    double counts[2] = {0, 0};
+    if (!(s = count_batch(tr, &b, true, counts))) {
+        const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
+        for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
+        /* one gradient computation as the default step makes it (its events are off: tr->dry) */
+        cm_train_closure c = {tr, &b, local_samples, local_tokens, global_w, 0, 0, 0.0};
+        if (!(s = check_global_weight(tr, global_w))) s = grad_pass(&c);
+    }
+    tr->dry = false;
+    tr->record_pass = true;
+    char msg[1024] = "";
+    if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
+    /* undo: gradients, dropout counters, batch-norm statistics; the batch the algorithms see */
+    cm_tape_reset(tr->tape);
+    cm_status z = tr->dist.zero_grad ? tr->dist.zero_grad(st, tr->dist.data) : (cm_module_zero_grad(root), CM_OK);
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_rngs[k]->counter = counters[k];
+    snapshot_buffers(root, &bufs, true);
+    cm_free(bufs);
+    cm_free(counters);
+    st->microbatch_index = mb_index, st->n_microbatches = n_mb;
+    cmi_state_set_batch(st, &tr->work, cm_data_spec_n_samples(tr->spec, &tr->work),
+                        cm_data_spec_n_tokens(tr->spec, &tr->work));
+    if (s) return cm_set_error(s, "dry run of a %lld-row batch: %s", (long long)b.n_rows, msg);
+    return z;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Evaluation
  * ------------------------------------------------------------------------------------------- */
@@ -886,7 +1053,7 @@ static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
     cm_state *st = &tr->st;
     if (!ms->n || !st->outputs) return CM_OK;
     const int64_t real = b->n_rows - b->n_padded;
-    if (b->n_padded <= 0) return metrics_update(ms, st->outputs, &st->mbatch);
+    if (b->n_padded <= 0) return metrics_update(tr->tape, ms, st->outputs, &st->mbatch);
     if (real <= 0) return CM_OK;
     cm_tensor *fields[CM_DATASET_MAX_FIELDS];
     for (int i = 0; i < st->mbatch.n; i++) {
@@ -897,7 +1064,7 @@ static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
     if (cm_tensor_ndim(out) >= 1 && cm_tensor_dim(out, 0) == b->n_rows) out = cm_narrow(tr->tape, out, 0, 0, real);
     if (cm_tape_status(tr->tape)) return model_error(tr, "eval");
     cm_model_batch mb = {st->mbatch.names, fields, st->mbatch.n, real, b->n_tokens};
-    return metrics_update(ms, out, &mb);
+    return metrics_update(tr->tape, ms, out, &mb);
 }
 
 static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
@@ -922,6 +1089,10 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
         if ((s = cm_dataloader_next(ev->dl, &b)) || !b) break;
         cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
         if ((s = run(tr, CM_EVENT_EVAL_BATCH_START)) || (s = run(tr, CM_EVENT_EVAL_BEFORE_FORWARD))) break;
+        if (!batch_to_device(tr)) {
+            s = model_error(tr, "eval");
+            break;
+        }
         st->outputs = cm_model_eval_forward(st->model, tr->tape, &st->mbatch);
         if (!st->outputs) {
             s = model_error(tr, "eval");
@@ -1031,13 +1202,17 @@ static cm_status fit_loop(cm_trainer *tr) {
         int64_t n_batches = 0;
         for (;;) {
             if ((s = run(tr, CM_EVENT_BEFORE_DATALOADER))) return s;
-            cm_batch *b;
-            if ((s = cm_data_spec_next(tr->spec, &b))) return s;
-            if (!b) {
+            cm_batch *lb;
+            if ((s = cm_data_spec_next(tr->spec, &lb))) return s;
+            if (!lb) {
                 exhausted = true;
                 break;
             }
             n_batches++;
+            /* algorithms change the working copy on AFTER_DATALOADER, never the loader's batch */
+            tr->work = *lb;
+            cm_batch *b = &tr->work;
+            st->batch_dirty = false;
             cmi_state_set_batch(st, b, cm_data_spec_n_samples(tr->spec, b), cm_data_spec_n_tokens(tr->spec, b));
             if ((s = run(tr, CM_EVENT_AFTER_DATALOADER)) || (s = run(tr, CM_EVENT_BATCH_START)) ||
                 (s = log_time(tr)))
@@ -1249,13 +1424,22 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
         if ((s = cm_dataloader_next(dl, &b)) || !b) break;
         cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
         if ((s = run(tr, CM_EVENT_PREDICT_BATCH_START)) || (s = run(tr, CM_EVENT_PREDICT_BEFORE_FORWARD))) break;
+        if (!batch_to_device(tr)) {
+            s = model_error(tr, "predict");
+            break;
+        }
         st->outputs = cm_model_forward(st->model, tr->tape, &st->mbatch);
         if (!st->outputs) {
             s = model_error(tr, "predict");
             break;
         }
         if ((s = run(tr, CM_EVENT_PREDICT_AFTER_FORWARD))) break;
-        if ((s = fn(b, st->outputs, data))) {
+        cm_tensor *host_out = st->outputs; /* the callback reads the outputs on the host */
+        if (cm_tensor_device(host_out) != CM_DEVICE_CPU && !(host_out = cm_to_device(tr->tape, host_out, CM_DEVICE_CPU))) {
+            s = model_error(tr, "predict");
+            break;
+        }
+        if ((s = fn(b, host_out, data))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
             s = cm_set_error(s, "predict: the callback failed on batch %lld: %s", (long long)n, msg);
