@@ -2,6 +2,7 @@
  * (and a few MNIST batches): the run folder's files, the metrics, generation from the saved
  * weights, evaluation, --print-config, and the messages and exit codes of bad keys and values.
  * Runs the built binary (CM_COMPOSER_BIN). */
+#include "cms3.h"
 #include "cmtest.h"
 
 #include <composer/tokenizer.h>
@@ -182,6 +183,64 @@ Test(cli_train, autoresume_continues_the_run_folder_logs) {
     while (fgets(line, sizeof line, f)) n += strstr(line, "\"loss/train/total\"") != NULL;
     fclose(f);
     cr_assert_eq(n, 5, "%d train losses in metrics.jsonl, want 5 (3 + 2 resumed)", n);
+}
+
+/* save_folder on s3 (s3rver on loopback): checkpoints and, at the end, the run folder go to the
+ * bucket; a second run on a "fresh machine" (no staging folder) resumes from it. */
+Test(cli_train, s3_save_folder_uploads_checkpoints_and_the_run_folder, .timeout = 120) {
+    cmt_s3 s3;
+    cmt_s3_start(&s3, "bkt");
+    char stage[300], env[400];
+    snprintf(stage, sizeof stage, "%s/stage", s3.dir);
+    snprintf(env, sizeof env, "mkdir -p %s", stage);
+    cr_assert_eq(system(env), 0);
+    setenv("TMPDIR", stage, 1);
+    cr_assert_eq(system("rm -rf " DIR "/runs/s3"), 0);
+    const char *base = "train " DIR "/tiny.yaml run_name=s3 save_folder=s3://bkt/cli save_interval=2ba autoresume=true "
+                       "eval_interval=0";
+    char args[512];
+    snprintf(args, sizeof args, "%s max_duration=3ba", base);
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "run folder uploaded to s3://bkt/cli/run/"), "%s", out);
+    cm_object_store *st;
+    cr_assert_eq(cm_object_store_open("s3://bkt/cli", NULL, &st), CM_OK, "%s", cm_last_error());
+    const char *want[] = {"ep0-ba2/manifest.json", "ep0-ba3/manifest.json", "latest",         "run/config.yaml",
+                          "run/log.txt",           "run/metrics.jsonl",     "run/loss.svg",   "run/model.safetensors"};
+    for (int i = 0; i < 8; i++) {
+        uint64_t n;
+        cr_assert_eq(cm_object_store_get_size(st, want[i], &n), CM_OK, "%s: %s", want[i], cm_last_error());
+    }
+    snprintf(env, sizeof env, "rm -rf %s/composer-checkpoints", stage);
+    cr_assert_eq(system(env), 0);
+    snprintf(args, sizeof args, "%s max_duration=5ba", base);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "resumed from checkpoint") && strstr(out, "ep0-ba3"), "%s", out);
+    uint64_t n;
+    cr_assert_eq(cm_object_store_get_size(st, "ep0-ba5/manifest.json", &n), CM_OK, "%s", cm_last_error());
+    cm_object_store_close(st);
+    cr_assert_eq(cmt_s3_stat(&s3, "refused"), 0);
+    cmt_s3_stop(&s3);
+}
+
+/* device: gpu trains where a GPU can be used (a CUDA build on a machine with one, or the CUDA
+ * emulator), and elsewhere fails at once saying which piece is missing. */
+Test(cli_train, device_gpu_trains_or_says_what_is_missing, .timeout = 900) {
+    const bool gpu = cm_device_check(CM_DEVICE_CUDA) == CM_OK;
+    int rc = run("train " DIR "/tiny.yaml run_name=tiny_gpu device=gpu max_duration=2ba eval_interval=0", out,
+                 sizeof out);
+    if (gpu) {
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "trained 2 batches"), "%s", out);
+        cr_assert(exists(DIR "/runs/tiny_gpu/model.safetensors") && exists(DIR "/runs/tiny_gpu/sample.txt"), "%s", out);
+    } else {
+        cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "device gpu:") && strstr(out, "not available"), "%s", out);
+    }
+    rc = run("train " DIR "/tiny.yaml device=tpu", out, sizeof out);
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "device") && strstr(out, "gpu"), "the error names the choices: %s", out);
 }
 
 Test(cli_train, print_config_shows_defaults_and_overrides) {

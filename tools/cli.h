@@ -4,7 +4,9 @@
 #define COMPOSER_CLI_H
 
 #include <composer/composer.h>
+#include <composer/datasets.h>
 #include <composer/algorithms.h>
+#include <composer/surgery_algorithms.h>
 #include <composer/config.h>
 #include <composer/hf.h>
 #include <composer/report.h>
@@ -35,6 +37,7 @@ int cli_mkdirs(const char *path); /* 0 or an errno */
 int cmd_train(const char *prog, int argc, char **argv);
 int cmd_eval(const char *prog, int argc, char **argv);
 int cmd_generate(const char *prog, int argc, char **argv);
+int cmd_data_convert(const char *prog, int argc, char **argv); /* cli_data.c */
 
 /* ---------------------------------------------------------------------------------------------
  * Plugin registry: config name -> constructor reading its arguments from the config node
@@ -75,9 +78,28 @@ typedef struct cli_plugin_entry {
 
 extern const cli_plugin_entry cli_plugin_registry[];
 
+/* The data methods' constructors (cli_data_algos.c). */
+cm_status cli_make_mixup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_cutmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_cutout(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_label_smoothing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_progressive_resizing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_seq_length_warmup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_selective_backprop(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_colout(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_randaugment(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_augmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+/* Makes the train image dataset's augmentation apply algorithms.randaugment or algorithms.augmix
+ * (if configured): reads their arguments and sets aug->u8_transform. */
+cm_status cli_image_u8_transform(cm_config *c, cm_image_augment *aug);
+
 /* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
  * config origin, the closest entry and the available ones. */
 const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);
+
+/* Marks an entry without arguments ({} or null) as read; an entry with arguments is left to the
+ * getters, so arguments nobody reads are reported as unknown keys. */
+void cli_touch_entry(cm_config *c, const char *path);
 
 /* Prints to stdout and to ctx->log (if any). */
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -8,11 +8,13 @@
 
 #include <composer/datasets.h>
 #include <composer/hf.h>
+#include <composer/streaming.h>
 #include <composer/tokenizer.h>
 #include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -73,6 +75,7 @@ typedef struct run {
     int n_lgs;
     cm_trainer_config tc;
     const char *load_path;
+    const char *exclude_algs[MAX_PLUGINS]; /* load_exclude_algorithms (borrowed from the config) */
     cli_ctx ctx;
     /* sample (GPT) */
     const char *prompt;
@@ -121,15 +124,18 @@ static cm_status get_d(cm_config *c, const char *prefix, const char *key, double
     char k[256];
     return cm_config_get_double(c, keyf(k, sizeof k, prefix, key), def, out);
 }
-static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
-    /* the shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06 */
+/* The shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06. */
+static double short_decimal(float v) {
     char buf[32];
     for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)def);
-        if ((float)strtod(buf, NULL) == def) break;
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
     }
+    return strtod(buf, NULL);
+}
+static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
     double d;
-    TRY(get_d(c, prefix, key, strtod(buf, NULL), &d));
+    TRY(get_d(c, prefix, key, short_decimal(def), &d));
     *out = (float)d;
     return CM_OK;
 }
@@ -388,7 +394,7 @@ static cm_status build_model(run *r, bool init) {
  * Data
  * ------------------------------------------------------------------------------------------- */
 
-static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10", "sst2", "tsv", "text"};
+static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10", "sst2", "tsv", "text", "streaming"};
 
 /* The tokenizer.json of a token dataset section (its dir, or next to its path), if any. */
 static void find_tokenizer(run *r, const char *sec) {
@@ -533,13 +539,171 @@ static cm_status open_text_dataset(run *r, const char *p, bool train, int type, 
     return CM_OK;
 }
 
+/* Bytes as Streaming's bytes_to_int reads them: 123, "10b", "64kb", "1.5mb", "2gb" (base 1024). */
+static bool parse_bytes(const char *t, int64_t *out) {
+    char *end;
+    double v = strtod(t, &end);
+    if (end == t || v < 0) return false;
+    while (*end == ' ') end++;
+    double m = 1;
+    if (!strcasecmp(end, "kb")) m = 1024.0;
+    else if (!strcasecmp(end, "mb")) m = 1024.0 * 1024;
+    else if (!strcasecmp(end, "gb")) m = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(end, "tb")) m = 1024.0 * 1024 * 1024 * 1024;
+    else if (*end && strcasecmp(end, "b")) return false;
+    *out = (int64_t)(v * m);
+    return true;
+}
+
+/* dataset: {type: streaming, remote, local, split, shuffle, shuffle_algo, ...}: MosaicML
+ * Streaming's StreamingDataset arguments under their names. batch_size is per device, as
+ * Streaming's (default: the loader's global batch / world size). */
+static cm_status open_streaming(run *r, const char *sec, const char *p, bool train, cm_dataset **out) {
+    cm_config *c = r->cfg;
+    char k[256];
+    int64_t global = train ? 32 : (r->train_batch ? r->train_batch : 32);
+    if (train && cm_config_has(c, "global_train_batch_size")) TRY(cm_config_get_int(c, "global_train_batch_size", 32, &global));
+    TRY(get_i(c, sec, "batch_size", global, &global));
+    if (global % r->world)
+        return bad(c, keyf(k, sizeof k, sec, "batch_size"), "%lld is not a multiple of the %d ranks (a streaming dataset "
+                                                           "gives every device the same batch)", (long long)global, r->world);
+    cm_streaming_config sc = cm_streaming_config_default();
+    TRY(get_s(c, p, "remote", NULL, &sc.remote));
+    TRY(get_s(c, p, "local", NULL, &sc.local));
+    TRY(get_s(c, p, "split", NULL, &sc.split));
+    TRY(get_s(c, p, "validate_hash", NULL, &sc.validate_hash));
+    TRY(get_s(c, p, "shuffle_algo", "py1e", &sc.shuffle_algo));
+    TRY(get_s(c, p, "partition_algo", "relaxed", &sc.partition_algo));
+    TRY(get_s(c, p, "sampling_method", "balanced", &sc.sampling_method));
+    TRY(get_b(c, p, "shuffle", false, &sc.shuffle));
+    TRY(get_b(c, p, "keep_zip", false, &sc.keep_zip));
+    TRY(get_b(c, p, "allow_unsafe_types", false, &sc.allow_unsafe_types));
+    int64_t v;
+    TRY(get_i(c, p, "shuffle_seed", 9176, &v));
+    sc.shuffle_seed = (uint64_t)v;
+    TRY(get_i(c, p, "shuffle_block_size", 0, &sc.shuffle_block_size));
+    TRY(get_i(c, p, "num_canonical_nodes", 0, &sc.num_canonical_nodes));
+    TRY(get_i(c, p, "predownload", -1, &sc.predownload));
+    TRY(get_i(c, p, "download_retry", 2, &v));
+    sc.download_retry = (int)v;
+    TRY(get_i(c, p, "epoch_size", 0, &sc.epoch_size));
+    TRY(get_i(c, p, "sampling_granularity", 1, &sc.sampling_granularity));
+    TRY(get_i(c, p, "max_seq_len", r->gpt2 ? r->gpt.n_positions : 0, &sc.max_seq_len));
+    TRY(get_i(c, p, "batch_size", global / r->world, &sc.batch_size));
+    if (sc.batch_size * r->world != global)
+        return bad(c, keyf(k, sizeof k, p, "batch_size"), "%lld per device on %d ranks is not the loader's global batch "
+                                                         "of %lld", (long long)sc.batch_size, r->world, (long long)global);
+    const char *cl;
+    TRY(get_s(c, p, "cache_limit", NULL, &cl));
+    if (cl && !parse_bytes(cl, &sc.cache_limit))
+        return bad(c, keyf(k, sizeof k, p, "cache_limit"), "'%s' is not a byte size (e.g. 10gb, 500mb, 1048576)", cl);
+    /* streams: {name: {remote, local, split, proportion | repeat | choose}, ...} as llm-foundry's
+     * (a list of such maps works too) */
+    cm_stream_config streams[CM_STREAMING_MAX_STREAMS];
+    const char *sp = keyf(k, sizeof k, p, "streams");
+    char spath[256];
+    snprintf(spath, sizeof spath, "%s", sp);
+    const cm_config_kind sk = cm_config_kind_of(c, spath);
+    if (sk != CM_CONFIG_ABSENT && sk != CM_CONFIG_NULL) {
+        if (sk != CM_CONFIG_MAP && sk != CM_CONFIG_SEQ)
+            return bad(c, spath, "expected a map of stream names to {remote, local, split, proportion, repeat, choose}");
+        sc.n_streams = cm_config_len(c, spath);
+        if (sc.n_streams < 1 || sc.n_streams > CM_STREAMING_MAX_STREAMS)
+            return bad(c, spath, "%d streams (1 to %d)", sc.n_streams, CM_STREAMING_MAX_STREAMS);
+        for (int i = 0; i < sc.n_streams; i++) {
+            char one[320];
+            if (sk == CM_CONFIG_MAP) snprintf(one, sizeof one, "%s.%s", spath, cm_config_key_at(c, spath, i));
+            else snprintf(one, sizeof one, "%s.%d", spath, i);
+            if (cm_config_kind_of(c, one) != CM_CONFIG_MAP)
+                return bad(c, one, "expected a map {remote, local, split, proportion, repeat, choose}");
+            cm_stream_config *st = &streams[i];
+            *st = (cm_stream_config){.proportion = -1, .repeat = -1, .choose = -1};
+            TRY(get_s(c, one, "remote", NULL, &st->remote));
+            TRY(get_s(c, one, "local", NULL, &st->local));
+            TRY(get_s(c, one, "split", NULL, &st->split));
+            char kk[400];
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "proportion"))) TRY(get_d(c, one, "proportion", 0, &st->proportion));
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "repeat"))) TRY(get_d(c, one, "repeat", 0, &st->repeat));
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "choose"))) TRY(get_i(c, one, "choose", 0, &st->choose));
+            if ((st->proportion >= 0) + (st->repeat >= 0) + (st->choose >= 0) > 1)
+                return bad(c, one, "give at most one of proportion, repeat and choose");
+            if (!st->remote && !st->local && !sc.remote && !sc.local)
+                return bad(c, one, "a stream needs remote and/or local");
+        }
+        sc.streams = streams;
+    } else if (!sc.remote && !sc.local) {
+        return bad(c, p, "a streaming dataset needs remote and/or local (or streams: {name: {remote, local}, ...})");
+    }
+    /* images: image_h/w/c, normalised as the cifar10 (3 channels) and mnist (1) datasets by
+     * default, augmented with their keys; fields renames columns ({x: image, y: label}) */
+    TRY(get_i(c, p, "image_h", 0, &sc.image_h));
+    if (sc.image_h > 0) {
+        TRY(get_i(c, p, "image_w", sc.image_h, &sc.image_w));
+        TRY(get_i(c, p, "image_c", 3, &sc.image_c));
+        if (sc.image_c != 1 && sc.image_c != 3) return bad(c, keyf(k, sizeof k, p, "image_c"), "%lld (use 1 or 3)", (long long)sc.image_c);
+        const cm_cifar10_config cc = cm_cifar10_config_default();
+        const cm_mnist_config mc = cm_mnist_config_default();
+        double dm[3], ds[3], vm[3], vs[3];
+        for (int q = 0; q < 3; q++) {
+            dm[q] = short_decimal(sc.image_c == 3 ? cc.mean[q] : mc.mean);
+            ds[q] = short_decimal(sc.image_c == 3 ? cc.std[q] : mc.std);
+        }
+        int nm, ns;
+        TRY(cm_config_get_doubles(c, keyf(k, sizeof k, p, "image_mean"), dm, (int)sc.image_c, vm, 3, &nm));
+        if (nm != sc.image_c) return bad(c, k, "%d values for %lld channels", nm, (long long)sc.image_c);
+        TRY(cm_config_get_doubles(c, keyf(k, sizeof k, p, "image_std"), ds, (int)sc.image_c, vs, 3, &ns));
+        if (ns != sc.image_c) return bad(c, k, "%d values for %lld channels", ns, (long long)sc.image_c);
+        for (int q = 0; q < ns; q++) {
+            if (!(vs[q] > 0)) return bad(c, k, "%g must be > 0", vs[q]);
+            sc.image_mean[q] = (float)vm[q], sc.image_std[q] = (float)vs[q];
+        }
+        int64_t crop;
+        TRY(get_i(c, p, "crop_padding", 0, &crop));
+        sc.image_augment.crop_padding = (int)crop;
+        TRY(get_f(c, p, "hflip_p", 0, &sc.image_augment.hflip_p));
+        if (!train) sc.image_augment = (cm_image_augment){0};
+    }
+    cm_streaming_rename renames[8];
+    const char *fp = keyf(k, sizeof k, p, "fields");
+    char fpath[256];
+    snprintf(fpath, sizeof fpath, "%s", fp);
+    if (cm_config_kind_of(c, fpath) == CM_CONFIG_MAP) {
+        sc.n_renames = cm_config_len(c, fpath);
+        if (sc.n_renames > 8) return bad(c, fpath, "at most 8 renames");
+        for (int i = 0; i < sc.n_renames; i++) {
+            renames[i].column = cm_config_key_at(c, fpath, i);
+            char one[400];
+            snprintf(one, sizeof one, "%s.%s", fpath, renames[i].column);
+            TRY(cm_config_get_string(c, one, NULL, &renames[i].field));
+        }
+        sc.renames = renames;
+    } else if (cm_config_kind_of(c, fpath) != CM_CONFIG_ABSENT) {
+        return bad(c, fpath, "expected a map of column names to field names ({x: image, y: label})");
+    }
+    if (cm_dataset_streaming_new(&sc, r->rank, r->world, out) != CM_OK) return at_key(c, p, cm_last_status());
+    /* the zoo's models read fixed field names: say which are missing and how to map them */
+    const char *need = r->gpt2 ? "input_ids" : "image";
+    if (cm_dataset_find_field(*out, need) < 0) {
+        char have[512] = "";
+        for (int f = 0; f < cm_dataset_n_fields(*out); f++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", f ? ", " : "", cm_dataset_field(*out, f)->name);
+        cm_dataset_free(*out);
+        *out = NULL;
+        return bad(c, p, "the model reads the field '%s', and this dataset has %s%s", need, have,
+                   r->gpt2 ? " (set max_seq_len for a 'tokens' column)"
+                           : " (map the columns with fields: {x: image, y: label}, and set image_h/image_w/image_c)");
+    }
+    return CM_OK;
+}
+
 static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **out) {
     cm_config *c = r->cfg;
     char k[256], p[256];
     snprintf(p, sizeof p, "%s.dataset", sec);
     int type;
-    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 6, r->gpt2 ? "tokens" : NULL, &type));
-    if (type < 0) return bad(c, k, "required: tokens, mnist, cifar10, sst2, tsv or text");
+    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 7, r->gpt2 ? "tokens" : NULL, &type));
+    if (type < 0) return bad(c, k, "required: tokens, mnist, cifar10, sst2, tsv, text or streaming");
+    if (type == 6) return open_streaming(r, sec, p, train, out);
     if (type >= 3) return open_text_dataset(r, p, train, type, out);
     if (type == 0) {
         static const char *const splits[] = {"train", "val"};
@@ -579,6 +743,7 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
     int64_t crop;
     TRY(get_i(c, p, "crop_padding", 0, &crop));
     aug.crop_padding = (int)crop;
+    if (train) TRY(cli_image_u8_transform(c, &aug)); /* algorithms.randaugment / augmix */
     if (type == 1) {
         cm_mnist_config mc = cm_mnist_config_default();
         mc.augment = aug;
@@ -800,7 +965,10 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         if (pk != CM_CONFIG_MAP && pk != CM_CONFIG_NULL) return bad(c, p, "expected a map of arguments ({} for none)");
         cli_plugin_out out = {0};
         TRY(e->make(c, p, &r->ctx, &out));
-        cm_config_touch(c, p); /* an argument-less entry ({} or null) is read */
+        /* an argument-less entry ({} or null) is read; an entry with arguments is read key by key
+         * by its constructor, so an argument it does not know stays unread and is reported with
+         * the closest valid name (touching the whole map would hide it) */
+        cli_touch_entry(c, p);
         if (out.none) continue;
         int *n = kind == CLI_ALGORITHM ? &r->n_algs : kind == CLI_CALLBACK ? &r->n_cbs : &r->n_lgs;
         if (*n == MAX_PLUGINS) return bad(c, section, "at most %d entries", MAX_PLUGINS);
@@ -823,7 +991,7 @@ static void touch_unused(run *r) {
         "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval",
         "save_folder", "save_interval", "save_num_checkpoints_to_keep", "autoresume", "load_path",
         "save_filename", "save_latest_filename", "save_overwrite", "save_weights_only", "load_weights_only",
-        "load_strict_model_weights",
+        "load_strict_model_weights", "load_exclude_algorithms",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
         "dist_timeout"};
@@ -845,9 +1013,11 @@ static cm_status read_trainer_keys(run *r) {
     int prec;
     TRY(cm_config_get_choice(c, "precision", precisions, CM_PRECISION_COUNT, "fp32", &prec));
     tc->precision = (cm_precision)prec;
-    static const char *const devices[] = {"cpu"};
+    /* Composer's device: cpu or gpu ("cuda" is taken too) */
+    static const char *const devices[] = {"cpu", "gpu", "cuda"};
     int dev;
-    TRY(cm_config_get_choice(c, "device", devices, 1, "cpu", &dev));
+    TRY(cm_config_get_choice(c, "device", devices, 3, "cpu", &dev));
+    tc->device = dev == 0 ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
     if (r->mode == MODE_GENERATE) return CM_OK;
     /* distribution (used when the launcher or mpirun started this process) */
     static const char *const strategies[] = {
@@ -906,6 +1076,27 @@ static cm_status read_trainer_keys(run *r) {
     }
     if (tc->autoresume && !tc->save_folder)
         return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
+    /* load_exclude_algorithms: [BlurPool, ...] — algorithms (glob patterns of class names) whose
+     * checkpoint state is not loaded and whose surgery is not re-applied */
+    cm_config_kind ek = cm_config_kind_of(c, "load_exclude_algorithms");
+    if (ek == CM_CONFIG_SCALAR) {
+        TRY(cm_config_get_string(c, "load_exclude_algorithms", NULL, &r->exclude_algs[0]));
+        tc->n_load_exclude_algorithms = 1;
+    } else if (ek == CM_CONFIG_SEQ) {
+        const int n = cm_config_len(c, "load_exclude_algorithms");
+        if (n > MAX_PLUGINS) return bad(c, "load_exclude_algorithms", "at most %d names", MAX_PLUGINS);
+        for (int i = 0; i < n; i++) {
+            char k[64];
+            snprintf(k, sizeof k, "load_exclude_algorithms.%d", i);
+            TRY(cm_config_get_string(c, k, NULL, &r->exclude_algs[i]));
+        }
+        tc->n_load_exclude_algorithms = n;
+    } else if (ek == CM_CONFIG_MAP) {
+        return bad(c, "load_exclude_algorithms", "expected a list of algorithm names ([BlurPool, SqueezeExcite])");
+    } else {
+        cm_config_touch(c, "load_exclude_algorithms");
+    }
+    tc->load_exclude_algorithms = r->exclude_algs;
     return CM_OK;
 }
 
@@ -1045,7 +1236,16 @@ static void print_keys(FILE *f) {
             "                     seq_len (tokens), crop_padding, hflip_p (cifar10), max_seq_len (128),\n"
             "                     text_column (sentence), label_column (label), line_by_line (false),\n"
             "                     mlm_probability (0.15, masked_lm)},\n"
-            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth\n"
+            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth;\n"
+            "                     or dataset: {type: streaming (MosaicML Streaming's MDS), remote (s3://, gs://,\n"
+            "                     oci://, file://, a folder), local (the cache), split, streams: {name: {remote,\n"
+            "                     local, split, proportion | repeat | choose}}, shuffle, shuffle_algo,\n"
+            "                     shuffle_seed, shuffle_block_size, num_canonical_nodes, partition_algo,\n"
+            "                     sampling_method, sampling_granularity, epoch_size, batch_size (per device),\n"
+            "                     predownload, cache_limit (10gb), download_retry, keep_zip, validate_hash,\n"
+            "                     allow_unsafe_types, max_seq_len (a tokens column), image_h, image_w,\n"
+            "                     image_c, image_mean, image_std, crop_padding, hflip_p (image columns),\n"
+            "                     fields: {column: field}}\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
             "                     dampening, nesterov (sgd kinds)\n"
@@ -1053,7 +1253,24 @@ static void print_keys(FILE *f) {
             "  schedulers:        | step | multistep | exponential | cosine_annealing | polynomial | ...,\n"
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
-            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
+            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold};\n"
+            "                     ema: {half_life, smoothing, ema_start, update_interval}; sam: {rho, epsilon,\n"
+            "                     interval}; swa: {swa_start, swa_end, update_interval, schedule_swa_lr,\n"
+            "                     anneal_strategy, anneal_steps, swa_lr}; layer_freezing: {freeze_start, freeze_level};\n"
+            "                     model surgery, Composer's names and arguments: alibi {max_sequence_length,\n"
+            "                     train_sequence_length_scaling}; blurpool {replace_convs, replace_maxpools,\n"
+            "                     blur_first, min_channels}; channels_last {}; fused_layernorm {} (built in);\n"
+            "                     ghost_batchnorm {ghost_batch_size}; low_precision_layernorm {apply_at};\n"
+            "                     low_precision_groupnorm {apply_at}; squeeze_excite {latent_channels,\n"
+            "                     min_channels}; stochastic_depth {target_layer_name, stochastic_method,\n"
+            "                     drop_rate, drop_distribution, drop_warmup}; factorize {factorize_convs,\n"
+            "                     factorize_linears, min_channels, latent_channels, min_features,\n"
+            "                     latent_features}; gated_linear_units {act_fn, gated_layer_bias,\n"
+            "                     non_gated_layer_bias}; gyro_dropout {p, sigma, tau};\n"
+            "                     weight_standardization {n_last_layers_ignore}; no_op_model {};\n"
+            "                     mixup, cutmix, cutout, colout, label_smoothing, progressive_resizing,\n"
+            "                     seq_length_warmup, selective_backprop, randaugment, augmix: {Composer's\n"
+            "                     argument names}\n"
             "  callbacks:         speed_monitor, lr_monitor, ...; hf_checkpointer: {save_folder, save_interval,\n"
             "                     huggingface_folder_name} (model.name: hf)\n"
             "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
@@ -1066,11 +1283,12 @@ static void print_keys(FILE *f) {
             "  precision          fp32 | amp_bf16 (amp_fp16: not on CPU)\n"
             "  seed (42), run_name (generated), run_root (runs), progress_bar (true),\n"
             "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
-            "  accumulate_train_batch_on_tokens, device (cpu)\n"
+            "  accumulate_train_batch_on_tokens, device (cpu | gpu: one NVIDIA GPU, in a build with CUDA)\n"
             "  load_path          weights (.safetensors) to start from\n"
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
-            "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
+            "  load_weights_only, load_strict_model_weights, load_exclude_algorithms, autoresume:\n"
+            "                     checkpoints, as Composer (a checkpoint's model surgery is re-applied)\n"
             "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
             "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
             "                     nothing to shard)\n"
@@ -1079,7 +1297,8 @@ static void print_keys(FILE *f) {
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
             "model.safetensors and, for GPT models, tokenizer.json and sample.txt. A model: {name: hf} run\n"
             "keeps config.json and the tokenizer in its checkpoints: composer ckpt export --hf CKPT -o DIR\n"
-            "writes the pretrained folder (or callbacks.hf_checkpointer writes it during training).\n");
+            "writes the pretrained folder (or callbacks.hf_checkpointer writes it during training). With a bucket as save_folder,\n"
+            "the run folder follows every checkpoint to <save_folder>/run/.\n");
 }
 
 static const char *g_print_config, *g_quiet_train;
@@ -1300,6 +1519,109 @@ static cm_status make_run_folder(run *r, char *run_name) {
     return CM_OK;
 }
 
+/* Uploads the regular files under `dir` (subfolders such as traces/ included, as key prefixes)
+ * to `st` under `prefix`. */
+static cm_status upload_tree(cm_object_store *st, const char *dir, const char *prefix, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
+    cm_status s = CM_OK;
+    struct dirent *e;
+    while (!s && (e = readdir(d))) {
+        char path[PATH_MAX], key[PATH_MAX];
+        struct stat sb;
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(key, sizeof key, "%s%s", prefix, e->d_name);
+        if (stat(path, &sb) != 0) continue;
+        if (S_ISREG(sb.st_mode)) {
+            s = cm_object_store_upload(st, key, path);
+        } else if (S_ISDIR(sb.st_mode) && depth < 4) {
+            strncat(key, "/", sizeof key - strlen(key) - 1);
+            s = upload_tree(st, path, key, depth + 1);
+        }
+    }
+    closedir(d);
+    return s;
+}
+
+/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample,
+ * and what subfolders hold) go to "<save_folder>/run/", beside the checkpoints. */
+static cm_status upload_run_folder(const char *dir, const char *save_folder) {
+    char uri[PATH_MAX];
+    snprintf(uri, sizeof uri, "%s/run", save_folder);
+    cm_object_store *st;
+    cm_status s = cm_object_store_open(uri, NULL, &st);
+    if (!s) s = upload_tree(st, dir, "", 0);
+    cm_object_store_close(st);
+    return s;
+}
+
+/* With a remote save_folder, rank 0's run folder follows the checkpoints to <save_folder>/run/
+ * at the save interval (loss.svg redrawn first), not only at the end, so a run that dies mid-way
+ * still left its log, metrics and plot beside its checkpoints. A failed upload here is a warning
+ * (the next interval tries again; the one at the end of the run is an error). */
+typedef struct run_uploader {
+    const char *dir, *save_folder;
+    FILE *log;
+    cm_time iv;
+    int64_t total_batches;
+    int64_t prev_sample, prev_token, prev_batch;
+    int64_t uploads;
+} run_uploader;
+
+static bool crossed(int64_t prev, int64_t now, int64_t every) { return every > 0 && now / every > prev / every; }
+
+static cm_status ru_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
+    (void)lg;
+    run_uploader *u = self;
+    const cm_timestamp *ts = cm_state_timestamp(st);
+    bool due = false;
+    if (ev == CM_EVENT_BATCH_CHECKPOINT) {
+        switch (u->iv.unit) {
+        case CM_TIME_BATCH: due = crossed(u->prev_batch, ts->batch, u->iv.count); break;
+        case CM_TIME_SAMPLE: due = crossed(u->prev_sample, ts->sample, u->iv.count); break;
+        case CM_TIME_TOKEN: due = crossed(u->prev_token, ts->token, u->iv.count); break;
+        case CM_TIME_DURATION: {
+            const int64_t every = (int64_t)llround(u->iv.frac * (double)u->total_batches);
+            due = crossed(u->prev_batch, ts->batch, every > 0 ? every : 1);
+            break;
+        }
+        default: break;
+        }
+        u->prev_batch = ts->batch, u->prev_sample = ts->sample, u->prev_token = ts->token;
+    } else if (ev == CM_EVENT_EPOCH_CHECKPOINT) {
+        due = u->iv.unit == CM_TIME_EPOCH && u->iv.count > 0 && ts->epoch % u->iv.count == 0;
+    }
+    if (!due) return CM_OK;
+    if (u->log) fflush(u->log);
+    char *metrics = NULL, *plot = NULL;
+    cm_run_folder_path(u->dir, CM_RUN_FILE_METRICS, &metrics);
+    cm_run_folder_path(u->dir, CM_RUN_FILE_PLOT, &plot);
+    if (metrics && plot && access(metrics, F_OK) == 0) cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL);
+    cm_free(metrics), cm_free(plot);
+    if (upload_run_folder(u->dir, u->save_folder) == CM_OK) u->uploads++;
+    else cm_log_msg(CM_LOG_WARN, "uploading the run folder to %s/run/ (will retry at the next interval): %s",
+                    u->save_folder, cm_last_error());
+    return CM_OK;
+}
+
+static void ru_free(void *self) { cm_free(self); }
+
+static const cm_callback_i k_run_uploader = {CM_CALLBACK_ABI, "RunFolderUploader", ru_event, NULL, NULL, NULL, ru_free};
+
+static cm_status run_uploader_new(run *r, cm_callback_plugin *out) {
+    run_uploader *u = cm_alloc_zeroed(sizeof *u, 16);
+    if (!u) return CM_ERR_OOM;
+    u->dir = r->ctx.run_dir;
+    u->save_folder = r->tc.save_folder;
+    u->log = r->ctx.log;
+    u->iv = r->tc.save_interval;
+    if (r->tc.save_interval_str && cm_time_parse(r->tc.save_interval_str, &u->iv) != CM_OK) u->iv = r->tc.save_interval;
+    u->total_batches = r->ctx.total_batches;
+    *out = (cm_callback_plugin){&k_run_uploader, u};
+    return CM_OK;
+}
+
 int cmd_train(const char *prog, int argc, char **argv) {
     const char *pos[64];
     int n_pos;
@@ -1328,7 +1650,25 @@ int cmd_train(const char *prog, int argc, char **argv) {
                              : cm_module_load_safetensors(cm_model_module(r.model), r.load_path, NULL, NULL);
         if (s) note(&r, "load_path");
     }
+    /* model surgery (the algorithms' and what a checkpoint to load requires) before data
+     * parallelism and the optimizer take the flat parameter buffers; the trainer applies the same
+     * methods again on INIT, which then change nothing */
+    r.tc.model = r.model;
+    r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
+    if (!r.err_code && cm_trainer_prepare_model(&r.tc) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
+    /* device: gpu moves the model before the optimizer is made over its buffers */
+    if (!r.err_code && r.tc.device != CM_DEVICE_CPU) {
+        cm_status s = r.world > 1 ? cm_set_error(CM_ERR_UNSUPPORTED, "device: gpu with %d ranks needs NCCL, which is not "
+                                                                     "supported yet (one rank per GPU run)", r.world)
+                                  : cm_module_to_device(cm_model_module(r.model), r.tc.device);
+        if (s) {
+            char msg[900];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            cm_set_error(s, "%s: device gpu: %s", cm_config_origin(r.cfg, "device"), msg);
+            note(&r, NULL);
+        }
+    }
     if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
     /* the run folder: rank 0 alone makes it (generating the name when the config has none) */
     char run_name[256] = "";
@@ -1375,6 +1715,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
         cc.stream = stdout;
         if (cm_console_logger_new(&cc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
+    }
+    if (!r.err_code && r.rank == 0 && r.tc.save_folder && cm_storage_is_remote(r.tc.save_folder)) {
+        if (r.n_cbs == MAX_PLUGINS) note(&r, "too many callbacks for the run folder's uploader");
+        else if (run_uploader_new(&r, &r.cbs[r.n_cbs]) != CM_OK) note(&r, NULL);
+        else r.n_cbs++;
     }
     r.tc.model = r.model;
     r.tc.train_dataloader = r.train_dl;
@@ -1438,6 +1783,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
     if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
     if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (r.rank > 0) return finish(&r, 0);
+    /* the weights are written and sampled from on the host */
+    if (cm_module_device(root) != CM_DEVICE_CPU && cm_module_to_device(root, CM_DEVICE_CPU) != CM_OK) {
+        note(&r, "moving the trained model back to the CPU");
+        return finish(&r, settle(&r, prog));
+    }
 
     /* outputs (rank 0): weights, plot, sample */
     const char *dir = r.ctx.run_dir;
@@ -1465,6 +1815,13 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     cli_say(&r.ctx, "run folder %s: config.yaml, log.txt, metrics.jsonl%s%s%s\n", dir, have_plot ? ", loss.svg" : "",
             have_weights ? ", model.safetensors" : "", have_sample ? ", sample.txt" : "");
+    if (r.tc.save_folder && cm_storage_is_remote(r.tc.save_folder)) {
+        if (r.ctx.log) fflush(r.ctx.log);
+        if (upload_run_folder(dir, r.tc.save_folder) == CM_OK)
+            cli_say(&r.ctx, "run folder uploaded to %s/run/\n", r.tc.save_folder);
+        else
+            fprintf(stderr, "%s: uploading the run folder: %s\n", prog, cm_last_error()), rc = 1;
+    }
     cm_free(weights), cm_free(metrics), cm_free(plot), cm_free(sample);
     return finish(&r, rc);
 }

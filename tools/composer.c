@@ -6,6 +6,7 @@
  *   composer eval CONFIG.yaml --weights PATH [key.path=value ...]
  *   composer generate --weights PATH [--prompt TEXT] [--max-new-tokens N] ...
  *   composer data tokenize [--tokenizer gpt2|char] [--val-fraction F] INPUT -o OUTDIR
+ *   composer data convert --to mds INPUT -o OUT        (tools/cli_data.c)
  *   composer -n N [--world_size W] [--stdout FMT] ... PROGRAM|SUBCOMMAND [ARGS...]   (tools/launch.c)
  *   composer ckpt inspect PATH | ckpt verify PATH | ckpt export PATH -o model.safetensors
  *
@@ -520,6 +521,7 @@ static const cli_cmd k_ckpt_cmds[] = {
 
 static const cli_cmd k_data_cmds[] = {
     {"tokenize", cmd_data_tokenize, "tokenize a text file into llm.c train.bin/val.bin token files", NULL},
+    {"convert", cmd_data_convert, "convert a dataset to MosaicML Streaming's MDS shards (--to mds)", NULL},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -527,7 +529,7 @@ static const cli_cmd k_commands[] = {
     {"train", cmd_train, "train a model from a YAML config (composer train CONFIG.yaml key=value ...)", NULL},
     {"eval", cmd_eval, "evaluate saved weights on a config's eval set", NULL},
     {"generate", cmd_generate, "sample text from a trained GPT", NULL},
-    {"data", NULL, "prepare datasets (tokenize)", k_data_cmds},
+    {"data", NULL, "prepare datasets (tokenize, convert)", k_data_cmds},
     {"ckpt", NULL, "inspect, verify and export checkpoints", k_ckpt_cmds},
     {NULL, NULL, NULL, NULL},
 };

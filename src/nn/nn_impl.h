@@ -41,6 +41,7 @@ struct cm_module {
     char *unit;      /* wrap unit label, "" = use the path; NULL = inherit */
     bool training;
     cmn_pack *pack;  /* only on a finalized root */
+    uint64_t layout_version; /* on a root: bumped by every (re-)packing and unpacking */
 };
 
 /* The root of m's tree. */

@@ -134,9 +134,11 @@ static cm_tensor *emb_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const 
         return NULL;
     }
     const int64_t B = cm_tensor_dim(ids, 0), L = cm_tensor_dim(ids, 1);
-    if (L > s->cfg.max_position_embeddings) {
+    int64_t P = s->cfg.max_position_embeddings; /* the position embedding's rows (ALiBi may widen it) */
+    if (cm_nn_embedding_dims(s->b, &P, NULL) != CM_OK) P = s->cfg.max_position_embeddings;
+    if (L > P) {
         cm_tape_fail(tp, CM_ERR_SHAPE, "sequence length %lld is longer than max_position_embeddings %lld",
-                     (long long)L, (long long)s->cfg.max_position_embeddings);
+                     (long long)L, (long long)P);
         return NULL;
     }
     if (tt && (cm_tensor_ndim(tt) != 2 || cm_tensor_dim(tt, 0) != B || cm_tensor_dim(tt, 1) != L)) {
