@@ -230,6 +230,25 @@ Test(cli_train, s3_save_folder_uploads_checkpoints_and_the_run_folder, .timeout 
     cmt_s3_stop(&s3);
 }
 
+/* device: gpu trains where a GPU can be used (a CUDA build on a machine with one, or the CUDA
+ * emulator), and elsewhere fails at once saying which piece is missing. */
+Test(cli_train, device_gpu_trains_or_says_what_is_missing, .timeout = 900) {
+    const bool gpu = cm_device_check(CM_DEVICE_CUDA) == CM_OK;
+    int rc = run("train " DIR "/tiny.yaml run_name=tiny_gpu device=gpu max_duration=2ba eval_interval=0", out,
+                 sizeof out);
+    if (gpu) {
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "trained 2 batches"), "%s", out);
+        cr_assert(exists(DIR "/runs/tiny_gpu/model.safetensors") && exists(DIR "/runs/tiny_gpu/sample.txt"), "%s", out);
+    } else {
+        cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "device gpu:") && strstr(out, "not available"), "%s", out);
+    }
+    rc = run("train " DIR "/tiny.yaml device=tpu", out, sizeof out);
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "device") && strstr(out, "gpu"), "the error names the choices: %s", out);
+}
+
 Test(cli_train, print_config_shows_defaults_and_overrides) {
     int rc = run("train " DIR "/tiny.yaml --print-config optimizer.lr=3e-4 model.n_layer=1", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);

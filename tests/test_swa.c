@@ -82,9 +82,10 @@ static int swa_algos(cm_algorithm_plugin *out, int cap, void *data) {
     return 1;
 }
 
-/* An algorithm registered after SWA, so it runs before SWA on BATCH_END and EPOCH_END (FILO on
- * AFTER_* events): it averages the parameters the update events see, and at the BATCH_START after
- * swa_end checks that the model holds that average and the buffers of the last update. */
+/* An algorithm registered before SWA, so it runs before SWA on BATCH_END and EPOCH_END (Composer
+ * reverses the order only on events named AFTER_*, not on *_END): it averages the parameters the
+ * update events see, and at the BATCH_START after swa_end checks that the model holds that average
+ * and the buffers of the last update. */
 typedef struct avg_watch {
     cm_event update_event;
     int64_t first_update, last_update; /* the timestamp's batch at the first and last update events */
@@ -145,15 +146,26 @@ static void aw_free(void *self) {}
 static const cm_algorithm_i aw_vt = {.abi = CM_ALGORITHM_ABI, .name = "AvgWatch", .match = aw_match,
                                      .apply = aw_apply, .free = aw_free};
 
+typedef struct watch_then_swa {
+    avg_watch *w;
+    swa_case *c;
+} watch_then_swa;
+
+static int watch_then_swa_algos(cm_algorithm_plugin *out, int cap, void *data) {
+    watch_then_swa *k = data;
+    out[0] = (cm_algorithm_plugin){&aw_vt, k->w};
+    return 1 + swa_algos(out + 1, cap - 1, k->c);
+}
+
 static void becomes_average(cmt_rig_fn make, const char *max_duration, swa_case *c, cm_event update_event,
                             int64_t first, int64_t last, int64_t n_avg) {
     cmt_rig rig;
     make(&rig, NULL);
     cmt_run_opts o = cmt_run_opts_default();
     o.max_duration = max_duration;
-    cmt_run r = cmt_run_new(&rig, swa_algos, c, &o);
     avg_watch w = {.update_event = update_event, .first_update = first, .last_update = last};
-    cr_assert_eq(cm_engine_add_algorithm(cm_trainer_engine(r.tr), (cm_algorithm_plugin){&aw_vt, &w}), CM_OK);
+    watch_then_swa k = {&w, c};
+    cmt_run r = cmt_run_new(&rig, watch_then_swa_algos, &k, &o);
     cr_assert_eq(cm_trainer_fit(r.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_expect_eq(w.checked, 1, "%s: the batch after swa_end was not checked", rig.family);
     cr_expect_eq(w.n_avg, n_avg);

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -32,6 +33,11 @@ void cli_say(const cli_ctx *ctx, const char *fmt, ...) {
  * Constructors
  * ------------------------------------------------------------------------------------------- */
 
+/* Marks an argument-less entry ({} or null) read. cm_config_touch marks a whole subtree, so it is
+ * not called on an entry with arguments: those the constructor does not read stay unknown keys,
+ * reported with the closest valid argument. */
+void cli_touch_entry(cm_config *c, const char *path) { cm_config_mark_read(c, path); }
+
 /* algorithms.gradient_clipping: {clipping_type: norm|value|adaptive, clipping_threshold: 1.0} */
 static cm_status make_gradient_clipping(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
     (void)ctx;
@@ -47,6 +53,115 @@ static cm_status make_gradient_clipping(cm_config *c, const char *path, cli_ctx 
     if (!(thr > 0) || thr == thr + 1)
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: %g must be > 0 and finite", cm_config_origin(c, key), key, thr);
     return cm_grad_clip_new((cm_grad_clip_type)type, thr, &out->algorithm);
+}
+
+/* The surgery methods (composer/surgery_algorithms.h): their arguments, Composer's names and
+ * defaults, come from the library's argument tables; each is read with the config getter of its
+ * kind (so a typo is an unknown key with the closest argument, and print-config shows the
+ * defaults), then the method is made from the arguments as JSON. */
+static cm_status json_append(char *buf, size_t cap, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static cm_status json_append(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (k < 0 || (size_t)k >= cap - *len) return cm_set_error(CM_ERR_INVALID_ARG, "algorithm arguments too long");
+    *len += (size_t)k;
+    return CM_OK;
+}
+
+static cm_status make_surgery(cm_config *c, const char *path, const char *key, cli_plugin_out *out) {
+    const cm_algorithm_info *info = cm_algorithm_info_find(key);
+    if (!info) return cm_set_error(CM_ERR_INTERNAL, "%s: not a surgery method", key);
+    if (!info->n_args && cm_config_len(c, path) > 0) {
+        char k[256];
+        snprintf(k, sizeof k, "%s.%s", path, cm_config_key_at(c, path, 0));
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: unknown key '%s': %s takes no arguments (write %s: {})",
+                            cm_config_origin(c, k), k, info->name, path);
+    }
+    cli_touch_entry(c, path);
+    char json[2048], k[256];
+    size_t len = 0;
+    cm_status s = json_append(json, sizeof json, &len, "{");
+    for (int i = 0; !s && i < info->n_args; i++) {
+        const cm_algo_arg *a = cm_algorithm_info_arg(info, i);
+        snprintf(k, sizeof k, "%s.%s", path, a->name);
+        const char *sep = len > 1 ? "," : "";
+        if (!a->def && !cm_config_has(c, k))
+            return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: required (%s's %s)", cm_config_origin(c, path), k,
+                                info->name, a->name);
+        switch (a->kind) {
+        case CM_ALGO_ARG_BOOL: {
+            bool v;
+            if (!(s = cm_config_get_bool(c, k, a->def && !strcmp(a->def, "true"), &v)))
+                s = json_append(json, sizeof json, &len, "%s\"%s\":%s", sep, a->name, v ? "true" : "false");
+            break;
+        }
+        case CM_ALGO_ARG_INT: {
+            int64_t v;
+            if (!(s = cm_config_get_int(c, k, a->def ? strtoll(a->def, NULL, 10) : 0, &v)))
+                s = json_append(json, sizeof json, &len, "%s\"%s\":%lld", sep, a->name, (long long)v);
+            break;
+        }
+        case CM_ALGO_ARG_REAL: {
+            double v;
+            if (!(s = cm_config_get_double(c, k, a->def ? strtod(a->def, NULL) : 0, &v)))
+                s = json_append(json, sizeof json, &len, "%s\"%s\":%.17g", sep, a->name, v);
+            break;
+        }
+        case CM_ALGO_ARG_CHOICE: {
+            int v;
+            const bool null_def = a->def && !strcmp(a->def, "null");
+            if (!(s = cm_config_get_choice(c, k, a->choices, a->n_choices, null_def ? NULL : a->def, &v))) {
+                if (v < 0)
+                    s = json_append(json, sizeof json, &len, "%s\"%s\":null", sep, a->name);
+                else
+                    s = json_append(json, sizeof json, &len, "%s\"%s\":\"%s\"", sep, a->name, a->choices[v]);
+            }
+            break;
+        }
+        case CM_ALGO_ARG_TIME: {
+            const char *v;
+            if (!(s = cm_config_get_string(c, k, a->def, &v)))
+                s = json_append(json, sizeof json, &len, "%s\"%s\":\"%s\"", sep, a->name, v);
+            break;
+        }
+        }
+    }
+    if (!s) s = json_append(json, sizeof json, &len, "}");
+    if (!s && (s = cm_algorithm_new_from_json(info->name, json, &out->algorithm))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: %s: %s", cm_config_origin(c, path), path, msg);
+    }
+    return s;
+}
+
+#define SURGERY_ROW(key)                                                                           \
+    static cm_status make_##key(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) { \
+        (void)ctx;                                                                                 \
+        return make_surgery(c, path, #key, out);                                                   \
+    }
+SURGERY_ROW(alibi)
+SURGERY_ROW(blurpool)
+SURGERY_ROW(channels_last)
+SURGERY_ROW(ghost_batchnorm)
+SURGERY_ROW(low_precision_layernorm)
+SURGERY_ROW(low_precision_groupnorm)
+SURGERY_ROW(squeeze_excite)
+SURGERY_ROW(stochastic_depth)
+SURGERY_ROW(factorize)
+SURGERY_ROW(gated_linear_units)
+SURGERY_ROW(gyro_dropout)
+SURGERY_ROW(weight_standardization)
+SURGERY_ROW(no_op_model)
+#undef SURGERY_ROW
+
+/* algorithms.fused_layernorm: {} — accepted (Composer's and llm-foundry's configs name it); every
+ * LayerNorm here is the fused kernel already, which it logs once. */
+static cm_status make_fused_layernorm(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    (void)ctx;
+    return make_surgery(c, path, "fused_layernorm", out);
 }
 
 /* The training methods (train_algos.h), with Composer's argument names and defaults. A null
@@ -418,7 +533,7 @@ static cm_status make_generate(cm_config *c, const char *path, cli_ctx *ctx, cli
     cfg.top_p = (float)top_p;
     cfg.seed = (uint64_t)k;
     cfg.prompts = prompts, cfg.n_prompts = n;
-    cfg.tokenizer = ctx->tokenizer;
+    cfg.tokenizer = ctx->tok;
     if (!cfg.tokenizer)
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: no tokenizer (a GPT on token data with a tokenizer.json next "
                                                 "to it)", cm_config_origin(c, path), path);
@@ -550,6 +665,36 @@ static cm_status make_checkpoint_saver(cm_config *c, const char *path, cli_ctx *
     return CM_OK;
 }
 
+/* callbacks.hf_checkpointer: {save_folder, save_interval: 1dur, huggingface_folder_name: ba{batch}}
+ * (llm-foundry's HuggingFaceCheckpointer), for model.name: hf */
+static cm_status make_hf_checkpointer(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out) {
+    char key[256];
+    cm_hf_checkpointer_config cfg = cm_hf_checkpointer_config_default();
+    cm_status s;
+    if ((s = cm_config_get_string(c, KEY("save_folder"), NULL, &cfg.save_folder))) return s;
+    if (!cfg.save_folder)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: required: where to write the pretrained folders "
+                                                "(<save_folder>/huggingface/<huggingface_folder_name>)",
+                            cm_config_origin(c, path), key);
+    if ((s = cm_config_get_time(c, KEY("save_interval"), "1dur", &cfg.save_interval))) return s;
+    if ((s = cm_config_get_string(c, KEY("huggingface_folder_name"), cfg.huggingface_folder_name,
+                                  &cfg.huggingface_folder_name)))
+        return s;
+    if (ctx->full_shard)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: not with FULL_SHARD (the parameters are sharded at rest); "
+                                                "export a checkpoint instead (composer ckpt export --hf)",
+                            cm_config_origin(c, path), path);
+    cfg.model = ctx->model;
+    cfg.tokenizer = ctx->tok;
+    cfg.model_max_length = ctx->model_max_length;
+    if ((s = cm_hf_checkpointer_new(&cfg, &out->callback))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: %s: %s", cm_config_origin(c, path), path, msg);
+    }
+    return CM_OK;
+}
+
 #undef KEY
 
 /* ---------------------------------------------------------------------------------------------
@@ -642,6 +787,50 @@ cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume,
 const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
+    {"alibi", CLI_ALGORITHM, make_alibi,
+     "Alibi: max_sequence_length (required), train_sequence_length_scaling (0.25; only 1 for now)"},
+    {"blurpool", CLI_ALGORITHM, make_blurpool,
+     "BlurPool: replace_convs (true), replace_maxpools (true), blur_first (true), min_channels (16)"},
+    {"channels_last", CLI_ALGORITHM, make_channels_last, "ChannelsLast: no arguments"},
+    {"factorize", CLI_ALGORITHM, make_factorize,
+     "Factorize: factorize_convs (true), factorize_linears (true), min_channels (256), latent_channels (0.25), "
+     "min_features (256), latent_features (128)"},
+    {"fused_layernorm", CLI_ALGORITHM, make_fused_layernorm, "FusedLayerNorm: built in (every LayerNorm is fused)"},
+    {"gated_linear_units", CLI_ALGORITHM, make_gated_linear_units,
+     "GatedLinearUnits: act_fn (null: the model's; relu, gelu, gelu_tanh, silu, tanh, sigmoid, identity), "
+     "gated_layer_bias (false), non_gated_layer_bias (false)"},
+    {"gyro_dropout", CLI_ALGORITHM, make_gyro_dropout, "GyroDropout: p (0.5), sigma (256), tau (16)"},
+    {"ghost_batchnorm", CLI_ALGORITHM, make_ghost_batchnorm, "GhostBatchNorm: ghost_batch_size (32)"},
+    {"low_precision_groupnorm", CLI_ALGORITHM, make_low_precision_groupnorm,
+     "LowPrecisionGroupNorm: apply_at (init, before_load, after_load; init)"},
+    {"low_precision_layernorm", CLI_ALGORITHM, make_low_precision_layernorm,
+     "LowPrecisionLayerNorm: apply_at (init, before_load, after_load; init)"},
+    {"no_op_model", CLI_ALGORITHM, make_no_op_model, "NoOpModel: no arguments (the model becomes a no-op)"},
+    {"squeeze_excite", CLI_ALGORITHM, make_squeeze_excite, "SqueezeExcite: latent_channels (64), min_channels (128)"},
+    {"stochastic_depth", CLI_ALGORITHM, make_stochastic_depth,
+     "StochasticDepth: target_layer_name (ResNetBottleneck, ResNetBasicBlock; required), stochastic_method "
+     "(block, sample; block), drop_rate (0.2), drop_distribution (uniform, linear; linear), drop_warmup (0dur)"},
+    {"weight_standardization", CLI_ALGORITHM, make_weight_standardization,
+     "WeightStandardization: n_last_layers_ignore (0)"},
+    {"mixup", CLI_ALGORITHM, cli_make_mixup, "MixUp: alpha (0.2), interpolate_loss (false), input_key, target_key"},
+    {"cutmix", CLI_ALGORITHM, cli_make_cutmix,
+     "CutMix: alpha (1.0), interpolate_loss (false), uniform_sampling (false), input_key, target_key"},
+    {"cutout", CLI_ALGORITHM, cli_make_cutout, "CutOut: num_holes (1), length (0.5), uniform_sampling (false), input_key"},
+    {"label_smoothing", CLI_ALGORITHM, cli_make_label_smoothing, "LabelSmoothing: smoothing (0.1), target_key"},
+    {"progressive_resizing", CLI_ALGORITHM, cli_make_progressive_resizing,
+     "ProgressiveResizing: mode (resize, crop; resize), initial_scale (0.5), finetune_fraction (0.2), delay_fraction "
+     "(0.5), size_increment (4), resize_targets (false), input_key, target_key"},
+    {"seq_length_warmup", CLI_ALGORITHM, cli_make_seq_length_warmup,
+     "SeqLengthWarmup: duration (0.3), min_seq_length (8), max_seq_length (1024), step_size (8), truncate (true), "
+     "preserve_end_of_sequence (false)"},
+    {"selective_backprop", CLI_ALGORITHM, cli_make_selective_backprop,
+     "SelectiveBackprop: start (0.5), end (0.9), keep (0.5), scale_factor (1.0), interrupt (2), input_key, target_key"},
+    {"colout", CLI_ALGORITHM, cli_make_colout,
+     "ColOut: p_row (0.15), p_col (0.15), batch (true), resize_target (auto, true, false; auto), input_key, target_key"},
+    {"randaugment", CLI_ALGORITHM, cli_make_randaugment,
+     "RandAugment (in the train image dataset): severity (9), depth (2), augmentation_set (all, safe, original; all)"},
+    {"augmix", CLI_ALGORITHM, cli_make_augmix,
+     "AugMix (in the train image dataset): severity (3), depth (-1), width (3), alpha (1.0), augmentation_set (all)"},
     {"ema", CLI_ALGORITHM, make_ema,
      "EMA: half_life (1000ba; null to use smoothing), smoothing (null), ema_start (0.0dur), update_interval (null)"},
     {"swa", CLI_ALGORITHM, make_swa,
@@ -685,7 +874,8 @@ const cli_plugin_entry cli_plugin_registry[] = {
     {"checkpoint_saver", CLI_CALLBACK, make_checkpoint_saver,
      "CheckpointSaver: folder, filename, latest_filename, save_interval (1ep), weights_only, "
      "num_checkpoints_to_keep (-1), overwrite"},
-
+    {"hf_checkpointer", CLI_CALLBACK, make_hf_checkpointer,
+     "HuggingFaceCheckpointer: save_folder, save_interval (1dur), huggingface_folder_name (ba{batch}); model.name: hf"},
     {NULL, CLI_ALGORITHM, NULL, NULL},
 };
 

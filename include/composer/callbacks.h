@@ -163,6 +163,11 @@ const char *cm_optim_class_name(cm_optim_kind kind);
  *   memory/arena_budget_bytes the arena's budget, when one is set (cfg.arena_budget)
  * Composer's allocated/reserved split maps onto arena_bytes (live activations) and rss_bytes
  * (everything the process holds: parameters, optimizer state, loader buffers, allocator slack).
+ * When the model is on a GPU it also logs Composer's names, in GiB as Composer does:
+ *   memory/allocated_mem       bytes the GPU's caching allocator has handed out now
+ *   memory/reserved_mem        bytes it holds (handed out plus cached)
+ *   memory/peak_allocated_mem  the largest allocated_mem so far
+ * and memory/device_arena_peak_bytes, the peak of the tape's GPU arena (activations).
  * Name "MemoryMonitor". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
 cm_status cm_memory_monitor_new(cm_callback_plugin *out);
 

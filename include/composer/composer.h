@@ -9,6 +9,7 @@
  * flat buffers, schedulers as pure functions of time), nn.h (modules, flat parameter buffers,
  * surgery, layers), model.h (the ComposerModel-style model interface and metrics), zoo_*.h (the
  * model zoo), report.h (progress bar, JSON Lines metrics file, SVG plots, run folders),
+ * data_algos.h (Composer's data methods: MixUp, CutMix, CutOut, LabelSmoothing, ...),
  * train_algos.h (the training methods EMA, SWA, SAM and LayerFreezing).
  */
 #ifndef COMPOSER_COMPOSER_H
@@ -30,6 +31,8 @@
 #include <composer/report.h>
 #include <composer/trainer.h>
 #include <composer/algorithms.h>
+#include <composer/surgery_algorithms.h>
+#include <composer/data_algos.h>
 #include <composer/train_algos.h>
 #include <composer/callbacks.h>
 #include <composer/profiler.h>
@@ -38,5 +41,6 @@
 #include <composer/dist.h>
 #include <composer/storage.h>
 #include <composer/checkpoint.h>
+#include <composer/hf.h>
 
 #endif

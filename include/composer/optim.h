@@ -125,6 +125,9 @@ cm_optim_hparams cm_optim_hparams_default(cm_optim_kind kind);
  * valid for the optimizer's lifetime. `grad` may be NULL: the span is then skipped by steps (like a
  * torch parameter whose .grad is None) and its step count does not advance. `name` (copied; NULL
  * gives "span<i>") names the span's state buffers and must be unique within the optimizer. */
+/* A span's memory may be on the host or on a GPU (a model moved with cm_module_to_device: pass its
+ * cm_unit_info buffers as they are); the optimizer finds out which from the pointer, keeps its
+ * state on the same device and updates there. param and grad must be on one device. */
 typedef struct cm_optim_span {
     const char *name;
     float *param; /* (n,) */
@@ -188,6 +191,7 @@ typedef struct cm_optim_state_entry {
     cm_dtype dtype;   /* CM_DTYPE_F32 or CM_DTYPE_I64 */
     void *data;       /* borrowed; writable (loading a checkpoint writes here) */
     int64_t numel;
+    cm_device device; /* where data lives: the spans' device (steps are always host memory) */
 } cm_optim_state_entry;
 
 /* The number of state entries (it changes only when a group is added). */

@@ -106,6 +106,14 @@ cm_status cm_device_check(cm_device d);
 /* A description of the device ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)", "cpu"), or ""
  * if it is not available. The string is static. */
 const char *cm_device_describe(cm_device d);
+/* The dense peak FLOP/s of device d for computing in `dt` (bf16: the tensor cores; f32: the CUDA
+ * cores' FMA rate; CM_DTYPE_F16 is read as TF32, the rate of f32 GEMMs on tensor cores), from a
+ * table of NVIDIA data sheets looked up by the device's name: H100 SXM/PCIe/NVL, H200, A100, L40S,
+ * L4, RTX 4090. Errors: CM_ERR_NOT_FOUND naming the device when it is not in the table (pass the
+ * peak explicitly, e.g. SpeedMonitor's peak_flops), cm_device_check's; the CPU is
+ * CM_ERR_INVALID_ARG (cm_peak_flops measures it). */
+cm_status cm_device_peak_flops(cm_device d, cm_dtype dt, double *out);
+
 /* Waits for all work queued on d (nothing to do on the CPU). Errors: CM_ERR_DEVICE naming the
  * failed kernel's error, if an earlier launch failed asynchronously. */
 cm_status cm_device_synchronize(cm_device d);
@@ -330,6 +338,9 @@ void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
  * process also with dropout. The trainer sets it for every microbatch. total 0 clears it (the
  * default: numbers drawn in sequence). Survives cm_tape_reset. */
 void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total);
+/* The row context (false and zeros when none is set): for random modules of their own that key
+ * their draws by global row as cm_dropout does. */
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total);
 
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */

@@ -3,6 +3,7 @@
  * name patterns; exit statuses. */
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -612,8 +613,12 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
             cm_status s = verify_one(ck, i, ft);
             if (s) return s;
         }
-        if (dst) memcpy((char *)dst + (size_t)(x - a) * es, (const char *)ft->data + (size_t)(x - t->begin) * es,
-                        (size_t)(y - x) * es);
+        if (dst) { /* dst may be GPU memory (a model moved to a device): copied there */
+            char *d = (char *)dst + (size_t)(x - a) * es;
+            cm_status s = cmi_dev_memcpy(d, cmi_ptr_device(d), (const char *)ft->data + (size_t)(x - t->begin) * es,
+                                         CM_DEVICE_CPU, (size_t)(y - x) * es);
+            if (s) return s;
+        }
     }
     return CM_OK;
 }

@@ -4,6 +4,9 @@
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
 #include "base/prof_impl.h"
+#include "tensor/tensor_impl.h"
+
+#include <composer/surgery_algorithms.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -161,6 +164,7 @@ void cmi_ckpt_free(cm_trainer *tr) {
     free_strs(ck->kept, ck->n_kept);
     cm_free(ck->last_path);
     cm_free(ck->resumed_from);
+    cm_free(ck->pending);
     cm_free(ck);
     tr->ckpt = NULL;
 }
@@ -387,7 +391,28 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
         if ((s = plugin_state("algorithm", cm_algorithm_name(a), cm_algorithm_vtable(a)->save, cm_algorithm_self(a),
                               &state)))
             break;
-        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) s = CM_ERR_OOM;
+        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) {
+            s = CM_ERR_OOM;
+            break;
+        }
+        /* the methods of composer/surgery_algorithms.h: their arguments (Composer's repr) and
+         * whether loading must re-apply them */
+        const cm_algorithm_info *info = cm_algorithm_info_of(cm_algorithm_vtable(a));
+        if (info) {
+            char hp[1024];
+            size_t n = cm_algorithm_hparams_json((cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)},
+                                                 hp, sizeof hp);
+            cJSON *hj = n && n < sizeof hp ? cJSON_Parse(hp) : NULL;
+            if (!hj) {
+                s = cm_set_error(CM_ERR_INTERNAL, "algorithm '%s': its arguments are not JSON (%zu bytes)",
+                                 cm_algorithm_name(a), n);
+                break;
+            }
+            if (!add(o, "hparams", hj) || !add(o, "required_on_load", cJSON_CreateBool(info->required_on_load))) {
+                s = CM_ERR_OOM;
+                break;
+            }
+        }
     }
     for (int i = 0; !s && i < cm_engine_n_callbacks(tr->engine); i++) {
         cm_callback_plugin p = cm_engine_callback(tr->engine, i);
@@ -443,6 +468,7 @@ static void set_tensor(cmi_ck_tensor *t, const char *name, const cm_tensor *x) {
     memcpy(t->shape, cm_tensor_shape(x), sizeof(int64_t) * (size_t)t->ndim);
     t->data = cm_tensor_data(x);
     t->nbytes = cm_tensor_nbytes(x);
+    t->device = cm_tensor_device(x);
 }
 
 int cmi_algo_tensor_name(cm_engine *e, int i, const char *tensor, char *buf, size_t cap) {
@@ -586,11 +612,16 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
             t->shape[0] = e.numel;
             t->data = e.data;
             t->nbytes = (size_t)e.numel * cm_dtype_size(e.dtype);
+            t->device = e.device;
         }
         job->n_files = 2;
     }
     if (!s && !weights_only) s = job_algorithm_tensors(tr, job, sharded);
-    if (!s && async) {
+    /* tensors on a GPU are written from a host snapshot, as a background save's */
+    bool on_device = false;
+    for (int f = 0; !s && f < job->n_files; f++)
+        for (int i = 0; i < job->n_tensors[f]; i++) on_device = on_device || job->tensors[f][i].device != CM_DEVICE_CPU;
+    if (!s && (async || on_device)) {
         size_t total = 0;
         for (int f = 0; f < job->n_files; f++)
             for (int i = 0; i < job->n_tensors[f]; i++) total += (job->tensors[f][i].nbytes + 63) & ~(size_t)63;
@@ -604,8 +635,9 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
             for (int f = 0; f < job->n_files; f++)
                 for (int i = 0; i < job->n_tensors[f]; i++) {
                     cmi_ck_tensor *t = &job->tensors[f][i];
-                    if (t->nbytes) memcpy(p, t->data, t->nbytes);
+                    if (t->nbytes && !s) s = cmi_dev_memcpy(p, CM_DEVICE_CPU, t->data, t->device, t->nbytes);
                     t->data = p;
+                    t->device = CM_DEVICE_CPU;
                     p += (t->nbytes + 63) & ~(size_t)63;
                 }
         }
@@ -1502,9 +1534,55 @@ done:
     return s;
 }
 
+cm_status cmi_ckpt_resolve(cm_trainer *dist_tr, bool autoresume, const char *save_folder, const char *latest,
+                           const char *load_path, char **out) {
+    *out = NULL;
+    if (autoresume && save_folder) {
+        cm_checkpoint_search srch;
+        memset(&srch, 0, sizeof srch);
+        /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
+         * instants) */
+        struct {
+            int32_t status;
+            char msg[1500];
+        } res = {0, ""};
+        if (!dist_tr || dist_tr->dist.rank == 0) {
+            res.status = cm_checkpoint_find_latest(save_folder, latest, &srch);
+            if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
+        }
+        if (dist_tr) {
+            cm_status bs = cmi_dist_bcast(dist_tr, &res, sizeof res);
+            if (!bs) bs = cmi_dist_bcast(dist_tr, &srch, sizeof srch);
+            if (bs) return bs;
+        }
+        cm_status s = (cm_status)res.status;
+        if (s) cm_set_error(s, "%s", res.msg);
+        if (s == CM_OK) {
+            if (srch.n_rejected)
+                cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
+            *out = dup_str(srch.path);
+            return *out ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        }
+        if (s != CM_ERR_NOT_FOUND) return s;
+        if (srch.n_rejected) {
+            return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
+                                               "start the run over",
+                                save_folder, srch.rejected);
+        }
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", save_folder,
+                   load_path ? "loading load_path" : "starting from scratch");
+    }
+    if (load_path && load_path[0]) {
+        *out = dup_str(load_path);
+        return *out ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    }
+    return CM_OK;
+}
+
 /* load_path on an object store: ".../NAME" (a checkpoint) or a folder with a latest pointer.
- * Rank 0 fetches the manifest into a staging folder; every rank then reads its part lazily. */
-static cm_status load_remote_path(cm_trainer *tr) {
+ * Rank 0 fetches the manifest into a staging folder; every rank then reads its part lazily.
+ * *path: the checkpoint's local staging path, read through ck->load_remote. */
+static cm_status resolve_remote_path(cm_trainer *tr, char **path) {
     cmi_ckpt *ck = tr->ckpt;
     const char *lp = ck->load_path;
     size_t n = strlen(lp);
@@ -1563,8 +1641,7 @@ static cm_status load_remote_path(cm_trainer *tr) {
     if (res.status) return cm_set_error((cm_status)res.status, "%s", res.msg);
     if (tr->dist.rank != 0) {
         /* the pointer may have named another folder: open the store rank 0 used */
-        const char *rp = res.path, *rs = strrchr(rp, '/');
-        (void)rs;
+        const char *rp = res.path;
         if (!strstr(rp, cmi_remote_local(ck->load_remote))) {
             cmi_remote_free(ck->load_remote);
             ck->load_remote = NULL;
@@ -1574,7 +1651,8 @@ static cm_status load_remote_path(cm_trainer *tr) {
             if (s) return s;
         }
     }
-    return load_into(tr, res.path, ck->load_remote);
+    *path = dup_str(res.path);
+    return *path ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
 }
 
 cm_status cmi_ckpt_rollback_load(cm_trainer *tr, const char *path) {
@@ -1587,21 +1665,21 @@ cm_status cmi_ckpt_rollback_load(cm_trainer *tr, const char *path) {
     return s;
 }
 
-cm_status cmi_ckpt_load_start(cm_trainer *tr) {
+/* Which checkpoint this trainer loads: autoresume's choice (rank 0's, shared; in save_folder or
+ * its object store), else load_path (local, or on a store). *path (new string, or NULL: nothing)
+ * and *via (the store to read it through; NULL: local). */
+static cm_status resolve_for_trainer(cm_trainer *tr, char **path, cmi_remote **via) {
     cmi_ckpt *ck = tr->ckpt;
-    if (!ck) return CM_OK;
-    if (ck->autoresume) {
+    *path = NULL, *via = NULL;
+    if (ck->autoresume && ck->remote) {
         cm_checkpoint_search srch;
         memset(&srch, 0, sizeof srch);
-        /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
-         * instants) */
         struct {
             int32_t status;
             char msg[1500];
         } res = {0, ""};
         if (tr->dist.rank == 0) {
-            res.status = ck->remote ? cmi_remote_find_latest(ck->remote, &srch)
-                                    : cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+            res.status = cmi_remote_find_latest(ck->remote, &srch);
             if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
         }
         cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
@@ -1612,21 +1690,46 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
         if (s == CM_OK) {
             if (srch.n_rejected)
                 cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
-            return load_into(tr, srch.path, ck->remote);
+            *via = ck->remote;
+            *path = dup_str(srch.path);
+            return *path ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
         }
         if (s != CM_ERR_NOT_FOUND) return s;
-        if (srch.n_rejected) {
+        if (srch.n_rejected)
             return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
                                                "start the run over",
-                                ck->remote ? cmi_remote_uri(ck->remote) : ck->save_folder, srch.rejected);
-        }
-        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s",
-                   ck->remote ? cmi_remote_uri(ck->remote) : ck->save_folder,
+                                cmi_remote_uri(ck->remote), srch.rejected);
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", cmi_remote_uri(ck->remote),
                    ck->load_path ? "loading load_path" : "starting from scratch");
+    } else if (ck->autoresume) {
+        cm_status s = cmi_ckpt_resolve(tr, true, ck->save_folder, ck->save_latest_filename, NULL, path);
+        if (s || *path) return s;
     }
-    if (ck->load_path && cm_storage_is_remote(ck->load_path)) return load_remote_path(tr);
-    if (ck->load_path) return load_into(tr, ck->load_path, NULL);
-    return CM_OK;
+    if (ck->load_path && cm_storage_is_remote(ck->load_path)) {
+        cm_status s = resolve_remote_path(tr, path);
+        if (!s) *via = ck->load_remote;
+        return s;
+    }
+    return cmi_ckpt_resolve(tr, false, NULL, NULL, ck->load_path, path);
+}
+
+cm_status cmi_ckpt_prepare_load(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    cm_free(ck->pending);
+    ck->pending = NULL;
+    ck->pending_via = NULL;
+    cm_status s = resolve_for_trainer(tr, &ck->pending, &ck->pending_via);
+    if (s || !ck->pending) return s;
+    int added = 0;
+    s = cmi_apply_required_algorithms(tr->engine, &tr->st, ck->pending, ck->pending_via,
+                                      (const char *const *)ck->exclude_algs, ck->n_exclude_algs, &added);
+    return cmi_dist_agree(tr, s, "applying the checkpoint's required algorithms");
+}
+
+cm_status cmi_ckpt_load_start(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    return ck && ck->pending ? load_into(tr, ck->pending, ck->pending_via) : CM_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------

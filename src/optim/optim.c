@@ -1,8 +1,12 @@
 /* Optimizers over flat f32 spans: torch's SGD / Adam / AdamW and Composer's DecoupledSGDW /
  * DecoupledAdamW (update rules in include/composer/optim.h). Scalars are computed in double and
  * applied in f32, as torch does; the element loops are OpenMP-parallel over large spans and
- * vectorised. */
+ * vectorised. Spans in GPU memory (a model moved with cm_module_to_device) are updated there by the
+ * backend's kernels, with the same formulas; their state lives on the GPU too. */
 #include <composer/optim.h>
+
+#include "tensor/backend.h"
+#include "tensor/tensor_impl.h"
 
 #include <math.h>
 #include <omp.h>
@@ -78,6 +82,7 @@ typedef struct span {
     char *entry_name[E_COUNT];
     int64_t *excl;       /* (2·n_excl) sorted, disjoint element ranges [lo, hi) that steps skip */
     int n_excl, cap_excl;
+    cm_device device;    /* of param, grad and buf (found from the param pointer) */
 } span;
 
 typedef struct group {
@@ -111,7 +116,7 @@ static void span_release(span *s) {
     cm_free(s->name);
     cm_free(s->excl);
     for (int e = 0; e < E_COUNT; e++) {
-        cm_free(s->buf[e]);
+        cmi_dev_free(s->device, s->buf[e]);
         cm_free(s->entry_name[e]);
     }
 }
@@ -198,6 +203,7 @@ static cm_status rebuild_entries(cm_optim *o) {
                 ent[j].dtype = CM_DTYPE_F32;
                 ent[j].data = s->buf[e];
                 ent[j].numel = s->n;
+                ent[j].device = s->device;
             }
             j++;
         }
@@ -266,6 +272,14 @@ cm_status cm_optim_add_group(cm_optim *o, const cm_optim_hparams *hp, const cm_o
         s->param = sp->param;
         s->grad = sp->grad;
         s->n = sp->n;
+        s->device = cmi_ptr_device(sp->param);
+        if (sp->grad && cmi_ptr_device(sp->grad) != s->device) {
+            st = cm_set_error(CM_ERR_INVALID_ARG, "%s %s: span '%s' has its parameters on %s and its gradients on %s",
+                              cm_optim_kind_name(o->kind), where, buf, cm_device_name(s->device),
+                              cm_device_name(cmi_ptr_device(sp->grad)));
+            made++;
+            break;
+        }
         for (int e = 0; e < E_COUNT && st == CM_OK; e++) {
             if (!uses(o->kind, hp, e)) continue;
             char key[sizeof buf + 32];
@@ -273,8 +287,8 @@ cm_status cm_optim_add_group(cm_optim *o, const cm_optim_hparams *hp, const cm_o
             s->entry_name[e] = dup_str(key);
             if (!s->entry_name[e]) st = CM_ERR_OOM;
             if (e != E_STEP && s->n > 0 && st == CM_OK) {
-                s->buf[e] = cm_alloc_zeroed((size_t)s->n * sizeof(float), 64);
-                if (!s->buf[e]) st = CM_ERR_OOM;
+                s->buf[e] = cmi_dev_alloc(s->device, (size_t)s->n * sizeof(float), true);
+                if (!s->buf[e]) st = cm_last_status() ? cm_last_status() : CM_ERR_OOM;
             }
         }
         if (st != CM_OK) {
@@ -448,7 +462,7 @@ static void thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = b1 * 16 < n ? b1 * 16 : n;
 }
 
-static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
+static cm_status step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
     const cm_optim_hparams *h = &gr->hp;
     bool decoupled = kind == CM_OPTIM_DECOUPLED_SGDW && h->weight_decay != 0;
     bool l2 = kind == CM_OPTIM_SGD && h->weight_decay != 0;
@@ -462,6 +476,13 @@ static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
         const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
         const int64_t n = b1 - b0;
         if (n <= 0) continue;
+        if (s->device != CM_DEVICE_CPU) {
+            const cmi_sgd_args d = {a.p + b0, a.b ? a.b + b0 : NULL, a.g + b0, n, a.l2, a.mom, a.one_minus_damp,
+                                    a.keep, a.neg_lr, has_mom, first, nesterov, decoupled, l2};
+            const cm_status st = cmi_backend_get(s->device)->sgd_step(&d);
+            if (st) return st;
+            continue;
+        }
 #pragma omp parallel if (n >= PAR_MIN)
         {
             int64_t lo, hi;
@@ -469,9 +490,10 @@ static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
             sgd_dispatch(&a, b0 + lo, b0 + hi, has_mom, first, nesterov, decoupled, l2);
         }
     }
+    return CM_OK;
 }
 
-static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
+static cm_status step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
     const cm_optim_hparams *h = &gr->hp;
     double t = (double)s->step; /* already incremented */
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
@@ -507,6 +529,13 @@ static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
         const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
         const int64_t n = b1 - b0;
         if (n <= 0) continue;
+        if (s->device != CM_DEVICE_CPU) {
+            const cmi_adam_args d = {a.p + b0, a.m + b0, a.v + b0, a.vmax ? a.vmax + b0 : NULL, a.g + b0, n, a.keep,
+                                     a.l2, a.b1, a.omb1, a.b2, a.omb2, a.neg_step, a.bc2_sqrt, a.eps, decay, l2, ams};
+            const cm_status st = cmi_backend_get(s->device)->adam_step(&d);
+            if (st) return st;
+            continue;
+        }
 #pragma omp parallel if (n >= PAR_MIN)
         {
             int64_t lo, hi;
@@ -514,6 +543,7 @@ static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
             adam_dispatch(&a, b0 + lo, b0 + hi, decay, l2, ams);
         }
     }
+    return CM_OK;
 }
 
 cm_status cm_optim_step(cm_optim *o, double lr_multiplier) {
@@ -528,13 +558,15 @@ cm_status cm_optim_step(cm_optim *o, double lr_multiplier) {
         for (int si = gr->first; si < gr->first + gr->count; si++) {
             span *s = &o->spans[si];
             if (!s->grad) continue;
+            cm_status st;
             if (is_sgd(o->kind)) {
-                step_sgd(o->kind, gr, s, lr);
+                st = step_sgd(o->kind, gr, s, lr);
                 s->step++;
             } else {
                 s->step++;
-                step_adam(o->kind, gr, s, lr);
+                st = step_adam(o->kind, gr, s, lr);
             }
+            if (st) return st;
         }
     }
     return CM_OK;
@@ -590,6 +622,10 @@ void cm_optim_zero_grad(cm_optim *o) {
         if (!s->grad || s->n == 0) continue;
         float *g = s->grad;
         int64_t n = s->n;
+        if (s->device != CM_DEVICE_CPU) {
+            cmi_dev_memset(s->device, g, 0, (size_t)n * sizeof(float));
+            continue;
+        }
 #pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
         for (int64_t j = 0; j < n; j++) g[j] = 0.0f;
     }

@@ -141,6 +141,14 @@ cm_status cmi_algo_time(const char *alg, const char *arg, const char *s, unsigne
 }
 
 cm_status cmi_algo_refuse_sharded(const char *alg, const cm_state *st) {
+    /* the training device: the model moves there after INIT, so the tape says where it will be */
+    const cm_model *m = cm_state_model(st);
+    const cm_tape *tp = cm_state_tape(st);
+    cm_device dev = tp ? cm_tape_device(tp) : CM_DEVICE_CPU;
+    if (dev == CM_DEVICE_CPU && m) dev = cm_module_device(cm_model_module((cm_model *)m));
+    if (dev != CM_DEVICE_CPU && strcmp(alg, "LayerFreezing") != 0)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "%s keeps host copies of the weights and does not run on %s yet (train "
+                                                "on the CPU, or drop %s for the GPU run)", alg, cm_device_name(dev), alg);
     int n = 0;
     if (cm_state_shard_spans(st, &n) && n > 0)
         return cm_set_error(CM_ERR_UNSUPPORTED, "%s needs every parameter on every rank, and under a sharded strategy a "

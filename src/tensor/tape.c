@@ -63,6 +63,14 @@ void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total) {
     tp->row_total = ok ? total : 0;
 }
 
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total) {
+    const bool on = tp && tp->row_total > 0;
+    if (first) *first = on ? tp->row_first : 0;
+    if (n) *n = on ? tp->row_n : 0;
+    if (total) *total = on ? tp->row_total : 0;
+    return on;
+}
+
 void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data) {
     if (!tp) return;
     tp->fetch = fn;

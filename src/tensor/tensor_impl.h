@@ -142,6 +142,15 @@ void *cmi_dev_scratch(cm_tape *tp, size_t bytes);
 static inline cm_arena *cmi_op_arena(cm_tape *tp) {
     return tp->dev == CM_DEVICE_CPU ? tp->arena : cmi_dev_arena(tp, tp->dev);
 }
+/* Raw memory on any device, for the layers above (flat parameter buffers, optimizer state):
+ * cm_alloc(_zeroed) on the CPU, the device's caching allocator elsewhere (NULL + cm_set_error). */
+void *cmi_dev_alloc(cm_device d, size_t bytes, bool zero);
+void cmi_dev_free(cm_device d, void *p);
+cm_status cmi_dev_memcpy(void *dst, cm_device dd, const void *src, cm_device sd, size_t bytes);
+cm_status cmi_dev_memset(cm_device d, void *p, int v, size_t bytes);
+/* The device whose memory p points into (CM_DEVICE_CPU for host memory and NULL): flat spans
+ * handed to the optimizer and clipping are told apart this way. */
+cm_device cmi_ptr_device(const void *p);
 /* Frees the device data of a long-lived tensor (cm_tensor_free). */
 void cmi_dev_free_data(cm_tensor *t);
 /* dst = src read through strides sstride (src broadcast to dst's shape), any devices and dtypes:

@@ -63,13 +63,46 @@ const char *cm_algorithm_name(const cm_algorithm *a) { return a ? a->vt->name : 
 void *cm_algorithm_self(const cm_algorithm *a) { return a ? a->self : NULL; }
 const cm_algorithm_i *cm_algorithm_vtable(const cm_algorithm *a) { return a ? a->vt : NULL; }
 
+/* Composer's set_filo_order: reversed on the events whose name starts with AFTER_ (AFTER_LOAD,
+ * AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_BACKWARD, AFTER_TRAIN_BATCH); *_END events and
+ * EVAL_AFTER_FORWARD keep the registration order. */
 int cm_ordering_pass_filo(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data) {
-    if (cm_event_is_after(ev))
+    if (!strncmp(cm_event_name(ev), "AFTER_", 6))
         for (int i = 0, j = n - 1; i < j; i++, j--) {
             cm_algorithm *t = algs[i];
             algs[i] = algs[j];
             algs[j] = t;
         }
+    return n;
+}
+
+/* Stable partition in place: the algorithms called `name` to the front (front) or to the back,
+ * every other algorithm keeping its relative order (Python's sorted() with a boolean key). */
+static void move_named(cm_algorithm **algs, int n, const char *name, bool front) {
+    int k = front ? 0 : n - 1; /* next slot for a hit */
+    for (int c = 0; c < n; c++) {
+        const int i = front ? c : n - 1 - c;
+        if (strcmp(algs[i]->vt->name, name)) continue;
+        cm_algorithm *hit = algs[i];
+        if (front) {
+            memmove(algs + k + 1, algs + k, sizeof *algs * (size_t)(i - k));
+            algs[k++] = hit;
+        } else {
+            memmove(algs + i, algs + i + 1, sizeof *algs * (size_t)(k - i));
+            algs[k--] = hit;
+        }
+    }
+}
+
+int cm_ordering_pass_selective_backprop_first(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                              void *data) {
+    move_named(algs, n, "SelectiveBackprop", true);
+    return n;
+}
+
+int cm_ordering_pass_low_precision_layernorm_last(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                                  void *data) {
+    move_named(algs, n, "LowPrecisionLayerNorm", false);
     return n;
 }
 
@@ -80,10 +113,14 @@ cm_status cm_engine_new(cm_state *st, cm_engine **out) {
     if (!e) return CM_ERR_OOM;
     e->st = st;
     e->logger.engine = e;
-    if (grow((void **)&e->passes, &e->cap_passes, sizeof *e->passes, 1)) {
+    if (grow((void **)&e->passes, &e->cap_passes, sizeof *e->passes, 3)) {
         cm_free(e);
         return CM_ERR_OOM;
     }
+    /* Composer's _get_default_passes order: the two placement rules, then FILO (so on AFTER_*
+     * events the reversal has the last word, as in Composer) */
+    e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_selective_backprop_first, NULL};
+    e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_low_precision_layernorm_last, NULL};
     e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_filo, NULL};
     *out = e;
     return CM_OK;
@@ -113,6 +150,29 @@ void cmi_engine_release(cm_engine *e) {
     for (int i = 0; i < e->n_algs; i++) cm_free(e->algs[i]);
     e->n_algs = e->n_cbs = e->n_lgs = 0;
     e->closed = true;
+}
+
+int cmi_engine_order_all(cm_engine *e, cm_event ev, cm_algorithm **out) {
+    int n = e->n_algs;
+    for (int i = 0; i < n; i++) out[i] = e->algs[i];
+    for (int p = 0; p < e->n_passes && n > 0; p++) {
+        int m = e->passes[p].fn(out, n, ev, e->st, e->passes[p].data);
+        if (m < 0 || m > n) {
+            cm_set_error(CM_ERR_INVALID_ARG, "ordering pass %d returned %d algorithms on %s (must be 0..%d)", p, m,
+                         cm_event_name(ev), n);
+            return -1;
+        }
+        n = m;
+    }
+    return n;
+}
+
+void cmi_engine_pop_algorithms(cm_engine *e, int n) {
+    for (; n > 0 && e->n_algs > 0; n--) {
+        cm_algorithm *a = e->algs[--e->n_algs];
+        cm_algorithm_plugin_free((cm_algorithm_plugin){a->vt, a->self});
+        cm_free(a);
+    }
 }
 
 static cm_status check_open(const cm_engine *e, const char *what) {
@@ -325,15 +385,19 @@ cm_status cm_engine_run_event(cm_engine *e, cm_event ev) {
     if ((unsigned)ev >= CM_EVENT_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_engine_run_event: event %d is not valid", (int)ev);
     e->n_traces = 0;
+    const cm_event prev = e->st->event;
+    e->st->event = ev;
     /* the profiler decides first whether this event is recorded; an after event closes its pair's
      * slice before the plugins run and a before event opens it after them, as Composer's engine */
     if (cmi_prof_event_hook.fn) cmi_prof_event_hook.fn(cmi_prof_event_hook.data, (int)ev, e->st);
     if (cm_event_is_after(ev) && cmi_prof_on()) cmi_prof_end(pair_name(ev));
     if (ev == CM_EVENT_INIT) {
-        if ((s = run_loggers(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_algorithms(e, ev))) return s;
-        return CM_OK;
+        if (!(s = run_loggers(e, ev)) && !(s = run_callbacks(e, ev))) s = run_algorithms(e, ev);
+    } else if (!(s = run_algorithms(e, ev)) && !(s = run_callbacks(e, ev))) {
+        s = run_loggers(e, ev);
     }
-    if ((s = run_algorithms(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_loggers(e, ev))) return s;
+    e->st->event = prev;
+    if (s) return s;
     if (cm_event_is_before(ev) && cmi_prof_on()) {
         char args[96];
         snprintf(args, sizeof args, "{\"epoch\": %lld, \"batch\": %lld}", (long long)e->st->ts.epoch,
