@@ -92,7 +92,7 @@ static int count_requests(const cJSON *st, const char *endpoint) {
     return n;
 }
 
-static cm_tracker_stats stats_of(const cmt_rig *g, int index) {
+static cm_tracker_stats stats_of(const cmt_track_rig *g, int index) {
     const cm_logger_plugin p = cm_engine_logger_plugin(cm_trainer_engine(g->tr), index);
     cm_tracker_stats s;
     cr_assert_eq(cm_mlflow_logger_stats(&p, &s), CM_OK);
@@ -117,7 +117,7 @@ Test(mlflow_logger, a_fit_makes_the_experiment_and_run_and_sends_every_value) {
     cm_in_memory_logger *mem;
     cm_logger_plugin p = make(&c);
     const double t0 = cmi_unix_time();
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "ml-run", .mem = &mem}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "ml-run", .mem = &mem}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK, "%s", cm_last_error());
     const double t1 = cmi_unix_time();
@@ -182,7 +182,7 @@ Test(mlflow_logger, a_fit_makes_the_experiment_and_run_and_sends_every_value) {
     cr_assert_eq(s.reports, 0);
     cr_assert(s.finished);
     cJSON_Delete(st);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(mlflow_logger, a_second_run_finds_the_experiment_by_name) {
@@ -190,11 +190,11 @@ Test(mlflow_logger, a_second_run_finds_the_experiment_by_name) {
         cm_mlflow_logger_config c = quick();
         c.experiment_name = "shared";
         cm_logger_plugin p = make(&c);
-        cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = k ? "second" : "first", .max_duration = "2ba",
+        cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = k ? "second" : "first", .max_duration = "2ba",
                                                  .no_eval = true},
                                  &p, 1);
         cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-        cmt_rig_free(&g); /* (closes through cm_trainer_free) */
+        cmt_track_rig_free(&g); /* (closes through cm_trainer_free) */
     }
     cJSON *st = state();
     assert_no_violations(st);
@@ -242,7 +242,7 @@ Test(mlflow_logger, log_batch_requests_stay_within_the_api_limits) {
     cm_mlflow_logger_config c = quick();
     c.flush_interval = 30; /* one big send at the end: the chunking has everything at once */
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "2ba", .no_eval = true, .callbacks = &cb,
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ba", .no_eval = true, .callbacks = &cb,
                                              .n_callbacks = 1},
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
@@ -272,7 +272,7 @@ Test(mlflow_logger, log_batch_requests_stay_within_the_api_limits) {
     cr_assert_str_eq(sget(cJSON_GetObjectItem(data, "params"), "flood/m0003"), "1.5");
     cr_assert_geq(batches, 6 + 3);
     cJSON_Delete(st);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     free(f.names);
 }
 
@@ -288,7 +288,7 @@ Test(mlflow_logger, retries_429_5xx_and_timeouts_then_everything_arrives) {
     c.max_retries = 6;
     cm_in_memory_logger *mem;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.mem = &mem, .max_duration = "1ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.mem = &mem, .max_duration = "1ep"}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     const cm_tracker_stats s = stats_of(&g, 1);
@@ -302,7 +302,7 @@ Test(mlflow_logger, retries_429_5xx_and_timeouts_then_everything_arrives) {
     cr_assert_eq(s.reports, 0, "a fault the retries absorbed is not reported: %s", s.last_error);
     cr_assert(!s.down);
     cJSON_Delete(st);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(mlflow_logger, a_server_that_stays_down_is_reported_once_and_never_stalls_training) {
@@ -313,7 +313,7 @@ Test(mlflow_logger, a_server_that_stays_down_is_reported_once_and_never_stalls_t
     c.close_timeout = 1.0;
     cm_in_memory_logger *mem;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.mem = &mem, .max_duration = "2ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.mem = &mem, .max_duration = "2ep"}, &p, 1);
     cmt_stderr_begin();
     const double t0 = cmi_unix_time();
     cm_status fs = cm_trainer_fit(g.tr, NULL);
@@ -335,7 +335,7 @@ Test(mlflow_logger, a_server_that_stays_down_is_reported_once_and_never_stalls_t
     cr_assert(s.down && !s.finished);
     cr_assert(!s.run_id[0]);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 /* Every request takes 5 s: the fit does not wait for any of them, and the close gives up on the
@@ -346,7 +346,7 @@ Test(mlflow_logger, a_slow_server_never_stalls_a_training_step) {
     c.request_timeout = 30;
     c.close_timeout = 1.0;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "2ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ep"}, &p, 1);
     cmt_stderr_begin();
     const double t0 = cmi_unix_time();
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
@@ -361,7 +361,7 @@ Test(mlflow_logger, a_slow_server_never_stalls_a_training_step) {
     cr_assert_gt(s.metrics_dropped, 0);
     cr_assert(strstr(err, "cut off at the deadline"), "%s", err);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 /* Driving the plugin by hand, to control time: the server fails the first requests, the logger
@@ -465,9 +465,9 @@ Test(mlflow_logger, a_failed_fit_marks_the_run_failed) {
     cm_callback_plugin cb = {&fail_vt, NULL};
     cm_mlflow_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
     cr_assert_neq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g); /* the CLI frees without closing after a failed fit */
+    cmt_track_rig_free(&g); /* the CLI frees without closing after a failed fit */
     cJSON *st = state();
     assert_no_violations(st);
     cr_assert_str_eq(sget(cJSON_GetObjectItem(only_run(st), "info"), "status"), "FAILED");
@@ -557,10 +557,10 @@ Test(mlflow_logger, resume_reuses_the_run_tagged_with_the_run_name) {
         cm_mlflow_logger_config c = quick();
         c.resume = k == 1;
         cm_logger_plugin p = make(&c);
-        cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "resumable", .max_duration = "2ba", .no_eval = true},
+        cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "resumable", .max_duration = "2ba", .no_eval = true},
                                  &p, 1);
         cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-        cmt_rig_free(&g);
+        cmt_track_rig_free(&g);
     }
     cJSON *st = state();
     assert_no_violations(st);
@@ -582,13 +582,13 @@ Test(mlflow_logger, environment_variables_give_the_server_credentials_and_ids) {
     cm_mlflow_logger_config c = quick();
     c.tracking_uri = NULL;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "env1", .max_duration = "2ba", .no_eval = true}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "env1", .max_duration = "2ba", .no_eval = true}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     cr_assert_eq(stats_of(&g, 0).reports, 0, "%s", stats_of(&g, 0).last_error);
-    char run_id[128];
+    char run_id[sizeof ((cm_tracker_stats *)0)->run_id];
     snprintf(run_id, sizeof run_id, "%s", stats_of(&g, 0).run_id);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     /* Basic credentials, and a run and experiment given by id */
     unsetenv("MLFLOW_TRACKING_TOKEN");
     setenv("MLFLOW_TRACKING_USERNAME", "ann", 1);
@@ -597,7 +597,7 @@ Test(mlflow_logger, environment_variables_give_the_server_credentials_and_ids) {
     setenv("MLFLOW_RUN_ID", run_id, 1);
     setenv("MLFLOW_EXPERIMENT_ID", "1", 1);
     p = make(&c);
-    g = cmt_rig_make(&(cmt_fit_opts){.run_name = "env2", .max_duration = "2ba", .no_eval = true}, &p, 1);
+    g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "env2", .max_duration = "2ba", .no_eval = true}, &p, 1);
     cmt_stderr_begin();
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
@@ -608,7 +608,7 @@ Test(mlflow_logger, environment_variables_give_the_server_credentials_and_ids) {
     cr_assert(strstr(err, "hyperparameter 'run_name' changed from 'env1' to 'env2'"), "%s", err);
     cr_assert_eq(stats_of(&g, 0).failed_requests, 0, "%s", err);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *st = state();
     assert_no_violations(st);
     cr_assert_str_eq(sget(cJSON_GetObjectItem(st, "experiments")->child, "name"), "from-env");
@@ -625,7 +625,7 @@ Test(mlflow_logger, wrong_credentials_are_reported_once_and_nothing_is_retried) 
     setenv("MLFLOW_TRACKING_TOKEN", "wrong", 1);
     cm_mlflow_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "1ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "1ep"}, &p, 1);
     cmt_stderr_begin();
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
@@ -638,27 +638,27 @@ Test(mlflow_logger, wrong_credentials_are_reported_once_and_nothing_is_retried) 
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 1, "a refused credential is not retried");
     cJSON_Delete(st);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(mlflow_logger, only_rank_zero_logs_unless_asked) {
     cm_mlflow_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
                                              .world_size = 2},
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *st = state();
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0);
     cJSON_Delete(st);
     c.rank_zero_only = false;
     p = make(&c);
-    g = cmt_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
+    g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
                                      .world_size = 2},
                      &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     st = state();
     assert_no_violations(st);
     cr_assert_str_eq(sget(cJSON_GetObjectItem(only_run(st), "info"), "run_name"), "rr-rank1");

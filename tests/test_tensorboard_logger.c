@@ -158,7 +158,7 @@ static cm_logger_plugin tb_plugin(const char *log_dir, int64_t flush_interval, i
 }
 
 /* The logger's file, copied (the plugin goes with the trainer). */
-static char *file_of(const cmt_rig *g, int index) {
+static char *file_of(const cmt_track_rig *g, int index) {
     const cm_logger_plugin p = cm_engine_logger_plugin(cm_trainer_engine(g->tr), index);
     const char *f = cm_tensorboard_logger_file(&p);
     return f ? strdup(f) : NULL;
@@ -171,7 +171,7 @@ Test(tensorboard_logger, every_metric_is_a_scalar_with_its_step_and_value) {
     cm_in_memory_logger *mem;
     cm_logger_plugin p = tb_plugin(logdir, 2, 0);
     const double t0 = cmi_unix_time();
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "tb-run", .mem = &mem}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "tb-run", .mem = &mem}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK, "%s", cm_last_error());
     const double t1 = cmi_unix_time();
@@ -221,7 +221,7 @@ Test(tensorboard_logger, every_metric_is_a_scalar_with_its_step_and_value) {
     cr_assert_eq(texts, 1, "hyperparameter text events: %d", texts);
     cJSON_Delete(ev);
     free(file);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cmt_tmpdir_remove(&t);
 }
 
@@ -229,7 +229,7 @@ Test(tensorboard_logger, every_metric_is_a_scalar_with_its_step_and_value) {
 Test(tensorboard_logger, histograms_describe_the_parameters_and_gradients) {
     cmt_tmpdir t = cmt_tmpdir_make("tb");
     cm_logger_plugin p = tb_plugin(t.dir, 100, 3);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "hist", .max_duration = "1ep", .no_eval = true}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "hist", .max_duration = "1ep", .no_eval = true}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     char *file = file_of(&g, 0);
@@ -287,7 +287,7 @@ Test(tensorboard_logger, histograms_describe_the_parameters_and_gradients) {
     cr_assert_eq(checked, 2 * np);
     cJSON_Delete(ev);
     free(file);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cmt_tmpdir_remove(&t);
 }
 
@@ -316,7 +316,7 @@ Test(tensorboard_logger, flushes_every_flush_interval_batches) {
     size_probe probe = {0};
     cm_callback_plugin cb = {&probe_vt, &probe};
     cm_logger_plugin p = tb_plugin(t.dir, 3, 0);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "1ep", .no_eval = true, .callbacks = &cb, .n_callbacks = 1},
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "1ep", .no_eval = true, .callbacks = &cb, .n_callbacks = 1},
                              &p, 1);
     /* the probe reads the plugin the trainer now holds */
     cm_logger_plugin held = cm_engine_logger_plugin(cm_trainer_engine(g.tr), 0);
@@ -330,14 +330,14 @@ Test(tensorboard_logger, flushes_every_flush_interval_batches) {
     cr_assert_gt(probe.sizes[3], probe.sizes[2], "not flushed after batch 3");
     cr_assert_eq(probe.sizes[4], probe.sizes[3], "flushed after batch 4");
     cr_assert_eq(probe.sizes[5], probe.sizes[3], "flushed after batch 5");
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cmt_tmpdir_remove(&t);
 }
 
 Test(tensorboard_logger, only_rank_zero_writes_unless_asked) {
     cmt_tmpdir t = cmt_tmpdir_make("tb");
     cm_logger_plugin p = tb_plugin(t.dir, 100, 0);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "r1", .max_duration = "2ba", .no_eval = true, .rank = 1,
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "r1", .max_duration = "2ba", .no_eval = true, .rank = 1,
                                              .world_size = 2},
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
@@ -346,13 +346,13 @@ Test(tensorboard_logger, only_rank_zero_writes_unless_asked) {
     snprintf(d, sizeof d, "%s/r1", t.dir);
     struct stat sb;
     cr_assert_neq(stat(d, &sb), 0, "rank 1 created %s", d);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 
     cm_tensorboard_logger_config c = cm_tensorboard_logger_config_default();
     c.log_dir = t.dir;
     c.rank_zero_only = false;
     cr_assert_eq(cm_tensorboard_logger_new(&c, &p), CM_OK);
-    g = cmt_rig_make(&(cmt_fit_opts){.run_name = "r1", .max_duration = "2ba", .no_eval = true, .rank = 1,
+    g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "r1", .max_duration = "2ba", .no_eval = true, .rank = 1,
                                      .world_size = 2},
                      &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
@@ -363,7 +363,7 @@ Test(tensorboard_logger, only_rank_zero_writes_unless_asked) {
     cr_assert_gt(cJSON_GetArraySize(ev), 2);
     cJSON_Delete(ev);
     free(f);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cmt_tmpdir_remove(&t);
 }
 
@@ -397,7 +397,7 @@ Test(tensorboard_logger, a_write_error_is_reported_once_and_training_goes_on) {
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit rl = {600, RLIM_INFINITY};
     cm_logger_plugin p = tb_plugin(t.dir, 1, 0);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "2ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ep"}, &p, 1);
     cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
     cmt_stderr_begin();
     cm_status s = cm_trainer_fit(g.tr, NULL);
@@ -410,7 +410,7 @@ Test(tensorboard_logger, a_write_error_is_reported_once_and_training_goes_on) {
     cr_assert_eq(cmt_count(err, "TensorBoardLogger:"), 1, "warnings:\n%s", err);
     cr_assert(strstr(err, "File too large") && strstr(err, "training goes on"), "%s", err);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cmt_tmpdir_remove(&t);
 }
 

@@ -81,7 +81,7 @@ static double num_of(const cJSON *v) {
     return !strcmp(v->valuestring, "NaN") ? NAN : !strcmp(v->valuestring, "Infinity") ? INFINITY : -INFINITY;
 }
 
-static cm_tracker_stats stats_of(const cmt_rig *g, int index) {
+static cm_tracker_stats stats_of(const cmt_track_rig *g, int index) {
     const cm_logger_plugin p = cm_engine_logger_plugin(cm_trainer_engine(g->tr), index);
     cm_tracker_stats s;
     cr_assert_eq(cm_wandb_logger_stats(&p, &s), CM_OK);
@@ -140,7 +140,7 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
     c.notes = "a test";
     cm_in_memory_logger *mem;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "wb-run", .mem = &mem}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "wb-run", .mem = &mem}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK, "%s", cm_last_error());
     const cm_tracker_stats s = stats_of(&g, 1);
@@ -180,7 +180,7 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
     cr_assert_eq(s.reports, 0, "%s", s.last_error);
     cr_assert_eq(s.metrics_sent, cJSON_GetArraySize(cJSON_GetObjectItem(run, "history")));
     cJSON_Delete(st);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
@@ -193,7 +193,7 @@ Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
     c.max_retries = 6;
     cm_in_memory_logger *mem;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.mem = &mem, .max_duration = "1ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.mem = &mem, .max_duration = "1ep"}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     const cm_tracker_stats s = stats_of(&g, 1);
@@ -205,7 +205,7 @@ Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
     cr_assert_eq(s.retries, 5, "retries: %lld", (long long)s.retries);
     cr_assert_eq(s.reports, 0, "%s", s.last_error);
     cJSON_Delete(st);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(wandb_logger, a_server_that_stays_down_is_reported_once_and_training_goes_on) {
@@ -215,7 +215,7 @@ Test(wandb_logger, a_server_that_stays_down_is_reported_once_and_training_goes_o
     c.backoff_s = 0.2;
     c.close_timeout = 1;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "2ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ep"}, &p, 1);
     cmt_stderr_begin();
     const double t0 = cmi_unix_time();
     cm_status fs = cm_trainer_fit(g.tr, NULL);
@@ -234,7 +234,7 @@ Test(wandb_logger, a_server_that_stays_down_is_reported_once_and_training_goes_o
     cr_assert_gt(s.metrics_dropped, 10);
     cr_assert(!s.finished && s.down);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(wandb_logger, a_server_that_comes_back_gets_every_row_at_its_offset) {
@@ -289,9 +289,9 @@ Test(wandb_logger, a_failed_fit_ends_the_run_with_exit_code_1) {
     cm_callback_plugin cb = {&fail_vt, NULL};
     cm_wandb_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
     cr_assert_neq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *st = state();
     assert_no_violations(st);
     const cJSON *run = only_run(st);
@@ -304,7 +304,7 @@ Test(wandb_logger, a_wrong_api_key_is_reported_once_and_not_retried) {
     setenv("WANDB_API_KEY", "wrong", 1);
     cm_wandb_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "1ep"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "1ep"}, &p, 1);
     cmt_stderr_begin();
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
@@ -316,7 +316,7 @@ Test(wandb_logger, a_wrong_api_key_is_reported_once_and_not_retried) {
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 1);
     cJSON_Delete(st);
     free(err);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
 }
 
 Test(wandb_logger, values_at_a_lower_step_are_dropped_with_one_warning) {
@@ -361,9 +361,9 @@ Test(wandb_logger, environment_variables_name_the_run) {
     setenv("WANDB_NAME", "pretty", 1);
     cm_wandb_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "2ba", .no_eval = true}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ba", .no_eval = true}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *st = state();
     assert_no_violations(st);
     const cJSON *run = only_run(st);
@@ -377,21 +377,21 @@ Test(wandb_logger, environment_variables_name_the_run) {
 Test(wandb_logger, only_rank_zero_logs_unless_asked) {
     cm_wandb_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
                                              .world_size = 2},
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *st = state();
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0);
     cJSON_Delete(st);
     c.rank_zero_only = false;
     p = make(&c);
-    g = cmt_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
+    g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "rr", .max_duration = "2ba", .no_eval = true, .rank = 1,
                                      .world_size = 2},
                      &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     st = state();
     assert_no_violations(st);
     const cJSON *run = only_run(st);
@@ -425,7 +425,7 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     unsetenv("WANDB_API_KEY"); /* not needed offline */
     cm_in_memory_logger *mem;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.run_name = "off-run", .mem = &mem}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.run_name = "off-run", .mem = &mem}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     const cm_logger_plugin held = cm_engine_logger_plugin(cm_trainer_engine(g.tr), 1);
@@ -484,7 +484,7 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     cJSON_Delete(st);
     cJSON_Delete(rows);
     cJSON_Delete(recs);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cmt_tmpdir_remove(&t);
 }
 
@@ -615,14 +615,14 @@ Test(wandb_logger, offline_from_the_environment_and_a_failed_fit) {
     cm_callback_plugin cb = {&fail_vt, NULL};
     cm_wandb_logger_config c = quick();
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
     const cm_logger_plugin held = cm_engine_logger_plugin(cm_trainer_engine(g.tr), 0);
     char dir[512];
     snprintf(dir, sizeof dir, "%s", cm_wandb_logger_run_dir(&held));
     cr_assert_eq(strncmp(dir, t.dir, strlen(t.dir)), 0, "%s is not under WANDB_DIR", dir);
     const cm_tracker_stats s = stats_of(&g, 0);
     cr_assert_neq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *recs = read_run(dir, s.run_id);
     const cJSON *ex = cJSON_GetObjectItem(cJSON_GetArrayItem(recs, cJSON_GetArraySize(recs) - 1), "exit");
     cr_assert_not_null(ex);
@@ -635,9 +635,9 @@ Test(wandb_logger, disabled_logs_nothing) {
     cm_wandb_logger_config c = quick();
     c.mode = CM_WANDB_DISABLED;
     cm_logger_plugin p = make(&c);
-    cmt_rig g = cmt_rig_make(&(cmt_fit_opts){.max_duration = "2ba"}, &p, 1);
+    cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ba"}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
-    cmt_rig_free(&g);
+    cmt_track_rig_free(&g);
     cJSON *st = state();
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0);
     cJSON_Delete(st);

@@ -53,7 +53,9 @@ extern "C" {
     /* a run stopped on SIGTERM/SIGINT (see cm_trainer_exit_code) */                  \
     X(CM_ERR_INTERRUPTED, -11, "interrupted by a signal")                             \
     /* a collective waited longer than dist_timeout (see composer/dist.h) */         \
-    X(CM_ERR_TIMEOUT, -12, "timed out")
+    X(CM_ERR_TIMEOUT, -12, "timed out")                                               \
+    /* an accelerator's runtime failed (a CUDA error other than out of memory) */     \
+    X(CM_ERR_DEVICE, -13, "device error")
 
 typedef enum cm_status {
 #define CM_X_(name, value, desc) name = value,
@@ -160,6 +162,20 @@ typedef struct cm_arena cm_arena;
 /* Creates an arena that hands out at most `budget` bytes (0 = unlimited) between resets. Memory is
  * taken from the allocator hook in chunks as needed and kept across resets. Errors: CM_ERR_OOM. */
 cm_status cm_arena_new(size_t budget, cm_arena **out);
+
+/* Where an arena's chunks come from, for memory the host does not address directly (a GPU's: the
+ * tensor layer's device arenas). alloc returns NULL after recording an error with cm_set_error
+ * (CM_ERR_OOM for an out-of-memory, so callers can catch it); fill, used to poison new allocations,
+ * may be NULL (no poisoning). The arena never reads or writes chunk memory itself otherwise. */
+typedef struct cm_arena_allocator {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    cm_status (*fill)(void *ctx, void *p, int byte, size_t bytes);
+    void *ctx;
+} cm_arena_allocator;
+
+/* As cm_arena_new, with chunks from `al` (copied; NULL = the allocator hook). */
+cm_status cm_arena_new_with(size_t budget, const cm_arena_allocator *al, cm_arena **out);
 void cm_arena_free(cm_arena *a);
 
 /* Returns `bytes` of 64-byte-aligned memory, or NULL with CM_ERR_OOM recorded (the message gives
@@ -183,6 +199,12 @@ void cm_arena_reset_peak(cm_arena *a);
 /* When on, every allocation is filled with 0xFF bytes (a NaN for floats), so a kernel that forgets
  * to write part of its output is caught by the tests. Off by default. */
 void cm_arena_set_poison(cm_arena *a, bool on);
+
+/* A function the arena calls when an allocation fails (over the budget, or the system refused):
+ * the request, the bytes in use and the budget (0 = none), after the error is recorded. For
+ * OOMObserver. It must not allocate from this arena. NULL fn removes it. */
+typedef void (*cm_arena_oom_fn)(size_t request, size_t used, size_t budget, void *data);
+void cm_arena_set_oom_hook(cm_arena *a, cm_arena_oom_fn fn, void *data);
 
 /* ---------------------------------------------------------------------------------------------
  * Threads

@@ -11,6 +11,9 @@
  *                                  metadata {"format": "pt"}: any safetensors reader loads it
  *       optimizer.safetensors      optimizer state, torch's keys per flat span ("<unit>.exp_avg",
  *                                  "<unit>.step"); absent in a weights-only checkpoint
+ *       algorithms.safetensors     the tensors of algorithms' state ("EMA/<param name>",
+ *                                  "SWA/<param name>": cm_algorithm_i.tensors); present when an
+ *                                  algorithm has some, absent in a weights-only checkpoint
  *     latest                       a text file: the name of the newest committed checkpoint
  *     .tmp-<pid>-<n>-ep1-ba6/      a save in progress (never read; removed when its writer is gone)
  *
@@ -96,6 +99,25 @@
  * saves are synchronous (logged once): the save is a collective, and the communicator belongs to
  * the training thread.
  *
+ * Remote checkpoints (save_folder, load_path = s3://BUCKET/PREFIX, gs://, oci://; see storage.h for
+ * credentials and endpoints; file:// is a local folder): a save commits exactly as above into a
+ * local staging folder, ${TMPDIR:-/tmp}/composer-checkpoints/<xxh3 of the URI> (shared by the ranks
+ * of one machine), then rank 0 uploads it in the background — every file, the manifest last, so
+ * a remote checkpoint is visible (to autoresume) only when complete —, then the latest pointer,
+ * then rotates old checkpoints out remotely (manifest first) and locally. At most two committed
+ * checkpoints wait for upload; a third save waits. fit returns only after every upload finished;
+ * an upload that fails (after the store's retries) stops fit with an error naming the
+ * checkpoint, its intact local copy and the URI. "Already exists" is decided remotely. Autoresume
+ * lists the remote folder, checks each manifest (checksum, timestamp, every file present at its
+ * size) and opens the newest lazily: a file is downloaded when a read first touches it, so each
+ * rank downloads only the files holding its pieces (a monolithic checkpoint is verified whole on
+ * rank 0 first; a sharded one piece by piece as the ranks read it).
+ *
+ * A checkpoint found damaged (autoresume skipped it) does not block the run when it reaches that
+ * checkpoint's batch again: the damaged one is moved aside, never deleted — locally to
+ * "<save_folder>/.corrupt-<time>-<n>-<name>", remotely under "<URI>/.corrupt-<name>-<time>/" —,
+ * with a warning saying where, and the checkpoint is saved anew.
+ *
  * Rotation (save_num_checkpoints_to_keep) deletes only checkpoints this trainer saved, after the
  * new one is committed; a checkpoint is first renamed to a hidden name, so a crash while deleting
  * never leaves a visible half-deleted checkpoint. Hidden leftovers of killed processes are
@@ -131,6 +153,7 @@ extern "C" {
 #define CM_CKPT_MANIFEST "manifest.json"
 #define CM_CKPT_MODEL_FILE "model.safetensors"
 #define CM_CKPT_OPTIM_FILE "optimizer.safetensors"
+#define CM_CKPT_ALGO_FILE "algorithms.safetensors"
 #define CM_CKPT_LATEST_DEFAULT "latest"
 #define CM_CKPT_FILENAME_DEFAULT "ep{epoch}-ba{batch}"
 

@@ -88,6 +88,31 @@ const char *cm_dataset_type_name(const cm_dataset *ds);
  * implementation's get is. */
 cm_status cm_dataset_get(const cm_dataset *ds, int64_t index, const cm_sample_ctx *ctx, void *const *out);
 int64_t cm_dataset_n_tokens(const cm_dataset *ds, int64_t index);
+/* A dataset that decides the epoch order itself (streaming datasets, whose order is MosaicML
+ * Streaming's). batch_order writes `rank`'s dataset indices for the global batch of
+ * `global_batch` positions that starts at `position` of `epoch` (at most
+ * ceil(global_batch / world_size) of them) into ids and their count into *n_rank, and the real
+ * samples of that global batch over all ranks into *n_global (0: the epoch is over). epoch_size
+ * gives the real samples of an epoch from position 0 over `world_size` ranks (-1 with an error
+ * set). A loader over such a dataset ignores its own shuffle and seed. Both are called from the
+ * loader's consumer thread. */
+typedef struct cm_dataset_order_i {
+    cm_status (*batch_order)(void *self, int64_t epoch, int64_t position, int64_t global_batch, int rank,
+                             int world_size, int64_t *ids, int64_t *n_rank, int64_t *n_global);
+    int64_t (*epoch_size)(void *self, int64_t global_batch, int world_size);
+} cm_dataset_order_i;
+
+/* Gives `ds` its own order; `order` is borrowed (static) and is called with the dataset's self.
+ * Call before any loader is made over ds. Errors: CM_ERR_INVALID_ARG (a slot is NULL). */
+cm_status cm_dataset_set_order(cm_dataset *ds, const cm_dataset_order_i *order);
+/* Whether the dataset decides its own epoch order. */
+bool cm_dataset_has_order(const cm_dataset *ds);
+/* The order's batch_order / epoch_size (the dataset must have an order). */
+cm_status cm_dataset_batch_order(const cm_dataset *ds, int64_t epoch, int64_t position, int64_t global_batch, int rank,
+                                 int world_size, int64_t *ids, int64_t *n_rank, int64_t *n_global);
+int64_t cm_dataset_epoch_size(const cm_dataset *ds, int64_t global_batch, int world_size);
+/* The implementation's `self` (for the library's own dataset types). */
+void *cm_dataset_self(const cm_dataset *ds);
 
 /* ---------------------------------------------------------------------------------------------
  * Samplers: the epoch order as a pure function of (seed, epoch, position)

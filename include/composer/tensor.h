@@ -79,6 +79,58 @@ typedef struct cm_tensor cm_tensor;
 typedef struct cm_tape cm_tape;
 
 /* ---------------------------------------------------------------------------------------------
+ * Devices
+ *
+ * Every tensor lives on a device: the CPU (host memory, the default) or the CUDA GPU of this
+ * process (its current device; one GPU per process — ranks pick theirs by local rank). An op runs
+ * on the device of its inputs and puts its result there; inputs on different devices are an error
+ * naming both (move one with cm_to_device / cm_tensor_to_device). cm_tensor_data of a GPU tensor
+ * is a device pointer: read it with cm_tensor_copy into a CPU tensor, or cm_tensor_get (one
+ * element, slow). Ops not yet written for the GPU fail with CM_ERR_UNSUPPORTED naming the op and
+ * the device, never by computing on the wrong memory.
+ *
+ * Builds: the CUDA backend is compiled in when CMake finds the CUDA toolkit (-DCM_CUDA=AUTO, the
+ * default; ON requires it, OFF leaves it out). -DCM_CUDA=EMU builds it for the CUDA emulator,
+ * which runs the same kernels on the CPU (tests of the kernels on machines without a GPU).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum cm_device { CM_DEVICE_CPU = 0, CM_DEVICE_CUDA = 1, CM_DEVICE_COUNT } cm_device;
+
+const char *cm_device_name(cm_device d); /* "cpu", "cuda" ("?" out of range) */
+/* Parses "cpu", and "gpu", "cuda" or "cuda:0" as CM_DEVICE_CUDA. CM_ERR_INVALID_ARG otherwise. */
+cm_status cm_device_parse(const char *s, cm_device *out);
+/* CM_OK when tensors can live on d. For CUDA the error (CM_ERR_UNSUPPORTED) says which piece is
+ * missing: a build without CUDA (rebuild with -DCM_CUDA=ON on a machine with the CUDA toolkit), no
+ * NVIDIA driver, or no GPU visible (CUDA_VISIBLE_DEVICES). The first call initialises the device. */
+cm_status cm_device_check(cm_device d);
+/* A description of the device ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)", "cpu"), or ""
+ * if it is not available. The string is static. */
+const char *cm_device_describe(cm_device d);
+/* The dense peak FLOP/s of device d for computing in `dt` (bf16: the tensor cores; f32: the CUDA
+ * cores' FMA rate; CM_DTYPE_F16 is read as TF32, the rate of f32 GEMMs on tensor cores), from a
+ * table of NVIDIA data sheets looked up by the device's name: H100 SXM/PCIe/NVL, H200, A100, L40S,
+ * L4, RTX 4090. Errors: CM_ERR_NOT_FOUND naming the device when it is not in the table (pass the
+ * peak explicitly, e.g. SpeedMonitor's peak_flops), cm_device_check's; the CPU is
+ * CM_ERR_INVALID_ARG (cm_peak_flops measures it). */
+cm_status cm_device_peak_flops(cm_device d, cm_dtype dt, double *out);
+
+/* Waits for all work queued on d (nothing to do on the CPU). Errors: CM_ERR_DEVICE naming the
+ * failed kernel's error, if an earlier launch failed asynchronously. */
+cm_status cm_device_synchronize(cm_device d);
+
+/* Memory a device has handed out, in bytes: `allocated` in live tensors and arenas' chunks,
+ * `reserved` held by the caching allocator (allocated plus cached free blocks), `peak` the largest
+ * `allocated` since the last reset, `total` the device's memory. CPU: zeros. */
+typedef struct cm_device_memory {
+    size_t allocated, reserved, peak, total;
+} cm_device_memory;
+cm_status cm_device_memory_stats(cm_device d, cm_device_memory *out);
+void cm_device_reset_peak(cm_device d);
+/* The caching allocator's byte budget for d (0 = the device's memory): beyond it allocations fail
+ * with CM_ERR_OOM as if the device were full (tests of automatic microbatching use it). */
+void cm_device_set_memory_budget(cm_device d, size_t bytes);
+
+/* ---------------------------------------------------------------------------------------------
  * Long-lived tensors
  * ------------------------------------------------------------------------------------------- */
 
@@ -90,6 +142,13 @@ cm_status cm_tensor_new(cm_dtype dt, int ndim, const int64_t *shape, cm_tensor *
  * stay valid for the tensor's life and be aligned to the element size. */
 cm_status cm_tensor_from_data(cm_dtype dt, int ndim, const int64_t *shape, void *data, cm_tensor **out);
 
+/* A new contiguous tensor of zeros on device `dev` (cm_tensor_new's semantics otherwise). Errors as
+ * cm_tensor_new, and cm_device_check's for an unavailable device; CM_ERR_OOM when the device's
+ * memory (or its budget) is exhausted. */
+cm_status cm_tensor_new_on(cm_device dev, cm_dtype dt, int ndim, const int64_t *shape, cm_tensor **out);
+/* A long-lived contiguous copy of t (any strides) on `dev`, same dtype and shape; no gradient. */
+cm_status cm_tensor_to_device(const cm_tensor *t, cm_device dev, cm_tensor **out);
+
 /* Frees a tensor made by cm_tensor_new / cm_tensor_from_data, and its gradient. NULL is a no-op.
  * Tensors made by a tape must not be passed here (the tape owns them). */
 void cm_tensor_free(cm_tensor *t);
@@ -99,6 +158,7 @@ void cm_tensor_free(cm_tensor *t);
  * ------------------------------------------------------------------------------------------- */
 
 cm_dtype cm_tensor_dtype(const cm_tensor *t);
+cm_device cm_tensor_device(const cm_tensor *t);
 int cm_tensor_ndim(const cm_tensor *t);
 const int64_t *cm_tensor_shape(const cm_tensor *t);
 const int64_t *cm_tensor_strides(const cm_tensor *t); /* in elements */
@@ -112,7 +172,7 @@ void *cm_tensor_data(const cm_tensor *t);
 char *cm_tensor_shape_str(const cm_tensor *t, char *buf, size_t cap);
 
 /* Element access for tests and small tools (any dtype, any strides; value converted to/from
- * double). `index` has ndim entries. */
+ * double). `index` has ndim entries. On a GPU tensor each call copies one element (slow). */
 double cm_tensor_get(const cm_tensor *t, const int64_t *index);
 void cm_tensor_set(cm_tensor *t, const int64_t *index, double v);
 /* Element at flat position i of the row-major order of the view. */
@@ -159,7 +219,8 @@ cm_status cm_tensor_set_grad(cm_tensor *t, cm_tensor *grad);
 
 cm_status cm_tensor_fill(cm_tensor *t, double v);
 /* Copies src into dst elementwise: src broadcasts to dst's shape, dtypes convert. Handles any
- * strides. Errors: CM_ERR_SHAPE naming both shapes. */
+ * strides, and copies between devices (staging through a contiguous buffer when either side is
+ * strided). Errors: CM_ERR_SHAPE naming both shapes; a device's errors. */
 cm_status cm_tensor_copy(cm_tensor *dst, const cm_tensor *src);
 /* dst[i] = start + i*step in row-major order. */
 cm_status cm_tensor_arange_fill(cm_tensor *t, double start, double step);
@@ -193,6 +254,10 @@ typedef struct cm_tape_config {
      * is reused by the rest of the backward pass — backward then holds only the gradients still in
      * flight instead of one per activation. Leaves' gradients are always kept. */
     bool retain_grads;
+    /* Bytes of GPU memory for the tape's tensors on the GPU per step (its device arena; 0 =
+     * unlimited, i.e. what the device's caching allocator can give). Going over it is CM_ERR_OOM,
+     * as for arena_budget, so automatic microbatching works the same on both devices. */
+    size_t device_budget;
 } cm_tape_config;
 
 cm_tape_config cm_tape_config_default(void);
@@ -240,6 +305,23 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
 typedef void (*cm_tape_backward_hook_fn)(cm_tape *tp, const void *node, void *data);
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data);
 
+/* A function the tape calls around every op, for profiling (composer/profiler.h installs one on
+ * the trainer's tape while it records): BEGIN when an op has checked its required inputs
+ * (n_in, ins; out NULL), RECORDED when it has computed its output and recorded its backward node
+ * (out, and every input in order, NULL entries allowed), and BACKWARD_BEGIN / BACKWARD_END around
+ * each node's backward (the node's op, out and inputs). Ops that record no node (gradients off,
+ * or no input requiring one) give BEGIN only. NULL fn removes it; it survives cm_tape_reset. It
+ * must not record on, reset or fail the tape. */
+typedef enum cm_tape_op_phase {
+    CM_TAPE_OP_BEGIN = 0,
+    CM_TAPE_OP_RECORDED = 1,
+    CM_TAPE_OP_BACKWARD_BEGIN = 2,
+    CM_TAPE_OP_BACKWARD_END = 3
+} cm_tape_op_phase;
+typedef void (*cm_tape_op_hook_fn)(cm_tape_op_phase phase, const char *op, const cm_tensor *out, int n_in,
+                                   cm_tensor *const *ins, void *data);
+void cm_tape_set_op_hook(cm_tape *tp, cm_tape_op_hook_fn fn, void *data);
+
 /* A function every op calls on each tensor input before reading it (in forward, also with
  * gradients off), and backward calls on each input of a node before running the node's backward.
  * Returning an error fails the op (the tape records it). The distributed layer's FULL_SHARD uses
@@ -256,6 +338,9 @@ void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
  * process also with dropout. The trainer sets it for every microbatch. total 0 clears it (the
  * default: numbers drawn in sequence). Survives cm_tape_reset. */
 void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total);
+/* The row context (false and zeros when none is set): for random modules of their own that key
+ * their draws by global row as cm_dropout does. */
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total);
 
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */
@@ -264,6 +349,15 @@ const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message
 cm_status cm_tape_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 cm_arena *cm_tape_arena(cm_tape *tp);
 int64_t cm_tape_n_nodes(const cm_tape *tp);
+
+/* The device on which the tape's creation ops (cm_empty, cm_zeros, cm_full, cm_arange) put their
+ * tensors (CM_DEVICE_CPU by default; every other op follows its inputs). Survives cm_tape_reset.
+ * The tape's GPU memory comes from a second arena on the device, with its own budget: see
+ * cm_tape_config.device_budget. Errors: cm_device_check's. */
+cm_status cm_tape_set_device(cm_tape *tp, cm_device dev);
+cm_device cm_tape_device(const cm_tape *tp);
+/* The arena holding the tape's tensors on dev (NULL for a device it has not used yet). */
+cm_arena *cm_tape_device_arena(cm_tape *tp, cm_device dev);
 
 /* ---------------------------------------------------------------------------------------------
  * Tape tensors (no gradient; the tape owns them until reset)
@@ -300,6 +394,9 @@ cm_tensor *cm_contiguous(cm_tape *tp, cm_tensor *t); /* t itself when already co
 cm_tensor *cm_cast(cm_tape *tp, cm_tensor *t, cm_dtype dt);
 /* A tensor sharing t's memory with no gradient history. */
 cm_tensor *cm_detach(cm_tape *tp, cm_tensor *t);
+/* A contiguous copy of t on `dev` (t itself when it is there already); differentiable: the gradient
+ * is copied back to t's device. This is how batches and results cross between host and GPU. */
+cm_tensor *cm_to_device(cm_tape *tp, cm_tensor *t, cm_device dev);
 
 /* ---------------------------------------------------------------------------------------------
  * Elementwise (f32; binary ops broadcast like NumPy)

@@ -6,6 +6,7 @@
  * kept across resets, so their pages stay touched. */
 #include <composer/base.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #define ARENA_ALIGN 64
@@ -25,20 +26,35 @@ struct cm_arena {
     size_t budget; /* 0 = unlimited */
     size_t peak;
     bool poison;
+    bool custom;            /* chunks from `al` instead of the allocator hook */
+    cm_arena_allocator al;
+    cm_arena_oom_fn oom_hook; /* cm_arena_set_oom_hook */
+    void *oom_data;
 };
 
-cm_status cm_arena_new(size_t budget, cm_arena **out) {
+cm_status cm_arena_new_with(size_t budget, const cm_arena_allocator *al, cm_arena **out) {
     *out = NULL;
     cm_arena *a = cm_alloc_zeroed(sizeof *a, 16);
     if (!a) return CM_ERR_OOM;
     a->budget = budget;
+    if (al) {
+        a->custom = true;
+        a->al = *al;
+    }
     *out = a;
     return CM_OK;
 }
 
+cm_status cm_arena_new(size_t budget, cm_arena **out) { return cm_arena_new_with(budget, NULL, out); }
+
+static void chunk_free(cm_arena *a, void *p) {
+    if (a->custom) a->al.free(a->al.ctx, p);
+    else cm_free(p);
+}
+
 void cm_arena_free(cm_arena *a) {
     if (!a) return;
-    for (int i = 0; i < a->n_chunks; i++) cm_free(a->chunks[i].mem);
+    for (int i = 0; i < a->n_chunks; i++) chunk_free(a, a->chunks[i].mem);
     cm_free(a->chunks);
     cm_free(a);
 }
@@ -64,7 +80,7 @@ static bool add_chunk(cm_arena *a, size_t min_bytes) {
     if (a->budget && tc + cap > a->budget) cap = a->budget - tc; /* never reserve past the budget */
     if (cap < min_bytes) cap = min_bytes;
     cap = (cap + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
-    char *mem = cm_alloc(cap, ARENA_ALIGN);
+    char *mem = a->custom ? a->al.alloc(a->al.ctx, cap) : cm_alloc(cap, ARENA_ALIGN);
     if (!mem) return false;
     a->chunks[a->n_chunks].mem = mem;
     a->chunks[a->n_chunks].cap = cap;
@@ -86,7 +102,10 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
                 a->pos = newpos;
                 if (a->pos > a->peak) a->peak = a->pos;
                 void *p = c->mem + off;
-                if (a->poison) memset(p, 0xFF, bytes);
+                if (a->poison) {
+                    if (!a->custom) memset(p, 0xFF, bytes);
+                    else if (a->al.fill && a->al.fill(a->al.ctx, p, 0xFF, bytes) != CM_OK) return NULL;
+                }
                 return p;
             }
             if (a->cur + 1 < a->n_chunks) { /* skip the rest of this chunk */
@@ -98,9 +117,18 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
         size_t start = total_cap(a);
         if (a->budget && start + need > a->budget) break;
         if (!add_chunk(a, need)) {
+            if (a->custom) { /* the allocator said why (a device's out-of-memory names the device) */
+                char why[512];
+                snprintf(why, sizeof why, "%s", cm_last_error());
+                cm_set_error(cm_last_status() == CM_ERR_OOM ? CM_ERR_OOM : cm_last_status(),
+                             "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes): %s",
+                             bytes, a->pos, a->budget, why);
+                return NULL;
+            }
             cm_set_error(CM_ERR_OOM,
                          "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes)",
                          bytes, a->pos, a->budget);
+            if (a->oom_hook) a->oom_hook(bytes, a->pos, a->budget, a->oom_data);
             return NULL;
         }
         a->cur = a->n_chunks - 1;
@@ -110,7 +138,14 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
                  "out of memory: arena request of %zu bytes exceeds the budget (in use %zu of %zu bytes; raise the "
                  "budget or lower the microbatch size)",
                  bytes, a->pos, a->budget);
+    if (a->oom_hook) a->oom_hook(bytes, a->pos, a->budget, a->oom_data);
     return NULL;
+}
+
+void cm_arena_set_oom_hook(cm_arena *a, cm_arena_oom_fn fn, void *data) {
+    if (!a) return;
+    a->oom_hook = fn;
+    a->oom_data = fn ? data : NULL;
 }
 
 /* Chunks are kept as they are: merging them into one block would hand the next step freshly

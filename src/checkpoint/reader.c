@@ -3,6 +3,7 @@
  * name patterns; exit statuses. */
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,6 +25,8 @@ typedef struct ck_file {
     cm_safetensors *st;
     uint64_t size;
     int kind; /* CMI_CK_KIND_MODEL / _OPTIM */
+    size_t t0, t1; /* its tensors: ck->tensors[t0, t1) */
+    bool pending;  /* listed but not local yet (a lazy open): fetched on first use */
 } ck_file;
 
 struct cm_checkpoint {
@@ -45,6 +48,8 @@ struct cm_checkpoint {
     const cm_st_tensor **tst;  /* (n_tensors) each piece in its open file */
     size_t *order;             /* (n_tensors) pieces sorted by (kind, name, begin) */
     unsigned char *verified;   /* (n_tensors) piece hashed and found intact */
+    cmi_ck_fetch_fn fetch;     /* a lazy open: brings a missing file (NULL: every file must be there) */
+    void *fetch_data;
 };
 
 void cm_checkpoint_close(cm_checkpoint *ck) {
@@ -97,8 +102,12 @@ static cm_status read_pointer(const char *folder, const char *latest_name, char 
     return s;
 }
 
-/* The kind of a checkpoint file from its name: optimizer state or model. */
-static int file_kind(const char *name) { return strncmp(name, "optimizer", 9) ? CMI_CK_KIND_MODEL : CMI_CK_KIND_OPTIM; }
+/* The kind of a checkpoint file from its name: optimizer state, algorithm state or model. */
+static int file_kind(const char *name) {
+    if (!strncmp(name, "optimizer", 9)) return CMI_CK_KIND_OPTIM;
+    if (!strncmp(name, "algorithms", 10)) return CMI_CK_KIND_ALGO;
+    return CMI_CK_KIND_MODEL;
+}
 
 /* The number of elements of a shape; -1 for a negative dimension or an overflow. */
 static int64_t prod(const int64_t *shape, int ndim) {
@@ -211,6 +220,55 @@ static cm_status parse_files(cm_checkpoint *ck, const char *path) {
     return s;
 }
 
+/* Opens a listed file and checks it against the manifest: its size, a valid safetensors file
+ * holding exactly the listed tensors with the listed dtypes and shapes. */
+static cm_status attach_file(cm_checkpoint *ck, ck_file *cf) {
+    const char *path = ck->path;
+    struct stat sb;
+    if (stat(cf->path, &sb) != 0)
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' is incomplete: '%s' is missing (%s)", path, cf->name,
+                            strerror(errno));
+    if ((uint64_t)sb.st_size != cf->size)
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' has %lld bytes but the manifest says %" PRIu64
+                                           " (truncated or overwritten)",
+                            path, cf->name, (long long)sb.st_size, cf->size);
+    cm_status s = cm_safetensors_open(cf->path, &cf->st);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' is damaged: %s", path, cf->name, msg);
+    }
+    if (cf->t1 - cf->t0 != cm_safetensors_count(cf->st))
+        return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' holds %zu tensors but the manifest lists %zu", path,
+                            cf->name, cm_safetensors_count(cf->st), cf->t1 - cf->t0);
+    for (size_t i = cf->t0; i < cf->t1; i++) {
+        const cm_ckpt_tensor *ct = &ck->tensors[i];
+        const cm_st_tensor *ft = cm_safetensors_find(cf->st, ct->name);
+        bool same = ft && ft->dtype == ct->dtype && ft->ndim == ct->ndim && ft->nbytes == ct->nbytes;
+        for (int d = 0; same && d < ct->ndim; d++) same = ft->shape[d] == ct->shape[d];
+        if (!same)
+            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' %s", path, ct->name, cf->name,
+                                ft ? "differs from the manifest (dtype, shape or size)" : "is missing");
+        ck->tst[i] = ft;
+    }
+    cf->pending = false;
+    return CM_OK;
+}
+
+/* A lazy open's missing file: fetched, then checked like any other. */
+static cm_status ensure_file(cm_checkpoint *ck, ck_file *cf) {
+    if (!cf->pending) return CM_OK;
+    cm_status s = ck->fetch(ck->fetch_data, ck->path, cf->name);
+    if (s) return s;
+    return attach_file(ck, cf);
+}
+
+static ck_file *file_of(cm_checkpoint *ck, size_t tensor) {
+    for (int i = 0; i < ck->n_files; i++)
+        if (tensor >= ck->files[i].t0 && tensor < ck->files[i].t1) return &ck->files[i];
+    return NULL;
+}
+
 static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSON *files, size_t total,
                                  unsigned char *seen) {
     const cJSON *f;
@@ -246,25 +304,9 @@ static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSO
             return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': file '%s' has no valid size in the manifest", path,
                                 cf->name);
         cf->size = (uint64_t)size;
-        struct stat sb;
-        if (stat(cf->path, &sb) != 0)
-            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' is incomplete: '%s' is missing (%s)", path, cf->name,
-                                strerror(errno));
-        if ((uint64_t)sb.st_size != cf->size)
-            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' has %lld bytes but the manifest says %" PRIu64
-                                               " (truncated or overwritten)",
-                                path, cf->name, (long long)sb.st_size, cf->size);
-        cm_status s = cm_safetensors_open(cf->path, &cf->st);
-        if (s) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", cm_last_error());
-            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' is damaged: %s", path, cf->name, msg);
-        }
         const cJSON *tl = cJSON_GetObjectItemCaseSensitive(f, "tensors");
-        if ((size_t)cJSON_GetArraySize(tl) != cm_safetensors_count(cf->st))
-            return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': '%s' holds %zu tensors but the manifest lists %d", path,
-                                cf->name, cm_safetensors_count(cf->st), cJSON_GetArraySize(tl));
         const cJSON *t;
+        cf->t0 = ck->n_tensors;
         cJSON_ArrayForEach(t, tl) {
             ck->tkind[ck->n_tensors] = cf->kind;
             cm_ckpt_tensor *ct = &ck->tensors[ck->n_tensors++];
@@ -312,17 +354,18 @@ static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSO
                 ct->begin = 0;
                 ct->end = numel;
             }
-            const cm_st_tensor *ft = cm_safetensors_find(cf->st, ct->name);
-            bool same = ft && ft->dtype == ct->dtype && ft->ndim == ct->ndim && ft->nbytes == ct->nbytes;
-            for (int d = 0; same && d < ct->ndim; d++) same = ft->shape[d] == ct->shape[d];
-            if (!same)
-                return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' in '%s' %s", path, ct->name, cf->name,
-                                    ft ? "differs from the manifest (dtype, shape or size)" : "is missing");
             if (cm_st_dtype_bits(ct->dtype) % 8)
                 return cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': tensor '%s' has the packed dtype %s", path,
                                     ct->name, cm_st_dtype_name(ct->dtype));
-            ck->tst[ck->n_tensors - 1] = ft;
         }
+        cf->t1 = ck->n_tensors;
+        struct stat sb;
+        if (ck->fetch && stat(cf->path, &sb) != 0) {
+            cf->pending = true; /* fetched when a read first needs it */
+            continue;
+        }
+        cm_status s = attach_file(ck, cf);
+        if (s) return s;
     }
     if (ck->sharded) {
         /* every rank's files are listed: a missing one is named, not just a gap */
@@ -340,11 +383,13 @@ static cm_status parse_file_list(cm_checkpoint *ck, const char *path, const cJSO
     return check_tiling(ck, path);
 }
 
-cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
+static cm_status open_impl(const char *path, cmi_ck_fetch_fn fetch, void *fetch_data, cm_checkpoint **out) {
     if (!path || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_open: NULL %s", path ? "out" : "path");
     *out = NULL;
     cm_checkpoint *ck = cm_alloc_zeroed(sizeof *ck, 16);
     if (!ck) return cm_set_error(CM_ERR_OOM, "cm_checkpoint_open: out of memory");
+    ck->fetch = fetch;
+    ck->fetch_data = fetch_data;
     if (!cmi_is_dir(path)) {
         cm_checkpoint_close(ck);
         return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' does not exist (or is not a folder)", path);
@@ -437,12 +482,20 @@ cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) {
     }
     ck->world_size = (int)ws;
     if ((s = parse_files(ck, path))) return fail(ck, s);
-    if (!ck->sharded && !cm_checkpoint_file(ck, CM_CKPT_MODEL_FILE)) {
+    bool has_model = false;
+    for (int i = 0; i < ck->n_files; i++) has_model |= !strcmp(ck->files[i].name, CM_CKPT_MODEL_FILE);
+    if (!ck->sharded && !has_model) {
         cm_set_error(CM_ERR_FORMAT, "checkpoint '%s': the manifest lists no %s", path, CM_CKPT_MODEL_FILE);
         return fail(ck, CM_ERR_FORMAT);
     }
     *out = ck;
     return CM_OK;
+}
+
+cm_status cm_checkpoint_open(const char *path, cm_checkpoint **out) { return open_impl(path, NULL, NULL, out); }
+
+cm_status cmi_checkpoint_open_lazy(const char *path, cmi_ck_fetch_fn fetch, void *data, cm_checkpoint **out) {
+    return open_impl(path, fetch, data, out);
 }
 
 /* Hashes tensor i (its bytes ft) against the manifest and marks it verified. */
@@ -459,6 +512,10 @@ static cm_status verify_one(cm_checkpoint *ck, size_t i, const cm_st_tensor *ft)
 
 cm_status cm_checkpoint_verify(cm_checkpoint *ck) {
     if (!ck) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_verify: NULL checkpoint");
+    for (int i = 0; i < ck->n_files; i++) {
+        cm_status s = ensure_file(ck, &ck->files[i]);
+        if (s) return s;
+    }
     for (size_t i = 0; i < ck->n_tensors; i++) {
         const cm_ckpt_tensor *t = &ck->tensors[i];
         const cm_st_tensor *ft = cm_safetensors_find(cm_checkpoint_file(ck, t->file), t->name);
@@ -533,7 +590,8 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
     size_t lo, hi;
     if (!find_group(ck, kind, name, &lo, &hi))
         return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' has no %s tensor '%s'", ck->path,
-                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : "model", name);
+                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : kind == CMI_CK_KIND_ALGO ? "algorithm" : "model",
+                            name);
     const cm_ckpt_tensor *f = &ck->tensors[ck->order[lo]];
     const int64_t total = prod(f->global_shape, f->global_ndim);
     if (a < 0 || b < a || b > total)
@@ -545,13 +603,22 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
         const cm_ckpt_tensor *t = &ck->tensors[i];
         const int64_t x = t->begin > a ? t->begin : a, y = t->end < b ? t->end : b;
         if (x >= y) continue;
+        if (!ck->tst[i]) {
+            ck_file *cf = file_of(ck, i);
+            cm_status s = cf ? ensure_file(ck, cf) : cm_set_error(CM_ERR_INTERNAL, "checkpoint: a piece without a file");
+            if (s) return s;
+        }
         const cm_st_tensor *ft = ck->tst[i];
         if (!ck->verified[i]) {
             cm_status s = verify_one(ck, i, ft);
             if (s) return s;
         }
-        if (dst) memcpy((char *)dst + (size_t)(x - a) * es, (const char *)ft->data + (size_t)(x - t->begin) * es,
-                        (size_t)(y - x) * es);
+        if (dst) { /* dst may be GPU memory (a model moved to a device): copied there */
+            char *d = (char *)dst + (size_t)(x - a) * es;
+            cm_status s = cmi_dev_memcpy(d, cmi_ptr_device(d), (const char *)ft->data + (size_t)(x - t->begin) * es,
+                                         CM_DEVICE_CPU, (size_t)(y - x) * es);
+            if (s) return s;
+        }
     }
     return CM_OK;
 }

@@ -8,6 +8,7 @@ struct cm_dataset {
     void *self;
     int n_fields;
     size_t field_bytes[CM_DATASET_MAX_FIELDS];
+    const cm_dataset_order_i *order;
 };
 
 cm_status cm_dataset_new(const cm_dataset_i *vt, void *self, cm_dataset **out) {
@@ -83,3 +84,24 @@ cm_status cm_dataset_get(const cm_dataset *ds, int64_t index, const cm_sample_ct
 int64_t cm_dataset_n_tokens(const cm_dataset *ds, int64_t index) {
     return ds->vt.n_tokens ? ds->vt.n_tokens(ds->self, index) : 0;
 }
+
+cm_status cm_dataset_set_order(cm_dataset *ds, const cm_dataset_order_i *order) {
+    if (!order || !order->batch_order || !order->epoch_size)
+        return cm_set_error(CM_ERR_INVALID_ARG, "dataset '%s': an order needs batch_order and epoch_size",
+                            cm_dataset_type_name(ds));
+    ds->order = order;
+    return CM_OK;
+}
+
+bool cm_dataset_has_order(const cm_dataset *ds) { return ds->order != NULL; }
+
+cm_status cm_dataset_batch_order(const cm_dataset *ds, int64_t epoch, int64_t position, int64_t global_batch, int rank,
+                                 int world_size, int64_t *ids, int64_t *n_rank, int64_t *n_global) {
+    return ds->order->batch_order(ds->self, epoch, position, global_batch, rank, world_size, ids, n_rank, n_global);
+}
+
+int64_t cm_dataset_epoch_size(const cm_dataset *ds, int64_t global_batch, int world_size) {
+    return ds->order->epoch_size(ds->self, global_batch, world_size);
+}
+
+void *cm_dataset_self(const cm_dataset *ds) { return ds->self; }

@@ -30,6 +30,8 @@ typedef struct item {
     int64_t rank_count;
     int64_t rows; /* rank_count, plus padding in evaluation */
     cm_epoch_perm perm;
+    const int64_t *ids; /* datasets with their own order: this rank's indices (the slot's order_ids) */
+    cm_status order_err; /* the dataset's batch_order failed for this item */
 } item;
 
 typedef struct slot {
@@ -46,6 +48,7 @@ typedef struct slot {
     int64_t *indices;                 /* (cap_rows,) */
     uint8_t *valid;                   /* (cap_rows,) */
     int64_t *row_tokens;              /* (cap_rows,) */
+    int64_t *order_ids;               /* (cap_rows,) for datasets with their own order */
     cm_tensor *views[CM_DATASET_MAX_FIELDS]; /* (view_rows, ...) over buf */
     int64_t view_rows;
     cm_batch batch;
@@ -67,6 +70,7 @@ struct cm_dataloader {
     int held;                   /* the slot of the batch handed out, or -1 */
     cm_dataloader_state state;  /* where the consumer stands */
     cm_dataloader_state cursor; /* where scheduling stands (>= state) */
+    bool ordered;               /* the dataset decides the order (cm_dataset_has_order) */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv;
     bool stop;
@@ -105,12 +109,41 @@ cm_tensor *cm_batch_field(const cm_batch *b, const char *name) {
 
 static bool drops_last(const cm_dataloader *dl) { return dl->cfg.mode == CM_DATA_TRAIN && dl->cfg.drop_last; }
 
+/* The item at the cursor from a dataset with its own order; advances the cursor past it. An error
+ * is kept in the item (reported when the consumer reaches it). */
+static void next_ordered_item(cm_dataloader *dl, item *it, int64_t *ids, char *msg, size_t msg_cap) {
+    int64_t n_rank = 0, n_global = 0;
+    it->ids = ids;
+    cm_status st = cm_dataset_batch_order(dl->ds, it->epoch, it->position, dl->cfg.batch_size, dl->cfg.rank,
+                                          dl->cfg.world_size, ids, &n_rank, &n_global);
+    if (st) {
+        it->order_err = st;
+        snprintf(msg, msg_cap, "%s", cm_last_error());
+        return;
+    }
+    if (n_global <= 0 || (drops_last(dl) && n_global < dl->cfg.batch_size)) {
+        it->end_of_epoch = true;
+        dl->cursor.epoch++;
+        dl->cursor.position = 0;
+        return;
+    }
+    it->global_count = n_global;
+    it->rank_begin = -1;
+    it->rank_count = n_rank;
+    it->rows = n_rank;
+    dl->cursor.position += n_global;
+}
+
 /* The item at the cursor; advances the cursor past it. */
-static void next_item(cm_dataloader *dl, item *it) {
+static void next_item(cm_dataloader *dl, item *it, int64_t *ids, char *msg, size_t msg_cap) {
     const int64_t B = dl->cfg.batch_size, remaining = dl->len - dl->cursor.position;
     memset(it, 0, sizeof *it);
     it->epoch = dl->cursor.epoch;
     it->position = dl->cursor.position;
+    if (dl->ordered) {
+        next_ordered_item(dl, it, ids, msg, msg_cap);
+        return;
+    }
     if (remaining <= 0 || (drops_last(dl) && remaining < B)) {
         it->end_of_epoch = true;
         dl->cursor.epoch++;
@@ -136,7 +169,7 @@ static void fill_rows(const cm_dataloader *dl, slot *sl, int64_t r0, int64_t r1,
         const bool real = j < it->rank_count;
         /* padding rows copy the global batch's first sample: it always exists */
         const int64_t pos = it->position + (real ? it->rank_begin + j : 0);
-        const int64_t idx = cm_epoch_perm_index(&it->perm, pos);
+        const int64_t idx = it->ids ? it->ids[j] : cm_epoch_perm_index(&it->perm, pos);
         void *out[CM_DATASET_MAX_FIELDS];
         for (int f = 0; f < dl->n_fields; f++) out[f] = (char *)sl->buf[f] + (size_t)j * dl->fbytes[f];
         cm_status st = cm_dataset_get(dl->ds, idx, &ctx, out);
@@ -201,13 +234,13 @@ static void *worker_main(void *arg) {
 }
 
 static void slot_schedule(cm_dataloader *dl, slot *sl) {
-    next_item(dl, &sl->it);
+    sl->err_msg[0] = '\0';
+    next_item(dl, &sl->it, sl->order_ids, sl->err_msg, sizeof sl->err_msg);
     sl->next_row = 0;
     sl->done_rows = 0;
     sl->busy = 0;
     sl->err = CM_OK;
-    sl->err_msg[0] = '\0';
-    sl->state = (sl->it.end_of_epoch || sl->it.rows == 0) ? SLOT_READY : SLOT_FILLING;
+    sl->state = (sl->it.end_of_epoch || sl->it.rows == 0 || sl->it.order_err) ? SLOT_READY : SLOT_FILLING;
 }
 
 /* Fills every free slot with the next items. Lock held (or no workers). */
@@ -299,6 +332,23 @@ static cm_status finalize(cm_dataloader *dl, slot *sl) {
     b->global_n_samples = it->global_count;
     if (it->rank_count == it->global_count) {
         b->global_n_tokens = b->n_tokens;
+    } else if (dl->ordered) {
+        int64_t *other = cm_alloc(sizeof(int64_t) * (size_t)dl->cap_rows, 64);
+        if (!other) return CM_ERR_OOM;
+        for (int r = 0; r < dl->cfg.world_size; r++) {
+            int64_t nr = 0, ng = 0;
+            cm_status st = r == dl->cfg.rank ? CM_OK
+                                             : cm_dataset_batch_order(dl->ds, it->epoch, it->position, dl->cfg.batch_size,
+                                                                      r, dl->cfg.world_size, other, &nr, &ng);
+            if (st) {
+                cm_free(other);
+                return st;
+            }
+            if (r == dl->cfg.rank) b->global_n_tokens += b->n_tokens;
+            else
+                for (int64_t j = 0; j < nr; j++) b->global_n_tokens += cm_dataset_n_tokens(dl->ds, other[j]);
+        }
+        cm_free(other);
     } else {
         for (int64_t p = 0; p < it->global_count; p++)
             b->global_n_tokens += cm_dataset_n_tokens(dl->ds, cm_epoch_perm_index(&it->perm, it->position + p));
@@ -306,7 +356,7 @@ static cm_status finalize(cm_dataloader *dl, slot *sl) {
     b->epoch = it->epoch;
     b->step = it->position / dl->cfg.batch_size;
     b->position = it->position;
-    b->rank_offset = it->rank_begin;
+    b->rank_offset = it->rank_begin >= 0 ? it->rank_begin : (int64_t)dl->cfg.rank * dl->cap_rows;
     b->microbatch = -1;
     return CM_OK;
 }
@@ -338,8 +388,14 @@ cm_status cm_dataloader_next(cm_dataloader *dl, cm_batch **out) {
         return CM_OK;
     }
     cm_status st = CM_OK;
-    if (sl->err != CM_OK) {
-        const int64_t pos = sl->it.position + (sl->err_row < sl->it.rank_count ? sl->it.rank_begin + sl->err_row : 0);
+    if (sl->it.order_err) {
+        st = cm_set_error(sl->it.order_err, "dataloader: the order of epoch %lld at position %lld (rank %d) of dataset "
+                                            "'%s' failed: %s",
+                          (long long)sl->it.epoch, (long long)sl->it.position, dl->cfg.rank, cm_dataset_type_name(dl->ds),
+                          sl->err_msg);
+    } else if (sl->err != CM_OK) {
+        const int64_t pos = sl->it.position + (sl->err_row < sl->it.rank_count && sl->it.rank_begin >= 0
+                                                    ? sl->it.rank_begin + sl->err_row : 0);
         st = cm_set_error(sl->err,
                           "dataloader: sample %lld (epoch %lld, position %lld, row %lld of rank %d) of dataset '%s' "
                           "failed: %s",
@@ -399,6 +455,7 @@ static void free_slots(cm_dataloader *dl) {
         cm_free(sl->indices);
         cm_free(sl->valid);
         cm_free(sl->row_tokens);
+        cm_free(sl->order_ids);
     }
     cm_free(dl->slots);
     dl->slots = NULL;
@@ -440,7 +497,14 @@ cm_status cm_dataloader_new(const cm_dataset *ds, const cm_dataloader_config *cf
     if (cfg.mode != CM_DATA_TRAIN && cfg.mode != CM_DATA_EVAL)
         return cm_set_error(CM_ERR_INVALID_ARG, "dataloader: mode %d (use CM_DATA_TRAIN or CM_DATA_EVAL)",
                             (int)cfg.mode);
-    const int64_t len = cm_dataset_len(ds);
+    const bool ordered = cm_dataset_has_order(ds);
+    if (ordered && cfg.batch_size % cfg.world_size)
+        return cm_set_error(CM_ERR_INVALID_ARG, "dataloader: dataset '%s' orders its samples per device: the global "
+                                                "batch %lld must be a multiple of world_size %d",
+                            cm_dataset_type_name(ds), (long long)cfg.batch_size, cfg.world_size);
+    /* a dataset with its own order says how many positions an epoch has (repeats included) */
+    const int64_t len = ordered ? cm_dataset_epoch_size(ds, cfg.batch_size, cfg.world_size) : cm_dataset_len(ds);
+    if (len < 0) return cm_last_status() ? cm_last_status() : CM_ERR_INVALID_ARG;
     if (len < 1)
         return cm_set_error(CM_ERR_INVALID_ARG, "dataloader: dataset '%s' is empty", cm_dataset_type_name(ds));
     if (cfg.mode == CM_DATA_TRAIN && cfg.drop_last && len < cfg.batch_size)
@@ -459,6 +523,7 @@ cm_status cm_dataloader_new(const cm_dataset *ds, const cm_dataloader_config *cf
     dl->ds = ds;
     dl->cfg = cfg;
     dl->len = len;
+    dl->ordered = ordered;
     dl->held = -1;
     cm_sampler_init(&dl->sampler, len, cfg.shuffle, cfg.seed);
     dl->cap_rows = (cfg.batch_size + cfg.world_size - 1) / cfg.world_size;
@@ -482,7 +547,8 @@ cm_status cm_dataloader_new(const cm_dataset *ds, const cm_dataloader_config *cf
         sl->indices = cm_alloc(rows * sizeof(int64_t), 64);
         sl->valid = cm_alloc(rows, 64);
         sl->row_tokens = cm_alloc(rows * sizeof(int64_t), 64);
-        if (!sl->indices || !sl->valid || !sl->row_tokens) goto oom;
+        sl->order_ids = cm_alloc(rows * sizeof(int64_t), 64);
+        if (!sl->indices || !sl->valid || !sl->row_tokens || !sl->order_ids) goto oom;
     }
     if (cfg.num_workers > 0) {
         dl->threads = cm_alloc(sizeof(pthread_t) * (size_t)cfg.num_workers, 16);

@@ -41,6 +41,9 @@ struct cm_module {
     char *unit;      /* wrap unit label, "" = use the path; NULL = inherit */
     bool training;
     cmn_pack *pack;  /* only on a finalized root */
+    cm_module_forward_hook_fn fwd_hook; /* cm_module_set_forward_hook */
+    void *fwd_hook_data;
+    uint64_t layout_version; /* on a root: bumped by every (re-)packing and unpacking */
 };
 
 /* The root of m's tree. */

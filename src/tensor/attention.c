@@ -17,6 +17,7 @@
  * q, k and v may be strided views: a (N, D) slice whose rows or columns are unit-stride (e.g.
  * cm_permute of a (B, T, H, D) tensor) is handed to sgemm as is through lda/ldb and a transpose
  * flag; anything else is made contiguous first (a recorded op, so gradients still flow). */
+#include "tensor/backend.h"
 #include "tensor/dnnl_gemm.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/vexp.h"
@@ -345,6 +346,117 @@ static cm_status attention_backward(cm_tape *tp, cm_node *n, const cm_tensor *go
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* On a GPU: the backend's fused kernels (cuda/attention.cu) read q, k, v through any strides and  */
+/* keep one log-sum-exp per query; the backward recomputes the scores (and the dropout mask, from  */
+/* its Philox counters).                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    cmi_attn_desc d; /* pointers refreshed from the node's inputs in backward */
+    float *lse;      /* (B, H, T) */
+} attn_dev_ctx;
+
+static cm_status attention_dev_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
+    attn_dev_ctx *c = n->ctx;
+    cm_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *bias = n->in[3];
+    const cmi_backend *be = cmi_be(tp);
+    bool q_fresh = false, k_fresh = false, v_fresh = false;
+    cm_tensor *gq = cmi_grad_for_write(tp, q, &q_fresh), *gk = cmi_grad_for_write(tp, k, &k_fresh),
+              *gv = cmi_grad_for_write(tp, v, &v_fresh);
+    if (cmi_status(tp)) return cmi_status(tp);
+    /* q, k or v passed twice share one gradient that both kernels add to: zero it first */
+    if (q_fresh && (q == k || q == v)) {
+        if (cmi_dev_fail(tp, be->memset(gq->data, 0, cm_tensor_nbytes(gq)), "attention backward")) return tp->status;
+        q_fresh = false;
+    }
+    if (k_fresh && k == v) {
+        if (cmi_dev_fail(tp, be->memset(gk->data, 0, cm_tensor_nbytes(gk)), "attention backward")) return tp->status;
+        k_fresh = false;
+    }
+    const bool want_bias = bias && cm_tensor_requires_grad(bias);
+    cmi_attn_desc d = c->d;
+    d.q = cmi_f32(q), d.k = cmi_f32(k), d.v = cmi_f32(v), d.bias = bias ? cmi_f32(bias) : NULL;
+    if (d.T * d.S * d.D == 0 || d.B * d.H == 0) { /* every gradient is zero */
+        cm_tensor *gs[3] = {q_fresh ? gq : NULL, k_fresh ? gk : NULL, v_fresh ? gv : NULL};
+        for (int i = 0; i < 3; i++)
+            if (gs[i] && cmi_dev_fail(tp, be->memset(gs[i]->data, 0, cm_tensor_nbytes(gs[i])), "attention backward"))
+                return tp->status;
+        if (want_bias) cmi_grad(tp, bias);
+        return cmi_status(tp);
+    }
+    cm_tensor *dS = NULL;
+    if (want_bias) {
+        const int64_t shp[4] = {d.B, d.H, d.T, d.S};
+        if (!(dS = cmi_zeros(tp, CM_DTYPE_F32, 4, shp))) return cmi_status(tp);
+    }
+    if (cmi_dev_fail(tp,
+                     be->attention_bwd(&d, cmi_f32(n->out), cmi_f32(gout), c->lse, gq ? cmi_f32(gq) : NULL, q_fresh,
+                                       gk ? cmi_f32(gk) : NULL, k_fresh, gv ? cmi_f32(gv) : NULL, v_fresh,
+                                       dS ? cmi_f32(dS) : NULL),
+                     "attention backward"))
+        return tp->status;
+    if (want_bias) return cmi_accum(tp, bias, dS); /* sums over bias's broadcast dims */
+    return cmi_status(tp);
+}
+
+static cm_tensor *attention_dev(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, const cm_attention_opts *o,
+                                const int64_t *bst) {
+    const cmi_backend *be = cmi_be(tp);
+    const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3], S = k->shape[2];
+    cmi_attn_desc d;
+    memset(&d, 0, sizeof d);
+    d.q = cmi_f32(q), d.k = cmi_f32(k), d.v = cmi_f32(v);
+    memcpy(d.qs, q->stride, sizeof d.qs);
+    memcpy(d.ks, k->stride, sizeof d.ks);
+    memcpy(d.vs, v->stride, sizeof d.vs);
+    if (o->bias) {
+        d.bias = cmi_f32(o->bias);
+        memcpy(d.bst, bst, sizeof d.bst);
+    }
+    if (o->key_padding_mask) { /* as f32 (B, S): nonzero = a real key */
+        const bool prev = tp->grad_enabled;
+        tp->grad_enabled = false;
+        cm_tensor *m = cm_cast(tp, cm_contiguous(tp, o->key_padding_mask), CM_DTYPE_F32);
+        tp->grad_enabled = prev;
+        if (!m) return NULL;
+        d.mrow = cmi_f32(m);
+    }
+    d.B = B, d.H = H, d.T = T, d.S = S, d.D = D;
+    d.scale = o->scale != 0.0f ? o->scale : (D > 0 ? 1.0f / sqrtf((float)D) : 1.0f);
+    d.causal = o->causal;
+    d.dropout_p = o->dropout_p;
+    d.keep_scale = o->dropout_p < 1.0f ? 1.0f / (1.0f - o->dropout_p) : 0.0f;
+    d.bthd = o->out_bthd;
+    if (o->dropout_p > 0.0f) {
+        /* cmi_dropout_mask's numbers for the (B, H, T, S) probabilities, rows = the batch dim */
+        const int64_t numel = B * H * T * S;
+        const bool by_row = tp->row_total > 0 && B == tp->row_n && B > 0;
+        const int64_t blocks = by_row ? (numel / B + 3) / 4 : (numel + 3) / 4;
+        d.seed = o->rng->seed, d.stream = o->rng->stream, d.counter = o->rng->counter;
+        d.rows = by_row ? B : 0;
+        d.row_first = by_row ? tp->row_first : 0;
+        o->rng->counter += (uint64_t)(by_row ? tp->row_total * blocks : blocks);
+    }
+    const int64_t oshape[4] = {B, o->out_bthd ? T : H, o->out_bthd ? H : T, D};
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, 4, oshape);
+    float *lse = cmi_dev_scratch(tp, sizeof(float) * (size_t)(B * H * T + 1)); // (B, H, T)
+    if (!out || !lse) return NULL;
+    cm_status st;
+    if (T * S * D == 0 || B * H == 0) st = be->memset(out->data, 0, cm_tensor_nbytes(out));
+    else st = be->attention(&d, cmi_f32(out), lse);
+    if (cmi_dev_fail(tp, st, "attention")) return NULL;
+    cm_tensor *ins[4] = {q, k, v, o->bias};
+    if (cmi_needs_grad(tp, 4, ins)) {
+        cm_node *n = cmi_record(tp, "attention", out, 4, ins, attention_dev_backward, sizeof(attn_dev_ctx));
+        if (!n) return NULL;
+        attn_dev_ctx *c = n->ctx;
+        c->d = d;
+        c->lse = lse;
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Forward                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -414,6 +526,20 @@ cm_tensor *cm_attention(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *v, c
                      cmi_shape_of(2, want), cmi_shape(k));
             return NULL;
         }
+    }
+    if (cmi_be(tp)) {
+        if (!(o.dropout_p >= 0.0f && o.dropout_p <= 1.0f)) {
+            cmi_fail(tp, CM_ERR_INVALID_ARG, "attention: dropout_p %g must be in [0, 1]", (double)o.dropout_p);
+            return NULL;
+        }
+        if (o.dropout_p > 0.0f && !o.rng) {
+            cmi_fail(tp, CM_ERR_INVALID_ARG, "attention: rng is NULL (dropout_p %g > 0 needs a generator)",
+                     (double)o.dropout_p);
+            return NULL;
+        }
+        if (bias && !cmi_fetch(tp, 1, &bias)) return NULL;
+        if (mask && !cmi_fetch(tp, 1, &mask)) return NULL;
+        return attention_dev(tp, q, k, v, &o, bst);
     }
     /* Layouts sgemm cannot take are copied (a recorded op: gradients flow back through it). */
     mat_ref mq, mk, mv;

@@ -1,5 +1,6 @@
 /* Elementwise ops: broadcasting binary arithmetic, scalar ops, unary math and activations, and the
  * fused bias + GELU. Inputs may be any strided view; results are contiguous. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/vexp.h"
 
@@ -10,7 +11,7 @@
 /* Binary ops with broadcasting                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV } bin_op;
+typedef enum { BIN_ADD = CMI_BIN_ADD, BIN_SUB = CMI_BIN_SUB, BIN_MUL = CMI_BIN_MUL, BIN_DIV = CMI_BIN_DIV } bin_op;
 static const char *const k_bin_names[] = {"add", "sub", "mul", "div"};
 
 static void bin_row(int64_t n, char *const *p, const int64_t *inner, void *ctx) {
@@ -58,6 +59,17 @@ static cm_status bwd_apply(cm_tape *tp, int mode, const cm_tensor *gout, const c
                            cm_tensor *target) {
     cm_tensor *tmp = cmi_new(tp, CM_DTYPE_F32, gout->ndim, gout->shape);
     if (!tmp) return cmi_status(tp);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        int64_t sx[CM_MAX_DIMS];
+        if (x) cmi_broadcast_strides(x, gout->ndim, gout->shape, sx);
+        if (cmi_dev_fail(tp,
+                         be->binary_bwd((cmi_bin_bwd_mode)mode, cmi_f32(tmp), cmi_f32(gout), x ? cmi_f32(x) : NULL,
+                                        x ? sx : NULL, out ? cmi_f32(out) : NULL, gout->ndim, gout->shape),
+                         "binary backward"))
+            return cmi_status(tp);
+        return cmi_accum(tp, target, tmp);
+    }
     int64_t st[4][CM_MAX_DIMS];
     cmi_contig_strides(gout->ndim, gout->shape, st[0]);
     cmi_contig_strides(gout->ndim, gout->shape, st[1]);
@@ -115,9 +127,16 @@ static cm_tensor *binary(cm_tape *tp, bin_op op, cm_tensor *a, cm_tensor *b) {
     memcpy(st[0], out->stride, sizeof(int64_t) * (size_t)nd);
     cmi_broadcast_strides(a, nd, shape, st[1]);
     cmi_broadcast_strides(b, nd, shape, st[2]);
-    char *bases[3] = {(char *)out->data, (char *)a->data, (char *)b->data};
-    size_t es[3] = {4, 4, 4};
-    cmi_iterate(nd, shape, 3, st, bases, es, true, bin_row, &op);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->binary((cmi_bin_op)op, cmi_f32(out), cmi_f32(a), st[1], cmi_f32(b), st[2], nd, shape),
+                         name))
+            return NULL;
+    } else {
+        char *bases[3] = {(char *)out->data, (char *)a->data, (char *)b->data};
+        size_t es[3] = {4, 4, 4};
+        cmi_iterate(nd, shape, 3, st, bases, es, true, bin_row, &op);
+    }
     if (cmi_needs_grad(tp, 2, ins)) {
         cm_node *n = cmi_record(tp, name, out, 2, ins, bin_backward, 0);
         if (!n) return NULL;
@@ -135,9 +154,12 @@ cm_tensor *cm_div(cm_tape *tp, cm_tensor *a, cm_tensor *b) { return binary(tp, B
 /* Unary ops                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The backend's op numbers (backend.h), so a device kernel gets the same code. */
 typedef enum {
-    UN_NEG, UN_EXP, UN_LOG, UN_SQRT, UN_ABS, UN_RELU, UN_GELU_TANH, UN_GELU_ERF, UN_SILU, UN_TANH, UN_SIGMOID,
-    UN_ADD_S, UN_MUL_S, UN_POW, UN_CLAMP, UN_COUNT
+    UN_NEG = CMI_UN_NEG, UN_EXP = CMI_UN_EXP, UN_LOG = CMI_UN_LOG, UN_SQRT = CMI_UN_SQRT, UN_ABS = CMI_UN_ABS,
+    UN_RELU = CMI_UN_RELU, UN_GELU_TANH = CMI_UN_GELU_TANH, UN_GELU_ERF = CMI_UN_GELU_ERF, UN_SILU = CMI_UN_SILU,
+    UN_TANH = CMI_UN_TANH, UN_SIGMOID = CMI_UN_SIGMOID, UN_ADD_S = CMI_UN_ADD_S, UN_MUL_S = CMI_UN_MUL_S,
+    UN_POW = CMI_UN_POW, UN_CLAMP = CMI_UN_CLAMP, UN_COUNT = CMI_UN_COUNT
 } un_op;
 static const char *const k_un_names[] = {"neg",  "exp",     "log",        "sqrt",       "abs",
                                          "relu", "gelu",    "gelu",       "silu",       "tanh",
@@ -240,6 +262,14 @@ static cm_status un_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     cm_tensor *ga = cmi_grad(tp, a);
     if (!ga) return cmi_status(tp);
     un_ctx c = {(un_op)n->i[0], (float)n->f[0], (float)n->f[1]};
+    const cmi_backend *be = cmi_be(tp);
+    if (be)
+        return cmi_dev_fail(tp,
+                            be->unary_bwd((cmi_un_op)c.op, c.p0, c.p1, cmi_f32(ga), cmi_f32(g), cmi_f32(a), a->stride,
+                                          cmi_f32(n->out), a->ndim, a->shape),
+                            "unary backward")
+                   ? cmi_status(tp)
+                   : CM_OK;
     int64_t st[4][CM_MAX_DIMS];
     cmi_contig_strides(a->ndim, a->shape, st[0]);
     cmi_contig_strides(a->ndim, a->shape, st[1]);
@@ -258,12 +288,19 @@ static cm_tensor *unary(cm_tape *tp, un_op op, cm_tensor *a, float p0, float p1)
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, a->ndim, a->shape);
     if (!out) return NULL;
     un_ctx c = {op, p0, p1};
-    int64_t st[2][CM_MAX_DIMS];
-    memcpy(st[0], out->stride, sizeof(int64_t) * (size_t)a->ndim);
-    memcpy(st[1], a->stride, sizeof(int64_t) * (size_t)a->ndim);
-    char *bases[2] = {(char *)out->data, (char *)a->data};
-    size_t es[2] = {4, 4};
-    cmi_iterate(a->ndim, a->shape, 2, st, bases, es, true, un_fwd_row, &c);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->unary((cmi_un_op)op, p0, p1, cmi_f32(out), cmi_f32(a), a->stride, a->ndim, a->shape),
+                         name))
+            return NULL;
+    } else {
+        int64_t st[2][CM_MAX_DIMS];
+        memcpy(st[0], out->stride, sizeof(int64_t) * (size_t)a->ndim);
+        memcpy(st[1], a->stride, sizeof(int64_t) * (size_t)a->ndim);
+        char *bases[2] = {(char *)out->data, (char *)a->data};
+        size_t es[2] = {4, 4};
+        cmi_iterate(a->ndim, a->shape, 2, st, bases, es, true, un_fwd_row, &c);
+    }
     if (cmi_needs_grad(tp, 1, &a)) {
         cm_node *n = cmi_record(tp, name, out, 1, &a, un_backward, 0);
         if (!n) return NULL;
@@ -310,6 +347,14 @@ static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g)
     cm_tensor *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *bv = cmi_f32(b), *gv = cmi_f32(g);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp,
+                     be->bias_gelu_bwd(xv, bv, gv, gx ? cmi_f32(gx) : NULL, fresh, gb ? cmi_f32(gb) : NULL, rows, C,
+                                       approx),
+                     "bias_gelu backward");
+        return cmi_status(tp);
+    }
     /* dx is needed for db too; write it into gx directly when we have it, else a scratch row. */
     float *gbv = gb ? cmi_f32(gb) : NULL;
     float *gxv = gx ? cmi_f32(gx) : NULL;
@@ -380,9 +425,15 @@ cm_tensor *cm_bias_gelu(cm_tape *tp, cm_tensor *x, cm_tensor *bias, bool approxi
     ins[1] = bias;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
     if (!out) return NULL;
-    const int64_t C = bias->shape[0], rows = C ? cm_tensor_numel(x) / C : 0;
+    const int64_t C = bias->shape[0];
+    int64_t rows = C ? cm_tensor_numel(x) / C : 0;
     const float *xv = cmi_f32(x), *bv = cmi_f32(bias);
     float *ov = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->bias_gelu(xv, bv, ov, rows, C, approximate), "bias_gelu")) return NULL;
+        rows = 0; /* nothing left for the CPU loop */
+    }
 #pragma omp parallel for if (rows * C >= CMI_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         if (approximate) {

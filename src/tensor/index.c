@@ -1,6 +1,7 @@
 /* Indexing and joining: embedding, index_select, gather, concat, stack, split. The forward passes
  * copy elements of any dtype; the backward passes scatter-add the f32 gradient, partitioned so no
  * two threads write the same element. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <stdio.h>
@@ -38,18 +39,24 @@ static int64_t *read_indices(cm_tape *tp, const char *op, cm_tensor *idx, int64_
     cm_tensor *ic = cm_contiguous(tp, idx);
     if (!ic) return NULL;
     const int64_t n = cm_tensor_numel(ic);
-    int64_t *out = cmi_scratch(tp, sizeof(int64_t) * (size_t)(n + 1)); // (n)
+    int64_t *out = cmi_dev_scratch(tp, sizeof(int64_t) * (size_t)(n + 1)); // (n), on the op's device
     if (!out) return NULL;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t v = load_index(ic->dtype, ic->data, i);
-        out[i] = v;
-        if ((v < 0 || v >= limit) && bad < 0) bad = i;
+    int64_t bad = -1, bad_val = 0;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->read_indices(out, ic->data, ic->dtype, n, limit, &bad, &bad_val), op)) return NULL;
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t v = load_index(ic->dtype, ic->data, i);
+            out[i] = v;
+            if ((v < 0 || v >= limit) && bad < 0) bad = i;
+        }
+        if (bad >= 0) bad_val = out[bad];
     }
     if (bad >= 0) {
         char pos[160];
         cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: index %lld at position %s of idx %s is outside [0, %lld) (%s)", op,
-                 (long long)out[bad], pos_str(pos, sizeof pos, idx->ndim, idx->shape, bad), cmi_shape(idx),
+                 (long long)bad_val, pos_str(pos, sizeof pos, idx->ndim, idx->shape, bad), cmi_shape(idx),
                  (long long)limit, what);
         return NULL;
     }
@@ -93,7 +100,13 @@ static void select_backward_kernel(float *ga, const float *g, const select_ctx *
 
 static cm_status select_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     cm_tensor *ga = cmi_grad(tp, n->in[0]);
-    if (ga) select_backward_kernel(cmi_f32(ga), cmi_f32(gout), n->ctx);
+    const cmi_backend *be = cmi_be(tp);
+    const select_ctx *s = n->ctx;
+    if (ga && be)
+        cmi_dev_fail(tp, be->select_rows_bwd(cmi_f32(ga), cmi_f32(gout), s->idx, s->O, s->A, s->I, s->K),
+                     "select backward");
+    else if (ga)
+        select_backward_kernel(cmi_f32(ga), cmi_f32(gout), s);
     return cmi_status(tp);
 }
 
@@ -104,7 +117,13 @@ static cm_tensor *select_rows(cm_tape *tp, const char *op, cm_tensor *a, int64_t
     cm_tensor *out = cmi_new(tp, a->dtype, ndim, shape);
     if (!out) return NULL;
     select_ctx s = {idx, O, A, I, K};
-    select_forward(out->data, a->data, &s, cm_dtype_size(a->dtype));
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->select_rows(out->data, a->data, idx, O, A, I, K, cm_dtype_size(a->dtype)), op))
+            return NULL;
+    } else {
+        select_forward(out->data, a->data, &s, cm_dtype_size(a->dtype));
+    }
     if (cmi_needs_grad(tp, 1, &a)) {
         cm_node *n = cmi_record(tp, op, out, 1, &a, select_backward, sizeof s);
         if (!n) return NULL;
@@ -262,7 +281,12 @@ static cm_status join_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
         const int64_t A = stack ? 1 : t->shape[axis];
         cm_tensor *gt = cmi_grad(tp, t);
         if (cmi_status(tp)) return cmi_status(tp);
-        if (gt) {
+        const cmi_backend *be = cmi_be(tp);
+        if (gt && be) { /* gt (O, A, I) += g's slice of it */
+            const int64_t shape[3] = {O, A, I}, st[3] = {T * I, I, 1};
+            if (cmi_dev_fail(tp, be->add_scaled(cmi_f32(gt), g + off * I, st, 1.0f, 3, shape), n->op))
+                return cmi_status(tp);
+        } else if (gt) {
             float *d = cmi_f32(gt); // (O, A, I)
 #pragma omp parallel for if (O * A * I >= CMI_PAR_MIN) schedule(static)
             for (int64_t oa = 0; oa < O * A; oa++) {
@@ -336,7 +360,7 @@ static cm_tensor *join(cm_tape *tp, const char *op, cm_tensor *const *ts, int n,
             if (!(stack && d == axis)) vstride[s++] = out->stride[d];
         cm_tensor *v = cmi_view(tp, t0->dtype, nd, t->shape, vstride, (char *)out->data + (size_t)(off * out->stride[axis]) * es);
         if (!v) return NULL;
-        cm_tensor_copy(v, t);
+        if (cmi_dev_fail(tp, cm_tensor_copy(v, t), op)) return NULL;
         off += stack ? 1 : t->shape[axis];
     }
     if (cmi_needs_grad(tp, n, ts)) {

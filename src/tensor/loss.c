@@ -1,6 +1,7 @@
 /* Losses: fused cross-entropy (log-softmax + NLL, index or probability targets, label smoothing,
  * ignore_index) and mean squared error. Both have a hand-written backward that never builds the
  * softmax tensor: cross-entropy keeps only the per-position log-sum-exp (N, d1, ...). */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/vexp.h"
 
@@ -77,6 +78,14 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     const float *x = cmi_f32(logits), *gv = cmi_f32(g);
     const float *tv = c->soft ? cmi_f32(target) : NULL;
     float *glv = gl ? cmi_f32(gl) : NULL, *gtv = gt ? cmi_f32(gt) : NULL;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp,
+                     be->ce_bwd(x, target->data, target->dtype, c->soft, c->N, C, S, c->ignore, c->eps,
+                                c->red == CM_REDUCTION_NONE, c->denom, gv, c->lse, glv, fresh, gtv),
+                     "cross_entropy backward");
+        return cmi_status(tp);
+    }
     const float eps = c->eps, u = eps / (float)C;
     const double g_all = c->red == CM_REDUCTION_NONE ? 0.0 : (double)gv[0] / c->denom;
 #pragma omp parallel for if (P * C >= CMI_PAR_MIN) schedule(static)
@@ -114,6 +123,25 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
         }
     }
     return cmi_status(tp);
+}
+
+/* The error for a class index t at flat position p of target that is neither in [0, C) nor ignore. */
+static void bad_target(cm_tape *tp, const char *op, const cm_tensor *target, const cm_tensor *logits, int64_t p,
+                       int64_t t, int64_t C, int64_t ignore) {
+    int64_t idx[CM_MAX_DIMS];
+    int64_t rem = p;
+    for (int d = target->ndim - 1; d >= 0; d--) {
+        idx[d] = rem % target->shape[d];
+        rem /= target->shape[d];
+    }
+    char pos[160];
+    int len = snprintf(pos, sizeof pos, "(");
+    for (int d = 0; d < target->ndim; d++)
+        len += snprintf(pos + len, sizeof pos - (size_t)len, d ? ", %" PRId64 : "%" PRId64, idx[d]);
+    snprintf(pos + len, sizeof pos - (size_t)len, ")");
+    cmi_fail(tp, CM_ERR_INVALID_ARG,
+             "%s: target%s = %" PRId64 " is not a class index in [0, %" PRId64 ") (logits %s) nor ignore_index %" PRId64,
+             op, pos, t, C, cmi_shape(logits), ignore);
 }
 
 cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, const cm_cross_entropy_opts *opts) {
@@ -166,27 +194,22 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
     }
     /* Validate class indices first (serial, cheap next to the C-wide rows). */
     int64_t count = P;
-    if (!soft) {
+    const cmi_backend *be = cmi_be(tp);
+    if (!soft && be) {
+        int64_t bad = -1, bad_val = 0;
+        if (cmi_dev_fail(tp, be->ce_check(target->data, target->dtype, P, C, o.ignore_index, &count, &bad, &bad_val), op))
+            return NULL;
+        if (bad >= 0) {
+            bad_target(tp, op, target, logits, bad, bad_val, C, o.ignore_index);
+            return NULL;
+        }
+    } else if (!soft) {
         count = 0;
         for (int64_t p = 0; p < P; p++) {
             const int64_t t = load_index(target, p);
             if (t == o.ignore_index) continue;
             if (t < 0 || t >= C) {
-                int64_t idx[CM_MAX_DIMS];
-                int64_t rem = p;
-                for (int d = target->ndim - 1; d >= 0; d--) {
-                    idx[d] = rem % target->shape[d];
-                    rem /= target->shape[d];
-                }
-                char pos[160];
-                int len = snprintf(pos, sizeof pos, "(");
-                for (int d = 0; d < target->ndim; d++)
-                    len += snprintf(pos + len, sizeof pos - (size_t)len, d ? ", %" PRId64 : "%" PRId64, idx[d]);
-                snprintf(pos + len, sizeof pos - (size_t)len, ")");
-                cmi_fail(tp, CM_ERR_INVALID_ARG,
-                         "%s: target%s = %" PRId64 " is not a class index in [0, %" PRId64 ") (logits %s) nor "
-                         "ignore_index %" PRId64,
-                         op, pos, t, C, cmi_shape(logits), o.ignore_index);
+                bad_target(tp, op, target, logits, p, t, C, o.ignore_index);
                 return NULL;
             }
             count++;
@@ -199,8 +222,22 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
         for (int i = 2; i < logits->ndim; i++) oshape[ond++] = logits->shape[i];
     }
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, ond, oshape);
-    float *lse = cmi_scratch(tp, sizeof(float) * (size_t)(P ? P : 1)); // (N·S)
+    float *lse = cmi_dev_scratch(tp, sizeof(float) * (size_t)(P ? P : 1)); // (N·S)
     if (!out || !lse) return NULL;
+    if (be) {
+        const double denom = o.reduction == CM_REDUCTION_MEAN ? (double)count : 1.0;
+        if (cmi_dev_fail(tp,
+                         be->ce_fwd(cmi_f32(logits), target->data, target->dtype, soft, N, C, S, o.ignore_index,
+                                    o.label_smoothing, o.reduction == CM_REDUCTION_NONE, denom, cmi_f32(out), lse),
+                         op))
+            return NULL;
+        if (cmi_needs_grad(tp, 2, ins)) {
+            cm_node *n = cmi_record(tp, op, out, 2, ins, ce_backward, sizeof(ce_ctx));
+            if (!n) return NULL;
+            *(ce_ctx *)n->ctx = (ce_ctx){N, C, S, soft, o.ignore_index, o.label_smoothing, o.reduction, lse, denom};
+        }
+        return out;
+    }
     const float *x = cmi_f32(logits), *tv = soft ? cmi_f32(target) : NULL;
     float *ov = cmi_f32(out);
     const float eps = o.label_smoothing, u = eps / (float)C;

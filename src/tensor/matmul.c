@@ -11,6 +11,7 @@
  *
  * Every GEMM in a backward pass accumulates into the gradient buffer with beta = 1 (the buffers
  * start at zero), so there are no temporaries and broadcast batch dims sum for free. */
+#include "tensor/backend.h"
 #include "tensor/dnnl_gemm.h"
 #include "tensor/tensor_impl.h"
 
@@ -104,6 +105,11 @@ static bool fits_blas(cm_tape *tp, int64_t M, int64_t N, int64_t K, int64_t lda,
 static cm_status gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K, const char *a, int64_t lda, bool ta,
                       const char *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc) {
     if (M == 0 || N == 0) return CM_OK;
+    const cmi_backend *be = cmi_be(tp);
+    if (be)
+        return cmi_dev_fail(tp, be->gemm(dt, M, N, K, a, lda, ta, b, ldb, tb, bias, acc, c, ldc, 1, 0, 0, 0), "matmul")
+                   ? cmi_status(tp)
+                   : CM_OK;
     if (K == 0 || (bias && dt == CM_DTYPE_F32)) {
         /* The bias goes into C first and the GEMM adds onto it (beta = 1): one pass over C. */
 #pragma omp parallel for schedule(static) if (M * N > CMI_PAR_MIN)
@@ -137,10 +143,36 @@ static cm_status gemm_batched(cm_tape *tp, cm_dtype dt, int nbd, const int64_t *
         if (bshape[d] > 1 && cbs[d] == 0) distinct = false;
     const int nt = cm_num_threads();
     const double work = (double)M * (double)N * (double)K;
-    const bool par = dt == CM_DTYPE_F32 && distinct && nt > 1 && !omp_in_parallel() &&
+    const bool par = dt == CM_DTYPE_F32 && distinct && nt > 1 && !omp_in_parallel() && !cmi_be(tp) &&
                      (nb >= 4 * nt || (nb >= nt && work < 2097152.0));
     if (nb == 0 || M == 0 || N == 0) return CM_OK;
-    if (dt == CM_DTYPE_F32 && !fits_blas(tp, M, N, K, A->ld, B->ld, ldc)) return cmi_status(tp);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        /* One strided-batched GEMM when every operand's batch offset is entry · stride, and no two
+         * entries write the same C (they run concurrently); else one GEMM per entry, in order. */
+        int64_t s3[3] = {0, 0, 0}, n1 = 0;
+        bool uniform = distinct;
+        for (int d = nbd - 1; d >= 0 && uniform; d--) {
+            if (bshape[d] == 1) continue;
+            const int64_t sd[3] = {A->bs[d], B->bs[d], cbs[d]};
+            if (n1 == 0) {
+                for (int k = 0; k < 3; k++) s3[k] = sd[k];
+                n1 = bshape[d];
+            } else {
+                for (int k = 0; k < 3; k++)
+                    if (sd[k] != s3[k] * n1) uniform = false;
+                n1 *= bshape[d];
+            }
+        }
+        if (uniform)
+            return cmi_dev_fail(tp,
+                                be->gemm(dt, M, N, K, A->p, A->ld, A->t, B->p, B->ld, B->t, NULL, acc, c, ldc, nb,
+                                         s3[0], s3[1], s3[2]),
+                                "matmul")
+                       ? cmi_status(tp)
+                       : CM_OK;
+    }
+    if (dt == CM_DTYPE_F32 && !be && !fits_blas(tp, M, N, K, A->ld, B->ld, ldc)) return cmi_status(tp);
     /* From here only the bf16 path can fail, and it never runs in parallel. */
     cm_status st = CM_OK;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
@@ -164,9 +196,15 @@ static cm_status gemm_batched(cm_tape *tp, cm_dtype dt, int nbd, const int64_t *
 /* The upstream gradient rounded to bf16 in arena scratch, for the bf16 backward GEMMs. */
 static const char *to_bf16(cm_tape *tp, const cm_tensor *g) {
     const int64_t n = cm_tensor_numel(g);
-    uint16_t *h = cmi_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
+    uint16_t *h = cmi_dev_scratch(tp, sizeof(uint16_t) * (size_t)(n ? n : 1));
     if (!h) return NULL;
-    cmi_bf16_round(h, cmi_f32(g), n);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->copy(h, CM_DTYPE_BF16, NULL, g->data, CM_DTYPE_F32, NULL, 1, &n), "matmul backward"))
+            return NULL;
+    } else {
+        cmi_bf16_round(h, cmi_f32(g), n);
+    }
     return (const char *)h;
 }
 
@@ -246,7 +284,8 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     mat G = {.p = (char *)gout->data, .ld = p.N, .t = false}; /* dC (batch, M, N), contiguous */
     /* the bf16 copy of dC is scratch for this call only (the gradients above were allocated before
      * the mark, so the rewind at the end frees nothing else) */
-    const size_t mark = cm_arena_mark(tp->arena);
+    cm_arena *arena = cmi_op_arena(tp);
+    const size_t mark = cm_arena_mark(arena);
     if (dt == CM_DTYPE_BF16 && !(G.p = (char *)to_bf16(tp, gout))) return cmi_status(tp);
     cmi_contig_strides(p.nbd, p.bshape, G.bs);
     for (int d = 0; d < p.nbd; d++) G.bs[d] *= p.M * p.N;
@@ -257,7 +296,7 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
             st = gemm(tp, dt, R, p.K, p.N, G.p, G.ld, false, p.B.p, p.B.ld, !p.B.t, NULL, true, cmi_f32(ga), p.K);
         if (!st && gb) /* dB (K, N) += Aᵀ (K, R) · dC (R, N) */
             st = gemm(tp, dt, p.K, p.N, R, p.A.p, p.A.ld, !p.A.t, G.p, G.ld, false, NULL, true, cmi_f32(gb), p.N);
-        cm_arena_rewind(tp->arena, mark);
+        cm_arena_rewind(arena, mark);
         return st ? st : cmi_status(tp);
     }
     if (ga) { /* dA_i (M, K) += dC_i (M, N) · B_iᵀ, summed where a was broadcast */
@@ -268,7 +307,7 @@ static cm_status matmul_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         mat At = mat_trans(p.A);
         st = gemm_batched(tp, dt, p.nbd, p.bshape, p.nb, p.K, p.N, p.M, &At, &G, cmi_f32(gb), p.N, p.gb_bs, true);
     }
-    cm_arena_rewind(tp->arena, mark);
+    cm_arena_rewind(arena, mark);
     return st ? st : cmi_status(tp);
 }
 
@@ -376,7 +415,9 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     cm_tensor *gx = n->in[0] == n->in[1] || n->in[0] == n->in[2] ? cmi_grad(tp, n->in[0])
                                                                   : cmi_grad_for_write(tp, n->in[0], &gx_fresh);
     cm_tensor *gw = cmi_grad(tp, n->in[1]), *gb = cmi_grad(tp, n->in[2]);
-    const size_t mark = cm_arena_mark(tp->arena); /* bf16 copies and dy are scratch, as in matmul_backward */
+    cm_arena *arena = cmi_op_arena(tp);
+    const size_t mark = cm_arena_mark(arena); /* bf16 copies and dy are scratch, as in matmul_backward */
+    const cmi_backend *be = cmi_be(tp);
     const char *xd = c->xd, *wd = c->wd;
     if (gw && !xd && !(xd = bf16_copy(tp, n->in[0]))) return cmi_status(tp);
     if (gx && !wd && !(wd = bf16_copy(tp, n->in[1]))) return cmi_status(tp);
@@ -388,7 +429,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         rb = rb < 64 ? 64 : rb;
     }
     uint16_t *dyb = NULL;
-    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dyb = cmi_scratch(tp, 2 * (size_t)((rb < R ? rb : R) * out_f + 1))))
+    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dyb = cmi_dev_scratch(tp, 2 * (size_t)((rb < R ? rb : R) * out_f + 1))))
         return cmi_status(tp);
     cm_status st = CM_OK;
     for (int64_t r0 = 0; r0 < R && !st && (gx || gw); r0 += rb) {
@@ -396,7 +437,13 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         const float *g = cmi_f32(gout) + r0 * out_f;
         const char *dy = (const char *)g; // (m, out)
         if (dyb) {
-            cmi_bf16_round(dyb, g, m * out_f);
+            const int64_t cnt = m * out_f;
+            if (be) {
+                if (cmi_dev_fail(tp, be->copy(dyb, CM_DTYPE_BF16, NULL, g, CM_DTYPE_F32, NULL, 1, &cnt), "linear"))
+                    return cmi_status(tp);
+            } else {
+                cmi_bf16_round(dyb, g, cnt);
+            }
             dy = (const char *)dyb;
         }
         /* x's rows r0.. (element (i, k) of the (R, in) matrix is at i·ld + k, or k·ld + i transposed) */
@@ -409,7 +456,11 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         else if (!st && gw) /* dw (out, in) += dyᵀ (out, m) · x (m, in) */
             st = gemm(tp, dt, out_f, in_f, m, dy, out_f, true, xr, c->xld, c->xt, NULL, true, cmi_f32(gw), in_f);
     }
-    if (!st && gb) { /* db (out) += column sums of dy, in f32 */
+    if (!st && gb && be) { /* db (out) += column sums of dy */
+        const int64_t shape[2] = {R, out_f}, dst[2] = {0, 1};
+        if (cmi_dev_fail(tp, be->accum(cmi_f32(gb), dst, cmi_f32(gout), 2, shape), "linear backward"))
+            return cmi_status(tp);
+    } else if (!st && gb) { /* db (out) += column sums of dy, in f32 */
         const float *g = cmi_f32(gout);
         float *db = cmi_f32(gb);
         enum { CH = 64 };
@@ -424,7 +475,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
             for (int64_t j = 0; j < w_; j++) db[j0 + j] += acc[j];
         }
     }
-    cm_arena_rewind(tp->arena, mark);
+    cm_arena_rewind(arena, mark);
     return st ? st : cmi_status(tp);
 }
 
@@ -491,14 +542,15 @@ cm_tensor *cm_linear(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *bias) {
     shape[x->ndim - 1] = out_f;
     cm_tensor *y = cmi_new(tp, CM_DTYPE_F32, x->ndim, shape); // (..., out)
     if (!y) return NULL;
-    const size_t mark = cm_arena_mark(tp->arena); /* the bf16 copies live until the GEMM is done */
+    cm_arena *arena = cmi_op_arena(tp);
+    const size_t mark = cm_arena_mark(arena); /* the bf16 copies live until the GEMM is done */
     const char *xd = cast_x ? bf16_copy(tp, x) : (const char *)x->data;
     const char *wd = cast_w ? bf16_copy(tp, wsrc) : (const char *)w->data;
     if (!xd || !wd) return NULL;
     /* y (R, out) = x (R, in) · wᵀ (in, out) + bias: w's transpose is just the other BLAS flag */
     cm_status st = gemm(tp, dt, R, out_f, in_f, xd, xld, xt, wd, wld, !wt, bias ? cmi_f32(bias) : NULL, false,
                         cmi_f32(y), out_f);
-    cm_arena_rewind(tp->arena, mark);
+    cm_arena_rewind(arena, mark);
     if (st) return NULL;
     ins[0] = x, ins[1] = wb ? wb : w, ins[2] = bias;
     if (cmi_needs_grad(tp, 3, ins)) {

@@ -8,6 +8,7 @@
  * written in bf16 (the convolution would round it anyway), and the gradient of a bf16 output may
  * arrive in bf16 (n->bf16_gout: written so by the bf16 convolution consuming it), read widened
  * (exact) in both passes over it. A bf16 gradient only ever meets a bf16 x. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
@@ -74,6 +75,14 @@ static cm_status layer_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout), *wv = w ? cmi_f32(w) : NULL; // (R, C), (R, C), (C)
     float *gxv = gx ? cmi_f32(gx) : NULL;                                               // (R, C)
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp,
+                     be->layer_norm_bwd(xv, wv, gv, s->mean, s->rstd, gxv, fresh, gw ? cmi_f32(gw) : NULL,
+                                        gb ? cmi_f32(gb) : NULL, R, C),
+                     "layer_norm backward");
+        return cmi_status(tp);
+    }
     const int nth = (R * C >= CMI_PAR_MIN) ? cm_num_threads() : 1;
     float *partial = NULL; // (nth, 2, C): per-thread sums of g·xhat and g
     if (gw || gb) {
@@ -141,18 +150,25 @@ cm_tensor *cm_layer_norm(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor
                  cmi_shape(x));
         return NULL;
     }
-    const int64_t C = x->shape[x->ndim - 1], R = cmi_numel(x->ndim - 1, x->shape);
+    const int64_t C = x->shape[x->ndim - 1];
+    int64_t R = cmi_numel(x->ndim - 1, x->shape);
     if (!param_check(tp, "layer_norm", "weight", &weight, C, x) || !param_check(tp, "layer_norm", "bias", &bias, C, x))
         return NULL;
     x = cm_contiguous(tp, x);
     if (!x) return NULL;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
-    float *mean = cmi_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
-    float *rstd = cmi_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
+    float *mean = cmi_dev_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
+    float *rstd = cmi_dev_scratch(tp, sizeof(float) * (size_t)(R + 1)); // (R)
     if (!out || !mean || !rstd) return NULL;
     const float *xv = cmi_f32(x), *wv = weight ? cmi_f32(weight) : NULL, *bv = bias ? cmi_f32(bias) : NULL;
     float *ov = cmi_f32(out);
-    row_stats(xv, R, C, eps, mean, rstd);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->layer_norm(xv, wv, bv, ov, mean, rstd, R, C, eps), "layer_norm")) return NULL;
+        R = 0; /* the CPU loops below have nothing to do */
+    } else {
+        row_stats(xv, R, C, eps, mean, rstd);
+    }
 #pragma omp parallel for if (R * C >= CMI_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = xv + r * C; // (C)
@@ -616,6 +632,19 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
      * forward's coefficients without a residual (no read of the output), else where y > 0 */
     const float *zq = n->i[2] && !res ? s->affine : NULL;
     const void *y = n->i[2] && res ? n->out->data : NULL;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* the GPU: f32 gradients (n->bf16_gout is off there) */
+        cm_arena_rewind(tp->arena, mark);
+        if ((gx && gx->dtype != CM_DTYPE_F32) || (gr && gr->dtype != CM_DTYPE_F32))
+            return cmi_fail(tp, CM_ERR_INTERNAL, "%s backward: a bf16 gradient on the GPU", n->op);
+        const cmi_bn_bwd_args a = {.O = O, .C = C, .I = I, .x = xv, .bf = bf, .g = gv, .gbf = gbf, .y = y, .zq = zq,
+                                   .gr = gr ? cmi_f32(gr) : NULL, .gr_fresh = gr_fresh, .mean = s->mean,
+                                   .rstd = s->rstd, .w = w ? cmi_f32(w) : NULL, .training = training,
+                                   .gw = gw ? cmi_f32(gw) : NULL, .gb = gb ? cmi_f32(gb) : NULL,
+                                   .gx = gx ? cmi_f32(gx) : NULL, .gx_fresh = gx_fresh};
+        cmi_dev_fail(tp, be->batch_norm_bwd(&a), n->op);
+        return cmi_status(tp);
+    }
     if (chan_sums(tp, xv, s->mean, gv, y, zq, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf, gbf))
         return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
@@ -711,7 +740,22 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
     float *mean = stat, *rstd = stat + C, *Q = stat + 2 * C, *R = stat + 3 * C;
     const bool bf = x->dtype == CM_DTYPE_BF16;
     const void *xv = x->data;
-    if (o.training) {
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* the GPU: statistics, running statistics and the affine map in its kernels */
+        float *d = cmi_dev_scratch(tp, sizeof(float) * (size_t)(4 * C + 1));
+        if (!d) return NULL;
+        mean = d, rstd = d + C, Q = d + 2 * C, R = d + 3 * C;
+        const cmi_bn_args a = {.O = O, .C = C, .I = I, .x = xv, .y = out->data, .bf = bf,
+                               .res = residual ? residual->data : NULL,
+                               .rbf = residual && residual->dtype == CM_DTYPE_BF16, .relu = relu,
+                               .training = o.training, .w = weight ? cmi_f32(weight) : NULL,
+                               .b = bias ? cmi_f32(bias) : NULL, .rm = running_mean ? cmi_f32(running_mean) : NULL,
+                               .rv = running_var ? cmi_f32(running_var) : NULL,
+                               .rms = running_mean ? running_mean->stride[0] : 0,
+                               .rvs = running_var ? running_var->stride[0] : 0, .momentum = o.momentum, .eps = o.eps,
+                               .mean = mean, .rstd = rstd, .q = Q, .r = R};
+        if (cmi_dev_fail(tp, be->batch_norm(&a), op)) return NULL;
+    } else if (o.training) {
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
         for (int64_t c = 0; c < C; c++) mean[c] = ld(xv, c * I, bf);
@@ -736,12 +780,13 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
             rstd[c] = 1.0f / sqrtf(v + o.eps);
         }
     }
-    for (int64_t c = 0; c < C; c++) {
+    for (int64_t c = 0; c < (be ? 0 : C); c++) {
         Q[c] = rstd[c] * (weight ? cmi_f32(weight)[c] : 1.0f);
         R[c] = bias ? cmi_f32(bias)[c] : 0.0f;
     }
-    chan_affine(out->data, xv, mean, Q, R, O, C, I, residual ? residual->data : NULL, relu, bf,
-                residual && residual->dtype == CM_DTYPE_BF16);
+    if (!be)
+        chan_affine(out->data, xv, mean, Q, R, O, C, I, residual ? residual->data : NULL, relu, bf,
+                    residual && residual->dtype == CM_DTYPE_BF16);
     cm_tensor *ins[4] = {x, weight, bias, residual};
     const int n_in = residual ? 4 : 3;
     if (cmi_needs_grad(tp, n_in, ins)) {
@@ -756,7 +801,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         n->i[2] = relu;
         /* a bf16 output's gradient may come in bf16 (a bf16 convolution consuming it writes its dx
          * in bf16, cmi_grad_for_write_as): it is read as it is */
-        n->bf16_gout = bf;
+        n->bf16_gout = bf && !be; /* (the GPU's gradients are f32) */
     }
     return out;
 }
@@ -901,6 +946,11 @@ static cm_status dropout_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout
     const float scale = (float)n->f[0], *g = cmi_f32(gout);
     float *d = cmi_f32(gx);
     const int64_t numel = cm_tensor_numel(gx);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp, be->dropout_bwd(g, drop, d, numel, scale, fresh), "dropout backward");
+        return cmi_status(tp);
+    }
     if (fresh) {
 #pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < numel; i++) d[i] = drop[i] ? 0.0f : g[i] * scale;
@@ -944,13 +994,27 @@ cm_tensor *cm_dropout(cm_tape *tp, cm_tensor *a, float p, bool training, cm_rng 
     if (!a) return NULL;
     const int64_t numel = cm_tensor_numel(a);
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, a->ndim, a->shape);
-    uint8_t *drop = cmi_scratch(tp, (size_t)numel + 1); // (numel)
+    uint8_t *drop = cmi_dev_scratch(tp, (size_t)numel + 1); // (numel)
     if (!out || !drop) return NULL;
-    cmi_dropout_mask(tp, rng, drop, a->ndim ? a->shape[0] : 1, numel, p);
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, *x = cmi_f32(a);
     float *y = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        /* the same numbers as cmi_dropout_mask: per-row counters with the row context, else in sequence */
+        const int64_t rows = a->ndim ? a->shape[0] : 1;
+        const bool by_row = tp->row_total > 0 && rows == tp->row_n && rows > 0 && numel % rows == 0;
+        const int64_t blocks = by_row ? (numel / rows + 3) / 4 : (numel + 3) / 4;
+        if (cmi_dev_fail(tp,
+                         be->dropout(x, y, drop, numel, by_row ? rows : 0, by_row ? tp->row_first : 0, rng->seed,
+                                     rng->stream, rng->counter, p, scale),
+                         "dropout"))
+            return NULL;
+        rng->counter += (uint64_t)(by_row ? tp->row_total * blocks : blocks);
+    } else {
+        cmi_dropout_mask(tp, rng, drop, a->ndim ? a->shape[0] : 1, numel, p);
 #pragma omp parallel for simd if (numel >= CMI_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < numel; i++) y[i] = drop[i] ? 0.0f : x[i] * scale;
+        for (int64_t i = 0; i < numel; i++) y[i] = drop[i] ? 0.0f : x[i] * scale;
+    }
     if (cmi_needs_grad(tp, 1, &a)) {
         cm_node *n = cmi_record(tp, "dropout", out, 1, &a, dropout_backward, sizeof(uint8_t *));
         if (!n) return NULL;

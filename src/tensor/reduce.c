@@ -11,6 +11,7 @@
  *     outputs is carried in a vector accumulator while the reduced indices are walked.
  * Sums accumulate in double; max/min keep the first extreme element (row-major order within the
  * group) and propagate NaN (the first NaN wins), as torch.max. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/vexp.h"
 
@@ -24,16 +25,10 @@ static const char *const k_red_names[] = {"sum", "mean", "max", "min", "var"};
 /* Planning                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct {
-    int nk, nr;                     /* kept / reduced dims after collapsing (nr >= 1) */
-    int64_t kshape[CM_MAX_DIMS];
-    int64_t kstride[CM_MAX_DIMS];   /* input strides (elements) */
-    int64_t kcstride[CM_MAX_DIMS];  /* strides in the contiguous layout of the input's shape */
-    int64_t rshape[CM_MAX_DIMS];
-    int64_t rstride[CM_MAX_DIMS];
-    int64_t rcstride[CM_MAX_DIMS];
-    int64_t n_out, n_red;
-} red_plan;
+/* nk, nr: kept / reduced dims after collapsing (nr >= 1); k/rstride: input strides (elements);
+ * k/rcstride: strides in the contiguous layout of the input's shape. The backend's struct, so a
+ * device reduction runs the same plan. */
+typedef cmi_red_plan red_plan;
 
 /* Normalises the axes into a mask; errors name the op, the axes and the shape. */
 static bool parse_axes(cm_tape *tp, const char *op, const cm_tensor *a, const int *axes, int n_axes,
@@ -295,6 +290,7 @@ typedef struct {
     bool mask[CM_MAX_DIMS];
     int64_t *idx;  /* max/min: (n_out) index of the chosen element in the input's contiguous layout */
     double *mean;  /* var: (n_out) group means */
+    float *mean32; /* var on a device: the means as f32, for the backward kernel */
     double scale;  /* mean: 1/n; var: 2/(n - correction) */
 } red_ctx;
 
@@ -343,6 +339,18 @@ static cm_status red_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     const float *gv = cmi_f32(g); // (output shape)
     float *gav = cmi_f32(ga);
     const int64_t n_out = cm_tensor_numel(g);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cm_status s;
+        int64_t sg[CM_MAX_DIMS];
+        out_bcast_strides(a, c->mask, sg);
+        if (op == R_MAX || op == R_MIN) s = be->scatter_add(gav, c->idx, gv, n_out);
+        else if (op == R_VAR) s = be->var_bwd(gav, gv, sg, cmi_f32(a), a->stride, c->mean32, sg, (float)c->scale,
+                                              a->ndim, a->shape);
+        else s = be->add_scaled(gav, gv, sg, (float)c->scale, a->ndim, a->shape);
+        cmi_dev_fail(tp, s, k_red_names[op]);
+        return cmi_status(tp);
+    }
     if (op == R_MAX || op == R_MIN) {
         /* each output owns a distinct input element */
 #pragma omp parallel for if (n_out >= CMI_PAR_MIN) schedule(static)
@@ -402,7 +410,31 @@ static cm_tensor *reduce(cm_tape *tp, red_op op, cm_tensor *a, const int *axes, 
     red_ctx c;
     memset(&c, 0, sizeof c);
     memcpy(c.mask, mask, sizeof mask);
-    switch (op) {
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cm_status s = CM_OK;
+        const double inv = P.n_red ? 1.0 / (double)P.n_red : NAN;
+        if (op == R_SUM || op == R_MEAN) {
+            c.scale = op == R_SUM ? 1.0 : 1.0 / (double)P.n_red;
+            s = be->reduce(CMI_RED_SUM, &P, xv, NULL, op == R_SUM ? 1.0 : inv, ov, NULL, NULL);
+        } else if (op == R_VAR) {
+            double *mean = cmi_dev_scratch(tp, sizeof(double) * n_alloc); // (n_out)
+            float *mean32 = cmi_dev_scratch(tp, sizeof(float) * n_alloc); // (n_out)
+            if (!mean || !mean32) return NULL;
+            const double dof = (double)P.n_red - correction > 0 ? (double)P.n_red - correction : 0.0;
+            s = be->reduce(CMI_RED_SUM, &P, xv, NULL, inv, mean32, mean, NULL);
+            if (!s) s = be->reduce(CMI_RED_SQDEV, &P, xv, mean, 1.0 / dof, ov, NULL, NULL);
+            c.mean = mean;
+            c.mean32 = mean32;
+            c.scale = 2.0 / dof;
+        } else {
+            int64_t *arg = grad ? cmi_dev_scratch(tp, sizeof(int64_t) * n_alloc) : NULL; // (n_out)
+            if (grad && !arg) return NULL;
+            s = be->reduce(op == R_MAX ? CMI_RED_MAX : CMI_RED_MIN, &P, xv, NULL, 0.0, ov, NULL, arg);
+            c.idx = arg;
+        }
+        if (cmi_dev_fail(tp, s, name)) return NULL;
+    } else switch (op) {
     case R_SUM:
     case R_MEAN:
     case R_VAR: {
@@ -572,6 +604,11 @@ static cm_status softmax_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     axis_split(a, (int)n->i[1], &outer, &L, &inner);
     const float *y = cmi_f32(n->out), *gv = cmi_f32(g); // (outer, L, inner)
     float *gx = cmi_f32(ga);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp, be->softmax_bwd(y, gv, gx, outer, L, inner, log_out), "softmax backward");
+        return cmi_status(tp);
+    }
     const bool par = outer * L * inner >= CMI_PAR_MIN;
     if (inner == 1) {
 #pragma omp parallel for if (par) schedule(static)
@@ -606,7 +643,10 @@ static cm_tensor *softmax_impl(cm_tape *tp, cm_tensor *a, int axis, bool log_out
     const float *x = cmi_f32(a); // (outer, L, inner)
     float *y = cmi_f32(out);     // (outer, L, inner)
     const bool par = outer * L * inner >= CMI_PAR_MIN;
-    if (inner == 1) {
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->softmax(x, y, outer, L, inner, log_out), name)) return NULL;
+    } else if (inner == 1) {
 #pragma omp parallel for if (par) schedule(static)
         for (int64_t o = 0; o < outer; o++) softmax_row(x + o * L, y + o * L, L, log_out);
     } else {

@@ -1,4 +1,5 @@
 /* The autograd tape: arena-backed tensors and nodes, error chaining, backward. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <stdio.h>
@@ -20,6 +21,8 @@ cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
         return st;
     }
     cm_arena_set_poison(tp->arena, c.poison);
+    tp->poison = c.poison;
+    tp->dev_budget = c.device_budget;
     tp->retain_grads = c.retain_grads;
     tp->grad_enabled = true;
     tp->autocast = CM_DTYPE_F32;
@@ -27,17 +30,25 @@ cm_status cm_tape_new(const cm_tape_config *cfg, cm_tape **out) {
     return CM_OK;
 }
 
+static void gblock_free(const struct cmi_gblock *b) {
+    if (b->device == CM_DEVICE_CPU) cm_free(b->p);
+    else cmi_backend_get(b->device)->free(b->p);
+}
+
 void cm_tape_free(cm_tape *tp) {
     if (!tp) return;
-    for (int i = 0; i < tp->n_gblocks; i++) cm_free(tp->gblocks[i].p);
+    for (int i = 0; i < tp->n_gblocks; i++) gblock_free(&tp->gblocks[i]);
     cm_free(tp->gblocks);
     cm_arena_free(tp->arena);
+    cm_arena_free(tp->dev_arena);
     cm_free(tp);
 }
 
 void cm_tape_reset(cm_tape *tp) {
     for (int i = 0; i < tp->n_gblocks; i++) tp->gblocks[i].in_use = false; /* their tensors are gone */
     cm_arena_reset(tp->arena);
+    if (tp->dev_arena) cm_arena_reset(tp->dev_arena);
+    tp->dev = tp->default_dev;
     tp->last = NULL;
     tp->n_nodes = 0;
     tp->status = CM_OK;
@@ -52,10 +63,24 @@ void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total) {
     tp->row_total = ok ? total : 0;
 }
 
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total) {
+    const bool on = tp && tp->row_total > 0;
+    if (first) *first = on ? tp->row_first : 0;
+    if (n) *n = on ? tp->row_n : 0;
+    if (total) *total = on ? tp->row_total : 0;
+    return on;
+}
+
 void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data) {
     if (!tp) return;
     tp->fetch = fn;
     tp->fetch_data = fn ? data : NULL;
+}
+
+void cm_tape_set_op_hook(cm_tape *tp, cm_tape_op_hook_fn fn, void *data) {
+    if (!tp) return;
+    tp->op_hook = fn;
+    tp->op_hook_data = fn ? data : NULL;
 }
 
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data) {
@@ -113,7 +138,23 @@ static void fail_oom(cm_tape *tp, const char *what) {
     cmi_fail(tp, CM_ERR_OOM, "%s: %s", what, cm_last_error());
 }
 
+/* Every input of an op on the op's device (tp->dev). */
+static bool same_device(cm_tape *tp, const char *op, int n, cm_tensor *const *ts) {
+    for (int i = 0; i < n; i++) {
+        if (!ts[i] || ts[i]->device == tp->dev) continue;
+        cmi_fail(tp, CM_ERR_INVALID_ARG,
+                 "%s: input %d %s%s%s is on %s but the op runs on %s (the device of its first input): move it with "
+                 "cm_to_device",
+                 op ? op : "op", i, cmi_shape(ts[i]), ts[i]->name ? " " : "", ts[i]->name ? ts[i]->name : "",
+                 cm_device_name(ts[i]->device), cm_device_name(tp->dev));
+        return false;
+    }
+    return true;
+}
+
 bool cmi_fetch(cm_tape *tp, int n, cm_tensor *const *ts) {
+    if (tp->status == CM_OK && tp->dev != CM_DEVICE_CPU && !tp->in_backward && !same_device(tp, NULL, n, ts))
+        return false;
     if (!tp->fetch) return tp->status == CM_OK;
     for (int i = 0; i < n && tp->status == CM_OK; i++) {
         if (!ts[i]) continue;
@@ -135,7 +176,19 @@ bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins) {
             return false;
         }
     }
-    return cmi_fetch(tp, n, ins);
+    tp->dev = n ? ins[0]->device : tp->default_dev;
+    if (tp->dev != CM_DEVICE_CPU) {
+        if (!same_device(tp, op, n, ins)) return false;
+        if (!cmi_op_on_device(op, tp->dev)) {
+            cmi_fail(tp, CM_ERR_UNSUPPORTED,
+                     "%s: not implemented on %s yet (input %s is on %s); move the inputs to the CPU with cm_to_device",
+                     op, cm_device_name(tp->dev), n ? cmi_shape(ins[0]) : "()", cm_device_name(tp->dev));
+            return false;
+        }
+    }
+    if (!cmi_fetch(tp, n, ins)) return false;
+    if (tp->op_hook) tp->op_hook(CM_TAPE_OP_BEGIN, op, NULL, n, ins, tp->op_hook_data);
+    return true;
 }
 
 bool cmi_check_f32(cm_tape *tp, const char *op, const char *name, const cm_tensor *t) {
@@ -187,6 +240,7 @@ static cm_tensor *new_struct(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *
     }
     memset(t, 0, sizeof *t);
     t->dtype = dt;
+    t->device = tp->dev;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     t->flags = CM_TF_TAPE;
@@ -198,7 +252,8 @@ cm_tensor *cmi_new(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
     if (!t) return NULL;
     cmi_contig_strides(ndim, shape, t->stride);
     size_t bytes = (size_t)cmi_numel(ndim, shape) * cm_dtype_size(dt);
-    t->data = cm_arena_alloc(tp->arena, bytes ? bytes : 1);
+    cm_arena *a = tp->dev == CM_DEVICE_CPU ? tp->arena : cmi_dev_arena(tp, tp->dev);
+    t->data = a ? cm_arena_alloc(a, bytes ? bytes : 1) : NULL;
     if (!t->data) {
         fail_oom(tp, cmi_shape_of(ndim, shape));
         return NULL;
@@ -208,7 +263,10 @@ cm_tensor *cmi_new(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
 
 cm_tensor *cmi_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
     cm_tensor *t = cmi_new(tp, dt, ndim, shape);
-    if (t) memset(t->data, 0, cm_tensor_nbytes(t));
+    if (!t) return NULL;
+    const struct cmi_backend *be = cmi_be(tp);
+    if (!be) memset(t->data, 0, cm_tensor_nbytes(t));
+    else if (cmi_dev_fail(tp, be->memset(t->data, 0, cm_tensor_nbytes(t)), "zeros")) return NULL;
     return t;
 }
 
@@ -254,6 +312,7 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
     tp->n_nodes++;
     out->node = node;
     out->flags |= CM_TF_REQUIRES_GRAD;
+    if (tp->op_hook) tp->op_hook(CM_TAPE_OP_RECORDED, op, out, n, ins, tp->op_hook_data);
     return node;
 }
 
@@ -295,11 +354,12 @@ void cmi_bf16_widen(float *d, const uint16_t *s, int64_t n) {
 
 /* A free pool block of at least `bytes` (the smallest that fits, and at most twice the size so
  * one huge block is not pinned by a small gradient), or a new one. NULL on OOM. */
-static void *gpool_take(cm_tape *tp, size_t bytes) {
+static void *gpool_take(cm_tape *tp, size_t bytes, cm_device dev) {
     int best = -1;
     for (int i = 0; i < tp->n_gblocks; i++) {
         const struct cmi_gblock *b = &tp->gblocks[i];
-        if (!b->in_use && b->bytes >= bytes && b->bytes / 2 <= bytes && (best < 0 || b->bytes < tp->gblocks[best].bytes))
+        if (!b->in_use && b->device == dev && b->bytes >= bytes && b->bytes / 2 <= bytes &&
+            (best < 0 || b->bytes < tp->gblocks[best].bytes))
             best = i;
     }
     if (best >= 0) {
@@ -315,9 +375,9 @@ static void *gpool_take(cm_tape *tp, size_t bytes) {
         tp->gblocks = nb;
         tp->cap_gblocks = cap;
     }
-    void *p = cm_alloc(bytes, 64);
+    void *p = dev == CM_DEVICE_CPU ? cm_alloc(bytes, 64) : cmi_backend_get(dev)->alloc(bytes);
     if (!p) return NULL;
-    tp->gblocks[tp->n_gblocks++] = (struct cmi_gblock){p, bytes, true};
+    tp->gblocks[tp->n_gblocks++] = (struct cmi_gblock){p, bytes, true, dev};
     return p;
 }
 
@@ -343,11 +403,16 @@ static cm_tensor *tape_grad(cm_tape *tp, cm_tensor *t, bool zero, cm_dtype dt) {
     cm_tensor *g = new_struct(tp, dt, t->ndim, t->shape);
     if (!g) return NULL;
     cmi_contig_strides(t->ndim, t->shape, g->stride);
-    if (!(g->data = gpool_take(tp, bytes))) {
-        cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes)", cmi_shape(t), bytes);
+    if (!(g->data = gpool_take(tp, bytes, t->device))) {
+        cmi_fail(tp, CM_ERR_OOM, "gradient of %s: out of memory (%zu bytes on %s)", cmi_shape(t), bytes,
+                 cm_device_name(t->device));
         return NULL;
     }
-    if (zero) cmi_parallel_memset(g->data, 0, bytes);
+    if (zero) {
+        const struct cmi_backend *be = cmi_backend_get(t->device);
+        if (!be) cmi_parallel_memset(g->data, 0, bytes);
+        else if (cmi_dev_fail(tp, be->memset(g->data, 0, bytes), "gradient")) return NULL;
+    }
     return g;
 }
 
@@ -375,7 +440,11 @@ cm_tensor *cmi_grad_for_write_as(cm_tape *tp, cm_tensor *t, cm_dtype dt, bool *f
 static cm_tensor *promote_grad(cm_tape *tp, cm_tensor *t) {
     cm_tensor *g16 = t->grad, *g = tape_grad(tp, t, false, CM_DTYPE_F32);
     if (!g) return NULL;
-    cmi_bf16_widen(cmi_f32(g), g16->data, cm_tensor_numel(t));
+    if (t->device != CM_DEVICE_CPU) {
+        if (cmi_dev_fail(tp, cmi_copy_any(g, g16, g16->stride), "gradient")) return NULL;
+    } else {
+        cmi_bf16_widen(cmi_f32(g), g16->data, cm_tensor_numel(t));
+    }
     if (grad_pooled(tp, t, cm_tensor_nbytes(g16))) gpool_give(tp, g16->data);
     return t->grad = g;
 }
@@ -401,7 +470,7 @@ cm_tensor *cmi_grad(cm_tape *tp, cm_tensor *t) {
     }
     if (t->flags & CM_TF_TAPE) return t->grad = tape_grad(tp, t, true, CM_DTYPE_F32);
     cm_tensor *g;
-    if (cm_tensor_new(CM_DTYPE_F32, t->ndim, t->shape, &g) != CM_OK) {
+    if (cm_tensor_new_on(t->device, CM_DTYPE_F32, t->ndim, t->shape, &g) != CM_OK) {
         cmi_fail(tp, CM_ERR_OOM, "gradient of %s: %s", cmi_shape(t), cm_last_error());
         return NULL;
     }
@@ -434,6 +503,16 @@ cm_status cmi_accum(cm_tape *tp, cm_tensor *t, const cm_tensor *g) {
     /* t's first gradient, no broadcasting (a residual add's): a copy of g, not zeros plus g */
     cm_tensor *gt = same ? cmi_grad_for_write(tp, t, &fresh) : cmi_grad(tp, t);
     if (!gt) return tp->status;
+    const struct cmi_backend *be = cmi_backend_get(t->device);
+    if (be) {
+        cm_status s = fresh ? be->memcpy(gt->data, g->data, cm_tensor_nbytes(gt), CMI_D2D) : CM_OK;
+        if (!fresh) {
+            int64_t dst[CM_MAX_DIMS];
+            cmi_broadcast_strides(gt, g->ndim, g->shape, dst);
+            s = be->accum(cmi_f32(gt), dst, cmi_f32(g), g->ndim, g->shape);
+        }
+        return cmi_dev_fail(tp, s, "gradient accumulation") ? tp->status : CM_OK;
+    }
     if (fresh) {
         cmi_parallel_memcpy(gt->data, g->data, cm_tensor_nbytes(gt));
         return CM_OK;
@@ -460,8 +539,13 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
         memcmp(grad->shape, out->shape, sizeof(int64_t) * (size_t)out->ndim) != 0)
         return cmi_fail(tp, CM_ERR_SHAPE, "backward: gradient %s (%s) must be f32 with the output's shape %s",
                         cmi_shape(grad), cm_dtype_name(grad->dtype), cmi_shape(out));
+    if (grad->device != out->device)
+        return cmi_fail(tp, CM_ERR_INVALID_ARG, "backward: gradient is on %s but the output %s is on %s",
+                        cm_device_name(grad->device), cmi_shape(out), cm_device_name(out->device));
     bool prev = tp->grad_enabled;
     tp->grad_enabled = false; /* backward functions build no graph */
+    tp->dev = out->device;
+    tp->in_backward = true; /* a node's inputs may sit on another device (cm_to_device's) */
     cm_status st = cmi_accum(tp, out, grad);
     if (tp->bw_hook && st == CM_OK) tp->bw_hook(tp, NULL, tp->bw_hook_data);
     for (cm_node *n = tp->last; n && st == CM_OK; n = n->prev) {
@@ -471,11 +555,14 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
             st = tp->status;
             break;
         }
+        tp->dev = n->out->device;
         if (tp->fetch && !cmi_fetch(tp, n->n_in, n->in)) {
             st = tp->status;
             break;
         }
+        if (tp->op_hook) tp->op_hook(CM_TAPE_OP_BACKWARD_BEGIN, n->op, n->out, n->n_in, n->in, tp->op_hook_data);
         st = n->backward(tp, n, gout);
+        if (tp->op_hook) tp->op_hook(CM_TAPE_OP_BACKWARD_END, n->op, n->out, n->n_in, n->in, tp->op_hook_data);
         if (st == CM_OK && tp->status) st = tp->status;
         if (st == CM_OK && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
         /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */
@@ -486,6 +573,7 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
         }
     }
     tp->grad_enabled = prev;
+    tp->in_backward = false;
     if (st && !tp->status) cmi_fail(tp, st, "backward: %s", cm_last_error());
     return st;
 }
@@ -496,8 +584,11 @@ cm_status cm_tape_backward(cm_tape *tp, cm_tensor *loss) {
     if (cm_tensor_numel(loss) != 1)
         return cmi_fail(tp, CM_ERR_SHAPE, "backward: loss must have one element, got shape %s (reduce it first, "
                                           "or use cm_tape_backward_with)", cmi_shape(loss));
+    tp->dev = loss->device;
     cm_tensor *one = cmi_new(tp, CM_DTYPE_F32, loss->ndim, loss->shape);
     if (!one) return tp->status;
-    cmi_f32(one)[0] = 1.0f;
+    const struct cmi_backend *be = cmi_be(tp);
+    if (!be) cmi_f32(one)[0] = 1.0f;
+    else if (cmi_dev_fail(tp, be->fill(one->data, CM_DTYPE_F32, 0, NULL, NULL, 1.0), "backward")) return tp->status;
     return cm_tape_backward_with(tp, loss, one);
 }

@@ -1,4 +1,5 @@
 /* The tensor object: creation, inspection, element access, names, gradients of leaves. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
@@ -231,7 +232,10 @@ void cm_tensor_free(cm_tensor *t) {
         return;
     }
     cm_tensor_clear_grad(t);
-    if (t->flags & CM_TF_OWNS_DATA) cm_free(t->data);
+    if (t->flags & CM_TF_OWNS_DATA) {
+        if (t->device == CM_DEVICE_CPU) cm_free(t->data);
+        else cmi_dev_free_data(t);
+    }
     cm_free(t->name);
     cm_free(t);
 }
@@ -239,6 +243,7 @@ void cm_tensor_free(cm_tensor *t) {
 /* ---- inspection ---- */
 
 cm_dtype cm_tensor_dtype(const cm_tensor *t) { return t->dtype; }
+cm_device cm_tensor_device(const cm_tensor *t) { return t->device; }
 int cm_tensor_ndim(const cm_tensor *t) { return t->ndim; }
 const int64_t *cm_tensor_shape(const cm_tensor *t) { return t->shape; }
 const int64_t *cm_tensor_strides(const cm_tensor *t) { return t->stride; }
@@ -257,8 +262,22 @@ static void *elem_ptr(const cm_tensor *t, const int64_t *index) {
     return (char *)t->data + off * (int64_t)cm_dtype_size(t->dtype);
 }
 
-double cm_tensor_get(const cm_tensor *t, const int64_t *index) { return cmi_load(t->dtype, elem_ptr(t, index)); }
-void cm_tensor_set(cm_tensor *t, const int64_t *index, double v) { cmi_store(t->dtype, elem_ptr(t, index), v); }
+double cm_tensor_get(const cm_tensor *t, const int64_t *index) {
+    if (t->device == CM_DEVICE_CPU) return cmi_load(t->dtype, elem_ptr(t, index));
+    uint64_t buf = 0; /* one element copied back */
+    if (cmi_backend_get(t->device)->memcpy(&buf, elem_ptr(t, index), cm_dtype_size(t->dtype), CMI_D2H)) return NAN;
+    return cmi_load(t->dtype, &buf);
+}
+
+void cm_tensor_set(cm_tensor *t, const int64_t *index, double v) {
+    if (t->device == CM_DEVICE_CPU) {
+        cmi_store(t->dtype, elem_ptr(t, index), v);
+        return;
+    }
+    uint64_t buf = 0;
+    cmi_store(t->dtype, &buf, v);
+    cmi_backend_get(t->device)->memcpy(elem_ptr(t, index), &buf, cm_dtype_size(t->dtype), CMI_H2D);
+}
 
 double cm_tensor_get_flat(const cm_tensor *t, int64_t i) {
     int64_t idx[CM_MAX_DIMS];
@@ -297,10 +316,15 @@ bool cm_tensor_requires_grad(const cm_tensor *t) { return t && (t->flags & CM_TF
 cm_tensor *cm_tensor_grad(const cm_tensor *t) { return t ? t->grad : NULL; }
 
 void cm_tensor_zero_grad(cm_tensor *t) {
-    if (t && t->grad) memset(t->grad->data, 0, cm_tensor_nbytes(t->grad));
+    if (!t || !t->grad) return;
+    if (t->grad->device == CM_DEVICE_CPU) memset(t->grad->data, 0, cm_tensor_nbytes(t->grad));
+    else cmi_backend_get(t->grad->device)->memset(t->grad->data, 0, cm_tensor_nbytes(t->grad));
 }
 
 cm_status cm_tensor_set_grad(cm_tensor *t, cm_tensor *grad) {
+    if (grad && grad->device != t->device)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_tensor_set_grad: gradient is on %s but the tensor %s is on %s",
+                            cm_device_name(grad->device), cmi_shape(t), cm_device_name(t->device));
     if (grad) {
         if (grad->dtype != CM_DTYPE_F32 || !cmi_is_contig(grad) || grad->ndim != t->ndim ||
             memcmp(grad->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)

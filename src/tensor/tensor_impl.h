@@ -56,6 +56,7 @@ typedef struct cm_node cm_node;
 
 struct cm_tensor {
     cm_dtype dtype;
+    cm_device device;            /* where data lives (device.c) */
     int ndim;
     int64_t shape[CM_MAX_DIMS];
     int64_t stride[CM_MAX_DIMS]; /* in elements */
@@ -93,6 +94,8 @@ struct cm_tape {
     void *bw_hook_data;
     cm_tape_fetch_fn fetch;           /* see cm_tape_set_fetch_hook */
     void *fetch_data;
+    cm_tape_op_hook_fn op_hook;       /* see cm_tape_set_op_hook */
+    void *op_hook_data;
     int64_t row_first, row_n, row_total; /* see cm_tape_set_rows (row_total 0: none) */
     /* Gradient buffers of large intermediate tensors (tape.c): heap blocks reused across
      * backward passes and steps. A block is handed out by cmi_grad and returned when the node that
@@ -102,10 +105,57 @@ struct cm_tape {
         void *p;
         size_t bytes;
         bool in_use;
+        cm_device device; /* where p lives (GPU blocks come from the device's caching allocator) */
     } *gblocks;
     int n_gblocks, cap_gblocks;
     bool retain_grads; /* cm_tape_config.retain_grads */
+    /* Devices (device.c). `dev` is the device of the op being built or run: cmi_begin sets it from
+     * the op's inputs (all on one device), backward from each node's output; cmi_new allocates
+     * there. Creation ops with no inputs use default_dev (cm_tape_set_device). */
+    cm_device dev, default_dev;
+    cm_arena *dev_arena;  /* the tape's GPU memory (lazily made), rewound with the host arena */
+    size_t dev_budget;
+    bool poison;
+    bool in_backward;
 };
+
+/* ---- devices (device.c) ---- */
+
+struct cmi_backend;
+/* The backend of the device the current op runs on (NULL on the CPU): an op's device path is
+ * `if (be) { be->kernel(...) } else { CPU loops }`. */
+const struct cmi_backend *cmi_backend_get(cm_device d);
+static inline const struct cmi_backend *cmi_be(const cm_tape *tp) {
+    return tp->dev == CM_DEVICE_CPU ? NULL : cmi_backend_get(tp->dev);
+}
+/* Whether op (the name given to cmi_begin) has a path on dev. */
+bool cmi_op_on_device(const char *op, cm_device dev);
+/* When s is an error: records it on the tape as "op: <cm_last_error()>" and returns true. */
+bool cmi_dev_fail(cm_tape *tp, cm_status s, const char *op);
+/* The tape's arena on dev (its host arena for the CPU), made on first use; NULL if the device
+ * cannot be used. */
+cm_arena *cmi_dev_arena(cm_tape *tp, cm_device dev);
+/* Scratch memory on the current op's device (cmi_scratch on the CPU). NULL + tape error on OOM. */
+void *cmi_dev_scratch(cm_tape *tp, size_t bytes);
+/* The arena the current op's tensors and device scratch come from (the device arena on a GPU), for
+ * ops that mark and rewind their scratch. */
+static inline cm_arena *cmi_op_arena(cm_tape *tp) {
+    return tp->dev == CM_DEVICE_CPU ? tp->arena : cmi_dev_arena(tp, tp->dev);
+}
+/* Raw memory on any device, for the layers above (flat parameter buffers, optimizer state):
+ * cm_alloc(_zeroed) on the CPU, the device's caching allocator elsewhere (NULL + cm_set_error). */
+void *cmi_dev_alloc(cm_device d, size_t bytes, bool zero);
+void cmi_dev_free(cm_device d, void *p);
+cm_status cmi_dev_memcpy(void *dst, cm_device dd, const void *src, cm_device sd, size_t bytes);
+cm_status cmi_dev_memset(cm_device d, void *p, int v, size_t bytes);
+/* The device whose memory p points into (CM_DEVICE_CPU for host memory and NULL): flat spans
+ * handed to the optimizer and clipping are told apart this way. */
+cm_device cmi_ptr_device(const void *p);
+/* Frees the device data of a long-lived tensor (cm_tensor_free). */
+void cmi_dev_free_data(cm_tensor *t);
+/* dst = src read through strides sstride (src broadcast to dst's shape), any devices and dtypes:
+ * one backend copy on a GPU, or a staged transfer between host and GPU. */
+cm_status cmi_copy_any(cm_tensor *dst, const cm_tensor *src, const int64_t *sstride);
 
 /* ---- op plumbing ---- */
 

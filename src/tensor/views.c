@@ -1,4 +1,5 @@
 /* Tape tensor creation, copies, dtype casts and the differentiable view ops. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
@@ -17,7 +18,7 @@ cm_tensor *cm_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
 
 cm_tensor *cm_full(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, double v) {
     cm_tensor *t = cm_empty(tp, dt, ndim, shape);
-    if (t) cm_tensor_fill(t, v);
+    if (t && cmi_dev_fail(tp, cm_tensor_fill(t, v), "full")) return NULL;
     return t;
 }
 
@@ -31,14 +32,14 @@ cm_tensor *cm_arange(cm_tape *tp, cm_dtype dt, double start, double end, double 
     double n = ceil((end - start) / step);
     int64_t shape[1] = {n > 0 ? (int64_t)n : 0};
     cm_tensor *t = cmi_new(tp, dt, 1, shape);
-    if (t) cm_tensor_arange_fill(t, start, step);
+    if (t && cmi_dev_fail(tp, cm_tensor_arange_fill(t, start, step), "arange")) return NULL;
     return t;
 }
 
 cm_tensor *cm_clone_detached(cm_tape *tp, const cm_tensor *src) {
     if (!cmi_begin(tp, "clone", 1, (cm_tensor *const *)&src)) return NULL;
     cm_tensor *t = cmi_new(tp, src->dtype, src->ndim, src->shape);
-    if (t) cm_tensor_copy(t, src);
+    if (t && cmi_dev_fail(tp, cm_tensor_copy(t, src), "clone")) return NULL;
     return t;
 }
 
@@ -93,6 +94,7 @@ cm_status cm_tensor_copy(cm_tensor *dst, const cm_tensor *src) {
     int64_t st[2][CM_MAX_DIMS];
     memcpy(st[0], dst->stride, sizeof(int64_t) * (size_t)nd);
     cmi_broadcast_strides(src, nd, shape, st[1]);
+    if (dst->device != CM_DEVICE_CPU || src->device != CM_DEVICE_CPU) return cmi_copy_any(dst, src, st[1]);
     char *bases[2] = {(char *)dst->data, (char *)src->data};
     size_t es[2] = {cm_dtype_size(dst->dtype), cm_dtype_size(src->dtype)};
     copy_ctx c = {dst->dtype, src->dtype};
@@ -122,6 +124,8 @@ static void fill_row(int64_t n, char *const *p, const int64_t *inner, void *vctx
 }
 
 cm_status cm_tensor_fill(cm_tensor *t, double v) {
+    if (t->device != CM_DEVICE_CPU)
+        return cmi_backend_get(t->device)->fill(t->data, t->dtype, t->ndim, t->shape, t->stride, v);
     int64_t st[1][CM_MAX_DIMS];
     memcpy(st[0], t->stride, sizeof(int64_t) * (size_t)t->ndim);
     char *bases[1] = {(char *)t->data};
@@ -133,6 +137,12 @@ cm_status cm_tensor_fill(cm_tensor *t, double v) {
 
 cm_status cm_tensor_arange_fill(cm_tensor *t, double start, double step) {
     int64_t n = cm_tensor_numel(t);
+    if (t->device != CM_DEVICE_CPU) {
+        if (!cmi_is_contig(t))
+            return cm_set_error(CM_ERR_UNSUPPORTED, "arange_fill: a strided %s tensor on %s (fill a contiguous one)",
+                                cmi_shape(t), cm_device_name(t->device));
+        return cmi_backend_get(t->device)->arange(t->data, t->dtype, n, start, step);
+    }
     int64_t idx[CM_MAX_DIMS] = {0};
     for (int64_t i = 0; i < n; i++) {
         cm_tensor_set(t, idx, start + (double)i * step);
@@ -178,6 +188,12 @@ static cm_status view_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     /* gv += gout through the strides. Views made by expand overlap (a stride 0 on a dim of size > 1),
      * so they go serial; every other view op (narrow, permute, reshape, [un]squeeze) maps distinct
      * elements to distinct base elements, so rows may run in parallel. */
+    const cmi_backend *be = cmi_be(tp);
+    if (be) /* dims with stride 0 (expand) are summed over, the rest added through the strides */
+        return cmi_dev_fail(tp, be->accum(cmi_f32(&gv), gv.stride, cmi_f32(gout), gout->ndim, gout->shape),
+                            "view backward")
+                   ? cmi_status(tp)
+                   : CM_OK;
     int64_t st[2][CM_MAX_DIMS];
     memcpy(st[0], gv.stride, sizeof(int64_t) * (size_t)gv.ndim);
     cmi_contig_strides(gout->ndim, gout->shape, st[1]);
@@ -254,7 +270,7 @@ cm_tensor *cm_contiguous(cm_tape *tp, cm_tensor *t) {
     if (cmi_is_contig(t)) return t;
     cm_tensor *out = cmi_new(tp, t->dtype, t->ndim, t->shape);
     if (!out) return NULL;
-    cm_tensor_copy(out, t);
+    if (cmi_dev_fail(tp, cm_tensor_copy(out, t), "contiguous")) return NULL;
     if (cmi_needs_grad(tp, 1, &t)) {
         /* The gradient of t is contiguous in t's shape, so this is an identity in gradient space. */
         int64_t gs[CM_MAX_DIMS];
@@ -491,7 +507,7 @@ cm_tensor *cm_cast(cm_tape *tp, cm_tensor *t, cm_dtype dt) {
     if (t->dtype == dt) return t;
     cm_tensor *out = cmi_new(tp, dt, t->ndim, t->shape);
     if (!out) return NULL;
-    cm_tensor_copy(out, t);
+    if (cmi_dev_fail(tp, cm_tensor_copy(out, t), "cast")) return NULL;
     bool floating = dt == CM_DTYPE_F32 || dt == CM_DTYPE_BF16 || dt == CM_DTYPE_F16;
     if (floating && cmi_needs_grad(tp, 1, &t)) {
         if (!cmi_record(tp, "cast", out, 1, &t, cast_backward, 0)) return NULL;

@@ -109,8 +109,8 @@ static cm_status noop_reduce(double *v, int n, void *data) {
     return CM_OK;
 }
 
-cmt_rig cmt_rig_make(const cmt_fit_opts *o, const cm_logger_plugin *loggers, int n) {
-    cmt_rig g = {0};
+cmt_track_rig cmt_track_rig_make(const cmt_fit_opts *o, const cm_logger_plugin *loggers, int n) {
+    cmt_track_rig g = {0};
     g.ds = cmt_synth_dataset(48, 8, 3, false, NULL);
     g.dl = cmt_loader(g.ds, 8, false, 7);
     if (!o->no_eval) {
@@ -142,14 +142,14 @@ cmt_rig cmt_rig_make(const cmt_fit_opts *o, const cm_logger_plugin *loggers, int
     return g;
 }
 
-void cmt_rig_free(cmt_rig *g) {
+void cmt_track_rig_free(cmt_track_rig *g) {
     cm_trainer_free(g->tr);
     cm_model_free(g->model);
     cm_dataloader_free(g->dl);
     cm_dataloader_free(g->edl);
     cm_dataset_free(g->ds);
     cm_dataset_free(g->eds);
-    *g = (cmt_rig){0};
+    *g = (cmt_track_rig){0};
 }
 
 /* ---- test servers ---- */

@@ -43,12 +43,12 @@ typedef struct {
     cm_dataloader *dl, *edl;
     cm_model *model;
     cm_trainer *tr;
-} cmt_rig;
+} cmt_track_rig;
 
 /* Builds the trainer with the given loggers (taken). */
-cmt_rig cmt_rig_make(const cmt_fit_opts *o, const cm_logger_plugin *loggers, int n);
+cmt_track_rig cmt_track_rig_make(const cmt_fit_opts *o, const cm_logger_plugin *loggers, int n);
 /* Frees the trainer (closing the plugins if not closed), then the model and data. */
-void cmt_rig_free(cmt_rig *g);
+void cmt_track_rig_free(cmt_track_rig *g);
 
 /* Captures what the process writes to stderr between begin and end (through a pipe, so file size
  * limits do not apply; keep it under 64 KiB). end returns it (malloc'd) and restores stderr. */

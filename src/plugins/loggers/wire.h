@@ -1,9 +1,10 @@
 /* Private encoders shared by the tracker loggers: a growable byte buffer, protocol buffers written
  * by hand (TensorBoard's Event, W&B's transaction-log Record), JSON text (MLflow and W&B request
- * bodies) and the two CRC-32 variants their files use. Nothing here allocates outside cmi_buf; a
- * buffer that could not grow sets `oom` and ignores further writes, so encoders check once. */
+ * bodies) and the two CRC-32 variants their files use, all written into cmi_buf (base/buf.h). */
 #ifndef CM_LOGGERS_WIRE_H
 #define CM_LOGGERS_WIRE_H
+
+#include "base/buf.h"
 
 #include <composer/base.h>
 
@@ -11,21 +12,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-typedef struct cmi_buf {
-    uint8_t *p; /* NUL-terminated when written as text (cmi_buf_str) */
-    size_t n, cap;
-    bool oom;
-} cmi_buf;
-
-void cmi_buf_put(cmi_buf *b, const void *data, size_t n);
-void cmi_buf_putc(cmi_buf *b, int c);
-void cmi_buf_puts(cmi_buf *b, const char *s);
-void cmi_buf_printf(cmi_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The contents as a C string (a NUL kept after the last byte; "" for an empty buffer). */
-const char *cmi_buf_str(cmi_buf *b);
-void cmi_buf_reset(cmi_buf *b); /* n = 0, oom cleared, storage kept */
-void cmi_buf_free(cmi_buf *b);
 
 /* ---- protocol buffers (proto3 wire format) ---- */
 void cmi_pb_varint(cmi_buf *b, uint64_t v);

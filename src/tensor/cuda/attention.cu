@@ -1,0 +1,337 @@
+/* Fused scaled dot-product attention on the GPU (backend.h slots attention, attention_bwd), with the
+ * CPU op's semantics (attention.c): causal (top-left), an additive bias broadcast to (B, H, T, S), a
+ * key padding mask, dropout on the probabilities, and rows whose keys are all masked giving zeros.
+ *
+ * Forward (FlashAttention's online softmax, in f32 on the CUDA cores): a block of 8 warps handles 8
+ * query rows of one (b, h); key and value tiles of 32 rows are staged in shared memory, each lane
+ * scores one key of the tile, and the warp keeps the running max, sum and output (lanes own columns
+ * of D). The T×S matrix is never stored: the forward keeps the output and one log-sum-exp per query.
+ *
+ * Backward, two kernels so that nothing is accumulated with atomics (deterministic): one owns query
+ * rows (dQ, and rowsum(dO ⊙ O) for the other), one owns key rows (dK, dV); each recomputes the scores
+ * from q, k and the saved log-sum-exp. The dropout mask is not stored either: both recompute it from
+ * the Philox counters, the same numbers cm_dropout draws for the (B, H, T, S) probabilities.
+ *
+ * D is limited to 128 (the tiles' shared memory); longer heads are an error from the op. */
+#include "tensor/cuda/common.cuh"
+
+#include <math.h>
+
+#define AT_TILE 32
+#define AT_WARPS 8
+#define AT_DMAX 128
+#define AT_DT (AT_DMAX / 32)
+
+/* ---- the shared description of the scores ---- */
+
+struct at_args {
+    const float *q, *k, *v;
+    int64_t qs[4], ks[4], vs[4]; /* strides of (B, H, N, D) */
+    const float *bias;
+    int64_t bst[4]; /* bias strides broadcast to (B, H, T, S) */
+    const float *mrow; /* (B, S): 0 = padding, else a real key; or NULL */
+    int64_t B, H, T, S, D;
+    float scale;
+    bool causal;
+    float p, keep_scale; /* dropout */
+    uint64_t seed, stream, counter;
+    int64_t rows, row_first; /* rows > 0: the tape's row context over B */
+    bool bthd;               /* out / dO layout (B, T, H, D), else (B, H, T, D) */
+};
+
+__device__ __forceinline__ void at_philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
+             c3 = (uint32_t)(stream >> 32), k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        if (r) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (uint32_t)p1;
+        c2 = n2;
+        c3 = (uint32_t)p0;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+/* keep_scale for a kept probability, 0 for a dropped one, 1 without dropout. */
+__device__ __forceinline__ float at_drop_factor(const at_args &a, int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (a.p <= 0.0f) return 1.0f;
+    uint64_t ctr;
+    int word;
+    if (a.rows > 0) {
+        const int64_t per_row = a.H * a.T * a.S, bpr = (per_row + 3) / 4, e = (h * a.T + i) * a.S + j;
+        ctr = a.counter + (uint64_t)((a.row_first + b) * bpr + e / 4);
+        word = (int)(e & 3);
+    } else {
+        const int64_t e = ((b * a.H + h) * a.T + i) * a.S + j;
+        ctr = a.counter + (uint64_t)(e / 4);
+        word = (int)(e & 3);
+    }
+    uint32_t w[4];
+    at_philox(a.seed, a.stream, ctr, w);
+    const bool dropped = (float)(w[word] >> 8) * (1.0f / 16777216.0f) < a.p;
+    return dropped ? 0.0f : a.keep_scale;
+}
+
+/* The score of (i, j) from q·k (already scaled): + bias, -inf where masked or past the diagonal. */
+__device__ __forceinline__ float at_score(const at_args &a, int64_t b, int64_t h, int64_t i, int64_t j, float qk) {
+    if (j >= a.S || i >= a.T || (a.causal && j > i)) return -INFINITY;
+    if (a.mrow && a.mrow[b * a.S + j] == 0.0f) return -INFINITY;
+    float s = qk;
+    if (a.bias) s += a.bias[b * a.bst[0] + h * a.bst[1] + i * a.bst[2] + j * a.bst[3]];
+    return s;
+}
+
+__device__ __forceinline__ int64_t at_out_off(const at_args &a, int64_t b, int64_t h, int64_t i) {
+    return a.bthd ? ((b * a.T + i) * a.H + h) * a.D : ((b * a.H + h) * a.T + i) * a.D;
+}
+
+/* rows [r0, r0 + 32) of an (N, D) slice at `base` with strides (sn, sd) into tile[32][AT_DMAX + 1]
+ * (zeros past n), by the whole block. */
+__device__ __forceinline__ void at_load_tile(float (*tile)[AT_DMAX + 1], const float *base, int64_t sn, int64_t sd,
+                                             int64_t r0, int64_t n, int64_t D) {
+    for (int e = threadIdx.x; e < AT_TILE * AT_DMAX; e += blockDim.x) {
+        const int r = e / AT_DMAX, d = e % AT_DMAX;
+        if (d >= D) continue;
+        tile[r][d] = r0 + r < n ? base[(r0 + r) * sn + d * sd] : 0.0f;
+    }
+}
+
+/* ---- forward ---- */
+
+__global__ void __launch_bounds__(AT_WARPS * 32) k_attention_fwd(at_args a, float *out, float *lse) {
+    __shared__ float Ks[AT_TILE][AT_DMAX + 1], Vs[AT_TILE][AT_DMAX + 1], Qs[AT_WARPS][AT_DMAX];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i = blockIdx.x * (int64_t)AT_WARPS + w;
+    const bool active = i < a.T;
+    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
+                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    for (int d = lane; d < a.D; d += 32) Qs[w][d] = active ? qb[i * a.qs[2] + d * a.qs[3]] : 0.0f;
+    const int64_t ilast = (int64_t)blockIdx.x * AT_WARPS + AT_WARPS - 1;
+    const int64_t kend = a.causal ? (ilast + 1 < a.S ? ilast + 1 : a.S) : a.S;
+    float o[AT_DT] = {0.0f, 0.0f, 0.0f, 0.0f}, m = -INFINITY, l = 0.0f;
+    for (int64_t j0 = 0; j0 < kend; j0 += AT_TILE) {
+        __syncthreads();
+        at_load_tile(Ks, kb, a.ks[2], a.ks[3], j0, a.S, a.D);
+        at_load_tile(Vs, vb, a.vs[2], a.vs[3], j0, a.S, a.D);
+        __syncthreads();
+        if (!active) continue;
+        const int64_t j = j0 + lane;
+        float qk = 0.0f;
+        for (int d = 0; d < a.D; d++) qk += Qs[w][d] * Ks[lane][d];
+        const float s = at_score(a, b, h, i, j, qk * a.scale);
+        const float mt = cmi_warp_max(s);
+        if (mt == -INFINITY) continue; /* every key of the tile masked for this row */
+        const float mn = fmaxf(m, mt), corr = m == -INFINITY ? 0.0f : expf(m - mn);
+        const float e = s == -INFINITY ? 0.0f : expf(s - mn);
+        l = l * corr + cmi_warp_sum(e);
+        const float pe = e * (e != 0.0f ? at_drop_factor(a, b, h, i, j) : 1.0f);
+        for (int t = 0; t < AT_DT; t++) o[t] *= corr;
+        for (int jj = 0; jj < AT_TILE; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, pe, jj);
+            for (int t = 0; t < AT_DT; t++) {
+                const int d = lane + 32 * t;
+                if (d < a.D) o[t] += pj * Vs[jj][d];
+            }
+        }
+        m = mn;
+    }
+    if (!active) return;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float *orow = out + at_out_off(a, b, h, i);
+    for (int t = 0; t < AT_DT; t++) {
+        const int d = lane + 32 * t;
+        if (d < a.D) orow[d] = o[t] * inv;
+    }
+    if (lane == 0) lse[bh * a.T + i] = l > 0.0f ? m + logf(l) : INFINITY;
+}
+
+/* ---- backward: query rows (dQ, and Di = rowsum(dO ⊙ O)) ---- */
+
+__global__ void __launch_bounds__(AT_WARPS * 32) k_attention_bwd_q(at_args a, const float *out, const float *gout,
+                                                                   const float *lse, float *Dsum, float *gq,
+                                                                   bool q_fresh, float *dS) {
+    __shared__ float Ks[AT_TILE][AT_DMAX + 1], Vs[AT_TILE][AT_DMAX + 1], Qs[AT_WARPS][AT_DMAX],
+        Gs[AT_WARPS][AT_DMAX];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i = blockIdx.x * (int64_t)AT_WARPS + w;
+    const bool active = i < a.T;
+    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
+                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    float di = 0.0f;
+    if (active) {
+        const float *orow = out + at_out_off(a, b, h, i), *grow = gout + at_out_off(a, b, h, i);
+        for (int d = lane; d < a.D; d += 32) {
+            Qs[w][d] = qb[i * a.qs[2] + d * a.qs[3]];
+            Gs[w][d] = grow[d];
+            di += grow[d] * orow[d];
+        }
+    }
+    di = cmi_warp_sum(di);
+    if (active && lane == 0) Dsum[bh * a.T + i] = di;
+    const float li = active ? lse[bh * a.T + i] : INFINITY;
+    const int64_t ilast = (int64_t)blockIdx.x * AT_WARPS + AT_WARPS - 1;
+    const int64_t kend = a.causal ? (ilast + 1 < a.S ? ilast + 1 : a.S) : a.S;
+    float dq[AT_DT] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j0 = 0; j0 < kend; j0 += AT_TILE) {
+        __syncthreads();
+        at_load_tile(Ks, kb, a.ks[2], a.ks[3], j0, a.S, a.D);
+        at_load_tile(Vs, vb, a.vs[2], a.vs[3], j0, a.S, a.D);
+        __syncthreads();
+        if (!active) continue;
+        const int64_t j = j0 + lane;
+        float qk = 0.0f, gv = 0.0f;
+        for (int d = 0; d < a.D; d++) {
+            qk += Qs[w][d] * Ks[lane][d];
+            gv += Gs[w][d] * Vs[lane][d];
+        }
+        const float s = at_score(a, b, h, i, j, qk * a.scale);
+        const float P = (s == -INFINITY || li == INFINITY) ? 0.0f : expf(s - li);
+        const float f = P != 0.0f ? at_drop_factor(a, b, h, i, j) : 0.0f;
+        const float ds = P * (gv * f - di);
+        if (dS && j < a.S) dS[(bh * a.T + i) * a.S + j] = ds;
+        for (int jj = 0; jj < AT_TILE; jj++) {
+            const float sj = __shfl_sync(0xffffffffu, ds, jj);
+            for (int t = 0; t < AT_DT; t++) {
+                const int d = lane + 32 * t;
+                if (d < a.D) dq[t] += sj * Ks[jj][d];
+            }
+        }
+    }
+    if (!active) return;
+    float *gr = gq + (bh * a.T + i) * a.D;
+    for (int t = 0; t < AT_DT; t++) {
+        const int d = lane + 32 * t;
+        if (d < a.D) gr[d] = q_fresh ? a.scale * dq[t] : gr[d] + a.scale * dq[t];
+    }
+}
+
+/* ---- backward: key rows (dK, dV) ---- */
+
+__global__ void __launch_bounds__(AT_WARPS * 32) k_attention_bwd_kv(at_args a, const float *gout, const float *lse,
+                                                                    const float *Dsum, float *gk, bool k_fresh,
+                                                                    float *gv, bool v_fresh) {
+    __shared__ float Qt[AT_TILE][AT_DMAX + 1], Gt[AT_TILE][AT_DMAX + 1], Kr[AT_WARPS][AT_DMAX],
+        Vr[AT_WARPS][AT_DMAX], Lt[AT_TILE], Dt[AT_TILE];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, j = blockIdx.x * (int64_t)AT_WARPS + w;
+    const bool active = j < a.S;
+    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
+                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    for (int d = lane; d < a.D; d += 32) {
+        Kr[w][d] = active ? kb[j * a.ks[2] + d * a.ks[3]] : 0.0f;
+        Vr[w][d] = active ? vb[j * a.vs[2] + d * a.vs[3]] : 0.0f;
+    }
+    const int64_t jfirst = (int64_t)blockIdx.x * AT_WARPS;
+    const int64_t istart = a.causal ? jfirst / AT_TILE * AT_TILE : 0; /* causal: queries i >= j only */
+    /* dO rows of (b, h): row i at gout + at_out_off(a, b, h, i), i.e. stride D or H·D */
+    const float *gb = gout + at_out_off(a, b, h, 0);
+    const int64_t gstride = a.bthd ? a.H * a.D : a.D;
+    float dk[AT_DT] = {0.0f, 0.0f, 0.0f, 0.0f}, dv[AT_DT] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t i0 = istart; i0 < a.T; i0 += AT_TILE) {
+        __syncthreads();
+        at_load_tile(Qt, qb, a.qs[2], a.qs[3], i0, a.T, a.D);
+        at_load_tile(Gt, gb, gstride, 1, i0, a.T, a.D);
+        if (threadIdx.x < AT_TILE) {
+            const int64_t ii = i0 + threadIdx.x;
+            Lt[threadIdx.x] = ii < a.T ? lse[bh * a.T + ii] : INFINITY;
+            Dt[threadIdx.x] = ii < a.T ? Dsum[bh * a.T + ii] : 0.0f;
+        }
+        __syncthreads();
+        if (!active) continue;
+        const int64_t i = i0 + lane;
+        float qk = 0.0f, gvv = 0.0f;
+        for (int d = 0; d < a.D; d++) {
+            qk += Qt[lane][d] * Kr[w][d];
+            gvv += Gt[lane][d] * Vr[w][d];
+        }
+        const float s = at_score(a, b, h, i, j, qk * a.scale), li = Lt[lane];
+        const float P = (s == -INFINITY || li == INFINITY) ? 0.0f : expf(s - li);
+        const float f = P != 0.0f ? at_drop_factor(a, b, h, i, j) : 0.0f;
+        const float pd = P * f, ds = P * (gvv * f - Dt[lane]);
+        for (int ii = 0; ii < AT_TILE; ii++) {
+            const float pi = __shfl_sync(0xffffffffu, pd, ii), si = __shfl_sync(0xffffffffu, ds, ii);
+            for (int t = 0; t < AT_DT; t++) {
+                const int d = lane + 32 * t;
+                if (d < a.D) {
+                    dv[t] += pi * Gt[ii][d];
+                    dk[t] += si * Qt[ii][d];
+                }
+            }
+        }
+    }
+    if (!active) return;
+    float *kr = gk ? gk + (bh * a.S + j) * a.D : nullptr, *vr = gv ? gv + (bh * a.S + j) * a.D : nullptr;
+    for (int t = 0; t < AT_DT; t++) {
+        const int d = lane + 32 * t;
+        if (d >= a.D) continue;
+        if (kr) kr[d] = k_fresh ? a.scale * dk[t] : kr[d] + a.scale * dk[t];
+        if (vr) vr[d] = v_fresh ? dv[t] : vr[d] + dv[t];
+    }
+}
+
+/* ---- entry points ---- */
+
+static at_args make_args(const cmi_attn_desc *d) {
+    at_args a;
+    memset(&a, 0, sizeof a);
+    a.q = d->q, a.k = d->k, a.v = d->v;
+    memcpy(a.qs, d->qs, sizeof a.qs);
+    memcpy(a.ks, d->ks, sizeof a.ks);
+    memcpy(a.vs, d->vs, sizeof a.vs);
+    a.bias = d->bias;
+    memcpy(a.bst, d->bst, sizeof a.bst);
+    a.mrow = d->mrow;
+    a.B = d->B, a.H = d->H, a.T = d->T, a.S = d->S, a.D = d->D;
+    a.scale = d->scale;
+    a.causal = d->causal;
+    a.p = d->dropout_p;
+    a.keep_scale = d->keep_scale;
+    a.seed = d->seed, a.stream = d->stream, a.counter = d->counter;
+    a.rows = d->rows, a.row_first = d->row_first;
+    a.bthd = d->bthd;
+    return a;
+}
+
+extern "C" cm_status cmi_cuda_attention(const cmi_attn_desc *d, float *out, float *lse) {
+    if (d->D > AT_DMAX)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "attention on cuda: head dim D = %lld is above %d", (long long)d->D,
+                            AT_DMAX);
+    const at_args a = make_args(d);
+    const dim3 grid((unsigned)((d->T + AT_WARPS - 1) / AT_WARPS), (unsigned)(d->B * d->H));
+    CMI_LAUNCH(k_attention_fwd, grid, AT_WARPS * 32, 0, cmi_cuda_stream(), a, out, lse);
+    return cmi_cuda_launched("attention");
+}
+
+extern "C" cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *d, const float *out, const float *gout,
+                                            const float *lse, float *gq, bool q_fresh, float *gk, bool k_fresh,
+                                            float *gv, bool v_fresh, float *dS) {
+    if (d->D > AT_DMAX)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "attention on cuda: head dim D = %lld is above %d", (long long)d->D,
+                            AT_DMAX);
+    const at_args a = make_args(d);
+    float *Dsum = (float *)cmi_cuda_scratch(sizeof(float) * (size_t)(d->B * d->H * d->T));
+    if (!Dsum) return cm_last_status();
+    cudaStream_t s = cmi_cuda_stream();
+    float *qdst = gq;
+    if (!qdst) { /* Dsum is still needed for dK and dV: run the query kernel into scratch dQ */
+        if (!gk && !gv && !dS) return CM_OK;
+        qdst = (float *)cmi_cuda_alloc(sizeof(float) * (size_t)(d->B * d->H * d->T * d->D + 1));
+        if (!qdst) return cm_last_status();
+    }
+    const dim3 gq_grid((unsigned)((d->T + AT_WARPS - 1) / AT_WARPS), (unsigned)(d->B * d->H));
+    CMI_LAUNCH(k_attention_bwd_q, gq_grid, AT_WARPS * 32, 0, s, a, out, gout, lse, Dsum, qdst, gq ? q_fresh : true, dS);
+    cm_status st = cmi_cuda_launched("attention backward (queries)");
+    if (!gq) cmi_cuda_free(qdst);
+    if (st || (!gk && !gv)) return st;
+    const dim3 gk_grid((unsigned)((d->S + AT_WARPS - 1) / AT_WARPS), (unsigned)(d->B * d->H));
+    CMI_LAUNCH(k_attention_bwd_kv, gk_grid, AT_WARPS * 32, 0, s, a, gout, lse, Dsum, gk, k_fresh, gv, v_fresh);
+    return cmi_cuda_launched("attention backward (keys)");
+}

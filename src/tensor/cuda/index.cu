@@ -1,0 +1,85 @@
+/* Indexing on the GPU (backend.h slots read_indices, select_rows, select_rows_bwd): embedding and
+ * index_select. The backward adds each selected row's gradient into its source row; threads own
+ * (outer, column) pairs and walk the selections in order, so repeated indices accumulate in a fixed
+ * order without atomics (deterministic; the CPU partitions the same way). */
+#include "tensor/cuda/common.cuh"
+
+__global__ void k_read_indices(int64_t *out, const void *idx, int dt, int64_t n, int64_t limit,
+                               unsigned long long *bad) {
+    unsigned long long b = ~0ull;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t v = dt == CM_DTYPE_I32 ? ((const int32_t *)idx)[i]
+                          : dt == CM_DTYPE_U8 ? ((const uint8_t *)idx)[i]
+                                               : ((const int64_t *)idx)[i];
+        out[i] = v;
+        if ((v < 0 || v >= limit) && (unsigned long long)i < b) b = (unsigned long long)i;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long w = __shfl_xor_sync(0xffffffffu, b, o);
+        b = w < b ? w : b;
+    }
+    if ((threadIdx.x & 31) == 0 && b != ~0ull) atomicMin(bad, b);
+}
+
+extern "C" cm_status cmi_cuda_read_indices(int64_t *out, const void *idx, cm_dtype dt, int64_t n, int64_t limit,
+                                           int64_t *bad, int64_t *bad_val) {
+    *bad = -1;
+    if (n <= 0) return CM_OK;
+    unsigned long long *d = (unsigned long long *)cmi_cuda_scratch(sizeof(unsigned long long));
+    if (!d) return cm_last_status();
+    const unsigned long long init = ~0ull;
+    cudaStream_t s = cmi_cuda_stream();
+    CMI_CUDA_TRY(cudaMemcpyAsync(d, &init, sizeof init, cudaMemcpyHostToDevice, s));
+    CMI_LAUNCH(k_read_indices, cmi_cuda_grid(n, 256), 256, 0, s, out, idx, (int)dt, n, limit, d);
+    cm_status st = cmi_cuda_launched("indices");
+    if (st) return st;
+    unsigned long long h = 0;
+    CMI_CUDA_TRY(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s));
+    CMI_CUDA_TRY(cudaStreamSynchronize(s));
+    if (h != ~0ull) {
+        *bad = (int64_t)h;
+        CMI_CUDA_TRY(cudaMemcpy(bad_val, out + h, sizeof(int64_t), cudaMemcpyDeviceToHost));
+    }
+    return CM_OK;
+}
+
+/* out (O, K, I) = a (O, A, I) rows idx[k]; copied in 4-byte words when the row allows, else bytes. */
+template <class T>
+__global__ void k_select(T *out, const T *a, const int64_t *idx, int64_t O, int64_t A, int64_t I, int64_t K) {
+    const int64_t total = O * K * I;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = e % I, ok = e / I, k = ok % K, o = ok / K;
+        out[e] = a[(o * A + idx[k]) * I + i];
+    }
+}
+
+extern "C" cm_status cmi_cuda_select_rows(void *out, const void *a, const int64_t *idx, int64_t O, int64_t A,
+                                          int64_t I, int64_t K, size_t es) {
+    const int64_t total = O * K * I;
+    if (total == 0) return CM_OK;
+    cudaStream_t s = cmi_cuda_stream();
+    const unsigned g = cmi_cuda_grid(total, 256);
+    switch (es) {
+    case 1: CMI_LAUNCH(k_select<uint8_t>, g, 256, 0, s, (uint8_t *)out, (const uint8_t *)a, idx, O, A, I, K); break;
+    case 2: CMI_LAUNCH(k_select<uint16_t>, g, 256, 0, s, (uint16_t *)out, (const uint16_t *)a, idx, O, A, I, K); break;
+    case 4: CMI_LAUNCH(k_select<uint32_t>, g, 256, 0, s, (uint32_t *)out, (const uint32_t *)a, idx, O, A, I, K); break;
+    default: CMI_LAUNCH(k_select<uint64_t>, g, 256, 0, s, (uint64_t *)out, (const uint64_t *)a, idx, O, A, I, K); break;
+    }
+    return cmi_cuda_launched("select_rows");
+}
+
+/* ga[o, idx[k], i] += g[o, k, i]: thread per (o, i), k in order. */
+__global__ void k_select_bwd(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A, int64_t I, int64_t K) {
+    const int64_t total = O * I;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = e % I, o = e / I;
+        for (int64_t k = 0; k < K; k++) ga[(o * A + idx[k]) * I + i] += g[(o * K + k) * I + i];
+    }
+}
+
+extern "C" cm_status cmi_cuda_select_rows_bwd(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A,
+                                              int64_t I, int64_t K) {
+    if (O * I == 0 || K == 0) return CM_OK;
+    CMI_LAUNCH(k_select_bwd, cmi_cuda_grid(O * I, 128), 128, 0, cmi_cuda_stream(), ga, g, idx, O, A, I, K);
+    return cmi_cuda_launched("select_rows backward");
+}

@@ -1,0 +1,170 @@
+/* GEMMs through cuBLASLt (backend.h slot gemm): row-major C = op(A)·op(B) [+ bias] [+ C], f32 or
+ * bf16 operands with f32 accumulation and an f32 result, optionally a strided batch.
+ *
+ * cuBLASLt is column-major: a row-major (M, N) matrix with leading dimension ldc is the column-major
+ * (N, M) matrix Cᵀ with the same ld, and Cᵀ = op(B)ᵀ·op(A)ᵀ. So cuBLASLt's A is our B and its B is
+ * our A, with m = N, n = M, k = K; a row-major operand that is not transposed is, read column-major,
+ * exactly the transpose the product needs (op N), and a transposed one needs op T. The bias (one per
+ * column of our C) is one per row of Cᵀ: the BIAS epilogue.
+ *
+ * f32 GEMMs run in full f32 (CUBLAS_COMPUTE_32F) unless CM_CUDA_TF32=1 asks for TF32 tensor cores
+ * (PyTorch's torch.backends.cuda.matmul.allow_tf32 is off by default too). A 32 MiB workspace, the
+ * size cuBLAS recommends for Hopper. Descriptors are made per call (tens of microseconds next to
+ * GEMMs of a training step); the heuristic is told each pointer's actual alignment, so views at odd
+ * offsets get an algorithm that can read them. */
+#include "tensor/cuda/common.cuh"
+
+#ifdef CMI_CUDA_EMU
+#include "tensor/cuda/emu/cublaslt_emu.h"
+#else
+#include <cublasLt.h>
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <mutex>
+
+struct lt_state {
+    cublasLtHandle_t h = nullptr;
+    void *ws = nullptr;
+    size_t ws_bytes = 0;
+    bool tf32 = false;
+};
+
+/* cublasGetStatusString lives in libcublas, which we do not link (only cuBLASLt). */
+static const char *lt_status_str(cublasStatus_t s) {
+    switch ((int)s) {
+    case 0: return "CUBLAS_STATUS_SUCCESS";
+    case 1: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case 7: return "CUBLAS_STATUS_INVALID_VALUE";
+    case 8: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case 11: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case 13: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case 14: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case 15: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case 16: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "CUBLAS_STATUS_(unknown)";
+    }
+}
+
+static lt_state g_lt;
+static std::mutex g_lt_mu;
+
+static cm_status lt_init(void) {
+    std::lock_guard<std::mutex> lk(g_lt_mu);
+    if (g_lt.h) return CM_OK;
+    cublasStatus_t s = cublasLtCreate(&g_lt.h);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cm_set_error(CM_ERR_DEVICE, "cuda: cublasLtCreate failed: %s", lt_status_str(s));
+    g_lt.ws_bytes = (size_t)32 << 20;
+    g_lt.ws = cmi_cuda_alloc(g_lt.ws_bytes);
+    if (!g_lt.ws) {
+        cublasLtDestroy(g_lt.h);
+        g_lt.h = nullptr;
+        return cm_last_status();
+    }
+    const char *e = getenv("CM_CUDA_TF32");
+    g_lt.tf32 = e && e[0] == '1';
+    return CM_OK;
+}
+
+static uint32_t alignment_of(const void *p) {
+    const uintptr_t u = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && (u % a)) a >>= 1;
+    return a;
+}
+
+#define LT_TRY(call)                                                                                                \
+    do {                                                                                                            \
+        cublasStatus_t s_ = (call);                                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                          \
+            st = cm_set_error(CM_ERR_DEVICE, "cuda: %s: %s (GEMM M=%lld N=%lld K=%lld, %s)", #call,                 \
+                              lt_status_str(s_), (long long)M, (long long)N, (long long)K, cm_dtype_name(dt)); \
+            goto done;                                                                                              \
+        }                                                                                                           \
+    } while (0)
+
+extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, bool ta,
+                                   const void *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c,
+                                   int64_t ldc, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
+    if (M == 0 || N == 0 || batch == 0) return CM_OK;
+    cm_status st = lt_init();
+    if (st) return st;
+    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_BF16)
+        return cm_set_error(CM_ERR_DTYPE, "cuda gemm: dtype %s (f32 or bf16)", cm_dtype_name(dt));
+    if (K == 0) { /* C = bias or 0 (acc: C += bias): no GEMM to run */
+        for (int64_t i = 0; i < batch && st == CM_OK; i++) {
+            float *ci = c + i * sc;
+            int64_t shape[2] = {M, N}, dst[2] = {ldc, 1}, bst[2] = {0, 1};
+            if (!acc) st = cmi_cuda_fill(ci, CM_DTYPE_F32, 2, shape, dst, 0.0);
+            if (!st && bias) st = cmi_cuda_copy_add(ci, dst, bias, bst, 2, shape);
+        }
+        return st;
+    }
+    const cudaDataType_t ty = dt == CM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t ct =
+        dt == CM_DTYPE_F32 && g_lt.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t heur[1];
+    int found = 0;
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+    /* column-major: m = N, n = M; cuBLASLt's A = our B (op T when tb), its B = our A (op T when ta) */
+    const int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const uint64_t m = (uint64_t)N, n = (uint64_t)M, k = (uint64_t)K;
+    LT_TRY(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (bias) {
+        const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const int32_t bt = CUDA_R_32F;
+        LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    /* stored shapes: op N stores (rows, cols) = (m, k) for A and (k, n) for B; op T the transpose */
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, ty, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, ldb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, ty, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, lda));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+    if (batch > 1) {
+        const int32_t bc = (int32_t)batch;
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc));
+    }
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    {
+        const uint64_t ws = g_lt.ws_bytes;
+        const uint32_t al_a = alignment_of(b), al_b = alignment_of(a), al_c = alignment_of(c);
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+    }
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt.h, desc, la, lb, lc, lc, pref, 1, heur, &found));
+    if (found < 1) {
+        st = cm_set_error(CM_ERR_DEVICE, "cuda: cuBLASLt has no algorithm for GEMM M=%lld N=%lld K=%lld (%s, lda %lld, "
+                                         "ldb %lld, ldc %lld)",
+                          (long long)M, (long long)N, (long long)K, cm_dtype_name(dt), (long long)lda, (long long)ldb,
+                          (long long)ldc);
+        goto done;
+    }
+    LT_TRY(cublasLtMatmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
+                          g_lt.ws_bytes, cmi_cuda_stream()));
+    st = cmi_cuda_launched("gemm");
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return st;
+}
