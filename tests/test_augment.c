@@ -44,12 +44,12 @@ Test(augment, shifts_cover_minus_p_to_p_and_flips_follow_the_probability) {
     }
     cr_assert(flips > 1770 && flips < 2230, "%d flips of %d at p = 0.25 (want ~2000)", flips, n);
     /* disabled components draw nothing */
-    cm_image_augment none = {0, 0.0f};
+    cm_image_augment none = {.crop_padding = 0, .hflip_p = 0.0f};
     for (int64_t i = 0; i < 100; i++) {
         cm_image_augment_params p = cm_image_augment_draw(&none, 1, 0, i);
         cr_assert(p.shift_y == 0 && p.shift_x == 0 && !p.flip);
     }
-    cm_image_augment always = {0, 1.0f};
+    cm_image_augment always = {.crop_padding = 0, .hflip_p = 1.0f};
     for (int64_t i = 0; i < 100; i++) cr_assert(cm_image_augment_draw(&always, 1, 0, i).flip);
 }
 
@@ -117,7 +117,7 @@ Test(augment, bad_arguments_are_rejected) {
     cm_image_augment aug = {.crop_padding = -2, .hflip_p = 0.5f};
     cr_assert_eq(cm_image_augment_apply(&aug, 0, 0, 0, 1, 2, 2, x, y), CM_ERR_INVALID_ARG);
     cr_assert(strstr(cm_last_error(), "crop_padding is -2"), "%s", cm_last_error());
-    aug = (cm_image_augment){1, NAN};
+    aug = (cm_image_augment){.crop_padding = 1, .hflip_p = NAN};
     cr_assert_eq(cm_image_augment_apply(&aug, 0, 0, 0, 1, 2, 2, x, y), CM_ERR_INVALID_ARG);
     cr_assert(strstr(cm_last_error(), "hflip_p"), "%s", cm_last_error());
     cm_image_augment_params p = {0, 0, false};

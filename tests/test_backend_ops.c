@@ -385,6 +385,65 @@ static cm_tensor *f_attention(cm_tape *tp, cm_tensor *const *in, const void *var
     return cm_attention(tp, q, k, v, &o);
 }
 
+typedef struct {
+    int sh, sw, ph, pw, dh, dw, groups;
+    bool cl, bias, bf16, out_bf16, x_bf16;
+    bool mid; /* x made by an op first (its gradient is then written, not added to) */
+} conv_arg;
+
+static cm_tensor *f_conv(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const conv_arg *c = varg;
+    cm_conv2d_opts o = cm_conv2d_opts_default();
+    o.stride[0] = c->sh, o.stride[1] = c->sw, o.padding[0] = c->ph, o.padding[1] = c->pw;
+    o.dilation[0] = c->dh, o.dilation[1] = c->dw, o.groups = c->groups, o.channels_last = c->cl;
+    o.out_bf16 = c->out_bf16;
+    if (c->bf16) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *x = c->mid ? cm_mul_scalar(tp, in[0], 1.5f) : in[0];
+    cm_tensor *y = cm_conv2d(tp, x, in[1], c->bias ? in[2] : NULL, &o);
+    cm_tape_set_autocast(tp, CM_DTYPE_F32);
+    return y;
+}
+
+typedef struct {
+    bool training, cl, affine, fused, residual, bf16;
+} bn_arg;
+
+/* in: x, weight, bias, residual, running mean, running var */
+static cm_tensor *f_bn(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const bn_arg *b = varg;
+    cm_batch_norm_opts o = cm_batch_norm_opts_default();
+    o.training = b->training, o.channels_last = b->cl, o.momentum = 0.3f;
+    cm_tensor *w = b->affine ? in[1] : NULL, *bi = b->affine ? in[2] : NULL;
+    cm_tensor *rm = b->training && !b->affine ? NULL : in[4], *rv = b->training && !b->affine ? NULL : in[5];
+    if (!b->fused) return cm_batch_norm(tp, in[0], w, bi, rm, rv, &o);
+    return cm_batch_norm_add_relu(tp, in[0], w, bi, rm, rv, b->residual ? in[3] : NULL, &o);
+}
+
+typedef struct {
+    int kind; /* 0 max, 1 avg, 2 adaptive */
+    int kh, kw, sh, sw, ph, pw;
+    bool ceil_mode, include_pad, cl, transposed;
+    int oh, ow;
+} pool_arg;
+
+static cm_tensor *f_pool(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const pool_arg *p = varg;
+    cm_tensor *x = p->transposed ? cm_transpose(tp, in[0], 2, 3) : in[0];
+    if (p->kind == 2) return cm_adaptive_avg_pool2d(tp, x, p->oh, p->ow, p->cl);
+    cm_pool2d_opts o = cm_pool2d_opts_default(p->kh, p->kw);
+    o.stride[0] = p->sh, o.stride[1] = p->sw, o.padding[0] = p->ph, o.padding[1] = p->pw;
+    o.ceil_mode = p->ceil_mode, o.count_include_pad = p->include_pad, o.channels_last = p->cl;
+    return p->kind == 0 ? cm_max_pool2d(tp, x, &o) : cm_avg_pool2d(tp, x, &o);
+}
+
+/* concat (axis in *arg, or stack when *arg >= 10: axis - 10) of in[0..2] with a transposed middle one */
+static cm_tensor *f_join(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const int a = *(const int *)varg;
+    cm_tensor *t[3] = {in[0], cm_contiguous(tp, cm_transpose(tp, cm_transpose(tp, in[1], 0, 2), 0, 2)), in[2]};
+    cm_tensor *y = a >= 10 ? cm_stack(tp, t, 3, a - 10) : cm_concat(tp, t, 3, a);
+    return cm_mul(tp, y, y);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Tests
  * ------------------------------------------------------------------------------------------- */
@@ -586,6 +645,144 @@ Test(backend_ops, embedding_and_index_select_with_repeated_indices) {
 
 /* Dropout masks: the same seed gives the same mask on both devices, bit for bit — with and without
  * the tape's row context (the trainer's microbatch rows). */
+Test(backend_ops, conv2d_layouts_strides_dilation_groups_and_bf16) {
+    /* x (N, C, H, W) or (N, H, W, C), weight (Cout, Cin/g, kh, kw) */
+    const struct {
+        conv_arg a;
+        int64_t N, Cin, H, W, Cout, kh, kw;
+    } cases[] = {
+        {{1, 1, 1, 1, 1, 1, 1, false, true, false, false, false, false}, 2, 3, 9, 11, 8, 3, 3},
+        {{1, 1, 1, 1, 1, 1, 1, true, true, false, false, false, false}, 2, 3, 9, 11, 8, 3, 3},
+        {{2, 2, 1, 1, 1, 1, 1, false, false, false, false, false, false}, 3, 8, 10, 10, 16, 3, 3},
+        {{2, 1, 0, 2, 1, 2, 1, true, true, false, false, false, false}, 2, 5, 12, 9, 6, 3, 2},
+        {{1, 1, 2, 2, 2, 2, 1, false, true, false, false, false, false}, 2, 4, 8, 8, 4, 3, 3},
+        {{1, 1, 1, 1, 1, 1, 2, false, true, false, false, false, false}, 2, 6, 7, 7, 4, 3, 3},
+        {{1, 1, 1, 1, 1, 1, 4, true, false, false, false, false, false}, 2, 8, 6, 6, 8, 3, 3},
+        {{1, 1, 0, 0, 1, 1, 1, false, true, false, false, false, false}, 2, 16, 5, 5, 24, 1, 1},
+        {{2, 2, 3, 3, 1, 1, 1, false, false, false, false, false, false}, 2, 3, 17, 17, 8, 7, 7},
+        /* bf16 under autocast (f32 x and weight rounded inside), with f32 and bf16 results */
+        {{1, 1, 1, 1, 1, 1, 1, false, true, true, false, false, false}, 2, 8, 8, 8, 16, 3, 3},
+        {{1, 1, 1, 1, 1, 1, 1, true, false, true, true, false, false}, 2, 8, 8, 8, 16, 3, 3},
+        {{2, 2, 1, 1, 1, 1, 2, false, true, true, true, false, false}, 2, 8, 9, 9, 8, 3, 3},
+        /* explicit bf16 x and weight */
+        {{1, 1, 1, 1, 1, 1, 1, true, true, false, false, true, false}, 2, 4, 6, 6, 8, 3, 3},
+        /* an x made by an op: dx written fresh */
+        {{2, 1, 1, 0, 1, 1, 1, false, true, false, false, false, true}, 3, 4, 7, 8, 6, 3, 3},
+        {{1, 1, 1, 1, 1, 1, 2, true, false, true, true, false, true}, 2, 8, 6, 6, 8, 3, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const conv_arg *a = &cases[i].a;
+        in_spec s[3] = {a->cl ? (in_spec)SPEC(4, IN_NORMAL, true, cases[i].N, cases[i].H, cases[i].W, cases[i].Cin)
+                              : (in_spec)SPEC(4, IN_NORMAL, true, cases[i].N, cases[i].Cin, cases[i].H, cases[i].W),
+                        SPEC(4, IN_NORMAL, true, cases[i].Cout, cases[i].Cin / a->groups, cases[i].kh, cases[i].kw),
+                        SPEC(1, IN_NORMAL, true, cases[i].Cout)};
+        s[2].grad = a->bias;
+        if (a->x_bf16) s[0].dtype = s[1].dtype = CM_DTYPE_BF16;
+        char name[96];
+        snprintf(name, sizeof name, "conv2d case %zu (cl=%d groups=%d bf16=%d out_bf16=%d x_bf16=%d mid=%d)", i,
+                 a->cl, a->groups, a->bf16, a->out_bf16, a->x_bf16, a->mid);
+        /* bf16 products are exact in f32 and both sides round the same inputs: only the summation
+         * order differs, except a bf16 result, where that can flip a rounding */
+        check_op(name, f_conv, a, 3, s, a->out_bf16 ? 4e-3 : 2e-5, 4e-5);
+    }
+}
+
+static void bn_case(const bn_arg *b, int64_t N, int64_t C, int64_t H, int64_t W) {
+    const int64_t x4[4] = {N, b->cl ? H : C, b->cl ? W : H, b->cl ? C : W};
+    in_spec s[6] = {SPEC(4, IN_NORMAL, true, x4[0], x4[1], x4[2], x4[3]), SPEC(1, IN_NORMAL, true, C),
+                    SPEC(1, IN_NORMAL, true, C), SPEC(4, IN_NORMAL, true, x4[0], x4[1], x4[2], x4[3]),
+                    SPEC(1, IN_NORMAL, false, C), SPEC(1, IN_POSITIVE, false, C)};
+    s[1].grad = s[2].grad = b->affine;
+    s[3].grad = b->residual;
+    if (b->bf16) s[0].dtype = s[3].dtype = CM_DTYPE_BF16;
+    char name[96];
+    snprintf(name, sizeof name, "batch_norm training=%d cl=%d affine=%d fused=%d residual=%d bf16=%d (%lld, %lld)",
+             b->training, b->cl, b->affine, b->fused, b->residual, b->bf16, (long long)N, (long long)C);
+    check_op(name, f_bn, b, 6, s, b->bf16 ? 4e-3 : 2e-6, b->bf16 ? 4e-3 : 2e-5);
+}
+
+Test(backend_ops, batch_norm_training_eval_fused_relu_and_residual) {
+    for (int v = 0; v < 64; v++) {
+        bn_arg b = {v & 1, (v >> 1) & 1, (v >> 2) & 1, (v >> 3) & 1, (v >> 4) & 1, (v >> 5) & 1};
+        if (b.residual && !b.fused) continue;
+        bn_case(&b, 3, 5, 4, 6);
+    }
+    const bn_arg big = {true, false, true, true, true, false}, big_cl = {true, true, true, true, false, false};
+    bn_case(&big, 8, 16, 32, 32); /* several blocks per channel */
+    bn_case(&big_cl, 8, 64, 16, 16);
+}
+
+/* Column k of a (C, 2) tensor: a strided (C) view. */
+static cm_tensor *col(cm_tape *tp, cm_tensor *r, int64_t k) { return cm_squeeze(tp, cm_narrow(tp, r, 1, k, 1), 1); }
+
+Test(backend_ops, batch_norm_updates_running_statistics_alike) {
+    for (int cl = 0; cl < 2; cl++) {
+        in_spec xs = cl ? (in_spec)SPEC(4, IN_NORMAL, false, 4, 5, 6, 7) : (in_spec)SPEC(4, IN_NORMAL, false, 4, 7, 5, 6);
+        in_spec rs = SPEC(2, IN_POSITIVE, false, 7, 2); /* running stats as strided columns */
+        cm_tensor *x = make_input(&xs), *r = make_input(&rs), *xg, *rg;
+        cr_assert_eq(cm_tensor_to_device(x, CM_DEVICE_CUDA, &xg), CM_OK);
+        cr_assert_eq(cm_tensor_to_device(r, CM_DEVICE_CUDA, &rg), CM_OK);
+        cm_tape *tc = poisoned_tape(CM_DEVICE_CPU), *tg = poisoned_tape(CM_DEVICE_CUDA);
+        cm_batch_norm_opts o = cm_batch_norm_opts_default();
+        o.channels_last = cl;
+        o.momentum = 0.25f;
+        for (int step = 0; step < 3; step++) {
+            o.training = step < 2;
+            cm_tensor *yc = cm_batch_norm(tc, x, NULL, NULL, col(tc, r, 0), col(tc, r, 1), &o);
+            cm_tensor *yg = cm_batch_norm(tg, xg, NULL, NULL, col(tg, rg, 0), col(tg, rg, 1), &o);
+            cr_assert(yc && yg, "%s / %s", cm_tape_error(tc), cm_tape_error(tg));
+            cm_tensor *ygc = to_cpu(yg), *rgc = to_cpu(rg);
+            cr_assert(nerr(ygc, yc) < 2e-6, "step %d: output error %g", step, nerr(ygc, yc));
+            cr_assert(nerr(rgc, r) < 1e-6, "step %d: running statistics error %g", step, nerr(rgc, r));
+            cm_tensor_free(ygc);
+            cm_tensor_free(rgc);
+            cm_tape_reset(tc);
+            cm_tape_reset(tg);
+        }
+        cm_tape_free(tc);
+        cm_tape_free(tg);
+        cm_tensor_free(x);
+        cm_tensor_free(xg);
+        cm_tensor_free(r);
+        cm_tensor_free(rg);
+    }
+}
+
+Test(backend_ops, pooling_windows_padding_ceil_mode_and_views) {
+    const pool_arg cases[] = {
+        {0, 2, 2, 2, 2, 0, 0, false, true, false, false, 0, 0},
+        {0, 3, 3, 2, 2, 1, 1, false, true, false, false, 0, 0}, /* the ResNet stem's */
+        {0, 3, 2, 2, 1, 1, 1, true, true, true, false, 0, 0},
+        {0, 3, 3, 2, 2, 1, 1, true, true, false, true, 0, 0},
+        {1, 2, 2, 2, 2, 0, 0, false, true, false, false, 0, 0},
+        {1, 3, 3, 2, 2, 1, 1, false, true, false, false, 0, 0},
+        {1, 3, 3, 2, 2, 1, 1, true, false, true, false, 0, 0},
+        {1, 3, 2, 1, 2, 1, 1, true, false, false, true, 0, 0},
+        {2, 0, 0, 0, 0, 0, 0, false, false, false, false, 1, 1},
+        {2, 0, 0, 0, 0, 0, 0, false, false, true, false, 3, 2},
+        {2, 0, 0, 0, 0, 0, 0, false, false, false, true, 4, 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        in_spec s = SPEC(4, IN_NORMAL, true, 2, 3, 9, 11);
+        char name[64];
+        snprintf(name, sizeof name, "pool case %zu (kind %d)", i, cases[i].kind);
+        check_op(name, f_pool, &cases[i], 1, &s, 1e-6, 1e-6);
+    }
+}
+
+Test(backend_ops, concat_and_stack_send_each_input_its_slice) {
+    const int axes[] = {0, 1, 2, 10, 12};
+    for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++) {
+        const bool stack = axes[i] >= 10;
+        const int ax = stack ? axes[i] - 10 : axes[i];
+        in_spec s[3] = {SPEC(3, IN_NORMAL, true, 3, 4, 5), SPEC(3, IN_NORMAL, true, 3, 4, 5), SPEC(3, IN_NORMAL, true, 3, 4, 5)};
+        if (!stack) s[1].shape[ax] = 2, s[2].shape[ax] = 6;
+        char name[48];
+        snprintf(name, sizeof name, "%s axis %d", stack ? "stack" : "concat", ax);
+        check_op(name, f_join, &axes[i], 3, s, 0.0, 1e-7);
+    }
+}
+
 Test(backend_ops, dropout_masks_are_identical_on_cpu_and_gpu) {
     int64_t sh[3] = {6, 5, 13};
     for (int ctx = 0; ctx < 2; ctx++) {

@@ -72,9 +72,9 @@ static cm_status p_lg_metrics(void *self, const cm_metric_value *v, int n, const
     return p->fail_on == CM_EVENT_INIT ? cm_set_error(CM_ERR_IO, "disk full") : CM_OK;
 }
 
-static const cm_algorithm_i alg_vt = {CM_ALGORITHM_ABI, "Alg", p_match, p_apply, NULL, NULL, p_close_alg, p_free};
+static const cm_algorithm_i alg_vt = {CM_ALGORITHM_ABI, "Alg", p_match, p_apply, NULL, NULL, p_close_alg, p_free, NULL};
 static const cm_callback_i cb_vt = {CM_CALLBACK_ABI, "Cb", p_cb, NULL, NULL, p_close_cb, p_free};
-static const cm_logger_i lg_vt = {CM_LOGGER_ABI, "Lg", p_lg_init, NULL, p_lg_metrics, p_lg_event, NULL, p_lg_close, p_free};
+static const cm_logger_i lg_vt = {CM_LOGGER_ABI, "Lg", p_lg_init, NULL, p_lg_metrics, p_lg_event, NULL, p_lg_close, p_free, NULL, NULL, NULL};
 
 static plug *mk(const char *name) {
     plug *p = calloc(1, sizeof *p);
@@ -123,6 +123,83 @@ Test(engine, algorithms_in_order_and_reversed_on_after_events) {
     cm_state_free(st);
 }
 
+Test(engine, filo_reverses_only_the_events_named_after_as_composer) {
+    cm_state *st;
+    cm_engine *e = engine(&st);
+    cm_engine_add_algorithm(e, alg(0, mk("A")));
+    cm_engine_add_algorithm(e, alg(1, mk("B")));
+    const cm_event reversed[] = {CM_EVENT_AFTER_LOAD, CM_EVENT_AFTER_DATALOADER, CM_EVENT_AFTER_FORWARD,
+                                 CM_EVENT_AFTER_LOSS, CM_EVENT_AFTER_BACKWARD, CM_EVENT_AFTER_TRAIN_BATCH};
+    for (size_t i = 0; i < sizeof reversed / sizeof *reversed; i++) {
+        g_log[0] = '\0';
+        cr_assert_eq(cm_engine_run_event(e, reversed[i]), CM_OK);
+        cr_expect_str_eq(g_log, "a:B a:A ", "%s: %s", cm_event_name(reversed[i]), g_log);
+    }
+    /* Composer's is_after_event holds for these, but set_filo_order only looks at the AFTER_ prefix */
+    const cm_event kept[] = {CM_EVENT_BATCH_END, CM_EVENT_EPOCH_END, CM_EVENT_FIT_END, CM_EVENT_EVAL_AFTER_FORWARD,
+                             CM_EVENT_EVAL_END, CM_EVENT_PREDICT_AFTER_FORWARD};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        cr_assert(cm_event_is_after(kept[i]));
+        g_log[0] = '\0';
+        cr_assert_eq(cm_engine_run_event(e, kept[i]), CM_OK);
+        cr_expect_str_eq(g_log, "a:A a:B ", "%s: %s", cm_event_name(kept[i]), g_log);
+    }
+    cm_engine_free(e);
+    cm_state_free(st);
+}
+
+Test(engine, selective_backprop_first_and_low_precision_layernorm_last_then_filo_as_composer) {
+    cm_state *st;
+    cm_engine *e = engine(&st);
+    cm_engine_add_algorithm(e, alg(0, mk("LowPrecisionLayerNorm")));
+    cm_engine_add_algorithm(e, alg(1, mk("A")));
+    cm_engine_add_algorithm(e, alg(2, mk("SelectiveBackprop")));
+    cm_engine_add_algorithm(e, alg(3, mk("B")));
+    cm_engine_add_algorithm(e, alg(4, mk("C")));
+    cr_assert_eq(cm_engine_run_event(e, CM_EVENT_INIT), CM_OK);
+    cr_expect_str_eq(g_log, "a:SelectiveBackprop a:A a:B a:C a:LowPrecisionLayerNorm ", "INIT: %s", g_log);
+    /* Composer's passes run the two moves before FILO, so on an AFTER_ event the whole sorted
+     * order is reversed: SelectiveBackprop last on AFTER_DATALOADER */
+    g_log[0] = '\0';
+    cr_assert_eq(cm_engine_run_event(e, CM_EVENT_AFTER_DATALOADER), CM_OK);
+    cr_expect_str_eq(g_log, "a:LowPrecisionLayerNorm a:C a:B a:A a:SelectiveBackprop ", "AFTER_DATALOADER: %s", g_log);
+    /* *_END events are not reversed */
+    g_log[0] = '\0';
+    cr_assert_eq(cm_engine_run_event(e, CM_EVENT_BATCH_END), CM_OK);
+    cr_expect_str_eq(g_log, "a:SelectiveBackprop a:A a:B a:C a:LowPrecisionLayerNorm ", "BATCH_END: %s", g_log);
+    cm_engine_free(e);
+    cm_state_free(st);
+}
+
+Test(engine, placement_passes_are_stable) {
+    cm_algorithm *a[6];
+    static cm_algorithm_i v[6];
+    const char *names[6] = {"X", "SelectiveBackprop", "Y", "LowPrecisionLayerNorm", "SelectiveBackprop",
+                            "LowPrecisionLayerNorm"};
+    cm_state *st;
+    cm_engine *e = engine(&st);
+    for (int i = 0; i < 6; i++) {
+        v[i] = alg_vt;
+        v[i].name = names[i];
+        cr_assert_eq(cm_engine_add_algorithm(e, (cm_algorithm_plugin){&v[i], mk(names[i])}), CM_OK);
+        a[i] = cm_engine_algorithm(e, i);
+    }
+    cm_algorithm *r[6];
+    memcpy(r, a, sizeof r);
+    cr_assert_eq(cm_ordering_pass_selective_backprop_first(r, 6, CM_EVENT_INIT, st, NULL), 6);
+    cm_algorithm *want1[6] = {a[1], a[4], a[0], a[2], a[3], a[5]};
+    for (int i = 0; i < 6; i++) cr_expect_eq(r[i], want1[i], "front: slot %d", i);
+    cr_assert_eq(cm_ordering_pass_low_precision_layernorm_last(r, 6, CM_EVENT_INIT, st, NULL), 6);
+    cm_algorithm *want2[6] = {a[1], a[4], a[0], a[2], a[3], a[5]};
+    for (int i = 0; i < 6; i++) cr_expect_eq(r[i], want2[i], "back (already last): slot %d", i);
+    memcpy(r, a, sizeof r);
+    cr_assert_eq(cm_ordering_pass_low_precision_layernorm_last(r, 6, CM_EVENT_INIT, st, NULL), 6);
+    cm_algorithm *want3[6] = {a[0], a[1], a[2], a[4], a[3], a[5]};
+    for (int i = 0; i < 6; i++) cr_expect_eq(r[i], want3[i], "back: slot %d", i);
+    cm_engine_free(e);
+    cm_state_free(st);
+}
+
 Test(engine, only_matching_algorithms_run_and_are_traced) {
     cm_state *st;
     cm_engine *e = engine(&st);
@@ -157,7 +234,7 @@ static int reverse_names(cm_algorithm **algs, int n, cm_event ev, const cm_state
 
 static int bad_pass(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data) { return n + 1; }
 
-Test(engine, ordering_passes_reorder_and_drop_after_filo) {
+Test(engine, ordering_passes_reorder_and_drop_after_the_built_in_ones) {
     cm_state *st;
     cm_engine *e = engine(&st);
     cm_engine_add_algorithm(e, alg(0, mk("A")));

@@ -95,6 +95,8 @@ typedef struct {
     bool no_eval;
     const char *eval_interval; /* default 1ep */
     int rank, world_size;
+    int64_t eval_n;      /* eval samples (default 32) */
+    int64_t eval_subset; /* eval_subset_num_batches (0 = the default, all) */
 } rig_opts;
 
 /* A trainer over the tiny data with `n` loggers (taken). */
@@ -103,7 +105,7 @@ static rig make(const rig_opts *o, const cm_logger_plugin *loggers, int n) {
     g.ds = cmt_synth_dataset(48, 8, 3, false, NULL);
     g.dl = cmt_loader(g.ds, 8, false, 7);
     if (!o->no_eval) {
-        g.eds = cmt_synth_dataset(32, 8, 3, false, NULL);
+        g.eds = cmt_synth_dataset(o->eval_n ? o->eval_n : 32, 8, 3, false, NULL);
         g.edl = cmt_loader(g.eds, 16, true, 0);
     }
     g.model = cmt_mlp(8, 16, 3, 0.0f, 3);
@@ -113,6 +115,7 @@ static rig make(const rig_opts *o, const cm_logger_plugin *loggers, int n) {
     c.eval_dataloader = g.edl;
     cr_assert_eq(cm_time_parse(o->max_duration ? o->max_duration : "2ep", &c.max_duration), CM_OK);
     c.run_name = o->run_name;
+    if (o->eval_subset) c.eval_subset_num_batches = o->eval_subset;
     if (o->eval_interval) cr_assert_eq(cm_time_parse(o->eval_interval, &c.eval_interval), CM_OK);
     c.loggers = loggers;
     c.n_loggers = n;
@@ -186,6 +189,28 @@ Test(progress_bar_logger, lines_mode_prints_one_clean_line_per_interval) {
         cr_assert(matches(want_re[i], line), "line %d '%s' does not match %s", i, line, want_re[i]);
     }
     cr_assert_eq(i, 8, "got %d lines, want 8", i);
+    free(cap.text);
+}
+
+/* The eval bar's total is the batches the evaluation runs: eval_subset_num_batches of them when
+ * that is fewer than the loader has (here 2 of 4), not the loader's length. */
+Test(progress_bar_logger, eval_bar_total_counts_eval_subset_num_batches) {
+    capture cap;
+    capture_open(&cap);
+    cm_progress_bar_logger_config pc = cm_progress_bar_logger_config_default();
+    pc.stream = cap.f;
+    pc.mode = CM_PROGRESS_LINES;
+    pc.line_every_frac = 0.5;
+    pc.clock = zero_clock;
+    cm_logger_plugin p;
+    cr_assert_eq(cm_progress_bar_logger_new(&pc, &p), CM_OK);
+    rig g = make(&(rig_opts){.max_duration = "1ep", .eval_n = 64, .eval_subset = 2}, &p, 1);
+    fit(&g);
+    cr_assert_eq(cm_state_dataloader_len(cm_trainer_state(g.tr)), 6, "after eval the train loop's length is back");
+    unmake(&g);
+    capture_close(&cap);
+    cr_assert(matches("\neval: 100% 2/2 \\[", cap.text), "the eval bar ends full at 2/2:\n%s", cap.text);
+    cr_assert_null(strstr(cap.text, "/4 "), "no bar counts the loader's 4 batches:\n%s", cap.text);
     free(cap.text);
 }
 
@@ -525,6 +550,83 @@ Test(file_logger, unwritable_folder_fails_at_init_naming_the_path) {
         free(folder);
     }
     free(blocker);
+    tmp_remove(&t);
+}
+
+/* A callback that fails at the BATCH_END of batch `at` (a crash after a checkpoint). */
+static cm_status fail_at_run(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
+    (void)lg;
+    if (ev == CM_EVENT_BATCH_END && cm_state_timestamp(st)->batch == *(int64_t *)self)
+        return cm_set_error(CM_ERR_IO, "injected failure after batch %lld", (long long)*(int64_t *)self);
+    return CM_OK;
+}
+static const cm_callback_i fail_at_vt = {CM_CALLBACK_ABI, "FailAt", fail_at_run, NULL, NULL, NULL, NULL};
+
+/* One fit of a resumable run: FileLogger into `dir`, checkpoints every 2 batches into `ck`. */
+static cm_status resumable_fit(const char *dir, const char *ck, bool resume, int64_t *fail_at) {
+    cm_file_logger_config fc = cm_file_logger_config_default();
+    fc.folder = dir;
+    fc.append = resume;
+    fc.plot = false;
+    cm_logger_plugin p;
+    cr_assert_eq(cm_file_logger_new(&fc, &p), CM_OK);
+    cm_callback_plugin cb = {&fail_at_vt, fail_at};
+    cm_dataset *ds = cmt_synth_dataset(48, 8, 3, false, NULL);
+    cm_dataloader *dl = cmt_loader(ds, 8, false, 7);
+    cm_model *m = cmt_mlp(8, 16, 3, 0.0f, 3);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = m;
+    c.train_dataloader = dl;
+    c.run_name = "resumable";
+    cr_assert_eq(cm_time_parse("5ba", &c.max_duration), CM_OK);
+    cr_assert_eq(cm_time_parse("2ba", &c.save_interval), CM_OK);
+    c.save_folder = ck;
+    c.autoresume = resume;
+    c.loggers = &p, c.n_loggers = 1;
+    c.callbacks = &cb, c.n_callbacks = fail_at ? 1 : 0;
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
+    cm_status s = cm_trainer_fit(tr, NULL);
+    cm_trainer_free(tr);
+    cm_model_free(m);
+    cm_dataloader_free(dl);
+    cm_dataset_free(ds);
+    return s;
+}
+
+/* A run killed after its checkpoint at batch 2 had logged batch 3 and part of 4; the resumed run
+ * trains batches 3 to 5 again. metrics.jsonl must hold each batch's rows once: one train loss
+ * and one time/batch per batch, in order. */
+Test(file_logger, autoresume_keeps_one_set_of_rows_per_batch) {
+    tmpdir t = tmp_make();
+    char dir[128], ck[128], path[160];
+    snprintf(dir, sizeof dir, "%s/run", t.dir);
+    snprintf(ck, sizeof ck, "%s/ck", t.dir);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    int64_t fail_at = 4;
+    cr_assert_eq(resumable_fit(dir, ck, false, &fail_at), CM_ERR_IO, "the first run stops at batch 4");
+    char *before = slurp(path);
+    cr_assert_eq(count_of(before, "\"loss/train/total\""), 4, "the interrupted run logged 4 losses:\n%s", before);
+    free(before);
+    cr_assert_eq(resumable_fit(dir, ck, true, NULL), CM_OK, "%s", cm_last_error());
+    char *text = slurp(path);
+    int64_t want = 0;
+    int n_loss = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        cr_assert_not_null(o, "bad line %s", line);
+        const cJSON *tb = cJSON_GetObjectItemCaseSensitive(o, "time/batch");
+        if (tb) {
+            cr_assert_eq((int64_t)tb->valuedouble, want, "time/batch %g, want %lld (rows repeated or missing)",
+                         tb->valuedouble, (long long)want);
+            want++;
+        }
+        n_loss += cJSON_GetObjectItemCaseSensitive(o, "loss/train/total") != NULL;
+        cJSON_Delete(o);
+    }
+    cr_assert_eq(want, 5, "time/batch rows for batches 0..4, got %lld", (long long)want);
+    cr_assert_eq(n_loss, 5, "one train loss per batch, got %d", n_loss);
+    free(text);
     tmp_remove(&t);
 }
 

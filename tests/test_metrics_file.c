@@ -292,3 +292,30 @@ Test(metrics_file, write_failure_is_reported) {
     cr_assert(strstr(cm_last_error(), "/dev/full"), "message: %s", cm_last_error());
     cm_metrics_file_close(f);
 }
+
+/* cut removes whole lines from the middle and keeps the tail; offsets inside a line are refused
+ * and leave the file as it was; writing goes on at the (new) end. */
+Test(metrics_file, cut_removes_lines_between_two_offsets_and_keeps_the_tail) {
+    char path[128];
+    path_in_dir(path, sizeof path, "cut.jsonl");
+    cm_metrics_file *f = open_ok(path, false);
+    const char *names[] = {"x"};
+    int64_t at[5];
+    for (int b = 0; b < 4; b++) {
+        at[b] = cm_metrics_file_size(f);
+        double v = b;
+        write_ok(f, b, 0, 1, names, &v);
+    }
+    at[4] = cm_metrics_file_size(f);
+    cr_assert_eq(at[0], 0);
+    cr_assert_eq(cm_metrics_file_cut(f, at[1] + 1, at[3]), CM_ERR_INVALID_ARG, "mid-line start refused");
+    cr_assert_eq(cm_metrics_file_cut(f, at[1], at[4] + 1), CM_ERR_INVALID_ARG, "beyond the end refused");
+    cr_assert_eq(cm_metrics_file_size(f), at[4], "a refused cut changes nothing");
+    cr_assert_eq(cm_metrics_file_cut(f, at[1], at[3]), CM_OK, "%s", cm_last_error());
+    double v = 9;
+    write_ok(f, 9, 0, 1, names, &v);
+    cr_assert_eq(cm_metrics_file_close(f), CM_OK);
+    char *text = slurp(path);
+    cr_assert_str_eq(text, "{\"batch\": 0, \"epoch\": 0, \"x\": 0}\n{\"batch\": 3, \"epoch\": 0, \"x\": 3}\n"
+                           "{\"batch\": 9, \"epoch\": 0, \"x\": 9}\n");
+}

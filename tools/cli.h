@@ -4,8 +4,12 @@
 #define COMPOSER_CLI_H
 
 #include <composer/composer.h>
+#include <composer/datasets.h>
 #include <composer/algorithms.h>
+#include <composer/surgery_algorithms.h>
 #include <composer/config.h>
+#include <composer/profiler.h>
+#include <composer/hf.h>
 #include <composer/report.h>
 #include <composer/trainer.h>
 
@@ -34,6 +38,7 @@ int cli_mkdirs(const char *path); /* 0 or an errno */
 int cmd_train(const char *prog, int argc, char **argv);
 int cmd_eval(const char *prog, int argc, char **argv);
 int cmd_generate(const char *prog, int argc, char **argv);
+int cmd_data_convert(const char *prog, int argc, char **argv); /* cli_data.c */
 
 /* ---------------------------------------------------------------------------------------------
  * Plugin registry: config name -> constructor reading its arguments from the config node
@@ -49,6 +54,18 @@ typedef struct cli_ctx {
     cm_time console_log_interval; /* plain progress lines (console logger); count 0 = none */
     int64_t total_batches;   /* batches the fit will run (0 = unknown) */
     bool quiet;
+    /* for the callbacks of issue 21 */
+    const char *run_root;                /* folders default to <run_root>/{run_name}/... */
+    const struct cm_tokenizer *tokenizer; /* the data's (GPT configs), or NULL: for generate */
+    cm_checkpoint_saver_config saver;    /* callbacks.checkpoint_saver, applied once the run name is known */
+    bool has_saver;
+    int64_t file_flush_interval;         /* loggers.file: the run's FileLogger (0 = its default) */
+    bool file_log_traces;
+    /* the run's model and tokenizer (hf_checkpointer), known when the plugins are made */
+    cm_model *model;
+    const cm_tokenizer *tok;
+    int64_t model_max_length; /* the tokenizer's limit, -1 = the model's positions */
+    bool full_shard;          /* parallelism.fsdp.sharding_strategy: FULL_SHARD */
 } cli_ctx;
 
 typedef struct cli_plugin_out {
@@ -69,9 +86,36 @@ typedef struct cli_plugin_entry {
 
 extern const cli_plugin_entry cli_plugin_registry[];
 
+/* The data methods' constructors (cli_data_algos.c). */
+cm_status cli_make_mixup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_cutmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_cutout(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_label_smoothing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_progressive_resizing(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_seq_length_warmup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_selective_backprop(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_colout(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_randaugment(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+cm_status cli_make_augmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
+/* Makes the train image dataset's augmentation apply algorithms.randaugment or algorithms.augmix
+ * (if configured): reads their arguments and sets aug->u8_transform. */
+cm_status cli_image_u8_transform(cm_config *c, cm_image_augment *aug);
+
 /* Looks `name` up among the entries of `kind`; an unknown name is CM_ERR_INVALID_ARG naming the
  * config origin, the closest entry and the available ones. */
 const cli_plugin_entry *cli_plugin_find(cm_config *c, const char *section, const char *name, cli_plugin_kind kind);
+
+/* profiler: {schedule: {skip_first, wait, warmup, active, repeat}, json_trace_handler: {folder,
+ * filename, merged_trace_filename, overwrite, num_traces_to_keep}, sys_prof_cpu, sys_prof_memory,
+ * sys_prof_disk, sys_prof_net, sys_prof_stats_thread_interval_seconds, record_ops,
+ * summary_row_limit} (llm-foundry's build_profiler keys). *present false (and nothing made) when
+ * the config has no profiler. The trace folder defaults to <run_root>/{run_name}/traces, the run
+ * folder's; the op table goes to stdout on rank 0 (`summary`). */
+cm_status cli_profiler_make(cm_config *c, const char *run_root, bool autoresume, bool summary, cm_callback_plugin *out,
+                            bool *present);
+/* Marks an entry without arguments ({} or null) as read; an entry with arguments is left to the
+ * getters, so arguments nobody reads are reported as unknown keys. */
+void cli_touch_entry(cm_config *c, const char *path);
 
 /* Prints to stdout and to ctx->log (if any). */
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -7,8 +7,10 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 #include <composer/datasets.h>
+#include <composer/hf.h>
 #include <composer/streaming.h>
 #include <composer/tokenizer.h>
+#include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 
@@ -38,6 +40,10 @@ typedef struct run {
     cm_model *model;
     bool gpt2;
     cm_gpt2_config gpt;
+    /* model.name: hf (a Hugging Face pretrained folder) */
+    bool hf;
+    cm_hf_task hf_task;
+    cm_hf_tokenizer_info hf_ti; /* model_max_length also from tokenizer.kwargs */
     /* data */
     cm_tokenizer *tok;
     char tok_path[PATH_MAX];
@@ -69,6 +75,7 @@ typedef struct run {
     int n_lgs;
     cm_trainer_config tc;
     const char *load_path;
+    const char *exclude_algs[MAX_PLUGINS]; /* load_exclude_algorithms (borrowed from the config) */
     cli_ctx ctx;
     /* sample (GPT) */
     const char *prompt;
@@ -117,15 +124,18 @@ static cm_status get_d(cm_config *c, const char *prefix, const char *key, double
     char k[256];
     return cm_config_get_double(c, keyf(k, sizeof k, prefix, key), def, out);
 }
-static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
-    /* the shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06 */
+/* The shortest decimal that reads back to the float, so defaults print as 1e-05, not 9.99...e-06. */
+static double short_decimal(float v) {
     char buf[32];
     for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)def);
-        if ((float)strtod(buf, NULL) == def) break;
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
+        if ((float)strtod(buf, NULL) == v) break;
     }
+    return strtod(buf, NULL);
+}
+static cm_status get_f(cm_config *c, const char *prefix, const char *key, float def, float *out) {
     double d;
-    TRY(get_d(c, prefix, key, strtod(buf, NULL), &d));
+    TRY(get_d(c, prefix, key, short_decimal(def), &d));
     *out = (float)d;
     return CM_OK;
 }
@@ -169,7 +179,7 @@ static bool file_exists(const char *p) {
  * Model
  * ------------------------------------------------------------------------------------------- */
 
-static const char *const k_model_names[] = {"gpt2", "mlp", "cnn", "resnet"};
+static const char *const k_model_names[] = {"gpt2", "mlp", "cnn", "resnet", "hf"};
 
 static cm_status build_gpt2(run *r, bool init) {
     cm_config *c = r->cfg;
@@ -207,14 +217,124 @@ static cm_status build_gpt2(run *r, bool init) {
     return cm_gpt2_new(&g, init ? &rng : NULL, &r->model);
 }
 
+/* Appends s to buf[*n, cap) as a JSON string. */
+static void json_str(char *buf, size_t cap, size_t *n, const char *s) {
+    if (*n < cap) buf[(*n)++] = '"';
+    for (; *s && *n + 8 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') *n += (size_t)snprintf(buf + *n, cap - *n, "\\%c", ch);
+        else if (ch < 0x20) *n += (size_t)snprintf(buf + *n, cap - *n, "\\u%04x", ch);
+        else buf[(*n)++] = (char)ch;
+    }
+    if (*n < cap) buf[(*n)++] = '"';
+}
+
+/* model.config_overrides (a map of scalars) as a JSON object for cm_hf_load into buf; "" when
+ * absent. */
+static cm_status overrides_json(cm_config *c, const char *key, char *buf, size_t cap) {
+    buf[0] = '\0';
+    cm_config_kind k = cm_config_kind_of(c, key);
+    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
+        cm_config_touch(c, key);
+        return CM_OK;
+    }
+    if (k != CM_CONFIG_MAP) return bad(c, key, "expected a map of config.json fields ({hidden_dropout_prob: 0.0})");
+    size_t n = 0;
+    buf[n++] = '{';
+    for (int i = 0; i < cm_config_len(c, key); i++) {
+        const char *name = cm_config_key_at(c, key, i);
+        char kk[512];
+        snprintf(kk, sizeof kk, "%s.%s", key, name);
+        if (i) buf[n++] = ',';
+        json_str(buf, cap - 64, &n, name);
+        buf[n++] = ':';
+        cm_config_kind vk = cm_config_kind_of(c, kk);
+        if (vk == CM_CONFIG_NULL) {
+            cm_config_touch(c, kk);
+            n += (size_t)snprintf(buf + n, cap - n, "null");
+            continue;
+        }
+        if (vk != CM_CONFIG_SCALAR)
+            return bad(c, kk, "only scalar values (numbers, strings, true/false, null) can override config.json");
+        const char *txt;
+        TRY(cm_config_get_string(c, kk, NULL, &txt));
+        char *end;
+        double d = strtod(txt, &end);
+        if (*txt && !*end && isfinite(d)) n += (size_t)snprintf(buf + n, cap - n, "%.17g", d);
+        else if (!strcmp(txt, "true") || !strcmp(txt, "false")) n += (size_t)snprintf(buf + n, cap - n, "%s", txt);
+        else json_str(buf, cap - 64, &n, txt);
+        if (n + 80 >= cap) return bad(c, key, "too long (at most %zu bytes as JSON)", cap - 80);
+    }
+    buf[n++] = '}';
+    buf[n] = '\0';
+    return CM_OK;
+}
+
+/* model: {name: hf, pretrained_model_name_or_path, task, num_labels, pretrained, config_overrides}
+ * (llm-foundry's keys) and the tokenizer: tokenizer.name (default: the same folder),
+ * tokenizer.kwargs.model_max_length. */
+static cm_status build_hf(run *r) {
+    cm_config *c = r->cfg;
+    const char *dir, *tdir;
+    TRY(get_s(c, "model", "pretrained_model_name_or_path", NULL, &dir));
+    if (!dir)
+        return bad(c, "model.pretrained_model_name_or_path",
+                   "required: a Hugging Face pretrained folder (config.json, model.safetensors, tokenizer files)");
+    static const char *const tasks[3] = {"masked_lm", "sequence_classification", "causal_lm"}; /* cm_hf_task order */
+    int task;
+    TRY(cm_config_get_choice(c, "model.task", tasks, 3, NULL, &task));
+    if (task < 0) return bad(c, "model.task", "required: masked_lm, sequence_classification or causal_lm");
+    cm_hf_load_opts o = cm_hf_load_opts_default();
+    o.task = (cm_hf_task)task;
+    if (o.task == CM_HF_TASK_SEQUENCE_CLASSIFICATION) TRY(get_i(c, "model", "num_labels", 0, &o.num_labels));
+    if (o.num_labels < 0) return bad(c, "model.num_labels", "%lld must be >= 1 (or 0: config.json's)", (long long)o.num_labels);
+    TRY(get_b(c, "model", "pretrained", true, &o.pretrained));
+    o.seed = r->seed;
+    char ov[4096];
+    TRY(overrides_json(c, "model.config_overrides", ov, sizeof ov));
+    o.config_overrides = ov[0] ? ov : NULL;
+    cm_status s = cm_hf_load(dir, &o, &r->model, NULL);
+    if (s) return at_key(c, "model.pretrained_model_name_or_path", s);
+    /* the tokenizer: tokenizer.name, else the model's folder */
+    const bool tok_set = cm_config_has(c, "tokenizer.name");
+    TRY(cm_config_get_string(c, "tokenizer.name", dir, &tdir));
+    int64_t kw_max = -1; /* optional: not written into the resolved config when absent */
+    if (cm_config_has(c, "tokenizer.kwargs.model_max_length"))
+        TRY(cm_config_get_int(c, "tokenizer.kwargs.model_max_length", -1, &kw_max));
+    cm_tokenizer_free(r->tok);
+    r->tok = NULL;
+    if (cm_hf_tokenizer_load(tdir, &r->tok, &r->hf_ti) != CM_OK) {
+        r->tok = NULL;
+        return at_key(c, tok_set ? "tokenizer.name" : "model.pretrained_model_name_or_path", cm_last_status());
+    }
+    if (kw_max > 0) r->hf_ti.model_max_length = kw_max;
+    snprintf(r->tok_path, sizeof r->tok_path, "%s", tdir);
+    r->hf = true;
+    r->hf_task = o.task;
+    /* the MLM head on the masked positions only: the same loss and metrics, a fraction of the cost */
+    if (o.task == CM_HF_TASK_MASKED_LM) TRY(cm_bert_mlm_sparse_logits(r->model, true));
+    const cm_bert_config *b = cm_bert_model_config(r->model);
+    const int64_t V = b ? b->vocab_size : cm_gpt2_model_config(r->model)->vocab_size;
+    if (cm_tokenizer_vocab_size(r->tok) > V)
+        return bad(c, "tokenizer.name", "the tokenizer of '%s' has %lld tokens but the model's vocab_size is %lld", tdir,
+                   (long long)cm_tokenizer_vocab_size(r->tok), (long long)V);
+    if (!b) {
+        r->gpt2 = true;
+        r->gpt = *cm_gpt2_model_config(r->model);
+    }
+    return CM_OK;
+}
+
 static cm_status build_model(run *r, bool init) {
     cm_config *c = r->cfg;
     int which;
-    TRY(cm_config_get_choice(c, "model.name", k_model_names, 4, NULL, &which));
-    if (which < 0) return bad(c, "model.name", "required: the zoo model (gpt2, mlp, cnn or resnet)");
+    TRY(cm_config_get_choice(c, "model.name", k_model_names, 5, NULL, &which));
+    if (which < 0) return bad(c, "model.name", "required: the zoo model (gpt2, mlp, cnn, resnet) or hf");
     switch (which) {
     case 0:
         return build_gpt2(r, init);
+    case 4:
+        return build_hf(r);
     case 1: {
         cm_mlp_config m;
         const char *preset;
@@ -274,7 +394,7 @@ static cm_status build_model(run *r, bool init) {
  * Data
  * ------------------------------------------------------------------------------------------- */
 
-static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10", "streaming"};
+static const char *const k_dataset_types[] = {"tokens", "mnist", "cifar10", "sst2", "tsv", "text", "streaming"};
 
 /* The tokenizer.json of a token dataset section (its dir, or next to its path), if any. */
 static void find_tokenizer(run *r, const char *sec) {
@@ -301,6 +421,122 @@ static void find_tokenizer(run *r, const char *sec) {
         return;
     }
     snprintf(r->tok_path, sizeof r->tok_path, "%s", buf);
+}
+
+/* The model's longest sequence (BERT's max_position_embeddings, GPT-2's n_positions), or -1. */
+static int64_t model_max_positions(const run *r) {
+    const cm_bert_config *b = r->model ? cm_bert_model_config(r->model) : NULL;
+    return b ? b->max_position_embeddings : r->gpt2 ? r->gpt.n_positions : -1;
+}
+
+/* sst2 | tsv | text datasets (type 3, 4, 5) at section p ("train_loader.dataset"); masked-LM
+ * models get them through cm_bert_mlm_dataset_new. */
+static cm_status open_text_dataset(run *r, const char *p, bool train, int type, cm_dataset **out) {
+    cm_config *c = r->cfg;
+    char k[256];
+    const char *tname = k_dataset_types[type];
+    keyf(k, sizeof k, p, "type");
+    if (!r->tok)
+        return bad(c, k, "%s needs a tokenizer: use model.name: hf (the folder's tokenizer) or set tokenizer.name", tname);
+    const bool mlm = r->hf && r->hf_task == CM_HF_TASK_MASKED_LM;
+    const bool cls = r->hf ? r->hf_task == CM_HF_TASK_SEQUENCE_CLASSIFICATION : !r->gpt2;
+    if (cls && type == 5)
+        return bad(c, k, "text has no labels: sequence_classification trains on sst2 or tsv (with label_column)");
+    if (r->gpt2 && type != 5) return bad(c, k, "a causal LM trains on text (or tokens), not %s", tname);
+    /* max_seq_len: 128 (the seed's), within the model's positions and the tokenizer's limit */
+    const int64_t max_pos = model_max_positions(r), tok_max = r->hf_ti.model_max_length;
+    int64_t def = 128;
+    if (max_pos > 0 && def > max_pos) def = max_pos;
+    if (tok_max > 0 && def > tok_max) def = tok_max;
+    int64_t L;
+    TRY(get_i(c, p, "max_seq_len", def, &L));
+    keyf(k, sizeof k, p, "max_seq_len");
+    if (max_pos > 0 && L > max_pos)
+        return bad(c, k, "%lld is longer than the model's maximum of %lld positions", (long long)L, (long long)max_pos);
+    if (tok_max > 0 && L > tok_max)
+        return bad(c, k, "%lld is longer than the tokenizer's model_max_length %lld (tokenizer_config.json, or "
+                         "tokenizer.kwargs.model_max_length)", (long long)L, (long long)tok_max);
+    cm_dataset *ds = NULL;
+    cm_status s = CM_OK;
+    const char *path = NULL;
+    char buf[PATH_MAX];
+    if (type == 3) { /* sst2: path, or dir + split */
+        static const char *const splits[] = {"train", "dev", "test"};
+        const char *dir;
+        TRY(get_s(c, p, "path", NULL, &path));
+        if (!path) {
+            int split;
+            TRY(get_s(c, p, "dir", "../shared/data/sst2", &dir));
+            TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "split"), splits, 3, train ? "train" : "dev", &split));
+            snprintf(buf, sizeof buf, "%s/%s.tsv", dir, splits[split]);
+            path = buf;
+        }
+        s = cm_dataset_sst2_new(path, r->tok, L, &ds);
+    } else if (type == 4) { /* tsv: path, text_column, label_column (classification) */
+        cm_tsv_config tc = cm_tsv_config_default();
+        tc.max_len = L;
+        TRY(get_s(c, p, "path", NULL, &path));
+        if (!path) return bad(c, p, "a tsv dataset needs 'path' (a tab-separated file with a header)");
+        TRY(get_s(c, p, "text_column", tc.text_column, &tc.text_column));
+        if (cls) {
+            TRY(get_s(c, p, "label_column", tc.label_column, &tc.label_column));
+            const cm_bert_config *b = cm_bert_model_config(r->model);
+            tc.num_labels = b ? b->num_labels : 0;
+        } else {
+            tc.label_column = NULL;
+        }
+        s = cm_dataset_tsv_new(path, r->tok, &tc, &ds);
+    } else { /* text: path (a file or a list), text_column (.tsv files), line_by_line */
+        cm_text_config xc = cm_text_config_default();
+        xc.max_len = L;
+        xc.layout = r->gpt2 ? CM_TEXT_CAUSAL : CM_TEXT_BLOCKS;
+        const char *paths[16];
+        int n = 0;
+        keyf(k, sizeof k, p, "path");
+        if (cm_config_kind_of(c, k) == CM_CONFIG_SEQ) {
+            n = cm_config_len(c, k);
+            if (n < 1 || n > 16) return bad(c, k, "a list of 1 to 16 files, got %d", n);
+            for (int i = 0; i < n; i++) {
+                char ki[300];
+                snprintf(ki, sizeof ki, "%s.%d", k, i);
+                TRY(cm_config_get_string(c, ki, NULL, &paths[i]));
+            }
+        } else {
+            TRY(get_s(c, p, "path", NULL, &paths[0]));
+            if (!paths[0]) return bad(c, p, "a text dataset needs 'path' (a file, or a list of files)");
+            n = 1;
+        }
+        path = paths[0];
+        TRY(get_s(c, p, "text_column", xc.text_column, &xc.text_column));
+        if (!r->gpt2) {
+            bool lbl;
+            TRY(get_b(c, p, "line_by_line", false, &lbl));
+            if (lbl) xc.layout = CM_TEXT_LINES;
+        }
+        s = cm_dataset_text_new(paths, n, r->tok, &xc, &ds);
+    }
+    if (s != CM_OK) return at_key(c, p, s);
+    if (mlm) { /* Hugging Face's DataCollatorForLanguageModeling: mlm_probability, 80/10/10 */
+        cm_bert_mlm_mask_config mc;
+        if (cm_bert_mlm_mask_config_from_tokenizer(r->tok, 0, &mc) != CM_OK) {
+            cm_dataset_free(ds);
+            return at_key(c, "tokenizer.name", cm_last_status());
+        }
+        double prob;
+        if ((s = get_d(c, p, "mlm_probability", mc.mlm_probability, &prob)) != CM_OK) {
+            cm_dataset_free(ds);
+            return s;
+        }
+        mc.mlm_probability = (float)prob;
+        cm_dataset *m = NULL;
+        if ((s = cm_bert_mlm_dataset_new(ds, &mc, &m)) != CM_OK) {
+            cm_dataset_free(ds);
+            return at_key(c, keyf(k, sizeof k, p, "mlm_probability"), s);
+        }
+        ds = m;
+    }
+    *out = ds;
+    return CM_OK;
 }
 
 /* Bytes as Streaming's bytes_to_int reads them: 123, "10b", "64kb", "1.5mb", "2gb" (base 1024). */
@@ -361,8 +597,102 @@ static cm_status open_streaming(run *r, const char *sec, const char *p, bool tra
     TRY(get_s(c, p, "cache_limit", NULL, &cl));
     if (cl && !parse_bytes(cl, &sc.cache_limit))
         return bad(c, keyf(k, sizeof k, p, "cache_limit"), "'%s' is not a byte size (e.g. 10gb, 500mb, 1048576)", cl);
-    if (!sc.remote && !sc.local) return bad(c, p, "a streaming dataset needs remote and/or local");
+    /* streams: {name: {remote, local, split, proportion | repeat | choose}, ...} as llm-foundry's
+     * (a list of such maps works too) */
+    cm_stream_config streams[CM_STREAMING_MAX_STREAMS];
+    const char *sp = keyf(k, sizeof k, p, "streams");
+    char spath[256];
+    snprintf(spath, sizeof spath, "%s", sp);
+    const cm_config_kind sk = cm_config_kind_of(c, spath);
+    if (sk != CM_CONFIG_ABSENT && sk != CM_CONFIG_NULL) {
+        if (sk != CM_CONFIG_MAP && sk != CM_CONFIG_SEQ)
+            return bad(c, spath, "expected a map of stream names to {remote, local, split, proportion, repeat, choose}");
+        sc.n_streams = cm_config_len(c, spath);
+        if (sc.n_streams < 1 || sc.n_streams > CM_STREAMING_MAX_STREAMS)
+            return bad(c, spath, "%d streams (1 to %d)", sc.n_streams, CM_STREAMING_MAX_STREAMS);
+        for (int i = 0; i < sc.n_streams; i++) {
+            char one[320];
+            if (sk == CM_CONFIG_MAP) snprintf(one, sizeof one, "%s.%s", spath, cm_config_key_at(c, spath, i));
+            else snprintf(one, sizeof one, "%s.%d", spath, i);
+            if (cm_config_kind_of(c, one) != CM_CONFIG_MAP)
+                return bad(c, one, "expected a map {remote, local, split, proportion, repeat, choose}");
+            cm_stream_config *st = &streams[i];
+            *st = (cm_stream_config){.proportion = -1, .repeat = -1, .choose = -1};
+            TRY(get_s(c, one, "remote", NULL, &st->remote));
+            TRY(get_s(c, one, "local", NULL, &st->local));
+            TRY(get_s(c, one, "split", NULL, &st->split));
+            char kk[400];
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "proportion"))) TRY(get_d(c, one, "proportion", 0, &st->proportion));
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "repeat"))) TRY(get_d(c, one, "repeat", 0, &st->repeat));
+            if (cm_config_has(c, keyf(kk, sizeof kk, one, "choose"))) TRY(get_i(c, one, "choose", 0, &st->choose));
+            if ((st->proportion >= 0) + (st->repeat >= 0) + (st->choose >= 0) > 1)
+                return bad(c, one, "give at most one of proportion, repeat and choose");
+            if (!st->remote && !st->local && !sc.remote && !sc.local)
+                return bad(c, one, "a stream needs remote and/or local");
+        }
+        sc.streams = streams;
+    } else if (!sc.remote && !sc.local) {
+        return bad(c, p, "a streaming dataset needs remote and/or local (or streams: {name: {remote, local}, ...})");
+    }
+    /* images: image_h/w/c, normalised as the cifar10 (3 channels) and mnist (1) datasets by
+     * default, augmented with their keys; fields renames columns ({x: image, y: label}) */
+    TRY(get_i(c, p, "image_h", 0, &sc.image_h));
+    if (sc.image_h > 0) {
+        TRY(get_i(c, p, "image_w", sc.image_h, &sc.image_w));
+        TRY(get_i(c, p, "image_c", 3, &sc.image_c));
+        if (sc.image_c != 1 && sc.image_c != 3) return bad(c, keyf(k, sizeof k, p, "image_c"), "%lld (use 1 or 3)", (long long)sc.image_c);
+        const cm_cifar10_config cc = cm_cifar10_config_default();
+        const cm_mnist_config mc = cm_mnist_config_default();
+        double dm[3], ds[3], vm[3], vs[3];
+        for (int q = 0; q < 3; q++) {
+            dm[q] = short_decimal(sc.image_c == 3 ? cc.mean[q] : mc.mean);
+            ds[q] = short_decimal(sc.image_c == 3 ? cc.std[q] : mc.std);
+        }
+        int nm, ns;
+        TRY(cm_config_get_doubles(c, keyf(k, sizeof k, p, "image_mean"), dm, (int)sc.image_c, vm, 3, &nm));
+        if (nm != sc.image_c) return bad(c, k, "%d values for %lld channels", nm, (long long)sc.image_c);
+        TRY(cm_config_get_doubles(c, keyf(k, sizeof k, p, "image_std"), ds, (int)sc.image_c, vs, 3, &ns));
+        if (ns != sc.image_c) return bad(c, k, "%d values for %lld channels", ns, (long long)sc.image_c);
+        for (int q = 0; q < ns; q++) {
+            if (!(vs[q] > 0)) return bad(c, k, "%g must be > 0", vs[q]);
+            sc.image_mean[q] = (float)vm[q], sc.image_std[q] = (float)vs[q];
+        }
+        int64_t crop;
+        TRY(get_i(c, p, "crop_padding", 0, &crop));
+        sc.image_augment.crop_padding = (int)crop;
+        TRY(get_f(c, p, "hflip_p", 0, &sc.image_augment.hflip_p));
+        if (!train) sc.image_augment = (cm_image_augment){0};
+    }
+    cm_streaming_rename renames[8];
+    const char *fp = keyf(k, sizeof k, p, "fields");
+    char fpath[256];
+    snprintf(fpath, sizeof fpath, "%s", fp);
+    if (cm_config_kind_of(c, fpath) == CM_CONFIG_MAP) {
+        sc.n_renames = cm_config_len(c, fpath);
+        if (sc.n_renames > 8) return bad(c, fpath, "at most 8 renames");
+        for (int i = 0; i < sc.n_renames; i++) {
+            renames[i].column = cm_config_key_at(c, fpath, i);
+            char one[400];
+            snprintf(one, sizeof one, "%s.%s", fpath, renames[i].column);
+            TRY(cm_config_get_string(c, one, NULL, &renames[i].field));
+        }
+        sc.renames = renames;
+    } else if (cm_config_kind_of(c, fpath) != CM_CONFIG_ABSENT) {
+        return bad(c, fpath, "expected a map of column names to field names ({x: image, y: label})");
+    }
     if (cm_dataset_streaming_new(&sc, r->rank, r->world, out) != CM_OK) return at_key(c, p, cm_last_status());
+    /* the zoo's models read fixed field names: say which are missing and how to map them */
+    const char *need = r->gpt2 ? "input_ids" : "image";
+    if (cm_dataset_find_field(*out, need) < 0) {
+        char have[512] = "";
+        for (int f = 0; f < cm_dataset_n_fields(*out); f++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", f ? ", " : "", cm_dataset_field(*out, f)->name);
+        cm_dataset_free(*out);
+        *out = NULL;
+        return bad(c, p, "the model reads the field '%s', and this dataset has %s%s", need, have,
+                   r->gpt2 ? " (set max_seq_len for a 'tokens' column)"
+                           : " (map the columns with fields: {x: image, y: label}, and set image_h/image_w/image_c)");
+    }
     return CM_OK;
 }
 
@@ -371,9 +701,10 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
     char k[256], p[256];
     snprintf(p, sizeof p, "%s.dataset", sec);
     int type;
-    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 4, r->gpt2 ? "tokens" : NULL, &type));
-    if (type < 0) return bad(c, k, "required: tokens, mnist, cifar10 or streaming");
-    if (type == 3) return open_streaming(r, sec, p, train, out);
+    TRY(cm_config_get_choice(c, keyf(k, sizeof k, p, "type"), k_dataset_types, 7, r->gpt2 ? "tokens" : NULL, &type));
+    if (type < 0) return bad(c, k, "required: tokens, mnist, cifar10, sst2, tsv, text or streaming");
+    if (type == 6) return open_streaming(r, sec, p, train, out);
+    if (type >= 3) return open_text_dataset(r, p, train, type, out);
     if (type == 0) {
         static const char *const splits[] = {"train", "val"};
         const char *path, *dir;
@@ -412,6 +743,7 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
     int64_t crop;
     TRY(get_i(c, p, "crop_padding", 0, &crop));
     aug.crop_padding = (int)crop;
+    if (train) TRY(cli_image_u8_transform(c, &aug)); /* algorithms.randaugment / augmix */
     if (type == 1) {
         cm_mnist_config mc = cm_mnist_config_default();
         mc.augment = aug;
@@ -633,7 +965,10 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         if (pk != CM_CONFIG_MAP && pk != CM_CONFIG_NULL) return bad(c, p, "expected a map of arguments ({} for none)");
         cli_plugin_out out = {0};
         TRY(e->make(c, p, &r->ctx, &out));
-        cm_config_touch(c, p); /* an argument-less entry ({} or null) is read */
+        /* an argument-less entry ({} or null) is read; an entry with arguments is read key by key
+         * by its constructor, so an argument it does not know stays unread and is reported with
+         * the closest valid name (touching the whole map would hide it) */
+        cli_touch_entry(c, p);
         if (out.none) continue;
         int *n = kind == CLI_ALGORITHM ? &r->n_algs : kind == CLI_CALLBACK ? &r->n_cbs : &r->n_lgs;
         if (*n == MAX_PLUGINS) return bad(c, section, "at most %d entries", MAX_PLUGINS);
@@ -641,6 +976,23 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         else if (kind == CLI_CALLBACK) r->cbs[(*n)++] = out.callback;
         else r->lgs[(*n)++] = out.logger;
     }
+    return CM_OK;
+}
+
+/* The profiler runs first among the callbacks (every rank makes one: the ranks meet at its
+ * barriers when a cycle starts and ends; rank 0 prints the op table). */
+static cm_status build_profiler(run *r) {
+    cm_callback_plugin p;
+    bool present;
+    TRY(cli_profiler_make(r->cfg, r->run_root, r->tc.autoresume, r->rank == 0 && !r->ctx.quiet, &p, &present));
+    if (!present) return CM_OK;
+    if (r->n_cbs == MAX_PLUGINS) {
+        cm_callback_plugin_free(p);
+        return bad(r->cfg, "callbacks", "at most %d entries with the profiler", MAX_PLUGINS - 1);
+    }
+    memmove(r->cbs + 1, r->cbs, sizeof *r->cbs * (size_t)r->n_cbs);
+    r->cbs[0] = p;
+    r->n_cbs++;
     return CM_OK;
 }
 
@@ -653,10 +1005,10 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
 static void touch_unused(run *r) {
     static const char *const train_only[] = {
         "max_duration", "optimizer", "scheduler", "schedulers", "algorithms", "callbacks", "loggers",
-        "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval",
+        "train_loader", "global_train_batch_size", "device_train_microbatch_size", "eval_interval", "profiler",
         "save_folder", "save_interval", "save_num_checkpoints_to_keep", "autoresume", "load_path",
         "save_filename", "save_latest_filename", "save_overwrite", "save_weights_only", "load_weights_only",
-        "load_strict_model_weights",
+        "load_strict_model_weights", "load_exclude_algorithms",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
         "dist_timeout"};
@@ -678,9 +1030,11 @@ static cm_status read_trainer_keys(run *r) {
     int prec;
     TRY(cm_config_get_choice(c, "precision", precisions, CM_PRECISION_COUNT, "fp32", &prec));
     tc->precision = (cm_precision)prec;
-    static const char *const devices[] = {"cpu"};
+    /* Composer's device: cpu or gpu ("cuda" is taken too) */
+    static const char *const devices[] = {"cpu", "gpu", "cuda"};
     int dev;
-    TRY(cm_config_get_choice(c, "device", devices, 1, "cpu", &dev));
+    TRY(cm_config_get_choice(c, "device", devices, 3, "cpu", &dev));
+    tc->device = dev == 0 ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
     if (r->mode == MODE_GENERATE) return CM_OK;
     /* distribution (used when the launcher or mpirun started this process) */
     static const char *const strategies[] = {
@@ -739,6 +1093,27 @@ static cm_status read_trainer_keys(run *r) {
     }
     if (tc->autoresume && !tc->save_folder)
         return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
+    /* load_exclude_algorithms: [BlurPool, ...] — algorithms (glob patterns of class names) whose
+     * checkpoint state is not loaded and whose surgery is not re-applied */
+    cm_config_kind ek = cm_config_kind_of(c, "load_exclude_algorithms");
+    if (ek == CM_CONFIG_SCALAR) {
+        TRY(cm_config_get_string(c, "load_exclude_algorithms", NULL, &r->exclude_algs[0]));
+        tc->n_load_exclude_algorithms = 1;
+    } else if (ek == CM_CONFIG_SEQ) {
+        const int n = cm_config_len(c, "load_exclude_algorithms");
+        if (n > MAX_PLUGINS) return bad(c, "load_exclude_algorithms", "at most %d names", MAX_PLUGINS);
+        for (int i = 0; i < n; i++) {
+            char k[64];
+            snprintf(k, sizeof k, "load_exclude_algorithms.%d", i);
+            TRY(cm_config_get_string(c, k, NULL, &r->exclude_algs[i]));
+        }
+        tc->n_load_exclude_algorithms = n;
+    } else if (ek == CM_CONFIG_MAP) {
+        return bad(c, "load_exclude_algorithms", "expected a list of algorithm names ([BlurPool, SqueezeExcite])");
+    } else {
+        cm_config_touch(c, "load_exclude_algorithms");
+    }
+    tc->load_exclude_algorithms = r->exclude_algs;
     return CM_OK;
 }
 
@@ -781,6 +1156,23 @@ static cm_status start_dist(run *r) {
     return s;
 }
 
+/* A model from a pretrained folder carries the folder's config.json and tokenizer into every
+ * checkpoint (a record-only HuggingFaceCheckpointer, unless callbacks.hf_checkpointer made one),
+ * so `composer ckpt export --hf` can write the folder back. */
+static cm_status add_hf_record(run *r) {
+    if (!r->hf) return CM_OK;
+    for (int i = 0; i < r->n_cbs; i++)
+        if (!strcmp(r->cbs[i].vt->name, "HuggingFaceCheckpointer")) return CM_OK;
+    if (r->n_cbs == MAX_PLUGINS) return bad(r->cfg, "callbacks", "at most %d entries", MAX_PLUGINS - 1);
+    cm_hf_checkpointer_config hc = cm_hf_checkpointer_config_default();
+    hc.model = r->model;
+    hc.tokenizer = r->tok;
+    hc.model_max_length = r->hf_ti.model_max_length;
+    TRY(cm_hf_checkpointer_new(&hc, &r->cbs[r->n_cbs]));
+    r->n_cbs++;
+    return CM_OK;
+}
+
 static cm_status build_run(run *r) {
     cm_config *c = r->cfg;
     int64_t seed;
@@ -816,8 +1208,15 @@ static cm_status build_run(run *r) {
     if (r->mode == MODE_TRAIN) {
         TRY(read_optimizer(r));
         TRY(build_schedulers(r));
+        r->ctx.run_root = r->run_root;
+        r->ctx.model = r->model;
+        r->ctx.tok = r->tok;
+        r->ctx.model_max_length = r->hf_ti.model_max_length;
+        r->ctx.full_shard = r->sharding == CM_SHARDING_FULL_SHARD;
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
+        TRY(add_hf_record(r));
+        TRY(build_profiler(r));
         TRY(build_plugins(r, "loggers", CLI_LOGGER));
         if (r->gpt2) {
             TRY(cm_config_get_string(c, "sample.prompt", "\n", &r->prompt));
@@ -835,10 +1234,16 @@ static cm_status build_run(run *r) {
  * Help
  * ------------------------------------------------------------------------------------------- */
 
+/* The registry's rows of a kind, one a line, indented to the key column. */
+static void plugin_rows(FILE *f, cli_plugin_kind kind) {
+    for (const cli_plugin_entry *e = cli_plugin_registry; e->name; e++)
+        if (e->kind == kind) fprintf(f, "                     %s: %s\n", e->name, e->help);
+}
+
 static void print_keys(FILE *f) {
     fprintf(f,
             "config keys (YAML; override any of them with key.path=value):\n"
-            "  model:             name: gpt2 | mlp | cnn | resnet; preset: a zoo preset (gpt2: shakespeare-char,\n"
+            "  model:             name: gpt2 | mlp | cnn | resnet | hf; preset: a zoo preset (gpt2: shakespeare-char,\n"
             "                     tiny, gpt2, ...; mlp/cnn: mnist, mnist_small, ...; resnet: resnet20, ...);\n"
             "                     then any config field by name (gpt2: vocab_size, n_positions, n_embd,\n"
             "                     n_layer, n_head, dropout | embd_pdrop attn_pdrop resid_pdrop,\n"
@@ -846,9 +1251,26 @@ static void print_keys(FILE *f) {
             "                     in_features, hidden [..], num_classes, dropout; cnn: in_channels, image_h,\n"
             "                     image_w, channels [c1, c2], hidden, num_classes, dropout1, dropout2;\n"
             "                     resnet: num_classes, in_channels, zero_init_residual, channels_last)\n"
-            "  train_loader:      dataset: {type: tokens | mnist | cifar10, dir, split, path (tokens: a\n"
-            "  eval_loader:       .bin file or glob), seq_len (tokens), crop_padding, hflip_p (cifar10)},\n"
-            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth\n"
+            "                     hf: a Hugging Face pretrained folder (BERT, GPT-2): pretrained_model_name_or_path,\n"
+            "                     task: masked_lm | sequence_classification | causal_lm, num_labels (0: config.json's),\n"
+            "                     pretrained (true; false: config.json only), config_overrides {field: value}\n"
+            "  tokenizer:         (hf) name: a folder with vocab.txt / vocab.json+merges.txt / tokenizer.json\n"
+            "                     (default: the model's folder), kwargs: {model_max_length}\n"
+            "  train_loader:      dataset: {type: tokens | mnist | cifar10 | sst2 | tsv | text, dir, split, path\n"
+            "  eval_loader:       (tokens: a .bin file or glob; text: a file or a list, .tsv files by column),\n"
+            "                     seq_len (tokens), crop_padding, hflip_p (cifar10), max_seq_len (128),\n"
+            "                     text_column (sentence), label_column (label), line_by_line (false),\n"
+            "                     mlm_probability (0.15, masked_lm)},\n"
+            "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth;\n"
+            "                     or dataset: {type: streaming (MosaicML Streaming's MDS), remote (s3://, gs://,\n"
+            "                     oci://, file://, a folder), local (the cache), split, streams: {name: {remote,\n"
+            "                     local, split, proportion | repeat | choose}}, shuffle, shuffle_algo,\n"
+            "                     shuffle_seed, shuffle_block_size, num_canonical_nodes, partition_algo,\n"
+            "                     sampling_method, sampling_granularity, epoch_size, batch_size (per device),\n"
+            "                     predownload, cache_limit (10gb), download_retry, keep_zip, validate_hash,\n"
+            "                     allow_unsafe_types, max_seq_len (a tokens column), image_h, image_w,\n"
+            "                     image_c, image_mean, image_std, crop_padding, hflip_p (image columns),\n"
+            "                     fields: {column: field}}\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
             "                     dampening, nesterov (sgd kinds)\n"
@@ -856,9 +1278,36 @@ static void print_keys(FILE *f) {
             "  schedulers:        | step | multistep | exponential | cosine_annealing | polynomial | ...,\n"
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"
             "                     milestones, decay_period, t_0, t_mult, scale_warmup}; schedulers: a list\n"
-            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold}\n"
-            "  callbacks:         (none yet)\n"
-            "  loggers:           progress_bar: {}; console: {log_interval: 1ep}\n"
+            "  algorithms:        gradient_clipping: {clipping_type: norm | value | adaptive, clipping_threshold};\n"
+            "                     ema: {half_life, smoothing, ema_start, update_interval}; sam: {rho, epsilon,\n"
+            "                     interval}; swa: {swa_start, swa_end, update_interval, schedule_swa_lr,\n"
+            "                     anneal_strategy, anneal_steps, swa_lr}; layer_freezing: {freeze_start, freeze_level};\n"
+            "                     model surgery, Composer's names and arguments: alibi {max_sequence_length,\n"
+            "                     train_sequence_length_scaling}; blurpool {replace_convs, replace_maxpools,\n"
+            "                     blur_first, min_channels}; channels_last {}; fused_layernorm {} (built in);\n"
+            "                     ghost_batchnorm {ghost_batch_size}; low_precision_layernorm {apply_at};\n"
+            "                     low_precision_groupnorm {apply_at}; squeeze_excite {latent_channels,\n"
+            "                     min_channels}; stochastic_depth {target_layer_name, stochastic_method,\n"
+            "                     drop_rate, drop_distribution, drop_warmup}; factorize {factorize_convs,\n"
+            "                     factorize_linears, min_channels, latent_channels, min_features,\n"
+            "                     latent_features}; gated_linear_units {act_fn, gated_layer_bias,\n"
+            "                     non_gated_layer_bias}; gyro_dropout {p, sigma, tau};\n"
+            "                     weight_standardization {n_last_layers_ignore}; no_op_model {};\n"
+            "                     mixup, cutmix, cutout, colout, label_smoothing, progressive_resizing,\n"
+            "                     seq_length_warmup, selective_backprop, randaugment, augmix: {Composer's\n"
+            "                     argument names}\n"
+            "  callbacks:         a map of Composer's callbacks by snake_case name, with their arguments:\n");
+    plugin_rows(f, CLI_CALLBACK);
+    fprintf(f,
+            "  loggers:           a map of loggers:\n");
+    plugin_rows(f, CLI_LOGGER);
+    fprintf(f,
+            "  profiler:          schedule: {skip_first (0), wait (0), warmup (1), active (4), repeat (1)},\n"
+            "                     json_trace_handler: {folder (<run folder>/traces), filename\n"
+            "                     (ep{epoch}-ba{batch}-rank{rank}.json), merged_trace_filename (merged_trace.json),\n"
+            "                     overwrite, num_traces_to_keep (-1)}, sys_prof_cpu (true), sys_prof_memory,\n"
+            "                     sys_prof_disk, sys_prof_net (false), sys_prof_stats_thread_interval_seconds (0.5),\n"
+            "                     record_ops (true), summary_row_limit (20): Chrome traces and an op table\n"
             "  sample:            (gpt2) prompt (\"\\n\"), max_new_tokens (300), temperature (0.8), top_k (200)\n"
             "  max_duration       how long to train: 2000ba, 3ep, 1e6tok, ... (required)\n"
             "  eval_interval      1ep; 500ba; 0 disables evaluation during training\n"
@@ -868,18 +1317,22 @@ static void print_keys(FILE *f) {
             "  precision          fp32 | amp_bf16 (amp_fp16: not on CPU)\n"
             "  seed (42), run_name (generated), run_root (runs), progress_bar (true),\n"
             "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
-            "  accumulate_train_batch_on_tokens, device (cpu)\n"
+            "  accumulate_train_batch_on_tokens, device (cpu | gpu: one NVIDIA GPU, in a build with CUDA)\n"
             "  load_path          weights (.safetensors) to start from\n"
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
-            "  load_weights_only, load_strict_model_weights, autoresume: checkpoints, as Composer\n"
+            "  load_weights_only, load_strict_model_weights, load_exclude_algorithms, autoresume:\n"
+            "                     checkpoints, as Composer (a checkpoint's model surgery is re-applied)\n"
             "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
             "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
             "                     nothing to shard)\n"
             "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
             "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
-            "model.safetensors and, for GPT models, tokenizer.json and sample.txt.\n");
+            "model.safetensors and, for GPT models, tokenizer.json and sample.txt. A model: {name: hf} run\n"
+            "keeps config.json and the tokenizer in its checkpoints: composer ckpt export --hf CKPT -o DIR\n"
+            "writes the pretrained folder (or callbacks.hf_checkpointer writes it during training). With a bucket as save_folder,\n"
+            "the run folder follows every checkpoint to <save_folder>/run/.\n");
 }
 
 static const char *g_print_config, *g_quiet_train;
@@ -1077,6 +1530,23 @@ static int finish(run *r, int rc) {
     return rc;
 }
 
+/* Texts the callbacks log (Generate's samples, ImageVisualizer's files): printed and teed into
+ * log.txt like the rest of the CLI's output (the FileLogger's own text log is off here). */
+static cm_status text_log_metrics(void *self, const cm_metric_value *v, int n, const cm_timestamp *ts) {
+    (void)self, (void)v, (void)n, (void)ts;
+    return CM_OK;
+}
+static cm_status text_log_text(void *self, const char *key, const char *text, const cm_timestamp *ts) {
+    const size_t n = strlen(text);
+    cli_say(self, "[text] %s (epoch %lld, batch %lld):\n%s%s", key, (long long)ts->epoch, (long long)ts->batch, text,
+            n && text[n - 1] == '\n' ? "" : "\n");
+    return CM_OK;
+}
+static void text_free(void *self) { (void)self; }
+static const cm_logger_i k_text_logger = {
+    .abi = CM_LOGGER_ABI, .name = "TextLog", .log_metrics = text_log_metrics, .free = text_free,
+    .log_text = text_log_text};
+
 /* Rank 0's run folder: config.yaml, log.txt, tokenizer.json. Fills run_name (cap 256). */
 static cm_status make_run_folder(run *r, char *run_name) {
     char *dir = NULL, *path = NULL;
@@ -1092,7 +1562,7 @@ static cm_status make_run_folder(run *r, char *run_name) {
     cm_run_folder_path(dir, CM_RUN_FILE_LOG, &path);
     r->ctx.log = fopen(path, r->tc.autoresume ? "a" : "w"); /* a resumed run goes on in the same folder */
     cm_free(path);
-    if (r->tok) {
+    if (r->tok && !r->hf) { /* a pretrained folder's tokenizer travels with the HF folders instead */
         cm_run_folder_path(dir, "tokenizer.json", &path);
         if (cm_tokenizer_save(r->tok, path) != CM_OK) cm_log_msg(CM_LOG_WARN, "%s", cm_last_error());
         cm_free(path);
@@ -1100,26 +1570,107 @@ static cm_status make_run_folder(run *r, char *run_name) {
     return CM_OK;
 }
 
-/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample)
- * go to "<save_folder>/run/" at the end of the run, beside the checkpoints. */
+/* Uploads the regular files under `dir` (subfolders such as traces/ included, as key prefixes)
+ * to `st` under `prefix`. */
+static cm_status upload_tree(cm_object_store *st, const char *dir, const char *prefix, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
+    cm_status s = CM_OK;
+    struct dirent *e;
+    while (!s && (e = readdir(d))) {
+        char path[PATH_MAX], key[PATH_MAX];
+        struct stat sb;
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(key, sizeof key, "%s%s", prefix, e->d_name);
+        if (stat(path, &sb) != 0) continue;
+        if (S_ISREG(sb.st_mode)) {
+            s = cm_object_store_upload(st, key, path);
+        } else if (S_ISDIR(sb.st_mode) && depth < 4) {
+            strncat(key, "/", sizeof key - strlen(key) - 1);
+            s = upload_tree(st, path, key, depth + 1);
+        }
+    }
+    closedir(d);
+    return s;
+}
+
+/* With a remote save_folder, the run folder's files (config, log, metrics, plot, weights, sample,
+ * and what subfolders hold) go to "<save_folder>/run/", beside the checkpoints. */
 static cm_status upload_run_folder(const char *dir, const char *save_folder) {
     char uri[PATH_MAX];
     snprintf(uri, sizeof uri, "%s/run", save_folder);
     cm_object_store *st;
     cm_status s = cm_object_store_open(uri, NULL, &st);
-    DIR *d = s ? NULL : opendir(dir);
-    if (!s && !d) s = cm_set_error(CM_ERR_IO, "cannot read the run folder '%s': %s", dir, strerror(errno));
-    struct dirent *e;
-    while (!s && d && (e = readdir(d))) {
-        char path[PATH_MAX];
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] == '.' || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        s = cm_object_store_upload(st, e->d_name, path);
-    }
-    if (d) closedir(d);
+    if (!s) s = upload_tree(st, dir, "", 0);
     cm_object_store_close(st);
     return s;
+}
+
+/* With a remote save_folder, rank 0's run folder follows the checkpoints to <save_folder>/run/
+ * at the save interval (loss.svg redrawn first), not only at the end, so a run that dies mid-way
+ * still left its log, metrics and plot beside its checkpoints. A failed upload here is a warning
+ * (the next interval tries again; the one at the end of the run is an error). */
+typedef struct run_uploader {
+    const char *dir, *save_folder;
+    FILE *log;
+    cm_time iv;
+    int64_t total_batches;
+    int64_t prev_sample, prev_token, prev_batch;
+    int64_t uploads;
+} run_uploader;
+
+static bool crossed(int64_t prev, int64_t now, int64_t every) { return every > 0 && now / every > prev / every; }
+
+static cm_status ru_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
+    (void)lg;
+    run_uploader *u = self;
+    const cm_timestamp *ts = cm_state_timestamp(st);
+    bool due = false;
+    if (ev == CM_EVENT_BATCH_CHECKPOINT) {
+        switch (u->iv.unit) {
+        case CM_TIME_BATCH: due = crossed(u->prev_batch, ts->batch, u->iv.count); break;
+        case CM_TIME_SAMPLE: due = crossed(u->prev_sample, ts->sample, u->iv.count); break;
+        case CM_TIME_TOKEN: due = crossed(u->prev_token, ts->token, u->iv.count); break;
+        case CM_TIME_DURATION: {
+            const int64_t every = (int64_t)llround(u->iv.frac * (double)u->total_batches);
+            due = crossed(u->prev_batch, ts->batch, every > 0 ? every : 1);
+            break;
+        }
+        default: break;
+        }
+        u->prev_batch = ts->batch, u->prev_sample = ts->sample, u->prev_token = ts->token;
+    } else if (ev == CM_EVENT_EPOCH_CHECKPOINT) {
+        due = u->iv.unit == CM_TIME_EPOCH && u->iv.count > 0 && ts->epoch % u->iv.count == 0;
+    }
+    if (!due) return CM_OK;
+    if (u->log) fflush(u->log);
+    char *metrics = NULL, *plot = NULL;
+    cm_run_folder_path(u->dir, CM_RUN_FILE_METRICS, &metrics);
+    cm_run_folder_path(u->dir, CM_RUN_FILE_PLOT, &plot);
+    if (metrics && plot && access(metrics, F_OK) == 0) cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL);
+    cm_free(metrics), cm_free(plot);
+    if (upload_run_folder(u->dir, u->save_folder) == CM_OK) u->uploads++;
+    else cm_log_msg(CM_LOG_WARN, "uploading the run folder to %s/run/ (will retry at the next interval): %s",
+                    u->save_folder, cm_last_error());
+    return CM_OK;
+}
+
+static void ru_free(void *self) { cm_free(self); }
+
+static const cm_callback_i k_run_uploader = {CM_CALLBACK_ABI, "RunFolderUploader", ru_event, NULL, NULL, NULL, ru_free};
+
+static cm_status run_uploader_new(run *r, cm_callback_plugin *out) {
+    run_uploader *u = cm_alloc_zeroed(sizeof *u, 16);
+    if (!u) return CM_ERR_OOM;
+    u->dir = r->ctx.run_dir;
+    u->save_folder = r->tc.save_folder;
+    u->log = r->ctx.log;
+    u->iv = r->tc.save_interval;
+    if (r->tc.save_interval_str && cm_time_parse(r->tc.save_interval_str, &u->iv) != CM_OK) u->iv = r->tc.save_interval;
+    u->total_batches = r->ctx.total_batches;
+    *out = (cm_callback_plugin){&k_run_uploader, u};
+    return CM_OK;
 }
 
 int cmd_train(const char *prog, int argc, char **argv) {
@@ -1150,7 +1701,25 @@ int cmd_train(const char *prog, int argc, char **argv) {
                              : cm_module_load_safetensors(cm_model_module(r.model), r.load_path, NULL, NULL);
         if (s) note(&r, "load_path");
     }
+    /* model surgery (the algorithms' and what a checkpoint to load requires) before data
+     * parallelism and the optimizer take the flat parameter buffers; the trainer applies the same
+     * methods again on INIT, which then change nothing */
+    r.tc.model = r.model;
+    r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
+    if (!r.err_code && cm_trainer_prepare_model(&r.tc) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
+    /* device: gpu moves the model before the optimizer is made over its buffers */
+    if (!r.err_code && r.tc.device != CM_DEVICE_CPU) {
+        cm_status s = r.world > 1 ? cm_set_error(CM_ERR_UNSUPPORTED, "device: gpu with %d ranks needs NCCL, which is not "
+                                                                     "supported yet (one rank per GPU run)", r.world)
+                                  : cm_module_to_device(cm_model_module(r.model), r.tc.device);
+        if (s) {
+            char msg[900];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            cm_set_error(s, "%s: device gpu: %s", cm_config_origin(r.cfg, "device"), msg);
+            note(&r, NULL);
+        }
+    }
     if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
     /* the run folder: rank 0 alone makes it (generating the name when the config has none) */
     char run_name[256] = "";
@@ -1162,6 +1731,10 @@ int cmd_train(const char *prog, int argc, char **argv) {
         return finish(&r, settle(&r, prog));
     }
     r.tc.run_name = run_name;
+    char saver_folder[1024];
+    if (!r.err_code && r.ctx.has_saver &&
+        cm_checkpoint_saver_apply(&r.ctx.saver, run_name, saver_folder, sizeof saver_folder, &r.tc) != CM_OK)
+        note(&r, "callbacks.checkpoint_saver");
     /* rank 0 speaks for the job; another rank's warnings and errors still reach its stderr (the
      * launcher's --stderr 'logs/rank{rank}.txt' keeps them apart), its info lines only when
      * CM_LOG asks for them */
@@ -1183,6 +1756,8 @@ int cmd_train(const char *prog, int argc, char **argv) {
         fc.folder = r.ctx.run_dir;
         fc.text_log = false;
         fc.append = r.tc.autoresume; /* the loss curve of a resumed run continues the earlier one's */
+        if (r.ctx.file_flush_interval > 0) fc.flush_interval = r.ctx.file_flush_interval;
+        fc.log_traces = r.ctx.file_log_traces;
         if (cm_file_logger_new(&fc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
     }
@@ -1191,12 +1766,18 @@ int cmd_train(const char *prog, int argc, char **argv) {
         if (cm_progress_bar_logger_new(&pc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
     }
+    if (!r.err_code && r.rank == 0 && r.n_lgs < MAX_PLUGINS) r.lgs[r.n_lgs++] = (cm_logger_plugin){&k_text_logger, &r.ctx};
     if (!r.err_code && r.rank == 0 && r.ctx.console_log_interval.count > 0) {
         cm_console_logger_config cc = cm_console_logger_config_default();
         cc.log_interval = r.ctx.console_log_interval;
         cc.stream = stdout;
         if (cm_console_logger_new(&cc, &lp) != CM_OK) note(&r, NULL);
         else r.lgs[r.n_lgs++] = lp;
+    }
+    if (!r.err_code && r.rank == 0 && r.tc.save_folder && cm_storage_is_remote(r.tc.save_folder)) {
+        if (r.n_cbs == MAX_PLUGINS) note(&r, "too many callbacks for the run folder's uploader");
+        else if (run_uploader_new(&r, &r.cbs[r.n_cbs]) != CM_OK) note(&r, NULL);
+        else r.n_cbs++;
     }
     r.tc.model = r.model;
     r.tc.train_dataloader = r.train_dl;
@@ -1260,6 +1841,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
     if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
     if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (r.rank > 0) return finish(&r, 0);
+    /* the weights are written and sampled from on the host */
+    if (cm_module_device(root) != CM_DEVICE_CPU && cm_module_to_device(root, CM_DEVICE_CPU) != CM_OK) {
+        note(&r, "moving the trained model back to the CPU");
+        return finish(&r, settle(&r, prog));
+    }
 
     /* outputs (rank 0): weights, plot, sample */
     const char *dir = r.ctx.run_dir;
@@ -1312,7 +1898,9 @@ static void eval_usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s CONFIG.yaml --weights PATH [key.path=value ...]\n\n"
             "Builds the config's model, loads PATH (safetensors) and evaluates it on the config's\n"
-            "eval_loader, printing every metric. A run folder's config.yaml works as CONFIG.\n\noptions:\n",
+            "eval_loader, printing every metric. A run folder's config.yaml works as CONFIG. A model from\n"
+            "a pretrained folder (model.name: hf) is evaluated with the folder's weights when --weights\n"
+            "is not given.\n\noptions:\n",
             prog);
     cli_print_flags(f, k_eval_flags);
     fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
@@ -1324,8 +1912,8 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     g_eval_weights = NULL;
     int rc = cli_parse_flags(prog, k_eval_flags, argc, argv, pos, 64, &n_pos, eval_usage);
     if (rc) return rc < 0 ? 0 : rc;
-    if (n_pos == 0 || !g_eval_weights) {
-        fprintf(stderr, "%s: missing %s; see '%s --help'\n", prog, n_pos == 0 ? "CONFIG.yaml" : "--weights PATH", prog);
+    if (n_pos == 0) {
+        fprintf(stderr, "%s: missing CONFIG.yaml; see '%s --help'\n", prog, prog);
         return EXIT_USAGE;
     }
     run r = {0};
@@ -1333,7 +1921,11 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     r.rank = 0, r.world = 1;
     if ((rc = load_config(prog, pos[0], pos + 1, n_pos - 1, &r.cfg)) != 0) return rc;
     if (build_run(&r) != CM_OK) note(&r, NULL);
-    if (!r.err_code) {
+    if (!r.err_code && !g_eval_weights && !r.hf) {
+        fprintf(stderr, "%s: missing --weights PATH; see '%s --help'\n", prog, prog);
+        return finish(&r, EXIT_USAGE);
+    }
+    if (!r.err_code && g_eval_weights) {
         cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
                              : cm_module_load_safetensors(cm_model_module(r.model), g_eval_weights, NULL, NULL);
         if (s) {
@@ -1366,7 +1958,8 @@ int cmd_eval(const char *prog, int argc, char **argv) {
         cm_trainer_free(tr);
         return finish(&r, 1);
     }
-    cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights, (long long)cm_dataset_len(r.eval_ds),
+    cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights ? g_eval_weights : "the pretrained folder",
+            (long long)cm_dataset_len(r.eval_ds),
             cm_clock_s() - t0, r.world > 1 ? " (split over the ranks)" : "");
     print_eval_metrics(&r, tr, "eval");
     cm_trainer_free(tr);
@@ -1383,7 +1976,7 @@ static const cli_flag k_gen_flags[] = {
     {"--weights", "-w", "PATH", "GPT-2 weights (.safetensors, e.g. runs/NAME/model.safetensors)", &g_gen_weights},
     {"--config", "-c", "YAML", "the model config (default: config.yaml next to the weights, if present)",
      &g_gen_config},
-    {"--tokenizer", "-t", "JSON", "tokenizer.json (default: next to the weights)", &g_gen_tok},
+    {"--tokenizer", "-t", "JSON", "tokenizer.json (default: next to the weights), or a Hugging Face folder", &g_gen_tok},
     {"--prompt", "-p", "TEXT", "the text to continue (default \"\\n\"; \"\" = start from <|endoftext|> / id 0)",
      &g_gen_prompt},
     {"--max-new-tokens", "-n", "N", "tokens to generate (default 200)", &g_gen_n},
@@ -1432,6 +2025,18 @@ int cmd_generate(const char *prog, int argc, char **argv) {
         !parse_num(prog, "--top-k", g_gen_topk, 0, &topk) || !parse_num(prog, "--seed", g_gen_seed, 0, &seed) ||
         (g_gen_heads && !parse_num(prog, "--n-head", g_gen_heads, 1, &heads)))
         return EXIT_USAGE;
+    /* the weights first: the tokenizer and config are found next to them, so a wrong path would
+     * otherwise be reported as a missing '<dir>/tokenizer.json' */
+    struct stat wst;
+    const int wrc = stat(g_gen_weights, &wst), werr = errno;
+    if (wrc != 0 || !S_ISREG(wst.st_mode)) {
+        fprintf(stderr, "%s: --weights '%s': %s\n", prog, g_gen_weights,
+                wrc != 0 ? (werr == ENOENT ? "no such file (a model.safetensors, e.g. runs/NAME/model.safetensors)"
+                                           : strerror(werr))
+                : S_ISDIR(wst.st_mode) ? "is a directory (pass the .safetensors file in it)"
+                                       : "is not a regular file");
+        return 1;
+    }
     char wdir[PATH_MAX], cfg_path[PATH_MAX], tok_path[PATH_MAX];
     snprintf(wdir, sizeof wdir, "%s", g_gen_weights);
     char *d = dirname(wdir);
@@ -1442,8 +2047,11 @@ int cmd_generate(const char *prog, int argc, char **argv) {
 
     run r = {0};
     r.mode = MODE_GENERATE;
-    if (cm_tokenizer_load(g_gen_tok, &r.tok) != CM_OK) {
-        fprintf(stderr, "%s: tokenizer: %s (pass --tokenizer DIR/tokenizer.json)\n", prog, cm_last_error());
+    struct stat tsb;
+    const bool tok_dir = stat(g_gen_tok, &tsb) == 0 && S_ISDIR(tsb.st_mode); /* a Hugging Face folder */
+    if ((tok_dir ? cm_hf_tokenizer_load(g_gen_tok, &r.tok, NULL) : cm_tokenizer_load(g_gen_tok, &r.tok)) != CM_OK) {
+        fprintf(stderr, "%s: tokenizer: %s (pass --tokenizer DIR/tokenizer.json, or a pretrained folder)\n", prog,
+                cm_last_error());
         return 1;
     }
     snprintf(r.tok_path, sizeof r.tok_path, "%s", g_gen_tok);

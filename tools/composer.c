@@ -6,6 +6,7 @@
  *   composer eval CONFIG.yaml --weights PATH [key.path=value ...]
  *   composer generate --weights PATH [--prompt TEXT] [--max-new-tokens N] ...
  *   composer data tokenize [--tokenizer gpt2|char] [--val-fraction F] INPUT -o OUTDIR
+ *   composer data convert --to mds INPUT -o OUT        (tools/cli_data.c)
  *   composer -n N [--world_size W] [--stdout FMT] ... PROGRAM|SUBCOMMAND [ARGS...]   (tools/launch.c)
  *   composer ckpt inspect PATH | ckpt verify PATH | ckpt export PATH -o model.safetensors
  *
@@ -400,10 +401,12 @@ static int cmd_data_tokenize(const char *prog, int argc, char **argv) {
  * composer ckpt inspect | verify | export  (composer/checkpoint.h)
  * ------------------------------------------------------------------------------------------- */
 
-static const char *g_ckpt_out;
+static const char *g_ckpt_out, *g_ckpt_hf;
 static const cli_flag k_ckpt_flags[] = {{NULL, NULL, NULL, NULL, NULL}};
 static const cli_flag k_ckpt_export_flags[] = {
-    {"--output", "-o", "FILE", "where to write model.safetensors (atomically)", &g_ckpt_out},
+    {"--output", "-o", "FILE", "where to write model.safetensors (atomically); with --hf, the folder", &g_ckpt_out},
+    {"--hf", NULL, NULL, "write a Hugging Face pretrained folder: config.json, model.safetensors, tokenizer files",
+     &g_ckpt_hf},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -419,9 +422,12 @@ static void ckpt_verify_usage(FILE *f, const char *prog) {
             prog);
 }
 static void ckpt_export_usage(FILE *f, const char *prog) {
-    fprintf(f, "usage: %s PATH -o model.safetensors\n\nVerifies the checkpoint's model tensors and writes its\n"
-               "model.safetensors (Hugging Face names; any safetensors reader loads it).\n\noptions:\n",
-            prog);
+    fprintf(f, "usage: %s PATH -o model.safetensors\n       %s --hf PATH -o DIR\n\nVerifies the checkpoint's model "
+               "tensors and writes its\nmodel.safetensors (Hugging Face names; any safetensors reader loads it).\n"
+               "With --hf (a run of model: {name: hf}), writes the pretrained folder DIR instead: config.json,\n"
+               "model.safetensors and the tokenizer files, which transformers' from_pretrained(DIR) and\n"
+               "model: {name: hf, pretrained_model_name_or_path: DIR} load.\n\noptions:\n",
+            prog, prog);
     cli_print_flags(f, k_ckpt_export_flags);
 }
 
@@ -473,7 +479,22 @@ static int cmd_ckpt_verify(const char *prog, int argc, char **argv) {
 
 static int cmd_ckpt_export(const char *prog, int argc, char **argv) {
     cm_checkpoint *ck;
-    g_ckpt_out = NULL;
+    g_ckpt_out = g_ckpt_hf = NULL;
+    /* --hf: the folder export reads the checkpoint itself */
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--hf")) {
+            const char *pos[1] = {NULL};
+            int n_pos;
+            int r2 = cli_parse_flags(prog, k_ckpt_export_flags, argc, argv, pos, 1, &n_pos, ckpt_export_usage);
+            if (r2) return r2 < 0 ? 0 : r2;
+            if (n_pos != 1 || !g_ckpt_out) {
+                fprintf(stderr, "%s: expected --hf PATH -o DIR (see '%s --help')\n", prog, prog);
+                return EXIT_USAGE;
+            }
+            if (cm_hf_export_checkpoint(pos[0], g_ckpt_out) != CM_OK) return fail(prog, "export --hf");
+            printf("wrote %s: config.json, model.safetensors and the tokenizer files\n", g_ckpt_out);
+            return 0;
+        }
     int rc = ckpt_open(prog, k_ckpt_export_flags, ckpt_export_usage, argc, argv, &ck);
     if (rc) return rc < 0 ? 0 : rc;
     if (!g_ckpt_out) {
@@ -490,7 +511,7 @@ static int cmd_ckpt_export(const char *prog, int argc, char **argv) {
 static const cli_cmd k_ckpt_cmds[] = {
     {"inspect", cmd_ckpt_inspect, "summarize a checkpoint (step, config digest, tensors, sizes)", NULL},
     {"verify", cmd_ckpt_verify, "check a checkpoint's checksums and files", NULL},
-    {"export", cmd_ckpt_export, "write a checkpoint's model.safetensors (-o FILE)", NULL},
+    {"export", cmd_ckpt_export, "write a checkpoint's model.safetensors (-o FILE), or with --hf a pretrained folder", NULL},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -500,6 +521,7 @@ static const cli_cmd k_ckpt_cmds[] = {
 
 static const cli_cmd k_data_cmds[] = {
     {"tokenize", cmd_data_tokenize, "tokenize a text file into llm.c train.bin/val.bin token files", NULL},
+    {"convert", cmd_data_convert, "convert a dataset to MosaicML Streaming's MDS shards (--to mds)", NULL},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -507,7 +529,7 @@ static const cli_cmd k_commands[] = {
     {"train", cmd_train, "train a model from a YAML config (composer train CONFIG.yaml key=value ...)", NULL},
     {"eval", cmd_eval, "evaluate saved weights on a config's eval set", NULL},
     {"generate", cmd_generate, "sample text from a trained GPT", NULL},
-    {"data", NULL, "prepare datasets (tokenize)", k_data_cmds},
+    {"data", NULL, "prepare datasets (tokenize, convert)", k_data_cmds},
     {"ckpt", NULL, "inspect, verify and export checkpoints", k_ckpt_cmds},
     {NULL, NULL, NULL, NULL},
 };

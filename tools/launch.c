@@ -1,4 +1,4 @@
-/* `composer -n N ...`: the launcher. It execs mpirun (OpenMPI) or mpiexec (MPICH) with the flags a
+/* `composer -n N ...`: the launcher. It runs mpirun (OpenMPI) or mpiexec (MPICH) with the flags a
  * user would otherwise have to know (--allow-run-as-root as root, --oversubscribe beyond the
  * cores, --bind-to none so each rank's OpenMP threads may use every core) and starts every rank
  * through `composer --rank-exec`, which exports RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
@@ -12,9 +12,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define EXIT_USAGE 2
@@ -93,6 +95,156 @@ static void push_env(argvec *a, const char *flavour, const char *name, const cha
         push(a, "-x");
         push(a, kv);
     }
+}
+
+/* ---- mpirun's banners ----
+ * A composer subcommand prints its own error on every failing rank before it exits nonzero (a
+ * config error once, from rank 0). OpenMPI's mpirun then adds two boxed banners ("Primary job
+ * terminated normally, but 1 process returned a non-zero exit code..." and "mpirun detected that
+ * one or more processes exited with non-zero status...") that say nothing more. The launcher runs
+ * mpirun as a child with its stderr through a pipe and drops exactly those two boxes; every other
+ * line (the ranks' stderr, which mpirun forwards, and its other boxes such as a rank killed by a
+ * signal) passes through as it comes. */
+
+static bool is_rule(const char *line, size_t n) {
+    if (n > 0 && line[n - 1] == '\n') n--;
+    if (n < 20) return false;
+    for (size_t i = 0; i < n; i++)
+        if (line[i] != '-') return false;
+    return true;
+}
+
+static bool redundant_box(const char *box) {
+    return strstr(box, "terminated normally, but") != NULL ||
+           strstr(box, "exited with non-zero status, thus causing") != NULL;
+}
+
+typedef struct filter {
+    char *line, *box; /* the current line; the box being collected (from its first rule) */
+    size_t n, cap, nbox, capbox;
+    bool in_box, midline; /* midline: the start of this line was passed through already */
+} filter;
+
+static void grow_to(char **p, size_t *cap, size_t need) {
+    if (need <= *cap) return;
+    size_t c = *cap ? *cap : 256;
+    while (c < need) c *= 2;
+    char *q = realloc(*p, c);
+    if (!q) {
+        fprintf(stderr, "composer: out of memory\n");
+        exit(1);
+    }
+    *p = q, *cap = c;
+}
+
+static void emit(const char *s, size_t n) {
+    fwrite(s, 1, n, stderr);
+    fflush(stderr);
+}
+
+/* One complete line (with its newline, unless at EOF). */
+static void filter_line(filter *f, const char *s, size_t n) {
+    if (f->midline) { /* the rest of a line already started on the terminal */
+        emit(s, n);
+        f->midline = false;
+        return;
+    }
+    if (!f->in_box && is_rule(s, n)) f->in_box = true, f->nbox = 0;
+    if (!f->in_box) {
+        emit(s, n);
+        return;
+    }
+    grow_to(&f->box, &f->capbox, f->nbox + n + 1);
+    memcpy(f->box + f->nbox, s, n);
+    f->nbox += n;
+    f->box[f->nbox] = '\0';
+    if (is_rule(s, n) && f->nbox > n) { /* the closing rule */
+        if (!redundant_box(f->box)) emit(f->box, f->nbox);
+        f->in_box = false, f->nbox = 0;
+    }
+}
+
+static void filter_feed(filter *f, const char *s, size_t n) {
+    grow_to(&f->line, &f->cap, f->n + n + 1);
+    memcpy(f->line + f->n, s, n);
+    f->n += n;
+    size_t start = 0;
+    for (size_t i = 0; i < f->n; i++)
+        if (f->line[i] == '\n') {
+            filter_line(f, f->line + start, i + 1 - start);
+            start = i + 1;
+        }
+    memmove(f->line, f->line + start, f->n - start);
+    f->n -= start;
+    /* a partial line that cannot begin a box (a progress line drawn with \r) shows at once */
+    if (f->n > 0 && !f->in_box && (f->midline || f->line[0] != '-')) {
+        emit(f->line, f->n);
+        f->n = 0;
+        f->midline = true;
+    }
+}
+
+static void filter_end(filter *f) {
+    if (f->n) filter_line(f, f->line, f->n);
+    if (f->in_box && f->nbox) emit(f->box, f->nbox); /* an unclosed box is shown as it is */
+    free(f->line);
+    free(f->box);
+}
+
+static volatile sig_atomic_t g_child;
+
+static void forward_signal(int sig) {
+    if (g_child > 0) kill((pid_t)g_child, sig);
+}
+
+/* Runs argv (mpirun) with its stderr filtered; returns its exit status the way a shell would. */
+static int run_filtered(char **argv) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+        fprintf(stderr, "composer: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "composer: fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], STDERR_FILENO);
+        close(fds[1]);
+        execvp(argv[0], argv);
+        fprintf(stderr, "composer: cannot run '%s': %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    /* Ctrl-C reaches mpirun through the terminal's process group; a SIGTERM or SIGHUP sent to the
+     * launcher alone is passed on, and the launcher stays to report mpirun's status */
+    g_child = pid;
+    struct sigaction fw, ign;
+    memset(&fw, 0, sizeof fw);
+    memset(&ign, 0, sizeof ign);
+    fw.sa_handler = forward_signal;
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGTERM, &fw, NULL);
+    sigaction(SIGHUP, &fw, NULL);
+    sigaction(SIGINT, &ign, NULL);
+    sigaction(SIGQUIT, &ign, NULL);
+    filter f = {0};
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(fds[0], buf, sizeof buf);
+        if (n > 0) filter_feed(&f, buf, (size_t)n);
+        else if (n == 0 || errno != EINTR) break;
+    }
+    filter_end(&f);
+    close(fds[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return 1;
 }
 
 int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)) {
@@ -216,7 +368,8 @@ int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)
     if (out_fmt) push(&a, "--stdout"), push(&a, out_fmt);
     if (err_fmt) push(&a, "--stderr"), push(&a, err_fmt);
     push(&a, "--");
-    if (is_subcommand && strchr(argv[i], '/') == NULL && is_subcommand(argv[i])) push(&a, self);
+    const bool run_subcommand = is_subcommand && strchr(argv[i], '/') == NULL && is_subcommand(argv[i]);
+    if (run_subcommand) push(&a, self);
     for (; i < argc; i++) push(&a, argv[i]);
 
     const char *dry = getenv("CM_LAUNCH_DRY_RUN");
@@ -227,9 +380,12 @@ int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)
     }
     fflush(stdout);
     fflush(stderr);
-    execvp(a.v[0], a.v);
-    fprintf(stderr, "composer: cannot run '%s': %s\n", a.v[0], strerror(errno));
-    return 1;
+    if (!run_subcommand || strcmp(flavour, "openmpi")) {
+        execvp(a.v[0], a.v);
+        fprintf(stderr, "composer: cannot run '%s': %s\n", a.v[0], strerror(errno));
+        return 1;
+    }
+    return run_filtered(a.v);
 }
 
 static int redirect(const char *fmt, const cm_dist_env *env, int fd) {

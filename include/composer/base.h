@@ -200,6 +200,12 @@ void cm_arena_reset_peak(cm_arena *a);
  * to write part of its output is caught by the tests. Off by default. */
 void cm_arena_set_poison(cm_arena *a, bool on);
 
+/* A function the arena calls when an allocation fails (over the budget, or the system refused):
+ * the request, the bytes in use and the budget (0 = none), after the error is recorded. For
+ * OOMObserver. It must not allocate from this arena. NULL fn removes it. */
+typedef void (*cm_arena_oom_fn)(size_t request, size_t used, size_t budget, void *data);
+void cm_arena_set_oom_hook(cm_arena *a, cm_arena_oom_fn fn, void *data);
+
 /* ---------------------------------------------------------------------------------------------
  * Threads
  * ------------------------------------------------------------------------------------------- */

@@ -163,6 +163,11 @@ const char *cm_optim_class_name(cm_optim_kind kind);
  *   memory/arena_budget_bytes the arena's budget, when one is set (cfg.arena_budget)
  * Composer's allocated/reserved split maps onto arena_bytes (live activations) and rss_bytes
  * (everything the process holds: parameters, optimizer state, loader buffers, allocator slack).
+ * When the model is on a GPU it also logs Composer's names, in GiB as Composer does:
+ *   memory/allocated_mem       bytes the GPU's caching allocator has handed out now
+ *   memory/reserved_mem        bytes it holds (handed out plus cached)
+ *   memory/peak_allocated_mem  the largest allocated_mem so far
+ * and memory/device_arena_peak_bytes, the peak of the tape's GPU arena (activations).
  * Name "MemoryMonitor". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
 cm_status cm_memory_monitor_new(cm_callback_plugin *out);
 
@@ -287,6 +292,295 @@ cm_optimizer_monitor_config cm_optimizer_monitor_config_default(void);
 /* Name "OptimizerMonitor". cfg NULL = defaults. Errors: CM_ERR_INVALID_ARG
  * (batch_log_interval < 1), CM_ERR_OOM. */
 cm_status cm_optimizer_monitor_new(const cm_optimizer_monitor_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * NaNMonitor: a NaN loss fails the run, or rolls it back
+ * =========================================================================================== */
+
+/* What NaNMonitor does when a microbatch's loss is NaN (checked at every AFTER_LOSS, before the
+ * loss is scaled). */
+#define CM_NAN_ACTION_LIST(X)                  \
+    X(CM_NAN_ERROR, "error")                   \
+    X(CM_NAN_ROLLBACK, "rollback")
+
+typedef enum cm_nan_action {
+#define CM_X_(name, str) name,
+    CM_NAN_ACTION_LIST(CM_X_)
+#undef CM_X_
+    CM_NAN_ACTION_COUNT
+} cm_nan_action;
+
+/* "error" or "rollback" (case-insensitive); CM_ERR_INVALID_ARG naming both otherwise. */
+cm_status cm_nan_action_parse(const char *s, cm_nan_action *out);
+
+typedef struct cm_nan_monitor_config {
+    /* CM_NAN_ERROR (Composer's behaviour, the default): the fit fails with CM_ERR_STATE "Train loss
+     * contains a NaN." naming the epoch, batch and microbatch. CM_NAN_ROLLBACK: cm_state_rollback —
+     * the batch is abandoned, the trainer goes back to its last checkpoint and skips the data of
+     * the batches since then, this one included (trainer.h); the callback logs
+     * nan_monitor/rollbacks (their count so far) when it asks. */
+    cm_nan_action on_nan;
+    /* Rollbacks allowed over the run (a NaN that comes back from every checkpoint would otherwise
+     * eat the data); the next NaN fails the fit as with CM_NAN_ERROR. Default 5; >= 0. */
+    int max_rollbacks;
+} cm_nan_monitor_config;
+
+cm_nan_monitor_config cm_nan_monitor_config_default(void);
+
+/* Name "NaNMonitor". cfg NULL = defaults. Save/load: the number of rollbacks so far. Errors:
+ * CM_ERR_INVALID_ARG (a bad on_nan, max_rollbacks < 0), CM_ERR_OOM. */
+cm_status cm_nan_monitor_new(const cm_nan_monitor_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * SystemMetricsMonitor: the machine's CPU, memory, disk and network
+ * =========================================================================================== */
+
+/* Composer's SystemMetricsMonitor, read from /proc and statvfs: at every BATCH_START,
+ * EVAL_BATCH_START and PREDICT_BATCH_START (every interval-th of them) it logs
+ *   cpu_percentage            the machine's busy CPU share since the last log (0..100)
+ *   cpu_memory_total, cpu_memory_available, cpu_memory_used (bytes), cpu_memory_percent
+ *   disk_memory_total, disk_memory_used, disk_memory_free (bytes), disk_memory_percent (of "/")
+ *   network_bytes_sent, network_bytes_recv (all interfaces, since boot)
+ * and, beyond Composer, process_cpu_percentage (this process, 100 = one core) and
+ * process_rss_bytes. Composer logs only GPU metrics unless log_all_data on a CPU-only machine;
+ * here the CPU ones are always logged (there are no GPU metrics). */
+typedef struct cm_system_metrics_monitor_config {
+    bool log_all_data; /* Composer's flag; accepted, no effect (one process: its own metrics) */
+    int interval;      /* log every interval-th batch start (>= 1); default 1, as Composer */
+} cm_system_metrics_monitor_config;
+
+cm_system_metrics_monitor_config cm_system_metrics_monitor_config_default(void);
+/* Name "SystemMetricsMonitor". cfg NULL = defaults. Errors: CM_ERR_INVALID_ARG (interval < 1),
+ * CM_ERR_OOM. */
+cm_status cm_system_metrics_monitor_new(const cm_system_metrics_monitor_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * FreeOutputs
+ * =========================================================================================== */
+
+/* Composer's FreeOutputs: at AFTER_LOSS the state's outputs are dropped (cm_state_free_outputs),
+ * so nothing after the loss holds them — as in Composer, the train metrics then see no outputs
+ * and are not computed. The outputs' memory is the tape arena's and comes back when the
+ * microbatch ends, as it would without the callback (Composer's frees a GPU tensor early).
+ * Name "FreeOutputs". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
+cm_status cm_free_outputs_new(cm_callback_plugin *out);
+
+/* =============================================================================================
+ * LoadCheckpoint: weights from a checkpoint at a chosen event
+ * =========================================================================================== */
+
+/* Composer's LoadCheckpoint(load_path, load_options, event): the first time `event` fires, the
+ * model's weights are loaded from load_path — a checkpoint directory written by the trainer
+ * (monolithic or sharded; its model tensors are verified), or a .safetensors file — into the
+ * model (cm_module_load_safetensors). Composer loads again at every later occurrence of the
+ * event; here once (a recurring event would otherwise reset the weights each time). Only the
+ * model: the optimizer and the run's time come from the trainer's own load_path / autoresume.
+ * Not under a sharded strategy (the parameters live in the shards). */
+typedef struct cm_load_checkpoint_config {
+    const char *load_path;            /* required; copied */
+    cm_event event;                   /* default CM_EVENT_BEFORE_LOAD */
+    bool strict_model_weights;        /* default true: every model tensor must match by name */
+    const char *const *ignore_keys;   /* glob patterns of names not to load (copied) */
+    int n_ignore_keys;
+} cm_load_checkpoint_config;
+
+cm_load_checkpoint_config cm_load_checkpoint_config_default(void);
+/* Name "LoadCheckpoint". Errors: CM_ERR_INVALID_ARG (no load_path, a bad event), CM_ERR_OOM. At
+ * the event: the load's errors (CM_ERR_NOT_FOUND for a missing path or, strict, names that do
+ * not match; CM_ERR_SHAPE; CM_ERR_FORMAT for a damaged checkpoint), CM_ERR_UNSUPPORTED under a
+ * sharded strategy. */
+cm_status cm_load_checkpoint_new(const cm_load_checkpoint_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * CheckpointSaver
+ * =========================================================================================== */
+
+/* Composer's CheckpointSaver arguments. Composer's Trainer turns its save_* arguments into a
+ * CheckpointSaver callback; here the trainer saves itself (transactional, sharded and elastic
+ * checkpoints: composer/checkpoint.h), so the callback's arguments configure that saver:
+ * cm_checkpoint_saver_apply writes them into a trainer config (save_folder = folder,
+ * save_filename = filename, save_latest_filename = latest_filename, save_interval,
+ * save_weights_only = weights_only, save_num_checkpoints_to_keep, save_overwrite = overwrite).
+ * The checkpoints are directories (manifest.json + safetensors), so Composer's ".pt" file
+ * names do not apply: filename's default is the trainer's "ep{epoch}-ba{batch}". */
+typedef struct cm_checkpoint_saver_config {
+    const char *folder;          /* default "{run_name}/checkpoints" */
+    const char *filename;        /* default "ep{epoch}-ba{batch}" */
+    const char *latest_filename; /* default "latest"; "" = no pointer */
+    cm_time save_interval;       /* default 1ep */
+    bool weights_only;           /* default false */
+    int num_checkpoints_to_keep; /* default -1 (all) */
+    bool overwrite;              /* default false */
+} cm_checkpoint_saver_config;
+
+cm_checkpoint_saver_config cm_checkpoint_saver_config_default(void);
+/* Writes the saver's settings into *tc; {run_name} in folder is expanded with `run_name` into
+ * folder_buf (cap bytes), which must outlive the trainer's construction. Errors:
+ * CM_ERR_INVALID_ARG (an empty folder, num_checkpoints_to_keep < -1 or 0, a folder too long for
+ * folder_buf, tc NULL). */
+cm_status cm_checkpoint_saver_apply(const cm_checkpoint_saver_config *cfg, const char *run_name, char *folder_buf,
+                                    size_t cap, cm_trainer_config *tc);
+
+/* =============================================================================================
+ * Generate: samples from a GPT during training
+ * =========================================================================================== */
+
+struct cm_tokenizer;
+
+/* Composer's Generate(prompts, interval, **generate_kwargs): every `interval` (at BATCH_END for a
+ * batch interval, at EPOCH_END for an epoch one), rank 0 continues each prompt with
+ * cm_gpt2_generate (KV cache, eval mode, no gradients, the model unchanged) and logs
+ * prompt + continuation with cm_logger_log_text under "generate/<i>" (i: the prompt's index),
+ * which the FileLogger writes into log.txt and the ConsoleLogger prints; the InMemoryLogger keeps
+ * them. Generation stops at the tokenizer's end-of-text token when it has one. Composer logs a
+ * table per call (prompt, generation); here one text per prompt. The model must be a GPT-2 of
+ * the zoo (cm_model_is_gpt2); not under FULL_SHARD (the parameters live in the shards). */
+typedef struct cm_generate_config {
+    const struct cm_tokenizer *tokenizer; /* required; borrowed (must outlive the trainer) */
+    const char *const *prompts;          /* required, copied; "" = start from end-of-text (or id 0) */
+    int n_prompts;
+    cm_time interval;                    /* required: ba or ep, count >= 1 */
+    int64_t max_new_tokens;              /* default 100 */
+    float temperature;                   /* default 0: greedy (Hugging Face's default, do_sample false) */
+    int64_t top_k;                       /* default 0 = all */
+    float top_p;                         /* default 1 */
+    uint64_t seed;                       /* the sampling stream; default 42 */
+} cm_generate_config;
+
+cm_generate_config cm_generate_config_default(void);
+/* Name "Generate". Errors: CM_ERR_INVALID_ARG (no tokenizer, no prompts, an interval not in ba or
+ * ep, max_new_tokens < 1, temperature < 0, top_p outside (0, 1]), CM_ERR_OOM. During the run: a
+ * model that is not a GPT-2 (CM_ERR_UNSUPPORTED at FIT_START), the tokenizer's and generation's
+ * errors. */
+cm_status cm_generate_new(const cm_generate_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * ImageVisualizer: a PNG grid of input images and predictions
+ * =========================================================================================== */
+
+/* Composer's ImageVisualizer (mode "input"): every `interval` during training (at AFTER_FORWARD
+ * of the batch's first microbatch, when the batch count is a multiple of it) and at the first
+ * batch of every evaluation, rank 0 writes a PNG grid of the batch's first num_images images —
+ * each scaled to its own minimum and maximum, enlarged to at least 56 pixels — with, under each,
+ * two strips of one cell per class: the predicted class (the outputs' argmax) filled green when
+ * it is the target and red when not, and the target class filled blue. The file is
+ * <folder>/<label>_ba<batch>.png (label "train" or the evaluator's), and its path with the
+ * predictions and targets is logged as a text under "Images/Train" or "Images/<Label>" (Composer
+ * logs the images to its image-capable loggers). Images: field input_key, (N, C, H, W) or with
+ * channels_last (N, H, W, C), C 1 or 3, f32 or u8; targets: field target_key, integer (N); the
+ * outputs: (N, classes) logits. */
+typedef struct cm_image_visualizer_config {
+    cm_time interval;   /* ba or ep; default 100ba */
+    const char *mode;   /* "input" (default); "segmentation" is not supported */
+    int num_images;     /* default 8 */
+    bool channels_last; /* default false */
+    int input_key;      /* the batch field of the images; default 0 */
+    int target_key;     /* the batch field of the targets; default 1 */
+    const char *folder; /* copied; default "{run_name}/images" ({run_name}: the state's) */
+} cm_image_visualizer_config;
+
+cm_image_visualizer_config cm_image_visualizer_config_default(void);
+/* Name "ImageVisualizer". Errors: CM_ERR_INVALID_ARG (interval not in ba or ep or < 1,
+ * num_images < 1, a key < 0, an empty folder), CM_ERR_UNSUPPORTED (mode "segmentation"), CM_ERR_OOM.
+ * During the run: CM_ERR_SHAPE naming the field when the images or targets do not have those
+ * shapes, CM_ERR_IO naming the file. */
+cm_status cm_image_visualizer_new(const cm_image_visualizer_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * ExportForInference: weights and a standalone C program
+ * =========================================================================================== */
+
+/* Composer's ExportForInferenceCallback(save_format, save_path): at FIT_END, rank 0 writes into
+ * the folder save_path the model's weights (model.safetensors) and infer.c, a self-contained C
+ * program (C99 and libm, nothing of this library) that reads those weights and prints the
+ * logits of one input:
+ *     cc -O2 -o infer save_path/infer.c -lm
+ *     ./infer save_path/model.safetensors < input.txt    # in_features numbers -> one logit a line
+ * Composer exports TorchScript or ONNX; here save_format "c", for models that are a Sequential
+ * of Flatten, Linear (and GPT-2's Conv1D), the activations (ReLU, GELU, NewGELU, SiLU, Tanh,
+ * Sigmoid, Identity) and Dropout (inactive at inference) — the zoo MLP. Other layers are refused
+ * by name. The program computes in float with double accumulation; it agrees with the model's
+ * eval forward to float rounding. */
+typedef struct cm_export_for_inference_config {
+    const char *save_format; /* "c" (default); "torchscript" and "onnx" are refused */
+    const char *save_path;   /* required: the folder (made if missing; {run_name} is the state's); copied */
+} cm_export_for_inference_config;
+
+cm_export_for_inference_config cm_export_for_inference_config_default(void);
+/* Name "ExportForInferenceCallback". Errors: CM_ERR_INVALID_ARG (no save_path, an unknown format),
+ * CM_ERR_UNSUPPORTED (torchscript, onnx), CM_ERR_OOM. At FIT_END: CM_ERR_UNSUPPORTED naming a
+ * layer the program cannot run, CM_ERR_IO naming a file. */
+cm_status cm_export_for_inference_new(const cm_export_for_inference_config *cfg, cm_callback_plugin *out);
+/* The export itself, for a model outside a trainer (the same files). */
+cm_status cm_export_for_inference(cm_model *model, const char *save_path);
+
+/* =============================================================================================
+ * MemorySnapshot and OOMObserver: the tape arena's timeline
+ * =========================================================================================== */
+
+/* The CPU analogue of Composer's MemorySnapshot and OOMObserver, which record PyTorch's CUDA
+ * allocator: here the tape arena (activations and tape nodes; composer/base.h) is sampled at every
+ * event of a training batch — per microbatch BEFORE_FORWARD, AFTER_FORWARD, AFTER_LOSS,
+ * AFTER_BACKWARD and the rest — as entries {t_us, event, batch, microbatch, arena_bytes,
+ * arena_peak_bytes, rss_bytes}, written as JSON ({"rank", "arena_budget_bytes", "entries": [...],
+ * and for an OOM "oom": {...}}) next to an SVG plot of arena_bytes over time (same name, .svg). */
+typedef struct cm_memory_snapshot_config {
+    int skip_batches;     /* batches not recorded first; default 1 */
+    cm_time interval;     /* how long to record after them (ba); default 3ba */
+    int max_entries;      /* entries kept; default 100000 */
+    const char *folder;   /* copied; default "{run_name}/memory_traces" */
+    const char *filename; /* copied; default "rank{rank}.{batch}.memory_snapshot.json" ({batch}: the last recorded) */
+    bool overwrite;       /* default false: an existing file is an error */
+} cm_memory_snapshot_config;
+
+cm_memory_snapshot_config cm_memory_snapshot_config_default(void);
+/* Name "MemorySnapshot": records batches skip_batches .. skip_batches + interval − 1 (0-based)
+ * and writes the snapshot once, after the last of them. Errors: CM_ERR_INVALID_ARG
+ * (skip_batches < 0, interval not a positive count of ba, max_entries < 1, empty folder or
+ * filename), CM_ERR_OOM; CM_ERR_IO naming the file when it is written. */
+cm_status cm_memory_snapshot_new(const cm_memory_snapshot_config *cfg, cm_callback_plugin *out);
+
+/* OOMObserver: keeps the timeline of the batch in progress; when the arena runs out of its
+ * budget (CM_ERR_OOM: a fixed microbatch size fails, automatic microbatching retries smaller)
+ * it writes that batch's timeline with "oom": {request_bytes, used_bytes, budget_bytes, event,
+ * batch, microbatch, count} to <folder>/<filename>.json and .svg (a later OOM overwrites them;
+ * count says how many there were) and logs a warning naming the file. */
+typedef struct cm_oom_observer_config {
+    const char *folder;   /* copied; default "{run_name}/traces" */
+    const char *filename; /* copied; default "rank{rank}_oom" */
+    int max_entries;      /* per batch; default 100000 */
+} cm_oom_observer_config;
+
+cm_oom_observer_config cm_oom_observer_config_default(void);
+/* Name "OOMObserver". Errors: CM_ERR_INVALID_ARG (empty folder or filename, max_entries < 1),
+ * CM_ERR_OOM; a snapshot that cannot be written is a warning (the OOM itself is the error). */
+cm_status cm_oom_observer_new(const cm_oom_observer_config *cfg, cm_callback_plugin *out);
+
+/* =============================================================================================
+ * ActivationMonitor: statistics of every module's inputs and outputs
+ * =========================================================================================== */
+
+/* Composer's ActivationMonitor: at the first microbatch of every `interval`-th batch it hooks
+ * every module's forward (cm_module_set_forward_hook, from BEFORE_FORWARD to AFTER_FORWARD) and
+ * logs, for each floating-point input i and the output of each module (path = its dotted name,
+ * "" for the root), statistics over the last dimension averaged over the other rows:
+ *   activations/max/<path>_input.<i>, activations/average/<path>_input.<i> (the plain mean),
+ *   activations/l2_norm/<path>_input.<i>, activations/kurtosis/<path>_input.<i> (m4 / var²),
+ * and the same with _output.0. Modules whose path contains one of ignore_module_types are left
+ * out. Composer's only_log_wandb sends them to W&B alone when it is there; here they go to every
+ * logger (a W&B logger included). Only modules called through cm_module_forward are seen. */
+typedef struct cm_activation_monitor_config {
+    cm_time interval;                       /* ba or ep; default 25ba */
+    const char *const *ignore_module_types; /* substrings of paths to skip (copied); default none */
+    int n_ignore_module_types;
+    bool only_log_wandb;                    /* default true; see above */
+} cm_activation_monitor_config;
+
+cm_activation_monitor_config cm_activation_monitor_config_default(void);
+/* Name "ActivationMonitor". A batch interval below 10ba is allowed with a warning (Composer's:
+ * the hooks cost throughput). Errors: CM_ERR_INVALID_ARG (interval not a positive count of ba or
+ * ep, n_ignore without the array), CM_ERR_OOM. */
+cm_status cm_activation_monitor_new(const cm_activation_monitor_config *cfg, cm_callback_plugin *out);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,9 @@
  *                                  metadata {"format": "pt"}: any safetensors reader loads it
  *       optimizer.safetensors      optimizer state, torch's keys per flat span ("<unit>.exp_avg",
  *                                  "<unit>.step"); absent in a weights-only checkpoint
+ *       algorithms.safetensors     the tensors of algorithms' state ("EMA/<param name>",
+ *                                  "SWA/<param name>": cm_algorithm_i.tensors); present when an
+ *                                  algorithm has some, absent in a weights-only checkpoint
  *     latest                       a text file: the name of the newest committed checkpoint
  *     .tmp-<pid>-<n>-ep1-ba6/      a save in progress (never read; removed when its writer is gone)
  *
@@ -150,6 +153,7 @@ extern "C" {
 #define CM_CKPT_MANIFEST "manifest.json"
 #define CM_CKPT_MODEL_FILE "model.safetensors"
 #define CM_CKPT_OPTIM_FILE "optimizer.safetensors"
+#define CM_CKPT_ALGO_FILE "algorithms.safetensors"
 #define CM_CKPT_LATEST_DEFAULT "latest"
 #define CM_CKPT_FILENAME_DEFAULT "ep{epoch}-ba{batch}"
 

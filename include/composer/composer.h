@@ -8,7 +8,9 @@
  * writer, sharded index), time.h (Composer's Time strings and Timestamp), optim.h (optimizers over
  * flat buffers, schedulers as pure functions of time), nn.h (modules, flat parameter buffers,
  * surgery, layers), model.h (the ComposerModel-style model interface and metrics), zoo_*.h (the
- * model zoo), report.h (progress bar, JSON Lines metrics file, SVG plots, run folders).
+ * model zoo), report.h (progress bar, JSON Lines metrics file, SVG plots, run folders),
+ * data_algos.h (Composer's data methods: MixUp, CutMix, CutOut, LabelSmoothing, ...),
+ * train_algos.h (the training methods EMA, SWA, SAM and LayerFreezing).
  */
 #ifndef COMPOSER_COMPOSER_H
 #define COMPOSER_COMPOSER_H
@@ -29,11 +31,16 @@
 #include <composer/report.h>
 #include <composer/trainer.h>
 #include <composer/algorithms.h>
+#include <composer/surgery_algorithms.h>
+#include <composer/data_algos.h>
+#include <composer/train_algos.h>
 #include <composer/callbacks.h>
+#include <composer/profiler.h>
 #include <composer/loggers.h>
 #include <composer/config.h>
 #include <composer/dist.h>
 #include <composer/storage.h>
 #include <composer/checkpoint.h>
+#include <composer/hf.h>
 
 #endif

@@ -142,6 +142,10 @@ cm_status cm_config_get_doubles(cm_config *c, const char *path, const double *de
 /* Marks `path` (and the maps on the way) read without interpreting it: for keys a program
  * accepts and ignores. Also records it as a valid key for suggestions. */
 void cm_config_touch(cm_config *c, const char *path);
+/* Marks the node at `path` (and the maps on the way) read, but not what is below it: for a map of
+ * arguments whose every key is read by a getter (an unknown argument is then still reported),
+ * or that may be empty ({}). Also records it as a valid key for suggestions. */
+void cm_config_mark_read(cm_config *c, const char *path);
 
 /* Where the node at `path` came from ("x.yaml:3:5", "override 'a=1'", "default"), or "" when
  * absent. Borrowed; valid until the next call on c. */

@@ -58,6 +58,15 @@ typedef struct cm_image_augment {
     int crop_padding;
     /* Probability of a horizontal (left-right) flip, in [0, 1]. 0 disables. */
     float hflip_p;
+    /* Optional: a transform of the raw u8 pixels (C, H, W) after the crop and flip, before
+     * normalisation (where torchvision pipelines put PIL transforms) — e.g. cm_randaugment_transform
+     * or cm_augmix_transform of composer/data_algos.h, with their config as u8_transform_data
+     * (borrowed: it must outlive the dataset). Called on the loader's workers, only when
+     * ctx->training, with (ctx->seed, ctx->epoch, sample index) to key its draws, so it must be
+     * thread-safe and a pure function of them. An error fails the sample's get. NULL: none. */
+    cm_status (*u8_transform)(uint8_t *img, int64_t C, int64_t H, int64_t W, uint64_t seed, int64_t epoch,
+                              int64_t index, const void *data);
+    const void *u8_transform_data;
 } cm_image_augment;
 
 /* The usual CIFAR recipe: crop_padding 4, hflip_p 0.5. (Dataset configs default to no

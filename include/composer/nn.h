@@ -209,6 +209,15 @@ typedef struct cm_act_ckpt_target {
  * requires). */
 cm_status cm_module_checkpoint_policy(cm_module *root, const cm_act_ckpt_target *targets, int n, int *n_marked);
 
+/* A function cm_module_forward(_n) calls after a module's forward succeeded, with its inputs and
+ * output (tape tensors, valid until the tape is reset): ActivationMonitor's forward hooks, as
+ * PyTorch's register_forward_hook. cm_module_set_forward_hook sets it on m and every module below
+ * it now (modules added later have none); NULL fn removes it. The hook must not record on the tape
+ * or change the tensors. Modules whose parent calls them without cm_module_forward (fused blocks)
+ * are not seen. Not thread-safe with a forward in flight. */
+typedef void (*cm_module_forward_hook_fn)(cm_module *m, int n_in, cm_tensor *const *in, cm_tensor *out, void *data);
+void cm_module_set_forward_hook(cm_module *m, cm_module_forward_hook_fn fn, void *data);
+
 /* Writes a PyTorch-style tree ("(c_attn): Linear(in=768, out=2304, bias)") into buf, always
  * NUL-terminated; returns the length the full text needs (as snprintf). */
 size_t cm_module_summary(const cm_module *m, char *buf, size_t cap);
@@ -227,6 +236,21 @@ size_t cm_module_summary(const cm_module *m, char *buf, size_t cap);
  * tree), CM_ERR_OOM (the tree is unchanged). */
 cm_status cm_module_finalize(cm_module *root);
 bool cm_module_is_finalized(const cm_module *root);
+/* A number that changes whenever the flat buffers of root's tree are (re-)packed or unpacked
+ * (cm_module_finalize, surgery): spans taken from cm_module_unit (an optimizer's, say) stay valid
+ * while it stays the same. 0 for a tree never finalized. */
+uint64_t cm_module_layout_version(const cm_module *root);
+
+/* Moves a finalized model's parameters, gradients and buffers (running statistics, counters, ...)
+ * to device `dev`, keeping every tensor's identity (pointers to parameters stay valid; their data
+ * and device change) and the values. Afterwards cm_unit_info.params/grads are device memory and
+ * forward passes must be given inputs on `dev` (the trainer moves batches itself). Move the model
+ * after finalize and surgery and before creating an optimizer or a trainer: re-finalizing and
+ * surgery need the model on the CPU. Errors: CM_ERR_STATE (not finalized, or locked by an
+ * optimizer), cm_device_check's, CM_ERR_OOM (the model is unchanged). */
+cm_status cm_module_to_device(cm_module *root, cm_device dev);
+/* The device of a finalized model's parameters (CM_DEVICE_CPU otherwise). */
+cm_device cm_module_device(const cm_module *root);
 
 /* One wrap unit: `numel` floats of parameters and of gradients, contiguous. Borrowed from the
  * root; valid until the next finalize/surgery or cm_module_free. */
@@ -236,6 +260,7 @@ typedef struct cm_unit_info {
     float *grads;        /* (numel), mirrors params */
     int64_t numel;
     int64_t n_params;    /* parameters in this unit */
+    cm_device device;    /* where params and grads live (cm_module_to_device) */
 } cm_unit_info;
 
 /* One named parameter, by value. name and tensor are borrowed from the root (valid until the
@@ -373,7 +398,8 @@ cm_status cm_nn_batch_norm2d_new(int64_t channels, const cm_nn_batch_norm_config
 /* relu(bn(x) + residual) (residual NULL: relu(bn(x))) for a BatchNorm2d module bn, as the fused
  * cm_batch_norm_add_relu with bn's parameters, buffers, config and mode (num_batches_tracked
  * counts as in its forward). When bn is another module (replaced by surgery, say), its forward,
- * cm_add and cm_relu run as separate ops. Errors are recorded on the tape (NULL returned). */
+ * cm_add and cm_relu run as separate ops (on f32 copies of a bf16 output or residual: the result is
+ * then f32). Errors are recorded on the tape (NULL returned). */
 cm_tensor *cm_nn_batch_norm_add_relu(cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual);
 
 /* Conv2d ("Conv2d"): "weight" (out, in/groups, kh, kw), "bias" (out); PyTorch's default init. */
@@ -470,6 +496,57 @@ cm_status cm_nn_bert_layer_new(const cm_nn_attention_config *cfg, cm_rng *rng, c
 /* The ALiBi slopes for n_heads heads (Press et al.: 2^(-8i/n) for a power of two n, interleaved
  * otherwise), into slopes (n_heads). */
 void cm_nn_alibi_slopes(int64_t n_heads, float *slopes);
+
+/* ---------------------------------------------------------------------------------------------
+ * Reading and retuning layers. Model surgery (composer/surgery_algorithms.h) reads a layer's
+ * settings to build its replacement, and switches a few settings in place where no parameter
+ * changes. Each fails with CM_ERR_INVALID_ARG naming the module's type when m is not one of the
+ * types named (or NULL). Not thread-safe with a forward of the same tree.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Conv2d: its configuration (sizes, kernel, opts, bias). */
+cm_status cm_nn_conv2d_config_of(const cm_module *m, cm_nn_conv2d_config *out);
+/* BatchNorm2d: channel count and configuration. Either out pointer may be NULL. */
+cm_status cm_nn_batch_norm2d_config_of(const cm_module *m, int64_t *channels, cm_nn_batch_norm_config *out);
+/* MaxPool2d and AvgPool2d: the pooling options. */
+cm_status cm_nn_pool2d_opts_of(const cm_module *m, cm_pool2d_opts *out);
+/* LayerNorm (groups 1) and GroupNorm: groups, normalised size (LayerNorm's dim, GroupNorm's
+ * channels), eps and whether it has weight and bias. Any out pointer may be NULL. */
+cm_status cm_nn_norm_config_of(const cm_module *m, int64_t *groups, int64_t *dim, float *eps, bool *affine);
+/* Dropout: its probability. */
+cm_status cm_nn_dropout_p_of(const cm_module *m, float *p);
+/* Embedding: rows and width. Either pointer may be NULL. */
+cm_status cm_nn_embedding_dims(const cm_module *m, int64_t *num, int64_t *dim);
+/* The attention configuration of the transformer modules of this file: GPT2Attention, GPT2MLP,
+ * GPT2Block and the BERT ones (BertLayer, BertAttention, BertSelfAttention, BertSelfOutput,
+ * BertIntermediate, BertOutput). */
+cm_status cm_nn_attention_config_of(const cm_module *m, cm_nn_attention_config *out);
+
+/* Switches ALiBi on or off in a GPT2Attention or BertSelfAttention (cfg.alibi: the bias
+ * -slope_h·|i - j| is added to the attention scores of every forward). No parameter changes. */
+cm_status cm_nn_attention_set_alibi(cm_module *m, bool on);
+/* Low-precision norms (Composer's LPLayerNorm / LPGroupNorm) for LayerNorm and GroupNorm: while
+ * on, a forward on a tape with bf16 autocast (amp_bf16) rounds x, the weight and the bias to bf16
+ * and rounds the result to bf16 (the values of PyTorch's bf16 layer_norm / group_norm on CUDA,
+ * which compute in f32 between the two roundings); the tensors stay f32 (there is no bf16 norm
+ * kernel here, so it saves no time) and gradients pass the roundings unchanged, as autocast's.
+ * Without autocast the forward is the plain f32 one. */
+cm_status cm_nn_norm_set_low_precision(cm_module *m, bool on);
+bool cm_nn_norm_is_low_precision(const cm_module *m); /* false for other modules */
+/* Weight standardization (Qiao et al. 2019; Composer's WeightStandardization) for a Conv2d: while
+ * on, its forward convolves with cm_nn_standardize_weight(weight) — the stored weight stays the
+ * parameter (and keeps its name), the gradient flows through the standardization. */
+cm_status cm_nn_conv2d_set_weight_standardization(cm_module *m, bool on);
+bool cm_nn_conv2d_weight_standardization(const cm_module *m); /* false for other modules */
+/* (W - mean) / sqrt(var + 1e-10) over every dim but the first (biased variance), as Composer's
+ * _standardize_weights: an op chain on the tape, differentiable in w. NULL + tape error for a
+ * weight of fewer than 2 dims. */
+cm_tensor *cm_nn_standardize_weight(cm_tape *tp, cm_tensor *w);
+/* Switches the activation layout of Conv2d, BatchNorm2d, MaxPool2d, AvgPool2d and
+ * AdaptiveAvgPool2d between (N, C, H, W) and (N, H, W, C) (channels_last). Weights keep their
+ * layout. The caller makes the layers' inputs match (see cm_resnet_set_channels_last). */
+cm_status cm_nn_set_channels_last(cm_module *m, bool on);
+bool cm_nn_is_channels_last(const cm_module *m); /* false for other modules */
 
 /* ---------------------------------------------------------------------------------------------
  * Weights in and out: safetensors files with the parameters' dotted names (Hugging Face names for

@@ -125,6 +125,9 @@ cm_optim_hparams cm_optim_hparams_default(cm_optim_kind kind);
  * valid for the optimizer's lifetime. `grad` may be NULL: the span is then skipped by steps (like a
  * torch parameter whose .grad is None) and its step count does not advance. `name` (copied; NULL
  * gives "span<i>") names the span's state buffers and must be unique within the optimizer. */
+/* A span's memory may be on the host or on a GPU (a model moved with cm_module_to_device: pass its
+ * cm_unit_info buffers as they are); the optimizer finds out which from the pointer, keeps its
+ * state on the same device and updates there. param and grad must be on one device. */
 typedef struct cm_optim_span {
     const char *name;
     float *param; /* (n,) */
@@ -166,6 +169,19 @@ cm_status cm_optim_step(cm_optim *o, double lr_multiplier);
 /* Sets every span's gradient to 0 (spans with NULL grad are skipped). */
 void cm_optim_zero_grad(cm_optim *o);
 
+/* Removes parameters from the optimizer, as Composer's LayerFreezing removes frozen parameters
+ * from the param groups: the `n` floats at `param` — a part of one span's parameter buffer (a
+ * parameter's range of its unit) — are skipped by every later step: no update, no weight decay,
+ * no change to their momentum or Adam moments (their state stays in the checkpoint as it was).
+ * The span's step count still advances for its other elements, as torch's per-parameter counts
+ * do for the parameters left in the group. Excluding a part twice is harmless; there is no way
+ * back. Not saved in checkpoints (LayerFreezing excludes again when its state is loaded).
+ * Errors: CM_ERR_INVALID_ARG (NULL, n < 0), CM_ERR_NOT_FOUND (no span's buffer holds the whole
+ * range), CM_ERR_OOM. */
+cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n);
+/* The number of elements excluded (over all spans). */
+int64_t cm_optim_n_excluded(const cm_optim *o);
+
 /* Optimizer state, for checkpoints. Entries are named "<span>.<key>" with key one of
  * "step" (i64, 1 element: updates applied to the span), "momentum_buffer" (SGD kinds with
  * momentum ≠ 0), "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad) — f32, n elements —
@@ -175,6 +191,7 @@ typedef struct cm_optim_state_entry {
     cm_dtype dtype;   /* CM_DTYPE_F32 or CM_DTYPE_I64 */
     void *data;       /* borrowed; writable (loading a checkpoint writes here) */
     int64_t numel;
+    cm_device device; /* where data lives: the spans' device (steps are always host memory) */
 } cm_optim_state_entry;
 
 /* The number of state entries (it changes only when a group is added). */

@@ -196,6 +196,18 @@ cm_status cm_metrics_file_close(cm_metrics_file *f);
 /* The path the file was opened with (borrowed; valid until close). */
 const char *cm_metrics_file_path(const cm_metrics_file *f);
 
+/* The file's length in bytes now (every line is flushed as it is written): where the next line
+ * goes. -1 (with an error set) if the system cannot say. */
+int64_t cm_metrics_file_size(const cm_metrics_file *f);
+
+/* Removes the bytes [from, to) — whole lines — from the file, keeping what follows `to`, and goes
+ * on writing at the end: a resumed run drops the lines an interrupted run wrote after its last
+ * checkpoint (from = the file's size when that checkpoint was saved) while keeping the lines it has
+ * written itself since it opened the file (to = the size at open). CM_ERR_INVALID_ARG when not
+ * 0 <= from <= to <= size, or when `from` or `to` is not at the start of a line (the file is then
+ * unchanged); CM_ERR_IO naming the path on a read or write failure. */
+cm_status cm_metrics_file_cut(cm_metrics_file *f, int64_t from, int64_t to);
+
 /* Called once per metric of each line, in file order: `line` is 1-based, `value` may be NaN or
  * infinite (from "NaN"/"Infinity"/"-Infinity" or null, which reads as NaN). `name` is valid during
  * the call only. Return CM_OK to go on; any other status stops reading and is returned as is. */
@@ -299,6 +311,17 @@ cm_status cm_run_folder_create(const char *root, const char *run_name, char **ou
 /* "<dir>/<file>" in a new string (the caller frees with cm_free); `file` is usually one of the
  * CM_RUN_FILE_* names. CM_ERR_INVALID_ARG for NULL; CM_ERR_OOM. */
 cm_status cm_run_folder_path(const char *dir, const char *file, char **out_path);
+
+/* ---------------------------------------------------------------------------------------------
+ * PNG images
+ * ------------------------------------------------------------------------------------------- */
+
+/* Writes a width × height image of 8-bit pixels — channels 1 (gray) or 3 (RGB), rows top to
+ * bottom, `pixels` holding width·height·channels bytes — as a PNG file (IHDR, one zlib-compressed
+ * IDAT of filter-0 rows, IEND; CRC-32 on every chunk), through a temporary file renamed into
+ * place. Errors: CM_ERR_INVALID_ARG (NULL, a side < 1 or > 65535, channels not 1 or 3), CM_ERR_IO
+ * naming the path, CM_ERR_OOM. Thread-safe. */
+cm_status cm_png_write(const char *path, int64_t width, int64_t height, int channels, const uint8_t *pixels);
 
 #ifdef __cplusplus
 }

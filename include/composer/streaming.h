@@ -37,6 +37,7 @@
 #define COMPOSER_STREAMING_H
 
 #include <composer/data.h>
+#include <composer/datasets.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -304,7 +305,7 @@ cm_status cm_streaming_partition(const char *algo, int64_t num_samples, int64_t 
  * StreamingDataset: MDS streams as a dataset that decides its own epoch order
  *
  *     cm_streaming_config sc = cm_streaming_config_default();
- *     sc.remote = "file:///data/c4-mds";   // or a local path; NULL when `local` holds the dataset
+ *     sc.remote = "s3://my-bucket/c4-mds"; // gs://, oci://, file://, a folder; NULL: `local` holds it
  *     sc.local = "/tmp/cache";
  *     sc.shuffle = true;                   // py1e, seed 9176 (Streaming's defaults)
  *     sc.batch_size = 8;                   // per device, as Streaming's batch_size
@@ -319,8 +320,13 @@ cm_status cm_streaming_partition(const char *algo, int64_t num_samples, int64_t 
  * column "tokens" (an integer ndarray, or bytes of int64 tokens as llm-foundry writes them) gives
  * "input_ids" (its first max_seq_len tokens, padded with 0) and "labels" (the next token at each
  * position, -100 where there is none, as Hugging Face's shifted causal-LM labels). With image_h,
- * image_w and image_c set, pil/png/jpeg columns become u8 (H, W, C) fields. Other columns (str,
- * json, ...) are not fields.
+ * image_w and image_c set, pil/png/jpeg columns become u8 (H, W, C) fields; with image_std also
+ * set, f32 (C, H, W) fields normalised as torchvision's ToTensor + Normalize ((x/255 - mean[c]) /
+ * std[c], computed as cm_dataset_cifar10 / cm_dataset_mnist do, so the same pixels give the same
+ * floats), randomly cropped and flipped for training by image_augment exactly as those datasets
+ * do (the draw keyed by the sample id). Other columns (str, json, ...) are not fields. A field is
+ * named after its column unless `renames` says otherwise (Streaming's vision datasets call the
+ * image and the label "x" and "y"; the zoo's classifiers read "image" and "label").
  *
  * Order: the loader asks the dataset for each global batch. The dataset computes Streaming's
  * epoch exactly (resample_streams, the partition over nodes = world_size / ranks_per_node and
@@ -331,13 +337,29 @@ cm_status cm_streaming_partition(const char *algo, int64_t num_samples, int64_t 
  * not depend on their number except in how the final partial batch is split.
  *
  * Cache: with a remote, shards are fetched into `local` when a sample needs them and ahead of the
- * order (predownload samples), compressed shards are decompressed there (the compressed file is
- * removed unless keep_zip), and with cache_limit the least recently used shards are evicted to
- * stay under it. Ranks sharing `local` on a node fetch each shard once (a lock file per shard).
- * Remotes: local paths and file:// URLs.
+ * order (predownload samples, on a thread of the dataset), compressed shards are decompressed
+ * there (the compressed file is removed unless keep_zip), and with cache_limit the least recently
+ * used shards are evicted to stay under it. Remotes are object stores (storage.h: s3://, gs://,
+ * oci://, file://, local paths), with their credentials and endpoint from the environment;
+ * download_retry retries of a transient failure (5xx, a connection cut, a timeout; resumed where
+ * it stopped), CM_STORAGE_MAX_RETRIES overriding it. Without `local`, shards of a remote store go
+ * to ${TMPDIR:-/tmp}/composer-streaming/<hash of the remote> (Streaming's temporary default).
+ *
+ * Processes sharing `local` (the ranks of a node) share the cache through lock files beside the
+ * shards ("<shard>.lock", ".cm_cache.lock"): each shard is fetched once, a shard is never evicted
+ * while a process fetches or maps it, and the mtime of the raw files is the common LRU clock. A
+ * cache over cache_limit whose shards are all held by other processes for EVICT_WAIT (2 s) is
+ * CM_ERR_IO naming the cache ("cache ... is full"); a corrupt or truncated download is
+ * CM_ERR_FORMAT naming the shard and the remote URI, and is removed from the cache so the next
+ * attempt fetches it anew. Nothing partial is ever left under a shard's name.
  * ------------------------------------------------------------------------------------------- */
 
 #define CM_STREAMING_MAX_STREAMS 32
+
+/* A field name for a column: {"x", "image"}. */
+typedef struct cm_streaming_rename {
+    const char *column, *field;
+} cm_streaming_rename;
 
 /* One stream; the weights follow Stream(): at most one of proportion, repeat, choose (< 0:
  * unset). Unset remote/local/split/validate_hash take the dataset's. */
@@ -371,6 +393,11 @@ typedef struct cm_streaming_config {
     int ranks_per_node;          /* 0: LOCAL_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE, else world_size */
     int64_t max_seq_len;         /* > 0: the text fields (see above) */
     int64_t image_h, image_w, image_c; /* > 0: image columns as u8 (H, W, C) */
+    float image_mean[3], image_std[3]; /* image_std[0] > 0: image fields as normalised f32 (C, H, W)
+                                          (one value per channel; image_c of them) */
+    cm_image_augment image_augment;    /* training only, with image_std; default none */
+    const cm_streaming_rename *renames; /* NULL: every field named after its column */
+    int n_renames;
 } cm_streaming_config;
 
 cm_streaming_config cm_streaming_config_default(void);
@@ -379,7 +406,9 @@ cm_streaming_config cm_streaming_config_default(void);
  * into local first when missing). Errors: CM_ERR_INVALID_ARG naming the argument (no streams,
  * remote and local both unset, bad weights, batch_size < 1, unknown shuffle_algo /
  * partition_algo / sampling_method / validate_hash, a cache_limit under 4 x the largest shard,
- * streams whose columns differ, no usable field), the reader's errors for index.json, CM_ERR_IO
+ * streams whose columns differ, no usable field, image_c other than 1 or 3, an image_std <= 0,
+ * image_augment without image_std, a rename of a column that is no field or to a name taken),
+ * the reader's errors for index.json, CM_ERR_IO
  * / CM_ERR_NOT_FOUND from the remote, CM_ERR_OOM. get is thread-safe. */
 cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int world_size, cm_dataset **out);
 

@@ -106,6 +106,14 @@ cm_status cm_device_check(cm_device d);
 /* A description of the device ("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)", "cpu"), or ""
  * if it is not available. The string is static. */
 const char *cm_device_describe(cm_device d);
+/* The dense peak FLOP/s of device d for computing in `dt` (bf16: the tensor cores; f32: the CUDA
+ * cores' FMA rate; CM_DTYPE_F16 is read as TF32, the rate of f32 GEMMs on tensor cores), from a
+ * table of NVIDIA data sheets looked up by the device's name: H100 SXM/PCIe/NVL, H200, A100, L40S,
+ * L4, RTX 4090. Errors: CM_ERR_NOT_FOUND naming the device when it is not in the table (pass the
+ * peak explicitly, e.g. SpeedMonitor's peak_flops), cm_device_check's; the CPU is
+ * CM_ERR_INVALID_ARG (cm_peak_flops measures it). */
+cm_status cm_device_peak_flops(cm_device d, cm_dtype dt, double *out);
+
 /* Waits for all work queued on d (nothing to do on the CPU). Errors: CM_ERR_DEVICE naming the
  * failed kernel's error, if an earlier launch failed asynchronously. */
 cm_status cm_device_synchronize(cm_device d);
@@ -297,6 +305,23 @@ cm_status cm_tape_backward_with(cm_tape *tp, cm_tensor *out, const cm_tensor *gr
 typedef void (*cm_tape_backward_hook_fn)(cm_tape *tp, const void *node, void *data);
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data);
 
+/* A function the tape calls around every op, for profiling (composer/profiler.h installs one on
+ * the trainer's tape while it records): BEGIN when an op has checked its required inputs
+ * (n_in, ins; out NULL), RECORDED when it has computed its output and recorded its backward node
+ * (out, and every input in order, NULL entries allowed), and BACKWARD_BEGIN / BACKWARD_END around
+ * each node's backward (the node's op, out and inputs). Ops that record no node (gradients off,
+ * or no input requiring one) give BEGIN only. NULL fn removes it; it survives cm_tape_reset. It
+ * must not record on, reset or fail the tape. */
+typedef enum cm_tape_op_phase {
+    CM_TAPE_OP_BEGIN = 0,
+    CM_TAPE_OP_RECORDED = 1,
+    CM_TAPE_OP_BACKWARD_BEGIN = 2,
+    CM_TAPE_OP_BACKWARD_END = 3
+} cm_tape_op_phase;
+typedef void (*cm_tape_op_hook_fn)(cm_tape_op_phase phase, const char *op, const cm_tensor *out, int n_in,
+                                   cm_tensor *const *ins, void *data);
+void cm_tape_set_op_hook(cm_tape *tp, cm_tape_op_hook_fn fn, void *data);
+
 /* A function every op calls on each tensor input before reading it (in forward, also with
  * gradients off), and backward calls on each input of a node before running the node's backward.
  * Returning an error fails the op (the tape records it). The distributed layer's FULL_SHARD uses
@@ -313,6 +338,9 @@ void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data);
  * process also with dropout. The trainer sets it for every microbatch. total 0 clears it (the
  * default: numbers drawn in sequence). Survives cm_tape_reset. */
 void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total);
+/* The row context (false and zeros when none is set): for random modules of their own that key
+ * their draws by global row as cm_dropout does. */
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total);
 
 /* Activation checkpointing: cm_tape_checkpoint(tp, fn, data, n_in, in) returns fn(tp, n_in, in, data)
  * but keeps, of everything fn computed, only its result. With gradients on it records one node;

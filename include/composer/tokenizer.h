@@ -98,7 +98,9 @@ cm_status cm_tokenizer_wordpiece_new(const char *vocab_txt_path, bool lowercase,
 cm_status cm_tokenizer_char_new_from_text(const char *text, size_t len, cm_tokenizer **out);
 
 /* Writes tokenizer.json (format in the overview) atomically (temporary file + rename). Errors:
- * CM_ERR_IO naming the path, CM_ERR_OOM. */
+ * CM_ERR_IO naming the path, CM_ERR_UNSUPPORTED (a tokenizer made from a Hugging Face
+ * tokenizer.json has no vocabulary files to refer to: write it with cm_hf_tokenizer_save),
+ * CM_ERR_OOM. */
 cm_status cm_tokenizer_save(const cm_tokenizer *tok, const char *path);
 
 /* Reads a tokenizer.json written by cm_tokenizer_save and creates the tokenizer it describes
@@ -205,6 +207,68 @@ cm_status cm_dataset_sst2_new(const char *tsv_path, const cm_tokenizer *tok, int
  * reads outside data (a fuzzing entry point). */
 cm_status cm_dataset_sst2_new_from_memory(const char *data, size_t len, const char *name, const cm_tokenizer *tok,
                                           int64_t max_len, cm_dataset **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * TSV sequence classification and text for language modelling
+ *
+ * The datasets behind `composer train`'s `dataset: {type: tsv | text, path, max_seq_len,
+ * text_column, label_column}`. Files are read and tokenised when the dataset opens (errors name the
+ * file and line); get() copies from memory and is thread-safe.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cm_tsv_config {
+    int64_t max_len;          /* tokens per sample, [CLS] and [SEP] included (128) */
+    const char *text_column;  /* the header's name of the text column ("sentence") */
+    const char *label_column; /* the label column ("label"), integers >= 0; NULL: no labels */
+    int64_t num_labels;       /* when > 0, labels must be below it (0) */
+} cm_tsv_config;
+
+/* max_len 128, text_column "sentence", label_column "label", num_labels 0. */
+cm_tsv_config cm_tsv_config_default(void);
+
+/* A tab-separated file whose first line names the columns (GLUE's layout; no quoting: a field runs
+ * to the next tab). Each row is [CLS] text [SEP], truncated to max_len and padded with [PAD]:
+ * fields "input_ids", "attention_mask", "token_type_ids" (i32, (max_len,)) and, with a label
+ * column, "label" (i64, ()); n_tokens is the real tokens. Blank lines are skipped. cfg NULL = the
+ * defaults. Errors: CM_ERR_IO (names the path), CM_ERR_FORMAT (no header, a column the header
+ * lacks — naming the header —, a short row, a label that is not an integer below num_labels;
+ * naming the file and line), CM_ERR_INVALID_ARG (max_len < 3, a tokenizer without [CLS] / [SEP] /
+ * [PAD]), CM_ERR_OOM. */
+cm_status cm_dataset_tsv_new(const char *path, const cm_tokenizer *tok, const cm_tsv_config *cfg, cm_dataset **out);
+
+/* How texts become samples. */
+typedef enum cm_text_layout {
+    /* Masked LM, Hugging Face run_mlm's default (group_texts): each text is [CLS] text [SEP], the
+     * texts are concatenated in order and cut into blocks of max_len tokens (the remainder is
+     * dropped). Fields "input_ids", "attention_mask" (all 1), "token_type_ids" (0). */
+    CM_TEXT_BLOCKS = 0,
+    /* Masked LM, run_mlm --line_by_line: each text is one sample, [CLS] text [SEP] truncated to
+     * max_len and padded with [PAD]; the same fields, attention_mask 0 on padding. */
+    CM_TEXT_LINES = 1,
+    /* Causal LM: the texts' tokens, each document followed by <|endoftext|> when the tokenizer has
+     * it, cut into windows of max_len + 1 tokens sharing one token (as the token-file dataset):
+     * "input_ids" = the first max_len, "labels" = the last max_len (next-token targets), i32. */
+    CM_TEXT_CAUSAL = 2,
+} cm_text_layout;
+
+typedef struct cm_text_config {
+    int64_t max_len;         /* tokens per sample (128) */
+    cm_text_layout layout;   /* CM_TEXT_BLOCKS */
+    const char *text_column; /* for .tsv files: the header's name of the text column ("sentence") */
+} cm_text_config;
+
+/* max_len 128, CM_TEXT_BLOCKS, text_column "sentence". */
+cm_text_config cm_text_config_default(void);
+
+/* Texts from n_paths files, in order: a path ending in ".tsv" gives one text per row (the
+ * text_column of a header-named TSV, as cm_dataset_tsv_new reads it); any other file gives one
+ * text per non-blank line (BLOCKS, LINES) or is one document (CAUSAL). The masked-LM layouts need
+ * a tokenizer with [CLS], [SEP] and [PAD]. cfg NULL = the defaults. Errors: CM_ERR_IO,
+ * CM_ERR_FORMAT (no text, too few tokens for one block, a TSV without the column; naming the
+ * file), CM_ERR_INVALID_ARG (no paths, max_len out of range, a tokenizer without the specials a
+ * layout needs), CM_ERR_OOM. */
+cm_status cm_dataset_text_new(const char *const *paths, int n_paths, const cm_tokenizer *tok, const cm_text_config *cfg,
+                              cm_dataset **out);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,9 @@
  * (fit / eval / predict / close) with microbatching, mixed precision and metrics.
  *
  * The loop is a sequence of events (Composer's names and order, listed in CM_EVENT_LIST). At each
- * event the engine runs the algorithms whose match() accepts it (ordered by the ordering passes;
- * reversed on AFTER_* events so before/after pairs nest), then the callbacks, then the loggers. On
+ * event the engine runs the algorithms whose match() accepts it (ordered by the ordering passes:
+ * SelectiveBackprop first and LowPrecisionLayerNorm last, then reversed on AFTER_* events so
+ * before/after pairs nest), then the callbacks, then the loggers. On
  * INIT the order is loggers, callbacks, algorithms. Plugins are vtables with an abi number and a
  * `void *self`; registering one hands `self` to the engine, which frees it.
  *
@@ -43,6 +44,8 @@
  *                 per microbatch: BEFORE_FORWARD, AFTER_FORWARD, BEFORE_LOSS, AFTER_LOSS,
  *                                 BEFORE_BACKWARD, AFTER_BACKWARD
  *                 AFTER_TRAIN_BATCH, (optimizer step), BATCH_END, [eval], BATCH_CHECKPOINT
+ *                 (a custom train step may run BEFORE_TRAIN_BATCH ... AFTER_TRAIN_BATCH more than
+ *                 once before its optimizer step: see cm_state_set_train_step)
  *     BEFORE_DATALOADER (finds the epoch exhausted), EPOCH_END, [eval], EPOCH_CHECKPOINT
  *   ITERATION_END, ITERATION_CHECKPOINT, FIT_END
  *   eval:        EVAL_BEFORE_ALL, per evaluator: EVAL_START, per batch: EVAL_BATCH_START,
@@ -60,7 +63,8 @@
  *    the end of a fit that reached max_duration, so the pairs always nest (Composer fires
  *    ITERATION_END only with an iteration length set, so by default never).
  *  - BEFORE_TRAIN_BATCH fires once per batch, also when automatic microbatching retries the batch
- *    with a smaller microbatch (Composer fires it again on each retry).
+ *    with a smaller microbatch (Composer fires it again on each retry); under a custom train step
+ *    (cm_state_set_train_step, e.g. SAM) it fires once per gradient computation, as in Composer.
  *  - Evaluation runs each batch whole (no eval microbatching); padded rows of an eval batch are
  *    run through the model but not counted by the metrics.
  *  - seed defaults to 42 rather than a random seed, so runs are reproducible by default.
@@ -95,7 +99,8 @@ extern "C" {
  * =========================================================================================== */
 
 /* X-macro list: enum suffix, Composer's value string, kind (BEFORE: has a matching after event;
- * AFTER: algorithms run in reverse registration order; NONE: neither), in Composer's order. */
+ * AFTER: Composer's is_after_event; NONE: neither), in Composer's order. Algorithms run in
+ * reverse order on the AFTER_* events only (see cm_ordering_pass_filo). */
 #define CM_EVENT_LIST(X)                                          \
     X(INIT, "init", NONE)                                         \
     X(BEFORE_LOAD, "before_load", BEFORE)                         \
@@ -207,6 +212,12 @@ void cm_state_free(cm_state *st); /* only for states from cm_state_new; NULL is 
  * AFTER_DATALOADER until BATCH_END (the microbatch ones from BEFORE_FORWARD to AFTER_BACKWARD);
  * tensors made on the tape (outputs, loss) are valid until the end of the microbatch. */
 cm_model *cm_state_model(const cm_state *st);
+/* Replaces the model the trainer trains (Composer's `state.model = ...`, as NoOpModel does): only
+ * on INIT and while a checkpoint's required algorithms are applied (CM_ERR_STATE otherwise), so
+ * the trainer makes its optimizer, metrics and lock for the new model. The model stays the
+ * caller's (a plugin keeps it alive until its free, which comes after the trainer stops using it);
+ * its module must be finalized (CM_ERR_STATE). A state from cm_state_new accepts it any time. */
+cm_status cm_state_set_model(cm_state *st, cm_model *model);
 cm_optim *cm_state_optimizer(const cm_state *st);
 int cm_state_n_schedulers(const cm_state *st);
 const cm_sched_config *cm_state_scheduler(const cm_state *st, int i); /* NULL out of range */
@@ -219,8 +230,15 @@ cm_dataloader *cm_state_dataloader(const cm_state *st);
 const char *cm_state_dataloader_label(const cm_state *st);
 /* Global batches per epoch of the train loader (0 when there is none). */
 int64_t cm_state_batches_per_epoch(const cm_state *st);
-/* The current batch: the loader's batch, or the current microbatch between BEFORE_FORWARD and
- * AFTER_BACKWARD (and the eval/predict batch in those loops). NULL outside. */
+/* How many batches the loop over cm_state_dataloader runs (Composer's state.dataloader_len): the
+ * train loader's batches per epoch during fit, an evaluator's batches limited by its
+ * subset_num_batches during eval, predict's limited by its subset; -1 outside loops or when the
+ * loader cannot say. */
+int64_t cm_state_dataloader_len(const cm_state *st);
+/* The current batch: the train batch (from AFTER_DATALOADER, the trainer's working copy of the
+ * loader's, with the changes algorithms made on AFTER_DATALOADER; see cm_state_set_batch), or the
+ * current microbatch between BEFORE_FORWARD and AFTER_BACKWARD (and the eval/predict batch in
+ * those loops). NULL outside. */
 cm_batch *cm_state_batch(const cm_state *st);
 /* The same batch as the model sees it (field names, tensors, counts). NULL outside. */
 const cm_model_batch *cm_state_model_batch(const cm_state *st);
@@ -273,11 +291,129 @@ cm_status cm_state_metric(const cm_state *st, const char *label, const char *nam
 int cm_state_n_metrics(const cm_state *st, const char *label);
 cm_status cm_state_metric_at(const cm_state *st, const char *label, int i, const char **name, double *value);
 
+/* ---- What algorithms may change in the batch ----
+ * Composer's algorithms change state.batch on the events Composer allows; here the changes go
+ * through these calls, so the trainer knows what changed and keeps its counts consistent.
+ *
+ * On AFTER_DATALOADER (during fit) the batch is the trainer's working copy of the loader's
+ * batch (the loader's own tensors are never touched): an algorithm may replace a field's tensor
+ * (same rows; e.g. ProgressiveResizing's smaller images, CutOut's masked ones) or the whole batch
+ * (other rows or sequence lengths: SelectiveBackprop's selected rows, SeqLengthWarmup's
+ * truncation). The trainer counts samples and tokens after AFTER_DATALOADER, as Composer does, so
+ * time, the microbatch weights and throughput follow the new batch; when any rank replaced its
+ * batch the global counts and this rank's row offset (which key the dropout masks) are
+ * recomputed from every rank's rows. Tensors given here must stay valid until BATCH_END (the
+ * plugin owns them; e.g. it frees them on its next apply or in its free), be contiguous, and
+ * have the batch's rows in dim 0.
+ *
+ * From BEFORE_FORWARD to BEFORE_BACKWARD (each microbatch) an algorithm may replace a field of
+ * the model batch (cm_state_model_batch): what the model's forward and loss read for the rest of
+ * the microbatch (MixUp's mixed inputs on BEFORE_FORWARD, LabelSmoothing's smoothed targets on
+ * BEFORE_LOSS); the tensor may come from cm_state_tape (valid until the microbatch ends) and must
+ * keep the microbatch's rows in dim 0. cm_state_batch keeps the loader's view of the microbatch,
+ * and the training metrics are computed on the microbatch as it was before these changes (as
+ * Composer's metrics use the batch copied at the microbatch's start).
+ *
+ * The event the engine is running now (CM_EVENT_COUNT outside events). */
+cm_event cm_state_event(const cm_state *st);
+/* Replaces the tensor of the field called `name` (see above for when and what). Errors:
+ * CM_ERR_NOT_FOUND (no such field, listing the fields), CM_ERR_SHAPE (other rows in dim 0),
+ * CM_ERR_INVALID_ARG (NULLs; a non-contiguous tensor on AFTER_DATALOADER), CM_ERR_STATE (another
+ * event, or no batch). */
+cm_status cm_state_set_batch_field(cm_state *st, const char *name, cm_tensor *t);
+/* Replaces the whole train batch on AFTER_DATALOADER: fields, names, n_rows, n_samples, n_padded,
+ * indices, valid, row_tokens and n_tokens are taken from *b (the struct is copied; its arrays,
+ * strings and tensors are borrowed until BATCH_END; NULL arrays mean "every row is a sample with
+ * no tokens", as cm_data_spec_split reads them); epoch, step and position stay the loader's. Errors:
+ * CM_ERR_STATE (another event), CM_ERR_INVALID_ARG (inconsistent counts, a field without a name
+ * or tensor, a non-contiguous one), CM_ERR_SHAPE (a field without n_rows rows). */
+cm_status cm_state_set_batch(cm_state *st, const cm_batch *b);
+/* A dry run of a train step on `batch` (on AFTER_DATALOADER during fit; Composer's
+ * SeqLengthWarmup "activates" the model so): forward and backward of its microbatches exactly as
+ * the trainer would train them (the microbatch size; automatic microbatching lowers it until the
+ * batch fits, and keeps the size it found; the ranks' gradient synchronisation) — one gradient
+ * computation, also under a custom train step — with no events, metrics, loss logging or
+ * optimizer step. Afterwards everything is as before: gradients zeroed,
+ * dropout counters and batch-norm statistics restored — only the arena has grown to the batch's
+ * size (memory claimed up front) and an automatic microbatch size may be smaller. Every rank must
+ * call it on the same batch step. Errors: CM_ERR_STATE (another event), CM_ERR_INVALID_ARG (a
+ * field without the batch's rows, not contiguous), the model's errors and CM_ERR_OOM as
+ * cm_trainer_fit's, prefixed "dry run of a N-row batch: ". */
+cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch);
+
 /* Asks the trainer to stop after the current batch (Composer's state.stop_training()): the loop
  * finishes the batch (BATCH_END, BATCH_CHECKPOINT), then fires FIT_END. Callbacks receive a
  * const state and may still call this: it is the one change a callback may make. */
 void cm_state_stop_training(const cm_state *st);
 bool cm_state_stop_requested(const cm_state *st);
+
+/* During BATCH_CHECKPOINT and EPOCH_CHECKPOINT: whether the trainer saves a checkpoint into
+ * save_folder right after this event (the save interval is due, or training ends here) — what
+ * Composer's algorithms ask its CheckpointSaver (EMA swaps its weights in for such a save).
+ * false at every other event, without a save_folder, and for cm_trainer_save_checkpoint and the
+ * save after a preemption signal. */
+bool cm_state_checkpoint_due(const cm_state *st);
+
+/* Learning-rate control for algorithms that own the schedule for a while (SWA's SWALR): from the
+ * next optimizer step on, the multiplier of every group's lr is `multiplier` instead of the
+ * product of the schedulers (NaN: the schedulers again, the default). multiplier must be ≥ 0 and
+ * finite or NaN (CM_ERR_INVALID_ARG). The override is not saved in checkpoints: the algorithm
+ * that sets it sets it again when its state is loaded (on AFTER_LOAD). */
+cm_status cm_state_set_lr_multiplier_override(cm_state *st, double multiplier);
+double cm_state_lr_multiplier_override(const cm_state *st); /* NaN when none */
+
+/* ---- Custom train steps: closures, after Composer's optimizer.step(closure) ----
+ *
+ * A batch is normally one gradient computation — BEFORE_TRAIN_BATCH, every microbatch's forward
+ * and backward (BEFORE_FORWARD ... AFTER_BACKWARD), the gradient synchronisation across ranks,
+ * AFTER_TRAIN_BATCH — followed by one optimizer step. An algorithm that needs several gradient
+ * computations per step (SAM: the gradient at w, then at w + e(w)) installs a train step with
+ * cm_state_set_train_step; the trainer then calls it once per batch with a closure instead:
+ *
+ *   cm_train_closure_run(c)   one gradient computation at the model's current parameters, the
+ *                             whole sequence above with its events (so GradientClipping and other
+ *                             AFTER_TRAIN_BATCH algorithms act on every gradient, as inside
+ *                             Composer's closure); it starts from zero gradients. The first run
+ *                             of a batch gives the batch's loss and train metrics; later runs
+ *                             update neither (Composer passes them a throw-away loss dict). Every
+ *                             run draws dropout from the batch's starting counters, so all runs
+ *                             of a batch see the same masks; batch-norm running statistics are
+ *                             updated by every run, as in Composer.
+ *   cm_train_closure_step(c)  the optimizer step with the batch's learning-rate multiplier (the
+ *                             schedulers' product or the override), then the parameter
+ *                             synchronisation of sharded strategies.
+ *
+ * The step function must run the closure at least once and step at most once per batch
+ * (CM_ERR_STATE otherwise, naming the algorithm's step); it may leave the parameters as it
+ * likes (SAM restores w before stepping). Errors it returns stop the fit like a plugin's error.
+ * fn NULL restores the default. Setting a step when another algorithm's is installed fails with
+ * CM_ERR_STATE naming both (two closure algorithms do not compose). `name` (static storage)
+ * names the step in messages. */
+typedef struct cm_train_closure cm_train_closure;
+typedef cm_status (*cm_train_step_fn)(void *data, cm_state *st, cm_train_closure *c);
+cm_status cm_state_set_train_step(cm_state *st, const char *name, cm_train_step_fn fn, void *data);
+cm_status cm_train_closure_run(cm_train_closure *c);
+cm_status cm_train_closure_step(cm_train_closure *c);
+
+/* Asks the trainer to roll the batch in progress back (NaNMonitor's on_nan: rollback; callable
+ * from a callback during a training batch, up to AFTER_TRAIN_BATCH). The trainer finishes the
+ * batch's microbatches (so every rank runs the same collectives), then — on every rank, if any
+ * rank asked — abandons it: no BATCH_END, no metrics, no checkpoint; it loads the last checkpoint
+ * this trainer saved or resumed from (the whole state: weights, optimizer, timestamp, plugin
+ * states; the loggers' too, so the FileLogger drops the rows logged since) and moves the train
+ * loader past the abandoned batch, so the data of the batches since the checkpoint — this one
+ * included — is skipped, and the run trains the same number of batches on later data. A skipped
+ * range that reaches into the next epoch ends the checkpoint's epoch instead. The rollback is
+ * logged (a warning naming the checkpoint and the skipped batches) and the metrics
+ * trainer/rollback/skipped_batches and trainer/rollback/skipped_samples are logged at the batch
+ * the run continues from. Without a checkpoint to go back to, fit fails with CM_ERR_STATE naming
+ * the batch. */
+void cm_state_rollback(const cm_state *st);
+bool cm_state_rollback_requested(const cm_state *st);
+
+/* Drops the state's outputs (FreeOutputs): a callback may call it from AFTER_LOSS on; the train
+ * metrics are then not computed for the microbatch. */
+void cm_state_free_outputs(const cm_state *st);
 
 /* =============================================================================================
  * Logging: the handle plugins log through, and the logger vtable
@@ -307,6 +443,10 @@ typedef struct cm_logger cm_logger;
 cm_status cm_logger_log_metrics(cm_logger *lg, const cm_metric_value *values, int n);
 cm_status cm_logger_log_metric(cm_logger *lg, const char *name, double value);
 cm_status cm_logger_log_hyperparameters(cm_logger *lg, const cm_hparam *hparams, int n);
+/* A text under a key (a generated sample: Composer's Logger.log_table), stamped with the state's
+ * timestamp: every destination with a log_text slot gets it, the others do not. Errors as
+ * cm_logger_log_metrics. */
+cm_status cm_logger_log_text(cm_logger *lg, const char *key, const char *text);
 
 #define CM_LOGGER_ABI 1
 
@@ -326,6 +466,13 @@ typedef struct cm_logger_i {
     /* At cm_engine_close / cm_trainer_close, after flush. */
     cm_status (*close)(void *self, const cm_state *st);
     void (*free)(void *self);
+    /* Checkpoint state, as cm_callback_i's save / load (Composer's logger destinations are
+     * callbacks with a state_dict): saved with every checkpoint, loaded between BEFORE_LOAD and
+     * AFTER_LOAD of a resumed run. Optional (NULL: nothing kept). */
+    size_t (*save)(void *self, char *buf, size_t cap);
+    cm_status (*load)(void *self, const char *json, size_t len);
+    /* A text (cm_logger_log_text) at timestamp ts. Optional (NULL: texts are not kept). */
+    cm_status (*log_text)(void *self, const char *key, const char *text, const cm_timestamp *ts);
 } cm_logger_i;
 
 /* =============================================================================================
@@ -333,6 +480,16 @@ typedef struct cm_logger_i {
  * =========================================================================================== */
 
 #define CM_ALGORITHM_ABI 1
+
+/* One tensor of an algorithm's checkpoint state: a contiguous buffer the algorithm owns (a save
+ * reads it, a load writes it). name: unique within the algorithm, borrowed. */
+typedef struct cm_plugin_tensor {
+    const char *name;
+    cm_dtype dtype;
+    int ndim;
+    int64_t shape[CM_MAX_DIMS];
+    void *data;
+} cm_plugin_tensor;
 
 /* An algorithm changes the training (Composer's Algorithm): match(event, state) decides whether
  * apply runs on this event. name, match and apply are required; the rest may be NULL. */
@@ -349,6 +506,15 @@ typedef struct cm_algorithm_i {
     cm_status (*load)(void *self, const char *json, size_t len);
     cm_status (*close)(void *self, cm_state *st, cm_logger *lg);
     void (*free)(void *self);
+    /* Optional: tensors of the checkpoint state, for what JSON cannot hold (EMA's averaged weights,
+     * SWA's average). Writes up to cap entries into out and returns how many there are (call with
+     * cap 0 to count); the list must not change after INIT. A checkpoint saves them in
+     * algorithms.safetensors as "<name>/<tensor>" ("<name>#<k>/<tensor>" for the k-th algorithm
+     * of the same name, k ≥ 1); loading checks every one (present, same dtype and shape: errors
+     * name the tensor) before anything changes, copies them into data, then calls load with the
+     * JSON state. Weights-only checkpoints hold none; sharded checkpoints refuse an algorithm
+     * that has some (CM_ERR_UNSUPPORTED at the save). */
+    int (*tensors)(void *self, cm_plugin_tensor *out, int cap);
 } cm_algorithm_i;
 
 #define CM_CALLBACK_ABI 1
@@ -404,9 +570,25 @@ typedef struct cm_ordering_pass {
     cm_ordering_pass_fn fn;
     void *data;
 } cm_ordering_pass;
-/* The built-in pass every engine starts with: reverses the order on AFTER_* events, so an
- * algorithm that runs first on BEFORE_X runs last on AFTER_X (first in, last out). */
+/* The built-in passes every engine starts with, in this order (Composer's default passes, in
+ * Composer's order):
+ *  - cm_ordering_pass_selective_backprop_first (sort_selective_backprop_first): algorithms named
+ *    "SelectiveBackprop" move to the front.
+ *  - cm_ordering_pass_low_precision_layernorm_last (sort_low_precision_layernorm_last):
+ *    algorithms named "LowPrecisionLayerNorm" move to the back, so on INIT its surgery comes after
+ *    every surgery that adds LayerNorms (GatedLinearUnits).
+ *  - cm_ordering_pass_filo (Composer's set_filo_order): reverses the order on the events whose
+ *    name starts with AFTER_ (AFTER_LOAD, AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS,
+ *    AFTER_BACKWARD, AFTER_TRAIN_BATCH), so an algorithm that runs first on BEFORE_X runs last on
+ *    AFTER_X (first in, last out); *_START / *_END events keep the registration order.
+ * Both moves are stable (the others keep their order). Since FILO comes last, on AFTER_* events
+ * the net order is reversed: SelectiveBackprop runs last on AFTER_DATALOADER, after the other
+ * methods there changed the batch — Composer's net behaviour, kept so recipes compose the same. */
 int cm_ordering_pass_filo(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data);
+int cm_ordering_pass_selective_backprop_first(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                              void *data);
+int cm_ordering_pass_low_precision_layernorm_last(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                                  void *data);
 
 /* A new engine over `st` (borrowed; the trainer's state, or one from cm_state_new). Errors:
  * CM_ERR_INVALID_ARG (NULL), CM_ERR_OOM. */
@@ -420,7 +602,7 @@ void cm_engine_free(cm_engine *e);
 cm_status cm_engine_add_algorithm(cm_engine *e, cm_algorithm_plugin p);
 cm_status cm_engine_add_callback(cm_engine *e, cm_callback_plugin p);
 cm_status cm_engine_add_logger(cm_engine *e, cm_logger_plugin p);
-/* Inserts a pass at `index` (0 = first, before the built-in FILO pass; -1 = last). Errors:
+/* Inserts a pass at `index` (0 = first, before the three built-in passes; -1 = last). Errors:
  * CM_ERR_INVALID_ARG (NULL fn, index out of range), CM_ERR_OOM. */
 cm_status cm_engine_add_ordering_pass(cm_engine *e, cm_ordering_pass pass, int index);
 
@@ -482,6 +664,9 @@ int64_t cm_in_memory_logger_count(const cm_in_memory_logger *lg, const char *nam
 cm_status cm_in_memory_logger_last(const cm_in_memory_logger *lg, const char *name, double *out);
 /* The latest hyperparameter value logged under key, as a string ("%.17g" for numbers); NULL if none. */
 const char *cm_in_memory_logger_hparam(const cm_in_memory_logger *lg, const char *key);
+/* How many texts were logged under key, and the latest (NULL if none; valid while the logger lives). */
+int64_t cm_in_memory_logger_text_count(const cm_in_memory_logger *lg, const char *key);
+const char *cm_in_memory_logger_text(const cm_in_memory_logger *lg, const char *key);
 
 /* =============================================================================================
  * The trainer
@@ -557,7 +742,7 @@ typedef struct cm_trainer_config {
     int n_callbacks;
     const cm_logger_plugin *loggers;       /* taken on success */
     int n_loggers;
-    const cm_ordering_pass *algorithm_passes; /* appended after the built-in FILO pass */
+    const cm_ordering_pass *algorithm_passes; /* appended after the built-in passes */
     int n_algorithm_passes;
     cm_precision precision;               /* default fp32 */
     int64_t device_train_microbatch_size; /* rows per microbatch; 0 = the whole batch (default); CM_MICROBATCH_AUTO */
@@ -568,6 +753,17 @@ typedef struct cm_trainer_config {
     bool progress_bar;                    /* for the console logger (read through the state) */
     size_t arena_budget;                  /* bytes for one microbatch's activations; 0 = unlimited */
     cm_trainer_dist dist;
+    /* Where training runs (Composer's device: cpu or gpu). With CM_DEVICE_CUDA the model trains on
+     * the process's GPU: the trainer moves it there (cm_module_to_device) after the INIT model surgery
+     * (which re-packs its buffers on the CPU) unless it is there already,
+     * keeps the tape's activations in GPU memory (device_arena_budget bytes per microbatch, 0 = what
+     * the GPU has; going over it is an out-of-memory error that automatic microbatching catches, as
+     * arena_budget on the CPU), copies every microbatch to the GPU, and reads outputs back for the
+     * metrics. An optimizer passed in must have been made from the model's buffers on that device
+     * (move the model first). Errors: cm_device_check's (no CUDA build, no driver, no GPU), and
+     * CM_ERR_UNSUPPORTED for several ranks on GPUs (multi-GPU training needs NCCL, not there yet). */
+    cm_device device;
+    size_t device_arena_budget;
 
     /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
      * Saving happens when save_folder is set: at save_interval and once at the end of training
@@ -591,7 +787,8 @@ typedef struct cm_trainer_config {
     bool load_strict_model_weights;   /* default true: every model tensor must match by name */
     const char *const *load_ignore_keys; /* glob patterns of model tensor names not to load */
     int n_load_ignore_keys;
-    const char *const *load_exclude_algorithms; /* glob patterns of algorithm names whose state is not loaded */
+    const char *const *load_exclude_algorithms; /* glob patterns of algorithm names whose state is not
+                                                    loaded and which are not re-applied from the checkpoint */
     int n_load_exclude_algorithms;
     bool autoresume;                  /* resume from the newest complete checkpoint in save_folder
                                          (needs run_name); takes precedence over load_path */
@@ -605,19 +802,32 @@ cm_trainer_config cm_trainer_config_default(void);
 typedef struct cm_trainer cm_trainer;
 
 /* Checks the configuration, builds the state and the engine, registers the plugins (taking them
- * only if everything succeeds), locks the model's flat buffers (cm_module_lock, until
- * cm_trainer_free), seeds the model (cm_module_set_seed), then fires INIT, logs the
- * hyperparameters, fires BEFORE_LOAD, loads a checkpoint (autoresume, else load_path: weights,
- * optimizer state, timestamp, data positions, dropout RNG counters, plugin states — all verified
- * first) and fires AFTER_LOAD. Errors: CM_ERR_INVALID_ARG naming the field and the fix (no model,
+ * only if everything succeeds), then:
+ *  1. fires INIT — model surgery happens here (composer/surgery_algorithms.h) — logs the
+ *     hyperparameters and fires BEFORE_LOAD;
+ *  2. picks the checkpoint to load (autoresume, else load_path) and applies the model surgery it
+ *     requires that the algorithms do not already apply (Composer's required-on-load rule: the
+ *     checkpoint's required_on_load algorithms are made from their recorded arguments, registered
+ *     after cfg's (they are then saved in later checkpoints too) and applied on INIT, in the
+ *     passes' order; load_exclude_algorithms skips them. The same algorithm given with other
+ *     arguments is a warning, as in Composer);
+ *  3. makes its own optimizer when cfg.optimizer is NULL — after the surgery, so on INIT
+ *     cm_state_optimizer is NULL then — locks the model's flat buffers (cm_module_lock, until
+ *     cm_trainer_free), and seeds the model (cm_module_set_seed);
+ *  4. loads the checkpoint (weights, optimizer state, timestamp, data positions, dropout RNG
+ *     counters, plugin states — all verified first) and fires AFTER_LOAD.
+ * Errors: CM_ERR_INVALID_ARG naming the field and the fix (no model,
  * a loader in the wrong mode, max_duration in dur/iter/sec, a bad eval_interval or save_interval,
  * microbatch size < -1, ssr <= 0, an invalid scheduler or precision, a bad plugin vtable, a bad
  * save_filename, autoresume without save_folder and run_name), CM_ERR_UNSUPPORTED (amp_fp16; a
  * checkpoint of another format version), CM_ERR_STATE (the model's module is not finalized; a
- * checkpoint whose optimizer differs), CM_ERR_FORMAT (a damaged checkpoint, named), CM_ERR_NOT_FOUND
- * (load_path missing; model names that do not match with load_strict_model_weights), CM_ERR_OOM,
- * a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD. On any failure nothing is taken: the caller
- * still owns (and frees) the plugins. */
+ * checkpoint whose optimizer differs; surgery on INIT re-packed the parameters under a
+ * cfg.optimizer made before — call cm_trainer_prepare_model first; a checkpoint's required
+ * algorithm that the passes order before one of cfg's, Composer's ValueError), CM_ERR_FORMAT (a
+ * damaged checkpoint, named), CM_ERR_NOT_FOUND (load_path missing; model names that do not match
+ * with load_strict_model_weights), CM_ERR_OOM, a plugin's error on INIT, BEFORE_LOAD or AFTER_LOAD,
+ * a required algorithm's error (naming it and load_exclude_algorithms). On any failure nothing is
+ * taken: the caller still owns (and frees) the plugins. */
 cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out);
 
 /* Closes (if not closed) and frees the trainer, its engine and plugins, and the optimizer it

@@ -121,6 +121,15 @@ cm_status cm_bert_classifier_new(const cm_bert_config *cfg, cm_rng *rng, cm_mode
  * model lives), or NULL for any other model. */
 const cm_bert_config *cm_bert_model_config(const cm_model *m);
 
+/* Sparse MLM logits (off by default): when on, forward on a batch with "labels" runs the MLM head
+ * only at the positions whose label is not -100 and returns their logits, (n, vocab_size) in
+ * row-major order of (B, L), instead of (B, L, vocab_size); the loss and both metrics read them
+ * against those labels and give the same values as the dense logits (to rounding), for a
+ * fraction of the decoder's cost (MosaicBERT computes its MLM head the same way). A batch without
+ * labels, or whose labels select nothing, gets the dense logits. `composer train` turns it on for
+ * masked_lm. Errors: CM_ERR_INVALID_ARG (not a BertForMaskedLM zoo model). */
+cm_status cm_bert_mlm_sparse_logits(cm_model *m, bool on);
+
 /* FLOPs of forward + backward for one sequence of L tokens (3 × the forward's multiply-adds × 2):
  * every matmul of the embeddings-to-head path, the attention scores and weighted sums (L² terms),
  * and the head (the MLM decoder over all L positions, or the pooler and classifier). */
@@ -194,6 +203,20 @@ cm_status cm_bert_mlm_mask(const cm_bert_mlm_mask_config *cfg, uint64_t sample_i
  * the tensor. */
 cm_status cm_bert_mlm_mask_batch(const cm_bert_mlm_mask_config *cfg, uint64_t first_sample_index,
                                  cm_tensor *input_ids, const cm_tensor *attention_mask, cm_tensor *labels);
+
+/* A masked-LM dataset over `inner` (any dataset with "input_ids" i32 (L,) and optionally
+ * "attention_mask" i32 (L,): cm_dataset_text_new, cm_dataset_tsv_new, SST-2): every sample's
+ * input_ids are masked by cm_bert_mlm_mask (Hugging Face DataCollatorForLanguageModeling's
+ * 80/10/10 rule, mlm_probability, special tokens and padding never selected) and a field
+ * "labels" i64 (L,) is added (the original id at selected positions, -100 elsewhere), so BERT's
+ * MLM loss and metrics read it. The masks are a pure function of (cfg->seed, the loader's seed,
+ * the epoch, the sample index): new masks every training epoch, as the collator re-masks each
+ * time it sees a sample, and the same on every worker, rank and resumption; evaluation
+ * (ctx->training false) masks as epoch 0, so every evaluation scores the same positions. On
+ * success the new dataset owns inner (cm_dataset_free frees both); on failure inner stays the
+ * caller's. Errors: CM_ERR_INVALID_ARG (bad cfg as cm_bert_mlm_mask, no "input_ids", a field
+ * called "labels" already, wrong dtypes), CM_ERR_OOM. get is thread-safe when inner's is. */
+cm_status cm_bert_mlm_dataset_new(cm_dataset *inner, const cm_bert_mlm_mask_config *cfg, cm_dataset **out);
 
 #ifdef __cplusplus
 }

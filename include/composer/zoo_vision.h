@@ -111,6 +111,13 @@ cm_status cm_cnn_new(const cm_cnn_config *cfg, cm_module **out);
 cm_status cm_cnn_model_new(const cm_cnn_config *cfg, cm_model **out);
 /* Forward FLOPs of one sample of h × w pixels (the configured size when h or w is 0). */
 double cm_cnn_forward_flops(const cm_cnn_config *cfg, int64_t h, int64_t w);
+/* Switches a MnistCNN network's activations between (N, C, H, W) and (N, H, W, C) (channels
+ * last: the input is permuted once, the convolutions and the pool run channels-last, and the
+ * pooled features are put back in (C, H, W) order for fc1, so the weights and the outputs are the
+ * same). Convolutions replaced by modules of other types (surgery) are left to the caller.
+ * Errors: CM_ERR_INVALID_ARG (net is not a MnistCNN). */
+cm_status cm_cnn_set_channels_last(cm_module *net, bool on);
+bool cm_cnn_is_channels_last(const cm_module *net);
 
 /* ---------------------------------------------------------------------------------------------
  * ResNet
@@ -196,6 +203,31 @@ cm_status cm_resnet_model_new(const cm_resnet_config *cfg, cm_model **out);
  * that would have to shrink the channels. */
 cm_status cm_resnet_block_new(const cm_resnet_config *cfg, int64_t in_channels, int64_t planes, int stride,
                               cm_rng *rng, cm_module **out);
+/* Stochastic depth on a residual block (Huang et al. 2016; the forward of Composer's
+ * StochasticDepth): none, block (training: the whole residual branch is skipped with probability
+ * drop_rate, one draw per forward — the block then returns x, or relu(shortcut(x)) when the
+ * shortcut downsamples) or sample (training: each row's branch is multiplied by 0 with probability
+ * drop_rate, else 1). In eval both scale the branch by 1 - drop_rate. The draws come from a
+ * Dropout child "stochastic_depth" added on first use (no parameters): the trainer seeds it, gives
+ * every microbatch of a batch the batch's counter and checkpoints it, so the draws are the same
+ * with and without microbatching (block mode: one decision per batch) and after a resume. Adding it
+ * needs an unlocked tree; changing the mode or rate later does not. Errors: CM_ERR_INVALID_ARG
+ * (not a BasicBlock/Bottleneck, a bad mode, drop_rate outside [0, 1]), CM_ERR_STATE (locked when
+ * the child must be added), CM_ERR_OOM. */
+typedef enum cm_resnet_drop_mode {
+    CM_RESNET_DROP_NONE = 0,
+    CM_RESNET_DROP_BLOCK = 1,
+    CM_RESNET_DROP_SAMPLE = 2,
+} cm_resnet_drop_mode;
+cm_status cm_resnet_block_set_drop(cm_module *block, cm_resnet_drop_mode mode, float drop_rate);
+cm_status cm_resnet_block_drop(const cm_module *block, cm_resnet_drop_mode *mode, float *drop_rate);
+/* Switches a ResNet network (cm_resnet_new's module) between (N, C, H, W) and (N, H, W, C)
+ * activations (cfg.channels_last): the network's own input permutation, its blocks, and every
+ * Conv2d, BatchNorm2d, pooling layer below it (cm_nn_set_channels_last). Weights and outputs are
+ * the same either way. Modules below it of other types (replaced by surgery) are left alone.
+ * Errors: CM_ERR_INVALID_ARG (not a ResNet). */
+cm_status cm_resnet_set_channels_last(cm_module *net, bool on);
+bool cm_resnet_is_channels_last(const cm_module *net);
 /* Forward FLOPs of one sample of h × w pixels (2 per multiply-add of every conv and the fc;
  * BatchNorm, ReLU, pooling and additions are not counted, as the usual "GFLOPs" tables:
  * ResNet-50 at 224×224 is 2 × 4.09 G). 0 for an invalid configuration or size. */

@@ -28,6 +28,8 @@ struct cm_arena {
     bool poison;
     bool custom;            /* chunks from `al` instead of the allocator hook */
     cm_arena_allocator al;
+    cm_arena_oom_fn oom_hook; /* cm_arena_set_oom_hook */
+    void *oom_data;
 };
 
 cm_status cm_arena_new_with(size_t budget, const cm_arena_allocator *al, cm_arena **out) {
@@ -126,6 +128,7 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
             cm_set_error(CM_ERR_OOM,
                          "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes)",
                          bytes, a->pos, a->budget);
+            if (a->oom_hook) a->oom_hook(bytes, a->pos, a->budget, a->oom_data);
             return NULL;
         }
         a->cur = a->n_chunks - 1;
@@ -135,7 +138,14 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
                  "out of memory: arena request of %zu bytes exceeds the budget (in use %zu of %zu bytes; raise the "
                  "budget or lower the microbatch size)",
                  bytes, a->pos, a->budget);
+    if (a->oom_hook) a->oom_hook(bytes, a->pos, a->budget, a->oom_data);
     return NULL;
+}
+
+void cm_arena_set_oom_hook(cm_arena *a, cm_arena_oom_fn fn, void *data) {
+    if (!a) return;
+    a->oom_hook = fn;
+    a->oom_data = fn ? data : NULL;
 }
 
 /* Chunks are kept as they are: merging them into one block would hand the next step freshly

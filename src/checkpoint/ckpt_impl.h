@@ -92,7 +92,7 @@ cm_status cmi_remote_open_path(cmi_remote *r, const char *path, cm_checkpoint **
 /* ---- sharded pieces (reader.c) ---- */
 
 #define CMI_CK_MAX_WORLD 65536 /* ranks a sharded checkpoint may have */
-enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1 };
+enum { CMI_CK_KIND_MODEL = 0, CMI_CK_KIND_OPTIM = 1, CMI_CK_KIND_ALGO = 2 };
 
 /* A tensor as a whole, over all its pieces. name borrowed until close. */
 typedef struct cmi_ck_global {
@@ -131,6 +131,7 @@ typedef struct cmi_ck_tensor {
     int64_t shape[CM_MAX_DIMS];
     const void *data;
     size_t nbytes;
+    cm_device device; /* where data lives; GPU tensors are copied into the job's host staging */
     /* a piece of a larger tensor (sharded files): elements [begin, end) of global_shape */
     bool piece;
     int gndim;
@@ -138,7 +139,7 @@ typedef struct cmi_ck_tensor {
     int64_t begin, end;
 } cmi_ck_tensor;
 
-#define CMI_CK_MAX_FILES 2
+#define CMI_CK_MAX_FILES 3
 
 /* One save: what to write and where. Owned by the saver while it runs. */
 typedef struct cmi_ck_job {
@@ -154,6 +155,7 @@ typedef struct cmi_ck_job {
     int n_files;
     void *staging; /* the async snapshot (owned) */
     size_t staging_bytes;
+    char *names;   /* the algorithm tensors' "<name>/<tensor>" names (owned) */
 } cmi_ck_job;
 
 typedef struct cmi_ckpt {
@@ -180,6 +182,8 @@ typedef struct cmi_ckpt {
     int n_kept, cap_kept;
     char *last_path;             /* the last committed checkpoint */
     char *resumed_from;          /* what autoresume / load_path loaded */
+    char *pending;               /* what cmi_ckpt_prepare_load chose to load (NULL: nothing) */
+    struct cmi_remote *pending_via; /* the store to read it through (borrowed: remote or load_remote; NULL local) */
     bool warned_async_size;
 
     /* the background writer */
@@ -194,11 +198,29 @@ typedef struct cmi_ckpt {
 cm_status cmi_ckpt_validate(const cm_trainer_config *c);
 cm_status cmi_ckpt_new(cm_trainer *tr, const cm_trainer_config *c);
 void cmi_ckpt_free(cm_trainer *tr);
-/* Autoresume / load_path, between BEFORE_LOAD and AFTER_LOAD. */
+/* Between BEFORE_LOAD and AFTER_LOAD: cmi_ckpt_prepare_load decides which checkpoint to load
+ * (autoresume, else load_path) and applies the required-on-load algorithms it names, before the
+ * trainer makes its optimizer and locks the model; cmi_ckpt_load_start then loads it. */
+cm_status cmi_ckpt_prepare_load(cm_trainer *tr);
 cm_status cmi_ckpt_load_start(cm_trainer *tr);
+/* Which checkpoint autoresume (in save_folder, with the pointer file latest) or load_path names:
+ * *out is a new string or NULL (nothing to load). dist_tr: a trainer whose rank 0 chooses for
+ * every rank, or NULL (each process chooses for itself). */
+cm_status cmi_ckpt_resolve(cm_trainer *dist_tr, bool autoresume, const char *save_folder, const char *latest,
+                           const char *load_path, char **out);
+/* Composer's required-on-load rule (required_algorithms.c): the required_on_load methods checkpoint
+ * `path` lists that the engine lacks (and exclude, glob patterns, does not name) are made from the
+ * recorded arguments, registered after the engine's algorithms and applied on INIT to st's model,
+ * in the passes' order; *n_added gets how many. Errors (nothing registered then): the checkpoint's
+ * open errors; CM_ERR_STATE when the passes order one before an algorithm of the engine's own
+ * (which ran already); the method's error when one fails to apply (Composer's messages). */
+cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, struct cmi_remote *via,
+                                        const char *const *exclude, int n_exclude, int *n_added);
 /* After BATCH_CHECKPOINT / EPOCH_CHECKPOINT: reports an earlier background failure, then saves
  * if the interval (or the end of training) says so. prev: the timestamp before the batch/epoch. */
 cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev);
+/* Whether cmi_ckpt_on_event will save at this event (cm_state_checkpoint_due). */
+bool cmi_ckpt_due(const cm_trainer *tr, cm_event ev, const cm_timestamp *prev);
 /* Saves now into save_folder (a no-op without one, or when this batch is already saved). */
 cm_status cmi_ckpt_save_now(cm_trainer *tr);
 /* Waits for a background save and returns its failure. */
@@ -244,6 +266,11 @@ typedef struct cmi_ld_plan {
 /* Plans the model (and, unless weights_only, the optimizer) and checks every range it reads
  * (hashes of the pieces touched). Errors name the checkpoint and the tensor. */
 cm_status cmi_ld_plan_build(cm_trainer *tr, cm_checkpoint *c, bool weights_only, cmi_ld_plan *p);
+/* Adds one copy to a plan after checking the range it reads (the pieces' hashes). */
+cm_status cmi_ld_plan_add(cmi_ld_plan *p, cm_checkpoint *c, int kind, const char *name, int64_t a, int64_t b, void *dst);
+/* The checkpoint name of algorithm i's tensor `tensor`: "<name>/<tensor>", or "<name>#<k>/<tensor>"
+ * for the k-th (k ≥ 1) registered algorithm of the same name. Returns the length, as snprintf. */
+int cmi_algo_tensor_name(cm_engine *e, int i, const char *tensor, char *buf, size_t cap);
 void cmi_ld_plan_apply(cm_checkpoint *c, const cmi_ld_plan *p);
 void cmi_ld_plan_free(cmi_ld_plan *p);
 

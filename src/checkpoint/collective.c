@@ -249,7 +249,7 @@ void cmi_ld_plan_free(cmi_ld_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-static cm_status add_op(cmi_ld_plan *p, cm_checkpoint *c, int kind, const char *name, int64_t a, int64_t b, void *dst) {
+cm_status cmi_ld_plan_add(cmi_ld_plan *p, cm_checkpoint *c, int kind, const char *name, int64_t a, int64_t b, void *dst) {
     if (b <= a) return CM_OK;
     cm_status s = cmi_ck_read_range(c, kind, name, a, b, NULL); /* the pieces it reads are intact */
     if (s) return s;
@@ -336,23 +336,23 @@ cm_status cmi_ld_plan_build(cm_trainer *tr, cm_checkpoint *c, bool weights_only,
         if (sp) {
             const int64_t x = sp->begin > pi.offset ? sp->begin : pi.offset;
             const int64_t y = sp->end < pi.offset + pi.numel ? sp->end : pi.offset + pi.numel;
-            if (x < y) s = add_op(p, c, CMI_CK_KIND_MODEL, g.name, x - pi.offset, y - pi.offset, sp->params + (x - sp->begin));
+            if (x < y) s = cmi_ld_plan_add(p, c, CMI_CK_KIND_MODEL, g.name, x - pi.offset, y - pi.offset, sp->params + (x - sp->begin));
             p->wrote_spans = true;
             /* without a sync_params hook the flat buffers are refreshed here (they are valid at rest) */
             if (!s && !tr->dist.sync_params && !tr->dist.params_sharded)
-                s = add_op(p, c, CMI_CK_KIND_MODEL, g.name, 0, pi.numel, cm_tensor_data(pi.tensor));
+                s = cmi_ld_plan_add(p, c, CMI_CK_KIND_MODEL, g.name, 0, pi.numel, cm_tensor_data(pi.tensor));
         } else if (tr->dist.params_sharded) {
             s = cm_set_error(CM_ERR_STATE, "checkpoint load: parameter '%s' has no shard span on rank %d and the "
                                            "parameters are sharded", pi.name, tr->dist.rank);
         } else {
-            s = add_op(p, c, CMI_CK_KIND_MODEL, g.name, 0, pi.numel, cm_tensor_data(pi.tensor));
+            s = cmi_ld_plan_add(p, c, CMI_CK_KIND_MODEL, g.name, 0, pi.numel, cm_tensor_data(pi.tensor));
         }
     }
     for (int64_t i = 0; !s && i < cm_module_n_buffers(root); i++) {
         cm_buffer_info bi = cm_module_buffer_info(root, i);
         if (ignored(ck, bi.name)) continue;
         if ((s = check_model_tensor(c, p, bi.name, bi.tensor, &g, &found)) || !found) continue;
-        s = add_op(p, c, CMI_CK_KIND_MODEL, g.name, 0, cm_tensor_numel(bi.tensor), cm_tensor_data(bi.tensor));
+        s = cmi_ld_plan_add(p, c, CMI_CK_KIND_MODEL, g.name, 0, cm_tensor_numel(bi.tensor), cm_tensor_data(bi.tensor));
     }
     const size_t ng = cmi_ck_n_global(c, CMI_CK_KIND_MODEL);
     for (size_t k = 0; !s && k < ng; k++) {
@@ -386,7 +386,7 @@ cm_status cmi_ld_plan_build(cm_trainer *tr, cm_checkpoint *c, bool weights_only,
                                 cmi_ck_find(c, CMI_CK_KIND_OPTIM, en.name, &g)
                                     ? "has another dtype or size than this trainer's"
                                     : "is missing");
-        s = add_op(p, c, CMI_CK_KIND_OPTIM, g.name, b, e, en.data);
+        s = cmi_ld_plan_add(p, c, CMI_CK_KIND_OPTIM, g.name, b, e, en.data);
     }
     return s;
 }

@@ -3,6 +3,7 @@
  * name patterns; exit statuses. */
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -101,8 +102,12 @@ static cm_status read_pointer(const char *folder, const char *latest_name, char 
     return s;
 }
 
-/* The kind of a checkpoint file from its name: optimizer state or model. */
-static int file_kind(const char *name) { return strncmp(name, "optimizer", 9) ? CMI_CK_KIND_MODEL : CMI_CK_KIND_OPTIM; }
+/* The kind of a checkpoint file from its name: optimizer state, algorithm state or model. */
+static int file_kind(const char *name) {
+    if (!strncmp(name, "optimizer", 9)) return CMI_CK_KIND_OPTIM;
+    if (!strncmp(name, "algorithms", 10)) return CMI_CK_KIND_ALGO;
+    return CMI_CK_KIND_MODEL;
+}
 
 /* The number of elements of a shape; -1 for a negative dimension or an overflow. */
 static int64_t prod(const int64_t *shape, int ndim) {
@@ -585,7 +590,8 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
     size_t lo, hi;
     if (!find_group(ck, kind, name, &lo, &hi))
         return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' has no %s tensor '%s'", ck->path,
-                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : "model", name);
+                            kind == CMI_CK_KIND_OPTIM ? "optimizer" : kind == CMI_CK_KIND_ALGO ? "algorithm" : "model",
+                            name);
     const cm_ckpt_tensor *f = &ck->tensors[ck->order[lo]];
     const int64_t total = prod(f->global_shape, f->global_ndim);
     if (a < 0 || b < a || b > total)
@@ -607,8 +613,12 @@ cm_status cmi_ck_read_range(cm_checkpoint *ck, int kind, const char *name, int64
             cm_status s = verify_one(ck, i, ft);
             if (s) return s;
         }
-        if (dst) memcpy((char *)dst + (size_t)(x - a) * es, (const char *)ft->data + (size_t)(x - t->begin) * es,
-                        (size_t)(y - x) * es);
+        if (dst) { /* dst may be GPU memory (a model moved to a device): copied there */
+            char *d = (char *)dst + (size_t)(x - a) * es;
+            cm_status s = cmi_dev_memcpy(d, cmi_ptr_device(d), (const char *)ft->data + (size_t)(x - t->begin) * es,
+                                         CM_DEVICE_CPU, (size_t)(y - x) * es);
+            if (s) return s;
+        }
     }
     return CM_OK;
 }

@@ -3,6 +3,10 @@
  * and loading a checkpoint back into a trainer (autoresume, load_path). */
 #define _GNU_SOURCE
 #include "checkpoint/ckpt_impl.h"
+#include "base/prof_impl.h"
+#include "tensor/tensor_impl.h"
+
+#include <composer/surgery_algorithms.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -160,6 +164,7 @@ void cmi_ckpt_free(cm_trainer *tr) {
     free_strs(ck->kept, ck->n_kept);
     cm_free(ck->last_path);
     cm_free(ck->resumed_from);
+    cm_free(ck->pending);
     cm_free(ck);
     tr->ckpt = NULL;
 }
@@ -367,9 +372,10 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
         return cm_set_error(CM_ERR_OOM, "checkpoint manifest: out of memory");
     }
     /* plugins */
-    cJSON *algs = cJSON_CreateArray(), *cbs = cJSON_CreateArray();
-    if (!add(m, "algorithms", algs) || !add(m, "callbacks", cbs)) {
+    cJSON *algs = cJSON_CreateArray(), *cbs = cJSON_CreateArray(), *lgs = cJSON_CreateArray();
+    if (!add(m, "algorithms", algs) || !add(m, "callbacks", cbs) || !add(m, "loggers", lgs)) {
         if (!cJSON_GetObjectItemCaseSensitive(m, "callbacks")) cJSON_Delete(cbs);
+        if (!cJSON_GetObjectItemCaseSensitive(m, "loggers")) cJSON_Delete(lgs);
         cJSON_Delete(m);
         return cm_set_error(CM_ERR_OOM, "checkpoint manifest: out of memory");
     }
@@ -385,7 +391,28 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
         if ((s = plugin_state("algorithm", cm_algorithm_name(a), cm_algorithm_vtable(a)->save, cm_algorithm_self(a),
                               &state)))
             break;
-        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) s = CM_ERR_OOM;
+        if (!add(o, "name", cJSON_CreateString(cm_algorithm_name(a))) || !add(o, "state", state)) {
+            s = CM_ERR_OOM;
+            break;
+        }
+        /* the methods of composer/surgery_algorithms.h: their arguments (Composer's repr) and
+         * whether loading must re-apply them */
+        const cm_algorithm_info *info = cm_algorithm_info_of(cm_algorithm_vtable(a));
+        if (info) {
+            char hp[1024];
+            size_t n = cm_algorithm_hparams_json((cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)},
+                                                 hp, sizeof hp);
+            cJSON *hj = n && n < sizeof hp ? cJSON_Parse(hp) : NULL;
+            if (!hj) {
+                s = cm_set_error(CM_ERR_INTERNAL, "algorithm '%s': its arguments are not JSON (%zu bytes)",
+                                 cm_algorithm_name(a), n);
+                break;
+            }
+            if (!add(o, "hparams", hj) || !add(o, "required_on_load", cJSON_CreateBool(info->required_on_load))) {
+                s = CM_ERR_OOM;
+                break;
+            }
+        }
     }
     for (int i = 0; !s && i < cm_engine_n_callbacks(tr->engine); i++) {
         cm_callback_plugin p = cm_engine_callback(tr->engine, i);
@@ -396,6 +423,17 @@ static cm_status build_manifest(cm_trainer *tr, bool weights_only, cJSON **out) 
             break;
         }
         if ((s = plugin_state("callback", p.vt->name, p.vt->save, p.self, &state))) break;
+        if (!add(o, "name", cJSON_CreateString(p.vt->name)) || !add(o, "state", state)) s = CM_ERR_OOM;
+    }
+    for (int i = 0; !s && i < cm_engine_n_loggers(tr->engine); i++) {
+        cm_logger_plugin p = cm_engine_logger_plugin(tr->engine, i);
+        cJSON *state, *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(lgs, o)) {
+            cJSON_Delete(o);
+            s = CM_ERR_OOM;
+            break;
+        }
+        if ((s = plugin_state("logger", p.vt->name, p.vt->save, p.self, &state))) break;
         if (!add(o, "name", cJSON_CreateString(p.vt->name)) || !add(o, "state", state)) s = CM_ERR_OOM;
     }
     if (s) {
@@ -419,6 +457,7 @@ void cmi_ck_job_free(cmi_ck_job *job) {
     cJSON_Delete(job->manifest);
     for (int i = 0; i < CMI_CK_MAX_FILES; i++) cm_free(job->tensors[i]);
     cm_free(job->staging);
+    cm_free(job->names);
     cm_free(job);
 }
 
@@ -429,6 +468,95 @@ static void set_tensor(cmi_ck_tensor *t, const char *name, const cm_tensor *x) {
     memcpy(t->shape, cm_tensor_shape(x), sizeof(int64_t) * (size_t)t->ndim);
     t->data = cm_tensor_data(x);
     t->nbytes = cm_tensor_nbytes(x);
+    t->device = cm_tensor_device(x);
+}
+
+int cmi_algo_tensor_name(cm_engine *e, int i, const char *tensor, char *buf, size_t cap) {
+    const char *name = cm_algorithm_name(cm_engine_algorithm(e, i));
+    int k = 0;
+    for (int j = 0; j < i; j++) k += !strcmp(cm_algorithm_name(cm_engine_algorithm(e, j)), name);
+    return k ? snprintf(buf, cap, "%s#%d/%s", name, k, tensor) : snprintf(buf, cap, "%s/%s", name, tensor);
+}
+
+/* Algorithm i's checkpoint tensors (cm_algorithm_i.tensors) into a new array; *n = 0 and NULL
+ * when it has none. */
+static cm_status algo_tensors(cm_engine *e, int i, cm_plugin_tensor **out, int *n) {
+    *out = NULL, *n = 0;
+    cm_algorithm *a = cm_engine_algorithm(e, i);
+    const cm_algorithm_i *vt = cm_algorithm_vtable(a);
+    if (!vt->tensors) return CM_OK;
+    const int cnt = vt->tensors(cm_algorithm_self(a), NULL, 0);
+    if (cnt < 0) return cm_set_error(CM_ERR_STATE, "algorithm '%s' listed %d checkpoint tensors", vt->name, cnt);
+    if (cnt == 0) return CM_OK;
+    cm_plugin_tensor *t = cm_alloc_zeroed(sizeof *t * (size_t)cnt, 16);
+    if (!t) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    const int again = vt->tensors(cm_algorithm_self(a), t, cnt);
+    for (int k = 0; k < cnt && again == cnt; k++) {
+        if (!t[k].name || (!t[k].data && t[k].ndim >= 0) || t[k].ndim < 0 || t[k].ndim > CM_MAX_DIMS) {
+            cm_free(t);
+            return cm_set_error(CM_ERR_STATE, "algorithm '%s': checkpoint tensor %d has no name, no data or a bad rank",
+                                vt->name, k);
+        }
+    }
+    if (again != cnt) {
+        cm_free(t);
+        return cm_set_error(CM_ERR_STATE, "algorithm '%s' listed %d checkpoint tensors, then %d", vt->name, cnt, again);
+    }
+    *out = t, *n = cnt;
+    return CM_OK;
+}
+
+static int64_t plugin_numel(const cm_plugin_tensor *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+/* The algorithms' tensors of the job (file algorithms.safetensors), with their names in
+ * job->names. Sharded saves refuse them: their files are per rank. */
+static cm_status job_algorithm_tensors(cm_trainer *tr, cmi_ck_job *job, bool sharded) {
+    cm_engine *e = tr->engine;
+    int total = 0;
+    size_t name_bytes = 0;
+    cm_status s = CM_OK;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        cm_plugin_tensor *t;
+        int n;
+        if ((s = algo_tensors(e, i, &t, &n))) break;
+        for (int k = 0; k < n; k++) name_bytes += (size_t)cmi_algo_tensor_name(e, i, t[k].name, NULL, 0) + 1;
+        total += n;
+        cm_free(t);
+        if (n && sharded)
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "checkpoint: algorithm '%s' keeps tensors in checkpoints, which sharded "
+                                                 "checkpoints do not hold yet (use sharding_strategy NO_SHARD)",
+                             cm_algorithm_name(cm_engine_algorithm(e, i)));
+    }
+    if (s || total == 0) return s;
+    const int f = job->n_files;
+    snprintf(job->fnames[f], sizeof job->fnames[f], "%s", CM_CKPT_ALGO_FILE);
+    job->tensors[f] = cm_alloc_zeroed(sizeof(cmi_ck_tensor) * (size_t)total, 16);
+    job->names = cm_alloc(name_bytes, 1);
+    if (!job->tensors[f] || !job->names) return cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    char *np = job->names;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        cm_plugin_tensor *t;
+        int n;
+        if ((s = algo_tensors(e, i, &t, &n))) break;
+        for (int k = 0; k < n; k++) {
+            cmi_ck_tensor *ct = &job->tensors[f][job->n_tensors[f]++];
+            const int len = cmi_algo_tensor_name(e, i, t[k].name, np, name_bytes - (size_t)(np - job->names));
+            ct->name = np;
+            np += len + 1;
+            ct->dtype = cm_st_dtype_from_cm(t[k].dtype);
+            ct->ndim = t[k].ndim;
+            memcpy(ct->shape, t[k].shape, sizeof(int64_t) * (size_t)t[k].ndim);
+            ct->data = t[k].data;
+            ct->nbytes = (size_t)plugin_numel(&t[k]) * cm_dtype_size(t[k].dtype);
+        }
+        cm_free(t);
+    }
+    job->n_files = f + 1;
+    return s;
 }
 
 static cm_status build_job(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool async,
@@ -484,10 +612,16 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
             t->shape[0] = e.numel;
             t->data = e.data;
             t->nbytes = (size_t)e.numel * cm_dtype_size(e.dtype);
+            t->device = e.device;
         }
         job->n_files = 2;
     }
-    if (!s && async) {
+    if (!s && !weights_only) s = job_algorithm_tensors(tr, job, sharded);
+    /* tensors on a GPU are written from a host snapshot, as a background save's */
+    bool on_device = false;
+    for (int f = 0; !s && f < job->n_files; f++)
+        for (int i = 0; i < job->n_tensors[f]; i++) on_device = on_device || job->tensors[f][i].device != CM_DEVICE_CPU;
+    if (!s && (async || on_device)) {
         size_t total = 0;
         for (int f = 0; f < job->n_files; f++)
             for (int i = 0; i < job->n_tensors[f]; i++) total += (job->tensors[f][i].nbytes + 63) & ~(size_t)63;
@@ -501,8 +635,9 @@ static cm_status build_job(cm_trainer *tr, const char *folder, const char *name,
             for (int f = 0; f < job->n_files; f++)
                 for (int i = 0; i < job->n_tensors[f]; i++) {
                     cmi_ck_tensor *t = &job->tensors[f][i];
-                    if (t->nbytes) memcpy(p, t->data, t->nbytes);
+                    if (t->nbytes && !s) s = cmi_dev_memcpy(p, CM_DEVICE_CPU, t->data, t->device, t->nbytes);
                     t->data = p;
+                    t->device = CM_DEVICE_CPU;
                     p += (t->nbytes + 63) & ~(size_t)63;
                 }
         }
@@ -520,12 +655,20 @@ static size_t snapshot_bytes(cm_trainer *tr) {
     size_t total = 0;
     for (int64_t i = 0; i < cm_module_n_params(root); i++) total += cm_tensor_nbytes(cm_module_param_info(root, i).tensor);
     for (int64_t i = 0; i < cm_module_n_buffers(root); i++) total += cm_tensor_nbytes(cm_module_buffer_info(root, i).tensor);
-    if (!tr->ckpt->save_weights_only)
+    if (!tr->ckpt->save_weights_only) {
         for (int i = 0; i < cm_optim_n_state(tr->st.optimizer); i++) {
             cm_optim_state_entry e;
             cm_optim_state_get(tr->st.optimizer, i, &e);
             total += (size_t)e.numel * cm_dtype_size(e.dtype);
         }
+        for (int i = 0; i < cm_engine_n_algorithms(tr->engine); i++) {
+            cm_plugin_tensor *t;
+            int n;
+            if (algo_tensors(tr->engine, i, &t, &n)) continue;
+            for (int k = 0; k < n; k++) total += (size_t)plugin_numel(&t[k]) * cm_dtype_size(t[k].dtype);
+            cm_free(t);
+        }
+    }
     return total;
 }
 
@@ -789,16 +932,21 @@ static cm_status job_commit(cmi_ckpt *ck, cmi_ck_job *job, ck_paths *p, bool ful
 
 cm_status cmi_ck_job_run(cmi_ckpt *ck, cmi_ck_job *job) {
     ck_paths p;
+    const bool prof = cmi_prof_on(); /* a background save records on its own thread */
+    if (prof) cmi_prof_begin("checkpoint/write", "checkpoint", NULL);
     cm_status s = job_prepare(job, &p);
     cJSON *files = s ? NULL : cJSON_CreateObject();
     if (!s && !add(job->manifest, "files", files)) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
     for (int f = 0; !s && f < job->n_files; f++) s = write_file(p.tmp, job->fnames[f], job->tensors[f], job->n_tensors[f], files);
+    if (prof) cmi_prof_end("checkpoint/write");
     if (s && p.made_tmp) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         s = cm_set_error(s, "checkpoint '%s' was not saved (previous checkpoints are intact): %s", p.final, msg);
     }
+    if (!s && prof) cmi_prof_begin("checkpoint/commit", "checkpoint", NULL);
     if (!s) s = job_commit(ck, job, &p, true);
+    if (prof) cmi_prof_end("checkpoint/commit");
     paths_free(&p);
     return s;
 }
@@ -953,7 +1101,23 @@ out:
     return s;
 }
 
+static cm_status save_impl(cm_trainer *tr, const char *folder, const char *name, bool update_pointer,
+                           bool allow_async);
+
+/* A save as one profiler slice (composer/profiler.h), its phases inside. */
 static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool update_pointer, bool allow_async) {
+    if (cmi_prof_on()) {
+        char args[400];
+        snprintf(args, sizeof args, "{\"name\": \"%.300s\"}", name);
+        cmi_prof_begin("checkpoint/save", "checkpoint", args);
+    }
+    cm_status s = save_impl(tr, folder, name, update_pointer, allow_async);
+    cmi_prof_end("checkpoint/save");
+    return s;
+}
+
+static cm_status save_impl(cm_trainer *tr, const char *folder, const char *name, bool update_pointer,
+                           bool allow_async) {
     cmi_ckpt *ck = tr->ckpt;
     cm_status s = cmi_ckpt_wait(tr); /* one save at a time: the extra memory is one snapshot */
     if (s) return s;
@@ -981,7 +1145,10 @@ static cm_status save(cm_trainer *tr, const char *folder, const char *name, bool
         }
     }
     cmi_ck_job *job;
-    if ((s = build_job(tr, folder, name, update_pointer, async, &job))) return s;
+    if (cmi_prof_on()) cmi_prof_begin("checkpoint/snapshot", "checkpoint", NULL);
+    s = build_job(tr, folder, name, update_pointer, async, &job);
+    cmi_prof_end("checkpoint/snapshot");
+    if (s) return s;
     ck->last_saved_batch = tr->st.ts.batch;
     ck->last_saved_epoch = tr->st.ts.epoch;
     if (!async) {
@@ -1046,18 +1213,9 @@ cm_status cmi_ckpt_save_now(cm_trainer *tr) {
     return s ? s : w;
 }
 
-cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
-    cmi_ckpt *ck = tr->ckpt;
-    if (!ck) return CM_OK;
-    if (ck->running && atomic_load(&ck->done)) {
-        cm_status s = cmi_ckpt_wait(tr);
-        if (s) return s;
-    }
-    if (ck->remote && !cmi_multi(tr)) {
-        cm_status s = cmi_remote_failure(ck->remote); /* a background upload failed: stop loudly */
-        if (s) return s;
-    }
-    if (!ck->save_folder) return CM_OK;
+bool cmi_ckpt_due(const cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
+    const cmi_ckpt *ck = tr->ckpt;
+    if (!ck || !ck->save_folder) return false;
     const cm_state *st = &tr->st;
     const bool done = cmi_fit_done(tr);
     const bool ep = ck->save_interval.unit == CM_TIME_EPOCH;
@@ -1069,7 +1227,21 @@ cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *pre
         due = (ep && cmi_interval_hit(tr, ck->save_interval, prev, &st->ts, true)) ||
               (done && ck->last_saved_batch != st->ts.batch);
     }
-    if (!due || (ck->last_saved_batch == st->ts.batch && ck->last_saved_epoch == st->ts.epoch)) return CM_OK;
+    return due && !(ck->last_saved_batch == st->ts.batch && ck->last_saved_epoch == st->ts.epoch);
+}
+
+cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    if (ck->running && atomic_load(&ck->done)) {
+        cm_status s = cmi_ckpt_wait(tr);
+        if (s) return s;
+    }
+    if (ck->remote && !cmi_multi(tr)) {
+        cm_status s = cmi_remote_failure(ck->remote); /* a background upload failed: stop loudly */
+        if (s) return s;
+    }
+    if (!cmi_ckpt_due(tr, ev, prev)) return CM_OK;
     return save_interval_name(tr, true);
 }
 
@@ -1200,6 +1372,47 @@ static cm_status check_run_state(cm_trainer *tr, const cm_checkpoint *c, const c
     return CM_OK;
 }
 
+/* The algorithms' checkpoint tensors: for every algorithm that is not excluded and whose state
+ * the checkpoint holds, each of its tensors must be there with the same dtype and shape. */
+static cm_status plan_algorithms(cm_trainer *tr, cm_checkpoint *c, const cJSON *root, cmi_ld_plan *p) {
+    cmi_ckpt *ck = tr->ckpt;
+    cm_engine *e = tr->engine;
+    const char *path = cm_checkpoint_path(c);
+    const cJSON *algs = cJSON_GetObjectItemCaseSensitive(root, "algorithms");
+    cm_status s = CM_OK;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        const char *name = cm_algorithm_name(cm_engine_algorithm(e, i));
+        int k = 0;
+        for (int j = 0; j < i; j++) k += !strcmp(cm_algorithm_name(cm_engine_algorithm(e, j)), name);
+        if (excluded(ck, name) || !find_plugin(algs, name, k)) continue;
+        cm_plugin_tensor *t;
+        int n;
+        if ((s = algo_tensors(e, i, &t, &n))) break;
+        for (int q = 0; !s && q < n; q++) {
+            char full[512];
+            cmi_algo_tensor_name(e, i, t[q].name, full, sizeof full);
+            cmi_ck_global g;
+            if (!cmi_ck_find(c, CMI_CK_KIND_ALGO, full, &g)) {
+                s = cm_set_error(CM_ERR_FORMAT, "checkpoint '%s' holds the state of algorithm '%s' but not its tensor "
+                                                "'%s' (saved by another version? set load_exclude_algorithms to start "
+                                                "'%s' fresh)", path, name, full, name);
+                break;
+            }
+            bool same = g.ndim == t[q].ndim && g.dtype == cm_st_dtype_from_cm(t[q].dtype);
+            for (int d = 0; same && d < g.ndim; d++) same = g.shape[d] == t[q].shape[d];
+            if (!same) {
+                s = cm_set_error(CM_ERR_SHAPE, "checkpoint '%s': algorithm tensor '%s' has another dtype or shape than "
+                                               "this run's (a different model, or the algorithm's settings changed)",
+                                 path, full);
+                break;
+            }
+            s = cmi_ld_plan_add(p, c, CMI_CK_KIND_ALGO, g.name, 0, g.numel, t[q].data);
+        }
+        cm_free(t);
+    }
+    return s;
+}
+
 /* Loads on every rank (all ranks call it with the same path): each checks and plans its part,
  * the ranks agree, and only then does anything change. */
 static cm_status load_into(cm_trainer *tr, const char *path, cmi_remote *via) {
@@ -1221,6 +1434,7 @@ static cm_status load_into(cm_trainer *tr, const char *path, cmi_remote *via) {
         if (!weights_only) s = check_run_state(tr, c, root, path, &old_train, &moved_train);
     }
     if (!s) s = cmi_ld_plan_build(tr, c, weights_only, &plan);
+    if (!s && !weights_only) s = plan_algorithms(tr, c, root, &plan);
     s = cmi_dist_agree(tr, s, "loading a checkpoint");
     if (s) goto done;
 
@@ -1294,6 +1508,13 @@ static cm_status load_into(cm_trainer *tr, const char *path, cmi_remote *via) {
         for (int j = 0; j < i; j++) k += !strcmp(cm_engine_callback(tr->engine, j).vt->name, p.vt->name);
         s = load_plugin("callback", p.vt->name, p.vt->load, p.self, cbs, k, path);
     }
+    const cJSON *lgs = cJSON_GetObjectItemCaseSensitive(root, "loggers"); /* absent before loggers kept state */
+    for (int i = 0; !s && lgs && i < cm_engine_n_loggers(tr->engine); i++) {
+        cm_logger_plugin p = cm_engine_logger_plugin(tr->engine, i);
+        int k = 0;
+        for (int j = 0; j < i; j++) k += !strcmp(cm_engine_logger_plugin(tr->engine, j).vt->name, p.vt->name);
+        s = load_plugin("logger", p.vt->name, p.vt->load, p.self, lgs, k, path);
+    }
     s = cmi_dist_agree(tr, s, "loading a checkpoint");
     if (!s) {
         /* a later save of the same batch would only repeat this checkpoint */
@@ -1313,9 +1534,55 @@ done:
     return s;
 }
 
+cm_status cmi_ckpt_resolve(cm_trainer *dist_tr, bool autoresume, const char *save_folder, const char *latest,
+                           const char *load_path, char **out) {
+    *out = NULL;
+    if (autoresume && save_folder) {
+        cm_checkpoint_search srch;
+        memset(&srch, 0, sizeof srch);
+        /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
+         * instants) */
+        struct {
+            int32_t status;
+            char msg[1500];
+        } res = {0, ""};
+        if (!dist_tr || dist_tr->dist.rank == 0) {
+            res.status = cm_checkpoint_find_latest(save_folder, latest, &srch);
+            if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
+        }
+        if (dist_tr) {
+            cm_status bs = cmi_dist_bcast(dist_tr, &res, sizeof res);
+            if (!bs) bs = cmi_dist_bcast(dist_tr, &srch, sizeof srch);
+            if (bs) return bs;
+        }
+        cm_status s = (cm_status)res.status;
+        if (s) cm_set_error(s, "%s", res.msg);
+        if (s == CM_OK) {
+            if (srch.n_rejected)
+                cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
+            *out = dup_str(srch.path);
+            return *out ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        }
+        if (s != CM_ERR_NOT_FOUND) return s;
+        if (srch.n_rejected) {
+            return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
+                                               "start the run over",
+                                save_folder, srch.rejected);
+        }
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", save_folder,
+                   load_path ? "loading load_path" : "starting from scratch");
+    }
+    if (load_path && load_path[0]) {
+        *out = dup_str(load_path);
+        return *out ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+    }
+    return CM_OK;
+}
+
 /* load_path on an object store: ".../NAME" (a checkpoint) or a folder with a latest pointer.
- * Rank 0 fetches the manifest into a staging folder; every rank then reads its part lazily. */
-static cm_status load_remote_path(cm_trainer *tr) {
+ * Rank 0 fetches the manifest into a staging folder; every rank then reads its part lazily.
+ * *path: the checkpoint's local staging path, read through ck->load_remote. */
+static cm_status resolve_remote_path(cm_trainer *tr, char **path) {
     cmi_ckpt *ck = tr->ckpt;
     const char *lp = ck->load_path;
     size_t n = strlen(lp);
@@ -1374,8 +1641,7 @@ static cm_status load_remote_path(cm_trainer *tr) {
     if (res.status) return cm_set_error((cm_status)res.status, "%s", res.msg);
     if (tr->dist.rank != 0) {
         /* the pointer may have named another folder: open the store rank 0 used */
-        const char *rp = res.path, *rs = strrchr(rp, '/');
-        (void)rs;
+        const char *rp = res.path;
         if (!strstr(rp, cmi_remote_local(ck->load_remote))) {
             cmi_remote_free(ck->load_remote);
             ck->load_remote = NULL;
@@ -1385,24 +1651,35 @@ static cm_status load_remote_path(cm_trainer *tr) {
             if (s) return s;
         }
     }
-    return load_into(tr, res.path, ck->load_remote);
+    *path = dup_str(res.path);
+    return *path ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
 }
 
-cm_status cmi_ckpt_load_start(cm_trainer *tr) {
+cm_status cmi_ckpt_rollback_load(cm_trainer *tr, const char *path) {
     cmi_ckpt *ck = tr->ckpt;
-    if (!ck) return CM_OK;
-    if (ck->autoresume) {
+    if (!ck) return cm_set_error(CM_ERR_STATE, "no checkpoint configuration to roll back with");
+    const bool wo = ck->load_weights_only;
+    ck->load_weights_only = false;
+    cm_status s = load_into(tr, path, NULL);
+    ck->load_weights_only = wo;
+    return s;
+}
+
+/* Which checkpoint this trainer loads: autoresume's choice (rank 0's, shared; in save_folder or
+ * its object store), else load_path (local, or on a store). *path (new string, or NULL: nothing)
+ * and *via (the store to read it through; NULL: local). */
+static cm_status resolve_for_trainer(cm_trainer *tr, char **path, cmi_remote **via) {
+    cmi_ckpt *ck = tr->ckpt;
+    *path = NULL, *via = NULL;
+    if (ck->autoresume && ck->remote) {
         cm_checkpoint_search srch;
         memset(&srch, 0, sizeof srch);
-        /* rank 0 chooses; every rank loads what it chose (they could see the folder at different
-         * instants) */
         struct {
             int32_t status;
             char msg[1500];
         } res = {0, ""};
         if (tr->dist.rank == 0) {
-            res.status = ck->remote ? cmi_remote_find_latest(ck->remote, &srch)
-                                    : cm_checkpoint_find_latest(ck->save_folder, ck->save_latest_filename, &srch);
+            res.status = cmi_remote_find_latest(ck->remote, &srch);
             if (res.status) snprintf(res.msg, sizeof res.msg, "%s", cm_last_error());
         }
         cm_status bs = cmi_dist_bcast(tr, &res, sizeof res);
@@ -1413,21 +1690,46 @@ cm_status cmi_ckpt_load_start(cm_trainer *tr) {
         if (s == CM_OK) {
             if (srch.n_rejected)
                 cm_log_msg(CM_LOG_WARN, "autoresume: fell back to '%s'; unusable: %s", srch.path, srch.rejected);
-            return load_into(tr, srch.path, ck->remote);
+            *via = ck->remote;
+            *path = dup_str(srch.path);
+            return *path ? CM_OK : cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
         }
         if (s != CM_ERR_NOT_FOUND) return s;
-        if (srch.n_rejected) {
+        if (srch.n_rejected)
             return cm_set_error(CM_ERR_FORMAT, "autoresume: every checkpoint in '%s' is damaged (%s); move them away to "
                                                "start the run over",
-                                ck->remote ? cmi_remote_uri(ck->remote) : ck->save_folder, srch.rejected);
-        }
-        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s",
-                   ck->remote ? cmi_remote_uri(ck->remote) : ck->save_folder,
+                                cmi_remote_uri(ck->remote), srch.rejected);
+        cm_log_msg(CM_LOG_INFO, "autoresume: no checkpoint in '%s' yet; %s", cmi_remote_uri(ck->remote),
                    ck->load_path ? "loading load_path" : "starting from scratch");
+    } else if (ck->autoresume) {
+        cm_status s = cmi_ckpt_resolve(tr, true, ck->save_folder, ck->save_latest_filename, NULL, path);
+        if (s || *path) return s;
     }
-    if (ck->load_path && cm_storage_is_remote(ck->load_path)) return load_remote_path(tr);
-    if (ck->load_path) return load_into(tr, ck->load_path, NULL);
-    return CM_OK;
+    if (ck->load_path && cm_storage_is_remote(ck->load_path)) {
+        cm_status s = resolve_remote_path(tr, path);
+        if (!s) *via = ck->load_remote;
+        return s;
+    }
+    return cmi_ckpt_resolve(tr, false, NULL, NULL, ck->load_path, path);
+}
+
+cm_status cmi_ckpt_prepare_load(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    if (!ck) return CM_OK;
+    cm_free(ck->pending);
+    ck->pending = NULL;
+    ck->pending_via = NULL;
+    cm_status s = resolve_for_trainer(tr, &ck->pending, &ck->pending_via);
+    if (s || !ck->pending) return s;
+    int added = 0;
+    s = cmi_apply_required_algorithms(tr->engine, &tr->st, ck->pending, ck->pending_via,
+                                      (const char *const *)ck->exclude_algs, ck->n_exclude_algs, &added);
+    return cmi_dist_agree(tr, s, "applying the checkpoint's required algorithms");
+}
+
+cm_status cmi_ckpt_load_start(cm_trainer *tr) {
+    cmi_ckpt *ck = tr->ckpt;
+    return ck && ck->pending ? load_into(tr, ck->pending, ck->pending_via) : CM_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------

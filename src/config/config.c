@@ -613,6 +613,17 @@ void cm_config_touch(cm_config *c, const char *path) {
     if (n) mark_tree(n);
 }
 
+void cm_config_mark_read(cm_config *c, const char *path) {
+    if (!c || !path) return;
+    record_asked(c, path);
+    node *n = NULL;
+    if (find(c, path, true, &n) != CM_OK) {
+        cm_clear_error();
+        return;
+    }
+    if (n) n->used = true;
+}
+
 /* Looks up a scalar for a getter: *out NULL when absent or null. Errors for maps and sequences
  * and for paths through scalars. */
 static cm_status get_scalar(cm_config *c, const char *path, const char *expected, node **out) {
@@ -748,7 +759,7 @@ static void fmt_double(double x, char *buf, size_t cap) {
 }
 
 cm_status cm_config_get_double(cm_config *c, const char *path, double def, double *out) {
-    node *n;
+    node *n = NULL;
     cm_status s = get_scalar(c, path, "a number", &n);
     if (s) return s;
     if (!n) {

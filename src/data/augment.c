@@ -3,6 +3,7 @@
 #include "data/image_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Augmentation draws from its own family of streams, away from whatever streams the sampler and
@@ -11,7 +12,24 @@
 
 cm_image_augment cm_image_augment_default(void) { return (cm_image_augment){.crop_padding = 4, .hflip_p = 0.5f}; }
 
-bool cm_image_augment_enabled(const cm_image_augment *aug) { return aug->crop_padding > 0 || aug->hflip_p > 0.0f; }
+bool cm_image_augment_enabled(const cm_image_augment *aug) {
+    return aug->crop_padding > 0 || aug->hflip_p > 0.0f || aug->u8_transform;
+}
+
+cm_status cm_image_augment_u8(const cm_image_augment *aug, const cm_sample_ctx *ctx, int64_t index, int64_t C, int64_t H,
+                              int64_t W, const uint8_t *src, uint8_t *dst, const char *who) {
+    cm_image_augment_params p = cm_image_augment_draw(aug, ctx->seed, ctx->epoch, index);
+    cm_image_transform_u8(&p, C, H, W, src, dst);
+    if (!aug->u8_transform) return CM_OK;
+    cm_status s = aug->u8_transform(dst, C, H, W, ctx->seed, ctx->epoch, index, aug->u8_transform_data);
+    if (s) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "%s: sample %lld (epoch %lld): the augment's u8 transform: %s", who, (long long)index,
+                            (long long)ctx->epoch, msg);
+    }
+    return CM_OK;
+}
 
 cm_status cm_image_augment_check(const cm_image_augment *aug, const char *who) {
     if (aug->crop_padding < 0)

@@ -27,7 +27,7 @@ cm_cifar10_config cm_cifar10_config_default(void) {
     return (cm_cifar10_config){.raw_u8 = false,
                                .mean = {0.4914f, 0.4822f, 0.4465f},
                                .std = {0.2470f, 0.2435f, 0.2616f},
-                               .augment = {0, 0.0f}};
+                               .augment = {.crop_padding = 0, .hflip_p = 0.0f}};
 }
 
 static int64_t cf_len(void *self) {
@@ -50,8 +50,8 @@ static cm_status cf_get(void *self, int64_t index, const cm_sample_ctx *ctx, voi
     const uint8_t *src = r + 1;
     uint8_t tmp[CIFAR_PIX];
     if (d->augment && ctx->training) {
-        cm_image_augment_params p = cm_image_augment_draw(&d->cfg.augment, ctx->seed, ctx->epoch, index);
-        cm_image_transform_u8(&p, 3, CIFAR_HW, CIFAR_HW, src, tmp);
+        cm_status s = cm_image_augment_u8(&d->cfg.augment, ctx, index, 3, CIFAR_HW, CIFAR_HW, src, tmp, "cifar10");
+        if (s) return s;
         src = tmp;
     }
     if (d->cfg.raw_u8) {

@@ -12,6 +12,11 @@ bool cm_image_augment_enabled(const cm_image_augment *aug);
 void cm_image_transform_u8(const cm_image_augment_params *p, int64_t C, int64_t H, int64_t W, const uint8_t *in,
                            uint8_t *out);
 
+/* The training augmentation of one u8 image: the crop and flip drawn for (ctx, index) from src into
+ * dst, then aug->u8_transform on dst; its error is prefixed with `who`, the sample and the epoch. */
+cm_status cm_image_augment_u8(const cm_image_augment *aug, const cm_sample_ctx *ctx, int64_t index, int64_t C, int64_t H,
+                              int64_t W, const uint8_t *src, uint8_t *dst, const char *who);
+
 /* lut[v] = (v/255 - mean) / std, computed in that order so results match the reference formula. */
 void cm_image_make_lut(float lut[256], float mean, float std);
 

@@ -889,18 +889,18 @@ static cm_status flush_shard(cm_mds_writer *w) {
     const uint32_t n = (uint32_t)w->n_in_shard;
     cmi_buf raw = {0};
     cmi_buf_u32(&raw, n);
-    uint32_t off = (uint32_t)(4 + 4 * ((size_t)n + 1) + w->config.len);
-    const uint32_t *sz = (const uint32_t *)w->sizes.data;
+    uint32_t off = (uint32_t)(4 + 4 * ((size_t)n + 1) + w->config.n);
+    const uint32_t *sz = (const uint32_t *)w->sizes.p;
     cmi_buf_u32(&raw, off);
     for (uint32_t i = 0; i < n; i++) {
         off += sz[i];
         cmi_buf_u32(&raw, off);
     }
-    cmi_buf_put(&raw, w->config.data, w->config.len);
-    cmi_buf_put(&raw, w->samples.data, w->samples.len);
+    cmi_buf_put(&raw, w->config.p, w->config.n);
+    cmi_buf_put(&raw, w->samples.p, w->samples.n);
     if (raw.oom) {
         cmi_buf_free(&raw);
-        return cm_set_error(CM_ERR_OOM, "MDS writer: out of memory for a shard of %zu bytes", w->samples.len);
+        return cm_set_error(CM_ERR_OOM, "MDS writer: out of memory for a shard of %zu bytes", w->samples.n);
     }
     char raw_name[64], zip_name[80];
     snprintf(raw_name, sizeof raw_name, "shard.%05d.mds", w->n_shards);
@@ -909,17 +909,17 @@ static cm_status flush_shard(cm_mds_writer *w) {
     cm_status st = CM_OK;
     if (w->zfam != CMI_Z_NONE) {
         snprintf(zip_name, sizeof zip_name, "%s.%s", raw_name, w->zext);
-        if ((st = cmi_mds_compress(w->zfam, w->zlevel, raw.data, raw.len, &zip))) goto done;
+        if ((st = cmi_mds_compress(w->zfam, w->zlevel, raw.p, raw.n, &zip))) goto done;
     }
     cmi_buf_puts(&obj, "{");
     emit_columns_and_compression(&obj, w);
     cmi_buf_puts(&obj, ", \"raw_data\": ");
-    if ((st = emit_file(&obj, w, raw_name, raw.data, raw.len))) goto done;
+    if ((st = emit_file(&obj, w, raw_name, raw.p, raw.n))) goto done;
     cmi_buf_printf(&obj, ", \"samples\": %u, \"size_limit\": ", n);
     emit_size_limit(&obj, w);
     cmi_buf_puts(&obj, ", \"version\": 2, \"zip_data\": ");
     if (w->zfam != CMI_Z_NONE) {
-        if ((st = emit_file(&obj, w, zip_name, zip.data, zip.len))) goto done;
+        if ((st = emit_file(&obj, w, zip_name, zip.p, zip.n))) goto done;
     } else {
         cmi_buf_puts(&obj, "null");
     }
@@ -934,21 +934,21 @@ static cm_status flush_shard(cm_mds_writer *w) {
             st = CM_ERR_OOM;
             goto done;
         }
-        st = w->zfam != CMI_Z_NONE ? cmi_mds_write_atomic(path, zip.data, zip.len) : cmi_mds_write_atomic(path, raw.data, raw.len);
+        st = w->zfam != CMI_Z_NONE ? cmi_mds_write_atomic(path, zip.p, zip.n) : cmi_mds_write_atomic(path, raw.p, raw.n);
         cm_free(path);
         if (st) goto done;
     }
     if (w->n_shards) cmi_buf_puts(&w->index_shards, ", ");
-    cmi_buf_put(&w->index_shards, obj.data, obj.len);
+    cmi_buf_put(&w->index_shards, obj.p, obj.n);
     if (w->index_shards.oom) {
         st = CM_ERR_OOM;
         goto done;
     }
     w->n_shards++;
     w->n_in_shard = 0;
-    w->samples.len = 0;
-    w->sizes.len = 0;
-    w->shard_size = 8 + (int64_t)w->config.len;
+    w->samples.n = 0;
+    w->sizes.n = 0;
+    w->shard_size = 8 + (int64_t)w->config.n;
 done:
     cmi_buf_free(&raw);
     cmi_buf_free(&zip);
@@ -1072,7 +1072,7 @@ cm_status cm_mds_writer_new(const char *out, const cm_mds_column *columns, int n
         st = CM_ERR_OOM;
         goto fail;
     }
-    w->shard_size = 8 + (int64_t)w->config.len;
+    w->shard_size = 8 + (int64_t)w->config.n;
     *wp = w;
     return CM_OK;
 fail:
@@ -1224,11 +1224,11 @@ static cm_status encode_value(const wcol *k, const cm_mds_value *v, cmi_buf *b) 
         if (v->n_items < 0 || v->n_items > UINT32_MAX || (v->n_items && !v->items)) return werr(k, "a list needs items and n_items");
         if (e->kind != CM_MDS_JPEG_ARRAY) cmi_buf_u32(b, 0); /* Streaming's reserved placeholder */
         cmi_buf_u32(b, (uint32_t)v->n_items);
-        size_t size_at = b->len;
+        size_t size_at = b->n;
         for (int64_t i = 0; i < v->n_items; i++) cmi_buf_u32(b, 0);
         for (int64_t i = 0; i < v->n_items; i++) {
             const cm_mds_value *it = &v->items[i];
-            size_t before = b->len;
+            size_t before = b->n;
             if (e->kind == CM_MDS_LIST_PIL) {
                 cm_status st = encode_pil(k, it, b);
                 if (st) return st;
@@ -1238,8 +1238,8 @@ static cm_status encode_value(const wcol *k, const cm_mds_value *v, cmi_buf *b) 
                 cmi_buf_put(b, it->data, it->size);
             }
             if (b->oom) return CM_ERR_OOM;
-            uint32_t s = (uint32_t)(b->len - before);
-            memcpy(b->data + size_at + 4 * (size_t)i, &s, 4);
+            uint32_t s = (uint32_t)(b->n - before);
+            memcpy(b->p + size_at + 4 * (size_t)i, &s, 4);
         }
         return CM_OK;
     }
@@ -1291,13 +1291,13 @@ cm_status cm_mds_writer_write(cm_mds_writer *w, const cm_mds_value *values) {
     cm_status st = CM_OK;
     for (int c = 0; c < w->n_columns; c++) {
         const wcol *k = &w->cols[c];
-        size_t before = body.len;
+        size_t before = body.n;
         if ((st = encode_value(k, &values[k->user_index], &body))) goto done;
         if (body.oom) {
             st = CM_ERR_OOM;
             goto done;
         }
-        size_t len = body.len - before;
+        size_t len = body.n - before;
         if (len > UINT32_MAX) {
             st = werr(k, "a value of %zu bytes (at most 4 GiB)", len);
             goto done;
@@ -1305,15 +1305,15 @@ cm_status cm_mds_writer_write(cm_mds_writer *w, const cm_mds_value *values) {
         if (k->enc.size < 0) cmi_buf_u32(&head, (uint32_t)len);
     }
     {
-        const int64_t rec = (int64_t)(head.len + body.len);
+        const int64_t rec = (int64_t)(head.n + body.n);
         if (w->size_limit && w->size_limit < w->shard_size + rec + 4 && (st = flush_shard(w))) goto done;
         if (w->shard_size + rec + 4 > (int64_t)UINT32_MAX) {
             st = cm_set_error(CM_ERR_INVALID_ARG, "MDS writer: a shard would pass 4 GiB (set size_limit)");
             goto done;
         }
         uint32_t r32 = (uint32_t)rec;
-        cmi_buf_put(&w->samples, head.data, head.len);
-        cmi_buf_put(&w->samples, body.data, body.len);
+        cmi_buf_put(&w->samples, head.p, head.n);
+        cmi_buf_put(&w->samples, body.p, body.n);
         cmi_buf_put(&w->sizes, &r32, 4);
         if (w->samples.oom || w->sizes.oom) {
             st = cm_set_error(CM_ERR_OOM, "MDS writer: out of memory for the current shard");
@@ -1335,11 +1335,11 @@ cm_status cm_mds_writer_finish(cm_mds_writer *w) {
     if (st) return st;
     cmi_buf ix = {0};
     cmi_buf_puts(&ix, "{\"shards\": [");
-    cmi_buf_put(&ix, w->index_shards.data, w->index_shards.len);
+    cmi_buf_put(&ix, w->index_shards.p, w->index_shards.n);
     cmi_buf_puts(&ix, "], \"version\": 2}");
     char *path = cmi_mds_path2(w->out, "index.json");
     if (ix.oom || !path) st = CM_ERR_OOM;
-    else st = cmi_mds_write_atomic(path, ix.data, ix.len);
+    else st = cmi_mds_write_atomic(path, ix.p, ix.n);
     cm_free(path);
     cmi_buf_free(&ix);
     if (!st) w->finished = true;

@@ -20,57 +20,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
-/* ---- buffer ------------------------------------------------------------------------------ */
-
-static bool buf_reserve(cmi_buf *b, size_t extra) {
-    if (b->oom) return false;
-    if (b->len + extra <= b->cap) return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra) cap *= 2;
-    uint8_t *p = cm_alloc(cap, 16);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    if (b->len) memcpy(p, b->data, b->len);
-    cm_free(b->data);
-    b->data = p;
-    b->cap = cap;
-    return true;
-}
-
-void cmi_buf_put(cmi_buf *b, const void *p, size_t n) {
-    if (!n || !buf_reserve(b, n)) return;
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-void cmi_buf_puts(cmi_buf *b, const char *s) { cmi_buf_put(b, s, strlen(s)); }
-
-void cmi_buf_printf(cmi_buf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        cmi_buf_put(b, tmp, (size_t)n);
-        return;
-    }
-    if (!buf_reserve(b, (size_t)n + 1)) return;
-    va_start(ap, fmt);
-    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-void cmi_buf_u32(cmi_buf *b, uint32_t v) { cmi_buf_put(b, &v, 4); }
-
-void cmi_buf_free(cmi_buf *b) {
-    cm_free(b->data);
-    memset(b, 0, sizeof *b);
-}
+/* ---- JSON text ------------------------------------------------------------------------- */
 
 /* Decodes one UTF-8 code point at s (len bytes left); returns its length, or 0 if invalid. */
 int cmi_utf8_decode(const uint8_t *s, size_t len, uint32_t *cp) {
@@ -180,10 +130,10 @@ cm_status cmi_mds_compress(cmi_zfamily fam, int level, const uint8_t *in, size_t
     switch (fam) {
     case CMI_Z_ZSTD: {
         size_t cap = ZSTD_compressBound(n);
-        if (!buf_reserve(out, cap)) return CM_ERR_OOM;
-        size_t r = ZSTD_compress(out->data, cap, in, n, level);
+        if (!cmi_buf_reserve(out, cap)) return CM_ERR_OOM;
+        size_t r = ZSTD_compress(out->p, cap, in, n, level);
         if (ZSTD_isError(r)) return cm_set_error(CM_ERR_INTERNAL, "zstd: %s", ZSTD_getErrorName(r));
-        out->len = r;
+        out->n = r;
         return CM_OK;
     }
     case CMI_Z_GZ: {
@@ -193,43 +143,43 @@ cm_status cmi_mds_compress(cmi_zfamily fam, int level, const uint8_t *in, size_t
         if (deflateInit2(&z, level, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY) != Z_OK)
             return cm_set_error(CM_ERR_INTERNAL, "gzip: deflateInit2 failed");
         size_t cap = deflateBound(&z, (uLong)n) + 32;
-        if (!buf_reserve(out, cap)) {
+        if (!cmi_buf_reserve(out, cap)) {
             deflateEnd(&z);
             return CM_ERR_OOM;
         }
         z.next_in = (Bytef *)in;
         z.avail_in = (uInt)n;
-        z.next_out = out->data;
+        z.next_out = out->p;
         z.avail_out = (uInt)cap;
         int rc = deflate(&z, Z_FINISH);
-        out->len = cap - z.avail_out;
+        out->n = cap - z.avail_out;
         deflateEnd(&z);
         if (rc != Z_STREAM_END) return cm_set_error(CM_ERR_INTERNAL, "gzip: deflate failed (%d)", rc);
         return CM_OK;
     }
     case CMI_Z_BZ2: {
         unsigned int cap = (unsigned int)(n + n / 100 + 600);
-        if (!buf_reserve(out, cap)) return CM_ERR_OOM;
-        int rc = BZ2_bzBuffToBuffCompress((char *)out->data, &cap, (char *)in, (unsigned int)n, level, 0, 0);
+        if (!cmi_buf_reserve(out, cap)) return CM_ERR_OOM;
+        int rc = BZ2_bzBuffToBuffCompress((char *)out->p, &cap, (char *)in, (unsigned int)n, level, 0, 0);
         if (rc != BZ_OK) return cm_set_error(CM_ERR_INTERNAL, "bz2: compression failed (%d)", rc);
-        out->len = cap;
+        out->n = cap;
         return CM_OK;
     }
     case CMI_Z_SNAPPY: {
         size_t cap = snappy_max_compressed_length(n);
-        if (!buf_reserve(out, cap)) return CM_ERR_OOM;
-        if (snappy_compress((const char *)in, n, (char *)out->data, &cap) != SNAPPY_OK)
+        if (!cmi_buf_reserve(out, cap)) return CM_ERR_OOM;
+        if (snappy_compress((const char *)in, n, (char *)out->p, &cap) != SNAPPY_OK)
             return cm_set_error(CM_ERR_INTERNAL, "snappy: compression failed");
-        out->len = cap;
+        out->n = cap;
         return CM_OK;
     }
     case CMI_Z_BR: {
         size_t cap = BrotliEncoderMaxCompressedSize(n);
         if (!cap) cap = n + 1024;
-        if (!buf_reserve(out, cap)) return CM_ERR_OOM;
-        if (!BrotliEncoderCompress(level, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_GENERIC, n, in, &cap, out->data))
+        if (!cmi_buf_reserve(out, cap)) return CM_ERR_OOM;
+        if (!BrotliEncoderCompress(level, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_GENERIC, n, in, &cap, out->p))
             return cm_set_error(CM_ERR_INTERNAL, "brotli: compression failed");
-        out->len = cap;
+        out->n = cap;
         return CM_OK;
     }
     case CMI_Z_NONE: cmi_buf_put(out, in, n); return out->oom ? CM_ERR_OOM : CM_OK;

@@ -3,6 +3,8 @@
 #ifndef CM_MDS_IMPL_H
 #define CM_MDS_IMPL_H
 
+#include "base/buf.h"
+
 #include <composer/streaming.h>
 
 #include <pthread.h>
@@ -11,23 +13,12 @@
 #error "MDS shards are little-endian; this code reads them in place and needs a little-endian host"
 #endif
 
-/* ---- growable byte buffer --------------------------------------------------------------- */
+/* ---- JSON text as Python writes it (into cmi_buf, base/buf.h) ------------------------------ */
 
-typedef struct cmi_buf {
-    uint8_t *data;
-    size_t len, cap;
-    bool oom; /* sticky: a failed append leaves the buffer as it was and sets this */
-} cmi_buf;
-
-void cmi_buf_put(cmi_buf *b, const void *p, size_t n);
-void cmi_buf_puts(cmi_buf *b, const char *s);
-void cmi_buf_printf(cmi_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void cmi_buf_u32(cmi_buf *b, uint32_t v);
 /* A JSON string as Python's json.dumps (ensure_ascii): \" \\ \n \r \t \b \f, other controls and
  * every non-ASCII code point as \uXXXX (surrogate pairs above U+FFFF). Invalid UTF-8 bytes are
  * written as U+FFFD. */
 void cmi_buf_json_str(cmi_buf *b, const char *s);
-void cmi_buf_free(cmi_buf *b);
 /* One UTF-8 code point at s (len bytes left): its length, or 0 if invalid (overlong, surrogate, ...). */
 int cmi_utf8_decode(const uint8_t *s, size_t len, uint32_t *cp);
 
@@ -38,7 +29,7 @@ typedef enum { CMI_Z_NONE, CMI_Z_BR, CMI_Z_BZ2, CMI_Z_GZ, CMI_Z_SNAPPY, CMI_Z_ZS
 /* Parses "family" or "family:level" as Streaming accepts them; NULL or "" is NONE. On an unknown
  * family or a level outside its range returns false. *ext is the file extension. */
 bool cmi_mds_compression_parse(const char *s, cmi_zfamily *fam, int *level, const char **ext);
-/* Compresses into a new buffer (out->data cm_alloc'd). */
+/* Compresses into a new buffer (out->p cm_alloc'd). */
 cm_status cmi_mds_compress(cmi_zfamily fam, int level, const uint8_t *in, size_t n, cmi_buf *out);
 /* Decompresses a whole file whose raw size is known (index.json's raw_data.bytes): output of any
  * other size is CM_ERR_FORMAT naming `name`. out is cm_alloc'd (free with cm_free). */

@@ -21,7 +21,7 @@ typedef struct mnist_ds {
 } mnist_ds;
 
 cm_mnist_config cm_mnist_config_default(void) {
-    return (cm_mnist_config){.raw_u8 = false, .mean = 0.1307f, .std = 0.3081f, .augment = {0, 0.0f}};
+    return (cm_mnist_config){.raw_u8 = false, .mean = 0.1307f, .std = 0.3081f, .augment = {.crop_padding = 0, .hflip_p = 0.0f}};
 }
 
 static int64_t mn_len(void *self) { return ((mnist_ds *)self)->n; }
@@ -33,8 +33,8 @@ static cm_status mn_get(void *self, int64_t index, const cm_sample_ctx *ctx, voi
     const uint8_t *src = d->pix + index * MNIST_HW * MNIST_HW;
     uint8_t tmp[MNIST_HW * MNIST_HW];
     if (d->augment && ctx->training) {
-        cm_image_augment_params p = cm_image_augment_draw(&d->cfg.augment, ctx->seed, ctx->epoch, index);
-        cm_image_transform_u8(&p, 1, MNIST_HW, MNIST_HW, src, tmp);
+        cm_status s = cm_image_augment_u8(&d->cfg.augment, ctx, index, 1, MNIST_HW, MNIST_HW, src, tmp, "mnist");
+        if (s) return s;
         src = tmp;
     }
     if (d->cfg.raw_u8) {

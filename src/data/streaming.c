@@ -5,11 +5,19 @@
  * get_shuffle over the shuffle units, then the mapping back to sample ids — for the position the
  * loader resumes from, and keeps it while the loader walks forward from there.
  *
- * Shards reach the cache through a small fetch interface (fetch_file): local paths and file://
- * today; an object store plugs in there. A shard is fetched under a lock file of its own, so ranks
- * sharing `local` fetch it once; eviction runs under a cache-wide lock file. */
+ * Shards reach the cache from the stream's remote through a cm_object_store (s3://, gs://,
+ * oci://, file://, local paths). The cache is shared by every process whose `local` is the same
+ * directory, coordinated by lock files only:
+ *   - "<shard>.lock", exclusive while the shard is fetched and decompressed (so ranks fetch it
+ *     once), shared while a process maps it (so nobody evicts it in between), and taken without
+ *     waiting by an evictor (a held shard is skipped);
+ *   - ".cm_cache.lock", exclusive while shards are evicted to stay under cache_limit.
+ * The LRU clock is the raw files' mtime, refreshed at every open. */
+#include "image_impl.h"
 #include "mds_impl.h"
 #include "stream_order_impl.h"
+
+#include <composer/storage.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,43 +31,10 @@
 
 /* ---- fetching ------------------------------------------------------------------------------ */
 
-/* Copies remote file `rel` (relative to `remote`) to `dst` atomically. Remotes: a local path or
- * file://path. (An object-store scheme becomes one more branch here.) */
-static cm_status fetch_file(const char *remote, const char *rel, const char *dst, int retries) {
-    const char *root = remote;
-    if (strncmp(root, "file://", 7) == 0) root += 7;
-    else if (strstr(root, "://"))
-        return cm_set_error(CM_ERR_UNSUPPORTED, "remote '%s': only local paths and file:// are supported in this build",
-                            remote);
-    char *src = cmi_mds_path2(root, rel);
-    if (!src) return CM_ERR_OOM;
-    cm_status st = CM_OK;
-    for (int attempt = 0; attempt <= retries; attempt++) {
-        FILE *in = fopen(src, "rb");
-        if (!in) {
-            st = cm_set_error(errno == ENOENT ? CM_ERR_NOT_FOUND : CM_ERR_IO, "cannot fetch '%s' from remote '%s': %s", rel,
-                              remote, strerror(errno));
-            if (st == CM_ERR_NOT_FOUND) break;
-            continue;
-        }
-        cmi_buf b = {0};
-        uint8_t chunk[1 << 16];
-        size_t n;
-        while ((n = fread(chunk, 1, sizeof chunk, in)) > 0) cmi_buf_put(&b, chunk, n);
-        bool bad = ferror(in) != 0;
-        fclose(in);
-        if (b.oom) {
-            cmi_buf_free(&b);
-            st = CM_ERR_OOM;
-            break;
-        }
-        st = bad ? cm_set_error(CM_ERR_IO, "reading '%s' from remote '%s' failed", rel, remote)
-                 : cmi_mds_write_atomic(dst, b.data, b.len);
-        cmi_buf_free(&b);
-        if (!st) break;
-    }
-    cm_free(src);
-    return st;
+/* Downloads `rel` (relative to the stream's remote) to `dst`, atomically, through the stream's
+ * object store (its retries with backoff on transient failures: download_retry of them). */
+static cm_status fetch_file(cm_object_store *store, const char *rel, const char *dst) {
+    return cm_object_store_download(store, rel, dst);
 }
 
 /* ---- the dataset ---------------------------------------------------------------------------- */
@@ -67,6 +42,7 @@ static cm_status fetch_file(const char *remote, const char *rel, const char *dst
 typedef struct stream {
     char *remote, *dir; /* dir = local/split */
     char *rel_prefix;   /* split/ on the remote ("" without split) */
+    cm_object_store *store; /* the remote; NULL when the shards are read in place */
     cmi_mds_index ix;
     int64_t shard_base, sample_base;
     bool has_prop, has_rep, has_choose;
@@ -110,6 +86,8 @@ typedef struct streaming {
     int n_fields;
     field fields[CM_DATASET_MAX_FIELDS];
     int tokens_col;
+    bool img_f32, img_augment; /* image fields normalised to f32 (C, H, W); augmented for training */
+    float lut[3][256];         /* (x/255 - mean[c]) / std[c] */
     pthread_mutex_t mu; /* shards' open state, plan, counters */
     uint64_t clock;
     plan plan;
@@ -171,7 +149,7 @@ int64_t cm_streaming_cache_usage(const cm_dataset *ds) {
 }
 
 static int lock_file(const char *path) {
-    int fd = open(path, O_RDWR | O_CREAT, 0666);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) return -1;
     while (flock(fd, LOCK_EX) != 0)
         if (errno != EINTR) {
@@ -188,6 +166,19 @@ static void unlock_file(int fd) {
     }
 }
 
+/* A shared lock on a shard's lock file while this process maps the shard: the shard cannot be
+ * evicted (nor half-written) under it. -1 on failure. */
+static int pin_file(const char *path) {
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return -1;
+    while (flock(fd, LOCK_SH) != 0)
+        if (errno != EINTR) {
+            close(fd);
+            return -1;
+        }
+    return fd;
+}
+
 static bool shard_present(const stream *st, const cmi_mds_shard_info *si) {
     char path[4200];
     int64_t sz;
@@ -198,58 +189,147 @@ static bool shard_present(const stream *st, const cmi_mds_shard_info *si) {
     return file_size(path, &sz);
 }
 
-/* The cache-wide eviction: frees room for `need` bytes. Holds the cache lock file. */
+/* How long make_room waits for shards that other readers hold (fetching or opening them) before
+ * it reports the cache full. Those holds last one download or one mmap. */
+#define EVICT_WAIT_S 2.0
+
+typedef struct lru_item {
+    int shard;
+    int64_t mtime_ns;
+} lru_item;
+
+static int lru_cmp(const void *a, const void *b) {
+    const lru_item *x = a, *y = b;
+    return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns;
+}
+
+/* Evicts shard `v` if no reader holds it: its lock file taken without waiting, then its files
+ * removed. Returns 1 when evicted, 0 when held by someone, or -1 with an error. */
+static int try_evict(streaming *s, int v) {
+    const stream *sm = &s->streams[s->shards[v].stream];
+    const cmi_mds_shard_info *si = &sm->ix.shards[s->shards[v].local];
+    char raw[4200], zip[4200], lock[4300];
+    snprintf(raw, sizeof raw, "%s/%s", sm->dir, si->raw.basename);
+    snprintf(lock, sizeof lock, "%s.lock", raw);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return cm_set_error(CM_ERR_IO, "cannot open the lock file '%s': %s", lock, strerror(errno)), -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return 0;
+    }
+    int rc = 1;
+    if (unlink(raw) != 0 && errno != ENOENT)
+        rc = -1, cm_set_error(CM_ERR_IO, "cannot evict '%s' from the cache: %s", raw, strerror(errno));
+    if (rc > 0 && si->has_zip) {
+        snprintf(zip, sizeof zip, "%s/%s", sm->dir, si->zip.basename);
+        if (unlink(zip) != 0 && errno != ENOENT)
+            rc = -1, cm_set_error(CM_ERR_IO, "cannot evict '%s' from the cache: %s", zip, strerror(errno));
+    }
+    unlock_file(fd);
+    if (rc > 0) {
+        pthread_mutex_lock(&s->mu);
+        cmi_mds_shard_unref(s->shards[v].open); /* a get holding a reference keeps its mapping */
+        s->shards[v].open = NULL;
+        s->n_evicted++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return rc;
+}
+
+/* The cache-wide eviction, Streaming's: frees room for `need` bytes by removing the least
+ * recently used shards (by the files' mtime, which every open refreshes, so ranks sharing the
+ * cache share the clock). Holds the cache lock file. A shard that another reader holds is
+ * skipped; if every shard is held, it waits up to EVICT_WAIT_S and then reports the cache full. */
 static cm_status make_room(streaming *s, int for_shard, int64_t need) {
     char lp[4200];
     snprintf(lp, sizeof lp, "%s/.cm_cache.lock", s->streams[0].dir);
     int fd = lock_file(lp);
     if (fd < 0) return cm_set_error(CM_ERR_IO, "cannot lock the cache '%s': %s", lp, strerror(errno));
+    lru_item *cand = cm_alloc(sizeof *cand * (size_t)(s->n_shards + 1), 64);
+    if (!cand) {
+        unlock_file(fd);
+        return CM_ERR_OOM;
+    }
     cm_status st = CM_OK;
+    double waited = 0;
     for (;;) {
-        int64_t used = cache_usage_locked(s);
+        const int64_t used = cache_usage_locked(s);
         if (used + need <= s->cfg.cache_limit) break;
-        /* the least recently used shard present here and not open in this process */
-        int victim = -1;
-        int64_t oldest = INT64_MAX;
-        pthread_mutex_lock(&s->mu);
+        int n = 0;
         for (int i = 0; i < s->n_shards; i++) {
             const stream *sm = &s->streams[s->shards[i].stream];
             const cmi_mds_shard_info *si = &sm->ix.shards[s->shards[i].local];
-            if (i == for_shard || !shard_present(sm, si)) continue;
-            if (s->shards[i].open && s->shards[i].open->refs > 1) continue; /* in use right now */
+            if (i == for_shard || !sm->store) continue; /* shards read in place are never evicted */
             char path[4200];
             struct stat stt;
             snprintf(path, sizeof path, "%s/%s", sm->dir, si->raw.basename);
             if (stat(path, &stt) != 0) {
+                if (!si->has_zip) continue;
                 snprintf(path, sizeof path, "%s/%s", sm->dir, si->zip.basename);
                 if (stat(path, &stt) != 0) continue;
             }
-            int64_t t = (int64_t)stt.st_mtim.tv_sec * 1000000000 + stt.st_mtim.tv_nsec;
-            if (t < oldest) oldest = t, victim = i;
+            cand[n++] = (lru_item){i, (int64_t)stt.st_mtim.tv_sec * 1000000000 + stt.st_mtim.tv_nsec};
         }
-        if (victim >= 0) {
-            const stream *sm = &s->streams[s->shards[victim].stream];
-            const cmi_mds_shard_info *si = &sm->ix.shards[s->shards[victim].local];
-            char path[4200];
-            snprintf(path, sizeof path, "%s/%s", sm->dir, si->raw.basename);
-            unlink(path);
-            if (si->has_zip) {
-                snprintf(path, sizeof path, "%s/%s", sm->dir, si->zip.basename);
-                unlink(path);
-            }
-            cmi_mds_shard_unref(s->shards[victim].open);
-            s->shards[victim].open = NULL;
-            s->n_evicted++;
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (victim < 0) {
-            st = cm_set_error(CM_ERR_IO, "cache '%s' is full: %lld bytes used, %lld more needed, cache_limit %lld and "
-                                         "no shard left to evict (raise cache_limit)",
-                              s->streams[0].dir, (long long)used, (long long)need, (long long)s->cfg.cache_limit);
+        qsort(cand, (size_t)n, sizeof *cand, lru_cmp);
+        int evicted = 0;
+        for (int k = 0; k < n && !evicted; k++)
+            if ((evicted = try_evict(s, cand[k].shard)) < 0) break;
+        if (evicted < 0) {
+            st = cm_last_status();
             break;
         }
+        if (evicted) continue;
+        const stream *fs = &s->streams[s->shards[for_shard].stream];
+        const char *name = fs->ix.shards[s->shards[for_shard].local].raw.basename;
+        if (n == 0) {
+            st = cm_set_error(CM_ERR_IO, "cache '%s' is full: %lld bytes used of cache_limit %lld, %lld more needed "
+                                         "for shard '%s', and no shard is left in it to evict (raise cache_limit)",
+                              s->streams[0].dir, (long long)used, (long long)s->cfg.cache_limit, (long long)need, name);
+            break;
+        }
+        if (waited >= EVICT_WAIT_S) {
+            st = cm_set_error(CM_ERR_IO, "cache '%s' is full: %lld bytes used of cache_limit %lld, %lld more needed "
+                                         "for shard '%s', and all %d shards in it are held by readers sharing the "
+                                         "cache (waited %.1f s for one to be released; raise cache_limit, or give "
+                                         "each rank its own local directory)",
+                              s->streams[0].dir, (long long)used, (long long)s->cfg.cache_limit, (long long)need, name,
+                              n, waited);
+            break;
+        }
+        struct timespec nap = {0, 20 * 1000000L};
+        nanosleep(&nap, NULL);
+        waited += 0.02;
     }
+    cm_free(cand);
     unlock_file(fd);
+    return st;
+}
+
+/* Decompresses a compressed shard `zip` into its raw file `raw` (checked against index.json: size,
+ * hash, raw size). The caller holds the shard's lock. With remove_zip the compressed file is
+ * removed afterwards (keep_zip false), and always when it is corrupt (the next try fetches it
+ * anew). */
+static cm_status decompress_shard(streaming *s, const cmi_mds_shard_info *si, const char *zip, const char *raw,
+                                  bool remove_zip, bool from_remote) {
+    int64_t zn = 0;
+    if (!file_size(zip, &zn)) return cm_set_error(CM_ERR_NOT_FOUND, "shard '%s' vanished from the cache", zip);
+    FILE *f = fopen(zip, "rb");
+    uint8_t *z = cm_alloc((size_t)zn + 1, 64), *out = NULL;
+    cm_status st = CM_OK;
+    if (!z) st = CM_ERR_OOM;
+    else if (!f || fread(z, 1, (size_t)zn, f) != (size_t)zn)
+        st = cm_set_error(CM_ERR_IO, "cannot read '%s': %s", zip, f ? "short read" : strerror(errno));
+    if (f) fclose(f);
+    if (!st && zn != si->zip.bytes)
+        st = cm_set_error(CM_ERR_FORMAT, "shard '%s' has %lld bytes, index.json says %lld (truncated or corrupt%s)", zip,
+                          (long long)zn, (long long)si->zip.bytes,
+                          from_remote ? ": the cached copy was removed, the next try fetches it again" : "");
+    if (!st && s->validate_hash) st = cmi_mds_check_hash(&si->zip, s->validate_hash, z, (size_t)zn, zip);
+    if (!st) st = cmi_mds_decompress(si->zfam, z, (size_t)zn, (size_t)si->raw.bytes, zip, &out);
+    cm_free(z);
+    if (!st) st = cmi_mds_write_atomic(raw, out, (size_t)si->raw.bytes);
+    cm_free(out);
+    if (from_remote && (remove_zip || st == CM_ERR_FORMAT)) unlink(zip);
     return st;
 }
 
@@ -258,64 +338,27 @@ static cm_status make_room(streaming *s, int for_shard, int64_t need) {
 static cm_status ensure_local(streaming *s, int i) {
     const stream *sm = &s->streams[s->shards[i].stream];
     const cmi_mds_shard_info *si = &sm->ix.shards[s->shards[i].local];
-    char raw[4200], zip[4200], lock[4300];
+    char raw[4200], zip[4200] = "", lock[4300];
     snprintf(raw, sizeof raw, "%s/%s", sm->dir, si->raw.basename);
     int64_t sz;
     if (file_size(raw, &sz)) return CM_OK;
     if (si->has_zip) snprintf(zip, sizeof zip, "%s/%s", sm->dir, si->zip.basename);
-    if (!sm->remote) {
-        if (si->has_zip && file_size(zip, &sz)) goto decompress; /* local compressed shard */
-        return CM_OK; /* the load reports the missing file */
-    }
+    if (!sm->store && !(si->has_zip && file_size(zip, &sz))) return CM_OK; /* the load reports the missing file */
     snprintf(lock, sizeof lock, "%s.lock", raw);
     int fd = lock_file(lock);
     if (fd < 0) return cm_set_error(CM_ERR_IO, "cannot lock '%s': %s", lock, strerror(errno));
     cm_status st = CM_OK;
     if (file_size(raw, &sz)) goto done; /* another rank fetched it while we waited */
-    if (s->cfg.cache_limit > 0 && (st = make_room(s, i, s->shards[i].max_size))) goto done;
-    {
-        const char *base = si->has_zip ? si->zip.basename : si->raw.basename;
-        char rel[4200];
-        snprintf(rel, sizeof rel, "%s%s", sm->rel_prefix, base);
+    if (sm->store) {
+        if (s->cfg.cache_limit > 0 && (st = make_room(s, i, s->shards[i].max_size))) goto done;
         if (!si->has_zip || !file_size(zip, &sz)) {
-            if ((st = fetch_file(sm->remote, rel, si->has_zip ? zip : raw, s->cfg.download_retry))) goto done;
+            char rel[4200];
+            snprintf(rel, sizeof rel, "%s%s", sm->rel_prefix, si->has_zip ? si->zip.basename : si->raw.basename);
+            if ((st = fetch_file(sm->store, rel, si->has_zip ? zip : raw))) goto done;
             __atomic_add_fetch(&s->n_fetched, 1, __ATOMIC_RELAXED);
         }
     }
-    if (!si->has_zip) goto done;
-    unlock_file(fd);
-    fd = -1;
-decompress:
-    fd = lock_file(strcat(strcpy(lock, raw), ".lock"));
-    if (file_size(raw, &sz)) goto done;
-    {
-        uint8_t *z = NULL, *out = NULL;
-        FILE *f = fopen(zip, "rb");
-        if (!f) {
-            st = cm_set_error(CM_ERR_NOT_FOUND, "shard '%s' vanished from the cache", zip);
-            goto done;
-        }
-        int64_t zn = 0;
-        file_size(zip, &zn);
-        z = cm_alloc((size_t)zn + 1, 64);
-        if (!z || fread(z, 1, (size_t)zn, f) != (size_t)zn) {
-            fclose(f);
-            cm_free(z);
-            st = z ? cm_set_error(CM_ERR_IO, "cannot read '%s'", zip) : CM_ERR_OOM;
-            goto done;
-        }
-        fclose(f);
-        if (zn != si->zip.bytes)
-            st = cm_set_error(CM_ERR_FORMAT, "shard '%s' has %lld bytes, index.json says %lld (truncated or corrupt: "
-                                             "delete it so it is fetched again)", zip, (long long)zn, (long long)si->zip.bytes);
-        if (!st && s->validate_hash) st = cmi_mds_check_hash(&si->zip, s->validate_hash, z, (size_t)zn, zip);
-        if (!st) st = cmi_mds_decompress(si->zfam, z, (size_t)zn, (size_t)si->raw.bytes, zip, &out);
-        cm_free(z);
-        if (!st) st = cmi_mds_write_atomic(raw, out, (size_t)si->raw.bytes);
-        cm_free(out);
-        if (!st && sm->remote && !s->cfg.keep_zip) unlink(zip);
-        if (st && sm->remote) unlink(zip); /* a corrupt download is not kept: the next try fetches it anew */
-    }
+    if (si->has_zip) st = decompress_shard(s, si, zip, raw, !s->cfg.keep_zip, sm->store != NULL);
 done:
     unlock_file(fd);
     return st;
@@ -323,18 +366,19 @@ done:
 
 /* Opens shard i (fetching it first) and takes a reference. */
 static cm_status shard_acquire(streaming *s, int i, cmi_mds_open_shard **out) {
+    const stream *sm = &s->streams[s->shards[i].stream];
+    const cmi_mds_shard_info *si = &sm->ix.shards[s->shards[i].local];
+    char raw[4200], lock[4300];
+    snprintf(raw, sizeof raw, "%s/%s", sm->dir, si->raw.basename);
+    snprintf(lock, sizeof lock, "%s.lock", raw);
+    int64_t sz;
     pthread_mutex_lock(&s->mu);
     cmi_mds_open_shard *sh = s->shards[i].open;
-    if (sh) {
-        /* another rank may have evicted the file: then drop our mapping and fetch it again */
-        const stream *sm = &s->streams[s->shards[i].stream];
-        char raw[4200];
-        int64_t sz;
-        snprintf(raw, sizeof raw, "%s/%s", sm->dir, sm->ix.shards[s->shards[i].local].raw.basename);
-        if (sm->remote && !file_size(raw, &sz)) {
-            cmi_mds_shard_unref(sh);
-            s->shards[i].open = sh = NULL;
-        }
+    if (sh && sm->store && !file_size(raw, &sz)) {
+        /* another rank evicted the file: drop our mapping (its disk space is freed only once
+         * nobody maps it) and fetch it again */
+        cmi_mds_shard_unref(sh);
+        s->shards[i].open = sh = NULL;
     }
     if (sh) {
         __atomic_add_fetch(&sh->refs, 1, __ATOMIC_ACQ_REL);
@@ -344,15 +388,34 @@ static cm_status shard_acquire(streaming *s, int i, cmi_mds_open_shard **out) {
         return CM_OK;
     }
     pthread_mutex_unlock(&s->mu);
-    cm_status st = ensure_local(s, i);
-    if (st) return st;
-    const stream *sm = &s->streams[s->shards[i].stream];
-    cmi_mds_open_shard *fresh;
-    if ((st = cmi_mds_shard_load(&sm->ix, s->shards[i].local, sm->dir, s->validate_hash, &fresh))) return st;
-    {
-        char raw[4200];
-        snprintf(raw, sizeof raw, "%s/%s", sm->dir, sm->ix.shards[s->shards[i].local].raw.basename);
-        utimensat(AT_FDCWD, raw, NULL, 0); /* the cache's LRU clock */
+    cmi_mds_open_shard *fresh = NULL;
+    cm_status st = CM_OK;
+    for (int tries = 0; !fresh; tries++) {
+        if ((st = ensure_local(s, i))) return st;
+        /* a cached shard is mapped under a shared lock, so no rank evicts it between the check
+         * and the mapping; once mapped, an eviction no longer disturbs this process */
+        int pin = -1;
+        if (sm->store) {
+            if ((pin = pin_file(lock)) < 0) return cm_set_error(CM_ERR_IO, "cannot lock '%s': %s", lock, strerror(errno));
+            if (!file_size(raw, &sz)) {
+                unlock_file(pin);
+                if (tries < 8) continue; /* evicted right after the fetch: fetch it again */
+                return cm_set_error(CM_ERR_IO, "shard '%s' was evicted from the cache %d times before it could be "
+                                               "opened: the cache is too small for the ranks sharing it (raise "
+                                               "cache_limit)", raw, tries + 1);
+            }
+        }
+        st = cmi_mds_shard_load(&sm->ix, s->shards[i].local, sm->dir, s->validate_hash, &fresh);
+        if (!st && sm->store) utimensat(AT_FDCWD, raw, NULL, 0); /* the cache's LRU clock */
+        if (st == CM_ERR_FORMAT && sm->store) {
+            /* a corrupt download is not kept: the next try fetches it anew */
+            unlink(raw);
+            cm_set_error(st, "%s (shard fetched from %s/%s%s; the cached copy was removed)", cm_last_error(),
+                         cm_object_store_uri(sm->store), sm->rel_prefix,
+                         si->has_zip ? si->zip.basename : si->raw.basename);
+        }
+        unlock_file(pin);
+        if (st) return st;
     }
     pthread_mutex_lock(&s->mu);
     if (s->shards[i].open) {
@@ -399,12 +462,38 @@ static int64_t read_int(const cm_mds_value *v, cm_mds_dtype dt, const uint8_t *p
     }
 }
 
+/* An image value as normalised f32 (C, H, W): decoded to u8 (H, W, C), laid out as (C, H, W),
+ * augmented for training (cm_image_augment_draw keyed by the sample id, as cm_dataset_cifar10),
+ * then mapped through the per-channel LUT — the steps and arithmetic of the cifar10 and mnist
+ * datasets, so the same pixels give the same floats. */
+static cm_status image_f32(const streaming *s, cm_mds_kind kind, const cm_mds_value *v, int64_t index,
+                           const cm_sample_ctx *ctx, int64_t C, int64_t H, int64_t W, float *out) {
+    const size_t n = (size_t)(C * H * W);
+    uint8_t small[3 * 3 * 64 * 64], *buf = n * 3 <= sizeof small ? small : cm_alloc(n * 3, 64);
+    if (!buf) return CM_ERR_OOM;
+    uint8_t *hwc = buf, *chw = buf + n, *aug = buf + 2 * n;
+    cm_status st = cm_mds_image_decode(kind, v, H, W, (int)C, hwc);
+    if (!st) {
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t p = 0; p < H * W; p++) chw[c * H * W + p] = hwc[p * C + c];
+        const uint8_t *src = chw;
+        if (s->img_augment && ctx->training) {
+            cm_image_augment_params ap = cm_image_augment_draw(&s->cfg.image_augment, ctx->seed, ctx->epoch, index);
+            cm_image_transform_u8(&ap, C, H, W, chw, aug);
+            src = aug;
+        }
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t p = 0; p < H * W; p++) out[c * H * W + p] = s->lut[c][src[c * H * W + p]];
+    }
+    if (buf != small) cm_free(buf);
+    return st;
+}
+
 static cm_status st_get(void *self, int64_t index, const cm_sample_ctx *ctx, void *const *out) {
-    (void)ctx;
     streaming *s = self;
     int64_t local;
     int i = locate(s, index, &local);
-    cmi_mds_open_shard *sh;
+    cmi_mds_open_shard *sh = NULL;
     cm_status st = shard_acquire(s, i, &sh);
     if (st) return st;
     cm_mds_sample smp;
@@ -420,7 +509,11 @@ static cm_status st_get(void *self, int64_t index, const cm_sample_ctx *ctx, voi
         int64_t numel = 1;
         for (int d = 0; d < fd->desc.ndim; d++) numel *= fd->desc.shape[d];
         if (fd->kind == F_IMAGE) {
-            st = cm_mds_image_decode(enc->kind, v, fd->desc.shape[0], fd->desc.shape[1], (int)fd->desc.shape[2], out[f]);
+            if (!s->img_f32) {
+                st = cm_mds_image_decode(enc->kind, v, fd->desc.shape[0], fd->desc.shape[1], (int)fd->desc.shape[2], out[f]);
+                continue;
+            }
+            st = image_f32(s, enc->kind, v, index, ctx, fd->desc.shape[0], fd->desc.shape[1], fd->desc.shape[2], out[f]);
             continue;
         }
         if (fd->kind == F_INPUT_IDS || fd->kind == F_LABELS) {
@@ -494,6 +587,7 @@ static void st_close(void *self) {
         cm_free(s->streams[k].remote);
         cm_free(s->streams[k].dir);
         cm_free(s->streams[k].rel_prefix);
+        cm_object_store_close(s->streams[k].store);
     }
     plan_free(&s->plan);
     cm_free(s->validate_hash);
@@ -631,9 +725,9 @@ done:
         cmi_buf_free(&sb);
         return st;
     }
-    *units = (int64_t *)ub.data;
-    *n_units = (int64_t)(ub.len / 8);
-    *small = (int64_t *)sb.data;
+    *units = (int64_t *)ub.p;
+    *n_units = (int64_t)(ub.n / 8);
+    *small = (int64_t *)sb.p;
     return CM_OK;
 }
 
@@ -786,6 +880,18 @@ static cm_status load_stream(streaming *s, stream *sm, const char *remote, const
     if (!local && !remote)
         return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: a stream needs remote and/or local (local: the cache "
                                                 "directory; remote: where the shards are)");
+    char tmp_local[4200];
+    if (remote && !strncmp(remote, "file://", 7) && (!local || !strcmp(remote + 7, local))) {
+        local = remote + 7; /* a local dataset read in place */
+        remote = NULL;
+    }
+    if (!local && cm_storage_is_remote(remote)) {
+        /* Streaming's default: a temporary directory of the remote's own */
+        const char *t = getenv("TMPDIR");
+        snprintf(tmp_local, sizeof tmp_local, "%s/composer-streaming/%016llx", t && *t ? t : "/tmp",
+                 (unsigned long long)cm_hash64(remote, strlen(remote), 0));
+        local = tmp_local;
+    }
     if (!local) local = remote; /* a local dataset read in place */
     if (remote && strcmp(remote, local) == 0) remote = NULL;
     sm->dir = split && *split ? cmi_mds_path2(local, split) : cmi_mds_strdup(local);
@@ -795,13 +901,24 @@ static cm_status load_stream(streaming *s, stream *sm, const char *remote, const
     sm->rel_prefix = cmi_mds_strdup(pre);
     if (!sm->dir || !sm->rel_prefix || (remote && !sm->remote)) return CM_ERR_OOM;
     cm_status st;
+    if (remote) {
+        /* download_retry as Streaming's: retries of a failed download (transient failures, with
+         * the store's backoff); CM_STORAGE_MAX_RETRIES, when set, rules every store */
+        cm_object_store_config oc = cm_object_store_config_default();
+        const char *e = getenv("CM_STORAGE_MAX_RETRIES");
+        if (!(e && *e)) oc.max_retries = s->cfg.download_retry;
+        if ((st = cm_object_store_open(remote, &oc, &sm->store)))
+            return cm_set_error(st, "streaming dataset: remote '%s': %s", remote, cm_last_error());
+    }
     char ip[4200], rel[1100];
     snprintf(ip, sizeof ip, "%s/index.json", sm->dir);
     int64_t sz = 0;
-    if (sm->remote && !file_size(ip, &sz)) {
+    if (sm->store && !file_size(ip, &sz)) {
         if ((st = cmi_mds_mkdir_p(sm->dir))) return st;
         snprintf(rel, sizeof rel, "%sindex.json", sm->rel_prefix);
-        if ((st = fetch_file(sm->remote, rel, ip, s->cfg.download_retry))) return st;
+        if ((st = fetch_file(sm->store, rel, ip)))
+            return cm_set_error(st, "streaming dataset: no index.json from the remote: %s (check remote and split)",
+                                cm_last_error());
     }
     uint8_t *text;
     FILE *f = fopen(ip, "rb");
@@ -862,12 +979,12 @@ static cm_status build_fields(streaming *s) {
         }
         if ((e->kind == CM_MDS_PIL || e->kind == CM_MDS_PNG || e->kind == CM_MDS_JPEG) && s->cfg.image_h > 0) {
             if (s->n_fields == CM_DATASET_MAX_FIELDS) break;
-            if (s->cfg.image_c != 1 && s->cfg.image_c != 3)
-                return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_c %lld (use 1 or 3)", (long long)s->cfg.image_c);
             snprintf(fd->name, sizeof fd->name, "%s", ix->column_names[c]);
             fd->kind = F_IMAGE;
             fd->column = c;
-            fd->desc = (cm_field_desc){fd->name, CM_DTYPE_U8, 3, {s->cfg.image_h, s->cfg.image_w, s->cfg.image_c}};
+            const int64_t H = s->cfg.image_h, W = s->cfg.image_w, C = s->cfg.image_c;
+            fd->desc = s->img_f32 ? (cm_field_desc){fd->name, CM_DTYPE_F32, 3, {C, H, W}}
+                                  : (cm_field_desc){fd->name, CM_DTYPE_U8, 3, {H, W, C}};
             s->n_fields++;
             continue;
         }
@@ -889,6 +1006,66 @@ static cm_status build_fields(streaming *s) {
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: no column of this dataset becomes a tensor field (fixed-size numeric "
                                                 "columns do; set max_seq_len for a 'tokens' column, image_h/w/c for "
                                                 "images)", ix->path);
+    return CM_OK;
+}
+
+/* The field names of `renames` (checked: each names a column that became one field; the new
+ * names are unique). */
+static cm_status apply_renames(streaming *s, const cm_streaming_rename *rn, int n) {
+    const cmi_mds_index *ix = &s->streams[0].ix;
+    char have[512] = "";
+    for (int f = 0; f < s->n_fields; f++)
+        if (s->fields[f].kind == F_NUMERIC || s->fields[f].kind == F_IMAGE)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", *have ? ", " : "",
+                     ix->column_names[s->fields[f].column]);
+    for (int k = 0; k < n; k++) {
+        if (!rn[k].column || !rn[k].field || !rn[k].field[0] || strlen(rn[k].field) >= sizeof s->fields[0].name)
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: renames[%d] needs a column and a field name of "
+                                                    "1 to %zu characters", k, sizeof s->fields[0].name - 1);
+        int hit = -1;
+        for (int f = 0; f < s->n_fields && hit < 0; f++)
+            if ((s->fields[f].kind == F_NUMERIC || s->fields[f].kind == F_IMAGE) &&
+                !strcmp(ix->column_names[s->fields[f].column], rn[k].column))
+                hit = f;
+        if (hit < 0)
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: cannot rename column '%s': it is not a field of "
+                                                    "%s (columns that are: %s)", rn[k].column, ix->path, have);
+        snprintf(s->fields[hit].name, sizeof s->fields[hit].name, "%s", rn[k].field);
+    }
+    for (int a = 0; a < s->n_fields; a++)
+        for (int b = a + 1; b < s->n_fields; b++)
+            if (!strcmp(s->fields[a].name, s->fields[b].name))
+                return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: two fields would be called '%s' (check "
+                                                        "renames)", s->fields[a].name);
+    return CM_OK;
+}
+
+/* image_c, image_mean/std and image_augment: checked, and the normalisation tables built. */
+static cm_status setup_images(streaming *s) {
+    const cm_streaming_config *c = &s->cfg;
+    if (c->image_h <= 0 && c->image_w <= 0 && c->image_c <= 0) {
+        if (c->image_std[0] != 0 || cm_image_augment_enabled(&c->image_augment))
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_std / image_augment need image_h, image_w "
+                                                    "and image_c");
+        return CM_OK;
+    }
+    if (c->image_h <= 0 || c->image_w <= 0 || (c->image_c != 1 && c->image_c != 3))
+        return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_h %lld, image_w %lld, image_c %lld (sizes >= 1; "
+                                                "image_c 1 or 3)", (long long)c->image_h, (long long)c->image_w,
+                            (long long)c->image_c);
+    cm_status st = cm_image_augment_check(&c->image_augment, "streaming dataset: image_augment");
+    if (st) return st;
+    s->img_f32 = c->image_std[0] != 0;
+    s->img_augment = cm_image_augment_enabled(&c->image_augment);
+    if (s->img_augment && !s->img_f32)
+        return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_augment works on normalised images: set "
+                                                "image_mean and image_std too");
+    for (int k = 0; s->img_f32 && k < c->image_c; k++) {
+        if (!(c->image_std[k] > 0))
+            return cm_set_error(CM_ERR_INVALID_ARG, "streaming dataset: image_std[%d] %g must be > 0 (one per channel, "
+                                                    "image_c of them)", k, (double)c->image_std[k]);
+        cm_image_make_lut(s->lut[k], c->image_mean[k], c->image_std[k]);
+    }
     return CM_OK;
 }
 
@@ -1004,6 +1181,8 @@ cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int
     c.partition_algo = s->partition_algo;
     c.sampling_method = s->fixed_sampling ? "fixed" : "balanced";
     c.streams = NULL;
+    c.renames = NULL; /* read once, while the fields are named */
+    c.n_renames = 0;
     s->cfg = c;
     if (!s->shuffle_algo || !s->partition_algo) {
         st = CM_ERR_OOM;
@@ -1095,7 +1274,9 @@ cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int
         }
     }
     if ((st = apply_weights(s))) goto fail;
+    if ((st = setup_images(s))) goto fail;
     if ((st = build_fields(s))) goto fail;
+    if (cfg && cfg->n_renames > 0 && (st = apply_renames(s, cfg->renames, cfg->n_renames))) goto fail;
     if ((st = cm_dataset_new(&k_streaming_vt, s, out))) goto fail;
     if ((st = cm_dataset_set_order(*out, &k_streaming_order))) {
         cm_dataset_free(*out); /* frees s */
@@ -1103,7 +1284,7 @@ cm_status cm_dataset_streaming_new(const cm_streaming_config *cfg, int rank, int
         return st;
     }
     bool any_remote = false;
-    for (int k = 0; k < s->n_streams; k++) any_remote |= s->streams[k].remote != NULL;
+    for (int k = 0; k < s->n_streams; k++) any_remote |= s->streams[k].store != NULL;
     if (any_remote && c.predownload > 0) {
         if (pthread_create(&s->pf_thread, NULL, prefetch_main, s) == 0) s->pf_running = true;
     }

@@ -1,6 +1,7 @@
 /* The communicator: argument checks, sequence numbers and timeouts over a backend vtable, and the
  * single-process backend. */
 #include "dist/dist_impl.h"
+#include "base/prof_impl.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@ struct cm_comm {
 struct cm_comm_request {
     void *breq;
     cm_coll_info ci;
+    int64_t prof_t0; /* when it started, if a profiler was recording (0: not) */
 };
 
 static const char *const k_coll_names[] = {
@@ -159,8 +161,20 @@ static cm_status started(cm_comm *c, cm_status s, void *breq, const cm_coll_info
                          (unsigned long long)ci->seq);
     }
     r->breq = breq, r->ci = *ci;
+    r->prof_t0 = cmi_prof_on() ? cmi_prof_now_ns() : 0;
     *req = r;
     return CM_OK;
+}
+
+/* A finished collective as an async profiler span (composer/profiler.h): its sequence number is
+ * the span's id, so the trace merger can line the ranks' spans up. */
+static void prof_done(const cm_comm_request *r) {
+    if (!r->prof_t0 || !cmi_prof_on()) return;
+    char name[64], args[160];
+    snprintf(name, sizeof name, "collective/%s", cm_coll_name(r->ci.coll));
+    snprintf(args, sizeof args, "{\"seq\": %llu, \"bytes\": %lld, \"dtype\": \"%s\"}", (unsigned long long)r->ci.seq,
+             (long long)(r->ci.count * (int64_t)cm_comm_dtype_size(r->ci.dtype)), dtype_name(r->ci.dtype));
+    cmi_prof_async(name, "collective", r->ci.seq, r->prof_t0, cmi_prof_now_ns(), args);
 }
 
 static cm_coll_info next_info(cm_comm *c, cm_coll coll, int64_t count, cm_comm_dtype dt) {
@@ -232,6 +246,7 @@ static cm_status test_once(cm_comm *c, cm_comm_request *req, bool *done) {
                          cm_comm_size(c), (unsigned long long)req->ci.seq, cm_coll_name(req->ci.coll),
                          (long long)req->ci.count, dtype_name(req->ci.dtype), msg);
     }
+    if (*done) prof_done(req);
     return CM_OK;
 }
 

@@ -46,10 +46,20 @@ void cm_nn_alibi_slopes(int64_t n_heads, float *slopes) {
         slopes[i] = (float)pow(2.0, -8.0 * (double)(j + 1) / (double)(2 * p));
 }
 
-/* (1, H, T, T) with -slope_h·|i - j| (no gradient). */
+/* A tape tensor made on the CPU, whatever the tape's creation device (the masks below are filled
+ * by host loops, then moved to the device of the activations with cm_to_device). */
+static cm_tensor *host_empty(cm_tape *tp, int ndim, const int64_t *shape) {
+    const cm_device dd = cm_tape_device(tp);
+    cm_tape_set_device(tp, CM_DEVICE_CPU);
+    cm_tensor *t = cm_empty(tp, CM_DTYPE_F32, ndim, shape);
+    cm_tape_set_device(tp, dd);
+    return t;
+}
+
+/* (1, H, T, T) with -slope_h·|i - j| (no gradient), on the CPU. */
 static cm_tensor *alibi_bias(cm_tape *tp, int64_t H, int64_t T) {
     int64_t shape[4] = {1, H, T, T};
-    cm_tensor *b = cm_empty(tp, CM_DTYPE_F32, 4, shape);
+    cm_tensor *b = host_empty(tp, 4, shape);
     float *slopes = b ? cm_arena_alloc(cm_tape_arena(tp), sizeof(float) * (size_t)H) : NULL;
     if (!b || !slopes) return cmn_fail(tp, CM_ERR_OOM, "attention: out of memory for the ALiBi bias");
     cm_nn_alibi_slopes(H, slopes);
@@ -68,7 +78,7 @@ static cm_tensor *mask_bias(cm_tape *tp, int64_t B, int64_t T, bool causal, cm_t
                         cm_tensor_shape_str(kpm, s, sizeof s), (long long)B, (long long)T);
     }
     int64_t nb = kpm ? B : 1, shape[4] = {nb, 1, T, T};
-    cm_tensor *m = cm_empty(tp, CM_DTYPE_F32, 4, shape);
+    cm_tensor *m = host_empty(tp, 4, shape);
     if (!m) return NULL;
     float *d = cm_tensor_data(m);
     for (int64_t b = 0; b < nb; b++) {
@@ -101,7 +111,7 @@ static cm_tensor *attn_core(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *
     cm_tensor *kh = cm_permute(tp, cm_reshape(tp, k, 4, s4), perm);
     cm_tensor *vh = cm_permute(tp, cm_reshape(tp, v, 4, s4), perm);
     if (alibi) {
-        cm_tensor *ab = alibi_bias(tp, H, T);
+        cm_tensor *ab = cm_to_device(tp, alibi_bias(tp, H, T), cm_tensor_device(q));
         bias = bias ? cm_add(tp, bias, ab) : ab;
     }
     /* dropout on the probabilities: a plain Dropout runs fused inside cm_attention (same mask from
@@ -124,7 +134,7 @@ static cm_tensor *attn_core(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tensor *
     /* explicit path: dropout on the probabilities */
     cm_tensor *sc = cm_mul_scalar(tp, cm_matmul(tp, qh, cm_transpose(tp, kh, -2, -1)), 1.0f / sqrtf((float)D));
     if (bias) sc = cm_add(tp, sc, bias);
-    if (causal || kpm) sc = cm_add(tp, sc, mask_bias(tp, B, T, causal, kpm));
+    if (causal || kpm) sc = cm_add(tp, sc, cm_to_device(tp, mask_bias(tp, B, T, causal, kpm), cm_tensor_device(q)));
     cm_tensor *pr = cm_module_forward(attn_drop, tp, cm_softmax(tp, sc, -1)); /* (B, H, T, T) */
     cm_tensor *y = cm_matmul(tp, pr, vh);                                     /* (B, H, T, D) */
     return cm_reshape(tp, cm_permute(tp, y, perm), 3, s3);                     /* (B, T, C), a copy */
@@ -423,4 +433,28 @@ cm_status cm_nn_bert_layer_new(const cm_nn_attention_config *cfg, cm_rng *rng, c
     return CM_OK;
 fail:
     return fail_build(m, st);
+}
+
+/* ---- reading and retuning ---- */
+
+static bool is_attention_family(const cm_module *m) {
+    const cm_module_i *vt = m ? m->vt : NULL;
+    return vt == &gattn_vt || vt == &mlp_vt || vt == &gblock_vt || vt == &bself_vt || vt == &bselfout_vt ||
+           vt == &battn_vt || vt == &binter_vt || vt == &bout_vt || vt == &blayer_vt;
+}
+
+cm_status cm_nn_attention_config_of(const cm_module *m, cm_nn_attention_config *out) {
+    if (!is_attention_family(m) || !out)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_nn_attention_config_of: the module is %s%s, not a GPT-2 or BERT "
+                                                "transformer module", m ? "a " : "", m ? m->vt->type_name : "NULL");
+    *out = *(const cm_nn_attention_config *)m->self; /* every state struct here starts with its config */
+    return CM_OK;
+}
+
+cm_status cm_nn_attention_set_alibi(cm_module *m, bool on) {
+    if (!m || (m->vt != &gattn_vt && m->vt != &bself_vt))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_nn_attention_set_alibi: the module is %s%s, not a GPT2Attention "
+                                                "or BertSelfAttention", m ? "a " : "", m ? m->vt->type_name : "NULL");
+    ((cm_nn_attention_config *)m->self)->alibi = on;
+    return CM_OK;
 }

@@ -126,25 +126,51 @@ cm_status cm_nn_embedding_new(int64_t num, int64_t dim, cm_rng *rng, cm_module *
 typedef struct {
     int64_t dim, groups;
     float eps;
+    bool low_precision; /* cm_nn_norm_set_low_precision */
     cm_tensor *weight, *bias;
 } norm_s;
 
+/* t rounded to bf16 and widened back (a recorded cast pair: the gradient passes unchanged). */
+static cm_tensor *bf16_round(cm_tape *tp, cm_tensor *t) {
+    return t ? cm_cast(tp, cm_cast(tp, t, CM_DTYPE_BF16), CM_DTYPE_F32) : NULL;
+}
+
+/* The norm's inputs and parameters, rounded to bf16 when the module is low-precision and the tape
+ * autocasts to bf16; *lp tells whether they were. */
+static void lp_inputs(const norm_s *s, cm_tape *tp, cm_tensor **x, cm_tensor **w, cm_tensor **b, bool *lp) {
+    *w = s->weight, *b = s->bias;
+    *lp = s->low_precision && cm_tape_autocast(tp) == CM_DTYPE_BF16;
+    if (!*lp) return;
+    *x = bf16_round(tp, *x);
+    *w = bf16_round(tp, *w);
+    *b = bf16_round(tp, *b);
+}
+
 static cm_tensor *ln_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     norm_s *s = m->self;
-    return cm_layer_norm(tp, in[0], s->weight, s->bias, s->eps);
+    cm_tensor *x = in[0], *w, *b;
+    bool lp;
+    lp_inputs(s, tp, &x, &w, &b, &lp);
+    cm_tensor *y = cm_layer_norm(tp, x, w, b, s->eps);
+    return lp ? bf16_round(tp, y) : y;
 }
 static cm_tensor *gn_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     norm_s *s = m->self;
-    return cm_group_norm(tp, in[0], s->groups, s->weight, s->bias, s->eps);
+    cm_tensor *x = in[0], *w, *b;
+    bool lp;
+    lp_inputs(s, tp, &x, &w, &b, &lp);
+    cm_tensor *y = cm_group_norm(tp, x, s->groups, w, b, s->eps);
+    return lp ? bf16_round(tp, y) : y;
 }
 static void ln_desc(const cm_module *m, char *buf, size_t cap) {
     const norm_s *s = m->self;
-    snprintf(buf, cap, "%lld, eps=%g%s", (long long)s->dim, s->eps, s->weight ? "" : ", affine=false");
+    snprintf(buf, cap, "%lld, eps=%g%s%s", (long long)s->dim, s->eps, s->weight ? "" : ", affine=false",
+             s->low_precision ? ", low_precision" : "");
 }
 static void gn_desc(const cm_module *m, char *buf, size_t cap) {
     const norm_s *s = m->self;
-    snprintf(buf, cap, "%lld, %lld, eps=%g%s", (long long)s->groups, (long long)s->dim, s->eps,
-             s->weight ? "" : ", affine=false");
+    snprintf(buf, cap, "%lld, %lld, eps=%g%s%s", (long long)s->groups, (long long)s->dim, s->eps,
+             s->weight ? "" : ", affine=false", s->low_precision ? ", low_precision" : "");
 }
 static const cm_module_i ln_vt = {CM_MODULE_ABI, "LayerNorm", ln_fwd, free_self, ln_desc};
 static const cm_module_i gn_vt = {CM_MODULE_ABI, "GroupNorm", gn_fwd, free_self, gn_desc};
@@ -208,7 +234,13 @@ static cm_tensor *bn_apply(cm_module *m, cm_tape *tp, cm_tensor *x, cm_tensor *r
     cm_tensor *y = fused ? cm_batch_norm_add_relu(tp, x, s->weight, s->bias, s->running_mean, s->running_var,
                                                   residual, &o)
                          : cm_batch_norm(tp, x, s->weight, s->bias, s->running_mean, s->running_var, &o);
-    if (y && m->training && s->num_batches_tracked && !cm_tape_replaying(tp)) ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
+    if (y && m->training && s->num_batches_tracked && !cm_tape_replaying(tp)) { /* once, not again in a replay */
+        const int64_t i0[1] = {0};
+        if (cm_tensor_device(s->num_batches_tracked) == CM_DEVICE_CPU)
+            ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
+        else /* a counter on the GPU: one element each way */
+            cm_tensor_set(s->num_batches_tracked, i0, cm_tensor_get(s->num_batches_tracked, i0) + 1.0);
+    }
     return y;
 }
 
@@ -224,7 +256,10 @@ static const cm_module_i bn_vt = {CM_MODULE_ABI, "BatchNorm2d", bn_fwd, free_sel
 
 cm_tensor *cm_nn_batch_norm_add_relu(cm_module *bn, cm_tape *tp, cm_tensor *x, cm_tensor *residual) {
     if (!bn || bn->vt != &bn_vt) { /* not a BatchNorm2d (or NULL: cm_module_forward names that) */
+        /* the elementwise ops take f32: a bf16 output or residual (under autocast) is widened */
         cm_tensor *y = cm_module_forward(bn, tp, x);
+        if (y && cm_tensor_dtype(y) != CM_DTYPE_F32) y = cm_cast(tp, y, CM_DTYPE_F32);
+        if (residual && cm_tensor_dtype(residual) != CM_DTYPE_F32) residual = cm_cast(tp, residual, CM_DTYPE_F32);
         if (residual) y = cm_add(tp, y, residual);
         return cm_relu(tp, y);
     }
@@ -266,8 +301,21 @@ cm_status cm_nn_batch_norm2d_new(int64_t channels, const cm_nn_batch_norm_config
 
 typedef struct {
     cm_nn_conv2d_config cfg;
+    bool weight_standardization; /* cm_nn_conv2d_set_weight_standardization */
     cm_tensor *weight, *bias;
 } conv_s;
+
+cm_tensor *cm_nn_standardize_weight(cm_tape *tp, cm_tensor *w) {
+    if (!tp || cm_tape_status(tp) || !w) return NULL;
+    const int nd = cm_tensor_ndim(w);
+    if (nd < 2) return cmn_fail(tp, CM_ERR_SHAPE, "weight standardization: a %d-d weight has no fan-in dims", nd);
+    int axes[CM_MAX_DIMS];
+    for (int i = 1; i < nd; i++) axes[i - 1] = i;
+    /* torch.var_mean(W, dim=1.., keepdim=True, unbiased=False): (W - mean) / sqrt(var + 1e-10) */
+    cm_tensor *mean = cm_mean(tp, w, axes, nd - 1, true);
+    cm_tensor *var = cm_var(tp, w, axes, nd - 1, 0, true);
+    return cm_div(tp, cm_sub(tp, w, mean), cm_sqrt(tp, cm_add_scalar(tp, var, 1e-10f)));
+}
 
 cm_nn_conv2d_config cm_nn_conv2d_config_default(int64_t in, int64_t out, int kh, int kw) {
     cm_nn_conv2d_config c;
@@ -280,14 +328,15 @@ cm_nn_conv2d_config cm_nn_conv2d_config_default(int64_t in, int64_t out, int kh,
 
 static cm_tensor *conv_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     conv_s *s = m->self;
-    return cm_conv2d(tp, in[0], s->weight, s->bias, &s->cfg.opts);
+    cm_tensor *w = s->weight_standardization ? cm_nn_standardize_weight(tp, s->weight) : s->weight;
+    return cm_conv2d(tp, in[0], w, s->bias, &s->cfg.opts);
 }
 static void conv_desc(const cm_module *m, char *buf, size_t cap) {
     const conv_s *s = m->self;
     const cm_conv2d_opts *o = &s->cfg.opts;
-    snprintf(buf, cap, "%lld, %lld, kernel_size=(%d, %d), stride=(%d, %d), padding=(%d, %d)%s", (long long)s->cfg.in,
+    snprintf(buf, cap, "%lld, %lld, kernel_size=(%d, %d), stride=(%d, %d), padding=(%d, %d)%s%s", (long long)s->cfg.in,
              (long long)s->cfg.out, s->cfg.kernel[0], s->cfg.kernel[1], o->stride[0], o->stride[1], o->padding[0],
-             o->padding[1], s->cfg.bias ? "" : ", bias=false");
+             o->padding[1], s->cfg.bias ? "" : ", bias=false", s->weight_standardization ? ", weight_standardization" : "");
 }
 static const cm_module_i conv_vt = {CM_MODULE_ABI, "Conv2d", conv_fwd, free_self, conv_desc};
 
@@ -499,4 +548,100 @@ cm_status cm_nn_sequential_append(cm_module *seq, cm_module *child) {
     char name[24];
     snprintf(name, sizeof name, "%d", seq->n_children);
     return cm_module_add_child(seq, name, child, NULL);
+}
+
+/* ---- reading and retuning layers ---- */
+
+static cm_status not_a(const cm_module *m, const char *fn, const char *want) {
+    return cm_set_error(CM_ERR_INVALID_ARG, "%s: the module is %s%s, not a %s", fn, m ? "a " : "",
+                        m ? m->vt->type_name : "NULL", want);
+}
+
+cm_status cm_nn_conv2d_config_of(const cm_module *m, cm_nn_conv2d_config *out) {
+    if (!m || m->vt != &conv_vt || !out) return not_a(m, "cm_nn_conv2d_config_of", "Conv2d");
+    *out = ((const conv_s *)m->self)->cfg;
+    return CM_OK;
+}
+
+cm_status cm_nn_batch_norm2d_config_of(const cm_module *m, int64_t *channels, cm_nn_batch_norm_config *out) {
+    if (!m || m->vt != &bn_vt) return not_a(m, "cm_nn_batch_norm2d_config_of", "BatchNorm2d");
+    const bn_s *s = m->self;
+    if (channels) *channels = s->c;
+    if (out) *out = s->cfg;
+    return CM_OK;
+}
+
+cm_status cm_nn_pool2d_opts_of(const cm_module *m, cm_pool2d_opts *out) {
+    if (!m || (m->vt != &maxpool_vt && m->vt != &avgpool_vt) || !out)
+        return not_a(m, "cm_nn_pool2d_opts_of", "MaxPool2d or AvgPool2d");
+    *out = ((const pool_s *)m->self)->o;
+    return CM_OK;
+}
+
+cm_status cm_nn_norm_config_of(const cm_module *m, int64_t *groups, int64_t *dim, float *eps, bool *affine) {
+    if (!m || (m->vt != &ln_vt && m->vt != &gn_vt)) return not_a(m, "cm_nn_norm_config_of", "LayerNorm or GroupNorm");
+    const norm_s *s = m->self;
+    if (groups) *groups = s->groups;
+    if (dim) *dim = s->dim;
+    if (eps) *eps = s->eps;
+    if (affine) *affine = s->weight != NULL;
+    return CM_OK;
+}
+
+cm_status cm_nn_dropout_p_of(const cm_module *m, float *p) {
+    if (!cmn_is_dropout(m) || !p) return not_a(m, "cm_nn_dropout_p_of", "Dropout");
+    *p = cmn_dropout_p(m);
+    return CM_OK;
+}
+
+cm_status cm_nn_embedding_dims(const cm_module *m, int64_t *num, int64_t *dim) {
+    if (!m || m->vt != &emb_vt) return not_a(m, "cm_nn_embedding_dims", "Embedding");
+    const emb_s *s = m->self;
+    if (num) *num = s->num;
+    if (dim) *dim = s->dim;
+    return CM_OK;
+}
+
+cm_status cm_nn_norm_set_low_precision(cm_module *m, bool on) {
+    if (!m || (m->vt != &ln_vt && m->vt != &gn_vt)) return not_a(m, "cm_nn_norm_set_low_precision", "LayerNorm or GroupNorm");
+    ((norm_s *)m->self)->low_precision = on;
+    return CM_OK;
+}
+
+bool cm_nn_norm_is_low_precision(const cm_module *m) {
+    return m && (m->vt == &ln_vt || m->vt == &gn_vt) && ((const norm_s *)m->self)->low_precision;
+}
+
+cm_status cm_nn_set_channels_last(cm_module *m, bool on) {
+    if (m && m->vt == &conv_vt) {
+        ((conv_s *)m->self)->cfg.opts.channels_last = on;
+    } else if (m && m->vt == &bn_vt) {
+        ((bn_s *)m->self)->cfg.channels_last = on;
+    } else if (m && (m->vt == &maxpool_vt || m->vt == &avgpool_vt)) {
+        ((pool_s *)m->self)->o.channels_last = on;
+    } else if (m && m->vt == &adapt_vt) {
+        ((pool_s *)m->self)->channels_last = on;
+    } else {
+        return not_a(m, "cm_nn_set_channels_last", "Conv2d, BatchNorm2d, MaxPool2d, AvgPool2d or AdaptiveAvgPool2d");
+    }
+    return CM_OK;
+}
+
+bool cm_nn_is_channels_last(const cm_module *m) {
+    if (!m) return false;
+    if (m->vt == &conv_vt) return ((const conv_s *)m->self)->cfg.opts.channels_last;
+    if (m->vt == &bn_vt) return ((const bn_s *)m->self)->cfg.channels_last;
+    if (m->vt == &maxpool_vt || m->vt == &avgpool_vt) return ((const pool_s *)m->self)->o.channels_last;
+    if (m->vt == &adapt_vt) return ((const pool_s *)m->self)->channels_last;
+    return false;
+}
+
+cm_status cm_nn_conv2d_set_weight_standardization(cm_module *m, bool on) {
+    if (!m || m->vt != &conv_vt) return not_a(m, "cm_nn_conv2d_set_weight_standardization", "Conv2d");
+    ((conv_s *)m->self)->weight_standardization = on;
+    return CM_OK;
+}
+
+bool cm_nn_conv2d_weight_standardization(const cm_module *m) {
+    return m && m->vt == &conv_vt && ((const conv_s *)m->self)->weight_standardization;
 }

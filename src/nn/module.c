@@ -396,6 +396,7 @@ cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *c
     }
     cm_tensor *y = m->checkpoint && tp->grad_enabled ? cm_tape_checkpoint(tp, module_region, m, n_in, in)
                                                      : m->vt->forward(m, tp, n_in, in);
+    if (y && m->fwd_hook && !cm_tape_replaying(tp)) m->fwd_hook(m, n_in, in, y, m->fwd_hook_data);
     if (y) return y;
     cm_module_path(m, path, sizeof path);
     if (tp->status == CM_OK)
@@ -458,4 +459,19 @@ size_t cm_module_summary(const cm_module *m, char *buf, size_t cap) {
     summary_rec(m, &s, 0);
     if (cap) buf[s.len < cap ? s.len : cap - 1] = '\0';
     return s.len;
+}
+
+static bool set_hook(cm_module *m, const char *path, int depth, void *data) {
+    const cm_module *src = data;
+    m->fwd_hook = src->fwd_hook;
+    m->fwd_hook_data = src->fwd_hook_data;
+    return true;
+}
+
+void cm_module_set_forward_hook(cm_module *m, cm_module_forward_hook_fn fn, void *data) {
+    if (!m) return;
+    cm_module src = {0};
+    src.fwd_hook = fn;
+    src.fwd_hook_data = fn ? data : NULL;
+    cm_module_visit(m, set_hook, &src);
 }

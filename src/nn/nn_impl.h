@@ -42,6 +42,9 @@ struct cm_module {
     bool training;
     bool checkpoint; /* activation checkpointing (cm_module_set_checkpointing) */
     cmn_pack *pack;  /* only on a finalized root */
+    cm_module_forward_hook_fn fwd_hook; /* cm_module_set_forward_hook */
+    void *fwd_hook_data;
+    uint64_t layout_version; /* on a root: bumped by every (re-)packing and unpacking */
 };
 
 /* The root of m's tree. */

@@ -37,6 +37,7 @@ struct cmn_pack {
     cmn_bentry *buffers;
     int64_t n_buffers;
     int locks;
+    cm_device device; /* of every unit's buffers (cm_module_to_device) */
 };
 
 void cmn_pack_free(cmn_pack *p) {
@@ -47,8 +48,8 @@ void cmn_pack_free(cmn_pack *p) {
     }
     for (int64_t i = 0; i < p->n_buffers; i++) cm_free(p->buffers[i].name);
     for (int u = 0; u < p->n_units; u++) {
-        cm_free(p->units[u].params);
-        cm_free(p->units[u].grads);
+        cmi_dev_free(p->device, p->units[u].params);
+        cmi_dev_free(p->device, p->units[u].grads);
         cm_free(p->unit_names[u]);
     }
     cm_free(p->units);
@@ -74,7 +75,7 @@ static char *join(const char *a, const char *b) {
 
 /* Points t at `data`; frees its old memory if it owned it. */
 static void rebind(cm_tensor *t, void *data, bool owns) {
-    if (t->flags & CM_TF_OWNS_DATA) cm_free(t->data);
+    if (t->flags & CM_TF_OWNS_DATA) cmi_dev_free(t->device, t->data);
     t->data = data;
     if (owns)
         t->flags |= CM_TF_OWNS_DATA;
@@ -88,6 +89,9 @@ cm_status cmn_unpack(cm_module *root) {
     cmn_pack *p = root->pack;
     if (!p) return CM_OK;
     if (p->locks) return cm_set_error(CM_ERR_STATE, "cannot move a model that is locked by an optimizer");
+    if (p->device != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_STATE, "cannot move a submodule of a model on %s: move the model to the CPU first "
+                                          "(cm_module_to_device)", cm_device_name(p->device));
     void **mem = cm_alloc_zeroed(sizeof(void *) * (size_t)(p->n_params + 1), 8);
     if (!mem) return CM_ERR_OOM;
     for (int64_t i = 0; i < p->n_params; i++) {
@@ -107,6 +111,7 @@ cm_status cmn_unpack(cm_module *root) {
     cm_free(mem);
     cmn_pack_free(p);
     root->pack = NULL;
+    root->layout_version++;
     return CM_OK;
 }
 
@@ -229,6 +234,10 @@ cm_status cm_module_finalize(cm_module *root) {
     if (root->pack && root->pack->locks)
         return cm_set_error(CM_ERR_STATE, "cm_module_finalize: the model is locked by an optimizer; build and "
                                           "change the model (surgery included) before creating the optimizer");
+    if (root->pack && root->pack->device != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_STATE, "cm_module_finalize: the model is on %s; re-packing and surgery need it on "
+                                          "the CPU (cm_module_to_device(root, CM_DEVICE_CPU) first)",
+                            cm_device_name(root->pack->device));
     layout L = {0};
     L.root = root;
     L.st = CM_OK;
@@ -276,6 +285,7 @@ cm_status cm_module_finalize(cm_module *root) {
     p->n_buffers = L.nb;
     cmn_pack_free(root->pack); /* the old flat buffers: no tensor points into them any more */
     root->pack = p;
+    root->layout_version++;
     cm_module_visit(root, seed_at_finalize, NULL);
     return CM_OK;
 oom:
@@ -301,6 +311,10 @@ cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t alig
     if (p->locks)
         return cm_set_error(CM_ERR_STATE, "unit '%s': the model is locked by an optimizer or a trainer; set up data "
                                           "parallelism (cm_dist_new) before creating them", p->units[u].name);
+    if (p->device != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "unit '%s': sharded data parallelism of a model on %s is not "
+                                                "supported yet (multi-GPU training needs NCCL)",
+                            p->units[u].name, cm_device_name(p->device));
     cm_unit_info *ui = &p->units[u];
     if (capacity < ui->numel) capacity = ui->numel;
     const size_t bytes = (size_t)capacity * sizeof(float), used = (size_t)ui->numel * sizeof(float);
@@ -327,6 +341,121 @@ cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t alig
 }
 
 bool cm_module_is_finalized(const cm_module *root) { return root && root->pack; }
+uint64_t cm_module_layout_version(const cm_module *root) { return root ? root->layout_version : 0; }
+
+cm_device cm_module_device(const cm_module *root) { return root && root->pack ? root->pack->device : CM_DEVICE_CPU; }
+
+typedef struct {
+    cm_device dev;
+    cm_status st;
+    int pass; /* 0: allocate and copy into scratch[i]; 1: commit */
+    void **scratch;
+    int64_t n, cap;
+} buf_move;
+
+/* Every buffer of every module (persistent or not) gets a copy on the target device (pass 0), then
+ * is rebound to it (pass 1). */
+static bool move_buffers(cm_module *m, const char *path, int depth, void *data) {
+    (void)path, (void)depth;
+    buf_move *bm = data;
+    for (int i = 0; i < m->n_buffers && bm->st == CM_OK; i++) {
+        cm_tensor *t = m->buffers[i].t;
+        if (bm->pass == 0) {
+            if (bm->n == bm->cap) {
+                int64_t cap = bm->cap ? bm->cap * 2 : 16;
+                void **ns = cm_alloc(sizeof(void *) * (size_t)cap, 8);
+                if (!ns) {
+                    bm->st = CM_ERR_OOM;
+                    return false;
+                }
+                if (bm->n) memcpy(ns, bm->scratch, sizeof(void *) * (size_t)bm->n);
+                cm_free(bm->scratch);
+                bm->scratch = ns;
+                bm->cap = cap;
+            }
+            const size_t bytes = cm_tensor_nbytes(t);
+            void *d = cmi_dev_alloc(bm->dev, bytes, false);
+            bm->scratch[bm->n++] = d;
+            if (!d) bm->st = cm_last_status() ? cm_last_status() : CM_ERR_OOM;
+            else if (!cmi_is_contig(t))
+                bm->st = cm_set_error(CM_ERR_UNSUPPORTED, "buffer '%s' of %s is not contiguous", m->buffers[i].name,
+                                      m->name);
+            else bm->st = cmi_dev_memcpy(d, bm->dev, t->data, t->device, bytes);
+        } else {
+            const bool owned = t->flags & CM_TF_OWNS_DATA;
+            if (owned) cmi_dev_free(t->device, t->data);
+            t->data = bm->scratch[bm->n++];
+            t->device = bm->dev;
+            t->flags |= CM_TF_OWNS_DATA;
+            if (t->grad) cm_tensor_clear_grad(t);
+        }
+    }
+    return bm->st == CM_OK;
+}
+
+cm_status cm_module_to_device(cm_module *root, cm_device dev) {
+    cmn_pack *p = root ? root->pack : NULL;
+    if (!p)
+        return cm_set_error(CM_ERR_STATE, "cm_module_to_device: the model is not finalized (cm_module_finalize first)");
+    if (p->locks)
+        return cm_set_error(CM_ERR_STATE, "cm_module_to_device: the model is locked by an optimizer or a trainer; move "
+                                          "it before creating them");
+    if (p->device == dev) return CM_OK;
+    cm_status st = cm_device_check(dev);
+    if (st) return st;
+    const cm_device from = p->device;
+    /* allocate and copy everything first, so a failure leaves the model as it was */
+    float **np = cm_alloc_zeroed(sizeof(float *) * (size_t)(2 * p->n_units + 1), 8);
+    if (!np) return CM_ERR_OOM;
+    float **ng = np + p->n_units;
+    buf_move bm = {dev, CM_OK, 0, NULL, 0, 0};
+    for (int u = 0; u < p->n_units && st == CM_OK; u++) {
+        const size_t bytes = (size_t)p->units[u].numel * sizeof(float);
+        np[u] = cmi_dev_alloc(dev, bytes, false);
+        ng[u] = cmi_dev_alloc(dev, bytes, false);
+        if (!np[u] || !ng[u]) st = cm_last_status() ? cm_last_status() : CM_ERR_OOM;
+        if (!st) st = cmi_dev_memcpy(np[u], dev, p->units[u].params, from, bytes);
+        if (!st) st = cmi_dev_memcpy(ng[u], dev, p->units[u].grads, from, bytes);
+    }
+    if (!st) {
+        cm_module_visit(root, move_buffers, &bm);
+        st = bm.st;
+    }
+    if (st) {
+        for (int u = 0; u < p->n_units; u++) {
+            cmi_dev_free(dev, np[u]);
+            cmi_dev_free(dev, ng[u]);
+        }
+        for (int64_t i = 0; i < bm.n; i++) cmi_dev_free(dev, bm.scratch[i]);
+        cm_free(bm.scratch);
+        cm_free(np);
+        return st;
+    }
+    /* commit: nothing fails from here on */
+    for (int64_t i = 0; i < p->n_params; i++) {
+        cmn_entry *e = &p->params[i];
+        cm_tensor *t = e->m->params[e->pi].t;
+        t->data = np[e->unit] + e->offset;
+        t->device = dev;
+        e->gview->data = ng[e->unit] + e->offset;
+        e->gview->device = dev;
+        if (t->grad != e->gview) cm_tensor_set_grad(t, e->gview);
+    }
+    for (int u = 0; u < p->n_units; u++) {
+        cmi_dev_free(from, p->units[u].params);
+        cmi_dev_free(from, p->units[u].grads);
+        p->units[u].params = np[u];
+        p->units[u].grads = ng[u];
+        p->units[u].device = dev;
+    }
+    bm.pass = 1;
+    bm.n = 0;
+    cm_module_visit(root, move_buffers, &bm);
+    cm_free(bm.scratch);
+    cm_free(np);
+    p->device = dev;
+    return CM_OK;
+}
 
 /* ---- queries ---- */
 
@@ -492,7 +621,7 @@ void cm_module_zero_grad(cm_module *root) {
     if (!root || !root->pack) return;
     cmn_pack *p = root->pack;
     for (int u = 0; u < p->n_units; u++)
-        memset(p->units[u].grads, 0, (size_t)p->units[u].numel * sizeof(float));
+        cmi_dev_memset(p->device, p->units[u].grads, 0, (size_t)p->units[u].numel * sizeof(float));
     for (int64_t i = 0; i < p->n_params; i++) {
         cm_tensor *t = p->params[i].m->params[p->params[i].pi].t;
         if (t->grad != p->params[i].gview) cm_tensor_set_grad(t, p->params[i].gview);

@@ -1,8 +1,12 @@
 /* Optimizers over flat f32 spans: torch's SGD / Adam / AdamW and Composer's DecoupledSGDW /
  * DecoupledAdamW (update rules in include/composer/optim.h). Scalars are computed in double and
  * applied in f32, as torch does; the element loops are OpenMP-parallel over large spans and
- * vectorised. */
+ * vectorised. Spans in GPU memory (a model moved with cm_module_to_device) are updated there by the
+ * backend's kernels, with the same formulas; their state lives on the GPU too. */
 #include <composer/optim.h>
+
+#include "tensor/backend.h"
+#include "tensor/tensor_impl.h"
 
 #include <math.h>
 #include <omp.h>
@@ -76,6 +80,9 @@ typedef struct span {
     int64_t step;
     float *buf[E_COUNT]; /* owned, (n,) or NULL; buf[E_STEP] unused */
     char *entry_name[E_COUNT];
+    int64_t *excl;       /* (2·n_excl) sorted, disjoint element ranges [lo, hi) that steps skip */
+    int n_excl, cap_excl;
+    cm_device device;    /* of param, grad and buf (found from the param pointer) */
 } span;
 
 typedef struct group {
@@ -107,8 +114,9 @@ cm_status cm_optim_new(cm_optim_kind kind, cm_optim **out) {
 
 static void span_release(span *s) {
     cm_free(s->name);
+    cm_free(s->excl);
     for (int e = 0; e < E_COUNT; e++) {
-        cm_free(s->buf[e]);
+        cmi_dev_free(s->device, s->buf[e]);
         cm_free(s->entry_name[e]);
     }
 }
@@ -195,6 +203,7 @@ static cm_status rebuild_entries(cm_optim *o) {
                 ent[j].dtype = CM_DTYPE_F32;
                 ent[j].data = s->buf[e];
                 ent[j].numel = s->n;
+                ent[j].device = s->device;
             }
             j++;
         }
@@ -263,6 +272,14 @@ cm_status cm_optim_add_group(cm_optim *o, const cm_optim_hparams *hp, const cm_o
         s->param = sp->param;
         s->grad = sp->grad;
         s->n = sp->n;
+        s->device = cmi_ptr_device(sp->param);
+        if (sp->grad && cmi_ptr_device(sp->grad) != s->device) {
+            st = cm_set_error(CM_ERR_INVALID_ARG, "%s %s: span '%s' has its parameters on %s and its gradients on %s",
+                              cm_optim_kind_name(o->kind), where, buf, cm_device_name(s->device),
+                              cm_device_name(cmi_ptr_device(sp->grad)));
+            made++;
+            break;
+        }
         for (int e = 0; e < E_COUNT && st == CM_OK; e++) {
             if (!uses(o->kind, hp, e)) continue;
             char key[sizeof buf + 32];
@@ -270,8 +287,8 @@ cm_status cm_optim_add_group(cm_optim *o, const cm_optim_hparams *hp, const cm_o
             s->entry_name[e] = dup_str(key);
             if (!s->entry_name[e]) st = CM_ERR_OOM;
             if (e != E_STEP && s->n > 0 && st == CM_OK) {
-                s->buf[e] = cm_alloc_zeroed((size_t)s->n * sizeof(float), 64);
-                if (!s->buf[e]) st = CM_ERR_OOM;
+                s->buf[e] = cmi_dev_alloc(s->device, (size_t)s->n * sizeof(float), true);
+                if (!s->buf[e]) st = cm_last_status() ? cm_last_status() : CM_ERR_OOM;
             }
         }
         if (st != CM_OK) {
@@ -445,7 +462,7 @@ static void thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = b1 * 16 < n ? b1 * 16 : n;
 }
 
-static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
+static cm_status step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
     const cm_optim_hparams *h = &gr->hp;
     bool decoupled = kind == CM_OPTIM_DECOUPLED_SGDW && h->weight_decay != 0;
     bool l2 = kind == CM_OPTIM_SGD && h->weight_decay != 0;
@@ -454,16 +471,29 @@ static void step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
                   (float)(1.0 - h->dampening), decoupled ? (float)(1.0 - decay_factor * h->weight_decay) : 1.0f,
                   (float)-lr};
     bool has_mom = h->momentum != 0, first = s->step == 0, nesterov = has_mom && h->nesterov;
-    int64_t n = s->n;
+    /* the span minus its excluded ranges, piece by piece (elementwise: the split changes nothing) */
+    for (int r = 0; r <= s->n_excl; r++) {
+        const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
+        const int64_t n = b1 - b0;
+        if (n <= 0) continue;
+        if (s->device != CM_DEVICE_CPU) {
+            const cmi_sgd_args d = {a.p + b0, a.b ? a.b + b0 : NULL, a.g + b0, n, a.l2, a.mom, a.one_minus_damp,
+                                    a.keep, a.neg_lr, has_mom, first, nesterov, decoupled, l2};
+            const cm_status st = cmi_backend_get(s->device)->sgd_step(&d);
+            if (st) return st;
+            continue;
+        }
 #pragma omp parallel if (n >= PAR_MIN)
-    {
-        int64_t lo, hi;
-        thread_range(n, &lo, &hi);
-        sgd_dispatch(&a, lo, hi, has_mom, first, nesterov, decoupled, l2);
+        {
+            int64_t lo, hi;
+            thread_range(n, &lo, &hi);
+            sgd_dispatch(&a, b0 + lo, b0 + hi, has_mom, first, nesterov, decoupled, l2);
+        }
     }
+    return CM_OK;
 }
 
-static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
+static cm_status step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
     const cm_optim_hparams *h = &gr->hp;
     double t = (double)s->step; /* already incremented */
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
@@ -495,13 +525,25 @@ static void step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
                    (float)bc2_sqrt,
                    (float)h->eps};
     bool ams = h->amsgrad;
-    int64_t n = s->n;
+    for (int r = 0; r <= s->n_excl; r++) {
+        const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
+        const int64_t n = b1 - b0;
+        if (n <= 0) continue;
+        if (s->device != CM_DEVICE_CPU) {
+            const cmi_adam_args d = {a.p + b0, a.m + b0, a.v + b0, a.vmax ? a.vmax + b0 : NULL, a.g + b0, n, a.keep,
+                                     a.l2, a.b1, a.omb1, a.b2, a.omb2, a.neg_step, a.bc2_sqrt, a.eps, decay, l2, ams};
+            const cm_status st = cmi_backend_get(s->device)->adam_step(&d);
+            if (st) return st;
+            continue;
+        }
 #pragma omp parallel if (n >= PAR_MIN)
-    {
-        int64_t lo, hi;
-        thread_range(n, &lo, &hi);
-        adam_dispatch(&a, lo, hi, decay, l2, ams);
+        {
+            int64_t lo, hi;
+            thread_range(n, &lo, &hi);
+            adam_dispatch(&a, b0 + lo, b0 + hi, decay, l2, ams);
+        }
     }
+    return CM_OK;
 }
 
 cm_status cm_optim_step(cm_optim *o, double lr_multiplier) {
@@ -516,16 +558,61 @@ cm_status cm_optim_step(cm_optim *o, double lr_multiplier) {
         for (int si = gr->first; si < gr->first + gr->count; si++) {
             span *s = &o->spans[si];
             if (!s->grad) continue;
+            cm_status st;
             if (is_sgd(o->kind)) {
-                step_sgd(o->kind, gr, s, lr);
+                st = step_sgd(o->kind, gr, s, lr);
                 s->step++;
             } else {
                 s->step++;
-                step_adam(o->kind, gr, s, lr);
+                st = step_adam(o->kind, gr, s, lr);
             }
+            if (st) return st;
         }
     }
     return CM_OK;
+}
+
+cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n) {
+    if (!o || (!param && n > 0) || n < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "optimizer exclude: NULL optimizer or parameters, or n %lld < 0",
+                            (long long)n);
+    if (n == 0) return CM_OK;
+    span *sp = NULL;
+    for (int i = 0; i < o->n_spans && !sp; i++)
+        if (o->spans[i].param && param >= o->spans[i].param && param + n <= o->spans[i].param + o->spans[i].n)
+            sp = &o->spans[i];
+    if (!sp)
+        return cm_set_error(CM_ERR_NOT_FOUND, "%s: no span holds the %lld parameters to exclude (they must lie in one "
+                                              "span's buffer)", cm_optim_kind_name(o->kind), (long long)n);
+    int64_t lo = param - sp->param, hi = lo + n;
+    /* merge [lo, hi) into the sorted, disjoint list */
+    int64_t *nx = cm_alloc(sizeof(int64_t) * 2 * (size_t)(sp->n_excl + 1), 16);
+    if (!nx) return cm_set_error(CM_ERR_OOM, "optimizer exclude: out of memory");
+    int m = 0;
+    bool placed = false;
+    for (int r = 0; r < sp->n_excl; r++) {
+        const int64_t a = sp->excl[2 * r], b = sp->excl[2 * r + 1];
+        if (b < lo) {
+            nx[2 * m] = a, nx[2 * m + 1] = b, m++;
+        } else if (a > hi) {
+            if (!placed) nx[2 * m] = lo, nx[2 * m + 1] = hi, m++, placed = true;
+            nx[2 * m] = a, nx[2 * m + 1] = b, m++;
+        } else { /* overlapping or touching: absorb */
+            lo = a < lo ? a : lo;
+            hi = b > hi ? b : hi;
+        }
+    }
+    if (!placed) nx[2 * m] = lo, nx[2 * m + 1] = hi, m++;
+    cm_free(sp->excl);
+    sp->excl = nx, sp->n_excl = m, sp->cap_excl = m;
+    return CM_OK;
+}
+
+int64_t cm_optim_n_excluded(const cm_optim *o) {
+    int64_t n = 0;
+    for (int i = 0; o && i < o->n_spans; i++)
+        for (int r = 0; r < o->spans[i].n_excl; r++) n += o->spans[i].excl[2 * r + 1] - o->spans[i].excl[2 * r];
+    return n;
 }
 
 void cm_optim_zero_grad(cm_optim *o) {
@@ -535,6 +622,10 @@ void cm_optim_zero_grad(cm_optim *o) {
         if (!s->grad || s->n == 0) continue;
         float *g = s->grad;
         int64_t n = s->n;
+        if (s->device != CM_DEVICE_CPU) {
+            cmi_dev_memset(s->device, g, 0, (size_t)n * sizeof(float));
+            continue;
+        }
 #pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
         for (int64_t j = 0; j < n; j++) g[j] = 0.0f;
     }

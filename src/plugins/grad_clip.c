@@ -3,6 +3,9 @@
  * under a sharded strategy over this rank's shard spans with the norm summed over ranks. */
 #include <composer/algorithms.h>
 
+#include "tensor/backend.h"
+#include "tensor/tensor_impl.h"
+
 #include <math.h>
 #include <strings.h>
 
@@ -40,7 +43,14 @@ static cm_status check_spans(const char *what, float *const *grads, const int64_
     return CM_OK;
 }
 
+/* Spans in GPU memory (a model moved with cm_module_to_device) are reduced and scaled there. */
 static double sumsq(const float *g, int64_t n) {
+    const cm_device d = cmi_ptr_device(g);
+    if (d != CM_DEVICE_CPU) {
+        double r = NAN; /* a failed device call makes the norm NaN: clipping then reports it */
+        if (cmi_backend_get(d)->sumsq(g, n, &r)) return NAN;
+        return r;
+    }
     double acc = 0;
 #pragma omp parallel for schedule(static) reduction(+ : acc) if (n > 65536)
     for (int64_t i = 0; i < n; i++) acc += (double)g[i] * g[i];
@@ -48,6 +58,11 @@ static double sumsq(const float *g, int64_t n) {
 }
 
 static void scale(float *g, int64_t n, float c) {
+    const cm_device d = cmi_ptr_device(g);
+    if (d != CM_DEVICE_CPU) {
+        cmi_backend_get(d)->unary(CMI_UN_MUL_S, c, 0.0f, g, g, NULL, 1, &n);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) g[i] *= c;
 }
@@ -59,6 +74,7 @@ static cm_status clip_norm(float *const *grads, const int64_t *lens, int n, doub
     if (s) return s;
     double ss = 0;
     for (int i = 0; i < n; i++) ss += sumsq(grads[i], lens[i]);
+    if (isnan(ss) && cm_last_status() == CM_ERR_DEVICE) return CM_ERR_DEVICE;
     if (st && (s = cm_state_all_reduce_sum(st, &ss, 1))) return s;
     const double total = sqrt(ss);
     if (total_norm) *total_norm = total;
@@ -79,7 +95,12 @@ cm_status cm_grad_clip_value(float *const *grads, const int64_t *lens, int n, do
     const float v = (float)clip_value;
     for (int i = 0; i < n; i++) {
         float *g = grads[i];
-        const int64_t len = lens[i];
+        int64_t len = lens[i];
+        const cm_device d = cmi_ptr_device(g);
+        if (d != CM_DEVICE_CPU) {
+            if ((s = cmi_backend_get(d)->unary(CMI_UN_CLAMP, -v, v, g, g, NULL, 1, &len))) return s;
+            continue;
+        }
 #pragma omp parallel for schedule(static) if (len > 65536)
         for (int64_t k = 0; k < len; k++) g[k] = fminf(fmaxf(g[k], -v), v);
     }
@@ -98,6 +119,9 @@ cm_status cm_grad_clip_adaptive(const float *param, float *grad, int ndim, const
     for (int i = 0; i < ndim; i++) numel *= shape[i];
     if (numel == 0) return CM_OK;
     if (!param || !grad) return cm_set_error(CM_ERR_INVALID_ARG, "adaptive clipping: NULL param or grad");
+    if (cmi_ptr_device(grad) != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "adaptive clipping is not implemented on the GPU yet (use norm or "
+                                                "value clipping there)");
     /* Units: the whole tensor (≤ 1 dim); for 2-D and 3-D the norm over dim 1 (a 3-D tensor has
      * shape[0]·shape[2] units of shape[1] strided elements); for 4-D each output filter. */
     int64_t outer = 1, len = numel, inner = 1;

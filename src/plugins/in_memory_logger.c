@@ -14,6 +14,8 @@ struct cm_in_memory_logger {
     int64_t n, cap;
     hp_entry *hps;
     int64_t n_hp, cap_hp;
+    hp_entry *texts;
+    int64_t n_text, cap_text;
 };
 
 static char *dup_str(const char *s) {
@@ -71,8 +73,23 @@ static cm_status iml_log_hparams(void *self, const cm_hparam *h, int n) {
     return CM_OK;
 }
 
+static cm_status iml_log_text(void *self, const char *key, const char *text, const cm_timestamp *ts) {
+    cm_in_memory_logger *lg = self;
+    if (!reserve((void **)&lg->texts, &lg->cap_text, sizeof *lg->texts, lg->n_text + 1))
+        return cm_set_error(CM_ERR_OOM, "InMemoryLogger: no memory for texts");
+    hp_entry e = {dup_str(key), dup_str(text)};
+    if (!e.key || !e.value) {
+        cm_free(e.key), cm_free(e.value);
+        return cm_set_error(CM_ERR_OOM, "InMemoryLogger: no memory for a text");
+    }
+    lg->texts[lg->n_text++] = e;
+    return CM_OK;
+}
+
 static void iml_free(void *self) {
     cm_in_memory_logger *lg = self;
+    for (int64_t i = 0; i < lg->n_text; i++) cm_free(lg->texts[i].key), cm_free(lg->texts[i].value);
+    cm_free(lg->texts);
     for (int64_t i = 0; i < lg->n; i++) cm_free((void *)lg->recs[i].name);
     for (int64_t i = 0; i < lg->n_hp; i++) cm_free(lg->hps[i].key), cm_free(lg->hps[i].value);
     cm_free(lg->recs);
@@ -86,6 +103,7 @@ static const cm_logger_i iml_vt = {
     .log_hyperparameters = iml_log_hparams,
     .log_metrics = iml_log_metrics,
     .free = iml_free,
+    .log_text = iml_log_text,
 };
 
 cm_status cm_in_memory_logger_new(cm_in_memory_logger **out, cm_logger_plugin *plugin) {
@@ -122,5 +140,17 @@ cm_status cm_in_memory_logger_last(const cm_in_memory_logger *lg, const char *na
 const char *cm_in_memory_logger_hparam(const cm_in_memory_logger *lg, const char *key) {
     for (int64_t i = lg ? lg->n_hp - 1 : -1; key && i >= 0; i--)
         if (!strcmp(lg->hps[i].key, key)) return lg->hps[i].value;
+    return NULL;
+}
+
+int64_t cm_in_memory_logger_text_count(const cm_in_memory_logger *lg, const char *key) {
+    int64_t c = 0;
+    for (int64_t i = 0; lg && key && i < lg->n_text; i++) c += !strcmp(lg->texts[i].key, key);
+    return c;
+}
+
+const char *cm_in_memory_logger_text(const cm_in_memory_logger *lg, const char *key) {
+    for (int64_t i = lg ? lg->n_text - 1 : -1; key && i >= 0; i--)
+        if (!strcmp(lg->texts[i].key, key)) return lg->texts[i].value;
     return NULL;
 }

@@ -68,7 +68,7 @@ cm_status cm_metrics_file_open(const char *path, bool append, cm_metrics_file **
         fp = fopen(path, "r+");
         if (!fp && errno == ENOENT) fp = fopen(path, "w+");
     } else {
-        fp = fopen(path, "w");
+        fp = fopen(path, "w+"); /* readable too: cm_metrics_file_cut reads back */
     }
     if (!fp)
         return cm_set_error(CM_ERR_IO, "metrics file '%s': cannot open it for writing: %s", path, strerror(errno));
@@ -94,6 +94,56 @@ cm_status cm_metrics_file_open(const char *path, bool append, cm_metrics_file **
 }
 
 const char *cm_metrics_file_path(const cm_metrics_file *f) { return f ? f->path : NULL; }
+
+int64_t cm_metrics_file_size(const cm_metrics_file *f) {
+    if (!f) return cm_set_error(CM_ERR_INVALID_ARG, "cm_metrics_file_size: file is NULL"), -1;
+    struct stat sb;
+    if (fflush(f->fp) != 0 || fstat(fileno(f->fp), &sb) != 0) {
+        cm_set_error(CM_ERR_IO, "metrics file '%s': cannot read its size: %s", f->path, strerror(errno));
+        return -1;
+    }
+    return (int64_t)sb.st_size;
+}
+
+/* Whether byte `at` of the file starts a line (0, or the byte before it is a newline). */
+static bool line_start(FILE *fp, int64_t at) {
+    if (at == 0) return true;
+    char c;
+    return fseeko(fp, (off_t)(at - 1), SEEK_SET) == 0 && fread(&c, 1, 1, fp) == 1 && c == '\n';
+}
+
+cm_status cm_metrics_file_cut(cm_metrics_file *f, int64_t from, int64_t to) {
+    if (!f) return cm_set_error(CM_ERR_INVALID_ARG, "cm_metrics_file_cut: file is NULL");
+    const int64_t size = cm_metrics_file_size(f);
+    if (size < 0) return cm_last_status();
+    cm_status s = CM_OK;
+    if (!(from >= 0 && from <= to && to <= size))
+        return cm_set_error(CM_ERR_INVALID_ARG, "metrics file '%s': cannot cut bytes [%lld, %lld) from a file of %lld",
+                            f->path, (long long)from, (long long)to, (long long)size);
+    if (from == to) return CM_OK;
+    if (!line_start(f->fp, from) || !line_start(f->fp, to)) {
+        s = cm_set_error(CM_ERR_INVALID_ARG, "metrics file '%s': bytes %lld and %lld are not both at the start of a "
+                                             "line (the file is not the one the offsets came from?)",
+                         f->path, (long long)from, (long long)to);
+        goto end;
+    }
+    /* move the tail [to, size) down to `from`, then cut the file there */
+    char buf[1 << 14];
+    for (int64_t rd = to, wr = from; rd < size;) {
+        const size_t n = (size_t)(size - rd < (int64_t)sizeof buf ? size - rd : (int64_t)sizeof buf);
+        if (fseeko(f->fp, (off_t)rd, SEEK_SET) != 0 || fread(buf, 1, n, f->fp) != n ||
+            fseeko(f->fp, (off_t)wr, SEEK_SET) != 0 || fwrite(buf, 1, n, f->fp) != n || fflush(f->fp) != 0) {
+            s = cm_set_error(CM_ERR_IO, "metrics file '%s': moving its last lines failed: %s", f->path, strerror(errno));
+            goto end;
+        }
+        rd += (int64_t)n, wr += (int64_t)n;
+    }
+    if (ftruncate(fileno(f->fp), (off_t)(size - (to - from))) != 0)
+        s = cm_set_error(CM_ERR_IO, "metrics file '%s': cannot cut it: %s", f->path, strerror(errno));
+end:
+    fseeko(f->fp, 0, SEEK_END);
+    return s;
+}
 
 /* Appends bytes to the line buffer, growing it. */
 static bool put(cm_metrics_file *f, size_t *len, const char *s, size_t n) {

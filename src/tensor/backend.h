@@ -69,6 +69,80 @@ typedef struct cmi_attn_desc {
     bool bthd; /* out and its gradient (B, T, H, D), else (B, H, T, D) */
 } cmi_attn_desc;
 
+/* One optimizer update over a flat span (optim.c's sgd_range / adam_range). */
+typedef struct cmi_sgd_args {
+    float *p, *b; /* b: momentum buffer or NULL */
+    const float *g;
+    int64_t n;
+    float l2, mom, one_minus_damp, keep, neg_lr;
+    bool has_mom, first, nesterov, decay, use_l2;
+} cmi_sgd_args;
+typedef struct cmi_adam_args {
+    float *p, *m, *v, *vmax;
+    const float *g;
+    int64_t n;
+    float keep, l2, b1, omb1, b2, omb2, neg_step, bc2_sqrt, eps;
+    bool decay, use_l2, amsgrad;
+} cmi_adam_args;
+
+/* The geometry of one 2-d convolution (conv.c validated it). Dilation is PyTorch's (1 = dense). */
+typedef struct cmi_conv_geom {
+    int64_t N, Cin, H, W, Cout, OH, OW, kh, kw;
+    int64_t sh, sw, ph, pw, dh, dw, groups;
+    bool cl; /* x and y are (N, H, W, C); otherwise (N, C, H, W). The weight is always (Cout, Cin/g, kh, kw). */
+} cmi_conv_geom;
+
+/* Batch norm over the (O, C, I) view of x (norm.c's bn_layout: NCHW is (N, C, H·W), channels-last
+ * (N·H·W, C, 1)), forward: training computes the batch statistics (shifted one-pass moments in
+ * double, shift = each channel's first value) and updates the running ones (strided; NULL for
+ * none), eval reads them; y = (x - mean)·Q + R [+ res] [then ReLU] with Q = rstd·w, R = b. x and
+ * y are f32 or bf16 alike (bf), res f32 or bf16 (rbf). mean, rstd, q, r: (C) each, written. */
+typedef struct cmi_bn_args {
+    int64_t O, C, I;
+    const void *x;
+    void *y;
+    bool bf;
+    const void *res;
+    bool rbf, relu, training;
+    const float *w, *b;
+    float *rm, *rv;
+    int64_t rms, rvs;
+    float momentum, eps;
+    float *mean, *rstd, *q, *r;
+} cmi_bn_args;
+/* Its backward (norm.c's batch_norm_backward): gz = g masked by the fused ReLU (y > 0 given y,
+ * else recomputed from zq = the forward's Q then R), or g; gr (the residual's gradient) = gz
+ * (gr_fresh) or += gz; gw += Σ gz·xhat, gb += Σ gz; gx (f32) = or += dx. Any output may be NULL. */
+typedef struct cmi_bn_bwd_args {
+    int64_t O, C, I;
+    const void *x;
+    bool bf;
+    const void *g;
+    bool gbf;
+    const void *y;
+    const float *zq;
+    float *gr;
+    bool gr_fresh;
+    const float *mean, *rstd, *w;
+    bool training;
+    float *gw, *gb;
+    float *gx;
+    bool gx_fresh;
+} cmi_bn_bwd_args;
+
+/* Pooling (pool.c) of x read as (N, C, H, W) through element strides xs (n, c, h, w) into y, whose
+ * (n, c, h, w) strides are ys; gradients gx (strides gxs) and gy (strides ys). Max: the first
+ * maximum of each window (NaN wins), its h·W + w in arg (N, C, OH, OW) contiguous; avg: PyTorch's
+ * avg_pool2d windows and divisor (include_pad); adaptive: windows [floor(i·H/OH), ceil((i+1)·H/OH)). */
+typedef enum { CMI_POOL_MAX, CMI_POOL_AVG, CMI_POOL_ADAPTIVE } cmi_pool_kind;
+typedef struct cmi_pool_desc {
+    cmi_pool_kind kind;
+    int64_t N, C, H, W, OH, OW;
+    int64_t kh, kw, sh, sw, ph, pw;
+    bool include_pad;
+    int64_t xs[4], ys[4], gxs[4];
+} cmi_pool_desc;
+
 typedef struct cmi_backend {
     const char *name; /* "cuda" */
     cm_device device;
@@ -86,6 +160,8 @@ typedef struct cmi_backend {
     void (*mem_stats)(cm_device_memory *out);
     void (*reset_peak)(void);
     void (*set_budget)(size_t bytes);
+    /* Whether p points into memory this backend handed out (a live allocation). No device call. */
+    bool (*owns)(const void *p);
 
     /* ---- copies and fills (tensor.c, views.c) ---- */
     /* dst[i] = v over an nd-dim strided view (dtype dt; v converted as cmi_store does). */
@@ -204,6 +280,27 @@ typedef struct cmi_backend {
      * as they are (the caller zeroes dS first). */
     cm_status (*attention_bwd)(const cmi_attn_desc *d, const float *out, const float *gout, const float *lse,
                                float *gq, bool q_fresh, float *gk, bool k_fresh, float *gv, bool v_fresh, float *dS);
+
+    /* ---- convolution, batch norm, pooling (conv.c, norm.c, pool.c) ---- */
+    /* y = conv(x, w) [+ bias], computed in dt (f32; bf16: x and w rounded to bf16 on the way in
+     * when stored as f32, f32 accumulation); y stored as ys (f32, or bf16 rounded). */
+    cm_status (*conv)(const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, const void *x, cm_dtype ws, const void *w,
+                      const float *bias, cm_dtype ys, void *y);
+    /* Its backward from dy (stored as dys; rounded to bf16 when dt is bf16): dx (f32) written when
+     * dx_fresh else added to, dW and db added to; any may be NULL. */
+    cm_status (*conv_bwd)(const cmi_conv_geom *g, cm_dtype dt, cm_dtype xs, const void *x, cm_dtype ws, const void *w,
+                          cm_dtype dys, const void *dy, float *dx, bool dx_fresh, float *dW, float *db);
+    cm_status (*batch_norm)(const cmi_bn_args *a);
+    cm_status (*batch_norm_bwd)(const cmi_bn_bwd_args *a);
+    /* arg may be NULL (no gradient wanted) for max; gx is added to. */
+    cm_status (*pool)(const cmi_pool_desc *d, const float *x, float *y, int32_t *arg);
+    cm_status (*pool_bwd)(const cmi_pool_desc *d, const float *gy, const int32_t *arg, float *gx);
+
+    /* ---- optimizers and clipping over flat spans (optim.c, grad_clip.c) ---- */
+    cm_status (*sgd_step)(const cmi_sgd_args *a);
+    cm_status (*adam_step)(const cmi_adam_args *a);
+    /* *out = Σ x[i]² in double (waits for the device). */
+    cm_status (*sumsq)(const float *x, int64_t n, double *out);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

@@ -513,6 +513,18 @@ typedef struct {
 static cm_status conv_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
     const conv_ctx *c = nd->ctx;
     const conv_geom *g = &c->g;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* the GPU: f32 gradients (backend.h conv_bwd) */
+        bool fresh = false;
+        cm_tensor *gx = cmi_grad_for_write(tp, nd->in[0], &fresh), *gw = cmi_grad(tp, nd->in[1]);
+        cm_tensor *gb = cmi_grad(tp, nd->in[2]);
+        if (cmi_status(tp) || (!gx && !gw && !gb)) return cmi_status(tp);
+        cmi_dev_fail(tp,
+                     be->conv_bwd(g, c->dt, c->xs, nd->in[0]->data, c->ws, nd->in[1]->data, gout->dtype, gout->data,
+                                  gx ? cmi_f32(gx) : NULL, fresh, gw ? cmi_f32(gw) : NULL, gb ? cmi_f32(gb) : NULL),
+                     "conv2d backward");
+        return cmi_status(tp);
+    }
     /* A gradient buffer created now (uninitialised: cmi_grad_for_write) is written by oneDNN
      * directly instead of through scratch that is then added; the im2col fallback zeroes it first.
      * In a bf16 convolution a new gradient of a bf16 x whose producer takes a bf16 gradient (batch
@@ -680,15 +692,24 @@ cm_tensor *cm_conv2d(cm_tape *tp, cm_tensor *x, cm_tensor *weight, cm_tensor *bi
     cm_tensor *y = cmi_new(tp, ys, 4, yshape);
     if (!y) return NULL;
     if (g.N == 0 || g.Cout == 0) return y;
-    if (conv_forward(tp, &g, dt, x->dtype, weight->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL, ys,
-                     y->data))
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp,
+                         be->conv(&g, dt, x->dtype, x->data, weight->dtype, weight->data, bias ? cmi_f32(bias) : NULL,
+                                  ys, y->data),
+                         op))
+            return NULL;
+    } else if (conv_forward(tp, &g, dt, x->dtype, weight->dtype, x->data, weight->data, bias ? cmi_f32(bias) : NULL,
+                            ys, y->data)) {
         return NULL;
+    }
 
     cm_tensor *ins[3] = {x, weight, bias};
     if (cmi_needs_grad(tp, 3, ins)) {
         cm_node *n = cmi_record(tp, op, y, 3, ins, conv_backward, sizeof(conv_ctx));
         if (!n) return NULL;
-        n->bf16_gout = ys == CM_DTYPE_BF16; /* a bf16 consumer may write the gradient in bf16 */
+        /* a bf16 consumer may write the gradient in bf16 (on the CPU; the GPU's gradients are f32) */
+        n->bf16_gout = ys == CM_DTYPE_BF16 && !be;
         conv_ctx *c = n->ctx;
         c->g = g;
         c->dt = dt;

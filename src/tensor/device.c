@@ -48,6 +48,42 @@ void cm_device_set_memory_budget(cm_device d, size_t bytes) {
     if (be && be->init() == CM_OK) be->set_budget(bytes);
 }
 
+/* ---- peak rates (data sheets, dense) ---- */
+
+typedef struct {
+    const char *match; /* substring of the device name */
+    double bf16, tf32, f32;
+} peak_row;
+
+/* NVIDIA data sheets, dense (no 2:4 sparsity): the MFU denominators llm.c and PyTorch users use.
+ * Order matters: the first row whose substring occurs in the name wins. */
+static const peak_row k_peaks[] = {
+    {"H200", 989.4e12, 494.7e12, 66.9e12},
+    {"H100 PCIe", 756.0e12, 378.0e12, 51.2e12},
+    {"H100 NVL", 835.0e12, 417.5e12, 60.0e12},
+    {"H100", 989.4e12, 494.7e12, 66.9e12}, /* SXM ("NVIDIA H100 80GB HBM3") */
+    {"A100", 312.0e12, 156.0e12, 19.5e12},
+    {"L40S", 362.1e12, 183.0e12, 91.6e12},
+    {"L4", 121.0e12, 60.0e12, 30.3e12},
+    {"RTX 4090", 165.2e12, 82.6e12, 82.6e12},
+};
+
+cm_status cm_device_peak_flops(cm_device d, cm_dtype dt, double *out) {
+    *out = 0;
+    if (d == CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_device_peak_flops: the CPU's peak is measured (cm_peak_flops)");
+    cm_status s = cm_device_check(d);
+    if (s) return s;
+    const char *name = cm_device_describe(d);
+    for (size_t i = 0; i < sizeof k_peaks / sizeof k_peaks[0]; i++) {
+        if (!strstr(name, k_peaks[i].match)) continue;
+        *out = dt == CM_DTYPE_BF16 ? k_peaks[i].bf16 : dt == CM_DTYPE_F16 ? k_peaks[i].tf32 : k_peaks[i].f32;
+        return CM_OK;
+    }
+    return cm_set_error(CM_ERR_NOT_FOUND, "no peak FLOP/s is known for '%s' (give SpeedMonitor's peak_flops, or "
+                                          "CM_PEAK_FLOPS)", name);
+}
+
 /* ---- ops implemented on the GPU ---- */
 
 static const char *const k_gpu_ops[] = {
@@ -65,6 +101,8 @@ static const char *const k_gpu_ops[] = {
     "cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
     /* attention (attention.c) */
     "attention",
+    /* vision: convolution, batch norm, pooling, concat (conv.c, norm.c, pool.c, index.c) */
+    "conv2d", "batch_norm", "batch_norm_add_relu", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "concat", "stack",
 };
 
 bool cmi_op_on_device(const char *op, cm_device dev) {
@@ -243,6 +281,7 @@ cm_tensor *cm_to_device(cm_tape *tp, cm_tensor *t, cm_device dev) {
         cmi_dev_fail(tp, s, "to_device");
         return NULL;
     }
+    tp->dev = t->device; /* the input is read where it is */
     if (!cmi_fetch(tp, 1, &t)) return NULL;
     tp->dev = dev;
     cm_tensor *out = cmi_new(tp, t->dtype, t->ndim, t->shape);

@@ -18,12 +18,7 @@
 
 #include "tensor/tensor_impl.h"
 
-/* The geometry of one convolution (as conv.c validated it). Dilation is PyTorch's (1 = dense). */
-typedef struct {
-    int64_t N, Cin, H, W, Cout, OH, OW, kh, kw;
-    int64_t sh, sw, ph, pw, dh, dw, groups;
-    bool cl; /* x and y are (N, H, W, C); otherwise (N, C, H, W). The weight is always (Cout, Cin/g, kh, kw). */
-} cmi_conv_geom;
+#include "tensor/backend.h" /* cmi_conv_geom */
 
 typedef enum { CMI_CONV_DNNL, CMI_CONV_IM2COL } cmi_conv_kernel;
 typedef enum { CMI_CONV_BF16_ONEDNN, CMI_CONV_BF16_WIDEN } cmi_conv_bf16_kernel;

@@ -281,7 +281,12 @@ static cm_status join_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
         const int64_t A = stack ? 1 : t->shape[axis];
         cm_tensor *gt = cmi_grad(tp, t);
         if (cmi_status(tp)) return cmi_status(tp);
-        if (gt) {
+        const cmi_backend *be = cmi_be(tp);
+        if (gt && be) { /* gt (O, A, I) += g's slice of it */
+            const int64_t shape[3] = {O, A, I}, st[3] = {T * I, I, 1};
+            if (cmi_dev_fail(tp, be->add_scaled(cmi_f32(gt), g + off * I, st, 1.0f, 3, shape), n->op))
+                return cmi_status(tp);
+        } else if (gt) {
             float *d = cmi_f32(gt); // (O, A, I)
 #pragma omp parallel for if (O * A * I >= CMI_PAR_MIN) schedule(static)
             for (int64_t oa = 0; oa < O * A; oa++) {
@@ -355,7 +360,7 @@ static cm_tensor *join(cm_tape *tp, const char *op, cm_tensor *const *ts, int n,
             if (!(stack && d == axis)) vstride[s++] = out->stride[d];
         cm_tensor *v = cmi_view(tp, t0->dtype, nd, t->shape, vstride, (char *)out->data + (size_t)(off * out->stride[axis]) * es);
         if (!v) return NULL;
-        cm_tensor_copy(v, t);
+        if (cmi_dev_fail(tp, cm_tensor_copy(v, t), op)) return NULL;
         off += stack ? 1 : t->shape[axis];
     }
     if (cmi_needs_grad(tp, n, ts)) {

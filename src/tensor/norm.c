@@ -632,6 +632,19 @@ static cm_status batch_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
      * forward's coefficients without a residual (no read of the output), else where y > 0 */
     const float *zq = n->i[2] && !res ? s->affine : NULL;
     const void *y = n->i[2] && res ? n->out->data : NULL;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* the GPU: f32 gradients (n->bf16_gout is off there) */
+        cm_arena_rewind(tp->arena, mark);
+        if ((gx && gx->dtype != CM_DTYPE_F32) || (gr && gr->dtype != CM_DTYPE_F32))
+            return cmi_fail(tp, CM_ERR_INTERNAL, "%s backward: a bf16 gradient on the GPU", n->op);
+        const cmi_bn_bwd_args a = {.O = O, .C = C, .I = I, .x = xv, .bf = bf, .g = gv, .gbf = gbf, .y = y, .zq = zq,
+                                   .gr = gr ? cmi_f32(gr) : NULL, .gr_fresh = gr_fresh, .mean = s->mean,
+                                   .rstd = s->rstd, .w = w ? cmi_f32(w) : NULL, .training = training,
+                                   .gw = gw ? cmi_f32(gw) : NULL, .gb = gb ? cmi_f32(gb) : NULL,
+                                   .gx = gx ? cmi_f32(gx) : NULL, .gx_fresh = gx_fresh};
+        cmi_dev_fail(tp, be->batch_norm_bwd(&a), n->op);
+        return cmi_status(tp);
+    }
     if (chan_sums(tp, xv, s->mean, gv, y, zq, gr ? cmi_f32(gr) : NULL, gr_fresh, O, C, I, sg, sgx, bf, gbf))
         return cmi_status(tp);
     float *P = coef, *Q = coef + C, *R = coef + 2 * C;
@@ -727,7 +740,22 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
     float *mean = stat, *rstd = stat + C, *Q = stat + 2 * C, *R = stat + 3 * C;
     const bool bf = x->dtype == CM_DTYPE_BF16;
     const void *xv = x->data;
-    if (o.training) {
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* the GPU: statistics, running statistics and the affine map in its kernels */
+        float *d = cmi_dev_scratch(tp, sizeof(float) * (size_t)(4 * C + 1));
+        if (!d) return NULL;
+        mean = d, rstd = d + C, Q = d + 2 * C, R = d + 3 * C;
+        const cmi_bn_args a = {.O = O, .C = C, .I = I, .x = xv, .y = out->data, .bf = bf,
+                               .res = residual ? residual->data : NULL,
+                               .rbf = residual && residual->dtype == CM_DTYPE_BF16, .relu = relu,
+                               .training = o.training, .w = weight ? cmi_f32(weight) : NULL,
+                               .b = bias ? cmi_f32(bias) : NULL, .rm = running_mean ? cmi_f32(running_mean) : NULL,
+                               .rv = running_var ? cmi_f32(running_var) : NULL,
+                               .rms = running_mean ? running_mean->stride[0] : 0,
+                               .rvs = running_var ? running_var->stride[0] : 0, .momentum = o.momentum, .eps = o.eps,
+                               .mean = mean, .rstd = rstd, .q = Q, .r = R};
+        if (cmi_dev_fail(tp, be->batch_norm(&a), op)) return NULL;
+    } else if (o.training) {
         /* One pass, shifted by each channel's first value K (close to the mean, so the shifted sums
          * do not cancel): mean = K + Σ(x - K)/M, var = (Σ(x - K)² - (Σ(x - K))²/M)/M. */
         for (int64_t c = 0; c < C; c++) mean[c] = ld(xv, c * I, bf);
@@ -752,12 +780,13 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
             rstd[c] = 1.0f / sqrtf(v + o.eps);
         }
     }
-    for (int64_t c = 0; c < C; c++) {
+    for (int64_t c = 0; c < (be ? 0 : C); c++) {
         Q[c] = rstd[c] * (weight ? cmi_f32(weight)[c] : 1.0f);
         R[c] = bias ? cmi_f32(bias)[c] : 0.0f;
     }
-    chan_affine(out->data, xv, mean, Q, R, O, C, I, residual ? residual->data : NULL, relu, bf,
-                residual && residual->dtype == CM_DTYPE_BF16);
+    if (!be)
+        chan_affine(out->data, xv, mean, Q, R, O, C, I, residual ? residual->data : NULL, relu, bf,
+                    residual && residual->dtype == CM_DTYPE_BF16);
     cm_tensor *ins[4] = {x, weight, bias, residual};
     const int n_in = residual ? 4 : 3;
     if (cmi_needs_grad(tp, n_in, ins)) {
@@ -772,7 +801,7 @@ static cm_tensor *batch_norm_impl(cm_tape *tp, const char *op, cm_tensor *x, cm_
         n->i[2] = relu;
         /* a bf16 output's gradient may come in bf16 (a bf16 convolution consuming it writes its dx
          * in bf16, cmi_grad_for_write_as): it is read as it is */
-        n->bf16_gout = bf;
+        n->bf16_gout = bf && !be; /* (the GPU's gradients are f32) */
     }
     return out;
 }

@@ -5,6 +5,7 @@
  * Every kernel works on one (n, c) plane at a time through element strides, so any input view
  * (channels-last, transposed, sliced) is read in place; planes run in parallel. Results and
  * gradients are contiguous in the op's layout. */
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
@@ -73,6 +74,34 @@ typedef struct {
     bool include_pad, cl;
 } pool_geom;
 
+/* The GPU's description of a pooling (backend.h): x read through X's strides, y (and its
+ * gradient) through Y's, x's gradient through GX's (NULL: X's). Window fields from g (NULL:
+ * adaptive). */
+static cmi_pool_desc dev_desc(cmi_pool_kind kind, const plane4 *X, const plane4 *Y, const plane4 *GX,
+                              const pool_geom *g) {
+    cmi_pool_desc d = {.kind = kind, .N = X->n, .C = X->c, .H = X->h, .W = X->w, .OH = Y->h, .OW = Y->w};
+    if (g) {
+        d.kh = g->kh, d.kw = g->kw, d.sh = g->sh, d.sw = g->sw, d.ph = g->ph, d.pw = g->pw;
+        d.include_pad = g->include_pad;
+    }
+    const plane4 *G = GX ? GX : X;
+    const int64_t xs[4] = {X->sn, X->sc, X->sh, X->sw}, ys[4] = {Y->sn, Y->sc, Y->sh, Y->sw},
+                  gs[4] = {G->sn, G->sc, G->sh, G->sw};
+    memcpy(d.xs, xs, sizeof xs);
+    memcpy(d.ys, ys, sizeof ys);
+    memcpy(d.gxs, gs, sizeof gs);
+    return d;
+}
+
+/* The backward of a pooling on the GPU: gx += the gradient gathered from gy (and arg for max). */
+static cm_status dev_pool_bwd(cm_tape *tp, const struct cmi_backend *be, cmi_pool_kind kind, const cm_node *nd,
+                              const float *gy, const int32_t *arg, float *gx, const pool_geom *g, bool cl) {
+    const plane4 X = plane_contig(nd->in[0], cl), Y = plane_contig(nd->out, cl);
+    const cmi_pool_desc d = dev_desc(kind, &X, &Y, NULL, g);
+    cmi_dev_fail(tp, be->pool_bwd(&d, gy, arg, gx), nd->op);
+    return cmi_status(tp);
+}
+
 static bool pool_setup(cm_tape *tp, const char *op, const cm_tensor *x, const cm_pool2d_opts *opts, pool_geom *g) {
     if (!opts) {
         cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: opts is NULL (the kernel size is required: cm_pool2d_opts_default(kh, kw))",
@@ -121,6 +150,8 @@ static cm_status max_pool_backward(cm_tape *tp, cm_node *nd, const cm_tensor *go
     const maxpool_ctx *c = nd->ctx;
     cm_tensor *gx = cmi_grad(tp, nd->in[0]);
     if (!gx) return cmi_status(tp);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) return dev_pool_bwd(tp, be, CMI_POOL_MAX, nd, cmi_f32(gout), c->arg, cmi_f32(gx), &c->g, c->g.cl);
     const plane4 X = plane_contig(nd->in[0], c->g.cl), Y = plane_contig(nd->out, c->g.cl);
     const int64_t OH = c->g.oh, OW = c->g.ow, NC = X.n * X.c;
     const float *gy = cmi_f32(gout);
@@ -157,12 +188,15 @@ cm_tensor *cm_max_pool2d(cm_tape *tp, cm_tensor *x, const cm_pool2d_opts *opts) 
     const int64_t NC = X.n * X.c, OH = g.oh, OW = g.ow;
     const bool grad = cmi_needs_grad(tp, 1, &x);
     int32_t *arg = NULL;
-    if (grad && !(arg = cmi_scratch(tp, sizeof(int32_t) * (size_t)(NC * OH * OW)))) return NULL;
+    if (grad && !(arg = cmi_dev_scratch(tp, sizeof(int32_t) * (size_t)(NC * OH * OW)))) return NULL;
     const float *xv = cmi_f32(x);
     float *yv = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    const cmi_pool_desc d = dev_desc(CMI_POOL_MAX, &X, &Y, NULL, &g);
+    if (be && cmi_dev_fail(tp, be->pool(&d, xv, yv, arg), op)) return NULL;
     const int64_t work = NC * OH * OW * g.kh * g.kw; // planes run in parallel
 #pragma omp parallel for if (work >= CMI_PAR_MIN) schedule(static)
-    for (int64_t pc = 0; pc < NC; pc++) {
+    for (int64_t pc = 0; pc < (be ? 0 : NC); pc++) {
         const int64_t n = pc / X.c, ch = pc % X.c;
         const float *xp = xv + pl_off(&X, n, ch);
         float *yp = yv + pl_off(&Y, n, ch);
@@ -211,6 +245,8 @@ static cm_status avg_pool_backward(cm_tape *tp, cm_node *nd, const cm_tensor *go
     const pool_geom *g = nd->ctx;
     cm_tensor *gx = cmi_grad(tp, nd->in[0]);
     if (!gx) return cmi_status(tp);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) return dev_pool_bwd(tp, be, CMI_POOL_AVG, nd, cmi_f32(gout), NULL, cmi_f32(gx), g, g->cl);
     const plane4 X = plane_contig(nd->in[0], g->cl), Y = plane_contig(nd->out, g->cl);
     const int64_t NC = X.n * X.c;
     const float *gy = cmi_f32(gout);
@@ -249,9 +285,12 @@ cm_tensor *cm_avg_pool2d(cm_tape *tp, cm_tensor *x, const cm_pool2d_opts *opts) 
     const int64_t NC = X.n * X.c;
     const float *xv = cmi_f32(x);
     float *yv = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    const cmi_pool_desc d = dev_desc(CMI_POOL_AVG, &X, &Y, NULL, &g);
+    if (be && cmi_dev_fail(tp, be->pool(&d, xv, yv, NULL), op)) return NULL;
     const int64_t work = NC * g.oh * g.ow * g.kh * g.kw; // planes run in parallel
 #pragma omp parallel for if (work >= CMI_PAR_MIN) schedule(static)
-    for (int64_t pc = 0; pc < NC; pc++) {
+    for (int64_t pc = 0; pc < (be ? 0 : NC); pc++) {
         const int64_t n = pc / X.c, ch = pc % X.c;
         const float *xp = xv + pl_off(&X, n, ch);
         float *yp = yv + pl_off(&Y, n, ch);
@@ -288,6 +327,8 @@ static cm_status adaptive_backward(cm_tape *tp, cm_node *nd, const cm_tensor *go
     const bool cl = nd->i[0];
     cm_tensor *gx = cmi_grad(tp, nd->in[0]);
     if (!gx) return cmi_status(tp);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) return dev_pool_bwd(tp, be, CMI_POOL_ADAPTIVE, nd, cmi_f32(gout), NULL, cmi_f32(gx), NULL, cl);
     const plane4 X = plane_contig(nd->in[0], cl), Y = plane_contig(nd->out, cl);
     const int64_t NC = X.n * X.c, OH = Y.h, OW = Y.w;
     const float *gy = cmi_f32(gout);
@@ -327,9 +368,12 @@ cm_tensor *cm_adaptive_avg_pool2d(cm_tape *tp, cm_tensor *x, int64_t out_h, int6
     const int64_t NC = X.n * X.c;
     const float *xv = cmi_f32(x);
     float *yv = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    const cmi_pool_desc d = dev_desc(CMI_POOL_ADAPTIVE, &X, &Y, NULL, NULL);
+    if (be && cmi_dev_fail(tp, be->pool(&d, xv, yv, NULL), op)) return NULL;
     const int64_t work = NC * X.h * X.w; // planes run in parallel
 #pragma omp parallel for if (work >= CMI_PAR_MIN) schedule(static)
-    for (int64_t pc = 0; pc < NC; pc++) {
+    for (int64_t pc = 0; pc < (be ? 0 : NC); pc++) {
         const int64_t n = pc / X.c, ch = pc % X.c;
         const float *xp = xv + pl_off(&X, n, ch);
         float *yp = yv + pl_off(&Y, n, ch);

@@ -70,10 +70,24 @@ void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total) {
     tp->row_total = ok ? total : 0;
 }
 
+bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total) {
+    const bool on = tp && tp->row_total > 0;
+    if (first) *first = on ? tp->row_first : 0;
+    if (n) *n = on ? tp->row_n : 0;
+    if (total) *total = on ? tp->row_total : 0;
+    return on;
+}
+
 void cm_tape_set_fetch_hook(cm_tape *tp, cm_tape_fetch_fn fn, void *data) {
     if (!tp) return;
     tp->fetch = fn;
     tp->fetch_data = fn ? data : NULL;
+}
+
+void cm_tape_set_op_hook(cm_tape *tp, cm_tape_op_hook_fn fn, void *data) {
+    if (!tp) return;
+    tp->op_hook = fn;
+    tp->op_hook_data = fn ? data : NULL;
 }
 
 void cm_tape_set_backward_hook(cm_tape *tp, cm_tape_backward_hook_fn fn, void *data) {
@@ -179,7 +193,9 @@ bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins) {
             return false;
         }
     }
-    return cmi_fetch(tp, n, ins);
+    if (!cmi_fetch(tp, n, ins)) return false;
+    if (tp->op_hook) tp->op_hook(CM_TAPE_OP_BEGIN, op, NULL, n, ins, tp->op_hook_data);
+    return true;
 }
 
 bool cmi_check_f32(cm_tape *tp, const char *op, const char *name, const cm_tensor *t) {
@@ -304,6 +320,7 @@ cm_node *cmi_record(cm_tape *tp, const char *op, cm_tensor *out, int n, cm_tenso
     tp->n_nodes++;
     out->node = node;
     out->flags |= CM_TF_REQUIRES_GRAD;
+    if (tp->op_hook) tp->op_hook(CM_TAPE_OP_RECORDED, op, out, n, ins, tp->op_hook_data);
     return node;
 }
 
@@ -562,7 +579,9 @@ cm_status cmi_run_backward(cm_tape *tp, cm_node *last, bool hooks) {
             st = tp->status;
             break;
         }
+        if (tp->op_hook) tp->op_hook(CM_TAPE_OP_BACKWARD_BEGIN, n->op, n->out, n->n_in, n->in, tp->op_hook_data);
         st = n->backward(tp, n, gout);
+        if (tp->op_hook) tp->op_hook(CM_TAPE_OP_BACKWARD_END, n->op, n->out, n->n_in, n->in, tp->op_hook_data);
         if (st == CM_OK && tp->status) st = tp->status;
         if (st == CM_OK && hooks && tp->bw_hook) tp->bw_hook(tp, n, tp->bw_hook_data);
         /* Every consumer of n->out was recorded after n and has run: its gradient is dead. */

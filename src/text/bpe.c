@@ -7,6 +7,7 @@
 #include "text/unicode.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- byte alphabet (bytes_to_unicode) ---- */
@@ -34,88 +35,69 @@ static long unmap_bytes(const int16_t cp_to_byte[0x144], const uint8_t *s, size_
 
 /* ---- loading ---- */
 
-static cm_status load_encoder(cm_tokenizer *tok, const char *path, const int16_t cp_to_byte[0x144]) {
-    uint8_t *data;
-    size_t len;
-    cm_status st = cm_read_file_(path, "GPT-2 encoder.json", &data, &len);
-    if (st != CM_OK) return st;
-    cJSON *root = cJSON_ParseWithLength((const char *)data, len);
-    cm_free(data);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return cm_set_error(CM_ERR_FORMAT,
-                            "GPT-2 encoder.json '%s' is not a JSON object (token string -> id); is it truncated?", path);
-    }
+/* The encoder (token string -> id over the byte alphabet) from a parsed JSON object; `path` names
+ * its source in messages. Does not take root. */
+static cm_status encoder_from_json(cm_tokenizer *tok, const cJSON *root, const char *path,
+                                   const int16_t cp_to_byte[0x144]) {
+    cm_status st = CM_OK;
     int64_t max_id = -1, count = 0;
-    for (cJSON *e = root->child; e; e = e->next) {
+    for (const cJSON *e = root->child; e; e = e->next) {
         double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
         if (v < 0 || v > 10000000 || v != (double)(int64_t)v) {
-            cJSON_Delete(root);
-            return cm_set_error(CM_ERR_FORMAT, "GPT-2 encoder.json '%s': token \"%.40s\" has id that is not an integer in [0, 1e7]",
+            return cm_set_error(CM_ERR_FORMAT, "%s: token \"%.40s\" has id that is not an integer in [0, 1e7]",
                                 path, e->string ? e->string : "");
         }
         if ((int64_t)v > max_id) max_id = (int64_t)v;
         count++;
     }
     if (count == 0) {
-        cJSON_Delete(root);
-        return cm_set_error(CM_ERR_FORMAT, "GPT-2 encoder.json '%s' has no tokens", path);
+        return cm_set_error(CM_ERR_FORMAT, "%s has no tokens", path);
     }
     if ((st = cm_tokenizer_alloc_vocab_(tok, max_id + 1)) != CM_OK || (st = cm_strmap_init(&tok->vocab, (size_t)count)) != CM_OK) {
-        cJSON_Delete(root);
         return st;
     }
     uint8_t tmp[1024];
-    for (cJSON *e = root->child; e; e = e->next) {
+    for (const cJSON *e = root->child; e; e = e->next) {
         size_t klen = strlen(e->string);
         long n = klen <= sizeof tmp ? unmap_bytes(cp_to_byte, (const uint8_t *)e->string, klen, tmp) : -1;
         if (n <= 0) {
-            cm_set_error(CM_ERR_FORMAT,
-                         "GPT-2 encoder.json '%s': token \"%.40s\" is empty, too long or has a character outside GPT-2's "
+            return cm_set_error(CM_ERR_FORMAT,
+                         "%s: token \"%.40s\" is empty, too long or has a character outside GPT-2's "
                          "byte alphabet",
                          path, e->string);
-            cJSON_Delete(root);
-            return CM_ERR_FORMAT;
         }
         int32_t id = (int32_t)e->valuedouble, prev;
         if (tok->tok_len[id] != 0) {
-            cm_set_error(CM_ERR_FORMAT, "GPT-2 encoder.json '%s': id %d is used by two tokens (\"%.40s\" is the second)",
-                         path, id, e->string);
-            cJSON_Delete(root);
-            return CM_ERR_FORMAT;
+            return cm_set_error(CM_ERR_FORMAT,
+                                "%s: id %d is used by two tokens (\"%.40s\" is the second)", path, id,
+                                e->string);
         }
         if ((st = cm_strmap_put(&tok->vocab, tmp, (size_t)n, id, &prev)) != CM_OK) break;
         if (prev >= 0) {
-            cm_set_error(CM_ERR_FORMAT, "GPT-2 encoder.json '%s': token \"%.40s\" appears twice (ids %d and %d)", path,
-                         e->string, prev, id);
-            cJSON_Delete(root);
-            return CM_ERR_FORMAT;
+            return cm_set_error(CM_ERR_FORMAT, "%s: token \"%.40s\" appears twice (ids %d and %d)",
+                                path, e->string, prev, id);
         }
         tok->tok_start[id] = (uint32_t)tok->tok_bytes.n;
         tok->tok_len[id] = (uint32_t)n;
         if ((st = cm_buf_append(&tok->tok_bytes, tmp, (size_t)n)) != CM_OK) break;
     }
-    cJSON_Delete(root);
     if (st != CM_OK) return st;
     for (int b = 0; b < 256; b++) {
         uint8_t byte = (uint8_t)b;
         tok->byte_id[b] = cm_strmap_get(&tok->vocab, &byte, 1);
         if (tok->byte_id[b] < 0)
-            return cm_set_error(CM_ERR_FORMAT, "GPT-2 encoder.json '%s' lacks the single-byte token for byte 0x%02X", path, b);
+            return cm_set_error(CM_ERR_FORMAT, "%s lacks the single-byte token for byte 0x%02X", path, b);
     }
     tok->special[CM_TOKEN_EOT] = cm_strmap_get(&tok->vocab, "<|endoftext|>", 13);
     return CM_OK;
 }
 
-static cm_status load_merges(cm_tokenizer *tok, const char *path, const int16_t cp_to_byte[0x144]) {
-    uint8_t *data;
-    size_t len;
-    cm_status st = cm_read_file_(path, "GPT-2 vocab.bpe", &data, &len);
+/* The merges from vocab.bpe's text ("#version" line, then "A B" per line, rank = order); `path`
+ * names it in messages ("GPT-2 vocab.bpe '<path>'"). */
+static cm_status merges_from_text(cm_tokenizer *tok, const uint8_t *data, size_t len, const char *path,
+                                  const int16_t cp_to_byte[0x144]) {
+    cm_status st = cm_pairmap_init(&tok->merges, 65536);
     if (st != CM_OK) return st;
-    if ((st = cm_pairmap_init(&tok->merges, 65536)) != CM_OK) {
-        cm_free(data);
-        return st;
-    }
     int32_t rank = 0;
     long line = 0;
     uint8_t a[1024], b[512]; /* a gets a's bytes then b's */
@@ -136,9 +118,8 @@ static cm_status load_merges(cm_tokenizer *tok, const char *path, const int16_t 
             nb = unmap_bytes(cp_to_byte, sp + 1, n - (size_t)(sp - s) - 1, b);
         }
         if (na <= 0 || nb <= 0) {
-            cm_free(data);
             return cm_set_error(CM_ERR_FORMAT,
-                                "GPT-2 vocab.bpe '%s' line %ld: expected two byte-alphabet tokens separated by one space, "
+                                "%s line %ld: expected two byte-alphabet tokens separated by one space, "
                                 "got \"%.*s\"",
                                 path, line, (int)(n > 60 ? 60 : n), (const char *)s);
         }
@@ -146,19 +127,44 @@ static cm_status load_merges(cm_tokenizer *tok, const char *path, const int16_t 
         memcpy(a + na, b, (size_t)nb);
         int32_t iab = cm_strmap_get(&tok->vocab, a, (size_t)(na + nb));
         if (ia < 0 || ib < 0 || iab < 0) {
-            cm_free(data);
             return cm_set_error(CM_ERR_FORMAT,
-                                "GPT-2 vocab.bpe '%s' line %ld: merge \"%.*s\" uses a token missing from encoder.json "
+                                "%s line %ld: merge \"%.*s\" uses a token missing from the vocabulary "
                                 "(do the two files belong together?)",
                                 path, line, (int)(n > 60 ? 60 : n), (const char *)s);
         }
-        if ((st = cm_pairmap_put(&tok->merges, (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, rank++, iab)) != CM_OK) {
-            cm_free(data);
+        if ((st = cm_pairmap_put(&tok->merges, (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, rank++, iab)) != CM_OK)
             return st;
-        }
     }
-    cm_free(data);
-    if (rank == 0) return cm_set_error(CM_ERR_FORMAT, "GPT-2 vocab.bpe '%s' has no merges", path);
+    if (rank == 0) return cm_set_error(CM_ERR_FORMAT, "%s has no merges", path);
+    return CM_OK;
+}
+
+static void cp_to_byte_table(int16_t cp_to_byte[0x144]) {
+    uint32_t byte_to_cp[256];
+    byte_alphabet(byte_to_cp);
+    for (int i = 0; i < 0x144; i++) cp_to_byte[i] = -1;
+    for (int b = 0; b < 256; b++) cp_to_byte[byte_to_cp[b]] = (int16_t)b;
+}
+
+void cm_gpt2_byte_alphabet_(uint32_t byte_to_cp[256]) { byte_alphabet(byte_to_cp); }
+
+cm_status cm_gpt2_from_memory_(const cJSON *encoder, const char *encoder_what, const uint8_t *merges, size_t merges_len,
+                               const char *merges_what, cm_tokenizer **out) {
+    *out = NULL;
+    int16_t cp_to_byte[0x144];
+    cp_to_byte_table(cp_to_byte);
+    cm_tokenizer *tok;
+    cm_status st = cm_tokenizer_alloc_(CM_TOKENIZER_GPT2, &tok);
+    if (st != CM_OK) return st;
+    if (!cJSON_IsObject(encoder))
+        st = cm_set_error(CM_ERR_FORMAT, "%s is not a JSON object (token string -> id); is it truncated?", encoder_what);
+    if (st == CM_OK) st = encoder_from_json(tok, encoder, encoder_what, cp_to_byte);
+    if (st == CM_OK) st = merges_from_text(tok, merges, merges_len, merges_what, cp_to_byte);
+    if (st != CM_OK) {
+        cm_tokenizer_free(tok);
+        return st;
+    }
+    *out = tok;
     return CM_OK;
 }
 
@@ -166,19 +172,26 @@ cm_status cm_tokenizer_gpt2_new(const char *encoder_json_path, const char *vocab
     if (!out || !encoder_json_path || !vocab_bpe_path)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_tokenizer_gpt2_new: NULL argument");
     *out = NULL;
-    uint32_t byte_to_cp[256];
-    int16_t cp_to_byte[0x144];
-    byte_alphabet(byte_to_cp);
-    for (int i = 0; i < 0x144; i++) cp_to_byte[i] = -1;
-    for (int b = 0; b < 256; b++) cp_to_byte[byte_to_cp[b]] = (int16_t)b;
-    cm_tokenizer *tok;
-    cm_status st = cm_tokenizer_alloc_(CM_TOKENIZER_GPT2, &tok);
-    if (st != CM_OK) return st;
-    if ((st = load_encoder(tok, encoder_json_path, cp_to_byte)) != CM_OK ||
-        (st = load_merges(tok, vocab_bpe_path, cp_to_byte)) != CM_OK) {
-        cm_tokenizer_free(tok);
-        return st;
+    uint8_t *enc = NULL, *bpe = NULL;
+    size_t enc_len, bpe_len;
+    cm_status st = cm_read_file_(encoder_json_path, "GPT-2 encoder.json", &enc, &enc_len);
+    if (st == CM_OK) st = cm_read_file_(vocab_bpe_path, "GPT-2 vocab.bpe", &bpe, &bpe_len);
+    cJSON *root = st == CM_OK ? cJSON_ParseWithLength((const char *)enc, enc_len) : NULL;
+    cm_free(enc);
+    size_t n1 = strlen(encoder_json_path) + 32, n2 = strlen(vocab_bpe_path) + 32;
+    char *w1 = cm_alloc(n1, 8), *w2 = cm_alloc(n2, 8);
+    if (st == CM_OK && (!w1 || !w2)) st = CM_ERR_OOM;
+    cm_tokenizer *tok = NULL;
+    if (st == CM_OK) {
+        snprintf(w1, n1, "GPT-2 encoder.json '%s'", encoder_json_path);
+        snprintf(w2, n2, "GPT-2 vocab.bpe '%s'", vocab_bpe_path);
+        st = cm_gpt2_from_memory_(root, w1, bpe, bpe_len, w2, &tok);
     }
+    cJSON_Delete(root);
+    cm_free(bpe);
+    cm_free(w1);
+    cm_free(w2);
+    if (st != CM_OK) return st;
     tok->path_a = cm_strdup_(encoder_json_path);
     tok->path_b = cm_strdup_(vocab_bpe_path);
     if (!tok->path_a || !tok->path_b) {

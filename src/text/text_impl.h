@@ -94,6 +94,23 @@ cm_status cm_gpt2_encode_(const cm_tokenizer *tok, const uint8_t *text, size_t l
 cm_status cm_wordpiece_encode_(const cm_tokenizer *tok, const uint8_t *text, size_t len, cm_ids *out);
 cm_status cm_char_encode_(const cm_tokenizer *tok, const uint8_t *text, size_t len, cm_ids *out);
 
+/* GPT-2 byte-level BPE from an encoder object (token string -> id over GPT-2's byte alphabet) and
+ * vocab.bpe text; *_what name them in messages ("GPT-2 encoder.json '<path>'"). Does not take
+ * encoder. No paths are set (cm_tokenizer_save needs them). */
+struct cJSON;
+cm_status cm_gpt2_from_memory_(const struct cJSON *encoder, const char *encoder_what, const uint8_t *merges,
+                               size_t merges_len, const char *merges_what, cm_tokenizer **out);
+/* GPT-2's bytes_to_unicode: the code point that spells byte b. */
+void cm_gpt2_byte_alphabet_(uint32_t byte_to_cp[256]);
+/* WordPiece from vocab.txt's text (one token per line); `what` names it in messages ("WordPiece
+ * vocab.txt '<path>'"). No path is set. */
+cm_status cm_wordpiece_from_memory_(const uint8_t *data, size_t len, const char *what, bool lowercase,
+                                    cm_tokenizer **out);
+
+/* A Hugging Face tokenizer.json from memory (the fuzzing entry point of cm_hf_tokenizer_load's
+ * tokenizer.json path; `label` names it in messages). */
+cm_status cmi_hf_tokenizer_from_json_text(const char *text, size_t len, const char *label, cm_tokenizer **out);
+
 /* The char tokenizer for sorted, distinct code points cps[0, n). */
 cm_status cm_char_from_code_points_(const uint32_t *cps, int64_t n, cm_tokenizer **out);
 

@@ -220,6 +220,11 @@ cm_status cm_tokenizer_encode_pair(const cm_tokenizer *tok, const char *a, size_
 
 cm_status cm_tokenizer_save(const cm_tokenizer *tok, const char *path) {
     if (!tok || !path) return cm_set_error(CM_ERR_INVALID_ARG, "cm_tokenizer_save: NULL argument");
+    if (tok->type != CM_TOKENIZER_CHAR && (!tok->path_a || (tok->type == CM_TOKENIZER_GPT2 && !tok->path_b)))
+        return cm_set_error(CM_ERR_UNSUPPORTED,
+                            "tokenizer save '%s': this %s tokenizer was not made from vocabulary files (it came from a "
+                            "tokenizer.json), so it has no paths to record; write its files with cm_hf_tokenizer_save",
+                            path, cm_tokenizer_type_name(tok));
     cJSON *o = cJSON_CreateObject();
     bool ok = o && cJSON_AddStringToObject(o, "type", cm_tokenizer_type_name(tok));
     switch (tok->type) {

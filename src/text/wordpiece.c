@@ -16,23 +16,21 @@
 #include "text/text_impl.h"
 #include "text/unicode.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_WORD_CHARS 100
 
-cm_status cm_tokenizer_wordpiece_new(const char *vocab_txt_path, bool lowercase, cm_tokenizer **out) {
-    if (!vocab_txt_path || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_tokenizer_wordpiece_new: NULL argument");
+cm_status cm_wordpiece_from_memory_(const uint8_t *data, size_t len, const char *what, bool lowercase,
+                                    cm_tokenizer **out) {
     *out = NULL;
-    uint8_t *data;
-    size_t len;
-    cm_status st = cm_read_file_(vocab_txt_path, "WordPiece vocab.txt", &data, &len);
-    if (st != CM_OK) return st;
     int64_t lines = 0;
     for (size_t i = 0; i < len; i++) lines += data[i] == '\n';
     if (len > 0 && data[len - 1] != '\n') lines++;
     cm_tokenizer *tok = NULL;
+    cm_status st = CM_OK;
     if (lines == 0) {
-        st = cm_set_error(CM_ERR_FORMAT, "WordPiece vocab.txt '%s' is empty", vocab_txt_path);
+        st = cm_set_error(CM_ERR_FORMAT, "%s is empty", what);
     } else if ((st = cm_tokenizer_alloc_(CM_TOKENIZER_WORDPIECE, &tok)) == CM_OK &&
                (st = cm_tokenizer_alloc_vocab_(tok, lines)) == CM_OK) {
         st = cm_strmap_init(&tok->vocab, (size_t)lines);
@@ -44,11 +42,10 @@ cm_status cm_tokenizer_wordpiece_new(const char *vocab_txt_path, bool lowercase,
         size_t le = e > i && data[e - 1] == '\r' ? e - 1 : e;
         int32_t prev;
         if (le == i) {
-            st = cm_set_error(CM_ERR_FORMAT, "WordPiece vocab.txt '%s' line %d is empty (one token per line expected)",
-                              vocab_txt_path, id + 1);
+            st = cm_set_error(CM_ERR_FORMAT, "%s line %d is empty (one token per line expected)", what, id + 1);
         } else if ((st = cm_strmap_put(&tok->vocab, data + i, le - i, id, &prev)) == CM_OK && prev >= 0) {
-            st = cm_set_error(CM_ERR_FORMAT, "WordPiece vocab.txt '%s' line %d repeats the token \"%.*s\" of line %d",
-                              vocab_txt_path, id + 1, (int)(le - i > 40 ? 40 : le - i), (const char *)data + i, prev + 1);
+            st = cm_set_error(CM_ERR_FORMAT, "%s line %d repeats the token \"%.*s\" of line %d", what, id + 1,
+                              (int)(le - i > 40 ? 40 : le - i), (const char *)data + i, prev + 1);
         } else if (st == CM_OK) {
             tok->tok_start[id] = (uint32_t)tok->tok_bytes.n;
             tok->tok_len[id] = (uint32_t)(le - i);
@@ -56,23 +53,43 @@ cm_status cm_tokenizer_wordpiece_new(const char *vocab_txt_path, bool lowercase,
         }
         i = e + 1;
     }
-    cm_free(data);
     if (st == CM_OK) {
         static const char *names[CM_TOKEN_SPECIAL_COUNT] = {NULL, "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"};
         for (int s = 1; s < CM_TOKEN_SPECIAL_COUNT; s++)
             tok->special[s] = cm_strmap_get(&tok->vocab, names[s], strlen(names[s]));
         if (tok->special[CM_TOKEN_UNK] < 0)
-            st = cm_set_error(CM_ERR_FORMAT, "WordPiece vocab.txt '%s' has no [UNK] token; is it a BERT vocabulary?",
-                              vocab_txt_path);
-    }
-    if (st == CM_OK) {
-        tok->lowercase = lowercase;
-        tok->path_a = cm_strdup_(vocab_txt_path);
-        if (!tok->path_a) st = CM_ERR_OOM;
+            st = cm_set_error(CM_ERR_FORMAT, "%s has no [UNK] token; is it a BERT vocabulary?", what);
     }
     if (st != CM_OK) {
         cm_tokenizer_free(tok);
         return st;
+    }
+    tok->lowercase = lowercase;
+    *out = tok;
+    return CM_OK;
+}
+
+cm_status cm_tokenizer_wordpiece_new(const char *vocab_txt_path, bool lowercase, cm_tokenizer **out) {
+    if (!vocab_txt_path || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_tokenizer_wordpiece_new: NULL argument");
+    *out = NULL;
+    uint8_t *data;
+    size_t len;
+    cm_status st = cm_read_file_(vocab_txt_path, "WordPiece vocab.txt", &data, &len);
+    if (st != CM_OK) return st;
+    size_t wn = strlen(vocab_txt_path) + 32;
+    char *what = cm_alloc(wn, 8);
+    cm_tokenizer *tok = NULL;
+    if (!what) st = CM_ERR_OOM;
+    else {
+        snprintf(what, wn, "WordPiece vocab.txt '%s'", vocab_txt_path);
+        st = cm_wordpiece_from_memory_(data, len, what, lowercase, &tok);
+    }
+    cm_free(what);
+    cm_free(data);
+    if (st != CM_OK) return st;
+    if (!(tok->path_a = cm_strdup_(vocab_txt_path))) {
+        cm_tokenizer_free(tok);
+        return CM_ERR_OOM;
     }
     *out = tok;
     return CM_OK;

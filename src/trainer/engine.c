@@ -1,7 +1,9 @@
 /* The engine: registered plugins, ordering passes, running an event, tracing, closing; and the
  * logging handle that fans out to every logger. */
 #include "trainer/trainer_impl.h"
+#include "base/prof_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,13 +63,46 @@ const char *cm_algorithm_name(const cm_algorithm *a) { return a ? a->vt->name : 
 void *cm_algorithm_self(const cm_algorithm *a) { return a ? a->self : NULL; }
 const cm_algorithm_i *cm_algorithm_vtable(const cm_algorithm *a) { return a ? a->vt : NULL; }
 
+/* Composer's set_filo_order: reversed on the events whose name starts with AFTER_ (AFTER_LOAD,
+ * AFTER_DATALOADER, AFTER_FORWARD, AFTER_LOSS, AFTER_BACKWARD, AFTER_TRAIN_BATCH); *_END events and
+ * EVAL_AFTER_FORWARD keep the registration order. */
 int cm_ordering_pass_filo(cm_algorithm **algs, int n, cm_event ev, const cm_state *st, void *data) {
-    if (cm_event_is_after(ev))
+    if (!strncmp(cm_event_name(ev), "AFTER_", 6))
         for (int i = 0, j = n - 1; i < j; i++, j--) {
             cm_algorithm *t = algs[i];
             algs[i] = algs[j];
             algs[j] = t;
         }
+    return n;
+}
+
+/* Stable partition in place: the algorithms called `name` to the front (front) or to the back,
+ * every other algorithm keeping its relative order (Python's sorted() with a boolean key). */
+static void move_named(cm_algorithm **algs, int n, const char *name, bool front) {
+    int k = front ? 0 : n - 1; /* next slot for a hit */
+    for (int c = 0; c < n; c++) {
+        const int i = front ? c : n - 1 - c;
+        if (strcmp(algs[i]->vt->name, name)) continue;
+        cm_algorithm *hit = algs[i];
+        if (front) {
+            memmove(algs + k + 1, algs + k, sizeof *algs * (size_t)(i - k));
+            algs[k++] = hit;
+        } else {
+            memmove(algs + i, algs + i + 1, sizeof *algs * (size_t)(k - i));
+            algs[k--] = hit;
+        }
+    }
+}
+
+int cm_ordering_pass_selective_backprop_first(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                              void *data) {
+    move_named(algs, n, "SelectiveBackprop", true);
+    return n;
+}
+
+int cm_ordering_pass_low_precision_layernorm_last(cm_algorithm **algs, int n, cm_event ev, const cm_state *st,
+                                                  void *data) {
+    move_named(algs, n, "LowPrecisionLayerNorm", false);
     return n;
 }
 
@@ -78,10 +113,14 @@ cm_status cm_engine_new(cm_state *st, cm_engine **out) {
     if (!e) return CM_ERR_OOM;
     e->st = st;
     e->logger.engine = e;
-    if (grow((void **)&e->passes, &e->cap_passes, sizeof *e->passes, 1)) {
+    if (grow((void **)&e->passes, &e->cap_passes, sizeof *e->passes, 3)) {
         cm_free(e);
         return CM_ERR_OOM;
     }
+    /* Composer's _get_default_passes order: the two placement rules, then FILO (so on AFTER_*
+     * events the reversal has the last word, as in Composer) */
+    e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_selective_backprop_first, NULL};
+    e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_low_precision_layernorm_last, NULL};
     e->passes[e->n_passes++] = (cm_ordering_pass){cm_ordering_pass_filo, NULL};
     *out = e;
     return CM_OK;
@@ -111,6 +150,29 @@ void cmi_engine_release(cm_engine *e) {
     for (int i = 0; i < e->n_algs; i++) cm_free(e->algs[i]);
     e->n_algs = e->n_cbs = e->n_lgs = 0;
     e->closed = true;
+}
+
+int cmi_engine_order_all(cm_engine *e, cm_event ev, cm_algorithm **out) {
+    int n = e->n_algs;
+    for (int i = 0; i < n; i++) out[i] = e->algs[i];
+    for (int p = 0; p < e->n_passes && n > 0; p++) {
+        int m = e->passes[p].fn(out, n, ev, e->st, e->passes[p].data);
+        if (m < 0 || m > n) {
+            cm_set_error(CM_ERR_INVALID_ARG, "ordering pass %d returned %d algorithms on %s (must be 0..%d)", p, m,
+                         cm_event_name(ev), n);
+            return -1;
+        }
+        n = m;
+    }
+    return n;
+}
+
+void cmi_engine_pop_algorithms(cm_engine *e, int n) {
+    for (; n > 0 && e->n_algs > 0; n--) {
+        cm_algorithm *a = e->algs[--e->n_algs];
+        cm_algorithm_plugin_free((cm_algorithm_plugin){a->vt, a->self});
+        cm_free(a);
+    }
 }
 
 static cm_status check_open(const cm_engine *e, const char *what) {
@@ -206,6 +268,48 @@ const cm_trace *cm_engine_trace(const cm_engine *e, int i) {
 }
 int64_t cm_engine_n_applied(const cm_engine *e, int i) { return e && i >= 0 && i < e->n_algs ? e->n_applied[i] : 0; }
 
+/* ---- profiling (composer/profiler.h): event pairs as slices, each plugin call as a complete
+ * event; nothing but a load and a branch when no profiler records ---- */
+
+/* Composer's Event.canonical_name: the value without before_/after_/_start/_end ("batch",
+ * "forward", "eval_forward"), as the slice "event/<canonical>". */
+static char g_pair_names[CM_EVENT_COUNT][48];
+static pthread_once_t g_pair_once = PTHREAD_ONCE_INIT;
+
+static void cut(char *s, const char *what) {
+    char *p;
+    while ((p = strstr(s, what))) memmove(p, p + strlen(what), strlen(p + strlen(what)) + 1);
+}
+
+static void pair_names_init(void) {
+    for (int i = 0; i < CM_EVENT_COUNT; i++) {
+        char v[40];
+        snprintf(v, sizeof v, "%s", cm_event_value((cm_event)i));
+        cut(v, "before_"), cut(v, "after_"), cut(v, "_start"), cut(v, "_end");
+        snprintf(g_pair_names[i], sizeof g_pair_names[i], "event/%s", v);
+    }
+}
+
+static const char *pair_name(cm_event ev) {
+    pthread_once(&g_pair_once, pair_names_init);
+    return g_pair_names[ev];
+}
+
+/* A plugin call is a slice (begin/end, not a complete event): a marker the plugin leaves open is
+ * then closed with it, so the trace still nests. */
+static bool prof_call(bool begin, const char *kind, const char *name, cm_event ev) {
+    char n[160];
+    snprintf(n, sizeof n, "%s/%s/event/%s", kind, name, cm_event_value(ev));
+    if (begin) {
+        char cat[128];
+        snprintf(cat, sizeof cat, "%s,%s", cm_event_value(ev), name);
+        cmi_prof_begin(n, cat, NULL);
+    } else {
+        cmi_prof_end(n);
+    }
+    return true;
+}
+
 /* Rewrites the last error as "plugin '<name>' failed <what>: <message>". */
 static cm_status blame(cm_status s, const char *name, const char *what) {
     char msg[1024];
@@ -234,7 +338,9 @@ static cm_status run_algorithms(cm_engine *e, cm_event ev) {
     for (int i = 0; i < n; i++) {
         cm_algorithm *a = e->run[i];
         cm_clear_error();
+        const bool prof = cmi_prof_on() && prof_call(true, "algorithm", a->vt->name, ev);
         cm_status s = a->vt->apply(a->self, ev, e->st, &e->logger);
+        if (prof) prof_call(false, "algorithm", a->vt->name, ev);
         e->traces[e->n_traces++] = (cm_trace){a->vt->name, ev, i, s};
         e->n_applied[a->index]++;
         cm_log_msg(CM_LOG_DEBUG, "engine: %s: %s (order %d) %s", cm_event_name(ev), a->vt->name, i,
@@ -249,7 +355,9 @@ static cm_status run_callbacks(cm_engine *e, cm_event ev) {
     snprintf(what, sizeof what, "on %s", cm_event_name(ev));
     for (int i = 0; i < e->n_cbs; i++) {
         cm_clear_error();
+        const bool prof = cmi_prof_on() && prof_call(true, "callback", e->cbs[i].vt->name, ev);
         cm_status s = e->cbs[i].vt->run_event(e->cbs[i].self, ev, e->st, &e->logger);
+        if (prof) prof_call(false, "callback", e->cbs[i].vt->name, ev);
         if (s) return blame(s, e->cbs[i].vt->name, what);
     }
     return CM_OK;
@@ -262,8 +370,10 @@ static cm_status run_loggers(cm_engine *e, cm_event ev) {
         const cm_logger_i *vt = e->lgs[i].vt;
         cm_status s = CM_OK;
         cm_clear_error();
+        const bool prof = vt->run_event && cmi_prof_on() && prof_call(true, "logger", vt->name, ev);
         if (ev == CM_EVENT_INIT && vt->init) s = vt->init(e->lgs[i].self, e->st);
         if (!s && vt->run_event) s = vt->run_event(e->lgs[i].self, ev, e->st);
+        if (prof) prof_call(false, "logger", vt->name, ev);
         if (s) return blame(s, vt->name, what);
     }
     return CM_OK;
@@ -275,11 +385,25 @@ cm_status cm_engine_run_event(cm_engine *e, cm_event ev) {
     if ((unsigned)ev >= CM_EVENT_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_engine_run_event: event %d is not valid", (int)ev);
     e->n_traces = 0;
+    const cm_event prev = e->st->event;
+    e->st->event = ev;
+    /* the profiler decides first whether this event is recorded; an after event closes its pair's
+     * slice before the plugins run and a before event opens it after them, as Composer's engine */
+    if (cmi_prof_event_hook.fn) cmi_prof_event_hook.fn(cmi_prof_event_hook.data, (int)ev, e->st);
+    if (cm_event_is_after(ev) && cmi_prof_on()) cmi_prof_end(pair_name(ev));
     if (ev == CM_EVENT_INIT) {
-        if ((s = run_loggers(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_algorithms(e, ev))) return s;
-        return CM_OK;
+        if (!(s = run_loggers(e, ev)) && !(s = run_callbacks(e, ev))) s = run_algorithms(e, ev);
+    } else if (!(s = run_algorithms(e, ev)) && !(s = run_callbacks(e, ev))) {
+        s = run_loggers(e, ev);
     }
-    if ((s = run_algorithms(e, ev)) || (s = run_callbacks(e, ev)) || (s = run_loggers(e, ev))) return s;
+    e->st->event = prev;
+    if (s) return s;
+    if (cm_event_is_before(ev) && cmi_prof_on()) {
+        char args[96];
+        snprintf(args, sizeof args, "{\"epoch\": %lld, \"batch\": %lld}", (long long)e->st->ts.epoch,
+                 (long long)e->st->ts.batch);
+        cmi_prof_begin(pair_name(ev), "event", args);
+    }
     return CM_OK;
 }
 
@@ -333,6 +457,24 @@ cm_status cm_logger_log_metrics(cm_logger *lg, const cm_metric_value *values, in
 cm_status cm_logger_log_metric(cm_logger *lg, const char *name, double value) {
     cm_metric_value v = {name, value};
     return cm_logger_log_metrics(lg, &v, 1);
+}
+
+cm_status cm_logger_log_text(cm_logger *lg, const char *key, const char *text) {
+    if (!lg || !key || !text) return cm_set_error(CM_ERR_INVALID_ARG, "cm_logger_log_text: NULL argument");
+    cm_engine *e = lg->engine;
+    cm_status first = CM_OK;
+    char msg[1024] = "";
+    for (int i = 0; i < e->n_lgs; i++) {
+        if (!e->lgs[i].vt->log_text) continue;
+        cm_clear_error();
+        cm_status s = e->lgs[i].vt->log_text(e->lgs[i].self, key, text, &e->st->ts);
+        if (s && !first) {
+            first = s;
+            snprintf(msg, sizeof msg, "logger '%s' failed to log text: %s", e->lgs[i].vt->name,
+                     cm_last_error()[0] ? cm_last_error() : cm_status_str(s));
+        }
+    }
+    return first ? cm_set_error(first, "%s", msg) : CM_OK;
 }
 
 cm_status cm_logger_log_hyperparameters(cm_logger *lg, const cm_hparam *hparams, int n) {

@@ -81,6 +81,8 @@ cm_status cm_state_new(cm_state **out) {
     st->ssr = 1.0;
     st->lr_multiplier = 1.0;
     st->total_loss = NAN;
+    st->event = CM_EVENT_COUNT;
+    st->lr_override = NAN;
     return CM_OK;
 }
 
@@ -89,6 +91,18 @@ void cm_state_free(cm_state *st) {
 }
 
 cm_model *cm_state_model(const cm_state *st) { return st->model; }
+
+cm_status cm_state_set_model(cm_state *st, cm_model *model) {
+    if (!st || !model) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_set_model: NULL %s", st ? "model" : "state");
+    if (!st->model_settable && !st->owned_by_user)
+        return cm_set_error(CM_ERR_STATE, "cm_state_set_model: the model can only be replaced on INIT (and while a "
+                                          "checkpoint's required algorithms are applied), before the trainer makes its "
+                                          "optimizer");
+    if (!cm_module_is_finalized(cm_model_module(model)))
+        return cm_set_error(CM_ERR_STATE, "cm_state_set_model: the new model's module is not finalized");
+    st->model = model;
+    return CM_OK;
+}
 cm_optim *cm_state_optimizer(const cm_state *st) { return st->optimizer; }
 int cm_state_n_schedulers(const cm_state *st) { return st->n_schedulers; }
 const cm_sched_config *cm_state_scheduler(const cm_state *st, int i) {
@@ -99,6 +113,7 @@ cm_dataloader *cm_state_train_dataloader(const cm_state *st) { return st->train_
 cm_dataloader *cm_state_dataloader(const cm_state *st) { return st->dl; }
 const char *cm_state_dataloader_label(const cm_state *st) { return st->dl_label; }
 int64_t cm_state_batches_per_epoch(const cm_state *st) { return st->batches_per_epoch; }
+int64_t cm_state_dataloader_len(const cm_state *st) { return st->dl ? st->dl_len : -1; }
 cm_batch *cm_state_batch(const cm_state *st) { return st->batch; }
 const cm_model_batch *cm_state_model_batch(const cm_state *st) { return st->has_mbatch ? &st->mbatch : NULL; }
 cm_tensor *cm_state_outputs(const cm_state *st) { return st->outputs; }
@@ -145,6 +160,38 @@ void cm_state_stop_training(const cm_state *st) {
     ((cm_state *)st)->stop = true;
 }
 bool cm_state_stop_requested(const cm_state *st) { return st->stop; }
+void cm_state_rollback(const cm_state *st) {
+    /* the second documented change through a const state, read by the loop after the microbatches */
+    ((cm_state *)st)->rollback = true;
+}
+bool cm_state_rollback_requested(const cm_state *st) { return st->rollback; }
+void cm_state_free_outputs(const cm_state *st) { ((cm_state *)st)->outputs = NULL; }
+
+bool cm_state_checkpoint_due(const cm_state *st) { return st && st->checkpoint_due; }
+
+cm_status cm_state_set_lr_multiplier_override(cm_state *st, double multiplier) {
+    if (!st) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_set_lr_multiplier_override: NULL state");
+    if (!isnan(multiplier) && (!(multiplier >= 0) || !isfinite(multiplier)))
+        return cm_set_error(CM_ERR_INVALID_ARG, "learning-rate multiplier override %g: must be finite and >= 0 (or NaN "
+                                                "to hand the schedule back to the schedulers)",
+                            multiplier);
+    st->lr_override = multiplier;
+    return CM_OK;
+}
+
+double cm_state_lr_multiplier_override(const cm_state *st) { return st ? st->lr_override : NAN; }
+
+cm_status cm_state_set_train_step(cm_state *st, const char *name, cm_train_step_fn fn, void *data) {
+    if (!st) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_set_train_step: NULL state");
+    if (fn && st->step_fn && (st->step_fn != fn || st->step_data != data))
+        return cm_set_error(CM_ERR_STATE, "train step '%s' cannot be installed: '%s' already replaces the train step "
+                                          "(two algorithms that run the batch's closure themselves do not compose)",
+                            name ? name : "?", st->step_name ? st->step_name : "?");
+    st->step_fn = fn;
+    st->step_data = fn ? data : NULL;
+    st->step_name = fn ? (name ? name : "custom train step") : NULL;
+    return CM_OK;
+}
 
 static const cm_metric_set *find_set(const cm_state *st, const char *label) {
     for (int i = 0; label && i < st->n_metric_sets; i++)
@@ -232,4 +279,88 @@ void cmi_metric_set_deinit(cm_metric_set *ms) {
 
 void cmi_metric_set_reset(cm_metric_set *ms) {
     if (ms->n) memset(ms->sums, 0, sizeof(double) * CM_METRIC_MAX_STATE * (size_t)ms->n);
+}
+
+/* ---- changes algorithms may make to the batch ---- */
+
+cm_event cm_state_event(const cm_state *st) { return st->event; }
+
+static bool in_microbatch_event(cm_event ev) {
+    return ev == CM_EVENT_BEFORE_FORWARD || ev == CM_EVENT_AFTER_FORWARD || ev == CM_EVENT_BEFORE_LOSS ||
+           ev == CM_EVENT_AFTER_LOSS || ev == CM_EVENT_BEFORE_BACKWARD;
+}
+
+/* The working train batch on AFTER_DATALOADER, or NULL (and the error) elsewhere. */
+static cm_batch *batch_level(cm_state *st, const char *what) {
+    if (!st->trainer || st->event != CM_EVENT_AFTER_DATALOADER || st->batch != &st->trainer->work) {
+        cm_set_error(CM_ERR_STATE, "%s: the train batch can be replaced only on AFTER_DATALOADER during fit (now: %s)",
+                     what, st->event < CM_EVENT_COUNT ? cm_event_name(st->event) : "outside events");
+        return NULL;
+    }
+    return &st->trainer->work;
+}
+
+static cm_status check_rows(const char *what, const char *name, const cm_tensor *t, int64_t rows) {
+    char sh[64];
+    if (cm_tensor_ndim(t) < 1 || cm_tensor_dim(t, 0) != rows)
+        return cm_set_error(CM_ERR_SHAPE, "%s: field '%s' %s must have the batch's %lld rows in dim 0", what, name,
+                            cm_tensor_shape_str(t, sh, sizeof sh), (long long)rows);
+    return CM_OK;
+}
+
+cm_status cm_state_set_batch_field(cm_state *st, const char *name, cm_tensor *t) {
+    const char *what = "cm_state_set_batch_field";
+    if (!st || !name || !t) return cm_set_error(CM_ERR_INVALID_ARG, "%s: NULL state, name or tensor", what);
+    if (!st->has_mbatch) return cm_set_error(CM_ERR_STATE, "%s: there is no batch now", what);
+    int f = -1;
+    for (int i = 0; i < st->mbatch.n; i++)
+        if (!strcmp(st->mb_names[i], name)) f = i;
+    if (f < 0) {
+        char list[512] = "";
+        for (int i = 0; i < st->mbatch.n; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", st->mb_names[i]);
+        return cm_set_error(CM_ERR_NOT_FOUND, "%s: the batch has no field '%s' (fields: %s)", what, name, list);
+    }
+    cm_status s;
+    if (st->trainer && in_microbatch_event(st->event)) {
+        if ((s = check_rows(what, name, t, cm_tensor_dim(st->mb_fields[f], 0)))) return s;
+        st->mb_fields[f] = t; /* what the model sees for the rest of the microbatch */
+        return CM_OK;
+    }
+    cm_batch *w = batch_level(st, what);
+    if (!w) return CM_ERR_STATE;
+    if (!cm_tensor_is_contiguous(t)) return cm_set_error(CM_ERR_INVALID_ARG, "%s: field '%s' must be contiguous", what, name);
+    if ((s = check_rows(what, name, t, w->n_rows))) return s;
+    w->fields[f] = st->mb_fields[f] = t;
+    st->batch_dirty = true;
+    return CM_OK;
+}
+
+cm_status cm_state_set_batch(cm_state *st, const cm_batch *b) {
+    const char *what = "cm_state_set_batch";
+    if (!st || !b) return cm_set_error(CM_ERR_INVALID_ARG, "%s: NULL state or batch", what);
+    cm_batch *w = batch_level(st, what);
+    if (!w) return CM_ERR_STATE;
+    if (b->n_fields < 1 || b->n_fields > CM_DATASET_MAX_FIELDS || b->n_rows < 0 || b->n_samples < 0 ||
+        b->n_padded < 0 || b->n_samples + b->n_padded != b->n_rows || b->n_tokens < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %d fields (1..%d), %lld rows = %lld samples + %lld padded, %lld "
+                                                "tokens: inconsistent counts",
+                            what, b->n_fields, CM_DATASET_MAX_FIELDS, (long long)b->n_rows, (long long)b->n_samples,
+                            (long long)b->n_padded, (long long)b->n_tokens);
+    for (int i = 0; i < b->n_fields; i++) {
+        if (!b->names[i] || !b->fields[i]) return cm_set_error(CM_ERR_INVALID_ARG, "%s: field %d has no name or tensor", what, i);
+        if (!cm_tensor_is_contiguous(b->fields[i]))
+            return cm_set_error(CM_ERR_INVALID_ARG, "%s: field '%s' must be contiguous", what, b->names[i]);
+        cm_status s = check_rows(what, b->names[i], b->fields[i], b->n_rows);
+        if (s) return s;
+    }
+    /* where the batch sits in the run stays the loader's; the trainer recomputes the global counts */
+    cm_batch keep = *w;
+    *w = *b;
+    w->epoch = keep.epoch, w->step = keep.step, w->position = keep.position, w->microbatch = -1;
+    w->rank_offset = keep.rank_offset, w->global_n_samples = keep.global_n_samples;
+    w->global_n_tokens = keep.global_n_tokens;
+    cmi_state_set_batch(st, w, b->n_samples, b->n_tokens);
+    st->batch_dirty = true;
+    return CM_OK;
 }

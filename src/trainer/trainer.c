@@ -3,6 +3,8 @@
  * eval interval, standalone eval, predict, close. The event order is documented in trainer.h. */
 #include "trainer/trainer_impl.h"
 #include "checkpoint/ckpt_impl.h"
+#include "base/prof_impl.h"
+#include <composer/surgery_algorithms.h>
 
 #include <composer/report.h>
 
@@ -66,7 +68,16 @@ static cm_status check_interval(const char *what, cm_time t) {
     return CM_OK;
 }
 
-static cm_status run(cm_trainer *tr, cm_event ev) { return cm_engine_run_event(tr->engine, ev); }
+/* Events are not fired during a dry run (cm_state_dry_run): nothing but the step itself happens. */
+static cm_status run(cm_trainer *tr, cm_event ev) { return tr->dry ? CM_OK : cm_engine_run_event(tr->engine, ev); }
+
+/* Batches a loop over dl runs: the loader's count per epoch, at most `subset` when that is set
+ * (> 0); -1 when the loader does not know its length. */
+static int64_t loop_len(cm_dataloader *dl, int64_t subset) {
+    const int64_t n = dl ? cm_dataloader_steps_per_epoch(dl) : 0;
+    if (subset > 0 && (n <= 0 || subset < n)) return subset;
+    return n > 0 ? n : -1;
+}
 
 static cm_status reduce(cm_trainer *tr, double *v, int n) {
     if (!tr->dist.all_reduce_sum || n == 0) return CM_OK;
@@ -288,6 +299,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     st->model = cfg->model;
     st->ssr = cfg->scale_schedule_ratio;
     st->lr_multiplier = 1.0;
+    st->lr_override = NAN;
     st->total_loss = NAN;
     st->train_dl = cfg->train_dataloader;
     st->batches_per_epoch = cfg->train_dataloader ? cm_dataloader_steps_per_epoch(cfg->train_dataloader) : 0;
@@ -302,6 +314,8 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     tr->dist = cfg->dist;
     st->dist = &tr->dist;
     tr->last_eval_batch = -1;
+    st->event = CM_EVENT_COUNT;
+    st->trainer = tr;
 
     /* evaluators: eval_dataloader first (label "eval"), then the list */
     tr->n_evals = (cfg->eval_dataloader ? 1 : 0) + cfg->n_evaluators;
@@ -337,26 +351,45 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         st->n_schedulers = cfg->n_schedulers;
     }
 
+    /* the device: checked now; the model moves there after the INIT surgery and before the
+     * optimizer is made over its buffers */
+    tr->device = cfg->device;
+    if (cfg->device != CM_DEVICE_CPU) {
+        cm_module *mroot = cm_model_module(st->model);
+        if ((s = cm_device_check(cfg->device))) goto fail;
+        if (cfg->dist.world_size > 1) {
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "device %s: %d ranks on GPUs need NCCL, which is not supported yet "
+                                                 "(train on one GPU, or on CPUs with several ranks)",
+                             cm_device_name(cfg->device), cfg->dist.world_size);
+            goto fail;
+        }
+        if (cm_module_device(mroot) != cfg->device) {
+            if (cfg->optimizer) {
+                s = cm_set_error(CM_ERR_INVALID_ARG,
+                                 "device %s: the model is on %s and an optimizer was passed in, made over its %s "
+                                 "buffers; move the model first (cm_module_to_device) and make the optimizer after",
+                                 cm_device_name(cfg->device), cm_device_name(cm_module_device(mroot)),
+                                 cm_device_name(cm_module_device(mroot)));
+                goto fail;
+            }
+            /* moved after INIT: surgery re-packs the model's buffers on the CPU */
+        }
+    }
     cm_tape_config tc = cm_tape_config_default();
     tc.arena_budget = cfg->arena_budget;
+    tc.device_budget = cfg->device_arena_budget;
     if ((s = cm_tape_new(&tc, &tr->tape))) goto fail;
+    if (cfg->device != CM_DEVICE_CPU && (s = cm_tape_set_device(tr->tape, cfg->device))) goto fail;
     st->tape = tr->tape;
     cm_tape_set_autocast(tr->tape, st->precision == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16 : CM_DTYPE_F32);
     if (cfg->dist.fetch) cm_tape_set_fetch_hook(tr->tape, cfg->dist.fetch, cfg->dist.data);
     if (cfg->train_dataloader && (s = cm_data_spec_new(cfg->train_dataloader, &cfg->train_data_spec, &tr->spec)))
         goto fail;
-    if (cfg->optimizer)
-        st->optimizer = cfg->optimizer;
-    else if ((s = default_optimizer(tr)))
-        goto fail;
-    else
-        st->optimizer = tr->own_optim;
     if ((s = cmi_ckpt_new(tr, cfg))) goto fail;
     cm_module *root = cm_model_module(st->model);
-    if ((s = cm_module_lock(root))) goto fail;
-    tr->locked = true;
-    if ((s = collect_dropout(tr, root))) goto fail;
-    cm_module_set_seed(root, st->seed);
+    /* the trainer's own optimizer is made after the INIT surgery (below); a given one is visible
+     * on INIT */
+    st->optimizer = cfg->optimizer;
 
     if ((s = cm_engine_new(st, &tr->engine))) goto fail;
     for (int i = 0; i < cfg->n_algorithm_passes; i++)
@@ -367,11 +400,60 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         if ((s = cm_engine_add_callback(tr->engine, cfg->callbacks[i]))) goto release;
     for (int i = 0; i < cfg->n_algorithms; i++)
         if ((s = cm_engine_add_algorithm(tr->engine, cfg->algorithms[i]))) goto release;
+    tr->n_user_algs = cfg->n_algorithms;
     st->dl = st->train_dl;
+    st->dl_len = loop_len(st->train_dl, -1);
     snprintf(st->dl_label, sizeof st->dl_label, "train");
+    /* INIT (model surgery), then the surgery the checkpoint to load requires — all before the
+     * optimizer and the lock, so re-packing the flat buffers is safe */
+    const uint64_t layout = cm_module_layout_version(root);
+    st->model_settable = true;
     if ((s = run(tr, CM_EVENT_INIT)) || (s = log_hparams(tr)) || (s = run(tr, CM_EVENT_BEFORE_LOAD)) ||
-        (s = cmi_ckpt_load_start(tr)) || (s = run(tr, CM_EVENT_AFTER_LOAD)))
+        (s = cmi_ckpt_prepare_load(tr)))
         goto release;
+    st->model_settable = false;
+    if (st->model != cfg->model) { /* an algorithm replaced the model (NoOpModel): its metrics and root */
+        if (cfg->optimizer) {
+            s = cm_set_error(CM_ERR_STATE, "an algorithm replaced the model on INIT, but the optimizer in the config was "
+                                           "made over the old model's parameters: leave optimizer NULL for the "
+                                           "trainer's own");
+            goto release;
+        }
+        for (int i = 0; i < st->n_metric_sets; i++) {
+            char label[64];
+            snprintf(label, sizeof label, "%s", st->metric_sets[i].label);
+            cmi_metric_set_deinit(&st->metric_sets[i]);
+            if ((s = cmi_metric_set_init(&st->metric_sets[i], st->model, i == 0, label))) goto release;
+        }
+        root = cm_model_module(st->model);
+    }
+    if (cfg->optimizer && cm_module_layout_version(root) != layout) {
+        char names[256] = "";
+        for (int i = 0; i < cm_engine_n_algorithms(tr->engine); i++) {
+            cm_algorithm *a = cm_engine_algorithm(tr->engine, i);
+            if (!cm_algorithm_info_of(cm_algorithm_vtable(a))) continue;
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", cm_algorithm_name(a));
+        }
+        s = cm_set_error(CM_ERR_STATE,
+                         "model surgery on INIT (%s) re-packed the model's parameters, but the optimizer in the "
+                         "config was made over the old ones: call cm_trainer_prepare_model(&cfg) before making the "
+                         "optimizer (and data parallelism), or leave optimizer NULL for the trainer's own",
+                         names[0] ? names : "the algorithms");
+        goto release;
+    }
+    if (cfg->device != CM_DEVICE_CPU && cm_module_device(root) != cfg->device &&
+        (s = cm_module_to_device(root, cfg->device)))
+        goto release;
+    if (!cfg->optimizer) {
+        if ((s = default_optimizer(tr))) goto release;
+        st->optimizer = tr->own_optim;
+    }
+    if ((s = cm_module_lock(root))) goto release;
+    tr->locked = true;
+    if ((s = collect_dropout(tr, root))) goto release;
+    cm_module_set_seed(root, st->seed);
+    if ((s = cmi_ckpt_load_start(tr)) || (s = run(tr, CM_EVENT_AFTER_LOAD))) goto release;
     *out = tr;
     return CM_OK;
 
@@ -381,6 +463,9 @@ oom:
 release: {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", cm_last_error());
+    /* the algorithms the trainer made (required on load) are its own; the config's go back */
+    if (cm_engine_n_algorithms(tr->engine) > cfg->n_algorithms)
+        cmi_engine_pop_algorithms(tr->engine, cm_engine_n_algorithms(tr->engine) - cfg->n_algorithms);
     cmi_engine_release(tr->engine);
     cm_set_error(s, "%s", msg);
 }
@@ -411,8 +496,10 @@ void cm_trainer_free(cm_trainer *tr) {
     if (!tr->closed && cm_trainer_close(tr) != CM_OK)
         cm_log_msg(CM_LOG_WARN, "trainer: closing: %s", cm_last_error());
     cmi_ckpt_free(tr);
-    cm_engine_free(tr->engine);
+    /* unlock first: a model an algorithm put in the state (NoOpModel) goes with the plugins */
     if (tr->locked) cm_module_unlock(cm_model_module(tr->st.model));
+    tr->locked = false;
+    cm_engine_free(tr->engine);
     cm_optim_free(tr->own_optim);
     cm_data_spec_free(tr->spec);
     cm_tape_free(tr->tape);
@@ -420,6 +507,7 @@ void cm_trainer_free(cm_trainer *tr) {
     cm_free(tr->drop_rngs);
     cm_free(tr->drop_base);
     cm_free(tr->mb_counts);
+    cm_free(tr->count_buf);
     for (int i = 0; tr->st.metric_sets && i < tr->st.n_metric_sets; i++) cmi_metric_set_deinit(&tr->st.metric_sets[i]);
     cm_free(tr->st.metric_sets);
     cm_free(tr->st.schedulers);
@@ -446,7 +534,22 @@ static cm_status check_usable(cm_trainer *tr, const char *what) {
  * Metrics
  * ------------------------------------------------------------------------------------------- */
 
-static cm_status metrics_update(cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+/* The metrics read outputs and targets on the host: on a GPU they are copied back first (on the
+ * tape, freed with it). */
+static cm_status metrics_update(cm_tape *tp, cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
+    cm_tensor *host_fields[CM_DATASET_MAX_FIELDS];
+    cm_model_batch hb;
+    if (outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU) {
+        const bool prev = cm_tape_set_grad_enabled(tp, false);
+        outputs = cm_to_device(tp, outputs, CM_DEVICE_CPU);
+        for (int i = 0; i < b->n && i < CM_DATASET_MAX_FIELDS; i++)
+            host_fields[i] = b->fields[i] ? cm_to_device(tp, b->fields[i], CM_DEVICE_CPU) : NULL;
+        cm_tape_set_grad_enabled(tp, prev);
+        if (cm_tape_status(tp)) return cm_set_error(cm_tape_status(tp), "metrics: %s", cm_tape_error(tp));
+        hb = *b;
+        hb.fields = host_fields;
+        b = &hb;
+    }
     for (int i = 0; i < ms->n; i++) {
         cm_status s = cm_metric_update(&ms->metrics[i], outputs, b, ms->sums + i * CM_METRIC_MAX_STATE);
         if (s) return s;
@@ -538,6 +641,18 @@ static cm_status phantom_from_dataset(cm_trainer *tr) {
 
 static cm_status model_error(cm_trainer *tr, const char *where);
 
+/* On a GPU: the model batch's fields become copies on the device, on the tape (freed with it; the
+ * cm_batch keeps the host tensors). False on failure, with the tape's error. */
+static bool batch_to_device(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    if (tr->device == CM_DEVICE_CPU) return true;
+    const bool prev = cm_tape_set_grad_enabled(tr->tape, false);
+    for (int i = 0; i < st->mbatch.n; i++)
+        if (st->mb_fields[i]) st->mb_fields[i] = cm_to_device(tr->tape, st->mb_fields[i], tr->device);
+    cm_tape_set_grad_enabled(tr->tape, prev);
+    return cm_tape_status(tr->tape) == CM_OK;
+}
+
 static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
     cm_state *st = &tr->st;
     cm_module *root = cm_model_module(st->model);
@@ -552,6 +667,7 @@ static cm_status run_phantom(cm_trainer *tr, cm_batch *b, int64_t index) {
     }
     st->microbatch_index = index;
     cmi_state_set_batch(st, pb, 0, 0);
+    if (!batch_to_device(tr)) return model_error(tr, "fit (phantom microbatch)");
     cm_module_train(root, false);
     cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
     cm_tensor *loss = out ? cm_model_loss(st->model, tr->tape, out, &st->mbatch) : NULL;
@@ -589,7 +705,13 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     cm_tape_set_rows(tr->tape, first_row, mb->n_rows, mb->global_n_samples);
     int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
     cmi_state_set_batch(st, mb, ns, nt);
-    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s;
+    /* Training metrics see the microbatch as it was before the algorithms of this microbatch
+     * changed its fields (MixUp's mixed targets, LabelSmoothing's smoothed ones), as Composer's
+     * metrics see the batch copied at the start of the microbatch. */
+    cm_tensor *orig[CM_DATASET_MAX_FIELDS];
+    memcpy(orig, st->mb_fields, sizeof(cm_tensor *) * (size_t)mb->n_fields);
+    if ((s = run(tr, CM_EVENT_BEFORE_FORWARD))) return s; /* plugins see the batch on the host */
+    if (!batch_to_device(tr)) goto tape_fail;
     cm_tensor *out = cm_model_forward(st->model, tr->tape, &st->mbatch);
     if (!out) goto tape_fail;
     st->outputs = out;
@@ -598,8 +720,9 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!loss) goto tape_fail;
     st->loss = loss;
     if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
-    if (st->metric_sets[0].n && st->outputs) {
-        if ((s = metrics_update(&st->metric_sets[0], st->outputs, &st->mbatch))) {
+    if (tr->record_pass && !tr->dry && st->metric_sets[0].n && st->outputs) {
+        const cm_model_batch mb0 = {st->mb_names, orig, st->mbatch.n, st->mbatch.n_samples, st->mbatch.n_tokens};
+        if ((s = metrics_update(tr->tape, &st->metric_sets[0], st->outputs, &mb0))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
             return cm_set_error(s, "train metrics (epoch %lld, batch %lld): %s", (long long)st->ts.epoch,
@@ -615,7 +738,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
     /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
      * poison the batch loss. */
-    if (share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+    if (tr->record_pass && share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
     if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
     cm_tape_reset(tr->tape);
     st->outputs = st->loss = NULL;
@@ -640,7 +763,7 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     } else {
         cm_module_zero_grad(root);
     }
-    cmi_metric_set_reset(&st->metric_sets[0]);
+    if (tr->record_pass) cmi_metric_set_reset(&st->metric_sets[0]);
     cm_tape_reset(tr->tape);
     cm_batch *mbs;
     int64_t n_mb, n_total;
@@ -658,23 +781,25 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     return CM_OK;
 }
 
-static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
+/* One gradient computation of the batch (a closure run, see cm_train_closure in trainer.h):
+ * BEFORE_TRAIN_BATCH, the microbatches (retried with smaller ones under automatic
+ * microbatching), the gradient synchronisation, AFTER_TRAIN_BATCH. */
+struct cm_train_closure {
+    cm_trainer *tr;
+    cm_batch *b;
+    int64_t local_samples, local_tokens;
+    double global_w;
+    int runs, steps;
+    double loss_sum; /* the first run's */
+};
+
+static cm_status grad_pass(cm_train_closure *c) {
+    cm_trainer *tr = c->tr;
     cm_state *st = &tr->st;
-    cm_module *root = cm_model_module(st->model);
-    cm_module_train(root, true);
+    cm_batch *b = c->b;
     cm_status s;
-    double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
-    const int64_t local_samples = (int64_t)counts[0], local_tokens = (int64_t)counts[1];
-    if ((s = reduce(tr, counts, 2))) return s;
-    const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
-    if (!(global_w > 0))
-        return cm_set_error(CM_ERR_INVALID_ARG,
-                            "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
-                            (long long)st->ts.epoch, (long long)st->ts.batch_in_epoch,
-                            tr->tokens_weighting ? "tokens" : "samples",
-                            tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
-                                                   "tokens, or a count_tokens in train_data_spec)" : "");
-    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    tr->record_pass = c->runs == 0;
+    cmi_state_set_batch(st, b, c->local_samples, c->local_tokens);
     if ((s = run(tr, CM_EVENT_BEFORE_TRAIN_BATCH))) return s;
 
     if (tr->mb_config == CM_MICROBATCH_AUTO && st->microbatch_size <= 0) {
@@ -689,12 +814,10 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
      * gradient collectives during backward while the size is automatic, so an attempt that is
      * thrown away never leaves one half-done). */
     const bool agree = tr->mb_config == CM_MICROBATCH_AUTO && tr->dist.world_size > 1;
-    /* every microbatch of every attempt draws dropout from the counters the batch starts with */
-    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
     for (;;) {
         int64_t mbsz = tr->mb_config == 0 ? (b->n_rows > 0 ? b->n_rows : 1) : st->microbatch_size;
         bool oom;
-        s = run_microbatches(tr, b, mbsz, global_w, &oom, &loss_sum);
+        s = run_microbatches(tr, b, mbsz, c->global_w, &oom, &loss_sum);
         if (agree) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", s ? cm_last_error() : "");
@@ -734,30 +857,211 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
                                       (double)st->microbatch_size)))
             return s;
     }
-    cmi_state_set_batch(st, b, local_samples, local_tokens);
+    cmi_state_set_batch(st, b, c->local_samples, c->local_tokens);
     st->outputs = st->loss = NULL;
+    if (tr->dist.sync_grads && cmi_prof_on()) cmi_prof_begin("dist/sync_grads", "dist", NULL);
     if (tr->dist.sync_grads && (s = tr->dist.sync_grads(st, tr->dist.data))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "gradient synchronisation failed: %s", msg);
     }
-    if ((s = run(tr, CM_EVENT_AFTER_TRAIN_BATCH))) return s;
+    if (tr->dist.sync_grads) cmi_prof_end("dist/sync_grads");
+    if (c->runs == 0) c->loss_sum = loss_sum;
+    c->runs++;
+    tr->record_pass = true;
+    return run(tr, CM_EVENT_AFTER_TRAIN_BATCH);
+}
 
-    cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
+static cm_status opt_step(cm_train_closure *c) {
+    cm_trainer *tr = c->tr;
+    cm_state *st = &tr->st;
+    cm_status s;
+    if (cmi_prof_on()) cmi_prof_begin("optimizer/step", "optimizer", NULL);
     double mult = 1.0;
-    if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
+    if (!isnan(st->lr_override)) {
+        mult = st->lr_override;
+    } else {
+        cm_sched_clock clk = {st->ts, st->max_duration, st->batches_per_epoch, st->ssr};
+        if ((s = cm_sched_multiplier_product(st->schedulers, st->n_schedulers, &clk, &mult))) return s;
+    }
     st->lr_multiplier = mult;
     if ((s = cm_optim_step(st->optimizer, mult))) return s;
+    c->steps++;
     if (tr->dist.sync_params && (s = tr->dist.sync_params(st, tr->dist.data))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "parameter synchronisation after the optimizer step failed: %s", msg);
     }
+    cmi_prof_end("optimizer/step");
+    return CM_OK;
+}
 
-    if ((s = reduce(tr, &loss_sum, 1))) return s;
+cm_status cm_train_closure_run(cm_train_closure *c) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_train_closure_run: NULL closure");
+    if (c->steps)
+        return cm_set_error(CM_ERR_STATE, "train step '%s': the closure ran after the optimizer step of this batch",
+                            c->tr->st.step_name ? c->tr->st.step_name : "?");
+    return grad_pass(c);
+}
+
+cm_status cm_train_closure_step(cm_train_closure *c) {
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_train_closure_step: NULL closure");
+    const char *name = c->tr->st.step_name ? c->tr->st.step_name : "?";
+    if (c->runs == 0)
+        return cm_set_error(CM_ERR_STATE, "train step '%s': the optimizer step came before any gradient computation "
+                                          "(run the closure first)", name);
+    if (c->steps) return cm_set_error(CM_ERR_STATE, "train step '%s': a second optimizer step in one batch", name);
+    return opt_step(c);
+}
+
+/* This rank's counts of batch b (the spec's samples and tokens) summed over the ranks into
+ * counts[2], in one all-reduce. When `fixup` is set on any rank (an algorithm replaced the batch,
+ * or a dry run's batch), b's global counts and this rank's row offset are recomputed from every
+ * rank's rows, so dropout keys rows of the new batch without overlap between ranks. */
+static cm_status count_batch(cm_trainer *tr, cm_batch *b, bool fixup, double counts[2]) {
+    const int W = tr->dist.world_size > 1 ? tr->dist.world_size : 0, n = 5 + W;
+    if (!tr->count_buf && !(tr->count_buf = cm_alloc(sizeof(double) * (size_t)n, 16)))
+        return cm_set_error(CM_ERR_OOM, "fit: out of memory");
+    double *v = tr->count_buf;
+    memset(v, 0, sizeof(double) * (size_t)n);
+    v[0] = (double)cm_data_spec_n_samples(tr->spec, b), v[1] = (double)cm_data_spec_n_tokens(tr->spec, b);
+    v[2] = fixup ? 1.0 : 0.0, v[3] = (double)b->n_samples, v[4] = (double)b->n_tokens;
+    if (W) v[5 + tr->dist.rank] = (double)b->n_rows;
+    cm_status s = reduce(tr, v, n);
+    if (s) return s;
+    if (v[2] > 0) {
+        b->global_n_samples = (int64_t)v[3], b->global_n_tokens = (int64_t)v[4], b->rank_offset = 0;
+        for (int r = 0; r < tr->dist.rank && W; r++) b->rank_offset += (int64_t)v[5 + r];
+    }
+    counts[0] = v[0], counts[1] = v[1];
+    return CM_OK;
+}
+
+static cm_status check_global_weight(cm_trainer *tr, double global_w) {
+    if (global_w > 0) return CM_OK;
+    return cm_set_error(CM_ERR_INVALID_ARG,
+                        "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
+                        (long long)tr->st.ts.epoch, (long long)tr->st.ts.batch_in_epoch,
+                        tr->tokens_weighting ? "tokens" : "samples",
+                        tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
+                                               "tokens, or a count_tokens in train_data_spec)" : "");
+}
+
+static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
+    cm_state *st = &tr->st;
+    cm_module *root = cm_model_module(st->model);
+    cm_module_train(root, true);
+    cm_status s;
+    const int64_t local_samples = cm_data_spec_n_samples(tr->spec, b), local_tokens = cm_data_spec_n_tokens(tr->spec, b);
+    double counts[2] = {0, 0};
+    if ((s = count_batch(tr, b, st->batch_dirty, counts))) return s;
+    const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
+    if ((s = check_global_weight(tr, global_w))) return s;
+    /* every microbatch of every attempt and closure run draws dropout from the counters the
+     * batch starts with */
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
+    cm_train_closure c = {tr, b, local_samples, local_tokens, global_w, 0, 0, 0.0};
+    if (st->step_fn) {
+        const char *name = st->step_name;
+        s = st->step_fn(st->step_data, st, &c);
+        tr->record_pass = true;
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "train step '%s' (epoch %lld, batch %lld): %s", name, (long long)st->ts.epoch,
+                                (long long)st->ts.batch_in_epoch, msg);
+        }
+        if (c.runs == 0)
+            return cm_set_error(CM_ERR_STATE, "train step '%s' returned without computing the batch's gradient (it must "
+                                              "call cm_train_closure_run at least once)", name);
+        cmi_state_set_batch(st, b, local_samples, local_tokens);
+        st->outputs = st->loss = NULL;
+    } else {
+        if ((s = grad_pass(&c)) || (s = opt_step(&c))) return s;
+    }
+    /* one reduce for the loss and for whether some rank asked to roll this batch back */
+    double red[2] = {c.loss_sum, st->rollback ? 1.0 : 0.0};
+    if ((s = reduce(tr, red, 2))) return s;
+    const double loss_sum = red[0];
+    if (red[1] > 0) {
+        st->rollback = true; /* on every rank: fit_loop abandons the batch */
+        return CM_OK;
+    }
     st->total_loss = loss_sum;
     if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "loss/train/total", loss_sum))) return s;
     return metrics_finish(tr, &st->metric_sets[0]);
+}
+
+/* ---- the dry run (cm_state_dry_run) ---- */
+
+/* Copies of the model's persistent buffers (batch-norm statistics), to undo a dry run's forward. */
+static cm_status snapshot_buffers(cm_module *root, char **out, bool restore) {
+    const int64_t n = cm_module_n_buffers(root);
+    size_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += cm_tensor_nbytes(cm_module_buffer_info(root, i).tensor);
+    if (!restore && !(*out = cm_alloc(total ? total : 1, 16))) return cm_set_error(CM_ERR_OOM, "dry run: out of memory");
+    size_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        cm_tensor *t = cm_module_buffer_info(root, i).tensor;
+        const size_t nb = cm_tensor_nbytes(t);
+        if (restore) memcpy(cm_tensor_data(t), *out + off, nb);
+        else memcpy(*out + off, cm_tensor_data(t), nb);
+        off += nb;
+    }
+    return CM_OK;
+}
+
+cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch) {
+    if (!st || !batch) return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_dry_run: NULL state or batch");
+    cm_trainer *tr = st->trainer;
+    if (!tr || st->event != CM_EVENT_AFTER_DATALOADER || st->batch != &tr->work || tr->dry)
+        return cm_set_error(CM_ERR_STATE, "cm_state_dry_run: only on AFTER_DATALOADER during fit (now: %s)",
+                            st->event < CM_EVENT_COUNT ? cm_event_name(st->event) : "outside events");
+    for (int f = 0; f < batch->n_fields; f++)
+        if (!batch->fields[f] || cm_tensor_ndim(batch->fields[f]) < 1 || cm_tensor_dim(batch->fields[f], 0) != batch->n_rows ||
+            !cm_tensor_is_contiguous(batch->fields[f]))
+            return cm_set_error(CM_ERR_INVALID_ARG, "cm_state_dry_run: field %d ('%s') must be contiguous with the batch's "
+                                                    "%lld rows in dim 0",
+                                f, batch->names[f] ? batch->names[f] : "?", (long long)batch->n_rows);
+    cm_module *root = cm_model_module(st->model);
+    uint64_t *counters = tr->n_drop ? cm_alloc(sizeof(uint64_t) * (size_t)tr->n_drop, 16) : NULL;
+    if (tr->n_drop && !counters) return cm_set_error(CM_ERR_OOM, "dry run: out of memory");
+    char *bufs = NULL;
+    cm_status s = snapshot_buffers(root, &bufs, false);
+    if (s) {
+        cm_free(counters);
+        return s;
+    }
+    for (int k = 0; k < tr->n_drop; k++) counters[k] = tr->drop_rngs[k]->counter;
+    cm_batch b = *batch;
+    b.microbatch = -1;
+    const int64_t local_samples = cm_data_spec_n_samples(tr->spec, &b), local_tokens = cm_data_spec_n_tokens(tr->spec, &b);
+    const int64_t mb_index = st->microbatch_index, n_mb = st->n_microbatches;
+    tr->dry = true;
+    double counts[2] = {0, 0};
+    if (!(s = count_batch(tr, &b, true, counts))) {
+        const double global_w = tr->tokens_weighting ? counts[1] : counts[0];
+        for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
+        /* one gradient computation as the default step makes it (its events are off: tr->dry) */
+        cm_train_closure c = {tr, &b, local_samples, local_tokens, global_w, 0, 0, 0.0};
+        if (!(s = check_global_weight(tr, global_w))) s = grad_pass(&c);
+    }
+    tr->dry = false;
+    tr->record_pass = true;
+    char msg[1024] = "";
+    if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
+    /* undo: gradients, dropout counters, batch-norm statistics; the batch the algorithms see */
+    cm_tape_reset(tr->tape);
+    cm_status z = tr->dist.zero_grad ? tr->dist.zero_grad(st, tr->dist.data) : (cm_module_zero_grad(root), CM_OK);
+    for (int k = 0; k < tr->n_drop; k++) tr->drop_rngs[k]->counter = counters[k];
+    snapshot_buffers(root, &bufs, true);
+    cm_free(bufs);
+    cm_free(counters);
+    st->microbatch_index = mb_index, st->n_microbatches = n_mb;
+    cmi_state_set_batch(st, &tr->work, cm_data_spec_n_samples(tr->spec, &tr->work),
+                        cm_data_spec_n_tokens(tr->spec, &tr->work));
+    if (s) return cm_set_error(s, "dry run of a %lld-row batch: %s", (long long)b.n_rows, msg);
+    return z;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -769,7 +1073,7 @@ static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
     cm_state *st = &tr->st;
     if (!ms->n || !st->outputs) return CM_OK;
     const int64_t real = b->n_rows - b->n_padded;
-    if (b->n_padded <= 0) return metrics_update(ms, st->outputs, &st->mbatch);
+    if (b->n_padded <= 0) return metrics_update(tr->tape, ms, st->outputs, &st->mbatch);
     if (real <= 0) return CM_OK;
     cm_tensor *fields[CM_DATASET_MAX_FIELDS];
     for (int i = 0; i < st->mbatch.n; i++) {
@@ -780,7 +1084,7 @@ static cm_status eval_update(cm_trainer *tr, cm_metric_set *ms, cm_batch *b) {
     if (cm_tensor_ndim(out) >= 1 && cm_tensor_dim(out, 0) == b->n_rows) out = cm_narrow(tr->tape, out, 0, 0, real);
     if (cm_tape_status(tr->tape)) return model_error(tr, "eval");
     cm_model_batch mb = {st->mbatch.names, fields, st->mbatch.n, real, b->n_tokens};
-    return metrics_update(ms, out, &mb);
+    return metrics_update(tr->tape, ms, out, &mb);
 }
 
 static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
@@ -789,12 +1093,14 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
     cm_metric_set *ms = &st->metric_sets[ev->set];
     const bool was_training = cm_module_is_training(root);
     cm_dataloader *prev_dl = st->dl;
+    const int64_t prev_len = st->dl_len;
     char prev_label[64];
     snprintf(prev_label, sizeof prev_label, "%s", st->dl_label);
     cm_module_train(root, false);
     const bool prev_grad = cm_tape_set_grad_enabled(tr->tape, false);
     cm_tape_reset(tr->tape);
     st->dl = ev->dl;
+    st->dl_len = loop_len(ev->dl, ev->subset);
     snprintf(st->dl_label, sizeof st->dl_label, "%s", ev->label);
     cmi_metric_set_reset(ms);
     st->n_microbatches = 1, st->microbatch_index = 0;
@@ -805,6 +1111,10 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
         if ((s = cm_dataloader_next(ev->dl, &b)) || !b) break;
         cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
         if ((s = run(tr, CM_EVENT_EVAL_BATCH_START)) || (s = run(tr, CM_EVENT_EVAL_BEFORE_FORWARD))) break;
+        if (!batch_to_device(tr)) {
+            s = model_error(tr, "eval");
+            break;
+        }
         st->outputs = cm_model_eval_forward(st->model, tr->tape, &st->mbatch);
         if (!st->outputs) {
             s = model_error(tr, "eval");
@@ -828,6 +1138,7 @@ static cm_status eval_loop(cm_trainer *tr, const evaluator_rt *ev) {
     cm_tape_set_grad_enabled(tr->tape, prev_grad);
     cm_module_train(root, was_training);
     st->dl = prev_dl;
+    st->dl_len = prev_len;
     snprintf(st->dl_label, sizeof st->dl_label, "%s", prev_label);
     return s;
 }
@@ -896,6 +1207,50 @@ static cm_status log_time(cm_trainer *tr) {
     return cm_logger_log_metrics(cm_engine_logger(tr->engine), v, (int)(sizeof v / sizeof *v));
 }
 
+/* cm_state_rollback: the batch in progress is abandoned, the last checkpoint loaded, and the
+ * loader moved past the abandoned batch (see trainer.h). */
+static cm_status rollback(cm_trainer *tr) {
+    cm_state *st = &tr->st;
+    st->rollback = false;
+    cm_tape_reset(tr->tape);
+    cmi_state_clear_batch(st);
+    st->outputs = st->loss = NULL;
+    const cm_timestamp bad = st->ts; /* the abandoned batch is number bad.batch (0-based) */
+    const cm_dataloader_state after = cm_dataloader_get_state(st->train_dl);
+    cm_status s = cmi_ckpt_wait(tr);
+    if (s) return s;
+    const char *last = cm_trainer_last_checkpoint(tr);
+    if (!last) last = cm_trainer_resumed_from(tr);
+    if (!last)
+        return cm_set_error(CM_ERR_STATE, "rollback asked at batch %lld (epoch %lld), but there is no checkpoint to go "
+                                          "back to (set save_folder and a save_interval)",
+                            (long long)bad.batch, (long long)bad.epoch);
+    char path[4096];
+    snprintf(path, sizeof path, "%s", last);
+    if ((s = cmi_ckpt_rollback_load(tr, path))) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "rollback at batch %lld: %s", (long long)bad.batch, msg);
+    }
+    /* skip the data of the batches since the checkpoint, the abandoned one included */
+    cm_dataloader_state to = after;
+    const bool crossed = after.epoch != st->ts.epoch;
+    if (crossed) {
+        const cm_dataset *ds = cm_dataloader_dataset(st->train_dl);
+        to = (cm_dataloader_state){st->ts.epoch, ds ? cm_dataset_len(ds) : 0};
+    }
+    if ((s = cm_dataloader_set_state(st->train_dl, to))) return s;
+    const int64_t skipped = bad.batch + 1 - st->ts.batch, skipped_samples = bad.sample - st->ts.sample;
+    cm_log_msg(CM_LOG_WARN, "rollback at batch %lld (epoch %lld): went back to checkpoint '%s' (batch %lld) and "
+                            "skipped the data of batches %lld to %lld%s; training goes on from batch %lld",
+               (long long)bad.batch + 1, (long long)bad.epoch, path, (long long)st->ts.batch,
+               (long long)st->ts.batch + 1, (long long)bad.batch + 1,
+               crossed ? " (to the end of the checkpoint's epoch)" : "", (long long)st->ts.batch + 1);
+    cm_metric_value v[] = {{"trainer/rollback/skipped_batches", (double)skipped},
+                           {"trainer/rollback/skipped_samples", (double)(skipped_samples > 0 ? skipped_samples : 0)}};
+    return cm_logger_log_metrics(cm_engine_logger(tr->engine), v, 2);
+}
+
 /* Preemption: the signal that arrived during fit (0: none). Handlers are installed only while
  * fit runs; they set this flag and reset themselves, so a second signal acts as usual. */
 static volatile sig_atomic_t g_signal;
@@ -914,19 +1269,27 @@ static cm_status fit_loop(cm_trainer *tr) {
         int64_t n_batches = 0;
         for (;;) {
             if ((s = run(tr, CM_EVENT_BEFORE_DATALOADER))) return s;
-            cm_batch *b;
-            if ((s = cm_data_spec_next(tr->spec, &b))) return s;
-            if (!b) {
+            cm_batch *lb;
+            if ((s = cm_data_spec_next(tr->spec, &lb))) return s;
+            if (!lb) {
                 exhausted = true;
                 break;
             }
             n_batches++;
+            /* algorithms change the working copy on AFTER_DATALOADER, never the loader's batch */
+            tr->work = *lb;
+            cm_batch *b = &tr->work;
+            st->batch_dirty = false;
             cmi_state_set_batch(st, b, cm_data_spec_n_samples(tr->spec, b), cm_data_spec_n_tokens(tr->spec, b));
             if ((s = run(tr, CM_EVENT_AFTER_DATALOADER)) || (s = run(tr, CM_EVENT_BATCH_START)) ||
                 (s = log_time(tr)))
                 return s;
             const double t0 = cm_clock_s();
             if ((s = train_batch(tr, b))) return s;
+            if (st->rollback) {
+                if ((s = rollback(tr))) return s;
+                continue;
+            }
             double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
             if ((s = reduce(tr, counts, 2))) return s;
             if (st->max_duration.unit == CM_TIME_TOKEN && counts[1] <= 0)
@@ -934,10 +1297,11 @@ static cm_status fit_loop(cm_trainer *tr) {
                                                         "tokens (use a token dataset or a count_tokens function)");
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], cm_clock_s() - t0);
-            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false)) ||
-                (s = run(tr, CM_EVENT_BATCH_CHECKPOINT)) ||
-                (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev)))
-                return s;
+            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false))) return s;
+            st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_BATCH_CHECKPOINT, &prev);
+            s = run(tr, CM_EVENT_BATCH_CHECKPOINT);
+            st->checkpoint_due = false;
+            if (s || (s = cmi_ckpt_on_event(tr, CM_EVENT_BATCH_CHECKPOINT, &prev))) return s;
             cmi_state_clear_batch(st);
             /* preemption: stop after this batch — on every rank, if any rank got the signal, so all
              * of them save together (a signal arriving after this point is seen after the next) */
@@ -963,10 +1327,11 @@ static cm_status fit_loop(cm_trainer *tr) {
             }
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_epoch(&st->ts, 0.0);
-            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true)) ||
-                (s = run(tr, CM_EVENT_EPOCH_CHECKPOINT)) ||
-                (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev)))
-                return s;
+            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true))) return s;
+            st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev);
+            s = run(tr, CM_EVENT_EPOCH_CHECKPOINT);
+            st->checkpoint_due = false;
+            if (s || (s = cmi_ckpt_on_event(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev))) return s;
         }
     }
     return CM_OK;
@@ -1019,6 +1384,7 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts) {
         return cm_set_error(CM_ERR_STATE, "fit: the train loader has no batches per epoch");
     st->stop = false;
     st->dl = st->train_dl;
+    st->dl_len = loop_len(st->train_dl, -1);
     snprintf(st->dl_label, sizeof st->dl_label, "train");
     cm_module_train(cm_model_module(st->model), true);
     if ((s = run(tr, CM_EVENT_FIT_START))) return s;
@@ -1120,7 +1486,9 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
     cm_module_train(root, false);
     const bool prev_grad = cm_tape_set_grad_enabled(tr->tape, false);
     cm_dataloader *prev_dl = st->dl;
+    const int64_t prev_len = st->dl_len;
     st->dl = dl;
+    st->dl_len = loop_len(dl, subset_num_batches);
     snprintf(st->dl_label, sizeof st->dl_label, "predict");
     cm_tape_reset(tr->tape);
     s = cm_dataloader_set_state(dl, (cm_dataloader_state){cm_dataloader_get_state(dl).epoch, 0});
@@ -1130,13 +1498,22 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
         if ((s = cm_dataloader_next(dl, &b)) || !b) break;
         cmi_state_set_batch(st, b, b->n_samples, b->n_tokens);
         if ((s = run(tr, CM_EVENT_PREDICT_BATCH_START)) || (s = run(tr, CM_EVENT_PREDICT_BEFORE_FORWARD))) break;
+        if (!batch_to_device(tr)) {
+            s = model_error(tr, "predict");
+            break;
+        }
         st->outputs = cm_model_forward(st->model, tr->tape, &st->mbatch);
         if (!st->outputs) {
             s = model_error(tr, "predict");
             break;
         }
         if ((s = run(tr, CM_EVENT_PREDICT_AFTER_FORWARD))) break;
-        if ((s = fn(b, st->outputs, data))) {
+        cm_tensor *host_out = st->outputs; /* the callback reads the outputs on the host */
+        if (cm_tensor_device(host_out) != CM_DEVICE_CPU && !(host_out = cm_to_device(tr->tape, host_out, CM_DEVICE_CPU))) {
+            s = model_error(tr, "predict");
+            break;
+        }
+        if ((s = fn(b, host_out, data))) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
             s = cm_set_error(s, "predict: the callback failed on batch %lld: %s", (long long)n, msg);
@@ -1152,6 +1529,101 @@ cm_status cm_trainer_predict(cm_trainer *tr, cm_dataloader *dl, int64_t subset_n
     cm_tape_set_grad_enabled(tr->tape, prev_grad);
     cm_module_train(root, was_training);
     st->dl = prev_dl;
+    st->dl_len = prev_len;
     snprintf(st->dl_label, sizeof st->dl_label, "train");
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Model surgery before the trainer (composer/surgery_algorithms.h)
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cm_trainer_prepare_model(const cm_trainer_config *cfg) {
+    static const char fn[] = "cm_trainer_prepare_model";
+    if (!cfg || !cfg->model) return cm_set_error(CM_ERR_INVALID_ARG, "%s: NULL %s", fn, cfg ? "model" : "config");
+    cm_module *root = cm_model_module(cfg->model);
+    if (!cm_module_is_finalized(root))
+        return cm_set_error(CM_ERR_STATE, "%s: the model's module is not finalized (cm_module_finalize)", fn);
+    if (cm_module_is_locked(root))
+        return cm_set_error(CM_ERR_STATE, "%s: the model is locked by an optimizer or data parallelism already: call "
+                                          "%s first, then make them",
+                            fn, fn);
+    if (cfg->n_algorithms < 0 || (cfg->n_algorithms && !cfg->algorithms))
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: n_algorithms %d without algorithms", fn, cfg->n_algorithms);
+    for (int i = 0; i < cfg->n_algorithms; i++) {
+        const cm_algorithm_i *vt = cfg->algorithms[i].vt;
+        if (!vt || vt->abi != CM_ALGORITHM_ABI || !vt->name || !vt->match || !vt->apply)
+            return cm_set_error(CM_ERR_INVALID_ARG, "algorithms[%d]: bad vtable (abi %d, name, match, apply needed)", i,
+                                CM_ALGORITHM_ABI);
+    }
+    cm_state *st = NULL;
+    cm_engine *e = NULL;
+    cm_algorithm **order = NULL;
+    char *path = NULL;
+    cm_status s = cm_state_new(&st);
+    if (s) return s;
+    st->model = cfg->model;
+    st->seed = cfg->seed;
+    st->precision = cfg->precision;
+    st->rank = cfg->dist.rank;
+    st->world_size = cfg->dist.world_size > 0 ? cfg->dist.world_size : 1;
+    if ((s = cm_engine_new(st, &e))) goto done;
+    for (int i = 0; !s && i < cfg->n_algorithm_passes; i++)
+        s = cm_engine_add_ordering_pass(e, cfg->algorithm_passes[i], -1);
+    for (int i = 0; !s && i < cfg->n_algorithms; i++) s = cm_engine_add_algorithm(e, cfg->algorithms[i]);
+    if (s) goto done;
+    /* the INIT of the config's surgery methods, in the engine's order */
+    if (!(order = cm_alloc(sizeof *order * (size_t)(cfg->n_algorithms + 1), 16))) {
+        s = cm_set_error(CM_ERR_OOM, "%s: out of memory", fn);
+        goto done;
+    }
+    const int n = cmi_engine_order_all(e, CM_EVENT_INIT, order);
+    if (n < 0) {
+        s = cm_last_status();
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const cm_algorithm_i *vt = cm_algorithm_vtable(order[i]);
+        void *self = cm_algorithm_self(order[i]);
+        if (!cm_algorithm_info_of(vt) || !vt->match(self, CM_EVENT_INIT, st)) continue;
+        cm_clear_error();
+        if ((s = vt->apply(self, CM_EVENT_INIT, st, cm_engine_logger(e)))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error()[0] ? cm_last_error() : cm_status_str(s));
+            s = cm_set_error(s, "plugin '%s' failed on INIT: %s", vt->name, msg);
+            goto done;
+        }
+    }
+    /* the surgery the checkpoint to load requires (a checkpoint on an object store: the trainer's) */
+    const bool folder = cfg->save_folder && cfg->save_folder[0];
+    const bool remote = (cfg->autoresume && folder && cm_storage_is_remote(cfg->save_folder)) ||
+                        (cfg->load_path && cm_storage_is_remote(cfg->load_path));
+    if (remote) {
+        cm_log_msg(CM_LOG_INFO, "%s: the surgery a checkpoint on an object store requires is applied by the trainer "
+                                "(make the optimizer after cm_trainer_new if it requires any)", fn);
+        goto done;
+    }
+    if ((s = cmi_ckpt_resolve(NULL, cfg->autoresume && folder, folder ? cfg->save_folder : NULL,
+                              cfg->save_latest_filename ? cfg->save_latest_filename : CM_CKPT_LATEST_DEFAULT,
+                              cfg->load_path, &path)))
+        goto done;
+    if (path) {
+        int added = 0;
+        s = cmi_apply_required_algorithms(e, st, path, NULL, cfg->load_exclude_algorithms,
+                                          cfg->n_load_exclude_algorithms > 0 ? cfg->n_load_exclude_algorithms : 0,
+                                          &added);
+        if (!s) cmi_engine_pop_algorithms(e, added); /* made here, freed here: cm_trainer_new makes its own */
+    }
+done:
+    cm_free(path);
+    cm_free(order);
+    if (e) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", s ? cm_last_error() : "");
+        cmi_engine_release(e); /* the config's plugins stay the caller's */
+        cm_engine_free(e);
+        if (s) cm_set_error(s, "%s", msg);
+    }
+    cm_state_free(st);
     return s;
 }

@@ -24,6 +24,7 @@ struct cm_state {
     bool progress_bar;
 
     cm_model *model;
+    bool model_settable; /* the surgery window (INIT to the checkpoint's required algorithms): cm_state_set_model */
     cm_optim *optimizer;
     cm_sched_config *schedulers;
     int n_schedulers;
@@ -33,6 +34,7 @@ struct cm_state {
     cm_dataloader *train_dl;
     cm_dataloader *dl; /* being iterated now */
     char dl_label[64];
+    int64_t dl_len; /* batches the current loop runs (Composer's state.dataloader_len); -1 unknown */
     int64_t batches_per_epoch;
 
     cm_timestamp ts;
@@ -50,9 +52,23 @@ struct cm_state {
     cm_tape *tape;
     double total_loss;
     bool stop;
+    bool rollback; /* cm_state_rollback: abandon this batch and go back to the last checkpoint */
 
     cm_metric_set *metric_sets; /* [0] = "train", then one per evaluator */
     int n_metric_sets;
+
+    /* What algorithms may change (cm_state_set_batch, cm_state_set_batch_field): the event the
+     * engine is running (CM_EVENT_COUNT outside events), the trainer (NULL for a state from
+     * cm_state_new) and whether the train batch was replaced since the loader gave it. */
+    cm_event event;
+    struct cm_trainer *trainer;
+    bool batch_dirty;
+    bool checkpoint_due;   /* during BATCH/EPOCH_CHECKPOINT: a save follows (cm_state_checkpoint_due) */
+    double lr_override;    /* NaN: the schedulers set the lr multiplier */
+    /* an algorithm's train step (cm_state_set_train_step); NULL: the default */
+    cm_train_step_fn step_fn;
+    void *step_data;
+    const char *step_name;
 };
 
 /* A configured evaluator. */
@@ -75,6 +91,7 @@ struct cm_trainer {
     int64_t mb_config; /* 0 whole batch, > 0 rows, CM_MICROBATCH_AUTO */
     bool tokens_weighting;
     bool deterministic;
+    cm_device device; /* cm_trainer_config.device */
     int n_threads;
     cm_trainer_dist dist;
     bool closed, locked, iteration_open;
@@ -93,6 +110,13 @@ struct cm_trainer {
     uint64_t *drop_base;
     int n_drop;
     int64_t *mb_counts; /* (world_size) every rank's microbatch count, made on first use */
+    int n_user_algs;    /* the algorithms of the config; those after them the trainer made (required on load) */
+    /* The train batch as algorithms see and change it on AFTER_DATALOADER: a copy of the loader's
+     * (fields, rows and counts may be replaced; see cm_state_set_batch). */
+    cm_batch work;
+    double *count_buf; /* (5 + world_size) the per-batch count reduce, made on first use */
+    bool dry;          /* cm_state_dry_run in progress: no events, metrics or loss logging */
+    bool record_pass;   /* this gradient computation records the batch's loss and train metrics */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep
@@ -110,8 +134,18 @@ cm_status cmi_metric_set_init(cm_metric_set *ms, const cm_model *model, bool tra
 void cmi_metric_set_deinit(cm_metric_set *ms);
 void cmi_metric_set_reset(cm_metric_set *ms);
 
+/* Loads checkpoint `path` mid-fit, whole (as a resume, whatever load_weights_only says), for a
+ * rollback (checkpoint/trainer_ckpt.c). */
+cm_status cmi_ckpt_rollback_load(cm_trainer *tr, const char *path);
+
 /* Drops the engine's plugins without freeing them (cm_trainer_new failing after registration:
  * the caller keeps its plugins). */
 void cmi_engine_release(cm_engine *e);
+/* Every registered algorithm in the order the passes give for event ev, matching or not (Composer
+ * orders its state.algorithms so when it adds a checkpoint's required algorithms): into out (room
+ * for cm_engine_n_algorithms). Returns the count, or -1 (error set) for a bad pass. */
+int cmi_engine_order_all(cm_engine *e, cm_event ev, cm_algorithm **out);
+/* Unregisters the last n algorithms, freeing their plugins (ones the trainer made itself). */
+void cmi_engine_pop_algorithms(cm_engine *e, int n);
 
 #endif

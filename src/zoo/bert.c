@@ -134,9 +134,11 @@ static cm_tensor *emb_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const 
         return NULL;
     }
     const int64_t B = cm_tensor_dim(ids, 0), L = cm_tensor_dim(ids, 1);
-    if (L > s->cfg.max_position_embeddings) {
+    int64_t P = s->cfg.max_position_embeddings; /* the position embedding's rows (ALiBi may widen it) */
+    if (cm_nn_embedding_dims(s->b, &P, NULL) != CM_OK) P = s->cfg.max_position_embeddings;
+    if (L > P) {
         cm_tape_fail(tp, CM_ERR_SHAPE, "sequence length %lld is longer than max_position_embeddings %lld",
-                     (long long)L, (long long)s->cfg.max_position_embeddings);
+                     (long long)L, (long long)P);
         return NULL;
     }
     if (tt && (cm_tensor_ndim(tt) != 2 || cm_tensor_dim(tt, 0) != B || cm_tensor_dim(tt, 1) != L)) {
@@ -467,6 +469,7 @@ typedef struct {
     uint32_t magic;
     cm_bert_config cfg;
     bool mlm;
+    bool sparse; /* MLM: logits of the labelled positions only (cm_bert_mlm_sparse_logits) */
     cm_module *root;
 } bert_model;
 
@@ -487,12 +490,55 @@ static cm_tensor *field(cm_tape *tp, const char *model, const cm_model_batch *b,
     return t;
 }
 
+/* Sparse MLM: the batch's labels (B, L) when they fit input_ids and select at least one position,
+ * and their count; NULL otherwise (the dense path then runs, and reports shape errors). */
+static cm_tensor *sparse_labels(const bert_model *m, const cm_model_batch *b, cm_tensor *ids, int64_t *n) {
+    cm_tensor *y = m->mlm && m->sparse ? cm_model_batch_field(b, "labels") : NULL;
+    if (!y || cm_tensor_ndim(y) != 2 || cm_tensor_ndim(ids) != 2 || cm_tensor_dim(y, 0) != cm_tensor_dim(ids, 0) ||
+        cm_tensor_dim(y, 1) != cm_tensor_dim(ids, 1))
+        return NULL;
+    *n = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(y); i++) *n += (int64_t)cm_tensor_get_flat(y, i) != -100;
+    return *n ? y : NULL;
+}
+
+/* The flat positions (row-major over (B, L)) whose label is not -100: (n,) i64 on tp. */
+static cm_tensor *labelled_rows(cm_tape *tp, cm_tensor *y, int64_t n) {
+    cm_tensor *idx = cm_empty(tp, CM_DTYPE_I64, 1, &n);
+    if (!idx) return NULL;
+    int64_t *p = cm_tensor_data(idx), k = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(y); i++)
+        if ((int64_t)cm_tensor_get_flat(y, i) != -100) p[k++] = i;
+    return idx;
+}
+
 static cm_tensor *bm_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     bert_model *m = self;
     cm_tensor *ids = field(tp, cm_module_type_name(m->root), b, "input_ids");
     if (!ids) return NULL;
     cm_tensor *in[3] = {ids, cm_model_batch_field(b, "attention_mask"), cm_model_batch_field(b, "token_type_ids")};
-    return cm_module_forward_n(m->root, tp, 3, in);
+    int64_t n;
+    cm_tensor *y = sparse_labels(m, b, ids, &n);
+    if (!y) return cm_module_forward_n(m->root, tp, 3, in);
+    /* the encoder on every position, the head on the labelled ones: (n, C) → (n, V) */
+    node_s *rs = cm_module_self(m->root);
+    cm_tensor *h = cm_module_forward_n(rs->a, tp, 3, in); /* (B, L, C) */
+    if (!h) return NULL;
+    const int64_t flat[2] = {cm_tensor_dim(h, 0) * cm_tensor_dim(h, 1), cm_tensor_dim(h, 2)};
+    cm_tensor *rows = cm_index_select(tp, cm_reshape(tp, h, 2, flat), 0, labelled_rows(tp, y, n));
+    return cm_module_forward(rs->b, tp, rows);
+}
+
+/* The labels of the labelled positions, in forward's order: (n,) i64 on tp. */
+static cm_tensor *gathered_labels(cm_tape *tp, cm_tensor *y, int64_t n) {
+    cm_tensor *t = cm_empty(tp, CM_DTYPE_I64, 1, &n);
+    if (!t) return NULL;
+    int64_t *p = cm_tensor_data(t), k = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(y); i++) {
+        int64_t v = (int64_t)cm_tensor_get_flat(y, i);
+        if (v != -100) p[k++] = v;
+    }
+    return t;
 }
 
 static cm_tensor *bm_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_model_batch *b) {
@@ -502,6 +548,16 @@ static cm_tensor *bm_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_mode
     if (m->mlm) {
         cm_tensor *y = field(tp, name, b, "labels");
         if (!y) return NULL;
+        int64_t n;
+        cm_tensor *ids = cm_model_batch_field(b, "input_ids");
+        if (ids && cm_tensor_ndim(out) == 2 && sparse_labels(m, b, ids, &n)) {
+            if (cm_tensor_dim(out, 0) != n) {
+                cm_tape_fail(tp, CM_ERR_SHAPE, "%s: sparse logits %s for %lld labelled positions", name,
+                             cm_tensor_shape_str(out, s1, sizeof s1), (long long)n);
+                return NULL;
+            }
+            return cm_cross_entropy(tp, out, gathered_labels(tp, y, n), NULL);
+        }
         const int64_t B = cm_tensor_dim(out, 0), L = cm_tensor_dim(out, 1), V = cm_tensor_dim(out, 2);
         if (cm_tensor_ndim(y) != 2 || cm_tensor_dim(y, 0) != B || cm_tensor_dim(y, 1) != L) {
             cm_tape_fail(tp, CM_ERR_SHAPE, "%s: labels %s must be (B, L) as the logits %s", name,
@@ -543,17 +599,63 @@ static int bm_n_metrics(void *self, bool train) {
     if (m->cfg.num_labels == 1) return 0;
     return train ? 1 : 2;
 }
+/* The MLM metrics take sparse logits (n, V) too: the stock metric then sees the gathered labels. */
+static cm_status sparse_update(cm_metric stock, cm_tensor *o, const cm_model_batch *b, double *state) {
+    cm_tensor *y = cm_model_batch_field(b, "labels");
+    if (!y || cm_tensor_ndim(o) != 2 || cm_tensor_ndim(y) != 2) return stock.vt->update(stock.self, o, b, state);
+    int64_t n = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(y); i++) n += (int64_t)cm_tensor_get_flat(y, i) != -100;
+    cm_tensor *t;
+    cm_status st = cm_tensor_new(CM_DTYPE_I64, 1, &n, &t);
+    if (st != CM_OK) return st;
+    int64_t *p = cm_tensor_data(t), k = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(y); i++) {
+        int64_t v = (int64_t)cm_tensor_get_flat(y, i);
+        if (v != -100) p[k++] = v;
+    }
+    const char *names[1] = {"labels"};
+    cm_tensor *fields[1] = {t};
+    cm_model_batch g = {names, fields, 1, b->n_samples, b->n_tokens};
+    st = stock.vt->update(stock.self, o, &g, state);
+    cm_tensor_free(t);
+    return st;
+}
+static cm_status mlm_ce_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    (void)self;
+    return sparse_update(cm_metric_cross_entropy("labels"), o, b, state);
+}
+static cm_status mlm_acc_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    (void)self;
+    return sparse_update(cm_metric_accuracy("labels"), o, b, state);
+}
+static double mlm_ce_compute(const void *self, const double *state) {
+    cm_metric m = cm_metric_cross_entropy(self);
+    return m.vt->compute(m.self, state);
+}
+static double mlm_acc_compute(const void *self, const double *state) {
+    cm_metric m = cm_metric_accuracy(self);
+    return m.vt->compute(m.self, state);
+}
+static const cm_metric_i mlm_ce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, mlm_ce_update, mlm_ce_compute};
+static const cm_metric_i mlm_acc_vt = {CM_METRIC_ABI, "MulticlassAccuracy", 2, mlm_acc_update, mlm_acc_compute};
+
 static cm_metric bm_metric(void *self, bool train, int i) {
     bert_model *m = self;
     (void)train;
-    if (m->mlm) return i == 0 ? cm_metric_cross_entropy("labels") : cm_metric_accuracy("labels");
+    if (m->mlm) return i == 0 ? (cm_metric){&mlm_ce_vt, "labels"} : (cm_metric){&mlm_acc_vt, "labels"};
     return i == 0 ? cm_metric_accuracy("label") : (cm_metric){&ce_vt, "label"};
 }
 static double bm_flops(void *self, const cm_model_batch *b) {
     bert_model *m = self;
     cm_tensor *ids = cm_model_batch_field(b, "input_ids");
     if (!ids || cm_tensor_ndim(ids) != 2) return 0.0;
-    return cm_bert_flops_per_sequence(&m->cfg, m->mlm, cm_tensor_dim(ids, 1));
+    const int64_t L = cm_tensor_dim(ids, 1);
+    int64_t n;
+    if (!sparse_labels(m, b, ids, &n)) return cm_bert_flops_per_sequence(&m->cfg, m->mlm, L);
+    /* the head runs on n of the batch's B·L positions */
+    const double C = (double)m->cfg.hidden_size, head = 6.0 * (C * C + C * (double)m->cfg.vocab_size) * (double)L;
+    const double frac = (double)n / (double)cm_tensor_numel(ids);
+    return cm_bert_flops_per_sequence(&m->cfg, true, L) - head * (1.0 - frac);
 }
 static cm_module *bm_module(void *self) { return ((bert_model *)self)->root; }
 static void bm_free(void *self) {
@@ -608,6 +710,15 @@ static bert_model *as_bert(const cm_model *m) {
 const cm_bert_config *cm_bert_model_config(const cm_model *m) {
     bert_model *b = as_bert(m);
     return b ? &b->cfg : NULL;
+}
+
+cm_status cm_bert_mlm_sparse_logits(cm_model *m, bool on) {
+    bert_model *b = as_bert(m);
+    if (!b || !b->mlm)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_bert_mlm_sparse_logits: %s is not a BertForMaskedLM zoo model",
+                            m ? cm_model_type_name(m) : "NULL");
+    b->sparse = on;
+    return CM_OK;
 }
 
 /* ---- weights ---- */

@@ -56,6 +56,7 @@ static cm_status check_config(const char *fn, const cm_cnn_config *c) {
 
 typedef struct {
     cm_cnn_config cfg;
+    bool channels_last; /* cm_cnn_set_channels_last: (N, H, W, C) between the input and the flatten */
     cm_module *conv1, *conv2, *dropout1, *dropout2, *fc1, *fc2;
 } cnn_s;
 
@@ -70,10 +71,15 @@ static cm_tensor *cnn_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const 
                      (long long)c->in_channels, (long long)c->image_h, (long long)c->image_w, cm_tensor_ndim(x));
         return NULL;
     }
+    const bool cl = s->channels_last;
+    if (cl) x = cm_contiguous(tp, cm_permute(tp, x, (const int[]){0, 2, 3, 1}));
     x = cm_relu(tp, cm_module_forward(s->conv1, tp, x));
     x = cm_relu(tp, cm_module_forward(s->conv2, tp, x));
     cm_pool2d_opts po = cm_pool2d_opts_default(2, 2);
+    po.channels_last = cl;
     x = cm_module_forward(s->dropout1, tp, cm_max_pool2d(tp, x, &po));
+    /* fc1 reads the features in PyTorch's (C, H, W) order */
+    if (cl) x = cm_permute(tp, x, (const int[]){0, 3, 1, 2});
     if (!x) return NULL;
     x = cm_reshape(tp, x, 2, (const int64_t[]){cm_tensor_dim(x, 0), -1});
     x = cm_module_forward(s->dropout2, tp, cm_relu(tp, cm_module_forward(s->fc1, tp, x)));
@@ -142,4 +148,20 @@ cm_status cm_cnn_model_new(const cm_cnn_config *cfg, cm_model **out) {
     cm_status st = cm_cnn_new(cfg, &net);
     if (st) return st;
     return cmz_vision_model_new(net, flops_cb, cfg, sizeof *cfg, out);
+}
+
+cm_status cm_cnn_set_channels_last(cm_module *net, bool on) {
+    if (!net || cm_module_vtable(net) != &cnn_vt)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_cnn_set_channels_last: the module is %s%s, not a MnistCNN",
+                            net ? "a " : "", net ? cm_module_type_name(net) : "NULL");
+    cnn_s *s = cm_module_self(net);
+    s->channels_last = on;
+    cm_module *convs[2] = {s->conv1, s->conv2};
+    for (int i = 0; i < 2; i++)
+        if (!strcmp(cm_module_type_name(convs[i]), "Conv2d")) cm_nn_set_channels_last(convs[i], on);
+    return CM_OK;
+}
+
+bool cm_cnn_is_channels_last(const cm_module *net) {
+    return net && cm_module_vtable(net) == &cnn_vt && ((const cnn_s *)cm_module_self(net))->channels_last;
 }

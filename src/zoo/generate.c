@@ -137,6 +137,8 @@ static bool block_parts_of(cm_module *blk, block_parts *bp) {
     if (strcmp(cm_module_type_name(blk), "GPT2Block")) return false;
     cm_module *attn = cm_module_child(blk, "attn");
     if (!attn || strcmp(cm_module_type_name(attn), "GPT2Attention")) return false;
+    cm_nn_attention_config ac;
+    if (cm_nn_attention_config_of(attn, &ac) || ac.alibi) return false; /* the cached path adds no ALiBi bias */
     bp->ln_1 = cm_module_child(blk, "ln_1");
     bp->ln_2 = cm_module_child(blk, "ln_2");
     bp->mlp = cm_module_child(blk, "mlp");

@@ -114,6 +114,11 @@ int64_t cm_gpt2_config_n_params(const cm_gpt2_config *c, bool non_embedding) {
 
 static void free_self(void *self) { cm_free(self); }
 
+int64_t gpt2_positions(const gpt2_body *b) {
+    int64_t rows;
+    return cm_nn_embedding_dims(b->wpe, &rows, NULL) == CM_OK ? rows : b->cfg.n_positions;
+}
+
 cm_tensor *gpt2_embed(cm_tape *tp, gpt2_body *b, cm_tensor *ids, int64_t pos0) {
     if (!ids || cm_tape_status(tp)) return NULL;
     char s[64];
@@ -121,12 +126,12 @@ cm_tensor *gpt2_embed(cm_tape *tp, gpt2_body *b, cm_tensor *ids, int64_t pos0) {
         cm_tape_fail(tp, CM_ERR_SHAPE, "GPT-2: input_ids %s must be (B, T)", cm_tensor_shape_str(ids, s, sizeof s));
         return NULL;
     }
-    const int64_t T = cm_tensor_dim(ids, 1);
-    if (pos0 + T > b->cfg.n_positions) {
+    const int64_t T = cm_tensor_dim(ids, 1), P = gpt2_positions(b);
+    if (pos0 + T > P) {
         cm_tape_fail(tp, CM_ERR_SHAPE,
                      "GPT-2: %lld positions do not fit the model's n_positions = %lld (input_ids %s): use shorter "
                      "sequences or a model with more positions",
-                     (long long)(pos0 + T), (long long)b->cfg.n_positions, cm_tensor_shape_str(ids, s, sizeof s));
+                     (long long)(pos0 + T), (long long)P, cm_tensor_shape_str(ids, s, sizeof s));
         return NULL;
     }
     cm_tensor *tok = cm_module_forward(b->wte, tp, ids); /* (B, T, C) */
@@ -308,7 +313,10 @@ static double m_flops(void *self, const cm_model_batch *b) {
     gpt2_model *g = self;
     cm_tensor *ids = cm_model_batch_field(b, "input_ids");
     const double T = ids && cm_tensor_ndim(ids) == 2 ? (double)cm_tensor_dim(ids, 1) : (double)g->cfg.n_positions;
-    const double N = (double)(cm_module_count_params(g->root, false) - g->cfg.n_positions * g->cfg.n_embd);
+    /* N leaves the position embedding out (as nanoGPT), whatever its size (ALiBi's is zero-filled) */
+    const gpt2_root *r = cm_module_self(g->root);
+    const gpt2_body *body = cm_module_self(r->transformer);
+    const double N = (double)(cm_module_count_params(g->root, false) - cm_module_count_params(body->wpe, false));
     return 6.0 * N * T + 12.0 * (double)g->cfg.n_layer * (double)g->cfg.n_embd * T * T;
 }
 

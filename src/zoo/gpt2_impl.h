@@ -25,6 +25,10 @@ typedef struct gpt2_model {
 /* The root's state, or NULL when m is not a GPT-2 model. */
 gpt2_root *gpt2_root_of(const cm_model *m);
 
+/* The positions the model takes: the rows of its position embedding (ALiBi may have widened it),
+ * else cfg.n_positions. */
+int64_t gpt2_positions(const gpt2_body *b);
+
 /* wte(ids) + wpe(pos0 .. pos0 + T) → (B, T, C), before the embedding dropout. ids (B, T). */
 cm_tensor *gpt2_embed(cm_tape *tp, gpt2_body *b, cm_tensor *ids, int64_t pos0);
 

@@ -137,6 +137,12 @@ typedef struct {
     int64_t in, out;         /* channels in and out */
     bool pad_shortcut;       /* option A: subsample and zero-pad instead of downsample */
     cm_module *conv1, *bn1, *conv2, *bn2, *conv3, *bn3, *relu, *downsample;
+    /* stochastic depth (cm_resnet_block_set_drop): the mode, the rate and the generator, a
+     * Dropout child "stochastic_depth" whose (seed, stream, counter) the trainer seeds, resets per
+     * batch and checkpoints like any dropout's */
+    cm_resnet_drop_mode drop_mode;
+    float drop_rate;
+    cm_module *drop_rng;
 } block_s;
 
 /* t in f32: under autocast the activations between convolutions are bf16 (the convolutions write
@@ -175,9 +181,53 @@ static cm_tensor *bn_add_relu(cm_module *relu, cm_module *bn, cm_tape *tp, cm_te
     return cm_module_forward(relu, tp, residual ? cm_add(tp, y, as_f32(tp, residual)) : y);
 }
 
+/* The block with stochastic depth (Huang et al. 2016; Composer's block_stochastic_forward and
+ * sample_stochastic_forward). Training, block mode: one draw u per forward; u < drop_rate drops
+ * the residual branch: the output is relu(shortcut(x)) with a downsampling shortcut, else x.
+ * Training, sample mode: the branch of each row is kept (×1) or dropped (×0) with probability
+ * drop_rate, drawn per global row (cm_dropout's row keying), before the shortcut is added. Eval:
+ * the branch is scaled by 1 - drop_rate. */
+static cm_tensor *block_drop_fwd(cm_module *m, cm_tape *tp, cm_tensor *x) {
+    block_s *b = cm_module_self(m);
+    cm_rng *rng = cm_nn_dropout_rng(b->drop_rng);
+    const bool training = cm_module_is_training(m), project = b->downsample || b->pad_shortcut;
+    if (!rng) return cm_tape_fail(tp, CM_ERR_STATE, "stochastic depth without its generator"), NULL;
+    if (training && b->drop_mode == CM_RESNET_DROP_BLOCK) {
+        float u;
+        cm_rng_uniform(rng, &u, 1, 0.0f, 1.0f);
+        if (u < b->drop_rate) {
+            if (!project) return x;
+            cm_tensor *sc = b->downsample ? cm_module_forward(b->downsample, tp, x) : pad_shortcut(tp, b, x);
+            return cm_relu(tp, as_f32(tp, sc));
+        }
+    }
+    cm_tensor *h = bn_add_relu(b->relu, b->bn1, tp, cm_module_forward(b->conv1, tp, x), NULL);
+    cm_module *last = b->bn2;
+    h = cm_module_forward(b->conv2, tp, h);
+    if (b->bottleneck) {
+        h = cm_module_forward(b->conv3, tp, bn_add_relu(b->relu, b->bn2, tp, h, NULL));
+        last = b->bn3;
+    }
+    cm_tensor *sc = b->downsample ? cm_module_forward(b->downsample, tp, x) : b->pad_shortcut ? pad_shortcut(tp, b, x) : x;
+    if (!h || !sc) return NULL;
+    if (training && b->drop_mode == CM_RESNET_DROP_BLOCK) return bn_add_relu(b->relu, last, tp, h, sc);
+    cm_tensor *y = as_f32(tp, cm_module_forward(last, tp, h)); /* the residual branch */
+    if (!training) {
+        y = cm_mul_scalar(tp, y, 1.0f - b->drop_rate);
+    } else if (b->drop_rate > 0) {
+        /* 0/1 per row: dropout of ones gives 0 or 1/(1 - p); the clamp makes the kept rows 1 */
+        const int64_t ms[4] = {cm_tensor_dim(x, 0), 1, 1, 1};
+        cm_tensor *mask = cm_clamp(tp, cm_dropout(tp, cm_full(tp, CM_DTYPE_F32, 4, ms, 1.0), b->drop_rate, true, rng),
+                                   0.0f, 1.0f);
+        y = cm_mul(tp, y, mask);
+    }
+    return cm_module_forward(b->relu, tp, cm_add(tp, y, as_f32(tp, sc)));
+}
+
 static cm_tensor *block_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     block_s *b = cm_module_self(m);
     cm_tensor *x = in[0];
+    if (b->drop_mode != CM_RESNET_DROP_NONE) return block_drop_fwd(m, tp, x);
     cm_tensor *h = bn_add_relu(b->relu, b->bn1, tp, cm_module_forward(b->conv1, tp, x), NULL);
     cm_module *last = b->bn2;
     h = cm_module_forward(b->conv2, tp, h);
@@ -192,8 +242,12 @@ static cm_tensor *block_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *cons
 
 static void block_desc(const cm_module *m, char *buf, size_t cap) {
     const block_s *b = cm_module_self(m);
-    snprintf(buf, cap, "in=%lld, out=%lld, stride=%d%s", (long long)b->in, (long long)b->out, b->stride,
-             b->pad_shortcut ? ", shortcut=A" : "");
+    char drop[64] = "";
+    if (b->drop_mode != CM_RESNET_DROP_NONE)
+        snprintf(drop, sizeof drop, ", stochastic_depth=%s %g", b->drop_mode == CM_RESNET_DROP_BLOCK ? "block" : "sample",
+                 b->drop_rate);
+    snprintf(buf, cap, "in=%lld, out=%lld, stride=%d%s%s", (long long)b->in, (long long)b->out, b->stride,
+             b->pad_shortcut ? ", shortcut=A" : "", drop);
 }
 
 static void free_plain(void *self) { cm_free(self); }
@@ -354,6 +408,71 @@ cm_status cm_resnet_new(const cm_resnet_config *cfg, cm_module **out) {
         return cmz_fail_build(&m, st);
     *out = m;
     return CM_OK;
+}
+
+/* ---- stochastic depth ---- */
+
+cm_status cm_resnet_block_set_drop(cm_module *block, cm_resnet_drop_mode mode, float drop_rate) {
+    const cm_module_i *vt = block ? cm_module_vtable(block) : NULL;
+    if (vt != &basic_vt && vt != &bottleneck_vt)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_resnet_block_set_drop: the module is %s%s, not a BasicBlock or "
+                                                "Bottleneck", block ? "a " : "", block ? cm_module_type_name(block) : "NULL");
+    if ((unsigned)mode > CM_RESNET_DROP_SAMPLE || !(drop_rate >= 0 && drop_rate <= 1))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_resnet_block_set_drop: mode %d must be none, block or sample and "
+                                                "drop_rate %g in [0, 1]", (int)mode, drop_rate);
+    block_s *b = cm_module_self(block);
+    if (mode != CM_RESNET_DROP_NONE && !b->drop_rng) {
+        cm_module *d;
+        cm_status st = cm_nn_dropout_new(0.0f, &d);
+        if (st || (st = adopt(block, "stochastic_depth", CM_OK, &d, &b->drop_rng))) return st;
+        /* its stream, as finalize gives one: (0, hash(path)); the trainer reseeds it with its seed */
+        char path[512];
+        cm_module_path(b->drop_rng, path, sizeof path);
+        *cm_nn_dropout_rng(b->drop_rng) = cm_rng_init(0, cm_hash64(path, strlen(path), 0));
+    }
+    b->drop_mode = mode;
+    b->drop_rate = drop_rate;
+    return CM_OK;
+}
+
+cm_status cm_resnet_block_drop(const cm_module *block, cm_resnet_drop_mode *mode, float *drop_rate) {
+    const cm_module_i *vt = block ? cm_module_vtable(block) : NULL;
+    if (vt != &basic_vt && vt != &bottleneck_vt)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_resnet_block_drop: the module is %s%s, not a BasicBlock or "
+                                                "Bottleneck", block ? "a " : "", block ? cm_module_type_name(block) : "NULL");
+    const block_s *b = cm_module_self(block);
+    if (mode) *mode = b->drop_mode;
+    if (drop_rate) *drop_rate = b->drop_rate;
+    return CM_OK;
+}
+
+/* ---- switching the layout ---- */
+
+static bool set_layout(cm_module *m, const char *path, int depth, void *data) {
+    const bool on = *(const bool *)data;
+    const cm_module_i *vt = cm_module_vtable(m);
+    if (vt == &basic_vt || vt == &bottleneck_vt)
+        ((block_s *)cm_module_self(m))->channels_last = on;
+    else if (vt == &resnet_vt)
+        ((resnet_s *)cm_module_self(m))->cfg.channels_last = on;
+    else {
+        static const char *const layered[] = {"Conv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"};
+        for (int i = 0; i < 5; i++)
+            if (!strcmp(cm_module_type_name(m), layered[i])) cm_nn_set_channels_last(m, on);
+    }
+    return true;
+}
+
+cm_status cm_resnet_set_channels_last(cm_module *net, bool on) {
+    if (!net || cm_module_vtable(net) != &resnet_vt)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_resnet_set_channels_last: the module is %s%s, not a ResNet",
+                            net ? "a " : "", net ? cm_module_type_name(net) : "NULL");
+    cm_module_visit(net, set_layout, &on);
+    return CM_OK;
+}
+
+bool cm_resnet_is_channels_last(const cm_module *net) {
+    return net && cm_module_vtable(net) == &resnet_vt && ((const resnet_s *)cm_module_self(net))->cfg.channels_last;
 }
 
 /* ---- FLOPs ---- */

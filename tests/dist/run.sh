@@ -222,6 +222,39 @@ crashed_rank_shows_error)
     [ $rc -ne 0 ] || fail "exit status 0 after a rank failed"
     grep -q "simulated failure: cannot read shard 7" "$tmp/out" || fail "the failing rank's error is not shown"
     ;;
+data_algos_on_ranks)
+    # SeqLengthWarmup cuts every row the same way on any number of ranks, so N ranks train as one
+    # process — the full-length dry run of the first batch included, which runs the strategy's
+    # collectives (DDP's gradient all-reduce, SHARD_GRAD_OP's reduce-scatter, FULL_SHARD's gathers
+    # and phantom microbatches) — and the trainer recounts the shorter batches' tokens on every
+    # rank. Same tolerance as cli_train_equivalence.
+    cli_setup
+    slw="algorithms.seq_length_warmup={duration: 1.0, min_seq_length: 8, max_seq_length: 32, step_size: 8}"
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref "$slw" >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    for st in NO_SHARD SHARD_GRAD_OP FULL_SHARD; do
+        launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/$st" run_name=s parallelism.fsdp.sharding_strategy=$st "$slw" \
+            >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "SeqLengthWarmup under $st on 2 ranks"; }
+        "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/$st/s" 2e-6 || fail "SeqLengthWarmup under $st: 2 ranks differ from 1 process"
+    done
+    # truncate false re-cuts each rank's 3 rows of 32 tokens into more, shorter rows (12, then 6, then
+    # 4): in the same global order as one process's, so with dropout the masks — keyed by global
+    # row — agree only if every rank's row offset and the batch's row total are recounted
+    slw="algorithms.seq_length_warmup={duration: 1.0, min_seq_length: 8, max_seq_length: 32, step_size: 8, truncate: false}"
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=reshape model.dropout=0.1 "$slw" >"$tmp/ref.out" 2>&1 \
+        || { cat "$tmp/ref.out"; fail "1-process train (reshape)"; }
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/re" run_name=s model.dropout=0.1 "$slw" \
+        >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "SeqLengthWarmup (reshape) on 2 ranks"; }
+    "$bin/dist_cli_compare" "$tmp/ref/reshape" "$tmp/re/s" 2e-6 || fail "SeqLengthWarmup (reshape, dropout): 2 ranks differ from 1 process"
+    # SelectiveBackprop selects on each rank's rows: the job runs, counts the kept samples, and
+    # refuses the sharded strategies with a message instead of a hang
+    sb="algorithms.selective_backprop={start: 0, end: 1, interrupt: 0}"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/sb" run_name=sb "$sb" >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "SelectiveBackprop on 2 ranks"; }
+    [ "$(grep -c '"loss/train/total"' "$tmp/sb/sb/metrics.jsonl")" = 6 ] || fail "SelectiveBackprop on 2 ranks: not 6 train losses"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/sbfs" run_name=sb parallelism.fsdp.sharding_strategy=FULL_SHARD "$sb" \
+        >"$tmp/out" 2>&1 && fail "SelectiveBackprop under FULL_SHARD should be refused"
+    grep -q "SelectiveBackprop: the selection forward under a sharded strategy on 2 ranks is not supported" "$tmp/out" \
+        || { cat "$tmp/out"; fail "SelectiveBackprop under FULL_SHARD: no clear message"; }
+    ;;
 cli_train_equivalence)
     # `composer -n N train` against a plain `composer train` of the same config.
     cli_setup
@@ -483,6 +516,55 @@ ckpt_resume_mismatch_errors)
     n=$(grep -c "'optimizer-rank3-of-4.safetensors' is missing" "$tmp/out")
     [ "$n" = 2 ] || fail "$n ranks (not 2) name the missing rank file"
     ;;
+cli_config_error_shows_our_message_alone)
+    # A typo'd key on 2 ranks: the job ends with status 2 and our one-line error, once, without
+    # mpirun's two boxes about a process that "returned a non-zero exit code".
+    cli_setup
+    launch -n 2 train "$tmp/tiny.yaml" optimzer.lr=1 run_root="$tmp/runs" >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc = 2 ] || fail "exit status $rc, want 2 (a config error)"
+    [ "$(grep -c "unknown key 'optimzer" "$tmp/out")" = 1 ] || fail "the error is not shown exactly once"
+    [ "$(wc -l <"$tmp/out")" = 1 ] || fail "more than our one line was printed"
+    # the launcher drops only those two boxes: another of mpirun's boxes (a rank killed by a
+    # signal) and the ranks' own lines pass through, in order (a stand-in mpirun prints them)
+    cat >"$tmp/mpirun" <<'EOS'
+#!/bin/sh
+[ "$1" = --version ] && { echo "mpirun (Open MPI) 4.1.4"; exit 0; }
+r=--------------------------------------------------------------------------
+printf 'rank line\n%s\nPrimary job  terminated normally, but 1 process returned\na non-zero exit code.\n%s\n' $r $r >&2
+printf '%s\nmpirun noticed that process rank 1 exited on signal 11 (Segmentation fault).\n%s\n' $r $r >&2
+printf '%s\nmpirun detected that one or more processes exited with non-zero status, thus causing\n%s\n' $r $r >&2
+printf 'partial' >&2
+exit 139
+EOS
+    chmod +x "$tmp/mpirun"
+    CM_MPIRUN="$tmp/mpirun" "$composer" -n 2 train x.yaml >"$tmp/out" 2>&1
+    rc=$?
+    cat "$tmp/out"
+    [ $rc = 139 ] || fail "the stand-in's status 139 became $rc"
+    printf 'rank line\n%s\nmpirun noticed that process rank 1 exited on signal 11 (Segmentation fault).\n%s\npartial' \
+        -------------------------------------------------------------------------- \
+        -------------------------------------------------------------------------- >"$tmp/want"
+    cmp -s "$tmp/out" "$tmp/want" || fail "the filtered output differs from the expected one"
+    ;;
+cli_train_profiler_merges_ranks)
+    # `composer -n 2 train` with a profiler: each rank writes its file of the cycle, rank 0 merges
+    # them onto its clock; the merged trace is valid, nested, in time order, has both ranks, and
+    # every collective names the rank that arrived last.
+    cli_setup
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" run_name=prof \
+        'profiler={schedule: {wait: 1, warmup: 1, active: 2}, sys_prof_memory: true}' >"$tmp/out" 2>&1 \
+        || { cat "$tmp/out"; fail "profiled train on 2 ranks"; }
+    cat "$tmp/out"
+    t="$tmp/runs/prof/traces"
+    [ "$(ls "$t" | tr '\n' ' ')" = "ep0-ba4-rank0.json ep0-ba4-rank1.json merged_trace.json " ] \
+        || fail "trace folder holds: $(ls "$t")"
+    "$bin/trace_check" "$t/merged_trace.json" 2 || fail "the merged trace"
+    grep -q '"name":"collective/all_reduce"' "$t/merged_trace.json" || fail "no all_reduce in the merged trace"
+    grep -q '"name": "linear_backward"' "$t/ep0-ba4-rank1.json" || fail "rank 1 recorded no backward op"
+    [ "$(grep -c '^linear ' "$tmp/out")" = 1 ] || fail "the op table is printed once (rank 0)"
+    ;;
 ckpt_remote_preemption)
     # Preemption end to end on a bucket: 4 sharded ranks save every 2 batches to s3:// (uploads in
     # the background), rank 2 is killed (SIGKILL) in the 6th save, the local staging folder is
@@ -507,6 +589,94 @@ ckpt_remote_preemption)
     "$ck" --compare "$tmp/ref.txt" "$tmp/r3.txt" 2e-6 || fail "4 -> 3 ranks through s3 differs from the uninterrupted run"
     [ "$(s3_stat refused)" = 0 ] || fail "the proxy refused $(s3_stat refused) signatures"
     echo "resumed from s3 at $name"
+    ;;
+streaming_shared_cache)
+    # Three ranks in three processes share one cache (their `local`) and read a shuffled epoch
+    # from the bucket: every shard is downloaded once (the proxy counts the GETs), and together
+    # they see, step by step, exactly the samples one process sees.
+    s3_start
+    export CM_STORAGE_RETRY_BACKOFF_S=0.05
+    st=$bin/dist_streaming
+    "$st" write "$tmp/src" s3://bkt/ds >/dev/null || fail "writing the dataset"
+    n=$(ls "$tmp/src" | grep -c '^shard\.')
+    [ "$n" -ge 6 ] || fail "only $n shards"
+    launch -n 3 "$st" read "$tmp/three.txt" s3://bkt/ds "$tmp/cache3" || fail "reading on 3 ranks"
+    gets=$(/usr/bin/python3 -c "
+import collections, json, urllib.request
+s = json.load(urllib.request.urlopen('$S3_ENDPOINT_URL/__proxy/stats'))
+c = collections.Counter(l.split('?')[0] for l in s['lines'] if l.startswith('GET ') and '/shard.' in l)
+print(len(c), max(c.values()))")
+    [ "$gets" = "$n 1" ] || fail "shards fetched from the bucket (distinct, most GETs of one): '$gets', want '$n 1'"
+    grep -qx "F $n" "$tmp/three.txt" || fail "the ranks fetched $(grep '^F' "$tmp/three.txt") shards, want $n"
+    env -u OMPI_COMM_WORLD_SIZE "$st" read "$tmp/one.txt" s3://bkt/ds "$tmp/cache1" || fail "reading in 1 process"
+    grep '^S' "$tmp/one.txt" >"$tmp/one_s"
+    grep '^S' "$tmp/three.txt" >"$tmp/three_s"
+    [ "$(wc -l <"$tmp/one_s")" = 20 ] || fail "1 process read $(wc -l <"$tmp/one_s") steps, want 20"
+    cmp -s "$tmp/one_s" "$tmp/three_s" || { diff "$tmp/one_s" "$tmp/three_s" | head; fail "3 ranks saw other samples than 1 process"; }
+    # the same with a cache_limit of Streaming's minimum (4 x the largest shard, raw and zip
+    # together, + index.json): the ranks evict each other's shards (never one being fetched or
+    # opened) and still read exactly the same samples, and the cache ends within its limit
+    limit=$(/usr/bin/python3 -c "
+import json, os
+ix = json.load(open('$tmp/src/index.json'))
+print(4 * max(s['raw_data']['bytes'] + (s['zip_data'] or {'bytes': 0})['bytes'] for s in ix['shards'])
+      + os.path.getsize('$tmp/src/index.json'))")
+    launch -n 3 "$st" read "$tmp/lim.txt" s3://bkt/ds "$tmp/cachelim" "$limit" || fail "reading on 3 ranks under cache_limit $limit"
+    grep '^S' "$tmp/lim.txt" >"$tmp/lim_s"
+    cmp -s "$tmp/one_s" "$tmp/lim_s" || { diff "$tmp/one_s" "$tmp/lim_s" | head; fail "under cache_limit the ranks saw other samples"; }
+    used=$(cat "$tmp/cachelim"/index.json "$tmp/cachelim"/shard.*.mds 2>/dev/null | wc -c)
+    [ "$used" -le "$limit" ] || fail "the cache holds $used bytes, over cache_limit $limit"
+    echo "under cache_limit $limit: $(grep '^F' "$tmp/lim.txt") shard fetches for $n shards, $used bytes cached at the end"
+    [ "$(s3_stat refused)" = 0 ] || fail "the proxy refused $(s3_stat refused) signatures"
+    ;;
+streaming_resume_elastic)
+    # Mid-epoch resumption on another number of ranks through the Trainer's checkpoints, the
+    # data streamed from the bucket: 1 process trains 30 batches (20 an epoch) saving every 5,
+    # 3 ranks resume it from batch 5; 4 ranks train and save, 2 ranks resume them from batch 5.
+    # Every resumed batch holds exactly the uninterrupted run's samples (no replay, nothing
+    # skipped; the 4-rank run's as well), and the weights agree within the elastic tolerance of
+    # ckpt_elastic_resume (the ranks sum the gradients in another order).
+    s3_start
+    export CM_STORAGE_RETRY_BACKOFF_S=0.05
+    st=$bin/dist_streaming
+    tol=2e-6
+    "$st" write "$tmp/src" s3://bkt/ds >/dev/null || fail "writing the dataset"
+    env -u OMPI_COMM_WORLD_SIZE "$st" train "$tmp/ref.txt" s3://bkt/ds "$tmp/c1" --save "$tmp/A" || fail "1-process run"
+    grep '^S' "$tmp/ref.txt" >"$tmp/ref_s"
+    [ "$(wc -l <"$tmp/ref_s")" = 30 ] || fail "the reference has $(wc -l <"$tmp/ref_s") batches"
+    awk '$2 > 5' "$tmp/ref_s" >"$tmp/ref_after5"
+    launch -n 3 "$st" train "$tmp/r3.txt" s3://bkt/ds "$tmp/c3" --load "$tmp/A/ep0-ba5" || fail "1 -> 3 ranks"
+    grep -q "^R $tmp/A/ep0-ba5" "$tmp/r3.txt" || fail "the 3-rank run did not resume"
+    grep '^S' "$tmp/r3.txt" >"$tmp/r3_s"
+    cmp -s "$tmp/ref_after5" "$tmp/r3_s" || { diff "$tmp/ref_after5" "$tmp/r3_s" | head; fail "1 -> 3 ranks: other samples than uninterrupted"; }
+    "$bin/dist_ckpt" --compare "$tmp/ref.txt" "$tmp/r3.txt" $tol || fail "1 -> 3 ranks differs from the uninterrupted run"
+    launch -n 4 "$st" train "$tmp/w4.txt" s3://bkt/ds "$tmp/c4" --save "$tmp/B" || fail "the 4-rank run"
+    grep '^S' "$tmp/w4.txt" >"$tmp/w4_s"
+    cmp -s "$tmp/ref_s" "$tmp/w4_s" || { diff "$tmp/ref_s" "$tmp/w4_s" | head; fail "4 ranks saw other samples than 1 process"; }
+    launch -n 2 "$st" train "$tmp/r2.txt" s3://bkt/ds "$tmp/c2" --load "$tmp/B/ep0-ba5" || fail "4 -> 2 ranks"
+    grep -q "^R $tmp/B/ep0-ba5" "$tmp/r2.txt" || fail "the 2-rank run did not resume"
+    grep '^S' "$tmp/r2.txt" >"$tmp/r2_s"
+    cmp -s "$tmp/ref_after5" "$tmp/r2_s" || { diff "$tmp/ref_after5" "$tmp/r2_s" | head; fail "4 -> 2 ranks: other samples than uninterrupted"; }
+    "$bin/dist_ckpt" --compare "$tmp/w4.txt" "$tmp/r2.txt" $tol || fail "4 -> 2 ranks differs from the uninterrupted 4-rank run"
+    [ "$(s3_stat refused)" = 0 ] || fail "the proxy refused $(s3_stat refused) signatures"
+    ;;
+train_algos_equivalence)
+    # The training methods under NO_SHARD: every rank applies the same update (SAM perturbs by the
+    # global batch's gradient), so 2 ranks (microbatches of 2 and 1 rows each) train as one process
+    # (tolerance as cli_train_equivalence).
+    # Under a sharded strategy they refuse to start, on every rank, naming NO_SHARD.
+    cli_setup
+    algos='algorithms={ema: {half_life: 2ba}, sam: {rho: 0.1, interval: 2}, swa: {swa_start: 0.3dur, swa_end: 0.7dur, update_interval: 1ba, schedule_swa_lr: true, swa_lr: 0.05}, layer_freezing: {freeze_start: 0.0}}'
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref "$algos" >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    for n in 2; do
+        launch -n $n train "$tmp/tiny.yaml" run_root="$tmp/n$n" run_name=r "$algos" >"$tmp/n$n.out" 2>&1 || { cat "$tmp/n$n.out"; fail "train on $n ranks"; }
+        "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/n$n/r" 2e-6 || fail "$n ranks with the methods differ from 1 process"
+    done
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/sh" "$algos" parallelism.fsdp.sharding_strategy=SHARD_GRAD_OP >"$tmp/sh.out" 2>&1
+    rc=$?
+    cat "$tmp/sh.out"
+    [ $rc -ne 0 ] || fail "the methods were accepted under SHARD_GRAD_OP"
+    grep -q "use sharding_strategy NO_SHARD" "$tmp/sh.out" || fail "the refusal does not name NO_SHARD"
     ;;
 *)
     fail "unknown case '$case_'"

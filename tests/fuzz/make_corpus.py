@@ -81,3 +81,22 @@ out("safetensors", "several.safetensors", st_file([
 out("tsv", "train.tsv", b"sentence\tlabel\nthe movie is good \t1\nnot a good film , \t0\n")
 out("tsv", "test.tsv", b"index\tsentence\n0\tthe film\n1\tbad movies !\n")
 out("tsv", "crlf.tsv", b"sentence\tlabel\r\nunable to s ' e \t0\r\n\r\n")
+
+# Hugging Face tokenizer.json: the golden folders' WordPiece tokenizer.json, and their GPT-2
+# vocabulary with merges as "a b" strings (tokenizers < 0.20) and as pairs.
+import json  # noqa: E402
+
+GOLD = os.path.join(HERE, "..", "golden", "hf")
+with open(os.path.join(GOLD, "bert-cls", "tokenizer.json"), "rb") as f:
+    out("hf_tokenizer", "wordpiece.json", f.read())
+with open(os.path.join(GOLD, "gpt2", "vocab.json"), encoding="utf-8") as f:
+    enc = json.load(f)
+with open(os.path.join(GOLD, "gpt2", "merges.txt"), encoding="utf-8") as f:
+    merges = [line.rstrip("\n") for line in f][1:]
+tj = {"version": "1.0", "added_tokens": [{"id": 265, "content": "<|endoftext|>", "special": True}], "normalizer": None,
+      "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+      "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "vocab": enc, "merges": merges}}
+out("hf_tokenizer", "bpe_strings.json", json.dumps(tj, ensure_ascii=False).encode())
+tj["model"]["merges"] = [m.split(" ") for m in merges]
+out("hf_tokenizer", "bpe_pairs.json", json.dumps(tj, ensure_ascii=False).encode())

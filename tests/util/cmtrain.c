@@ -1,5 +1,7 @@
 #include "cmtrain.h"
 
+#include "tensor/tensor_impl.h"
+
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +103,9 @@ float *cmt_params_copy(cm_model *m, int64_t *n) {
     int64_t off = 0;
     for (int i = 0; i < cm_module_n_units(root); i++) {
         const cm_unit_info *u = cm_module_unit(root, i);
-        memcpy(p + off, u->params, sizeof(float) * (size_t)u->numel);
+        /* the unit may be on a GPU (cm_module_to_device): copied back */
+        cr_assert_eq(cmi_dev_memcpy(p + off, CM_DEVICE_CPU, u->params, u->device, sizeof(float) * (size_t)u->numel),
+                     CM_OK, "%s", cm_last_error());
         off += u->numel;
     }
     *n = total;

@@ -103,6 +103,11 @@ static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logg
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "OptimizerMonitor: the model's module tree is not finalized");
+    if (cm_module_device(root) != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "OptimizerMonitor: the model is on %s; the monitor reads the "
+                                                "gradients on the host and does not run on a GPU yet (drop it from "
+                                                "callbacks for GPU runs)",
+                            cm_device_name(cm_module_device(root)));
     const int64_t np = cm_module_n_params(root);
     cm_status s = om_reserve(om, np * OM_PER_PARAM + 1);
     if (s) return s;

@@ -2,6 +2,8 @@
  * into training and evaluation (Composer's SpeedMonitor). */
 #include "cb_impl.h"
 
+#include <stdlib.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,7 +32,9 @@ static void sm_push(speed_monitor *m, sm_entry e) {
     if (m->n < m->cap) m->n++;
 }
 
-static cm_status sm_resolve_peak(speed_monitor *m) {
+/* The peak for MFU: the configured one, else on a GPU the data sheet's for the precision (bf16
+ * under amp_bf16, f32 — or TF32 with CM_CUDA_TF32=1 — otherwise), else the CPU's measured peak. */
+static cm_status sm_resolve_peak(speed_monitor *m, const cm_state *st) {
     if (m->peak_resolved) return CM_OK;
     m->peak_resolved = true;
     if (m->cfg.peak_flops > 0) {
@@ -38,6 +42,21 @@ static cm_status sm_resolve_peak(speed_monitor *m) {
         return CM_OK;
     }
     if (m->cfg.peak_flops < 0) return CM_OK;
+    const cm_model *model = cm_state_model(st);
+    const cm_device dev = model ? cm_module_device(cm_model_module((cm_model *)model)) : CM_DEVICE_CPU;
+    if (dev != CM_DEVICE_CPU) {
+        const char *tf = getenv("CM_CUDA_TF32");
+        const cm_dtype dt = cm_state_precision(st) == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16
+                            : tf && tf[0] == '1'                             ? CM_DTYPE_F16
+                                                                             : CM_DTYPE_F32;
+        cm_status s = cm_device_peak_flops(dev, dt, &m->peak);
+        if (s == CM_ERR_NOT_FOUND) { /* MFU is left out, the rest is logged; said once */
+            cm_log_msg(CM_LOG_WARN, "SpeedMonitor: %s; MFU is not logged", cm_last_error());
+            m->peak = 0;
+            return CM_OK;
+        }
+        return s;
+    }
     return cm_peak_flops(&m->peak);
 }
 
@@ -81,7 +100,7 @@ static cm_status sm_batch_end(speed_monitor *m, const cm_state *st, cm_logger *l
                 all = all && sm_at(m, i)->flops > 0;
             }
             if (all) {
-                cm_status s = sm_resolve_peak(m);
+                cm_status s = sm_resolve_peak(m, st);
                 if (s) return s;
                 const double fl = wflops / dwct;
                 v[k++] = (cm_metric_value){"throughput/flops_per_sec", fl};

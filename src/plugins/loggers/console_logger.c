@@ -2,6 +2,8 @@
  * metrics) on a stream. The text itself is console_fmt.c's, shared with the FileLogger's log.txt. */
 #include "loggers_impl.h"
 
+#include <string.h>
+
 typedef struct {
     cmi_console con;
     bool rank0;
@@ -31,6 +33,14 @@ static cm_status cl_run_event(void *self, cm_event ev, const cm_state *st) {
     return CM_OK;
 }
 
+static cm_status cl_log_text(void *self, const char *key, const char *text, const cm_timestamp *ts) {
+    console_logger *lg = self;
+    if (!lg->rank0) return CM_OK;
+    fprintf(lg->con.out, "[text] %s (epoch %lld, batch %lld):\n%s%s", key, (long long)(ts ? ts->epoch : 0),
+            (long long)(ts ? ts->batch : 0), text, text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
+    return CM_OK;
+}
+
 static cm_status cl_flush(void *self) {
     fflush(((console_logger *)self)->con.out);
     return CM_OK;
@@ -51,6 +61,7 @@ static const cm_logger_i console_vt = {
     .run_event = cl_run_event,
     .flush = cl_flush,
     .free = cl_free,
+    .log_text = cl_log_text,
 };
 
 cm_status cm_console_logger_new(const cm_console_logger_config *cfg, cm_logger_plugin *out) {

@@ -2,6 +2,7 @@
  * console text) and loss.svg (drawn from metrics.jsonl at the end of fit). */
 #include "loggers_impl.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@ typedef struct {
     bool active, warned_reserved, dirty;
     char *dir, *metrics_path, *log_path, *plot_path;
     cm_metrics_file *mf;
+    int64_t opened_size; /* metrics.jsonl's length when this run opened it (appending) */
     FILE *log;
     cmi_console con;
     const char **names; /* scratch for one log call */
@@ -71,6 +73,11 @@ static cm_status fl_init(void *self, const cm_state *st) {
         (s = cm_run_folder_path(lg->dir, CM_RUN_FILE_PLOT, &lg->plot_path)))
         return s;
     if (lg->metrics_on && (s = cm_metrics_file_open(lg->metrics_path, lg->append, &lg->mf))) return s;
+    if (lg->mf && (lg->opened_size = cm_metrics_file_size(lg->mf)) < 0) {
+        s = cm_last_status();
+        close_files(lg);
+        return s;
+    }
     if (lg->text_on) {
         lg->log = fopen(lg->log_path, lg->append ? "a" : "w");
         if (!lg->log) {
@@ -187,6 +194,76 @@ static void fl_free(void *self) {
     cm_free(lg);
 }
 
+/* Texts (generated samples) go to log.txt, each under a header line. */
+static cm_status fl_log_text(void *self, const char *key, const char *text, const cm_timestamp *ts) {
+    file_logger *lg = self;
+    if (!lg->active || !lg->log) return CM_OK;
+    fprintf(lg->log, "[text] %s (epoch %lld, batch %lld):\n%s%s", key, (long long)(ts ? ts->epoch : 0),
+            (long long)(ts ? ts->batch : 0), text, text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
+    return flush_log(lg);
+}
+
+/* Checkpoint state: where metrics.jsonl ended when the checkpoint was saved. */
+static size_t fl_save(void *self, char *buf, size_t cap) {
+    file_logger *lg = self;
+    const int64_t n = lg->mf ? cm_metrics_file_size(lg->mf) : -1;
+    int k = n >= 0 ? snprintf(buf, cap, "{\"metrics_bytes\": %lld}", (long long)n) : snprintf(buf, cap, "{}");
+    return (size_t)k;
+}
+
+/* Lines in bytes [from, to) of a file (-1 if it cannot be read). */
+static int64_t count_lines(const char *path, int64_t from, int64_t to) {
+    FILE *f = fopen(path, "rb");
+    if (!f || fseeko(f, (off_t)from, SEEK_SET) != 0) {
+        if (f) fclose(f);
+        return -1;
+    }
+    int64_t n = 0;
+    for (int64_t at = from; at < to; at++) {
+        int c = fgetc(f);
+        if (c == EOF) break;
+        n += c == '\n';
+    }
+    fclose(f);
+    return n;
+}
+
+/* A resumed run trains again the batches after the checkpoint: the lines the interrupted run wrote
+ * after it are dropped, so metrics.jsonl keeps one set of rows per batch (the lines this run wrote
+ * since it opened the file stay). */
+static cm_status fl_load(void *self, const char *json, size_t len) {
+    file_logger *lg = self;
+    cJSON *o = cJSON_ParseWithLength(json, len);
+    const cJSON *n = o ? cJSON_GetObjectItemCaseSensitive(o, "metrics_bytes") : NULL;
+    const bool empty = o && cJSON_IsObject(o) && !o->child;
+    const long long at = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (long long)n->valuedouble : -1;
+    cJSON_Delete(o);
+    if (empty) return CM_OK; /* saved while not writing metrics */
+    if (at < 0)
+        return cm_set_error(CM_ERR_FORMAT, "FileLogger: checkpoint state '%.*s' is not {\"metrics_bytes\": N}",
+                            (int)(len < 200 ? len : 200), json);
+    if (!lg->mf) return CM_OK; /* not writing metrics (another rank, or metrics_file off) */
+    const int64_t size = cm_metrics_file_size(lg->mf);
+    if (size < 0) return cm_last_status();
+    /* a checkpoint of an earlier run (resuming): drop its later lines, keep this run's since it
+     * opened the file; one of this run (a rollback): drop everything after it */
+    const int64_t to = at <= lg->opened_size ? lg->opened_size : size;
+    if (at > size) {
+        cm_log_msg(CM_LOG_WARN, "FileLogger: the checkpoint was saved when '%s' had %lld bytes, but it has %lld "
+                                "(another file?); it is left as it is",
+                   lg->metrics_path, at, (long long)size);
+        return CM_OK;
+    }
+    if (at == to) return CM_OK;
+    const int64_t lines = count_lines(lg->metrics_path, at, to);
+    cm_status s = cm_metrics_file_cut(lg->mf, at, to);
+    if (s) return s;
+    cm_log_msg(CM_LOG_INFO, "FileLogger: dropped %lld line(s) of '%s' written after the checkpoint (the run trains "
+                            "those batches again)", (long long)lines, lg->metrics_path);
+    if (lg->opened_size > at) lg->opened_size = at;
+    return CM_OK;
+}
+
 static const cm_logger_i file_vt = {
     .abi = CM_LOGGER_ABI,
     .name = "FileLogger",
@@ -197,6 +274,9 @@ static const cm_logger_i file_vt = {
     .flush = fl_flush,
     .close = fl_close,
     .free = fl_free,
+    .save = fl_save,
+    .load = fl_load,
+    .log_text = fl_log_text,
 };
 
 cm_status cm_file_logger_new(const cm_file_logger_config *cfg, cm_logger_plugin *out) {

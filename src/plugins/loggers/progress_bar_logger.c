@@ -133,9 +133,9 @@ static cm_status pb_run_event(void *self, cm_event ev, const cm_state *st) {
         const char *label = cm_state_dataloader_label(st);
         if (!label || !label[0]) label = "eval";
         snprintf(lg->eval_prefix, sizeof lg->eval_prefix, "metrics/%s/", label);
-        cm_dataloader *dl = cm_state_dataloader(st);
         lg->eval_n = 0;
-        lg->eval_total = dl ? cm_dataloader_steps_per_epoch(dl) : 0;
+        lg->eval_total = cm_state_dataloader_len(st); /* eval_subset_num_batches counted */
+        if (lg->eval_total < 0) lg->eval_total = 0;
         return start_bar(lg, label, lg->eval_total, &lg->eval);
     }
     case CM_EVENT_EVAL_BATCH_END:

@@ -242,6 +242,17 @@ cm_status cmi_cuda_select_rows_bwd(float *, const float *, const int64_t *, int6
 cm_status cmi_cuda_attention(const cmi_attn_desc *, float *, float *);
 cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *, const float *, const float *, const float *, float *, bool,
                                  float *, bool, float *, bool, float *);
+cm_status cmi_cuda_sgd_step(const cmi_sgd_args *);
+cm_status cmi_cuda_adam_step(const cmi_adam_args *);
+cm_status cmi_cuda_sumsq(const float *, int64_t, double *);
+cm_status cmi_cuda_conv(const cmi_conv_geom *, cm_dtype, cm_dtype, const void *, cm_dtype, const void *, const float *,
+                        cm_dtype, void *);
+cm_status cmi_cuda_conv_bwd(const cmi_conv_geom *, cm_dtype, cm_dtype, const void *, cm_dtype, const void *, cm_dtype,
+                            const void *, float *, bool, float *, float *);
+cm_status cmi_cuda_batch_norm(const cmi_bn_args *);
+cm_status cmi_cuda_batch_norm_bwd(const cmi_bn_bwd_args *);
+cm_status cmi_cuda_pool(const cmi_pool_desc *, const float *, float *, int32_t *);
+cm_status cmi_cuda_pool_bwd(const cmi_pool_desc *, const float *, const int32_t *, float *);
 cm_status cmi_cuda_gemm(cm_dtype, int64_t, int64_t, int64_t, const void *, int64_t, bool, const void *, int64_t, bool,
                         const float *, bool, float *, int64_t, int64_t, int64_t, int64_t, int64_t);
 }

@@ -220,6 +220,15 @@ void rt_reset_peak(void) {
     s.peak = s.allocated;
 }
 
+bool rt_owns(const void *p) {
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    const char *c = (const char *)p;
+    for (const state::block &b : s.live)
+        if (c >= (const char *)b.p && c < (const char *)b.p + b.bytes) return true;
+    return false;
+}
+
 void rt_set_budget(size_t bytes) {
     state &s = S();
     std::lock_guard<std::mutex> lk(s.mu);
@@ -251,7 +260,11 @@ int cmi_cuda_sm_count(void) { return S().prop.multiProcessorCount > 0 ? S().prop
 
 unsigned cmi_cuda_grid(int64_t n, int block) {
     int64_t g = (n + block - 1) / block;
+#ifdef CMI_CUDA_EMU
+    const int64_t cap = 2; /* the emulator runs every thread: grid-stride loops do the rest */
+#else
     const int64_t cap = (int64_t)cmi_cuda_sm_count() * 32;
+#endif
     if (g > cap) g = cap;
     return g < 1 ? 1u : (unsigned)g;
 }
@@ -326,6 +339,7 @@ static cmi_backend make_table(void) {
     b.mem_stats = rt_mem_stats;
     b.reset_peak = rt_reset_peak;
     b.set_budget = rt_set_budget;
+    b.owns = rt_owns;
     b.fill = cmi_cuda_fill;
     b.copy = cmi_cuda_copy;
     b.arange = cmi_cuda_arange;
@@ -356,6 +370,15 @@ static cmi_backend make_table(void) {
     b.select_rows_bwd = cmi_cuda_select_rows_bwd;
     b.attention = cmi_cuda_attention;
     b.attention_bwd = cmi_cuda_attention_bwd;
+    b.sgd_step = cmi_cuda_sgd_step;
+    b.adam_step = cmi_cuda_adam_step;
+    b.sumsq = cmi_cuda_sumsq;
+    b.conv = cmi_cuda_conv;
+    b.conv_bwd = cmi_cuda_conv_bwd;
+    b.batch_norm = cmi_cuda_batch_norm;
+    b.batch_norm_bwd = cmi_cuda_batch_norm_bwd;
+    b.pool = cmi_cuda_pool;
+    b.pool_bwd = cmi_cuda_pool_bwd;
     return b;
 }
 

@@ -48,8 +48,14 @@ struct region {
     char *p;
     size_t len;
 };
-std::vector<region> g_regions;
+std::vector<region> g_regions; /* live allocations */
+std::vector<region> g_free;    /* freed pieces of the heap, for reuse */
 size_t g_dev_used = 0;
+/* Device memory is one reserved heap (PROT_NONE outside kernels and copies), carved by first fit:
+ * opening and closing it is one mprotect each way instead of one per allocation (with hundreds of
+ * allocations that was most of the emulator's time). */
+char *g_heap = nullptr;
+size_t g_heap_top = 0; /* bytes of the heap ever handed out (the part to open and close) */
 bool g_protect_read = false, g_protect = true;
 int g_kernel_depth = 0;
 
@@ -75,7 +81,7 @@ bool protect_on() {
 void set_access(bool open) {
     if (!protect_on()) return;
     std::lock_guard<std::mutex> lk(g_mem_mu);
-    for (const region &r : g_regions) mprotect(r.p, r.len, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+    if (g_heap && g_heap_top) mprotect(g_heap, g_heap_top, open ? PROT_READ | PROT_WRITE : PROT_NONE);
 }
 
 struct access_scope {
@@ -393,10 +399,29 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), len = ((bytes ? bytes : 1) + page - 1) / page * page;
     std::lock_guard<std::mutex> lk(g_mem_mu);
     if (g_dev_used + len > dev_total()) return set_err(cudaErrorMemoryAllocation);
-    void *m = mmap(nullptr, len, (protect_on() && g_kernel_depth == 0) ? PROT_NONE : PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return set_err(cudaErrorMemoryAllocation);
-    g_regions.push_back(region{(char *)m, len});
+    if (!g_heap) {
+        void *h = mmap(nullptr, dev_total(), protect_on() ? PROT_NONE : PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (h == MAP_FAILED) return set_err(cudaErrorMemoryAllocation);
+        g_heap = (char *)h;
+    }
+    char *m = nullptr;
+    for (size_t i = 0; i < g_free.size(); i++) { /* first fit among freed pieces */
+        if (g_free[i].len < len) continue;
+        m = g_free[i].p;
+        g_free[i].p += len;
+        g_free[i].len -= len;
+        if (!g_free[i].len) g_free.erase(g_free.begin() + (long)i);
+        break;
+    }
+    if (!m) {
+        if (g_heap_top + len > dev_total()) return set_err(cudaErrorMemoryAllocation);
+        m = g_heap + g_heap_top;
+        g_heap_top += len;
+        /* new pages take the heap's current state: open inside a kernel or copy, else closed */
+        if (protect_on()) mprotect(m, len, g_kernel_depth ? PROT_READ | PROT_WRITE : PROT_NONE);
+    }
+    g_regions.push_back(region{m, len});
     g_dev_used += len;
     *p = m;
     return cudaSuccess;
@@ -407,8 +432,8 @@ cudaError_t cudaFree(void *p) {
     std::lock_guard<std::mutex> lk(g_mem_mu);
     for (size_t i = 0; i < g_regions.size(); i++) {
         if (g_regions[i].p != p) continue;
-        munmap(g_regions[i].p, g_regions[i].len);
         g_dev_used -= g_regions[i].len;
+        g_free.push_back(g_regions[i]);
         g_regions.erase(g_regions.begin() + (long)i);
         return cudaSuccess;
     }

@@ -1,0 +1,90 @@
+#!/bin/sh
+# Does MLM pretraining show its worth? The seeds' workflow measured: examples/bert-mlm.yaml
+# pretrains a BERT-Tiny-shaped model with masked LM on SST-2's training sentences and tiny
+# Shakespeare, then examples/bert-sst2.yaml fine-tunes it on SST-2 — once from the pretrained
+# folder and once from random weights (model.pretrained=false), the same config and the same
+# budget — and the SST-2 dev accuracy, cross-entropy and wall-clock of each are reported.
+#
+#   bench/hf_finetune.sh                      # pretraining 6 epochs, fine-tuning 3 epochs (the
+#                                             # examples as written: hours on two cores)
+#   MLM_DURATION=2ep FT_DURATION=1ep bench/hf_finetune.sh    # a smaller budget
+#   SKIP_MLM=1 bench/hf_finetune.sh           # reuse runs/$MLM_NAME/huggingface/final
+#
+# Two fine-tuning settings, each run from the pretrained folder and from random weights: all of
+# SST-2's training set for FT_DURATION (the seeds'), and its first SUBSET rows (2000; 0 skips it)
+# for SUBSET_DURATION (3ep) — few labels, where pretraining on the unlabelled sentences matters most.
+#
+# Other knobs: MLM_NAME (the pretraining run's name, bench-bert-mlm), FT_SEQ (max_seq_len of fine-tuning, 128 as the seed; SST-2's longest sentence is 66
+# tokens, so 64 gives the same model at half the cost), FT_LR, SEED, THREADS (CM_NUM_THREADS),
+# COMPOSER (the binary, default build/tools/composer). Results are appended to
+# bench/results/hf_finetune.tsv. Run from the repository root on an otherwise idle machine: the
+# wall-clock figures are only comparable between runs on the same machine and load.
+# For scale: Google's BERT-Tiny, pretrained on BooksCorpus + Wikipedia, scores 83.2 on SST-2
+# (GLUE test set, google-research/bert README).
+set -eu
+
+COMPOSER=${COMPOSER:-build/tools/composer}
+MLM_DURATION=${MLM_DURATION:-6ep}
+FT_DURATION=${FT_DURATION:-3ep}
+FT_SEQ=${FT_SEQ:-128}
+FT_LR=${FT_LR:-1.0e-4}
+SEED=${SEED:-17}
+SUBSET=${SUBSET:-2000}
+SUBSET_DURATION=${SUBSET_DURATION:-3ep}
+MLM_NAME=${MLM_NAME:-bench-bert-mlm}
+THREADS=${THREADS:-}
+ROOT=runs
+OUT=bench/results/hf_finetune.tsv
+
+[ -x "$COMPOSER" ] || { echo "$COMPOSER not found: run make build first" >&2; exit 1; }
+[ -n "$THREADS" ] && export CM_NUM_THREADS="$THREADS"
+mkdir -p bench/results
+[ -f "$OUT" ] || printf 'date\thost\trun\tinit\tbudget\tdev_accuracy\tdev_cross_entropy\tbatches\twall_s\n' >"$OUT"
+host=$(hostname 2>/dev/null || echo host)
+
+# run NAME INIT BUDGET ARGS...: one composer train; appends a result row, prints it
+run() {
+    name=$1 init=$2 budget=$3
+    shift 3
+    log=$(mktemp)
+    start=$(date +%s.%N)
+    if ! "$COMPOSER" train "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        exit 1
+    fi
+    end=$(date +%s.%N)
+    acc=$(sed -n 's/.*metrics\/eval\/MulticlassAccuracy: //p' "$log" | tail -1)
+    ce=$(sed -n 's/.*metrics\/eval\/CrossEntropy: //p' "$log" | tail -1)
+    batches=$(sed -n 's/^trained \([0-9]*\) batches.*/\1/p' "$log" | tail -1)
+    wall=$(awk "BEGIN {print $end - $start}")
+    rm -f "$log"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\n' "$(date -u +%Y-%m-%dT%H:%M:%S)" "$host" "$name" "$init" "$budget" \
+        "${acc:--}" "${ce:--}" "${batches:--}" "$wall" | tee -a "$OUT"
+}
+
+printf 'run\tinit\tbudget\tdev_accuracy\tdev_cross_entropy\tbatches\twall_s (appended to %s)\n' "$OUT"
+if [ -z "${SKIP_MLM:-}" ]; then
+    run bert-mlm random "$MLM_DURATION" examples/bert-mlm.yaml progress_bar=false run_root=$ROOT run_name="$MLM_NAME" \
+        seed="$SEED" max_duration="$MLM_DURATION" save_folder=null callbacks.hf_checkpointer.save_folder="$ROOT/$MLM_NAME"
+fi
+FOLDER=$ROOT/$MLM_NAME/huggingface/final
+[ -f "$FOLDER/config.json" ] || { echo "no pretrained folder $FOLDER (run without SKIP_MLM)" >&2; exit 1; }
+# fine-tune NAME TRAIN_DATASET DURATION: the pretrained and the random-weights run
+finetune() {
+    name=$1 data=$2 dur=$3
+    for init in pretrained random; do
+        pre=true
+        [ $init = random ] && pre=false
+        run "$name" "$init" "$dur" examples/bert-sst2.yaml progress_bar=false run_root=$ROOT run_name=bench-$name-$init \
+            seed="$SEED" max_duration="$dur" model.pretrained_model_name_or_path="$FOLDER" model.pretrained=$pre \
+            train_loader.dataset="$data" eval_loader.dataset.max_seq_len="$FT_SEQ" optimizer.lr="$FT_LR" save_folder=null
+    done
+}
+# the seeds' setting: all of SST-2's training set
+finetune bert-sst2 "{type: sst2, split: train, max_seq_len: $FT_SEQ}" "$FT_DURATION"
+# few labels: the first SUBSET rows of train.tsv, SUBSET_DURATION of training
+if [ "$SUBSET" -gt 0 ]; then
+    head -n $((SUBSET + 1)) ../shared/data/sst2/train.tsv >"$ROOT/sst2-train-$SUBSET.tsv"
+    finetune "bert-sst2-$SUBSET" "{type: tsv, path: $ROOT/sst2-train-$SUBSET.tsv, max_seq_len: $FT_SEQ}" "$SUBSET_DURATION"
+fi

@@ -1,0 +1,201 @@
+/* Composer's "required on load" rule (State._apply_required_algorithms): a checkpoint lists the
+ * algorithms it was trained with, and the model surgery among them (the required_on_load methods
+ * of composer/surgery_algorithms.h) is re-created from the recorded arguments and applied before
+ * the weights are read, when the trainer was not given it — with Composer's warnings (the same
+ * method given with other arguments; one that cannot be re-created) and errors (a re-created
+ * method that the passes would order before one of the trainer's own; one that fails to apply). */
+#include "checkpoint/ckpt_impl.h"
+
+#include <composer/surgery_algorithms.h>
+#include <stdio.h>
+#include <string.h>
+
+const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck); /* reader.c */
+
+static bool excluded(const char *const *exclude, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (cm_name_match(exclude[i], name)) return true;
+    return false;
+}
+
+/* A plugin's arguments as canonical JSON text (cJSON's unformatted print of the parsed object), or
+ * NULL. Caller frees with cJSON_free. */
+static char *canonical_hparams(cm_algorithm_plugin p) {
+    char buf[1024];
+    size_t n = cm_algorithm_hparams_json(p, buf, sizeof buf);
+    if (!n || n >= sizeof buf) return NULL;
+    cJSON *j = cJSON_Parse(buf);
+    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    return t;
+}
+
+/* "Name({...})": Composer's repr, for messages. */
+static void repr(const char *name, const char *hp, char *out, size_t cap) {
+    snprintf(out, cap, "%s(%s)", name, hp ? hp : "");
+}
+
+static void append(char *list, size_t cap, const char *item) {
+    size_t l = strlen(list);
+    snprintf(list + l, cap - l, "%s%s", l ? ", " : "", item);
+}
+
+cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, cmi_remote *via,
+                                        const char *const *exclude, int n_exclude, int *n_added) {
+    *n_added = 0;
+    cm_checkpoint *ck = NULL;
+    cm_status s = via ? cmi_remote_open_path(via, path, &ck) : cm_checkpoint_open(path, &ck);
+    if (s) return s;
+    const cJSON *algs = cJSON_GetObjectItemCaseSensitive(cmi_checkpoint_root(ck), "algorithms");
+    enum { MAXM = 32 };
+    cm_algorithm_plugin missing[MAXM];
+    char *missing_hp[MAXM];
+    const char *missing_name[MAXM];
+    int n_missing = 0;
+    const int n_user = cm_engine_n_algorithms(e);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, algs) {
+        const cJSON *jn = cJSON_GetObjectItemCaseSensitive(it, "name");
+        if (!cJSON_IsString(jn)) continue;
+        const char *name = jn->valuestring;
+        const cm_algorithm_info *info = cm_algorithm_info_find(name);
+        if (!info || !info->required_on_load || strcmp(info->name, name)) continue;
+        if (excluded(exclude, n_exclude, name)) {
+            cm_log_msg(CM_LOG_INFO, "checkpoint '%s' was trained with %s; not re-applied (load_exclude_algorithms)",
+                       path, name);
+            continue;
+        }
+        const cJSON *hp = cJSON_GetObjectItemCaseSensitive(it, "hparams");
+        char *hp_text = cJSON_IsObject(hp) ? cJSON_PrintUnformatted(hp) : NULL;
+        cm_algorithm_plugin p;
+        if (!hp_text || cm_algorithm_new_from_json(name, hp_text, &p) != CM_OK) {
+            /* Composer warns and goes on when eval(repr) fails */
+            cm_log_msg(CM_LOG_WARN,
+                       "required_on_load algorithm %s was enabled when training the loaded checkpoint '%s'. "
+                       "Attempted to check its presence but recreating the algorithm failed (%s). If this "
+                       "required_on_load algorithm is not properly specified, it may lead to unexpected behavior, "
+                       "including failing to load weights for some layers.",
+                       name, path, hp_text ? cm_last_error() : "no recorded arguments");
+            cJSON_free(hp_text);
+            continue;
+        }
+        char *canon = canonical_hparams(p);
+        /* the trainer's own algorithms of the same class */
+        bool same_class = false, same_args = false;
+        char forms[512] = "";
+        for (int i = 0; i < n_user; i++) {
+            cm_algorithm *a = cm_engine_algorithm(e, i);
+            if (strcmp(cm_algorithm_name(a), name)) continue;
+            same_class = true;
+            char *mine = canonical_hparams((cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)});
+            char r[256];
+            repr(name, mine, r, sizeof r);
+            append(forms, sizeof forms, r);
+            same_args = same_args || (mine && canon && !strcmp(mine, canon));
+            cJSON_free(mine);
+        }
+        for (int i = 0; i < n_missing && !same_class; i++) same_class = !strcmp(missing_name[i], name);
+        if (same_class) {
+            if (!same_args && forms[0])
+                cm_log_msg(CM_LOG_WARN,
+                           "required_on_load algorithm %s(%s) was enabled when training the loaded checkpoint '%s' but "
+                           "is now specified in the following forms: %s. Potential parameter discrepancies for this "
+                           "required_on_load algorithm may lead to unexpected behavior, including failing to load "
+                           "weights for some layers.",
+                           name, canon ? canon : "", path, forms);
+            cm_algorithm_plugin_free(p);
+            cJSON_free(canon);
+            cJSON_free(hp_text);
+            continue;
+        }
+        cJSON_free(hp_text);
+        if (n_missing == MAXM) {
+            cm_algorithm_plugin_free(p);
+            cJSON_free(canon);
+            s = cm_set_error(CM_ERR_UNSUPPORTED, "checkpoint '%s' requires more than %d algorithms", path, MAXM);
+            break;
+        }
+        missing[n_missing] = p, missing_hp[n_missing] = canon, missing_name[n_missing] = info->name;
+        n_missing++;
+    }
+    char names[512] = "", reprs[1024] = "";
+    for (int i = 0; i < n_missing; i++) {
+        char r[256], q[96];
+        repr(missing_name[i], missing_hp[i], r, sizeof r);
+        append(reprs, sizeof reprs, r);
+        snprintf(q, sizeof q, "'%s'", missing_name[i]);
+        append(names, sizeof names, q);
+    }
+    /* register them after the trainer's own, as Composer appends them to state.algorithms */
+    int registered = 0;
+    for (int i = 0; !s && i < n_missing; i++) {
+        if ((s = cm_engine_add_algorithm(e, missing[i]))) break;
+        registered++;
+    }
+    for (int i = registered; i < n_missing; i++) cm_algorithm_plugin_free(missing[i]);
+    cm_algorithm **order = NULL;
+    int n_order = 0;
+    if (!s && registered) {
+        order = cm_alloc(sizeof *order * (size_t)cm_engine_n_algorithms(e), 16);
+        if (!order) s = cm_set_error(CM_ERR_OOM, "checkpoint: out of memory");
+        else if ((n_order = cmi_engine_order_all(e, CM_EVENT_INIT, order)) < 0) s = cm_last_status();
+    }
+    /* one of the checkpoint's methods ordered before one of the trainer's, which already ran */
+    for (int i = 0, seen = 0; !s && i < n_order; i++) {
+        bool theirs = false;
+        for (int k = n_user; k < cm_engine_n_algorithms(e); k++) theirs = theirs || cm_engine_algorithm(e, k) == order[i];
+        if (theirs) {
+            seen = 1;
+        } else if (seen) {
+            s = cm_set_error(CM_ERR_STATE,
+                             "The following algorithms were enabled when training checkpoint '%s' and are required to "
+                             "successfully load it: [%s]. Attempted to autocreate and apply required algorithms, but "
+                             "at least one of the loaded algorithms was ordered before a user specified algorithm "
+                             "(%s) which has already been applied, preventing automatic application of algorithms. "
+                             "If you wish to use pretrained weights and reinitialize layers which have undergone "
+                             "surgery, the following algorithms may be excluded using load_exclude_algorithms, e.g. "
+                             "load_exclude_algorithms=[%s].",
+                             path, reprs, cm_algorithm_name(order[i]), names);
+        }
+    }
+    /* apply them, in the passes' order */
+    for (int i = 0; !s && i < n_order; i++) {
+        bool theirs = false;
+        for (int k = n_user; k < cm_engine_n_algorithms(e); k++) theirs = theirs || cm_engine_algorithm(e, k) == order[i];
+        if (!theirs) continue;
+        const cm_algorithm_i *vt = cm_algorithm_vtable(order[i]);
+        void *self = cm_algorithm_self(order[i]);
+        cm_clear_error();
+        if (vt->match(self, CM_EVENT_INIT, st)) s = vt->apply(self, CM_EVENT_INIT, st, cm_engine_logger(e));
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error()[0] ? cm_last_error() : cm_status_str(s));
+            s = cm_set_error(s,
+                             "The following algorithms were enabled when training checkpoint '%s' and are required to "
+                             "successfully load it: [%s]. Attempted to autocreate and apply required algorithms but "
+                             "%s failed: %s. If you wish to use pretrained weights and reinitialize layers which have "
+                             "undergone surgery, the following algorithms may be excluded using "
+                             "load_exclude_algorithms, e.g. load_exclude_algorithms=[%s].",
+                             path, reprs, cm_algorithm_name(order[i]), msg, names);
+            break;
+        }
+        cm_log_msg(CM_LOG_WARN,
+                   "Automatically adding required_on_load algorithm %s to trainer, which was enabled when training "
+                   "the loaded checkpoint '%s'. If you wish to use pretrained weights and ignore required_on_load "
+                   "algorithms, which may result in some weights failing to load, include %s in "
+                   "load_exclude_algorithms, e.g. load_exclude_algorithms=['%s'].",
+                   cm_algorithm_name(order[i]), path, cm_algorithm_name(order[i]), cm_algorithm_name(order[i]));
+    }
+    cm_free(order);
+    for (int i = 0; i < n_missing; i++) cJSON_free(missing_hp[i]);
+    if (s) {
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        cmi_engine_pop_algorithms(e, cm_engine_n_algorithms(e) - n_user);
+        cm_checkpoint_close(ck);
+        return cm_set_error(s, "%s", msg);
+    }
+    *n_added = registered;
+    cm_checkpoint_close(ck);
+    return CM_OK;
+}

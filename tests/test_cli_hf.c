@@ -1,0 +1,244 @@
+/* `composer train | eval | ckpt export --hf` with Hugging Face pretrained folders: fine-tuning a
+ * classifier from an MLM folder (the new head announced), the hf_checkpointer folder and the
+ * exported checkpoint loading back as the trained weights, masked-LM pretraining from a config
+ * alone that resumes bit for bit, GPT-2 from a folder, evaluation with the folder's weights, and
+ * the messages of bad models, datasets and folders. Runs the built binary (CM_COMPOSER_BIN). */
+#include "checkpoint/ckpt_impl.h"
+#include "cmtest.h"
+#include "cmtrain.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CM_COMPOSER_BIN
+#error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
+#endif
+#define DIR "build/test_cli_hf"
+
+static int run(const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "CM_NUM_THREADS=1 %s %s 2>&1", CM_COMPOSER_BIN, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_size > 0;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The first 200 SST-2 training rows and 300 lines of tiny Shakespeare; a fine-tuning config on
+ * the golden MLM folder (vocabulary of 100 tokens, hidden 32). */
+static void setup(void) {
+    cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR), 0);
+    cr_assert_eq(system("head -201 ../shared/data/sst2/train.tsv > " DIR "/sub.tsv"), 0);
+    cr_assert_eq(system("head -300 ../shared/data/tinyshakespeare/input.txt > " DIR "/shake.txt"), 0);
+    write_file(DIR "/cls.yaml", "run_name: cls\n"
+                                "run_root: " DIR "/runs\n"
+                                "seed: 5\n"
+                                "progress_bar: false\n"
+                                "model:\n"
+                                "  name: hf\n"
+                                "  pretrained_model_name_or_path: tests/golden/hf/bert-mlm\n"
+                                "  task: sequence_classification\n"
+                                "  num_labels: 2\n"
+                                "train_loader:\n"
+                                "  dataset: {type: tsv, path: " DIR "/sub.tsv, max_seq_len: 16}\n"
+                                "  batch_size: 8\n"
+                                "eval_loader:\n"
+                                "  dataset: {type: sst2, split: dev, max_seq_len: 32}\n"
+                                "  batch_size: 16\n"
+                                "eval_subset_num_batches: 2\n"
+                                "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+                                "scheduler: {name: linear_decay_with_warmup, t_warmup: 1ba}\n"
+                                "max_duration: 4ba\n"
+                                "eval_interval: 4ba\n"
+                                "save_folder: " DIR "/ckpt\n"
+                                "save_interval: 2ba\n"
+                                "callbacks:\n"
+                                "  hf_checkpointer: {save_folder: " DIR "/runs/cls, huggingface_folder_name: final}\n");
+    /* masked LM from a config alone: BERT-Tiny's config.json made smaller, bert-base's vocab.txt */
+    write_file(DIR "/mlm.yaml", "run_name: mlm\n"
+                                "run_root: " DIR "/runs\n"
+                                "seed: 3\n"
+                                "progress_bar: false\n"
+                                "model:\n"
+                                "  name: hf\n"
+                                "  pretrained_model_name_or_path: examples/bert-tiny\n"
+                                "  pretrained: false\n"
+                                "  task: masked_lm\n"
+                                "  config_overrides: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,"
+                                " max_position_embeddings: 64}\n"
+                                "tokenizer: {name: ../shared/data/bert}\n"
+                                "train_loader:\n"
+                                "  dataset:\n"
+                                "    type: text\n"
+                                "    path: [" DIR "/sub.tsv, " DIR "/shake.txt]\n"
+                                "    max_seq_len: 32\n"
+                                "    mlm_probability: 0.3\n"
+                                "  batch_size: 8\n"
+                                "  num_workers: 2\n"
+                                "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+                                "max_duration: 4ba\n");
+}
+
+TestSuite(cli_hf, .init = setup, .timeout = 120);
+
+/* All parameters of a pretrained folder's model, loaded as `task`. */
+static float *folder_params(const char *dir, cm_hf_task task, int64_t *n) {
+    cm_hf_load_opts o = cm_hf_load_opts_default();
+    o.task = task;
+    cm_model *m;
+    cr_assert_eq(cm_hf_load(dir, &o, &m, NULL), CM_OK, "%s: %s", dir, cm_last_error());
+    float *p = cmt_params_copy(m, n);
+    cm_model_free(m);
+    return p;
+}
+
+Test(cli_hf, finetune_from_a_folder_then_export_and_reload) {
+    static char out[1 << 16];
+    int rc = run("train " DIR "/cls.yaml", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "newly initialized: [bert.pooler.dense.weight, bert.pooler.dense.bias, classifier.weight, "
+                          "classifier.bias]"),
+              "transformers' announcement of the new head:\n%s", out);
+    cr_assert(strstr(out, "were not used when initializing BertForSequenceClassification: [cls.predictions.bias"), "%s",
+              out);
+    cr_assert(strstr(out, "metrics/eval/MulticlassAccuracy") && strstr(out, "metrics/eval/CrossEntropy"), "%s", out);
+    /* the hf_checkpointer's folder at the end, and the exported checkpoint of the same batch */
+    cr_assert(exists(DIR "/runs/cls/huggingface/final/config.json"), "%s", out);
+    cr_assert(exists(DIR "/runs/cls/huggingface/final/vocab.txt"));
+    rc = run("ckpt export --hf " DIR "/ckpt -o " DIR "/exported", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    int64_t na, nb;
+    float *a = folder_params(DIR "/runs/cls/huggingface/final", CM_HF_TASK_SEQUENCE_CLASSIFICATION, &na);
+    float *b = folder_params(DIR "/exported", CM_HF_TASK_SEQUENCE_CLASSIFICATION, &nb);
+    cr_assert_eq(na, nb);
+    cr_assert(memcmp(a, b, sizeof(float) * (size_t)na) == 0, "the exported checkpoint (ba4) differs from the folder");
+    /* ... and they are the trained weights, not the pretrained ones */
+    int64_t nc;
+    float *c = folder_params("tests/golden/hf/bert-mlm", CM_HF_TASK_SEQUENCE_CLASSIFICATION, &nc);
+    int64_t same = 0;
+    for (int64_t i = 0; i < nc && i < na; i++) same += a[i] == c[i];
+    cr_assert_lt(same, na / 2, "%lld of %lld weights unchanged by training", (long long)same, (long long)na);
+    cr_assert(exists(DIR "/exported/tokenizer_config.json") && exists(DIR "/exported/special_tokens_map.json"));
+    free(a), free(b), free(c);
+    /* a non-HF export of the same checkpoint still works */
+    rc = run("ckpt export " DIR "/ckpt -o " DIR "/plain.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+}
+
+Test(cli_hf, eval_uses_the_folder_weights) {
+    static char out[1 << 16];
+    int rc = run("eval " DIR "/cls.yaml model.pretrained_model_name_or_path=tests/golden/hf/bert-cls model.num_labels=3",
+                 out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "evaluated the pretrained folder") && strstr(out, "metrics/eval/MulticlassAccuracy"), "%s", out);
+    cr_assert_null(strstr(out, "newly initialized"), "a complete classifier folder has no new head:\n%s", out);
+}
+
+static void read_all(const char *path, char **data, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *data = malloc(*n);
+    cr_assert_eq(fread(*data, 1, *n, f), *n);
+    fclose(f);
+}
+
+/* Masks are a function of (seed, epoch, sample): a run resumed from its batch-2 checkpoint ends
+ * with the same weights, bit for bit, as the run that did not stop. */
+Test(cli_hf, mlm_pretraining_resumes_exactly) {
+    static char out[1 << 16];
+    int rc = run("train " DIR "/mlm.yaml", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "BertForMaskedLM"), "%s", out);
+    rc = run("train " DIR "/mlm.yaml run_name=mlm-a max_duration=2ba save_folder=" DIR "/mlm-ckpt save_interval=2ba", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    rc = run("train " DIR "/mlm.yaml run_name=mlm-b load_path=" DIR "/mlm-ckpt/ep0-ba2", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    char *x, *y;
+    size_t nx, ny;
+    read_all(DIR "/runs/mlm/model.safetensors", &x, &nx);
+    read_all(DIR "/runs/mlm-b/model.safetensors", &y, &ny);
+    cr_assert(nx == ny && memcmp(x, y, nx) == 0, "the resumed run's weights differ from the uninterrupted run's");
+    free(x), free(y);
+    /* the pretrained model exports as a folder that fine-tuning starts from */
+    rc = run("ckpt export --hf " DIR "/mlm-ckpt -o " DIR "/mlm-hf", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(exists(DIR "/mlm-hf/vocab.txt") && exists(DIR "/mlm-hf/model.safetensors"));
+    rc = run("train " DIR "/cls.yaml run_name=cls2 save_folder=null callbacks=null model.pretrained_model_name_or_path=" DIR
+             "/mlm-hf max_duration=2ba eval_interval=2ba",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "newly initialized: [bert.pooler.dense.weight"), "%s", out);
+}
+
+Test(cli_hf, gpt2_folder_trains_on_text_and_samples) {
+    static char out[1 << 16];
+    write_file(DIR "/gpt.yaml", "run_name: gpt\n"
+                                "run_root: " DIR "/runs\n"
+                                "progress_bar: false\n"
+                                "model: {name: hf, pretrained_model_name_or_path: tests/golden/hf/gpt2, task: causal_lm}\n"
+                                "train_loader:\n"
+                                "  dataset: {type: text, path: " DIR "/shake.txt, max_seq_len: 16}\n"
+                                "  batch_size: 4\n"
+                                "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+                                "max_duration: 3ba\n"
+                                "sample: {prompt: 'the ', max_new_tokens: 8}\n");
+    int rc = run("train " DIR "/gpt.yaml", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "GPT2LMHeadModel") && strstr(out, "--- sample (8 tokens"), "%s", out);
+    /* generation from the run's weights with the folder's tokenizer */
+    rc = run("generate --weights " DIR "/runs/gpt/model.safetensors --tokenizer tests/golden/hf/gpt2 --prompt 'the ' "
+             "-n 6 --temperature 0",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(!strncmp(out, "the ", 4), "the prompt comes first:\n%s", out);
+}
+
+static void expect_fail(const char *args, int want_rc, const char *s1, const char *s2) {
+    static char out[1 << 16];
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, want_rc, "%s: exit %d (want %d):\n%s", args, rc, want_rc, out);
+    cr_assert(strstr(out, s1), "'%s' not in:\n%s", s1, out);
+    if (s2) cr_assert(strstr(out, s2), "'%s' not in:\n%s", s2, out);
+}
+
+Test(cli_hf, bad_models_datasets_and_folders_are_named) {
+    expect_fail("train " DIR "/cls.yaml model.task=null", 2, "model.task: required", "sequence_classification");
+    expect_fail("train " DIR "/cls.yaml model.task=sequence_clasification", 2, "did you mean 'sequence_classification'",
+                NULL);
+    expect_fail("train " DIR "/cls.yaml model.pretrained_model_name_or_path=" DIR, 1,
+                "model.pretrained_model_name_or_path: '" DIR "' has no config.json", NULL);
+    expect_fail("train " DIR "/cls.yaml model.pretrained_model_name_or_path=null", 2,
+                "model.pretrained_model_name_or_path: required", NULL);
+    expect_fail("train " DIR "/cls.yaml train_loader.dataset.type=text", 2, "text has no labels", "tsv");
+    expect_fail("train " DIR "/cls.yaml train_loader.dataset.max_seq_len=64", 2,
+                "max_seq_len: 64 is longer than the model's maximum of 32 positions", NULL);
+    expect_fail("train " DIR "/cls.yaml model.config_overrides.rotary_dim=8", 1, "field \"rotary_dim\"",
+                "with config_overrides");
+    expect_fail("train " DIR "/cls.yaml train_loader.dataset.label_column=score", 1, "no column \"score\"", "sub.tsv");
+    expect_fail("train " DIR "/cls.yaml train_loader.dataset.mlm_probability=0.2", 2, "mlm_probability", NULL);
+    expect_fail("train " DIR "/mlm.yaml tokenizer.name=tests/golden/hf", 1, "tokenizer.name", "has no tokenizer");
+    expect_fail("train " DIR "/mlm.yaml model.task=causal_lm", 2, "causal_lm is not implemented", "masked_lm");
+    expect_fail("ckpt export --hf " DIR "/nonexistent -o " DIR "/x", 1, DIR "/nonexistent", NULL);
+}
