@@ -2,6 +2,7 @@
  * becomes a zoo model, datasets and loaders, an optimizer, schedulers and plugins, handed to the
  * Trainer. The keys are Composer's / llm-foundry's names (see print_keys, `composer train --help`). */
 #include "cli.h"
+#include "cli_fsdp.h"
 
 /* Keys and paths are cut to their buffers on purpose (longer ones are not valid config paths). */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -56,6 +57,7 @@ typedef struct run {
     cm_dist *dp;
     int rank, world;
     cm_sharding sharding;  /* parallelism.fsdp.sharding_strategy */
+    cli_fsdp fsdp;         /* parallelism.fsdp / fsdp_config: every key of Composer's FSDP config */
     double dist_timeout;   /* seconds; 0 = cm_comm_config_default (CM_DIST_TIMEOUT, else 300) */
     bool keep_comm;        /* this rank failed alone: exit without finalising MPI */
     /* the first error of this rank, until the ranks agree on how the job ends (settle) */
@@ -1011,7 +1013,7 @@ static void touch_unused(run *r) {
         "load_strict_model_weights", "load_exclude_algorithms",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
-        "dist_timeout"};
+        "dist_timeout", "fsdp_config"};
     for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++) cm_config_touch(r->cfg, train_only[i]);
     if (r->mode == MODE_GENERATE) {
         cm_config_touch(r->cfg, "eval_loader");
@@ -1037,15 +1039,8 @@ static cm_status read_trainer_keys(run *r) {
     tc->device = dev == 0 ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
     if (r->mode == MODE_GENERATE) return CM_OK;
     /* distribution (used when the launcher or mpirun started this process) */
-    static const char *const strategies[] = {
-#define CM_X_(name, str) str,
-        CM_SHARDING_LIST(CM_X_)
-#undef CM_X_
-    };
-    int strat;
-    TRY(cm_config_get_choice(c, "parallelism.fsdp.sharding_strategy", strategies, CM_SHARDING_COUNT, "NO_SHARD",
-                             &strat));
-    r->sharding = (cm_sharding)strat;
+    TRY(cli_fsdp_read(c, r->mode == MODE_TRAIN, tc->precision, tc->device, &r->fsdp));
+    r->sharding = r->fsdp.sharding;
     if (cm_config_has(c, "dist_timeout")) {
         TRY(cm_config_get_double(c, "dist_timeout", 300, &r->dist_timeout));
         if (!(r->dist_timeout > 0))
@@ -1142,17 +1137,19 @@ static cm_status start_comm(run *r) {
 /* Data parallelism over the communicator (after the model, before the optimizer): broadcasts rank
  * 0's parameters, so every rank starts from the same weights. */
 static cm_status start_dist(run *r) {
+    cm_dist_config dc = cm_dist_config_default();
+    TRY(cli_fsdp_check_dist(r->cfg, &r->fsdp, r->world, &dc));
+    char k[128];
+    snprintf(k, sizeof k, "%s.sharding_strategy", r->fsdp.prefix);
     if (!r->comm) {
         if (r->sharding != CM_SHARDING_NO_SHARD)
-            cm_log_msg(CM_LOG_INFO, "one process: parallelism.fsdp.sharding_strategy %s has nothing to shard "
-                                    "(start ranks with composer -n N)", cm_sharding_name(r->sharding));
+            cm_log_msg(CM_LOG_INFO, "one process: %s %s has nothing to shard (start ranks with composer -n N)", k,
+                       cm_sharding_name(r->sharding));
         return CM_OK;
     }
-    cm_dist_config dc = cm_dist_config_default();
     dc.sharding = r->sharding;
     cm_status s = cm_dist_new(r->comm, r->model, &dc, &r->dp);
-    if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG)
-        return at_key(r->cfg, "parallelism.fsdp.sharding_strategy", s);
+    if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG) return at_key(r->cfg, k, s);
     return s;
 }
 
@@ -1323,11 +1320,10 @@ static void print_keys(FILE *f) {
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
             "  load_weights_only, load_strict_model_weights, load_exclude_algorithms, autoresume:\n"
             "                     checkpoints, as Composer (a checkpoint's model surgery is re-applied)\n"
-            "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
-            "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
-            "                     nothing to shard)\n"
             "  dist_timeout       seconds a rank waits in one collective before the job fails naming the\n"
-            "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n"
+            "                     missing rank (300; the environment's CM_DIST_TIMEOUT when unset)\n");
+    cli_fsdp_help(f);
+    fprintf(f,
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
             "model.safetensors and, for GPT models, tokenizer.json and sample.txt. A model: {name: hf} run\n"
             "keeps config.json and the tokenizer in its checkpoints: composer ckpt export --hf CKPT -o DIR\n"
@@ -1707,6 +1703,8 @@ int cmd_train(const char *prog, int argc, char **argv) {
     r.tc.model = r.model;
     r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
     if (!r.err_code && cm_trainer_prepare_model(&r.tc) != CM_OK) note(&r, NULL);
+    /* activation checkpointing marks the modules that surgery left in place */
+    if (!r.err_code && cli_fsdp_apply_model(r.cfg, &r.fsdp, r.model, &r.ctx, r.rank) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
     /* device: gpu moves the model before the optimizer is made over its buffers */
     if (!r.err_code && r.tc.device != CM_DEVICE_CPU) {

@@ -329,6 +329,27 @@ cli_train_sharding_and_timeout_keys)
     rc=$?
     [ $rc = 2 ] && grep -q "dist_timeout: 0 must be > 0" "$tmp/out" || { cat "$tmp/out"; fail "dist_timeout=0: exit $rc"; }
     ;;
+cli_fsdp_config_on_ranks)
+    # fsdp_config keys on 2 ranks through the CLI: activation checkpointing under FULL_SHARD with
+    # dropout trains the same bits as the same ranks without it (tolerance 0), sharded
+    # checkpoints with state_dict_type: sharded, sync_module_states: false (every rank builds the
+    # same weights from the seed), and state_dict_type: full under FULL_SHARD refused once, by name
+    cli_setup
+    fs="parallelism.fsdp.sharding_strategy=FULL_SHARD"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/a" run_name=a model.dropout=0.1 "$fs" \
+        >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "FULL_SHARD on 2 ranks"; }
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/b" run_name=b model.dropout=0.1 "$fs" \
+        parallelism.fsdp.activation_checkpointing=true parallelism.fsdp.state_dict_type=sharded \
+        parallelism.fsdp.sync_module_states=false save_folder="$tmp/ck" save_interval=6ba \
+        >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "FULL_SHARD with activation checkpointing on 2 ranks"; }
+    "$bin/dist_cli_compare" "$tmp/a/a" "$tmp/b/b" 0 || fail "activation checkpointing changed FULL_SHARD on 2 ranks"
+    [ -f "$tmp/ck/ep0-ba6/model-rank1-of-2.safetensors" ] || fail "state_dict_type: sharded wrote no rank files: $(ls "$tmp/ck"/*)"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/c" "$fs" parallelism.fsdp.state_dict_type=full >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 1 ] || { cat "$tmp/out"; fail "state_dict_type: full under FULL_SHARD: exit $rc (want 1)"; }
+    [ "$(grep -c 'parallelism.fsdp.state_dict_type: full with FULL_SHARD on 2 ranks' "$tmp/out")" = 1 ] \
+        || { cat "$tmp/out"; fail "state_dict_type: full under FULL_SHARD: not one clear message"; }
+    ;;
 cli_train_stopped_rank_times_out)
     # dist_timeout from the config bounds every collective: rank 1 is stopped (SIGSTOP) mid-run,
     # rank 0 fails its collective after 2 s saying who is missing and exits nonzero, and mpirun

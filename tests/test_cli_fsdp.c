@@ -1,0 +1,241 @@
+/* `composer train` with Composer's / llm-foundry's fsdp_config keys: activation checkpointing from
+ * YAML trains the same bits as without it, the offload note on a CPU run, what is refused (with
+ * the key's file:line) and --help. Runs the built binary (CM_COMPOSER_BIN). */
+#include "cmtest.h"
+
+#include <composer/tokenizer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#ifndef CM_COMPOSER_BIN
+#error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
+#endif
+#define DIR "build/test_cli_fsdp"
+#define INPUT "../shared/data/tinyshakespeare/input.txt"
+
+static int run(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The base of every config: a tiny GPT (2 blocks) with dropout on, 3 batches, no eval. */
+#define BASE                                                  \
+    "run_root: " DIR "/runs\n"                                \
+    "max_duration: 3ba\n"                                     \
+    "eval_interval: 0\n"                                      \
+    "progress_bar: false\n"                                   \
+    "model: {name: gpt2, preset: tiny, dropout: 0.1}\n"       \
+    "train_loader:\n"                                         \
+    "  dataset: {type: tokens, dir: " DIR "/data}\n"          \
+    "  batch_size: 4\n"                                       \
+    "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"        \
+    "sample: {max_new_tokens: 4}\n"
+
+static void setup(void) {
+    cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
+    FILE *f = fopen(INPUT, "rb");
+    cr_assert_not_null(f, "cannot open %s", INPUT);
+    static char text[20000];
+    size_t len = fread(text, 1, sizeof text, f);
+    fclose(f);
+    cm_tokenizer *tok;
+    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
+    cr_assert_eq(cm_token_file_write(DIR "/data/train.bin", ids, n - 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
+    cr_assert_eq(cm_token_file_write(DIR "/data/val.bin", ids + n - 2000, 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
+    cr_assert_eq(cm_tokenizer_save(tok, DIR "/data/tokenizer.json"), CM_OK);
+    cm_free(ids);
+    cm_tokenizer_free(tok);
+    write_file(DIR "/plain.yaml", BASE);
+    /* ours (parallelism.fsdp), default policy: every GPT2Block */
+    write_file(DIR "/ckpt.yaml", BASE "parallelism:\n"
+                                      "  fsdp:\n"
+                                      "    activation_checkpointing: true\n"
+                                      "    activation_checkpointing_reentrant: false\n"
+                                      "    verbose: true\n");
+    /* llm-foundry's top-level block and its map form of the target */
+    write_file(DIR "/foundry.yaml", BASE "fsdp_config:\n"
+                                         "  sharding_strategy: FULL_SHARD\n"
+                                         "  mixed_precision: FULL\n"
+                                         "  activation_checkpointing: true\n"
+                                         "  activation_checkpointing_target:\n"
+                                         "    GPT2Block: [last-1]\n"
+                                         "  limit_all_gathers: true\n"
+                                         "  use_orig_params: true\n"
+                                         "  forward_prefetch: true\n"
+                                         "  backward_prefetch: BACKWARD_PRE\n"
+                                         "  sync_module_states: true\n"
+                                         "  state_dict_type: full\n"
+                                         "  verbose: true\n");
+}
+
+TestSuite(cli_fsdp, .init = setup);
+
+static char out[1 << 16];
+
+/* The "loss/train/total" values of a run's metrics.jsonl, in order, as written (the shortest
+ * decimal that reads back to the same double: equal text is equal bits). */
+static void losses(const char *run_name, char *buf, size_t cap) {
+    char path[256];
+    snprintf(path, sizeof path, DIR "/runs/%s/metrics.jsonl", run_name);
+    size_t len;
+    char *m = slurp(path, &len);
+    size_t used = 0;
+    buf[0] = 0;
+    int n = 0;
+    for (const char *p = m; (p = strstr(p, "\"loss/train/total\": ")); n++) {
+        p += strlen("\"loss/train/total\": ");
+        const size_t k = strcspn(p, ",}");
+        used += (size_t)snprintf(buf + used, cap - used, "%.*s ", (int)k, p);
+    }
+    free(m);
+    cr_assert_eq(n, 3, "%s: %d train losses, want 3", path, n);
+}
+
+static void same_file(const char *a, const char *b) {
+    size_t la, lb;
+    char *x = slurp(a, &la), *y = slurp(b, &lb);
+    cr_assert(la == lb && memcmp(x, y, la) == 0, "%s and %s differ (%zu and %zu bytes)", a, b, la, lb);
+    free(x), free(y);
+}
+
+Test(cli_fsdp, activation_checkpointing_from_yaml_trains_the_same_bits) {
+    int rc = run("train " DIR "/plain.yaml run_name=plain", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    rc = run("train " DIR "/ckpt.yaml run_name=ckpt", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    /* the policy marked both blocks (verbose lists them), so the equality below is not vacuous */
+    cr_assert(strstr(out, "activation checkpointed: transformer.h.0 (GPT2Block)") &&
+                  strstr(out, "activation checkpointed: transformer.h.1 (GPT2Block)"),
+              "both blocks should be checkpointed:\n%s", out);
+    rc = run("train " DIR "/foundry.yaml run_name=foundry", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "activation checkpointed: transformer.h.1 (GPT2Block)") &&
+                  !strstr(out, "activation checkpointed: transformer.h.0"),
+              "last-1 should checkpoint block 1 only:\n%s", out);
+    char a[512], b[512], c[512];
+    losses("plain", a, sizeof a);
+    losses("ckpt", b, sizeof b);
+    losses("foundry", c, sizeof c);
+    cr_assert_str_eq(b, a, "losses with activation checkpointing %s, without %s", b, a);
+    cr_assert_str_eq(c, a, "losses with block 1 checkpointed %s, without %s", c, a);
+    /* and the trained weights (so every gradient) are the same bytes */
+    same_file(DIR "/runs/ckpt/model.safetensors", DIR "/runs/plain/model.safetensors");
+    same_file(DIR "/runs/foundry/model.safetensors", DIR "/runs/plain/model.safetensors");
+    /* the resolved config keeps what was written, under the section it was written in */
+    size_t len;
+    char *cfg = slurp(DIR "/runs/foundry/config.yaml", &len);
+    cr_assert(strstr(cfg, "fsdp_config:") && strstr(cfg, "activation_checkpointing: true") && !strstr(cfg, "parallelism"),
+              "%s", cfg);
+    free(cfg);
+}
+
+Test(cli_fsdp, offload_on_a_cpu_run_is_noted_once) {
+    int rc = run("train " DIR "/plain.yaml run_name=offload parallelism.fsdp.cpu_offload=true "
+                 "parallelism.fsdp.activation_cpu_offload=true",
+                 out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, "nothing to offload to")); p++) n++;
+    cr_assert_eq(n, 1, "the offload note %d times, want once:\n%s", n, out);
+    /* on a GPU run it is refused before anything is built, naming the key */
+    rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu parallelism.fsdp.cpu_offload=true", out,
+             sizeof out);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "parallelism.fsdp.cpu_offload") && strstr(out, "not built yet"), "%s", out);
+}
+
+/* Each bad config: the YAML text after BASE, the exit status, and what the message must hold. */
+typedef struct bad_case {
+    const char *yaml;
+    int rc;
+    const char *want1, *want2;
+} bad_case;
+
+Test(cli_fsdp, bad_values_name_the_key_and_its_line) {
+    /* BASE is 10 lines: the block starts on line 11, its first key on line 12 */
+    static const bad_case cases[] = {
+        {"fsdp_config:\n  activation_checkpointing: maybe\n", 2, "bad.yaml:12:",
+         "fsdp_config.activation_checkpointing"},
+        {"fsdp_config:\n  activation_checkpointing: true\n  activation_checkpointing_target: GPT2Blok\n", 2,
+         "bad.yaml:13:", "did you mean 'GPT2Block'"},
+        {"fsdp_config:\n  activation_checkpointing: true\n  activation_checkpointing_target: {GPT2Block: first-x}\n",
+         2, "bad.yaml:13:", "'first-x' is not a block id"},
+        {"fsdp_config:\n  activation_checkpoint: true\n", 2, "bad.yaml:12:",
+         "did you mean 'fsdp_config.activation_checkpointing'"},
+        {"precision: amp_bf16\nfsdp_config:\n  mixed_precision: PURE\n", 1, "bad.yaml:13:",
+         "use mixed_precision: FULL"},
+        {"fsdp_config:\n  mixed_precision: {param_dtype: bf16}\n", 1, "bad.yaml:12:",
+         "fsdp_config.mixed_precision.param_dtype"},
+        {"fsdp_config:\n  mixed_precision: HALF\n", 2, "bad.yaml:12:", "FULL, DEFAULT, PURE"},
+        {"fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n", 1, "bad.yaml:12:", "not built yet"},
+        {"fsdp_config:\n  backward_prefetch: BACKWARD_PRR\n", 2, "bad.yaml:12:", "did you mean 'BACKWARD_PRE'"},
+        {"fsdp_config:\n  state_dict_type: local\n", 2, "bad.yaml:12:", "full, sharded"},
+        {"fsdp_config: {verbose: true}\nparallelism:\n  fsdp: {verbose: true}\n", 2, "bad.yaml:11:",
+         "given twice"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[2048];
+        snprintf(text, sizeof text, "%s%s", BASE, cases[i].yaml);
+        write_file(DIR "/bad.yaml", text);
+        int rc = run("train " DIR "/bad.yaml run_name=bad", out, sizeof out);
+        cr_assert_eq(rc, cases[i].rc, "case %zu: exit %d, want %d:\n%s", i, rc, cases[i].rc, out);
+        cr_assert(strstr(out, cases[i].want1) && strstr(out, cases[i].want2), "case %zu: want '%s' and '%s' in:\n%s",
+                  i, cases[i].want1, cases[i].want2, out);
+    }
+}
+
+Test(cli_fsdp, one_process_notes_what_sharded_checkpoints_become) {
+    int rc = run("train " DIR "/plain.yaml run_name=sdt parallelism.fsdp.state_dict_type=sharded "
+                 "parallelism.fsdp.sharding_strategy=FULL_SHARD save_folder=" DIR "/ck save_interval=3ba",
+                 out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "state_dict_type: sharded: one process:"), "%s", out);
+    rc = run("ckpt inspect " DIR "/ck/ep0-ba3", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "layout      monolithic"), "%s", out);
+}
+
+Test(cli_fsdp, help_lists_every_key) {
+    int rc = run("train --help", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    static const char *const keys[] = {
+        "fsdp_config",       "sharding_strategy",      "activation_checkpointing_target",
+        "activation_checkpointing_reentrant", "activation_cpu_offload", "cpu_offload", "mixed_precision",
+        "sync_module_states", "state_dict_type",        "verbose", "use_orig_params", "limit_all_gathers",
+        "backward_prefetch",  "forward_prefetch"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        cr_assert(strstr(out, keys[i]), "--help does not list %s:\n%s", keys[i], out);
+}

@@ -1,0 +1,368 @@
+/* fsdp_config: Composer's FSDPConfig keys (llm-foundry writes them under a top-level fsdp_config:,
+ * Composer's parallelism_config under fsdp:; this CLI reads parallelism.fsdp or fsdp_config), each
+ * mapped onto what it means in this library or refused where that meaning is not built. */
+#include "cli_fsdp.h"
+
+#include <stdarg.h>
+#include <string.h>
+#include <strings.h>
+
+#define TRY_FSDP(call)              \
+    do {                            \
+        cm_status s_ = (call);      \
+        if (s_ != CM_OK) return s_; \
+    } while (0)
+
+static const char *key(char *buf, size_t cap, const cli_fsdp *f, const char *k) {
+    snprintf(buf, cap, "%s.%s", f->prefix, k);
+    return buf;
+}
+
+/* "<file:line:col>: <prefix.key>: <message>" with status s. */
+static cm_status fail(cm_config *c, const char *path, cm_status s, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static cm_status fail(cm_config *c, const char *path, cm_status s, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *o = cm_config_origin(c, path);
+    return cm_set_error(s, "%s%s%s: %s", o, *o ? ": " : "", path, msg);
+}
+
+/* A bool that, when absent, stays absent (the resolved config shows only what the user wrote:
+ * these keys are Composer's, and their defaults are the behaviour of a run without the block). */
+static cm_status opt_bool(cm_config *c, const cli_fsdp *f, const char *k, bool def, bool *out) {
+    char p[128];
+    key(p, sizeof p, f, k);
+    if (!cm_config_has(c, p)) {
+        cm_config_touch(c, p);
+        *out = def;
+        return CM_OK;
+    }
+    return cm_config_get_bool(c, p, def, out);
+}
+
+/* torch dtype names as Composer's get_torch_dtype reads them: 0 fp32, 1 bf16, 2 fp16, -1 unknown. */
+static int dtype_of(const char *s) {
+    static const char *const f32[] = {"fp32", "float32", "float", "torch.float32", "amp_fp32"};
+    static const char *const b16[] = {"bf16", "bfloat16", "amp_bf16", "torch.bfloat16"};
+    static const char *const f16[] = {"fp16", "float16", "half", "amp_fp16", "torch.float16"};
+    for (size_t i = 0; i < sizeof f32 / sizeof *f32; i++)
+        if (!strcasecmp(s, f32[i])) return 0;
+    for (size_t i = 0; i < sizeof b16 / sizeof *b16; i++)
+        if (!strcasecmp(s, b16[i])) return 1;
+    for (size_t i = 0; i < sizeof f16 / sizeof *f16; i++)
+        if (!strcasecmp(s, f16[i])) return 2;
+    return -1;
+}
+
+/* mixed_precision: FULL | DEFAULT | PURE or {param_dtype, reduce_dtype, buffer_dtype}, Composer's
+ * meanings. Here parameters, gradient reductions and buffers are always fp32 (amp_bf16 casts to
+ * bf16 inside the matmuls, as autocast does): that is Composer's FULL under any precision, and
+ * any policy under fp32. A policy that would hold parameters, reductions or buffers in 16 bits
+ * is refused. */
+static cm_status read_mixed_precision(cm_config *c, const cli_fsdp *f, cm_precision prec) {
+    char p[128], q[160];
+    key(p, sizeof p, f, "mixed_precision");
+    const cm_config_kind kind = cm_config_kind_of(c, p);
+    const char *low = prec == CM_PRECISION_AMP_FP16 ? "fp16" : "bf16";
+    if (kind == CM_CONFIG_MAP) {
+        cm_config_mark_read(c, p);
+        static const char *const fields[] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+        for (int i = 0; i < 3; i++) {
+            const char *v;
+            snprintf(q, sizeof q, "%s.%s", p, fields[i]);
+            TRY_FSDP(cm_config_get_string(c, q, NULL, &v));
+            if (!v) continue;
+            const int d = dtype_of(v);
+            if (d < 0)
+                return fail(c, q, CM_ERR_INVALID_ARG, "unknown dtype '%s' (use fp32 | float32, bf16 | bfloat16, fp16 | "
+                                                      "float16)", v);
+            if (d > 0)
+                return fail(c, q, CM_ERR_UNSUPPORTED,
+                            "%s in 16 bits is not built: parameters, gradient reductions and buffers are fp32 here "
+                            "(precision: amp_bf16 runs the matmuls in bf16); use fp32, or mixed_precision: FULL",
+                            fields[i]);
+        }
+        return CM_OK;
+    }
+    if (kind == CM_CONFIG_SEQ)
+        return fail(c, p, CM_ERR_INVALID_ARG, "expected FULL, DEFAULT, PURE or {param_dtype, reduce_dtype, buffer_dtype}");
+    static const char *const policies[] = {"FULL", "DEFAULT", "PURE"};
+    int mp;
+    TRY_FSDP(cm_config_get_choice(c, p, policies, 3, NULL, &mp));
+    if (mp < 0) {
+        /* Composer's default is DEFAULT: with a 16-bit precision it holds parameters in 16 bits,
+         * which this library does not; say so rather than differ silently */
+        if (f->present && prec != CM_PRECISION_FP32)
+            cm_log_msg(CM_LOG_INFO, "%s unset: parameters and gradient reductions stay fp32 with %s matmuls "
+                                    "(Composer's FULL); Composer's default DEFAULT (%s parameters) is not built",
+                       p, low, low);
+        return CM_OK;
+    }
+    if (mp > 0 && prec != CM_PRECISION_FP32)
+        return fail(c, p, CM_ERR_UNSUPPORTED,
+                    "%s with precision %s holds the parameters%s in %s, which is not built: parameters and "
+                    "gradient reductions are fp32 here and %s only runs the matmuls in %s (Composer's FULL); use "
+                    "mixed_precision: FULL",
+                    policies[mp], cm_precision_name(prec), mp == 2 ? ", reductions and buffers" : " and buffers", low,
+                    cm_precision_name(prec), low);
+    return CM_OK;
+}
+
+/* activation_checkpointing_target, llm-foundry's forms: a type name, a list of them, or a map
+ * type -> blocks (an id, a list of ids and range strings, or one string "first-2, middle-4"). */
+static cm_status read_targets(cm_config *c, cli_fsdp *f) {
+    char p[128], q[400];
+    key(p, sizeof p, f, "activation_checkpointing_target");
+    const cm_config_kind kind = cm_config_kind_of(c, p);
+    f->n_targets = 0;
+    if (kind == CM_CONFIG_ABSENT || kind == CM_CONFIG_NULL) {
+        cm_config_touch(c, p);
+        return CM_OK;
+    }
+    if (kind == CM_CONFIG_SCALAR) {
+        TRY_FSDP(cm_config_get_string(c, p, NULL, &f->targets[0].type_name));
+        f->targets[0].blocks = NULL;
+        f->n_targets = 1;
+        return CM_OK;
+    }
+    const int n = cm_config_len(c, p);
+    if (n > CLI_FSDP_MAX_TARGETS) return fail(c, p, CM_ERR_INVALID_ARG, "at most %d types (has %d)", CLI_FSDP_MAX_TARGETS, n);
+    cm_config_mark_read(c, p);
+    for (int i = 0; i < n; i++) {
+        cm_act_ckpt_target *t = &f->targets[i];
+        if (kind == CM_CONFIG_SEQ) {
+            snprintf(q, sizeof q, "%s.%d", p, i);
+            if (cm_config_kind_of(c, q) != CM_CONFIG_SCALAR)
+                return fail(c, q, CM_ERR_INVALID_ARG, "expected a module type name (GPT2Block)");
+            TRY_FSDP(cm_config_get_string(c, q, NULL, &t->type_name));
+            t->blocks = NULL;
+            continue;
+        }
+        t->type_name = cm_config_key_at(c, p, i);
+        snprintf(q, sizeof q, "%s.%s", p, t->type_name);
+        char *b = f->target_blocks[i];
+        b[0] = 0;
+        const cm_config_kind bk = cm_config_kind_of(c, q);
+        if (bk == CM_CONFIG_SCALAR) {
+            const char *v;
+            TRY_FSDP(cm_config_get_string(c, q, NULL, &v));
+            snprintf(b, sizeof f->target_blocks[i], "%s", v);
+        } else if (bk == CM_CONFIG_SEQ) {
+            cm_config_mark_read(c, q);
+            size_t used = 0;
+            for (int j = 0; j < cm_config_len(c, q); j++) {
+                char e[440];
+                const char *v;
+                snprintf(e, sizeof e, "%s.%d", q, j);
+                if (cm_config_kind_of(c, e) != CM_CONFIG_SCALAR)
+                    return fail(c, e, CM_ERR_INVALID_ARG, "expected a block id or first-n, last-k, middle-m, range-i-j, "
+                                                          "every-k");
+                TRY_FSDP(cm_config_get_string(c, e, NULL, &v));
+                const int w = snprintf(b + used, sizeof f->target_blocks[i] - used, "%s%s", j ? "," : "", v);
+                if (w < 0 || (size_t)w >= sizeof f->target_blocks[i] - used)
+                    return fail(c, q, CM_ERR_INVALID_ARG, "the block list is too long (at most %zu characters)",
+                                sizeof f->target_blocks[i] - 1);
+                used += (size_t)w;
+            }
+        } else if (bk == CM_CONFIG_MAP) {
+            return fail(c, q, CM_ERR_INVALID_ARG, "expected blocks: an id, a list, or \"first-n, last-k, middle-m, "
+                                                  "range-i-j, every-k\"");
+        } else {
+            cm_config_touch(c, q); /* `GPT2Block:` (null): every block of the type */
+        }
+        t->blocks = b[0] ? b : NULL;
+    }
+    f->n_targets = n;
+    return CM_OK;
+}
+
+cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_device device, cli_fsdp *out) {
+    cli_fsdp *f = out;
+    memset(f, 0, sizeof *f);
+    f->state_dict_type = CLI_SDT_UNSET;
+    const cm_config_kind ours = cm_config_kind_of(c, "parallelism.fsdp");
+    const cm_config_kind theirs = cm_config_kind_of(c, "fsdp_config");
+    if (ours != CM_CONFIG_ABSENT && theirs != CM_CONFIG_ABSENT && ours != CM_CONFIG_NULL && theirs != CM_CONFIG_NULL)
+        return fail(c, "fsdp_config", CM_ERR_INVALID_ARG, "given twice: here and as parallelism.fsdp (%s); keep one",
+                    cm_config_origin(c, "parallelism.fsdp"));
+    f->prefix = theirs != CM_CONFIG_ABSENT && theirs != CM_CONFIG_NULL ? "fsdp_config" : "parallelism.fsdp";
+    const cm_config_kind kind = cm_config_kind_of(c, f->prefix);
+    if (kind == CM_CONFIG_SCALAR || kind == CM_CONFIG_SEQ)
+        return fail(c, f->prefix, CM_ERR_INVALID_ARG, "expected a map of FSDP options ({sharding_strategy: FULL_SHARD, "
+                                                      "activation_checkpointing: true, ...})");
+    f->present = kind == CM_CONFIG_MAP;
+    char p[128];
+
+    /* sharding_strategy */
+    static const char *const strategies[] = {
+#define CM_X_(name, str) str,
+        CM_SHARDING_LIST(CM_X_)
+#undef CM_X_
+    };
+    key(p, sizeof p, f, "sharding_strategy");
+    if (cm_config_kind_of(c, p) == CM_CONFIG_SCALAR) {
+        const char *v;
+        TRY_FSDP(cm_config_get_string(c, p, NULL, &v));
+        if (!strcasecmp(v, "HYBRID_SHARD") || !strcasecmp(v, "_HYBRID_SHARD_ZERO2"))
+            return fail(c, p, CM_ERR_UNSUPPORTED, "%s (shard within groups, replicate across them) is not built yet; "
+                                                  "use FULL_SHARD or SHARD_GRAD_OP over every rank", v);
+    }
+    int strat;
+    TRY_FSDP(cm_config_get_choice(c, p, strategies, CM_SHARDING_COUNT, "NO_SHARD", &strat));
+    f->sharding = (cm_sharding)strat;
+    if (!train) {
+        if (f->present) cm_config_touch(c, f->prefix);
+        return CM_OK;
+    }
+    if (f->present) cm_config_mark_read(c, f->prefix);
+
+    /* activation checkpointing */
+    bool reentrant;
+    TRY_FSDP(opt_bool(c, f, "activation_checkpointing", false, &f->act_ckpt));
+    TRY_FSDP(opt_bool(c, f, "activation_checkpointing_reentrant", true, &reentrant)); /* same results either way */
+    TRY_FSDP(read_targets(c, f));
+
+    /* offload: to host memory, which is where a CPU run's tensors already are */
+    bool act_off, par_off;
+    TRY_FSDP(opt_bool(c, f, "activation_cpu_offload", false, &act_off));
+    TRY_FSDP(opt_bool(c, f, "cpu_offload", false, &par_off));
+    if ((act_off || par_off) && device != CM_DEVICE_CPU)
+        return fail(c, key(p, sizeof p, f, par_off ? "cpu_offload" : "activation_cpu_offload"), CM_ERR_UNSUPPORTED,
+                    "offloading %s to host memory on a GPU run is not built yet; set it to false (activation_"
+                    "checkpointing and FULL_SHARD are the other rungs of the memory ladder)",
+                    par_off ? "parameters, gradients and optimizer state" : "activations");
+    f->offload = act_off || par_off;
+
+    TRY_FSDP(read_mixed_precision(c, f, precision));
+
+    key(p, sizeof p, f, "sync_module_states");
+    f->has_sync_module_states = cm_config_has(c, p);
+    TRY_FSDP(opt_bool(c, f, "sync_module_states", true, &f->sync_module_states));
+
+    static const char *const sdt[] = {"full", "sharded"};
+    int st;
+    TRY_FSDP(cm_config_get_choice(c, key(p, sizeof p, f, "state_dict_type"), sdt, 2, NULL, &st));
+    f->state_dict_type = (cli_state_dict_type)st;
+
+    TRY_FSDP(opt_bool(c, f, "verbose", false, &f->verbose));
+
+    /* accepted, with their meaning here in --help */
+    bool ignored;
+    TRY_FSDP(opt_bool(c, f, "use_orig_params", true, &ignored));
+    TRY_FSDP(opt_bool(c, f, "limit_all_gathers", true, &ignored));
+    TRY_FSDP(opt_bool(c, f, "forward_prefetch", false, &ignored));
+    static const char *const prefetch[] = {"BACKWARD_PRE", "BACKWARD_POST", "NONE"};
+    int bp;
+    TRY_FSDP(cm_config_get_choice(c, key(p, sizeof p, f, "backward_prefetch"), prefetch, 3, NULL, &bp));
+    return CM_OK;
+}
+
+typedef struct verbose_walk {
+    const cli_ctx *ctx;
+    int n;
+} verbose_walk;
+
+static bool say_checkpointed(cm_module *m, const char *path, int depth, void *data) {
+    (void)depth;
+    verbose_walk *w = data;
+    if (!cm_module_checkpointing(m)) return true;
+    cli_say(w->ctx, "  activation checkpointed: %s (%s)\n", path[0] ? path : "<root>", cm_module_type_name(m));
+    w->n++;
+    return true;
+}
+
+cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model, const cli_ctx *ctx, int rank) {
+    cm_module *root = cm_model_module(model);
+    char p[128];
+    if (f->act_ckpt) {
+        int marked = 0;
+        cm_status s = cm_module_checkpoint_policy(root, f->targets, f->n_targets, &marked);
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            const char *k = f->n_targets ? "activation_checkpointing_target" : "activation_checkpointing";
+            const size_t kl = strlen("activation_checkpointing_target: ");
+            const bool dup = !strncmp(msg, "activation_checkpointing_target: ", kl);
+            /* a type the model does not have is a bad value in the config, as a malformed one is */
+            return fail(c, key(p, sizeof p, f, k), s == CM_ERR_NOT_FOUND ? CM_ERR_INVALID_ARG : s, "%s",
+                        msg + (dup ? kl : 0));
+        }
+        if (marked == 0)
+            return fail(c, key(p, sizeof p, f, "activation_checkpointing"), CM_ERR_INVALID_ARG,
+                        "no module of %s to checkpoint (it has no repeated wrap units); name the types with "
+                        "activation_checkpointing_target",
+                        cm_model_type_name(model));
+    }
+    if (f->offload && rank == 0)
+        cm_log_msg(CM_LOG_INFO, "%s: cpu_offload / activation_cpu_offload: this is a CPU run, every tensor is "
+                                "already in host memory: nothing to offload to",
+                   f->prefix);
+    if (f->verbose && rank == 0) {
+        const int n = cm_module_n_units(root);
+        cli_say(ctx, "%s: %d wrap units (each one flat parameter buffer: the bucket of its reduction and the piece "
+                     "that is sharded)\n",
+                f->prefix, n);
+        for (int i = 0; i < n; i++) {
+            const cm_unit_info *u = cm_module_unit(root, i);
+            cli_say(ctx, "  unit %d: %s, %lld parameters, %lld elements\n", i, u->name, (long long)u->n_params,
+                    (long long)u->numel);
+        }
+        verbose_walk w = {ctx, 0};
+        cm_module_visit(root, say_checkpointed, &w);
+        if (!w.n) cli_say(ctx, "  no activation checkpointing\n");
+    }
+    return CM_OK;
+}
+
+cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dist_config *dc) {
+    char p[128];
+    if (dc && f->has_sync_module_states) dc->sync_module_states = f->sync_module_states;
+    if (f->state_dict_type == CLI_SDT_UNSET) return CM_OK;
+    const bool sharded = world > 1 && f->sharding != CM_SHARDING_NO_SHARD;
+    key(p, sizeof p, f, "state_dict_type");
+    if (f->state_dict_type == CLI_SDT_FULL && sharded)
+        return fail(c, p, CM_ERR_UNSUPPORTED,
+                    "full with %s on %d ranks: gathering one monolithic checkpoint on rank 0 is not built yet; use "
+                    "sharded (one file pair per rank; it loads on any number of ranks, and composer ckpt export "
+                    "writes the whole model as one safetensors file)",
+                    cm_sharding_name(f->sharding), world);
+    if (f->state_dict_type == CLI_SDT_SHARDED && !sharded)
+        cm_log_msg(CM_LOG_INFO, "%s: sharded: %s every rank holds every parameter, so checkpoints are monolithic "
+                                "(rank 0 writes them; they load on any number of ranks, sharded or not)",
+                   p, world == 1 ? "one process:" : "NO_SHARD:");
+    return CM_OK;
+}
+
+void cli_fsdp_help(FILE *f) {
+    fprintf(f,
+            "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
+            "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
+            "                     nothing to shard); HYBRID_SHARD: not built yet (an error)\n"
+            "  parallelism.fsdp:  (or llm-foundry's top-level fsdp_config:) Composer's other FSDP keys:\n"
+            "                     activation_checkpointing (false): keep only each block's input in forward and\n"
+            "                     recompute the block in backward (same losses and gradients, bit for bit)\n"
+            "                     activation_checkpointing_target: which modules, by type name: GPT2Block, a\n"
+            "                     list, or {GPT2Block: blocks} with blocks an id, a list, or \"first-n, last-k,\n"
+            "                     middle-m, range-i-j, every-k\" (default: the blocks that are repeated wrap units)\n"
+            "                     activation_checkpointing_reentrant: accepted (the recompute replays the\n"
+            "                     tape; results are the same either way)\n"
+            "                     cpu_offload, activation_cpu_offload (false): a CPU run has nothing to offload\n"
+            "                     to (said once); on a GPU run: not built yet (an error)\n"
+            "                     mixed_precision: FULL | DEFAULT | PURE | {param_dtype, reduce_dtype,\n"
+            "                     buffer_dtype}: parameters, reductions and buffers are fp32 here (amp_bf16\n"
+            "                     runs matmuls in bf16): FULL, or any policy under fp32; 16-bit ones: an error\n"
+            "                     sync_module_states (true): broadcast rank 0's weights at the start (false: each\n"
+            "                     rank's, equal anyway: every rank builds them from the same seed)\n"
+            "                     state_dict_type: full | sharded: the checkpoints' layout; sharded under\n"
+            "                     SHARD_GRAD_OP / FULL_SHARD on several ranks (full there: not built yet, an\n"
+            "                     error); full otherwise (sharded is then noted and written monolithic)\n"
+            "                     verbose (false): print the wrap units and the checkpointed modules\n"
+            "                     use_orig_params: accepted (parameters always keep their names over flat\n"
+            "                     buffers); limit_all_gathers: accepted (FULL_SHARD gathers one unit at a time\n"
+            "                     and keeps at most two gathered); backward_prefetch (BACKWARD_PRE |\n"
+            "                     BACKWARD_POST | NONE), forward_prefetch: accepted, no effect yet (gathers are\n"
+            "                     blocking: no prefetch is built)\n");
+}
