@@ -217,12 +217,16 @@ Test(cli_fsdp, bad_values_name_the_key_and_its_line) {
     }
 }
 
-Test(cli_fsdp, one_process_notes_what_sharded_checkpoints_become) {
+Test(cli_fsdp, one_process_notes_what_sharded_checkpoints_become_and_an_empty_block_is_none) {
     int rc = run("train " DIR "/plain.yaml run_name=sdt parallelism.fsdp.state_dict_type=sharded "
                  "parallelism.fsdp.sharding_strategy=FULL_SHARD save_folder=" DIR "/ck save_interval=3ba",
                  out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "state_dict_type: sharded: one process:"), "%s", out);
+    /* an empty block (`fsdp_config:`, null) is no block */
+    write_file(DIR "/empty.yaml", BASE "fsdp_config:\n");
+    rc = run("train " DIR "/empty.yaml run_name=empty", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     rc = run("ckpt inspect " DIR "/ck/ep0-ba3", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "layout      monolithic"), "%s", out);

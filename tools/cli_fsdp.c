@@ -189,6 +189,7 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
         return fail(c, "fsdp_config", CM_ERR_INVALID_ARG, "given twice: here and as parallelism.fsdp (%s); keep one",
                     cm_config_origin(c, "parallelism.fsdp"));
     f->prefix = theirs != CM_CONFIG_ABSENT && theirs != CM_CONFIG_NULL ? "fsdp_config" : "parallelism.fsdp";
+    if (theirs == CM_CONFIG_NULL) cm_config_touch(c, "fsdp_config"); /* `fsdp_config:` with nothing under it */
     const cm_config_kind kind = cm_config_kind_of(c, f->prefix);
     if (kind == CM_CONFIG_SCALAR || kind == CM_CONFIG_SEQ)
         return fail(c, f->prefix, CM_ERR_INVALID_ARG, "expected a map of FSDP options ({sharding_strategy: FULL_SHARD, "
