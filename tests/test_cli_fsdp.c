@@ -154,6 +154,18 @@ Test(cli_fsdp, activation_checkpointing_from_yaml_trains_the_same_bits) {
     /* and the trained weights (so every gradient) are the same bytes */
     same_file(DIR "/runs/ckpt/model.safetensors", DIR "/runs/plain/model.safetensors");
     same_file(DIR "/runs/foundry/model.safetensors", DIR "/runs/plain/model.safetensors");
+    /* the same under amp_bf16 with microbatches of 2 rows */
+    rc = run("train " DIR "/plain.yaml run_name=plain_mb precision=amp_bf16 device_train_microbatch_size=2", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    rc = run("train " DIR "/ckpt.yaml run_name=ckpt_mb precision=amp_bf16 device_train_microbatch_size=2 "
+             "parallelism.fsdp.mixed_precision=FULL",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    losses("plain_mb", a, sizeof a);
+    losses("ckpt_mb", b, sizeof b);
+    cr_assert_str_eq(b, a, "amp_bf16, microbatches of 2: losses with activation checkpointing %s, without %s", b, a);
+    same_file(DIR "/runs/ckpt_mb/model.safetensors", DIR "/runs/plain_mb/model.safetensors");
     /* the resolved config keeps what was written, under the section it was written in */
     size_t len;
     char *cfg = slurp(DIR "/runs/foundry/config.yaml", &len);
