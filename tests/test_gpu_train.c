@@ -18,6 +18,7 @@
  * Criterion makes for each test).
  */
 #include "cmgolden_gpt2.h"
+#include "cmalgo.h"
 #include "cmgolden_resnet.h"
 #include "cmtest.h"
 #include "cmtrain.h"
@@ -323,6 +324,86 @@ Test(gpu_train, device_gpu_without_a_trainer_path_is_a_clear_error) {
     cm_dataloader_free(dl);
     cm_dataset_free(ds);
     cmt_golden_close(g);
+}
+
+/* BlurPool, ChannelsLast and SqueezeExcite: INIT surgery on a ResNet (re-packing its buffers). */
+static int surgery_algos(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cr_assert_eq(cm_algorithm_new_from_json("BlurPool", "{\"min_channels\": 1}", &out[0]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_algorithm_new_from_json("ChannelsLast", "{}", &out[1]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_algorithm_new_from_json("SqueezeExcite", "{\"min_channels\": 1, \"latent_channels\": 2}", &out[2]),
+                 CM_OK, "%s", cm_last_error());
+    return 3;
+}
+
+/* One run of the small ResNet rig for 4 batches under an algorithm set on dev; the train losses
+ * into loss[4]; the trainer makes its own optimizer. */
+static void algo_run_losses(cm_device dev, cmt_algos_fn make_algos, double loss[4]) {
+    cmt_rig rig;
+    int64_t bpe = 4;
+    cmt_rig_resnet(&rig, &bpe);
+    cm_algorithm_plugin algs[4];
+    const int n = make_algos(algs, 4, NULL);
+    cm_in_memory_logger *mem;
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = rig.model, c.train_dataloader = rig.dl, c.device = dev;
+    c.algorithms = algs, c.n_algorithms = n;
+    c.loggers = &lp, c.n_loggers = 1;
+    c.eval_interval = cm_time_make(0, CM_TIME_EPOCH);
+    c.run_name = "gpu-algos";
+    cr_assert_eq(cm_time_parse("4ba", &c.max_duration), CM_OK);
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_device(cm_model_module(rig.model)), dev, "the model is on the run's device after INIT");
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    for (int i = 0; i < 4; i++) loss[i] = NAN;
+    for (int64_t i = 0; i < cm_in_memory_logger_n(mem); i++) {
+        const cm_log_record *rec = cm_in_memory_logger_record(mem, i);
+        if (!strcmp(rec->name, "loss/train/total") && rec->batch < 4) loss[rec->batch] = rec->value;
+    }
+    cm_trainer_free(tr);
+    cmt_rig_free(&rig);
+}
+
+Test(gpu_train, model_surgery_runs_on_the_cpu_then_the_model_trains_on_the_gpu) {
+    /* the trainer applies the INIT surgery (which re-packs the flat buffers on the CPU) before it
+     * moves the model, so surgery methods work with device: gpu and train as on the CPU */
+    double cpu[4], gpu[4];
+    algo_run_losses(CM_DEVICE_CPU, surgery_algos, cpu);
+    algo_run_losses(CM_DEVICE_CUDA, surgery_algos, gpu);
+    for (int b = 0; b < 4; b++) {
+        cr_assert(isfinite(cpu[b]) && isfinite(gpu[b]), "batch %d: cpu %g gpu %g", b, cpu[b], gpu[b]);
+        cr_assert_leq(fabs(cpu[b] - gpu[b]), 1e-4 * (1 + fabs(cpu[b])), "batch %d: cpu %.9g gpu %.9g", b, cpu[b], gpu[b]);
+    }
+    cr_assert_neq(cpu[0], cpu[3], "the runs trained");
+}
+
+static int ema_algos(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    const cm_ema_config ec = cm_ema_config_default();
+    cm_ema *handle;
+    cr_assert_eq(cm_ema_new(&ec, &handle, &out[0]), CM_OK, "%s", cm_last_error());
+    return 1;
+}
+
+Test(gpu_train, host_copy_methods_refuse_the_gpu_before_the_model_moves) {
+    /* EMA keeps host copies of the weights: with device gpu it says so on INIT, although the model
+     * is still on the CPU then (the trainer moves it after the surgery) */
+    cmt_rig rig;
+    cmt_rig_resnet(&rig, NULL);
+    cm_algorithm_plugin alg;
+    cr_assert_eq(ema_algos(&alg, 1, NULL), 1);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = rig.model, c.train_dataloader = rig.dl, c.device = CM_DEVICE_CUDA;
+    c.algorithms = &alg, c.n_algorithms = 1;
+    cr_assert_eq(cm_time_parse("1ba", &c.max_duration), CM_OK);
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "EMA keeps host copies"), "%s", cm_last_error());
+    cm_algorithm_plugin_free(alg);
+    cmt_rig_free(&rig);
 }
 
 int main(int argc, char *argv[]) {

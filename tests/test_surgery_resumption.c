@@ -12,6 +12,9 @@
 #include "cmtest.h"
 
 #include <math.h>
+#include <composer/data_algos.h>
+#include <composer/train_algos.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +31,7 @@ static cm_algorithm_plugin make(const char *name, const char *json) {
  * lost draw state cannot match by chance); every checkpoint after batch 1 is compared. */
 static void check_resumption_n(const char *label, cmt_family f, algs_fn algs, cm_precision prec, int batches) {
     char *d1 = cmt_temp_dir(), *d2 = cmt_temp_dir();
-    cm_algorithm_plugin a[8];
+    cm_algorithm_plugin a[24];
     cm_optim *opt;
     cm_status s;
     /* run A: fit 1 batch, then fit again to the end */
@@ -262,4 +265,66 @@ Test(surgery_resumption, every_resnet_method_composed_and_every_gpt_method_compo
     check_resumption("the ResNet methods", CMT_RESNET_IMNET, resnet_all, CM_PRECISION_AMP_BF16);
     check_resumption("the GPT-2 methods", CMT_GPT2, gpt_all, CM_PRECISION_AMP_BF16);
     check_resumption("the BERT methods", CMT_BERT, bert_all, CM_PRECISION_AMP_BF16);
+}
+
+/* The training methods of Composer (EMA, SWA, SAM, LayerFreezing, GradientClipping) after the
+ * methods of the other kinds in out[0..n); returns the new count. */
+static int add_training_methods(cm_algorithm_plugin *o, int n) {
+    cm_ema_config ec = cm_ema_config_default();
+    ec.half_life = "2ba", ec.update_interval = "1ba";
+    cm_ema *ema;
+    cr_assert_eq(cm_ema_new(&ec, &ema, &o[n++]), CM_OK, "%s", cm_last_error());
+    cm_swa_config wc = cm_swa_config_default();
+    wc.swa_start = "0.25dur", wc.swa_end = "0.75dur", wc.update_interval = "1ba";
+    cr_assert_eq(cm_swa_new(&wc, &o[n++]), CM_OK, "%s", cm_last_error());
+    cm_sam_config sc = cm_sam_config_default();
+    sc.interval = 2;
+    cr_assert_eq(cm_sam_new(&sc, &o[n++]), CM_OK, "%s", cm_last_error());
+    cm_layer_freezing_config lc = cm_layer_freezing_config_default();
+    lc.freeze_start = 0.25;
+    cr_assert_eq(cm_layer_freezing_new(&lc, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &o[n++]), CM_OK, "%s", cm_last_error());
+    return n;
+}
+
+/* Every method of every kind that applies to a ResNet: surgery, data and training methods. */
+static int resnet_every_kind(cm_algorithm_plugin *o) {
+    int n = resnet_all(o);
+    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
+    sb.start = 0, sb.end = 1;
+    cm_progressive_resizing_config pr = cm_progressive_resizing_config_default();
+    pr.delay_fraction = 0, pr.finetune_fraction = 0;
+    const cm_colout_config co = cm_colout_config_default();
+    const cm_cutout_config cu = cm_cutout_config_default();
+    const cm_mixup_config mu = cm_mixup_config_default();
+    const cm_cutmix_config cm = cm_cutmix_config_default();
+    const cm_label_smoothing_config ls = cm_label_smoothing_config_default();
+    cr_assert_eq(cm_selective_backprop_new(&sb, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_progressive_resizing_new(&pr, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_colout_new(&co, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_cutout_new(&cu, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_mixup_new(&mu, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_cutmix_new(&cm, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_label_smoothing_new(&ls, &o[n++]), CM_OK, "%s", cm_last_error());
+    return add_training_methods(o, n);
+}
+
+/* Every method of every kind that applies to a GPT-2. */
+static int gpt_every_kind(cm_algorithm_plugin *o) {
+    int n = gpt_all(o);
+    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
+    sb.start = 0, sb.end = 1;
+    cm_seq_length_warmup_config sl = cm_seq_length_warmup_config_default();
+    sl.duration = 1.0, sl.min_seq_length = 4, sl.max_seq_length = 8, sl.step_size = 4;
+    cr_assert_eq(cm_selective_backprop_new(&sb, &o[n++]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_seq_length_warmup_new(&sl, &o[n++]), CM_OK, "%s", cm_last_error());
+    return add_training_methods(o, n);
+}
+
+Test(surgery_resumption, every_method_of_every_kind_composed_on_a_resnet_and_on_gpt2) {
+    /* Composer's whole library in one run per family — model surgery, data methods and training
+     * methods together — fits twice and resumes bit for bit (4 batches: SWA, SAM's interval and
+     * LayerFreezing all act within them; amp_bf16, so LowPrecisionLayerNorm acts too) */
+    check_resumption_n("every ResNet method", CMT_RESNET_IMNET, resnet_every_kind, CM_PRECISION_AMP_BF16, 4);
+    check_resumption_n("every GPT-2 method", CMT_GPT2, gpt_every_kind, CM_PRECISION_AMP_BF16, 4);
 }
