@@ -352,6 +352,17 @@ static cm_tensor *f_embedding(cm_tape *tp, cm_tensor *const *in, const void *var
 }
 
 typedef struct {
+    int axis;
+    bool transposed; /* a given as its (0, 1) transpose: read through a strided view */
+} gather_arg;
+
+static cm_tensor *f_gather(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const gather_arg *g = varg;
+    cm_tensor *a = g->transposed ? cm_transpose(tp, in[0], 0, 1) : in[0];
+    return cm_gather(tp, a, g->axis, in[1]);
+}
+
+typedef struct {
     bool causal, bias, bias_grad, mask, bthd, dropout, permuted;
     int T, S, D;
 } attn_arg;
@@ -641,6 +652,35 @@ Test(backend_ops, embedding_and_index_select_with_repeated_indices) {
     w = 1;
     in_spec x[2] = {SPEC(3, IN_NORMAL, true, 4, 6, 5), {1, {10}, IN_INDEX, false, CM_DTYPE_F32, 6}};
     check_op("index_select", f_embedding, &w, 2, x, 0.0, 1e-6);
+}
+
+Test(backend_ops, gather_along_every_axis_with_repeats_views_and_empty_indices) {
+    /* a (5, 7, 6); idx smaller than a off the axis, larger along it (repeated indices) */
+    const struct {
+        gather_arg g;
+        int64_t a[3], idx[3];
+        bool bf16;
+    } cases[] = {
+        {{1, false}, {5, 7, 6}, {4, 9, 5}, false},
+        {{2, false}, {5, 7, 6}, {5, 3, 11}, false},
+        {{0, false}, {5, 7, 6}, {12, 7, 6}, false},
+        {{0, true}, {7, 5, 6}, {9, 6, 3}, false}, /* a is the (5, 7, 6) transpose of (7, 5, 6) */
+        {{2, true}, {7, 5, 6}, {5, 7, 13}, false},
+        {{1, false}, {5, 7, 6}, {0, 4, 6}, false}, /* no indices */
+        {{1, false}, {5, 7, 6}, {3, 10, 6}, true},  /* bf16 elements (2-byte copies; no gradient) */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int ax = cases[i].g.axis;
+        in_spec s[2] = {SPEC(3, IN_NORMAL, !cases[i].bf16, cases[i].a[0], cases[i].a[1], cases[i].a[2]),
+                        {3, {cases[i].idx[0], cases[i].idx[1], cases[i].idx[2]}, IN_INDEX, false, CM_DTYPE_F32, 0}};
+        if (cases[i].bf16) s[0].dtype = CM_DTYPE_BF16;
+        /* the gathered axis's size in the (possibly transposed) view */
+        const int va = cases[i].g.transposed && ax < 2 ? 1 - ax : ax;
+        s[1].hi = cases[i].a[va];
+        char name[64];
+        snprintf(name, sizeof name, "gather case %zu (axis %d)", i, ax);
+        check_op(name, f_gather, &cases[i].g, 2, s, 0.0, 1e-6);
+    }
 }
 
 /* Dropout masks: the same seed gives the same mask on both devices, bit for bit — with and without

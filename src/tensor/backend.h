@@ -269,6 +269,14 @@ typedef struct cmi_backend {
                              size_t es);
     cm_status (*select_rows_bwd)(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A, int64_t I,
                                  int64_t K);
+    /* Gather (index.c): out (contiguous, `shape` = idx's, elements of es bytes) = a read through
+     * strides sa, with the coordinate on `axis` replaced by idx (i64, contiguous, `shape`). Its
+     * backward: ga (contiguous, ashape) += g (contiguous, `shape`) scattered the same way; each
+     * line along the axis is one thread's, in order (no atomics, the CPU's order). */
+    cm_status (*gather)(void *out, const void *a, const int64_t *sa, const int64_t *idx, int nd, const int64_t *shape,
+                        int axis, size_t es);
+    cm_status (*gather_bwd)(float *ga, const int64_t *ashape, const float *g, const int64_t *idx, int nd,
+                            const int64_t *shape, int axis);
 
     /* ---- attention (attention.c) ---- */
     /* out (B, H, T, D) or (B, T, H, D), contiguous; lse (B, H, T): each query's log-sum-exp (+inf

@@ -379,6 +379,8 @@ static cmi_backend make_table(void) {
     b.batch_norm_bwd = cmi_cuda_batch_norm_bwd;
     b.pool = cmi_cuda_pool;
     b.pool_bwd = cmi_cuda_pool_bwd;
+    b.gather = cmi_cuda_gather;
+    b.gather_bwd = cmi_cuda_gather_bwd;
     return b;
 }
 
