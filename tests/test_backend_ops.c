@@ -352,6 +352,17 @@ static cm_tensor *f_embedding(cm_tape *tp, cm_tensor *const *in, const void *var
 }
 
 typedef struct {
+    cm_reduction r;
+    bool transposed; /* pred given as its (0, 1) transpose: a strided view */
+} mse_arg;
+
+static cm_tensor *f_mse(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const mse_arg *m = varg;
+    cm_tensor *p = m->transposed ? cm_transpose(tp, in[0], 0, 1) : in[0];
+    return cm_mse_loss(tp, p, in[1], m->r);
+}
+
+typedef struct {
     int axis;
     bool transposed; /* a given as its (0, 1) transpose: read through a strided view */
 } gather_arg;
@@ -681,6 +692,21 @@ Test(backend_ops, gather_along_every_axis_with_repeats_views_and_empty_indices) 
         snprintf(name, sizeof name, "gather case %zu (axis %d)", i, ax);
         check_op(name, f_gather, &cases[i].g, 2, s, 0.0, 1e-6);
     }
+}
+
+Test(backend_ops, mse_loss_every_reduction_on_views_and_empty_tensors) {
+    const cm_reduction rs[] = {CM_REDUCTION_MEAN, CM_REDUCTION_SUM, CM_REDUCTION_NONE};
+    for (size_t r = 0; r < 3; r++)
+        for (int v = 0; v < 3; v++) {
+            const mse_arg m = {rs[r], v == 1};
+            /* 1155 elements (several blocks' partial sums), a transposed pred, an empty pair */
+            in_spec s[2] = {SPEC(3, IN_NORMAL, true, 11, 15, 7), SPEC(3, IN_NORMAL, true, 15, 11, 7)};
+            if (v == 0) s[0].shape[0] = 15, s[0].shape[1] = 11;
+            if (v == 2) s[0].shape[0] = s[1].shape[0] = 0, s[0].shape[1] = s[1].shape[1] = 11;
+            char name[64];
+            snprintf(name, sizeof name, "mse_loss reduction %d view %d", (int)rs[r], v);
+            check_op(name, f_mse, &m, 2, s, 1e-6, 1e-6);
+        }
 }
 
 /* Dropout masks: the same seed gives the same mask on both devices, bit for bit — with and without

@@ -239,6 +239,13 @@ typedef struct cmi_backend {
                         int64_t ignore, float eps, bool none, double denom, const float *g, const float *lse,
                         float *gl, bool fresh, float *gt);
 
+    /* Mean squared error of contiguous p and t (n each): none: out[i] = (p - t)², else out[0] =
+     * (float)(Σ (p - t)² in double / denom). Backward: d = (none ? 2·g[i] : (float)(2·g[0] / denom))
+     * · (p - t); gp += d, gt -= d (either may be NULL). */
+    cm_status (*mse)(const float *p, const float *t, int64_t n, bool none, double denom, float *out);
+    cm_status (*mse_bwd)(const float *p, const float *t, const float *g, int64_t n, bool none, double denom, float *gp,
+                         float *gt);
+
     /* ---- normalisation, dropout, fused activations (norm.c, elementwise.c) ---- */
     /* y = (x - mean)·rstd·w + b per row of contiguous x (R, C); w, b may be NULL; mean, rstd (R). */
     cm_status (*layer_norm)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,

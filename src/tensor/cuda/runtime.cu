@@ -381,6 +381,8 @@ static cmi_backend make_table(void) {
     b.pool_bwd = cmi_cuda_pool_bwd;
     b.gather = cmi_cuda_gather;
     b.gather_bwd = cmi_cuda_gather_bwd;
+    b.mse = cmi_cuda_mse;
+    b.mse_bwd = cmi_cuda_mse_bwd;
     return b;
 }
 
