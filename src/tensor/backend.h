@@ -253,6 +253,14 @@ typedef struct cmi_backend {
     /* gx (written when fresh, else added; may be NULL), gw and gb (added; may be NULL). */
     cm_status (*layer_norm_bwd)(const float *x, const float *w, const float *g, const float *mean, const float *rstd,
                                 float *gx, bool fresh, float *gw, float *gb, int64_t R, int64_t C);
+    /* Group norm of contiguous x (N, C, S) in G groups (norm.c): rows (n, g) of C/G·S values;
+     * mean, rstd (N·G) written; y = (x - mean)·rstd·w[c] + b[c] (w, b may be NULL). */
+    cm_status (*group_norm)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                            int64_t N, int64_t C, int64_t S, int64_t G, float eps);
+    /* gx, gw, gb added to (any may be NULL); the parameter gradients are per-channel sums in
+     * double in a fixed order. */
+    cm_status (*group_norm_bwd)(const float *x, const float *w, const float *g, const float *mean, const float *rstd,
+                                float *gx, float *gw, float *gb, int64_t N, int64_t C, int64_t S, int64_t G);
     /* y = gelu(x + b) over rows of C (contiguous x, y; b (C)). */
     cm_status (*bias_gelu)(const float *x, const float *b, float *y, int64_t rows, int64_t C, bool approx);
     cm_status (*bias_gelu_bwd)(const float *x, const float *b, const float *g, float *gx, bool fresh, float *gb,

@@ -99,7 +99,7 @@ static const char *const k_gpu_ops[] = {
     "matmul", "linear",
     /* losses, norms, dropout, fused activations, indexing */
     "cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
-    "gather", "mse_loss",
+    "gather", "mse_loss", "group_norm",
     /* attention (attention.c) */
     "attention",
     /* vision: convolution, batch norm, pooling, concat (conv.c, norm.c, pool.c, index.c) */

@@ -243,6 +243,10 @@ cm_status cmi_cuda_gather(void *, const void *, const int64_t *, const int64_t *
 cm_status cmi_cuda_gather_bwd(float *, const int64_t *, const float *, const int64_t *, int, const int64_t *, int);
 cm_status cmi_cuda_mse(const float *, const float *, int64_t, bool, double, float *);
 cm_status cmi_cuda_mse_bwd(const float *, const float *, const float *, int64_t, bool, double, float *, float *);
+cm_status cmi_cuda_group_norm(const float *, const float *, const float *, float *, float *, float *, int64_t, int64_t,
+                              int64_t, int64_t, float);
+cm_status cmi_cuda_group_norm_bwd(const float *, const float *, const float *, const float *, const float *, float *,
+                                  float *, float *, int64_t, int64_t, int64_t, int64_t);
 cm_status cmi_cuda_attention(const cmi_attn_desc *, float *, float *);
 cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *, const float *, const float *, const float *, float *, bool,
                                  float *, bool, float *, bool, float *);

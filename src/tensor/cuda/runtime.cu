@@ -383,6 +383,8 @@ static cmi_backend make_table(void) {
     b.gather_bwd = cmi_cuda_gather_bwd;
     b.mse = cmi_cuda_mse;
     b.mse_bwd = cmi_cuda_mse_bwd;
+    b.group_norm = cmi_cuda_group_norm;
+    b.group_norm_bwd = cmi_cuda_group_norm_bwd;
     return b;
 }
 
