@@ -352,6 +352,29 @@ static cm_tensor *f_embedding(cm_tape *tp, cm_tensor *const *in, const void *var
 }
 
 typedef struct {
+    int64_t oh, ow;
+    bool align, cl, transposed; /* transposed: x given with H and W swapped (a strided view) */
+} resize_arg;
+
+static cm_tensor *f_resize(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const resize_arg *r = varg;
+    cm_tensor *x = r->transposed ? cm_transpose(tp, in[0], r->cl ? 1 : 2, r->cl ? 2 : 3) : in[0];
+    return cm_resize_bilinear(tp, x, r->oh, r->ow, r->align, r->cl);
+}
+
+/* split of in[0] along *arg into pieces of 2, 0, rest - 3 and 1 (the gradient flows back through
+ * narrow views), put back together in another order, one of them through a transposed input */
+static cm_tensor *f_split(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const int axis = *(const int *)varg;
+    cm_tensor *x = axis == 2 ? cm_transpose(tp, in[0], 1, 2) : in[0];
+    const int64_t n = cm_tensor_dim(x, axis), sizes[4] = {2, 0, n - 3, 1};
+    cm_tensor *p[4];
+    if (cm_split(tp, x, axis, sizes, 4, p) != CM_OK) return NULL;
+    cm_tensor *y = cm_concat(tp, (cm_tensor *const[]){p[3], p[1], p[0], p[2]}, 4, axis);
+    return cm_mul(tp, y, y);
+}
+
+typedef struct {
     int64_t groups;
     bool affine, transposed; /* transposed: x given with its last two dims swapped (a strided view) */
 } gn_arg;
@@ -703,6 +726,41 @@ Test(backend_ops, gather_along_every_axis_with_repeats_views_and_empty_indices) 
         char name[64];
         snprintf(name, sizeof name, "gather case %zu (axis %d)", i, ax);
         check_op(name, f_gather, &cases[i].g, 2, s, 0.0, 1e-6);
+    }
+}
+
+Test(backend_ops, resize_bilinear_up_down_align_corners_layouts_and_views) {
+    /* x (2, 3, 7, 9) or its channels-last/transposed forms */
+    const resize_arg cases[] = {
+        {14, 18, false, false, false}, {14, 18, true, false, false}, /* 2x up */
+        {3, 4, false, false, false},   {3, 4, true, false, false},   /* down, non-integer ratios */
+        {11, 5, false, true, false},   {10, 13, true, true, false},  /* channels-last */
+        {1, 1, false, false, false},   {1, 1, true, false, false},   /* one pixel */
+        {7, 9, false, false, true},    {5, 20, true, true, true},    /* same size; a transposed view */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const resize_arg *r = &cases[i];
+        int64_t h = 7, w = 9;
+        if (r->transposed) h = 9, w = 7; /* stored with H and W swapped */
+        in_spec s = r->cl ? (in_spec)SPEC(4, IN_NORMAL, true, 2, h, w, 3) : (in_spec)SPEC(4, IN_NORMAL, true, 2, 3, h, w);
+        char name[64];
+        snprintf(name, sizeof name, "resize_bilinear case %zu", i);
+        check_op(name, f_resize, r, 1, &s, 1e-6, 1e-6);
+    }
+    /* an input of one row and column, and an empty batch */
+    const resize_arg up = {5, 6, false, false, false};
+    in_spec one = SPEC(4, IN_NORMAL, true, 2, 3, 1, 1), empty = SPEC(4, IN_NORMAL, true, 0, 3, 4, 4);
+    check_op("resize_bilinear from 1x1", f_resize, &up, 1, &one, 1e-6, 1e-6);
+    check_op("resize_bilinear empty batch", f_resize, &up, 1, &empty, 1e-6, 1e-6);
+}
+
+Test(backend_ops, split_pieces_flow_gradients_back_through_views) {
+    const int axes[] = {0, 1, 2};
+    for (size_t i = 0; i < 3; i++) {
+        in_spec s = SPEC(3, IN_NORMAL, true, 6, 7, 5);
+        char name[32];
+        snprintf(name, sizeof name, "split axis %d", axes[i]);
+        check_op(name, f_split, &axes[i], 1, &s, 0.0, 1e-7);
     }
 }
 
@@ -1100,7 +1158,7 @@ Test(backend_ops, an_op_without_a_gpu_path_fails_cleanly) {
     cr_assert(cmi_begin(tp, op, 1, &xc), "%s", cm_tape_error(tp));
     cm_tape_free(tp);
     /* the ops that used to lack a GPU path are on the list */
-    const char *added[] = {"gather", "mse_loss", "group_norm"};
+    const char *added[] = {"gather", "mse_loss", "group_norm", "resize_bilinear"};
     for (size_t i = 0; i < sizeof added / sizeof added[0]; i++)
         cr_assert(cmi_op_on_device(added[i], CM_DEVICE_CUDA), "%s", added[i]);
     cm_tensor_free(x);

@@ -143,6 +143,21 @@ typedef struct cmi_pool_desc {
     int64_t xs[4], ys[4], gxs[4];
 } cmi_pool_desc;
 
+/* One output coordinate's two linear taps (pool.c's bilinear resize, PyTorch's source-index rule):
+ * out = l0·in[i0] + l1·in[i1]. */
+typedef struct cmi_lin_tap {
+    int64_t i0, i1;
+    float l0, l1;
+} cmi_lin_tap;
+/* A bilinear resize on the device: sizes and strides as a cmi_pool_desc (N, C, H, W, OH, OW, xs,
+ * ys, gxs); taps in device memory: th (OH) then tw (OW) cmi_lin_tap, and for the backward, per
+ * input row h the output rows [rh[2h], rh[2h+1]) whose taps read it (likewise rw per column). */
+typedef struct cmi_resize_desc {
+    cmi_pool_desc g;
+    const cmi_lin_tap *th, *tw;
+    const int64_t *rh, *rw;
+} cmi_resize_desc;
+
 typedef struct cmi_backend {
     const char *name; /* "cuda" */
     cm_device device;
@@ -318,6 +333,10 @@ typedef struct cmi_backend {
     /* arg may be NULL (no gradient wanted) for max; gx is added to. */
     cm_status (*pool)(const cmi_pool_desc *d, const float *x, float *y, int32_t *arg);
     cm_status (*pool_bwd)(const cmi_pool_desc *d, const float *gy, const int32_t *arg, float *gx);
+    /* Bilinear resize (pool.c): y = the taps' blend of x; backward gx += Σ over the output
+     * pixels whose taps read each input pixel (gathered per input pixel, no atomics). */
+    cm_status (*resize)(const cmi_resize_desc *d, const float *x, float *y);
+    cm_status (*resize_bwd)(const cmi_resize_desc *d, const float *gy, float *gx);
 
     /* ---- optimizers and clipping over flat spans (optim.c, grad_clip.c) ---- */
     cm_status (*sgd_step)(const cmi_sgd_args *a);

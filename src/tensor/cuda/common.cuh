@@ -247,6 +247,8 @@ cm_status cmi_cuda_group_norm(const float *, const float *, const float *, float
                               int64_t, int64_t, float);
 cm_status cmi_cuda_group_norm_bwd(const float *, const float *, const float *, const float *, const float *, float *,
                                   float *, float *, int64_t, int64_t, int64_t, int64_t);
+cm_status cmi_cuda_resize(const cmi_resize_desc *, const float *, float *);
+cm_status cmi_cuda_resize_bwd(const cmi_resize_desc *, const float *, float *);
 cm_status cmi_cuda_attention(const cmi_attn_desc *, float *, float *);
 cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *, const float *, const float *, const float *, float *, bool,
                                  float *, bool, float *, bool, float *);

@@ -385,6 +385,8 @@ static cmi_backend make_table(void) {
     b.mse_bwd = cmi_cuda_mse_bwd;
     b.group_norm = cmi_cuda_group_norm;
     b.group_norm_bwd = cmi_cuda_group_norm_bwd;
+    b.resize = cmi_cuda_resize;
+    b.resize_bwd = cmi_cuda_resize_bwd;
     return b;
 }
 
