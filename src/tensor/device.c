@@ -104,7 +104,7 @@ static const char *const k_gpu_ops[] = {
     "attention",
     /* vision: convolution, batch norm, pooling, concat (conv.c, norm.c, pool.c, index.c) */
     "conv2d", "batch_norm", "batch_norm_add_relu", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "concat", "stack",
-    "resize_bilinear",
+    "resize_bilinear", "split",
 };
 
 bool cmi_op_on_device(const char *op, cm_device dev) {
