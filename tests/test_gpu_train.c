@@ -22,6 +22,7 @@
 #include "cmtest.h"
 #include "cmtrain.h"
 
+#include <composer/train_algos.h>
 #include <composer/zoo_gpt2.h>
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +44,9 @@ typedef struct {
     const char *max_duration;
     const char *save_folder; /* checkpoint every batch there */
     const char *load_path;
+    int alg;                 /* 1 EMA, 2 SWA, 3 SAM beside the clipping */
+    bool late_move;          /* leave the model on the CPU for the trainer to move after INIT (and the
+                              * trainer's own optimizer: one made over CPU buffers would be refused) */
 } gpu_run_opts;
 
 typedef struct {
@@ -52,6 +56,7 @@ typedef struct {
     cm_dataloader *dl;
     cm_trainer *tr;
     cm_in_memory_logger *mem;
+    cm_ema *ema;
     double loss[16];
     int n_loss;
 } gpu_run;
@@ -73,8 +78,10 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     r->model = gpt2_with_dropout(o.dropout);
     cmt_golden_gpt2_load(r->model, "init.");
     /* the optimizer is made over the buffers on the run's device */
-    cr_assert_eq(cm_module_to_device(cm_model_module(r->model), o.device), CM_OK, "%s", cm_last_error());
-    r->opt = cmt_golden_gpt2_adamw(r->model);
+    if (!o.late_move) {
+        cr_assert_eq(cm_module_to_device(cm_model_module(r->model), o.device), CM_OK, "%s", cm_last_error());
+        r->opt = cmt_golden_gpt2_adamw(r->model);
+    }
     r->ds = cmt_golden_gpt2_dataset(g, false, false);
     cm_dataloader_config dc = cm_dataloader_config_default();
     dc.batch_size = B, dc.shuffle = false;
@@ -83,8 +90,21 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     cr_assert_eq(cm_time_parse("2ba", &sc.t_warmup), CM_OK);
     cr_assert_eq(cm_time_parse("5ba", &sc.t_max), CM_OK);
     sc.alpha_f = 0.1;
-    cm_algorithm_plugin clip;
-    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &clip), CM_OK);
+    cm_algorithm_plugin algs[2];
+    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &algs[0]), CM_OK);
+    if (o.alg == 1) {
+        cm_ema_config ec = cm_ema_config_default();
+        ec.half_life = NULL, ec.smoothing = 0.5; /* a short memory: each of the 5 steps shows */
+        cr_assert_eq(cm_ema_new(&ec, &r->ema, &algs[1]), CM_OK, "%s", cm_last_error());
+    } else if (o.alg == 2) {
+        cm_swa_config wc = cm_swa_config_default();
+        wc.swa_start = "0.2dur", wc.swa_end = "0.9dur", wc.update_interval = "1ba";
+        cr_assert_eq(cm_swa_new(&wc, &algs[1]), CM_OK, "%s", cm_last_error());
+    } else if (o.alg == 3) {
+        cm_sam_config sc2 = cm_sam_config_default();
+        sc2.rho = 0.5; /* a perturbation large enough to change the trajectory */
+        cr_assert_eq(cm_sam_new(&sc2, &algs[1]), CM_OK, "%s", cm_last_error());
+    }
     cm_logger_plugin lp;
     cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
     cm_trainer_config c = cm_trainer_config_default();
@@ -93,7 +113,7 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     cr_assert_eq(cm_time_parse(o.max_duration ? o.max_duration : "5ba", &c.max_duration), CM_OK);
     c.optimizer = r->opt;
     c.schedulers = &sc, c.n_schedulers = 1;
-    c.algorithms = &clip, c.n_algorithms = 1;
+    c.algorithms = algs, c.n_algorithms = o.alg ? 2 : 1;
     c.loggers = &lp, c.n_loggers = 1;
     c.precision = o.precision;
     c.device_train_microbatch_size = o.microbatch;
@@ -257,6 +277,90 @@ Test(gpu_train, checkpoints_move_between_gpu_and_cpu) {
     expect_params_close("cpu -> gpu resume: final parameters", cont.model, full.model, 5e-4, 0);
     gpu_run_end(&cont);
     gpu_run_end(&part);
+    gpu_run_end(&full);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    cmt_golden_close(g);
+}
+
+/* The largest |a - b| over the parameters of two models (any devices). */
+static double max_param_diff(cm_model *a, cm_model *b) {
+    double most = 0;
+    cm_module *ra = cm_model_module(a), *rb = cm_model_module(b);
+    for (int64_t i = 0; i < cm_module_n_params(ra); i++) {
+        cm_tensor *x, *y;
+        cr_assert_eq(cm_tensor_to_device(cm_module_param_info(ra, i).tensor, CM_DEVICE_CPU, &x), CM_OK);
+        cr_assert_eq(cm_tensor_to_device(cm_module_param_info(rb, i).tensor, CM_DEVICE_CPU, &y), CM_OK);
+        const float *xv = cm_tensor_data(x), *yv = cm_tensor_data(y);
+        for (int64_t k = 0; k < cm_tensor_numel(x); k++) most = fmax(most, fabs(xv[k] - yv[k]));
+        cm_tensor_free(x);
+        cm_tensor_free(y);
+    }
+    return most;
+}
+
+/* EMA, SWA and SAM keep their copies of the weights on the model's device: a GPU run gives the CPU
+ * run's averaged weights (EMA's, swapped in after fit; SWA's, put in the model at swa_end) and SAM's
+ * trajectory. The EMA runs leave the model on the CPU until the trainer moves it (after INIT, where
+ * the EMA makes its copy, which then follows the model to the GPU). */
+Test(gpu_train, ema_swa_and_sam_run_on_the_gpu_as_on_the_cpu) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    static const char *const names[] = {"", "EMA", "SWA", "SAM"};
+    gpu_run plain; /* AdamW without SWA or SAM: where those runs would end if they did nothing */
+    gpu_run_start(&plain, g, (gpu_run_opts){.device = CM_DEVICE_CUDA});
+    for (int alg = 1; alg <= 3; alg++) {
+        gpu_run c, d;
+        const bool late = alg == 1;
+        gpu_run_start(&c, g, (gpu_run_opts){.device = CM_DEVICE_CPU, .alg = alg, .late_move = late});
+        gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .alg = alg, .late_move = late});
+        cr_assert_eq(cm_module_device(cm_model_module(d.model)), CM_DEVICE_CUDA);
+        char what[96];
+        snprintf(what, sizeof what, "%s: gpu vs cpu", names[alg]);
+        expect_losses_close(what, &d, &c, 0, N_STEPS, 1e-5);
+        if (alg == 1) {
+            cr_assert_eq(cm_ema_use_ema_weights(c.ema), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_ema_use_ema_weights(d.ema), CM_OK, "%s", cm_last_error());
+        }
+        snprintf(what, sizeof what, "%s: gpu vs cpu, the model after fit", names[alg]);
+        expect_params_close(what, d.model, c.model, 5e-4, 0);
+        /* the algorithm did something, far beyond the tolerance above: EMA's average is away from
+         * the training weights (the CPU run's, swapped back), SWA's and SAM's ends from plain's */
+        double most;
+        if (alg == 1) {
+            cr_assert_eq(cm_ema_use_training_weights(c.ema), CM_OK);
+            most = max_param_diff(d.model, c.model);
+        } else {
+            most = max_param_diff(d.model, plain.model);
+        }
+        cr_expect(most > 2e-3, "%s changes the model: at most %g from the weights without it", names[alg], most);
+        gpu_run_end(&c);
+        gpu_run_end(&d);
+    }
+    gpu_run_end(&plain);
+    cmt_golden_close(g);
+}
+
+/* The EMA's copy is checkpointed from the GPU and loaded back into it (or onto the CPU): a resumed
+ * run's averaged weights are the uninterrupted run's. */
+Test(gpu_train, an_ema_on_the_gpu_resumes_from_its_checkpoint) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    char dir[] = "/tmp/cm_gpu_ema_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char ck[600];
+    gpu_run full, cont;
+    gpu_run_start(&full, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .alg = 1, .late_move = true, .save_folder = dir});
+    cr_assert_eq(cm_ema_use_ema_weights(full.ema), CM_OK);
+    snprintf(ck, sizeof ck, "%s/ep0-ba2", dir);
+    for (int dev = 0; dev < 2; dev++) {
+        const cm_device to = dev ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
+        gpu_run_start(&cont, g, (gpu_run_opts){.device = to, .alg = 1, .late_move = true, .load_path = ck});
+        expect_losses_close("EMA resumed", &cont, &full, 2, N_STEPS, 1e-5);
+        cr_assert_eq(cm_ema_use_ema_weights(cont.ema), CM_OK);
+        expect_params_close(dev ? "EMA resumed on the cpu: averaged weights" : "EMA resumed on the gpu: averaged weights",
+                            cont.model, full.model, 5e-4, 0);
+        gpu_run_end(&cont);
+    }
     gpu_run_end(&full);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

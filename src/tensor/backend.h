@@ -343,6 +343,15 @@ typedef struct cmi_backend {
     cm_status (*adam_step)(const cmi_adam_args *a);
     /* *out = Σ x[i]² in double (waits for the device). */
     cm_status (*sumsq)(const float *x, int64_t n, double *out);
+
+    /* ---- the training algorithms' updates over flat spans (plugins: ema.c, swa.c, sam.c), each
+     * operation rounded on its own as the CPU code rounds it (no fused multiply-add) ---- */
+    /* EMA: ema[i] = ema[i]·s + model[i]·oms in f32; dt I64 (counters): through f32, truncated. */
+    cm_status (*ema_update)(void *ema, const void *model, cm_dtype dt, int64_t n, float s, float oms);
+    /* SWA: avg[i] = avg[i] + (model[i] - avg[i]) / d. */
+    cm_status (*swa_update)(float *avg, const float *model, int64_t n, float d);
+    /* SAM: p[i] = p[i] + g[i]·scale. */
+    cm_status (*sam_perturb)(float *p, const float *g, int64_t n, float scale);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

@@ -255,6 +255,9 @@ cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *, const float *, const flo
 cm_status cmi_cuda_sgd_step(const cmi_sgd_args *);
 cm_status cmi_cuda_adam_step(const cmi_adam_args *);
 cm_status cmi_cuda_sumsq(const float *, int64_t, double *);
+cm_status cmi_cuda_ema_update(void *, const void *, cm_dtype, int64_t, float, float);
+cm_status cmi_cuda_swa_update(float *, const float *, int64_t, float);
+cm_status cmi_cuda_sam_perturb(float *, const float *, int64_t, float);
 cm_status cmi_cuda_conv(const cmi_conv_geom *, cm_dtype, cm_dtype, const void *, cm_dtype, const void *, const float *,
                         cm_dtype, void *);
 cm_status cmi_cuda_conv_bwd(const cmi_conv_geom *, cm_dtype, cm_dtype, const void *, cm_dtype, const void *, cm_dtype,

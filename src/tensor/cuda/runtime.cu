@@ -373,6 +373,9 @@ static cmi_backend make_table(void) {
     b.sgd_step = cmi_cuda_sgd_step;
     b.adam_step = cmi_cuda_adam_step;
     b.sumsq = cmi_cuda_sumsq;
+    b.ema_update = cmi_cuda_ema_update;
+    b.swa_update = cmi_cuda_swa_update;
+    b.sam_perturb = cmi_cuda_sam_perturb;
     b.conv = cmi_cuda_conv;
     b.conv_bwd = cmi_cuda_conv_bwd;
     b.batch_norm = cmi_cuda_batch_norm;
