@@ -22,6 +22,7 @@
 #include "cmtest.h"
 #include "cmtrain.h"
 
+#include <composer/callbacks.h>
 #include <composer/train_algos.h>
 #include <composer/zoo_gpt2.h>
 #include <math.h>
@@ -47,6 +48,7 @@ typedef struct {
     int alg;                 /* 1 EMA, 2 SWA, 3 SAM beside the clipping */
     bool late_move;          /* leave the model on the CPU for the trainer to move after INIT (and the
                               * trainer's own optimizer: one made over CPU buffers would be refused) */
+    bool optimizer_monitor;  /* with OptimizerMonitor (every batch) */
 } gpu_run_opts;
 
 typedef struct {
@@ -82,6 +84,22 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
         cr_assert_eq(cm_module_to_device(cm_model_module(r->model), o.device), CM_OK, "%s", cm_last_error());
         r->opt = cmt_golden_gpt2_adamw(r->model);
     }
+    if (o.optimizer_monitor) { /* AdamW over one span per unit, named as the trainer names them, so
+                                * the monitor finds the moments */
+        cm_optim_free(r->opt);
+        cm_module *root = cm_model_module(r->model);
+        const int nu = cm_module_n_units(root);
+        cm_optim_span *sp = calloc((size_t)nu, sizeof *sp);
+        for (int i = 0; i < nu; i++) {
+            const cm_unit_info *u = cm_module_unit(root, i);
+            sp[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+        }
+        cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_ADAMW);
+        hp.lr = 1e-2;
+        cr_assert_eq(cm_optim_new(CM_OPTIM_ADAMW, &r->opt), CM_OK);
+        cr_assert_eq(cm_optim_add_group(r->opt, &hp, sp, nu), CM_OK, "%s", cm_last_error());
+        free(sp);
+    }
     r->ds = cmt_golden_gpt2_dataset(g, false, false);
     cm_dataloader_config dc = cm_dataloader_config_default();
     dc.batch_size = B, dc.shuffle = false;
@@ -107,6 +125,8 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     }
     cm_logger_plugin lp;
     cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
+    cm_callback_plugin om;
+    if (o.optimizer_monitor) cr_assert_eq(cm_optimizer_monitor_new(NULL, &om), CM_OK);
     cm_trainer_config c = cm_trainer_config_default();
     c.model = r->model;
     c.train_dataloader = r->dl;
@@ -115,6 +135,7 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     c.schedulers = &sc, c.n_schedulers = 1;
     c.algorithms = algs, c.n_algorithms = o.alg ? 2 : 1;
     c.loggers = &lp, c.n_loggers = 1;
+    if (o.optimizer_monitor) c.callbacks = &om, c.n_callbacks = 1;
     c.precision = o.precision;
     c.device_train_microbatch_size = o.microbatch;
     c.device = o.device;
@@ -365,6 +386,36 @@ Test(gpu_train, an_ema_on_the_gpu_resumes_from_its_checkpoint) {
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
+    cmt_golden_close(g);
+}
+
+/* OptimizerMonitor on a GPU model logs the CPU run's norms and cosines (gradients, parameters,
+ * AdamW's moments and update) at every batch. */
+Test(gpu_train, optimizer_monitor_reads_a_gpu_model) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    gpu_run c, d;
+    gpu_run_start(&c, g, (gpu_run_opts){.device = CM_DEVICE_CPU, .optimizer_monitor = true});
+    gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .optimizer_monitor = true});
+    int64_t compared = 0, moments = 0;
+    for (int64_t i = 0; i < cm_in_memory_logger_n(c.mem); i++) {
+        const cm_log_record *rc = cm_in_memory_logger_record(c.mem, i);
+        if (strncmp(rc->name, "l2_norm/", 8) && strncmp(rc->name, "cosine/", 7)) continue;
+        bool found = false;
+        for (int64_t j = 0; j < cm_in_memory_logger_n(d.mem) && !found; j++) {
+            const cm_log_record *rd = cm_in_memory_logger_record(d.mem, j);
+            if (rd->batch != rc->batch || strcmp(rd->name, rc->name)) continue;
+            found = true;
+            cr_expect(fabs(rd->value - rc->value) <= 1e-4 + 1e-4 * fabs(rc->value), "batch %lld %s: gpu %.8g vs cpu %.8g",
+                      (long long)rc->batch, rc->name, rd->value, rc->value);
+        }
+        cr_expect(found, "batch %lld: the gpu run did not log %s", (long long)rc->batch, rc->name);
+        compared++;
+        moments += strncmp(rc->name, "l2_norm/moment/", 15) == 0;
+    }
+    cr_assert_gt(moments, 0, "AdamW's moments were logged");
+    cr_assert_gt(compared, 100, "%lld values compared", (long long)compared);
+    gpu_run_end(&c);
+    gpu_run_end(&d);
     cmt_golden_close(g);
 }
 
