@@ -362,6 +362,31 @@ Test(gpu_train, ema_swa_and_sam_run_on_the_gpu_as_on_the_cpu) {
     cmt_golden_close(g);
 }
 
+/* cm_compute_ema on two module trees on the GPU averages there as on the CPU; trees on two devices
+ * are refused, naming the tensor. */
+Test(gpu_train, compute_ema_averages_module_trees_on_the_gpu) {
+    cm_model *mc = cmt_golden_gpt2_model(), *ec = cmt_golden_gpt2_model(), *mg = cmt_golden_gpt2_model(),
+             *eg = cmt_golden_gpt2_model();
+    for (int64_t i = 0; i < cm_module_n_params(cm_model_module(ec)); i++) { /* the EMA models start at 0.5 */
+        cr_assert_eq(cm_tensor_fill(cm_module_param_info(cm_model_module(ec), i).tensor, 0.5), CM_OK);
+        cr_assert_eq(cm_tensor_fill(cm_module_param_info(cm_model_module(eg), i).tensor, 0.5), CM_OK);
+    }
+    cr_assert_eq(cm_module_to_device(cm_model_module(mg), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_to_device(cm_model_module(eg), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(cm_compute_ema(cm_model_module(mc), cm_model_module(ec), 0.75), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_compute_ema(cm_model_module(mg), cm_model_module(eg), 0.75), CM_OK, "%s", cm_last_error());
+    }
+    expect_params_close("compute_ema on the gpu vs the cpu", eg, ec, 0, 0); /* the same roundings: equal */
+    cr_assert_gt(max_param_diff(eg, mg), 1e-3, "the average moved from the EMA model's start");
+    cr_assert_eq(cm_compute_ema(cm_model_module(mc), cm_model_module(eg), 0.75), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "is on cpu in the model but on cuda"), "%s", cm_last_error());
+    cm_model_free(mc);
+    cm_model_free(ec);
+    cm_model_free(mg);
+    cm_model_free(eg);
+}
+
 /* The EMA's copy is checkpointed from the GPU and loaded back into it (or onto the CPU): a resumed
  * run's averaged weights are the uninterrupted run's. */
 Test(gpu_train, an_ema_on_the_gpu_resumes_from_its_checkpoint) {
