@@ -23,6 +23,8 @@
 #include "cmtest.h"
 #include "cmtrain.h"
 
+#include <composer/callbacks.h>
+#include <composer/train_algos.h>
 #include <composer/zoo_gpt2.h>
 #include <math.h>
 #include <stdio.h>
@@ -44,6 +46,10 @@ typedef struct {
     const char *max_duration;
     const char *save_folder; /* checkpoint every batch there */
     const char *load_path;
+    int alg;                 /* 1 EMA, 2 SWA, 3 SAM beside the clipping */
+    bool late_move;          /* leave the model on the CPU for the trainer to move after INIT (and the
+                              * trainer's own optimizer: one made over CPU buffers would be refused) */
+    bool optimizer_monitor;  /* with OptimizerMonitor (every batch) */
 } gpu_run_opts;
 
 typedef struct {
@@ -53,6 +59,7 @@ typedef struct {
     cm_dataloader *dl;
     cm_trainer *tr;
     cm_in_memory_logger *mem;
+    cm_ema *ema;
     double loss[16];
     int n_loss;
 } gpu_run;
@@ -74,8 +81,26 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     r->model = gpt2_with_dropout(o.dropout);
     cmt_golden_gpt2_load(r->model, "init.");
     /* the optimizer is made over the buffers on the run's device */
-    cr_assert_eq(cm_module_to_device(cm_model_module(r->model), o.device), CM_OK, "%s", cm_last_error());
-    r->opt = cmt_golden_gpt2_adamw(r->model);
+    if (!o.late_move) {
+        cr_assert_eq(cm_module_to_device(cm_model_module(r->model), o.device), CM_OK, "%s", cm_last_error());
+        r->opt = cmt_golden_gpt2_adamw(r->model);
+    }
+    if (o.optimizer_monitor) { /* AdamW over one span per unit, named as the trainer names them, so
+                                * the monitor finds the moments */
+        cm_optim_free(r->opt);
+        cm_module *root = cm_model_module(r->model);
+        const int nu = cm_module_n_units(root);
+        cm_optim_span *sp = calloc((size_t)nu, sizeof *sp);
+        for (int i = 0; i < nu; i++) {
+            const cm_unit_info *u = cm_module_unit(root, i);
+            sp[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+        }
+        cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_ADAMW);
+        hp.lr = 1e-2;
+        cr_assert_eq(cm_optim_new(CM_OPTIM_ADAMW, &r->opt), CM_OK);
+        cr_assert_eq(cm_optim_add_group(r->opt, &hp, sp, nu), CM_OK, "%s", cm_last_error());
+        free(sp);
+    }
     r->ds = cmt_golden_gpt2_dataset(g, false, false);
     cm_dataloader_config dc = cm_dataloader_config_default();
     dc.batch_size = B, dc.shuffle = false;
@@ -84,18 +109,34 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     cr_assert_eq(cm_time_parse("2ba", &sc.t_warmup), CM_OK);
     cr_assert_eq(cm_time_parse("5ba", &sc.t_max), CM_OK);
     sc.alpha_f = 0.1;
-    cm_algorithm_plugin clip;
-    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &clip), CM_OK);
+    cm_algorithm_plugin algs[2];
+    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &algs[0]), CM_OK);
+    if (o.alg == 1) {
+        cm_ema_config ec = cm_ema_config_default();
+        ec.half_life = NULL, ec.smoothing = 0.5; /* a short memory: each of the 5 steps shows */
+        cr_assert_eq(cm_ema_new(&ec, &r->ema, &algs[1]), CM_OK, "%s", cm_last_error());
+    } else if (o.alg == 2) {
+        cm_swa_config wc = cm_swa_config_default();
+        wc.swa_start = "0.2dur", wc.swa_end = "0.9dur", wc.update_interval = "1ba";
+        cr_assert_eq(cm_swa_new(&wc, &algs[1]), CM_OK, "%s", cm_last_error());
+    } else if (o.alg == 3) {
+        cm_sam_config sc2 = cm_sam_config_default();
+        sc2.rho = 0.5; /* a perturbation large enough to change the trajectory */
+        cr_assert_eq(cm_sam_new(&sc2, &algs[1]), CM_OK, "%s", cm_last_error());
+    }
     cm_logger_plugin lp;
     cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
+    cm_callback_plugin om;
+    if (o.optimizer_monitor) cr_assert_eq(cm_optimizer_monitor_new(NULL, &om), CM_OK);
     cm_trainer_config c = cm_trainer_config_default();
     c.model = r->model;
     c.train_dataloader = r->dl;
     cr_assert_eq(cm_time_parse(o.max_duration ? o.max_duration : "5ba", &c.max_duration), CM_OK);
     c.optimizer = r->opt;
     c.schedulers = &sc, c.n_schedulers = 1;
-    c.algorithms = &clip, c.n_algorithms = 1;
+    c.algorithms = algs, c.n_algorithms = o.alg ? 2 : 1;
     c.loggers = &lp, c.n_loggers = 1;
+    if (o.optimizer_monitor) c.callbacks = &om, c.n_callbacks = 1;
     c.precision = o.precision;
     c.device_train_microbatch_size = o.microbatch;
     c.device = o.device;
@@ -262,6 +303,145 @@ Test(gpu_train, checkpoints_move_between_gpu_and_cpu) {
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
+    cmt_golden_close(g);
+}
+
+/* The largest |a - b| over the parameters of two models (any devices). */
+static double max_param_diff(cm_model *a, cm_model *b) {
+    double most = 0;
+    cm_module *ra = cm_model_module(a), *rb = cm_model_module(b);
+    for (int64_t i = 0; i < cm_module_n_params(ra); i++) {
+        cm_tensor *x, *y;
+        cr_assert_eq(cm_tensor_to_device(cm_module_param_info(ra, i).tensor, CM_DEVICE_CPU, &x), CM_OK);
+        cr_assert_eq(cm_tensor_to_device(cm_module_param_info(rb, i).tensor, CM_DEVICE_CPU, &y), CM_OK);
+        const float *xv = cm_tensor_data(x), *yv = cm_tensor_data(y);
+        for (int64_t k = 0; k < cm_tensor_numel(x); k++) most = fmax(most, fabs(xv[k] - yv[k]));
+        cm_tensor_free(x);
+        cm_tensor_free(y);
+    }
+    return most;
+}
+
+/* EMA, SWA and SAM keep their copies of the weights on the model's device: a GPU run gives the CPU
+ * run's averaged weights (EMA's, swapped in after fit; SWA's, put in the model at swa_end) and SAM's
+ * trajectory. The EMA runs leave the model on the CPU until the trainer moves it (after INIT, where
+ * the EMA makes its copy, which then follows the model to the GPU). */
+Test(gpu_train, ema_swa_and_sam_run_on_the_gpu_as_on_the_cpu) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    static const char *const names[] = {"", "EMA", "SWA", "SAM"};
+    gpu_run plain; /* AdamW without SWA or SAM: where those runs would end if they did nothing */
+    gpu_run_start(&plain, g, (gpu_run_opts){.device = CM_DEVICE_CUDA});
+    for (int alg = 1; alg <= 3; alg++) {
+        gpu_run c, d;
+        const bool late = alg == 1;
+        gpu_run_start(&c, g, (gpu_run_opts){.device = CM_DEVICE_CPU, .alg = alg, .late_move = late});
+        gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .alg = alg, .late_move = late});
+        cr_assert_eq(cm_module_device(cm_model_module(d.model)), CM_DEVICE_CUDA);
+        char what[96];
+        snprintf(what, sizeof what, "%s: gpu vs cpu", names[alg]);
+        expect_losses_close(what, &d, &c, 0, N_STEPS, 1e-5);
+        if (alg == 1) {
+            cr_assert_eq(cm_ema_use_ema_weights(c.ema), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_ema_use_ema_weights(d.ema), CM_OK, "%s", cm_last_error());
+        }
+        snprintf(what, sizeof what, "%s: gpu vs cpu, the model after fit", names[alg]);
+        expect_params_close(what, d.model, c.model, 5e-4, 0);
+        /* the algorithm did something, far beyond the tolerance above: EMA's average is away from
+         * the training weights (the CPU run's, swapped back), SWA's and SAM's ends from plain's */
+        double most;
+        if (alg == 1) {
+            cr_assert_eq(cm_ema_use_training_weights(c.ema), CM_OK);
+            most = max_param_diff(d.model, c.model);
+        } else {
+            most = max_param_diff(d.model, plain.model);
+        }
+        cr_expect(most > 2e-3, "%s changes the model: at most %g from the weights without it", names[alg], most);
+        gpu_run_end(&c);
+        gpu_run_end(&d);
+    }
+    gpu_run_end(&plain);
+    cmt_golden_close(g);
+}
+
+/* cm_compute_ema on two module trees on the GPU averages there as on the CPU; trees on two devices
+ * are refused, naming the tensor. */
+Test(gpu_train, compute_ema_averages_module_trees_on_the_gpu) {
+    cm_model *mc = cmt_golden_gpt2_model(), *ec = cmt_golden_gpt2_model(), *mg = cmt_golden_gpt2_model(),
+             *eg = cmt_golden_gpt2_model();
+    for (int64_t i = 0; i < cm_module_n_params(cm_model_module(ec)); i++) { /* the EMA models start at 0.5 */
+        cr_assert_eq(cm_tensor_fill(cm_module_param_info(cm_model_module(ec), i).tensor, 0.5), CM_OK);
+        cr_assert_eq(cm_tensor_fill(cm_module_param_info(cm_model_module(eg), i).tensor, 0.5), CM_OK);
+    }
+    cr_assert_eq(cm_module_to_device(cm_model_module(mg), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_to_device(cm_model_module(eg), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(cm_compute_ema(cm_model_module(mc), cm_model_module(ec), 0.75), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_compute_ema(cm_model_module(mg), cm_model_module(eg), 0.75), CM_OK, "%s", cm_last_error());
+    }
+    expect_params_close("compute_ema on the gpu vs the cpu", eg, ec, 0, 0); /* the same roundings: equal */
+    cr_assert_gt(max_param_diff(eg, mg), 1e-3, "the average moved from the EMA model's start");
+    cr_assert_eq(cm_compute_ema(cm_model_module(mc), cm_model_module(eg), 0.75), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "is on cpu in the model but on cuda"), "%s", cm_last_error());
+    cm_model_free(mc);
+    cm_model_free(ec);
+    cm_model_free(mg);
+    cm_model_free(eg);
+}
+
+/* The EMA's copy is checkpointed from the GPU and loaded back into it (or onto the CPU): a resumed
+ * run's averaged weights are the uninterrupted run's. */
+Test(gpu_train, an_ema_on_the_gpu_resumes_from_its_checkpoint) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    char dir[] = "/tmp/cm_gpu_ema_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char ck[600];
+    gpu_run full, cont;
+    gpu_run_start(&full, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .alg = 1, .late_move = true, .save_folder = dir});
+    cr_assert_eq(cm_ema_use_ema_weights(full.ema), CM_OK);
+    snprintf(ck, sizeof ck, "%s/ep0-ba2", dir);
+    for (int dev = 0; dev < 2; dev++) {
+        const cm_device to = dev ? CM_DEVICE_CPU : CM_DEVICE_CUDA;
+        gpu_run_start(&cont, g, (gpu_run_opts){.device = to, .alg = 1, .late_move = true, .load_path = ck});
+        expect_losses_close("EMA resumed", &cont, &full, 2, N_STEPS, 1e-5);
+        cr_assert_eq(cm_ema_use_ema_weights(cont.ema), CM_OK);
+        expect_params_close(dev ? "EMA resumed on the cpu: averaged weights" : "EMA resumed on the gpu: averaged weights",
+                            cont.model, full.model, 5e-4, 0);
+        gpu_run_end(&cont);
+    }
+    gpu_run_end(&full);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    cmt_golden_close(g);
+}
+
+/* OptimizerMonitor on a GPU model logs the CPU run's norms and cosines (gradients, parameters,
+ * AdamW's moments and update) at every batch. */
+Test(gpu_train, optimizer_monitor_reads_a_gpu_model) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    gpu_run c, d;
+    gpu_run_start(&c, g, (gpu_run_opts){.device = CM_DEVICE_CPU, .optimizer_monitor = true});
+    gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .optimizer_monitor = true});
+    int64_t compared = 0, moments = 0;
+    for (int64_t i = 0; i < cm_in_memory_logger_n(c.mem); i++) {
+        const cm_log_record *rc = cm_in_memory_logger_record(c.mem, i);
+        if (strncmp(rc->name, "l2_norm/", 8) && strncmp(rc->name, "cosine/", 7)) continue;
+        bool found = false;
+        for (int64_t j = 0; j < cm_in_memory_logger_n(d.mem) && !found; j++) {
+            const cm_log_record *rd = cm_in_memory_logger_record(d.mem, j);
+            if (rd->batch != rc->batch || strcmp(rd->name, rc->name)) continue;
+            found = true;
+            cr_expect(fabs(rd->value - rc->value) <= 1e-4 + 1e-4 * fabs(rc->value), "batch %lld %s: gpu %.8g vs cpu %.8g",
+                      (long long)rc->batch, rc->name, rd->value, rc->value);
+        }
+        cr_expect(found, "batch %lld: the gpu run did not log %s", (long long)rc->batch, rc->name);
+        compared++;
+        moments += strncmp(rc->name, "l2_norm/moment/", 15) == 0;
+    }
+    cr_assert_gt(moments, 0, "AdamW's moments were logged");
+    cr_assert_gt(compared, 100, "%lld values compared", (long long)compared);
+    gpu_run_end(&c);
+    gpu_run_end(&d);
     cmt_golden_close(g);
 }
 

@@ -61,6 +61,9 @@ extern "C" {
  * (as Composer's trainer.save_checkpoint); either way the checkpoint records where each is.
  * After fit, the model holds the averaged weights when the last checkpoint was saved at the end
  * (Composer's behaviour); cm_ema_use_ema_weights / cm_ema_use_training_weights choose.
+ * On a GPU the average lives in device memory beside the model (made at INIT on the model's device,
+ * it follows the model when the trainer moves it there) and is updated and swapped there, with the
+ * CPU's roundings; checkpoints hold it as on the CPU, so a run resumes on either device.
  *
  * Differences from Composer, on purpose: before an update the training weights are swapped back
  * in if a checkpoint left the averaged ones in the model (Composer would average the average into
@@ -92,8 +95,9 @@ void cm_ema_update(float *ema, const float *model, int64_t n, double smoothing);
  * persistent buffer of `model` that `ema_model` has under the same name (and shape and dtype) is
  * averaged into ema_model's; names ema_model lacks are skipped, as Composer does. Integer buffers
  * (num_batches_tracked) are averaged in f32 and truncated toward zero, as torch's copy_ does.
- * Errors: CM_ERR_INVALID_ARG (NULL, smoothing outside [0, 1]), CM_ERR_SHAPE naming a tensor
- * whose shape or dtype differs. */
+ * The two trees may be on the CPU or on one GPU (averaged there). Errors: CM_ERR_INVALID_ARG
+ * (NULL, smoothing outside [0, 1], a tensor on another device in each tree), CM_ERR_SHAPE naming
+ * a tensor whose shape or dtype differs. */
 cm_status cm_compute_ema(cm_module *model, cm_module *ema_model, double smoothing);
 
 /* The algorithm (name "EMA"), with a handle for the calls below (handle may be NULL; it stays
@@ -197,7 +201,9 @@ cm_sam_config cm_sam_config_default(void);
 /* SAMOptimizer.first_step over n spans (params[i] and grads[i] hold lens[i] floats): saves w into
  * saved[i] (lens[i] floats each, caller's memory), then w ← w + g · (rho / (‖g‖₂ + epsilon)),
  * the scale rounded to f32 as torch's. *grad_norm (may be NULL) gets ‖g‖₂ (accumulated in
- * double). Errors: CM_ERR_INVALID_ARG (rho < 0 or not finite, epsilon < 0, NULL spans). */
+ * double). The buffers are host memory or all on one GPU (a model moved with cm_module_to_device;
+ * then the update runs there, with the same roundings). Errors: CM_ERR_INVALID_ARG (rho < 0 or not
+ * finite, epsilon < 0, NULL spans, buffers on different devices). */
 cm_status cm_sam_perturb(float *const *params, const float *const *grads, float *const *saved, const int64_t *lens,
                          int n, double rho, double epsilon, double *grad_norm);
 /* Puts w back from saved (the spans cm_sam_perturb filled). */

@@ -552,6 +552,7 @@ static cm_status job_algorithm_tensors(cm_trainer *tr, cmi_ck_job *job, bool sha
             memcpy(ct->shape, t[k].shape, sizeof(int64_t) * (size_t)t[k].ndim);
             ct->data = t[k].data;
             ct->nbytes = (size_t)plugin_numel(&t[k]) * cm_dtype_size(t[k].dtype);
+            ct->device = cmi_ptr_device(t[k].data); /* EMA's and SWA's copies live on the model's device */
         }
         cm_free(t);
     }

@@ -1,6 +1,7 @@
 /* EMA: Composer's exponential moving average of the weights — the functional form
  * (cm_ema_update, cm_compute_ema) and the algorithm (events and checkpoints in train_algos.h). */
 #include "plugins/train_algos_impl.h"
+#include "tensor/backend.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -39,12 +40,16 @@ __attribute__((optimize("fp-contract=off"))) static void ema_update_i64(int64_t 
     }
 }
 
-static cm_status update_tensor(void *ema, const void *model, cm_dtype dt, int64_t n, double smoothing,
+/* ema ← the average of ema and model (n elements of dt) where both are, on dev. */
+static cm_status update_tensor(cm_device dev, void *ema, const void *model, cm_dtype dt, int64_t n, double smoothing,
                                const char *name) {
+    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_I64)
+        return cm_set_error(CM_ERR_DTYPE, "EMA: tensor '%s' is %s; only f32 and i64 tensors are averaged", name,
+                            cm_dtype_name(dt));
+    if (dev != CM_DEVICE_CPU) /* the same roundings, on the device */
+        return cmi_backend_get(dev)->ema_update(ema, model, dt, n, (float)smoothing, (float)(1.0 - smoothing));
     if (dt == CM_DTYPE_F32) cm_ema_update(ema, model, n, smoothing);
-    else if (dt == CM_DTYPE_I64) ema_update_i64(ema, model, n, smoothing);
-    else return cm_set_error(CM_ERR_DTYPE, "EMA: tensor '%s' is %s; only f32 and i64 tensors are averaged", name,
-                             cm_dtype_name(dt));
+    else ema_update_i64(ema, model, n, smoothing);
     return CM_OK;
 }
 
@@ -76,9 +81,14 @@ cm_status cm_compute_ema(cm_module *model, cm_module *ema_model, double smoothin
                 if (cm_tensor_dtype(src) != CM_DTYPE_F32 && cm_tensor_dtype(src) != CM_DTYPE_I64)
                     return cm_set_error(CM_ERR_DTYPE, "compute_ema: '%s' is %s; only f32 and i64 tensors are averaged",
                                         name, cm_dtype_name(cm_tensor_dtype(src)));
+                if (cm_tensor_device(src) != cm_tensor_device(dst))
+                    return cm_set_error(CM_ERR_INVALID_ARG, "compute_ema: '%s' is on %s in the model but on %s in the EMA "
+                                                            "model (move both to one device)", name,
+                                        cm_device_name(cm_tensor_device(src)), cm_device_name(cm_tensor_device(dst)));
             } else {
-                update_tensor(cm_tensor_data(dst), cm_tensor_data(src), cm_tensor_dtype(src), cm_tensor_numel(src),
-                              smoothing, name);
+                cm_status s = update_tensor(cm_tensor_device(src), cm_tensor_data(dst), cm_tensor_data(src),
+                                            cm_tensor_dtype(src), cm_tensor_numel(src), smoothing, name);
+                if (s) return s;
             }
         }
     }
@@ -120,20 +130,21 @@ static bool ema_match(void *self, cm_event ev, const cm_state *st) {
     }
 }
 
-static void activate(cm_ema *e, bool ema_weights) {
-    if (e->ema_weights_active == ema_weights) return;
-    cmi_wcopy_swap(&e->w);
-    e->ema_weights_active = ema_weights;
+static cm_status activate(cm_ema *e, bool ema_weights) {
+    if (e->ema_weights_active == ema_weights) return CM_OK;
+    cm_status s = cmi_wcopy_swap(&e->w);
+    if (!s) e->ema_weights_active = ema_weights;
+    return s;
 }
 
 static cm_status ema_update_all(cm_ema *e) {
-    for (int i = 0; i < e->w.n; i++) {
+    cm_status s = cmi_wcopy_follow(&e->w); /* the average lives where the model trains */
+    for (int i = 0; i < e->w.n && !s; i++) {
         cmi_wentry *x = &e->w.e[i];
-        if (!x->tracked) continue;
-        cm_status s = update_tensor(x->copy, cm_tensor_data(x->t), x->dtype, x->numel, e->smoothing, x->name);
-        if (s) return s;
+        if (x->tracked)
+            s = update_tensor(e->w.dev, x->copy, cm_tensor_data(x->t), x->dtype, x->numel, e->smoothing, x->name);
     }
-    return CM_OK;
+    return s;
 }
 
 static cm_status ema_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {
@@ -150,9 +161,10 @@ static cm_status ema_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg)
         return cmi_wcopy_init(&e->w, cm_model_module(m), true, false);
     }
     if (ev == e->update_event) {
-        activate(e, false);
+        if ((s = activate(e, false))) return s;
         if (!e->ema_started && should_start(e, st)) {
-            cmi_wcopy_refresh(&e->w, false); /* the average starts from the model as it is now */
+            /* the average starts from the model as it is now */
+            if ((s = cmi_wcopy_refresh(&e->w, false))) return s;
             e->ema_started = true;
         }
         if (e->ema_started && at_interval(e, st)) return ema_update_all(e);
@@ -160,13 +172,12 @@ static cm_status ema_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg)
     }
     switch (ev) {
     case CM_EVENT_BATCH_START:
-    case CM_EVENT_EVAL_END: activate(e, false); break;
+    case CM_EVENT_EVAL_END: return activate(e, false);
     case CM_EVENT_EVAL_START:
     case CM_EVENT_BATCH_CHECKPOINT:
-    case CM_EVENT_EPOCH_CHECKPOINT: activate(e, true); break;
-    default: break;
+    case CM_EVENT_EPOCH_CHECKPOINT: return activate(e, true);
+    default: return CM_OK;
     }
-    return CM_OK;
 }
 
 static size_t ema_save(void *self, char *buf, size_t cap) {
@@ -273,8 +284,7 @@ bool cm_ema_weights_active(const cm_ema *e) { return e && e->ema_weights_active;
 static cm_status use(cm_ema *e, bool ema_weights) {
     if (!e) return cm_set_error(CM_ERR_INVALID_ARG, "EMA: NULL handle");
     if (!e->model) return cm_set_error(CM_ERR_STATE, "EMA: no model yet (the trainer runs INIT in cm_trainer_new)");
-    activate(e, ema_weights);
-    return CM_OK;
+    return activate(e, ema_weights);
 }
 
 cm_status cm_ema_use_ema_weights(cm_ema *e) { return use(e, true); }

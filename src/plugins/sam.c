@@ -1,6 +1,8 @@
 /* SAM: Composer's sharpness-aware minimization — the first and second step as plain functions
  * and the algorithm, a custom train step that runs the batch's closure twice (train_algos.h). */
 #include "plugins/train_algos_impl.h"
+#include "tensor/backend.h"
+#include "tensor/tensor_impl.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -16,6 +18,22 @@ static double sumsq(const float *g, int64_t n) {
     return acc;
 }
 
+/* The device all spans' buffers are on (params, grads and saved alike), or an error. */
+static cm_status spans_device(float *const *params, const float *const *grads, float *const *saved,
+                              const int64_t *lens, int n, cm_device *out) {
+    *out = CM_DEVICE_CPU;
+    bool first = true;
+    for (int i = 0; i < n; i++) {
+        if (lens[i] <= 0) continue;
+        const cm_device d = cmi_ptr_device(params[i]);
+        if (first) *out = d, first = false;
+        if (d != *out || cmi_ptr_device(grads[i]) != d || (saved && cmi_ptr_device(saved[i]) != d))
+            return cm_set_error(CM_ERR_INVALID_ARG, "SAM: span %d's buffers are not all on %s, where span 0's are", i,
+                                cm_device_name(*out));
+    }
+    return CM_OK;
+}
+
 cm_status cm_sam_perturb(float *const *params, const float *const *grads, float *const *saved, const int64_t *lens,
                          int n, double rho, double epsilon, double *grad_norm) {
     if (!(rho >= 0) || !isfinite(rho)) return cm_set_error(CM_ERR_INVALID_ARG, "SAM: rho %g must be >= 0 and finite", rho);
@@ -26,8 +44,16 @@ cm_status cm_sam_perturb(float *const *params, const float *const *grads, float 
     for (int i = 0; i < n; i++)
         if (lens[i] < 0 || (lens[i] > 0 && (!params[i] || !grads[i] || !saved[i])))
             return cm_set_error(CM_ERR_INVALID_ARG, "SAM: span %d has length %lld and a NULL buffer", i, (long long)lens[i]);
+    cm_device dev;
+    cm_status s = spans_device(params, grads, saved, lens, n, &dev);
+    if (s) return s;
+    const cmi_backend *be = cmi_backend_get(dev); /* NULL: host memory */
     double ss = 0;
-    for (int i = 0; i < n; i++) ss += sumsq(grads[i], lens[i]);
+    for (int i = 0; i < n; i++) {
+        double part = 0;
+        if (be && lens[i] > 0 && (s = be->sumsq(grads[i], lens[i], &part))) return s;
+        ss += be ? part : sumsq(grads[i], lens[i]);
+    }
     const double norm = sqrt(ss);
     if (grad_norm) *grad_norm = norm;
     /* torch: scale = rho / (grad_norm + eps) as an f32 tensor; e_w = p.grad * scale; p.add_(e_w) */
@@ -36,6 +62,13 @@ cm_status cm_sam_perturb(float *const *params, const float *const *grads, float 
         float *p = params[i], *w = saved[i];
         const float *g = grads[i];
         const int64_t len = lens[i];
+        if (len <= 0) continue;
+        if (be) { /* the same roundings on the device */
+            if ((s = cmi_dev_memcpy(w, dev, p, dev, sizeof(float) * (size_t)len)) ||
+                (s = be->sam_perturb(p, g, len, scale)))
+                return s;
+            continue;
+        }
         memcpy(w, p, sizeof(float) * (size_t)len);
 #pragma omp parallel for simd schedule(static) if (len > 65536)
         for (int64_t k = 0; k < len; k++) {
@@ -46,9 +79,18 @@ cm_status cm_sam_perturb(float *const *params, const float *const *grads, float 
     return CM_OK;
 }
 
+static cm_status restore(float *const *params, const float *const *saved, const int64_t *lens, int n) {
+    cm_status s = CM_OK;
+    for (int i = 0; i < n && !s; i++)
+        if (lens[i] > 0) {
+            const cm_device d = cmi_ptr_device(params[i]);
+            s = cmi_dev_memcpy(params[i], d, saved[i], d, sizeof(float) * (size_t)lens[i]);
+        }
+    return s;
+}
+
 void cm_sam_restore(float *const *params, const float *const *saved, const int64_t *lens, int n) {
-    for (int i = 0; i < n; i++)
-        if (lens[i] > 0) memcpy(params[i], saved[i], sizeof(float) * (size_t)lens[i]);
+    (void)restore(params, saved, lens, n); /* host copies cannot fail; a device's error stays in cm_last_error */
 }
 
 /* ---- the algorithm ---- */
@@ -59,8 +101,9 @@ typedef struct {
     double rho, epsilon;
     int64_t interval;
     int64_t global_step; /* optimizer steps taken (SAMOptimizer.global_step) */
-    float *saved;        /* a copy of the parameters while perturbed */
+    float *saved;        /* a copy of the parameters while perturbed, on the parameters' device */
     int64_t saved_n;
+    cm_device saved_dev;
     cm_model *model;
 } sam;
 
@@ -79,11 +122,13 @@ static cm_status sam_step(void *data, cm_state *st, cm_train_closure *c) {
     const float *grads[SAM_MAX_UNITS];
     int64_t lens[SAM_MAX_UNITS], total = 0;
     for (int i = 0; i < n; i++) total += cm_module_unit(root, i)->numel;
-    if (total > a->saved_n) {
-        cm_free(a->saved);
-        a->saved_n = 0;
-        if (!(a->saved = cm_alloc(sizeof(float) * (size_t)(total ? total : 1), 64)))
-            return cm_set_error(CM_ERR_OOM, "SAM: out of memory for a copy of the %lld parameters", (long long)total);
+    const cm_device dev = cm_module_device(root);
+    if (total > a->saved_n || dev != a->saved_dev) {
+        cmi_dev_free(a->saved_dev, a->saved);
+        a->saved = NULL, a->saved_n = 0, a->saved_dev = dev;
+        if (!(a->saved = cmi_dev_alloc(dev, sizeof(float) * (size_t)(total ? total : 1), false)))
+            return cm_set_error(CM_ERR_OOM, "SAM: out of %s memory for a copy of the %lld parameters",
+                                cm_device_name(dev), (long long)total);
         a->saved_n = total;
     }
     int64_t off = 0;
@@ -95,8 +140,8 @@ static cm_status sam_step(void *data, cm_state *st, cm_train_closure *c) {
     if ((s = cm_train_closure_run(c))) return s;                                           /* g at w */
     if ((s = cm_sam_perturb(params, grads, saved, lens, n, a->rho, a->epsilon, NULL))) return s; /* w + e(w) */
     s = cm_train_closure_run(c);                                                          /* g at w + e(w) */
-    cm_sam_restore(params, (const float *const *)saved, lens, n);                         /* back to w */
-    if (s || (s = cm_train_closure_step(c))) return s;
+    const cm_status r = restore(params, (const float *const *)saved, lens, n);            /* back to w */
+    if (s || (s = r) || (s = cm_train_closure_step(c))) return s;
     a->global_step++;
     return CM_OK;
 }
@@ -126,7 +171,7 @@ static cm_status sam_load(void *self, const char *json, size_t len) {
 
 static void sam_free(void *self) {
     sam *a = self;
-    cm_free(a->saved);
+    cmi_dev_free(a->saved_dev, a->saved);
     cm_free(a);
 }
 

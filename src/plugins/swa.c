@@ -1,6 +1,7 @@
 /* SWA: Composer's stochastic weight averaging — the average and SWALR's schedule as plain
  * functions, and the algorithm (events, schedule, checkpoints in train_algos.h). */
 #include "plugins/train_algos_impl.h"
+#include "tensor/backend.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -104,17 +105,35 @@ static cm_status base_lr(const cm_state *st, double *out) {
 }
 
 static cm_status start(swa *w, cm_state *st) {
-    cmi_wcopy_refresh(&w->avg, true); /* AveragedModel(deepcopy(model)) */
+    cm_status s = cmi_wcopy_refresh(&w->avg, true); /* AveragedModel(deepcopy(model)) */
+    if (s) return s;
     w->n_averaged = 0, w->lr_steps = 0;
     if (!w->schedule_swa_lr) return CM_OK;
     w->lr0_mult = cm_state_lr_multiplier(st);
     double lr;
-    cm_status s = base_lr(st, &lr);
-    if (s) return s;
+    if ((s = base_lr(st, &lr))) return s;
     if (isnan(w->swa_lr)) w->target_mult = w->lr0_mult;
     else if (lr > 0) w->target_mult = w->swa_lr / lr;
     else return cm_set_error(CM_ERR_INVALID_ARG, "SWA: swa_lr %g cannot be reached from an optimizer lr of 0", w->swa_lr);
     return set_lr(w, st);
+}
+
+/* One update of the average: parameters averaged, buffers copied (AveragedModel), where the model
+ * is (the copy follows it to the GPU). */
+static cm_status average(swa *w) {
+    cm_status s = cmi_wcopy_follow(&w->avg);
+    const cmi_backend *be = cmi_backend_get(w->avg.dev);
+    for (int i = 0; i < w->avg.n && !s; i++) {
+        cmi_wentry *e = &w->avg.e[i];
+        const void *m = cm_tensor_data(e->t);
+        if (!e->is_param || w->n_averaged == 0)
+            s = cmi_wcopy_memcpy(&w->avg, e->copy, m, (size_t)e->numel * cm_dtype_size(e->dtype));
+        else if (be) /* cm_swa_average_update's roundings, on the device */
+            s = be->swa_update(e->copy, m, e->numel, (float)(w->n_averaged + 1));
+        else
+            cm_swa_average_update(e->copy, m, e->numel, w->n_averaged);
+    }
+    return s;
 }
 
 static cm_status swa_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {
@@ -139,11 +158,7 @@ static cm_status swa_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg)
         w->started = true;
     }
     if (w->step_counter % w->update_interval.count == 0) {
-        for (int i = 0; i < w->avg.n; i++) {
-            cmi_wentry *e = &w->avg.e[i];
-            if (e->is_param) cm_swa_average_update(e->copy, cm_tensor_data(e->t), e->numel, w->n_averaged);
-            else memcpy(e->copy, cm_tensor_data(e->t), (size_t)e->numel * cm_dtype_size(e->dtype));
-        }
+        if ((s = average(w))) return s;
         w->n_averaged++;
         if (w->schedule_swa_lr) {
             w->lr_steps++;
@@ -160,7 +175,8 @@ static cm_status swa_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg)
                                     "epoch before the end (swa_end)");
         for (int i = 0; i < w->avg.n; i++) {
             cmi_wentry *e = &w->avg.e[i];
-            memcpy(cm_tensor_data(e->t), e->copy, (size_t)e->numel * cm_dtype_size(e->dtype));
+            if ((s = cmi_wcopy_memcpy(&w->avg, cm_tensor_data(e->t), e->copy, (size_t)e->numel * cm_dtype_size(e->dtype))))
+                return s;
         }
         cm_log_msg(CM_LOG_INFO, "SWA: set the model to the average of %lld models", (long long)w->n_averaged);
     }

@@ -21,22 +21,35 @@ typedef struct cmi_wentry {
     void *copy;         /* (numel) in the copy's storage */
 } cmi_wentry;
 
+/* The copy lives on the model's device (dev): in host memory for a CPU model, in device memory
+ * for a GPU one. The trainer moves the model to its device after INIT, where the algorithms make
+ * their copies, so every use first calls cmi_wcopy_follow, which moves the copy (its values kept)
+ * to wherever the model is now. */
 typedef struct cmi_wcopy {
     cmi_wentry *e;
     int n;
     void *storage;
+    cm_device dev; /* where storage is */
+    void *tmp;     /* on a device: room for the largest entry (swaps) */
 } cmi_wcopy;
 
 /* Lists every parameter (and, with buffers, every persistent buffer) of the finalized root and
- * copies their values. Parameters that do not require grad are listed but not tracked unless
- * all_params. Errors: CM_ERR_STATE (not finalized), CM_ERR_OOM. */
+ * copies their values, on the model's device. Parameters that do not require grad are listed but
+ * not tracked unless all_params. Errors: CM_ERR_STATE (not finalized, or tensors on two devices),
+ * CM_ERR_OOM. */
 cm_status cmi_wcopy_init(cmi_wcopy *w, cm_module *root, bool buffers, bool all_params);
 void cmi_wcopy_free(cmi_wcopy *w);
+/* Moves the copy to the model's current device, keeping its values (nothing when it is there).
+ * Errors: CM_ERR_OOM (device memory), CM_ERR_DEVICE. */
+cm_status cmi_wcopy_follow(cmi_wcopy *w);
 /* Copies the model's current values into the copy (tracked entries; untracked ones too when all)
- * and recomputes which parameters are tracked (requires grad now) unless all_params. */
-void cmi_wcopy_refresh(cmi_wcopy *w, bool all_params);
-/* Swaps the values of the model and the copy for tracked entries. */
-void cmi_wcopy_swap(cmi_wcopy *w);
+ * and recomputes which parameters are tracked (requires grad now) unless all_params. Follows the
+ * model first. */
+cm_status cmi_wcopy_refresh(cmi_wcopy *w, bool all_params);
+/* Swaps the values of the model and the copy for tracked entries. Follows the model first. */
+cm_status cmi_wcopy_swap(cmi_wcopy *w);
+/* dst = src (bytes) where both are on the copy's device (model tensor to copy or back). */
+cm_status cmi_wcopy_memcpy(const cmi_wcopy *w, void *dst, const void *src, size_t bytes);
 /* cm_algorithm_i.tensors over the copy's entries (named as the model's tensors). */
 int cmi_wcopy_tensors(const cmi_wcopy *w, cm_plugin_tensor *out, int cap);
 /* The untracked parameters' names as a JSON array text into buf (as snprintf). */

@@ -143,6 +143,21 @@ typedef struct cmi_pool_desc {
     int64_t xs[4], ys[4], gxs[4];
 } cmi_pool_desc;
 
+/* One output coordinate's two linear taps (pool.c's bilinear resize, PyTorch's source-index rule):
+ * out = l0·in[i0] + l1·in[i1]. */
+typedef struct cmi_lin_tap {
+    int64_t i0, i1;
+    float l0, l1;
+} cmi_lin_tap;
+/* A bilinear resize on the device: sizes and strides as a cmi_pool_desc (N, C, H, W, OH, OW, xs,
+ * ys, gxs); taps in device memory: th (OH) then tw (OW) cmi_lin_tap, and for the backward, per
+ * input row h the output rows [rh[2h], rh[2h+1]) whose taps read it (likewise rw per column). */
+typedef struct cmi_resize_desc {
+    cmi_pool_desc g;
+    const cmi_lin_tap *th, *tw;
+    const int64_t *rh, *rw;
+} cmi_resize_desc;
+
 typedef struct cmi_backend {
     const char *name; /* "cuda" */
     cm_device device;
@@ -239,6 +254,13 @@ typedef struct cmi_backend {
                         int64_t ignore, float eps, bool none, double denom, const float *g, const float *lse,
                         float *gl, bool fresh, float *gt);
 
+    /* Mean squared error of contiguous p and t (n each): none: out[i] = (p - t)², else out[0] =
+     * (float)(Σ (p - t)² in double / denom). Backward: d = (none ? 2·g[i] : (float)(2·g[0] / denom))
+     * · (p - t); gp += d, gt -= d (either may be NULL). */
+    cm_status (*mse)(const float *p, const float *t, int64_t n, bool none, double denom, float *out);
+    cm_status (*mse_bwd)(const float *p, const float *t, const float *g, int64_t n, bool none, double denom, float *gp,
+                         float *gt);
+
     /* ---- normalisation, dropout, fused activations (norm.c, elementwise.c) ---- */
     /* y = (x - mean)·rstd·w + b per row of contiguous x (R, C); w, b may be NULL; mean, rstd (R). */
     cm_status (*layer_norm)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
@@ -246,6 +268,14 @@ typedef struct cmi_backend {
     /* gx (written when fresh, else added; may be NULL), gw and gb (added; may be NULL). */
     cm_status (*layer_norm_bwd)(const float *x, const float *w, const float *g, const float *mean, const float *rstd,
                                 float *gx, bool fresh, float *gw, float *gb, int64_t R, int64_t C);
+    /* Group norm of contiguous x (N, C, S) in G groups (norm.c): rows (n, g) of C/G·S values;
+     * mean, rstd (N·G) written; y = (x - mean)·rstd·w[c] + b[c] (w, b may be NULL). */
+    cm_status (*group_norm)(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                            int64_t N, int64_t C, int64_t S, int64_t G, float eps);
+    /* gx, gw, gb added to (any may be NULL); the parameter gradients are per-channel sums in
+     * double in a fixed order. */
+    cm_status (*group_norm_bwd)(const float *x, const float *w, const float *g, const float *mean, const float *rstd,
+                                float *gx, float *gw, float *gb, int64_t N, int64_t C, int64_t S, int64_t G);
     /* y = gelu(x + b) over rows of C (contiguous x, y; b (C)). */
     cm_status (*bias_gelu)(const float *x, const float *b, float *y, int64_t rows, int64_t C, bool approx);
     cm_status (*bias_gelu_bwd)(const float *x, const float *b, const float *g, float *gx, bool fresh, float *gb,
@@ -269,6 +299,14 @@ typedef struct cmi_backend {
                              size_t es);
     cm_status (*select_rows_bwd)(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A, int64_t I,
                                  int64_t K);
+    /* Gather (index.c): out (contiguous, `shape` = idx's, elements of es bytes) = a read through
+     * strides sa, with the coordinate on `axis` replaced by idx (i64, contiguous, `shape`). Its
+     * backward: ga (contiguous, ashape) += g (contiguous, `shape`) scattered the same way; each
+     * line along the axis is one thread's, in order (no atomics, the CPU's order). */
+    cm_status (*gather)(void *out, const void *a, const int64_t *sa, const int64_t *idx, int nd, const int64_t *shape,
+                        int axis, size_t es);
+    cm_status (*gather_bwd)(float *ga, const int64_t *ashape, const float *g, const int64_t *idx, int nd,
+                            const int64_t *shape, int axis);
 
     /* ---- attention (attention.c) ---- */
     /* out (B, H, T, D) or (B, T, H, D), contiguous; lse (B, H, T): each query's log-sum-exp (+inf
@@ -295,12 +333,25 @@ typedef struct cmi_backend {
     /* arg may be NULL (no gradient wanted) for max; gx is added to. */
     cm_status (*pool)(const cmi_pool_desc *d, const float *x, float *y, int32_t *arg);
     cm_status (*pool_bwd)(const cmi_pool_desc *d, const float *gy, const int32_t *arg, float *gx);
+    /* Bilinear resize (pool.c): y = the taps' blend of x; backward gx += Σ over the output
+     * pixels whose taps read each input pixel (gathered per input pixel, no atomics). */
+    cm_status (*resize)(const cmi_resize_desc *d, const float *x, float *y);
+    cm_status (*resize_bwd)(const cmi_resize_desc *d, const float *gy, float *gx);
 
     /* ---- optimizers and clipping over flat spans (optim.c, grad_clip.c) ---- */
     cm_status (*sgd_step)(const cmi_sgd_args *a);
     cm_status (*adam_step)(const cmi_adam_args *a);
     /* *out = Σ x[i]² in double (waits for the device). */
     cm_status (*sumsq)(const float *x, int64_t n, double *out);
+
+    /* ---- the training algorithms' updates over flat spans (plugins: ema.c, swa.c, sam.c), each
+     * operation rounded on its own as the CPU code rounds it (no fused multiply-add) ---- */
+    /* EMA: ema[i] = ema[i]·s + model[i]·oms in f32; dt I64 (counters): through f32, truncated. */
+    cm_status (*ema_update)(void *ema, const void *model, cm_dtype dt, int64_t n, float s, float oms);
+    /* SWA: avg[i] = avg[i] + (model[i] - avg[i]) / d. */
+    cm_status (*swa_update)(float *avg, const float *model, int64_t n, float d);
+    /* SAM: p[i] = p[i] + g[i]·scale. */
+    cm_status (*sam_perturb)(float *p, const float *g, int64_t n, float scale);
 } cmi_backend;
 
 /* The table of device d (NULL for the CPU). For CUDA in a build without it, NULL. */

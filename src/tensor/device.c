@@ -99,10 +99,12 @@ static const char *const k_gpu_ops[] = {
     "matmul", "linear",
     /* losses, norms, dropout, fused activations, indexing */
     "cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
+    "gather", "mse_loss", "group_norm",
     /* attention (attention.c) */
     "attention",
     /* vision: convolution, batch norm, pooling, concat (conv.c, norm.c, pool.c, index.c) */
     "conv2d", "batch_norm", "batch_norm_add_relu", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "concat", "stack",
+    "resize_bilinear", "split",
 };
 
 bool cmi_op_on_device(const char *op, cm_device dev) {

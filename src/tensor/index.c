@@ -197,6 +197,12 @@ static cm_status gather_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     cm_tensor *ga = cmi_grad(tp, a);
     if (!ga) return cmi_status(tp);
     const gather_ctx *c = n->ctx;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp, be->gather_bwd(cmi_f32(ga), a->shape, cmi_f32(gout), c->idx, gout->ndim, gout->shape, c->axis),
+                     "gather backward");
+        return cmi_status(tp);
+    }
     const int nd = gout->ndim, ax = c->axis;
     const int64_t L = gout->shape[nd - 1], R = L ? cm_tensor_numel(gout) / L : 0;
     int64_t gs[CM_MAX_DIMS];
@@ -245,8 +251,10 @@ cm_tensor *cm_gather(cm_tape *tp, cm_tensor *a, int axis, cm_tensor *idx) {
     const size_t es = cm_dtype_size(a->dtype);
     const char *av = a->data;
     char *ov = out->data;
+    const cmi_backend *be = cmi_be(tp);
+    if (be && cmi_dev_fail(tp, be->gather(ov, av, a->stride, iv, nd, idx->shape, axis, es), "gather")) return NULL;
 #pragma omp parallel for if (R * L >= CMI_PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < R; r++) {
+    for (int64_t r = 0; r < (be ? 0 : R); r++) {
         const int64_t base = row_offset(nd, idx->shape, a->stride, axis, r);
         for (int64_t j = 0; j < L; j++) {
             int64_t off = base + iv[r * L + j] * a->stride[axis];

@@ -294,6 +294,11 @@ static cm_status mse_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     const bool none = n->i[0] == CM_REDUCTION_NONE;
     const float *pv = cmi_f32(pred), *tv = cmi_f32(target), *gv = cmi_f32(g);
     float *gpv = gp ? cmi_f32(gp) : NULL, *gtv = gt ? cmi_f32(gt) : NULL;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* g[0] stays on the device: the kernel reads it */
+        cmi_dev_fail(tp, be->mse_bwd(pv, tv, gv, len, none, n->f[0], gpv, gtv), "mse_loss backward");
+        return cmi_status(tp);
+    }
     const float k = none ? 2.0f : (float)(2.0 * gv[0] / n->f[0]);
 #pragma omp parallel for if (len >= CMI_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < len; i++) {
@@ -327,7 +332,11 @@ cm_tensor *cm_mse_loss(cm_tape *tp, cm_tensor *pred, cm_tensor *target, cm_reduc
     const int64_t len = cm_tensor_numel(pred);
     const float *pv = cmi_f32(pred), *tv = cmi_f32(target);
     float *ov = cmi_f32(out);
-    if (none) {
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        const double denom = reduction == CM_REDUCTION_MEAN ? (double)len : 1.0;
+        if (cmi_dev_fail(tp, be->mse(pv, tv, len, none, denom, ov), op)) return NULL;
+    } else if (none) {
 #pragma omp parallel for if (len >= CMI_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < len; i++) ov[i] = (pv[i] - tv[i]) * (pv[i] - tv[i]);
     } else {

@@ -830,6 +830,14 @@ static cm_status group_norm_backward(cm_tape *tp, cm_node *n, const cm_tensor *g
     cm_tensor *gx = cmi_grad(tp, x), *gw = cmi_grad(tp, w), *gb = cmi_grad(tp, b);
     if (cmi_status(tp)) return cmi_status(tp);
     const float *xv = cmi_f32(x), *gv = cmi_f32(gout), *wv = w ? cmi_f32(w) : NULL; // (N, C, S), (N, C, S), (C)
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        cmi_dev_fail(tp,
+                     be->group_norm_bwd(xv, wv, gv, s->mean, s->rstd, gx ? cmi_f32(gx) : NULL, gw ? cmi_f32(gw) : NULL,
+                                        gb ? cmi_f32(gb) : NULL, N, C, S, G),
+                     "group_norm backward");
+        return cmi_status(tp);
+    }
     const bool par = N * C * S >= CMI_PAR_MIN;
     if (gx) {
         float *gxv = cmi_f32(gx);
@@ -907,14 +915,19 @@ cm_tensor *cm_group_norm(cm_tape *tp, cm_tensor *x, int64_t groups, cm_tensor *w
     if (!x) return NULL;
     const int64_t G = groups, cpg = C / G, L = cpg * S;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, x->ndim, x->shape);
-    float *mean = cmi_scratch(tp, sizeof(float) * (size_t)(N * G + 1)); // (N, G)
-    float *rstd = cmi_scratch(tp, sizeof(float) * (size_t)(N * G + 1)); // (N, G)
+    float *mean = cmi_dev_scratch(tp, sizeof(float) * (size_t)(N * G + 1)); // (N, G)
+    float *rstd = cmi_dev_scratch(tp, sizeof(float) * (size_t)(N * G + 1)); // (N, G)
     if (!out || !mean || !rstd) return NULL;
     const float *xv = cmi_f32(x), *wv = weight ? cmi_f32(weight) : NULL, *bv = bias ? cmi_f32(bias) : NULL;
     float *ov = cmi_f32(out);
-    row_stats(xv, N * G, L, eps, mean, rstd);
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        if (cmi_dev_fail(tp, be->group_norm(xv, wv, bv, ov, mean, rstd, N, C, S, G, eps), "group_norm")) return NULL;
+    } else {
+        row_stats(xv, N * G, L, eps, mean, rstd);
+    }
 #pragma omp parallel for if (N * C * S >= CMI_PAR_MIN) schedule(static)
-    for (int64_t nc = 0; nc < N * C; nc++) {
+    for (int64_t nc = 0; nc < (be ? 0 : N * C); nc++) {
         const int64_t c = nc % C, r = (nc / C) * G + c / cpg;
         const float m = mean[r], q = rstd[r] * (wv ? wv[c] : 1.0f), b0 = bv ? bv[c] : 0.0f;
         const float *xr = xv + nc * S; // (S)

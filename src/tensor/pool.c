@@ -400,10 +400,7 @@ cm_tensor *cm_adaptive_avg_pool2d(cm_tape *tp, cm_tensor *x, int64_t out_h, int6
 /* Bilinear resize (F.interpolate mode="bilinear", size given)                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct {
-    int64_t i0, i1;
-    float l0, l1; /* weights of i0 and i1 */
-} lin_tap;
+typedef cmi_lin_tap lin_tap; /* i0, i1 and their weights l0, l1 (backend.h) */
 
 /* PyTorch's area_pixel_compute_source_index + guard_index_and_lambda, in float as its CPU kernel. */
 static void linear_taps(int64_t in, int64_t out, bool align_corners, lin_tap *t) {
@@ -430,7 +427,52 @@ static void linear_taps(int64_t in, int64_t out, bool align_corners, lin_tap *t)
 typedef struct {
     lin_tap *th, *tw; /* (OH), (OW) */
     bool cl;
+    void *dev; /* on the GPU: the taps and the backward's ranges in device memory (cmi_resize_desc) */
 } resize_ctx;
+
+/* The device's description of a resize of X into Y (gradients of x through GX's strides) with
+ * its taps at `dev` (resize_upload's layout). */
+static cmi_resize_desc resize_desc(const plane4 *X, const plane4 *Y, const plane4 *GX, void *dev) {
+    cmi_resize_desc d = {.g = dev_desc(CMI_POOL_AVG, X, Y, GX, NULL)};
+    d.th = dev;
+    d.tw = d.th + Y->h;
+    d.rh = (const int64_t *)(d.tw + Y->w);
+    d.rw = d.rh + 2 * X->h;
+    return d;
+}
+
+/* For each input coordinate v in [0, in) the output coordinates [r[2v], r[2v + 1]) whose taps read
+ * it (a contiguous run: i0 never decreases along the output and i1 is i0 or i0 + 1). */
+static void tap_ranges(const lin_tap *t, int64_t in, int64_t out, int64_t *r) {
+    for (int64_t v = 0; v < in; v++) r[2 * v] = out, r[2 * v + 1] = 0;
+    for (int64_t o = 0; o < out; o++) {
+        const int64_t vs[2] = {t[o].i0, t[o].i1};
+        for (int k = 0; k < 2; k++) {
+            int64_t *lo = r + 2 * vs[k], *hi = lo + 1;
+            if (o < *lo) *lo = o;
+            if (o + 1 > *hi) *hi = o + 1;
+        }
+    }
+    for (int64_t v = 0; v < in; v++)
+        if (r[2 * v] > r[2 * v + 1]) r[2 * v] = r[2 * v + 1] = 0;
+}
+
+/* The taps th (OH), tw (OW) and their ranges copied to device memory of the tape: NULL + tape
+ * error on failure. */
+static void *resize_upload(cm_tape *tp, const cmi_backend *be, const lin_tap *th, int64_t H, int64_t OH,
+                           const lin_tap *tw, int64_t W, int64_t OW) {
+    const size_t bytes = sizeof(lin_tap) * (size_t)(OH + OW) + sizeof(int64_t) * (size_t)(2 * H + 2 * W);
+    char *host = cmi_scratch(tp, bytes);
+    void *dev = cmi_dev_scratch(tp, bytes);
+    if (!host || !dev) return NULL;
+    memcpy(host, th, sizeof(lin_tap) * (size_t)OH);
+    memcpy(host + sizeof(lin_tap) * (size_t)OH, tw, sizeof(lin_tap) * (size_t)OW);
+    int64_t *rh = (int64_t *)(host + sizeof(lin_tap) * (size_t)(OH + OW)), *rw = rh + 2 * H;
+    tap_ranges(th, H, OH, rh);
+    tap_ranges(tw, W, OW, rw);
+    if (cmi_dev_fail(tp, be->memcpy(dev, host, bytes, CMI_H2D), "resize_bilinear")) return NULL;
+    return dev;
+}
 
 static cm_status resize_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout) {
     const resize_ctx *c = nd->ctx;
@@ -438,6 +480,12 @@ static cm_status resize_backward(cm_tape *tp, cm_node *nd, const cm_tensor *gout
     if (!gx) return cmi_status(tp);
     const plane4 X = plane_contig(nd->in[0], c->cl), Y = plane_contig(nd->out, c->cl);
     const int64_t NC = X.n * X.c;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        const cmi_resize_desc d = resize_desc(&X, &Y, NULL, c->dev);
+        cmi_dev_fail(tp, be->resize_bwd(&d, cmi_f32(gout), cmi_f32(gx)), "resize_bilinear backward");
+        return cmi_status(tp);
+    }
     const float *gy = cmi_f32(gout);
     float *gxv = cmi_f32(gx);
     const int64_t work = NC * Y.h * Y.w; // planes run in parallel
@@ -483,9 +531,16 @@ cm_tensor *cm_resize_bilinear(cm_tape *tp, cm_tensor *x, int64_t out_h, int64_t 
     const int64_t NC = X.n * X.c;
     const float *xv = cmi_f32(x);
     float *yv = cmi_f32(out);
+    const cmi_backend *be = cmi_be(tp);
+    void *dev = NULL;
+    if (be) {
+        if (!(dev = resize_upload(tp, be, th, X.h, out_h, tw, X.w, out_w))) return NULL;
+        const cmi_resize_desc d = resize_desc(&X, &Y, NULL, dev);
+        if (cmi_dev_fail(tp, be->resize(&d, xv, yv), op)) return NULL;
+    }
     const int64_t work = NC * out_h * out_w; // planes run in parallel
 #pragma omp parallel for if (work >= CMI_PAR_MIN) schedule(static)
-    for (int64_t pc = 0; pc < NC; pc++) {
+    for (int64_t pc = 0; pc < (be ? 0 : NC); pc++) {
         const int64_t n = pc / X.c, ch = pc % X.c;
         const float *xp = xv + pl_off(&X, n, ch);
         float *yp = yv + pl_off(&Y, n, ch);
@@ -506,6 +561,7 @@ cm_tensor *cm_resize_bilinear(cm_tape *tp, cm_tensor *x, int64_t out_h, int64_t 
         c->th = th;
         c->tw = tw;
         c->cl = channels_last;
+        c->dev = dev;
     }
     return out;
 }

@@ -2,8 +2,10 @@
  * the update's, and the global gradient norm (Composer's OptimizerMonitor with its optimizers'
  * report_per_parameter_metrics). Reads the units' flat buffers — or, under a sharded strategy,
  * this rank's shard spans: each rank sums over its pieces of every parameter and the sums are
- * added over ranks before the norms and cosines are taken, so every rank logs the global values. */
+ * added over ranks before the norms and cosines are taken, so every rank logs the global values.
+ * A model on a GPU is read through host copies of one unit's spans at a time. */
 #include "cb_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +18,8 @@ typedef struct {
     char *keys;              /* (cap_values, OM_KEY) key storage for one batch's values */
     cm_metric_value *values; /* (cap_values) */
     int64_t cap_values;
+    float *host;             /* a model on a GPU: one unit's spans copied to the host, (5, host_cap) */
+    int64_t host_cap;
 } optimizer_monitor;
 
 /* The optimizer state of one unit, found by the trainer's span naming. */
@@ -97,17 +101,37 @@ static cm_status om_reserve(optimizer_monitor *om, int64_t n) {
     return CM_OK;
 }
 
+/* A model on a GPU: the unit's gradient, parameter and optimizer-state spans (held elements each)
+ * copied to the host, and the pointers swapped for the copies, so the sums run as on the CPU. One
+ * unit at a time: the copies cost the unit's size in device-to-host traffic per logged batch. */
+static cm_status stage_unit(optimizer_monitor *om, cm_device dev, const float **g, const float **w, unit_state *us,
+                            int64_t held) {
+    if (held > om->host_cap) {
+        cm_free(om->host);
+        om->host_cap = 0;
+        if (!(om->host = cm_alloc(sizeof(float) * 5 * (size_t)(held ? held : 1), 64)))
+            return cm_set_error(CM_ERR_OOM, "OptimizerMonitor: out of memory for a host copy of %lld elements",
+                                (long long)held);
+        om->host_cap = held;
+    }
+    const float **spans[5] = {g, w, &us->m, &us->v, &us->buf};
+    for (int k = 0; k < 5; k++) {
+        if (!*spans[k]) continue;
+        float *h = om->host + (size_t)k * (size_t)om->host_cap;
+        cm_status s = cmi_dev_memcpy(h, CM_DEVICE_CPU, *spans[k], dev, sizeof(float) * (size_t)held);
+        if (s) return s;
+        *spans[k] = h;
+    }
+    return CM_OK;
+}
+
 static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logger *lg) {
     cm_model *model = cm_state_model(st);
     if (!model) return cm_set_error(CM_ERR_STATE, "OptimizerMonitor: the state has no model");
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "OptimizerMonitor: the model's module tree is not finalized");
-    if (cm_module_device(root) != CM_DEVICE_CPU)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "OptimizerMonitor: the model is on %s; the monitor reads the "
-                                                "gradients on the host and does not run on a GPU yet (drop it from "
-                                                "callbacks for GPU runs)",
-                            cm_device_name(cm_module_device(root)));
+    const cm_device dev = cm_module_device(root);
     const int64_t np = cm_module_n_params(root);
     cm_status s = om_reserve(om, np * OM_PER_PARAM + 1);
     if (s) return s;
@@ -135,6 +159,7 @@ static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logg
     }
     int cached_unit = -1;
     unit_state us = {0};
+    const float *ug = NULL, *uw = NULL; /* the cached unit's (or piece's) gradients and parameters */
     for (int64_t i = 0; i < np; i++) {
         const cm_param_info p = cm_module_param_info(root, i);
         if (!p.requires_grad || p.numel == 0) continue;
@@ -150,7 +175,15 @@ static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logg
             base = sp->begin, held = sp->end - sp->begin;
             g = sp->grads, w = sp->params;
         }
-        if (p.unit != cached_unit) us = find_unit_state(opt, u, held), cached_unit = p.unit;
+        if (p.unit != cached_unit) {
+            us = find_unit_state(opt, u, held), cached_unit = p.unit;
+            ug = g, uw = w;
+            if (dev != CM_DEVICE_CPU && (s = stage_unit(om, dev, &ug, &uw, &us, held))) {
+                cm_free(acc), cm_free(has_adam), cm_free(has_mom);
+                return s;
+            }
+        }
+        g = ug, w = uw;
         has_adam[i] = adam && us.m && us.v && us.step > 0;
         has_mom[i] = !has_adam[i] && us.buf;
         if (hi <= lo) continue; /* nothing of it here: zeros join the sums over ranks */
@@ -220,6 +253,7 @@ static void om_free(void *self) {
     if (!om) return;
     cm_free(om->keys);
     cm_free(om->values);
+    cm_free(om->host);
     cm_free(om);
 }
 

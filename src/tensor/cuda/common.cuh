@@ -239,12 +239,25 @@ cm_status cmi_cuda_dropout_bwd(const float *, const uint8_t *, float *, int64_t,
 cm_status cmi_cuda_read_indices(int64_t *, const void *, cm_dtype, int64_t, int64_t, int64_t *, int64_t *);
 cm_status cmi_cuda_select_rows(void *, const void *, const int64_t *, int64_t, int64_t, int64_t, int64_t, size_t);
 cm_status cmi_cuda_select_rows_bwd(float *, const float *, const int64_t *, int64_t, int64_t, int64_t, int64_t);
+cm_status cmi_cuda_gather(void *, const void *, const int64_t *, const int64_t *, int, const int64_t *, int, size_t);
+cm_status cmi_cuda_gather_bwd(float *, const int64_t *, const float *, const int64_t *, int, const int64_t *, int);
+cm_status cmi_cuda_mse(const float *, const float *, int64_t, bool, double, float *);
+cm_status cmi_cuda_mse_bwd(const float *, const float *, const float *, int64_t, bool, double, float *, float *);
+cm_status cmi_cuda_group_norm(const float *, const float *, const float *, float *, float *, float *, int64_t, int64_t,
+                              int64_t, int64_t, float);
+cm_status cmi_cuda_group_norm_bwd(const float *, const float *, const float *, const float *, const float *, float *,
+                                  float *, float *, int64_t, int64_t, int64_t, int64_t);
+cm_status cmi_cuda_resize(const cmi_resize_desc *, const float *, float *);
+cm_status cmi_cuda_resize_bwd(const cmi_resize_desc *, const float *, float *);
 cm_status cmi_cuda_attention(const cmi_attn_desc *, float *, float *);
 cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *, const float *, const float *, const float *, float *, bool,
                                  float *, bool, float *, bool, float *);
 cm_status cmi_cuda_sgd_step(const cmi_sgd_args *);
 cm_status cmi_cuda_adam_step(const cmi_adam_args *);
 cm_status cmi_cuda_sumsq(const float *, int64_t, double *);
+cm_status cmi_cuda_ema_update(void *, const void *, cm_dtype, int64_t, float, float);
+cm_status cmi_cuda_swa_update(float *, const float *, int64_t, float);
+cm_status cmi_cuda_sam_perturb(float *, const float *, int64_t, float);
 cm_status cmi_cuda_conv(const cmi_conv_geom *, cm_dtype, cm_dtype, const void *, cm_dtype, const void *, const float *,
                         cm_dtype, void *);
 cm_status cmi_cuda_conv_bwd(const cmi_conv_geom *, cm_dtype, cm_dtype, const void *, cm_dtype, const void *, cm_dtype,

@@ -83,3 +83,91 @@ extern "C" cm_status cmi_cuda_select_rows_bwd(float *ga, const float *g, const i
     CMI_LAUNCH(k_select_bwd, cmi_cuda_grid(O * I, 128), 128, 0, cmi_cuda_stream(), ga, g, idx, O, A, I, K);
     return cmi_cuda_launched("select_rows backward");
 }
+
+/* ---- gather (backend.h slots gather, gather_bwd) ---- */
+
+/* The shape and strides of a gather passed by value: idx's shape, a's strides (sa), the contiguous
+ * strides of a's shape (ga, for the gradient). */
+struct gather_geom {
+    int nd, axis;
+    int64_t shape[CM_MAX_DIMS], sa[CM_MAX_DIMS], ga[CM_MAX_DIMS];
+};
+
+/* out[e] = a[the coordinates of e in idx's shape, axis replaced by idx[e]]. */
+template <class T> __global__ void k_gather(T *out, const T *a, const int64_t *idx, gather_geom g, int64_t total) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = e, off = 0;
+        for (int d = g.nd - 1; d >= 0; d--) {
+            const int64_t q = r / g.shape[d], i = r - q * g.shape[d];
+            off += (d == g.axis ? idx[e] : i) * g.sa[d];
+            r = q;
+        }
+        out[e] = a[off];
+    }
+}
+
+extern "C" cm_status cmi_cuda_gather(void *out, const void *a, const int64_t *sa, const int64_t *idx, int nd,
+                                     const int64_t *shape, int axis, size_t es) {
+    gather_geom g = {};
+    g.nd = nd, g.axis = axis;
+    int64_t total = 1;
+    for (int d = 0; d < nd; d++) {
+        g.shape[d] = shape[d];
+        g.sa[d] = sa[d];
+        total *= shape[d];
+    }
+    if (total == 0) return CM_OK;
+    cudaStream_t s = cmi_cuda_stream();
+    const unsigned gr = cmi_cuda_grid(total, 256);
+    switch (es) {
+    case 1: CMI_LAUNCH(k_gather<uint8_t>, gr, 256, 0, s, (uint8_t *)out, (const uint8_t *)a, idx, g, total); break;
+    case 2: CMI_LAUNCH(k_gather<uint16_t>, gr, 256, 0, s, (uint16_t *)out, (const uint16_t *)a, idx, g, total); break;
+    case 4: CMI_LAUNCH(k_gather<uint32_t>, gr, 256, 0, s, (uint32_t *)out, (const uint32_t *)a, idx, g, total); break;
+    default: CMI_LAUNCH(k_gather<uint64_t>, gr, 256, 0, s, (uint64_t *)out, (const uint64_t *)a, idx, g, total); break;
+    }
+    return cmi_cuda_launched("gather");
+}
+
+/* One thread per line along the axis (a position of idx's shape without the axis coordinate):
+ * lines differ in a coordinate that is not gathered, so they write disjoint elements of ga; each
+ * walks its line in order, as the CPU does. */
+__global__ void k_gather_bwd(float *ga, const float *g, const int64_t *idx, gather_geom G, int64_t lines) {
+    const int64_t K = G.shape[G.axis];
+    int64_t gstride = 1; /* the stride of the axis in g (contiguous, idx's shape) */
+    for (int d = G.nd - 1; d > G.axis; d--) gstride *= G.shape[d];
+    for (int64_t l = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; l < lines; l += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = l, off = 0, goff = 0, gs = 1;
+        for (int d = G.nd - 1; d >= 0; d--) {
+            if (d == G.axis) {
+                gs *= G.shape[d];
+                continue;
+            }
+            const int64_t q = r / G.shape[d], i = r - q * G.shape[d];
+            off += i * G.ga[d];
+            goff += i * gs;
+            gs *= G.shape[d];
+            r = q;
+        }
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t e = goff + k * gstride;
+            ga[off + idx[e] * G.ga[G.axis]] += g[e];
+        }
+    }
+}
+
+extern "C" cm_status cmi_cuda_gather_bwd(float *ga, const int64_t *ashape, const float *g, const int64_t *idx, int nd,
+                                         const int64_t *shape, int axis) {
+    gather_geom G = {};
+    G.nd = nd, G.axis = axis;
+    int64_t total = 1, st = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        G.shape[d] = shape[d];
+        G.ga[d] = st;
+        st *= ashape[d];
+        total *= shape[d];
+    }
+    if (total == 0) return CM_OK;
+    const int64_t lines = total / shape[axis];
+    CMI_LAUNCH(k_gather_bwd, cmi_cuda_grid(lines, 128), 128, 0, cmi_cuda_stream(), ga, g, idx, G, lines);
+    return cmi_cuda_launched("gather backward");
+}

@@ -243,3 +243,66 @@ extern "C" cm_status cmi_cuda_ce_bwd(const float *x, const void *target, cm_dtyp
                ignore, eps, none, denom, g, lse, gl, fresh, gt);
     return cmi_cuda_launched("cross_entropy backward");
 }
+
+/* ---- mean squared error (backend.h slots mse, mse_bwd; loss.c's formulas) ----
+ * The reduced forms sum (p - t)² in double as per-block partials, then one block adds the
+ * partials in order and writes the result: deterministic, no atomics, no wait for the host. */
+
+__global__ void k_mse_none(const float *p, const float *t, int64_t n, float *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = (p[i] - t[i]) * (p[i] - t[i]);
+}
+
+__global__ void k_mse_part(const float *p, const float *t, int64_t n, double *part) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const double d = (double)p[i] - t[i];
+        s += d * d;
+    }
+    s = cmi_block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void k_mse_finish(const double *part, int n, double denom, float *out) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
+    s = cmi_block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = (float)(s / denom);
+}
+
+extern "C" cm_status cmi_cuda_mse(const float *p, const float *t, int64_t n, bool none, double denom, float *out) {
+    cudaStream_t s = cmi_cuda_stream();
+    if (none) {
+        if (n == 0) return CM_OK;
+        CMI_LAUNCH(k_mse_none, cmi_cuda_grid(n, 256), 256, 0, s, p, t, n, out);
+        return cmi_cuda_launched("mse_loss");
+    }
+    /* n = 0 still writes out[0]: 0, or NaN for a mean (0 / 0, as torch) */
+    const unsigned g = n ? cmi_cuda_grid(n, 256) : 1;
+    double *part = (double *)cmi_cuda_scratch(sizeof(double) * g);
+    if (!part) return cm_last_status();
+    CMI_LAUNCH(k_mse_part, g, 256, 0, s, p, t, n, part);
+    cm_status st = cmi_cuda_launched("mse_loss partial sums");
+    if (st) return st;
+    CMI_LAUNCH(k_mse_finish, 1, 256, 0, s, part, (int)g, denom, out);
+    return cmi_cuda_launched("mse_loss sum");
+}
+
+__global__ void k_mse_bwd(const float *p, const float *t, const float *g, int64_t n, bool none, double denom, float *gp,
+                          float *gt) {
+    const float k = none ? 0.0f : (float)(2.0 * (double)g[0] / denom);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float d = (none ? 2.0f * g[i] : k) * (p[i] - t[i]);
+        if (gp) gp[i] += d;
+        if (gt) gt[i] -= d;
+    }
+}
+
+extern "C" cm_status cmi_cuda_mse_bwd(const float *p, const float *t, const float *g, int64_t n, bool none,
+                                      double denom, float *gp, float *gt) {
+    if (n == 0 || (!gp && !gt)) return CM_OK;
+    CMI_LAUNCH(k_mse_bwd, cmi_cuda_grid(n, 256), 256, 0, cmi_cuda_stream(), p, t, g, n, none, denom, gp, gt);
+    return cmi_cuda_launched("mse_loss backward");
+}

@@ -292,3 +292,105 @@ extern "C" cm_status cmi_cuda_batch_norm_bwd(const cmi_bn_bwd_args *a) {
     CMI_LAUNCH(k_bn_dx, cmi_cuda_grid(a->O * C * a->I, 256), 256, 0, st, *a, coef);
     return cmi_cuda_launched("batch_norm backward");
 }
+
+/* ---- group norm (backend.h slots group_norm, group_norm_bwd; norm.c's formulas) ----
+ * x (N, C, S) contiguous: row r = (n, g) is the C/G·S values of its channels, one block per row
+ * (the statistics and dx need the whole row); the weight and bias gradients are per-channel sums
+ * over (N, S), one block per channel in double. Fixed reduction orders: no atomics. */
+
+__global__ void k_group_norm(const float *x, const float *w, const float *b, float *y, float *mean, float *rstd,
+                             int64_t R, int64_t C, int64_t S, int64_t G, float eps) {
+    __shared__ float sh[32];
+    const int64_t cpg = C / G, L = cpg * S;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const float *xr = x + r * L;
+        float s = 0.0f;
+        for (int64_t i = threadIdx.x; i < L; i += blockDim.x) s += xr[i];
+        const float m = cmi_block_sum(s, sh) / (float)L;
+        float v = 0.0f;
+        for (int64_t i = threadIdx.x; i < L; i += blockDim.x) v += (xr[i] - m) * (xr[i] - m);
+        const float rs = 1.0f / sqrtf(cmi_block_sum(v, sh) / (float)L + eps);
+        const int64_t c0 = (r % G) * cpg;
+        float *yr = y + r * L;
+        for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
+            const int64_t c = c0 + i / S;
+            const float q = rs * (w ? w[c] : 1.0f), b0 = b ? b[c] : 0.0f;
+            yr[i] = (xr[i] - m) * q + b0;
+        }
+        if (threadIdx.x == 0) {
+            mean[r] = m;
+            rstd[r] = rs;
+        }
+    }
+}
+
+extern "C" cm_status cmi_cuda_group_norm(const float *x, const float *w, const float *b, float *y, float *mean,
+                                         float *rstd, int64_t N, int64_t C, int64_t S, int64_t G, float eps) {
+    const int64_t R = N * G;
+    if (R == 0) return CM_OK;
+    CMI_LAUNCH(k_group_norm, cmi_cuda_grid(R, 1), 256, 0, cmi_cuda_stream(), x, w, b, y, mean, rstd, R, C, S, G, eps);
+    return cmi_cuda_launched("group_norm");
+}
+
+/* dx per row: rstd · (g·w - mean(g·w) - xhat · mean(g·w·xhat)). */
+__global__ void k_group_norm_bwd_x(const float *x, const float *w, const float *g, const float *mean,
+                                   const float *rstd, float *gx, int64_t R, int64_t C, int64_t S, int64_t G) {
+    __shared__ float sh[32];
+    const int64_t cpg = C / G, L = cpg * S;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const float *xr = x + r * L, *gr = g + r * L;
+        const float m = mean[r], rs = rstd[r];
+        const int64_t c0 = (r % G) * cpg;
+        float a = 0.0f, c2 = 0.0f;
+        for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
+            const float gw = gr[i] * (w ? w[c0 + i / S] : 1.0f);
+            a += gw;
+            c2 += gw * (xr[i] - m);
+        }
+        a = cmi_block_sum(a, sh) / (float)L;
+        c2 = cmi_block_sum(c2, sh) * rs / (float)L;
+        float *dx = gx + r * L;
+        for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
+            const float gw = gr[i] * (w ? w[c0 + i / S] : 1.0f);
+            dx[i] += rs * (gw - a - (xr[i] - m) * rs * c2);
+        }
+    }
+}
+
+/* gw[c] += Σ_n rstd·Σ_s g·(x - mean), gb[c] += Σ_{n,s} g: one block per channel, in double. */
+__global__ void k_group_norm_bwd_wb(const float *x, const float *g, const float *mean, const float *rstd, float *gw,
+                                    float *gb, int64_t N, int64_t C, int64_t S, int64_t G) {
+    __shared__ double sh[32];
+    const int64_t cpg = C / G;
+    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+        double dw = 0.0, db = 0.0;
+        for (int64_t e = threadIdx.x; e < N * S; e += blockDim.x) {
+            const int64_t n = e / S, i = e - n * S, r = n * G + c / cpg, at = (n * C + c) * S + i;
+            dw += (double)g[at] * (x[at] - mean[r]) * rstd[r];
+            db += g[at];
+        }
+        dw = cmi_block_sum(dw, sh);
+        db = cmi_block_sum(db, sh);
+        if (threadIdx.x == 0) {
+            if (gw) gw[c] += (float)dw;
+            if (gb) gb[c] += (float)db;
+        }
+    }
+}
+
+extern "C" cm_status cmi_cuda_group_norm_bwd(const float *x, const float *w, const float *g, const float *mean,
+                                             const float *rstd, float *gx, float *gw, float *gb, int64_t N, int64_t C,
+                                             int64_t S, int64_t G) {
+    const int64_t R = N * G;
+    cudaStream_t s = cmi_cuda_stream();
+    if (gx && R > 0 && S > 0) {
+        CMI_LAUNCH(k_group_norm_bwd_x, cmi_cuda_grid(R, 1), 256, 0, s, x, w, g, mean, rstd, gx, R, C, S, G);
+        cm_status st = cmi_cuda_launched("group_norm backward");
+        if (st) return st;
+    }
+    if ((gw || gb) && C > 0) {
+        CMI_LAUNCH(k_group_norm_bwd_wb, cmi_cuda_grid(C, 1), 256, 0, s, x, g, mean, rstd, gw, gb, N, C, S, G);
+        return cmi_cuda_launched("group_norm parameter gradients");
+    }
+    return CM_OK;
+}

@@ -88,3 +88,49 @@ extern "C" cm_status cmi_cuda_sumsq(const float *x, int64_t n, double *out) {
     CMI_CUDA_TRY(cudaStreamSynchronize(s));
     return CM_OK;
 }
+
+/* ---- EMA, SWA and SAM over flat spans (backend.h slots ema_update, swa_update, sam_perturb):
+ * ema.c's, swa.c's and sam.c's loops with every operation rounded on its own (__f*_rn are never
+ * contracted into a fused multiply-add), so the GPU gives the CPU's bits. ---- */
+
+__global__ void k_ema_f32(float *ema, const float *model, int64_t n, float s, float oms) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        ema[i] = __fadd_rn(__fmul_rn(ema[i], s), __fmul_rn(model[i], oms));
+}
+
+__global__ void k_ema_i64(int64_t *ema, const int64_t *model, int64_t n, float s, float oms) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        ema[i] = (int64_t)__fadd_rn(__fmul_rn((float)ema[i], s), __fmul_rn((float)model[i], oms));
+}
+
+extern "C" cm_status cmi_cuda_ema_update(void *ema, const void *model, cm_dtype dt, int64_t n, float s, float oms) {
+    if (n <= 0) return CM_OK;
+    if (dt != CM_DTYPE_F32 && dt != CM_DTYPE_I64)
+        return cm_set_error(CM_ERR_DTYPE, "ema update: %s tensors are not averaged", cm_dtype_name(dt));
+    const unsigned g = cmi_cuda_grid(n, 256);
+    if (dt == CM_DTYPE_F32) CMI_LAUNCH(k_ema_f32, g, 256, 0, cmi_cuda_stream(), (float *)ema, (const float *)model, n, s, oms);
+    else CMI_LAUNCH(k_ema_i64, g, 256, 0, cmi_cuda_stream(), (int64_t *)ema, (const int64_t *)model, n, s, oms);
+    return cmi_cuda_launched("ema update");
+}
+
+__global__ void k_swa(float *avg, const float *model, int64_t n, float d) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        avg[i] = __fadd_rn(avg[i], __fdiv_rn(__fsub_rn(model[i], avg[i]), d));
+}
+
+extern "C" cm_status cmi_cuda_swa_update(float *avg, const float *model, int64_t n, float d) {
+    if (n <= 0) return CM_OK;
+    CMI_LAUNCH(k_swa, cmi_cuda_grid(n, 256), 256, 0, cmi_cuda_stream(), avg, model, n, d);
+    return cmi_cuda_launched("swa update");
+}
+
+__global__ void k_sam_perturb(float *p, const float *g, int64_t n, float scale) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = __fadd_rn(p[i], __fmul_rn(g[i], scale));
+}
+
+extern "C" cm_status cmi_cuda_sam_perturb(float *p, const float *g, int64_t n, float scale) {
+    if (n <= 0) return CM_OK;
+    CMI_LAUNCH(k_sam_perturb, cmi_cuda_grid(n, 256), 256, 0, cmi_cuda_stream(), p, g, n, scale);
+    return cmi_cuda_launched("sam perturb");
+}

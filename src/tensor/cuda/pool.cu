@@ -121,3 +121,59 @@ extern "C" cm_status cmi_cuda_pool_bwd(const cmi_pool_desc *d, const float *gy, 
     CMI_LAUNCH(k_pool_bwd, cmi_cuda_grid(total, 256), 256, 0, cmi_cuda_stream(), *d, gy, arg, gx);
     return cmi_cuda_launched("pool2d backward");
 }
+
+/* ---- bilinear resize (backend.h slots resize, resize_bwd; pool.c's taps, computed on the host
+ * as PyTorch's CPU kernel computes them and uploaded, so both devices use the same weights) ---- */
+
+__global__ void k_resize(cmi_resize_desc d, const float *x, float *y) {
+    const cmi_pool_desc &g = d.g;
+    const int64_t total = g.N * g.C * g.OH * g.OW;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = e % g.OW, i = (e / g.OW) % g.OH, c = (e / (g.OW * g.OH)) % g.C, n = e / (g.OW * g.OH * g.C);
+        const cmi_lin_tap a = d.th[i], b = d.tw[j];
+        const float *xp = x + n * g.xs[0] + c * g.xs[1];
+        const float *r0 = xp + a.i0 * g.xs[2], *r1 = xp + a.i1 * g.xs[2];
+        y[n * g.ys[0] + c * g.ys[1] + i * g.ys[2] + j * g.ys[3]] =
+            a.l0 * (b.l0 * r0[b.i0 * g.xs[3]] + b.l1 * r0[b.i1 * g.xs[3]]) +
+            a.l1 * (b.l0 * r1[b.i0 * g.xs[3]] + b.l1 * r1[b.i1 * g.xs[3]]);
+    }
+}
+
+extern "C" cm_status cmi_cuda_resize(const cmi_resize_desc *d, const float *x, float *y) {
+    const int64_t total = d->g.N * d->g.C * d->g.OH * d->g.OW;
+    if (total == 0) return CM_OK;
+    CMI_LAUNCH(k_resize, cmi_cuda_grid(total, 256), 256, 0, cmi_cuda_stream(), *d, x, y);
+    return cmi_cuda_launched("resize_bilinear");
+}
+
+/* The weight with which output coordinate o's taps read input coordinate v. */
+__device__ __forceinline__ float tap_weight(const cmi_lin_tap &t, int64_t v) {
+    return (t.i0 == v ? t.l0 : 0.0f) + (t.i1 == v ? t.l1 : 0.0f);
+}
+
+/* gx[n, c, h, w] += Σ over the output rows i reading h and columns j reading w of
+ * wh(i, h)·ww(j, w)·gy[n, c, i, j]: a gather per input pixel, so no two threads write one element. */
+__global__ void k_resize_bwd(cmi_resize_desc d, const float *gy, float *gx) {
+    const cmi_pool_desc &g = d.g;
+    const int64_t total = g.N * g.C * g.H * g.W;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t w = e % g.W, h = (e / g.W) % g.H, c = (e / (g.W * g.H)) % g.C, n = e / (g.W * g.H * g.C);
+        const float *gp = gy + n * g.ys[0] + c * g.ys[1];
+        float s = 0.0f;
+        for (int64_t i = d.rh[2 * h]; i < d.rh[2 * h + 1]; i++) {
+            const float wh = tap_weight(d.th[i], h);
+            float row = 0.0f;
+            for (int64_t j = d.rw[2 * w]; j < d.rw[2 * w + 1]; j++)
+                row += tap_weight(d.tw[j], w) * gp[i * g.ys[2] + j * g.ys[3]];
+            s += wh * row;
+        }
+        gx[n * g.gxs[0] + c * g.gxs[1] + h * g.gxs[2] + w * g.gxs[3]] += s;
+    }
+}
+
+extern "C" cm_status cmi_cuda_resize_bwd(const cmi_resize_desc *d, const float *gy, float *gx) {
+    const int64_t total = d->g.N * d->g.C * d->g.H * d->g.W;
+    if (total == 0 || d->g.OH * d->g.OW == 0) return CM_OK;
+    CMI_LAUNCH(k_resize_bwd, cmi_cuda_grid(total, 256), 256, 0, cmi_cuda_stream(), *d, gy, gx);
+    return cmi_cuda_launched("resize_bilinear backward");
+}

@@ -373,12 +373,23 @@ static cmi_backend make_table(void) {
     b.sgd_step = cmi_cuda_sgd_step;
     b.adam_step = cmi_cuda_adam_step;
     b.sumsq = cmi_cuda_sumsq;
+    b.ema_update = cmi_cuda_ema_update;
+    b.swa_update = cmi_cuda_swa_update;
+    b.sam_perturb = cmi_cuda_sam_perturb;
     b.conv = cmi_cuda_conv;
     b.conv_bwd = cmi_cuda_conv_bwd;
     b.batch_norm = cmi_cuda_batch_norm;
     b.batch_norm_bwd = cmi_cuda_batch_norm_bwd;
     b.pool = cmi_cuda_pool;
     b.pool_bwd = cmi_cuda_pool_bwd;
+    b.gather = cmi_cuda_gather;
+    b.gather_bwd = cmi_cuda_gather_bwd;
+    b.mse = cmi_cuda_mse;
+    b.mse_bwd = cmi_cuda_mse_bwd;
+    b.group_norm = cmi_cuda_group_norm;
+    b.group_norm_bwd = cmi_cuda_group_norm_bwd;
+    b.resize = cmi_cuda_resize;
+    b.resize_bwd = cmi_cuda_resize_bwd;
     return b;
 }
 
