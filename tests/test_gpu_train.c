@@ -560,32 +560,6 @@ Test(gpu_train, model_surgery_runs_on_the_cpu_then_the_model_trains_on_the_gpu) 
     cr_assert_neq(cpu[0], cpu[3], "the runs trained");
 }
 
-static int ema_algos(cm_algorithm_plugin *out, int cap, void *data) {
-    (void)cap, (void)data;
-    const cm_ema_config ec = cm_ema_config_default();
-    cm_ema *handle;
-    cr_assert_eq(cm_ema_new(&ec, &handle, &out[0]), CM_OK, "%s", cm_last_error());
-    return 1;
-}
-
-Test(gpu_train, host_copy_methods_refuse_the_gpu_before_the_model_moves) {
-    /* EMA keeps host copies of the weights: with device gpu it says so on INIT, although the model
-     * is still on the CPU then (the trainer moves it after the surgery) */
-    cmt_rig rig;
-    cmt_rig_resnet(&rig, NULL);
-    cm_algorithm_plugin alg;
-    cr_assert_eq(ema_algos(&alg, 1, NULL), 1);
-    cm_trainer_config c = cm_trainer_config_default();
-    c.model = rig.model, c.train_dataloader = rig.dl, c.device = CM_DEVICE_CUDA;
-    c.algorithms = &alg, c.n_algorithms = 1;
-    cr_assert_eq(cm_time_parse("1ba", &c.max_duration), CM_OK);
-    cm_trainer *tr;
-    cr_assert_eq(cm_trainer_new(&c, &tr), CM_ERR_UNSUPPORTED);
-    cr_assert(strstr(cm_last_error(), "EMA keeps host copies"), "%s", cm_last_error());
-    cm_algorithm_plugin_free(alg);
-    cmt_rig_free(&rig);
-}
-
 int main(int argc, char *argv[]) {
     fflush(stdout);
     pid_t pid = fork();
