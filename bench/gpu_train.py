@@ -29,7 +29,7 @@ class Block(nn.Module):
     def forward(s, x):
         B, T, C = x.shape
         q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.reshape(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
         x = x + s.c_proj(y)
         return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate="tanh"))
@@ -50,7 +50,7 @@ class GPT(nn.Module):
         for b in s.h:
             x = b(x)
         logits = s.lm_head(s.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def run(a, compiled):

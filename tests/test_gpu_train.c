@@ -431,7 +431,11 @@ Test(gpu_train, optimizer_monitor_reads_a_gpu_model) {
             const cm_log_record *rd = cm_in_memory_logger_record(d.mem, j);
             if (rd->batch != rc->batch || strcmp(rd->name, rc->name)) continue;
             found = true;
-            cr_expect(fabs(rd->value - rc->value) <= 1e-4 + 1e-4 * fabs(rc->value), "batch %lld %s: gpu %.8g vs cpu %.8g",
+            /* c_attn.bias's key part has a zero gradient in exact arithmetic: AdamW turns the
+             * rounding noise into steps of about ±lr that differ between the devices' summation
+             * orders (expect_params_close explains it), so its norms get 2e-3 (H200: 7e-4 seen) */
+            const double tol = strstr(rc->name, "attn.c_attn.bias") ? 2e-3 : 1e-4;
+            cr_expect(fabs(rd->value - rc->value) <= tol + tol * fabs(rc->value), "batch %lld %s: gpu %.8g vs cpu %.8g",
                       (long long)rc->batch, rc->name, rd->value, rc->value);
         }
         cr_expect(found, "batch %lld: the gpu run did not log %s", (long long)rc->batch, rc->name);

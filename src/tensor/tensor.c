@@ -112,9 +112,9 @@ void cmi_store(cm_dtype dt, void *p, double v) {
     case CM_DTYPE_F32: *(float *)p = (float)v; break;
     case CM_DTYPE_BF16: *(uint16_t *)p = cm_f32_to_bf16((float)v); break;
     case CM_DTYPE_F16: *(uint16_t *)p = cm_f32_to_f16((float)v); break;
-    case CM_DTYPE_I32: *(int32_t *)p = (int32_t)v; break;
+    case CM_DTYPE_I32: *(int32_t *)p = (int32_t)(int64_t)v; break; /* wraps, as on the GPU (cuda/common.cuh) */
     case CM_DTYPE_I64: *(int64_t *)p = (int64_t)v; break;
-    case CM_DTYPE_U8: *(uint8_t *)p = (uint8_t)v; break;
+    case CM_DTYPE_U8: *(uint8_t *)p = (uint8_t)(int64_t)v; break; /* -1.5 -> 255, as PyTorch on the CPU */
     default: break;
     }
 }

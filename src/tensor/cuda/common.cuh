@@ -161,9 +161,9 @@ __device__ __forceinline__ void cmi_dstore(int dt, void *p, int64_t i, double v)
     case CM_DTYPE_F32: ((float *)p)[i] = (float)v; break;
     case CM_DTYPE_BF16: ((uint16_t *)p)[i] = cmi_df32_to_bf16((float)v); break;
     case CM_DTYPE_F16: ((uint16_t *)p)[i] = cmi_df32_to_f16((float)v); break;
-    case CM_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case CM_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)(int64_t)v; break; /* wraps, as tensor.c */
     case CM_DTYPE_I64: ((int64_t *)p)[i] = (int64_t)v; break;
-    case CM_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case CM_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break; /* modulo 256, as tensor.c */
     default: break;
     }
 }

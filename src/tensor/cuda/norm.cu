@@ -52,7 +52,7 @@ __global__ void k_layer_norm_bwd(const float *x, const float *w, const float *g,
             const float m = mean[r], rs = rstd[r];
             float a = 0.0f, c2 = 0.0f;
             for (int64_t c = lane; c < C; c += 32) {
-                const float gw = w ? gr[c] * w[c] : gr[c];
+                const float gw = w ? __fmul_rn(gr[c], w[c]) : gr[c]; /* rounded, never fused into gw - a */
                 a += gw;
                 c2 += gw * (xr[c] - m) * rs;
             }
@@ -60,7 +60,7 @@ __global__ void k_layer_norm_bwd(const float *x, const float *w, const float *g,
             c2 = cmi_warp_sum(c2) / (float)C;
             float *dx = gx + r * C;
             for (int64_t c = lane; c < C; c += 32) {
-                const float gw = w ? gr[c] * w[c] : gr[c];
+                const float gw = w ? __fmul_rn(gr[c], w[c]) : gr[c]; /* rounded, never fused into gw - a */
                 const float d = rs * (gw - a - (xr[c] - m) * rs * c2);
                 dx[c] = fresh ? d : dx[c] + d;
             }
@@ -343,7 +343,7 @@ __global__ void k_group_norm_bwd_x(const float *x, const float *w, const float *
         const int64_t c0 = (r % G) * cpg;
         float a = 0.0f, c2 = 0.0f;
         for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
-            const float gw = gr[i] * (w ? w[c0 + i / S] : 1.0f);
+            const float gw = __fmul_rn(gr[i], w ? w[c0 + i / S] : 1.0f); /* rounded, never fused into gw - a */
             a += gw;
             c2 += gw * (xr[i] - m);
         }
@@ -351,7 +351,7 @@ __global__ void k_group_norm_bwd_x(const float *x, const float *w, const float *
         c2 = cmi_block_sum(c2, sh) * rs / (float)L;
         float *dx = gx + r * L;
         for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
-            const float gw = gr[i] * (w ? w[c0 + i / S] : 1.0f);
+            const float gw = __fmul_rn(gr[i], w ? w[c0 + i / S] : 1.0f); /* rounded, never fused into gw - a */
             dx[i] += rs * (gw - a - (xr[i] - m) * rs * c2);
         }
     }
