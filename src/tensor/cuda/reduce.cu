@@ -1,6 +1,6 @@
 /* CUDA reductions (backend.h slots reduce, scatter_add, softmax, softmax_bwd, and the broadcast
- * reduction behind accum). Deterministic: every output is reduced by one warp (short groups) or one
- * block (long groups) in a fixed order — no atomics — so a run repeats bit for bit. */
+ * reduction behind accum). Deterministic: every output is reduced by one thread (up to 64 elements),
+ * one warp (up to 4095) or one block (longer groups) in a fixed order — no atomics — so a run repeats bit for bit. */
 #include "tensor/cuda/common.cuh"
 
 #include <math.h>
@@ -88,6 +88,15 @@ __device__ __forceinline__ void finish(int k, int mode, const cmi_red_plan &P, i
     }
 }
 
+/* One thread per output, for short groups (a broadcast gradient summed over a few rows, or no
+ * reduction at all: accum of a same-shape gradient): neighbouring threads read neighbouring
+ * outputs' elements, and no lane idles, as it would with a warp per output. */
+__global__ void k_reduce_thread(int k, int mode, cmi_red_plan P, const float *x, const double *mean, double scale,
+                                float *out, double *sums, int64_t *idx) {
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < P.n_out; o += (int64_t)gridDim.x * blockDim.x)
+        finish(k, mode, P, o, reduce_part(k, P, x, o, mean ? mean[o] : 0.0, 0, 1), scale, out, sums, idx);
+}
+
 /* One warp per output (8 warps per block). */
 __global__ void k_reduce_warp(int k, int mode, cmi_red_plan P, const float *x, const double *mean, double scale,
                               float *out, double *sums, int64_t *idx) {
@@ -141,6 +150,8 @@ static cm_status launch_reduce(int k, int mode, const cmi_red_plan *P, const flo
         const unsigned g = (unsigned)(P->n_out < (int64_t)cmi_cuda_sm_count() * 64 ? P->n_out
                                                                                    : (int64_t)cmi_cuda_sm_count() * 64);
         CMI_LAUNCH(k_reduce_block, g, 256, 0, s, k, mode, *P, x, mean, scale, out, sums, idx);
+    } else if (P->n_red <= 64) {
+        CMI_LAUNCH(k_reduce_thread, cmi_cuda_grid(P->n_out, 256), 256, 0, s, k, mode, *P, x, mean, scale, out, sums, idx);
     } else {
         CMI_LAUNCH(k_reduce_warp, cmi_cuda_grid(P->n_out, 8), 256, 0, s, k, mode, *P, x, mean, scale, out, sums, idx);
     }
