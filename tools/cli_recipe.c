@@ -42,7 +42,7 @@ static const cli_flag k_compare_flags[] = {
     {"--target", "-t", "METRIC=VALUE",
      "the quality to reach, e.g. metrics/eval/MulticlassAccuracy=0.85; '<=' or '>=' force the direction",
      &g_target},
-    {"--seeds", NULL, "N|S1,S2,..", "N seeds (1..N) or a list of seeds; default 3", &g_seeds},
+    {"--seeds", NULL, "N|S1,S2,..", "N seeds (1..N) or a list of seeds (one seed: 42,); default 3", &g_seeds},
     {"--budget", NULL, "TIME", "wall-clock limit of each run (90s, 30m, 1h30m); default none", &g_budget},
     {"--output", "-o", "DIR", "where the runs, results and plot go; default runs/recipe-compare", &g_out},
     {"--no-stop", NULL, NULL, "train every run to its max_duration (whole curves) instead of stopping at the target",
