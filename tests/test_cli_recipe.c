@@ -163,6 +163,14 @@ Test(cli_recipe, reached_targets_stop_the_runs_seeds_differ_and_the_numbers_agre
     cr_expect(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(sum, 0), "speedup")), "the baseline has no speed-up");
     cJSON_Delete(j);
     free(js);
+    /* every config was checked before the runs with all the measured overrides: the stopper one
+     * ulp past the target, so reaching it (<=) stops the run, as the analysis counts it */
+    char *check = slurp(DIR "/a/logs/hot.check.txt");
+    cr_expect(strstr(check, "threshold_stopper:\n    monitor: LanguageCrossEntropy\n    dataloader_label: eval\n"
+                            "    threshold: 100.00000000000001\n    comp: less\n") &&
+                  strstr(check, "time_unit: seconds"),
+              "the check did not resolve the measured overrides:\n%s", check);
+    free(check);
     /* the seeds reached the children (seed: S in each run's resolved config) and gave different runs */
     char *c1 = slurp(DIR "/a/runs/base-seed1/config.yaml"), *c2 = slurp(DIR "/a/runs/base-seed2/config.yaml");
     cr_expect(strstr(c1, "seed: 1\n") && strstr(c2, "seed: 2\n"), "seeds not passed on");

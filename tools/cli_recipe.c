@@ -644,8 +644,7 @@ int cmd_recipe_compare(const char *prog, int argc, char **argv) {
     for (int c = 0; c < n_cfg; c++) {
         child_args a = {.n = 0};
         measured_args(&a, self, cfg[c].path, ovr, n_ovr, g_out, "check", seeds[0], &target, stop);
-        a.n--; /* replace the NULL */
-        add(&a, "--print-config");
+        add(&a, "--print-config"); /* over the NULL measured_args ended argv with */
         a.argv[a.n] = NULL;
         char log[PATH_MAX];
         snprintf(log, sizeof log, "%s/%s.check.txt", logs, cfg[c].label);
