@@ -39,6 +39,7 @@ int cmd_train(const char *prog, int argc, char **argv);
 int cmd_eval(const char *prog, int argc, char **argv);
 int cmd_generate(const char *prog, int argc, char **argv);
 int cmd_data_convert(const char *prog, int argc, char **argv); /* cli_data.c */
+int cmd_recipe_compare(const char *prog, int argc, char **argv); /* cli_recipe.c */
 
 /* ---------------------------------------------------------------------------------------------
  * Plugin registry: config name -> constructor reading its arguments from the config node

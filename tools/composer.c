@@ -9,6 +9,7 @@
  *   composer data convert --to mds INPUT -o OUT        (tools/cli_data.c)
  *   composer -n N [--world_size W] [--stdout FMT] ... PROGRAM|SUBCOMMAND [ARGS...]   (tools/launch.c)
  *   composer ckpt inspect PATH | ckpt verify PATH | ckpt export PATH -o model.safetensors
+ *   composer recipe compare BASELINE.yaml RECIPE.yaml --target METRIC=VALUE [--seeds 3]   (cli_recipe.c)
  *
  * Commands live in tables of {name, function, help} (a group's entry points at its sub-table), so
  * adding a subcommand is adding a row. Unknown commands, flags and values are answered with the
@@ -525,12 +526,19 @@ static const cli_cmd k_data_cmds[] = {
     {NULL, NULL, NULL, NULL},
 };
 
+static const cli_cmd k_recipe_cmds[] = {
+    {"compare", cmd_recipe_compare, "time to a target quality for a baseline and recipes over seeds, and the speed-up",
+     NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
 static const cli_cmd k_commands[] = {
     {"train", cmd_train, "train a model from a YAML config (composer train CONFIG.yaml key=value ...)", NULL},
     {"eval", cmd_eval, "evaluate saved weights on a config's eval set", NULL},
     {"generate", cmd_generate, "sample text from a trained GPT", NULL},
     {"data", NULL, "prepare datasets (tokenize, convert)", k_data_cmds},
     {"ckpt", NULL, "inspect, verify and export checkpoints", k_ckpt_cmds},
+    {"recipe", NULL, "compare speed-up recipes by time to a target quality (compare)", k_recipe_cmds},
     {NULL, NULL, NULL, NULL},
 };
 

@@ -42,5 +42,6 @@
 #include <composer/storage.h>
 #include <composer/checkpoint.h>
 #include <composer/hf.h>
+#include <composer/time_to_target.h>
 
 #endif

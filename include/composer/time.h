@@ -115,7 +115,9 @@ cm_status cm_time_cmp(cm_time a, cm_time b, int *out);
 /* How far training has come. Counts are totals since the start of training unless named
  * *_in_epoch / *_in_iteration. Samples and tokens are global (summed over ranks). Wall-clock
  * fields are seconds: total_wct since the start, iteration_wct / epoch_wct within the current
- * iteration / epoch, batch_wct of the last batch. A zeroed struct is the start of training. */
+ * iteration / epoch, batch_wct of the last batch. A zeroed struct is the start of training. The
+ * trainer counts, as Composer does, the time from one batch's end to the next (data loading,
+ * algorithms, the step, checkpoints) and pauses the clock while it evaluates. */
 typedef struct cm_timestamp {
     int64_t iteration;
     int64_t epoch;

@@ -1260,6 +1260,11 @@ static void on_signal(int sig) { g_signal = sig; }
 static cm_status fit_loop(cm_trainer *tr) {
     cm_state *st = &tr->st;
     cm_status s;
+    /* The timestamp's wall-clock is Composer's: the time from one batch's end to the next — data
+     * loading, the algorithms on AFTER_DATALOADER, the step and checkpoints — with evaluation
+     * paused (Composer's "Pause the timing during evaluation"), so time-to-quality counts what a
+     * run spends to train, and a recipe's data-side methods are not free. */
+    double wct_mark = cm_clock_s();
     while (!cmi_fit_done(tr) && !st->stop) {
         if (st->ts.batch_in_epoch == 0) {
             if ((s = run(tr, CM_EVENT_EPOCH_START))) return s;
@@ -1284,7 +1289,6 @@ static cm_status fit_loop(cm_trainer *tr) {
             if ((s = run(tr, CM_EVENT_AFTER_DATALOADER)) || (s = run(tr, CM_EVENT_BATCH_START)) ||
                 (s = log_time(tr)))
                 return s;
-            const double t0 = cm_clock_s();
             if ((s = train_batch(tr, b))) return s;
             if (st->rollback) {
                 if ((s = rollback(tr))) return s;
@@ -1296,8 +1300,13 @@ static cm_status fit_loop(cm_trainer *tr) {
                 return cm_set_error(CM_ERR_INVALID_ARG, "max_duration is in tokens but the train batches count no "
                                                         "tokens (use a token dataset or a count_tokens function)");
             const cm_timestamp prev = st->ts;
-            cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], cm_clock_s() - t0);
-            if ((s = run(tr, CM_EVENT_BATCH_END)) || (s = maybe_eval(tr, &prev, false))) return s;
+            const double now = cm_clock_s();
+            cm_timestamp_next_batch(&st->ts, (int64_t)counts[0], (int64_t)counts[1], now - wct_mark);
+            wct_mark = now;
+            if ((s = run(tr, CM_EVENT_BATCH_END))) return s;
+            const double e0 = cm_clock_s();
+            if ((s = maybe_eval(tr, &prev, false))) return s;
+            wct_mark += cm_clock_s() - e0;
             st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_BATCH_CHECKPOINT, &prev);
             s = run(tr, CM_EVENT_BATCH_CHECKPOINT);
             st->checkpoint_due = false;
@@ -1327,7 +1336,10 @@ static cm_status fit_loop(cm_trainer *tr) {
             }
             const cm_timestamp prev = st->ts;
             cm_timestamp_next_epoch(&st->ts, 0.0);
-            if ((s = run(tr, CM_EVENT_EPOCH_END)) || (s = maybe_eval(tr, &prev, true))) return s;
+            if ((s = run(tr, CM_EVENT_EPOCH_END))) return s;
+            const double e0 = cm_clock_s();
+            if ((s = maybe_eval(tr, &prev, true))) return s;
+            wct_mark += cm_clock_s() - e0;
             st->checkpoint_due = cmi_ckpt_due(tr, CM_EVENT_EPOCH_CHECKPOINT, &prev);
             s = run(tr, CM_EVENT_EPOCH_CHECKPOINT);
             st->checkpoint_due = false;
