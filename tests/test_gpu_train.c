@@ -449,6 +449,34 @@ Test(gpu_train, optimizer_monitor_reads_a_gpu_model) {
     cmt_golden_close(g);
 }
 
+/* The GPT's training metrics (LanguageCrossEntropy, LanguagePerplexity) are computed on the device
+ * from the logits (not copied back) and log the CPU run's values at every batch. */
+Test(gpu_train, training_metrics_on_the_gpu_match_the_cpu) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    gpu_run c, d;
+    gpu_run_start(&c, g, (gpu_run_opts){.device = CM_DEVICE_CPU});
+    gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA});
+    int compared = 0;
+    for (int64_t i = 0; i < cm_in_memory_logger_n(c.mem); i++) {
+        const cm_log_record *rc = cm_in_memory_logger_record(c.mem, i);
+        if (strncmp(rc->name, "metrics/train/", 14)) continue;
+        bool found = false;
+        for (int64_t j = 0; j < cm_in_memory_logger_n(d.mem) && !found; j++) {
+            const cm_log_record *rd = cm_in_memory_logger_record(d.mem, j);
+            if (rd->batch != rc->batch || strcmp(rd->name, rc->name)) continue;
+            found = true;
+            cr_expect(fabs(rd->value - rc->value) <= 1e-4 * (1 + fabs(rc->value)), "batch %lld %s: gpu %.8g vs cpu %.8g",
+                      (long long)rc->batch, rc->name, rd->value, rc->value);
+        }
+        cr_expect(found, "batch %lld: the gpu run did not log %s", (long long)rc->batch, rc->name);
+        compared++;
+    }
+    cr_assert_geq(compared, 10, "the runs logged %d training metric values", compared);
+    gpu_run_end(&c);
+    gpu_run_end(&d);
+    cmt_golden_close(g);
+}
+
 Test(gpu_train, auto_microbatching_catches_the_gpu_out_of_memory) {
     cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
     gpu_run full, autom;

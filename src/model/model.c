@@ -1,5 +1,6 @@
 /* The model interface: checked calls into a cm_model_i, batch fields, the built-in metrics and
  * the ready-made classifier. */
+#include "model_impl.h"
 #include <composer/model.h>
 
 #include "tensor/vexp.h"
@@ -164,6 +165,10 @@ static const cm_metric_i acc_vt = {CM_METRIC_ABI, "MulticlassAccuracy", 2, acc_u
 static const cm_metric_i lce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, ce_update, ratio};
 static const cm_metric_i ce_vt = {CM_METRIC_ABI, "CrossEntropy", 2, ce_update, ratio};
 static const cm_metric_i ppl_vt = {CM_METRIC_ABI, "LanguagePerplexity", 2, ce_update, perplexity};
+
+const char *cmi_metric_ce_target(const cm_metric *mt) {
+    return mt && (mt->vt == &lce_vt || mt->vt == &ce_vt || mt->vt == &ppl_vt) ? mt->self : NULL;
+}
 
 cm_metric cm_metric_accuracy(const char *target_field) { return (cm_metric){&acc_vt, target_field}; }
 cm_metric cm_metric_cross_entropy(const char *target_field) { return (cm_metric){&lce_vt, target_field}; }
