@@ -26,26 +26,8 @@ static char out[1 << 16];
 
 static int run(const char *args) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
+    snprintf(cmd, sizeof cmd, "%s %s", CM_COMPOSER_BIN, args);
+    return cmt_run_capture(cmd, out, sizeof out);
 }
 
 static void write_config(const char *path, const char *body) {
@@ -143,7 +125,8 @@ Test(cli_recipe, reached_targets_stop_the_runs_seeds_differ_and_the_numbers_agre
         t[i] = rows[i].seconds;
     }
     /* the speed-up in results.json: mean(base) / mean(hot), and the per-seed ratios */
-    char *js = slurp(DIR "/a/results.json");
+    char *js = cmt_slurp(DIR "/a/results.json", NULL);
+    cr_assert_not_null(js, "cannot read %s", DIR "/a/results.json");
     cJSON *j = cJSON_Parse(js);
     cr_assert_not_null(j, "results.json does not parse:\n%s", js);
     cJSON *sum = cJSON_GetObjectItem(j, "summary");
@@ -165,21 +148,26 @@ Test(cli_recipe, reached_targets_stop_the_runs_seeds_differ_and_the_numbers_agre
     free(js);
     /* every config was checked before the runs with all the measured overrides: the stopper one
      * ulp past the target, so reaching it (<=) stops the run, as the analysis counts it */
-    char *check = slurp(DIR "/a/logs/hot.check.txt");
+    char *check = cmt_slurp(DIR "/a/logs/hot.check.txt", NULL);
+    cr_assert_not_null(check, "cannot read %s", DIR "/a/logs/hot.check.txt");
     cr_expect(strstr(check, "threshold_stopper:\n    monitor: LanguageCrossEntropy\n    dataloader_label: eval\n"
                             "    threshold: 100.00000000000001\n    comp: less\n") &&
                   strstr(check, "time_unit: seconds"),
               "the check did not resolve the measured overrides:\n%s", check);
     free(check);
     /* the seeds reached the children (seed: S in each run's resolved config) and gave different runs */
-    char *c1 = slurp(DIR "/a/runs/base-seed1/config.yaml"), *c2 = slurp(DIR "/a/runs/base-seed2/config.yaml");
+    char *c1 = cmt_slurp(DIR "/a/runs/base-seed1/config.yaml", NULL), *c2 = cmt_slurp(DIR "/a/runs/base-seed2/config.yaml", NULL);
+    cr_assert_not_null(c2, "cannot read %s", DIR "/a/runs/base-seed2/config.yaml");
+    cr_assert_not_null(c1, "cannot read %s", DIR "/a/runs/base-seed1/config.yaml");
     cr_expect(strstr(c1, "seed: 1\n") && strstr(c2, "seed: 2\n"), "seeds not passed on");
     free(c1);
     free(c2);
     cr_expect(rows[0].final != rows[2].final, "seeds 1 and 2 of base ended at the same eval loss %.17g: one run twice?",
               rows[0].final);
     /* the plot's data: curves.tsv holds the run's metrics.jsonl eval points, timed by its clock */
-    char *curves = slurp(DIR "/a/curves.tsv"), *metrics = slurp(DIR "/a/runs/hot-seed2/metrics.jsonl");
+    char *curves = cmt_slurp(DIR "/a/curves.tsv", NULL), *metrics = cmt_slurp(DIR "/a/runs/hot-seed2/metrics.jsonl", NULL);
+    cr_assert_not_null(metrics, "cannot read %s", DIR "/a/runs/hot-seed2/metrics.jsonl");
+    cr_assert_not_null(curves, "cannot read %s", DIR "/a/curves.tsv");
     cr_expect(strstr(curves, "config\tseed\tbatch\tseconds\t" CE "\n"), "curves.tsv header");
     const char *line = strstr(curves, "hot\t2\t3\t");
     cr_assert_not_null(line, "no point of hot seed 2 at batch 3 in curves.tsv:\n%s", curves);
@@ -196,7 +184,8 @@ Test(cli_recipe, reached_targets_stop_the_runs_seeds_differ_and_the_numbers_agre
     free(curves);
     free(metrics);
     /* the picture: a series per config and the target */
-    char *svg = slurp(DIR "/a/pareto.svg");
+    char *svg = cmt_slurp(DIR "/a/pareto.svg", NULL);
+    cr_assert_not_null(svg, "cannot read %s", DIR "/a/pareto.svg");
     cr_expect(strstr(svg, "<svg") && strstr(svg, ">base<") && strstr(svg, ">hot<") && strstr(svg, ">target 100<"),
               "pareto.svg lacks its legend entries");
     cr_expect(strstr(svg, "training wall-clock (s)"), "x label");
@@ -231,7 +220,8 @@ Test(cli_recipe, a_budget_ends_a_run_from_outside) {
     cr_expect_str_eq(r.reached, "no");
     /* the batch it stopped at, or -1 when the budget came before its first evaluation (no curve) */
     cr_expect(r.end_batch == -1 || (r.end_batch > 0 && r.end_batch < 100000), "ran %lld batches", r.end_batch);
-    char *tsv = slurp(DIR "/c/runs.tsv");
+    char *tsv = cmt_slurp(DIR "/c/runs.tsv", NULL);
+    cr_assert_not_null(tsv, "cannot read %s", DIR "/c/runs.tsv");
     const char *last_tab = strrchr(tsv, '\t');
     const char *p = last_tab;
     while (p > tsv && p[-1] != '\t') p--;

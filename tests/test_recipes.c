@@ -22,26 +22,8 @@ static char out[1 << 16];
 
 static int run(const char *args) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
+    snprintf(cmd, sizeof cmd, "%s %s", CM_COMPOSER_BIN, args);
+    return cmt_run_capture(cmd, out, sizeof out);
 }
 
 /* Character token files from the first 20 kB of tiny Shakespeare, for the GPT recipes. */
@@ -93,7 +75,8 @@ Test(recipes, every_recipe_parses_and_trains_two_batches) {
                  family_overrides(p), resolve_only ? "--print-config" : "-q");
         int rc = run(args);
         cr_expect_eq(rc, 0, "%s does not start (exit %d):\n%s", p, rc, out);
-        char *text = slurp(p);
+        char *text = cmt_slurp(p, NULL);
+        cr_assert_not_null(text, "cannot read %s", p);
         cr_expect(text[0] == '#', "%s does not open with a comment saying what it is", p);
         /* a recipe applies methods or changes the schedule; a baseline does neither beyond clipping */
         const bool baseline = strstr(p, "baseline") != NULL;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "tensor/tensor_impl.h"
 
@@ -320,4 +321,35 @@ void cmt_grad_probe_hook(cm_tape *tp, const void *node, void *data) {
         p->seen++;
         p->dtype = cm_tensor_dtype(cm_tensor_grad(p->t));
     }
+}
+
+int cmt_run_capture(const char *cmd, char *out, size_t cap) {
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    char sink[4096]; /* the rest, so the command never blocks on a full pipe */
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+char *cmt_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *s = malloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) s = realloc(s, cap *= 2);
+        size_t k = fread(s + n, 1, cap - n - 1, f);
+        if (k == 0) break;
+        n += k;
+    }
+    fclose(f);
+    s[n] = '\0';
+    if (len) *len = n;
+    return s;
 }

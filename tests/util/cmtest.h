@@ -75,4 +75,10 @@ bool cmt_golden_has(cmt_golden *g, const char *name);
 /* A tape tensor with the golden's values, optionally requiring grad. */
 cm_tensor *cmt_golden_on_tape(cmt_golden *g, cm_tape *tp, const char *name, bool grad);
 
+/* Runs a shell command with stderr joined to stdout, keeping the first cap - 1 bytes of the output
+ * in out (NUL-terminated); returns the exit status (128 when it did not exit normally). */
+int cmt_run_capture(const char *cmd, char *out, size_t cap);
+/* The whole file (malloc'd, NUL-terminated; *len if not NULL), or NULL if it cannot be read. */
+char *cmt_slurp(const char *path, size_t *len);
+
 #endif

@@ -30,23 +30,6 @@ cmt_tmpdir cmt_tmpdir_make(const char *tag) {
 
 void cmt_tmpdir_remove(cmt_tmpdir *t) { nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-char *cmt_slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *s = malloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) s = realloc(s, cap *= 2);
-        size_t k = fread(s + n, 1, cap - n - 1, f);
-        if (k == 0) break;
-        n += k;
-    }
-    fclose(f);
-    s[n] = '\0';
-    if (len) *len = n;
-    return s;
-}
-
 char *cmt_run(const char *cmd, int *rc) {
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p, "popen '%s' failed", cmd);

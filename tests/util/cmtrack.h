@@ -20,8 +20,7 @@ typedef struct {
 cmt_tmpdir cmt_tmpdir_make(const char *tag);
 void cmt_tmpdir_remove(cmt_tmpdir *t);
 
-/* The whole file (malloc'd, NUL-terminated; *len if not NULL), or NULL if it cannot be read. */
-char *cmt_slurp(const char *path, size_t *len);
+/* cmt_slurp is in cmtest.h. */
 
 /* Runs a shell command and returns its stdout (malloc'd); *rc gets its exit status. */
 char *cmt_run(const char *cmd, int *rc);
