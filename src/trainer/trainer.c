@@ -575,34 +575,28 @@ static cm_status metric_ce_on_device(cm_tape *tp, const cm_metric *mt, cm_tensor
 /* The metrics read outputs and targets on the host: on a GPU they are copied back first (on the
  * tape, freed with it) — except the built-in cross-entropy metrics, computed on the device. */
 static cm_status metrics_update(cm_tape *tp, cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
-    cm_tensor *host_fields[CM_DATASET_MAX_FIELDS];
+    const bool on_gpu = outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU;
+    cm_tensor *host_out = NULL, *host_fields[CM_DATASET_MAX_FIELDS];
     cm_model_batch hb;
-    bool on_device[16] = {false}, all = true;
-    if (outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU) {
-        for (int i = 0; i < ms->n; i++) {
-            cm_status s = i < 16 ? metric_ce_on_device(tp, &ms->metrics[i], outputs, b, ms->sums + i * CM_METRIC_MAX_STATE,
-                                                       &on_device[i])
-                                 : CM_OK;
-            if (s) return s;
-            all = all && i < 16 && on_device[i];
-        }
-        if (all) return CM_OK;
-    }
-    if (outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU) {
-        const bool prev = cm_tape_set_grad_enabled(tp, false);
-        outputs = cm_to_device(tp, outputs, CM_DEVICE_CPU);
-        for (int i = 0; i < b->n && i < CM_DATASET_MAX_FIELDS; i++)
-            host_fields[i] = b->fields[i] ? cm_to_device(tp, b->fields[i], CM_DEVICE_CPU) : NULL;
-        cm_tape_set_grad_enabled(tp, prev);
-        if (cm_tape_status(tp)) return cm_set_error(cm_tape_status(tp), "metrics: %s", cm_tape_error(tp));
-        hb = *b;
-        hb.fields = host_fields;
-        b = &hb;
-    }
     for (int i = 0; i < ms->n; i++) {
-        if (i < 16 && on_device[i]) continue;
-        cm_status s = cm_metric_update(&ms->metrics[i], outputs, b, ms->sums + i * CM_METRIC_MAX_STATE);
-        if (s) return s;
+        double *state = ms->sums + i * CM_METRIC_MAX_STATE;
+        cm_status s;
+        if (on_gpu) {
+            bool done;
+            if ((s = metric_ce_on_device(tp, &ms->metrics[i], outputs, b, state, &done))) return s;
+            if (done) continue;
+            if (!host_out) { /* the first metric that reads the host: copy once */
+                const bool prev = cm_tape_set_grad_enabled(tp, false);
+                host_out = cm_to_device(tp, outputs, CM_DEVICE_CPU);
+                for (int f = 0; f < b->n && f < CM_DATASET_MAX_FIELDS; f++)
+                    host_fields[f] = b->fields[f] ? cm_to_device(tp, b->fields[f], CM_DEVICE_CPU) : NULL;
+                cm_tape_set_grad_enabled(tp, prev);
+                if (cm_tape_status(tp)) return cm_set_error(cm_tape_status(tp), "metrics: %s", cm_tape_error(tp));
+                hb = *b;
+                hb.fields = host_fields;
+            }
+        }
+        if ((s = cm_metric_update(&ms->metrics[i], on_gpu ? host_out : outputs, on_gpu ? &hb : b, state))) return s;
     }
     return CM_OK;
 }
