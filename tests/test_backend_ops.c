@@ -1004,9 +1004,16 @@ Test(backend_ops, attention_with_masks_bias_dropout_and_layouts) {
         {false, false, false, true, true, false, true, 7, 7, 128},
         {true, false, false, false, false, true, false, 34, 34, 16}, /* dropout */
         {false, true, true, true, false, true, true, 12, 12, 24},
+        /* more than one 64-row tile each way (the tiled kernels' partial tiles and causal skips) */
+        {true, false, false, false, true, false, true, 130, 130, 64},
+        {false, true, true, true, false, true, false, 70, 100, 40},
+        {true, true, false, true, true, true, true, 65, 129, 33},
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const attn_arg *a = &cases[c];
+    const size_t n_cases = sizeof cases / sizeof cases[0];
+    /* every case through the tiled kernels (D <= 64) and, forced, through the row-wise ones */
+    for (size_t c = 0; c < 2 * n_cases; c++) {
+        const attn_arg *a = &cases[c % n_cases];
+        if (c == n_cases) setenv("CM_CUDA_ATTENTION", "rowwise", 1);
         const int64_t B = 2, H = 3;
         in_spec s[5];
         for (int i = 0; i < 3; i++) {
@@ -1017,9 +1024,10 @@ Test(backend_ops, attention_with_masks_bias_dropout_and_layouts) {
         s[3] = (in_spec)SPEC(4, IN_NORMAL, a->bias_grad, 1, H, a->T, a->S);
         s[4] = (in_spec)SPEC(2, IN_NORMAL, false, B, a->S);
         char name[80];
-        snprintf(name, sizeof name, "attention case %zu", c);
+        snprintf(name, sizeof name, "attention case %zu (%s)", c % n_cases, c < n_cases ? "tiled" : "rowwise");
         check_op(name, f_attention, a, 5, s, 2e-6, 1e-5);
     }
+    unsetenv("CM_CUDA_ATTENTION");
 }
 
 Test(backend_ops, view_chains_and_casts_send_gradients_back) {

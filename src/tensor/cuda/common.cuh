@@ -20,6 +20,14 @@
     T *name = (T *)cmi_smem_
 #endif
 
+/* Unrolls the loop that follows on the GPU (small fixed-trip loops over register arrays, which
+ * would otherwise live in local memory); nothing in the emulator. */
+#ifdef CMI_CUDA_EMU
+#define CMI_UNROLL
+#else
+#define CMI_UNROLL _Pragma("unroll")
+#endif
+
 #include <stdint.h>
 #include <string.h>
 
