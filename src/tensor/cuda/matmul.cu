@@ -77,6 +77,37 @@ static uint32_t alignment_of(const void *p) {
     return a;
 }
 
+/* cuBLASLt's fast (tensor-core, vectorised) kernels read rows with 16-byte loads: a matrix whose
+ * base, leading dimension or batch stride is not a multiple of 16 bytes gets an "align1" kernel
+ * instead — on the H200, Turing-era cutlass_75 kernels for GPT-2's LM head, whose 50257 columns make
+ * every row of the logits and of their gradient misaligned. Such an operand is copied into a scratch
+ * matrix whose rows are padded to 16 bytes (and C copied back afterwards): a pass over memory,
+ * small next to the GEMM it speeds up. */
+struct lt_mat {
+    const void *p;
+    int64_t ld, stride;   /* as the caller gave them */
+    int64_t rows, cols;   /* stored row-major: rows x cols, row i at p + i·ld */
+    void *pad = nullptr;  /* the padded copy, or NULL */
+    int64_t pld = 0, pstride = 0;
+};
+
+static bool lt_misaligned(const lt_mat &m, int64_t batch, size_t es) {
+    return (uintptr_t)m.p % 16 || (m.ld * (int64_t)es) % 16 || (batch > 1 && (m.stride * (int64_t)es) % 16);
+}
+
+/* Makes m's padded copy (copying the values in when `in`). */
+static cm_status lt_pad(lt_mat &m, int64_t batch, cm_dtype dt, bool in) {
+    const size_t es = cm_dtype_size(dt);
+    const int64_t q = 16 / (int64_t)es;
+    m.pld = (m.cols + q - 1) / q * q;
+    m.pstride = m.rows * m.pld;
+    m.pad = cmi_cuda_alloc((size_t)(batch * m.pstride) * es);
+    if (!m.pad) return cm_last_status();
+    if (!in) return CM_OK;
+    const int64_t shape[3] = {batch, m.rows, m.cols}, dst[3] = {m.pstride, m.pld, 1}, src[3] = {m.stride, m.ld, 1};
+    return cmi_cuda_copy(m.pad, dt, dst, m.p, dt, src, 3, shape);
+}
+
 #define LT_TRY(call)                                                                                                \
     do {                                                                                                            \
         cublasStatus_t s_ = (call);                                                                                 \
@@ -104,12 +135,29 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
         }
         return st;
     }
-    const cudaDataType_t ty = dt == CM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t ct =
-        dt == CM_DTYPE_F32 && g_lt.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
+    /* the operands as stored (row-major): a is (M, K) or, transposed, (K, M); b (K, N) or (N, K) */
+    lt_mat ma = {a, lda, sa, ta ? K : M, ta ? M : K}, mb = {b, ldb, sb, tb ? N : K, tb ? K : N},
+           mc = {c, ldc, sc, M, N};
+    const size_t es = cm_dtype_size(dt);
+    if (lt_misaligned(ma, batch, es)) {
+        if ((st = lt_pad(ma, batch, dt, true))) goto done;
+        a = ma.pad, lda = ma.pld, sa = ma.pstride;
+    }
+    if (lt_misaligned(mb, batch, es)) {
+        if ((st = lt_pad(mb, batch, dt, true))) goto done;
+        b = mb.pad, ldb = mb.pld, sb = mb.pstride;
+    }
+    if (lt_misaligned(mc, batch, sizeof(float))) {
+        if ((st = lt_pad(mc, batch, CM_DTYPE_F32, acc))) goto done;
+        c = (float *)mc.pad, ldc = mc.pld, sc = mc.pstride;
+    }
+    {
+    const cudaDataType_t ty = dt == CM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t ct =
+        dt == CM_DTYPE_F32 && g_lt.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasLtMatmulHeuristicResult_t heur[1];
     int found = 0;
     const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
@@ -160,11 +208,19 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     LT_TRY(cublasLtMatmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
                           g_lt.ws_bytes, cmi_cuda_stream()));
     st = cmi_cuda_launched("gemm");
+    if (!st && mc.pad) { /* the padded result into the caller's C */
+        const int64_t shape[3] = {batch, M, N}, dst[3] = {mc.stride, mc.ld, 1}, src[3] = {sc, ldc, 1};
+        st = cmi_cuda_copy((void *)mc.p, CM_DTYPE_F32, dst, c, CM_DTYPE_F32, src, 3, shape);
+    }
+    }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (desc) cublasLtMatmulDescDestroy(desc);
+    if (ma.pad) cmi_cuda_free(ma.pad);
+    if (mb.pad) cmi_cuda_free(mb.pad);
+    if (mc.pad) cmi_cuda_free(mc.pad);
     return st;
 }
