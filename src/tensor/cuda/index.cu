@@ -4,6 +4,8 @@
  * order without atomics (deterministic; the CPU partitions the same way). */
 #include "tensor/cuda/common.cuh"
 
+#include <stdlib.h>
+
 __global__ void k_read_indices(int64_t *out, const void *idx, int dt, int64_t n, int64_t limit,
                                unsigned long long *bad) {
     unsigned long long b = ~0ull;
@@ -69,19 +71,81 @@ extern "C" cm_status cmi_cuda_select_rows(void *out, const void *a, const int64_
 }
 
 /* ga[o, idx[k], i] += g[o, k, i]: thread per (o, i), k in order. */
-__global__ void k_select_bwd(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A, int64_t I, int64_t K) {
-    const int64_t total = O * I;
+/* The gradient of select_rows: ga[(o, idx[k], i)] += g[(o, k, i)] for k in order, as the CPU adds
+ * them (the same bits). Run over the columns only (a thread per (o, i) walking all K rows), that is
+ * a few blocks for an embedding (O = 1, I = C) and K serial steps each — milliseconds for GPT-2's
+ * 8192 tokens. So the rows are bucketed first, as llm.c's encoder backward does: the indices are
+ * copied to the host (K int64s), counting-sorted there (stable: each bucket keeps k ascending), and
+ * a thread per (bucket, o, i) adds its bucket's rows in order. Deterministic, parallel over distinct
+ * indices x columns; one small copy each way and one stream synchronisation per call. */
+__global__ void k_select_bwd_buckets(float *ga, const float *g, const int64_t *perm, const int64_t *rows,
+                                     const int64_t *first, int64_t U, int64_t O, int64_t A, int64_t I, int64_t K) {
+    const int64_t total = U * O * I;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t i = e % I, o = e / I;
-        for (int64_t k = 0; k < K; k++) ga[(o * A + idx[k]) * I + i] += g[(o * K + k) * I + i];
+        const int64_t i = e % I, uo = e / I, o = uo % O, u = uo / O;
+        float *dst = ga + (o * A + rows[u]) * I + i;
+        float acc = *dst;
+        for (int64_t p = first[u]; p < first[u + 1]; p++) acc += g[(o * K + perm[p]) * I + i];
+        *dst = acc;
     }
 }
 
 extern "C" cm_status cmi_cuda_select_rows_bwd(float *ga, const float *g, const int64_t *idx, int64_t O, int64_t A,
                                               int64_t I, int64_t K) {
     if (O * I == 0 || K == 0) return CM_OK;
-    CMI_LAUNCH(k_select_bwd, cmi_cuda_grid(O * I, 128), 128, 0, cmi_cuda_stream(), ga, g, idx, O, A, I, K);
-    return cmi_cuda_launched("select_rows backward");
+    cudaStream_t s = cmi_cuda_stream();
+    /* host: idx (K) | count (A + 1) ; upload: perm (K) | rows (U) | first (U + 1) */
+    int64_t *h = (int64_t *)malloc(sizeof(int64_t) * (size_t)(K + A + 1 + K + K + K + 1));
+    if (!h) return cm_set_error(CM_ERR_OOM, "select_rows backward: no host memory for %lld indices", (long long)K);
+    int64_t *hidx = h, *count = hidx + K, *perm = count + A + 1, *rows = perm + K, *first = rows + K;
+    cm_status st = CM_OK;
+    int64_t U = 0;
+    int64_t *d = nullptr;
+    cudaError_t e = cudaMemcpyAsync(hidx, idx, sizeof(int64_t) * (size_t)K, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) {
+        st = cmi_cuda_fail(e, "select_rows backward: copying the indices to the host");
+        goto out;
+    }
+    memset(count, 0, sizeof(int64_t) * (size_t)(A + 1));
+    for (int64_t k = 0; k < K; k++) {
+        if (hidx[k] < 0 || hidx[k] >= A) { /* read_indices checked them in the forward: a broken caller */
+            st = cm_set_error(CM_ERR_INVALID_ARG, "select_rows backward: index %lld at %lld is outside [0, %lld)",
+                              (long long)hidx[k], (long long)k, (long long)A);
+            goto out;
+        }
+        count[hidx[k] + 1]++;
+    }
+    for (int64_t r = 0; r < A; r++) {
+        if (count[r + 1]) {
+            rows[U] = r;
+            first[U] = count[r];
+            U++;
+        }
+        count[r + 1] += count[r]; /* count[r] = where row r's bucket starts */
+    }
+    first[U] = K;
+    for (int64_t k = 0; k < K; k++) perm[count[hidx[k]]++] = k;
+    /* perm, rows and first are contiguous on the host apart from the gap between rows[U] and
+     * rows[K]: close it, then one upload */
+    memmove(rows + U, first, sizeof(int64_t) * (size_t)(U + 1));
+    d = (int64_t *)cmi_cuda_scratch(sizeof(int64_t) * (size_t)(K + 2 * U + 1));
+    if (!d) {
+        st = cm_last_status();
+        goto out;
+    }
+    e = cudaMemcpyAsync(d, perm, sizeof(int64_t) * (size_t)(K + 2 * U + 1), cudaMemcpyHostToDevice, s);
+    /* (from pageable memory the call returns once the bytes are staged: h may be freed after it) */
+    if (e != cudaSuccess) {
+        st = cmi_cuda_fail(e, "select_rows backward: copying the buckets to the device");
+        goto out;
+    }
+    CMI_LAUNCH(k_select_bwd_buckets, cmi_cuda_grid(U * O * I, 256), 256, 0, s, ga, g, d, d + K, d + K + U, U, O, A,
+               I, K);
+    st = cmi_cuda_launched("select_rows backward");
+out:
+    free(h);
+    return st;
 }
 
 /* ---- gather (backend.h slots gather, gather_bwd) ---- */
