@@ -497,6 +497,10 @@ Test(trainer, configuration_errors_name_the_field) {
     c.device_train_microbatch_size = 0;
     c.scale_schedule_ratio = 0;
     cr_expect_eq(cm_trainer_new(&c, &tr), CM_ERR_INVALID_ARG);
+    c.scale_schedule_ratio = 0.4; /* 1ep x 0.4 rounds down to 0 epochs: said, not "max_duration is not set" */
+    cr_expect_eq(cm_trainer_new(&c, &tr), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "scale_schedule_ratio 0.4 scales max_duration 1ep to nothing"), "%s",
+              cm_last_error());
     c.scale_schedule_ratio = 1;
     /* a plugin failing on INIT: the trainer is not made and the caller keeps the plugin */
     cm_algorithm_plugin clip;

@@ -45,6 +45,7 @@ cm_fit_opts cm_fit_opts_default(void) {
 }
 
 static bool time_is_zero(cm_time t) { return t.unit == CM_TIME_DURATION ? t.frac == 0 : t.count == 0; }
+static cm_time scaled(cm_time t, double ssr);
 
 static cm_status check_duration_unit(const char *what, cm_time t) {
     if (t.unit == CM_TIME_EPOCH || t.unit == CM_TIME_BATCH || t.unit == CM_TIME_SAMPLE || t.unit == CM_TIME_TOKEN)
@@ -135,6 +136,14 @@ static cm_status validate(const cm_trainer_config *c) {
                             (long long)c->eval_subset_num_batches);
     if (!(c->scale_schedule_ratio > 0) || !isfinite(c->scale_schedule_ratio))
         return cm_set_error(CM_ERR_INVALID_ARG, "scale_schedule_ratio %g must be > 0", c->scale_schedule_ratio);
+    if (!time_is_zero(c->max_duration) && time_is_zero(scaled(c->max_duration, c->scale_schedule_ratio))) {
+        char d[CM_TIME_STR_MAX];
+        cm_time_to_string(c->max_duration, d, sizeof d);
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "scale_schedule_ratio %g scales max_duration %s to nothing: raise the ratio, or give "
+                            "max_duration in a finer unit (batches or samples)",
+                            c->scale_schedule_ratio, d);
+    }
     if (c->n_schedulers < 0 || (c->n_schedulers > 0 && !c->schedulers))
         return cm_set_error(CM_ERR_INVALID_ARG, "trainer: n_schedulers %d without a schedulers array", c->n_schedulers);
     for (int i = 0; i < c->n_schedulers; i++) {
