@@ -26,6 +26,7 @@ MAKER(mk_pr, cm_progressive_resizing_config, cm_progressive_resizing_new)
 MAKER(mk_slw, cm_seq_length_warmup_config, cm_seq_length_warmup_new)
 MAKER(mk_sb, cm_selective_backprop_config, cm_selective_backprop_new)
 MAKER(mk_colout, cm_colout_config, cm_colout_new)
+MAKER(mk_alibi, cm_alibi_config, cm_alibi_new)
 
 static void fit_and_resume(cda_family f, cda_algos_fn mk, void *cfg, const char *label) {
     cda_run_opts o = cda_run_opts_default();
@@ -292,6 +293,59 @@ Test(data_algos_train, seq_length_warmup_reshape_makes_more_shorter_rows) {
     cr_expect_eq(cm_state_timestamp(cm_trainer_state(r.tr))->sample, 32 + 16);
     cda_run_free(&r);
     fit_and_resume(CDA_GPT2, mk_slw, &c, "SeqLengthWarmup (reshape)");
+}
+
+/* ---- ALiBi's train_sequence_length_scaling (a surgery method with a data side) ---- */
+
+/* SeqLengthWarmup (4, 8, 12 over three batches) and ALiBi at 0.5, in that order */
+static int mk_slw_alibi(cm_algorithm_plugin *out, int cap, void *data) {
+    cm_seq_length_warmup_config w = cm_seq_length_warmup_config_default();
+    w.duration = 1.0, w.min_seq_length = 4, w.max_seq_length = 16, w.step_size = 4;
+    cm_alibi_config a = cm_alibi_config_default();
+    a.max_sequence_length = 16, a.train_sequence_length_scaling = 0.5;
+    cr_assert_eq(cm_seq_length_warmup_new(&w, &out[0]), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_alibi_new(&a, &out[1]), CM_OK, "%s", cm_last_error());
+    return 2;
+}
+
+Test(data_algos_train, alibi_trains_on_shorter_rows_of_the_same_tokens_and_resumes) {
+    cm_alibi_config c = cm_alibi_config_default(); /* Composer's default scaling, 0.25 */
+    c.max_sequence_length = 16;
+    shapes sh = {"input_ids", {{0}}, 0};
+    cda_run r = run_with_shapes(CDA_GPT2, mk_alibi, &c, "2ba", &sh);
+    cr_assert_eq(sh.n, 2);
+    for (int i = 0; i < 2; i++) /* (8, 16) -> (int(8 / 0.25), int(16 · 0.25)) */
+        cr_expect(sh.dims[i][0] == 32 && sh.dims[i][1] == 4, "batch %d: (%lld, %lld), want (32, 4)", i,
+                  (long long)sh.dims[i][0], (long long)sh.dims[i][1]);
+    const cm_timestamp *ts = cm_state_timestamp(cm_trainer_state(r.tr));
+    cr_expect_eq(ts->sample, 2 * 32, "samples count the reshaped rows, as Composer's");
+    cr_expect_eq(ts->token, 2 * 8 * 16, "the same tokens");
+    double len, bs;
+    cr_expect_eq(cm_in_memory_logger_last(r.mem, "alibi/train_seq_len", &len), CM_OK);
+    cr_expect_eq(cm_in_memory_logger_last(r.mem, "alibi/train_bs", &bs), CM_OK);
+    cr_expect(len == 4 && bs == 32, "logged %g x %g", bs, len);
+    cda_run_free(&r);
+    fit_and_resume(CDA_GPT2, mk_alibi, &c, "Alibi (train_sequence_length_scaling 0.25)");
+    /* with SeqLengthWarmup, as Composer's GPT recipe. AFTER_ events run the algorithms in reverse
+     * (Composer's set_filo_order), so ALiBi, listed second, reshapes (8, 16) to (16, 8) first and
+     * the warmup then cuts that to 4, 8 and (12 >= 8: as it is) 8 */
+    shapes both = {"input_ids", {{0}}, 0};
+    r = run_with_shapes(CDA_GPT2, mk_slw_alibi, NULL, "3ba", &both);
+    cr_assert_eq(both.n, 3);
+    for (int i = 0; i < 3; i++) {
+        const int want = i == 0 ? 4 : 8;
+        cr_expect(both.dims[i][0] == 16 && both.dims[i][1] == want, "batch %d: (%lld, %lld), want (16, %d)", i,
+                  (long long)both.dims[i][0], (long long)both.dims[i][1], want);
+    }
+    cda_run_free(&r);
+    fit_and_resume(CDA_GPT2, mk_slw_alibi, NULL, "SeqLengthWarmup + Alibi (0.5)");
+    /* sizes that do not reshape exactly are an error naming them */
+    c.train_sequence_length_scaling = 0.3; /* int(8 / 0.3) x int(16 · 0.3) = 26 x 4 != 128 */
+    expect_failure(CDA_GPT2, mk_alibi, &c, CM_ERR_SHAPE,
+                   (const char *const[]){"train_sequence_length_scaling 0.3 cannot reshape a batch of 8 rows of 16",
+                                         "26 rows of 4", NULL});
+    c.train_sequence_length_scaling = 0.5;
+    fit_and_resume(CDA_BERT, mk_alibi, &c, "Alibi (train_sequence_length_scaling 0.5) on BERT's masked LM");
 }
 
 /* The full-length pass claims the arena first: with it, the arena's peak is reached in batch 0

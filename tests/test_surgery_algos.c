@@ -126,10 +126,6 @@ Test(surgery_algos, the_default_texts_and_the_config_defaults_agree) {
         strcat(json, "}");
         char base[300];
         snprintf(base, sizeof base, "{%s}", req);
-        if (!strcmp(info->name, "Alibi")) { /* its default scaling is refused for now: compare at 1 */
-            strcpy(base, "{\"max_sequence_length\":16,\"train_sequence_length_scaling\":1}");
-            strcpy(json, base);
-        }
         cm_algorithm_plugin a, b;
         cr_assert_eq(cm_algorithm_new_from_json(info->name, base, &a), CM_OK, "%s %s: %s", info->name, base,
                      cm_last_error());
@@ -206,8 +202,14 @@ Test(surgery_algos, bad_names_and_arguments_name_the_closest_valid_one) {
     cr_expect_eq(cm_algorithm_new_from_json("low_precision_layernorm", "{\"apply_at\": \"fit_start\"}", &p),
                  CM_ERR_INVALID_ARG);
     cr_expect(strstr(cm_last_error(), "init, before_load, after_load"), "%s", cm_last_error());
-    cr_expect_eq(cm_algorithm_new_from_json("alibi", "{\"max_sequence_length\": 64}", &p), CM_ERR_UNSUPPORTED,
-                 "Composer's default train_sequence_length_scaling 0.25 needs batch reshaping (not yet)");
+    cr_expect_eq(cm_algorithm_new_from_json("alibi", "{\"max_sequence_length\": 64, "
+                                                     "\"train_sequence_length_scaling\": 1.5}",
+                                            &p),
+                 CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "train_sequence_length_scaling 1.5 must be in (0, 1]"), "%s", cm_last_error());
+    cr_assert_eq(cm_algorithm_new_from_json("alibi", "{\"max_sequence_length\": 64}", &p), CM_OK, "%s",
+                 cm_last_error()); /* Composer's default scaling, 0.25 */
+    cm_algorithm_plugin_free(p);
     cr_assert_eq(cm_algorithm_new_from_json("alibi", "{\"max_sequence_length\": 64, "
                                                      "\"train_sequence_length_scaling\": 1}",
                                             &p),

@@ -1002,7 +1002,7 @@ const cli_plugin_entry cli_plugin_registry[] = {
     {"gradient_clipping", CLI_ALGORITHM, make_gradient_clipping,
      "GradientClipping: clipping_type (norm, value, adaptive; norm), clipping_threshold (1.0)"},
     {"alibi", CLI_ALGORITHM, make_alibi,
-     "Alibi: max_sequence_length (required), train_sequence_length_scaling (0.25; only 1 for now)"},
+     "Alibi: max_sequence_length (required), train_sequence_length_scaling (0.25: training rows reshaped to T·s)"},
     {"blurpool", CLI_ALGORITHM, make_blurpool,
      "BlurPool: replace_convs (true), replace_maxpools (true), blur_first (true), min_channels (16)"},
     {"channels_last", CLI_ALGORITHM, make_channels_last, "ChannelsLast: no arguments"},

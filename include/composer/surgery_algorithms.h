@@ -169,14 +169,18 @@ void cm_blur_filter_default(float *out);
  * Required on load. */
 typedef struct cm_alibi_config {
     int64_t max_sequence_length;          /* required (>= 1) */
-    double train_sequence_length_scaling; /* 0.25 (Composer's default); in (0, 1] — only 1 for now:
-                                             reshaping the training batches to shorter sequences
-                                             (AFTER_DATALOADER) is not supported yet */
+    double train_sequence_length_scaling; /* 0.25 (Composer's default); in (0, 1]: on
+                                             AFTER_DATALOADER every training batch field (B, T, ...)
+                                             is reshaped to (int(B / s), int(T · s), ...) — shorter
+                                             rows, the same tokens; evaluation is not reshaped.
+                                             Sizes that do not reshape exactly are CM_ERR_SHAPE. The
+                                             rows' dataset indices become -1 (they mix samples) */
 } cm_alibi_config;
 
 cm_alibi_config cm_alibi_config_default(void); /* max_sequence_length 0 (must be set), scaling 0.25 */
-/* The algorithm ("Alibi", INIT). Errors: CM_ERR_INVALID_ARG (max_sequence_length < 1, scaling
- * outside (0, 1]), CM_ERR_UNSUPPORTED (scaling other than 1, see above), CM_ERR_OOM. */
+/* The algorithm ("Alibi", INIT; AFTER_DATALOADER when the scaling is not 1, logging
+ * alibi/train_seq_len and alibi/train_bs). Errors: CM_ERR_INVALID_ARG (max_sequence_length < 1,
+ * scaling outside (0, 1]), CM_ERR_OOM. */
 cm_status cm_alibi_new(const cm_alibi_config *cfg, cm_algorithm_plugin *out);
 /* The surgery; *n_changed (may be NULL) gets the attention modules switched plus the embeddings
  * replaced (0 when applied already). Errors: CM_ERR_INVALID_ARG, CM_ERR_STATE (an embedding to

@@ -34,6 +34,20 @@ void cmi_da_owned_clear(cmi_da_owned *o);
 /* Takes t (NULL is ignored); CM_ERR_INTERNAL when full (t is then freed). */
 cm_status cmi_da_owned_add(cmi_da_owned *o, cm_tensor *t);
 
+/* The per-row arrays (indices, row_tokens, valid) of a batch a method re-cut, grown as needed and
+ * owned by the method until its free (cmi_da_rows_free). */
+typedef struct cmi_da_rows {
+    int64_t *a;
+    int64_t cap;
+} cmi_da_rows;
+void cmi_da_rows_free(cmi_da_rows *r);
+/* Makes out[0, b->n_fields) — b's fields re-cut to `rows` rows of L positions by
+ * cm_set_batch_sequence_length — the state's batch: each row keeps b's dataset index when
+ * keep_indices (truncated rows), else -1 (rows re-cut across samples); L tokens a row where b
+ * counts tokens; every row valid. The tensors go to `owned` (on failure the rest are freed). */
+cm_status cmi_da_set_recut_batch(cm_state *st, const cm_batch *b, cm_tensor **out, int64_t rows, int64_t L,
+                                 bool keep_indices, cmi_da_owned *owned, cmi_da_rows *arr);
+
 /* CM_ERR_UNSUPPORTED unless every non-NULL tensor of the list (ending with NULL) lives on the CPU:
  * the data methods read and write host memory (no GPU kernels of theirs yet). */
 cm_status cmi_da_check_host(const char *who, const cm_tensor *t, ...);

@@ -121,13 +121,49 @@ cm_status cm_set_batch_sequence_length(const char *const *names, cm_tensor *cons
     return s;
 }
 
+void cmi_da_rows_free(cmi_da_rows *r) {
+    cm_free(r->a);
+    r->a = NULL, r->cap = 0;
+}
+
+cm_status cmi_da_set_recut_batch(cm_state *st, const cm_batch *b, cm_tensor **out, int64_t rows, int64_t L,
+                                 bool keep_indices, cmi_da_owned *owned, cmi_da_rows *arr) {
+    cm_status s = CM_OK;
+    for (int i = 0; i < b->n_fields; i++)
+        if ((s = cmi_da_owned_add(owned, out[i]))) {
+            for (int j = i + 1; j < b->n_fields; j++) cm_tensor_free(out[j]);
+            return s;
+        }
+    if (rows > arr->cap) { /* (3·cap): indices, row_tokens, and valid bytes */
+        int64_t *a = cm_alloc(sizeof(int64_t) * 3 * (size_t)rows, 16);
+        if (!a) return cm_set_error(CM_ERR_OOM, "re-cutting a batch to %lld rows: out of memory", (long long)rows);
+        cm_free(arr->a);
+        arr->a = a, arr->cap = rows;
+    }
+    cm_batch nb = *b;
+    for (int i = 0; i < b->n_fields; i++) nb.fields[i] = out[i];
+    int64_t *idx = arr->a, *tok = arr->a + rows;
+    uint8_t *valid = (uint8_t *)(arr->a + 2 * rows);
+    const bool counts_tokens = b->row_tokens && b->n_tokens > 0;
+    nb.n_tokens = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        idx[r] = keep_indices && b->indices ? b->indices[r] : -1;
+        tok[r] = counts_tokens ? L : 0;
+        valid[r] = 1;
+        nb.n_tokens += tok[r];
+    }
+    nb.n_rows = nb.n_samples = rows, nb.n_padded = 0;
+    nb.indices = idx, nb.row_tokens = tok, nb.valid = valid;
+    return cm_state_set_batch(st, &nb);
+}
+
 /* ---- the algorithm ---- */
 
 typedef struct {
     cm_seq_length_warmup_config cfg;
     bool activated; /* the dry run at full length happened in this trainer (not checkpointed, as Composer) */
     cmi_da_owned owned;
-    int64_t *arrays, cap; /* (3·cap): indices, row_tokens, and valid bytes */
+    cmi_da_rows rows;
     int64_t last_len, last_bs;
 } slw;
 
@@ -147,15 +183,6 @@ static cm_status sw_init(cm_state *st) {
     return cm_set_error(CM_ERR_INVALID_ARG, "SeqLengthWarmup: the train dataset ('%s') has no 'input_ids' field of "
                                             "sequences (fields: %s); it applies to token models (GPT-2, BERT)",
                         cm_dataset_type_name(ds), list);
-}
-
-static cm_status grow_arrays(slw *w, int64_t rows) {
-    if (rows <= w->cap) return CM_OK;
-    int64_t *a = cm_alloc(sizeof(int64_t) * 3 * (size_t)rows, 16);
-    if (!a) return cm_set_error(CM_ERR_OOM, "SeqLengthWarmup: out of memory");
-    cm_free(w->arrays);
-    w->arrays = a, w->cap = rows;
-    return CM_OK;
 }
 
 /* The first dry run: the batch cut to max_seq_length (Composer's _activate_model). */
@@ -206,31 +233,13 @@ static cm_status sw_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) 
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "%s: %s", who, msg);
     }
-    for (int i = 0; i < b->n_fields; i++)
-        if ((s = cmi_da_owned_add(&w->owned, out[i]))) {
-            for (int j = i + 1; j < b->n_fields; j++) cm_tensor_free(out[j]);
-            return s;
-        }
     int64_t T = 0;
     for (int i = 0; i < b->n_fields && !T; i++)
         if (cm_tensor_ndim(b->fields[i]) > 1) T = cm_tensor_dim(b->fields[i], 1);
     if (L < T) {
-        if ((s = grow_arrays(w, rows))) return s;
-        cm_batch nb = *b;
-        for (int i = 0; i < b->n_fields; i++) nb.fields[i] = out[i];
-        int64_t *idx = w->arrays, *tok = w->arrays + rows;
-        uint8_t *valid = (uint8_t *)(w->arrays + 2 * rows);
-        const bool counts_tokens = b->row_tokens && b->n_tokens > 0;
-        nb.n_tokens = 0;
-        for (int64_t r = 0; r < rows; r++) {
-            idx[r] = w->cfg.truncate && b->indices ? b->indices[r] : -1;
-            tok[r] = counts_tokens ? L : 0;
-            valid[r] = 1;
-            nb.n_tokens += tok[r];
-        }
-        nb.n_rows = nb.n_samples = rows, nb.n_padded = 0;
-        nb.indices = idx, nb.row_tokens = tok, nb.valid = valid;
-        if ((s = cm_state_set_batch(st, &nb))) return s;
+        if ((s = cmi_da_set_recut_batch(st, b, out, rows, L, w->cfg.truncate, &w->owned, &w->rows))) return s;
+    } else {
+        free_all(out, b->n_fields); /* full length: the batch as it is */
     }
     w->last_len = L, w->last_bs = rows;
     const cm_metric_value v[] = {{"seq_length_warmup/curr_seq_len", (double)L}, {"seq_length_warmup/curr_bs", (double)rows}};
@@ -256,7 +265,7 @@ static void sw_free(void *self) {
     slw *w = self;
     if (!w) return;
     cmi_da_owned_clear(&w->owned);
-    cm_free(w->arrays);
+    cmi_da_rows_free(&w->rows);
     cm_free(w);
 }
 

@@ -5,6 +5,7 @@
  * a zero, frozen Embedding of max_sequence_length rows (zero_and_freeze_expand_position_embeddings),
  * which also sets the longest sequence the model takes. */
 #include "plugins/surgery/surgery_impl.h"
+#include "plugins/data_algos/da_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -117,18 +118,62 @@ cm_status cm_apply_alibi(cm_module *root, int64_t max_sequence_length, int64_t *
 
 typedef struct {
     cm_alibi_config cfg;
+    cmi_da_owned owned; /* the re-cut batch's tensors, until the next batch */
+    cmi_da_rows rows;
 } al_self;
 
-static bool al_match(void *self, cm_event ev, const cm_state *st) { return ev == CM_EVENT_INIT; }
+static bool al_match(void *self, cm_event ev, const cm_state *st) {
+    const al_self *s = self;
+    return ev == CM_EVENT_INIT || (ev == CM_EVENT_AFTER_DATALOADER && s->cfg.train_sequence_length_scaling != 1);
+}
+
+/* Composer's reshape on AFTER_DATALOADER: every field (B, T) of the training batch becomes
+ * (int(B / s), int(T · s)) — the same tokens in more, shorter rows (ALiBi extrapolates to the
+ * full length at evaluation, which is not reshaped). Like torch's reshape, sizes whose product is
+ * not B·T are an error. */
+static cm_status al_reshape(al_self *s, cm_state *st, cm_logger *lg) {
+    const double sc = s->cfg.train_sequence_length_scaling;
+    cmi_da_owned_clear(&s->owned);
+    cm_batch *b = cm_state_batch(st);
+    if (!b) return cm_set_error(CM_ERR_STATE, "Alibi: there is no batch");
+    int64_t T = 0;
+    for (int i = 0; i < b->n_fields && !T; i++)
+        if (cm_tensor_ndim(b->fields[i]) > 1) T = cm_tensor_dim(b->fields[i], 1);
+    const int64_t B = b->n_rows, rows = (int64_t)((double)B / sc), L = (int64_t)((double)T * sc);
+    if (!T || L < 1 || rows * L != B * T)
+        return cm_set_error(CM_ERR_SHAPE,
+                            "Alibi: train_sequence_length_scaling %g cannot reshape a batch of %lld rows of %lld "
+                            "positions into %lld rows of %lld (int(B / s) x int(T · s) must hold the batch's %lld "
+                            "positions): choose a scaling that divides both, or a batch size that it divides",
+                            sc, (long long)B, (long long)T, (long long)rows, (long long)L, (long long)(B * T));
+    cm_tensor *out[CM_DATASET_MAX_FIELDS];
+    int64_t got;
+    cm_status r = cm_set_batch_sequence_length(b->names, b->fields, b->n_fields, L, false, false, out, &got);
+    if (r) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(r, "Alibi: reshaping the training batch: %s", msg);
+    }
+    if ((r = cmi_da_set_recut_batch(st, b, out, got, L, false, &s->owned, &s->rows))) return r;
+    const cm_metric_value v[] = {{"alibi/train_seq_len", (double)L}, {"alibi/train_bs", (double)got}};
+    return cm_logger_log_metrics(lg, v, 2);
+}
 
 static cm_status al_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {
     al_self *s = self;
+    if (ev == CM_EVENT_AFTER_DATALOADER) return al_reshape(s, st, lg);
     cm_module *root;
     cm_status r = cmi_state_root(st, "ALiBi", &root);
     return r ? r : cm_apply_alibi(root, s->cfg.max_sequence_length, NULL);
 }
 
-static void al_free(void *self) { cm_free(self); }
+static void al_free(void *self) {
+    al_self *s = self;
+    if (!s) return;
+    cmi_da_owned_clear(&s->owned);
+    cmi_da_rows_free(&s->rows);
+    cm_free(s);
+}
 
 static const cm_algorithm_i al_vt = {
     .abi = CM_ALGORITHM_ABI,
@@ -147,10 +192,6 @@ cm_status cm_alibi_new(const cm_alibi_config *cfg, cm_algorithm_plugin *out) {
                             (long long)cfg->max_sequence_length);
     if (!(cfg->train_sequence_length_scaling > 0 && cfg->train_sequence_length_scaling <= 1))
         return cm_set_error(CM_ERR_INVALID_ARG, "Alibi: train_sequence_length_scaling %g must be in (0, 1]",
-                            cfg->train_sequence_length_scaling);
-    if (cfg->train_sequence_length_scaling != 1)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "Alibi: train_sequence_length_scaling %g: reshaping the training "
-                                                "batches to shorter sequences is not supported yet; set it to 1",
                             cfg->train_sequence_length_scaling);
     al_self *s = cm_alloc_zeroed(sizeof *s, 16);
     if (!s) return CM_ERR_OOM;
