@@ -75,7 +75,7 @@ static void h_free(void *s, bool failed) {
     freed_failed = failed;
 }
 static const cm_comm_i k_hang = {CM_COMM_ABI, "hang", h_rank, h_size, h_ar, h_rs, h_ag, h_bc, h_ba, h_test,
-                                 h_describe, NULL, h_free};
+                                 h_describe, NULL, h_free, NULL};
 
 Test(dist, a_collective_that_never_finishes_times_out_with_its_number_and_the_missing_rank) {
     cm_comm_config cc = cm_comm_config_default();

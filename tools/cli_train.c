@@ -1209,7 +1209,7 @@ static cm_status build_run(run *r) {
         r->ctx.model = r->model;
         r->ctx.tok = r->tok;
         r->ctx.model_max_length = r->hf_ti.model_max_length;
-        r->ctx.full_shard = r->sharding == CM_SHARDING_FULL_SHARD;
+        r->ctx.full_shard = r->sharding == CM_SHARDING_FULL_SHARD || r->sharding == CM_SHARDING_HYBRID_SHARD;
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
         TRY(add_hf_record(r));
