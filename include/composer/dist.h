@@ -1,7 +1,9 @@
 /*
  * composer/dist.h — distributed training: the communicator, the launch environment and data
  * parallelism hooked into the Trainer: NO_SHARD (DDP), SHARD_GRAD_OP (ZeRO-2: gradients and
- * optimizer state sharded) and FULL_SHARD (ZeRO-3: parameters sharded too, gathered on use).
+ * optimizer state sharded), FULL_SHARD (ZeRO-3: parameters sharded too, gathered on use), and
+ * HYBRID_SHARD / _HYBRID_SHARD_ZERO2 (FULL_SHARD / SHARD_GRAD_OP within groups of ranks,
+ * replicated across the groups, over sub-communicators: cm_comm_split).
  *
  * A communicator (cm_comm) is a vtable with two implementations: a single process (every
  * collective is a copy or a no-op) and MPI (CPU buffers). Every collective gets a sequence number
@@ -127,7 +129,7 @@ typedef struct cm_coll_info {
 /* A backend. The generic layer (cm_comm_*) checks arguments, numbers the collectives and runs
  * the timeouts; a backend only starts operations and tests them. Every start function returns a
  * backend request in *req (never NULL on success); test completes it: *done = true means the
- * request is finished and released. Required: all slots but describe_missing and abort. */
+ * request is finished and released. Required: all slots but describe_missing, abort and split. */
 typedef struct cm_comm_i {
     int abi;          /* CM_COMM_ABI */
     const char *name; /* "single", "mpi" */
