@@ -256,6 +256,47 @@ Test(dist, split_makes_a_sub_communicator_with_its_own_sequence_and_needs_a_back
     cm_comm_free(h);
 }
 
+/* A parent of 2 ranks whose collectives finish at once (its all_gather reports the other rank
+ * sending what this one sent) and whose split makes a hanging child: the child's timeout says
+ * which ranks of the parent it is made of. */
+static cm_status p_ag(void *s, const cm_coll_info *ci, const void *a, void *b, void **r) {
+    const size_t n = (size_t)ci->count * cm_comm_dtype_size(ci->dtype);
+    memcpy(b, a, n);
+    memcpy((char *)b + n, a, n);
+    return h_start(r);
+}
+static cm_status p_test(void *s, void *r, bool *done) {
+    *done = true;
+    return CM_OK;
+}
+static void p_free(void *s, bool failed) {}
+static cm_status p_split(void *s, int color, int key, const cm_comm_i **vt, void **out) {
+    *vt = &k_hang, *out = NULL;
+    return CM_OK;
+}
+static const cm_comm_i k_pair = {CM_COMM_ABI, "pair", h_rank, h_size, h_ar, h_rs, p_ag, h_bc, h_ba, p_test,
+                                 NULL, NULL, p_free, p_split};
+
+Test(dist, a_sub_communicators_timeout_names_the_parent_ranks_it_is_made_of) {
+    cm_comm_config cc = cm_comm_config_default();
+    cc.timeout_s = 0.05;
+    cm_comm *c, *sub = NULL;
+    cr_assert_eq(cm_comm_new(&k_pair, NULL, &cc, &c), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_comm_split(c, 3, 0, &sub), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_comm_timeout(sub), 0.05);
+    float x = 1;
+    cr_assert_eq(cm_comm_all_reduce_sum_f32(sub, &x, 1), CM_ERR_TIMEOUT);
+    const char *m = cm_last_error();
+    cr_assert(strstr(m, "rank 1 of 2 (a sub-communicator of ranks 0, 1 of 2) timed out") &&
+                  strstr(m, "collective #1 all_reduce"),
+              "message: %s", m);
+    cr_assert_eq(cm_comm_status(c), CM_OK, "the parent is not failed by its child's timeout");
+    n_freed = 0;
+    cm_comm_free(sub);
+    cr_assert(n_freed == 1 && freed_failed, "the child's backend freed %d times, failed=%d", n_freed, freed_failed);
+    cm_comm_free(c);
+}
+
 /* with = 0: no cm_dist; 1-5: NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD,
  * _HYBRID_SHARD_ZERO2 on one rank, where every collective is a copy, so the run must be bit for
  * bit the plain one. */
