@@ -371,7 +371,7 @@ void cli_fsdp_help(FILE *f) {
             "                     within groups of data_parallel_shard_degree ranks (consecutive ranks: a node by\n"
             "                     default), replicated over data_parallel_replicate_degree groups; gradients are\n"
             "                     reduce-scattered in the group, then all-reduced over the ranks holding the\n"
-            "                     same piece. _HYBRID_SHARD_ZERO2: the same with SHARD_GRAD_OP in the groups\n"
+            "                     same piece. _HYBRID_SHARD_ZERO2: the same with SHARD_GRAD_OP in the groups.\n"
             "                     data_parallel_shard_degree, data_parallel_replicate_degree: give one and the\n"
             "                     other is the number of ranks divided by it (-1: derived); neither: shard\n"
             "                     degree = ranks per node, replicate degree = nodes; their product must be the\n"
