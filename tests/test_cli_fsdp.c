@@ -212,7 +212,17 @@ Test(cli_fsdp, bad_values_name_the_key_and_its_line) {
         {"fsdp_config:\n  mixed_precision: {param_dtype: bf16}\n", 1, "bad.yaml:12:",
          "fsdp_config.mixed_precision.param_dtype"},
         {"fsdp_config:\n  mixed_precision: HALF\n", 2, "bad.yaml:12:", "FULL, DEFAULT, PURE"},
-        {"fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n", 1, "bad.yaml:12:", "not built yet"},
+        /* HYBRID_SHARD's degrees against the world (one process here) */
+        {"fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n  data_parallel_shard_degree: 2\n", 2, "bad.yaml:13:",
+         "data_parallel_shard_degree 2 does not divide the world size 1, so data_parallel_replicate_degree cannot"},
+        {"fsdp_config:\n  sharding_strategy: _HYBRID_SHARD_ZERO2\n  data_parallel_shard_degree: 1\n"
+         "  data_parallel_replicate_degree: 2\n", 2, "bad.yaml:13:",
+         "data_parallel_shard_degree 1 x data_parallel_replicate_degree 2 = 2 is not the world size 1"},
+        {"fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n  data_parallel_replicate_degree: 0\n", 2, "bad.yaml:13:",
+         "fsdp_config.data_parallel_replicate_degree: 0: a number of ranks >= 1 (or -1"},
+        {"fsdp_config:\n  sharding_strategy: FULL_SHARD\n  data_parallel_shard_degree: 4\n", 2, "bad.yaml:13:",
+         "applies to sharding_strategy HYBRID_SHARD or _HYBRID_SHARD_ZERO2 only (FULL_SHARD shards over every rank)"},
+        {"fsdp_config:\n  sharding_strategy: HYBRID_SHRAD\n", 2, "bad.yaml:12:", "did you mean 'HYBRID_SHARD'"},
         {"fsdp_config:\n  backward_prefetch: BACKWARD_PRR\n", 2, "bad.yaml:12:", "did you mean 'BACKWARD_PRE'"},
         {"fsdp_config:\n  state_dict_type: local\n", 2, "bad.yaml:12:", "full, sharded"},
         {"fsdp_config: {verbose: true}\nparallelism:\n  fsdp: {verbose: true}\n", 2, "bad.yaml:11:",
@@ -244,6 +254,15 @@ Test(cli_fsdp, one_process_notes_what_sharded_checkpoints_become_and_an_empty_bl
     cr_assert(strstr(out, "layout      monolithic"), "%s", out);
 }
 
+Test(cli_fsdp, hybrid_shard_on_one_process_is_one_group_of_one_and_minus_one_derives) {
+    /* Composer's spelling of "derive it": -1; one process has nothing to shard and says so */
+    write_file(DIR "/hy.yaml", BASE "fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n  data_parallel_shard_degree: -1\n"
+                                    "  data_parallel_replicate_degree: 1\n");
+    int rc = run("train " DIR "/hy.yaml run_name=hy", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "one process: fsdp_config.sharding_strategy HYBRID_SHARD has nothing to shard"), "%s", out);
+}
+
 Test(cli_fsdp, help_lists_every_key) {
     int rc = run("train --help", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
@@ -251,7 +270,8 @@ Test(cli_fsdp, help_lists_every_key) {
         "fsdp_config",       "sharding_strategy",      "activation_checkpointing_target",
         "activation_checkpointing_reentrant", "activation_cpu_offload", "cpu_offload", "mixed_precision",
         "sync_module_states", "state_dict_type",        "verbose", "use_orig_params", "limit_all_gathers",
-        "backward_prefetch",  "forward_prefetch"};
+        "backward_prefetch",  "forward_prefetch", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "data_parallel_shard_degree",
+        "data_parallel_replicate_degree"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         cr_assert(strstr(out, keys[i]), "--help does not list %s:\n%s", keys[i], out);
 }

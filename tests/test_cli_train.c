@@ -286,7 +286,7 @@ Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
         {"device_train_microbatch_size=autoo", 2, "'autoo' is not an integer"},
         {"parallelism.fsdp.sharding_strategy=NO_SHRAD", 2,
          "parallelism.fsdp.sharding_strategy: unknown value 'NO_SHRAD' (did you mean 'NO_SHARD'? use one of NO_SHARD, "
-         "SHARD_GRAD_OP, FULL_SHARD)"},
+         "SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2)"},
         {"dist_timeout=-1", 2, "dist_timeout: -1 must be > 0"},
         {"dist_timeout=soon", 2, "dist_timeout: 'soon' is not a number"},
     };

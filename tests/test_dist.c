@@ -75,7 +75,7 @@ static void h_free(void *s, bool failed) {
     freed_failed = failed;
 }
 static const cm_comm_i k_hang = {CM_COMM_ABI, "hang", h_rank, h_size, h_ar, h_rs, h_ag, h_bc, h_ba, h_test,
-                                 h_describe, NULL, h_free};
+                                 h_describe, NULL, h_free, NULL};
 
 Test(dist, a_collective_that_never_finishes_times_out_with_its_number_and_the_missing_rank) {
     cm_comm_config cc = cm_comm_config_default();
@@ -159,7 +159,12 @@ Test(dist, sharding_names_parse_and_bad_setups_are_refused) {
     cr_assert_eq(cm_sharding_parse("full_shard", &s), CM_OK);
     cr_assert_eq(s, CM_SHARDING_FULL_SHARD);
     cr_assert_str_eq(cm_sharding_name(CM_SHARDING_NO_SHARD), "NO_SHARD");
+    cr_assert_eq(cm_sharding_parse("hybrid_shard", &s), CM_OK);
+    cr_assert_eq(s, CM_SHARDING_HYBRID_SHARD);
+    cr_assert_eq(cm_sharding_parse("_HYBRID_SHARD_ZERO2", &s), CM_OK);
+    cr_assert(cm_sharding_is_hybrid(s) && !cm_sharding_is_hybrid(CM_SHARDING_FULL_SHARD));
     cr_assert_eq(cm_sharding_parse("ZERO9", &s), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "HYBRID_SHARD or _HYBRID_SHARD_ZERO2"), "message: %s", cm_last_error());
     cm_comm *c;
     cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
     cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
@@ -180,12 +185,126 @@ Test(dist, sharding_names_parse_and_bad_setups_are_refused) {
     cm_comm_free(c);
 }
 
-/* with = 0: no cm_dist; 1, 2, 3: NO_SHARD, SHARD_GRAD_OP, FULL_SHARD on one rank, where every
- * collective is a copy, so the run must be bit for bit the plain one. */
+Test(dist, hybrid_degrees_are_derived_as_composer_does_and_misfits_name_both_keys_and_the_world) {
+    typedef struct {
+        int world, local, shard, rep; /* in: 0 = not given */
+        cm_status want;
+        int shard_out, rep_out;
+        const char *msg;
+    } deg_case;
+    static const deg_case cases[] = {
+        {8, 4, 0, 0, CM_OK, 4, 2, NULL},  /* neither: shard within a node, a replica per node */
+        {4, 4, 2, 0, CM_OK, 2, 2, NULL},  /* one given: the other derived */
+        {4, 4, 0, 4, CM_OK, 1, 4, NULL},
+        {6, 6, 3, 2, CM_OK, 3, 2, NULL},  /* both: their product is the world */
+        {1, 1, 0, 0, CM_OK, 1, 1, NULL},
+        {4, 4, 3, 0, CM_ERR_INVALID_ARG, 0, 0,
+         "data_parallel_shard_degree 3 does not divide the world size 4, so data_parallel_replicate_degree cannot be derived"},
+        {4, 4, 0, 3, CM_ERR_INVALID_ARG, 0, 0,
+         "data_parallel_replicate_degree 3 does not divide the world size 4, so data_parallel_shard_degree cannot be derived"},
+        {4, 4, 2, 3, CM_ERR_INVALID_ARG, 0, 0,
+         "data_parallel_shard_degree 2 x data_parallel_replicate_degree 3 = 6 is not the world size 4"},
+        {6, 4, 0, 0, CM_ERR_INVALID_ARG, 0, 0,
+         "data_parallel_shard_degree defaults to the ranks per node (4), which does not divide the world size 6"},
+        {4, 4, -2, 0, CM_ERR_INVALID_ARG, 0, 0, "data_parallel_shard_degree -2 must be >= 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const deg_case *k = &cases[i];
+        int sd = k->shard, rd = k->rep;
+        cm_status s = cm_dist_hybrid_degrees(k->world, k->local, &sd, &rd);
+        cr_assert_eq(s, k->want, "case %zu: %s", i, cm_last_error());
+        if (!s) cr_assert(sd == k->shard_out && rd == k->rep_out, "case %zu: %d x %d", i, sd, rd);
+        else cr_assert(strstr(cm_last_error(), k->msg), "case %zu: message: %s", i, cm_last_error());
+    }
+    /* cm_dist_new refuses the same misfit before it touches the model */
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
+    cm_dist_config dc = cm_dist_config_default();
+    dc.sharding = CM_SHARDING_HYBRID_SHARD;
+    dc.replicate_degree = 2;
+    cm_dist *d = NULL;
+    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "data_parallel_replicate_degree 2 does not divide the world size 1"), "message: %s",
+              cm_last_error());
+    cr_assert_null(d);
+    cm_model_free(m);
+    cm_comm_free(c);
+}
+
+Test(dist, split_makes_a_sub_communicator_with_its_own_sequence_and_needs_a_backend_that_can) {
+    cm_comm *c, *sub = NULL;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    cm_comm_set_timeout(c, 7);
+    cr_assert_eq(cm_comm_split(c, 0, 0, &sub), CM_OK, "%s", cm_last_error());
+    cr_assert(sub && sub != c && cm_comm_size(sub) == 1 && cm_comm_rank(sub) == 0);
+    cr_assert_eq(cm_comm_timeout(sub), 7, "the parent's timeout");
+    cr_assert_eq(cm_comm_seq(c), 1, "the colors are exchanged with one all_gather on the parent");
+    float x = 2;
+    cr_assert_eq(cm_comm_all_reduce_sum_f32(sub, &x, 1), CM_OK);
+    cr_assert(cm_comm_seq(sub) == 1 && cm_comm_seq(c) == 1, "sequence numbers are per communicator");
+    cm_comm_free(sub);
+    cr_assert_eq(cm_comm_split(c, -1, 0, &sub), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "color -1"), "message: %s", cm_last_error());
+    cm_comm_free(c);
+    /* a backend without the slot (k_hang's) cannot, and says which */
+    cm_comm *h;
+    cr_assert_eq(cm_comm_new(&k_hang, NULL, NULL, &h), CM_OK);
+    cr_assert_eq(cm_comm_split(h, 0, 0, &sub), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "'hang' communicator cannot make sub-communicators"), "message: %s", cm_last_error());
+    cr_assert_null(sub);
+    cm_comm_free(h);
+}
+
+/* A parent of 2 ranks whose collectives finish at once (its all_gather reports the other rank
+ * sending what this one sent) and whose split makes a hanging child: the child's timeout says
+ * which ranks of the parent it is made of. */
+static cm_status p_ag(void *s, const cm_coll_info *ci, const void *a, void *b, void **r) {
+    const size_t n = (size_t)ci->count * cm_comm_dtype_size(ci->dtype);
+    memcpy(b, a, n);
+    memcpy((char *)b + n, a, n);
+    return h_start(r);
+}
+static cm_status p_test(void *s, void *r, bool *done) {
+    *done = true;
+    return CM_OK;
+}
+static void p_free(void *s, bool failed) {}
+static cm_status p_split(void *s, int color, int key, const cm_comm_i **vt, void **out) {
+    *vt = &k_hang, *out = NULL;
+    return CM_OK;
+}
+static const cm_comm_i k_pair = {CM_COMM_ABI, "pair", h_rank, h_size, h_ar, h_rs, p_ag, h_bc, h_ba, p_test,
+                                 NULL, NULL, p_free, p_split};
+
+Test(dist, a_sub_communicators_timeout_names_the_parent_ranks_it_is_made_of) {
+    cm_comm_config cc = cm_comm_config_default();
+    cc.timeout_s = 0.05;
+    cm_comm *c, *sub = NULL;
+    cr_assert_eq(cm_comm_new(&k_pair, NULL, &cc, &c), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_comm_split(c, 3, 0, &sub), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_comm_timeout(sub), 0.05);
+    float x = 1;
+    cr_assert_eq(cm_comm_all_reduce_sum_f32(sub, &x, 1), CM_ERR_TIMEOUT);
+    const char *m = cm_last_error();
+    cr_assert(strstr(m, "rank 1 of 2 (a sub-communicator of ranks 0, 1 of 2) timed out") &&
+                  strstr(m, "collective #1 all_reduce"),
+              "message: %s", m);
+    cr_assert_eq(cm_comm_status(c), CM_OK, "the parent is not failed by its child's timeout");
+    n_freed = 0;
+    cm_comm_free(sub);
+    cr_assert(n_freed == 1 && freed_failed, "the child's backend freed %d times, failed=%d", n_freed, freed_failed);
+    cm_comm_free(c);
+}
+
+/* with = 0: no cm_dist; 1-5: NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD,
+ * _HYBRID_SHARD_ZERO2 on one rank, where every collective is a copy, so the run must be bit for
+ * bit the plain one. */
 Test(dist, every_strategy_on_one_rank_trains_exactly_like_no_ddp) {
-    float *p[4];
+    enum { N_RUNS = 1 + CM_SHARDING_COUNT };
+    float *p[N_RUNS];
     int64_t n = 0;
-    for (int with = 0; with < 4; with++) {
+    for (int with = 0; with < N_RUNS; with++) {
         cm_dataset *ds = cmt_synth_dataset(40, 6, 3, false, NULL);
         cm_dataloader *dl = cmt_loader(ds, 8, false, 3);
         cm_model *m = cmt_mlp(6, 8, 3, 0, 11);
@@ -199,9 +318,17 @@ Test(dist, every_strategy_on_one_rank_trains_exactly_like_no_ddp) {
         if (with) {
             cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
             cm_dist_config dc = cm_dist_config_default();
-            dc.sharding = with == 1 ? CM_SHARDING_NO_SHARD : with == 2 ? CM_SHARDING_SHARD_GRAD_OP : CM_SHARDING_FULL_SHARD;
+            dc.sharding = (cm_sharding)(with - 1);
             cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_OK, "%s", cm_last_error());
+            /* hybrid on one rank: one shard group of one, one replicate group of one, no replicas */
+            const bool hy = cm_sharding_is_hybrid(dc.sharding);
+            cr_assert(hy ? cm_dist_shard_comm(d) != c && cm_comm_size(cm_dist_replicate_comm(d)) == 1
+                         : cm_dist_shard_comm(d) == c && !cm_dist_replicate_comm(d),
+                      "%s: shard / replicate communicators", cm_sharding_name(dc.sharding));
             cm_dist_trainer_hooks(d, &cfg);
+            for (int i = 0; i < cfg.dist.n_shard_spans; i++)
+                cr_assert(!cfg.dist.shard_spans[i].replica, "%s: span %d is a replica on the only rank",
+                          cm_sharding_name(dc.sharding), i);
         }
         cm_trainer *tr;
         cr_assert_eq(cm_trainer_new(&cfg, &tr), CM_OK, "%s", cm_last_error());
@@ -221,7 +348,7 @@ Test(dist, every_strategy_on_one_rank_trains_exactly_like_no_ddp) {
         cm_dataset_free(ds);
         cm_model_free(m);
     }
-    for (int k = 1; k < 4; k++) {
+    for (int k = 1; k < N_RUNS; k++) {
         for (int64_t i = 0; i < n; i++)
             cr_assert(p[0][i] == p[k][i], "strategy %d, param %lld: %g vs %g", k, (long long)i, p[0][i], p[k][i]);
         free(p[k]);

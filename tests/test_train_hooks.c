@@ -349,7 +349,7 @@ Test(train_hooks, the_methods_refuse_sharded_parameters) {
         const int n = cm_module_n_units(root);
         for (int u = 0; u < n; u++) {
             const cm_unit_info *ui = cm_module_unit(root, u);
-            spans[u] = (cm_shard_span){u, 0, ui->numel, ui->params, ui->grads};
+            spans[u] = (cm_shard_span){u, 0, ui->numel, ui->params, ui->grads, false};
         }
         cm_algorithm_plugin alg;
         one_of(&alg, 1, &k);

@@ -66,7 +66,7 @@ typedef struct cli_ctx {
     cm_model *model;
     const cm_tokenizer *tok;
     int64_t model_max_length; /* the tokenizer's limit, -1 = the model's positions */
-    bool full_shard;          /* parallelism.fsdp.sharding_strategy: FULL_SHARD */
+    bool full_shard;          /* parallelism.fsdp.sharding_strategy: FULL_SHARD or HYBRID_SHARD */
 } cli_ctx;
 
 typedef struct cli_plugin_out {

@@ -204,16 +204,29 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
 #undef CM_X_
     };
     key(p, sizeof p, f, "sharding_strategy");
-    if (cm_config_kind_of(c, p) == CM_CONFIG_SCALAR) {
-        const char *v;
-        TRY_FSDP(cm_config_get_string(c, p, NULL, &v));
-        if (!strcasecmp(v, "HYBRID_SHARD") || !strcasecmp(v, "_HYBRID_SHARD_ZERO2"))
-            return fail(c, p, CM_ERR_UNSUPPORTED, "%s (shard within groups, replicate across them) is not built yet; "
-                                                  "use FULL_SHARD or SHARD_GRAD_OP over every rank", v);
-    }
     int strat;
     TRY_FSDP(cm_config_get_choice(c, p, strategies, CM_SHARDING_COUNT, "NO_SHARD", &strat));
     f->sharding = (cm_sharding)strat;
+    /* HYBRID_SHARD's group sizes (Composer: data_parallel_shard_degree -1 = derive; replicate
+     * degree absent = derive); checked against the world size in cli_fsdp_check_dist */
+    static const char *const degrees[] = {"data_parallel_shard_degree", "data_parallel_replicate_degree"};
+    for (int i = 0; i < 2; i++) {
+        int64_t v;
+        key(p, sizeof p, f, degrees[i]);
+        if (!cm_config_has(c, p) || cm_config_kind_of(c, p) == CM_CONFIG_NULL) {
+            cm_config_touch(c, p);
+            continue;
+        }
+        TRY_FSDP(cm_config_get_int(c, p, -1, &v));
+        if (v == 0 || v < -1 || v > (1 << 20))
+            return fail(c, p, CM_ERR_INVALID_ARG, "%lld: a number of ranks >= 1 (or -1: derived from the world size)",
+                        (long long)v);
+        if (v > 0 && !cm_sharding_is_hybrid(f->sharding))
+            return fail(c, p, CM_ERR_INVALID_ARG, "%lld applies to sharding_strategy HYBRID_SHARD or _HYBRID_SHARD_ZERO2 "
+                                                  "only (%s shards over every rank); use a hybrid strategy or leave it out",
+                        (long long)v, cm_sharding_name(f->sharding));
+        *(i ? &f->replicate_degree : &f->shard_degree) = v > 0 ? (int)v : 0;
+    }
     if (!train) {
         if (f->present) cm_config_touch(c, f->prefix);
         return CM_OK;
@@ -321,6 +334,19 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
 cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dist_config *dc) {
     char p[128];
     if (dc && f->has_sync_module_states) dc->sync_module_states = f->sync_module_states;
+    if (cm_sharding_is_hybrid(f->sharding)) {
+        int sd = f->shard_degree, rd = f->replicate_degree;
+        if (cm_dist_hybrid_degrees(world, cm_dist_env_get().local_world_size, &sd, &rd) != CM_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            /* the key the user wrote (the shard degree when both or neither) */
+            return fail(c, key(p, sizeof p, f, f->replicate_degree && !f->shard_degree ? "data_parallel_replicate_degree"
+                                                                                        : "data_parallel_shard_degree"),
+                        CM_ERR_INVALID_ARG, "%s (%s on %d rank%s)", msg, cm_sharding_name(f->sharding), world,
+                        world == 1 ? "" : "s");
+        }
+        if (dc) dc->shard_degree = sd, dc->replicate_degree = rd;
+    }
     if (f->state_dict_type == CLI_SDT_UNSET) return CM_OK;
     const bool sharded = world > 1 && f->sharding != CM_SHARDING_NO_SHARD;
     key(p, sizeof p, f, "state_dict_type");
@@ -340,8 +366,17 @@ cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dis
 void cli_fsdp_help(FILE *f) {
     fprintf(f,
             "  parallelism.fsdp.sharding_strategy   NO_SHARD (DDP, default) | SHARD_GRAD_OP (ZeRO-2) |\n"
-            "                     FULL_SHARD (ZeRO-3), with several ranks (composer -n N; one process has\n"
-            "                     nothing to shard); HYBRID_SHARD: not built yet (an error)\n"
+            "                     FULL_SHARD (ZeRO-3) | HYBRID_SHARD | _HYBRID_SHARD_ZERO2, with several ranks\n"
+            "                     (composer -n N; one process has nothing to shard). HYBRID_SHARD: FULL_SHARD\n"
+            "                     within groups of data_parallel_shard_degree ranks (consecutive ranks: a node by\n"
+            "                     default), replicated over data_parallel_replicate_degree groups; gradients are\n"
+            "                     reduce-scattered in the group, then all-reduced over the ranks holding the\n"
+            "                     same piece. _HYBRID_SHARD_ZERO2: the same with SHARD_GRAD_OP in the groups.\n"
+            "                     data_parallel_shard_degree, data_parallel_replicate_degree: give one and the\n"
+            "                     other is the number of ranks divided by it (-1: derived); neither: shard\n"
+            "                     degree = ranks per node, replicate degree = nodes; their product must be the\n"
+            "                     number of ranks (an error naming both otherwise). Hybrid checkpoints are\n"
+            "                     sharded (each piece written once) and load on any number of ranks\n"
             "  parallelism.fsdp:  (or llm-foundry's top-level fsdp_config:) Composer's other FSDP keys:\n"
             "                     activation_checkpointing (false): keep only each block's input in forward and\n"
             "                     recompute the block in backward (same losses and gradients, bit for bit)\n"
@@ -358,7 +393,7 @@ void cli_fsdp_help(FILE *f) {
             "                     sync_module_states (true): broadcast rank 0's weights at the start (false: each\n"
             "                     rank's, equal anyway: every rank builds them from the same seed)\n"
             "                     state_dict_type: full | sharded: the checkpoints' layout; sharded under\n"
-            "                     SHARD_GRAD_OP / FULL_SHARD on several ranks (full there: not built yet, an\n"
+            "                     SHARD_GRAD_OP / FULL_SHARD / hybrid on several ranks (full there: not built, an\n"
             "                     error); full otherwise (sharded is then noted and written monolithic)\n"
             "                     verbose (false): print the wrap units and the checkpointed modules\n"
             "                     use_orig_params: accepted (parameters always keep their names over flat\n"

@@ -15,6 +15,8 @@ typedef struct cli_fsdp {
     const char *prefix;   /* "parallelism.fsdp" (ours) or "fsdp_config" (llm-foundry's top-level block) */
     bool present;         /* the config has the block */
     cm_sharding sharding; /* sharding_strategy (NO_SHARD when absent) */
+    int shard_degree;     /* data_parallel_shard_degree (0: absent or -1, derived) */
+    int replicate_degree; /* data_parallel_replicate_degree (0: absent or -1, derived) */
     bool act_ckpt;        /* activation_checkpointing */
     /* activation_checkpointing_target: n_targets 0 = the default policy (the repeated wrap units) */
     cm_act_ckpt_target targets[CLI_FSDP_MAX_TARGETS];
@@ -38,7 +40,9 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
 cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model, const cli_ctx *ctx, int rank);
 
 /* Once the number of ranks is known: checks state_dict_type against the layout this run's
- * checkpoints have, fills the data-parallel config's keys (sync_module_states). */
+ * checkpoints have and a hybrid strategy's degrees against the world size (file:line, both keys
+ * and the world size named), fills the data-parallel config's keys (sync_module_states, the
+ * degrees). */
 cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dist_config *dc);
 
 /* The keys' lines for `composer train --help`. */

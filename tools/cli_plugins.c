@@ -895,7 +895,7 @@ static cm_status make_hf_checkpointer(cm_config *c, const char *path, cli_ctx *c
                                   &cfg.huggingface_folder_name)))
         return s;
     if (ctx->full_shard)
-        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: not with FULL_SHARD (the parameters are sharded at rest); "
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s: not with FULL_SHARD or HYBRID_SHARD (the parameters are sharded at rest); "
                                                 "export a checkpoint instead (composer ckpt export --hf)",
                             cm_config_origin(c, path), path);
     cfg.model = ctx->model;

@@ -1209,7 +1209,7 @@ static cm_status build_run(run *r) {
         r->ctx.model = r->model;
         r->ctx.tok = r->tok;
         r->ctx.model_max_length = r->hf_ti.model_max_length;
-        r->ctx.full_shard = r->sharding == CM_SHARDING_FULL_SHARD;
+        r->ctx.full_shard = r->sharding == CM_SHARDING_FULL_SHARD || r->sharding == CM_SHARDING_HYBRID_SHARD;
         TRY(build_plugins(r, "algorithms", CLI_ALGORITHM));
         TRY(build_plugins(r, "callbacks", CLI_CALLBACK));
         TRY(add_hf_record(r));
@@ -1795,8 +1795,12 @@ int cmd_train(const char *prog, int argc, char **argv) {
         char per[48];
         if (lo == hi) snprintf(per, sizeof per, "%lld", lo);
         else snprintf(per, sizeof per, "%lld-%lld", lo, hi);
-        snprintf(ranks, sizeof ranks, ", %d ranks (%s, %s samples a rank a batch)", r.world,
-                 cm_sharding_name(r.sharding), per);
+        char groups[64] = ""; /* hybrid: "2 groups of 2" (replicate x shard degree) */
+        if (cm_sharding_is_hybrid(r.sharding) && r.dp)
+            snprintf(groups, sizeof groups, " in %d groups of %d", cm_comm_size(cm_dist_replicate_comm(r.dp)),
+                     cm_comm_size(cm_dist_shard_comm(r.dp)));
+        snprintf(ranks, sizeof ranks, ", %d ranks (%s%s, %s samples a rank a batch)", r.world,
+                 cm_sharding_name(r.sharding), groups, per);
     }
     cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches%s\n", run_name,
             cm_model_type_name(r.model), (long long)cm_module_count_params(root, false),

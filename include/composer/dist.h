@@ -1,7 +1,9 @@
 /*
  * composer/dist.h — distributed training: the communicator, the launch environment and data
  * parallelism hooked into the Trainer: NO_SHARD (DDP), SHARD_GRAD_OP (ZeRO-2: gradients and
- * optimizer state sharded) and FULL_SHARD (ZeRO-3: parameters sharded too, gathered on use).
+ * optimizer state sharded), FULL_SHARD (ZeRO-3: parameters sharded too, gathered on use), and
+ * HYBRID_SHARD / _HYBRID_SHARD_ZERO2 (FULL_SHARD / SHARD_GRAD_OP within groups of ranks,
+ * replicated across the groups, over sub-communicators: cm_comm_split).
  *
  * A communicator (cm_comm) is a vtable with two implementations: a single process (every
  * collective is a copy or a no-op) and MPI (CPU buffers). Every collective gets a sequence number
@@ -122,12 +124,12 @@ typedef struct cm_coll_info {
     cm_comm_dtype dtype;
 } cm_coll_info;
 
-#define CM_COMM_ABI 1
+#define CM_COMM_ABI 2 /* 2: the split slot */
 
 /* A backend. The generic layer (cm_comm_*) checks arguments, numbers the collectives and runs
  * the timeouts; a backend only starts operations and tests them. Every start function returns a
  * backend request in *req (never NULL on success); test completes it: *done = true means the
- * request is finished and released. Required: all slots but describe_missing and abort. */
+ * request is finished and released. Required: all slots but describe_missing, abort and split. */
 typedef struct cm_comm_i {
     int abi;          /* CM_COMM_ABI */
     const char *name; /* "single", "mpi" */
@@ -150,6 +152,12 @@ typedef struct cm_comm_i {
     void (*abort)(void *self, int code);
     /* Releases the backend; `failed` says a collective failed (do not finalise collectively). */
     void (*free)(void *self, bool failed);
+    /* Makes the backend of a sub-communicator: the ranks that pass the same color, ranked by key
+     * (ties by rank here), as MPI_Comm_split does. Collective over this backend's ranks; the
+     * generic layer has checked the arguments and agreed on them with every rank (under the
+     * timeout) before it calls this. The new backend is released with its own free. Optional:
+     * NULL makes cm_comm_split return CM_ERR_UNSUPPORTED. */
+    cm_status (*split)(void *self, int color, int key, const struct cm_comm_i **vt, void **out);
 } cm_comm_i;
 
 typedef struct cm_comm_config {
@@ -180,6 +188,17 @@ cm_status cm_comm_new(const cm_comm_i *vt, void *self, const cm_comm_config *cfg
 /* Releases the communicator: MPI_Finalize when it made MPI and nothing failed. NULL is a no-op.
  * Requests still pending are abandoned (wait for them first). */
 void cm_comm_free(cm_comm *c);
+
+/* A sub-communicator (MPI_Comm_split): every rank of c calls it; the ranks that pass the same
+ * color (>= 0) form one new communicator each, ranked by key, then by their rank in c. It has
+ * its own sequence numbers and c's timeout, and it is an ordinary cm_comm: the collectives, the
+ * timeouts and their messages (which name ranks of the sub-communicator: its cm_comm_rank) work
+ * as on c. Free it with cm_comm_free before c (freeing a sub-communicator never finalises MPI).
+ * The colors and keys are exchanged first with an all_gather on c (under the timeout, so a rank
+ * that never arrives is named), then the backend splits. HYBRID_SHARD's shard and replicate
+ * groups are made this way (cm_dist_new). Errors: CM_ERR_INVALID_ARG (NULL, color < 0),
+ * CM_ERR_UNSUPPORTED (the backend cannot split), c's errors, CM_ERR_OOM. */
+cm_status cm_comm_split(cm_comm *c, int color, int key, cm_comm **out);
 
 int cm_comm_rank(const cm_comm *c);
 int cm_comm_size(const cm_comm *c);
@@ -239,7 +258,9 @@ cm_status cm_comm_abort(cm_comm *c, int code, const char *msg);
 #define CM_SHARDING_LIST(X)                          \
     X(CM_SHARDING_NO_SHARD, "NO_SHARD")              \
     X(CM_SHARDING_SHARD_GRAD_OP, "SHARD_GRAD_OP")    \
-    X(CM_SHARDING_FULL_SHARD, "FULL_SHARD")
+    X(CM_SHARDING_FULL_SHARD, "FULL_SHARD")          \
+    X(CM_SHARDING_HYBRID_SHARD, "HYBRID_SHARD")      \
+    X(CM_SHARDING_HYBRID_SHARD_ZERO2, "_HYBRID_SHARD_ZERO2")
 
 typedef enum cm_sharding {
 #define CM_X_(name, str) name,
@@ -252,13 +273,30 @@ const char *cm_sharding_name(cm_sharding s);                /* "NO_SHARD"; "?" o
 cm_status cm_sharding_parse(const char *s, cm_sharding *out); /* case-insensitive */
 
 typedef struct cm_dist_config {
-    cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3) */
+    cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3),
+                                HYBRID_SHARD, _HYBRID_SHARD_ZERO2 */
     bool sync_module_states; /* broadcast rank 0's parameters and buffers in cm_dist_new (default true) */
     bool overlap;            /* start each unit's all-reduce as soon as backward finished it (default true) */
     int max_resident_units;  /* FULL_SHARD: units whose parameters may be gathered at once (≥ 2; default 2) */
+    /* HYBRID_SHARD / _HYBRID_SHARD_ZERO2: ranks in one shard group (data_parallel_shard_degree)
+     * and shard groups (data_parallel_replicate_degree); 0 (default) = derived, see
+     * cm_dist_hybrid_degrees. Ignored by the other strategies. */
+    int shard_degree, replicate_degree;
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
+
+/* Whether s is HYBRID_SHARD or _HYBRID_SHARD_ZERO2. */
+bool cm_sharding_is_hybrid(cm_sharding s);
+
+/* HYBRID_SHARD's layout for `world` ranks, `local_world` of them on each node, as Composer
+ * derives it: *shard and *replicate are the configured degrees on input (0 = not given) and the
+ * resolved ones on output. Neither given: shard = local_world (shard within a node), replicate
+ * = world / local_world (one group per node). One given: the other is world / it. Both: their
+ * product must be world. Errors (CM_ERR_INVALID_ARG, naming data_parallel_shard_degree,
+ * data_parallel_replicate_degree and the world size): a degree < 0, a world size the given
+ * degree does not divide, a product other than the world size. */
+cm_status cm_dist_hybrid_degrees(int world, int local_world, int *shard, int *replicate);
 
 typedef struct cm_dist cm_dist;
 
@@ -284,13 +322,26 @@ typedef struct cm_dist cm_dist;
  * shard, and a unit's full gradient buffer gives its pages back after each reduce-scatter. The
  * trainer runs the same number of microbatches on every rank (a rank with fewer rows runs
  * "phantom" microbatches that change nothing), since every forward and backward communicates.
- * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD), CM_ERR_STATE (not
- * finalized; a sharded strategy on a model that an optimizer or trainer already locked), the
- * communicator's errors (the broadcast), CM_ERR_OOM. */
+ * HYBRID_SHARD (FULL_SHARD's semantics) and _HYBRID_SHARD_ZERO2 (SHARD_GRAD_OP's) shard within
+ * groups of shard_degree ranks and replicate across replicate_degree groups (Composer's and
+ * PyTorch's layout: shard group g is ranks [g·S, (g+1)·S), so a group is one node by default;
+ * the ranks holding the same piece — one in each group — form a replicate group). Every piece,
+ * chunk and collective above is then the shard group's (chunk = ceil(numel / S), "rank" its
+ * rank in the group), and sync_grads, after the reduce-scatter in the shard group, all-reduces
+ * each gradient chunk over the replicate group, so each rank again holds its piece of the
+ * global batch's gradient. The two groups are sub-communicators of comm (cm_comm_split, made
+ * here: a collective); the shard spans of the replicas (replicate-group rank > 0) are marked
+ * cm_shard_span.replica, so sums over ranks and sharded checkpoints count each piece once.
+ * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD or HYBRID_SHARD;
+ * degrees that do not fit the world, see cm_dist_hybrid_degrees), CM_ERR_STATE (not finalized; a
+ * sharded strategy on a model that an optimizer or trainer already locked), the communicator's
+ * errors (the broadcast, the splits), CM_ERR_UNSUPPORTED (a hybrid strategy over a backend that
+ * cannot split), CM_ERR_OOM. */
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
 /* NULL is a no-op; waits for nothing: sync first. Under FULL_SHARD the model's flat parameter
  * buffers become ordinary memory again, and units that were not gathered hold NaN: call
- * cm_dist_gather_params first (on every rank) to keep using the model afterwards. */
+ * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under a hybrid
+ * strategy it frees the two sub-communicators (no collective). */
 void cm_dist_free(cm_dist *d);
 
 /* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)
@@ -349,6 +400,10 @@ typedef struct cm_dist_stats {
 cm_dist_stats cm_dist_get_stats(const cm_dist *d);
 void cm_dist_reset_stats(cm_dist *d);
 cm_comm *cm_dist_comm(const cm_dist *d);
+/* Under a hybrid strategy: the shard group's and the replicate group's communicators (owned by
+ * d); otherwise the world's (cm_dist_comm) and NULL. */
+cm_comm *cm_dist_shard_comm(const cm_dist *d);
+cm_comm *cm_dist_replicate_comm(const cm_dist *d);
 
 /* =============================================================================================
  * Launcher support (used by `composer -n`)

@@ -189,12 +189,17 @@ cm_status cm_precision_parse(const char *s, cm_precision *out);
 /* One rank's piece of a wrap unit under sharded data parallelism (SHARD_GRAD_OP, FULL_SHARD):
  * the rank owns elements [begin, end) of unit `unit`'s flat buffers (cm_module_unit) and keeps
  * the f32 master values of those parameters, their optimizer state and, after sync_grads, their
- * global-batch gradient. Pieces of one unit over all ranks tile [0, numel) in rank order. */
+ * global-batch gradient. Pieces of one unit over all ranks tile [0, numel) in rank order —
+ * counting only the spans that are not replicas: under HYBRID_SHARD every piece is held by one
+ * rank in each shard group, and all but the first (replica = true) hold copies. A sum over ranks
+ * of something summed over the spans (a gradient norm) skips the replicas' spans; what changes
+ * the pieces (clipping, the optimizer) changes them on every rank. */
 typedef struct cm_shard_span {
     int unit;           /* index of the wrap unit */
     int64_t begin, end; /* this rank's elements of the unit's flat buffer, 0 <= begin <= end <= numel */
     float *params;      /* (end - begin): the master values the optimizer updates */
     float *grads;       /* (end - begin): the global batch's gradient, from sync_grads to the step */
+    bool replica;       /* another rank (in the first shard group) holds the same piece: count it there */
 } cm_shard_span;
 
 /* =============================================================================================

@@ -246,7 +246,9 @@ void cmi_dist_gather_free(cm_status *status, char **texts);
 
 /* This rank's pieces under sharding: parameters (through the shard spans), optimizer state
  * (pieces of "<unit>.<key>" over the unit's elements; replicated entries on rank 0), persistent
- * buffers (rank 0), into job->tensors[0] (model) and [1] (optimizer, unless weights_only). */
+ * buffers (rank 0), into job->tensors[0] (model) and [1] (optimizer, unless weights_only).
+ * Spans marked replica (HYBRID_SHARD's other shard groups) add nothing: their rank files are
+ * written and listed, empty of those pieces, so every piece is in the checkpoint exactly once. */
 cm_status cmi_shard_job_tensors(cm_trainer *tr, cmi_ck_job *job, bool weights_only);
 
 /* A load, planned and checked before anything changes, then applied (memcpy only). */

@@ -127,9 +127,12 @@ static const cm_shard_span *span_of_unit(const cm_trainer *tr, int unit) {
 }
 
 /* The global tensor an optimizer entry belongs to: piece [*b, *e) of a (*gnumel,) tensor when the
- * entry is this rank's share of a unit's state; the whole entry otherwise (replicated: "step"). */
-static bool optim_piece(const cm_trainer *tr, const cm_optim_state_entry *en, int64_t *gnumel, int64_t *b, int64_t *e) {
+ * entry is this rank's share of a unit's state; the whole entry otherwise (replicated: "step").
+ * *replica (may be NULL): the piece's span is a replica (HYBRID_SHARD: another rank saves it). */
+static bool optim_piece_of(const cm_trainer *tr, const cm_optim_state_entry *en, int64_t *gnumel, int64_t *b,
+                           int64_t *e, bool *replica) {
     *gnumel = en->numel, *b = 0, *e = en->numel;
+    if (replica) *replica = false;
     if (tr->dist.n_shard_spans <= 0 || en->dtype != CM_DTYPE_F32) return false;
     const char *dot = strrchr(en->name, '.');
     if (!dot) return false;
@@ -140,9 +143,14 @@ static bool optim_piece(const cm_trainer *tr, const cm_optim_state_entry *en, in
         const cm_unit_info *ui = cm_module_unit(root, sp->unit);
         if (!ui || strlen(ui->name) != k || strncmp(ui->name, en->name, k) || sp->end - sp->begin != en->numel) continue;
         *gnumel = ui->numel, *b = sp->begin, *e = sp->end;
+        if (replica) *replica = sp->replica;
         return true;
     }
     return false;
+}
+
+static bool optim_piece(const cm_trainer *tr, const cm_optim_state_entry *en, int64_t *gnumel, int64_t *b, int64_t *e) {
+    return optim_piece_of(tr, en, gnumel, b, e, NULL);
 }
 
 /* Under sharding every f32 state entry must be a span's piece: one that is not (an optimizer
@@ -208,6 +216,7 @@ cm_status cmi_shard_job_tensors(cm_trainer *tr, cmi_ck_job *job, bool weights_on
             set_piece(t, pi.name, CM_ST_DTYPE_F32, nd, shape, 0, pi.numel, cm_tensor_data(pi.tensor));
             continue;
         }
+        if (sp->replica) continue; /* HYBRID_SHARD: the first shard group's rank with this piece saves it */
         const int64_t x = sp->begin > pi.offset ? sp->begin : pi.offset;
         const int64_t y = sp->end < pi.offset + pi.numel ? sp->end : pi.offset + pi.numel;
         if (x >= y) continue;
@@ -230,9 +239,10 @@ cm_status cmi_shard_job_tensors(cm_trainer *tr, cmi_ck_job *job, bool weights_on
         cm_optim_state_entry en;
         cm_optim_state_get(o, i, &en);
         int64_t g, b, e;
-        const bool piece = optim_piece(tr, &en, &g, &b, &e);
+        bool replica;
+        const bool piece = optim_piece_of(tr, &en, &g, &b, &e, &replica);
         if (!piece && en.dtype == CM_DTYPE_F32) return unmapped(tr, en.name);
-        if ((!piece && rank != 0) || e <= b) continue;
+        if ((!piece && rank != 0) || replica || e <= b) continue;
         PUSH(1, t);
         set_piece(t, en.name, cm_st_dtype_from_cm(en.dtype), 1, &g, b, e, en.data);
     }

@@ -16,6 +16,7 @@ struct cm_comm {
     uint64_t seq;
     cm_status status; /* first failure */
     char error[1536];
+    char scope[160];  /* a sub-communicator: " (a sub-communicator of ranks 1, 3 of 4)", else "" */
 };
 
 struct cm_comm_request {
@@ -242,8 +243,8 @@ static cm_status test_once(cm_comm *c, cm_comm_request *req, bool *done) {
     if (s) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
-        return comm_fail(c, s, "dist: rank %d of %d: collective #%llu %s (%lld %s) failed: %s", cm_comm_rank(c),
-                         cm_comm_size(c), (unsigned long long)req->ci.seq, cm_coll_name(req->ci.coll),
+        return comm_fail(c, s, "dist: rank %d of %d%s: collective #%llu %s (%lld %s) failed: %s", cm_comm_rank(c),
+                         cm_comm_size(c), c->scope, (unsigned long long)req->ci.seq, cm_coll_name(req->ci.coll),
                          (long long)req->ci.count, dtype_name(req->ci.dtype), msg);
     }
     if (*done) prof_done(req);
@@ -270,9 +271,9 @@ cm_status cm_comm_wait(cm_comm *c, cm_comm_request *req) {
             char who[1024] = "";
             if (c->vt->describe_missing) c->vt->describe_missing(c->self, &req->ci, who, sizeof who);
             s = comm_fail(c, CM_ERR_TIMEOUT,
-                          "dist: rank %d of %d timed out after %.1f s (dist_timeout) in collective #%llu %s "
+                          "dist: rank %d of %d%s timed out after %.1f s (dist_timeout) in collective #%llu %s "
                           "(%lld %s): %s. The job cannot go on: exit nonzero so the launcher stops every rank",
-                          cm_comm_rank(c), cm_comm_size(c), waited, (unsigned long long)req->ci.seq,
+                          cm_comm_rank(c), cm_comm_size(c), c->scope, waited, (unsigned long long)req->ci.seq,
                           cm_coll_name(req->ci.coll), (long long)req->ci.count, dtype_name(req->ci.dtype),
                           who[0] ? who : "no information on the other ranks");
             break;
@@ -317,6 +318,64 @@ cm_status cm_comm_all_reduce_sum_f64(cm_comm *c, double *buf, int64_t count) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Sub-communicators
+ * ------------------------------------------------------------------------------------------- */
+
+cm_status cm_comm_split(cm_comm *c, int color, int key, cm_comm **out) {
+    if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_comm_split: out is NULL");
+    *out = NULL;
+    if (!c) return cm_set_error(CM_ERR_INVALID_ARG, "cm_comm_split: communicator is NULL");
+    if (color < 0) return cm_set_error(CM_ERR_INVALID_ARG, "cm_comm_split: color %d must be >= 0", color);
+    if (!c->vt->split)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_comm_split: the '%s' communicator cannot make sub-communicators",
+                            c->vt->name);
+    /* every rank's (color, key) first, under the timeout: a missing rank is named here rather
+     * than hanging in the backend's split, and the scope of the new communicator is known */
+    const int n = cm_comm_size(c), me = cm_comm_rank(c);
+    int32_t mine[2] = {color, key};
+    int32_t *all = cm_alloc(sizeof *all * 2 * (size_t)n, 16);
+    if (!all) return cm_set_error(CM_ERR_OOM, "cm_comm_split: out of memory");
+    cm_status s = cm_comm_all_gather(c, mine, all, 2, CM_COMM_I32);
+    if (s) {
+        cm_free(all);
+        return s;
+    }
+    char scope[sizeof c->scope];
+    size_t used = (size_t)snprintf(scope, sizeof scope, " (a sub-communicator of ranks");
+    int members = 0;
+    for (int r = 0; r < n; r++) {
+        if (all[2 * r] != color) continue;
+        if (used + 24 < sizeof scope) used += (size_t)snprintf(scope + used, sizeof scope - used, "%s %d", members ? "," : "", r);
+        else if (used + 6 < sizeof scope) used += (size_t)snprintf(scope + used, sizeof scope - used, " ...");
+        members++;
+    }
+    snprintf(scope + used, sizeof scope - used, " of %d)", n);
+    cm_free(all);
+    const cm_comm_i *vt = NULL;
+    void *self = NULL;
+    if ((s = c->vt->split(c->self, color, key, &vt, &self))) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return comm_fail(c, s, "dist: rank %d of %d could not split the communicator (color %d): %s", me, n, color, msg);
+    }
+    cm_comm_config cc = cm_comm_config_default();
+    cc.timeout_s = c->timeout_s;
+    if ((s = cm_comm_new(vt, self, &cc, out))) {
+        vt->free(self, false);
+        return s;
+    }
+    snprintf((*out)->scope, sizeof (*out)->scope, "%s", scope);
+    const int got = cm_comm_size(*out);
+    if (got != members) { /* the backend disagrees with the colors every rank sent */
+        cm_comm_free(*out);
+        *out = NULL;
+        return cm_set_error(CM_ERR_STATE, "cm_comm_split: the '%s' backend made a communicator of %d ranks for color "
+                                          "%d, which %d ranks chose", c->vt->name, got, color, members);
+    }
+    return CM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The single-process backend: rank 0 of 1
  * ------------------------------------------------------------------------------------------- */
 
@@ -351,12 +410,18 @@ static cm_status single_test(void *self, void *req, bool *done) {
     return CM_OK;
 }
 static void single_free(void *self, bool failed) {}
+static cm_status single_split(void *self, int color, int key, const cm_comm_i **vt, void **out);
 
 static const cm_comm_i k_single = {
     CM_COMM_ABI,       "single",          single_rank,       single_size, single_iall_reduce, single_ireduce_scatter,
     single_iall_gather, single_ibroadcast, single_ibarrier, single_test, NULL,               NULL,
-    single_free,
+    single_free,       single_split,
 };
+
+static cm_status single_split(void *self, int color, int key, const cm_comm_i **vt, void **out) {
+    *vt = &k_single, *out = NULL; /* rank 0 of 1 again */
+    return CM_OK;
+}
 
 cm_status cm_comm_single_new(const cm_comm_config *cfg, cm_comm **out) { return cm_comm_new(&k_single, NULL, cfg, out); }
 

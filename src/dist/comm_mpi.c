@@ -1,5 +1,5 @@
 /* The MPI backend: collectives on a duplicate of MPI_COMM_WORLD, and heartbeats on a second
- * duplicate. A heartbeat is a small message each rank sends to every peer when it enters a
+ * duplicate (sub-communicators from MPI_Comm_split have the collectives only). A heartbeat is a small message each rank sends to every peer when it enters a
  * collective ("I am at #seq all_reduce of n elements"); a rank that times out drains them to say
  * which ranks never arrived and where they were last seen. */
 #include "dist/dist_impl.h"
@@ -19,6 +19,7 @@ typedef struct hb_msg {
 typedef struct mpi_self {
     MPI_Comm comm, side;
     int rank, size;
+    bool child;         /* a sub-communicator (cm_comm_split): no heartbeats, no side channel */
     bool heartbeats;
     hb_msg mine;        /* the latest collective this rank entered */
     bool mine_unsent;   /* some peer has not been sent `mine` yet */
@@ -105,7 +106,9 @@ static void hb_enter(mpi_self *m, const cm_coll_info *ci) {
 static void mpi_describe_missing(void *self, const cm_coll_info *ci, char *buf, size_t cap) {
     mpi_self *m = self;
     if (!m->heartbeats || m->size < 2) {
-        snprintf(buf, cap, "heartbeats are off, so the missing ranks are unknown");
+        snprintf(buf, cap, m->child ? "a sub-communicator sends no heartbeats, so the missing ranks are unknown (the "
+                                      "world communicator's timeout names them)"
+                                    : "heartbeats are off, so the missing ranks are unknown");
         return;
     }
     /* let the heartbeats already on their way arrive */
@@ -248,7 +251,11 @@ static void m_abort(void *self, int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 static void m_free(void *self, bool failed) {
     mpi_self *m = self;
-    if (!failed) {
+    if (m->child) {
+        /* no heartbeats in flight, so nothing to drain and no barrier: freeing a sub-communicator
+         * never waits for the other ranks (cm_dist_free runs on failure paths too) */
+        if (!failed && m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+    } else if (!failed) {
         /* every rank got here through the same collectives: heartbeats in flight are matched by
          * the receives still posted, so cancel those and let the sends finish */
         for (int p = 0; m->heartbeats && p < m->size; p++) {
@@ -277,10 +284,37 @@ static void m_free(void *self, bool failed) {
     }
 }
 
+static cm_status m_split(void *self, int color, int key, const cm_comm_i **vt, void **out);
+
 static const cm_comm_i k_mpi = {
     CM_COMM_ABI, "mpi",       m_rank, m_size, m_iall_reduce, m_ireduce_scatter, m_iall_gather, m_ibroadcast,
-    m_ibarrier,  m_test,      mpi_describe_missing, m_abort, m_free,
+    m_ibarrier,  m_test,      mpi_describe_missing, m_abort, m_free, m_split,
 };
+
+/* A sub-communicator's backend over `comm` (taken). */
+static cm_status child_new(MPI_Comm comm, const cm_comm_i **vt, void **self) {
+    mpi_self *m = cm_alloc_zeroed(sizeof *m, 16);
+    if (!m) {
+        MPI_Comm_free(&comm);
+        return cm_set_error(CM_ERR_OOM, "MPI sub-communicator: out of memory");
+    }
+    m->comm = comm, m->side = MPI_COMM_NULL, m->child = true;
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(m->comm, &m->rank);
+    MPI_Comm_size(m->comm, &m->size);
+    g_mpi_users++; /* MPI is finalised after the last communicator, sub-communicators included */
+    *vt = &k_mpi;
+    *self = m;
+    return CM_OK;
+}
+
+static cm_status m_split(void *self, int color, int key, const cm_comm_i **vt, void **out) {
+    mpi_self *m = self;
+    MPI_Comm sub = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(m->comm, color, key, &sub);
+    if (rc != MPI_SUCCESS) return mpi_err("MPI_Comm_split", rc);
+    return child_new(sub, vt, out);
+}
 
 cm_status cmi_comm_mpi_backend_new(const cm_comm_config *cfg, const cm_comm_i **vt, void **self) {
     int inited = 0, fin = 0;

@@ -30,7 +30,15 @@
  * unit's full gradient pages are released (they read as zeros afterwards, which is what the next
  * accumulation needs, so zeroing them costs nothing either). Every rank must issue the same
  * gathers and reduce-scatters, so the trainer gives every rank the same number of microbatches
- * (collectives_per_microbatch). */
+ * (collectives_per_microbatch).
+ *
+ * HYBRID_SHARD / _HYBRID_SHARD_ZERO2: FULL_SHARD / SHARD_GRAD_OP inside shard groups of S ranks
+ * (a sub-communicator: every gather and reduce-scatter above runs there, and rank / world are
+ * the rank in the group and S), replicated across the R groups. The reduce-scatter leaves each
+ * rank the sum over its group's ranks only; sync_grads then all-reduces every gradient chunk
+ * over the replicate group (the R ranks holding the same piece, a second sub-communicator), once
+ * per batch after the last microbatch — the sum is the same whichever comes first, and one
+ * all-reduce a batch is what the slow links between nodes should carry. */
 #include "dist/dist_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -49,9 +57,13 @@ typedef struct unit_range {
 
 struct cm_dist {
     cm_comm *comm;
-    int rank, world;
-    bool sharded;            /* SHARD_GRAD_OP or FULL_SHARD */
-    bool full;               /* FULL_SHARD */
+    int rank, world;         /* in the shard group (hybrid), else in comm */
+    bool sharded;            /* SHARD_GRAD_OP or FULL_SHARD (or a hybrid strategy) */
+    bool full;               /* FULL_SHARD or HYBRID_SHARD */
+    bool hybrid;             /* HYBRID_SHARD or _HYBRID_SHARD_ZERO2 */
+    cm_comm *scomm;          /* the shard group: owned when hybrid, else comm */
+    cm_comm *rcomm;          /* hybrid: the replicate group (owned), else NULL */
+    bool replica;            /* hybrid: not in the first shard group (its spans are replicas) */
     float **pshard;          /* FULL_SHARD: (n_units) this rank's master parameter chunk (chunk floats) */
     size_t *pbytes;          /* FULL_SHARD: (n_units) bytes of each unit's page-aligned parameter buffer
                                 (its gradient buffer has the same size) */
@@ -83,9 +95,11 @@ struct cm_dist {
     cm_dist_stats stats;
 };
 
-cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2}; }
+cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0}; }
 
 cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
+cm_comm *cm_dist_shard_comm(const cm_dist *d) { return d ? d->scomm : NULL; }
+cm_comm *cm_dist_replicate_comm(const cm_dist *d) { return d ? d->rcomm : NULL; }
 
 cm_status cm_dist_optim_spans(cm_dist *d, const cm_optim_span **out, int *n) {
     if (!d || !out || !n) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_optim_spans: NULL argument");
@@ -139,6 +153,10 @@ void cm_dist_free(cm_dist *d) {
     cm_free(d->ospans);
     cm_free(d->unit_last);
     cm_free(d->ranges);
+    if (d->hybrid) {
+        cm_comm_free(d->rcomm);
+        if (d->scomm != d->comm) cm_comm_free(d->scomm);
+    }
     cm_free(d);
 }
 
@@ -200,7 +218,7 @@ static cm_status shard_setup(cm_dist *d) {
         int64_t b = (int64_t)d->rank * d->chunk[u], e = b + d->chunk[u];
         if (b > ui->numel) b = ui->numel;
         if (e > ui->numel) e = ui->numel;
-        d->spans[u] = (cm_shard_span){u, b, e, d->full ? d->pshard[u] : ui->params + b, d->gshard[u]};
+        d->spans[u] = (cm_shard_span){u, b, e, d->full ? d->pshard[u] : ui->params + b, d->gshard[u], d->replica};
     }
     cm_status s = cm_module_lock(root);
     if (!s) d->locked = true;
@@ -244,7 +262,7 @@ static cm_status gather(cm_dist *d, int u) {
     if (d->pbytes[u] && mprotect(p, d->pbytes[u], PROT_READ | PROT_WRITE) != 0)
         return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
                             cm_module_unit(cm_model_module(d->model), u)->name, strerror(errno));
-    cm_status s = cm_comm_all_gather(d->comm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
+    cm_status s = cm_comm_all_gather(d->scomm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
     if (s) return s;
     d->resident[u] = true;
     d->n_resident++;
@@ -290,6 +308,23 @@ cm_status cm_dist_gather_params(cm_dist *d) {
     return s;
 }
 
+/* HYBRID: shard group g = ranks [g·S, (g+1)·S) (a node, by default), replicate group k = the
+ * ranks k, k + S, k + 2S, ... (the same piece in every group). */
+static cm_status hybrid_groups(cm_dist *d, int shard_degree) {
+    const int r = cm_comm_rank(d->comm);
+    d->hybrid = true;
+    d->scomm = NULL;
+    cm_status s = cm_comm_split(d->comm, r / shard_degree, r, &d->scomm);
+    if (!s) s = cm_comm_split(d->comm, r % shard_degree, r, &d->rcomm);
+    if (s) {
+        if (!d->scomm) d->scomm = d->comm; /* nothing of ours to free */
+        return s;
+    }
+    d->rank = cm_comm_rank(d->scomm), d->world = cm_comm_size(d->scomm);
+    d->replica = cm_comm_rank(d->rcomm) != 0;
+    return CM_OK;
+}
+
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out) {
     if (!out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: out is NULL");
     *out = NULL;
@@ -297,10 +332,17 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist_config c = cfg ? *cfg : cm_dist_config_default();
     if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
-    if (c.sharding == CM_SHARDING_FULL_SHARD && c.max_resident_units < 2)
-        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: max_resident_units %d: FULL_SHARD needs at least 2 (an "
-                                                "op may read parameters of two units at once)",
-                            c.max_resident_units);
+    const bool full = c.sharding == CM_SHARDING_FULL_SHARD || c.sharding == CM_SHARDING_HYBRID_SHARD;
+    if (full && c.max_resident_units < 2)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: max_resident_units %d: %s needs at least 2 (an op may "
+                                                "read parameters of two units at once)",
+                            c.max_resident_units, cm_sharding_name(c.sharding));
+    int shard_degree = c.shard_degree, replicate_degree = c.replicate_degree;
+    if (cm_sharding_is_hybrid(c.sharding)) {
+        cm_status s = cm_dist_hybrid_degrees(cm_comm_size(comm), cm_dist_env_get().local_world_size, &shard_degree,
+                                             &replicate_degree);
+        if (s) return s;
+    }
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -310,8 +352,16 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     d->comm = comm, d->model = model, d->cfg = c;
     d->rank = cm_comm_rank(comm), d->world = cm_comm_size(comm);
     d->sharded = c.sharding != CM_SHARDING_NO_SHARD;
-    d->full = c.sharding == CM_SHARDING_FULL_SHARD;
+    d->full = full;
+    d->scomm = comm;
     d->max_resident = c.max_resident_units;
+    if (cm_sharding_is_hybrid(c.sharding)) {
+        cm_status s = hybrid_groups(d, shard_degree);
+        if (s) {
+            cm_dist_free(d);
+            return s;
+        }
+    }
     d->n_units = cm_module_n_units(root);
     const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
     d->req = cm_alloc_zeroed(n * sizeof *d->req, 16);
@@ -368,7 +418,7 @@ static cm_status start_next(cm_dist *d) {
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
     cm_status s;
     if (d->sharded) /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
-        s = cm_comm_ireduce_scatter(d->comm, ui->grads, d->full ? d->grecv[u] : d->gshard[u], d->chunk[u],
+        s = cm_comm_ireduce_scatter(d->scomm, ui->grads, d->full ? d->grecv[u] : d->gshard[u], d->chunk[u],
                                     CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
     else
         s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
@@ -384,7 +434,7 @@ static cm_status progress(cm_dist *d) {
         const int u = d->n_units - 1 - k;
         if (!d->req[u]) continue;
         bool done = false;
-        cm_status s = cm_comm_test(d->comm, d->req[u], &done);
+        cm_status s = cm_comm_test(d->sharded ? d->scomm : d->comm, d->req[u], &done);
         if (s || done) d->req[u] = NULL;
         if (s) return s;
     }
@@ -459,7 +509,7 @@ static cm_status flush(cm_dist *d) {
         }
         for (int u = d->n_units - 1; u >= 0; u--) {
             if (!d->req[u]) continue;
-            cm_status w = cm_comm_wait(d->comm, d->req[u]);
+            cm_status w = cm_comm_wait(d->sharded ? d->scomm : d->comm, d->req[u]);
             d->req[u] = NULL;
             if (!s) s = w;
         }
@@ -477,6 +527,23 @@ static cm_status flush(cm_dist *d) {
     return s;
 }
 
+/* HYBRID: each rank's gradient chunk holds its shard group's sum; summed over the replicate
+ * group it is the global batch's. Every unit's all-reduce in flight at once, in unit order. */
+static cm_status replicate_reduce(cm_dist *d) {
+    cm_status s = CM_OK;
+    for (int u = d->n_units - 1; u >= 0 && !s; u--) {
+        s = cm_comm_iall_reduce(d->rcomm, d->gshard[u], d->chunk[u], CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+        if (!s) d->stats.bytes += (double)d->chunk[u] * 4.0;
+    }
+    for (int u = d->n_units - 1; u >= 0; u--) {
+        if (!d->req[u]) continue;
+        cm_status w = cm_comm_wait(d->rcomm, d->req[u]);
+        d->req[u] = NULL;
+        if (!s) s = w;
+    }
+    return s;
+}
+
 cm_status cm_dist_sync_grads(cm_dist *d) {
     if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_grads: NULL");
     d->armed = false;
@@ -487,6 +554,7 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     }
     const double t0 = cm_clock_s();
     cm_status s = flush(d);
+    if (!s && d->hybrid) s = replicate_reduce(d);
     d->stats.n_syncs++;
     d->stats.wait_s += cm_clock_s() - t0;
     return s;
@@ -517,11 +585,11 @@ cm_status cm_dist_sync_params(cm_dist *d) {
      * padded buffer is where it is received) */
     for (int u = 0; u < d->n_units && !s; u++) {
         float *p = cm_module_unit(root, u)->params;
-        s = cm_comm_iall_gather(d->comm, p + (int64_t)d->rank * d->chunk[u], p, d->chunk[u], CM_COMM_F32, &d->req[u]);
+        s = cm_comm_iall_gather(d->scomm, p + (int64_t)d->rank * d->chunk[u], p, d->chunk[u], CM_COMM_F32, &d->req[u]);
     }
     for (int u = 0; u < d->n_units; u++) {
         if (!d->req[u]) continue;
-        cm_status w = cm_comm_wait(d->comm, d->req[u]);
+        cm_status w = cm_comm_wait(d->scomm, d->req[u]);
         d->req[u] = NULL;
         if (!s) s = w;
     }

@@ -118,6 +118,49 @@ cm_status cm_sharding_parse(const char *s, cm_sharding *out) {
             *out = (cm_sharding)i;
             return CM_OK;
         }
-    return cm_set_error(CM_ERR_INVALID_ARG, "sharding_strategy '%s': use NO_SHARD, SHARD_GRAD_OP or FULL_SHARD",
+    return cm_set_error(CM_ERR_INVALID_ARG, "sharding_strategy '%s': use NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, "
+                                            "HYBRID_SHARD or _HYBRID_SHARD_ZERO2",
                         s ? s : "(null)");
+}
+
+bool cm_sharding_is_hybrid(cm_sharding s) { return s == CM_SHARDING_HYBRID_SHARD || s == CM_SHARDING_HYBRID_SHARD_ZERO2; }
+
+cm_status cm_dist_hybrid_degrees(int world, int local_world, int *shard, int *replicate) {
+    if (!shard || !replicate) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_hybrid_degrees: NULL argument");
+    if (world < 1) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_hybrid_degrees: world size %d", world);
+    int s = *shard, r = *replicate;
+    if (s < 0 || r < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "data_parallel_%s_degree %d must be >= 1 (or left out, or -1, to derive "
+                                                "it from the world size %d)",
+                            s < 0 ? "shard" : "replicate", s < 0 ? s : r, world);
+    if (!s && !r) {
+        /* Composer's default: shard within a node, one replica per node */
+        if (local_world < 1 || world % local_world)
+            return cm_set_error(CM_ERR_INVALID_ARG, "HYBRID_SHARD: data_parallel_shard_degree defaults to the ranks per "
+                                                    "node (%d), which does not divide the world size %d; set "
+                                                    "data_parallel_shard_degree (and data_parallel_replicate_degree) so "
+                                                    "that their product is %d",
+                                local_world, world, world);
+        s = local_world;
+    }
+    if (s && !r) {
+        if (world % s)
+            return cm_set_error(CM_ERR_INVALID_ARG, "data_parallel_shard_degree %d does not divide the world size %d, so "
+                                                    "data_parallel_replicate_degree cannot be derived; use a divisor of %d",
+                                s, world, world);
+        r = world / s;
+    } else if (r && !s) {
+        if (world % r)
+            return cm_set_error(CM_ERR_INVALID_ARG, "data_parallel_replicate_degree %d does not divide the world size %d, "
+                                                    "so data_parallel_shard_degree cannot be derived; use a divisor of %d",
+                                r, world, world);
+        s = world / r;
+    } else if ((long long)s * r != world) {
+        return cm_set_error(CM_ERR_INVALID_ARG, "data_parallel_shard_degree %d x data_parallel_replicate_degree %d = %lld "
+                                                "is not the world size %d (their product must be the number of ranks; "
+                                                "give one and the other is derived)",
+                            s, r, (long long)s * r, world);
+    }
+    *shard = s, *replicate = r;
+    return CM_OK;
 }

@@ -67,13 +67,16 @@ static void scale(float *g, int64_t n, float c) {
     for (int64_t i = 0; i < n; i++) g[i] *= c;
 }
 
-/* Norm clipping with the sum of squares summed over ranks by st (NULL: this process only). */
+/* Norm clipping with the sum of squares summed over ranks by st (NULL: this process only);
+ * uncounted[i] (NULL: none) leaves span i out of the sum (a HYBRID_SHARD replica's piece, which
+ * its first shard group's rank counts) but not out of the scaling. */
 static cm_status clip_norm(float *const *grads, const int64_t *lens, int n, double max_norm, double *total_norm,
-                           const cm_state *st) {
+                           const cm_state *st, const bool *uncounted) {
     cm_status s = check_spans("clip_grad_norm", grads, lens, n, max_norm);
     if (s) return s;
     double ss = 0;
-    for (int i = 0; i < n; i++) ss += sumsq(grads[i], lens[i]);
+    for (int i = 0; i < n; i++)
+        if (!uncounted || !uncounted[i]) ss += sumsq(grads[i], lens[i]);
     if (isnan(ss) && cm_last_status() == CM_ERR_DEVICE) return CM_ERR_DEVICE;
     if (st && (s = cm_state_all_reduce_sum(st, &ss, 1))) return s;
     const double total = sqrt(ss);
@@ -86,7 +89,7 @@ static cm_status clip_norm(float *const *grads, const int64_t *lens, int n, doub
 }
 
 cm_status cm_grad_clip_norm(float *const *grads, const int64_t *lens, int n, double max_norm, double *total_norm) {
-    return clip_norm(grads, lens, n, max_norm, total_norm, NULL);
+    return clip_norm(grads, lens, n, max_norm, total_norm, NULL, NULL);
 }
 
 cm_status cm_grad_clip_value(float *const *grads, const int64_t *lens, int n, double clip_value) {
@@ -204,9 +207,10 @@ static cm_status clip_shards(const grad_clip *gc, cm_state *st, const cm_shard_s
     if (n > MAXU) return cm_set_error(CM_ERR_UNSUPPORTED, "gradient clipping: more than %d units", MAXU);
     float *grads[MAXU];
     int64_t lens[MAXU];
-    for (int i = 0; i < n; i++) grads[i] = sp[i].grads, lens[i] = sp[i].end - sp[i].begin;
+    bool replica[MAXU];
+    for (int i = 0; i < n; i++) grads[i] = sp[i].grads, lens[i] = sp[i].end - sp[i].begin, replica[i] = sp[i].replica;
     if (gc->type == CM_GRAD_CLIP_VALUE) return cm_grad_clip_value(grads, lens, n, gc->threshold);
-    return clip_norm(grads, lens, n, gc->threshold, NULL, st);
+    return clip_norm(grads, lens, n, gc->threshold, NULL, st, replica);
 }
 
 static cm_status gc_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) {

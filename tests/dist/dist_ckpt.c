@@ -15,7 +15,8 @@
  * --strategy SHARD_GRAD_OP|FULL_SHARD|NO_SHARD uses the real cm_dist strategy instead (its own
  * optimizer spans, hooks, backward overlap and cm_dist_gather_params for the final parameters).
  *
- *   dist_ckpt OUT [--shard | --full | --strategy S] [--save DIR] [--interval 4ba] [--load PATH] [--autoresume]
+ *   dist_ckpt OUT [--shard | --full | --strategy S [--shard-degree N]] [--save DIR] [--interval 4ba] [--load PATH]
+ *                 [--autoresume]
  *                 [--batch 10] [--max 12ba] [--fault kill|fail:RANK:NTH]
  *                 [--save-weights-only] [--load-weights-only] [--term RANK:BATCH]
  *       train a 3-layer MLP; rank 0 writes "L <batch> <loss>" per batch and "P <value>" for
@@ -245,6 +246,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--load") && v) load = v, i++;
         else if (!strcmp(a, "--max") && v) max = v, i++;
         else if (!strcmp(a, "--batch") && v) batch = atoll(v), i++;
+        else if (!strcmp(a, "--shard-degree") && v) dc.shard_degree = atoi(v), i++;
         else if (!strcmp(a, "--fault") && v) {
             char kind[8];
             if (sscanf(v, "%7[a-z]:%d:%d", kind, &g_fault_rank, &g_fault_nth) != 3) return 2;
@@ -284,7 +286,7 @@ int main(int argc, char **argv) {
             master = calloc((size_t)(e - b + 1), sizeof(float));
             memcpy(master, ui->params + b, sizeof(float) * (size_t)(e - b));
         }
-        z.spans[u] = (cm_shard_span){u, b, e, master, calloc((size_t)(e - b + 1), sizeof(float))};
+        z.spans[u] = (cm_shard_span){u, b, e, master, calloc((size_t)(e - b + 1), sizeof(float)), false};
         if (ui->numel > maxn) maxn = ui->numel;
     }
     z.tmp = calloc((size_t)maxn, sizeof(float));

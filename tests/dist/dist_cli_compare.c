@@ -1,7 +1,10 @@
 /* Compares two `composer train` run folders: the train loss of every batch (metrics.jsonl,
  * "loss/train/total") and every tensor of model.safetensors, value by value.
  *
- *   dist_cli_compare REF_DIR RUN_DIR TOL
+ *   dist_cli_compare REF_DIR RUN_DIR TOL [--resumed]
+ *
+ * --resumed: RUN_DIR is a run that resumed from a checkpoint of REF's run (or of one that trains
+ * the same), so it logged only the last batches: its losses are compared with REF's last ones.
  *
  * A value passes when |ref - run| <= TOL·max(1, |ref|). Prints the worst difference of each part
  * and exits 0 when everything passes, 1 otherwise (also for missing files, a different number of
@@ -94,20 +97,23 @@ static int compare_weights(const char *a_dir, const char *b_dir, double tol, wor
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: dist_cli_compare REF_DIR RUN_DIR TOL\n");
+    const bool resumed = argc == 5 && !strcmp(argv[4], "--resumed");
+    if (argc != 4 && !resumed) {
+        fprintf(stderr, "usage: dist_cli_compare REF_DIR RUN_DIR TOL [--resumed]\n");
         return 2;
     }
     const double tol = atof(argv[3]);
     static double la[MAX_LOSSES], lb[MAX_LOSSES];
     const int na = read_losses(argv[1], la, MAX_LOSSES), nb = read_losses(argv[2], lb, MAX_LOSSES);
     if (na < 0 || nb < 0) return 1;
-    if (na != nb || na == 0) {
-        fprintf(stderr, "compare: %d train losses in %s, %d in %s\n", na, argv[1], nb, argv[2]);
+    if ((resumed ? nb > na || nb == na : na != nb) || nb == 0) {
+        fprintf(stderr, "compare: %d train losses in %s, %d in %s%s\n", na, argv[1], nb, argv[2],
+                resumed ? " (a resumed run logs fewer, and some)" : "");
         return 1;
     }
     worst wl = {0}, ww = {0};
-    for (int i = 0; i < na; i++) check(&wl, la[i], lb[i], tol, "batch %d", i + 1);
+    const int skip = na - nb; /* --resumed: the batches before the checkpoint */
+    for (int i = 0; i < nb; i++) check(&wl, la[skip + i], lb[i], tol, "batch %d", skip + i + 1);
     if (compare_weights(argv[1], argv[2], tol, &ww)) return 1;
     printf("compare %s %s (tol %.3g, |diff|/max(1,|ref|)):\n", argv[1], argv[2], tol);
     printf("  losses:  %ld batches, worst %.3g at %s (%.9g vs %.9g), %ld over\n", wl.n, wl.rel, wl.where, wl.a, wl.b,

@@ -84,6 +84,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "dropout")) dropout = true;
         else if (!strcmp(argv[i], "value")) clip_value = true;
         else if (!strncmp(argv[i], "auto=", 5)) auto_budget = (size_t)atoll(argv[i] + 5);
+        else if (!strncmp(argv[i], "shard=", 6)) dc.shard_degree = atoi(argv[i] + 6); /* HYBRID: ranks a group */
         else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
             fprintf(stderr, "dist_train: %s\n", cm_last_error());
             return 2;
@@ -161,11 +162,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dist_train: rank %d: fit failed: %s\n", rank, cm_last_error());
         return 1;
     }
-    /* the optimizer state really is sharded: each rank's moments cover its piece of each unit */
+    /* the optimizer state really is sharded: each rank's moments cover its piece of each unit (of
+     * its shard group's pieces, under a hybrid strategy) */
+    const int sw = cm_comm_size(cm_dist_shard_comm(dp)), sr = cm_comm_rank(cm_dist_shard_comm(dp));
+    if (cm_sharding_is_hybrid(dc.sharding) ? sw * cm_comm_size(cm_dist_replicate_comm(dp)) != world || sw == world
+                                           : sw != world) {
+        fprintf(stderr, "dist_train: rank %d: shard group of %d ranks in a world of %d\n", rank, sw, world);
+        return 1;
+    }
     for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
         const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
-        const int64_t chunk = (ui->numel + world - 1) / world;
-        int64_t b = rank * chunk, e = b + chunk;
+        const int64_t chunk = (ui->numel + sw - 1) / sw;
+        int64_t b = sr * chunk, e = b + chunk;
         if (b > ui->numel) b = ui->numel;
         if (e > ui->numel) e = ui->numel;
         const int64_t want = dc.sharding == CM_SHARDING_NO_SHARD ? ui->numel : e - b;
@@ -181,7 +189,7 @@ int main(int argc, char **argv) {
     }
     /* FULL_SHARD keeps only chunks at rest: after the last step every unit's full parameter and
      * gradient buffers have given their pages back to the system (mincore: none resident) */
-    if (dc.sharding == CM_SHARDING_FULL_SHARD) {
+    if (dc.sharding == CM_SHARDING_FULL_SHARD || dc.sharding == CM_SHARDING_HYBRID_SHARD) {
         for (int u = 0; u < cm_module_n_units(cm_model_module(model)); u++) {
             const cm_unit_info *ui = cm_module_unit(cm_model_module(model), u);
             const size_t page = 4096, len = ((size_t)ui->numel * sizeof(float) + page - 1) / page * page;

@@ -433,6 +433,83 @@ ckpt_elastic_real_strategies)
         "$ck" --compare "$tmp/ref_$strategy.txt" "$tmp/r1.txt" $tol || fail "$strategy (4 ranks) -> 1 process differs"
     done
     ;;
+hybrid_shard_equivalence)
+    # HYBRID_SHARD (FULL_SHARD in groups) and _HYBRID_SHARD_ZERO2 (SHARD_GRAD_OP in groups) on 4
+    # ranks, 2 shard groups of 2: the same training as one process (norm clipping and
+    # OptimizerMonitor's norms included: they sum over the shards, each piece once though two
+    # ranks hold it), tolerance as train_equivalence. Without the all-reduce across the groups
+    # each group would step on half the batch's gradient (off by ~1e-2).
+    tol=2e-6
+    env -u OMPI_COMM_WORLD_SIZE "$bin/dist_train" "$tmp/ref.txt" || fail "1-process run"
+    for strategy in HYBRID_SHARD _HYBRID_SHARD_ZERO2; do
+        launch -n 4 "$bin/dist_train" "$tmp/h.txt" $strategy shard=2 || fail "$strategy on 4 ranks (2x2)"
+        "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/h.txt" $tol || fail "$strategy on 4 ranks (2x2) differs from 1 process"
+    done
+    # Its checkpoints are sharded and elastic: each piece is written once (the second group's
+    # rank files are listed and empty: the reader refuses two pieces holding the same elements),
+    # and they resume on 3 ranks under FULL_SHARD, on one process, and on 4 ranks of the same
+    # layout (every rank of both groups reads its piece), continuing the uninterrupted run.
+    # Tolerance as ckpt_elastic_resume.
+    ck=$bin/dist_ckpt
+    for strategy in HYBRID_SHARD _HYBRID_SHARD_ZERO2; do
+        launch -n 4 "$ck" "$tmp/ref_$strategy.txt" --strategy $strategy --shard-degree 2 --save "$tmp/$strategy" \
+            || fail "4-rank $strategy run"
+        "$composer" ckpt verify "$tmp/$strategy/ep0-ba4" || fail "$strategy: ckpt verify"
+        "$composer" ckpt inspect "$tmp/$strategy/ep0-ba4" >"$tmp/inspect" || fail "$strategy: ckpt inspect"
+        for r in 2 3; do
+            for kind in model optimizer; do
+                grep -q "^file        $kind-rank$r-of-4.safetensors: .* 0 tensors" "$tmp/inspect" \
+                    || { cat "$tmp/inspect"; fail "$strategy: rank $r (a replica) wrote pieces into $kind-rank$r-of-4"; }
+            done
+        done
+        grep -q "^file        model-rank1-of-4.safetensors: .* [1-9][0-9]* tensors" "$tmp/inspect" \
+            || { cat "$tmp/inspect"; fail "$strategy: rank 1 wrote no pieces"; }
+        launch -n 3 "$ck" "$tmp/x.txt" --strategy FULL_SHARD --load "$tmp/$strategy/ep0-ba4" || fail "$strategy -> FULL_SHARD on 3 ranks"
+        grep -q "^R $tmp/$strategy/ep0-ba4" "$tmp/x.txt" || fail "$strategy -> FULL_SHARD on 3 ranks did not resume"
+        "$ck" --compare "$tmp/ref_$strategy.txt" "$tmp/x.txt" $tol || fail "$strategy (4 ranks) -> FULL_SHARD (3 ranks) differs"
+        env -u OMPI_COMM_WORLD_SIZE "$ck" "$tmp/r1.txt" --load "$tmp/$strategy/ep0-ba4" || fail "$strategy -> 1 process"
+        "$ck" --compare "$tmp/ref_$strategy.txt" "$tmp/r1.txt" $tol || fail "$strategy (4 ranks) -> 1 process differs"
+    done
+    launch -n 4 "$ck" "$tmp/h4.txt" --strategy HYBRID_SHARD --shard-degree 2 --load "$tmp/HYBRID_SHARD/ep0-ba4" \
+        || fail "HYBRID_SHARD resumed on 4 ranks"
+    "$ck" --compare "$tmp/ref_HYBRID_SHARD.txt" "$tmp/h4.txt" $tol || fail "HYBRID_SHARD resumed on the same layout differs"
+    ;;
+cli_hybrid_shard)
+    # `composer -n 4 train` with sharding_strategy HYBRID_SHARD and data_parallel_shard_degree 2
+    # trains as one process (tolerance as cli_train_equivalence), says its layout once, and its
+    # checkpoint of batch 3 resumes on 3 ranks under FULL_SHARD to the same batches 4-6 and
+    # weights as the uninterrupted hybrid run (dist_cli_compare --resumed).
+    cli_setup
+    tol=2e-6
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=ref >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "1-process train"; }
+    hy="parallelism.fsdp.sharding_strategy=HYBRID_SHARD"
+    launch -n 4 train "$tmp/tiny.yaml" run_root="$tmp/h" run_name=h "$hy" parallelism.fsdp.data_parallel_shard_degree=2 \
+        save_folder="$tmp/ck" save_interval=3ba >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "HYBRID_SHARD on 4 ranks"; }
+    [ "$(grep -c '4 ranks (HYBRID_SHARD in 2 groups of 2' "$tmp/out")" = 1 ] || { cat "$tmp/out"; fail "the run line does not say the layout once"; }
+    "$bin/dist_cli_compare" "$tmp/ref/ref" "$tmp/h/h" $tol || fail "HYBRID_SHARD on 4 ranks differs from 1 process"
+    cmp -s "$tmp/ref/ref/sample.txt" "$tmp/h/h/sample.txt" || fail "HYBRID_SHARD sampled '$(cat "$tmp/h/h/sample.txt")'"
+    [ -f "$tmp/ck/ep0-ba3/model-rank3-of-4.safetensors" ] || fail "no rank files: $(ls "$tmp/ck"/*)"
+    launch -n 3 train "$tmp/tiny.yaml" run_root="$tmp/r" run_name=r parallelism.fsdp.sharding_strategy=FULL_SHARD \
+        load_path="$tmp/ck/ep0-ba3" >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "resuming the hybrid checkpoint on 3 ranks"; }
+    grep -q "resumed from checkpoint '$tmp/ck/ep0-ba3'" "$tmp/out" || { cat "$tmp/out"; fail "the 3-rank run did not resume"; }
+    "$bin/dist_cli_compare" "$tmp/h/h" "$tmp/r/r" $tol --resumed || fail "HYBRID_SHARD (4 ranks) -> FULL_SHARD (3 ranks) differs"
+    # degrees that do not fit the world: one message naming the keys and the world size, exit 2,
+    # no run folder
+    for bad in "data_parallel_shard_degree=3:data_parallel_shard_degree 3 does not divide the world size 4" \
+               "data_parallel_replicate_degree=3:data_parallel_replicate_degree 3 does not divide the world size 4" \
+               "data_parallel_shard_degree=2 parallelism.fsdp.data_parallel_replicate_degree=3:data_parallel_shard_degree 2 x data_parallel_replicate_degree 3 = 6 is not the world size 4"; do
+        launch -n 4 train "$tmp/tiny.yaml" run_root="$tmp/bad" "$hy" parallelism.fsdp.${bad%%:*} >"$tmp/out" 2>&1
+        rc=$?
+        [ $rc = 2 ] || { cat "$tmp/out"; fail "${bad%%:*}: exit $rc (want 2)"; }
+        [ "$(grep -c "${bad#*:}" "$tmp/out")" = 1 ] || { cat "$tmp/out"; fail "${bad%%:*}: not one clear message"; }
+        [ ! -e "$tmp/bad" ] || fail "${bad%%:*}: a run folder was made"
+    done
+    # a degree with a strategy that shards over every rank is refused by name
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/bad" parallelism.fsdp.sharding_strategy=FULL_SHARD \
+        parallelism.fsdp.data_parallel_shard_degree=2 >"$tmp/out" 2>&1
+    [ $? = 2 ] && grep -q "data_parallel_shard_degree: 2 applies to sharding_strategy HYBRID_SHARD" "$tmp/out" \
+        || { cat "$tmp/out"; fail "a shard degree under FULL_SHARD was not refused"; }
+    ;;
 ckpt_sigterm_on_one_rank)
     # Preemption reaching one rank of three: every rank stops after the same batch and they save
     # together (sharded, collective), the job exits 143, and autoresume continues exactly.

@@ -186,7 +186,8 @@ static cm_status om_batch_end(optimizer_monitor *om, const cm_state *st, cm_logg
         g = ug, w = uw;
         has_adam[i] = adam && us.m && us.v && us.step > 0;
         has_mom[i] = !has_adam[i] && us.buf;
-        if (hi <= lo) continue; /* nothing of it here: zeros join the sums over ranks */
+        if (hi <= lo || (sh && sh[p.unit].replica)) continue; /* nothing of it here (or another rank counts this
+                                                                  replica's piece): zeros join the sums over ranks */
         const int64_t n = hi - lo, at = lo - base;
         sums sm = span_sums(g + at, w + at, n);
         if (opt && om->cfg.log_optimizer_metrics && has_adam[i]) {

@@ -246,7 +246,7 @@ static cm_status histograms(tb_logger *lg, const cm_state *st) {
                 const cm_shard_span *sp = &sh[p.unit];
                 lo = lo > sp->begin ? lo : sp->begin;
                 hi = hi < sp->end ? hi : sp->end;
-                base = kind == 0 ? sp->params : sp->grads;
+                base = sp->replica ? NULL : kind == 0 ? sp->params : sp->grads; /* a replica's piece counts once, elsewhere */
                 at = sp->begin;
             } else if (u) {
                 base = kind == 0 ? u->params : u->grads;
