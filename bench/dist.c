@@ -2,6 +2,9 @@
  *
  *   composer -n 2 build/bench/bench_dist allreduce   all-reduce bus bandwidth: cm_comm (with its
  *                                                    timeouts and heartbeats) against MPI_Allreduce
+ *   composer -n 2 build/bench/bench_dist progress     does a non-blocking all-gather progress while
+ *                                                    the rank computes without calling MPI? (the
+ *                                                    question FULL_SHARD's prefetch depends on)
  *   composer -n 2 build/bench/bench_dist train [STRATEGY] [small|medium] [PREFETCH...]
  *                                                    GPT-2 tokens/s under NO_SHARD (default),
  *                                                    SHARD_GRAD_OP or FULL_SHARD, how much of the
@@ -92,6 +95,57 @@ static void bench_allreduce(cm_comm *c) {
         free(x);
     }
     if (f) fclose(f);
+}
+
+/* Busy arithmetic for `ms` milliseconds; with req, tests it every ~0.25 ms until it is done. */
+static double compute_for(cm_comm *c, double ms, cm_comm_request **req) {
+    volatile double acc = 0;
+    const double t0 = cm_clock_s();
+    double next_poll = t0;
+    while (cm_clock_s() - t0 < ms / 1e3) {
+        for (int i = 0; i < 2000; i++) acc += (double)i * 1e-9;
+        if (req && *req && cm_clock_s() >= next_poll) {
+            bool done = false;
+            TRY(cm_comm_test(c, *req, &done));
+            if (done) *req = NULL;
+            next_poll = cm_clock_s() + 0.25e-3;
+        }
+    }
+    return acc;
+}
+
+/* An all-gather of 4 MiB per rank started, 50 ms of computing, then the wait: how long the wait
+ * takes with no MPI call during the compute, and with cm_comm_test every ~0.25 ms (what
+ * FULL_SHARD's fetch hook does between ops), against the gather alone. */
+static void bench_progress(cm_comm *c) {
+    const int rank = cm_comm_rank(c), P = cm_comm_size(c);
+    const int64_t n = 1 << 20;
+    float *send = calloc((size_t)n, 4), *recv = calloc((size_t)(n * P), 4);
+    enum { ITERS = 6 };
+    double alone = 0, wait[2] = {0, 0};
+    for (int it = 0; it < ITERS + 1; it++) {
+        TRY(cm_comm_barrier(c));
+        double t0 = cm_clock_s();
+        TRY(cm_comm_all_gather(c, send, recv, n, CM_COMM_F32));
+        if (it) alone += cm_clock_s() - t0;
+        for (int poll = 0; poll < 2; poll++) {
+            TRY(cm_comm_barrier(c));
+            cm_comm_request *req;
+            TRY(cm_comm_iall_gather(c, send, recv, n, CM_COMM_F32, &req));
+            compute_for(c, 50, poll ? &req : NULL);
+            t0 = cm_clock_s();
+            if (req) TRY(cm_comm_wait(c, req));
+            if (it) wait[poll] += cm_clock_s() - t0;
+        }
+    }
+    double r[3] = {alone / ITERS * 1e3, wait[0] / ITERS * 1e3, wait[1] / ITERS * 1e3};
+    TRY(cm_comm_all_reduce(c, r, 3, CM_COMM_F64, CM_REDUCE_MAX));
+    if (rank == 0)
+        printf("all-gather of %lld MiB per rank on %d ranks: %.2f ms alone; started, then 50 ms of compute, then the "
+               "wait: %.2f ms without an MPI call during the compute, %.2f ms with cm_comm_test every 0.25 ms\n",
+               (long long)(n * 4 >> 20), P, r[0], r[1], r[2]);
+    free(send);
+    free(recv);
 }
 
 static void bench_train(cm_comm *c, cm_sharding strategy, bool medium, cm_dist_config dc) {
@@ -249,6 +303,7 @@ int main(int argc, char **argv) {
     cm_comm_config cc = cm_comm_config_default();
     TRY(cm_comm_mpi_new(&cc, &c)); /* MPI even for one rank, so the MPI_Allreduce column runs */
     if (!strcmp(what, "allreduce")) bench_allreduce(c);
+    else if (!strcmp(what, "progress")) bench_progress(c);
     else if (!strcmp(what, "train")) {
         cm_sharding strategy = CM_SHARDING_NO_SHARD;
         if (argc > 2) TRY(cm_sharding_parse(argv[2], &strategy));
@@ -266,7 +321,7 @@ int main(int argc, char **argv) {
         }
         bench_train(c, strategy, argc > 3 && !strcmp(argv[3], "medium"), dc);
     } else {
-        fprintf(stderr, "usage: composer -n N bench_dist allreduce | train [NO_SHARD|SHARD_GRAD_OP|FULL_SHARD] [small|medium] "
+        fprintf(stderr, "usage: composer -n N bench_dist allreduce | progress | train [NO_SHARD|SHARD_GRAD_OP|FULL_SHARD] [small|medium] "
                         "[bp=PRE|POST|NONE] [fwd] [nolimit]\n");
         return 2;
     }

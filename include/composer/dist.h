@@ -311,7 +311,9 @@ typedef struct cm_dist cm_dist;
  * FULL_SHARD (ZeRO-3) keeps, at rest, only this rank's chunk of each unit's parameters (the
  * master copy the optimizer updates, cm_shard_span.params); a unit's flat parameter buffer is
  * all-gathered the moment an op on the trainer's tape reads it (the fetch hook, which
- * cm_dist_trainer_hooks installs), at most max_resident_units units at a time, and its memory is
+ * cm_dist_trainer_hooks installs) — or started earlier and waited for then, with prefetch
+ * (backward_prefetch, forward_prefetch, limit_all_gathers in cm_dist_config) — at most
+ * max_resident_units units at a time (plus the units in flight), and its memory is
  * returned to the system when it is evicted and after every optimizer step (and made unreadable
  * until gathered again, so a stray read faults rather than seeing zeros). Code that reads the
  * model's parameters outside the trainer's tape (sampling text, exporting weights) calls
