@@ -305,7 +305,7 @@ static void make_room(cm_dist *d, int u) {
 }
 
 static cm_status take_pending(cm_dist *d, int u);
-static void note_held(cm_dist *d, int in_flight);
+static void note_held(cm_dist *d, int gathering);
 
 /* Makes unit u's flat parameters valid: all-gathers every rank's chunk into them (or waits for
  * the gather prefetch started). */
