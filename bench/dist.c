@@ -2,11 +2,19 @@
  *
  *   composer -n 2 build/bench/bench_dist allreduce   all-reduce bus bandwidth: cm_comm (with its
  *                                                    timeouts and heartbeats) against MPI_Allreduce
- *   composer -n 2 build/bench/bench_dist train [STRATEGY] [small|medium]
+ *   composer -n 2 build/bench/bench_dist progress     does a non-blocking all-gather progress while
+ *                                                    the rank computes without calling MPI? (the
+ *                                                    question FULL_SHARD's prefetch depends on)
+ *   composer -n 2 build/bench/bench_dist train [STRATEGY] [small|medium] [PREFETCH...]
  *                                                    GPT-2 tokens/s under NO_SHARD (default),
  *                                                    SHARD_GRAD_OP or FULL_SHARD, how much of the
  *                                                    gradient collective backward hides, and the
  *                                                    memory a rank holds (peak RSS, optimizer state)
+ *                                                    PREFETCH (FULL_SHARD): bp=PRE|POST|NONE
+ *                                                    (backward_prefetch, default POST), fwd
+ *                                                    (forward_prefetch), nolimit (limit_all_gathers
+ *                                                    false); the unit gathers' counters and the time
+ *                                                    the tape blocked in them are printed
  *
  * Bus bandwidth = 2(P-1)/P · bytes / time (the ring all-reduce's traffic per rank, as nccl-tests).
  * Hidden fraction = 1 - (time blocked in sync_grads per step) / (time the same all-reduces take
@@ -89,7 +97,58 @@ static void bench_allreduce(cm_comm *c) {
     if (f) fclose(f);
 }
 
-static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
+/* Busy arithmetic for `ms` milliseconds; with req, tests it every ~0.25 ms until it is done. */
+static double compute_for(cm_comm *c, double ms, cm_comm_request **req) {
+    volatile double acc = 0;
+    const double t0 = cm_clock_s();
+    double next_poll = t0;
+    while (cm_clock_s() - t0 < ms / 1e3) {
+        for (int i = 0; i < 2000; i++) acc += (double)i * 1e-9;
+        if (req && *req && cm_clock_s() >= next_poll) {
+            bool done = false;
+            TRY(cm_comm_test(c, *req, &done));
+            if (done) *req = NULL;
+            next_poll = cm_clock_s() + 0.25e-3;
+        }
+    }
+    return acc;
+}
+
+/* An all-gather of 4 MiB per rank started, 50 ms of computing, then the wait: how long the wait
+ * takes with no MPI call during the compute, and with cm_comm_test every ~0.25 ms (what
+ * FULL_SHARD's fetch hook does between ops), against the gather alone. */
+static void bench_progress(cm_comm *c) {
+    const int rank = cm_comm_rank(c), P = cm_comm_size(c);
+    const int64_t n = 1 << 20;
+    float *send = calloc((size_t)n, 4), *recv = calloc((size_t)(n * P), 4);
+    enum { ITERS = 6 };
+    double alone = 0, wait[2] = {0, 0};
+    for (int it = 0; it < ITERS + 1; it++) {
+        TRY(cm_comm_barrier(c));
+        double t0 = cm_clock_s();
+        TRY(cm_comm_all_gather(c, send, recv, n, CM_COMM_F32));
+        if (it) alone += cm_clock_s() - t0;
+        for (int poll = 0; poll < 2; poll++) {
+            TRY(cm_comm_barrier(c));
+            cm_comm_request *req;
+            TRY(cm_comm_iall_gather(c, send, recv, n, CM_COMM_F32, &req));
+            compute_for(c, 50, poll ? &req : NULL);
+            t0 = cm_clock_s();
+            if (req) TRY(cm_comm_wait(c, req));
+            if (it) wait[poll] += cm_clock_s() - t0;
+        }
+    }
+    double r[3] = {alone / ITERS * 1e3, wait[0] / ITERS * 1e3, wait[1] / ITERS * 1e3};
+    TRY(cm_comm_all_reduce(c, r, 3, CM_COMM_F64, CM_REDUCE_MAX));
+    if (rank == 0)
+        printf("all-gather of %lld MiB per rank on %d ranks: %.2f ms alone; started, then 50 ms of compute, then the "
+               "wait: %.2f ms without an MPI call during the compute, %.2f ms with cm_comm_test every 0.25 ms\n",
+               (long long)(n * 4 >> 20), P, r[0], r[1], r[2]);
+    free(send);
+    free(recv);
+}
+
+static void bench_train(cm_comm *c, cm_sharding strategy, bool medium, cm_dist_config dc) {
     const int rank = cm_comm_rank(c), P = cm_comm_size(c);
     enum { T = 64, GLOBAL_B = 16, STEPS = 12, WARM = 2 };
     char path[64];
@@ -116,7 +175,6 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
     cm_model *m;
     TRY(cm_gpt2_new(&g, &rng, &m));
     cm_dist *d;
-    cm_dist_config dc = cm_dist_config_default();
     dc.sharding = strategy;
     TRY(cm_dist_new(c, m, &dc, &d));
     /* AdamW: two moments per parameter, so sharding the optimizer state shows */
@@ -201,6 +259,13 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
                "tokens/s, %.1f ms/step, optimizer state %.1f MB/rank, peak RSS %.0f MB/rank, RSS at rest %.0f MB/rank",
                medium ? "medium" : "tiny", (long long)g.n_layer, (long long)g.n_embd, T, (long long)n_params, GLOBAL_B,
                cm_sharding_name(strategy), P, cm_num_threads(), tok_s, dt / STEPS * 1e3, mem[0], mem[1], mem[2]);
+        if (P > 1 && strategy == CM_SHARDING_FULL_SHARD)
+            printf("; prefetch %s%s%s: %.1f unit gathers/step (%.1f prefetched, %.1f of them read by the tape), "
+                   "%.2f ms/step blocked in gathers, at most %d in flight, %d units gathered",
+                   cm_backward_prefetch_name(dc.backward_prefetch), dc.forward_prefetch ? " + forward_prefetch" : "",
+                   dc.limit_all_gathers ? "" : ", no limit_all_gathers", (double)st.n_gathers / STEPS,
+                   (double)st.n_prefetches / STEPS, (double)st.n_prefetch_hits / STEPS, st.gather_s / STEPS * 1e3,
+                   st.max_in_flight, st.max_gathered);
         if (P > 1)
             printf("; gradient %s %.2f MB/step: %.2f ms alone, %.2f ms exposed after backward -> %.0f%% hidden "
                    "(%lld of %lld buckets started during backward); %lld unit gathers",
@@ -212,8 +277,14 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium) {
         if (f) {
             char date[32], host[64];
             stamp(date, host);
+            char name[96];
+            snprintf(name, sizeof name, "%s%s%s%s%s", cm_sharding_name(strategy),
+                     strategy == CM_SHARDING_FULL_SHARD ? "_" : "",
+                     strategy == CM_SHARDING_FULL_SHARD ? cm_backward_prefetch_name(dc.backward_prefetch) : "",
+                     strategy == CM_SHARDING_FULL_SHARD && dc.forward_prefetch ? "_fwd" : "",
+                     strategy == CM_SHARDING_FULL_SHARD && !dc.limit_all_gathers ? "_nolimit" : "");
             fprintf(f, "%s\t%s\ttrain\tgpt2_%s_%s\t%d\t%d\t%.0f\t%.3f\t\t%.1f\t%.3f\t%.1f\t%.2f\n", date, host,
-                    medium ? "medium" : "tiny", cm_sharding_name(strategy), P, cm_num_threads(), st.bytes / STEPS,
+                    medium ? "medium" : "tiny", name, P, cm_num_threads(), st.bytes / STEPS,
                     dt / STEPS * 1e3, tok_s, hidden, mem[1], mem[0]);
             fclose(f);
         }
@@ -232,12 +303,26 @@ int main(int argc, char **argv) {
     cm_comm_config cc = cm_comm_config_default();
     TRY(cm_comm_mpi_new(&cc, &c)); /* MPI even for one rank, so the MPI_Allreduce column runs */
     if (!strcmp(what, "allreduce")) bench_allreduce(c);
+    else if (!strcmp(what, "progress")) bench_progress(c);
     else if (!strcmp(what, "train")) {
         cm_sharding strategy = CM_SHARDING_NO_SHARD;
         if (argc > 2) TRY(cm_sharding_parse(argv[2], &strategy));
-        bench_train(c, strategy, argc > 3 && !strcmp(argv[3], "medium"));
+        cm_dist_config dc = cm_dist_config_default();
+        for (int i = 4; i < argc; i++) {
+            if (!strcmp(argv[i], "fwd")) dc.forward_prefetch = true;
+            else if (!strcmp(argv[i], "nolimit")) dc.limit_all_gathers = false;
+            else if (!strcmp(argv[i], "bp=NONE")) dc.backward_prefetch = CM_BACKWARD_PREFETCH_NONE;
+            else if (!strcmp(argv[i], "bp=PRE")) dc.backward_prefetch = CM_BACKWARD_PREFETCH_PRE;
+            else if (!strcmp(argv[i], "bp=POST")) dc.backward_prefetch = CM_BACKWARD_PREFETCH_POST;
+            else {
+                fprintf(stderr, "bench_dist: unknown prefetch option '%s' (bp=PRE|POST|NONE, fwd, nolimit)\n", argv[i]);
+                return 2;
+            }
+        }
+        bench_train(c, strategy, argc > 3 && !strcmp(argv[3], "medium"), dc);
     } else {
-        fprintf(stderr, "usage: composer -n N bench_dist allreduce | train [NO_SHARD|SHARD_GRAD_OP|FULL_SHARD] [small|medium]\n");
+        fprintf(stderr, "usage: composer -n N bench_dist allreduce | progress | train [NO_SHARD|SHARD_GRAD_OP|FULL_SHARD] [small|medium] "
+                        "[bp=PRE|POST|NONE] [fwd] [nolimit]\n");
         return 2;
     }
     cm_comm_free(c);

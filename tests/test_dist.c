@@ -7,6 +7,7 @@
 #include "cmtrain.h"
 
 #include <composer/dist.h>
+#include <composer/zoo_gpt2.h>
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,6 +379,156 @@ Test(dist, full_shard_free_without_gather_leaves_nan_not_zeros) {
         free(p);
         cm_model_free(m);
         cm_comm_free(c);
+    }
+}
+
+Test(dist, backward_prefetch_names_parse_defaults_are_composers_and_bad_values_are_refused) {
+    cm_backward_prefetch p;
+    cr_assert_eq(cm_backward_prefetch_parse("backward_pre", &p), CM_OK);
+    cr_assert_eq(p, CM_BACKWARD_PREFETCH_PRE);
+    cr_assert_eq(cm_backward_prefetch_parse("NONE", &p), CM_OK);
+    cr_assert_eq(p, CM_BACKWARD_PREFETCH_NONE);
+    cr_assert_str_eq(cm_backward_prefetch_name(CM_BACKWARD_PREFETCH_POST), "BACKWARD_POST");
+    cr_assert_str_eq(cm_backward_prefetch_name((cm_backward_prefetch)9), "?");
+    cr_assert_eq(cm_backward_prefetch_parse("BACKWARD_PRR", &p), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "use BACKWARD_PRE, BACKWARD_POST or NONE"), "message: %s", cm_last_error());
+    /* Composer's FSDPConfig defaults */
+    const cm_dist_config dc0 = cm_dist_config_default();
+    cr_assert_eq(dc0.backward_prefetch, CM_BACKWARD_PREFETCH_POST);
+    cr_assert(!dc0.forward_prefetch && dc0.limit_all_gathers);
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
+    cm_dist_config dc = dc0;
+    dc.sharding = CM_SHARDING_FULL_SHARD;
+    dc.backward_prefetch = (cm_backward_prefetch)7;
+    cm_dist *d = NULL;
+    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "backward_prefetch 7"), "message: %s", cm_last_error());
+    cr_assert_null(d);
+    cm_model_free(m);
+    cm_comm_free(c);
+}
+
+/* A counting sequence task for a tiny GPT-2 (as tests/dist/dist_gpt.c). */
+enum { PF_T = 8, PF_V = 24, PF_N = 24 };
+static cm_field_desc pf_fields[2] = {{"input_ids", CM_DTYPE_I32, 1, {PF_T}}, {"labels", CM_DTYPE_I32, 1, {PF_T}}};
+static int64_t pf_len(void *self) { return PF_N; }
+static int pf_nf(void *self) { return 2; }
+static const cm_field_desc *pf_field(void *self, int i) { return &pf_fields[i]; }
+static cm_status pf_get(void *self, int64_t i, const cm_sample_ctx *ctx, void *const *out) {
+    int32_t *x = out[0], *y = out[1];
+    for (int t = 0; t < PF_T; t++) {
+        x[t] = (int32_t)((i * 7 + (1 + i % 3) * t) % PF_V);
+        y[t] = (int32_t)((i * 7 + (1 + i % 3) * (t + 1)) % PF_V);
+    }
+    return CM_OK;
+}
+static int64_t pf_tok(void *self, int64_t i) { return PF_T; }
+static void pf_close(void *self) {}
+static const cm_dataset_i k_pf_seqs = {CM_DATASET_ABI, "seqs", pf_len, pf_nf, pf_field, pf_get, pf_tok, pf_close};
+
+/* FULL_SHARD on one rank, a GPT-2 of 4 blocks (5 units) with an eval every 2 batches: returns the
+ * trained parameters (gathered) and the counters. */
+static float *pf_train(cm_dist_config dc, bool ckpt, int64_t *n, cm_dist_stats *st) {
+    cm_dataset *ds;
+    cr_assert_eq(cm_dataset_new(&k_pf_seqs, NULL, &ds), CM_OK);
+    cm_dataloader *dl = cmt_loader(ds, 6, false, 1);
+    cm_dataloader *edl = cmt_loader(ds, 8, true, 1);
+    cm_gpt2_config gc = cm_gpt2_config_default();
+    gc.vocab_size = PF_V, gc.n_positions = 16, gc.n_embd = 16, gc.n_layer = 4, gc.n_head = 2;
+    gc.embd_pdrop = gc.attn_pdrop = gc.resid_pdrop = 0.1f;
+    cm_rng rng = cm_rng_init(3, 0);
+    cm_model *m;
+    cr_assert_eq(cm_gpt2_new(&gc, &rng, &m), CM_OK, "%s", cm_last_error());
+    if (ckpt) {
+        int marked = 0;
+        cr_assert_eq(cm_module_checkpoint_policy(cm_model_module(m), NULL, 0, &marked), CM_OK, "%s", cm_last_error());
+    }
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    dc.sharding = CM_SHARDING_FULL_SHARD;
+    cm_dist *d;
+    cr_assert_eq(cm_dist_new(c, m, &dc, &d), CM_OK, "%s", cm_last_error());
+    const cm_optim_span *sp;
+    int nsp;
+    cr_assert_eq(cm_dist_optim_spans(d, &sp, &nsp), CM_OK);
+    cm_optim *opt;
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
+    hp.lr = 3e-3;
+    cr_assert_eq(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt), CM_OK);
+    cr_assert_eq(cm_optim_add_group(opt, &hp, sp, nsp), CM_OK);
+    cm_trainer_config cfg = cm_trainer_config_default();
+    cfg.model = m;
+    cfg.train_dataloader = dl;
+    cfg.eval_dataloader = edl;
+    cfg.eval_interval = cm_time_make(2, CM_TIME_BATCH);
+    cfg.optimizer = opt;
+    cfg.device_train_microbatch_size = 2;
+    cfg.run_name = "prefetch";
+    cr_assert_eq(cm_time_parse("4ba", &cfg.max_duration), CM_OK);
+    cm_dist_trainer_hooks(d, &cfg);
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&cfg, &tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_dist_attach(d, tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    *st = cm_dist_get_stats(d);
+    cr_assert_eq(cm_dist_gather_params(d), CM_OK, "%s", cm_last_error());
+    float *p = cmt_params_copy(m, n);
+    cm_trainer_free(tr);
+    cm_dist_free(d);
+    cm_optim_free(opt);
+    cm_comm_free(c);
+    cm_dataloader_free(dl);
+    cm_dataloader_free(edl);
+    cm_dataset_free(ds);
+    cm_model_free(m);
+    return p;
+}
+
+/* Prefetch changes when a unit's gather starts, never a value: every setting trains the bits of
+ * FULL_SHARD without prefetch (dropout on, evals between steps, with and without activation
+ * checkpointing); the counters show the gathers started ahead and then read by the tape, fewer
+ * blocking ones, and the in-flight limit. (On 2 ranks: tests/dist, full_shard_prefetch.) */
+Test(dist, full_shard_prefetch_changes_no_bit_and_starts_gathers_ahead, .timeout = 60) {
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        cm_dist_config off = cm_dist_config_default();
+        off.backward_prefetch = CM_BACKWARD_PREFETCH_NONE;
+        int64_t n = 0, n2 = 0;
+        cm_dist_stats s0;
+        float *ref = pf_train(off, ckpt, &n, &s0);
+        cr_assert_eq(s0.n_prefetches, 0);
+        cr_assert_eq(s0.max_in_flight, 1);
+        cr_assert_leq(s0.max_gathered, 2, "without prefetch at most max_resident_units (2) gathered, saw %d",
+                      s0.max_gathered);
+        const struct {
+            cm_backward_prefetch bp;
+            bool fwd, limit;
+        } cases[] = {{CM_BACKWARD_PREFETCH_PRE, false, true},  {CM_BACKWARD_PREFETCH_POST, false, true},
+                     {CM_BACKWARD_PREFETCH_NONE, true, true},  {CM_BACKWARD_PREFETCH_PRE, true, true},
+                     {CM_BACKWARD_PREFETCH_POST, true, false}, {CM_BACKWARD_PREFETCH_PRE, true, false}};
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            cm_dist_config dc = off;
+            dc.backward_prefetch = cases[k].bp, dc.forward_prefetch = cases[k].fwd, dc.limit_all_gathers = cases[k].limit;
+            cm_dist_stats st;
+            float *p = pf_train(dc, ckpt, &n2, &st);
+            cr_assert_eq(n2, n);
+            for (int64_t i = 0; i < n; i++)
+                cr_assert(p[i] == ref[i], "ckpt %d case %zu, param %lld: %.9g vs %.9g", ckpt, k, (long long)i, p[i],
+                          ref[i]);
+            free(p);
+            cr_assert_gt(st.n_prefetches, 0, "ckpt %d case %zu: nothing prefetched", ckpt, k);
+            cr_assert_geq(2 * st.n_prefetch_hits, st.n_prefetches, "ckpt %d case %zu: %lld prefetched, %lld read", ckpt,
+                          k, (long long)st.n_prefetches, (long long)st.n_prefetch_hits);
+            cr_assert_lt(st.n_gathers - st.n_prefetches, s0.n_gathers, "ckpt %d case %zu: %lld blocking gathers, %lld without",
+                         ckpt, k, (long long)(st.n_gathers - st.n_prefetches), (long long)s0.n_gathers);
+            const int cap = cases[k].limit ? 2 : 3; /* max_resident_units + 1 without the limit */
+            cr_assert_leq(st.max_in_flight, cap, "ckpt %d case %zu: %d in flight", ckpt, k, st.max_in_flight);
+            cr_assert_leq(st.max_gathered, 2 + cap, "ckpt %d case %zu: %d gathered", ckpt, k, st.max_gathered);
+            if (cases[k].fwd && !cases[k].limit)
+                cr_assert_eq(st.max_in_flight, 3, "ckpt %d case %zu: the prefetch did not run 2 units ahead", ckpt, k);
+        }
+        free(ref);
     }
 }
 

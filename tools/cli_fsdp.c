@@ -183,6 +183,7 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
     cli_fsdp *f = out;
     memset(f, 0, sizeof *f);
     f->state_dict_type = CLI_SDT_UNSET;
+    f->backward_prefetch = CM_BACKWARD_PREFETCH_POST, f->limit_all_gathers = true;
     const cm_config_kind ours = cm_config_kind_of(c, "parallelism.fsdp");
     const cm_config_kind theirs = cm_config_kind_of(c, "fsdp_config");
     if (ours != CM_CONFIG_ABSENT && theirs != CM_CONFIG_ABSENT && ours != CM_CONFIG_NULL && theirs != CM_CONFIG_NULL)
@@ -266,11 +267,16 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
     /* accepted, with their meaning here in --help */
     bool ignored;
     TRY_FSDP(opt_bool(c, f, "use_orig_params", true, &ignored));
-    TRY_FSDP(opt_bool(c, f, "limit_all_gathers", true, &ignored));
-    TRY_FSDP(opt_bool(c, f, "forward_prefetch", false, &ignored));
+
+    /* FULL_SHARD prefetch (cm_dist_config): Composer's defaults */
+    TRY_FSDP(opt_bool(c, f, "limit_all_gathers", true, &f->limit_all_gathers));
+    TRY_FSDP(opt_bool(c, f, "forward_prefetch", false, &f->forward_prefetch));
     static const char *const prefetch[] = {"BACKWARD_PRE", "BACKWARD_POST", "NONE"};
+    static const cm_backward_prefetch prefetch_of[] = {CM_BACKWARD_PREFETCH_PRE, CM_BACKWARD_PREFETCH_POST,
+                                                       CM_BACKWARD_PREFETCH_NONE};
     int bp;
     TRY_FSDP(cm_config_get_choice(c, key(p, sizeof p, f, "backward_prefetch"), prefetch, 3, NULL, &bp));
+    f->backward_prefetch = bp < 0 ? CM_BACKWARD_PREFETCH_POST : prefetch_of[bp];
     return CM_OK;
 }
 
@@ -347,6 +353,11 @@ cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dis
         }
         if (dc) dc->shard_degree = sd, dc->replicate_degree = rd;
     }
+    if (dc && f->present) {
+        dc->backward_prefetch = f->backward_prefetch;
+        dc->forward_prefetch = f->forward_prefetch;
+        dc->limit_all_gathers = f->limit_all_gathers;
+    }
     if (f->state_dict_type == CLI_SDT_UNSET) return CM_OK;
     const bool sharded = world > 1 && f->sharding != CM_SHARDING_NO_SHARD;
     key(p, sizeof p, f, "state_dict_type");
@@ -361,6 +372,13 @@ cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dis
                                 "(rank 0 writes them; they load on any number of ranks, sharded or not)",
                    p, world == 1 ? "one process:" : "NO_SHARD:");
     return CM_OK;
+}
+
+void cli_fsdp_say_dist(const cli_fsdp *f, const cm_dist_config *dc, const cli_ctx *ctx, int rank) {
+    if (!f->verbose || rank != 0 || dc->sharding != CM_SHARDING_FULL_SHARD) return;
+    cli_say(ctx, "%s: FULL_SHARD prefetch: backward_prefetch %s, forward_prefetch %s, limit_all_gathers %s\n", f->prefix,
+            cm_backward_prefetch_name(dc->backward_prefetch), dc->forward_prefetch ? "true" : "false",
+            dc->limit_all_gathers ? "true" : "false");
 }
 
 void cli_fsdp_help(FILE *f) {
@@ -397,8 +415,15 @@ void cli_fsdp_help(FILE *f) {
             "                     error); full otherwise (sharded is then noted and written monolithic)\n"
             "                     verbose (false): print the wrap units and the checkpointed modules\n"
             "                     use_orig_params: accepted (parameters always keep their names over flat\n"
-            "                     buffers); limit_all_gathers: accepted (FULL_SHARD gathers one unit at a time\n"
-            "                     and keeps at most two gathered); backward_prefetch (BACKWARD_PRE |\n"
-            "                     BACKWARD_POST | NONE), forward_prefetch: accepted, no effect yet (gathers are\n"
-            "                     blocking: no prefetch is built)\n");
+            "                     buffers)\n"
+            "                     FULL_SHARD prefetch (no effect under the other strategies; values are the\n"
+            "                     same bits, only when a unit's all-gather starts changes; units are taken in\n"
+            "                     the order the previous forward / backward read them):\n"
+            "                     backward_prefetch (BACKWARD_POST): BACKWARD_PRE starts the next unit's\n"
+            "                     gather when backward enters a unit, BACKWARD_POST once the unit's gradient\n"
+            "                     is final, NONE gathers each unit when backward reads it\n"
+            "                     forward_prefetch (false): entering a unit in forward starts the next one's\n"
+            "                     limit_all_gathers (true): at most 2 gathers in flight, one unit ahead; false:\n"
+            "                     up to 2 units ahead (3 in flight; more memory: the units in flight hold\n"
+            "                     their parameters on top of the 2 gathered units the tape uses)\n");
 }

@@ -27,6 +27,9 @@ typedef struct cli_fsdp {
     bool sync_module_states;
     cli_state_dict_type state_dict_type;
     bool verbose;
+    /* FULL_SHARD prefetch (Composer's defaults when absent) */
+    cm_backward_prefetch backward_prefetch;
+    bool forward_prefetch, limit_all_gathers;
 } cli_fsdp;
 
 /* Reads the block (in every mode but generate; train = false reads sharding_strategy only and
@@ -42,8 +45,11 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
 /* Once the number of ranks is known: checks state_dict_type against the layout this run's
  * checkpoints have and a hybrid strategy's degrees against the world size (file:line, both keys
  * and the world size named), fills the data-parallel config's keys (sync_module_states, the
- * degrees). */
+ * degrees, the prefetch keys). */
 cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dist_config *dc);
+
+/* With verbose, on rank 0 under FULL_SHARD: the prefetch settings cm_dist_new was given. */
+void cli_fsdp_say_dist(const cli_fsdp *f, const cm_dist_config *dc, const cli_ctx *ctx, int rank);
 
 /* The keys' lines for `composer train --help`. */
 void cli_fsdp_help(FILE *f);

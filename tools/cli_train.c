@@ -1150,6 +1150,7 @@ static cm_status start_dist(run *r) {
     dc.sharding = r->sharding;
     cm_status s = cm_dist_new(r->comm, r->model, &dc, &r->dp);
     if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG) return at_key(r->cfg, k, s);
+    if (!s) cli_fsdp_say_dist(&r->fsdp, &dc, &r->ctx, r->rank);
     return s;
 }
 

@@ -272,6 +272,23 @@ typedef enum cm_sharding {
 const char *cm_sharding_name(cm_sharding s);                /* "NO_SHARD"; "?" out of range */
 cm_status cm_sharding_parse(const char *s, cm_sharding *out); /* case-insensitive */
 
+/* FULL_SHARD: when backward starts the all-gather of the unit it will need next (Composer's
+ * fsdp_config backward_prefetch, PyTorch's BackwardPrefetch). */
+#define CM_BACKWARD_PREFETCH_LIST(X)                   \
+    X(CM_BACKWARD_PREFETCH_NONE, "NONE")               \
+    X(CM_BACKWARD_PREFETCH_PRE, "BACKWARD_PRE")        \
+    X(CM_BACKWARD_PREFETCH_POST, "BACKWARD_POST")
+
+typedef enum cm_backward_prefetch {
+#define CM_X_(name, str) name,
+    CM_BACKWARD_PREFETCH_LIST(CM_X_)
+#undef CM_X_
+    CM_BACKWARD_PREFETCH_COUNT
+} cm_backward_prefetch;
+
+const char *cm_backward_prefetch_name(cm_backward_prefetch p);                /* "BACKWARD_PRE"; "?" out of range */
+cm_status cm_backward_prefetch_parse(const char *s, cm_backward_prefetch *out); /* case-insensitive */
+
 typedef struct cm_dist_config {
     cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3),
                                 HYBRID_SHARD, _HYBRID_SHARD_ZERO2 */
@@ -282,6 +299,26 @@ typedef struct cm_dist_config {
      * and shard groups (data_parallel_replicate_degree); 0 (default) = derived, see
      * cm_dist_hybrid_degrees. Ignored by the other strategies. */
     int shard_degree, replicate_degree;
+    /* FULL_SHARD prefetch, Composer's keys and defaults (no effect under the other strategies).
+     * The tape reads the units in the order the previous pass of the same kind (forward,
+     * backward) read them; prefetch starts a unit's all-gather (non-blocking) ahead of its use,
+     * and the fetch hook waits for it when the tape reads the unit. Values are the same bits with
+     * or without prefetch: only the time a gather starts changes.
+     *   backward_prefetch: BACKWARD_PRE starts the next unit's gather when backward enters the
+     *     current unit (before its gradient computation), BACKWARD_POST once the current unit's
+     *     gradient is final (needs cm_dist_attach: the tape's backward hook says when; without
+     *     it, POST prefetches nothing), NONE gathers every unit when backward reads it.
+     *     Default BACKWARD_POST. The first backward, with no previous one to follow, follows the
+     *     reverse of the forward just run.
+     *   forward_prefetch: entering a unit in forward starts the next unit's gather (default false).
+     *   limit_all_gathers: at most 2 gathers in flight (the current unit's and the next one's),
+     *     prefetching one unit ahead (default true); false prefetches up to max_resident_units
+     *     units ahead, at most max_resident_units + 1 gathers in flight.
+     * Memory: at most max_resident_units gathered units the tape uses (the least recently used
+     * one is evicted, never one being gathered), plus the units in flight. */
+    cm_backward_prefetch backward_prefetch;
+    bool forward_prefetch;
+    bool limit_all_gathers;
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
@@ -312,7 +349,9 @@ typedef struct cm_dist cm_dist;
  * FULL_SHARD (ZeRO-3) keeps, at rest, only this rank's chunk of each unit's parameters (the
  * master copy the optimizer updates, cm_shard_span.params); a unit's flat parameter buffer is
  * all-gathered the moment an op on the trainer's tape reads it (the fetch hook, which
- * cm_dist_trainer_hooks installs), at most max_resident_units units at a time, and its memory is
+ * cm_dist_trainer_hooks installs) — or started earlier and waited for then, with prefetch
+ * (backward_prefetch, forward_prefetch, limit_all_gathers in cm_dist_config) — at most
+ * max_resident_units units at a time (plus the units in flight), and its memory is
  * returned to the system when it is evicted and after every optimizer step (and made unreadable
  * until gathered again, so a stray read faults rather than seeing zeros). Code that reads the
  * model's parameters outside the trainer's tape (sampling text, exporting weights) calls
@@ -394,7 +433,13 @@ typedef struct cm_dist_stats {
     double bytes;            /* gradient bytes all-reduced (per rank) */
     double wait_s;           /* time blocked in sync_grads: communication not hidden */
     double hook_s;           /* time spent starting / progressing buckets during backward */
-    int64_t n_gathers;       /* FULL_SHARD: unit all-gathers (fetches of a non-resident unit) */
+    int64_t n_gathers;       /* FULL_SHARD: unit all-gathers (blocking on a fetch, or prefetched) */
+    int64_t n_prefetches;    /* FULL_SHARD: of those, started ahead of use by prefetch */
+    int64_t n_prefetch_hits; /* FULL_SHARD: fetches that found their unit prefetched (waited for it, if at all) */
+    int64_t n_prefetch_unused; /* FULL_SHARD: prefetched units never read before the step made them stale */
+    int max_in_flight;       /* FULL_SHARD: the most unit gathers in flight at once */
+    int max_gathered;        /* FULL_SHARD: the most units holding parameter pages at once (gathered or in flight) */
+    double gather_s;         /* FULL_SHARD: time the fetch hook blocked in gathers or waiting for prefetched ones */
 } cm_dist_stats;
 
 cm_dist_stats cm_dist_get_stats(const cm_dist *d);

@@ -38,7 +38,20 @@
  * rank the sum over its group's ranks only; sync_grads then all-reduces every gradient chunk
  * over the replicate group (the R ranks holding the same piece, a second sub-communicator), once
  * per batch after the last microbatch — the sum is the same whichever comes first, and one
- * all-reduce a batch is what the slow links between nodes should carry. */
+ * all-reduce a batch is what the slow links between nodes should carry.
+ *
+ * FULL_SHARD prefetch (forward_prefetch, backward_prefetch, limit_all_gathers): the fetch hook
+ * records, per pass (forward; backward, checkpoint replays included), the sequence of units the
+ * tape moves between, and follows the previous pass's sequence; entering a unit (forward_prefetch,
+ * BACKWARD_PRE) or finishing one's gradient (BACKWARD_POST, from the backward hook) starts the
+ * non-blocking all-gather of the unit(s) that come next in it, into pages mapped for it. The
+ * unit is "pending" until the tape reads it: then the hook waits for the gather (the fetch hook
+ * tests the gathers in flight on every call, since MPI progresses them only inside MPI calls).
+ * Every decision depends only on the sequence of fetches and backward nodes, which is the same on
+ * every rank — never on timing — so every rank issues the same gathers in the same order. Pending
+ * units are not resident: eviction never touches them (their pages are being written), and they
+ * are bounded by the in-flight limit; after the step any left (a pass that read another order)
+ * are completed and released with the rest. */
 #include "dist/dist_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -49,6 +62,7 @@
 #include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef struct unit_range {
     const char *lo, *hi; /* the unit's parameter bytes */
@@ -93,9 +107,45 @@ struct cm_dist {
     cm_status hook_status;   /* a failure inside the hook, reported by sync_grads */
     char hook_error[1024];
     cm_dist_stats stats;
+    /* FULL_SHARD prefetch (see the header comment) */
+    bool prefetch;           /* forward_prefetch or a backward_prefetch other than NONE */
+    cm_comm_request **greq;  /* (n_units) a prefetched gather still running, NULL otherwise */
+    bool *pending;           /* (n_units) prefetched (pages mapped), not yet read by the tape */
+    int n_pending;
+    int *rec[2], rec_len[2];   /* units entered by the current forward [0] / backward [1] pass */
+    int *pred[2], pred_len[2]; /* the previous pass's, which the current one follows */
+    int pos[2], last_unit[2];  /* where the current pass is in pred; the unit it read last */
+    int phase;                 /* the pass the last fetch belonged to (-1: a new one starts) */
+    int seq_cap;
+    int64_t *post_last;        /* BACKWARD_POST: (n_units) backward index after which the unit is final */
+    const cm_node *post_cursor;
+    int64_t post_idx;
+    bool post_armed;
 };
 
-cm_dist_config cm_dist_config_default(void) { return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0}; }
+cm_dist_config cm_dist_config_default(void) {
+    return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0, CM_BACKWARD_PREFETCH_POST, false, true};
+}
+
+static const char *const k_backward_prefetch[] = {
+#define CM_X_(name, str) str,
+    CM_BACKWARD_PREFETCH_LIST(CM_X_)
+#undef CM_X_
+};
+
+const char *cm_backward_prefetch_name(cm_backward_prefetch p) {
+    return (unsigned)p < CM_BACKWARD_PREFETCH_COUNT ? k_backward_prefetch[p] : "?";
+}
+
+cm_status cm_backward_prefetch_parse(const char *s, cm_backward_prefetch *out) {
+    for (int i = 0; s && out && i < CM_BACKWARD_PREFETCH_COUNT; i++)
+        if (!strcasecmp(s, k_backward_prefetch[i])) {
+            *out = (cm_backward_prefetch)i;
+            return CM_OK;
+        }
+    return cm_set_error(CM_ERR_INVALID_ARG, "backward_prefetch '%s': use BACKWARD_PRE, BACKWARD_POST or NONE",
+                        s ? s : "(null)");
+}
 
 cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
 cm_comm *cm_dist_shard_comm(const cm_dist *d) { return d ? d->scomm : NULL; }
@@ -121,8 +171,13 @@ typedef struct tape_link {
     cm_dist *d;
 } tape_link;
 
+static cm_status prefetch_drain(cm_dist *d);
+
 void cm_dist_free(cm_dist *d) {
     if (!d) return;
+    /* nothing may still write into the buffers: finish the prefetched gathers (every rank has the
+     * same ones) unless the communicator failed (then they are abandoned, as d->req below) */
+    if (d->n_pending && cm_comm_status(d->scomm) == CM_OK) (void)prefetch_drain(d);
     if (d->full && d->resident && d->model) {
         /* the model's buffers become ordinary memory again; units that were not gathered hold NaN
          * (loud, unlike the zeros of released pages): gather before freeing to keep the values */
@@ -153,6 +208,14 @@ void cm_dist_free(cm_dist *d) {
     cm_free(d->ospans);
     cm_free(d->unit_last);
     cm_free(d->ranges);
+    for (int u = 0; d->greq && u < d->n_units; u++) cm_free(d->greq[u]);
+    cm_free(d->greq);
+    cm_free(d->pending);
+    for (int k = 0; k < 2; k++) {
+        cm_free(d->rec[k]);
+        cm_free(d->pred[k]);
+    }
+    cm_free(d->post_last);
     if (d->hybrid) {
         cm_comm_free(d->rcomm);
         if (d->scomm != d->comm) cm_comm_free(d->scomm);
@@ -247,10 +310,9 @@ static void release_all(cm_dist *d) {
     for (int u = 0; u < d->n_units; u++) release(d, u);
 }
 
-/* Makes unit u's flat parameters valid: all-gathers every rank's chunk into them. */
-static cm_status gather(cm_dist *d, int u) {
-    d->last_use[u] = ++d->tick;
-    if (d->resident[u]) return CM_OK;
+/* Room for unit u among the resident units: evicts the least recently used ones (never u, never
+ * a pending one: those are not resident). */
+static void make_room(cm_dist *d, int u) {
     while (d->n_resident >= d->max_resident) { /* evict the least recently used */
         int lru = -1;
         for (int v = 0; v < d->n_units; v++)
@@ -258,6 +320,22 @@ static cm_status gather(cm_dist *d, int u) {
         if (lru < 0) break;
         release(d, lru);
     }
+}
+
+static cm_status take_pending(cm_dist *d, int u);
+static void note_held(cm_dist *d, int gathering);
+
+/* Makes unit u's flat parameters valid: all-gathers every rank's chunk into them (or waits for
+ * the gather prefetch started). */
+static cm_status gather(cm_dist *d, int u) {
+    d->last_use[u] = ++d->tick;
+    if (d->resident[u]) return CM_OK;
+    make_room(d, u);
+    if (d->pending && d->pending[u]) {
+        d->stats.n_prefetch_hits++;
+        return take_pending(d, u);
+    }
+    note_held(d, 1);
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
     if (d->pbytes[u] && mprotect(p, d->pbytes[u], PROT_READ | PROT_WRITE) != 0)
         return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
@@ -282,12 +360,223 @@ static void shard_take(cm_dist *d) {
 }
 
 static int unit_of(const cm_dist *d, const void *p);
+static void hook_fail(cm_dist *d, cm_status s);
+
+/* ---------------------------------------------------------------------------------------------
+ * FULL_SHARD prefetch
+ * ------------------------------------------------------------------------------------------- */
+
+static cm_status prefetch_setup(cm_dist *d) {
+    const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
+    d->seq_cap = 4 * d->n_units + 16;
+    d->greq = cm_alloc_zeroed(n * sizeof *d->greq, 16);
+    d->pending = cm_alloc_zeroed(n * sizeof *d->pending, 16);
+    d->post_last = cm_alloc_zeroed(n * sizeof *d->post_last, 16);
+    if (!d->greq || !d->pending || !d->post_last) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    for (int k = 0; k < 2; k++) {
+        d->rec[k] = cm_alloc_zeroed(sizeof(int) * (size_t)d->seq_cap, 16);
+        d->pred[k] = cm_alloc_zeroed(sizeof(int) * (size_t)d->seq_cap, 16);
+        if (!d->rec[k] || !d->pred[k]) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+        d->pos[k] = d->last_unit[k] = -1;
+    }
+    d->phase = -1;
+    return CM_OK;
+}
+
+/* Units holding pages now (with `gathering` a blocking gather about to start): the peaks. */
+static void note_held(cm_dist *d, int gathering) {
+    const int in_flight = d->n_pending + gathering, held = d->n_resident + in_flight;
+    if (in_flight > d->stats.max_in_flight) d->stats.max_in_flight = in_flight;
+    if (held > d->stats.max_gathered) d->stats.max_gathered = held;
+}
+
+/* Finishes the prefetched gather of unit u (waiting for it if it still runs): u becomes resident
+ * (the caller made room). */
+static cm_status take_pending(cm_dist *d, int u) {
+    cm_status s = CM_OK;
+    if (d->greq[u]) s = cm_comm_wait(d->scomm, d->greq[u]);
+    d->greq[u] = NULL;
+    d->pending[u] = false;
+    d->n_pending--;
+    if (s) { /* the buffer holds garbage: unreadable again */
+        float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+        if (d->pbytes[u]) {
+            madvise(p, d->pbytes[u], MADV_DONTNEED);
+            mprotect(p, d->pbytes[u], PROT_NONE);
+        }
+        return s;
+    }
+    d->resident[u] = true;
+    d->n_resident++;
+    return CM_OK;
+}
+
+/* Completes every pending unit (each becomes resident; the caller releases them). */
+static cm_status prefetch_drain(cm_dist *d) {
+    cm_status s = CM_OK;
+    for (int u = 0; d->pending && u < d->n_units; u++) {
+        if (!d->pending[u]) continue;
+        d->stats.n_prefetch_unused++;
+        cm_status w = take_pending(d, u);
+        if (!s) s = w;
+    }
+    return s;
+}
+
+/* MPI progresses a non-blocking collective only inside MPI calls: test the gathers in flight. A
+ * finished one stays pending (the tape has not read it yet). */
+static cm_status prefetch_progress(cm_dist *d) {
+    for (int u = 0; u < d->n_units; u++) {
+        if (!d->greq[u]) continue;
+        bool done = false;
+        cm_status s = cm_comm_test(d->scomm, d->greq[u], &done);
+        if (s || done) d->greq[u] = NULL;
+        if (s) { /* released by the test: never read what it wrote */
+            d->pending[u] = false;
+            d->n_pending--;
+            return s;
+        }
+    }
+    return CM_OK;
+}
+
+/* Starts the gather of unit v ahead of its use, into its pages mapped again. */
+static cm_status start_prefetch(cm_dist *d, int v) {
+    const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), v);
+    if (d->pbytes[v] && mprotect(ui->params, d->pbytes[v], PROT_READ | PROT_WRITE) != 0)
+        return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
+                            ui->name, strerror(errno));
+    cm_status s = cm_comm_iall_gather(d->scomm, d->pshard[v], ui->params, d->chunk[v], CM_COMM_F32, &d->greq[v]);
+    if (s) {
+        if (d->pbytes[v]) mprotect(ui->params, d->pbytes[v], PROT_NONE);
+        return s;
+    }
+    d->pending[v] = true;
+    d->n_pending++;
+    d->stats.n_gathers++;
+    d->stats.n_prefetches++;
+    note_held(d, 0);
+    return CM_OK;
+}
+
+/* Starts the gathers of the units the previous pass of phase ph entered after the current
+ * position: one unit ahead with at most 2 gathers in flight under limit_all_gathers, else up to
+ * max_resident_units ahead with at most that + 1 in flight. `gathering`: the current unit's own
+ * (blocking) gather comes right after, and counts as in flight. */
+static cm_status prefetch_ahead(cm_dist *d, int ph, int cur, bool gathering) {
+    const int depth = d->cfg.limit_all_gathers ? 1 : d->max_resident;
+    const int cap = d->cfg.limit_all_gathers ? 2 : d->max_resident + 1;
+    int looked = 0;
+    for (int i = d->pos[ph] + 1; i < d->pred_len[ph] && looked < depth; i++) {
+        const int v = d->pred[ph][i];
+        if (v == cur) continue;
+        looked++;
+        if (d->resident[v] || d->pending[v]) continue;
+        if (d->n_pending + (gathering ? 1 : 0) >= cap) break;
+        cm_status s = start_prefetch(d, v);
+        if (s) return s;
+    }
+    return CM_OK;
+}
+
+/* A new pass of phase ph: the one recorded last becomes the sequence to follow. The first
+ * backward follows the reverse of the forward just run. */
+static void begin_pass(cm_dist *d, int ph) {
+    d->phase = ph;
+    if (d->rec_len[ph]) {
+        int *t = d->pred[ph];
+        d->pred[ph] = d->rec[ph], d->pred_len[ph] = d->rec_len[ph];
+        d->rec[ph] = t;
+    } else if (ph == 1 && !d->pred_len[1]) {
+        for (int i = 0; i < d->rec_len[0]; i++) d->pred[1][i] = d->rec[0][d->rec_len[0] - 1 - i];
+        d->pred_len[1] = d->rec_len[0];
+    }
+    d->rec_len[ph] = 0;
+    d->pos[ph] = d->last_unit[ph] = -1;
+}
+
+/* The tape enters unit u in phase ph: record it, and move to it in the sequence followed (the
+ * next entry; else its next occurrence; else its first; else nowhere). */
+static void follow(cm_dist *d, int ph, int u) {
+    if (d->rec_len[ph] < d->seq_cap) d->rec[ph][d->rec_len[ph]++] = u;
+    const int *p = d->pred[ph], n = d->pred_len[ph], at = d->pos[ph];
+    if (at + 1 < n && p[at + 1] == u) {
+        d->pos[ph] = at + 1;
+        return;
+    }
+    for (int i = at + 2; i < n; i++)
+        if (p[i] == u) {
+            d->pos[ph] = i;
+            return;
+        }
+    for (int i = 0; i <= at && i < n; i++)
+        if (p[i] == u) {
+            d->pos[ph] = i;
+            return;
+        }
+    d->pos[ph] = n;
+}
+
+/* The fetch hook's path with prefetch on: follows the pass, starts the prefetches that entering
+ * u triggers (forward_prefetch in forward, BACKWARD_PRE in backward), then gathers u. */
+static cm_status fetch_prefetching(cm_dist *d, cm_tape *tp, int u) {
+    const int ph = tp->in_backward || tp->replaying;
+    if (ph != d->phase) begin_pass(d, ph);
+    if (u != d->last_unit[ph]) {
+        d->last_unit[ph] = u;
+        follow(d, ph, u);
+        if (ph ? d->cfg.backward_prefetch == CM_BACKWARD_PREFETCH_PRE : d->cfg.forward_prefetch) {
+            d->last_use[u] = ++d->tick;
+            if (!d->resident[u]) make_room(d, u); /* before: a unit about to be evicted is not "resident" */
+            cm_status s = prefetch_ahead(d, ph, u, !d->resident[u] && !d->pending[u]);
+            if (s) return s;
+        }
+    }
+    return gather(d, u);
+}
+
+/* BACKWARD_POST, from the backward hook: once backward has run the node after which a unit's
+ * gradient is final, start the gather of what comes next. */
+static void prefetch_post(cm_dist *d, cm_tape *tp, const cm_node *node) {
+    if (!node) { /* a new backward: where each unit becomes final (as backward_hook's unit_last) */
+        for (int u = 0; u < d->n_units; u++) d->post_last[u] = -1;
+        int64_t idx = 0;
+        for (const cm_node *n = tp->last; n; n = n->prev, idx++)
+            for (int j = 0; j < n->n_in; j++) {
+                const cm_tensor *in = n->in[j];
+                if (!in || in->node || !(in->flags & CM_TF_REQUIRES_GRAD)) continue;
+                const int u = unit_of(d, in->data);
+                if (u >= 0) d->post_last[u] = idx;
+            }
+        d->post_cursor = tp->last;
+        d->post_idx = 0;
+        d->post_armed = true;
+        return;
+    }
+    if (!d->post_armed) return;
+    while (d->post_cursor && d->post_cursor != node) d->post_cursor = d->post_cursor->prev, d->post_idx++;
+    if (!d->post_cursor) {
+        d->post_armed = false;
+        return;
+    }
+    bool final = false;
+    for (int u = 0; u < d->n_units && !final; u++) final = d->post_last[u] == d->post_idx;
+    if (!final || d->phase != 1) return;
+    const double t0 = cm_clock_s();
+    cm_status s = prefetch_ahead(d, 1, d->last_unit[1], false);
+    d->stats.hook_s += cm_clock_s() - t0;
+    if (s) hook_fail(d, s);
+}
 
 static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
     cm_dist *d = data;
+    cm_status s = d->n_pending ? prefetch_progress(d) : CM_OK;
+    if (s) return s;
     const int u = unit_of(d, cm_tensor_data(t));
     if (u < 0) return CM_OK;
-    cm_status s = gather(d, u);
+    const double t0 = cm_clock_s();
+    s = d->prefetch ? fetch_prefetching(d, tp, u) : gather(d, u);
+    d->stats.gather_s += cm_clock_s() - t0;
     if (s) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
@@ -343,6 +632,9 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
                                              &replicate_degree);
         if (s) return s;
     }
+    if ((unsigned)c.backward_prefetch >= CM_BACKWARD_PREFETCH_COUNT)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: backward_prefetch %d is not a cm_backward_prefetch",
+                            (int)c.backward_prefetch);
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -373,6 +665,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
     }
     cm_status s = d->sharded ? shard_setup(d) : CM_OK;
+    if (!s && d->full) s = prefetch_setup(d);
+    d->prefetch = d->full && (c.forward_prefetch || c.backward_prefetch != CM_BACKWARD_PREFETCH_NONE);
     if (s) {
         cm_dist_free(d);
         return s;
@@ -451,6 +745,7 @@ static cm_status flush(cm_dist *d);
 
 static void backward_hook(cm_tape *tp, const void *node, void *data) {
     cm_dist *d = data;
+    if (d->full && d->cfg.backward_prefetch == CM_BACKWARD_PREFETCH_POST && !d->hook_status) prefetch_post(d, tp, node);
     if (d->hook_status || !d->cfg.overlap || cm_comm_size(d->comm) < 2) return;
     const double t0 = cm_clock_s();
     if (!node) {
@@ -576,8 +871,10 @@ cm_status cm_dist_sync_params(cm_dist *d) {
     if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_sync_params: NULL");
     if (!d->sharded) return CM_OK;
     if (d->full) { /* the chunks changed: every gathered buffer is stale */
+        cm_status s = prefetch_drain(d); /* prefetched units no pass read: finished, then released */
         release_all(d);
-        return CM_OK;
+        d->phase = -1; /* the next fetch starts a new pass */
+        return s;
     }
     cm_module *root = cm_model_module(d->model);
     cm_status s = CM_OK;

@@ -10,7 +10,12 @@
  *
  * `dropout` sets every dropout of the model to 0.1: masks are keyed by global row, so N ranks
  * still equal one process. `ckpt` checkpoints every block (the default activation checkpointing
- * policy): the same bits as without. */
+ * policy): the same bits as without.
+ *
+ * FULL_SHARD prefetch: `bp=PRE|POST|NONE` (backward_prefetch; default the config default,
+ * BACKWARD_POST), `fwd` (forward_prefetch), `nolimit` (limit_all_gathers false), `layers=N`
+ * (blocks, default 2), `resident=N` (max_resident_units). Rank 0 prints a line "prefetch: ..."
+ * with the counters of cm_dist_stats, each summed (maxima: the largest) over the ranks. */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -60,10 +65,23 @@ int main(int argc, char **argv) {
     cm_dist_config dc = cm_dist_config_default();
     TRY(cm_sharding_parse(argv[2], &dc.sharding));
     bool bf16 = false, dropout = false, ckpt = false;
+    int layers = 2;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "bf16")) bf16 = true;
         else if (!strcmp(argv[i], "dropout")) dropout = true;
         else if (!strcmp(argv[i], "ckpt")) ckpt = true;
+        else if (!strcmp(argv[i], "fwd")) dc.forward_prefetch = true;
+        else if (!strcmp(argv[i], "nolimit")) dc.limit_all_gathers = false;
+        else if (!strncmp(argv[i], "layers=", 7)) layers = atoi(argv[i] + 7);
+        else if (!strncmp(argv[i], "resident=", 9)) dc.max_resident_units = atoi(argv[i] + 9);
+        else if (!strncmp(argv[i], "bp=", 3)) {
+            char name[32];
+            snprintf(name, sizeof name, "%s%s", strcmp(argv[i] + 3, "NONE") ? "BACKWARD_" : "", argv[i] + 3);
+            TRY(cm_backward_prefetch_parse(name, &dc.backward_prefetch));
+        } else {
+            fprintf(stderr, "dist_gpt: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
     }
     cm_comm *comm;
     TRY(cm_comm_auto_new(NULL, &comm));
@@ -76,7 +94,7 @@ int main(int argc, char **argv) {
     TRY(cm_dataset_new(&k_seqs, q, &ds));
 
     cm_gpt2_config gc = cm_gpt2_config_default();
-    gc.vocab_size = V, gc.n_positions = 16, gc.n_embd = 16, gc.n_layer = 2, gc.n_head = 2;
+    gc.vocab_size = V, gc.n_positions = 16, gc.n_embd = 16, gc.n_layer = layers, gc.n_head = 2;
     /* dropout masks are keyed by global row (cm_tape_set_rows), attention's fused one included,
      * so with `dropout` N ranks still equal one process */
     gc.embd_pdrop = gc.attn_pdrop = gc.resid_pdrop = dropout ? 0.1f : 0.0f;
@@ -147,7 +165,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dist_gpt: rank %d: fit failed: %s\n", rank, cm_last_error());
         return 1;
     }
+    /* the prefetch counters before gather_params (which takes what is still pending) */
+    const cm_dist_stats st = cm_dist_get_stats(dp);
+    int64_t sums[5] = {st.n_gathers, st.n_prefetches, st.n_prefetch_hits, st.n_prefetch_unused, 0};
+    int64_t maxes[2] = {st.max_in_flight, st.max_gathered};
+    TRY(cm_comm_all_reduce(comm, sums, 5, CM_COMM_I64, CM_REDUCE_SUM));
+    TRY(cm_comm_all_reduce(comm, maxes, 2, CM_COMM_I64, CM_REDUCE_MAX));
     TRY(cm_dist_gather_params(dp));
+    if (rank == 0)
+        printf("prefetch: %s %s%s%s: gathers %lld prefetched %lld hits %lld unused %lld max_in_flight %lld "
+               "max_gathered %lld\n",
+               cm_sharding_name(dc.sharding), cm_backward_prefetch_name(dc.backward_prefetch),
+               dc.forward_prefetch ? " forward_prefetch" : "", dc.limit_all_gathers ? "" : " no-limit",
+               (long long)sums[0], (long long)sums[1], (long long)sums[2], (long long)sums[3], (long long)maxes[0],
+               (long long)maxes[1]);
     if (rank == 0) {
         FILE *f = fopen(argv[1], "w");
         if (!f) {
@@ -172,7 +203,6 @@ int main(int argc, char **argv) {
             fprintf(f, "%.9g\n", v);
         }
         fclose(f);
-        const cm_dist_stats st = cm_dist_get_stats(dp);
         printf("dist_gpt: %d ranks, %s%s%s: loss %.6f, %d units, gathers %lld\n", world,
                cm_sharding_name(dc.sharding), bf16 ? ", amp_bf16" : "", ckpt ? ", checkpointed" : "",
                cm_state_total_loss(cm_trainer_state(tr)), cm_module_n_units(root), (long long)st.n_gathers);

@@ -196,6 +196,55 @@ act_ckpt_equivalence)
         "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/b.txt" 1e-4 || fail "checkpointed $strategy on 3 ranks differs from 1 process"
     done
     ;;
+full_shard_prefetch)
+    # FULL_SHARD prefetch changes when a unit's all-gather starts, never a value: every setting
+    # (forward_prefetch on/off x backward_prefetch PRE / POST / NONE x limit_all_gathers on/off)
+    # gives the bits of FULL_SHARD without prefetch on 2 ranks (tolerance 0), which equals one
+    # process within gpt_sharded_equivalence's tolerance. A GPT of 4 blocks (5 units: the
+    # embeddings + final norm, one per block), with an eval pass every 3 batches. The counters
+    # (summed over ranks) show the prefetch happened: gathers started ahead and then read by the
+    # tape ("hits"), fewer blocking gathers than without, and the in-flight limit held.
+    g=$bin/dist_gpt
+    env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/ref.txt" NO_SHARD layers=4 || fail "1-process GPT run"
+    launch -n 2 "$g" "$tmp/off.txt" FULL_SHARD layers=4 bp=NONE >"$tmp/off.out" || fail "FULL_SHARD without prefetch"
+    "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/off.txt" 2e-5 || fail "FULL_SHARD without prefetch differs from 1 process"
+    cat "$tmp/off.out"
+    stat() { sed -n "s/^prefetch: .* $2 \([0-9]*\).*/\1/p" "$1"; }
+    [ "$(stat "$tmp/off.out" prefetched)" = 0 ] || fail "prefetches with every prefetch key off"
+    blocking_off=$(stat "$tmp/off.out" gathers)
+    max_nolimit=0
+    for fwd in "" fwd; do
+        for bp in NONE PRE POST; do
+            for lim in "" nolimit; do
+                [ -z "$fwd$lim" ] && [ $bp = NONE ] && continue
+                launch -n 2 "$g" "$tmp/p.txt" FULL_SHARD layers=4 bp=$bp $fwd $lim >"$tmp/p.out" || fail "FULL_SHARD bp=$bp $fwd $lim"
+                cat "$tmp/p.out"
+                "$bin/dist_train" --compare "$tmp/off.txt" "$tmp/p.txt" 0 || fail "prefetch (bp=$bp $fwd $lim) changed FULL_SHARD's bits"
+                pf=$(stat "$tmp/p.out" prefetched); hits=$(stat "$tmp/p.out" hits); all=$(stat "$tmp/p.out" gathers)
+                inflight=$(stat "$tmp/p.out" max_in_flight)
+                if [ -z "$fwd" ] && [ $bp = NONE ]; then
+                    [ "$pf" = 0 ] || fail "bp=NONE without forward_prefetch prefetched $pf gathers"
+                    continue
+                fi
+                # most prefetched gathers are read by the tape, and they replace blocking ones
+                [ "$hits" -gt 0 ] && [ $((2 * hits)) -ge "$pf" ] || fail "bp=$bp $fwd $lim: $pf prefetched, $hits read"
+                [ $((all - pf)) -lt "$blocking_off" ] || fail "bp=$bp $fwd $lim: $((all - pf)) blocking gathers, $blocking_off without prefetch"
+                if [ -z "$lim" ]; then
+                    [ "$inflight" -le 2 ] || fail "limit_all_gathers: $inflight gathers in flight"
+                elif [ "$inflight" -gt "$max_nolimit" ]; then
+                    max_nolimit=$inflight
+                fi
+            done
+        done
+    done
+    # without the limit, prefetch runs further ahead (up to max_resident_units units)
+    [ "$max_nolimit" -gt 2 ] || fail "no more than 2 gathers in flight without limit_all_gathers"
+    # activation checkpointing: the replays read the units inside backward
+    launch -n 2 "$g" "$tmp/c0.txt" FULL_SHARD layers=4 bp=NONE ckpt >/dev/null || fail "checkpointed, no prefetch"
+    launch -n 2 "$g" "$tmp/c1.txt" FULL_SHARD layers=4 bp=PRE fwd ckpt >"$tmp/c1.out" || fail "checkpointed with prefetch"
+    "$bin/dist_train" --compare "$tmp/c0.txt" "$tmp/c1.txt" 0 || fail "prefetch changed a checkpointed FULL_SHARD run"
+    [ "$(stat "$tmp/c1.out" hits)" -gt 0 ] || fail "no prefetch hit with activation checkpointing"
+    ;;
 timeout_names_missing_rank)
     start=$(date +%s)
     CM_DIST_TIMEOUT=2 launch -n 3 "$bin/dist_faults" skip >"$tmp/out" 2>&1
@@ -333,7 +382,9 @@ cli_fsdp_config_on_ranks)
     # fsdp_config keys on 2 ranks through the CLI: activation checkpointing under FULL_SHARD with
     # dropout trains the same bits as the same ranks without it (tolerance 0), sharded
     # checkpoints with state_dict_type: sharded, sync_module_states: false (every rank builds the
-    # same weights from the seed), and state_dict_type: full under FULL_SHARD refused once, by name
+    # same weights from the seed), the prefetch keys (verbose says what cm_dist_new got; the bits
+    # are those of Composer's default BACKWARD_POST), and state_dict_type: full under FULL_SHARD
+    # refused once, by name
     cli_setup
     fs="parallelism.fsdp.sharding_strategy=FULL_SHARD"
     launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/a" run_name=a model.dropout=0.1 "$fs" \
@@ -341,7 +392,12 @@ cli_fsdp_config_on_ranks)
     launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/b" run_name=b model.dropout=0.1 "$fs" \
         parallelism.fsdp.activation_checkpointing=true parallelism.fsdp.state_dict_type=sharded \
         parallelism.fsdp.sync_module_states=false save_folder="$tmp/ck" save_interval=6ba \
+        parallelism.fsdp.backward_prefetch=BACKWARD_PRE parallelism.fsdp.forward_prefetch=true \
+        parallelism.fsdp.limit_all_gathers=false parallelism.fsdp.verbose=true \
         >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "FULL_SHARD with activation checkpointing on 2 ranks"; }
+    grep -q "parallelism.fsdp: FULL_SHARD prefetch: backward_prefetch BACKWARD_PRE, forward_prefetch true, limit_all_gathers false" \
+        "$tmp/out" || { cat "$tmp/out"; fail "the prefetch keys did not reach the data-parallel config"; }
+    # (run a: Composer's defaults, BACKWARD_POST; the prefetch keys change no bit either)
     "$bin/dist_cli_compare" "$tmp/a/a" "$tmp/b/b" 0 || fail "activation checkpointing changed FULL_SHARD on 2 ranks"
     [ -f "$tmp/ck/ep0-ba6/model-rank1-of-2.safetensors" ] || fail "state_dict_type: sharded wrote no rank files: $(ls "$tmp/ck"/*)"
     launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/c" "$fs" parallelism.fsdp.state_dict_type=full >"$tmp/out" 2>&1
