@@ -764,6 +764,10 @@ typedef struct cm_trainer_config {
      * CM_ERR_UNSUPPORTED for several ranks on GPUs (multi-GPU training needs NCCL, not there yet). */
     cm_device device;
     size_t device_arena_budget;
+    /* device_train_microbatch_size auto: before the first step, plan the microbatch size from a
+     * dry run of 1 and 2 rows (cm_memory_plan; default true); false: the out-of-memory search alone,
+     * from the whole batch. */
+    bool plan_memory;
 
     /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
      * Saving happens when save_folder is set: at save_interval and once at the end of training
@@ -867,6 +871,53 @@ cm_fit_opts cm_fit_opts_default(void);
  * or loss). With device_train_microbatch_size auto the ranks share their out-of-memory flags after
  * each attempt and retry together. */
 cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
+
+/* ---- The pre-flight memory plan (device_train_microbatch_size auto) ----
+ * Before the first step of an automatic run (cm_trainer_config.plan_memory), the trainer runs one
+ * microbatch of 1 row and one of 2 rows of the first batch forward and backward as a dry run (no
+ * events, no optimizer step) and reads the peak of the tape's arena after each (cm_tape_peak_bytes;
+ * on a GPU the device arena's peak): the difference is the activation bytes per row, the rest the
+ * fixed workspace. The microbatch size is the largest that keeps workspace + size × per-row within
+ * the budget less CM_MEMORY_PLAN_MARGIN (then evened out over the same number of microbatches);
+ * the out-of-memory search stays as the fallback from that size. Parameters, gradients and
+ * optimizer state are read from the model's flat buffers and the optimizer's state (under
+ * SHARD_GRAD_OP / FULL_SHARD what this rank holds of the shards); they live outside the arena and
+ * its budget and are reported, not planned. The dry run leaves no trace: no event fires (so
+ * memory a plugin takes on a microbatch event is not seen: the search then takes over), the
+ * batch-norm statistics and dropout counters are restored, no optimizer step, loss or metric value
+ * is logged; the timestamp and the loader do not move. The plan is logged as metrics
+ * (memory_plan/<component>_mib, memory_plan/microbatch_size) and, on rank 0, as an info line. */
+#define CM_MEMORY_PLAN_MARGIN 0.10
+typedef struct cm_memory_plan {
+    cm_device device;         /* where the planned arena lives */
+    const char *budget_key;   /* "arena_budget" or "device_arena_budget" (static) */
+    size_t budget;            /* that budget in bytes (0 = unlimited) */
+    size_t usable;            /* budget × (1 − CM_MEMORY_PLAN_MARGIN) (0 = unlimited) */
+    int64_t batch_rows;       /* this rank's rows of the planned batch */
+    size_t parameters;        /* bytes of parameters this rank holds */
+    size_t gradients;         /* bytes of gradient buffers this rank holds */
+    size_t optimizer_state;   /* bytes of the optimizer's state (its f32 buffers and steps) */
+    size_t peak_1, peak_2;    /* measured arena peaks of 1 and 2 rows (peak_2 0: the batch has 1 row) */
+    size_t per_row;           /* activations: arena bytes per row (peak_2 − peak_1) */
+    size_t workspace;         /* arena bytes that do not grow with the rows (peak_1 − per_row) */
+    int64_t microbatch_size;  /* the chosen size in rows */
+    size_t predicted_peak;    /* workspace + microbatch_size × per_row */
+} cm_memory_plan;
+
+/* Plans the microbatch size for the train loader's next batch (the next epoch's first when the
+ * loader is at an epoch's end) as fit's first step would (see above), without training: the
+ * loader's position is restored afterwards, the gradients copied back (zeroed on a GPU or under a
+ * distributed zero_grad hook). The batch is the loader's, before any algorithm changes it on
+ * AFTER_DATALOADER. No collectives: each rank plans its own rows. Errors: CM_ERR_STATE (closed,
+ * no train loader or no batch), CM_ERR_OOM naming the budget key and the bytes one row needs when
+ * one row does not fit, the model's errors. */
+cm_status cm_trainer_plan_memory(cm_trainer *tr, cm_memory_plan *out);
+/* The plan fit made before its first step (NULL when it made none: a fixed size, plan_memory off,
+ * or fit not run yet). Borrowed; valid while the trainer lives. */
+const cm_memory_plan *cm_trainer_memory_plan(const cm_trainer *tr);
+/* The plan as text, one component a line in MiB (as the trainer logs it); returns what snprintf
+ * returns. */
+int cm_memory_plan_format(const cm_memory_plan *p, char *buf, size_t cap);
 
 /* Standalone evaluation of `evaluators` (NULL/0 = the configured ones), each on its
  * subset_num_batches: EVAL_STANDALONE_START, (EVAL_START ... EVAL_END) each, EVAL_STANDALONE_END;
