@@ -147,8 +147,9 @@ static void check_first_try(const char *family) {
     const double err = fabs((double)p->predicted_peak - (double)measured) / (double)measured;
     cr_expect_leq(err, 0.10, "%s: predicted %zu bytes, measured %zu at %lld rows (%.1f%% off)", family,
                   p->predicted_peak, measured, (long long)p->microbatch_size, 100 * err);
-    cr_log_info("%s: %lld rows, predicted %zu, measured %zu (%.2f%%)", family, (long long)p->microbatch_size,
-                p->predicted_peak, measured, 100 * err);
+    cr_log_info("%s: %lld rows (%lld measured to fit, %d probes), predicted %zu, measured %zu (%.2f%%)", family,
+                (long long)p->microbatch_size, (long long)p->fit_size, p->n_probes, p->predicted_peak, measured,
+                100 * err);
     const int64_t m = p->microbatch_size;
     const size_t predicted = p->predicted_peak;
     run_free(&r);
@@ -167,6 +168,67 @@ static void check_first_try(const char *family) {
 }
 
 Test(memory_plan, gpt2_size_fits_on_the_first_try_and_the_peak_is_predicted) { check_first_try("gpt2"); }
+
+/* A wider GPT (n_embd 128, 64 tokens): a row's activation gradients are 32 KiB, under the 64 KiB
+ * from which the tape takes gradients from its heap pool instead of the arena, and two rows' are
+ * over it — so the arena grows more slowly from 1 to 2 rows than a row at larger sizes, and the
+ * line through 1 and 2 rows alone under-predicts the peak. The plan measures its candidates and
+ * predicts the real peak. */
+static void rig_wide_gpt(cmt_rig *r) {
+    memset(r, 0, sizeof *r);
+    r->family = "gpt2-wide";
+    cr_assert_eq(system("mkdir -p build/test_memory_plan"), 0);
+    const int64_t T = 64, n = T * BATCH * 2 + 1;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + i / 13) % 65);
+    cr_assert_eq(cm_token_file_write("build/test_memory_plan/tokens.bin", ids, n, CM_TOKEN_WIDTH_AUTO), CM_OK);
+    free(ids);
+    cm_tokens_config tc = cm_tokens_config_default();
+    tc.seq_len = T;
+    cr_assert_eq(cm_dataset_tokens_new("build/test_memory_plan/tokens.bin", &tc, &r->ds), CM_OK, "%s", cm_last_error());
+    cm_dataloader_config c = cm_dataloader_config_default();
+    c.batch_size = BATCH;
+    c.seed = 17;
+    cr_assert_eq(cm_dataloader_new(r->ds, &c, &r->dl), CM_OK, "%s", cm_last_error());
+    cm_gpt2_config g;
+    cr_assert_eq(cm_gpt2_config_preset("tiny", &g), CM_OK);
+    g.vocab_size = 65, g.n_positions = T, g.n_embd = 128, g.n_layer = 1, g.n_head = 4;
+    cm_rng rng = cm_rng_init(6, 0);
+    cr_assert_eq(cm_gpt2_new(&g, &rng, &r->model), CM_OK, "%s", cm_last_error());
+}
+
+Test(memory_plan, a_gpt_whose_gradients_leave_the_arena_is_predicted_by_the_measured_candidates) {
+    cmt_rig rig;
+    rig_wide_gpt(&rig);
+    run r = run_new(&rig, CM_MICROBATCH_AUTO, 0, "1ba");
+    cm_memory_plan fp;
+    cr_assert_eq(cm_trainer_plan_memory(r.tr, &fp), CM_OK, "%s", cm_last_error());
+    run_free(&r);
+    cmt_rig_free(&rig);
+    cr_assert_eq(fp.microbatch_size, BATCH);
+    /* the whole batch was measured; the line through 1 and 2 rows says much less */
+    const double line16 = (double)fp.peak_1 + (BATCH - 1) * ((double)fp.peak_2 - (double)fp.peak_1);
+    cr_expect_lt(line16, 0.8 * (double)fp.predicted_peak, "1-2 row line %.0f vs measured %zu at %d rows", line16,
+                 fp.predicted_peak, BATCH);
+    cr_log_info("wide gpt: 1-2 row line at 16 rows %.0f, measured %zu", line16, fp.predicted_peak);
+
+    const size_t budget = (size_t)((double)fp.predicted_peak * 0.55 / (1.0 - CM_MEMORY_PLAN_MARGIN));
+    rig_wide_gpt(&rig);
+    r = run_new(&rig, CM_MICROBATCH_AUTO, budget, "1ba");
+    cr_assert_eq(cm_trainer_fit(r.tr, NULL), CM_OK, "%s", cm_last_error());
+    const cm_memory_plan *p = cm_trainer_memory_plan(r.tr);
+    cr_assert_not_null(p);
+    cr_expect(p->microbatch_size > 1 && p->microbatch_size < BATCH, "size %lld", (long long)p->microbatch_size);
+    cr_expect_eq(cm_in_memory_logger_count(r.mem, "trainer/device_train_microbatch_size"), 1, "OOM retries");
+    const size_t measured = cm_tape_peak_bytes(cm_state_tape(cm_trainer_state(r.tr)));
+    const double err = fabs((double)p->predicted_peak - (double)measured) / (double)measured;
+    cr_expect_leq(err, 0.10, "predicted %zu, measured %zu at %lld rows", p->predicted_peak, measured,
+                  (long long)p->microbatch_size);
+    cr_log_info("wide gpt: %lld rows (%d probes), predicted %zu, measured %zu (%.2f%%)", (long long)p->microbatch_size,
+                p->n_probes, p->predicted_peak, measured, 100 * err);
+    run_free(&r);
+    cmt_rig_free(&rig);
+}
 
 Test(memory_plan, resnet_size_fits_on_the_first_try_and_the_peak_is_predicted) { check_first_try("resnet"); }
 

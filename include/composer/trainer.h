@@ -898,10 +898,13 @@ typedef struct cm_memory_plan {
     size_t gradients;         /* bytes of gradient buffers this rank holds */
     size_t optimizer_state;   /* bytes of the optimizer's state (its f32 buffers and steps) */
     size_t peak_1, peak_2;    /* measured arena peaks of 1 and 2 rows (peak_2 0: the batch has 1 row) */
-    size_t per_row;           /* activations: arena bytes per row (peak_2 − peak_1) */
-    size_t workspace;         /* arena bytes that do not grow with the rows (peak_1 − per_row) */
-    int64_t microbatch_size;  /* the chosen size in rows */
-    size_t predicted_peak;    /* workspace + microbatch_size × per_row */
+    int n_probes;             /* dry microbatches run (1 and 2 rows, then the candidates measured) */
+    int64_t fit_size;         /* the largest size measured to fit the usable budget */
+    size_t per_row;           /* activations: arena bytes a row, the slope at the chosen size */
+    size_t workspace;         /* arena bytes that do not grow with the rows (that line at 0 rows) */
+    int64_t microbatch_size;  /* the chosen size in rows: fit_size evened out over its microbatches */
+    size_t predicted_peak;    /* the arena peak at microbatch_size: measured, or interpolated between
+                                 the measured sizes around it */
 } cm_memory_plan;
 
 /* Plans the microbatch size for the train loader's next batch (the next epoch's first when the

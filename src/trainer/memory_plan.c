@@ -76,21 +76,76 @@ static void copy_unit_grads(cm_module *root, float *buf, bool back) {
     }
 }
 
-/* The size the line allows: the largest that keeps workspace + size × per_row within `usable`
- * (at most the batch), evened out over the same number of microbatches. */
-static int64_t choose(const cm_memory_plan *p) {
-    const int64_t rows = p->batch_rows > 0 ? p->batch_rows : 1;
-    int64_t m = rows;
-    if (p->usable && p->per_row) {
-        const size_t room = p->usable > p->workspace ? p->usable - p->workspace : 0;
-        const size_t fit = room / p->per_row;
-        m = fit < (size_t)rows ? (int64_t)fit : rows;
-    } else if (p->usable && p->workspace > p->usable) {
-        m = 0;
+/* The measured points of a plan: (rows, arena peak), by rows. */
+typedef struct plan_pts {
+    int64_t m[12];
+    size_t peak[12];
+    int n;
+} plan_pts;
+
+static void pts_add(plan_pts *q, int64_t m, size_t peak) {
+    if (q->n == 12) return;
+    int i = q->n++;
+    while (i > 0 && q->m[i - 1] > m) q->m[i] = q->m[i - 1], q->peak[i] = q->peak[i - 1], i--;
+    q->m[i] = m, q->peak[i] = peak;
+}
+
+/* The peak at m rows on the polyline through the points (the last segment extended past them):
+ * the segment's slope and the arena bytes at 0 rows are returned too. */
+static double pts_at(const plan_pts *q, int64_t m, double *slope, double *at0) {
+    int j = 1;
+    while (j < q->n - 1 && q->m[j] < m) j++;
+    const double m0 = (double)q->m[j - 1], p0 = (double)q->peak[j - 1], m1 = (double)q->m[j], p1 = (double)q->peak[j];
+    const double k = p1 > p0 ? (p1 - p0) / (m1 - m0) : 0.0;
+    if (slope) *slope = k;
+    if (at0) *at0 = p0 - k * m0;
+    return p0 + k * ((double)m - m0);
+}
+
+/* Probes of growing sizes until the largest size that fits `usable` is measured: the first line
+ * (through 1 and 2 rows) names a candidate, which is measured (with the budget lifted to twice
+ * itself, so a candidate somewhat over it is measured too), and the polyline through every point
+ * names the next, between the largest size that fit and the smallest that did not. Gradients of
+ * 64 KiB or more come from the tape's heap pool instead of the arena, so the arena grows faster a
+ * row at larger sizes than from 1 to 2 rows: the measured candidate corrects the line. */
+static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory_plan *p, plan_pts *q) {
+    const int64_t rows = b->n_rows;
+    size_t peak;
+    cm_tape_set_budget(tr->tape, tr->device, 0);
+    cm_status s = probe(tr, b, 1, global_w, &p->peak_1);
+    if (!s && rows >= 2) s = probe(tr, b, 2, global_w, &p->peak_2);
+    if (s) return s;
+    p->n_probes = rows >= 2 ? 2 : 1;
+    pts_add(q, 1, p->peak_1);
+    if (rows >= 2) pts_add(q, 2, p->peak_2);
+    if (p->budget && p->peak_1 > p->budget) return CM_OK; /* not even one row: the caller's error */
+    const size_t usable = p->usable ? p->usable : (size_t)-1;
+    int64_t lo = 1, hi = rows; /* lo measured to fit (1: it fits the budget itself); above hi does not */
+    if (rows >= 2 && p->peak_2 <= usable) lo = 2;
+    if (rows >= 2 && p->peak_2 > usable) hi = 1;
+    cm_tape_set_budget(tr->tape, tr->device, p->budget ? 2 * p->budget : 0);
+    for (int it = 0; it < 6 && lo < hi; it++) {
+        int64_t m = hi;
+        if (p->usable) {
+            double k, at0;
+            pts_at(q, hi, &k, &at0);
+            const double fit = k > 0 ? ((double)usable - at0) / k : (double)hi;
+            m = fit >= (double)hi ? hi : (int64_t)floor(fit);
+        }
+        if (m <= lo) break; /* the line says lo is the largest: trust it no further than measured */
+        bool oom = false;
+        s = probe(tr, b, m, global_w, &peak);
+        if (s && cm_tape_status(tr->tape) != CM_ERR_OOM && cm_last_status() != CM_ERR_OOM) return s;
+        oom = s != CM_OK;
+        s = CM_OK;
+        p->n_probes++;
+        if (oom) peak = 2 * p->budget + 1;
+        pts_add(q, m, peak);
+        if (peak <= usable) lo = m;
+        else hi = m - 1;
     }
-    if (m < 1) m = 1; /* a single row is measured: it fits if peak_1 is within the budget itself */
-    const int64_t n_mb = (rows + m - 1) / m;
-    return (rows + n_mb - 1) / n_mb;
+    p->fit_size = lo;
+    return CM_OK;
 }
 
 /* Plans on batch b (this rank's rows), leaving no trace: batch-norm statistics, dropout counters
@@ -137,15 +192,15 @@ static cm_status plan_batch(cm_trainer *tr, cm_batch *b, double global_w, bool k
         cm_tape_set_grad_enabled(tr->tape, prev);
         cm_tape_reset(tr->tape);
     }
-    cm_tape_set_budget(tr->tape, tr->device, 0);
-    cm_status s = probe(tr, b, 1, global_w, &p->peak_1);
-    if (!s && b->n_rows >= 2) s = probe(tr, b, 2, global_w, &p->peak_2);
+    plan_pts q = {{0}, {0}, 0};
+    cm_status s = measure(tr, b, global_w, p, &q);
     cm_tape_set_budget(tr->tape, tr->device, p->budget);
     char msg[1024] = "";
     if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
 
-    /* undo */
+    /* undo (the arena's peak too: what the run reports is the training's) */
     cm_tape_reset(tr->tape);
+    tape_reset_peak(tr);
     cm_tape_set_rows(tr->tape, 0, 0, 0);
     tr->dry = dry, tr->probing = false, tr->record_pass = record;
     cm_module_train(root, training);
@@ -164,30 +219,32 @@ static cm_status plan_batch(cm_trainer *tr, cm_batch *b, double global_w, bool k
     if (s) return cm_set_error(s, "memory plan (a dry run of 1 and 2 rows): %s", msg);
     if (z) return z;
 
-    /* the line through the two measurements */
-    if (p->peak_2) {
-        p->per_row = p->peak_2 > p->peak_1 ? p->peak_2 - p->peak_1 : 0;
-        p->workspace = p->peak_1 > p->per_row ? p->peak_1 - p->per_row : 0;
-    } else {
-        p->per_row = p->peak_1;
-    }
     if (p->budget && p->peak_1 > p->budget) {
         const double need = (double)p->peak_1 / MIB;
         return cm_set_error(CM_ERR_OOM,
                             "automatic microbatching: one row needs %.2f MiB of the tape's arena (measured by the "
-                            "memory plan's dry run: %.2f MiB of activations and %.2f MiB of workspace), more than %s "
-                            "(%.2f MiB): raise %s to at least %.2f MiB (%.0f%% more leaves the plan its safety margin)",
-                            need, (double)p->per_row / MIB, (double)p->workspace / MIB, p->budget_key,
-                            (double)p->budget / MIB, p->budget_key, need, 100.0 * CM_MEMORY_PLAN_MARGIN);
+                            "memory plan's dry run of one row), more than %s (%.2f MiB): raise %s to at least %.2f MiB "
+                            "(%.0f%% more leaves the plan its safety margin)",
+                            need, p->budget_key, (double)p->budget / MIB, p->budget_key, need,
+                            100.0 * CM_MEMORY_PLAN_MARGIN);
     }
-    p->microbatch_size = choose(p);
-    p->predicted_peak = p->workspace + (size_t)p->microbatch_size * p->per_row;
-    if (p->microbatch_size == 1) p->predicted_peak = p->peak_1; /* measured, not extrapolated */
+    /* the largest size measured to fit, evened out over the same number of microbatches */
+    const int64_t rows = p->batch_rows, n_split = (rows + p->fit_size - 1) / p->fit_size;
+    p->microbatch_size = (rows + n_split - 1) / n_split;
+    double k, at0;
+    const double at = pts_at(&q, p->microbatch_size, &k, &at0);
+    p->predicted_peak = (size_t)(at > 0 ? at : 0);
+    for (int i = 0; i < q.n; i++)
+        if (q.m[i] == p->microbatch_size) p->predicted_peak = q.peak[i]; /* measured */
+    /* activations a row and workspace: the segment of the polyline at the chosen size */
+    p->per_row = (size_t)k;
+    p->workspace = at0 > 0 ? (size_t)at0 : 0;
     return CM_OK;
 }
 
 int cm_memory_plan_format(const cm_memory_plan *p, char *buf, size_t cap) {
     if (!p || !buf) return 0;
+    const int64_t n_mb = p->microbatch_size > 0 ? (p->batch_rows + p->microbatch_size - 1) / p->microbatch_size : 0;
     char budget[96];
     if (p->budget)
         snprintf(budget, sizeof budget, "%.2f MiB (%s; %.2f MiB usable after the %.0f%% margin)",
@@ -202,15 +259,16 @@ int cm_memory_plan_format(const cm_memory_plan *p, char *buf, size_t cap) {
                     "  activations         %10.2f MiB a row (arena peak: %.2f MiB at 1 row, %.2f MiB at 2)\n"
                     "  workspace           %10.2f MiB\n"
                     "  arena budget        %s\n"
-                    "  microbatch size     %10lld rows (%lld microbatches a batch)\n"
+                    "  dry runs            %10d microbatches (1, 2 rows, then candidates: %lld rows the "
+                    "largest measured to fit)\n"
+                    "  microbatch size     %10lld rows (%lld microbatch%s a batch)\n"
                     "  predicted peak      %10.2f MiB of arena, %.2f MiB with parameters, gradients and "
                     "optimizer state\n",
                     cm_device_name(p->device), (long long)p->batch_rows, (double)p->parameters / MIB,
                     (double)p->gradients / MIB, (double)p->optimizer_state / MIB, (double)p->per_row / MIB,
                     (double)p->peak_1 / MIB, (double)p->peak_2 / MIB, (double)p->workspace / MIB, budget,
-                    (long long)p->microbatch_size,
-                    (long long)(p->microbatch_size > 0 ? (p->batch_rows + p->microbatch_size - 1) / p->microbatch_size
-                                                       : 0),
+                    p->n_probes, (long long)p->fit_size, (long long)p->microbatch_size, (long long)n_mb,
+                    n_mb == 1 ? "" : "es",
                     (double)p->predicted_peak / MIB,
                     (double)(p->predicted_peak + p->parameters + p->gradients + p->optimizer_state) / MIB);
 }
