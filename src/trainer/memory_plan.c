@@ -52,7 +52,7 @@ static cm_status probe(cm_trainer *tr, cm_batch *b, int64_t rows, double global_
     int64_t n_mb;
     cm_status s = cm_data_spec_split(tr->spec, b, rows, &mbs, &n_mb);
     if (s) return s;
-    cm_tape_reset(tr->tape);
+    cm_tape_trim(tr->tape); /* the layout a run of this size alone would grow */
     tape_reset_peak(tr);
     bool oom = false;
     double loss = 0;
@@ -105,7 +105,9 @@ static double pts_at(const plan_pts *q, int64_t m, double *slope, double *at0) {
 /* Probes of growing sizes until the largest size that fits `usable` is measured: the first line
  * (through 1 and 2 rows) names a candidate, which is measured (with the budget lifted to twice
  * itself, so a candidate somewhat over it is measured too), and the polyline through every point
- * names the next, between the largest size that fit and the smallest that did not. Gradients of
+ * names the next, between the largest size that fit and the smallest that did not (at least one
+ * row over the largest that fit, so the answer is always a size that fit next to one that did not,
+ * or the batch). Gradients of
  * 64 KiB or more come from the tape's heap pool instead of the arena, so the arena grows faster a
  * row at larger sizes than from 1 to 2 rows: the measured candidate corrects the line. */
 static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory_plan *p, plan_pts *q) {
@@ -132,7 +134,9 @@ static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory
             const double fit = k > 0 ? ((double)usable - at0) / k : (double)hi;
             m = fit >= (double)hi ? hi : (int64_t)floor(fit);
         }
-        if (m <= lo) break; /* the line says lo is the largest: trust it no further than measured */
+        /* the line says lo is the largest: one row more is measured before believing it (a line
+         * steeper at small sizes than later would stop the plan early) */
+        if (m <= lo) m = lo + 1;
         bool oom = false;
         s = probe(tr, b, m, global_w, &peak);
         if (s && cm_tape_status(tr->tape) != CM_ERR_OOM && cm_last_status() != CM_ERR_OOM) return s;
@@ -184,22 +188,14 @@ static cm_status plan_batch(cm_trainer *tr, cm_batch *b, double global_w, bool k
 
     tr->dry = tr->probing = tr->record_pass = true;
     cm_module_train(root, true);
-    /* the budget is lifted for the probes: on a GPU the device arena is made first, so it has one */
-    if (tr->device != CM_DEVICE_CPU && !cm_tape_device_arena(tr->tape, tr->device)) {
-        const int64_t one = 1;
-        const bool prev = cm_tape_set_grad_enabled(tr->tape, false);
-        (void)cm_zeros(tr->tape, CM_DTYPE_F32, 1, &one);
-        cm_tape_set_grad_enabled(tr->tape, prev);
-        cm_tape_reset(tr->tape);
-    }
     plan_pts q = {{0}, {0}, 0};
     cm_status s = measure(tr, b, global_w, p, &q);
     cm_tape_set_budget(tr->tape, tr->device, p->budget);
     char msg[1024] = "";
     if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
 
-    /* undo (the arena's peak too: what the run reports is the training's) */
-    cm_tape_reset(tr->tape);
+    /* undo: the run starts from fresh chunks, as without the plan (and reports its own peak) */
+    cm_tape_trim(tr->tape);
     tape_reset_peak(tr);
     cm_tape_set_rows(tr->tape, 0, 0, 0);
     tr->dry = dry, tr->probing = false, tr->record_pass = record;
