@@ -873,20 +873,27 @@ cm_fit_opts cm_fit_opts_default(void);
 cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
 
 /* ---- The pre-flight memory plan (device_train_microbatch_size auto) ----
- * Before the first step of an automatic run (cm_trainer_config.plan_memory), the trainer runs one
- * microbatch of 1 row and one of 2 rows of the first batch forward and backward as a dry run (no
- * events, no optimizer step) and reads the peak of the tape's arena after each (cm_tape_peak_bytes;
- * on a GPU the device arena's peak): the difference is the activation bytes per row, the rest the
- * fixed workspace. The microbatch size is the largest that keeps workspace + size × per-row within
- * the budget less CM_MEMORY_PLAN_MARGIN (then evened out over the same number of microbatches);
- * the out-of-memory search stays as the fallback from that size. Parameters, gradients and
- * optimizer state are read from the model's flat buffers and the optimizer's state (under
- * SHARD_GRAD_OP / FULL_SHARD what this rank holds of the shards); they live outside the arena and
- * its budget and are reported, not planned. The dry run leaves no trace: no event fires (so
- * memory a plugin takes on a microbatch event is not seen: the search then takes over), the
- * batch-norm statistics and dropout counters are restored, no optimizer step, loss or metric value
- * is logged; the timestamp and the loader do not move. The plan is logged as metrics
- * (memory_plan/<component>_mib, memory_plan/microbatch_size) and, on rank 0, as an info line. */
+ * Before the first step of an automatic run (cm_trainer_config.plan_memory), the trainer runs
+ * microbatches of the first batch forward and backward as dry runs (no events, no optimizer step)
+ * and reads the peak of the tape's arena after each (cm_tape_peak_bytes; on a GPU the device
+ * arena's): 1 row, 2 rows, then the size the line through the measurements names for the budget
+ * less CM_MEMORY_PLAN_MARGIN, refitted through every measured point until the largest size that
+ * fits is measured next to one that does not (or the whole batch fits); that size evened out over
+ * the same number of microbatches is measured too. The line through 1 and 2 rows alone is not
+ * enough: gradients of 64 KiB or more leave the arena for the tape's heap pool as the rows grow
+ * (it under-predicted a character GPT's peak by 40%), and the arena's chunk layout makes the peak
+ * bumpy. The dry runs run with the budget lifted to twice itself and each on new arena chunks
+ * (cm_tape_trim), as does the run after them, so a measurement is what a run of that size alone
+ * reaches. The run then uses the chosen size first; the out-of-memory search stays as the
+ * fallback from it. Parameters, gradients and optimizer state are read from the model's flat
+ * buffers and the optimizer's state (under SHARD_GRAD_OP / FULL_SHARD what this rank holds of the
+ * shards); they live outside the arena and its budget and are reported, not planned.
+ * The dry runs leave no trace: no event fires (so memory a plugin takes on a microbatch event is
+ * not seen: the search then takes over), the batch-norm statistics and dropout counters are
+ * restored, no optimizer step, loss or metric value is logged; the timestamp and the loader do not
+ * move; a run planned under auto equals the run with the fixed size the plan chose, bit for bit.
+ * The plan is logged as metrics (memory_plan/<component>_mib, memory_plan/microbatch_size) and,
+ * on rank 0, as an info line. */
 #define CM_MEMORY_PLAN_MARGIN 0.10
 typedef struct cm_memory_plan {
     cm_device device;         /* where the planned arena lives */
@@ -900,11 +907,12 @@ typedef struct cm_memory_plan {
     size_t peak_1, peak_2;    /* measured arena peaks of 1 and 2 rows (peak_2 0: the batch has 1 row) */
     int n_probes;             /* dry microbatches run (1 and 2 rows, then the candidates measured) */
     int64_t fit_size;         /* the largest size measured to fit the usable budget */
-    size_t per_row;           /* activations: arena bytes a row, the slope at the chosen size */
+    size_t per_row;           /* activations: arena bytes a row, the slope between the measured
+                                 sizes around the chosen one */
     size_t workspace;         /* arena bytes that do not grow with the rows (that line at 0 rows) */
-    int64_t microbatch_size;  /* the chosen size in rows: fit_size evened out over its microbatches */
-    size_t predicted_peak;    /* the arena peak at microbatch_size: measured, or interpolated between
-                                 the measured sizes around it */
+    int64_t microbatch_size;  /* the chosen size in rows: fit_size evened out over as many
+                                 microbatches, if that measured to fit too, else fit_size */
+    size_t predicted_peak;    /* the arena peak the dry run measured at microbatch_size */
 } cm_memory_plan;
 
 /* Plans the microbatch size for the train loader's next batch (the next epoch's first when the

@@ -149,6 +149,24 @@ static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory
         else hi = m - 1;
     }
     p->fit_size = lo;
+    /* evened out over the same number of microbatches: a smaller size, measured too (the arena's
+     * chunks make the peak bumpy, so an interpolation can be 10% short); kept if it fits */
+    const int64_t n_split = (rows + lo - 1) / lo, even = (rows + n_split - 1) / n_split;
+    p->microbatch_size = lo;
+    if (even < lo) {
+        bool have = false;
+        for (int i = 0; i < q->n; i++)
+            if (q->m[i] == even) have = true, peak = q->peak[i];
+        if (!have) {
+            s = probe(tr, b, even, global_w, &peak);
+            if (s && cm_tape_status(tr->tape) != CM_ERR_OOM && cm_last_status() != CM_ERR_OOM) return s;
+            if (s) peak = 2 * p->budget + 1;
+            s = CM_OK;
+            p->n_probes++;
+            pts_add(q, even, peak);
+        }
+        if (peak <= usable) p->microbatch_size = even;
+    }
     return CM_OK;
 }
 
@@ -224,9 +242,7 @@ static cm_status plan_batch(cm_trainer *tr, cm_batch *b, double global_w, bool k
                             need, p->budget_key, (double)p->budget / MIB, p->budget_key, need,
                             100.0 * CM_MEMORY_PLAN_MARGIN);
     }
-    /* the largest size measured to fit, evened out over the same number of microbatches */
-    const int64_t rows = p->batch_rows, n_split = (rows + p->fit_size - 1) / p->fit_size;
-    p->microbatch_size = (rows + n_split - 1) / n_split;
+    /* the chosen size was measured (measure) */
     double k, at0;
     const double at = pts_at(&q, p->microbatch_size, &k, &at0);
     p->predicted_peak = (size_t)(at > 0 ? at : 0);
