@@ -9,6 +9,7 @@
 #   bench/memory_plan.sh                 # build/ must hold the built composer
 #   BIG=1 bench/memory_plan.sh           # also GPT-2 124M (12 layers, 768 wide) at T 1024
 #   FRAC=0.25 bench/memory_plan.sh
+#   BIG=1 BIG_BATCH=8 FRAC=0.6 ONLY=124M bench/memory_plan.sh   # one case (a regex on the names)
 #
 # Writes bench/results/memory_plan.tsv. Needs the token files of the Shakespeare examples (made
 # here with `composer data tokenize` if missing) and ../shared/data (MNIST, SST-2, BERT's vocab).
@@ -26,7 +27,7 @@ out=bench/results/memory_plan.tsv
     "$bin" data tokenize --tokenizer gpt2 ../shared/data/tinyshakespeare/input.txt -o data/shakespeare_gpt2 >/dev/null
 
 bert_sst2="model.pretrained=false model.pretrained_model_name_or_path=examples/bert-tiny tokenizer.name=../shared/data/bert"
-gpt2_124m="model.n_layer=12 model.n_head=12 model.n_embd=768 model.n_positions=1024 train_loader.batch_size=4"
+gpt2_124m="model.n_layer=12 model.n_head=12 model.n_embd=768 model.n_positions=1024 train_loader.batch_size=${BIG_BATCH:-4}"
 cases=(
     "mnist|examples/mnist.yaml|"
     "shakespeare-char|examples/shakespeare-char.yaml|sample.max_new_tokens=0"
@@ -42,9 +43,11 @@ num() { grep -m1 "$1" | sed -E "s/.*$1 *([0-9.]+).*/\1/"; }
 metric_max() { grep -o "\"$2\": [0-9.e+-]*" "$1" | awk '{ if ($2 > m) m = $2 } END { printf "%.0f", m }'; }
 metric_count() { grep -o "\"$2\"" "$1" | wc -l; }
 
+[ -n "${ONLY:-}" ] && out=$tmp/only.tsv
 printf "config\tbatch\tbudget_mib\tsize\tprobes\tplan_s\tretries\tpredicted_mib\tmeasured_mib\terror_pct\tstatic_mib\tpeak_rss_mib\n" >"$out"
 for c in "${cases[@]}"; do
     IFS='|' read -r name cfg extra <<<"$c"
+    [[ -z "${ONLY:-}" || "$name" =~ $ONLY ]] || continue
     # shellcheck disable=SC2086
     full=$("$bin" train "$cfg" --plan-memory device_train_microbatch_size=auto $extra 2>&1) ||
         { echo "$name: $full" >&2; continue; }
