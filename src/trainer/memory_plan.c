@@ -45,8 +45,8 @@ static void tape_reset_peak(cm_trainer *tr) {
     if (a) cm_arena_reset_peak(a);
 }
 
-/* One dry microbatch of the first `rows` rows of b, with the budget lifted (so the bytes a size
- * needs are measured even where they exceed it): its arena peak. */
+/* One dry microbatch of the first `rows` rows of b on new arena chunks: its arena peak. An
+ * out-of-memory error (over the lifted budget) is CM_OK with *peak past twice the budget. */
 static cm_status probe(cm_trainer *tr, cm_batch *b, int64_t rows, double global_w, size_t *peak) {
     cm_batch *mbs;
     int64_t n_mb;
@@ -58,6 +58,11 @@ static cm_status probe(cm_trainer *tr, cm_batch *b, int64_t rows, double global_
     double loss = 0;
     s = cmi_run_one(tr, &mbs[0], 0, b->rank_offset, global_w, &oom, &loss);
     *peak = tape_peak(tr);
+    const size_t lifted = cm_tape_budget(tr->tape, tr->device);
+    if (s && oom && lifted) { /* over the lifted budget (without one, the machine's memory: an error) */
+        *peak = (lifted > *peak ? lifted : *peak) + 1;
+        s = CM_OK;
+    }
     cm_tape_reset(tr->tape);
     cm_tape_set_rows(tr->tape, 0, 0, 0);
     return s;
@@ -137,13 +142,8 @@ static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory
         /* the line says lo is the largest: one row more is measured before believing it (a line
          * steeper at small sizes than later would stop the plan early) */
         if (m <= lo) m = lo + 1;
-        bool oom = false;
-        s = probe(tr, b, m, global_w, &peak);
-        if (s && cm_tape_status(tr->tape) != CM_ERR_OOM && cm_last_status() != CM_ERR_OOM) return s;
-        oom = s != CM_OK;
-        s = CM_OK;
+        if ((s = probe(tr, b, m, global_w, &peak))) return s;
         p->n_probes++;
-        if (oom) peak = 2 * p->budget + 1;
         pts_add(q, m, peak);
         if (peak <= usable) lo = m;
         else hi = m - 1;
@@ -158,10 +158,7 @@ static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory
         for (int i = 0; i < q->n; i++)
             if (q->m[i] == even) have = true, peak = q->peak[i];
         if (!have) {
-            s = probe(tr, b, even, global_w, &peak);
-            if (s && cm_tape_status(tr->tape) != CM_ERR_OOM && cm_last_status() != CM_ERR_OOM) return s;
-            if (s) peak = 2 * p->budget + 1;
-            s = CM_OK;
+            if ((s = probe(tr, b, even, global_w, &peak))) return s;
             p->n_probes++;
             pts_add(q, even, peak);
         }
