@@ -486,6 +486,14 @@ Test(gpu_train, auto_microbatching_catches_the_gpu_out_of_memory) {
                   (gpu_run_opts){.device = CM_DEVICE_CUDA, .microbatch = CM_MICROBATCH_AUTO, .device_budget = 600 << 10});
     const int64_t mb = cm_state_microbatch_size(cm_trainer_state(autom.tr));
     cr_assert(mb > 0 && mb < B, "auto microbatching settled on %lld rows", (long long)mb);
+    /* the memory plan measured the device arena and chose the size that fits on the first try */
+    const cm_memory_plan *p = cm_trainer_memory_plan(autom.tr);
+    cr_assert_not_null(p, "no memory plan on the gpu");
+    cr_expect_str_eq(p->budget_key, "device_arena_budget");
+    cr_expect_eq(p->budget, (size_t)600 << 10);
+    cr_expect_eq(p->microbatch_size, mb);
+    cr_expect_leq(p->predicted_peak, p->budget);
+    cr_expect_eq(cm_in_memory_logger_count(autom.mem, "trainer/device_train_microbatch_size"), 1, "OOM retries");
     expect_losses_close("auto microbatches vs the full batch on the gpu", &autom, &full, 0, N_STEPS, 1e-5);
     expect_params_close("auto microbatches vs the full batch: parameters", autom.model, full.model, 2e-5, 0);
     gpu_run_end(&full);

@@ -25,6 +25,7 @@ typedef struct {
     uint64_t seed, data_seed;
     cm_precision precision;
     size_t arena_budget;
+    bool no_plan; /* automatic microbatching without the pre-flight plan: the search alone */
     bool tokens;
     cm_model *model; /* optional: a ready model */
     cm_optim *optimizer;
@@ -55,6 +56,7 @@ static rig make(const rig_opts *o) {
     c.seed = o->seed;
     c.precision = o->precision;
     c.arena_budget = o->arena_budget;
+    c.plan_memory = !o->no_plan;
     c.accumulate_train_batch_on_tokens = o->tokens;
     c.optimizer = o->optimizer;
     c.schedulers = o->sched;
@@ -426,6 +428,7 @@ Test(trainer, auto_microbatch_shrinks_on_arena_oom_and_matches_the_fixed_size_ru
     cr_assert_eq(cm_trainer_fit(fixed.tr, NULL), CM_OK, "%s", cm_last_error());
     size_t peak = cm_arena_peak(cm_tape_arena(cm_state_tape(cm_trainer_state(fixed.tr))));
     o.mb = CM_MICROBATCH_AUTO;
+    o.no_plan = true; /* the search itself (the plan would start at 4: test_memory_plan) */
     o.arena_budget = peak; /* 16 and 8 rows do not fit, 4 do */
     rig autom = make(&o);
     cr_assert_eq(cm_trainer_fit(autom.tr, NULL), CM_OK, "%s", cm_last_error());

@@ -1013,7 +1013,7 @@ static void touch_unused(run *r) {
         "load_strict_model_weights", "load_exclude_algorithms",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
-        "dist_timeout", "fsdp_config"};
+        "dist_timeout", "fsdp_config", "arena_budget", "device_arena_budget"};
     for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++) cm_config_touch(r->cfg, train_only[i]);
     if (r->mode == MODE_GENERATE) {
         cm_config_touch(r->cfg, "eval_loader");
@@ -1064,6 +1064,17 @@ static cm_status read_trainer_keys(run *r) {
             return bad(c, "device_train_microbatch_size", "'%s' must be a number of rows (0 = the whole batch) or auto", v);
     } else {
         TRY(cm_config_get_int(c, "device_train_microbatch_size", 0, &tc->device_train_microbatch_size));
+    }
+    /* the tape's byte budgets (what automatic microbatching and its memory plan fit into) */
+    static const char *const budget_keys[] = {"arena_budget", "device_arena_budget"};
+    size_t *budgets[] = {&tc->arena_budget, &tc->device_arena_budget};
+    for (int i = 0; i < 2; i++) {
+        const char *v;
+        int64_t n = 0;
+        TRY(cm_config_get_string(c, budget_keys[i], NULL, &v));
+        if (v && !parse_bytes(v, &n))
+            return bad(c, budget_keys[i], "'%s' is not a byte size (e.g. 2gb, 512mb, 1048576; 0 = unlimited)", v);
+        *budgets[i] = (size_t)n;
     }
     TRY(cm_config_get_bool(c, "progress_bar", true, &r->ctx.progress_bar));
     TRY(cm_config_get_time(c, "console_log_interval", "0", &r->ctx.console_log_interval));
@@ -1312,6 +1323,10 @@ static void print_keys(FILE *f) {
             "  eval_subset_num_batches   -1 = the whole eval set\n"
             "  global_train_batch_size   the train loader's batch size (llm-foundry's name)\n"
             "  device_train_microbatch_size   rows per microbatch, or auto; 0 = the whole batch\n"
+            "  arena_budget       bytes (2gb, 512mb) a microbatch's activations may take on the CPU (0 = no\n"
+            "                     limit); device_arena_budget the same on the GPU. With auto microbatching\n"
+            "                     the size is planned from a dry run of 1 and 2 rows to fit it (10%% margin),\n"
+            "                     then halved on out-of-memory; --plan-memory prints the plan\n"
             "  precision          fp32 | amp_bf16 (amp_fp16: not on CPU)\n"
             "  seed (42), run_name (generated), run_root (runs), progress_bar (true),\n"
             "  console_log_interval (0 = off; e.g. 100ba), scale_schedule_ratio (1), deterministic_mode,\n"
@@ -1332,16 +1347,20 @@ static void print_keys(FILE *f) {
             "the run folder follows every checkpoint to <save_folder>/run/.\n");
 }
 
-static const char *g_print_config, *g_quiet_train;
+static const char *g_print_config, *g_quiet_train, *g_plan_memory;
 static const cli_flag k_train_flags[] = {
     {"--print-config", NULL, NULL, "print the resolved config (defaults filled in) and exit", &g_print_config},
+    {"--plan-memory", NULL, NULL,
+     "print the memory plan of the first batch (parameters, gradients, optimizer state, activations a row, "
+     "workspace, the microbatch size that fits arena_budget) and exit without training or a run folder",
+     &g_plan_memory},
     {"--quiet", "-q", NULL, "no progress output (the run folder is still written)", &g_quiet_train},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static void train_usage(FILE *f, const char *prog) {
     fprintf(f,
-            "usage: %s CONFIG.yaml [key.path=value ...] [--print-config]\n\n"
+            "usage: %s CONFIG.yaml [key.path=value ...] [--print-config | --plan-memory]\n\n"
             "Trains the model a YAML config describes (llm-foundry style: trainer options are top-level\n"
             "keys). Overrides on the command line are parsed as YAML values: optimizer.lr=3e-4,\n"
             "max_duration=500ba, optimizer.betas=[0.9,0.99]. Unknown keys and bad values are errors that\n"
@@ -1670,10 +1689,48 @@ static cm_status run_uploader_new(run *r, cm_callback_plugin *out) {
     return CM_OK;
 }
 
+/* --plan-memory: a trainer with the config's model, loader, optimizer, precision, budgets and
+ * algorithms, but no run folder, loggers, callbacks or checkpoints, plans the first batch and
+ * prints it (rank 0; every rank plans its own slice). */
+static int plan_memory(run *r, const char *prog) {
+    int rc = settle(r, prog);
+    if (rc) return finish(r, rc);
+    r->tc.model = r->model;
+    r->tc.train_dataloader = r->train_dl;
+    r->tc.eval_dataloader = NULL;
+    r->tc.optimizer = r->opt;
+    r->tc.schedulers = r->scheds, r->tc.n_schedulers = r->n_scheds;
+    r->tc.algorithms = r->algs, r->tc.n_algorithms = r->n_algs;
+    r->tc.callbacks = NULL, r->tc.n_callbacks = 0;
+    r->tc.loggers = NULL, r->tc.n_loggers = 0;
+    r->tc.save_folder = NULL, r->tc.autoresume = false;
+    r->tc.run_name = "plan-memory";
+    r->tc.handle_signals = false;
+    if (r->dp) cm_dist_trainer_hooks(r->dp, &r->tc);
+    cm_trainer *tr = NULL;
+    cm_memory_plan p;
+    if (cm_trainer_new(&r->tc, &tr) != CM_OK) note(r, NULL), tr = NULL;
+    else r->n_algs = 0; /* the trainer owns them now */
+    if (tr && r->dp && cm_dist_attach(r->dp, tr) != CM_OK) note(r, NULL);
+    if (!r->err_code && cm_trainer_plan_memory(tr, &p) != CM_OK) note(r, "memory plan");
+    if (!r->err_code && r->rank == 0) {
+        char text[2048];
+        cm_memory_plan_format(&p, text, sizeof text);
+        const int64_t mb = r->tc.device_train_microbatch_size;
+        printf("%s", text);
+        if (mb != CM_MICROBATCH_AUTO)
+            printf("  (device_train_microbatch_size is %lld%s: the size above is what auto would start with)\n",
+                   (long long)mb, mb == 0 ? ", the whole batch" : "");
+    }
+    rc = settle(r, prog);
+    cm_trainer_free(tr);
+    return finish(r, rc);
+}
+
 int cmd_train(const char *prog, int argc, char **argv) {
     const char *pos[64];
     int n_pos;
-    g_print_config = g_quiet_train = NULL;
+    g_print_config = g_quiet_train = g_plan_memory = NULL;
     int rc = cli_parse_flags(prog, k_train_flags, argc, argv, pos, 64, &n_pos, train_usage);
     if (rc) return rc < 0 ? 0 : rc;
     if (n_pos == 0) {
@@ -1720,6 +1777,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
         }
     }
     if (!r.err_code && make_optimizer(&r) != CM_OK) note(&r, NULL);
+    if (g_plan_memory) return plan_memory(&r, prog);
     /* the run folder: rank 0 alone makes it (generating the name when the config has none) */
     char run_name[256] = "";
     if (!r.err_code && r.rank == 0 && make_run_folder(&r, run_name) != CM_OK) note(&r, NULL);

@@ -185,6 +185,10 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes);
 
 /* Forgets every allocation; the memory is reused by later allocations. Keeps the peak. */
 void cm_arena_reset(cm_arena *a);
+/* As cm_arena_reset, and gives every chunk back to the allocator: later allocations lay out new
+ * chunks as in a new arena (how positions fall in chunks, and so what a budget admits, depends on
+ * the chunks: a layout grown by small requests wastes more chunk tails on large ones). */
+void cm_arena_trim(cm_arena *a);
 
 /* A mark/rewind pair: cm_arena_rewind(a, m) frees everything allocated after cm_arena_mark(a). */
 size_t cm_arena_mark(const cm_arena *a);

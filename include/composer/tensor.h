@@ -376,6 +376,15 @@ int64_t cm_tape_n_checkpoints(const cm_tape *tp);
  * replay plus the most its replay arena held then. */
 size_t cm_tape_peak_bytes(const cm_tape *tp);
 void cm_tape_reset_peak(cm_tape *tp);
+/* As cm_tape_reset, and gives the memory of its arenas and of its gradient pool back: the next
+ * steps lay out their memory as on a new tape (the trainer's memory plan trims after its dry runs,
+ * so the run's arena is the one a run without them would have). */
+void cm_tape_trim(cm_tape *tp);
+/* The byte budget of the tape's arena on dev (arena_budget for the CPU, device_budget for a GPU;
+ * 0 = unlimited), and setting it (for the arena already made and the one made later; not while
+ * backward replays a checkpointed region). */
+size_t cm_tape_budget(const cm_tape *tp, cm_device dev);
+void cm_tape_set_budget(cm_tape *tp, cm_device dev, size_t bytes);
 
 cm_status cm_tape_status(const cm_tape *tp); /* CM_OK or the first error */
 const char *cm_tape_error(const cm_tape *tp); /* "" or the first error's message */

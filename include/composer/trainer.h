@@ -769,6 +769,10 @@ typedef struct cm_trainer_config {
      * CM_ERR_UNSUPPORTED for several ranks on GPUs (multi-GPU training needs NCCL, not there yet). */
     cm_device device;
     size_t device_arena_budget;
+    /* device_train_microbatch_size auto: before the first step, plan the microbatch size from a
+     * dry run of 1 and 2 rows (cm_memory_plan; default true); false: the out-of-memory search alone,
+     * from the whole batch. */
+    bool plan_memory;
 
     /* Checkpoints (Composer's names; the format and the guarantees are in composer/checkpoint.h).
      * Saving happens when save_folder is set: at save_interval and once at the end of training
@@ -872,6 +876,64 @@ cm_fit_opts cm_fit_opts_default(void);
  * or loss). With device_train_microbatch_size auto the ranks share their out-of-memory flags after
  * each attempt and retry together. */
 cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
+
+/* ---- The pre-flight memory plan (device_train_microbatch_size auto) ----
+ * Before the first step of an automatic run (cm_trainer_config.plan_memory), the trainer runs
+ * microbatches of the first batch forward and backward as dry runs (no events, no optimizer step)
+ * and reads the peak of the tape's arena after each (cm_tape_peak_bytes; on a GPU the device
+ * arena's): 1 row, 2 rows, then the size the line through the measurements names for the budget
+ * less CM_MEMORY_PLAN_MARGIN, refitted through every measured point until the largest size that
+ * fits is measured next to one that does not (or the whole batch fits); that size evened out over
+ * the same number of microbatches is measured too. The line through 1 and 2 rows alone is not
+ * enough: gradients of 64 KiB or more leave the arena for the tape's heap pool as the rows grow
+ * (it under-predicted a character GPT's peak by 40%), and the arena's chunk layout makes the peak
+ * bumpy. The dry runs run with the budget lifted to twice itself and each on new arena chunks
+ * (cm_tape_trim), as does the run after them, so a measurement is what a run of that size alone
+ * reaches. The run then uses the chosen size first; the out-of-memory search stays as the
+ * fallback from it. Parameters, gradients and optimizer state are read from the model's flat
+ * buffers and the optimizer's state (under SHARD_GRAD_OP / FULL_SHARD what this rank holds of the
+ * shards); they live outside the arena and its budget and are reported, not planned.
+ * The dry runs leave no trace: no event fires (so memory a plugin takes on a microbatch event is
+ * not seen: the search then takes over), the batch-norm statistics and dropout counters are
+ * restored, no optimizer step, loss or metric value is logged; the timestamp and the loader do not
+ * move; a run planned under auto equals the run with the fixed size the plan chose, bit for bit.
+ * The plan is logged as metrics (memory_plan/<component>_mib, memory_plan/microbatch_size) and,
+ * on rank 0, as an info line. */
+#define CM_MEMORY_PLAN_MARGIN 0.10
+typedef struct cm_memory_plan {
+    cm_device device;         /* where the planned arena lives */
+    const char *budget_key;   /* "arena_budget" or "device_arena_budget" (static) */
+    size_t budget;            /* that budget in bytes (0 = unlimited) */
+    size_t usable;            /* budget × (1 − CM_MEMORY_PLAN_MARGIN) (0 = unlimited) */
+    int64_t batch_rows;       /* this rank's rows of the planned batch */
+    size_t parameters;        /* bytes of parameters this rank holds */
+    size_t gradients;         /* bytes of gradient buffers this rank holds */
+    size_t optimizer_state;   /* bytes of the optimizer's state (its f32 buffers and steps) */
+    size_t peak_1, peak_2;    /* measured arena peaks of 1 and 2 rows (peak_2 0: the batch has 1 row) */
+    int n_probes;             /* dry microbatches run (1 and 2 rows, then the candidates measured) */
+    int64_t fit_size;         /* the largest size measured to fit the usable budget */
+    size_t per_row;           /* activations: arena bytes a row, the slope between the measured
+                                 sizes around the chosen one */
+    size_t workspace;         /* arena bytes that do not grow with the rows (that line at 0 rows) */
+    int64_t microbatch_size;  /* the chosen size in rows: fit_size evened out over as many
+                                 microbatches, if that measured to fit too, else fit_size */
+    size_t predicted_peak;    /* the arena peak the dry run measured at microbatch_size */
+} cm_memory_plan;
+
+/* Plans the microbatch size for the train loader's next batch (the next epoch's first when the
+ * loader is at an epoch's end) as fit's first step would (see above), without training: the
+ * loader's position is restored afterwards, the gradients copied back (zeroed on a GPU or under a
+ * distributed zero_grad hook). The batch is the loader's, before any algorithm changes it on
+ * AFTER_DATALOADER. No collectives: each rank plans its own rows. Errors: CM_ERR_STATE (closed,
+ * no train loader or no batch), CM_ERR_OOM naming the budget key and the bytes one row needs when
+ * one row does not fit, the model's errors. */
+cm_status cm_trainer_plan_memory(cm_trainer *tr, cm_memory_plan *out);
+/* The plan fit made before its first step (NULL when it made none: a fixed size, plan_memory off,
+ * or fit not run yet). Borrowed; valid while the trainer lives. */
+const cm_memory_plan *cm_trainer_memory_plan(const cm_trainer *tr);
+/* The plan as text, one component a line in MiB (as the trainer logs it); returns what snprintf
+ * returns. */
+int cm_memory_plan_format(const cm_memory_plan *p, char *buf, size_t cap);
 
 /* Standalone evaluation of `evaluators` (NULL/0 = the configured ones), each on its
  * subset_num_batches: EVAL_STANDALONE_START, (EVAL_START ... EVAL_END) each, EVAL_STANDALONE_END;

@@ -52,6 +52,14 @@ static void chunk_free(cm_arena *a, void *p) {
     else cm_free(p);
 }
 
+void cm_arena_trim(cm_arena *a) {
+    if (!a) return;
+    for (int i = 0; i < a->n_chunks; i++) chunk_free(a, a->chunks[i].mem);
+    a->n_chunks = 0;
+    a->cur = 0;
+    a->pos = 0;
+}
+
 void cm_arena_free(cm_arena *a) {
     if (!a) return;
     for (int i = 0; i < a->n_chunks; i++) chunk_free(a, a->chunks[i].mem);

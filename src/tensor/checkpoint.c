@@ -62,6 +62,21 @@ size_t cm_tape_peak_bytes(const cm_tape *tp) {
     return main > tp->ckpt_peak ? main : tp->ckpt_peak;
 }
 
+size_t cm_tape_budget(const cm_tape *tp, cm_device dev) {
+    if (!tp) return 0;
+    return dev == CM_DEVICE_CPU ? cm_arena_budget(tp->arena) : tp->dev_budget;
+}
+
+void cm_tape_set_budget(cm_tape *tp, cm_device dev, size_t bytes) {
+    if (!tp) return;
+    if (dev == CM_DEVICE_CPU) {
+        cm_arena_set_budget(tp->arena, bytes);
+        return;
+    }
+    tp->dev_budget = bytes;
+    if (tp->dev_arena) cm_arena_set_budget(tp->dev_arena, bytes);
+}
+
 void cm_tape_reset_peak(cm_tape *tp) {
     if (!tp) return;
     cm_arena_reset_peak(tp->replaying ? tp->alt_arena : tp->arena);

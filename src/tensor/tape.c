@@ -62,6 +62,17 @@ void cm_tape_reset(cm_tape *tp) {
     tp->error[0] = '\0';
 }
 
+void cm_tape_trim(cm_tape *tp) {
+    if (!tp) return;
+    cm_tape_reset(tp);
+    for (int i = 0; i < tp->n_gblocks; i++) gblock_free(&tp->gblocks[i]);
+    tp->n_gblocks = 0;
+    cm_arena_trim(tp->arena);
+    cm_arena_trim(tp->dev_arena);
+    cm_arena_trim(tp->alt_arena);
+    cm_arena_trim(tp->alt_dev_arena);
+}
+
 void cm_tape_set_rows(cm_tape *tp, int64_t first, int64_t n, int64_t total) {
     if (!tp) return;
     const bool ok = total > 0 && n > 0 && first >= 0 && first + n <= total;

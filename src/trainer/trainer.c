@@ -37,6 +37,7 @@ cm_trainer_config cm_trainer_config_default(void) {
     c.save_num_checkpoints_to_keep = -1;
     c.load_strict_model_weights = true;
     c.handle_signals = true;
+    c.plan_memory = true;
     return c;
 }
 
@@ -318,6 +319,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     st->microbatch_size = cfg->device_train_microbatch_size > 0 ? cfg->device_train_microbatch_size : 0;
     tr->mb_config = cfg->device_train_microbatch_size;
     st->microbatch_auto = tr->mb_config == CM_MICROBATCH_AUTO;
+    tr->plan_memory = cfg->plan_memory;
     tr->tokens_weighting = cfg->accumulate_train_batch_on_tokens;
     tr->deterministic = cfg->deterministic_mode;
     tr->n_threads = cm_num_threads();
@@ -747,8 +749,8 @@ static cm_status agree_microbatches(cm_trainer *tr, int64_t n_mb, int64_t *n_tot
 
 /* One real microbatch: forward, loss, metrics, backward of loss × its share of the global batch.
  * *oom is set when the tape ran out of its arena budget. */
-static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row, double global_w, bool *oom,
-                         double *loss_sum) {
+cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row, double global_w, bool *oom,
+                      double *loss_sum) {
     cm_state *st = &tr->st;
     cm_status s;
     st->microbatch_index = i;
@@ -773,7 +775,7 @@ static cm_status run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_
     if (!loss) goto tape_fail;
     st->loss = loss;
     if ((s = run(tr, CM_EVENT_AFTER_LOSS))) return s;
-    if (tr->record_pass && !tr->dry && st->metric_sets[0].n && st->outputs) {
+    if (tr->record_pass && (!tr->dry || tr->probing) && st->metric_sets[0].n && st->outputs) {
         const cm_model_batch mb0 = {st->mb_names, orig, st->mbatch.n, st->mbatch.n_samples, st->mbatch.n_tokens};
         if ((s = metrics_update(tr->tape, &st->metric_sets[0], st->outputs, &mb0))) {
             char msg[1024];
@@ -824,7 +826,7 @@ static cm_status run_microbatches(cm_trainer *tr, cm_batch *b, int64_t mbsz, dou
     if (s || (s = agree_microbatches(tr, n_mb, &n_total))) return s;
     st->n_microbatches = n_total;
     for (int64_t i = 0, row = b->rank_offset; i < n_mb; row += mbs[i].n_rows, i++)
-        if ((s = run_one(tr, &mbs[i], i, row, global_w, oom, loss_sum))) {
+        if ((s = cmi_run_one(tr, &mbs[i], i, row, global_w, oom, loss_sum))) {
             cm_tape_set_rows(tr->tape, 0, 0, 0);
             return s;
         }
@@ -856,7 +858,12 @@ static cm_status grad_pass(cm_train_closure *c) {
     if ((s = run(tr, CM_EVENT_BEFORE_TRAIN_BATCH))) return s;
 
     if (tr->mb_config == CM_MICROBATCH_AUTO && st->microbatch_size <= 0) {
-        st->microbatch_size = b->n_rows > 0 ? b->n_rows : 1;
+        /* the pre-flight plan (memory_plan.c), else the search starts at the whole batch */
+        if (tr->plan_memory) {
+            if ((s = cmi_memory_plan_first(tr, b, c->global_w))) return s;
+        } else {
+            st->microbatch_size = b->n_rows > 0 ? b->n_rows : 1;
+        }
         if ((s = cm_logger_log_metric(cm_engine_logger(tr->engine), "trainer/device_train_microbatch_size",
                                       (double)st->microbatch_size)))
             return s;
@@ -1048,7 +1055,7 @@ static cm_status train_batch(cm_trainer *tr, cm_batch *b) {
 /* ---- the dry run (cm_state_dry_run) ---- */
 
 /* Copies of the model's persistent buffers (batch-norm statistics), to undo a dry run's forward. */
-static cm_status snapshot_buffers(cm_module *root, char **out, bool restore) {
+cm_status cmi_snapshot_buffers(cm_module *root, char **out, bool restore) {
     const int64_t n = cm_module_n_buffers(root);
     size_t total = 0;
     for (int64_t i = 0; i < n; i++) total += cm_tensor_nbytes(cm_module_buffer_info(root, i).tensor);
@@ -1080,7 +1087,7 @@ cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch) {
     uint64_t *counters = tr->n_drop ? cm_alloc(sizeof(uint64_t) * (size_t)tr->n_drop, 16) : NULL;
     if (tr->n_drop && !counters) return cm_set_error(CM_ERR_OOM, "dry run: out of memory");
     char *bufs = NULL;
-    cm_status s = snapshot_buffers(root, &bufs, false);
+    cm_status s = cmi_snapshot_buffers(root, &bufs, false);
     if (s) {
         cm_free(counters);
         return s;
@@ -1107,7 +1114,7 @@ cm_status cm_state_dry_run(cm_state *st, const cm_batch *batch) {
     cm_tape_reset(tr->tape);
     cm_status z = tr->dist.zero_grad ? tr->dist.zero_grad(st, tr->dist.data) : (cm_module_zero_grad(root), CM_OK);
     for (int k = 0; k < tr->n_drop; k++) tr->drop_rngs[k]->counter = counters[k];
-    snapshot_buffers(root, &bufs, true);
+    cmi_snapshot_buffers(root, &bufs, true);
     cm_free(bufs);
     cm_free(counters);
     st->microbatch_index = mb_index, st->n_microbatches = n_mb;

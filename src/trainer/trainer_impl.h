@@ -117,6 +117,11 @@ struct cm_trainer {
     double *count_buf; /* (5 + world_size) the per-batch count reduce, made on first use */
     bool dry;          /* cm_state_dry_run in progress: no events, metrics or loss logging */
     bool record_pass;   /* this gradient computation records the batch's loss and train metrics */
+    /* the pre-flight memory plan (memory_plan.c) */
+    bool plan_memory;   /* cm_trainer_config.plan_memory */
+    bool probing;       /* a plan's dry microbatch: no events, but the train metrics (restored after) */
+    bool has_plan;
+    cm_memory_plan plan; /* the plan fit made before its first step */
 };
 
 /* Whether max_duration is reached; whether interval iv is crossed between two timestamps (ep
@@ -124,6 +129,16 @@ struct cm_trainer {
 bool cmi_fit_done(const cm_trainer *tr);
 bool cmi_interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *prev, const cm_timestamp *now,
                       bool epoch_end);
+
+/* One real microbatch of the batch (trainer.c): forward, loss, metrics, backward of the loss × its
+ * share of global_w; *oom when the tape ran out of its budget. */
+cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row, double global_w, bool *oom,
+                      double *loss_sum);
+/* Copies the model's persistent buffers into *out (allocated), or back from it with restore. */
+cm_status cmi_snapshot_buffers(cm_module *root, char **out, bool restore);
+/* fit's first automatic batch: plans the microbatch size on b (sets the state's size, logs the
+ * plan; memory_plan.c). */
+cm_status cmi_memory_plan_first(cm_trainer *tr, cm_batch *b, double global_w);
 
 /* Points the state's model batch at a loader batch (names, fields, counts). */
 void cmi_state_set_batch(cm_state *st, cm_batch *b, int64_t n_samples, int64_t n_tokens);

@@ -2,7 +2,7 @@
  * three gradient buckets) on a synthetic classification set, global batch 10 in microbatches of
  * 2 — uneven over 3 and 4 ranks (4+3+3, 3+3+2+2) — with gradient clipping by the global norm.
  *
- *   dist_train OUT [tokens] [tail] [dropout] [value] [auto=BYTES] [STRATEGY]
+ *   dist_train OUT [tokens] [tail] [dropout] [value] [auto=BYTES | plan=BYTES] [STRATEGY]
  *                                 (value: clip each gradient element to ±0.02 instead of the norm)
  *                                 train; rank 0 writes the parameters, the last loss and the
  *                                 train accuracy to OUT (f64 text, one value per line);
@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
     }
     bool tokens = false, dropout = false, clip_value = false;
     size_t auto_budget = 0; /* auto=BYTES: automatic microbatching under this arena budget */
+    bool plan = false;      /* plan=BYTES: the same, with the pre-flight memory plan (auto=: the search alone) */
     cm_dist_config dc = cm_dist_config_default();
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "tokens")) tokens = true;
@@ -85,6 +86,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "value")) clip_value = true;
         else if (!strncmp(argv[i], "auto=", 5)) auto_budget = (size_t)atoll(argv[i] + 5);
         else if (!strncmp(argv[i], "shard=", 6)) dc.shard_degree = atoi(argv[i] + 6); /* HYBRID: ranks a group */
+        else if (!strncmp(argv[i], "plan=", 5)) auto_budget = (size_t)atoll(argv[i] + 5), plan = true;
         else if (cm_sharding_parse(argv[i], &dc.sharding) != CM_OK) {
             fprintf(stderr, "dist_train: %s\n", cm_last_error());
             return 2;
@@ -138,6 +140,7 @@ int main(int argc, char **argv) {
     if (auto_budget) {
         cfg.device_train_microbatch_size = CM_MICROBATCH_AUTO;
         cfg.arena_budget = auto_budget;
+        cfg.plan_memory = plan;
     }
     cfg.accumulate_train_batch_on_tokens = tokens;
     cfg.algorithms = &clip;

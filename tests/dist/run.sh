@@ -120,6 +120,11 @@ train_equivalence)
         launch -n 3 "$bin/dist_train" "$tmp/auto.txt" auto=6300 $strategy >"$tmp/auto.out" 2>&1 || { cat "$tmp/auto.out"; fail "auto microbatching ($strategy) on 3 ranks"; }
         grep -q "1 rank(s) ran out of arena memory" "$tmp/auto.out" || { cat "$tmp/auto.out"; fail "no rank followed another's out-of-memory retry"; }
         "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/auto.txt" $tol || fail "auto microbatching ($strategy) on 3 ranks differs from 1 process"
+        # the same with the pre-flight memory plan: each rank's plan fits its slice on the first try
+        launch -n 3 "$bin/dist_train" "$tmp/plan.txt" plan=6300 $strategy >"$tmp/plan.out" 2>&1 || { cat "$tmp/plan.out"; fail "planned auto microbatching ($strategy) on 3 ranks"; }
+        grep -q "ran out of arena memory" "$tmp/plan.out" && { cat "$tmp/plan.out"; fail "a planned size ran out of memory ($strategy)"; }
+        grep -q "memory plan" "$tmp/plan.out" || { cat "$tmp/plan.out"; fail "no memory plan was printed ($strategy)"; }
+        "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/plan.txt" $tol || fail "planned auto microbatching ($strategy) on 3 ranks differs from 1 process"
     done
     ;;
 train_equivalence_sharded)
