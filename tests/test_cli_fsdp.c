@@ -14,7 +14,6 @@
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
 #endif
 #define DIR "build/test_cli_fsdp"
-#define INPUT "../shared/data/tinyshakespeare/input.txt"
 
 static int run(const char *args, char *out, size_t cap) {
     char cmd[2048];
@@ -63,21 +62,7 @@ static void write_file(const char *path, const char *text) {
 
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
-    FILE *f = fopen(INPUT, "rb");
-    cr_assert_not_null(f, "cannot open %s", INPUT);
-    static char text[20000];
-    size_t len = fread(text, 1, sizeof text, f);
-    fclose(f);
-    cm_tokenizer *tok;
-    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
-    int32_t *ids;
-    int64_t n;
-    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/train.bin", ids, n - 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/val.bin", ids + n - 2000, 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_tokenizer_save(tok, DIR "/data/tokenizer.json"), CM_OK);
-    cm_free(ids);
-    cm_tokenizer_free(tok);
+    cmt_char_token_files(DIR "/data", 20000, 2000);
     write_file(DIR "/plain.yaml", BASE);
     /* ours (parallelism.fsdp), default policy: every GPT2Block */
     write_file(DIR "/ckpt.yaml", BASE "parallelism:\n"

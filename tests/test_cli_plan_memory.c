@@ -16,7 +16,6 @@
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
 #endif
 #define DIR "build/test_cli_plan_memory"
-#define INPUT "../shared/data/tinyshakespeare/input.txt"
 
 static bool is_dir(const char *path) {
     struct stat st;
@@ -27,20 +26,8 @@ static bool is_dir(const char *path) {
  * save folder (which --plan-memory must not make). */
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
-    FILE *f = fopen(INPUT, "rb");
-    cr_assert_not_null(f, "cannot open %s", INPUT);
-    static char text[20000];
-    size_t len = fread(text, 1, sizeof text, f);
-    fclose(f);
-    cm_tokenizer *tok;
-    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
-    int32_t *ids;
-    int64_t n;
-    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/train.bin", ids, n, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_tokenizer_save(tok, DIR "/data/tokenizer.json"), CM_OK);
-    cm_free(ids);
-    cm_tokenizer_free(tok);
+    cmt_char_token_files(DIR "/data", 20000, 0);
+    FILE *f;
     f = fopen(DIR "/tiny.yaml", "w");
     fputs("run_name: tiny\n"
           "run_root: " DIR "/runs\n"

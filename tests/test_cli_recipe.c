@@ -19,7 +19,6 @@
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
 #endif
 #define DIR "build/test_cli_recipe"
-#define INPUT "../shared/data/tinyshakespeare/input.txt"
 #define CE "metrics/eval/LanguageCrossEntropy"
 
 static char out[1 << 16];
@@ -49,21 +48,7 @@ static void write_config(const char *path, const char *body) {
 
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
-    FILE *f = fopen(INPUT, "rb");
-    cr_assert_not_null(f, "cannot open %s", INPUT);
-    static char text[20000];
-    size_t len = fread(text, 1, sizeof text, f);
-    fclose(f);
-    cm_tokenizer *tok;
-    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
-    int32_t *ids;
-    int64_t n;
-    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/train.bin", ids, n - 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/val.bin", ids + n - 2000, 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_tokenizer_save(tok, DIR "/data/tokenizer.json"), CM_OK);
-    cm_free(ids);
-    cm_tokenizer_free(tok);
+    cmt_char_token_files(DIR "/data", 20000, 2000);
     write_config(DIR "/base.yaml", "max_duration: 12ba\neval_interval: 3ba\noptimizer: {name: decoupled_adamw, lr: 1.0e-3}\n");
     write_config(DIR "/hot.yaml", "max_duration: 12ba\neval_interval: 3ba\noptimizer: {name: decoupled_adamw, lr: 1.0e-2}\n");
     write_config(DIR "/long.yaml", "max_duration: 100000ba\neval_interval: 1000ba\n"

@@ -17,7 +17,6 @@
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
 #endif
 #define DIR "build/test_cli_train"
-#define INPUT "../shared/data/tinyshakespeare/input.txt"
 
 static int run(const char *args, char *out, size_t cap) {
     char cmd[2048];
@@ -39,21 +38,8 @@ static bool exists(const char *path) {
  * config training a tiny GPT for 5 batches on them. */
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
-    FILE *f = fopen(INPUT, "rb");
-    cr_assert_not_null(f, "cannot open %s", INPUT);
-    static char text[40000];
-    size_t len = fread(text, 1, sizeof text, f);
-    fclose(f);
-    cm_tokenizer *tok;
-    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
-    int32_t *ids;
-    int64_t n;
-    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/train.bin", ids, n - 4000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/data/val.bin", ids + n - 4000, 4000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_tokenizer_save(tok, DIR "/data/tokenizer.json"), CM_OK);
-    cm_free(ids);
-    cm_tokenizer_free(tok);
+    cmt_char_token_files(DIR "/data", 40000, 4000);
+    FILE *f;
     f = fopen(DIR "/tiny.yaml", "w");
     fputs("run_name: tiny\n"
           "run_root: " DIR "/runs\n"

@@ -16,7 +16,6 @@
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
 #endif
 #define DIR "build/test_recipes"
-#define INPUT "../shared/data/tinyshakespeare/input.txt"
 
 static char out[1 << 16];
 
@@ -29,21 +28,7 @@ static int run(const char *args) {
 /* Character token files from the first 20 kB of tiny Shakespeare, for the GPT recipes. */
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/char"), 0);
-    FILE *f = fopen(INPUT, "rb");
-    cr_assert_not_null(f, "cannot open %s", INPUT);
-    static char text[20000];
-    size_t len = fread(text, 1, sizeof text, f);
-    fclose(f);
-    cm_tokenizer *tok;
-    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
-    int32_t *ids;
-    int64_t n;
-    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/char/train.bin", ids, n - 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_token_file_write(DIR "/char/val.bin", ids + n - 2000, 2000, CM_TOKEN_WIDTH_AUTO), CM_OK);
-    cr_assert_eq(cm_tokenizer_save(tok, DIR "/char/tokenizer.json"), CM_OK);
-    cm_free(ids);
-    cm_tokenizer_free(tok);
+    cmt_char_token_files(DIR "/char", 20000, 2000);
 }
 
 TestSuite(recipes, .init = setup);

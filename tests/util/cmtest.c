@@ -353,3 +353,32 @@ char *cmt_slurp(const char *path, size_t *len) {
     if (len) *len = n;
     return s;
 }
+
+void cmt_char_token_files(const char *dir, size_t text_bytes, int64_t val_tokens) {
+    static const char *input = "../shared/data/tinyshakespeare/input.txt";
+    static char text[65536];
+    cr_assert(text_bytes <= sizeof text, "cmt_char_token_files: %zu bytes (at most %zu)", text_bytes, sizeof text);
+    FILE *f = fopen(input, "rb");
+    cr_assert_not_null(f, "cannot open %s", input);
+    const size_t len = fread(text, 1, text_bytes, f);
+    fclose(f);
+    cm_tokenizer *tok;
+    cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
+    int32_t *ids;
+    int64_t n;
+    cr_assert_eq(cm_tokenizer_encode(tok, text, len, &ids, &n), CM_OK, "%s", cm_last_error());
+    cr_assert(val_tokens >= 0 && val_tokens < n, "cmt_char_token_files: %lld validation tokens of %lld",
+              (long long)val_tokens, (long long)n);
+    char path[512];
+    snprintf(path, sizeof path, "%s/train.bin", dir);
+    cr_assert_eq(cm_token_file_write(path, ids, n - val_tokens, CM_TOKEN_WIDTH_AUTO), CM_OK, "%s", cm_last_error());
+    if (val_tokens) {
+        snprintf(path, sizeof path, "%s/val.bin", dir);
+        cr_assert_eq(cm_token_file_write(path, ids + n - val_tokens, val_tokens, CM_TOKEN_WIDTH_AUTO), CM_OK, "%s",
+                     cm_last_error());
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(cm_tokenizer_save(tok, path), CM_OK, "%s", cm_last_error());
+    cm_free(ids);
+    cm_tokenizer_free(tok);
+}

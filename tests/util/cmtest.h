@@ -81,4 +81,10 @@ int cmt_run_capture(const char *cmd, char *out, size_t cap);
 /* The whole file (malloc'd, NUL-terminated; *len if not NULL), or NULL if it cannot be read. */
 char *cmt_slurp(const char *path, size_t *len);
 
+/* Character-level token files for the CLI tests, from the first text_bytes (at most 65536) of tiny
+ * Shakespeare (../shared/data/tinyshakespeare/input.txt): dir/train.bin with every token but the
+ * last val_tokens, dir/val.bin with those (none when val_tokens is 0) and dir/tokenizer.json. dir
+ * must exist. Asserts on any failure. */
+void cmt_char_token_files(const char *dir, size_t text_bytes, int64_t val_tokens);
+
 #endif
