@@ -137,6 +137,8 @@ typedef struct mp_opts {
 typedef struct mp_out {
     float *p; /* the f32 masters after training */
     int64_t n;
+    float *b; /* the f32 buffers (BatchNorm running statistics) after training */
+    int64_t nb;
     double loss[64];
     int n_loss;
     double eval;
@@ -206,6 +208,15 @@ static mp_out mp_run(mp_opts o) {
         cr_assert_eq(cm_dist_gather_params(d), CM_OK, "%s", cm_last_error());
     }
     out.p = cmt_params_copy(rig.model, &out.n);
+    cm_module *root = cm_model_module(rig.model);
+    out.b = malloc(sizeof(float) * 1);
+    for (int64_t i = 0; i < cm_module_n_buffers(root); i++) {
+        cm_tensor *t = cm_module_buffer_info(root, i).tensor;
+        if (!t || cm_tensor_dtype(t) != CM_DTYPE_F32) continue;
+        out.b = realloc(out.b, sizeof(float) * (size_t)(out.nb + cm_tensor_numel(t)));
+        memcpy(out.b + out.nb, cm_tensor_data(t), sizeof(float) * (size_t)cm_tensor_numel(t));
+        out.nb += cm_tensor_numel(t);
+    }
     memcpy(out.loss, r->loss, sizeof r->loss);
     out.n_loss = r->n_loss;
     const char *name;
@@ -227,6 +238,14 @@ static void assert_same(const mp_out *a, const mp_out *b, const char *what) {
     for (int i = 0; i < a->n_loss; i++)
         cr_assert(a->loss[i] == b->loss[i], "%s: loss of batch %d: %.9g vs %.9g", what, i, a->loss[i], b->loss[i]);
     cr_assert(a->eval == b->eval, "%s: eval metric %.9g vs %.9g", what, a->eval, b->eval);
+    cr_assert_eq(a->nb, b->nb, "%s: %lld vs %lld buffer elements", what, (long long)a->nb, (long long)b->nb);
+    for (int64_t i = 0; i < a->nb; i++)
+        cr_assert(a->b[i] == b->b[i], "%s: buffer element %lld: %.9g vs %.9g", what, (long long)i, a->b[i], b->b[i]);
+}
+
+static void out_free(mp_out *o) {
+    free(o->p);
+    free(o->b);
 }
 
 static bool differs(const mp_out *a, const mp_out *b) {
@@ -262,16 +281,21 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                     snprintf(what, sizeof what, "%s %s %s, microbatch %lld", fams[f].name, o.policy,
                              cm_sharding_name((cm_sharding)strat), (long long)mb);
                     assert_same(&want, &got, what);
-                    free(got.p);
+                    out_free(&got);
                 }
                 if (!pure && mb == 4) { /* FULL is something else */
                     mp_opts o = {fams[f].rig, 2, "4ba", CM_SHARDING_NO_SHARD, "FULL", mb, false, false, false, NULL,
                                  NULL};
                     mp_out full = mp_run(o);
                     cr_assert(differs(&full, &want), "%s: FULL trained the same parameters as DEFAULT", fams[f].name);
-                    free(full.p);
+                    if (want.nb) { /* and held the running statistics in f32 */
+                        bool bdiff = false;
+                        for (int64_t i = 0; i < want.nb; i++) bdiff |= want.b[i] != full.b[i];
+                        cr_assert(bdiff, "%s: FULL's buffers are DEFAULT's", fams[f].name);
+                    }
+                    out_free(&full);
                 }
-                free(want.p);
+                out_free(&want);
             }
         }
     }
