@@ -11,6 +11,7 @@
 #include "cmtrain.h"
 
 #include <composer/dist.h>
+#include <composer/zoo_gpt2.h>
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -298,5 +299,184 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                 out_free(&want);
             }
         }
+    }
+}
+
+/* The gains are in the bytes moved: with a bf16 param_dtype FULL_SHARD's unit gathers and
+ * SHARD_GRAD_OP's after-step gathers move half the bytes of FULL's (the same gathers, 2-byte
+ * elements), and with a bf16 reduce_dtype every gradient reduction does (NO_SHARD's all-reduce,
+ * the sharded reduce-scatters). On one rank the counters count what the collectives were handed;
+ * tests/dist checks the same on 2 ranks. */
+Test(mixed_precision, bf16_params_and_reductions_halve_the_bytes_gathered_and_reduced, .timeout = 60) {
+    for (int strat = 0; strat <= CM_SHARDING_FULL_SHARD; strat++) {
+        /* (NO_SHARD on one rank: nothing to reduce in f32; its halving is shown on 2 ranks) */
+        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL};
+        mp_out full = mp_run(o);
+        o.policy = "DEFAULT";
+        mp_out def = mp_run(o);
+        o.policy = "PURE";
+        mp_out pure = mp_run(o);
+        const char *sn = cm_sharding_name((cm_sharding)strat);
+        if (strat == CM_SHARDING_NO_SHARD) { /* one rank reduces nothing in f32; bf16: the rounding, counted */
+            cr_assert(full.st.bytes == 0 && def.st.bytes == 0 && pure.st.bytes > 0, "NO_SHARD on one rank: %g %g %g",
+                      full.st.bytes, def.st.bytes, pure.st.bytes);
+            out_free(&full), out_free(&def), out_free(&pure);
+            continue;
+        }
+        cr_assert_gt(full.st.bytes, 0, "%s: no reduction counted", sn);
+        cr_assert(def.st.bytes == full.st.bytes, "%s DEFAULT (f32 reductions): %g bytes reduced, FULL %g", sn,
+                  def.st.bytes, full.st.bytes);
+        cr_assert(2 * pure.st.bytes == full.st.bytes, "%s PURE: %g bytes reduced, FULL %g (want half)", sn,
+                  pure.st.bytes, full.st.bytes);
+        {
+            cr_assert_gt(full.st.gather_bytes, 0, "%s: no gather counted", sn);
+            cr_assert(full.st.n_gathers == def.st.n_gathers, "%s: %lld gathers under FULL, %lld under DEFAULT", sn,
+                      (long long)full.st.n_gathers, (long long)def.st.n_gathers);
+            cr_assert(2 * def.st.gather_bytes == full.st.gather_bytes && 2 * pure.st.gather_bytes == full.st.gather_bytes,
+                      "%s: gathered %g bytes under FULL, %g DEFAULT, %g PURE (want half)", sn, full.st.gather_bytes,
+                      def.st.gather_bytes, pure.st.gather_bytes);
+        }
+        out_free(&full), out_free(&def), out_free(&pure);
+    }
+}
+
+/* A learnable sequence task (each sequence counts up from a start by a step, modulo V) for a
+ * GPT-2 of 2 blocks: a rig for the loss comparison. */
+enum { CT_T = 8, CT_V = 24, CT_N = 32 };
+static cm_field_desc ct_fields[2] = {{"input_ids", CM_DTYPE_I32, 1, {CT_T}}, {"labels", CM_DTYPE_I32, 1, {CT_T}}};
+static int64_t ct_len(void *self) { return CT_N; }
+static int ct_nf(void *self) { return 2; }
+static const cm_field_desc *ct_field(void *self, int i) { return &ct_fields[i]; }
+static cm_status ct_get(void *self, int64_t i, const cm_sample_ctx *ctx, void *const *out) {
+    int32_t *x = out[0], *y = out[1];
+    for (int t = 0; t < CT_T; t++) {
+        x[t] = (int32_t)((i * 7 + (1 + i % 3) * t) % CT_V);
+        y[t] = (int32_t)((i * 7 + (1 + i % 3) * (t + 1)) % CT_V);
+    }
+    return CM_OK;
+}
+static int64_t ct_tok(void *self, int64_t i) { return CT_T; }
+static void ct_close(void *self) {}
+static const cm_dataset_i k_count = {CM_DATASET_ABI, "count", ct_len, ct_nf, ct_field, ct_get, ct_tok, ct_close};
+
+static void rig_count_gpt(cmt_rig *out, void *data) {
+    memset(out, 0, sizeof *out);
+    out->family = "gpt2-count";
+    cm_gpt2_config gc = cm_gpt2_config_default();
+    gc.vocab_size = CT_V, gc.n_positions = 16, gc.n_embd = 32, gc.n_layer = 2, gc.n_head = 2;
+    cm_rng rng = cm_rng_init(3, 0);
+    cr_assert_eq(cm_gpt2_new(&gc, &rng, &out->model), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_dataset_new(&k_count, NULL, &out->ds), CM_OK);
+    out->dl = cmt_loader(out->ds, 8, false, 1);
+    out->batches_per_epoch = CT_N / 8;
+}
+
+/* A GPT-2 under amp_bf16 for 24 AdamW steps on the counting task (the loss falls from 3.2 to
+ * 0.8): DEFAULT's loss tracks FULL's. The matmuls already round the weights to bf16 under
+ * amp_bf16; DEFAULT also rounds what autocast leaves in f32 (embeddings, layer norms, biases),
+ * each by at most 2^-9 relative: the first batch differs by 4e-6, and the trajectories drift
+ * apart as Adam compounds it, 0.7% at worst over the 24 batches. Tolerance 3% per batch. */
+Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 60) {
+    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL};
+    mp_out full = mp_run(o);
+    o.policy = "DEFAULT";
+    mp_out def = mp_run(o);
+    cr_assert_eq(full.n_loss, 24);
+    cr_assert_eq(def.n_loss, 24);
+    cr_assert_lt(full.loss[23], 0.5 * full.loss[0], "FULL did not learn: %.4f -> %.4f", full.loss[0], full.loss[23]);
+    double worst = 0;
+    for (int i = 0; i < 24; i++) {
+        const double rel = fabs(def.loss[i] - full.loss[i]) / fabs(full.loss[i]);
+        if (rel > worst) worst = rel;
+        cr_assert_leq(rel, 3e-2, "batch %d: DEFAULT loss %.6f, FULL %.6f (relative %.3g > 3e-2)", i, def.loss[i],
+                      full.loss[i], rel);
+    }
+    cr_assert_gt(worst, 0, "DEFAULT's losses are FULL's: the policy changed nothing");
+    cr_log_info("DEFAULT vs FULL: worst relative loss difference %.3g over 24 batches (%.4f -> %.4f)", worst,
+                def.loss[0], def.loss[23]);
+    out_free(&full), out_free(&def);
+}
+
+/* Checkpoints hold the f32 masters: a run under PURE saves at batch 2; a run under FULL loads it
+ * and finds the same masters bit for bit (some of them not bf16 values) and trains on; and the
+ * other way round (FULL saves, PURE loads: the masters are not rounded by the load). NO_SHARD
+ * (a monolithic checkpoint from the model's buffers, which hold the masters at rest) and
+ * FULL_SHARD (a sharded one from the master chunks). */
+Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_policy, .timeout = 60) {
+    const int strats[] = {CM_SHARDING_NO_SHARD, CM_SHARDING_FULL_SHARD};
+    for (size_t k = 0; k < 2; k++) {
+        for (int dir = 0; dir < 2; dir++) {
+            char dirpath[] = "/tmp/cm_mp_ckptXXXXXX";
+            cr_assert_not_null(mkdtemp(dirpath));
+            const char *save = dir ? "FULL" : "PURE", *load = dir ? "PURE" : "FULL";
+            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL};
+            mp_out a = mp_run(o);
+            int64_t not_bf16 = 0;
+            for (int64_t i = 0; i < a.n; i++) not_bf16 += a.p[i] != bf16_round(a.p[i]);
+            cr_assert_gt(not_bf16, a.n / 2, "%s: only %lld of %lld masters are not bf16 values", save,
+                         (long long)not_bf16, (long long)a.n);
+            char ck[512];
+            snprintf(ck, sizeof ck, "%s/ep0-ba2", dirpath);
+            cr_assert_eq(access(ck, F_OK), 0, "no checkpoint %s", ck);
+            /* the same length: the load alone, then the masters as loaded */
+            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck};
+            mp_out got = mp_run(b);
+            char what[128];
+            snprintf(what, sizeof what, "%s saved under %s, loaded under %s", cm_sharding_name((cm_sharding)strats[k]),
+                     save, load);
+            cr_assert_eq(got.n, a.n);
+            for (int64_t i = 0; i < a.n; i++)
+                cr_assert(got.p[i] == a.p[i], "%s: master %lld: %.9g saved, %.9g loaded", what, (long long)i, a.p[i],
+                          got.p[i]);
+            /* and on: two more batches under the other policy */
+            b.dur = "4ba";
+            mp_out on = mp_run(b);
+            cr_assert_eq(on.n_loss, 2, "%s: %d batches trained after the load, want 2", what, on.n_loss);
+            for (int i = 0; i < on.n_loss; i++) cr_assert(isfinite(on.loss[i]), "%s: loss %g", what, on.loss[i]);
+            cr_assert(differs(&on, &a), "%s: nothing trained after the load", what);
+            out_free(&a), out_free(&got), out_free(&on);
+            char cmd[600];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", dirpath);
+            cr_assert_eq(system(cmd), 0);
+        }
+    }
+}
+
+/* Bad fields of a cm_mixed_precision are refused by cm_dist_new, each naming the field. */
+Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
+    cm_mixed_precision mp;
+    cr_assert_eq(cm_mixed_precision_policy("default", CM_PRECISION_AMP_BF16, &mp), CM_OK);
+    cr_assert(mp.param_dtype == CM_DTYPE_BF16 && mp.reduce_dtype == CM_DTYPE_F32 && mp.buffer_dtype == CM_DTYPE_BF16 &&
+                  !mp.keep_low_precision_grads,
+              "DEFAULT under amp_bf16");
+    cr_assert_eq(cm_mixed_precision_policy("PURE", CM_PRECISION_FP32, &mp), CM_OK);
+    cr_assert(mp.param_dtype == CM_DTYPE_F32 && mp.reduce_dtype == CM_DTYPE_F32 && mp.buffer_dtype == CM_DTYPE_F32,
+              "PURE under fp32 is f32 throughout (Composer's autocast dtype is fp32)");
+    cr_assert_eq(cm_mixed_precision_policy("PURE", CM_PRECISION_AMP_FP16, &mp), CM_OK);
+    cr_assert_eq(mp.reduce_dtype, CM_DTYPE_F16);
+    cr_assert_eq(cm_mixed_precision_policy("HALF", CM_PRECISION_AMP_BF16, &mp), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "'HALF': use FULL, DEFAULT or PURE"), "message: %s", cm_last_error());
+    const struct {
+        cm_mixed_precision mp;
+        cm_status want;
+        const char *msg;
+    } bad[] = {
+        {{CM_DTYPE_F16, CM_DTYPE_F32, CM_DTYPE_F32, false}, CM_ERR_UNSUPPORTED, "param_dtype fp16 is not built"},
+        {{CM_DTYPE_F32, CM_DTYPE_I32, CM_DTYPE_F32, false}, CM_ERR_INVALID_ARG, "reduce_dtype"},
+        {{CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F16, false}, CM_ERR_UNSUPPORTED, "buffer_dtype fp16"},
+        {{CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_F32, true}, CM_ERR_UNSUPPORTED, "keep_low_precision_grads true"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cm_comm *c;
+        cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+        cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
+        cm_dist_config dc = cm_dist_config_default();
+        dc.mixed_precision = bad[i].mp;
+        cm_dist *d = NULL;
+        cr_assert_eq(cm_dist_new(c, m, &dc, &d), bad[i].want, "case %zu: %s", i, cm_last_error());
+        cr_assert(strstr(cm_last_error(), bad[i].msg), "case %zu: message: %s", i, cm_last_error());
+        cr_assert_null(d);
+        cm_model_free(m);
+        cm_comm_free(c);
     }
 }
