@@ -152,7 +152,10 @@ static void mpi_describe_missing(void *self, const cm_coll_info *ci, char *buf, 
 /* A request. A bf16 reduction runs in stages (MPI has no bf16 type, and its own reductions would
  * combine in an order of its choosing): 1, an all-to-all brings every rank's copy of this rank's
  * block here; the block is combined in f32 in rank order and rounded once (bf16_reduce); 2, for
- * all_reduce, an all-gather of the reduced blocks into the buffer. */
+ * all_reduce, every rank sends its reduced block to every other one. Stage 2 starts when a test
+ * finds stage 1 done, which is not in the same order on every rank when several reductions are
+ * in flight, so it is point-to-point (tagged by the collective's sequence number), never a
+ * collective, whose matching would depend on that order. */
 typedef struct mpi_req {
     MPI_Request r;
     int stage;            /* 0: a plain MPI request; 1: the exchange; 2: all_reduce's gather */
@@ -166,6 +169,10 @@ typedef struct mpi_req {
     int *counts, *displs; /* all_reduce: (size) each rank's block of the buffer */
     int *rcounts;         /* all_reduce: (2 × size) the exchange's receive counts and offsets (MPI reads
                              the arrays of a non-blocking call until it completes) */
+    int tag;              /* all_reduce: stage 2's messages */
+    int rank;
+    MPI_Request *p2p;     /* all_reduce: (2 × size) stage 2's sends and receives */
+    int n_p2p;
 } mpi_req;
 
 static cm_status count_ok(const cm_coll_info *ci, int64_t factor) {
@@ -188,6 +195,7 @@ static void req_free(mpi_req *q) {
     cm_free(q->counts);
     cm_free(q->displs);
     cm_free(q->rcounts);
+    cm_free(q->p2p);
     cm_free(q);
 }
 
@@ -226,7 +234,8 @@ static cm_status bf16_all_reduce(mpi_self *m, const cm_coll_info *ci, void *buf,
     q->counts = cm_alloc(sizeof(int) * (size_t)W, 16);
     q->displs = cm_alloc(sizeof(int) * (size_t)W, 16);
     int *rcounts = q->rcounts = cm_alloc(sizeof(int) * (size_t)W * 2, 16);
-    if (!q->counts || !q->displs || !rcounts) {
+    q->p2p = cm_alloc(sizeof(MPI_Request) * (size_t)W * 2, 16);
+    if (!q->counts || !q->displs || !rcounts || !q->p2p) {
         req_free(q);
         return cm_set_error(CM_ERR_OOM, "bf16 all_reduce: out of memory");
     }
@@ -243,6 +252,8 @@ static cm_status bf16_all_reduce(mpi_self *m, const cm_coll_info *ci, void *buf,
         return cm_set_error(CM_ERR_OOM, "bf16 all_reduce: out of memory for %lld elements", (long long)(W * q->block));
     }
     q->stage = 1, q->comm = m->comm, q->op = op, q->size = W;
+    q->tag = 100 + (int)(ci->seq % 30000); /* the reductions in flight at once are far fewer than 30000 */
+    q->rank = m->rank;
     q->buf = buf;
     q->out = (uint16_t *)buf + q->displs[m->rank];
     hb_enter(m, ci);
@@ -323,20 +334,29 @@ static cm_status m_test(void *self, void *req, bool *done) {
     mpi_self *m = self;
     mpi_req *q = req;
     int flag = 0;
-    int rc = MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE);
+    int rc = q->stage == 2 ? MPI_Testall(q->n_p2p, q->p2p, &flag, MPI_STATUSES_IGNORE)
+                           : MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE);
     if (m->mine_unsent) hb_flush(m);
     if (rc == MPI_SUCCESS && flag && q->stage == 1) { /* a bf16 reduction's exchange arrived */
         bf16_reduce(q->out, q->tmp, q->size, q->block, q->op);
-        if (q->buf) { /* all_reduce: every rank's reduced block to every rank */
+        if (q->buf) { /* all_reduce: this rank's reduced block to every rank, theirs here */
             q->stage = 2;
-            rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_UINT16_T, q->buf, q->counts, q->displs, MPI_UINT16_T, q->comm,
-                                 &q->r);
+            q->n_p2p = 0;
+            for (int p = 0; p < q->size && rc == MPI_SUCCESS; p++) {
+                if (p == q->rank) continue;
+                if (q->counts[q->rank] > 0)
+                    rc = MPI_Isend(q->out, q->counts[q->rank], MPI_UINT16_T, p, q->tag, q->comm, &q->p2p[q->n_p2p++]);
+                if (rc == MPI_SUCCESS && q->counts[p] > 0)
+                    rc = MPI_Irecv(q->buf + q->displs[p], q->counts[p], MPI_UINT16_T, p, q->tag, q->comm,
+                                   &q->p2p[q->n_p2p++]);
+            }
             flag = 0;
             if (rc != MPI_SUCCESS) {
                 req_free(q);
                 *done = true;
-                return mpi_err("MPI_Iallgatherv", rc);
+                return mpi_err("MPI_Isend / MPI_Irecv", rc);
             }
+            rc = MPI_Testall(q->n_p2p, q->p2p, &flag, MPI_STATUSES_IGNORE);
         }
     }
     if (rc != MPI_SUCCESS) {
