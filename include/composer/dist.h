@@ -433,12 +433,15 @@ typedef struct cm_dist cm_dist;
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
 /* NULL is a no-op; waits for nothing: sync first. Under FULL_SHARD the model's flat parameter
  * buffers become ordinary memory again, and units that were not gathered hold NaN: call
- * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under a hybrid
+ * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under
+ * SHARD_GRAD_OP with a bf16 param_dtype the buffers hold the rounded values unless
+ * cm_dist_gather_params put the f32 masters there; NO_SHARD puts its masters back itself. Under a hybrid
  * strategy it frees the two sub-communicators (no collective). */
 void cm_dist_free(cm_dist *d);
 
 /* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)
- * and sync_grads (the gradient all-reduce). The trainer weights every microbatch's loss by its
+ * and sync_grads (the gradient all-reduce); the tape's fetch hook under FULL_SHARD and under a
+ * bf16 param_dtype or buffer_dtype (it rounds what the tape reads). The trainer weights every microbatch's loss by its
  * share of the global batch, so the summed gradients are exactly the full batch's. */
 void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg);
 
@@ -475,8 +478,12 @@ cm_status cm_dist_sync_params(cm_dist *d);
 
 /* FULL_SHARD: gathers every unit so the model's flat buffers hold all parameters (for sampling or
  * exporting weights); they stay valid until the next optimizer step or until the trainer's tape
- * evicts them. A collective: every rank calls it. Nothing to do for the other strategies. Errors:
- * the communicator's. */
+ * evicts them. A collective: every rank calls it. Nothing to do for the other strategies, except
+ * under a bf16 param_dtype (cm_mixed_precision), where the model's buffers may hold the rounded
+ * copy: then it puts the f32 masters there (SHARD_GRAD_OP: an f32 all-gather of the master
+ * chunks; NO_SHARD: the masters kept aside), and the fetch hook rounds a unit again when the
+ * tape next reads it. Under FULL_SHARD it gathers the f32 masters too (PyTorch's
+ * summon_full_params). Errors: the communicator's. */
 cm_status cm_dist_gather_params(cm_dist *d);
 
 /* Where the time went, summed since cm_dist_new (or the last reset). */
