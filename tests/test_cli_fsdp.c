@@ -161,7 +161,8 @@ Test(cli_fsdp, activation_checkpointing_from_yaml_trains_the_same_bits) {
 
 /* mixed_precision on one process: unset with the block given is Composer's DEFAULT (the losses of
  * an explicit DEFAULT, bit for bit), which is not FULL's (the policy is applied, not ignored);
- * without a block nothing changes (FULL). On a GPU run a 16-bit policy is refused by name. */
+ * without a block nothing changes (FULL); composer eval applies it too. On a GPU run a 16-bit
+ * policy is refused by name. */
 Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_process) {
     const char *runs[][2] = {
         {"mp_unset", "parallelism.fsdp.verbose=false"},
@@ -182,6 +183,22 @@ Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_p
     cr_assert_str_eq(l[2], l[4], "FULL %s, no block %s", l[2], l[4]);
     cr_assert(strcmp(l[1], l[2]) != 0, "DEFAULT and FULL trained the same losses %s", l[1]);
     cr_assert(strcmp(l[3], l[1]) != 0, "PURE and DEFAULT trained the same losses %s", l[1]);
+    /* composer eval reads the parameters as training does: DEFAULT's metrics are not FULL's */
+    write_file(DIR "/ev.yaml", "model: {name: gpt2, preset: tiny}\n"
+                               "eval_loader: {dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}\n"
+                               "eval_subset_num_batches: 2\nprecision: amp_bf16\nparallelism: {fsdp: {verbose: false}}\n");
+    char ev[2][4096];
+    for (int i = 0; i < 2; i++) {
+        int rc = run(i ? "eval " DIR "/ev.yaml --weights " DIR "/runs/mp_full/model.safetensors "
+                         "parallelism.fsdp.mixed_precision=FULL"
+                       : "eval " DIR "/ev.yaml --weights " DIR "/runs/mp_full/model.safetensors",
+                     out, sizeof out);
+        cr_assert_eq(rc, 0, "eval: exit %d:\n%s", rc, out);
+        const char *m = strstr(out, "LanguageCrossEntropy");
+        cr_assert_not_null(m, "%s", out);
+        snprintf(ev[i], sizeof ev[i], "%s", m);
+    }
+    cr_assert(strcmp(ev[0], ev[1]) != 0, "eval under DEFAULT (unset) and FULL printed the same metrics: %s", ev[0]);
     int rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu device=gpu precision=amp_bf16", out, sizeof out);
     cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "parallelism.fsdp: mixed_precision unset (Composer's default DEFAULT)") &&

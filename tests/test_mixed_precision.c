@@ -480,3 +480,38 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
         cm_comm_free(c);
     }
 }
+
+/* On a GPU the rounding is not built: a model moved to the GPU under a 16-bit policy fails on the
+ * first read with an error naming mixed_precision and the device — never a silent fp32 run.
+ * (Skipped without a GPU; the CUDA emulator build, -DCM_CUDA=EMU, runs it.) */
+Test(mixed_precision, a_sixteen_bit_policy_on_a_gpu_is_refused_by_name) {
+    if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no GPU: %s", cm_last_error());
+    cmt_rig rig;
+    int64_t batches = 2;
+    cmt_rig_gpt2(&rig, &batches);
+    cm_comm *c;
+    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+    cm_dist_config dc = cm_dist_config_default();
+    cr_assert_eq(cm_mixed_precision_policy("DEFAULT", CM_PRECISION_AMP_BF16, &dc.mixed_precision), CM_OK);
+    cm_dist *d;
+    cr_assert_eq(cm_dist_new(c, rig.model, &dc, &d), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_to_device(cm_model_module(rig.model), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    cm_trainer_config cfg = cm_trainer_config_default();
+    cfg.model = rig.model;
+    cfg.train_dataloader = rig.dl;
+    cfg.device = CM_DEVICE_CUDA;
+    cfg.precision = CM_PRECISION_AMP_BF16;
+    cr_assert_eq(cm_time_parse("1ba", &cfg.max_duration), CM_OK);
+    cm_dist_trainer_hooks(d, &cfg);
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&cfg, &tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_dist_attach(d, tr), CM_OK, "%s", cm_last_error());
+    const cm_status s = cm_trainer_fit(tr, NULL);
+    cr_assert_eq(s, CM_ERR_UNSUPPORTED, "fit: %s: %s", cm_status_name(s), cm_last_error());
+    cr_assert(strstr(cm_last_error(), "mixed_precision") && strstr(cm_last_error(), "on device cuda are not built"),
+              "message: %s", cm_last_error());
+    cm_trainer_free(tr);
+    cm_dist_free(d);
+    cm_comm_free(c);
+    cmt_rig_free(&rig);
+}

@@ -236,6 +236,8 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
                         (long long)v, cm_sharding_name(f->sharding));
         *(i ? &f->replicate_degree : &f->shard_degree) = v > 0 ? (int)v : 0;
     }
+    /* an evaluation reads the parameters as training does: the policy applies there too */
+    TRY_FSDP(read_mixed_precision(c, f, precision, device));
     if (!train) {
         if (f->present) cm_config_touch(c, f->prefix);
         return CM_OK;
@@ -259,7 +261,6 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
                     par_off ? "parameters, gradients and optimizer state" : "activations");
     f->offload = act_off || par_off;
 
-    TRY_FSDP(read_mixed_precision(c, f, precision, device));
 
     key(p, sizeof p, f, "sync_module_states");
     f->has_sync_module_states = cm_config_has(c, p);
@@ -341,6 +342,9 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
         verbose_walk w = {ctx, 0};
         cm_module_visit(root, say_checkpointed, &w);
         if (!w.n) cli_say(ctx, "  no activation checkpointing\n");
+        cli_say(ctx, "  mixed_precision: param_dtype %s, reduce_dtype %s, buffer_dtype %s (masters and optimizer: f32)\n",
+                cm_dtype_name(f->mixed_precision.param_dtype), cm_dtype_name(f->mixed_precision.reduce_dtype),
+                cm_dtype_name(f->mixed_precision.buffer_dtype));
     }
     return CM_OK;
 }

@@ -37,8 +37,8 @@ typedef struct cli_fsdp {
     bool mp16;
 } cli_fsdp;
 
-/* Reads the block (in every mode but generate; train = false reads sharding_strategy only and
- * marks the rest read). Errors (CM_ERR_INVALID_ARG, or CM_ERR_UNSUPPORTED for a meaning that is
+/* Reads the block (in every mode but generate; train = false reads sharding_strategy and
+ * mixed_precision only and marks the rest read). Errors (CM_ERR_INVALID_ARG, or CM_ERR_UNSUPPORTED for a meaning that is
  * not built) name the key with its file:line. */
 cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_device device, cli_fsdp *out);
 
