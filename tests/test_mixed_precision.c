@@ -264,7 +264,7 @@ static bool differs(const mp_out *a, const mp_out *b) {
  * one, so they are compared with the whole batch as one microbatch, where the orders agree;
  * the hybrid strategies for the GPT under DEFAULT). FULL is not the reference: the test fails
  * if the policy is silently ignored. */
-Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_forward, .timeout = 60) {
+Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_forward, .timeout = 180) {
     const struct {
         cmt_rig_fn rig;
         const char *name;
@@ -311,7 +311,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
  * elements), and with a bf16 reduce_dtype every gradient reduction does (NO_SHARD's all-reduce,
  * the sharded reduce-scatters). On one rank the counters count what the collectives were handed;
  * tests/dist checks the same on 2 ranks. */
-Test(mixed_precision, bf16_params_and_reductions_halve_the_bytes_gathered_and_reduced, .timeout = 60) {
+Test(mixed_precision, bf16_params_and_reductions_halve_the_bytes_gathered_and_reduced, .timeout = 120) {
     for (int strat = 0; strat <= CM_SHARDING_FULL_SHARD; strat++) {
         /* (NO_SHARD on one rank: nothing to reduce in f32; its halving is shown on 2 ranks) */
         mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL};
@@ -380,7 +380,7 @@ static void rig_count_gpt(cmt_rig *out, void *data) {
  * amp_bf16; DEFAULT also rounds what autocast leaves in f32 (embeddings, layer norms, biases),
  * each by at most 2^-9 relative: the first batch differs by 4e-6, and the trajectories drift
  * apart as Adam compounds it, 0.7% at worst over the 24 batches. Tolerance 3% per batch. */
-Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 60) {
+Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 120) {
     mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL};
     mp_out full = mp_run(o);
     o.policy = "DEFAULT";
@@ -406,7 +406,7 @@ Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 60
  * other way round (FULL saves, PURE loads: the masters are not rounded by the load). NO_SHARD
  * (a monolithic checkpoint from the model's buffers, which hold the masters at rest) and
  * FULL_SHARD (a sharded one from the master chunks). */
-Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_policy, .timeout = 60) {
+Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_policy, .timeout = 120) {
     const int strats[] = {CM_SHARDING_NO_SHARD, CM_SHARDING_FULL_SHARD};
     for (size_t k = 0; k < 2; k++) {
         for (int dir = 0; dir < 2; dir++) {
