@@ -133,6 +133,7 @@ typedef struct mp_opts {
     int64_t mb;         /* device_train_microbatch_size */
     bool round_params, round_buffers, round_grads; /* the reference's algorithm */
     const char *save_folder, *load_path;
+    bool no_eval;
 } mp_opts;
 
 typedef struct mp_out {
@@ -186,7 +187,7 @@ static mp_out mp_run(mp_opts o) {
     cm_algorithm_plugin alg = {&k_ref, r};
     cfg.model = rig.model;
     cfg.train_dataloader = rig.dl;
-    cfg.eval_dataloader = rig.eval_dl;
+    cfg.eval_dataloader = o.no_eval ? NULL : rig.eval_dl;
     cfg.eval_interval = cm_time_make(2, CM_TIME_BATCH);
     cfg.optimizer = opt;
     cfg.algorithms = &alg;
@@ -272,7 +273,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         for (int pure = 0; pure < 2; pure++) {
             for (int64_t mb = 2; mb <= 4; mb += 2) {
-                mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, mb, true, true, pure == 1, NULL, NULL};
+                mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, mb, true, true, pure == 1, NULL, NULL, false};
                 mp_out want = mp_run(ref);
                 for (int strat = 0; strat < CM_SHARDING_COUNT; strat++) {
                     if (mb == 2 && strat != CM_SHARDING_NO_SHARD) continue;
@@ -280,7 +281,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                      * over groups of one): the GPT under DEFAULT */
                     if (cm_sharding_is_hybrid((cm_sharding)strat) && (f || pure)) continue;
                     mp_opts o = {fams[f].rig, 2, "4ba", strat, pure ? "PURE" : "DEFAULT", mb, false, false, false,
-                                 NULL, NULL};
+                                 NULL, NULL, false};
                     mp_out got = mp_run(o);
                     char what[160];
                     snprintf(what, sizeof what, "%s %s %s, microbatch %lld", fams[f].name, o.policy,
@@ -290,7 +291,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                 }
                 if (!pure && mb == 4) { /* FULL is something else */
                     mp_opts o = {fams[f].rig, 2, "4ba", CM_SHARDING_NO_SHARD, "FULL", mb, false, false, false, NULL,
-                                 NULL};
+                                 NULL, false};
                     mp_out full = mp_run(o);
                     cr_assert(differs(&full, &want), "%s: FULL trained the same parameters as DEFAULT", fams[f].name);
                     if (want.nb) { /* and held the running statistics in f32 */
@@ -314,7 +315,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
 Test(mixed_precision, bf16_params_and_reductions_halve_the_bytes_gathered_and_reduced, .timeout = 120) {
     for (int strat = 0; strat <= CM_SHARDING_FULL_SHARD; strat++) {
         /* (NO_SHARD on one rank: nothing to reduce in f32; its halving is shown on 2 ranks) */
-        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL};
+        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL, false};
         mp_out full = mp_run(o);
         o.policy = "DEFAULT";
         mp_out def = mp_run(o);
@@ -381,7 +382,7 @@ static void rig_count_gpt(cmt_rig *out, void *data) {
  * each by at most 2^-9 relative: the first batch differs by 4e-6, and the trajectories drift
  * apart as Adam compounds it, 0.7% at worst over the 24 batches. Tolerance 3% per batch. */
 Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 120) {
-    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL};
+    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL, false};
     mp_out full = mp_run(o);
     o.policy = "DEFAULT";
     mp_out def = mp_run(o);
@@ -404,16 +405,16 @@ Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 12
 /* Checkpoints hold the f32 masters: a run under PURE saves at batch 2; a run under FULL loads it
  * and finds the same masters bit for bit (some of them not bf16 values) and trains on; and the
  * other way round (FULL saves, PURE loads: the masters are not rounded by the load). NO_SHARD
- * (a monolithic checkpoint from the model's buffers, which hold the masters at rest) and
- * FULL_SHARD (a sharded one from the master chunks). */
+ * (a monolithic checkpoint from the model's buffers, which hold the masters at rest),
+ * SHARD_GRAD_OP and FULL_SHARD (sharded ones from the master chunks). */
 Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_policy, .timeout = 120) {
-    const int strats[] = {CM_SHARDING_NO_SHARD, CM_SHARDING_FULL_SHARD};
-    for (size_t k = 0; k < 2; k++) {
+    const int strats[] = {CM_SHARDING_NO_SHARD, CM_SHARDING_SHARD_GRAD_OP, CM_SHARDING_FULL_SHARD};
+    for (size_t k = 0; k < 3; k++) {
         for (int dir = 0; dir < 2; dir++) {
             char dirpath[] = "/tmp/cm_mp_ckptXXXXXX";
             cr_assert_not_null(mkdtemp(dirpath));
             const char *save = dir ? "FULL" : "PURE", *load = dir ? "PURE" : "FULL";
-            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL};
+            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL, false};
             mp_out a = mp_run(o);
             int64_t not_bf16 = 0;
             for (int64_t i = 0; i < a.n; i++) not_bf16 += a.p[i] != bf16_round(a.p[i]);
@@ -423,7 +424,7 @@ Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_
             snprintf(ck, sizeof ck, "%s/ep0-ba2", dirpath);
             cr_assert_eq(access(ck, F_OK), 0, "no checkpoint %s", ck);
             /* the same length: the load alone, then the masters as loaded */
-            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck};
+            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck, false};
             mp_out got = mp_run(b);
             char what[128];
             snprintf(what, sizeof what, "%s saved under %s, loaded under %s", cm_sharding_name((cm_sharding)strats[k]),
@@ -518,4 +519,22 @@ Test(mixed_precision, a_sixteen_bit_policy_on_a_gpu_is_refused_by_name) {
     cm_dist_free(d);
     cm_comm_free(c);
     cmt_rig_free(&rig);
+}
+
+/* buffer_dtype bf16 holds the running statistics as bf16 values at rest too: after a batch with
+ * no evaluation (whose reads would round them) every one is a bf16 value — the checkpoint of that
+ * moment holds what a bf16 buffer holds; under FULL they are not. */
+Test(mixed_precision, buffers_are_bf16_values_at_rest) {
+    for (int full = 0; full < 2; full++) {
+        mp_opts o = {cmt_rig_resnet, 2, "1ba", CM_SHARDING_NO_SHARD, full ? "FULL" : "DEFAULT", 2, false, false, false,
+                     NULL, NULL, true};
+        mp_out r = mp_run(o);
+        cr_assert_gt(r.nb, 0, "the ResNet has no f32 buffers");
+        int64_t not_bf16 = 0;
+        for (int64_t i = 0; i < r.nb; i++) not_bf16 += r.b[i] != bf16_round(r.b[i]);
+        if (full) cr_assert_gt(not_bf16, 0, "FULL: every running statistic is a bf16 value");
+        else cr_assert_eq(not_bf16, 0, "DEFAULT: %lld of %lld running statistics are not bf16 values", (long long)not_bf16,
+                          (long long)r.nb);
+        out_free(&r);
+    }
 }
