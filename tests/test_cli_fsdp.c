@@ -159,6 +159,53 @@ Test(cli_fsdp, activation_checkpointing_from_yaml_trains_the_same_bits) {
     free(cfg);
 }
 
+/* mixed_precision on one process: unset with the block given is Composer's DEFAULT (the losses of
+ * an explicit DEFAULT, bit for bit), which is not FULL's (the policy is applied, not ignored);
+ * without a block nothing changes (FULL); composer eval applies it too. On a GPU run a 16-bit
+ * policy is refused by name. */
+Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_process) {
+    const char *runs[][2] = {
+        {"mp_unset", "parallelism.fsdp.verbose=false"},
+        {"mp_default", "parallelism.fsdp.mixed_precision=DEFAULT"},
+        {"mp_full", "parallelism.fsdp.mixed_precision=FULL"},
+        {"mp_pure", "parallelism.fsdp.mixed_precision=PURE"},
+        {"mp_none", ""},
+    };
+    char l[5][512];
+    for (int i = 0; i < 5; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "train " DIR "/plain.yaml run_name=%s precision=amp_bf16 %s", runs[i][0], runs[i][1]);
+        int rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 0, "%s: exit %d:\n%s", runs[i][0], rc, out);
+        losses(runs[i][0], l[i], sizeof l[i]);
+    }
+    cr_assert_str_eq(l[0], l[1], "unset %s, DEFAULT %s", l[0], l[1]);
+    cr_assert_str_eq(l[2], l[4], "FULL %s, no block %s", l[2], l[4]);
+    cr_assert(strcmp(l[1], l[2]) != 0, "DEFAULT and FULL trained the same losses %s", l[1]);
+    cr_assert(strcmp(l[3], l[1]) != 0, "PURE and DEFAULT trained the same losses %s", l[1]);
+    /* composer eval reads the parameters as training does: DEFAULT's metrics are not FULL's */
+    write_file(DIR "/ev.yaml", "model: {name: gpt2, preset: tiny}\n"
+                               "eval_loader: {dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}\n"
+                               "eval_subset_num_batches: 2\nprecision: amp_bf16\nparallelism: {fsdp: {verbose: false}}\n");
+    char ev[2][4096];
+    for (int i = 0; i < 2; i++) {
+        int rc = run(i ? "eval " DIR "/ev.yaml --weights " DIR "/runs/mp_full/model.safetensors "
+                         "parallelism.fsdp.mixed_precision=FULL"
+                       : "eval " DIR "/ev.yaml --weights " DIR "/runs/mp_full/model.safetensors",
+                     out, sizeof out);
+        cr_assert_eq(rc, 0, "eval: exit %d:\n%s", rc, out);
+        const char *m = strstr(out, "LanguageCrossEntropy");
+        cr_assert_not_null(m, "%s", out);
+        snprintf(ev[i], sizeof ev[i], "%s", m);
+    }
+    cr_assert(strcmp(ev[0], ev[1]) != 0, "eval under DEFAULT (unset) and FULL printed the same metrics: %s", ev[0]);
+    int rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu device=gpu precision=amp_bf16", out, sizeof out);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "parallelism.fsdp: mixed_precision unset (Composer's default DEFAULT)") &&
+                  strstr(out, "on device gpu is not built") && strstr(out, "set mixed_precision: FULL"),
+              "%s", out);
+}
+
 Test(cli_fsdp, offload_on_a_cpu_run_is_noted_once) {
     int rc = run("train " DIR "/plain.yaml run_name=offload parallelism.fsdp.cpu_offload=true "
                  "parallelism.fsdp.activation_cpu_offload=true",
@@ -192,10 +239,15 @@ Test(cli_fsdp, bad_values_name_the_key_and_its_line) {
          2, "bad.yaml:13:", "'first-x' is not a block id"},
         {"fsdp_config:\n  activation_checkpoint: true\n", 2, "bad.yaml:12:",
          "did you mean 'fsdp_config.activation_checkpointing'"},
-        {"precision: amp_bf16\nfsdp_config:\n  mixed_precision: PURE\n", 1, "bad.yaml:13:",
-         "use mixed_precision: FULL"},
-        {"fsdp_config:\n  mixed_precision: {param_dtype: bf16}\n", 1, "bad.yaml:12:",
-         "fsdp_config.mixed_precision.param_dtype"},
+        {"fsdp_config:\n  mixed_precision: {param_dtype: bfloat8}\n", 2, "bad.yaml:12:",
+         "fsdp_config.mixed_precision.param_dtype: unknown dtype 'bfloat8' (use fp32"},
+        {"precision: amp_bf16\nfsdp_config:\n  mixed_precision: {reduce_dtype: fp16}\n", 1, "bad.yaml:13:",
+         "fsdp_config.mixed_precision.reduce_dtype: 'fp16': fp16 is not built"},
+        {"fsdp_config:\n  mixed_precision: {param_dtype: bf16, keep_low_precision_grads: sometimes}\n", 2,
+         "bad.yaml:12:", "fsdp_config.mixed_precision.keep_low_precision_grads"},
+        {"fsdp_config:\n  mixed_precision: {param_dtype: bf16, keep_low_precision_grads: true}\n", 1, "bad.yaml:12:",
+         "keep_low_precision_grads: true is not built"},
+        {"fsdp_config:\n  mixed_precision: [bf16]\n", 2, "bad.yaml:12:", "expected FULL, DEFAULT, PURE or"},
         {"fsdp_config:\n  mixed_precision: HALF\n", 2, "bad.yaml:12:", "FULL, DEFAULT, PURE"},
         /* HYBRID_SHARD's degrees against the world (one process here) */
         {"fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n  data_parallel_shard_degree: 2\n", 2, "bad.yaml:13:",

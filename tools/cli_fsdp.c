@@ -57,57 +57,65 @@ static int dtype_of(const char *s) {
     return -1;
 }
 
-/* mixed_precision: FULL | DEFAULT | PURE or {param_dtype, reduce_dtype, buffer_dtype}, Composer's
- * meanings. Here parameters, gradient reductions and buffers are always fp32 (amp_bf16 casts to
- * bf16 inside the matmuls, as autocast does): that is Composer's FULL under any precision, and
- * any policy under fp32. A policy that would hold parameters, reductions or buffers in 16 bits
- * is refused. */
-static cm_status read_mixed_precision(cm_config *c, const cli_fsdp *f, cm_precision prec) {
+/* mixed_precision: FULL | DEFAULT | PURE or {param_dtype, reduce_dtype, buffer_dtype,
+ * keep_low_precision_grads}, Composer's meanings (cm_mixed_precision): unset with the block
+ * present is Composer's default, DEFAULT. bf16 is built on the CPU; fp16 (no kernels) and
+ * keep_low_precision_grads: true are refused, and so is any 16-bit field on a GPU run. */
+static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision prec, cm_device device) {
     char p[128], q[160];
     key(p, sizeof p, f, "mixed_precision");
     const cm_config_kind kind = cm_config_kind_of(c, p);
-    const char *low = prec == CM_PRECISION_AMP_FP16 ? "fp16" : "bf16";
+    cm_mixed_precision *mp = &f->mixed_precision;
+    *mp = (cm_mixed_precision){CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, false};
+    const char *where = p, *what = "{param_dtype, reduce_dtype, buffer_dtype}"; /* for a refusal */
     if (kind == CM_CONFIG_MAP) {
         cm_config_mark_read(c, p);
         static const char *const fields[] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+        cm_dtype *dst[] = {&mp->param_dtype, &mp->reduce_dtype, &mp->buffer_dtype};
         for (int i = 0; i < 3; i++) {
             const char *v;
             snprintf(q, sizeof q, "%s.%s", p, fields[i]);
             TRY_FSDP(cm_config_get_string(c, q, NULL, &v));
-            if (!v) continue;
+            if (!v) continue; /* Composer: absent = fp32 */
             const int d = dtype_of(v);
             if (d < 0)
                 return fail(c, q, CM_ERR_INVALID_ARG, "unknown dtype '%s' (use fp32 | float32, bf16 | bfloat16, fp16 | "
                                                       "float16)", v);
-            if (d > 0)
-                return fail(c, q, CM_ERR_UNSUPPORTED,
-                            "%s in 16 bits is not built: parameters, gradient reductions and buffers are fp32 here "
-                            "(precision: amp_bf16 runs the matmuls in bf16); use fp32, or mixed_precision: FULL",
-                            fields[i]);
+            if (d == 2)
+                return fail(c, q, CM_ERR_UNSUPPORTED, "'%s': fp16 is not built (there are no fp16 kernels, and precision "
+                                                      "amp_fp16 is refused too); use bf16 or fp32", v);
+            *dst[i] = d == 1 ? CM_DTYPE_BF16 : CM_DTYPE_F32;
         }
-        return CM_OK;
-    }
-    if (kind == CM_CONFIG_SEQ)
+        snprintf(q, sizeof q, "%s.keep_low_precision_grads", p);
+        bool keep = false;
+        TRY_FSDP(cm_config_get_bool(c, q, false, &keep));
+        if (keep)
+            return fail(c, q, CM_ERR_UNSUPPORTED, "true is not built: the optimizer steps f32 gradients here (the reduced "
+                                                  "gradient is widened to f32, Composer's default false); set it to false");
+    } else if (kind == CM_CONFIG_SEQ) {
         return fail(c, p, CM_ERR_INVALID_ARG, "expected FULL, DEFAULT, PURE or {param_dtype, reduce_dtype, buffer_dtype}");
-    static const char *const policies[] = {"FULL", "DEFAULT", "PURE"};
-    int mp;
-    TRY_FSDP(cm_config_get_choice(c, p, policies, 3, NULL, &mp));
-    if (mp < 0) {
-        /* Composer's default is DEFAULT: with a 16-bit precision it holds parameters in 16 bits,
-         * which this library does not; say so rather than differ silently */
-        if (f->present && prec != CM_PRECISION_FP32)
-            cm_log_msg(CM_LOG_INFO, "%s unset: parameters and gradient reductions stay fp32 with %s matmuls "
-                                    "(Composer's FULL); Composer's default DEFAULT (%s parameters) is not built",
-                       p, low, low);
-        return CM_OK;
+    } else {
+        static const char *const policies[] = {"FULL", "DEFAULT", "PURE"};
+        int pol;
+        TRY_FSDP(cm_config_get_choice(c, p, policies, 3, NULL, &pol));
+        /* Composer's default is DEFAULT, when there is an FSDP block at all (amp_fp16 is left to
+         * the trainer's own refusal) */
+        if (pol < 0) pol = f->present && prec != CM_PRECISION_AMP_FP16 ? 1 : 0;
+        TRY_FSDP(cm_mixed_precision_policy(policies[pol], prec, mp));
+        if (mp->param_dtype == CM_DTYPE_F16)
+            return fail(c, p, CM_ERR_UNSUPPORTED, "%s with precision amp_fp16 holds parameters in fp16, which is not "
+                                                  "built (there are no fp16 kernels); use amp_bf16",
+                        policies[pol]);
+        what = policies[pol];
+        if (kind == CM_CONFIG_ABSENT || kind == CM_CONFIG_NULL) where = f->prefix, what = "unset (Composer's default DEFAULT)";
     }
-    if (mp > 0 && prec != CM_PRECISION_FP32)
-        return fail(c, p, CM_ERR_UNSUPPORTED,
-                    "%s with precision %s holds the parameters%s in %s, which is not built: parameters and "
-                    "gradient reductions are fp32 here and %s only runs the matmuls in %s (Composer's FULL); use "
-                    "mixed_precision: FULL",
-                    policies[mp], cm_precision_name(prec), mp == 2 ? ", reductions and buffers" : " and buffers", low,
-                    cm_precision_name(prec), low);
+    f->mp16 = mp->param_dtype != CM_DTYPE_F32 || mp->reduce_dtype != CM_DTYPE_F32 || mp->buffer_dtype != CM_DTYPE_F32;
+    if (f->mp16 && device != CM_DEVICE_CPU)
+        return fail(c, where, CM_ERR_UNSUPPORTED,
+                    "mixed_precision %s (param_dtype %s, reduce_dtype %s, buffer_dtype %s) on device gpu is not built: "
+                    "the 16-bit parameters, reductions and buffers are held and rounded on the CPU; set "
+                    "mixed_precision: FULL (amp_bf16 still runs the matmuls in bf16)",
+                    what, cm_dtype_name(mp->param_dtype), cm_dtype_name(mp->reduce_dtype), cm_dtype_name(mp->buffer_dtype));
     return CM_OK;
 }
 
@@ -228,6 +236,8 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
                         (long long)v, cm_sharding_name(f->sharding));
         *(i ? &f->replicate_degree : &f->shard_degree) = v > 0 ? (int)v : 0;
     }
+    /* an evaluation reads the parameters as training does: the policy applies there too */
+    TRY_FSDP(read_mixed_precision(c, f, precision, device));
     if (!train) {
         if (f->present) cm_config_touch(c, f->prefix);
         return CM_OK;
@@ -251,7 +261,6 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
                     par_off ? "parameters, gradients and optimizer state" : "activations");
     f->offload = act_off || par_off;
 
-    TRY_FSDP(read_mixed_precision(c, f, precision));
 
     key(p, sizeof p, f, "sync_module_states");
     f->has_sync_module_states = cm_config_has(c, p);
@@ -333,6 +342,9 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
         verbose_walk w = {ctx, 0};
         cm_module_visit(root, say_checkpointed, &w);
         if (!w.n) cli_say(ctx, "  no activation checkpointing\n");
+        cli_say(ctx, "  mixed_precision: param_dtype %s, reduce_dtype %s, buffer_dtype %s (masters and optimizer: f32)\n",
+                cm_dtype_name(f->mixed_precision.param_dtype), cm_dtype_name(f->mixed_precision.reduce_dtype),
+                cm_dtype_name(f->mixed_precision.buffer_dtype));
     }
     return CM_OK;
 }
@@ -353,6 +365,7 @@ cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dis
         }
         if (dc) dc->shard_degree = sd, dc->replicate_degree = rd;
     }
+    if (dc) dc->mixed_precision = f->mixed_precision;
     if (dc && f->present) {
         dc->backward_prefetch = f->backward_prefetch;
         dc->forward_prefetch = f->forward_prefetch;
@@ -405,9 +418,17 @@ void cli_fsdp_help(FILE *f) {
             "                     tape; results are the same either way)\n"
             "                     cpu_offload, activation_cpu_offload (false): a CPU run has nothing to offload\n"
             "                     to (said once); on a GPU run: not built yet (an error)\n"
-            "                     mixed_precision: FULL | DEFAULT | PURE | {param_dtype, reduce_dtype,\n"
-            "                     buffer_dtype}: parameters, reductions and buffers are fp32 here (amp_bf16\n"
-            "                     runs matmuls in bf16): FULL, or any policy under fp32; 16-bit ones: an error\n"
+            "                     mixed_precision (DEFAULT when the block is given, as Composer's): FULL (fp32\n"
+            "                     throughout) | DEFAULT (parameters and buffers in the precision's dtype, bf16\n"
+            "                     under amp_bf16; gradient reductions fp32) | PURE (reductions too) |\n"
+            "                     {param_dtype, reduce_dtype, buffer_dtype: fp32 | bf16 (absent: fp32),\n"
+            "                     keep_low_precision_grads: false}. The optimizer steps fp32 masters (what\n"
+            "                     checkpoints hold, so a run resumes under any policy); forward and backward\n"
+            "                     read the parameters rounded to bf16 (fp32 kernels on the rounded values, or\n"
+            "                     bf16 matmuls under amp_bf16); FULL_SHARD / SHARD_GRAD_OP gather them as bf16\n"
+            "                     (half the bytes); bf16 reductions move half the bytes (summed in fp32 in rank\n"
+            "                     order, rounded once). Also on one process. fp16, keep_low_precision_grads:\n"
+            "                     true and a 16-bit policy on device gpu: not built (an error naming the key)\n"
             "                     sync_module_states (true): broadcast rank 0's weights at the start (false: each\n"
             "                     rank's, equal anyway: every rank builds them from the same seed)\n"
             "                     state_dict_type: full | sharded: the checkpoints' layout; sharded under\n"

@@ -30,10 +30,15 @@ typedef struct cli_fsdp {
     /* FULL_SHARD prefetch (Composer's defaults when absent) */
     cm_backward_prefetch backward_prefetch;
     bool forward_prefetch, limit_all_gathers;
+    /* mixed_precision resolved for this run's precision (Composer's DEFAULT when the block is
+     * present and the key is not; f32 throughout without a block); mp16: some field is bf16 (a
+     * one-process run then gets a cm_dist of its own to apply it) */
+    cm_mixed_precision mixed_precision;
+    bool mp16;
 } cli_fsdp;
 
-/* Reads the block (in every mode but generate; train = false reads sharding_strategy only and
- * marks the rest read). Errors (CM_ERR_INVALID_ARG, or CM_ERR_UNSUPPORTED for a meaning that is
+/* Reads the block (in every mode but generate; train = false reads sharding_strategy and
+ * mixed_precision only and marks the rest read). Errors (CM_ERR_INVALID_ARG, or CM_ERR_UNSUPPORTED for a meaning that is
  * not built) name the key with its file:line. */
 cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_device device, cli_fsdp *out);
 

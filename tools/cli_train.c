@@ -1156,7 +1156,12 @@ static cm_status start_dist(run *r) {
         if (r->sharding != CM_SHARDING_NO_SHARD)
             cm_log_msg(CM_LOG_INFO, "one process: %s %s has nothing to shard (start ranks with composer -n N)", k,
                        cm_sharding_name(r->sharding));
-        return CM_OK;
+        if (!r->fsdp.mp16) return CM_OK;
+        /* a 16-bit mixed_precision applies on one process too: a data-parallel layer of one rank
+         * (NO_SHARD) holds the f32 masters and rounds */
+        TRY(cm_comm_single_new(NULL, &r->comm));
+        dc.sharding = CM_SHARDING_NO_SHARD;
+        return cm_dist_new(r->comm, r->model, &dc, &r->dp);
     }
     dc.sharding = r->sharding;
     cm_status s = cm_dist_new(r->comm, r->model, &dc, &r->dp);

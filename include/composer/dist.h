@@ -85,12 +85,19 @@ bool cm_dist_launched(void);
  * The communicator
  * =========================================================================================== */
 
+/* Element types of the collectives. CM_COMM_BF16 is bfloat16 held as its 16-bit pattern
+ * (uint16_t, cm_f32_to_bf16): gathers and broadcasts move the patterns; a reduction (all_reduce,
+ * reduce_scatter) widens every rank's element to f32, combines them in rank order (rank 0's
+ * first: ((x0 + x1) + x2) + ... for a sum) and rounds the result once to bf16 (nearest even), so
+ * the result is deterministic and does not depend on the transport's algorithm. It moves 2 bytes
+ * an element where f32 moves 4 (FSDP mixed precision, cm_mixed_precision). */
 typedef enum cm_comm_dtype {
     CM_COMM_F32,
     CM_COMM_F64,
     CM_COMM_I32,
     CM_COMM_I64,
     CM_COMM_U8,
+    CM_COMM_BF16,
     CM_COMM_DTYPE_COUNT
 } cm_comm_dtype;
 
@@ -124,7 +131,8 @@ typedef struct cm_coll_info {
     cm_comm_dtype dtype;
 } cm_coll_info;
 
-#define CM_COMM_ABI 2 /* 2: the split slot */
+#define CM_COMM_ABI 3 /* 2: the split slot; 3: CM_COMM_BF16, which a backend's reductions must combine as
+                         its comment says */
 
 /* A backend. The generic layer (cm_comm_*) checks arguments, numbers the collectives and runs
  * the timeouts; a backend only starts operations and tests them. Every start function returns a
@@ -289,6 +297,50 @@ typedef enum cm_backward_prefetch {
 const char *cm_backward_prefetch_name(cm_backward_prefetch p);                /* "BACKWARD_PRE"; "?" out of range */
 cm_status cm_backward_prefetch_parse(const char *s, cm_backward_prefetch *out); /* case-insensitive */
 
+/* FSDP mixed precision (Composer's fsdp_config mixed_precision, PyTorch's MixedPrecision): the
+ * dtypes data parallelism holds and moves things in. Each is CM_DTYPE_F32 (the default: no
+ * change) or CM_DTYPE_BF16; CM_DTYPE_F16 is refused (there are no fp16 kernels, and amp_fp16 is
+ * refused by the trainer too).
+ *   param_dtype: the dtype of the unsharded parameters forward and backward read. The optimizer
+ *     keeps stepping f32 master parameters (this rank's piece under sharding), and checkpoints
+ *     hold those; with bf16, every read of a parameter on the trainer's tape sees the master
+ *     rounded to bf16 (nearest even). The rounded values are held in the model's f32 flat
+ *     buffers (kernels compute in f32 on them, or in bf16 under autocast, as before): the saving
+ *     is in communication — FULL_SHARD's and SHARD_GRAD_OP's all-gathers move bf16, half the
+ *     bytes (cm_dist_stats.gather_bytes) — not in the memory of a gathered unit. The gradient
+ *     with respect to the rounded parameters is computed and accumulated in f32 (PyTorch keeps
+ *     the unsharded gradient in param_dtype, one more rounding before an f32 reduction).
+ *     Where the f32 masters sit at rest: FULL_SHARD, as always, in this rank's parameter chunk;
+ *     SHARD_GRAD_OP in a chunk of their own (the model's buffers then hold the rounded values);
+ *     NO_SHARD in the model's buffers, which hold the rounded copy only during a forward and
+ *     backward (from the first read on the tape to sync_grads, or to the end of an evaluation:
+ *     this needs cm_dist_attach). cm_dist_gather_params gathers the f32 masters.
+ *   reduce_dtype: the dtype the gradient reductions run in (all-reduce, reduce-scatter, and
+ *     HYBRID_SHARD's all-reduce over the replicate group). With bf16 each gradient bucket is
+ *     rounded to bf16, reduced as CM_COMM_BF16 (half the bytes, cm_dist_stats.bytes; sums in f32
+ *     in rank order, rounded once) and widened back to f32 for the optimizer; on one rank the
+ *     rounding alone remains, so one rank is N ranks' degenerate case.
+ *   buffer_dtype: the dtype buffers (BatchNorm running statistics) are held in: with bf16 every
+ *     f32 buffer is rounded to bf16 when cm_dist_new starts, whenever an op on the tape reads it
+ *     (so each update starts from the rounded value, as a bf16 buffer would) and at the end of
+ *     each batch's backward (so checkpoints hold rounded values).
+ *   keep_low_precision_grads: Composer's key; must be false here (the sharded gradient is cast
+ *     to f32 for the optimizer, as PyTorch does with false).
+ * Composer's policies as values: cm_mixed_precision_policy. Under precision fp32, DEFAULT and PURE
+ * are f32 throughout; a bf16 param_dtype there still rounds the parameters (compute stays f32).
+ * The CPU only: an op on the tape reading a parameter or buffer on a GPU under a 16-bit field
+ * fails with CM_ERR_UNSUPPORTED. */
+typedef struct cm_mixed_precision {
+    cm_dtype param_dtype, reduce_dtype, buffer_dtype;
+    bool keep_low_precision_grads;
+} cm_mixed_precision;
+
+/* Composer's named policies for a run of `precision` (its autocast dtype: bf16 under amp_bf16,
+ * f16 under amp_fp16, f32 under fp32): "FULL" (f32, f32, f32), "DEFAULT" (autocast, f32,
+ * autocast), "PURE" (autocast ×3), case-insensitive; keep_low_precision_grads false. Errors:
+ * CM_ERR_INVALID_ARG (NULL, an unknown name: "use FULL, DEFAULT or PURE"). */
+cm_status cm_mixed_precision_policy(const char *name, cm_precision precision, cm_mixed_precision *out);
+
 typedef struct cm_dist_config {
     cm_sharding sharding;    /* NO_SHARD (default), SHARD_GRAD_OP (ZeRO-2), FULL_SHARD (ZeRO-3),
                                 HYBRID_SHARD, _HYBRID_SHARD_ZERO2 */
@@ -319,6 +371,8 @@ typedef struct cm_dist_config {
     cm_backward_prefetch backward_prefetch;
     bool forward_prefetch;
     bool limit_all_gathers;
+    /* FSDP mixed precision (see cm_mixed_precision); default f32 throughout (Composer's FULL). */
+    cm_mixed_precision mixed_precision;
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
@@ -379,12 +433,15 @@ typedef struct cm_dist cm_dist;
 cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg, cm_dist **out);
 /* NULL is a no-op; waits for nothing: sync first. Under FULL_SHARD the model's flat parameter
  * buffers become ordinary memory again, and units that were not gathered hold NaN: call
- * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under a hybrid
+ * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under
+ * SHARD_GRAD_OP with a bf16 param_dtype the buffers hold the rounded values unless
+ * cm_dist_gather_params put the f32 masters there; NO_SHARD puts its masters back itself. Under a hybrid
  * strategy it frees the two sub-communicators (no collective). */
 void cm_dist_free(cm_dist *d);
 
 /* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)
- * and sync_grads (the gradient all-reduce). The trainer weights every microbatch's loss by its
+ * and sync_grads (the gradient all-reduce); the tape's fetch hook under FULL_SHARD and under a
+ * bf16 param_dtype or buffer_dtype (it rounds what the tape reads). The trainer weights every microbatch's loss by its
  * share of the global batch, so the summed gradients are exactly the full batch's. */
 void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg);
 
@@ -421,8 +478,12 @@ cm_status cm_dist_sync_params(cm_dist *d);
 
 /* FULL_SHARD: gathers every unit so the model's flat buffers hold all parameters (for sampling or
  * exporting weights); they stay valid until the next optimizer step or until the trainer's tape
- * evicts them. A collective: every rank calls it. Nothing to do for the other strategies. Errors:
- * the communicator's. */
+ * evicts them. A collective: every rank calls it. Nothing to do for the other strategies, except
+ * under a bf16 param_dtype (cm_mixed_precision), where the model's buffers may hold the rounded
+ * copy: then it puts the f32 masters there (SHARD_GRAD_OP: an f32 all-gather of the master
+ * chunks; NO_SHARD: the masters kept aside), and the fetch hook rounds a unit again when the
+ * tape next reads it. Under FULL_SHARD it gathers the f32 masters too (PyTorch's
+ * summon_full_params). Errors: the communicator's. */
 cm_status cm_dist_gather_params(cm_dist *d);
 
 /* Where the time went, summed since cm_dist_new (or the last reset). */
@@ -430,7 +491,8 @@ typedef struct cm_dist_stats {
     int64_t n_syncs;         /* sync_grads calls */
     int64_t n_buckets_early; /* buckets started during backward */
     int64_t n_buckets_late;  /* buckets started in sync_grads */
-    double bytes;            /* gradient bytes all-reduced (per rank) */
+    double bytes;            /* gradient bytes reduced (per rank: the buffers handed to all_reduce /
+                                reduce_scatter; halved by a bf16 reduce_dtype) */
     double wait_s;           /* time blocked in sync_grads: communication not hidden */
     double hook_s;           /* time spent starting / progressing buckets during backward */
     int64_t n_gathers;       /* FULL_SHARD: unit all-gathers (blocking on a fetch, or prefetched) */
@@ -440,6 +502,8 @@ typedef struct cm_dist_stats {
     int max_in_flight;       /* FULL_SHARD: the most unit gathers in flight at once */
     int max_gathered;        /* FULL_SHARD: the most units holding parameter pages at once (gathered or in flight) */
     double gather_s;         /* FULL_SHARD: time the fetch hook blocked in gathers or waiting for prefetched ones */
+    double gather_bytes;     /* parameter bytes all-gathered into this rank (FULL_SHARD's unit gathers,
+                                SHARD_GRAD_OP's after each step; halved by a bf16 param_dtype) */
 } cm_dist_stats;
 
 cm_dist_stats cm_dist_get_stats(const cm_dist *d);

@@ -3,6 +3,7 @@
  * collective ("I am at #seq all_reduce of n elements"); a rank that times out drains them to say
  * which ranks never arrived and where they were last seen. */
 #include "dist/dist_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -48,6 +49,7 @@ static MPI_Datatype mpi_type(cm_comm_dtype dt) {
     case CM_COMM_F64: return MPI_DOUBLE;
     case CM_COMM_I32: return MPI_INT32_T;
     case CM_COMM_I64: return MPI_INT64_T;
+    case CM_COMM_BF16: return MPI_UINT16_T; /* moved as patterns; reduced by bf16_reduce */
     default: return MPI_UINT8_T;
     }
 }
@@ -147,8 +149,30 @@ static void mpi_describe_missing(void *self, const cm_coll_info *ci, char *buf, 
 
 /* ---- collectives ---- */
 
+/* A request. A bf16 reduction runs in stages (MPI has no bf16 type, and its own reductions would
+ * combine in an order of its choosing): 1, an all-to-all brings every rank's copy of this rank's
+ * block here; the block is combined in f32 in rank order and rounded once (bf16_reduce); 2, for
+ * all_reduce, every rank sends its reduced block to every other one. Stage 2 starts when a test
+ * finds stage 1 done, which is not in the same order on every rank when several reductions are
+ * in flight, so it is point-to-point (tagged by the collective's sequence number), never a
+ * collective, whose matching would depend on that order. */
 typedef struct mpi_req {
     MPI_Request r;
+    int stage;            /* 0: a plain MPI request; 1: the exchange; 2: all_reduce's gather */
+    MPI_Comm comm;
+    cm_reduce_op op;
+    int size;
+    int64_t block;        /* this rank's block (elements) */
+    uint16_t *tmp;        /* (size × block) every rank's copy of this rank's block, rank order */
+    uint16_t *out;        /* where the reduced block goes */
+    uint16_t *buf;        /* all_reduce: the whole buffer (in place) */
+    int *counts, *displs; /* all_reduce: (size) each rank's block of the buffer */
+    int *rcounts;         /* all_reduce: (2 × size) the exchange's receive counts and offsets (MPI reads
+                             the arrays of a non-blocking call until it completes) */
+    int tag;              /* all_reduce: stage 2's messages */
+    int rank;
+    MPI_Request *p2p;     /* all_reduce: (2 × size) stage 2's sends and receives */
+    int n_p2p;
 } mpi_req;
 
 static cm_status count_ok(const cm_coll_info *ci, int64_t factor) {
@@ -161,13 +185,35 @@ static cm_status count_ok(const cm_coll_info *ci, int64_t factor) {
 static cm_status new_req(mpi_req **out) {
     *out = cm_alloc(sizeof **out, 16);
     if (!*out) return cm_set_error(CM_ERR_OOM, "MPI request: out of memory");
+    memset(*out, 0, sizeof **out);
     (*out)->r = MPI_REQUEST_NULL;
     return CM_OK;
 }
 
+static void req_free(mpi_req *q) {
+    cm_free(q->tmp);
+    cm_free(q->counts);
+    cm_free(q->displs);
+    cm_free(q->rcounts);
+    cm_free(q->p2p);
+    cm_free(q);
+}
+
+/* out[i] = the n_blocks values blocks[r·n + i] combined in f32 in rank order, rounded once. */
+static void bf16_reduce(uint16_t *out, const uint16_t *blocks, int n_blocks, int64_t n, cm_reduce_op op) {
+    for (int64_t i = 0; i < n; i++) {
+        float acc = cmi_bf16_to_f32(blocks[i]);
+        for (int r = 1; r < n_blocks; r++) {
+            const float v = cmi_bf16_to_f32(blocks[(int64_t)r * n + i]);
+            acc = op == CM_REDUCE_SUM ? acc + v : op == CM_REDUCE_MAX ? (v > acc ? v : acc) : (v < acc ? v : acc);
+        }
+        out[i] = cmi_f32_to_bf16(acc);
+    }
+}
+
 static cm_status launched(mpi_req *q, int rc, const char *what, void **req) {
     if (rc != MPI_SUCCESS) {
-        cm_free(q);
+        req_free(q);
         return mpi_err(what, rc);
     }
     *req = q;
@@ -177,11 +223,52 @@ static cm_status launched(mpi_req *q, int rc, const char *what, void **req) {
 static int m_rank(void *self) { return ((mpi_self *)self)->rank; }
 static int m_size(void *self) { return ((mpi_self *)self)->size; }
 
+/* bf16 all_reduce: rank r's block is [r·b, min((r+1)·b, count)), b = ceil(count / size); the
+ * exchange sends each rank its block of this rank's buffer. */
+static cm_status bf16_all_reduce(mpi_self *m, const cm_coll_info *ci, void *buf, cm_reduce_op op, void **req) {
+    mpi_req *q;
+    cm_status s = new_req(&q);
+    if (s) return s;
+    const int W = m->size;
+    const int64_t b = (ci->count + W - 1) / W;
+    q->counts = cm_alloc(sizeof(int) * (size_t)W, 16);
+    q->displs = cm_alloc(sizeof(int) * (size_t)W, 16);
+    int *rcounts = q->rcounts = cm_alloc(sizeof(int) * (size_t)W * 2, 16);
+    q->p2p = cm_alloc(sizeof(MPI_Request) * (size_t)W * 2, 16);
+    if (!q->counts || !q->displs || !rcounts || !q->p2p) {
+        req_free(q);
+        return cm_set_error(CM_ERR_OOM, "bf16 all_reduce: out of memory");
+    }
+    for (int r = 0; r < W; r++) {
+        const int64_t lo = (int64_t)r * b < ci->count ? (int64_t)r * b : ci->count;
+        const int64_t hi = lo + b < ci->count ? lo + b : ci->count;
+        q->counts[r] = (int)(hi - lo), q->displs[r] = (int)lo;
+    }
+    q->block = q->counts[m->rank];
+    for (int r = 0; r < W; r++) rcounts[r] = (int)q->block, rcounts[W + r] = (int)(r * q->block);
+    q->tmp = cm_alloc(sizeof(uint16_t) * (size_t)(W * q->block > 0 ? W * q->block : 1), 16);
+    if (!q->tmp) {
+        req_free(q);
+        return cm_set_error(CM_ERR_OOM, "bf16 all_reduce: out of memory for %lld elements", (long long)(W * q->block));
+    }
+    q->stage = 1, q->comm = m->comm, q->op = op, q->size = W;
+    q->tag = 100 + (int)(ci->seq % 30000); /* the reductions in flight at once are far fewer than 30000 */
+    q->rank = m->rank;
+    q->buf = buf;
+    q->out = (uint16_t *)buf + q->displs[m->rank];
+    hb_enter(m, ci);
+    int rc = MPI_Ialltoallv(buf, q->counts, q->displs, MPI_UINT16_T, q->tmp, rcounts, rcounts + W, MPI_UINT16_T,
+                            m->comm, &q->r);
+    return launched(q, rc, "MPI_Ialltoallv", req);
+}
+
 static cm_status m_iall_reduce(void *self, const cm_coll_info *ci, void *buf, cm_reduce_op op, void **req) {
     mpi_self *m = self;
     mpi_req *q;
     cm_status s = count_ok(ci, 1);
-    if (s || (s = new_req(&q))) return s;
+    if (s) return s;
+    if (ci->dtype == CM_COMM_BF16 && m->size > 1) return bf16_all_reduce(m, ci, buf, op, req);
+    if ((s = new_req(&q))) return s;
     hb_enter(m, ci);
     int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)ci->count, mpi_type(ci->dtype), mpi_op(op), m->comm, &q->r);
     return launched(q, rc, "MPI_Iallreduce", req);
@@ -193,6 +280,18 @@ static cm_status m_ireduce_scatter(void *self, const cm_coll_info *ci, const voi
     mpi_req *q;
     cm_status s = count_ok(ci, m->size);
     if (s || (s = new_req(&q))) return s;
+    if (ci->dtype == CM_COMM_BF16 && m->size > 1) { /* every rank's copy of this rank's block, then bf16_reduce */
+        q->tmp = cm_alloc(sizeof(uint16_t) * (size_t)(ci->count * m->size > 0 ? ci->count * m->size : 1), 16);
+        if (!q->tmp) {
+            req_free(q);
+            return cm_set_error(CM_ERR_OOM, "bf16 reduce_scatter: out of memory for %lld elements",
+                                (long long)(ci->count * m->size));
+        }
+        q->stage = 1, q->comm = m->comm, q->op = op, q->size = m->size, q->block = ci->count, q->out = recv;
+        hb_enter(m, ci);
+        int rc = MPI_Ialltoall(send, (int)ci->count, MPI_UINT16_T, q->tmp, (int)ci->count, MPI_UINT16_T, m->comm, &q->r);
+        return launched(q, rc, "MPI_Ialltoall", req);
+    }
     hb_enter(m, ci);
     int rc = MPI_Ireduce_scatter_block(send, recv, (int)ci->count, mpi_type(ci->dtype), mpi_op(op), m->comm, &q->r);
     return launched(q, rc, "MPI_Ireduce_scatter_block", req);
@@ -235,15 +334,38 @@ static cm_status m_test(void *self, void *req, bool *done) {
     mpi_self *m = self;
     mpi_req *q = req;
     int flag = 0;
-    int rc = MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE);
+    int rc = q->stage == 2 ? MPI_Testall(q->n_p2p, q->p2p, &flag, MPI_STATUSES_IGNORE)
+                           : MPI_Test(&q->r, &flag, MPI_STATUS_IGNORE);
     if (m->mine_unsent) hb_flush(m);
+    if (rc == MPI_SUCCESS && flag && q->stage == 1) { /* a bf16 reduction's exchange arrived */
+        bf16_reduce(q->out, q->tmp, q->size, q->block, q->op);
+        if (q->buf) { /* all_reduce: this rank's reduced block to every rank, theirs here */
+            q->stage = 2;
+            q->n_p2p = 0;
+            for (int p = 0; p < q->size && rc == MPI_SUCCESS; p++) {
+                if (p == q->rank) continue;
+                if (q->counts[q->rank] > 0)
+                    rc = MPI_Isend(q->out, q->counts[q->rank], MPI_UINT16_T, p, q->tag, q->comm, &q->p2p[q->n_p2p++]);
+                if (rc == MPI_SUCCESS && q->counts[p] > 0)
+                    rc = MPI_Irecv(q->buf + q->displs[p], q->counts[p], MPI_UINT16_T, p, q->tag, q->comm,
+                                   &q->p2p[q->n_p2p++]);
+            }
+            flag = 0;
+            if (rc != MPI_SUCCESS) {
+                req_free(q);
+                *done = true;
+                return mpi_err("MPI_Isend / MPI_Irecv", rc);
+            }
+            rc = MPI_Testall(q->n_p2p, q->p2p, &flag, MPI_STATUSES_IGNORE);
+        }
+    }
     if (rc != MPI_SUCCESS) {
-        cm_free(q);
+        req_free(q);
         *done = true; /* released; the caller records the failure */
         return mpi_err("MPI_Test", rc);
     }
     *done = flag != 0;
-    if (flag) cm_free(q);
+    if (flag) req_free(q);
     return CM_OK;
 }
 

@@ -51,7 +51,21 @@
  * every rank — never on timing — so every rank issues the same gathers in the same order. Pending
  * units are not resident: eviction never touches them (their pages are being written), and they
  * are bounded by the in-flight limit; after the step any left (a pass that read another order)
- * are completed and released with the rest. */
+ * are completed and released with the rest.
+ *
+ * Mixed precision (cm_mixed_precision, FSDP's MixedPrecision). param_dtype bf16: the tape must
+ * read bf16-rounded parameters while the optimizer steps f32 masters. FULL_SHARD gathers a unit
+ * as bf16 (each rank rounds its master chunk, the all-gather moves the 16-bit patterns, the result
+ * is widened into the flat buffer); SHARD_GRAD_OP keeps its masters in a chunk of their own and
+ * gathers them the same way after each step; NO_SHARD, with nothing to gather, rounds a unit's
+ * buffer in place the first time the tape reads it (the fetch hook), keeping the masters aside,
+ * and puts the masters back when the pass ends (sync_grads; the end of an evaluation, from the
+ * trainer's events). A unit whose buffer holds f32 values the tape must not read (NO_SHARD at
+ * rest, or after cm_dist_gather_params, which gathers f32) is "hi": the fetch hook rounds it
+ * first. reduce_dtype bf16: each bucket is rounded into a bf16 copy, reduced as CM_COMM_BF16 and
+ * widened back into the f32 buffer or chunk when it is waited for. buffer_dtype bf16: f32 buffers
+ * are rounded in place at the start, on every read through the fetch hook and after each batch's
+ * backward. */
 #include "dist/dist_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -121,10 +135,58 @@ struct cm_dist {
     const cm_node *post_cursor;
     int64_t post_idx;
     bool post_armed;
+    /* mixed precision (see the header comment) */
+    bool mp_params, mp_reduce, mp_buffers; /* the bf16 fields of cfg.mixed_precision */
+    bool *hi;                /* mp_params: (n_units) the flat buffer holds f32 values the tape must not read */
+    float **master;          /* NO_SHARD + mp_params: (n_units) the masters while the buffer holds rounded values */
+    uint16_t **rsend;        /* mp_reduce: (n_units) the bf16 copy of a bucket being reduced, NULL otherwise */
+    uint16_t **rrecv;        /* mp_reduce, sharded: (n_units) its reduced chunk (chunk) */
+    uint16_t **gstage;       /* mp_params, sharded: (n_units) a bf16 gather in flight (W·chunk), NULL otherwise */
+    float **bufs;            /* mp_buffers: (n_bufs) the model's f32 buffers, buf_n[i] elements each */
+    int64_t *buf_n;
+    int n_bufs;
+    bool ready;              /* cm_dist_new finished: the state above is consistent */
 };
 
 cm_dist_config cm_dist_config_default(void) {
-    return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0, CM_BACKWARD_PREFETCH_POST, false, true};
+    return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0, CM_BACKWARD_PREFETCH_POST, false, true,
+                            {CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, false}};
+}
+
+cm_status cm_mixed_precision_policy(const char *name, cm_precision precision, cm_mixed_precision *out) {
+    if (!name || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_mixed_precision_policy: NULL argument");
+    const cm_dtype ac = precision == CM_PRECISION_AMP_BF16 ? CM_DTYPE_BF16
+                        : precision == CM_PRECISION_AMP_FP16 ? CM_DTYPE_F16 : CM_DTYPE_F32;
+    if (!strcasecmp(name, "FULL")) *out = (cm_mixed_precision){CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, false};
+    else if (!strcasecmp(name, "DEFAULT")) *out = (cm_mixed_precision){ac, CM_DTYPE_F32, ac, false};
+    else if (!strcasecmp(name, "PURE")) *out = (cm_mixed_precision){ac, ac, ac, false};
+    else return cm_set_error(CM_ERR_INVALID_ARG, "mixed_precision '%s': use FULL, DEFAULT or PURE", name);
+    return CM_OK;
+}
+
+/* The fields of a cm_mixed_precision this library can hold. */
+static cm_status check_mixed_precision(const cm_mixed_precision *mp) {
+    const cm_dtype dt[3] = {mp->param_dtype, mp->reduce_dtype, mp->buffer_dtype};
+    static const char *const field[3] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
+    for (int i = 0; i < 3; i++) {
+        if (dt[i] == CM_DTYPE_F32 || dt[i] == CM_DTYPE_BF16) continue;
+        if (dt[i] == CM_DTYPE_F16)
+            return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: mixed_precision %s fp16 is not built (there are no "
+                                                    "fp16 kernels; precision amp_fp16 is refused too): use bf16 or fp32",
+                                field[i]);
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: mixed_precision %s %d: use CM_DTYPE_F32 or CM_DTYPE_BF16",
+                            field[i], (int)dt[i]);
+    }
+    if (mp->keep_low_precision_grads)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: mixed_precision keep_low_precision_grads true is not "
+                                                "built: the optimizer steps f32 gradients here (the reduced gradient is "
+                                                "widened to f32, as with false); set it to false");
+    return CM_OK;
+}
+
+/* p[i] = p[i] rounded to bf16 (nearest even), for i < n. */
+static void round_bf16(float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) p[i] = cmi_bf16_to_f32(cmi_f32_to_bf16(p[i]));
 }
 
 static const char *const k_backward_prefetch[] = {
@@ -172,12 +234,14 @@ typedef struct tape_link {
 } tape_link;
 
 static cm_status prefetch_drain(cm_dist *d);
+static void mp_restore(cm_dist *d);
 
 void cm_dist_free(cm_dist *d) {
     if (!d) return;
     /* nothing may still write into the buffers: finish the prefetched gathers (every rank has the
      * same ones) unless the communicator failed (then they are abandoned, as d->req below) */
     if (d->n_pending && cm_comm_status(d->scomm) == CM_OK) (void)prefetch_drain(d);
+    mp_restore(d); /* NO_SHARD: the masters back into the model */
     if (d->full && d->resident && d->model) {
         /* the model's buffers become ordinary memory again; units that were not gathered hold NaN
          * (loud, unlike the zeros of released pages): gather before freeing to keep the values */
@@ -216,6 +280,19 @@ void cm_dist_free(cm_dist *d) {
         cm_free(d->pred[k]);
     }
     cm_free(d->post_last);
+    for (int u = 0; u < d->n_units; u++) {
+        if (d->master) cm_free(d->master[u]);
+        if (d->rsend) cm_free(d->rsend[u]);
+        if (d->rrecv) cm_free(d->rrecv[u]);
+        if (d->gstage) cm_free(d->gstage[u]);
+    }
+    cm_free(d->hi);
+    cm_free(d->master);
+    cm_free(d->rsend);
+    cm_free(d->rrecv);
+    cm_free(d->gstage);
+    cm_free(d->bufs);
+    cm_free(d->buf_n);
     if (d->hybrid) {
         cm_comm_free(d->rcomm);
         if (d->scomm != d->comm) cm_comm_free(d->scomm);
@@ -248,8 +325,11 @@ static cm_status shard_setup(cm_dist *d) {
     d->gshard = cm_alloc_zeroed(n * sizeof *d->gshard, 16);
     d->spans = cm_alloc_zeroed(n * sizeof *d->spans, 16);
     if (!d->chunk || !d->gshard || !d->spans) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
-    if (d->full) {
+    if (d->full || d->mp_params) { /* the master chunks (SHARD_GRAD_OP: under a bf16 param_dtype) */
         d->pshard = cm_alloc_zeroed(n * sizeof *d->pshard, 16);
+        if (!d->pshard) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    }
+    if (d->full) {
         d->pbytes = cm_alloc_zeroed(n * sizeof *d->pbytes, 16);
         d->resident = cm_alloc_zeroed(n * sizeof *d->resident, 16);
         d->last_use = cm_alloc_zeroed(n * sizeof *d->last_use, 16);
@@ -267,7 +347,7 @@ static cm_status shard_setup(cm_dist *d) {
         if (s) return s;
         d->chunk[u] = chunk;
         if (!(d->gshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64)) ||
-            (d->full && !(d->pshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))) ||
+            (d->pshard && !(d->pshard[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))) ||
             (d->full && !(d->grecv[u] = cm_alloc_zeroed(sizeof(float) * (size_t)(chunk ? chunk : 1), 64))))
             return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for shards");
         if (d->full) {
@@ -281,7 +361,7 @@ static cm_status shard_setup(cm_dist *d) {
         int64_t b = (int64_t)d->rank * d->chunk[u], e = b + d->chunk[u];
         if (b > ui->numel) b = ui->numel;
         if (e > ui->numel) e = ui->numel;
-        d->spans[u] = (cm_shard_span){u, b, e, d->full ? d->pshard[u] : ui->params + b, d->gshard[u], d->replica};
+        d->spans[u] = (cm_shard_span){u, b, e, d->pshard ? d->pshard[u] : ui->params + b, d->gshard[u], d->replica};
     }
     cm_status s = cm_module_lock(root);
     if (!s) d->locked = true;
@@ -304,6 +384,7 @@ static void release(cm_dist *d, int u) {
     }
     d->resident[u] = false;
     d->n_resident--;
+    if (d->hi) d->hi[u] = false;
 }
 
 static void release_all(cm_dist *d) {
@@ -325,25 +406,69 @@ static void make_room(cm_dist *d, int u) {
 static cm_status take_pending(cm_dist *d, int u);
 static void note_held(cm_dist *d, int gathering);
 
+/* A bf16 gather of unit u's master chunks: this rank's chunk rounded into its block of a W·chunk
+ * staging buffer (*stage, allocated here), gathered in place; the caller widens it. */
+static cm_status start_gather_bf16(cm_dist *d, int u, uint16_t **stage, cm_comm_request **req) {
+    const int64_t c = d->chunk[u];
+    uint16_t *g = cm_alloc(sizeof(uint16_t) * (size_t)(c * d->world > 0 ? c * d->world : 1), 64);
+    if (!g) return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory for a bf16 gather of %lld elements",
+                                (long long)(c * d->world));
+    cmi_bf16_round(g + (int64_t)d->rank * c, d->pshard[u], c);
+    cm_status s = req ? cm_comm_iall_gather(d->scomm, g + (int64_t)d->rank * c, g, c, CM_COMM_BF16, req)
+                      : cm_comm_all_gather(d->scomm, g + (int64_t)d->rank * c, g, c, CM_COMM_BF16);
+    if (s) {
+        cm_free(g);
+        return s;
+    }
+    *stage = g;
+    d->stats.gather_bytes += (double)(c * d->world) * 2.0;
+    return CM_OK;
+}
+
+/* Widens a finished bf16 gather of unit u into its flat parameter buffer and frees the stage. */
+static void finish_gather_bf16(cm_dist *d, int u, uint16_t **stage) {
+    cmi_bf16_widen(cm_module_unit(cm_model_module(d->model), u)->params, *stage, d->chunk[u] * d->world);
+    cm_free(*stage);
+    *stage = NULL;
+}
+
 /* Makes unit u's flat parameters valid: all-gathers every rank's chunk into them (or waits for
- * the gather prefetch started). */
-static cm_status gather(cm_dist *d, int u) {
+ * the gather prefetch started). `f32`: the f32 masters even under a bf16 param_dtype
+ * (cm_dist_gather_params); otherwise what the tape reads. */
+static cm_status gather(cm_dist *d, int u, bool f32) {
     d->last_use[u] = ++d->tick;
-    if (d->resident[u]) return CM_OK;
+    const bool want_hi = d->mp_params && f32;
+    if (d->resident[u] && d->hi && d->hi[u] && !want_hi) { /* f32 masters in the buffer: rounded for the tape */
+        round_bf16(cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u] * d->world);
+        d->hi[u] = false;
+    }
+    if (d->resident[u] && !(want_hi && !d->hi[u])) return CM_OK;
+    if (d->resident[u]) release(d, u); /* rounded, and the f32 masters are wanted */
     make_room(d, u);
     if (d->pending && d->pending[u]) {
         d->stats.n_prefetch_hits++;
-        return take_pending(d, u);
+        cm_status s = take_pending(d, u);
+        if (s || !want_hi) return s;
+        release(d, u); /* a bf16 prefetch: gather the f32 masters instead */
     }
     note_held(d, 1);
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
     if (d->pbytes[u] && mprotect(p, d->pbytes[u], PROT_READ | PROT_WRITE) != 0)
         return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
                             cm_module_unit(cm_model_module(d->model), u)->name, strerror(errno));
-    cm_status s = cm_comm_all_gather(d->scomm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
+    cm_status s;
+    if (d->mp_params && !f32) {
+        uint16_t *g = NULL;
+        s = start_gather_bf16(d, u, &g, NULL);
+        if (!s) finish_gather_bf16(d, u, &g);
+    } else {
+        s = cm_comm_all_gather(d->scomm, d->pshard[u], p, d->chunk[u], CM_COMM_F32);
+        if (!s) d->stats.gather_bytes += (double)(d->chunk[u] * d->world) * 4.0;
+    }
     if (s) return s;
     d->resident[u] = true;
     d->n_resident++;
+    if (d->hi) d->hi[u] = want_hi;
     d->stats.n_gathers++;
     return CM_OK;
 }
@@ -398,6 +523,11 @@ static cm_status take_pending(cm_dist *d, int u) {
     d->greq[u] = NULL;
     d->pending[u] = false;
     d->n_pending--;
+    if (d->gstage && d->gstage[u]) { /* a bf16 gather: widened into the buffer */
+        if (!s) finish_gather_bf16(d, u, &d->gstage[u]);
+        cm_free(d->gstage[u]);
+        d->gstage[u] = NULL;
+    }
     if (s) { /* the buffer holds garbage: unreadable again */
         float *p = cm_module_unit(cm_model_module(d->model), u)->params;
         if (d->pbytes[u]) {
@@ -408,6 +538,7 @@ static cm_status take_pending(cm_dist *d, int u) {
     }
     d->resident[u] = true;
     d->n_resident++;
+    if (d->hi) d->hi[u] = false;
     return CM_OK;
 }
 
@@ -434,6 +565,7 @@ static cm_status prefetch_progress(cm_dist *d) {
         if (s) { /* released by the test: never read what it wrote */
             d->pending[u] = false;
             d->n_pending--;
+            if (d->gstage) cm_free(d->gstage[u]), d->gstage[u] = NULL;
             return s;
         }
     }
@@ -446,7 +578,13 @@ static cm_status start_prefetch(cm_dist *d, int v) {
     if (d->pbytes[v] && mprotect(ui->params, d->pbytes[v], PROT_READ | PROT_WRITE) != 0)
         return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
                             ui->name, strerror(errno));
-    cm_status s = cm_comm_iall_gather(d->scomm, d->pshard[v], ui->params, d->chunk[v], CM_COMM_F32, &d->greq[v]);
+    cm_status s;
+    if (d->mp_params) {
+        s = start_gather_bf16(d, v, &d->gstage[v], &d->greq[v]);
+    } else {
+        s = cm_comm_iall_gather(d->scomm, d->pshard[v], ui->params, d->chunk[v], CM_COMM_F32, &d->greq[v]);
+        if (!s) d->stats.gather_bytes += (double)(d->chunk[v] * d->world) * 4.0;
+    }
     if (s) {
         if (d->pbytes[v]) mprotect(ui->params, d->pbytes[v], PROT_NONE);
         return s;
@@ -532,7 +670,7 @@ static cm_status fetch_prefetching(cm_dist *d, cm_tape *tp, int u) {
             if (s) return s;
         }
     }
-    return gather(d, u);
+    return gather(d, u, false);
 }
 
 /* BACKWARD_POST, from the backward hook: once backward has run the node after which a unit's
@@ -568,14 +706,67 @@ static void prefetch_post(cm_dist *d, cm_tape *tp, const cm_node *node) {
     if (s) hook_fail(d, s);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Mixed precision: what the fetch hook does besides FULL_SHARD's gathers
+ * ------------------------------------------------------------------------------------------- */
+
+static void round_buffers(cm_dist *d) {
+    for (int i = 0; i < d->n_bufs; i++) round_bf16(d->bufs[i], d->buf_n[i]);
+}
+
+/* NO_SHARD: the masters back into the buffers the tape rounded (the pass is over). */
+static void mp_restore(cm_dist *d) {
+    if (!d->ready || !d->mp_params || d->sharded || !d->master) return;
+    cm_module *root = cm_model_module(d->model);
+    for (int u = 0; u < d->n_units; u++) {
+        if (d->hi[u]) continue;
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        memcpy(ui->params, d->master[u], sizeof(float) * (size_t)ui->numel);
+        d->hi[u] = true;
+    }
+}
+
+/* The tape reads t: a buffer under a bf16 buffer_dtype is rounded (its last update may not be
+ * yet); a unit holding f32 values under a bf16 param_dtype (NO_SHARD, SHARD_GRAD_OP) is rounded
+ * in place, NO_SHARD keeping the masters aside. */
+static cm_status mp_fetch(cm_dist *d, const cm_tensor *t) {
+    if (cm_tensor_device(t) != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "mixed_precision: 16-bit parameters, reductions or buffers on device "
+                                                "%s are not built (the CPU holds and rounds them here); use "
+                                                "mixed_precision FULL (fp32 throughout) on a GPU",
+                            cm_device_name(cm_tensor_device(t)));
+    const char *p = cm_tensor_data(t);
+    for (int i = 0; i < d->n_bufs; i++)
+        if (p >= (const char *)d->bufs[i] && p < (const char *)(d->bufs[i] + d->buf_n[i])) {
+            round_bf16(d->bufs[i], d->buf_n[i]);
+            return CM_OK;
+        }
+    if (d->full || !d->mp_params) return CM_OK;
+    const int u = unit_of(d, p);
+    if (u < 0 || !d->hi[u]) return CM_OK;
+    const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
+    if (!d->sharded) {
+        if (!d->link)
+            return cm_set_error(CM_ERR_STATE, "mixed_precision param_dtype bf16 under NO_SHARD needs cm_dist_attach: "
+                                              "the trainer's events say when a pass ends and the f32 masters go back "
+                                              "into the model");
+        memcpy(d->master[u], ui->params, sizeof(float) * (size_t)ui->numel);
+    }
+    round_bf16(ui->params, ui->numel);
+    d->hi[u] = false;
+    return CM_OK;
+}
+
 static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
     cm_dist *d = data;
     cm_status s = d->n_pending ? prefetch_progress(d) : CM_OK;
     if (s) return s;
+    if ((d->mp_params || d->mp_buffers) && (s = mp_fetch(d, t))) return s;
+    if (!d->full) return CM_OK;
     const int u = unit_of(d, cm_tensor_data(t));
     if (u < 0) return CM_OK;
     const double t0 = cm_clock_s();
-    s = d->prefetch ? fetch_prefetching(d, tp, u) : gather(d, u);
+    s = d->prefetch ? fetch_prefetching(d, tp, u) : gather(d, u, false);
     d->stats.gather_s += cm_clock_s() - t0;
     if (s) {
         char msg[1024];
@@ -588,11 +779,34 @@ static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
 
 cm_status cm_dist_gather_params(cm_dist *d) {
     if (!d) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_gather_params: NULL");
-    if (!d->full) return CM_OK;
+    if (!d->full) {
+        if (!d->mp_params) return CM_OK;
+        if (!d->sharded) {
+            mp_restore(d);
+            return CM_OK;
+        }
+        /* SHARD_GRAD_OP under a bf16 param_dtype: the buffers hold the rounded values; the f32
+         * masters from every rank's chunk (the fetch hook rounds them again for the tape) */
+        cm_module *root = cm_model_module(d->model);
+        cm_status s = CM_OK;
+        for (int u = 0; u < d->n_units && !s; u++) {
+            s = cm_comm_iall_gather(d->scomm, d->pshard[u], cm_module_unit(root, u)->params, d->chunk[u], CM_COMM_F32,
+                                    &d->req[u]);
+            if (!s) d->stats.gather_bytes += (double)(d->chunk[u] * d->world) * 4.0;
+        }
+        for (int u = 0; u < d->n_units; u++) {
+            if (!d->req[u]) continue;
+            cm_status w = cm_comm_wait(d->scomm, d->req[u]);
+            d->req[u] = NULL;
+            if (!s) s = w;
+            d->hi[u] = true;
+        }
+        return s;
+    }
     const int keep = d->max_resident;
     d->max_resident = d->n_units + 1;
     cm_status s = CM_OK;
-    for (int u = 0; u < d->n_units && !s; u++) s = gather(d, u);
+    for (int u = 0; u < d->n_units && !s; u++) s = gather(d, u, true);
     d->max_resident = keep;
     return s;
 }
@@ -635,6 +849,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     if ((unsigned)c.backward_prefetch >= CM_BACKWARD_PREFETCH_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: backward_prefetch %d is not a cm_backward_prefetch",
                             (int)c.backward_prefetch);
+    cm_status mps = check_mixed_precision(&c.mixed_precision);
+    if (mps) return mps;
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -647,6 +863,9 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     d->full = full;
     d->scomm = comm;
     d->max_resident = c.max_resident_units;
+    d->mp_params = c.mixed_precision.param_dtype == CM_DTYPE_BF16;
+    d->mp_reduce = c.mixed_precision.reduce_dtype == CM_DTYPE_BF16;
+    d->mp_buffers = c.mixed_precision.buffer_dtype == CM_DTYPE_BF16;
     if (cm_sharding_is_hybrid(c.sharding)) {
         cm_status s = hybrid_groups(d, shard_degree);
         if (s) {
@@ -660,7 +879,29 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     d->unit_last = cm_alloc_zeroed(n * sizeof *d->unit_last, 16);
     d->ranges = cm_alloc_zeroed(n * sizeof *d->ranges, 16);
     d->ospans = cm_alloc_zeroed(n * sizeof *d->ospans, 16);
-    if (!d->req || !d->unit_last || !d->ranges || !d->ospans) {
+    bool mp_ok = true;
+    if (d->mp_params) {
+        mp_ok = (d->hi = cm_alloc_zeroed(n * sizeof *d->hi, 16)) != NULL;
+        if (mp_ok && d->sharded) mp_ok = (d->gstage = cm_alloc_zeroed(n * sizeof *d->gstage, 16)) != NULL;
+        if (mp_ok && !d->sharded) mp_ok = (d->master = cm_alloc_zeroed(n * sizeof *d->master, 16)) != NULL;
+        for (int u = 0; mp_ok && d->master && u < d->n_units; u++)
+            mp_ok = (d->master[u] = cm_alloc(sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1), 64)) != NULL;
+    }
+    if (mp_ok && d->mp_reduce)
+        mp_ok = (d->rsend = cm_alloc_zeroed(n * sizeof *d->rsend, 16)) && (d->rrecv = cm_alloc_zeroed(n * sizeof *d->rrecv, 16));
+    if (mp_ok && d->mp_buffers) {
+        const int64_t nb = cm_module_n_buffers(root);
+        d->bufs = cm_alloc_zeroed(sizeof *d->bufs * (size_t)(nb > 0 ? nb : 1), 16);
+        d->buf_n = cm_alloc_zeroed(sizeof *d->buf_n * (size_t)(nb > 0 ? nb : 1), 16);
+        mp_ok = d->bufs && d->buf_n;
+        for (int64_t i = 0; mp_ok && i < nb; i++) {
+            cm_buffer_info b = cm_module_buffer_info(root, i);
+            if (!b.tensor || cm_tensor_dtype(b.tensor) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(b.tensor)) continue;
+            d->bufs[d->n_bufs] = cm_tensor_data(b.tensor);
+            d->buf_n[d->n_bufs++] = cm_tensor_numel(b.tensor);
+        }
+    }
+    if (!d->req || !d->unit_last || !d->ranges || !d->ospans || !mp_ok) {
         cm_dist_free(d);
         return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
     }
@@ -687,6 +928,22 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         return s;
     }
     if (d->full) shard_take(d);
+    if (d->mp_params && !d->full) {
+        for (int u = 0; u < d->n_units; u++) {
+            const cm_unit_info *ui = cm_module_unit(root, u);
+            if (!d->sharded) { /* NO_SHARD: the buffers hold the masters at rest */
+                d->hi[u] = true;
+                continue;
+            }
+            /* SHARD_GRAD_OP: this rank's masters into their chunk, the buffers rounded (every rank
+             * holds rank 0's values: what a bf16 gather would give) */
+            const cm_shard_span *sp = &d->spans[u];
+            memcpy(d->pshard[u], ui->params + sp->begin, sizeof(float) * (size_t)(sp->end - sp->begin));
+            round_bf16(ui->params, ui->numel);
+        }
+    }
+    if (d->mp_buffers) round_buffers(d);
+    d->ready = true;
     *out = d;
     return CM_OK;
 }
@@ -711,15 +968,39 @@ static cm_status start_next(cm_dist *d) {
     const int u = d->n_units - 1 - d->next;
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
     cm_status s;
-    if (d->sharded) /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
+    const int64_t n = d->sharded ? d->chunk[u] * d->world : ui->numel;
+    if (d->mp_reduce) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
+        d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1), 64);
+        if (d->sharded) d->rrecv[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64);
+        if (!d->rsend[u] || (d->sharded && !d->rrecv[u]))
+            return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory for the bf16 gradient of unit '%s'", ui->name);
+        cmi_bf16_round(d->rsend[u], ui->grads, n);
+        if (d->sharded)
+            s = cm_comm_ireduce_scatter(d->scomm, d->rsend[u], d->rrecv[u], d->chunk[u], CM_COMM_BF16, CM_REDUCE_SUM,
+                                        &d->req[u]);
+        else
+            s = cm_comm_iall_reduce(d->comm, d->rsend[u], n, CM_COMM_BF16, CM_REDUCE_SUM, &d->req[u]);
+    } else if (d->sharded) { /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
         s = cm_comm_ireduce_scatter(d->scomm, ui->grads, d->full ? d->grecv[u] : d->gshard[u], d->chunk[u],
                                     CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
-    else
+    } else {
         s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+    }
     if (s) return s;
     d->next++;
-    d->stats.bytes += (double)(d->sharded ? d->chunk[u] * d->world : ui->numel) * 4.0;
+    d->stats.bytes += (double)n * (d->mp_reduce ? 2.0 : 4.0);
     return CM_OK;
+}
+
+/* After the wait: a bf16 reduction's result widened where the f32 one would have gone. */
+static void finish_reduce(cm_dist *d, int u, bool ok) {
+    if (!d->rsend || !d->rsend[u]) return;
+    const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
+    if (ok && d->sharded) cmi_bf16_widen(d->full ? d->grecv[u] : d->gshard[u], d->rrecv[u], d->chunk[u]);
+    else if (ok) cmi_bf16_widen(ui->grads, d->rsend[u], ui->numel);
+    cm_free(d->rsend[u]);
+    cm_free(d->rrecv[u]);
+    d->rsend[u] = d->rrecv[u] = NULL;
 }
 
 /* Pokes the requests in flight: MPI progresses non-blocking collectives only inside MPI calls. */
@@ -797,7 +1078,8 @@ static void backward_hook(cm_tape *tp, const void *node, void *data) {
  * the received chunks into the gradient shards and releases the full gradient pages. */
 static cm_status flush(cm_dist *d) {
     cm_status s = CM_OK;
-    if (cm_comm_size(d->comm) > 1 || d->sharded) {
+    /* one rank under a bf16 reduce_dtype too: the reduction over one rank is the rounding */
+    if (cm_comm_size(d->comm) > 1 || d->sharded || d->mp_reduce) {
         while (!s && d->next < d->n_units) {
             s = start_next(d);
             if (!s) d->stats.n_buckets_late++;
@@ -808,6 +1090,7 @@ static cm_status flush(cm_dist *d) {
             d->req[u] = NULL;
             if (!s) s = w;
         }
+        for (int u = 0; d->mp_reduce && u < d->n_units; u++) finish_reduce(d, u, !s);
     }
     if (!s && d->full && d->next) {
         cm_module *root = cm_model_module(d->model);
@@ -827,14 +1110,29 @@ static cm_status flush(cm_dist *d) {
 static cm_status replicate_reduce(cm_dist *d) {
     cm_status s = CM_OK;
     for (int u = d->n_units - 1; u >= 0 && !s; u--) {
-        s = cm_comm_iall_reduce(d->rcomm, d->gshard[u], d->chunk[u], CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
-        if (!s) d->stats.bytes += (double)d->chunk[u] * 4.0;
+        if (d->mp_reduce) { /* a bf16 copy of the chunk, widened back below */
+            if (!(d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64))) {
+                s = cm_set_error(CM_ERR_OOM, "cm_dist: out of memory for a bf16 gradient chunk");
+                break;
+            }
+            cmi_bf16_round(d->rsend[u], d->gshard[u], d->chunk[u]);
+            s = cm_comm_iall_reduce(d->rcomm, d->rsend[u], d->chunk[u], CM_COMM_BF16, CM_REDUCE_SUM, &d->req[u]);
+        } else {
+            s = cm_comm_iall_reduce(d->rcomm, d->gshard[u], d->chunk[u], CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+        }
+        if (!s) d->stats.bytes += (double)d->chunk[u] * (d->mp_reduce ? 2.0 : 4.0);
     }
     for (int u = d->n_units - 1; u >= 0; u--) {
         if (!d->req[u]) continue;
         cm_status w = cm_comm_wait(d->rcomm, d->req[u]);
         d->req[u] = NULL;
         if (!s) s = w;
+    }
+    for (int u = 0; d->mp_reduce && u < d->n_units; u++) {
+        if (!d->rsend[u]) continue;
+        if (!s) cmi_bf16_widen(d->gshard[u], d->rsend[u], d->chunk[u]);
+        cm_free(d->rsend[u]);
+        d->rsend[u] = NULL;
     }
     return s;
 }
@@ -848,6 +1146,8 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
         return cm_set_error(s, "%s", d->hook_error);
     }
     const double t0 = cm_clock_s();
+    mp_restore(d); /* NO_SHARD: the optimizer steps the masters */
+    if (d->mp_buffers) round_buffers(d); /* the last microbatch's updates, as a bf16 buffer holds them */
     cm_status s = flush(d);
     if (!s && d->hybrid) s = replicate_reduce(d);
     d->stats.n_syncs++;
@@ -879,16 +1179,28 @@ cm_status cm_dist_sync_params(cm_dist *d) {
     cm_module *root = cm_model_module(d->model);
     cm_status s = CM_OK;
     /* every unit's gather in flight at once, then wait for all (in place: this rank's chunk of the
-     * padded buffer is where it is received) */
+     * padded buffer is where it is received; under a bf16 param_dtype, of a bf16 stage) */
     for (int u = 0; u < d->n_units && !s; u++) {
         float *p = cm_module_unit(root, u)->params;
-        s = cm_comm_iall_gather(d->scomm, p + (int64_t)d->rank * d->chunk[u], p, d->chunk[u], CM_COMM_F32, &d->req[u]);
+        if (d->mp_params) {
+            s = start_gather_bf16(d, u, &d->gstage[u], &d->req[u]);
+        } else {
+            s = cm_comm_iall_gather(d->scomm, p + (int64_t)d->rank * d->chunk[u], p, d->chunk[u], CM_COMM_F32, &d->req[u]);
+            if (!s) d->stats.gather_bytes += (double)(d->chunk[u] * d->world) * 4.0;
+        }
     }
     for (int u = 0; u < d->n_units; u++) {
         if (!d->req[u]) continue;
         cm_status w = cm_comm_wait(d->scomm, d->req[u]);
         d->req[u] = NULL;
         if (!s) s = w;
+    }
+    for (int u = 0; d->mp_params && u < d->n_units; u++) {
+        if (!d->gstage[u]) continue;
+        if (!s) finish_gather_bf16(d, u, &d->gstage[u]);
+        cm_free(d->gstage[u]);
+        d->gstage[u] = NULL;
+        d->hi[u] = false;
     }
     return s;
 }
@@ -904,7 +1216,15 @@ static cm_status hook_all_reduce_sum(double *values, int n, void *data) {
 
 /* A callback the trainer's engine owns: when the trainer is freed (and its tape with it), its
  * free() unhooks the cm_dist; when the cm_dist goes first, cm_dist_free clears link->d. */
-static cm_status link_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) { return CM_OK; }
+/* NO_SHARD under a bf16 param_dtype: a pass that did not end in sync_grads (an evaluation, a
+ * prediction) has ended at these events: the masters go back into the model. */
+static cm_status link_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
+    tape_link *l = self;
+    if (l->d && (ev == CM_EVENT_EVAL_END || ev == CM_EVENT_PREDICT_END || ev == CM_EVENT_BATCH_END ||
+                 ev == CM_EVENT_FIT_END))
+        mp_restore(l->d);
+    return CM_OK;
+}
 static void link_free(void *self) {
     tape_link *l = self;
     if (l->d) {
@@ -942,7 +1262,7 @@ void cm_dist_trainer_hooks(cm_dist *d, cm_trainer_config *cfg) {
     cfg->dist.n_shard_spans = d->sharded ? d->n_units : 0;
     cfg->dist.params_sharded = d->full;
     cfg->dist.collectives_per_microbatch = d->full && d->world > 1;
-    cfg->dist.fetch = d->full ? fetch_hook : NULL;
+    cfg->dist.fetch = d->full || d->mp_params || d->mp_buffers ? fetch_hook : NULL;
     cfg->dist.zero_grad = d->full ? hook_zero_grad : NULL;
     cfg->dist.data = d;
 }

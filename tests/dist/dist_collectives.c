@@ -97,6 +97,60 @@ int main(void) {
     }
     CHECK(done, "ibarrier never finished: %s", cm_last_error());
 
+    /* bf16: reductions sum every rank's element in f32 in rank order and round once (the closed
+     * form below computes exactly that); all_reduce of counts that do not split evenly (0, 1,
+     * fewer than the ranks, a remainder), several in flight at once and waited for in reverse
+     * order (their second stage must match whatever order the ranks test them in), MAX too, and
+     * a reduce_scatter; gathers move the 16-bit patterns unchanged */
+    {
+        enum { NB = 1003 };
+        const int64_t counts[] = {0, 1, P - 1, 2 * P + 1, NB};
+        uint16_t *bb[5];
+        cm_comm_request *breq[5];
+#define BV(r, i) cm_f32_to_bf16((1.0f + 0.001f * (float)(r) + 0.37f * (float)(i)) * ((i) % 2 ? -1.0f : 1.0f))
+        for (int k = 0; k < 5; k++) {
+            bb[k] = malloc(sizeof(uint16_t) * (NB + 1));
+            for (int64_t i = 0; i < counts[k]; i++) bb[k][i] = BV(rank + k, i);
+            OK(cm_comm_iall_reduce(c, bb[k], counts[k], CM_COMM_BF16, k == 3 ? CM_REDUCE_MAX : CM_REDUCE_SUM, &breq[k]));
+        }
+        for (int k = 4; k >= 0; k--) OK(cm_comm_wait(c, breq[k]));
+        for (int k = 0; k < 5; k++) {
+            for (int64_t i = 0; i < counts[k]; i++) {
+                float acc = cm_bf16_to_f32(BV(k, i));
+                for (int o = 1; o < P; o++) {
+                    const float v = cm_bf16_to_f32(BV(o + k, i));
+                    acc = k == 3 ? (v > acc ? v : acc) : acc + v;
+                }
+                if (bb[k][i] != cm_f32_to_bf16(acc)) {
+                    CHECK(0, "bf16 all_reduce (count %lld) [%lld] = %a, want %a", (long long)counts[k], (long long)i,
+                          cm_bf16_to_f32(bb[k][i]), cm_bf16_to_f32(cm_f32_to_bf16(acc)));
+                    break;
+                }
+            }
+            free(bb[k]);
+        }
+        enum { KB = 3 };
+        uint16_t *sb = malloc(sizeof(uint16_t) * KB * (size_t)P), rb[KB], *gb = malloc(sizeof(uint16_t) * KB * (size_t)P);
+        for (int i = 0; i < KB * P; i++) sb[i] = BV(rank, i);
+        OK(cm_comm_reduce_scatter(c, sb, rb, KB, CM_COMM_BF16, CM_REDUCE_SUM));
+        for (int i = 0; i < KB; i++) {
+            float acc = cm_bf16_to_f32(BV(0, rank * KB + i));
+            for (int o = 1; o < P; o++) acc += cm_bf16_to_f32(BV(o, rank * KB + i));
+            CHECK(rb[i] == cm_f32_to_bf16(acc), "bf16 reduce_scatter [%d] = %a, want %a", i, cm_bf16_to_f32(rb[i]),
+                  cm_bf16_to_f32(cm_f32_to_bf16(acc)));
+        }
+        OK(cm_comm_all_gather(c, rb, gb, KB, CM_COMM_BF16));
+        for (int g = 0; g < P; g++)
+            for (int i = 0; i < KB; i++) {
+                float acc = cm_bf16_to_f32(BV(0, g * KB + i));
+                for (int t = 1; t < P; t++) acc += cm_bf16_to_f32(BV(t, g * KB + i));
+                CHECK(gb[g * KB + i] == cm_f32_to_bf16(acc), "bf16 all_gather [%d]", g * KB + i);
+            }
+#undef BV
+        free(sb);
+        free(gb);
+    }
+
     /* bad arguments are refused before any rank is involved, and use no sequence number */
     const uint64_t seq = cm_comm_seq(c);
     CHECK(cm_comm_all_reduce(c, f, -1, CM_COMM_F32, CM_REDUCE_SUM) == CM_ERR_INVALID_ARG, "negative count accepted");

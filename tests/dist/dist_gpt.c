@@ -12,6 +12,10 @@
  * still equal one process. `ckpt` checkpoints every block (the default activation checkpointing
  * policy): the same bits as without.
  *
+ * `mp=FULL|DEFAULT|PURE`: FSDP mixed precision (Composer's policy for this run's precision);
+ * rank 0 prints "bytes: reduced R gathered G", the gradient bytes reduced and the parameter
+ * bytes gathered, summed over the ranks. `shard=N`: a hybrid strategy's shard degree.
+ *
  * FULL_SHARD prefetch: `bp=PRE|POST|NONE` (backward_prefetch; default the config default,
  * BACKWARD_POST), `fwd` (forward_prefetch), `nolimit` (limit_all_gathers false), `layers=N`
  * (blocks, default 2), `resident=N` (max_resident_units). Rank 0 prints a line "prefetch: ..."
@@ -66,6 +70,8 @@ int main(int argc, char **argv) {
     TRY(cm_sharding_parse(argv[2], &dc.sharding));
     bool bf16 = false, dropout = false, ckpt = false;
     int layers = 2;
+    bool sgd = false;      /* SGD (lr 0.05, momentum 0.9) instead of AdamW: a step linear in the gradient */
+    const char *mp = NULL; /* mp=FULL|DEFAULT|PURE: the mixed precision policy (under this run's precision) */
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "bf16")) bf16 = true;
         else if (!strcmp(argv[i], "dropout")) dropout = true;
@@ -74,6 +80,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "nolimit")) dc.limit_all_gathers = false;
         else if (!strncmp(argv[i], "layers=", 7)) layers = atoi(argv[i] + 7);
         else if (!strncmp(argv[i], "resident=", 9)) dc.max_resident_units = atoi(argv[i] + 9);
+        else if (!strncmp(argv[i], "shard=", 6)) dc.shard_degree = atoi(argv[i] + 6);
+        else if (!strncmp(argv[i], "mp=", 3)) mp = argv[i] + 3;
+        else if (!strcmp(argv[i], "sgd")) sgd = true;
         else if (!strncmp(argv[i], "bp=", 3)) {
             char name[32];
             snprintf(name, sizeof name, "%s%s", strcmp(argv[i] + 3, "NONE") ? "BACKWARD_" : "", argv[i] + 3);
@@ -83,6 +92,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (mp) TRY(cm_mixed_precision_policy(mp, bf16 ? CM_PRECISION_AMP_BF16 : CM_PRECISION_FP32, &dc.mixed_precision));
     cm_comm *comm;
     TRY(cm_comm_auto_new(NULL, &comm));
     const int rank = cm_comm_rank(comm), world = cm_comm_size(comm);
@@ -138,9 +148,11 @@ int main(int argc, char **argv) {
     int n_ospans;
     TRY(cm_dist_optim_spans(dp, &ospans, &n_ospans));
     cm_optim *opt;
-    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_DECOUPLED_ADAMW);
-    hp.lr = 3e-3;
-    TRY(cm_optim_new(CM_OPTIM_DECOUPLED_ADAMW, &opt));
+    const cm_optim_kind ok = sgd ? CM_OPTIM_SGD : CM_OPTIM_DECOUPLED_ADAMW;
+    cm_optim_hparams hp = cm_optim_hparams_default(ok);
+    hp.lr = sgd ? 0.05 : 3e-3;
+    if (sgd) hp.momentum = 0.9;
+    TRY(cm_optim_new(ok, &opt));
     TRY(cm_optim_add_group(opt, &hp, ospans, n_ospans));
     cm_algorithm_plugin clip;
     TRY(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &clip));
@@ -168,6 +180,12 @@ int main(int argc, char **argv) {
     /* the prefetch counters before gather_params (which takes what is still pending) */
     const cm_dist_stats st = cm_dist_get_stats(dp);
     int64_t sums[5] = {st.n_gathers, st.n_prefetches, st.n_prefetch_hits, st.n_prefetch_unused, 0};
+    double bytes[5] = {st.bytes, st.gather_bytes, (double)st.n_buckets_early, (double)st.n_buckets_late,
+                       (double)st.n_gathers};
+    TRY(cm_comm_all_reduce(comm, bytes, 5, CM_COMM_F64, CM_REDUCE_SUM));
+    if (rank == 0)
+        printf("bytes: reduced %.0f gathered %.0f (buckets %.0f early, %.0f late; %.0f gathers)\n", bytes[0], bytes[1],
+               bytes[2], bytes[3], bytes[4]);
     int64_t maxes[2] = {st.max_in_flight, st.max_gathered};
     TRY(cm_comm_all_reduce(comm, sums, 5, CM_COMM_I64, CM_REDUCE_SUM));
     TRY(cm_comm_all_reduce(comm, maxes, 2, CM_COMM_I64, CM_REDUCE_MAX));

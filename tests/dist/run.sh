@@ -201,6 +201,47 @@ act_ckpt_equivalence)
         "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/b.txt" 1e-4 || fail "checkpointed $strategy on 3 ranks differs from 1 process"
     done
     ;;
+mixed_precision_equivalence)
+    # FSDP mixed precision on 2 ranks equals one process (tests/test_mixed_precision.c proves one
+    # process against a reference rounding the parameters before every forward): a tiny GPT under
+    # amp_bf16, SGD with momentum (a step linear in the gradient), 6 batches in microbatches of 2.
+    # DEFAULT (bf16 parameters, f32 reductions): the gathered parameters are the bf16 roundings of
+    # the same masters, the reductions differ only in f32 summation order: the tolerance of
+    # gpt_sharded_equivalence, 2e-5 (3e-8 seen). PURE (bf16 reductions too): each rank rounds its
+    # part of the gradient to bf16 before the sum (summed in f32, rounded once), one process rounds
+    # the whole, so a reduced element differs by up to ~1.5 bf16 ulps (2^-8 relative); 6 steps at
+    # lr 0.05 carry that into the parameters: 3e-4 seen, 1e-3 allowed (the bf16 sum leaving out
+    # rank 1's part is off by 4e-3).
+    g=$bin/dist_gpt
+    env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/d1.txt" NO_SHARD bf16 sgd mp=DEFAULT >/dev/null || fail "1-process DEFAULT"
+    env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/p1.txt" NO_SHARD bf16 sgd mp=PURE >/dev/null || fail "1-process PURE"
+    run_mp() { # OUT POLICY STRATEGY [options]: trains on 2 ranks, prints the byte counters
+        out_=$1 pol_=$2; shift 2
+        launch -n 2 "$g" "$tmp/$out_.txt" "$@" bf16 sgd mp=$pol_ >"$tmp/$out_.log" 2>&1 || { cat "$tmp/$out_.log"; fail "$pol_ $* on 2 ranks"; }
+        grep "^bytes:" "$tmp/$out_.log" | sed "s/^/$pol_ $1: /"
+    }
+    run_mp sgo DEFAULT SHARD_GRAD_OP
+    "$bin/dist_train" --compare "$tmp/d1.txt" "$tmp/sgo.txt" 2e-5 || fail "SHARD_GRAD_OP DEFAULT on 2 ranks differs from 1 process"
+    run_mp fsd DEFAULT FULL_SHARD bp=PRE fwd
+    "$bin/dist_train" --compare "$tmp/d1.txt" "$tmp/fsd.txt" 2e-5 || fail "FULL_SHARD DEFAULT (prefetch) on 2 ranks differs from 1 process"
+    run_mp fsp PURE FULL_SHARD bp=NONE
+    "$bin/dist_train" --compare "$tmp/p1.txt" "$tmp/fsp.txt" 1e-3 || fail "FULL_SHARD PURE (no prefetch) on 2 ranks differs from 1 process"
+    run_mp nsp PURE NO_SHARD
+    "$bin/dist_train" --compare "$tmp/p1.txt" "$tmp/nsp.txt" 1e-3 || fail "NO_SHARD PURE on 2 ranks differs from 1 process"
+    run_mp hyp PURE HYBRID_SHARD shard=1
+    "$bin/dist_train" --compare "$tmp/p1.txt" "$tmp/hyp.txt" 1e-3 || fail "HYBRID_SHARD PURE on 2 ranks differs from 1 process"
+    run_mp fsf FULL FULL_SHARD
+    # the bytes: bf16 parameters halve FULL_SHARD's gathers, bf16 reductions its reduce-scatters
+    # (the same collectives: with or without prefetch every unit is gathered as often here)
+    b() { sed -n "s/^bytes: reduced \([0-9]*\) gathered \([0-9]*\).*/\1 \2/p" "$tmp/$1.log"; }
+    set -- $(b fsf) $(b fsp) $(b fsd)
+    [ "$1" -gt 0 ] && [ "$2" -gt 0 ] || fail "FULL_SHARD FULL counted no bytes: $*"
+    [ $(($1 / 2)) -eq "$3" ] && [ $(($2 / 2)) -eq "$4" ] || fail "PURE moved $3 / $4 bytes (reduced / gathered), FULL $1 / $2: not half"
+    [ "$5" -eq "$1" ] && [ $(($2 / 2)) -eq "$6" ] || fail "DEFAULT moved $5 / $6 bytes, FULL $1 / $2: want f32 reductions, half the gathers"
+    # NO_SHARD's all-reduce in bf16 moves half of SHARD_GRAD_OP's f32 reduce-scatter (same gradient, no padding here)
+    set -- $(b sgo) $(b nsp)
+    [ $(($1 / 2)) -eq "$3" ] || fail "NO_SHARD PURE reduced $3 bytes, SHARD_GRAD_OP DEFAULT $1: not half"
+    ;;
 full_shard_prefetch)
     # FULL_SHARD prefetch changes when a unit's all-gather starts, never a value: every setting
     # (forward_prefetch on/off x backward_prefetch PRE / POST / NONE x limit_all_gathers on/off)
