@@ -199,11 +199,18 @@ Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_p
         snprintf(ev[i], sizeof ev[i], "%s", m);
     }
     cr_assert(strcmp(ev[0], ev[1]) != 0, "eval under DEFAULT (unset) and FULL printed the same metrics: %s", ev[0]);
-    int rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu device=gpu precision=amp_bf16", out, sizeof out);
+    /* on a GPU run: an explicit 16-bit policy is refused by name; unset is FULL there, said once */
+    int rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu device=gpu precision=amp_bf16 "
+                 "parallelism.fsdp.mixed_precision=DEFAULT",
+                 out, sizeof out);
     cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, "parallelism.fsdp: mixed_precision unset (Composer's default DEFAULT)") &&
-                  strstr(out, "on device gpu is not built") && strstr(out, "set mixed_precision: FULL"),
+    cr_assert(strstr(out, "parallelism.fsdp.mixed_precision") && strstr(out, "on device gpu is not built") &&
+                  strstr(out, "set mixed_precision: FULL"),
               "%s", out);
+    rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu_unset device=gpu precision=amp_bf16", out, sizeof out);
+    cr_assert(!strstr(out, "on device gpu is not built"), "unset mixed_precision refused on a GPU run:\n%s", out);
+    cr_assert(strstr(out, "mixed_precision unset: on device gpu parameters, reductions and buffers stay fp32"), "%s",
+              out);
 }
 
 Test(cli_fsdp, offload_on_a_cpu_run_is_noted_once) {

@@ -100,7 +100,19 @@ static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision pr
         TRY_FSDP(cm_config_get_choice(c, p, policies, 3, NULL, &pol));
         /* Composer's default is DEFAULT, when there is an FSDP block at all (amp_fp16 is left to
          * the trainer's own refusal) */
-        if (pol < 0) pol = f->present && prec != CM_PRECISION_AMP_FP16 ? 1 : 0;
+        if (pol < 0) {
+            pol = f->present && prec != CM_PRECISION_AMP_FP16 ? 1 : 0;
+            /* a GPU run keeps fp32 parameters (the 16-bit policies are built on the CPU): an unset
+             * key there is FULL, said once, so a Composer config moves over; an explicit 16-bit
+             * policy is refused below */
+            if (pol && device != CM_DEVICE_CPU && prec != CM_PRECISION_FP32) {
+                cm_log_msg(CM_LOG_INFO, "%s unset: on device gpu parameters, reductions and buffers stay fp32 with "
+                                        "%s matmuls (Composer's FULL); Composer's default DEFAULT (bf16 parameters) is "
+                                        "built on the CPU only",
+                           p, cm_precision_name(prec));
+                pol = 0;
+            }
+        }
         TRY_FSDP(cm_mixed_precision_policy(policies[pol], prec, mp));
         if (mp->param_dtype == CM_DTYPE_F16)
             return fail(c, p, CM_ERR_UNSUPPORTED, "%s with precision amp_fp16 holds parameters in fp16, which is not "
@@ -428,7 +440,8 @@ void cli_fsdp_help(FILE *f) {
             "                     bf16 matmuls under amp_bf16); FULL_SHARD / SHARD_GRAD_OP gather them as bf16\n"
             "                     (half the bytes); bf16 reductions move half the bytes (summed in fp32 in rank\n"
             "                     order, rounded once). Also on one process. fp16, keep_low_precision_grads:\n"
-            "                     true and a 16-bit policy on device gpu: not built (an error naming the key)\n"
+            "                     true and a 16-bit policy on device gpu: not built (an error naming the key;\n"
+            "                     unset on device gpu is FULL, said once)\n"
             "                     sync_module_states (true): broadcast rank 0's weights at the start (false: each\n"
             "                     rank's, equal anyway: every rank builds them from the same seed)\n"
             "                     state_dict_type: full | sharded: the checkpoints' layout; sharded under\n"
