@@ -319,6 +319,17 @@ typedef struct cm_dist_config {
     cm_backward_prefetch backward_prefetch;
     bool forward_prefetch;
     bool limit_all_gathers;
+    /* Composer's fsdp_config cpu_offload (PyTorch's CPUOffload(offload_params=True)), for one
+     * process training on a GPU (a communicator of size 1; default false): the parameters (the fp32
+     * masters), their gradients and the optimizer state live in host memory (pinned), and each
+     * wrap unit's parameters are uploaded to the GPU when the trainer's tape reads the unit and
+     * released after, as FULL_SHARD gathers and releases them (max_resident_units, the prefetch
+     * keys above: an upload of the next unit runs on a copy stream while the current one
+     * computes). In backward a unit's gradient lives on the GPU from its first gradient until
+     * the unit is final, then is downloaded, added into the host gradient and released. The
+     * optimizer and gradient clipping run on the host (cm_dist_optim_spans, cm_state_shard_spans).
+     * The sharding strategy has no further effect (one rank has nothing to shard). */
+    bool cpu_offload;
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
@@ -371,6 +382,15 @@ typedef struct cm_dist cm_dist;
  * global batch's gradient. The two groups are sub-communicators of comm (cm_comm_split, made
  * here: a collective); the shard spans of the replicas (replicate-group rank > 0) are marked
  * cm_shard_span.replica, so sums over ranks and sharded checkpoints count each piece once.
+ * cpu_offload (one process): the model must be finalized and still on the CPU (its unit buffers
+ * become fixed-address GPU ranges whose memory is mapped while a unit is resident, its buffers
+ * move to the GPU, and the trainer leaves it there: make the optimizer over cm_dist_optim_spans,
+ * which are host memory); everything above about FULL_SHARD's residency, prefetch and gradient
+ * shards holds with "upload" for "all-gather" and "download" for "reduce-scatter" (one rank: the
+ * shard is the whole unit). It needs at least 2 wrap units (with one, the whole model would be
+ * resident whenever it is used), CM_ERR_INVALID_ARG otherwise; CM_ERR_UNSUPPORTED on a
+ * communicator of several ranks (several GPUs need NCCL) or without a GPU (cm_device_check's
+ * message); CM_ERR_STATE when the model is already on the GPU.
  * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD or HYBRID_SHARD;
  * degrees that do not fit the world, see cm_dist_hybrid_degrees), CM_ERR_STATE (not finalized; a
  * sharded strategy on a model that an optimizer or trainer already locked), the communicator's
@@ -380,7 +400,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
 /* NULL is a no-op; waits for nothing: sync first. Under FULL_SHARD the model's flat parameter
  * buffers become ordinary memory again, and units that were not gathered hold NaN: call
  * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under a hybrid
- * strategy it frees the two sub-communicators (no collective). */
+ * strategy it frees the two sub-communicators (no collective). With cpu_offload the model is left
+ * on the CPU, holding the host master parameters (gradients zero). */
 void cm_dist_free(cm_dist *d);
 
 /* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)

@@ -1,0 +1,432 @@
+/*
+ * cpu_offload on a GPU (cm_dist_config.cpu_offload; Composer's fsdp_config cpu_offload): the
+ * parameters, gradients and optimizer state live in host memory and each wrap unit is uploaded
+ * when the tape reads it. Proven on the golden tiny GPT-2 (3 wrap units, AdamW, clipping at norm 1,
+ * warmup + cosine):
+ *   - it trains the plain GPU run's trajectory (losses and parameters) with dropout on, with and
+ *     without microbatching and with each prefetch setting;
+ *   - the device allocator's peak falls by about the parameter + gradient + optimizer-state bytes
+ *     the plain run holds there, less the units resident at once;
+ *   - its checkpoints resume on a plain GPU run and on the CPU, continuing the uninterrupted run;
+ *   - what it cannot do is refused by name (a model of one wrap unit, a model already on the GPU or
+ *     locked by an optimizer), and cm_dist_free gives the model back on the CPU with its values.
+ * Where no GPU can be used the program exits 77 (CTest: skipped); built with -DCM_CUDA=EMU it runs on
+ * the CUDA emulator (whose device memory counts are the allocator's, as on a GPU).
+ */
+#include "cmgolden_gpt2.h"
+#include "cmtest.h"
+#include "cmtrain.h"
+
+#include <composer/algorithms.h>
+#include <composer/dist.h>
+#include <composer/zoo_gpt2.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define N_STEPS CMT_GOLDEN_GPT2_STEPS
+#define B CMT_GOLDEN_GPT2_B
+#define T CMT_GOLDEN_GPT2_T
+
+typedef struct {
+    cm_device device;
+    bool offload;
+    int64_t microbatch;
+    float dropout;
+    const char *max_duration;
+    const char *save_folder;
+    const char *load_path;
+    bool forward_prefetch;
+    cm_backward_prefetch backward_prefetch; /* + 1: 0 keeps the default */
+    bool reset_peak;                        /* reset the allocator's peak before fit, read it after */
+    bool act_ckpt;                          /* activation checkpointing of the blocks */
+    bool big;                               /* C 192, L 6 (random weights): model state >> the arena's chunks */
+} run_opts;
+
+typedef struct {
+    cm_model *model;
+    cm_optim *opt;
+    cm_comm *comm;
+    cm_dist *dist;
+    cm_dataset *ds;
+    cm_dataloader *dl;
+    cm_trainer *tr;
+    cm_in_memory_logger *mem;
+    double loss[16];
+    int n_loss;
+    size_t peak; /* the device allocator's peak during fit (reset_peak) */
+    size_t model_bytes; /* parameters + gradients + AdamW's two moments, f32 */
+    size_t max_unit_bytes;
+} run;
+
+static cm_model *gpt2_with_dropout(float p) {
+    if (p == 0.0f) return cmt_golden_gpt2_model();
+    cm_gpt2_config cfg;
+    cr_assert_eq(cm_gpt2_config_preset("tiny", &cfg), CM_OK);
+    cfg.vocab_size = 64, cfg.n_positions = T;
+    cfg.embd_pdrop = cfg.attn_pdrop = cfg.resid_pdrop = p;
+    cm_model *m;
+    cr_assert_eq(cm_gpt2_new(&cfg, NULL, &m), CM_OK, "%s", cm_last_error());
+    return m;
+}
+
+/* AdamW (the golden run's hyperparameters, weight decay 0.1 everywhere) over one span per wrap unit
+ * named by the unit, as the composer CLI makes it: over the model's unit buffers, or over the
+ * offloaded run's host shards (cm_dist_optim_spans) — so checkpoints move between the two. */
+static cm_optim *adamw(cm_model *m, cm_dist *d) {
+    cm_module *root = cm_model_module(m);
+    const cm_optim_span *spans;
+    int n = cm_module_n_units(root);
+    cm_optim_span *own = calloc((size_t)n, sizeof *own);
+    for (int i = 0; i < n; i++) {
+        const cm_unit_info *u = cm_module_unit(root, i);
+        own[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+    }
+    spans = own;
+    if (d) {
+        cr_assert_eq(cm_dist_optim_spans(d, &spans, &n), CM_OK);
+        for (int i = 0; i < n; i++)
+            cr_assert(spans[i].n == own[i].n && !strcmp(spans[i].name, own[i].name),
+                      "one rank: unit %d's shard is the whole unit", i);
+    }
+    cm_optim *o;
+    cr_assert_eq(cm_optim_new(CM_OPTIM_ADAMW, &o), CM_OK);
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_ADAMW);
+    hp.lr = 1e-2, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1;
+    cr_assert_eq(cm_optim_add_group(o, &hp, spans, n), CM_OK, "%s", cm_last_error());
+    free(own);
+    return o;
+}
+
+static void run_start(run *r, cmt_golden *g, run_opts o) {
+    memset(r, 0, sizeof *r);
+    if (o.big) {
+        cm_gpt2_config cfg;
+        cr_assert_eq(cm_gpt2_config_preset("tiny", &cfg), CM_OK);
+        cfg.vocab_size = 64, cfg.n_positions = T, cfg.n_embd = 192, cfg.n_layer = 6, cfg.n_head = 4;
+        cr_assert_eq(cm_gpt2_new(&cfg, NULL, &r->model), CM_OK, "%s", cm_last_error());
+    } else {
+        r->model = gpt2_with_dropout(o.dropout);
+        cmt_golden_gpt2_load(r->model, "init.");
+    }
+    cm_module *root = cm_model_module(r->model);
+    int marked = 0;
+    if (o.act_ckpt) cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &marked), CM_OK, "%s", cm_last_error());
+    for (int u = 0; u < cm_module_n_units(root); u++) {
+        const size_t b = (size_t)cm_module_unit(root, u)->numel * sizeof(float);
+        r->model_bytes += 4 * b;
+        if (b > r->max_unit_bytes) r->max_unit_bytes = b;
+    }
+    if (o.offload) {
+        cr_assert_eq(cm_comm_single_new(NULL, &r->comm), CM_OK);
+        cm_dist_config dc = cm_dist_config_default();
+        dc.cpu_offload = true;
+        dc.forward_prefetch = o.forward_prefetch;
+        if (o.backward_prefetch) dc.backward_prefetch = o.backward_prefetch - 1;
+        cr_assert_eq(cm_dist_new(r->comm, r->model, &dc, &r->dist), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_module_device(root), CM_DEVICE_CUDA, "the offloaded model computes on the GPU");
+        r->opt = adamw(r->model, r->dist);
+    } else {
+        cr_assert_eq(cm_module_to_device(root, o.device), CM_OK, "%s", cm_last_error());
+        r->opt = adamw(r->model, NULL);
+    }
+    r->ds = cmt_golden_gpt2_dataset(g, false, false);
+    cm_dataloader_config dc = cm_dataloader_config_default();
+    dc.batch_size = B, dc.shuffle = false;
+    cr_assert_eq(cm_dataloader_new(r->ds, &dc, &r->dl), CM_OK, "%s", cm_last_error());
+    cm_sched_config sc = cm_sched_config_default(CM_SCHED_COSINE_ANNEALING_WITH_WARMUP);
+    cr_assert_eq(cm_time_parse("2ba", &sc.t_warmup), CM_OK);
+    cr_assert_eq(cm_time_parse("5ba", &sc.t_max), CM_OK);
+    sc.alpha_f = 0.1;
+    cm_algorithm_plugin clip;
+    cr_assert_eq(cm_grad_clip_new(CM_GRAD_CLIP_NORM, 1.0, &clip), CM_OK);
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = r->model;
+    c.train_dataloader = r->dl;
+    cr_assert_eq(cm_time_parse(o.max_duration ? o.max_duration : "5ba", &c.max_duration), CM_OK);
+    c.optimizer = r->opt;
+    c.schedulers = &sc, c.n_schedulers = 1;
+    c.algorithms = &clip, c.n_algorithms = 1;
+    c.loggers = &lp, c.n_loggers = 1;
+    c.device_train_microbatch_size = o.microbatch;
+    c.device = o.offload ? CM_DEVICE_CUDA : o.device;
+    c.run_name = "offload-test";
+    if (o.save_folder) {
+        c.save_folder = o.save_folder;
+        c.save_interval_str = "1ba";
+        c.save_overwrite = true;
+    }
+    c.load_path = o.load_path;
+    if (r->dist) cm_dist_trainer_hooks(r->dist, &c);
+    cr_assert_eq(cm_trainer_new(&c, &r->tr), CM_OK, "%s", cm_last_error());
+    if (r->dist) cr_assert_eq(cm_dist_attach(r->dist, r->tr), CM_OK, "%s", cm_last_error());
+    if (o.reset_peak) {
+        cr_assert_eq(cm_device_synchronize(CM_DEVICE_CUDA), CM_OK);
+        cm_device_reset_peak(CM_DEVICE_CUDA);
+    }
+    cr_assert_eq(cm_trainer_fit(r->tr, NULL), CM_OK, "%s", cm_last_error());
+    if (o.reset_peak) {
+        cm_device_memory mm;
+        cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &mm), CM_OK);
+        r->peak = mm.peak;
+    }
+    for (int64_t i = 0; i < cm_in_memory_logger_n(r->mem); i++) {
+        const cm_log_record *rec = cm_in_memory_logger_record(r->mem, i);
+        if (strcmp(rec->name, "loss/train/total")) continue;
+        cr_assert_lt(rec->batch, 16);
+        r->loss[rec->batch] = rec->value;
+        if (rec->batch + 1 > r->n_loss) r->n_loss = (int)rec->batch + 1;
+    }
+}
+
+/* The trainer goes; an offloaded model goes back to the CPU, holding the trained values (its GPU
+ * ranges hold nothing at rest: read the parameters after this). */
+static void run_detach(run *r) {
+    cm_trainer_free(r->tr);
+    r->tr = NULL;
+    cm_dist_free(r->dist);
+    r->dist = NULL;
+}
+
+static void run_end(run *r) {
+    run_detach(r);
+    cm_comm_free(r->comm);
+    cm_optim_free(r->opt);
+    cm_model_free(r->model);
+    cm_dataloader_free(r->dl);
+    cm_dataset_free(r->ds);
+}
+
+/* The largest |a - b| over the parameters of two models (any devices), in two parts: the key part of
+ * each c_attn.bias (its gradient is zero in exact arithmetic, so Adam turns rounding noise into steps
+ * of up to lr: test_golden_train_gpt2.c explains it) in *noise, everything else returned. */
+static double max_param_diff(cm_model *a, cm_model *b, double *noise) {
+    double most = 0;
+    *noise = 0;
+    cm_module *ra = cm_model_module(a), *rb = cm_model_module(b);
+    cr_assert_eq(cm_module_n_params(ra), cm_module_n_params(rb));
+    for (int64_t i = 0; i < cm_module_n_params(ra); i++) {
+        cm_param_info pa = cm_module_param_info(ra, i);
+        cm_tensor *x, *y;
+        cr_assert_eq(cm_tensor_to_device(pa.tensor, CM_DEVICE_CPU, &x), CM_OK);
+        cr_assert_eq(cm_tensor_to_device(cm_module_param_info(rb, i).tensor, CM_DEVICE_CPU, &y), CM_OK);
+        const float *xv = cm_tensor_data(x), *yv = cm_tensor_data(y);
+        const size_t n = strlen(pa.name);
+        const bool bias = n > 16 && !strcmp(pa.name + n - 16, "attn.c_attn.bias");
+        const int64_t C = pa.numel / 3;
+        for (int64_t k = 0; k < pa.numel; k++) {
+            const double d = fabs(xv[k] - yv[k]);
+            if (bias && k >= C && k < 2 * C) *noise = fmax(*noise, d);
+            else most = fmax(most, d);
+        }
+        cm_tensor_free(x);
+        cm_tensor_free(y);
+    }
+    return most;
+}
+
+/* Parameters equal up to float rounding: 1e-6 (about 16 ulps here; a lost or doubled gradient, a
+ * skipped clip or a stale unit moves them by 1e-3 or more), c_attn.bias's key part to 1e-3. */
+static void expect_params_close(const char *what, cm_model *a, cm_model *b) {
+    double noise;
+    const double diff = max_param_diff(a, b, &noise);
+    cr_expect(diff <= 1e-6, "%s: parameters after the run differ by %g (tol 1e-6)", what, diff);
+    cr_expect(noise <= 1e-3, "%s: c_attn.bias key part differs by %g (tol 1e-3)", what, noise);
+}
+
+static void expect_losses_close(const char *what, const run *a, const run *b, int from, int to, double rtol) {
+    cr_assert_eq(a->n_loss, to, "%s: %d losses logged, want %d", what, a->n_loss, to);
+    for (int k = from; k < to; k++)
+        cr_expect(fabs(a->loss[k] - b->loss[k]) <= rtol * fabs(b->loss[k]), "%s step %d: loss %.8f vs %.8f (rel tol %g)",
+                  what, k, a->loss[k], b->loss[k], rtol);
+}
+
+TestSuite(gpu_offload, .timeout = 600);
+
+/* The optimizer and the clipping norm run on the host (CPU kernels, another summation order than
+ * the GPU's), and microbatches' gradients are summed on the host: the same trajectory up to float
+ * rounding: 1e-5 relative on the losses, the parameters as expect_params_close says. */
+Test(gpu_offload, cpu_offload_trains_the_plain_gpu_trajectory) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    static const struct {
+        int64_t microbatch;
+        bool forward_prefetch, act_ckpt;
+        cm_backward_prefetch backward_prefetch;
+    } cases[] = {
+        {0, false, false, CM_BACKWARD_PREFETCH_POST},  /* Composer's defaults */
+        {2, true, false, CM_BACKWARD_PREFETCH_PRE},    /* 2 microbatches, prefetch both ways */
+        {2, false, true, CM_BACKWARD_PREFETCH_NONE},   /* activation checkpointing, no prefetch */
+    };
+    run plain[2];
+    for (int mb = 0; mb < 2; mb++)
+        run_start(&plain[mb], g, (run_opts){.device = CM_DEVICE_CUDA, .dropout = 0.1f, .microbatch = mb ? 2 : 0});
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        run o;
+        run_start(&o, g, (run_opts){.offload = true, .dropout = 0.1f, .microbatch = cases[i].microbatch,
+                                    .forward_prefetch = cases[i].forward_prefetch, .act_ckpt = cases[i].act_ckpt,
+                                    .backward_prefetch = cases[i].backward_prefetch + 1});
+        const run *p = &plain[cases[i].microbatch ? 1 : 0];
+        char what[160];
+        snprintf(what, sizeof what, "cpu_offload vs plain gpu, microbatch %lld, forward_prefetch %d, %s%s",
+                 (long long)cases[i].microbatch, cases[i].forward_prefetch,
+                 cm_backward_prefetch_name(cases[i].backward_prefetch), cases[i].act_ckpt ? ", checkpointed" : "");
+        expect_losses_close(what, &o, p, 0, N_STEPS, 1e-5);
+        const cm_dist_stats st = cm_dist_get_stats(o.dist);
+        cr_expect_gt(st.n_gathers, 0, "%s: units were uploaded", what);
+        cr_expect(st.max_gathered >= 2 && st.max_gathered <= 4, "%s: 2 resident units + up to 2 in flight, got %d",
+                  what, st.max_gathered);
+        cr_expect_gt(st.n_buckets_early, 0, "%s: gradients were downloaded during backward", what);
+        if (cases[i].backward_prefetch != CM_BACKWARD_PREFETCH_NONE)
+            cr_expect_gt(st.n_prefetch_hits, 0, "%s: prefetched uploads were used", what);
+        else
+            cr_expect_eq(st.n_prefetches, 0, "%s: nothing prefetched", what);
+        run_detach(&o);
+        cr_assert_eq(cm_module_device(cm_model_module(o.model)), CM_DEVICE_CPU);
+        expect_params_close(what, o.model, p->model);
+        run_end(&o);
+    }
+    for (int mb = 0; mb < 2; mb++) run_end(&plain[mb]);
+    cmt_golden_close(g);
+}
+
+static size_t allocated_now(void) {
+    cm_device_memory mm;
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &mm), CM_OK);
+    return mm.allocated;
+}
+
+Test(gpu_offload, cpu_offload_lowers_the_device_peak_by_the_model_state) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    run p, o;
+    /* one at a time: a run's model stays on the device until run_end. What the plain run gives back
+     * after its trainer (and tape) is gone is its model state, as the allocator rounds it */
+    run_start(&p, g, (run_opts){.device = CM_DEVICE_CUDA, .reset_peak = true, .big = true, .max_duration = "1ba"});
+    run_detach(&p);
+    const size_t plain = p.peak, held = allocated_now();
+    run_end(&p);
+    /* (the backend's own scratch stays allocated, in both runs' peaks) */
+    const size_t state = held - allocated_now();
+    cr_assert_geq(state, p.model_bytes, "the plain run's state %zu holds the model's %zu bytes", state, p.model_bytes);
+    run_start(&o, g, (run_opts){.offload = true, .reset_peak = true, .big = true, .max_duration = "1ba"});
+    const cm_dist_stats st = cm_dist_get_stats(o.dist);
+    /* the offloaded run's peak beyond the plain run's activations: the units whose parameters are
+     * held at once (resident and in flight) and the gradients of at most 2 units backward is in */
+    const size_t unit = (o.max_unit_bytes + 4095) / 4096 * 4096;
+    const long long extra = (long long)o.peak - (long long)(plain - state);
+    const long long bound = (long long)(st.max_gathered + 2) * (long long)unit;
+    printf("device peak: plain %zu (model state %zu), cpu_offload %zu: %lld above the plain run's activations "
+           "(%d units held, unit %zu bytes)\n",
+           plain, state, o.peak, extra, st.max_gathered, unit);
+    cr_expect(st.max_gathered >= 2 && extra >= (long long)unit && extra <= bound,
+              "cpu_offload's peak %zu is the plain peak %zu less its model state %zu plus %lld, want between one unit "
+              "(%zu) and %d units' parameters and 2 units' gradients (%lld)",
+              o.peak, plain, state, extra, unit, st.max_gathered, bound);
+    run_end(&o);
+    cmt_golden_close(g);
+}
+
+/* An offloaded run's checkpoints (sharded layout on one rank: the host shards are the values) resume
+ * on a plain GPU run, on the CPU and offloaded again, each continuing the uninterrupted run. */
+Test(gpu_offload, checkpoints_of_an_offloaded_run_resume_on_a_plain_gpu_run_and_on_the_cpu) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    char dir[] = "/tmp/cm_gpu_offload_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ep0-ba2", dir);
+    run full;
+    run_start(&full, g, (run_opts){.offload = true, .dropout = 0.1f, .save_folder = dir});
+    run_detach(&full);
+    static const struct {
+        const char *what;
+        run_opts o;
+    } resumes[] = {
+        {"offloaded checkpoint resumed on a plain gpu run", {.device = CM_DEVICE_CUDA}},
+        {"offloaded checkpoint resumed on the cpu", {.device = CM_DEVICE_CPU}},
+        {"offloaded checkpoint resumed offloaded", {.offload = true}},
+    };
+    for (size_t i = 0; i < sizeof resumes / sizeof *resumes; i++) {
+        run_opts o = resumes[i].o;
+        o.dropout = 0.1f, o.load_path = ck;
+        run cont;
+        run_start(&cont, g, o);
+        run_detach(&cont);
+        expect_losses_close(resumes[i].what, &cont, &full, 2, N_STEPS, 1e-5);
+        expect_params_close(resumes[i].what, cont.model, full.model);
+        run_end(&cont);
+    }
+    run_end(&full);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    cmt_golden_close(g);
+}
+
+/* What cpu_offload cannot do is refused by name, and leaves the model as it was. */
+Test(gpu_offload, what_cpu_offload_cannot_do_is_refused_by_name) {
+    cm_comm *comm;
+    cr_assert_eq(cm_comm_single_new(NULL, &comm), CM_OK);
+    cm_dist_config dc = cm_dist_config_default();
+    dc.cpu_offload = true;
+    cm_dist *d = NULL;
+    /* one wrap unit: the whole model would be resident whenever it is used */
+    cm_model *mlp = cmt_mlp(8, 16, 4, 0.0f, 1);
+    cr_assert_eq(cm_module_n_units(cm_model_module(mlp)), 1);
+    cr_assert_eq(cm_dist_new(comm, mlp, &dc, &d), CM_ERR_INVALID_ARG);
+    cr_assert_null(d);
+    cr_expect(strstr(cm_last_error(), "cpu_offload") && strstr(cm_last_error(), "1 wrap unit") &&
+                  strstr(cm_last_error(), "root"),
+              "%s", cm_last_error());
+    cr_expect_eq(cm_module_device(cm_model_module(mlp)), CM_DEVICE_CPU);
+    cm_model_free(mlp);
+    /* a model already on the GPU: its parameters' home is the host, made from a CPU model */
+    cm_model *m = cmt_golden_gpt2_model();
+    cr_assert_eq(cm_module_to_device(cm_model_module(m), CM_DEVICE_CUDA), CM_OK);
+    cr_assert_eq(cm_dist_new(comm, m, &dc, &d), CM_ERR_STATE);
+    cr_expect(strstr(cm_last_error(), "cpu_offload") && strstr(cm_last_error(), "on the CPU"), "%s", cm_last_error());
+    cm_model_free(m);
+    /* a model an optimizer already holds */
+    m = cmt_golden_gpt2_model();
+    cr_assert_eq(cm_module_lock(cm_model_module(m)), CM_OK);
+    cr_assert_eq(cm_dist_new(comm, m, &dc, &d), CM_ERR_STATE);
+    cr_expect(strstr(cm_last_error(), "locked"), "%s", cm_last_error());
+    cm_module_unlock(cm_model_module(m));
+    /* ... which then works, and the parameters survive the round trip through host memory */
+    cm_tensor *before;
+    cr_assert_eq(cm_tensor_to_device(cm_module_param_info(cm_model_module(m), 3).tensor, CM_DEVICE_CPU, &before), CM_OK);
+    cr_assert_eq(cm_dist_new(comm, m, &dc, &d), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_device(cm_model_module(m)), CM_DEVICE_CUDA);
+    cm_dist_free(d);
+    cr_assert_eq(cm_module_device(cm_model_module(m)), CM_DEVICE_CPU);
+    const cm_tensor *after = cm_module_param_info(cm_model_module(m), 3).tensor;
+    cr_expect(!memcmp(cm_tensor_data(before), cm_tensor_data(after), (size_t)cm_tensor_numel(after) * sizeof(float)),
+              "the parameters come back as they were");
+    cm_tensor_free(before);
+    cm_model_free(m);
+    cm_comm_free(comm);
+}
+
+int main(int argc, char *argv[]) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) {
+            printf("test_gpu_offload: skipped: %s\n", cm_last_error());
+            fflush(stdout);
+            _exit(77);
+        }
+        _exit(0);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 1;
+    if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st) == 77 ? 77 : 1;
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}
