@@ -4,7 +4,8 @@
  * when the tape reads it. Proven on the golden tiny GPT-2 (3 wrap units, AdamW, clipping at norm 1,
  * warmup + cosine):
  *   - it trains the plain GPU run's trajectory (losses and parameters) with dropout on, with and
- *     without microbatching and with each prefetch setting;
+ *     without microbatching, with each prefetch setting, with activation checkpointing and with
+ *     amp_bf16;
  *   - the device allocator's peak falls by about the parameter + gradient + optimizer-state bytes
  *     the plain run holds there, less the units resident at once;
  *   - its checkpoints resume on a plain GPU run and on the CPU, continuing the uninterrupted run;
@@ -43,6 +44,7 @@ typedef struct {
     cm_backward_prefetch backward_prefetch; /* + 1: 0 keeps the default */
     bool reset_peak;                        /* reset the allocator's peak before fit, read it after */
     bool act_ckpt;                          /* activation checkpointing of the blocks */
+    cm_precision precision;
     bool big;                               /* C 192, L 6 (random weights): model state >> the arena's chunks */
 } run_opts;
 
@@ -154,6 +156,7 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     c.algorithms = &clip, c.n_algorithms = 1;
     c.loggers = &lp, c.n_loggers = 1;
     c.device_train_microbatch_size = o.microbatch;
+    c.precision = o.precision;
     c.device = o.offload ? CM_DEVICE_CUDA : o.device;
     c.run_name = "offload-test";
     if (o.save_folder) {
@@ -257,25 +260,31 @@ Test(gpu_offload, cpu_offload_trains_the_plain_gpu_trajectory) {
         int64_t microbatch;
         bool forward_prefetch, act_ckpt;
         cm_backward_prefetch backward_prefetch;
+        cm_precision precision;
     } cases[] = {
-        {0, false, false, CM_BACKWARD_PREFETCH_POST},  /* Composer's defaults */
-        {2, true, false, CM_BACKWARD_PREFETCH_PRE},    /* 2 microbatches, prefetch both ways */
-        {2, false, true, CM_BACKWARD_PREFETCH_NONE},   /* activation checkpointing, no prefetch */
+        {0, false, false, CM_BACKWARD_PREFETCH_POST, CM_PRECISION_FP32},     /* Composer's defaults */
+        {2, true, false, CM_BACKWARD_PREFETCH_PRE, CM_PRECISION_FP32},       /* 2 microbatches, prefetch both ways */
+        {2, false, true, CM_BACKWARD_PREFETCH_NONE, CM_PRECISION_FP32},      /* activation checkpointing, no prefetch */
+        {0, false, false, CM_BACKWARD_PREFETCH_POST, CM_PRECISION_AMP_BF16}, /* bf16 matmuls over the uploaded f32 */
     };
-    run plain[2];
-    for (int mb = 0; mb < 2; mb++)
-        run_start(&plain[mb], g, (run_opts){.device = CM_DEVICE_CUDA, .dropout = 0.1f, .microbatch = mb ? 2 : 0});
+    /* the plain runs: fp32 whole batch, fp32 2 microbatches, amp_bf16 whole batch */
+    run plain[3];
+    for (int k = 0; k < 3; k++)
+        run_start(&plain[k], g, (run_opts){.device = CM_DEVICE_CUDA, .dropout = 0.1f, .microbatch = k == 1 ? 2 : 0,
+                                           .precision = k == 2 ? CM_PRECISION_AMP_BF16 : CM_PRECISION_FP32,
+                                           .max_duration = "3ba"});
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run o;
         run_start(&o, g, (run_opts){.offload = true, .dropout = 0.1f, .microbatch = cases[i].microbatch,
                                     .forward_prefetch = cases[i].forward_prefetch, .act_ckpt = cases[i].act_ckpt,
-                                    .backward_prefetch = cases[i].backward_prefetch + 1});
-        const run *p = &plain[cases[i].microbatch ? 1 : 0];
+                                    .backward_prefetch = cases[i].backward_prefetch + 1,
+                                    .precision = cases[i].precision, .max_duration = "3ba"});
+        const run *p = &plain[cases[i].precision == CM_PRECISION_AMP_BF16 ? 2 : cases[i].microbatch ? 1 : 0];
         char what[160];
-        snprintf(what, sizeof what, "cpu_offload vs plain gpu, microbatch %lld, forward_prefetch %d, %s%s",
-                 (long long)cases[i].microbatch, cases[i].forward_prefetch,
+        snprintf(what, sizeof what, "cpu_offload vs plain gpu, %s, microbatch %lld, forward_prefetch %d, %s%s",
+                 cm_precision_name(cases[i].precision), (long long)cases[i].microbatch, cases[i].forward_prefetch,
                  cm_backward_prefetch_name(cases[i].backward_prefetch), cases[i].act_ckpt ? ", checkpointed" : "");
-        expect_losses_close(what, &o, p, 0, N_STEPS, 1e-5);
+        expect_losses_close(what, &o, p, 0, 3, 1e-5);
         const cm_dist_stats st = cm_dist_get_stats(o.dist);
         cr_expect_gt(st.n_gathers, 0, "%s: units were uploaded", what);
         cr_expect(st.max_gathered >= 2 && st.max_gathered <= 4, "%s: 2 resident units + up to 2 in flight, got %d",
@@ -290,7 +299,7 @@ Test(gpu_offload, cpu_offload_trains_the_plain_gpu_trajectory) {
         expect_params_close(what, o.model, p->model);
         run_end(&o);
     }
-    for (int mb = 0; mb < 2; mb++) run_end(&plain[mb]);
+    for (int k = 0; k < 3; k++) run_end(&plain[k]);
     cmt_golden_close(g);
 }
 

@@ -240,16 +240,18 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
     TRY_FSDP(opt_bool(c, f, "activation_checkpointing_reentrant", true, &reentrant)); /* same results either way */
     TRY_FSDP(read_targets(c, f));
 
-    /* offload: to host memory, which is where a CPU run's tensors already are */
+    /* offload: to host memory, which is where a CPU run's tensors already are; on a GPU run
+     * cpu_offload keeps parameters, gradients and optimizer state there (cm_dist_config) */
     bool act_off, par_off;
     TRY_FSDP(opt_bool(c, f, "activation_cpu_offload", false, &act_off));
     TRY_FSDP(opt_bool(c, f, "cpu_offload", false, &par_off));
-    if ((act_off || par_off) && device != CM_DEVICE_CPU)
-        return fail(c, key(p, sizeof p, f, par_off ? "cpu_offload" : "activation_cpu_offload"), CM_ERR_UNSUPPORTED,
-                    "offloading %s to host memory on a GPU run is not built yet; set it to false (activation_"
-                    "checkpointing and FULL_SHARD are the other rungs of the memory ladder)",
-                    par_off ? "parameters, gradients and optimizer state" : "activations");
-    f->offload = act_off || par_off;
+    if (act_off && device != CM_DEVICE_CPU)
+        return fail(c, key(p, sizeof p, f, "activation_cpu_offload"), CM_ERR_UNSUPPORTED,
+                    "offloading activations to host memory on a GPU run is not built yet; set it to false "
+                    "(activation_checkpointing keeps only each block's input instead, and cpu_offload moves the "
+                    "parameters, gradients and optimizer state to host memory)");
+    f->offload = (act_off || par_off) && device == CM_DEVICE_CPU;
+    f->cpu_offload = par_off && device != CM_DEVICE_CPU;
 
     TRY_FSDP(read_mixed_precision(c, f, precision));
 
@@ -340,6 +342,7 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
 cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dist_config *dc) {
     char p[128];
     if (dc && f->has_sync_module_states) dc->sync_module_states = f->sync_module_states;
+    if (dc) dc->cpu_offload = f->cpu_offload;
     if (cm_sharding_is_hybrid(f->sharding)) {
         int sd = f->shard_degree, rd = f->replicate_degree;
         if (cm_dist_hybrid_degrees(world, cm_dist_env_get().local_world_size, &sd, &rd) != CM_OK) {
@@ -403,8 +406,13 @@ void cli_fsdp_help(FILE *f) {
             "                     middle-m, range-i-j, every-k\" (default: the blocks that are repeated wrap units)\n"
             "                     activation_checkpointing_reentrant: accepted (the recompute replays the\n"
             "                     tape; results are the same either way)\n"
-            "                     cpu_offload, activation_cpu_offload (false): a CPU run has nothing to offload\n"
-            "                     to (said once); on a GPU run: not built yet (an error)\n"
+            "                     cpu_offload (false): on a GPU run (one process), parameters, gradients and\n"
+            "                     optimizer state live in host memory: each block's parameters are uploaded\n"
+            "                     when it runs (the next one prefetched, as FULL_SHARD's keys below say), its\n"
+            "                     gradient downloaded when final; the optimizer and clipping run on the CPU.\n"
+            "                     Device memory holds about 2 blocks instead of the model (plus activations)\n"
+            "                     activation_cpu_offload (false): on a GPU run: not built yet (an error)\n"
+            "                     a CPU run has nothing to offload to: either key is accepted and said once\n"
             "                     mixed_precision: FULL | DEFAULT | PURE | {param_dtype, reduce_dtype,\n"
             "                     buffer_dtype}: parameters, reductions and buffers are fp32 here (amp_bf16\n"
             "                     runs matmuls in bf16): FULL, or any policy under fp32; 16-bit ones: an error\n"
