@@ -443,7 +443,9 @@ cm_status cm_dist_sync_params(cm_dist *d);
 /* FULL_SHARD: gathers every unit so the model's flat buffers hold all parameters (for sampling or
  * exporting weights); they stay valid until the next optimizer step or until the trainer's tape
  * evicts them. A collective: every rank calls it. Nothing to do for the other strategies. Errors:
- * the communicator's. */
+ * the communicator's. With cpu_offload it uploads every unit (the whole model on the GPU at once:
+ * CM_ERR_OOM where it does not fit); to read the weights on the host, free the cm_dist instead
+ * (the model goes back to host memory with the master values). */
 cm_status cm_dist_gather_params(cm_dist *d);
 
 /* Where the time went, summed since cm_dist_new (or the last reset). */
