@@ -168,11 +168,15 @@ Test(cli_fsdp, offload_on_a_cpu_run_is_noted_once) {
     int n = 0;
     for (const char *p = out; (p = strstr(p, "nothing to offload to")); p++) n++;
     cr_assert_eq(n, 1, "the offload note %d times, want once:\n%s", n, out);
-    /* activation offload on a GPU run is refused before anything is built, naming the key */
-    rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu parallelism.fsdp.activation_cpu_offload=true",
+    /* activation offload with activation checkpointing on a GPU run is refused before anything is
+     * built, naming the key (a checkpointed block keeps only its input: nothing to offload) */
+    rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu parallelism.fsdp.activation_cpu_offload=true "
+             "parallelism.fsdp.activation_checkpointing=true",
              out, sizeof out);
     cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, "parallelism.fsdp.activation_cpu_offload") && strstr(out, "not built yet"), "%s", out);
+    cr_assert(strstr(out, "parallelism.fsdp.activation_cpu_offload") && strstr(out, "activation_checkpointing") &&
+                  strstr(out, "nothing left to offload"),
+              "%s", out);
 }
 
 /* The "loss/train/total" values of a run's metrics.jsonl (3 of them). */
@@ -184,8 +188,8 @@ static void loss_values(const char *run_name, double v[3]) {
 }
 
 /* cpu_offload on a GPU run (one process) trains the plain GPU run's losses (up to the host
- * optimizer's rounding: 1e-5 relative), writes the weights and samples from them; without a GPU it
- * fails at once saying what is missing. */
+ * optimizer's rounding: 1e-5 relative), writes the weights and samples from them; activation_cpu_offload
+ * trains its losses bit for bit; without a GPU it fails at once saying what is missing. */
 Test(cli_fsdp, cpu_offload_on_a_gpu_run_trains_as_the_plain_gpu_run, .timeout = 900) {
     const bool gpu = cm_device_check(CM_DEVICE_CUDA) == CM_OK;
     int rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu fsdp_config.cpu_offload=true "
@@ -215,6 +219,18 @@ Test(cli_fsdp, cpu_offload_on_a_gpu_run_trains_as_the_plain_gpu_run, .timeout = 
         cr_expect(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]), "batch %d: loss %.8f offloaded, %.8f plain (rel tol 1e-5)", i,
                   a[i], b[i]);
     cr_expect(a[2] != b[0], "the runs trained");
+    /* activation offload: the same bits as the plain GPU run */
+    rc = run("train " DIR "/plain.yaml run_name=act_gpu device=gpu fsdp_config.activation_cpu_offload=true "
+             "fsdp_config.verbose=true",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "activation offloaded: transformer.h.0 (GPT2Block)") &&
+                  strstr(out, "activation offloaded: transformer.h.1 (GPT2Block)"),
+              "%s", out);
+    char ta[256], tb[256];
+    losses("act_gpu", ta, sizeof ta);
+    losses("plain_gpu", tb, sizeof tb);
+    cr_expect_str_eq(ta, tb, "activation offload changes no bit of the losses");
     /* the weights it wrote: the same tensors (the safetensors header: names, dtypes, shapes) */
     size_t la, lb;
     char *x = slurp(DIR "/runs/offload_gpu/model.safetensors", &la), *y = slurp(DIR "/runs/plain_gpu/model.safetensors", &lb);

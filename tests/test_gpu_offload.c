@@ -8,6 +8,9 @@
  *     amp_bf16;
  *   - the device allocator's peak falls by about the parameter + gradient + optimizer-state bytes
  *     the plain run holds there, less the units resident at once;
+ *   - activation offload (cm_module_set_activation_offload) gives the plain run's bits, alone and
+ *     with cpu_offload, and its peak falls by the blocks' activations (to about activation
+ *     checkpointing's);
  *   - its checkpoints resume on a plain GPU run and on the CPU, continuing the uninterrupted run;
  *   - what it cannot do is refused by name (a model of one wrap unit, a model already on the GPU or
  *     locked by an optimizer), and cm_dist_free gives the model back on the CPU with its values.
@@ -44,8 +47,9 @@ typedef struct {
     cm_backward_prefetch backward_prefetch; /* + 1: 0 keeps the default */
     bool reset_peak;                        /* reset the allocator's peak before fit, read it after */
     bool act_ckpt;                          /* activation checkpointing of the blocks */
+    bool act_offload;                       /* activation offload of the blocks */
     cm_precision precision;
-    bool big;                               /* C 192, L 6 (random weights): model state >> the arena's chunks */
+    bool big;                               /* C 128, L 6 (random weights): model state >> the arena's chunks */
 } run_opts;
 
 typedef struct {
@@ -62,7 +66,21 @@ typedef struct {
     size_t peak; /* the device allocator's peak during fit (reset_peak) */
     size_t model_bytes; /* parameters + gradients + AdamW's two moments, f32 */
     size_t max_unit_bytes;
+    size_t arena_peak; /* the tape's device arena's peak (reset_peak) */
+    int64_t n_offloaded;       /* regions offloaded since the trainer's tape was made */
+    size_t offload_peak;       /* the most device bytes behind them at once */
 } run;
+
+/* The modules activation checkpointing's default policy picks (the repeated blocks) offload
+ * their activations instead. */
+static bool ckpt_to_offload(cm_module *m, const char *path, int depth, void *data) {
+    (void)path, (void)depth, (void)data;
+    if (cm_module_checkpointing(m)) {
+        cm_module_set_checkpointing(m, false);
+        cm_module_set_activation_offload(m, true);
+    }
+    return true;
+}
 
 static cm_model *gpt2_with_dropout(float p) {
     if (p == 0.0f) return cmt_golden_gpt2_model();
@@ -108,7 +126,7 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     if (o.big) {
         cm_gpt2_config cfg;
         cr_assert_eq(cm_gpt2_config_preset("tiny", &cfg), CM_OK);
-        cfg.vocab_size = 64, cfg.n_positions = T, cfg.n_embd = 192, cfg.n_layer = 6, cfg.n_head = 4;
+        cfg.vocab_size = 64, cfg.n_positions = T, cfg.n_embd = 128, cfg.n_layer = 6, cfg.n_head = 4;
         cr_assert_eq(cm_gpt2_new(&cfg, NULL, &r->model), CM_OK, "%s", cm_last_error());
     } else {
         r->model = gpt2_with_dropout(o.dropout);
@@ -116,7 +134,9 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     }
     cm_module *root = cm_model_module(r->model);
     int marked = 0;
-    if (o.act_ckpt) cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &marked), CM_OK, "%s", cm_last_error());
+    if (o.act_ckpt || o.act_offload)
+        cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &marked), CM_OK, "%s", cm_last_error());
+    if (o.act_offload) cm_module_visit(root, ckpt_to_offload, NULL);
     for (int u = 0; u < cm_module_n_units(root); u++) {
         const size_t b = (size_t)cm_module_unit(root, u)->numel * sizeof(float);
         r->model_bytes += 4 * b;
@@ -177,7 +197,11 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
         cm_device_memory mm;
         cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &mm), CM_OK);
         r->peak = mm.peak;
+        cm_arena *da = cm_tape_device_arena(cm_state_tape(cm_trainer_state(r->tr)), CM_DEVICE_CUDA);
+        r->arena_peak = da ? cm_arena_peak(da) : 0;
     }
+    r->n_offloaded = cm_tape_n_offloaded(cm_state_tape(cm_trainer_state(r->tr)));
+    r->offload_peak = cm_tape_offload_peak_bytes(cm_state_tape(cm_trainer_state(r->tr)));
     for (int64_t i = 0; i < cm_in_memory_logger_n(r->mem); i++) {
         const cm_log_record *rec = cm_in_memory_logger_record(r->mem, i);
         if (strcmp(rec->name, "loss/train/total")) continue;
@@ -272,19 +296,19 @@ Test(gpu_offload, cpu_offload_trains_the_plain_gpu_trajectory) {
     for (int k = 0; k < 3; k++)
         run_start(&plain[k], g, (run_opts){.device = CM_DEVICE_CUDA, .dropout = 0.1f, .microbatch = k == 1 ? 2 : 0,
                                            .precision = k == 2 ? CM_PRECISION_AMP_BF16 : CM_PRECISION_FP32,
-                                           .max_duration = "3ba"});
+                                           .max_duration = "2ba"});
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run o;
         run_start(&o, g, (run_opts){.offload = true, .dropout = 0.1f, .microbatch = cases[i].microbatch,
                                     .forward_prefetch = cases[i].forward_prefetch, .act_ckpt = cases[i].act_ckpt,
                                     .backward_prefetch = cases[i].backward_prefetch + 1,
-                                    .precision = cases[i].precision, .max_duration = "3ba"});
+                                    .precision = cases[i].precision, .max_duration = "2ba"});
         const run *p = &plain[cases[i].precision == CM_PRECISION_AMP_BF16 ? 2 : cases[i].microbatch ? 1 : 0];
         char what[160];
         snprintf(what, sizeof what, "cpu_offload vs plain gpu, %s, microbatch %lld, forward_prefetch %d, %s%s",
                  cm_precision_name(cases[i].precision), (long long)cases[i].microbatch, cases[i].forward_prefetch,
                  cm_backward_prefetch_name(cases[i].backward_prefetch), cases[i].act_ckpt ? ", checkpointed" : "");
-        expect_losses_close(what, &o, p, 0, 3, 1e-5);
+        expect_losses_close(what, &o, p, 0, 2, 1e-5);
         const cm_dist_stats st = cm_dist_get_stats(o.dist);
         cr_expect_gt(st.n_gathers, 0, "%s: units were uploaded", what);
         cr_expect(st.max_gathered >= 2 && st.max_gathered <= 4, "%s: 2 resident units + up to 2 in flight, got %d",
@@ -309,22 +333,31 @@ static size_t allocated_now(void) {
     return mm.allocated;
 }
 
-Test(gpu_offload, cpu_offload_lowers_the_device_peak_by_the_model_state) {
+/* The device allocator's peak over one step of a GPT of C 128, L 6 (model state >> the arena's
+ * chunks), one run at a time (a run's model stays on the device until run_end):
+ *   - cpu_offload: the plain run holds the parameters, their gradients and AdamW's two moments on
+ *     the device for the whole fit; the offloaded run holds the units resident and in flight
+ *     (max_gathered) and the gradients of at most 2 units backward is in. What the plain run gives
+ *     back after its trainer is gone is its model state as the allocator rounds it; the offloaded
+ *     peak must be the plain peak less that state plus between one unit and max_gathered units'
+ *     parameters and 2 units' gradients (the activations are the same in both).
+ *   - activation offload: the blocks' activations leave the tape's arena (its peak falls by them)
+ *     and at most 2 regions have device memory behind them at once (the block computing and, in
+ *     backward, the one prefetched), so the allocator's peak falls by about what left the arena
+ *     (at least half: the allocator holds the arena's 1, 2, 4, ... MiB chunks, not its bytes). */
+Test(gpu_offload, offload_lowers_the_device_peak) {
     cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
-    run p, o;
-    /* one at a time: a run's model stays on the device until run_end. What the plain run gives back
-     * after its trainer (and tape) is gone is its model state, as the allocator rounds it */
+    run p, o, a;
     run_start(&p, g, (run_opts){.device = CM_DEVICE_CUDA, .reset_peak = true, .big = true, .max_duration = "1ba"});
     run_detach(&p);
-    const size_t plain = p.peak, held = allocated_now();
+    const size_t plain = p.peak, plain_arena = p.arena_peak, held = allocated_now();
     run_end(&p);
-    /* (the backend's own scratch stays allocated, in both runs' peaks) */
+    /* (the backend's own scratch stays allocated, in every run's peak) */
     const size_t state = held - allocated_now();
     cr_assert_geq(state, p.model_bytes, "the plain run's state %zu holds the model's %zu bytes", state, p.model_bytes);
+
     run_start(&o, g, (run_opts){.offload = true, .reset_peak = true, .big = true, .max_duration = "1ba"});
     const cm_dist_stats st = cm_dist_get_stats(o.dist);
-    /* the offloaded run's peak beyond the plain run's activations: the units whose parameters are
-     * held at once (resident and in flight) and the gradients of at most 2 units backward is in */
     const size_t unit = (o.max_unit_bytes + 4095) / 4096 * 4096;
     const long long extra = (long long)o.peak - (long long)(plain - state);
     const long long bound = (long long)(st.max_gathered + 2) * (long long)unit;
@@ -336,6 +369,25 @@ Test(gpu_offload, cpu_offload_lowers_the_device_peak_by_the_model_state) {
               "(%zu) and %d units' parameters and 2 units' gradients (%lld)",
               o.peak, plain, state, extra, unit, st.max_gathered, bound);
     run_end(&o);
+
+    run_start(&a, g, (run_opts){.device = CM_DEVICE_CUDA, .act_offload = true, .reset_peak = true, .big = true,
+                                .max_duration = "1ba"});
+    const size_t moved = plain_arena - a.arena_peak;
+    printf("device peak: plain %zu (arena %zu), activation offload %zu (arena %zu, %lld regions, at most %zu bytes "
+           "behind them)\n",
+           plain, plain_arena, a.peak, a.arena_peak, (long long)a.n_offloaded, a.offload_peak);
+    cr_expect_eq(a.n_offloaded, 6, "every block offloaded once (%lld)", (long long)a.n_offloaded);
+    /* the allocator holds the arena's chunks (1, 2, 4, ... MiB), not its bytes: half of what left it */
+    cr_expect(a.arena_peak < plain_arena && plain > a.peak && plain - a.peak >= moved / 2,
+              "activation offload: the peak falls from %zu to %zu, want at least half the %zu bytes that left the "
+              "arena",
+              plain, a.peak, moved);
+    /* each block's activations fit a region's first arena chunk (1 MiB; moved / 6 = 0.8 MB each) */
+    cr_expect(moved / 6 < ((size_t)1 << 20) && a.offload_peak <= 2 * ((size_t)1 << 20),
+              "at most 2 regions have device memory behind them at once (forward: the one computing; backward: "
+              "the one computing and the one prefetched): %zu bytes, want <= 2 MiB",
+              a.offload_peak);
+    run_end(&a);
     cmt_golden_close(g);
 }
 
@@ -348,7 +400,7 @@ Test(gpu_offload, checkpoints_of_an_offloaded_run_resume_on_a_plain_gpu_run_and_
     char ck[600];
     snprintf(ck, sizeof ck, "%s/ep0-ba2", dir);
     run full;
-    run_start(&full, g, (run_opts){.offload = true, .dropout = 0.1f, .save_folder = dir});
+    run_start(&full, g, (run_opts){.offload = true, .dropout = 0.1f, .save_folder = dir, .max_duration = "4ba"});
     run_detach(&full);
     static const struct {
         const char *what;
@@ -360,11 +412,11 @@ Test(gpu_offload, checkpoints_of_an_offloaded_run_resume_on_a_plain_gpu_run_and_
     };
     for (size_t i = 0; i < sizeof resumes / sizeof *resumes; i++) {
         run_opts o = resumes[i].o;
-        o.dropout = 0.1f, o.load_path = ck;
+        o.dropout = 0.1f, o.load_path = ck, o.max_duration = "4ba";
         run cont;
         run_start(&cont, g, o);
         run_detach(&cont);
-        expect_losses_close(resumes[i].what, &cont, &full, 2, N_STEPS, 1e-5);
+        expect_losses_close(resumes[i].what, &cont, &full, 2, 4, 1e-5);
         expect_params_close(resumes[i].what, cont.model, full.model);
         run_end(&cont);
     }
@@ -417,6 +469,86 @@ Test(gpu_offload, what_cpu_offload_cannot_do_is_refused_by_name) {
     cm_tensor_free(before);
     cm_model_free(m);
     cm_comm_free(comm);
+}
+
+/* activation offload: the same bits as the plain GPU run (the same ops on the same bytes; only
+ * where the bytes wait between forward and backward changes), with dropout and microbatching, alone
+ * and with cpu_offload. */
+Test(gpu_offload, activation_offload_trains_the_same_bits) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    for (int mb = 0; mb < 2; mb++) {
+        run p;
+        run_start(&p, g, (run_opts){.device = CM_DEVICE_CUDA, .dropout = 0.1f, .microbatch = mb ? 2 : 0, .max_duration = "2ba"});
+        for (int par = 0; par < 2; par++) {
+            run o;
+            run_start(&o, g, (run_opts){.device = CM_DEVICE_CUDA, .offload = par, .act_offload = true, .dropout = 0.1f,
+                                        .microbatch = mb ? 2 : 0, .max_duration = "2ba"});
+            char what[128];
+            snprintf(what, sizeof what, "activation offload%s, microbatch %d", par ? " + cpu_offload" : "", mb ? 2 : 0);
+            const int64_t want = 2 * 2 * (mb ? 2 : 1); /* 2 blocks, 2 steps, microbatches */
+            cr_expect_eq(o.n_offloaded, want, "%s: %lld regions offloaded, want %lld", what, (long long)o.n_offloaded,
+                         (long long)want);
+            if (!par) {
+                for (int k = 0; k < 2; k++)
+                    cr_expect(o.loss[k] == p.loss[k], "%s: step %d loss %.9g vs %.9g (bit for bit)", what, k, o.loss[k],
+                              p.loss[k]);
+            } else {
+                expect_losses_close(what, &o, &p, 0, 2, 1e-5);
+            }
+            run_detach(&o);
+            double noise;
+            const double diff = max_param_diff(o.model, p.model, &noise);
+            if (!par)
+                cr_expect(diff == 0 && noise == 0, "%s: parameters differ by %g (%g in c_attn.bias's key part)", what, diff,
+                          noise);
+            else
+                expect_params_close(what, o.model, p.model);
+            run_end(&o);
+        }
+        run_end(&p);
+    }
+    cmt_golden_close(g);
+}
+
+/* Activation offload's bad input: a block both checkpointed and offloaded fails at its forward
+ * naming the module (nothing is left to offload), and cm_tape_offload checks its arguments; on a CPU
+ * tape it just runs the region (host memory already). */
+static cm_tensor *twice(cm_tape *tp, int n_in, cm_tensor *const *in, void *data) {
+    (void)n_in, (void)data;
+    return cm_mul_scalar(tp, in[0], 2.0);
+}
+
+Test(gpu_offload, activation_offload_refuses_what_it_cannot_do) {
+    cm_model *m = cmt_golden_gpt2_model();
+    cm_module *root = cm_model_module(m);
+    cr_assert_eq(cm_module_to_device(root, CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    cm_module *blk = cm_module_find(root, "transformer.h.0");
+    cr_assert_not_null(blk);
+    cm_module_set_checkpointing(blk, true);
+    cm_module_set_activation_offload(blk, true);
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(NULL, &tp), CM_OK);
+    cr_assert_eq(cm_tape_set_device(tp, CM_DEVICE_CUDA), CM_OK);
+    cm_tensor *x = cm_full(tp, CM_DTYPE_F32, 3, (int64_t[]){1, T, 32}, 0.5);
+    cr_assert_not_null(x);
+    cr_assert_null(cm_module_forward(blk, tp, x));
+    cr_expect_eq(cm_tape_status(tp), CM_ERR_UNSUPPORTED);
+    cr_expect(strstr(cm_tape_error(tp), "transformer.h.0") && strstr(cm_tape_error(tp), "nothing to offload"), "%s",
+              cm_tape_error(tp));
+    cm_tape_reset(tp);
+    cr_assert_null(cm_tape_offload(tp, NULL, NULL, 0, NULL));
+    cr_expect_eq(cm_tape_status(tp), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_tape_error(tp), "fn is NULL"), "%s", cm_tape_error(tp));
+    cm_tape_free(tp);
+    /* a CPU tape: the region runs as it is, nothing offloaded */
+    cr_assert_eq(cm_tape_new(NULL, &tp), CM_OK);
+    cm_tensor *h = cm_full(tp, CM_DTYPE_F32, 1, (int64_t[]){4}, 1.5);
+    cm_tensor *y = cm_tape_offload(tp, twice, NULL, 1, &h);
+    cr_assert_not_null(y, "%s", cm_tape_error(tp));
+    cr_expect_eq(cm_tensor_get_flat(y, 3), 3.0);
+    cr_expect_eq(cm_tape_n_offloaded(tp), 0);
+    cm_tape_free(tp);
+    cm_model_free(m);
 }
 
 int main(int argc, char *argv[]) {

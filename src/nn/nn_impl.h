@@ -41,6 +41,7 @@ struct cm_module {
     char *unit;      /* wrap unit label, "" = use the path; NULL = inherit */
     bool training;
     bool checkpoint; /* activation checkpointing (cm_module_set_checkpointing) */
+    bool act_offload; /* activation offload (cm_module_set_activation_offload) */
     cmn_pack *pack;  /* only on a finalized root */
     cm_module_forward_hook_fn fwd_hook; /* cm_module_set_forward_hook */
     void *fwd_hook_data;
