@@ -13,7 +13,8 @@
  *     checkpointing's);
  *   - its checkpoints resume on a plain GPU run and on the CPU, continuing the uninterrupted run;
  *   - what it cannot do is refused by name (a model of one wrap unit, a model already on the GPU or
- *     locked by an optimizer), and cm_dist_free gives the model back on the CPU with its values.
+ *     locked by an optimizer), and cm_dist_free gives the model back on the CPU with its values;
+ *   - running out of device memory in an upload is an out-of-memory error naming the unit.
  * Where no GPU can be used the program exits 77 (CTest: skipped); built with -DCM_CUDA=EMU it runs on
  * the CUDA emulator (whose device memory counts are the allocator's, as on a GPU).
  */
@@ -507,6 +508,56 @@ Test(gpu_offload, activation_offload_trains_the_same_bits) {
         }
         run_end(&p);
     }
+    cmt_golden_close(g);
+}
+
+/* A fault: the device's memory runs out while a unit is uploaded (a budget just above what the
+ * tape's first chunk needs). The step fails with CM_ERR_OOM naming the unit and the request, nothing crashes, and the
+ * model still comes back to the CPU with its values when the cm_dist goes. */
+Test(gpu_offload, running_out_of_device_memory_in_an_upload_is_named) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    run r;
+    memset(&r, 0, sizeof r);
+    r.model = cmt_golden_gpt2_model();
+    cmt_golden_gpt2_load(r.model, "init.");
+    cm_tensor *before;
+    cr_assert_eq(cm_tensor_to_device(cm_module_param_info(cm_model_module(r.model), 0).tensor, CM_DEVICE_CPU, &before),
+                 CM_OK);
+    cr_assert_eq(cm_comm_single_new(NULL, &r.comm), CM_OK);
+    cm_dist_config dc = cm_dist_config_default();
+    dc.cpu_offload = true;
+    cr_assert_eq(cm_dist_new(r.comm, r.model, &dc, &r.dist), CM_OK, "%s", cm_last_error());
+    r.opt = adamw(r.model, r.dist);
+    r.ds = cmt_golden_gpt2_dataset(g, false, false);
+    cm_dataloader_config dlc = cm_dataloader_config_default();
+    dlc.batch_size = B, dlc.shuffle = false;
+    cr_assert_eq(cm_dataloader_new(r.ds, &dlc, &r.dl), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = r.model;
+    c.train_dataloader = r.dl;
+    cr_assert_eq(cm_time_parse("1ba", &c.max_duration), CM_OK);
+    c.optimizer = r.opt;
+    c.device = CM_DEVICE_CUDA;
+    cm_dist_trainer_hooks(r.dist, &c);
+    cr_assert_eq(cm_trainer_new(&c, &r.tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_dist_attach(r.dist, r.tr), CM_OK);
+    cm_device_memory mm;
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &mm), CM_OK);
+    /* room for the tape's first arena chunk (1 MiB, a 2 MiB block), not for the embeddings' 12 KB */
+    cm_device_set_memory_budget(CM_DEVICE_CUDA, mm.allocated + ((size_t)2 << 20) + 4096);
+    const cm_status s = cm_trainer_fit(r.tr, NULL);
+    cm_device_set_memory_budget(CM_DEVICE_CUDA, 0);
+    cr_expect_eq(s, CM_ERR_OOM, "status %d: %s", (int)s, cm_last_error());
+    cr_expect(strstr(cm_last_error(), "cpu_offload: uploading the parameters of unit 'embeddings'") &&
+                  strstr(cm_last_error(), "out of memory"),
+              "%s", cm_last_error());
+    run_detach(&r);
+    cr_assert_eq(cm_module_device(cm_model_module(r.model)), CM_DEVICE_CPU);
+    const cm_tensor *after = cm_module_param_info(cm_model_module(r.model), 0).tensor;
+    cr_expect(!memcmp(cm_tensor_data(before), cm_tensor_data(after), (size_t)cm_tensor_numel(after) * sizeof(float)),
+              "the parameters come back as they were (the failed step changed nothing)");
+    cm_tensor_free(before);
+    run_end(&r);
     cmt_golden_close(g);
 }
 

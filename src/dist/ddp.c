@@ -1109,8 +1109,10 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     }
     const double t0 = cm_clock_s();
     cm_status s = flush(d);
-    /* cpu_offload: no upload may still read a master copy the host optimizer is about to write */
+    /* cpu_offload: no upload may still read a master copy the host optimizer is about to write
+     * (the prefetched ones, and blocking ones queued on the compute stream) */
     if (!s && d->offload && d->n_pending) s = prefetch_drain(d);
+    if (!s && d->offload) s = d->be->sync();
     if (!s && d->hybrid) s = replicate_reduce(d);
     d->stats.n_syncs++;
     d->stats.wait_s += cm_clock_s() - t0;
