@@ -219,6 +219,11 @@ Test(cli_fsdp, cpu_offload_on_a_gpu_run_trains_as_the_plain_gpu_run, .timeout = 
         cr_expect(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]), "batch %d: loss %.8f offloaded, %.8f plain (rel tol 1e-5)", i,
                   a[i], b[i]);
     cr_expect(a[2] != b[0], "the runs trained");
+    /* the memory plan counts what the device holds: no optimizer state, a few units */
+    rc = run("train " DIR "/plain.yaml run_name=offload_plan device=gpu fsdp_config.cpu_offload=true --plan-memory", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "optimizer state           0.00 MiB"), "%s", out);
     /* activation offload: the same bits as the plain GPU run */
     rc = run("train " DIR "/plain.yaml run_name=act_gpu device=gpu fsdp_config.activation_cpu_offload=true "
              "fsdp_config.verbose=true",
