@@ -2,6 +2,7 @@
  * YAML trains the same bits as without it, the offload note on a CPU run, what is refused (with
  * the key's file:line) and --help. Runs the built binary (CM_COMPOSER_BIN). */
 #include "cmtest.h"
+#include <math.h>
 
 #include <composer/tokenizer.h>
 #include <stdio.h>
@@ -221,11 +222,82 @@ Test(cli_fsdp, offload_on_a_cpu_run_is_noted_once) {
     int n = 0;
     for (const char *p = out; (p = strstr(p, "nothing to offload to")); p++) n++;
     cr_assert_eq(n, 1, "the offload note %d times, want once:\n%s", n, out);
-    /* on a GPU run it is refused before anything is built, naming the key */
-    rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu parallelism.fsdp.cpu_offload=true", out,
-             sizeof out);
+    /* activation offload with activation checkpointing on a GPU run is refused before anything is
+     * built, naming the key (a checkpointed block keeps only its input: nothing to offload) */
+    rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu parallelism.fsdp.activation_cpu_offload=true "
+             "parallelism.fsdp.activation_checkpointing=true",
+             out, sizeof out);
     cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, "parallelism.fsdp.cpu_offload") && strstr(out, "not built yet"), "%s", out);
+    cr_assert(strstr(out, "parallelism.fsdp.activation_cpu_offload") && strstr(out, "activation_checkpointing") &&
+                  strstr(out, "nothing left to offload"),
+              "%s", out);
+}
+
+/* The "loss/train/total" values of a run's metrics.jsonl (3 of them). */
+static void loss_values(const char *run_name, double v[3]) {
+    char buf[256];
+    losses(run_name, buf, sizeof buf);
+    char *p = buf;
+    for (int i = 0; i < 3; i++) v[i] = strtod(p, &p);
+}
+
+/* cpu_offload on a GPU run (one process) trains the plain GPU run's losses (up to the host
+ * optimizer's rounding: 1e-5 relative), writes the weights and samples from them; activation_cpu_offload
+ * trains its losses bit for bit; without a GPU it fails at once saying what is missing. */
+Test(cli_fsdp, cpu_offload_on_a_gpu_run_trains_as_the_plain_gpu_run, .timeout = 900) {
+    const bool gpu = cm_device_check(CM_DEVICE_CUDA) == CM_OK;
+    int rc = run("train " DIR "/plain.yaml run_name=offload_gpu device=gpu fsdp_config.cpu_offload=true "
+                 "fsdp_config.verbose=true",
+                 out, sizeof out);
+    if (!gpu) {
+        cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "device gpu:") && strstr(out, "not available"), "%s", out);
+        return;
+    }
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "trained 3 batches"), "%s", out);
+    cr_assert(strstr(out, "fsdp_config.cpu_offload: parameters, gradients and optimizer state in host memory"), "%s", out);
+    long long uploads = 0;
+    for (const char *u = out; (u = strstr(u, "fsdp_config.cpu_offload: ")) && !uploads; u++)
+        if (sscanf(u, "fsdp_config.cpu_offload: %lld unit uploads", &uploads) != 1) uploads = 0;
+    cr_assert_gt(uploads, 0, "the run uploaded units (verbose):\n%s", out);
+    struct stat st;
+    cr_assert(stat(DIR "/runs/offload_gpu/model.safetensors", &st) == 0 && stat(DIR "/runs/offload_gpu/sample.txt", &st) == 0,
+              "%s", out);
+    rc = run("train " DIR "/plain.yaml run_name=plain_gpu device=gpu", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    double a[3], b[3];
+    loss_values("offload_gpu", a);
+    loss_values("plain_gpu", b);
+    for (int i = 0; i < 3; i++)
+        cr_expect(fabs(a[i] - b[i]) <= 1e-5 * fabs(b[i]), "batch %d: loss %.8f offloaded, %.8f plain (rel tol 1e-5)", i,
+                  a[i], b[i]);
+    cr_expect(a[2] != b[0], "the runs trained");
+    /* the memory plan counts what the device holds: no optimizer state, a few units */
+    rc = run("train " DIR "/plain.yaml run_name=offload_plan device=gpu fsdp_config.cpu_offload=true --plan-memory", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "optimizer state           0.00 MiB"), "%s", out);
+    /* activation offload: the same bits as the plain GPU run */
+    rc = run("train " DIR "/plain.yaml run_name=act_gpu device=gpu fsdp_config.activation_cpu_offload=true "
+             "fsdp_config.verbose=true",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "activation offloaded: transformer.h.0 (GPT2Block)") &&
+                  strstr(out, "activation offloaded: transformer.h.1 (GPT2Block)"),
+              "%s", out);
+    char ta[256], tb[256];
+    losses("act_gpu", ta, sizeof ta);
+    losses("plain_gpu", tb, sizeof tb);
+    cr_expect_str_eq(ta, tb, "activation offload changes no bit of the losses");
+    /* the weights it wrote: the same tensors (the safetensors header: names, dtypes, shapes) */
+    size_t la, lb;
+    char *x = slurp(DIR "/runs/offload_gpu/model.safetensors", &la), *y = slurp(DIR "/runs/plain_gpu/model.safetensors", &lb);
+    cr_assert(la == lb && la > 8, "%zu and %zu bytes", la, lb);
+    uint64_t hl = 0;
+    memcpy(&hl, x, 8);
+    cr_assert(hl < la && !memcmp(x, y, 8 + (size_t)hl), "the safetensors headers differ");
+    free(x), free(y);
 }
 
 /* Each bad config: the YAML text after BASE, the exit status, and what the message must hold. */

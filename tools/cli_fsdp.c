@@ -262,16 +262,19 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
     TRY_FSDP(opt_bool(c, f, "activation_checkpointing_reentrant", true, &reentrant)); /* same results either way */
     TRY_FSDP(read_targets(c, f));
 
-    /* offload: to host memory, which is where a CPU run's tensors already are */
+    /* offload: to host memory, which is where a CPU run's tensors already are; on a GPU run
+     * cpu_offload keeps parameters, gradients and optimizer state there (cm_dist_config) */
     bool act_off, par_off;
     TRY_FSDP(opt_bool(c, f, "activation_cpu_offload", false, &act_off));
     TRY_FSDP(opt_bool(c, f, "cpu_offload", false, &par_off));
-    if ((act_off || par_off) && device != CM_DEVICE_CPU)
-        return fail(c, key(p, sizeof p, f, par_off ? "cpu_offload" : "activation_cpu_offload"), CM_ERR_UNSUPPORTED,
-                    "offloading %s to host memory on a GPU run is not built yet; set it to false (activation_"
-                    "checkpointing and FULL_SHARD are the other rungs of the memory ladder)",
-                    par_off ? "parameters, gradients and optimizer state" : "activations");
-    f->offload = act_off || par_off;
+    if (act_off && device != CM_DEVICE_CPU && f->act_ckpt)
+        return fail(c, key(p, sizeof p, f, "activation_cpu_offload"), CM_ERR_UNSUPPORTED,
+                    "with activation_checkpointing: a checkpointed block keeps only its input, so there is nothing "
+                    "left to offload; choose one (checkpointing recomputes, offloading copies to host memory and "
+                    "back)");
+    f->offload = (act_off || par_off) && device == CM_DEVICE_CPU;
+    f->act_offload = act_off && device != CM_DEVICE_CPU;
+    f->cpu_offload = par_off && device != CM_DEVICE_CPU;
 
 
     key(p, sizeof p, f, "sync_module_states");
@@ -309,22 +312,35 @@ typedef struct verbose_walk {
 static bool say_checkpointed(cm_module *m, const char *path, int depth, void *data) {
     (void)depth;
     verbose_walk *w = data;
-    if (!cm_module_checkpointing(m)) return true;
-    cli_say(w->ctx, "  activation checkpointed: %s (%s)\n", path[0] ? path : "<root>", cm_module_type_name(m));
+    if (!cm_module_checkpointing(m) && !cm_module_activation_offload(m)) return true;
+    cli_say(w->ctx, "  activation %s: %s (%s)\n", cm_module_checkpointing(m) ? "checkpointed" : "offloaded",
+            path[0] ? path : "<root>", cm_module_type_name(m));
     w->n++;
+    return true;
+}
+
+/* activation_cpu_offload: the modules the checkpointing policy marked offload instead. */
+static bool ckpt_to_offload(cm_module *m, const char *path, int depth, void *data) {
+    (void)path, (void)depth, (void)data;
+    if (cm_module_checkpointing(m)) {
+        cm_module_set_checkpointing(m, false);
+        cm_module_set_activation_offload(m, true);
+    }
     return true;
 }
 
 cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model, const cli_ctx *ctx, int rank) {
     cm_module *root = cm_model_module(model);
     char p[128];
-    if (f->act_ckpt) {
+    if (f->act_ckpt || f->act_offload) { /* offload picks its blocks as checkpointing does (llm-foundry) */
         int marked = 0;
         cm_status s = cm_module_checkpoint_policy(root, f->targets, f->n_targets, &marked);
         if (s) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
-            const char *k = f->n_targets ? "activation_checkpointing_target" : "activation_checkpointing";
+            const char *k = f->n_targets ? "activation_checkpointing_target"
+                            : f->act_offload ? "activation_cpu_offload"
+                                             : "activation_checkpointing";
             const size_t kl = strlen("activation_checkpointing_target: ");
             const bool dup = !strncmp(msg, "activation_checkpointing_target: ", kl);
             /* a type the model does not have is a bad value in the config, as a malformed one is */
@@ -332,10 +348,12 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
                         msg + (dup ? kl : 0));
         }
         if (marked == 0)
-            return fail(c, key(p, sizeof p, f, "activation_checkpointing"), CM_ERR_INVALID_ARG,
-                        "no module of %s to checkpoint (it has no repeated wrap units); name the types with "
+            return fail(c, key(p, sizeof p, f, f->act_offload ? "activation_cpu_offload" : "activation_checkpointing"),
+                        CM_ERR_INVALID_ARG,
+                        "no module of %s to %s (it has no repeated wrap units); name the types with "
                         "activation_checkpointing_target",
-                        cm_model_type_name(model));
+                        cm_model_type_name(model), f->act_offload ? "offload" : "checkpoint");
+        if (f->act_offload) cm_module_visit(root, ckpt_to_offload, NULL);
     }
     if (f->offload && rank == 0)
         cm_log_msg(CM_LOG_INFO, "%s: cpu_offload / activation_cpu_offload: this is a CPU run, every tensor is "
@@ -353,7 +371,7 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
         }
         verbose_walk w = {ctx, 0};
         cm_module_visit(root, say_checkpointed, &w);
-        if (!w.n) cli_say(ctx, "  no activation checkpointing\n");
+        if (!w.n) cli_say(ctx, "  no activation checkpointing or offload\n");
         cli_say(ctx, "  mixed_precision: param_dtype %s, reduce_dtype %s, buffer_dtype %s (masters and optimizer: f32)\n",
                 cm_dtype_name(f->mixed_precision.param_dtype), cm_dtype_name(f->mixed_precision.reduce_dtype),
                 cm_dtype_name(f->mixed_precision.buffer_dtype));
@@ -364,6 +382,7 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
 cm_status cli_fsdp_check_dist(cm_config *c, const cli_fsdp *f, int world, cm_dist_config *dc) {
     char p[128];
     if (dc && f->has_sync_module_states) dc->sync_module_states = f->sync_module_states;
+    if (dc) dc->cpu_offload = f->cpu_offload;
     if (cm_sharding_is_hybrid(f->sharding)) {
         int sd = f->shard_degree, rd = f->replicate_degree;
         if (cm_dist_hybrid_degrees(world, cm_dist_env_get().local_world_size, &sd, &rd) != CM_OK) {
@@ -428,8 +447,16 @@ void cli_fsdp_help(FILE *f) {
             "                     middle-m, range-i-j, every-k\" (default: the blocks that are repeated wrap units)\n"
             "                     activation_checkpointing_reentrant: accepted (the recompute replays the\n"
             "                     tape; results are the same either way)\n"
-            "                     cpu_offload, activation_cpu_offload (false): a CPU run has nothing to offload\n"
-            "                     to (said once); on a GPU run: not built yet (an error)\n"
+            "                     cpu_offload (false): on a GPU run (one process), parameters, gradients and\n"
+            "                     optimizer state live in host memory: each block's parameters are uploaded\n"
+            "                     when it runs (the next one prefetched, as FULL_SHARD's keys below say), its\n"
+            "                     gradient downloaded when final; the optimizer and clipping run on the CPU.\n"
+            "                     Device memory holds about 2 blocks instead of the model (plus activations)\n"
+            "                     activation_cpu_offload (false): on a GPU run, what each block (the blocks\n"
+            "                     activation_checkpointing_target picks) saves for backward waits in host\n"
+            "                     memory between its forward and its backward (the same bits); not with\n"
+            "                     activation_checkpointing (an error: nothing is left to offload)\n"
+            "                     a CPU run has nothing to offload to: either key is accepted and said once\n"
             "                     mixed_precision (DEFAULT when the block is given, as Composer's): FULL (fp32\n"
             "                     throughout) | DEFAULT (parameters and buffers in the precision's dtype, bf16\n"
             "                     under amp_bf16; gradient reductions fp32) | PURE (reductions too) |\n"

@@ -23,6 +23,8 @@ typedef struct cli_fsdp {
     int n_targets;
     char target_blocks[CLI_FSDP_MAX_TARGETS][256]; /* the blocks lists the map form wrote */
     bool offload;           /* activation_cpu_offload or cpu_offload on a CPU run: one note at start */
+    bool cpu_offload;       /* cpu_offload on a GPU run: cm_dist_config.cpu_offload (one process) */
+    bool act_offload;       /* activation_cpu_offload on a GPU run: the checkpointing policy's modules offload */
     bool has_sync_module_states;
     bool sync_module_states;
     cli_state_dict_type state_dict_type;

@@ -1152,6 +1152,22 @@ static cm_status start_dist(run *r) {
     TRY(cli_fsdp_check_dist(r->cfg, &r->fsdp, r->world, &dc));
     char k[128];
     snprintf(k, sizeof k, "%s.sharding_strategy", r->fsdp.prefix);
+    if (!r->comm && dc.cpu_offload) { /* one process streams its GPU's blocks from host memory */
+        cm_status s = cm_device_check(r->tc.device);
+        if (s) { /* said as a plain GPU run says it */
+            char msg[900];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "%s: device gpu: %s", cm_config_origin(r->cfg, "device"), msg);
+        }
+        s = cm_comm_single_new(NULL, &r->comm);
+        if (!s) s = cm_dist_new(r->comm, r->model, &dc, &r->dp);
+        snprintf(k, sizeof k, "%s.cpu_offload", r->fsdp.prefix);
+        if (s) return at_key(r->cfg, k, s);
+        cm_log_msg(CM_LOG_INFO, "%s: parameters, gradients and optimizer state in host memory; each of the %d wrap "
+                                "units is uploaded to the GPU when it runs, and the optimizer steps on the CPU",
+                   k, cm_module_n_units(cm_model_module(r->model)));
+        return CM_OK;
+    }
     if (!r->comm) {
         if (r->sharding != CM_SHARDING_NO_SHARD)
             cm_log_msg(CM_LOG_INFO, "one process: %s %s has nothing to shard (start ranks with composer -n N)", k,
@@ -1770,7 +1786,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
     if (!r.err_code && cli_fsdp_apply_model(r.cfg, &r.fsdp, r.model, &r.ctx, r.rank) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
     /* device: gpu moves the model before the optimizer is made over its buffers */
-    if (!r.err_code && r.tc.device != CM_DEVICE_CPU) {
+    if (!r.err_code && r.tc.device != CM_DEVICE_CPU && cm_module_device(cm_model_module(r.model)) != r.tc.device) {
         cm_status s = r.world > 1 ? cm_set_error(CM_ERR_UNSUPPORTED, "device: gpu with %d ranks needs NCCL, which is not "
                                                                      "supported yet (one rank per GPU run)", r.world)
                                   : cm_module_to_device(cm_model_module(r.model), r.tc.device);
@@ -1904,6 +1920,15 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cm_trainer_free(tr);
     /* FULL_SHARD keeps only each rank's chunk of the parameters at rest: gather them (a
      * collective, so on every rank) before rank 0 saves the weights and samples from them */
+    if (!r.err_code && r.dp && r.fsdp.cpu_offload) { /* the model goes back to host memory with its values */
+        const cm_dist_stats ds = cm_dist_get_stats(r.dp);
+        if (r.fsdp.verbose)
+            cli_say(&r.ctx, "%s.cpu_offload: %lld unit uploads (%lld prefetched), at most %d units' parameters on the GPU at "
+                            "once\n",
+                    r.fsdp.prefix, (long long)ds.n_gathers, (long long)ds.n_prefetches, ds.max_gathered);
+        cm_dist_free(r.dp);
+        r.dp = NULL;
+    }
     if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
     if ((rc = settle(&r, prog))) return finish(&r, rc);
     if (r.rank > 0) return finish(&r, 0);

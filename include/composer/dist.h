@@ -373,6 +373,17 @@ typedef struct cm_dist_config {
     bool limit_all_gathers;
     /* FSDP mixed precision (see cm_mixed_precision); default f32 throughout (Composer's FULL). */
     cm_mixed_precision mixed_precision;
+    /* Composer's fsdp_config cpu_offload (PyTorch's CPUOffload(offload_params=True)), for one
+     * process training on a GPU (a communicator of size 1; default false): the parameters (the fp32
+     * masters), their gradients and the optimizer state live in host memory (pinned), and each
+     * wrap unit's parameters are uploaded to the GPU when the trainer's tape reads the unit and
+     * released after, as FULL_SHARD gathers and releases them (max_resident_units, the prefetch
+     * keys above: an upload of the next unit runs on a copy stream while the current one
+     * computes). In backward a unit's gradient lives on the GPU from its first gradient until
+     * the unit is final, then is downloaded, added into the host gradient and released. The
+     * optimizer and gradient clipping run on the host (cm_dist_optim_spans, cm_state_shard_spans).
+     * The sharding strategy has no further effect (one rank has nothing to shard). */
+    bool cpu_offload;
 } cm_dist_config;
 
 cm_dist_config cm_dist_config_default(void);
@@ -425,6 +436,15 @@ typedef struct cm_dist cm_dist;
  * global batch's gradient. The two groups are sub-communicators of comm (cm_comm_split, made
  * here: a collective); the shard spans of the replicas (replicate-group rank > 0) are marked
  * cm_shard_span.replica, so sums over ranks and sharded checkpoints count each piece once.
+ * cpu_offload (one process): the model must be finalized and still on the CPU (its unit buffers
+ * become fixed-address GPU ranges whose memory is mapped while a unit is resident, its buffers
+ * move to the GPU, and the trainer leaves it there: make the optimizer over cm_dist_optim_spans,
+ * which are host memory); everything above about FULL_SHARD's residency, prefetch and gradient
+ * shards holds with "upload" for "all-gather" and "download" for "reduce-scatter" (one rank: the
+ * shard is the whole unit). It needs at least 2 wrap units (with one, the whole model would be
+ * resident whenever it is used), CM_ERR_INVALID_ARG otherwise; CM_ERR_UNSUPPORTED on a
+ * communicator of several ranks (several GPUs need NCCL) or without a GPU (cm_device_check's
+ * message); CM_ERR_STATE when the model is already on the GPU.
  * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD or HYBRID_SHARD;
  * degrees that do not fit the world, see cm_dist_hybrid_degrees), CM_ERR_STATE (not finalized; a
  * sharded strategy on a model that an optimizer or trainer already locked), the communicator's
@@ -436,7 +456,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
  * cm_dist_gather_params first (on every rank) to keep using the model afterwards. Under
  * SHARD_GRAD_OP with a bf16 param_dtype the buffers hold the rounded values unless
  * cm_dist_gather_params put the f32 masters there; NO_SHARD puts its masters back itself. Under a hybrid
- * strategy it frees the two sub-communicators (no collective). */
+ * strategy it frees the two sub-communicators (no collective). With cpu_offload the model is left
+ * on the CPU, holding the host master parameters (gradients zero). */
 void cm_dist_free(cm_dist *d);
 
 /* Fills cfg->dist: rank, world size, all_reduce_sum (losses, sample/token counts, metric sums)
@@ -483,7 +504,9 @@ cm_status cm_dist_sync_params(cm_dist *d);
  * copy: then it puts the f32 masters there (SHARD_GRAD_OP: an f32 all-gather of the master
  * chunks; NO_SHARD: the masters kept aside), and the fetch hook rounds a unit again when the
  * tape next reads it. Under FULL_SHARD it gathers the f32 masters too (PyTorch's
- * summon_full_params). Errors: the communicator's. */
+ * summon_full_params). Errors: the communicator's. With cpu_offload it uploads every
+ * unit (the whole model on the GPU at once: CM_ERR_OOM where it does not fit); to read the weights
+ * on the host, free the cm_dist instead (the model goes back to host memory with the master values). */
 cm_status cm_dist_gather_params(cm_dist *d);
 
 /* Where the time went, summed since cm_dist_new (or the last reset). */

@@ -186,6 +186,14 @@ cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *c
 void cm_module_set_checkpointing(cm_module *m, bool on);
 bool cm_module_checkpointing(const cm_module *m);
 
+/* Activation offload of one module (Composer's activation_cpu_offload): while on, cm_module_forward
+ * of m with gradients on, on a tape whose device is a GPU, runs m's forward as an offloaded region
+ * (cm_tape_offload): what m saves for backward waits in host memory until m's backward. The same
+ * bits as without it. A module both checkpointed and offloaded is an error at its forward
+ * (CM_ERR_UNSUPPORTED: a checkpointed module keeps only its input, nothing is left to offload). */
+void cm_module_set_activation_offload(cm_module *m, bool on);
+bool cm_module_activation_offload(const cm_module *m);
+
 /* Which modules a policy checkpoints: those of type `type_name` (cm_module_type_name, compared
  * without case: "GPT2Block", "gpt2block"), and among them — numbered 0, 1, ... in the order
  * cm_module_visit meets them (a transformer's block index) — the ones `blocks` names: NULL or

@@ -366,6 +366,24 @@ bool cm_tape_rows(const cm_tape *tp, int64_t *first, int64_t *n, int64_t *total)
  * backward CM_ERR_STATE when the replay gives another shape or dtype than the forward did. */
 typedef cm_tensor *(*cm_tape_region_fn)(cm_tape *tp, int n_in, cm_tensor *const *in, void *data);
 cm_tensor *cm_tape_checkpoint(cm_tape *tp, cm_tape_region_fn fn, void *data, int n_in, cm_tensor *const *in);
+/* Activation offload (Composer's activation_cpu_offload, PyTorch's save_on_cpu): returns
+ * fn(tp, n_in, in, data), and on a tape whose device is a GPU (cm_tape_set_device) keeps what the
+ * region saved for backward in host memory between its forward and its backward. The region's GPU
+ * tensors come from an arena of its own over fixed-address device ranges; after fn, its result is
+ * copied out (one node passes the gradient back), the region's bytes are downloaded to pinned host
+ * memory and its device memory is unmapped; backward maps and uploads them again before the first
+ * node that reads them (the region recorded before it is prefetched on a copy stream) and unmaps
+ * the regions it has finished. Every pointer stays valid (the addresses do not change), so the
+ * results are the same bits as without it. fn follows cm_tape_checkpoint's rules for what it may
+ * read and return. With gradients off, on a CPU tape, inside another offloaded region or inside a
+ * checkpointed region it just calls fn. Errors (NULL, tape error): fn's; CM_ERR_INVALID_ARG (fn
+ * NULL, n_in < 0); CM_ERR_OOM (device or pinned memory); CM_ERR_UNSUPPORTED (a backend without
+ * fixed-address ranges). */
+cm_tensor *cm_tape_offload(cm_tape *tp, cm_tape_region_fn fn, void *data, int n_in, cm_tensor *const *in);
+/* Offloaded regions recorded since the tape was made, and the most device bytes their regions
+ * held at once (the arena chunks mapped behind them: about one region in forward, two in backward). */
+int64_t cm_tape_n_offloaded(const cm_tape *tp);
+size_t cm_tape_offload_peak_bytes(const cm_tape *tp);
 /* True while backward replays a checkpointed region: state that a forward updates once (batch
  * norm's running statistics, a module's counters) must be left alone then. */
 bool cm_tape_replaying(const cm_tape *tp);

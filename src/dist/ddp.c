@@ -65,9 +65,22 @@
  * first. reduce_dtype bf16: each bucket is rounded into a bf16 copy, reduced as CM_COMM_BF16 and
  * widened back into the f32 buffer or chunk when it is waited for. buffer_dtype bf16: f32 buffers
  * are rounded in place at the start, on every read through the fetch hook and after each batch's
- * backward. */
+ * backward.
+ *
+ * cpu_offload (one process on a GPU) is FULL_SHARD on one rank with host memory as the shards' home:
+ * the master parameters, the gradient shard and its receive chunk are pinned host buffers of the
+ * whole unit, and the model's unit buffers are fixed-address GPU ranges (the backend's vm_*: CUDA's
+ * virtual memory management) — the same address whether mapped or not, as FULL_SHARD's released
+ * pages keep theirs, so the tape's views and saved tensors stay valid. "Gather" maps the range and
+ * uploads the master copy (on the compute stream; a prefetch on the copy stream, joined when the tape
+ * reads the unit); "release" unmaps it. A unit's gradient range is mapped and zeroed when backward
+ * first reaches the unit (the fetch hook); the backward hook's bucket becomes a download into the
+ * receive chunk once the unit is final, and when the download is done the chunk is added into the
+ * gradient shard and the range unmapped — so the device holds the gradients of the units backward
+ * is in, not the model's. The optimizer and clipping see the host shards (CPU kernels). */
 #include "dist/dist_impl.h"
 #include "nn/nn_impl.h"
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 #include <errno.h>
@@ -146,11 +159,19 @@ struct cm_dist {
     int64_t *buf_n;
     int n_bufs;
     bool ready;              /* cm_dist_new finished: the state above is consistent */
+    /* cpu_offload (see the header comment) */
+    bool offload;
+    bool adopted;            /* the model's unit buffers are the ranges below */
+    const cmi_backend *be;
+    float **vparams, **vgrads; /* (n_units) the fixed-address GPU ranges */
+    void **upev;             /* (n_units) a prefetched upload in flight (its event), else NULL */
+    void **downev;           /* (n_units) a gradient download in flight, else NULL */
+    bool *gmapped;           /* (n_units) the unit's GPU gradient range is mapped (zeroed, then written) */
 };
 
 cm_dist_config cm_dist_config_default(void) {
     return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0, CM_BACKWARD_PREFETCH_POST, false, true,
-                            {CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, false}};
+                            {CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, false}, false};
 }
 
 cm_status cm_mixed_precision_policy(const char *name, cm_precision precision, cm_mixed_precision *out) {
@@ -235,6 +256,7 @@ typedef struct tape_link {
 
 static cm_status prefetch_drain(cm_dist *d);
 static void mp_restore(cm_dist *d);
+static void offload_free(cm_dist *d);
 
 void cm_dist_free(cm_dist *d) {
     if (!d) return;
@@ -242,7 +264,9 @@ void cm_dist_free(cm_dist *d) {
      * same ones) unless the communicator failed (then they are abandoned, as d->req below) */
     if (d->n_pending && cm_comm_status(d->scomm) == CM_OK) (void)prefetch_drain(d);
     mp_restore(d); /* NO_SHARD: the masters back into the model */
-    if (d->full && d->resident && d->model) {
+    if (d->offload) {
+        offload_free(d);
+    } else if (d->full && d->resident && d->model) {
         /* the model's buffers become ordinary memory again; units that were not gathered hold NaN
          * (loud, unlike the zeros of released pages): gather before freeing to keep the values */
         cm_module *root = cm_model_module(d->model);
@@ -256,9 +280,9 @@ void cm_dist_free(cm_dist *d) {
     if (d->tape) cm_tape_set_backward_hook(d->tape, NULL, NULL);
     if (d->link) d->link->d = NULL;
     for (int u = 0; u < d->n_units; u++) cm_free(d->req ? d->req[u] : NULL); /* abandoned, see header */
-    for (int u = 0; d->gshard && u < d->n_units; u++) cm_free(d->gshard[u]);
-    for (int u = 0; d->pshard && u < d->n_units; u++) cm_free(d->pshard[u]);
-    for (int u = 0; d->grecv && u < d->n_units; u++) cm_free(d->grecv[u]);
+    for (int u = 0; !d->offload && d->gshard && u < d->n_units; u++) cm_free(d->gshard[u]);
+    for (int u = 0; !d->offload && d->pshard && u < d->n_units; u++) cm_free(d->pshard[u]);
+    for (int u = 0; !d->offload && d->grecv && u < d->n_units; u++) cm_free(d->grecv[u]);
     cm_free(d->grecv);
     cm_free(d->gshard);
     cm_free(d->pshard);
@@ -368,6 +392,137 @@ static cm_status shard_setup(cm_dist *d) {
     return s;
 }
 
+/* cpu_offload: the shards are the whole units in pinned host memory (the model's values), the
+ * model's unit buffers become fixed-address GPU ranges (unmapped: nothing resident), its buffers
+ * move to the GPU. Nothing changes in the model until every allocation succeeded. */
+static cm_status offload_setup(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    if (cm_module_device(root) != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_STATE, "cm_dist_new: cpu_offload: the model is on %s already; make the "
+                                          "data-parallel object while it is on the CPU (its parameters stay in host "
+                                          "memory; their GPU ranges are made here)",
+                            cm_device_name(cm_module_device(root)));
+    if (cm_module_is_locked(root))
+        return cm_set_error(CM_ERR_STATE, "cm_dist_new: cpu_offload: the model is locked by an optimizer or a trainer; "
+                                          "set up data parallelism (cm_dist_new) before creating them");
+    if (d->n_units < 2)
+        return cm_set_error(CM_ERR_INVALID_ARG,
+                            "cm_dist_new: cpu_offload: %s has %d wrap unit%s ('%s'): all its parameters would be on "
+                            "the GPU whenever it is used, so offloading saves nothing; wrap its blocks into units "
+                            "(the zoo's transformers are) or leave cpu_offload off",
+                            cm_model_type_name(d->model), d->n_units, d->n_units == 1 ? "" : "s",
+                            d->n_units ? cm_module_unit(root, 0)->name : "");
+    cm_status s = cm_device_check(CM_DEVICE_CUDA);
+    if (s) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", cm_last_error());
+        return cm_set_error(s, "cm_dist_new: cpu_offload streams parameters to a GPU: %s", msg);
+    }
+    const cmi_backend *be = d->be = cmi_backend_get(CM_DEVICE_CUDA);
+    const size_t n = (size_t)d->n_units;
+    d->chunk = cm_alloc_zeroed(n * sizeof *d->chunk, 16);
+    d->gshard = cm_alloc_zeroed(n * sizeof *d->gshard, 16);
+    d->spans = cm_alloc_zeroed(n * sizeof *d->spans, 16);
+    d->pshard = cm_alloc_zeroed(n * sizeof *d->pshard, 16);
+    d->pbytes = cm_alloc_zeroed(n * sizeof *d->pbytes, 16);
+    d->resident = cm_alloc_zeroed(n * sizeof *d->resident, 16);
+    d->last_use = cm_alloc_zeroed(n * sizeof *d->last_use, 16);
+    d->grecv = cm_alloc_zeroed(n * sizeof *d->grecv, 16);
+    d->vparams = cm_alloc_zeroed(n * sizeof *d->vparams, 16);
+    d->vgrads = cm_alloc_zeroed(n * sizeof *d->vgrads, 16);
+    d->upev = cm_alloc_zeroed(n * sizeof *d->upev, 16);
+    d->downev = cm_alloc_zeroed(n * sizeof *d->downev, 16);
+    d->gmapped = cm_alloc_zeroed(n * sizeof *d->gmapped, 16);
+    if (!d->chunk || !d->gshard || !d->spans || !d->pshard || !d->pbytes || !d->resident || !d->last_use ||
+        !d->grecv || !d->vparams || !d->vgrads || !d->upev || !d->downev || !d->gmapped)
+        return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        const size_t bytes = sizeof(float) * (size_t)(ui->numel ? ui->numel : 1);
+        d->chunk[u] = ui->numel;
+        d->pbytes[u] = bytes;
+        if (!(d->pshard[u] = be->host_alloc(bytes)) || !(d->gshard[u] = be->host_alloc(bytes)) ||
+            !(d->grecv[u] = be->host_alloc(bytes)))
+            return cm_set_error(CM_ERR_OOM, "cm_dist_new: cpu_offload: out of pinned host memory for unit '%s' "
+                                            "(3 x %zu bytes)",
+                                ui->name, bytes);
+        memcpy(d->pshard[u], ui->params, sizeof(float) * (size_t)ui->numel);
+        memset(d->gshard[u], 0, bytes);
+        if (!(d->vparams[u] = be->vm_reserve(bytes)) || !(d->vgrads[u] = be->vm_reserve(bytes))) {
+            char msg[900];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(cm_last_status() ? cm_last_status() : CM_ERR_OOM,
+                                "cm_dist_new: cpu_offload: GPU address space for unit '%s': %s", ui->name, msg);
+        }
+    }
+    if ((s = cmn_buffers_to_device(root, CM_DEVICE_CUDA))) return s;
+    for (int u = 0; u < d->n_units; u++) { /* nothing fails from here on */
+        float *op, *og;
+        cmn_unit_rebind(root, u, d->vparams[u], d->vgrads[u], CM_DEVICE_CUDA, &op, &og);
+        cm_free(op);
+        cm_free(og);
+        d->spans[u] = (cm_shard_span){u, 0, d->chunk[u], d->pshard[u], d->gshard[u], false};
+    }
+    d->adopted = true;
+    if ((s = cm_module_lock(root))) return s;
+    d->locked = true;
+    return CM_OK;
+}
+
+/* cpu_offload: the model goes back to ordinary host memory holding the master parameters (its
+ * buffers too), and the GPU ranges and pinned memory are given back. */
+static void offload_free(cm_dist *d) {
+    const cmi_backend *be = d->be;
+    if (!be) return;
+    for (int u = 0; u < d->n_units; u++) {
+        if (d->upev && d->upev[u]) (void)be->copy_wait(d->upev[u]);
+        if (d->downev && d->downev[u]) (void)be->copy_wait(d->downev[u]);
+    }
+    cm_module *root = d->model ? cm_model_module(d->model) : NULL;
+    bool keep = false; /* out of host memory: the model keeps its GPU ranges (and they leak) */
+    if (d->adopted && root) {
+        float **np = cm_alloc_zeroed(sizeof(float *) * (size_t)(2 * d->n_units), 16);
+        for (int u = 0; np && u < d->n_units; u++) {
+            const size_t bytes = d->pbytes[u];
+            np[2 * u] = cm_alloc(bytes, 64);
+            np[2 * u + 1] = cm_alloc_zeroed(bytes, 64);
+            if (!np[2 * u] || !np[2 * u + 1]) {
+                for (int v = 0; v <= u; v++) cm_free(np[2 * v]), cm_free(np[2 * v + 1]);
+                cm_free(np);
+                np = NULL;
+            }
+        }
+        if (np) {
+            for (int u = 0; u < d->n_units; u++) {
+                memcpy(np[2 * u], d->pshard[u], sizeof(float) * (size_t)d->chunk[u]);
+                cmn_unit_rebind(root, u, np[2 * u], np[2 * u + 1], CM_DEVICE_CPU, NULL, NULL);
+            }
+            cm_free(np);
+            if (cmn_buffers_to_device(root, CM_DEVICE_CPU) != CM_OK)
+                cm_log_msg(CM_LOG_WARN, "cpu_offload: the model's buffers could not move back to the CPU: %s",
+                           cm_last_error());
+        } else {
+            keep = true;
+            cm_log_msg(CM_LOG_WARN, "cpu_offload: out of host memory moving the model back to the CPU: it keeps its "
+                                    "GPU ranges, which hold no values");
+        }
+    }
+    for (int u = 0; !keep && u < d->n_units; u++) {
+        if (d->vparams && d->vparams[u]) be->vm_release(d->vparams[u]);
+        if (d->vgrads && d->vgrads[u]) be->vm_release(d->vgrads[u]);
+    }
+    for (int u = 0; u < d->n_units; u++) {
+        if (d->pshard && d->pshard[u]) be->host_free(d->pshard[u]);
+        if (d->gshard && d->gshard[u]) be->host_free(d->gshard[u]);
+        if (d->grecv && d->grecv[u]) be->host_free(d->grecv[u]);
+    }
+    cm_free(d->vparams);
+    cm_free(d->vgrads);
+    cm_free(d->upev);
+    cm_free(d->downev);
+    cm_free(d->gmapped);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * FULL_SHARD: residency of the units' parameter buffers
  * ------------------------------------------------------------------------------------------- */
@@ -375,6 +530,12 @@ static cm_status shard_setup(cm_dist *d) {
 static void release(cm_dist *d, int u) {
     if (!d->resident[u]) return;
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    if (d->offload) {
+        d->be->vm_unmap(p);
+        d->resident[u] = false;
+        d->n_resident--;
+        return;
+    }
     /* the pages go back to the system, and the buffer is made unreadable until the next gather:
      * code that reads a released unit without the fetch hook faults at once instead of reading
      * zeros */
@@ -453,6 +614,18 @@ static cm_status gather(cm_dist *d, int u, bool f32) {
     }
     note_held(d, 1);
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
+    if (d->offload) {
+        cm_status s = d->be->vm_map(p);
+        if (!s) s = d->be->memcpy(p, d->pshard[u], sizeof(float) * (size_t)d->chunk[u], CMI_H2D);
+        if (s) {
+            d->be->vm_unmap(p);
+            return s;
+        }
+        d->resident[u] = true;
+        d->n_resident++;
+        d->stats.n_gathers++;
+        return CM_OK;
+    }
     if (d->pbytes[u] && mprotect(p, d->pbytes[u], PROT_READ | PROT_WRITE) != 0)
         return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
                             cm_module_unit(cm_model_module(d->model), u)->name, strerror(errno));
@@ -520,7 +693,9 @@ static void note_held(cm_dist *d, int gathering) {
 static cm_status take_pending(cm_dist *d, int u) {
     cm_status s = CM_OK;
     if (d->greq[u]) s = cm_comm_wait(d->scomm, d->greq[u]);
+    if (d->offload && d->upev[u]) s = d->be->copy_join(d->upev[u]); /* kernels after it wait for the upload */
     d->greq[u] = NULL;
+    if (d->offload) d->upev[u] = NULL;
     d->pending[u] = false;
     d->n_pending--;
     if (d->gstage && d->gstage[u]) { /* a bf16 gather: widened into the buffer */
@@ -530,7 +705,9 @@ static cm_status take_pending(cm_dist *d, int u) {
     }
     if (s) { /* the buffer holds garbage: unreadable again */
         float *p = cm_module_unit(cm_model_module(d->model), u)->params;
-        if (d->pbytes[u]) {
+        if (d->offload) {
+            d->be->vm_unmap(p);
+        } else if (d->pbytes[u]) {
             madvise(p, d->pbytes[u], MADV_DONTNEED);
             mprotect(p, d->pbytes[u], PROT_NONE);
         }
@@ -557,6 +734,15 @@ static cm_status prefetch_drain(cm_dist *d) {
 /* MPI progresses a non-blocking collective only inside MPI calls: test the gathers in flight. A
  * finished one stays pending (the tape has not read it yet). */
 static cm_status prefetch_progress(cm_dist *d) {
+    for (int u = 0; d->offload && u < d->n_units; u++) { /* a finished upload needs no join */
+        bool done = false;
+        cm_status s = d->upev[u] ? d->be->copy_test(d->upev[u], &done) : CM_OK;
+        if (!s && done) {
+            s = d->be->copy_wait(d->upev[u]);
+            d->upev[u] = NULL;
+        }
+        if (s) return s;
+    }
     for (int u = 0; u < d->n_units; u++) {
         if (!d->greq[u]) continue;
         bool done = false;
@@ -575,11 +761,20 @@ static cm_status prefetch_progress(cm_dist *d) {
 /* Starts the gather of unit v ahead of its use, into its pages mapped again. */
 static cm_status start_prefetch(cm_dist *d, int v) {
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), v);
-    if (d->pbytes[v] && mprotect(ui->params, d->pbytes[v], PROT_READ | PROT_WRITE) != 0)
+    if (d->offload) {
+        cm_status s = d->be->vm_map(ui->params);
+        if (!s) s = d->be->copy_start(ui->params, d->pshard[v], sizeof(float) * (size_t)d->chunk[v], CMI_H2D, &d->upev[v]);
+        if (s) {
+            d->be->vm_unmap(ui->params);
+            return s;
+        }
+    } else if (d->pbytes[v] && mprotect(ui->params, d->pbytes[v], PROT_READ | PROT_WRITE) != 0)
         return cm_set_error(CM_ERR_OOM, "FULL_SHARD: cannot map the parameters of unit '%s' again (mprotect: %s)",
                             ui->name, strerror(errno));
     cm_status s;
-    if (d->mp_params) {
+    if (d->offload) {
+        s = CM_OK; /* the upload started above */
+    } else if (d->mp_params) {
         s = start_gather_bf16(d, v, &d->gstage[v], &d->greq[v]);
     } else {
         s = cm_comm_iall_gather(d->scomm, d->pshard[v], ui->params, d->chunk[v], CM_COMM_F32, &d->greq[v]);
@@ -757,6 +952,20 @@ static cm_status mp_fetch(cm_dist *d, const cm_tensor *t) {
     return CM_OK;
 }
 
+/* cpu_offload: backward reaches unit u: its gradient range is mapped and zeroed (it accumulates). */
+static cm_status offload_grad_map(cm_dist *d, int u) {
+    if (d->gmapped[u]) return CM_OK;
+    float *g = cm_module_unit(cm_model_module(d->model), u)->grads;
+    cm_status s = d->be->vm_map(g);
+    if (!s) s = d->be->memset(g, 0, sizeof(float) * (size_t)d->chunk[u]);
+    if (s) {
+        d->be->vm_unmap(g);
+        return s;
+    }
+    d->gmapped[u] = true;
+    return CM_OK;
+}
+
 static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
     cm_dist *d = data;
     cm_status s = d->n_pending ? prefetch_progress(d) : CM_OK;
@@ -767,11 +976,13 @@ static cm_status fetch_hook(cm_tape *tp, const cm_tensor *t, void *data) {
     if (u < 0) return CM_OK;
     const double t0 = cm_clock_s();
     s = d->prefetch ? fetch_prefetching(d, tp, u) : gather(d, u, false);
+    if (!s && d->offload && (tp->in_backward || tp->replaying)) s = offload_grad_map(d, u);
     d->stats.gather_s += cm_clock_s() - t0;
     if (s) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
-        return cm_set_error(s, "FULL_SHARD: gathering the parameters of unit '%s' failed: %s",
+        return cm_set_error(s, "%s the parameters of unit '%s' failed: %s",
+                            d->offload ? "cpu_offload: uploading" : "FULL_SHARD: gathering",
                             cm_module_unit(cm_model_module(d->model), u)->name, msg);
     }
     return CM_OK;
@@ -835,6 +1046,12 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     cm_dist_config c = cfg ? *cfg : cm_dist_config_default();
     if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
+    if (c.cpu_offload && cm_comm_size(comm) > 1)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: cpu_offload on %d ranks: offloading streams one GPU's "
+                                                "units from host memory, and several ranks on GPUs need NCCL, which is "
+                                                "not supported yet (train one process on one GPU)",
+                            cm_comm_size(comm));
+    if (c.cpu_offload) c.sharding = CM_SHARDING_FULL_SHARD; /* one rank: the shard is the whole unit, at home on the host */
     const bool full = c.sharding == CM_SHARDING_FULL_SHARD || c.sharding == CM_SHARDING_HYBRID_SHARD;
     if (full && c.max_resident_units < 2)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: max_resident_units %d: %s needs at least 2 (an op may "
@@ -851,6 +1068,11 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
                             (int)c.backward_prefetch);
     cm_status mps = check_mixed_precision(&c.mixed_precision);
     if (mps) return mps;
+    if (c.cpu_offload && (c.mixed_precision.param_dtype != CM_DTYPE_F32 || c.mixed_precision.reduce_dtype != CM_DTYPE_F32 ||
+                          c.mixed_precision.buffer_dtype != CM_DTYPE_F32))
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: cpu_offload with a 16-bit mixed_precision is not built "
+                                                "(offload streams a GPU run's units; the 16-bit policies round on the "
+                                                "CPU): use mixed_precision FULL with cpu_offload");
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -861,6 +1083,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     d->rank = cm_comm_rank(comm), d->world = cm_comm_size(comm);
     d->sharded = c.sharding != CM_SHARDING_NO_SHARD;
     d->full = full;
+    d->offload = c.cpu_offload;
     d->scomm = comm;
     d->max_resident = c.max_resident_units;
     d->mp_params = c.mixed_precision.param_dtype == CM_DTYPE_BF16;
@@ -905,7 +1128,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         cm_dist_free(d);
         return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory for %d units", d->n_units);
     }
-    cm_status s = d->sharded ? shard_setup(d) : CM_OK;
+    cm_status s = d->offload ? offload_setup(d) : d->sharded ? shard_setup(d) : CM_OK;
     if (!s && d->full) s = prefetch_setup(d);
     d->prefetch = d->full && (c.forward_prefetch || c.backward_prefetch != CM_BACKWARD_PREFETCH_NONE);
     if (s) {
@@ -927,7 +1150,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         cm_dist_free(d);
         return s;
     }
-    if (d->full) shard_take(d);
+    if (d->full && !d->offload) shard_take(d);
     if (d->mp_params && !d->full) {
         for (int u = 0; u < d->n_units; u++) {
             const cm_unit_info *ui = cm_module_unit(root, u);
@@ -969,7 +1192,11 @@ static cm_status start_next(cm_dist *d) {
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
     cm_status s;
     const int64_t n = d->sharded ? d->chunk[u] * d->world : ui->numel;
-    if (d->mp_reduce) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
+    if (d->offload) { /* a gradient backward never reached is zero: nothing to add */
+        s = d->gmapped[u] ? d->be->copy_start(d->grecv[u], ui->grads, sizeof(float) * (size_t)d->chunk[u], CMI_D2H,
+                                              &d->downev[u])
+                          : CM_OK;
+    } else if (d->mp_reduce) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
         d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1), 64);
         if (d->sharded) d->rrecv[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64);
         if (!d->rsend[u] || (d->sharded && !d->rrecv[u]))
@@ -1004,7 +1231,16 @@ static void finish_reduce(cm_dist *d, int u, bool ok) {
 }
 
 /* Pokes the requests in flight: MPI progresses non-blocking collectives only inside MPI calls. */
+static cm_status grad_done(cm_dist *d, int u);
+
 static cm_status progress(cm_dist *d) {
+    for (int k = 0; d->offload && k < d->next; k++) {
+        const int u = d->n_units - 1 - k;
+        bool done = false;
+        cm_status s = d->downev[u] ? d->be->copy_test(d->downev[u], &done) : CM_OK;
+        if (!s && done) s = grad_done(d, u);
+        if (s) return s;
+    }
     for (int k = 0; k < d->next; k++) {
         const int u = d->n_units - 1 - k;
         if (!d->req[u]) continue;
@@ -1027,7 +1263,7 @@ static cm_status flush(cm_dist *d);
 static void backward_hook(cm_tape *tp, const void *node, void *data) {
     cm_dist *d = data;
     if (d->full && d->cfg.backward_prefetch == CM_BACKWARD_PREFETCH_POST && !d->hook_status) prefetch_post(d, tp, node);
-    if (d->hook_status || !d->cfg.overlap || cm_comm_size(d->comm) < 2) return;
+    if (d->hook_status || !d->cfg.overlap || (cm_comm_size(d->comm) < 2 && !d->offload)) return;
     const double t0 = cm_clock_s();
     if (!node) {
         /* FULL_SHARD reduce-scatters every microbatch: finish the previous one's before this
@@ -1074,10 +1310,40 @@ static void backward_hook(cm_tape *tp, const void *node, void *data) {
     d->stats.hook_s += cm_clock_s() - t0;
 }
 
+/* cpu_offload: unit u's gradient download is done (or waited for here): the chunk goes into the
+ * host gradient shard and the GPU range is released. */
+static cm_status grad_done(cm_dist *d, int u) {
+    cm_status s = d->downev[u] ? d->be->copy_wait(d->downev[u]) : CM_OK;
+    const bool had = d->downev[u] != NULL;
+    d->downev[u] = NULL;
+    if (s) return s;
+    if (had) {
+        float *g = d->gshard[u];
+        const float *r = d->grecv[u];
+        for (int64_t i = 0; i < d->chunk[u]; i++) g[i] += r[i];
+    }
+    if (d->gmapped[u]) d->be->vm_unmap(cm_module_unit(cm_model_module(d->model), u)->grads);
+    d->gmapped[u] = false;
+    return CM_OK;
+}
+
 /* Starts the buckets backward has not started, waits for all of them and, under FULL_SHARD, adds
  * the received chunks into the gradient shards and releases the full gradient pages. */
 static cm_status flush(cm_dist *d) {
     cm_status s = CM_OK;
+    if (d->offload) {
+        while (!s && d->next < d->n_units) {
+            s = start_next(d);
+            if (!s) d->stats.n_buckets_late++;
+        }
+        for (int u = d->n_units - 1; u >= 0; u--) {
+            if (!d->downev[u]) continue;
+            cm_status w = grad_done(d, u);
+            if (!s) s = w;
+        }
+        d->next = 0;
+        return s;
+    }
     /* one rank under a bf16 reduce_dtype too: the reduction over one rank is the rounding */
     if (cm_comm_size(d->comm) > 1 || d->sharded || d->mp_reduce) {
         while (!s && d->next < d->n_units) {
@@ -1149,6 +1415,10 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
     mp_restore(d); /* NO_SHARD: the optimizer steps the masters */
     if (d->mp_buffers) round_buffers(d); /* the last microbatch's updates, as a bf16 buffer holds them */
     cm_status s = flush(d);
+    /* cpu_offload: no upload may still read a master copy the host optimizer is about to write
+     * (the prefetched ones, and blocking ones queued on the compute stream) */
+    if (!s && d->offload && d->n_pending) s = prefetch_drain(d);
+    if (!s && d->offload) s = d->be->sync();
     if (!s && d->hybrid) s = replicate_reduce(d);
     d->stats.n_syncs++;
     d->stats.wait_s += cm_clock_s() - t0;
@@ -1161,7 +1431,10 @@ static cm_status zero_grad_full(cm_dist *d) {
     cm_module *root = cm_model_module(d->model);
     for (int u = 0; u < d->n_units; u++) {
         memset(d->gshard[u], 0, sizeof(float) * (size_t)d->chunk[u]);
-        if (d->pbytes[u]) madvise(cm_module_unit(root, u)->grads, d->pbytes[u], MADV_DONTNEED);
+        if (d->offload) {
+            if (d->gmapped[u]) d->be->vm_unmap(cm_module_unit(root, u)->grads);
+            d->gmapped[u] = false;
+        } else if (d->pbytes[u]) madvise(cm_module_unit(root, u)->grads, d->pbytes[u], MADV_DONTNEED);
     }
     cmn_relink_grads(root);
     return CM_OK;

@@ -371,6 +371,10 @@ void cm_module_set_checkpointing(cm_module *m, bool on) {
     if (m) m->checkpoint = on;
 }
 bool cm_module_checkpointing(const cm_module *m) { return m && m->checkpoint; }
+void cm_module_set_activation_offload(cm_module *m, bool on) {
+    if (m) m->act_offload = on;
+}
+bool cm_module_activation_offload(const cm_module *m) { return m && m->act_offload; }
 
 /* A checkpointed module's region: its own forward (cm_module_forward_n checked the inputs). */
 static cm_tensor *module_region(cm_tape *tp, int n_in, cm_tensor *const *in, void *data) {
@@ -394,8 +398,16 @@ cm_tensor *cm_module_forward_n(cm_module *m, cm_tape *tp, int n_in, cm_tensor *c
         return cmn_fail(tp, CM_ERR_INVALID_ARG, "in module %s (%s): input 0 is NULL", path[0] ? path : "<root>",
                         m->vt->type_name);
     }
-    cm_tensor *y = m->checkpoint && tp->grad_enabled ? cm_tape_checkpoint(tp, module_region, m, n_in, in)
-                                                     : m->vt->forward(m, tp, n_in, in);
+    if (m->checkpoint && m->act_offload) {
+        cm_module_path(m, path, sizeof path);
+        return cmn_fail(tp, CM_ERR_UNSUPPORTED,
+                        "in module %s (%s): activation checkpointing and activation offload are both on; a "
+                        "checkpointed module keeps only its input, so there is nothing to offload: choose one",
+                        path[0] ? path : "<root>", m->vt->type_name);
+    }
+    cm_tensor *y = m->checkpoint && tp->grad_enabled     ? cm_tape_checkpoint(tp, module_region, m, n_in, in)
+                   : m->act_offload && tp->grad_enabled ? cm_tape_offload(tp, module_region, m, n_in, in)
+                                                        : m->vt->forward(m, tp, n_in, in);
     if (y && m->fwd_hook && !cm_tape_replaying(tp)) m->fwd_hook(m, n_in, in, y, m->fwd_hook_data);
     if (y) return y;
     cm_module_path(m, path, sizeof path);

@@ -41,6 +41,7 @@ struct cm_module {
     char *unit;      /* wrap unit label, "" = use the path; NULL = inherit */
     bool training;
     bool checkpoint; /* activation checkpointing (cm_module_set_checkpointing) */
+    bool act_offload; /* activation offload (cm_module_set_activation_offload) */
     cmn_pack *pack;  /* only on a finalized root */
     cm_module_forward_hook_fn fwd_hook; /* cm_module_set_forward_hook */
     void *fwd_hook_data;
@@ -59,6 +60,16 @@ bool cmn_is_dropout(const cm_module *m);
 cm_status cmn_unit_reserve(cm_module *root, int u, int64_t capacity, size_t align);
 /* cm_module_zero_grad's re-linking without the memset: for gradient buffers known to be zero. */
 void cmn_relink_grads(cm_module *root);
+/* cpu_offload (src/dist/ddp.c): points unit u's parameters and gradient views at `params` and
+ * `grads` (numel floats each, on dev, owned by the caller) without copying or freeing what they
+ * pointed at before; returns the old buffers through old_params / old_grads (either may be NULL).
+ * No checks beyond the unit index: the caller keeps the values and frees the old memory. */
+void cmn_unit_rebind(cm_module *root, int u, float *params, float *grads, cm_device dev, float **old_params,
+                     float **old_grads);
+/* Moves the model's buffers (running statistics, masks) to dev and records dev as the device of
+ * every unit, whose buffers the caller has rebound there (cmn_unit_rebind). CM_ERR_OOM etc. leave
+ * the buffers where they were. */
+cm_status cmn_buffers_to_device(cm_module *root, cm_device dev);
 void cmn_dropout_seed(cm_module *m, uint64_t seed, uint64_t stream);
 float cmn_dropout_p(const cm_module *m);
 

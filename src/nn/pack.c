@@ -457,6 +457,46 @@ cm_status cm_module_to_device(cm_module *root, cm_device dev) {
     return CM_OK;
 }
 
+void cmn_unit_rebind(cm_module *root, int u, float *params, float *grads, cm_device dev, float **old_params,
+                     float **old_grads) {
+    cmn_pack *p = root->pack;
+    cm_unit_info *ui = &p->units[u];
+    if (old_params) *old_params = ui->params;
+    if (old_grads) *old_grads = ui->grads;
+    for (int64_t i = 0; i < p->n_params; i++) {
+        cmn_entry *e = &p->params[i];
+        if (e->unit != u) continue;
+        cm_tensor *t = e->m->params[e->pi].t;
+        t->data = params + e->offset;
+        t->device = dev;
+        t->flags &= ~(uint32_t)CM_TF_OWNS_DATA;
+        e->gview->data = grads + e->offset;
+        e->gview->device = dev;
+        if (t->grad != e->gview) cm_tensor_set_grad(t, e->gview);
+    }
+    ui->params = params;
+    ui->grads = grads;
+    ui->device = dev;
+}
+
+cm_status cmn_buffers_to_device(cm_module *root, cm_device dev) {
+    cmn_pack *p = root ? root->pack : NULL;
+    if (!p) return cm_set_error(CM_ERR_STATE, "the model is not finalized");
+    buf_move bm = {dev, CM_OK, 0, NULL, 0, 0};
+    cm_module_visit(root, move_buffers, &bm);
+    if (bm.st) {
+        for (int64_t i = 0; i < bm.n; i++) cmi_dev_free(dev, bm.scratch[i]);
+        cm_free(bm.scratch);
+        return bm.st;
+    }
+    bm.pass = 1;
+    bm.n = 0;
+    cm_module_visit(root, move_buffers, &bm);
+    cm_free(bm.scratch);
+    p->device = dev;
+    return CM_OK;
+}
+
 /* ---- queries ---- */
 
 int cm_module_n_units(const cm_module *root) { return root && root->pack ? root->pack->n_units : 0; }

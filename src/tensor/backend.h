@@ -175,8 +175,30 @@ typedef struct cmi_backend {
     void (*mem_stats)(cm_device_memory *out);
     void (*reset_peak)(void);
     void (*set_budget)(size_t bytes);
-    /* Whether p points into memory this backend handed out (a live allocation). No device call. */
+    /* Whether p points into memory this backend handed out (a live allocation or a reserved
+     * range, mapped or not). No device call. */
     bool (*owns)(const void *p);
+
+    /* ---- fixed-address ranges, pinned host memory, copies beside compute (cpu_offload) ----
+     * A reserved range keeps its address while device memory is mapped behind it and unmapped
+     * again (CUDA's virtual memory management), so tensors and tape nodes pointing into it stay
+     * valid across a release, as FULL_SHARD's released pages keep theirs on the CPU. */
+    size_t (*vm_granularity)(void);       /* ranges are multiples of this (2 MiB on a GPU) */
+    void *(*vm_reserve)(size_t bytes);     /* address space only, rounded up; NULL + error */
+    /* Maps memory behind the whole range (counted as allocated: peak, budget; contents undefined);
+     * CM_ERR_OOM when the device or the budget is full. A mapped range is left as it is. */
+    cm_status (*vm_map)(void *p);
+    void (*vm_unmap)(void *p);             /* after the work queued so far; no-op when unmapped */
+    void (*vm_release)(void *p);           /* unmaps, then gives the addresses back */
+    void *(*host_alloc)(size_t bytes);     /* pinned host memory (copies from it run asynchronously) */
+    void (*host_free)(void *p);
+    /* A copy on the copy stream, after the work queued on the compute stream so far; *ev is the
+     * event that says it is done, given to exactly one of copy_join (the compute stream waits for
+     * it: an upload before kernels read it) or copy_wait (the host waits: a download). */
+    cm_status (*copy_start)(void *dst, const void *src, size_t bytes, cmi_copy_kind kind, void **ev);
+    cm_status (*copy_test)(void *ev, bool *done); /* ev stays valid */
+    cm_status (*copy_join)(void *ev);
+    cm_status (*copy_wait)(void *ev);
 
     /* ---- copies and fills (tensor.c, views.c) ---- */
     /* dst[i] = v over an nd-dim strided view (dtype dt; v converted as cmi_store does). */

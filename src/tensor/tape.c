@@ -39,6 +39,7 @@ void cm_tape_free(cm_tape *tp) {
     if (!tp) return;
     for (int i = 0; i < tp->n_gblocks; i++) gblock_free(&tp->gblocks[i]);
     cm_free(tp->gblocks);
+    cmi_aoff_free(tp);
     cm_arena_free(tp->arena);
     cm_arena_free(tp->dev_arena);
     cm_arena_free(tp->alt_arena);
@@ -50,6 +51,7 @@ void cm_tape_free(cm_tape *tp) {
 
 void cm_tape_reset(cm_tape *tp) {
     for (int i = 0; i < tp->n_gblocks; i++) tp->gblocks[i].in_use = false; /* their tensors are gone */
+    cmi_aoff_reset(tp);
     cm_arena_reset(tp->arena);
     if (tp->dev_arena) cm_arena_reset(tp->dev_arena);
     if (tp->alt_arena) cm_arena_reset(tp->alt_arena);
@@ -65,6 +67,7 @@ void cm_tape_reset(cm_tape *tp) {
 void cm_tape_trim(cm_tape *tp) {
     if (!tp) return;
     cm_tape_reset(tp);
+    cmi_aoff_free(tp);
     for (int i = 0; i < tp->n_gblocks; i++) gblock_free(&tp->gblocks[i]);
     tp->n_gblocks = 0;
     cm_arena_trim(tp->arena);
@@ -586,6 +589,10 @@ cm_status cmi_run_backward(cm_tape *tp, cm_node *last, bool hooks) {
             break;
         }
         tp->dev = n->out->device;
+        if (tp->n_aoff && !cmi_aoff_before_node(tp, n)) {
+            st = tp->status;
+            break;
+        }
         if (tp->fetch && !cmi_fetch(tp, n->n_in, n->in)) {
             st = tp->status;
             break;

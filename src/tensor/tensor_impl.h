@@ -137,6 +137,13 @@ struct cm_tape {
     int n_outer, cap_outer;
     int64_t n_ckpt;             /* checkpointed regions recorded since the last reset */
     size_t ckpt_peak;           /* the most both arenas held at once during a replay */
+    /* Activation offload (offload.c): the regions recorded since the last reset are aoff[0, n_aoff)
+     * of a pool of n_aoff_pool kept across steps; in_aoff while one records. */
+    struct cmi_aoff_region **aoff;
+    int n_aoff, n_aoff_pool;
+    bool in_aoff;
+    int64_t n_aoff_regions;     /* offloaded regions recorded since the tape was made */
+    size_t aoff_mapped, aoff_mapped_peak; /* device bytes behind the regions: now, the most at once */
 };
 
 /* ---- devices (device.c) ---- */
@@ -182,6 +189,13 @@ cm_status cmi_copy_any(cm_tensor *dst, const cm_tensor *src, const int64_t *sstr
 /* False when the tape already failed or one of the n required inputs is NULL (recording
  * CM_ERR_INVALID_ARG "op: input k is NULL" if the tape had no error yet). */
 bool cmi_begin(cm_tape *tp, const char *op, int n, cm_tensor *const *ins);
+/* Activation offload (offload.c): frees the regions' pool (cm_tape_free, cm_tape_trim); unmaps the
+ * regions of the pass (cm_tape_reset); before node n's backward, brings back the offloaded region
+ * its output or inputs lie in (false + tape error on failure). */
+void cmi_aoff_free(cm_tape *tp);
+void cmi_aoff_reset(cm_tape *tp);
+bool cmi_aoff_before_node(cm_tape *tp, const cm_node *n);
+
 /* Before an op reads optional inputs (a bias, a norm's weight): runs the tape's fetch hook on
  * each non-NULL one (cmi_begin does it for the required inputs). False + tape error if it fails. */
 bool cmi_fetch(cm_tape *tp, int n, cm_tensor *const *ts);

@@ -2,6 +2,7 @@
  * 1 and 2 rows of the first batch measures the tape arena's peak; the slope is the activation
  * bytes a row adds, the rest the fixed workspace; the largest microbatch that keeps the line under
  * the budget less the margin is chosen, and the out-of-memory search stays the fallback. */
+#include "tensor/tensor_impl.h"
 #include "trainer/trainer_impl.h"
 
 #include <math.h>
@@ -22,13 +23,26 @@ static void model_bytes(const cm_trainer *tr, size_t *params, size_t *grads) {
     const bool sharded = tr->dist.n_shard_spans > 0;
     *params = tr->dist.params_sharded ? shard : full;
     *grads = sharded ? shard + (tr->dist.params_sharded ? 0 : full) : full;
+    if (tr->device != CM_DEVICE_CPU && sharded && cmi_ptr_device(tr->dist.shard_spans[0].params) == CM_DEVICE_CPU) {
+        /* cpu_offload: the shards are in host memory; the device holds the units resident and in
+         * flight (2 + 2 at the defaults) and the gradients of the units backward is in (2) */
+        size_t unit = 0;
+        for (int u = 0; u < cm_module_n_units(root); u++) {
+            const size_t b = sizeof(float) * (size_t)cm_module_unit(root, u)->numel;
+            if (b > unit) unit = b;
+        }
+        *params = 4 * unit;
+        *grads = 2 * unit;
+    }
 }
 
-static size_t optimizer_bytes(const cm_optim *o) {
+/* The optimizer state, but on a GPU run not the moments kept in host memory (cpu_offload). */
+static size_t optimizer_bytes(const cm_optim *o, cm_device dev) {
     size_t n = 0;
     for (int i = 0; o && i < cm_optim_n_state(o); i++) {
         cm_optim_state_entry e;
-        if (cm_optim_state_get(o, i, &e) == CM_OK) n += (size_t)e.numel * (e.dtype == CM_DTYPE_I64 ? 8 : 4);
+        if (cm_optim_state_get(o, i, &e) == CM_OK && !(dev != CM_DEVICE_CPU && e.dtype == CM_DTYPE_F32 && e.device == CM_DEVICE_CPU))
+            n += (size_t)e.numel * (e.dtype == CM_DTYPE_I64 ? 8 : 4);
     }
     return n;
 }
@@ -183,7 +197,7 @@ static cm_status plan_batch(cm_trainer *tr, cm_batch *b, double global_w, bool k
     p->usable = p->budget ? (size_t)((double)p->budget * (1.0 - CM_MEMORY_PLAN_MARGIN)) : 0;
     p->batch_rows = b->n_rows;
     model_bytes(tr, &p->parameters, &p->gradients);
-    p->optimizer_state = optimizer_bytes(st->optimizer);
+    p->optimizer_state = optimizer_bytes(st->optimizer, tr->device);
     if (b->n_rows < 1) return cm_set_error(CM_ERR_STATE, "memory plan: the batch has no rows on this rank");
 
     /* what the dry run may touch */

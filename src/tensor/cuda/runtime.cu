@@ -13,6 +13,9 @@
  */
 #include "tensor/cuda/common.cuh"
 
+#ifndef CMI_CUDA_EMU
+#include <cuda.h> /* the virtual memory management types; the calls are looked up at run time */
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +45,15 @@ struct state {
     /* scratch */
     void *scratch = nullptr;
     size_t scratch_bytes = 0;
+    /* fixed-address ranges (vm_*): reserved address space, memory mapped behind it or not */
+    struct vrange {
+        void *p;
+        size_t bytes;
+        bool mapped;
+        unsigned long long handle; /* CUmemGenericAllocationHandle while mapped (a GPU) */
+    };
+    std::vector<vrange> vranges;
+    cudaStream_t copy_stream = 0; /* copies beside the compute stream (copy_start) */
 };
 
 state &S() {
@@ -226,6 +238,8 @@ bool rt_owns(const void *p) {
     const char *c = (const char *)p;
     for (const state::block &b : s.live)
         if (c >= (const char *)b.p && c < (const char *)b.p + b.bytes) return true;
+    for (const state::vrange &v : s.vranges)
+        if (c >= (const char *)v.p && c < (const char *)v.p + v.bytes) return true;
     return false;
 }
 
@@ -233,6 +247,263 @@ void rt_set_budget(size_t bytes) {
     state &s = S();
     std::lock_guard<std::mutex> lk(s.mu);
     s.budget = bytes;
+}
+
+
+/* ---- fixed-address ranges: CUDA's virtual memory management (cuMemAddressReserve, cuMemCreate,
+ * cuMemMap), whose driver calls are looked up at run time (cudaGetDriverEntryPointByVersion) so the
+ * library still loads where no driver is. The emulator reserves an ordinary allocation and poisons
+ * it (NaN bytes) when unmapped: a read of a released range shows as NaN there. Mapped bytes count
+ * as allocated (peak, budget) as the caching allocator's blocks do. ---- */
+
+#ifndef CMI_CUDA_EMU
+struct drv_api {
+    bool tried = false, ok = false;
+    decltype(&cuMemAddressReserve) reserve = nullptr;
+    decltype(&cuMemAddressFree) addr_free = nullptr;
+    decltype(&cuMemCreate) create = nullptr;
+    decltype(&cuMemRelease) release = nullptr;
+    decltype(&cuMemMap) map = nullptr;
+    decltype(&cuMemUnmap) unmap = nullptr;
+    decltype(&cuMemSetAccess) set_access = nullptr;
+    decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+};
+
+template <typename F> bool drv_get(const char *name, F *out) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        cudaGetLastError();
+        return false;
+    }
+    *out = (F)fn;
+    return true;
+}
+
+drv_api &D() {
+    static drv_api d;
+    if (!d.tried) {
+        d.tried = true;
+        d.ok = drv_get("cuMemAddressReserve", &d.reserve) && drv_get("cuMemAddressFree", &d.addr_free) &&
+               drv_get("cuMemCreate", &d.create) && drv_get("cuMemRelease", &d.release) && drv_get("cuMemMap", &d.map) &&
+               drv_get("cuMemUnmap", &d.unmap) && drv_get("cuMemSetAccess", &d.set_access) &&
+               drv_get("cuMemGetAllocationGranularity", &d.granularity);
+    }
+    return d;
+}
+
+CUmemAllocationProp vm_prop(int device) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = device;
+    return p;
+}
+
+cm_status drv_fail(CUresult r, const char *what) {
+    return cm_set_error(r == CUDA_ERROR_OUT_OF_MEMORY ? CM_ERR_OOM : CM_ERR_DEVICE, "cuda: %s failed (CUresult %d)",
+                        what, (int)r);
+}
+#endif
+
+size_t rt_vm_granularity(void) {
+#ifdef CMI_CUDA_EMU
+    return 4096; /* the emulator's page; a GPU's is 2 MiB */
+#else
+    state &s = S();
+    drv_api &d = D();
+    size_t g = 0;
+    CUmemAllocationProp p = vm_prop(s.device);
+    if (!d.ok || d.granularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g) return (size_t)2 << 20;
+    return g;
+#endif
+}
+
+void *rt_vm_reserve(size_t bytes) {
+    if (rt_init()) return nullptr;
+    const size_t g = rt_vm_granularity();
+    bytes = (bytes ? bytes + g - 1 : g) / g * g;
+    void *p = nullptr;
+#ifdef CMI_CUDA_EMU
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cm_set_error(CM_ERR_OOM, "cuda: reserving %zu bytes of address space failed", bytes);
+        return nullptr;
+    }
+    cudaMemset(p, 0xff, bytes);
+#else
+    drv_api &d = D();
+    if (!d.ok) {
+        cm_set_error(CM_ERR_UNSUPPORTED, "cuda: the driver has no virtual memory management calls "
+                                         "(cuMemAddressReserve, cuMemMap: CUDA 10.2 or later)");
+        return nullptr;
+    }
+    CUdeviceptr a = 0;
+    CUresult r = d.reserve(&a, bytes, 0, 0, 0);
+    if (r != CUDA_SUCCESS) {
+        drv_fail(r, "cuMemAddressReserve");
+        return nullptr;
+    }
+    p = (void *)a;
+#endif
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.vranges.push_back(state::vrange{p, bytes, false, 0});
+    return p;
+}
+
+state::vrange *find_vrange(state &s, const void *p) {
+    for (state::vrange &v : s.vranges)
+        if (v.p == p) return &v;
+    return nullptr;
+}
+
+cm_status rt_vm_map(void *p) {
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    state::vrange *v = find_vrange(s, p);
+    if (!v) return cm_set_error(CM_ERR_INTERNAL, "cuda: vm_map of %p, which is not a reserved range", p);
+    if (v->mapped) return CM_OK;
+    if (s.budget && s.allocated + v->bytes > s.budget)
+        return cm_set_error(CM_ERR_OOM,
+                            "cuda: out of memory: %zu bytes requested with %zu of the %zu-byte budget in use "
+                            "(cm_device_set_memory_budget)",
+                            v->bytes, s.allocated, s.budget);
+#ifndef CMI_CUDA_EMU
+    drv_api &d = D();
+    CUmemAllocationProp prop = vm_prop(s.device);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = d.create(&h, v->bytes, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !s.free_blocks.empty()) { /* the cache's blocks first, as rt_alloc */
+        cudaStreamSynchronize(s.stream);
+        release_cached(s);
+        r = d.create(&h, v->bytes, &prop, 0);
+    }
+    if (r != CUDA_SUCCESS) return drv_fail(r, "cuMemCreate");
+    if ((r = d.map((CUdeviceptr)p, v->bytes, 0, h, 0)) != CUDA_SUCCESS) {
+        d.release(h);
+        return drv_fail(r, "cuMemMap");
+    }
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = d.set_access((CUdeviceptr)p, v->bytes, &acc, 1)) != CUDA_SUCCESS) {
+        d.unmap((CUdeviceptr)p, v->bytes);
+        d.release(h);
+        return drv_fail(r, "cuMemSetAccess");
+    }
+    v->handle = (unsigned long long)h;
+#endif
+    v->mapped = true;
+    s.allocated += v->bytes;
+    s.reserved += v->bytes;
+    if (s.allocated > s.peak) s.peak = s.allocated;
+    return CM_OK;
+}
+
+void rt_vm_unmap(void *p) {
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    state::vrange *v = find_vrange(s, p);
+    if (!v || !v->mapped) return;
+    /* kernels and copies queued on either stream may still read it */
+    cudaStreamSynchronize(s.stream);
+    if (s.copy_stream) cudaStreamSynchronize(s.copy_stream);
+#ifdef CMI_CUDA_EMU
+    cudaMemset(p, 0xff, v->bytes);
+#else
+    D().unmap((CUdeviceptr)p, v->bytes);
+    D().release((CUmemGenericAllocationHandle)v->handle);
+    v->handle = 0;
+#endif
+    v->mapped = false;
+    s.allocated -= v->bytes;
+    s.reserved -= v->bytes;
+}
+
+void rt_vm_release(void *p) {
+    if (!p) return;
+    rt_vm_unmap(p);
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (size_t i = 0; i < s.vranges.size(); i++) {
+        if (s.vranges[i].p != p) continue;
+#ifdef CMI_CUDA_EMU
+        cudaFree(p);
+#else
+        D().addr_free((CUdeviceptr)p, s.vranges[i].bytes);
+#endif
+        s.vranges.erase(s.vranges.begin() + (long)i);
+        return;
+    }
+}
+
+/* ---- pinned host memory and copies on the copy stream ---- */
+
+void *rt_host_alloc(size_t bytes) {
+    if (rt_init()) return nullptr;
+    void *p = nullptr;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cmi_cuda_fail(e, "cudaMallocHost");
+        return nullptr;
+    }
+    return p;
+}
+
+void rt_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+/* The copy waits for the work queued on the compute stream so far (it may read what kernels wrote),
+ * then runs on the copy stream; *ev is recorded after it. */
+cm_status rt_copy_start(void *dst, const void *src, size_t bytes, cmi_copy_kind kind, void **ev) {
+    *ev = nullptr;
+    state &s = S();
+    if (rt_init()) return cm_last_status();
+    if (!s.copy_stream) CMI_CUDA_TRY(cudaStreamCreateWithFlags(&s.copy_stream, cudaStreamNonBlocking));
+    cudaEvent_t before, after;
+    CMI_CUDA_TRY(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(before, s.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s.copy_stream, before, 0);
+    cudaEventDestroy(before);
+    if (e != cudaSuccess) return cmi_cuda_fail(e, "copy_start: ordering after the compute stream");
+    const cudaMemcpyKind k = kind == CMI_H2D   ? cudaMemcpyHostToDevice
+                             : kind == CMI_D2H ? cudaMemcpyDeviceToHost
+                                               : cudaMemcpyDeviceToDevice;
+    CMI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, s.copy_stream));
+    CMI_CUDA_TRY(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+    if ((e = cudaEventRecord(after, s.copy_stream)) != cudaSuccess) {
+        cudaEventDestroy(after);
+        return cmi_cuda_fail(e, "copy_start: cudaEventRecord");
+    }
+    *ev = (void *)after;
+    return CM_OK;
+}
+
+cm_status rt_copy_test(void *ev, bool *done) {
+    const cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    *done = e == cudaSuccess;
+    if (e == cudaSuccess || e == cudaErrorNotReady) {
+        cudaGetLastError();
+        return CM_OK;
+    }
+    return cmi_cuda_fail(e, "copy_test: cudaEventQuery");
+}
+
+cm_status rt_copy_join(void *ev) {
+    const cudaError_t e = cudaStreamWaitEvent(S().stream, (cudaEvent_t)ev, 0);
+    cudaEventDestroy((cudaEvent_t)ev);
+    return e == cudaSuccess ? CM_OK : cmi_cuda_fail(e, "copy_join: cudaStreamWaitEvent");
+}
+
+cm_status rt_copy_wait(void *ev) {
+    const cudaError_t e = cudaEventSynchronize((cudaEvent_t)ev);
+    cudaEventDestroy((cudaEvent_t)ev);
+    return e == cudaSuccess ? CM_OK : cmi_cuda_fail(e, "copy_wait: cudaEventSynchronize");
 }
 
 } // namespace
@@ -340,6 +611,17 @@ static cmi_backend make_table(void) {
     b.reset_peak = rt_reset_peak;
     b.set_budget = rt_set_budget;
     b.owns = rt_owns;
+    b.vm_granularity = rt_vm_granularity;
+    b.vm_reserve = rt_vm_reserve;
+    b.vm_map = rt_vm_map;
+    b.vm_unmap = rt_vm_unmap;
+    b.vm_release = rt_vm_release;
+    b.host_alloc = rt_host_alloc;
+    b.host_free = rt_host_free;
+    b.copy_start = rt_copy_start;
+    b.copy_test = rt_copy_test;
+    b.copy_join = rt_copy_join;
+    b.copy_wait = rt_copy_wait;
     b.fill = cmi_cuda_fill;
     b.copy = cmi_cuda_copy;
     b.arange = cmi_cuda_arange;
