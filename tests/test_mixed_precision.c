@@ -470,6 +470,8 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
         {{CM_DTYPE_F32, CM_DTYPE_I32, CM_DTYPE_F32, false}, CM_ERR_INVALID_ARG, "reduce_dtype"},
         {{CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F16, false}, CM_ERR_UNSUPPORTED, "buffer_dtype fp16"},
         {{CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_F32, true}, CM_ERR_UNSUPPORTED, "keep_low_precision_grads true"},
+        /* cpu_offload (a GPU run's) with a 16-bit policy (rounded on the CPU): refused by name */
+        {{CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_BF16, false}, CM_ERR_UNSUPPORTED, "cpu_offload with a 16-bit"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         cm_comm *c;
@@ -477,6 +479,7 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
         cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
         cm_dist_config dc = cm_dist_config_default();
         dc.mixed_precision = bad[i].mp;
+        dc.cpu_offload = strstr(bad[i].msg, "cpu_offload") != NULL;
         cm_dist *d = NULL;
         cr_assert_eq(cm_dist_new(c, m, &dc, &d), bad[i].want, "case %zu: %s", i, cm_last_error());
         cr_assert(strstr(cm_last_error(), bad[i].msg), "case %zu: message: %s", i, cm_last_error());
