@@ -868,19 +868,25 @@ static cm_status fetch_prefetching(cm_dist *d, cm_tape *tp, int u) {
     return gather(d, u, false);
 }
 
+/* A new backward: last[u] = how many nodes from the tape's end backward reaches the last node
+ * reading a leaf of unit u (after it the unit's gradient is final), -1 for units it never reads. */
+static void unit_final_index(const cm_dist *d, const cm_tape *tp, int64_t *last) {
+    for (int u = 0; u < d->n_units; u++) last[u] = -1;
+    int64_t idx = 0;
+    for (const cm_node *n = tp->last; n; n = n->prev, idx++)
+        for (int j = 0; j < n->n_in; j++) {
+            const cm_tensor *in = n->in[j];
+            if (!in || in->node || !(in->flags & CM_TF_REQUIRES_GRAD)) continue;
+            const int u = unit_of(d, in->data);
+            if (u >= 0) last[u] = idx;
+        }
+}
+
 /* BACKWARD_POST, from the backward hook: once backward has run the node after which a unit's
  * gradient is final, start the gather of what comes next. */
 static void prefetch_post(cm_dist *d, cm_tape *tp, const cm_node *node) {
     if (!node) { /* a new backward: where each unit becomes final (as backward_hook's unit_last) */
-        for (int u = 0; u < d->n_units; u++) d->post_last[u] = -1;
-        int64_t idx = 0;
-        for (const cm_node *n = tp->last; n; n = n->prev, idx++)
-            for (int j = 0; j < n->n_in; j++) {
-                const cm_tensor *in = n->in[j];
-                if (!in || in->node || !(in->flags & CM_TF_REQUIRES_GRAD)) continue;
-                const int u = unit_of(d, in->data);
-                if (u >= 0) d->post_last[u] = idx;
-            }
+        unit_final_index(d, tp, d->post_last);
         d->post_cursor = tp->last;
         d->post_idx = 0;
         d->post_armed = true;
@@ -1280,15 +1286,7 @@ static void backward_hook(cm_tape *tp, const void *node, void *data) {
         d->armed = d->st && d->next == 0 && !cm_state_microbatch_auto(d->st) &&
                    (d->full || cm_state_microbatch_index(d->st) == cm_state_n_microbatches(d->st) - 1);
         if (!d->armed) return;
-        for (int u = 0; u < d->n_units; u++) d->unit_last[u] = -1;
-        int64_t idx = 0;
-        for (const cm_node *n = tp->last; n; n = n->prev, idx++)
-            for (int j = 0; j < n->n_in; j++) {
-                const cm_tensor *in = n->in[j];
-                if (!in || in->node || !(in->flags & CM_TF_REQUIRES_GRAD)) continue;
-                const int u = unit_of(d, in->data);
-                if (u >= 0) d->unit_last[u] = idx;
-            }
+        unit_final_index(d, tp, d->unit_last);
         d->cursor = tp->last;
         d->cursor_idx = 0;
     } else {
