@@ -1215,26 +1215,4 @@ Test(backend_ops, the_caching_allocator_reuses_blocks_and_honours_its_budget) {
  * main: skip (77) where no GPU can be used
  * ------------------------------------------------------------------------------------------- */
 
-int main(int argc, char *argv[]) {
-    /* probe in a child: CUDA initialised here would be unusable in Criterion's forked workers */
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) {
-            printf("test_backend_ops: skipped: %s\n", cm_last_error());
-            fflush(stdout);
-            _exit(77);
-        }
-        printf("test_backend_ops: comparing the CPU with %s\n", cm_device_describe(CM_DEVICE_CUDA));
-        fflush(stdout);
-        _exit(0);
-    }
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 1;
-    if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st) == 77 ? 77 : 1;
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
-}
+int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_backend_ops", true); }

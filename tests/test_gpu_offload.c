@@ -602,23 +602,4 @@ Test(gpu_offload, activation_offload_refuses_what_it_cannot_do) {
     cm_model_free(m);
 }
 
-int main(int argc, char *argv[]) {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) {
-            printf("test_gpu_offload: skipped: %s\n", cm_last_error());
-            fflush(stdout);
-            _exit(77);
-        }
-        _exit(0);
-    }
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 1;
-    if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st) == 77 ? 77 : 1;
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
-}
+int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_gpu_offload", false); }

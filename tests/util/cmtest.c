@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "tensor/tensor_impl.h"
 
@@ -381,4 +382,27 @@ void cmt_char_token_files(const char *dir, size_t text_bytes, int64_t val_tokens
     cr_assert_eq(cm_tokenizer_save(tok, path), CM_OK, "%s", cm_last_error());
     cm_free(ids);
     cm_tokenizer_free(tok);
+}
+
+int cmt_gpu_main(int argc, char *argv[], const char *name, bool describe) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) {
+            printf("%s: skipped: %s\n", name, cm_last_error());
+            fflush(stdout);
+            _exit(77);
+        }
+        if (describe) printf("%s: comparing the CPU with %s\n", name, cm_device_describe(CM_DEVICE_CUDA));
+        fflush(stdout);
+        _exit(0);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 1;
+    if (WEXITSTATUS(st) != 0) return WEXITSTATUS(st) == 77 ? 77 : 1;
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
 }

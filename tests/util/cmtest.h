@@ -78,6 +78,12 @@ cm_tensor *cmt_golden_on_tape(cmt_golden *g, cm_tape *tp, const char *name, bool
 /* Runs a shell command with stderr joined to stdout, keeping the first cap - 1 bytes of the output
  * in out (NUL-terminated); returns the exit status (128 when it did not exit normally). */
 int cmt_run_capture(const char *cmd, char *out, size_t cap);
+
+/* main() of a test executable that needs a GPU: probes CUDA in a child process (CUDA initialised
+ * here would be unusable in Criterion's forked workers); without a usable GPU prints
+ * "NAME: skipped: why" and returns 77 (CTest's SKIP_RETURN_CODE), else prints the device when
+ * describe is set and runs the Criterion tests. */
+int cmt_gpu_main(int argc, char *argv[], const char *name, bool describe);
 /* The whole file (malloc'd, NUL-terminated; *len if not NULL), or NULL if it cannot be read. */
 char *cmt_slurp(const char *path, size_t *len);
 
