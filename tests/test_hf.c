@@ -614,6 +614,13 @@ Test(hf, gpt2_bpe_from_vocab_json_and_from_tokenizer_json_agree) {
     write_text(p, bad);
     cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_ERR_UNSUPPORTED);
     cr_assert(strstr(cm_last_error(), "add_prefix_space"), "%s", cm_last_error());
+    /* an added token's id that no integer holds (a fuzzer's find: converting it was undefined) */
+    strcpy(bad, tj);
+    char *id = strstr(bad, "\"id\": 265");
+    memcpy(id, "\"id\":1e99", 9);
+    write_text(p, bad);
+    cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "added token \"<|endoftext|>\" (id 1e+99)"), "%s", cm_last_error());
     write_text(p, "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
     cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_ERR_UNSUPPORTED);
     cr_assert(strstr(cm_last_error(), "Unigram"), "%s", cm_last_error());

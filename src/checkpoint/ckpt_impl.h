@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "base/json.h"
 #include "trainer/trainer_impl.h"
 
 /* ---- file system (fsutil.c) ---- */

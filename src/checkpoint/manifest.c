@@ -84,11 +84,7 @@ bool cmi_json_get_u64(const cJSON *o, const char *key, uint64_t *out) {
 }
 
 bool cmi_json_get_i64(const cJSON *o, const char *key, int64_t *out) {
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(c) || !(fabs(c->valuedouble) <= 9007199254740992.0) || c->valuedouble != floor(c->valuedouble))
-        return false;
-    *out = (int64_t)c->valuedouble;
-    return true;
+    return cmi_json_whole(cJSON_GetObjectItemCaseSensitive(o, key), INT64_MIN, INT64_MAX, out);
 }
 
 bool cmi_json_get_double(const cJSON *o, const char *key, double *out) {

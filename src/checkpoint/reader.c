@@ -119,13 +119,7 @@ static int64_t prod(const int64_t *shape, int ndim) {
 
 /* A JSON number that is a whole count in [0, 2^53] (larger doubles are not exact, and converting
  * an out-of-range double to an integer is undefined). */
-static bool json_count(const cJSON *e, int64_t *out) {
-    if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble <= 9007199254740992.0) ||
-        e->valuedouble != (double)(int64_t)e->valuedouble)
-        return false;
-    *out = (int64_t)e->valuedouble;
-    return true;
-}
+static bool json_count(const cJSON *e, int64_t *out) { return cmi_json_whole(e, 0, INT64_MAX, out); }
 
 static int piece_cmp_ck(const cm_checkpoint *ck, size_t x, size_t y) {
     if (ck->tkind[x] != ck->tkind[y]) return ck->tkind[x] < ck->tkind[y] ? -1 : 1;

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/json.h"
 #include "formats.h"
 
 /* ---- encodings ---------------------------------------------------------------------------- */
@@ -258,11 +259,7 @@ static cm_status ixerr(const char *path, int s, const char *fmt, const char *arg
 }
 
 static bool json_int(const cJSON *o, const char *key, int64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15 || v->valuedouble != floor(v->valuedouble))
-        return false;
-    *out = (int64_t)v->valuedouble;
-    return true;
+    return cmi_json_whole(cJSON_GetObjectItemCaseSensitive(o, key), 0, INT64_MAX, out);
 }
 
 static cm_status parse_file(const cJSON *o, const char *path, int s, const char *key, cmi_mds_file *f) {
@@ -341,7 +338,8 @@ static cm_status parse_shard(const cJSON *sh, const char *path, int s, cmi_mds_i
             return cm_set_error(CM_ERR_FORMAT, "%s: column '%s': %s", path, n->valuestring, msg);
         }
         bool fixed = enc.size >= 0;
-        if (fixed ? !(cJSON_IsNumber(z) && (int64_t)z->valuedouble == enc.size) : !cJSON_IsNull(z))
+        int64_t zsize;
+        if (fixed ? !(cmi_json_whole(z, 0, INT64_MAX, &zsize) && zsize == enc.size) : !cJSON_IsNull(z))
             return ixerr(path, s, "column '%s' has a column_size that disagrees with its encoding", n->valuestring);
         ix->columns[c] = enc;
         if (!(ix->column_names[c] = cmi_mds_strdup(n->valuestring)) || !(ix->column_enc_text[c] = cmi_mds_strdup(e->valuestring)))

@@ -1,6 +1,7 @@
 /* LayerFreezing: Composer's progressive layer freezing — the schedule, the layer list, the
  * freezing of a model and its optimizer, and the algorithm (train_algos.h). */
 #include "plugins/train_algos_impl.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -153,8 +154,9 @@ static cm_status lf_load(void *self, const char *json, size_t len) {
     layer_freezing *lf = self;
     cJSON *j = cJSON_ParseWithLength(json, len);
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "layers_frozen");
-    const bool ok = cJSON_IsNumber(n) && n->valuedouble >= 0 && n->valuedouble == floor(n->valuedouble);
-    if (ok) lf->pending = (int64_t)n->valuedouble;
+    int64_t frozen;
+    const bool ok = cmi_json_whole(n, 0, INT64_MAX, &frozen);
+    if (ok) lf->pending = frozen;
     cJSON_Delete(j);
     return ok ? CM_OK : cm_set_error(CM_ERR_FORMAT, "LayerFreezing: the saved state has no valid layers_frozen");
 }

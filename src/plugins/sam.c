@@ -3,6 +3,7 @@
 #include "plugins/train_algos_impl.h"
 #include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -163,8 +164,9 @@ static size_t sam_save(void *self, char *buf, size_t cap) {
 static cm_status sam_load(void *self, const char *json, size_t len) {
     cJSON *j = cJSON_ParseWithLength(json, len);
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "global_step");
-    const bool ok = cJSON_IsNumber(n) && n->valuedouble >= 0 && n->valuedouble == floor(n->valuedouble);
-    if (ok) ((sam *)self)->global_step = (int64_t)n->valuedouble;
+    int64_t step;
+    const bool ok = cmi_json_whole(n, 0, INT64_MAX, &step);
+    if (ok) ((sam *)self)->global_step = step;
     cJSON_Delete(j);
     return ok ? CM_OK : cm_set_error(CM_ERR_FORMAT, "SAM: the saved state has no valid global_step");
 }

@@ -2,6 +2,7 @@
  * functions, and the algorithm (events, schedule, checkpoints in train_algos.h). */
 #include "plugins/train_algos_impl.h"
 #include "tensor/backend.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -193,10 +194,7 @@ static size_t swa_save(void *self, char *buf, size_t cap) {
 }
 
 static bool get_count(const cJSON *o, const char *k, int64_t *out) {
-    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(n) || n->valuedouble < 0 || n->valuedouble != floor(n->valuedouble)) return false;
-    *out = (int64_t)n->valuedouble;
-    return true;
+    return cmi_json_whole(cJSON_GetObjectItemCaseSensitive(o, k), 0, INT64_MAX, out);
 }
 
 static cm_status swa_load(void *self, const char *json, size_t len) {

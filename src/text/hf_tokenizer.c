@@ -4,6 +4,7 @@
  * save_pretrained writes the slow tokenizers. */
 #include <composer/hf.h>
 
+#include "base/json.h"
 #include "text/text_impl.h"
 #include "text/unicode.h"
 
@@ -271,9 +272,10 @@ static cm_status from_tokenizer_json(const cJSON *root, const char *path, settin
         const cJSON *id = item(a, "id"), *content = item(a, "content");
         if (!cJSON_IsNumber(id) || !cJSON_IsString(content)) continue;
         int32_t have = cm_strmap_get(&(*out)->vocab, content->valuestring, strlen(content->valuestring));
-        if (have != (int32_t)id->valuedouble)
+        int64_t want;
+        if (!cmi_json_whole(id, 0, INT32_MAX, &want) || have != (int32_t)want)
             st = cm_set_error(CM_ERR_UNSUPPORTED,
-                              "tokenizer.json '%s': added token \"%.40s\" (id %.0f) is not that entry of the model's "
+                              "tokenizer.json '%s': added token \"%.40s\" (id %.15g) is not that entry of the model's "
                               "vocabulary (added tokens beyond the vocabulary are not implemented)",
                               path, content->valuestring, id->valuedouble);
     }

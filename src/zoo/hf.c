@@ -7,6 +7,7 @@
 #include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
 
+#include "base/json.h"
 #include "text/text_impl.h"
 #include "zoo/hf_impl.h"
 
@@ -108,9 +109,7 @@ static cm_status field_err(const jctx *j, cm_status s, const char *field, const 
 }
 
 static cm_status get_int(const jctx *j, const cJSON *v, int64_t *out) {
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9e15)
-        return field_err(j, CM_ERR_FORMAT, v->string, "must be an integer");
-    *out = (int64_t)v->valuedouble;
+    if (!cmi_json_whole(v, INT64_MIN, INT64_MAX, out)) return field_err(j, CM_ERR_FORMAT, v->string, "must be an integer");
     return CM_OK;
 }
 

@@ -1,6 +1,7 @@
 /* FileLogger: the run folder's files — metrics.jsonl (every log call, as JSON Lines), log.txt (the
  * console text) and loss.svg (drawn from metrics.jsonl at the end of fit). */
 #include "loggers_impl.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -236,7 +237,8 @@ static cm_status fl_load(void *self, const char *json, size_t len) {
     cJSON *o = cJSON_ParseWithLength(json, len);
     const cJSON *n = o ? cJSON_GetObjectItemCaseSensitive(o, "metrics_bytes") : NULL;
     const bool empty = o && cJSON_IsObject(o) && !o->child;
-    const long long at = cJSON_IsNumber(n) && n->valuedouble >= 0 ? (long long)n->valuedouble : -1;
+    int64_t at = -1;
+    if (!cmi_json_whole(n, 0, INT64_MAX, &at)) at = -1;
     cJSON_Delete(o);
     if (empty) return CM_OK; /* saved while not writing metrics */
     if (at < 0)
@@ -251,7 +253,7 @@ static cm_status fl_load(void *self, const char *json, size_t len) {
     if (at > size) {
         cm_log_msg(CM_LOG_WARN, "FileLogger: the checkpoint was saved when '%s' had %lld bytes, but it has %lld "
                                 "(another file?); it is left as it is",
-                   lg->metrics_path, at, (long long)size);
+                   lg->metrics_path, (long long)at, (long long)size);
         return CM_OK;
     }
     if (at == to) return CM_OK;

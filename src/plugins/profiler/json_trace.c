@@ -1,6 +1,7 @@
 /* JSONTraceHandler: Chrome Trace Event JSON per rank per cycle, and the merger of several ranks'
  * files into one trace on rank 0's clock (composer/profiler.h). */
 #include "plugins/profiler/profiler_impl.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -493,14 +494,20 @@ cm_status cm_trace_merge(const char *const *inputs, int n, const char *output) {
         if (!(files[i] = load_trace(inputs[i], &s))) break;
         const cJSON *g = meta_value(files[i], "global_rank"), *c = meta_value(files[i], "clock_sync_timestamp_us"),
                     *cy = meta_value(files[i], "cycle");
+        int64_t r, cyc = -1; /* without cycles: one group, as Composer merges */
         if (!g) {
             s = cm_set_error(CM_ERR_FORMAT, "trace merge: '%s' has no global_rank metadata event (not written by a "
                                             "JSONTraceHandler?)", inputs[i]);
             break;
         }
-        rank[i] = (int)g->valuedouble;
+        if (!cmi_json_whole(g, 0, INT32_MAX, &r) || (cy && !cmi_json_whole(cy, 0, INT64_MAX, &cyc))) {
+            s = cm_set_error(CM_ERR_FORMAT, "trace merge: '%s' has a global_rank or cycle metadata value that is not a "
+                                            "whole number >= 0", inputs[i]);
+            break;
+        }
+        rank[i] = (int)r;
         sync[i] = c ? c->valuedouble : 0.0;
-        cycle[i] = cy ? (int64_t)cy->valuedouble : -1; /* without cycles: one group, as Composer merges */
+        cycle[i] = cyc;
         total += cJSON_GetArraySize(files[i]);
     }
     if (s) goto done;

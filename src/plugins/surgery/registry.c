@@ -2,6 +2,7 @@
  * making a method from JSON arguments and printing a live one's arguments, and the helpers the
  * methods share. */
 #include "plugins/surgery/surgery_impl.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -113,9 +114,8 @@ static cm_status set_arg(const char *algo, const cmi_arg *ca, const cJSON *v, vo
         *(bool *)field = cJSON_IsTrue(v);
         return CM_OK;
     case CM_ALGO_ARG_INT:
-        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 9.0e15)
+        if (!cmi_json_whole(v, INT64_MIN, INT64_MAX, (int64_t *)field))
             return cm_set_error(CM_ERR_INVALID_ARG, "%s: %s must be an integer", algo, a->name);
-        *(int64_t *)field = (int64_t)v->valuedouble;
         return CM_OK;
     case CM_ALGO_ARG_REAL:
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
