@@ -10,6 +10,7 @@
  *                                                    SHARD_GRAD_OP or FULL_SHARD, how much of the
  *                                                    gradient collective backward hides, and the
  *                                                    memory a rank holds (peak RSS, optimizer state)
+ *                                                    and the page faults a step
  *                                                    PREFETCH (FULL_SHARD): bp=PRE|POST|NONE
  *                                                    (backward_prefetch, default POST), fwd
  *                                                    (forward_prefetch), nolimit (limit_all_gathers
@@ -202,11 +203,18 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium, cm_dist_c
     TRY(cm_trainer_fit(tr, NULL)); /* warm-up */
     cm_dist_reset_stats(d);
     TRY(cm_comm_barrier(c));
+    struct rusage ru0;
+    getrusage(RUSAGE_SELF, &ru0);
     double t0 = cm_clock_s();
     cm_fit_opts fo = cm_fit_opts_default();
     fo.duration = cm_time_make(STEPS, CM_TIME_BATCH);
     TRY(cm_trainer_fit(tr, &fo));
     double dt = cm_clock_s() - t0;
+    struct rusage ru1;
+    getrusage(RUSAGE_SELF, &ru1);
+    /* page faults a step (FULL_SHARD faults released pages in again; the largest over ranks) */
+    double faults = (double)(ru1.ru_minflt - ru0.ru_minflt) / STEPS;
+    TRY(cm_comm_all_reduce(c, &faults, 1, CM_COMM_F64, CM_REDUCE_MAX));
     TRY(cm_comm_all_reduce(c, &dt, 1, CM_COMM_F64, CM_REDUCE_MAX));
     cm_dist_stats st = cm_dist_get_stats(d);
     /* the same all-reduces alone: what a step would wait with no overlap at all */
@@ -256,9 +264,10 @@ static void bench_train(cm_comm *c, cm_sharding strategy, bool medium, cm_dist_c
     const double hidden = P > 1 && alone > 0 ? 1.0 - exposed / alone : 0;
     if (rank == 0) {
         printf("GPT-2 %s (L%lld C%lld T%d, %lld parameters), global batch %d, AdamW, %s: %d rank(s) x %d thread(s): %.0f "
-               "tokens/s, %.1f ms/step, optimizer state %.1f MB/rank, peak RSS %.0f MB/rank, RSS at rest %.0f MB/rank",
+               "tokens/s, %.1f ms/step, %.0f page faults/step, optimizer state %.1f MB/rank, peak RSS %.0f MB/rank, RSS at rest "
+               "%.0f MB/rank",
                medium ? "medium" : "tiny", (long long)g.n_layer, (long long)g.n_embd, T, (long long)n_params, GLOBAL_B,
-               cm_sharding_name(strategy), P, cm_num_threads(), tok_s, dt / STEPS * 1e3, mem[0], mem[1], mem[2]);
+               cm_sharding_name(strategy), P, cm_num_threads(), tok_s, dt / STEPS * 1e3, faults, mem[0], mem[1], mem[2]);
         if (P > 1 && strategy == CM_SHARDING_FULL_SHARD)
             printf("; prefetch %s%s%s: %.1f unit gathers/step (%.1f prefetched, %.1f of them read by the tape), "
                    "%.2f ms/step blocked in gathers, at most %d in flight, %d units gathered",

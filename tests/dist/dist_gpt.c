@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     cm_dist_config dc = cm_dist_config_default();
     TRY(cm_sharding_parse(argv[2], &dc.sharding));
     bool bf16 = false, dropout = false, ckpt = false;
-    int layers = 2;
+    int layers = 2, embd = 16;
     bool sgd = false;      /* SGD (lr 0.05, momentum 0.9) instead of AdamW: a step linear in the gradient */
     const char *mp = NULL; /* mp=FULL|DEFAULT|PURE: the mixed precision policy (under this run's precision) */
     for (int i = 3; i < argc; i++) {
@@ -79,6 +79,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "fwd")) dc.forward_prefetch = true;
         else if (!strcmp(argv[i], "nolimit")) dc.limit_all_gathers = false;
         else if (!strncmp(argv[i], "layers=", 7)) layers = atoi(argv[i] + 7);
+        else if (!strncmp(argv[i], "embd=", 5)) embd = atoi(argv[i] + 5);
         else if (!strncmp(argv[i], "resident=", 9)) dc.max_resident_units = atoi(argv[i] + 9);
         else if (!strncmp(argv[i], "shard=", 6)) dc.shard_degree = atoi(argv[i] + 6);
         else if (!strncmp(argv[i], "mp=", 3)) mp = argv[i] + 3;
@@ -104,7 +105,7 @@ int main(int argc, char **argv) {
     TRY(cm_dataset_new(&k_seqs, q, &ds));
 
     cm_gpt2_config gc = cm_gpt2_config_default();
-    gc.vocab_size = V, gc.n_positions = 16, gc.n_embd = 16, gc.n_layer = layers, gc.n_head = 2;
+    gc.vocab_size = V, gc.n_positions = 16, gc.n_embd = embd, gc.n_layer = layers, gc.n_head = 2;
     /* dropout masks are keyed by global row (cm_tape_set_rows), attention's fused one included,
      * so with `dropout` N ranks still equal one process */
     gc.embd_pdrop = gc.attn_pdrop = gc.resid_pdrop = dropout ? 0.1f : 0.0f;
@@ -190,6 +191,14 @@ int main(int argc, char **argv) {
     TRY(cm_comm_all_reduce(comm, sums, 5, CM_COMM_I64, CM_REDUCE_SUM));
     TRY(cm_comm_all_reduce(comm, maxes, 2, CM_COMM_I64, CM_REDUCE_MAX));
     TRY(cm_dist_gather_params(dp));
+    /* every unit is resident now: how much of this rank's memory is in transparent huge pages
+     * (FULL_SHARD's units of 2 MiB and more ask for them) */
+    long huge_kb = -1;
+    FILE *sr = fopen("/proc/self/smaps_rollup", "r");
+    for (char line[256]; sr && fgets(line, sizeof line, sr);)
+        if (sscanf(line, "AnonHugePages: %ld kB", &huge_kb) == 1) break;
+    if (sr) fclose(sr);
+    if (rank == 0) printf("hugepages: %ld kB\n", huge_kb);
     if (rank == 0)
         printf("prefetch: %s %s%s%s: gathers %lld prefetched %lld hits %lld unused %lld max_in_flight %lld "
                "max_gathered %lld\n",
