@@ -11,13 +11,16 @@
  *   - activation offload (cm_module_set_activation_offload) gives the plain run's bits, alone and
  *     with cpu_offload, and its peak falls by the blocks' activations (to about activation
  *     checkpointing's);
- *   - its checkpoints resume on a plain GPU run and on the CPU, continuing the uninterrupted run;
+ *   - its checkpoints resume on a plain GPU run and on the CPU, continuing the uninterrupted run —
+ *     for a ResNet too, whose BatchNorm running statistics stay on the GPU while its parameters
+ *     live in host memory (the checkpoint snapshots them from there);
  *   - what it cannot do is refused by name (a model of one wrap unit, a model already on the GPU or
  *     locked by an optimizer), and cm_dist_free gives the model back on the CPU with its values;
  *   - running out of device memory in an upload is an out-of-memory error naming the unit.
  * Where no GPU can be used the program exits 77 (CTest: skipped); built with -DCM_CUDA=EMU it runs on
  * the CUDA emulator (whose device memory counts are the allocator's, as on a GPU).
  */
+#include "cmalgo.h"
 #include "cmgolden_gpt2.h"
 #include "cmtest.h"
 #include "cmtrain.h"
@@ -426,6 +429,138 @@ Test(gpu_offload, checkpoints_of_an_offloaded_run_resume_on_a_plain_gpu_run_and_
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
     cmt_golden_close(g);
+}
+
+/* One run of the small ResNet rig (BatchNorm; 4 batches an epoch, SGD with momentum) to max_duration
+ * on dev, cpu_offload on or off, saving every batch into save (or not) and resuming from load (or
+ * not). The train losses go to loss[4]; the model (parameters and buffers) to a CPU copy in *out. */
+static void resnet_run(cm_device dev, bool offload, const char *save, const char *load, const char *max_duration,
+                       double loss[4], cm_model **out) {
+    cmt_rig rig;
+    int64_t bpe = 4;
+    cmt_rig_resnet(&rig, &bpe);
+    cm_module *root = cm_model_module(rig.model);
+    cm_comm *comm = NULL;
+    cm_dist *dist = NULL;
+    if (!offload) cr_assert_eq(cm_module_to_device(root, dev), CM_OK, "%s", cm_last_error());
+    const cm_optim_span *spans;
+    int n = cm_module_n_units(root);
+    cm_optim_span *own = calloc((size_t)n, sizeof *own);
+    for (int i = 0; i < n; i++) {
+        const cm_unit_info *u = cm_module_unit(root, i);
+        own[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
+    }
+    spans = own;
+    if (offload) {
+        cr_assert_eq(cm_comm_single_new(NULL, &comm), CM_OK);
+        cm_dist_config dc = cm_dist_config_default();
+        dc.cpu_offload = true;
+        cr_assert_eq(cm_dist_new(comm, rig.model, &dc, &dist), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_dist_optim_spans(dist, &spans, &n), CM_OK);
+    }
+    cm_optim *opt;
+    cr_assert_eq(cm_optim_new(CM_OPTIM_SGD, &opt), CM_OK);
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_SGD);
+    hp.lr = 0.05, hp.momentum = 0.9;
+    cr_assert_eq(cm_optim_add_group(opt, &hp, spans, n), CM_OK, "%s", cm_last_error());
+    free(own);
+    cm_in_memory_logger *mem;
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = rig.model, c.train_dataloader = rig.dl, c.device = offload ? CM_DEVICE_CUDA : dev;
+    c.optimizer = opt;
+    c.loggers = &lp, c.n_loggers = 1;
+    c.eval_interval = cm_time_make(0, CM_TIME_EPOCH);
+    c.run_name = "offload-resnet";
+    c.save_folder = save;
+    c.save_interval_str = "1ba";
+    c.save_overwrite = true;
+    c.load_path = load;
+    cr_assert_eq(cm_time_parse(max_duration, &c.max_duration), CM_OK);
+    if (dist) cm_dist_trainer_hooks(dist, &c);
+    cm_trainer *tr;
+    cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
+    if (dist) cr_assert_eq(cm_dist_attach(dist, tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
+    for (int i = 0; i < 4; i++) loss[i] = NAN;
+    for (int64_t i = 0; i < cm_in_memory_logger_n(mem); i++) {
+        const cm_log_record *rec = cm_in_memory_logger_record(mem, i);
+        if (!strcmp(rec->name, "loss/train/total") && rec->batch < 4) loss[rec->batch] = rec->value;
+    }
+    cm_trainer_free(tr);
+    cm_dist_free(dist); /* an offloaded model comes back to the CPU with its values */
+    cm_comm_free(comm);
+    cm_optim_free(opt);
+    cr_assert_eq(cm_module_to_device(root, CM_DEVICE_CPU), CM_OK, "%s", cm_last_error());
+    *out = rig.model;
+    rig.model = NULL;
+    cmt_rig_free(&rig);
+}
+
+/* The largest |a - b| over two CPU models' parameters and buffers (BatchNorm's running statistics). */
+static double max_state_diff(cm_model *a, cm_model *b) {
+    cm_module *ra = cm_model_module(a), *rb = cm_model_module(b);
+    double most = 0;
+    for (int64_t i = 0; i < cm_module_n_params(ra); i++) {
+        cm_param_info pa = cm_module_param_info(ra, i), pb = cm_module_param_info(rb, i);
+        const float *x = cm_tensor_data(pa.tensor), *y = cm_tensor_data(pb.tensor);
+        for (int64_t k = 0; k < pa.numel; k++) most = fmax(most, fabs(x[k] - y[k]));
+    }
+    cr_assert_gt(cm_module_n_buffers(ra), 0, "the ResNet has BatchNorm buffers");
+    for (int64_t i = 0; i < cm_module_n_buffers(ra); i++) {
+        const cm_tensor *x = cm_module_buffer_info(ra, i).tensor, *y = cm_module_buffer_info(rb, i).tensor;
+        if (cm_tensor_dtype(x) != CM_DTYPE_F32) {
+            cr_assert_eq(memcmp(cm_tensor_data(x), cm_tensor_data(y), cm_tensor_nbytes(x)), 0, "buffer '%s' differs",
+                         cm_module_buffer_info(ra, i).name);
+            continue;
+        }
+        const float *xv = cm_tensor_data(x), *yv = cm_tensor_data(y);
+        for (int64_t k = 0; k < cm_tensor_numel(x); k++) most = fmax(most, fabs(xv[k] - yv[k]));
+    }
+    return most;
+}
+
+Test(gpu_offload, a_resnet_checkpoint_carries_its_batchnorm_statistics_from_the_gpu) {
+    char dir[] = "/tmp/cm_gpu_offload_rn_XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ep0-ba2", dir);
+    double full[4], plain[4];
+    cm_model *m_full, *m_plain;
+    resnet_run(CM_DEVICE_CUDA, true, dir, NULL, "4ba", full, &m_full);
+    resnet_run(CM_DEVICE_CUDA, false, NULL, NULL, "4ba", plain, &m_plain);
+    for (int b = 0; b < 4; b++)
+        cr_expect(fabs(full[b] - plain[b]) <= 1e-5 * fabs(plain[b]), "batch %d: offloaded %.8f, plain %.8f", b, full[b],
+                  plain[b]);
+    cr_expect(max_state_diff(m_full, m_plain) <= 1e-5, "offloaded vs plain GPU ResNet: %g", max_state_diff(m_full, m_plain));
+    static const struct {
+        const char *what;
+        cm_device dev;
+        bool offload;
+    } resumes[] = {
+        {"resumed offloaded", CM_DEVICE_CUDA, true},
+        {"resumed on a plain gpu run", CM_DEVICE_CUDA, false},
+        {"resumed on the cpu", CM_DEVICE_CPU, false},
+    };
+    for (size_t i = 0; i < sizeof resumes / sizeof *resumes; i++) {
+        double cont[4];
+        cm_model *m;
+        resnet_run(resumes[i].dev, resumes[i].offload, NULL, ck, "4ba", cont, &m);
+        for (int b = 2; b < 4; b++)
+            cr_expect(fabs(cont[b] - full[b]) <= 1e-5 * fabs(full[b]), "%s, batch %d: %.8f, uninterrupted %.8f",
+                      resumes[i].what, b, cont[b], full[b]);
+        const double d = max_state_diff(m, m_full);
+        cr_expect(d <= 1e-5, "%s: parameters and BatchNorm statistics differ from the uninterrupted run by %g",
+                  resumes[i].what, d);
+        cm_model_free(m);
+    }
+    cr_expect(full[0] != full[3], "the runs trained");
+    cm_model_free(m_full);
+    cm_model_free(m_plain);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 /* What cpu_offload cannot do is refused by name, and leaves the model as it was. */

@@ -2,6 +2,7 @@
  * this rank's pieces under sharding, and the load plan (which elements of which checkpoint
  * tensor go where on this rank) that lets a checkpoint saved by N ranks load on M. */
 #include "checkpoint/ckpt_impl.h"
+#include "tensor/tensor_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,7 @@ static void set_piece(cmi_ck_tensor *t, const char *name, cm_st_dtype dt, int gn
     t->ndim = 1;
     t->shape[0] = end - begin;
     t->data = data;
+    t->device = cmi_ptr_device(data); /* cpu_offload keeps the model's buffers on the GPU: snapshot them */
     t->nbytes = (size_t)(end - begin) * (size_t)(cm_st_dtype_bits(dt) / 8);
     t->piece = true;
     t->gndim = gndim;
