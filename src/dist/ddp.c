@@ -23,7 +23,9 @@
  * all-gather of the chunks into the buffer, at the same address, so views and saved tensors stay
  * valid. At most max_resident units are resident; gathering another evicts the least recently
  * used one, whose pages are returned to the system (madvise MADV_DONTNEED: the buffer keeps its
- * address, its memory is freed). After each optimizer step every unit is stale and released.
+ * address, its memory is freed; units of 2 MiB and more are on transparent huge pages, so the next
+ * gather faults them in 2 MiB at a time: see HUGE_PAGE). After each optimizer step every unit is
+ * stale and released.
  * Gradients are sharded too: every microbatch's backward reduce-scatters each unit as soon as it is
  * final (the same hook and order as the buckets above) into a receive chunk, and before the next
  * backward writes gradients again the chunks are added into this rank's gradient shard and the
