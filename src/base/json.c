@@ -1,3 +1,4 @@
+/* Checked whole numbers out of parsed JSON (json.h). */
 #include "base/json.h"
 
 #include <math.h>
