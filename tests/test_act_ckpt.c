@@ -431,6 +431,47 @@ static bool collect_marked(cm_module *m, const char *path, int depth, void *data
     return true;
 }
 
+static bool collect_offloaded(cm_module *m, const char *path, int depth, void *data) {
+    (void)depth;
+    if (cm_module_activation_offload(m)) {
+        char *s = data;
+        strcat(s, path);
+        strcat(s, " ");
+    }
+    return true;
+}
+
+/* activation_cpu_offload picks its modules as checkpointing does, and the two policies replace each
+ * other's marks: a module is never both (its forward would refuse it). */
+Test(act_ckpt, the_offload_policy_marks_what_checkpointing_would_and_clears_it) {
+    cm_model *m = gpt2(4, 0.0f);
+    cm_module *root = cm_model_module(m);
+    const cm_act_ckpt_target t[1] = {{"GPT2Block", "every-2"}};
+    int n = 0;
+    cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &n), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_activation_offload_policy(root, t, 1, &n), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(n, 2);
+    char ck[512] = "", off[512] = "";
+    cm_module_visit(root, collect_marked, ck);
+    cm_module_visit(root, collect_offloaded, off);
+    cr_assert_str_eq(ck, "", "checkpointing left on after the offload policy: %s", ck);
+    cr_assert_str_eq(off, "transformer.h.0 transformer.h.2 ");
+    cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &n), CM_OK, "%s", cm_last_error());
+    off[0] = ck[0] = 0;
+    cm_module_visit(root, collect_marked, ck);
+    cm_module_visit(root, collect_offloaded, off);
+    cr_assert_str_eq(ck, "transformer.h.0 transformer.h.1 transformer.h.2 transformer.h.3 ");
+    cr_assert_str_eq(off, "", "offload left on after the checkpointing policy: %s", off);
+    /* errors are the checkpointing policy's, nothing changed */
+    const cm_act_ckpt_target bad[1] = {{"GPT2Blok", NULL}};
+    cr_assert_eq(cm_module_activation_offload_policy(root, bad, 1, &n), CM_ERR_NOT_FOUND);
+    cr_assert(strstr(cm_last_error(), "GPT2Block"), "%s", cm_last_error());
+    ck[0] = 0;
+    cm_module_visit(root, collect_marked, ck);
+    cr_assert_str_eq(ck, "transformer.h.0 transformer.h.1 transformer.h.2 transformer.h.3 ");
+    cm_model_free(m);
+}
+
 Test(act_ckpt, policy_block_lists_follow_llm_foundry) {
     cm_model *m = gpt2(7, 0.0f);
     cm_module *root = cm_model_module(m);

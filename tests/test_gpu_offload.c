@@ -75,17 +75,6 @@ typedef struct {
     size_t offload_peak;       /* the most device bytes behind them at once */
 } run;
 
-/* The modules activation checkpointing's default policy picks (the repeated blocks) offload
- * their activations instead. */
-static bool ckpt_to_offload(cm_module *m, const char *path, int depth, void *data) {
-    (void)path, (void)depth, (void)data;
-    if (cm_module_checkpointing(m)) {
-        cm_module_set_checkpointing(m, false);
-        cm_module_set_activation_offload(m, true);
-    }
-    return true;
-}
-
 static cm_model *gpt2_with_dropout(float p) {
     if (p == 0.0f) return cmt_golden_gpt2_model();
     cm_gpt2_config cfg;
@@ -97,10 +86,10 @@ static cm_model *gpt2_with_dropout(float p) {
     return m;
 }
 
-/* AdamW (the golden run's hyperparameters, weight decay 0.1 everywhere) over one span per wrap unit
- * named by the unit, as the composer CLI makes it: over the model's unit buffers, or over the
- * offloaded run's host shards (cm_dist_optim_spans) — so checkpoints move between the two. */
-static cm_optim *adamw(cm_model *m, cm_dist *d) {
+/* An optimizer of `kind` over one span per wrap unit named by the unit, as the composer CLI makes
+ * it: over the model's unit buffers, or over the offloaded run's host shards (cm_dist_optim_spans)
+ * — so checkpoints move between the two. */
+static cm_optim *unit_optim(cm_model *m, cm_dist *d, cm_optim_kind kind, const cm_optim_hparams *hp) {
     cm_module *root = cm_model_module(m);
     const cm_optim_span *spans;
     int n = cm_module_n_units(root);
@@ -117,12 +106,17 @@ static cm_optim *adamw(cm_model *m, cm_dist *d) {
                       "one rank: unit %d's shard is the whole unit", i);
     }
     cm_optim *o;
-    cr_assert_eq(cm_optim_new(CM_OPTIM_ADAMW, &o), CM_OK);
-    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_ADAMW);
-    hp.lr = 1e-2, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1;
-    cr_assert_eq(cm_optim_add_group(o, &hp, spans, n), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_optim_new(kind, &o), CM_OK);
+    cr_assert_eq(cm_optim_add_group(o, hp, spans, n), CM_OK, "%s", cm_last_error());
     free(own);
     return o;
+}
+
+/* AdamW with the golden run's hyperparameters (weight decay 0.1 everywhere). */
+static cm_optim *adamw(cm_model *m, cm_dist *d) {
+    cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_ADAMW);
+    hp.lr = 1e-2, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1;
+    return unit_optim(m, d, CM_OPTIM_ADAMW, &hp);
 }
 
 static void run_start(run *r, cmt_golden *g, run_opts o) {
@@ -138,9 +132,9 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     }
     cm_module *root = cm_model_module(r->model);
     int marked = 0;
-    if (o.act_ckpt || o.act_offload)
-        cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &marked), CM_OK, "%s", cm_last_error());
-    if (o.act_offload) cm_module_visit(root, ckpt_to_offload, NULL);
+    if (o.act_ckpt) cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &marked), CM_OK, "%s", cm_last_error());
+    if (o.act_offload)
+        cr_assert_eq(cm_module_activation_offload_policy(root, NULL, 0, &marked), CM_OK, "%s", cm_last_error());
     for (int u = 0; u < cm_module_n_units(root); u++) {
         const size_t b = (size_t)cm_module_unit(root, u)->numel * sizeof(float);
         r->model_bytes += 4 * b;
@@ -206,13 +200,7 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     }
     r->n_offloaded = cm_tape_n_offloaded(cm_state_tape(cm_trainer_state(r->tr)));
     r->offload_peak = cm_tape_offload_peak_bytes(cm_state_tape(cm_trainer_state(r->tr)));
-    for (int64_t i = 0; i < cm_in_memory_logger_n(r->mem); i++) {
-        const cm_log_record *rec = cm_in_memory_logger_record(r->mem, i);
-        if (strcmp(rec->name, "loss/train/total")) continue;
-        cr_assert_lt(rec->batch, 16);
-        r->loss[rec->batch] = rec->value;
-        if (rec->batch + 1 > r->n_loss) r->n_loss = (int)rec->batch + 1;
-    }
+    r->n_loss = cmt_logged_by_batch(r->mem, "loss/train/total", r->loss, 16);
 }
 
 /* The trainer goes; an offloaded model goes back to the CPU, holding the trained values (its GPU
@@ -443,27 +431,15 @@ static void resnet_run(cm_device dev, bool offload, const char *save, const char
     cm_comm *comm = NULL;
     cm_dist *dist = NULL;
     if (!offload) cr_assert_eq(cm_module_to_device(root, dev), CM_OK, "%s", cm_last_error());
-    const cm_optim_span *spans;
-    int n = cm_module_n_units(root);
-    cm_optim_span *own = calloc((size_t)n, sizeof *own);
-    for (int i = 0; i < n; i++) {
-        const cm_unit_info *u = cm_module_unit(root, i);
-        own[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
-    }
-    spans = own;
     if (offload) {
         cr_assert_eq(cm_comm_single_new(NULL, &comm), CM_OK);
         cm_dist_config dc = cm_dist_config_default();
         dc.cpu_offload = true;
         cr_assert_eq(cm_dist_new(comm, rig.model, &dc, &dist), CM_OK, "%s", cm_last_error());
-        cr_assert_eq(cm_dist_optim_spans(dist, &spans, &n), CM_OK);
     }
-    cm_optim *opt;
-    cr_assert_eq(cm_optim_new(CM_OPTIM_SGD, &opt), CM_OK);
     cm_optim_hparams hp = cm_optim_hparams_default(CM_OPTIM_SGD);
     hp.lr = 0.05, hp.momentum = 0.9;
-    cr_assert_eq(cm_optim_add_group(opt, &hp, spans, n), CM_OK, "%s", cm_last_error());
-    free(own);
+    cm_optim *opt = unit_optim(rig.model, dist, CM_OPTIM_SGD, &hp);
     cm_in_memory_logger *mem;
     cm_logger_plugin lp;
     cr_assert_eq(cm_in_memory_logger_new(&mem, &lp), CM_OK);
@@ -483,11 +459,7 @@ static void resnet_run(cm_device dev, bool offload, const char *save, const char
     cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
     if (dist) cr_assert_eq(cm_dist_attach(dist, tr), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
-    for (int i = 0; i < 4; i++) loss[i] = NAN;
-    for (int64_t i = 0; i < cm_in_memory_logger_n(mem); i++) {
-        const cm_log_record *rec = cm_in_memory_logger_record(mem, i);
-        if (!strcmp(rec->name, "loss/train/total") && rec->batch < 4) loss[rec->batch] = rec->value;
-    }
+    cmt_logged_by_batch(mem, "loss/train/total", loss, 4);
     cm_trainer_free(tr);
     cm_dist_free(dist); /* an offloaded model comes back to the CPU with its values */
     cm_comm_free(comm);

@@ -150,13 +150,7 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     c.load_path = o.load_path;
     cr_assert_eq(cm_trainer_new(&c, &r->tr), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_fit(r->tr, NULL), CM_OK, "%s", cm_last_error());
-    for (int64_t i = 0; i < cm_in_memory_logger_n(r->mem); i++) {
-        const cm_log_record *rec = cm_in_memory_logger_record(r->mem, i);
-        if (strcmp(rec->name, "loss/train/total")) continue;
-        cr_assert_lt(rec->batch, 16);
-        r->loss[rec->batch] = rec->value;
-        if (rec->batch + 1 > r->n_loss) r->n_loss = (int)rec->batch + 1;
-    }
+    r->n_loss = cmt_logged_by_batch(r->mem, "loss/train/total", r->loss, 16);
 }
 
 static void gpu_run_end(gpu_run *r) {
@@ -578,11 +572,7 @@ static void algo_run_losses(cm_device dev, cmt_algos_fn make_algos, double loss[
     cr_assert_eq(cm_trainer_new(&c, &tr), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_module_device(cm_model_module(rig.model)), dev, "the model is on the run's device after INIT");
     cr_assert_eq(cm_trainer_fit(tr, NULL), CM_OK, "%s", cm_last_error());
-    for (int i = 0; i < 4; i++) loss[i] = NAN;
-    for (int64_t i = 0; i < cm_in_memory_logger_n(mem); i++) {
-        const cm_log_record *rec = cm_in_memory_logger_record(mem, i);
-        if (!strcmp(rec->name, "loss/train/total") && rec->batch < 4) loss[rec->batch] = rec->value;
-    }
+    cmt_logged_by_batch(mem, "loss/train/total", loss, 4);
     cm_trainer_free(tr);
     cmt_rig_free(&rig);
 }

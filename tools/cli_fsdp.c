@@ -319,22 +319,13 @@ static bool say_checkpointed(cm_module *m, const char *path, int depth, void *da
     return true;
 }
 
-/* activation_cpu_offload: the modules the checkpointing policy marked offload instead. */
-static bool ckpt_to_offload(cm_module *m, const char *path, int depth, void *data) {
-    (void)path, (void)depth, (void)data;
-    if (cm_module_checkpointing(m)) {
-        cm_module_set_checkpointing(m, false);
-        cm_module_set_activation_offload(m, true);
-    }
-    return true;
-}
-
 cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model, const cli_ctx *ctx, int rank) {
     cm_module *root = cm_model_module(model);
     char p[128];
     if (f->act_ckpt || f->act_offload) { /* offload picks its blocks as checkpointing does (llm-foundry) */
         int marked = 0;
-        cm_status s = cm_module_checkpoint_policy(root, f->targets, f->n_targets, &marked);
+        cm_status s = f->act_offload ? cm_module_activation_offload_policy(root, f->targets, f->n_targets, &marked)
+                                     : cm_module_checkpoint_policy(root, f->targets, f->n_targets, &marked);
         if (s) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_last_error());
@@ -353,7 +344,6 @@ cm_status cli_fsdp_apply_model(cm_config *c, const cli_fsdp *f, cm_model *model,
                         "no module of %s to %s (it has no repeated wrap units); name the types with "
                         "activation_checkpointing_target",
                         cm_model_type_name(model), f->act_offload ? "offload" : "checkpoint");
-        if (f->act_offload) cm_module_visit(root, ckpt_to_offload, NULL);
     }
     if (f->offload && rank == 0)
         cm_log_msg(CM_LOG_INFO, "%s: cpu_offload / activation_cpu_offload: this is a CPU run, every tensor is "

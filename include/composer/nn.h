@@ -206,8 +206,8 @@ typedef struct cm_act_ckpt_target {
     const char *blocks;
 } cm_act_ckpt_target;
 
-/* Applies an activation checkpointing policy to the tree under root: clears every module's flag,
- * then sets it on the modules the targets name (n targets). n = 0 is the default: the modules that
+/* Applies an activation checkpointing policy to the tree under root: clears every module's flag
+ * (and its activation offload flag), then sets it on the modules the targets name (n targets). n = 0 is the default: the modules that
  * root a wrap unit (cm_module_set_wrap_unit) and whose type roots at least two different units —
  * the transformer blocks of GPT-2 and BERT, the stages of a ResNet — so each repeated unit is one
  * region. *n_marked (may be NULL) gets how many modules were marked. Errors, with nothing
@@ -216,6 +216,11 @@ typedef struct cm_act_ckpt_target {
  * both as itself and inside a marked ancestor — each region has one granularity, as llm-foundry
  * requires). */
 cm_status cm_module_checkpoint_policy(cm_module *root, const cm_act_ckpt_target *targets, int n, int *n_marked);
+
+/* The same policy for activation offload (Composer's activation_cpu_offload picks its modules as
+ * activation checkpointing does): clears every module's checkpointing and offload flags, then sets
+ * offload on the modules cm_module_checkpoint_policy would checkpoint. Same arguments and errors. */
+cm_status cm_module_activation_offload_policy(cm_module *root, const cm_act_ckpt_target *targets, int n, int *n_marked);
 
 /* A function cm_module_forward(_n) calls after a module's forward succeeded, with its inputs and
  * output (tape tensors, valid until the tape is reset): ActivationMonitor's forward hooks, as

@@ -202,6 +202,7 @@ cm_status cm_module_checkpoint_policy(cm_module *root, const cm_act_ckpt_target 
     int marked = 0;
     for (int i = 0; i < all.n; i++) {
         all.mods[i]->checkpoint = mark[i];
+        all.mods[i]->act_offload = false; /* the offload policy's marks: a module is one or the other */
         marked += mark[i];
     }
     if (n_marked) *n_marked = marked;
@@ -210,4 +211,17 @@ done:
     cm_free(sel);
     cm_free(all.mods);
     return st;
+}
+
+static bool ckpt_to_offload(cm_module *m, const char *path, int depth, void *data) {
+    (void)path, (void)depth, (void)data;
+    m->act_offload = m->checkpoint;
+    m->checkpoint = false;
+    return true;
+}
+
+cm_status cm_module_activation_offload_policy(cm_module *root, const cm_act_ckpt_target *targets, int n, int *n_marked) {
+    cm_status s = cm_module_checkpoint_policy(root, targets, n, n_marked);
+    if (!s) cm_module_visit(root, ckpt_to_offload, NULL);
+    return s;
 }

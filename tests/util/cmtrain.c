@@ -3,6 +3,7 @@
 #include "tensor/tensor_impl.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,4 +111,18 @@ float *cmt_params_copy(cm_model *m, int64_t *n) {
     }
     *n = total;
     return p;
+}
+
+int cmt_logged_by_batch(const cm_in_memory_logger *mem, const char *name, double *v, int cap) {
+    for (int i = 0; i < cap; i++) v[i] = NAN;
+    int n = 0;
+    for (int64_t i = 0; i < cm_in_memory_logger_n(mem); i++) {
+        const cm_log_record *rec = cm_in_memory_logger_record(mem, i);
+        if (strcmp(rec->name, name)) continue;
+        cr_assert(rec->batch >= 0 && rec->batch < cap, "%s logged at batch %lld, beyond the %d expected", name,
+                  (long long)rec->batch, cap);
+        v[rec->batch] = rec->value;
+        if (rec->batch + 1 > n) n = (int)rec->batch + 1;
+    }
+    return n;
 }

@@ -19,6 +19,11 @@ cm_model *cmt_mlp(int d, int hidden, int classes, float dropout, uint64_t seed);
 /* A loader (train: shuffled with `seed`, drop_last; eval: cm_dataloader_config_eval). */
 cm_dataloader *cmt_loader(cm_dataset *ds, int64_t batch, bool eval, uint64_t seed);
 
+/* The values an in-memory logger recorded under `name`, by batch: v[0..cap) set to NaN, then
+ * v[b] to the value logged at batch b (a batch at or beyond cap fails the test). Returns one past
+ * the last batch logged (0 if none). */
+int cmt_logged_by_batch(const cm_in_memory_logger *mem, const char *name, double *v, int cap);
+
 /* All parameters of a model, concatenated (caller frees with free()). */
 float *cmt_params_copy(cm_model *m, int64_t *n);
 
