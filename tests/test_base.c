@@ -135,17 +135,101 @@ Test(rng, bernoulli_is_the_streams_uniforms_below_p) {
 }
 
 Test(arena, reset_reuses_the_same_memory_for_the_same_steps) {
-    /* a repeating step gets the same addresses after a reset: no fresh pages to fault in */
+    /* a repeating step gets the same addresses after a reset: no fresh pages to fault in (64 KiB
+     * requests fill the 1, 1, 2, 4, ... MiB chunks exactly, so no tail is skipped and the chunks stay) */
     cm_arena *a;
     cr_assert_eq(cm_arena_new(0, &a), CM_OK);
-    const size_t sizes[] = {100, 700 * 1024, 3 << 20, 64, 5 << 20, 1 << 20, 9 << 20};
-    enum { NS = sizeof sizes / sizeof sizes[0] };
-    void *first[NS];
-    for (int i = 0; i < NS; i++) cr_assert_not_null(first[i] = cm_arena_alloc(a, sizes[i]));
+    enum { NS = 300 };
+    static void *first[NS];
+    for (int i = 0; i < NS; i++) cr_assert_not_null(first[i] = cm_arena_alloc(a, 64 << 10));
     for (int step = 0; step < 3; step++) {
         cm_arena_reset(a);
-        for (int i = 0; i < NS; i++) cr_assert_eq(cm_arena_alloc(a, sizes[i]), first[i], "step %d alloc %d", step, i);
+        for (int i = 0; i < NS; i++) cr_assert_eq(cm_arena_alloc(a, 64 << 10), first[i], "step %d alloc %d", step, i);
     }
+    cm_arena_free(a);
+}
+
+/* Requests of 1, 3, 5 and 9 MiB after small ones: over chunks grown as needed (1, 3, 4, 8, 16 MiB)
+ * the 64 bytes take a 4 MiB chunk and the 9 MiB do not fit what the 5 and 1 left of theirs. */
+static const size_t k_tail_sizes[] = {100, 700 * 1024, 3 << 20, 64, 5 << 20, 1 << 20, 9 << 20};
+enum { K_TAILS = sizeof k_tail_sizes / sizeof k_tail_sizes[0] };
+
+static size_t arena_step(cm_arena *a, void **at) {
+    size_t exact = 0;
+    for (int i = 0; i < K_TAILS; i++) {
+        cr_assert_not_null(at[i] = cm_arena_alloc(a, k_tail_sizes[i]), "alloc %d: %s", i, cm_last_error());
+        exact += (k_tail_sizes[i] + 63) & ~(size_t)63;
+    }
+    return exact;
+}
+
+static int overcommit_mode(void) {
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int m = -1;
+    if (f) {
+        if (fscanf(f, "%d", &m) != 1) m = -1;
+        fclose(f);
+    }
+    return m;
+}
+
+Test(arena, a_host_arena_lays_every_step_out_without_gaps) {
+    /* The first chunk reserves address space for the machine's memory, so no request skips a tail
+     * (where the kernel accounts strictly, mode 2, the reservation is refused and chunks grow). */
+    if (overcommit_mode() == 2) cr_skip_test("vm.overcommit_memory is 2: no address-space reservation");
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(0, &a), CM_OK);
+    void *first[K_TAILS], *again[K_TAILS];
+    const size_t exact = arena_step(a, first);
+    cr_assert_eq(cm_arena_used(a), exact, "no tail skipped: %zu used for %zu bytes", cm_arena_used(a), exact);
+    for (int i = 1; i < K_TAILS; i++)
+        cr_assert_eq((char *)first[i], (char *)first[i - 1] + ((k_tail_sizes[i - 1] + 63) & ~(size_t)63), "%d", i);
+    for (int step = 0; step < 3; step++) {
+        cm_arena_reset(a);
+        arena_step(a, again);
+        for (int i = 0; i < K_TAILS; i++) cr_assert_eq(again[i], first[i], "step %d alloc %d", step, i);
+    }
+    cm_arena_free(a);
+}
+
+static size_t g_hook_bytes;
+static void *counting_alloc(size_t bytes, size_t align, void *data) {
+    (void)data;
+    g_hook_bytes += bytes;
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, bytes) ? NULL : p;
+}
+static void counting_free(void *p, void *data) {
+    (void)data;
+    free(p);
+}
+
+Test(arena, a_users_allocator_hooks_get_the_chunks) {
+    /* with hooks installed nothing bypasses them: chunks grow through them as needed, and a request
+     * that does not fit a chunk's rest skips it */
+    cm_allocator_i hooks = {CM_ALLOCATOR_ABI, counting_alloc, counting_free, NULL};
+    cm_set_allocator(&hooks);
+    g_hook_bytes = 0;
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(0, &a), CM_OK);
+    void *at[K_TAILS];
+    const size_t exact = arena_step(a, at);
+    const size_t used = cm_arena_used(a);
+    cm_arena_free(a);
+    cm_set_allocator(NULL);
+    cr_assert_geq(g_hook_bytes, (size_t)32 << 20, "the chunks (1 + 3 + 4 + 8 + 16 MiB) came from the hooks: %zu", g_hook_bytes);
+    cr_assert_gt(used, exact + exact / 8, "tails skipped over grown chunks: %zu used for %zu bytes", used, exact);
+}
+
+Test(arena, an_injected_failure_reaches_the_reservation) {
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new(0, &a), CM_OK);
+    cm_alloc_fail_at(1);
+    cr_assert_null(cm_arena_alloc(a, 100));
+    cr_assert_eq(cm_last_status(), CM_ERR_OOM);
+    cr_assert(strstr(cm_last_error(), "arena request of 100 bytes"), "%s", cm_last_error());
+    cm_alloc_fail_at(0);
+    cr_assert_not_null(cm_arena_alloc(a, 100), "the next try succeeds");
     cm_arena_free(a);
 }
 

@@ -160,7 +160,12 @@ int64_t cm_alloc_fail_at(int64_t n);
 typedef struct cm_arena cm_arena;
 
 /* Creates an arena that hands out at most `budget` bytes (0 = unlimited) between resets. Memory is
- * taken from the allocator hook in chunks as needed and kept across resets. Errors: CM_ERR_OOM. */
+ * kept across resets. With the default allocator it is address space reserved for the machine's
+ * memory (or the budget, if smaller) and committed page by page as allocations touch it, so
+ * positions are contiguous and nothing is wasted between allocations; with hooks installed
+ * (cm_set_allocator), or where the kernel refuses the reservation, it is taken from the allocator
+ * in chunks as needed, and a request that does not fit the rest of a chunk skips it. Errors:
+ * CM_ERR_OOM. */
 cm_status cm_arena_new(size_t budget, cm_arena **out);
 
 /* Where an arena's chunks come from, for memory the host does not address directly (a GPU's: the
@@ -185,9 +190,10 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes);
 
 /* Forgets every allocation; the memory is reused by later allocations. Keeps the peak. */
 void cm_arena_reset(cm_arena *a);
-/* As cm_arena_reset, and gives every chunk back to the allocator: later allocations lay out new
- * chunks as in a new arena (how positions fall in chunks, and so what a budget admits, depends on
- * the chunks: a layout grown by small requests wastes more chunk tails on large ones). */
+/* As cm_arena_reset, and gives all its memory back (the pages to the system): later allocations
+ * lay out memory as in a new arena (over chunks, how positions fall in them, and so what a budget
+ * admits, depends on the chunks: a layout grown by small requests wastes more chunk tails on large
+ * ones). */
 void cm_arena_trim(cm_arena *a);
 
 /* A mark/rewind pair: cm_arena_rewind(a, m) frees everything allocated after cm_arena_mark(a). */

@@ -1,6 +1,8 @@
 /* Allocator hooks (so tests can fail the Nth allocation) and the default aligned allocator. */
 #include <composer/base.h>
 
+#include "alloc_impl.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,14 +32,21 @@ int64_t cm_alloc_fail_at(int64_t n) {
     return made;
 }
 
-void *cm_alloc(size_t bytes, size_t align) {
+bool cmi_alloc_tick(size_t bytes) {
     int64_t k = __atomic_add_fetch(&g_count, 1, __ATOMIC_ACQ_REL);
     int64_t f = __atomic_load_n(&g_fail_at, __ATOMIC_ACQUIRE);
     if (f > 0 && k == f) {
         cm_set_error(CM_ERR_OOM, "out of memory: allocation of %zu bytes failed (injected failure #%lld)", bytes,
                      (long long)k);
-        return NULL;
+        return false;
     }
+    return true;
+}
+
+bool cmi_alloc_is_default(void) { return g_alloc.alloc == default_alloc && g_alloc.free == default_free; }
+
+void *cm_alloc(size_t bytes, size_t align) {
+    if (!cmi_alloc_tick(bytes)) return NULL;
     void *p = g_alloc.alloc(bytes, align, g_alloc.data);
     if (!p) cm_set_error(CM_ERR_OOM, "out of memory: allocation of %zu bytes failed", bytes);
     return p;
