@@ -7,11 +7,54 @@ the mean times, with the mean ± std of the per-seed ratios. A speed-up is given
 seed of both configs reached the target.
 
     /usr/bin/python3 bench/recipes_summary.py OUT/cpu2-seed1/runs.tsv OUT/cpu2-seed2/runs.tsv ...
+
+With --target METRIC=VALUE the time to another target is read from the curves.tsv beside each
+runs.tsv (every evaluation against training time; for a copy NAME.tsv, NAME-curves.tsv): the first evaluation that reached it, by the
+tool's rule (lower is better for names with loss, error, perplexity or cross-entropy; `<=` / `>=`
+before the value force it). A run that stopped at its own target before reaching the new one
+cannot say when it would have: that is an error (rerun with --no-stop), not "not reached".
+
+    /usr/bin/python3 bench/recipes_summary.py --target metrics/eval/LanguageCrossEntropy=1.95 OUT/runs.tsv
 """
 import csv
 import math
+import os
 import statistics
 import sys
+
+
+def lower_is_better(name):
+    n = name.lower()
+    return any(k in n for k in ("loss", "error", "perplexity", "crossentropy", "cross_entropy"))
+
+
+def retarget(rows, runs_path, spec):
+    """Replaces each row's reached / seconds_to_target by the first crossing of spec in curves.tsv."""
+    name, _, value = spec.partition("=")
+    if not value:
+        sys.exit("--target wants METRIC=VALUE, got " + spec)
+    if value.startswith("<=") or value.startswith(">="):
+        lower, value = value.startswith("<="), value[2:]
+    else:
+        lower = lower_is_better(name)
+    target = float(value)
+    curves = runs_path[:-4] + "-curves.tsv" if runs_path.endswith(".tsv") else ""
+    if not os.path.exists(curves):  # a copy kept as NAME.tsv + NAME-curves.tsv, else the tool's folder
+        curves = os.path.join(os.path.dirname(runs_path) or ".", "curves.tsv")
+    with open(curves, newline="") as f:
+        pts = list(csv.DictReader(f, delimiter="\t"))
+    if pts and name not in pts[0]:
+        sys.exit("%s: no column %s (has %s)" % (curves, name, ", ".join(pts[0])))
+    for r in rows:
+        mine = [p for p in pts if p["config"] == r["config"] and p["seed"] == r["seed"]]
+        hit = next((p for p in mine if (float(p[name]) <= target if lower else float(p[name]) >= target)), None)
+        if hit:
+            r["reached"], r["seconds_to_target"] = "yes", hit["seconds"]
+        elif r["stopped_by"] == "target":
+            sys.exit("%s seed %s stopped at its own target before reaching %s=%s: rerun it with --no-stop"
+                     % (r["config"], r["seed"], name, value))
+        else:
+            r["reached"], r["seconds_to_target"] = "no", "nan"
 
 
 def stats(xs):
@@ -20,11 +63,18 @@ def stats(xs):
     return (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs))
 
 
-def main(paths):
+def main(args):
+    spec = None
+    if args[:1] == ["--target"] and len(args) > 1:
+        spec, args = args[1], args[2:]
+    paths = args
     rows = []
     for p in paths:
         with open(p, newline="") as f:
-            rows += list(csv.DictReader(f, delimiter="\t"))
+            mine = list(csv.DictReader(f, delimiter="\t"))
+        if spec:
+            retarget(mine, p, spec)
+        rows += mine
     if not rows:
         sys.exit("no runs in " + " ".join(paths))
     configs = list(dict.fromkeys(r["config"] for r in rows))

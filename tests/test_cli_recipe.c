@@ -246,3 +246,46 @@ Test(cli_recipe, bad_flags_targets_and_configs_are_named_before_any_run) {
     cr_expect_eq(rc, 1, "exit %d:\n%s", rc, out);
     cr_expect(strstr(out, "MulticlassAccuracy") && strstr(out, "LanguageCrossEntropy"), "%s", out);
 }
+
+/* bench/recipes_summary.py --target: the time to another target is read from each run's curve (the
+ * copy's NAME-curves.tsv), a run that never got there is "not reached", and one that stopped at its
+ * own target before the new one is an error, not a guess. Hand-made runs, so the numbers are known. */
+Test(cli_recipe, the_summary_retargets_from_the_curves) {
+    cr_assert_eq(system("mkdir -p " DIR "/summary"), 0);
+    FILE *f = fopen(DIR "/summary/r.tsv", "w");
+    cr_assert_not_null(f);
+    fputs("config\tseed\treached\tbatch_to_target\tseconds_to_target\tfinal\tbest\tend_batch\tend_seconds\tstopped_by\t"
+          "process_seconds\trun_folder\n"
+          "base\t1\tno\t-1\tnan\t1.95\t1.95\t30\t3.0\tmax_duration\t4\tx\n"
+          "base\t2\tno\t-1\tnan\t1.97\t1.97\t30\t3.3\tmax_duration\t4\tx\n"
+          "hot\t1\tyes\t30\t1.5\t1.9\t1.9\t30\t1.5\ttarget\t2\tx\n"
+          "hot\t2\tyes\t30\t1.6\t1.89\t1.89\t30\t1.6\ttarget\t2\tx\n",
+          f);
+    fclose(f);
+    cr_assert_not_null(f = fopen(DIR "/summary/r-curves.tsv", "w"));
+    fputs("config\tseed\tbatch\tseconds\t" CE "\n"
+          "base\t1\t10\t1.0\t2.5\nbase\t1\t20\t2.0\t2.0\nbase\t1\t30\t3.0\t1.95\n"
+          "base\t2\t10\t1.0\t2.4\nbase\t2\t20\t2.2\t1.99\nbase\t2\t30\t3.3\t1.97\n"
+          "hot\t1\t10\t0.5\t2.2\nhot\t1\t20\t1.0\t1.98\nhot\t1\t30\t1.5\t1.9\n"
+          "hot\t2\t10\t0.5\t2.1\nhot\t2\t20\t1.1\t1.99\nhot\t2\t30\t1.6\t1.89\n",
+          f);
+    fclose(f);
+    const char *py = "/usr/bin/python3 bench/recipes_summary.py";
+    /* 2.0: base at 2.0 and 2.2 s, hot at 1.0 and 1.1 s */
+    int rc = cmt_run_capture("/usr/bin/python3 bench/recipes_summary.py --target " CE "=2.0 " DIR "/summary/r.tsv", out,
+                             sizeof out);
+    cr_assert_eq(rc, 0, "%s: %s", py, out);
+    cr_expect(strstr(out, "| base | 2/2 | 2.1 ± 0.1 |") && strstr(out, "| hot | 2/2 | 1.1 ± 0.1 |") &&
+                  strstr(out, "2.00x (per seed 2.00"),
+              "%s", out);
+    /* 1.96: base seed 2 ended at 1.97 by max_duration: not reached, so no speed-up */
+    rc = cmt_run_capture("/usr/bin/python3 bench/recipes_summary.py --target " CE "=1.96 " DIR "/summary/r.tsv", out,
+                         sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "| base | 1/2 |") && strstr(out, "none: not every seed reached"), "%s", out);
+    /* 1.85: hot stopped at its own 1.9, so when it would have reached 1.85 is unknown */
+    rc = cmt_run_capture("/usr/bin/python3 bench/recipes_summary.py --target " CE "=1.85 " DIR "/summary/r.tsv", out,
+                         sizeof out);
+    cr_expect_neq(rc, 0, "a target past the runs' own stop must fail: %s", out);
+    cr_expect(strstr(out, "hot seed 1 stopped at its own target") && strstr(out, "--no-stop"), "%s", out);
+}

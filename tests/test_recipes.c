@@ -35,7 +35,7 @@ TestSuite(recipes, .init = setup);
 
 /* The overrides that make a recipe start quickly on small data, by family (the path's folder). */
 static const char *family_overrides(const char *path) {
-    if (strstr(path, "/gpt-char/"))
+    if (strstr(path, "/gpt-char/") || strstr(path, "/gpt-char-256/"))
         return "train_loader.dataset.dir=" DIR "/char eval_loader.dataset.dir=" DIR "/char sample.max_new_tokens=2";
     if (strstr(path, "/bert/mlm-")) /* the dev sentences stand in for the pretraining corpus */
         return "train_loader.dataset.path=../shared/data/sst2/dev.tsv";
@@ -66,7 +66,8 @@ Test(recipes, every_recipe_parses_and_trains_two_batches) {
         /* a recipe applies methods or changes the schedule; a baseline does neither beyond clipping */
         const bool baseline = strstr(p, "baseline") != NULL;
         const bool methods = strstr(text, "\nalgorithms:\n") && (strstr(text, "alibi") || strstr(text, "blurpool") ||
-                                                                  strstr(text, "ema:") || strstr(text, "gated_linear"));
+                                                                  strstr(text, "ema:") || strstr(text, "gated_linear") ||
+                                                                  strstr(text, "seq_length_warmup"));
         const bool ssr = strstr(text, "scale_schedule_ratio") != NULL;
         if (baseline) cr_expect(!methods && !ssr, "%s is a baseline but applies speed-up methods", p);
         else cr_expect(methods || ssr, "%s is a recipe but changes neither methods nor schedule", p);
@@ -76,7 +77,8 @@ Test(recipes, every_recipe_parses_and_trains_two_batches) {
 }
 
 Test(recipes, every_family_has_a_baseline_and_three_strengths) {
-    const char *families[] = {"resnet-cifar10/resnet20-", "resnet-cifar10/resnet56-", "gpt-char/", "bert/mlm-"};
+    const char *families[] = {"resnet-cifar10/resnet20-", "resnet-cifar10/resnet56-", "gpt-char/", "gpt-char-256/",
+                              "bert/mlm-"};
     const char *strengths[] = {"baseline", "mild", "medium", "hot"};
     for (size_t f = 0; f < sizeof families / sizeof *families; f++)
         for (size_t s = 0; s < 4; s++) {
