@@ -417,28 +417,36 @@ Test(act_ckpt, policy_errors_name_the_type_and_the_element) {
     cr_assert_eq(cm_module_checkpoint_policy(root, no_name, 1, &n), CM_ERR_INVALID_ARG);
     cr_assert_eq(cm_module_checkpoint_policy(NULL, NULL, 0, &n), CM_ERR_INVALID_ARG);
     /* nothing was marked by the failures */
-    for (int i = 0; i < 4; i++) cr_assert(!cm_module_checkpointing(cm_module_find(root, "transformer.h.0")));
+    for (int i = 0; i < 4; i++) {
+        char path[32];
+        snprintf(path, sizeof path, "transformer.h.%d", i);
+        cr_assert(!cm_module_checkpointing(cm_module_find(root, path)), "%s was marked", path);
+    }
     cm_model_free(m);
 }
 
-static bool collect_marked(cm_module *m, const char *path, int depth, void *data) {
+/* Appends the path of every module `is` holds for to a string: one visitor for both marks. */
+typedef struct {
+    bool (*is)(const cm_module *);
+    char *out;
+} collect_ctx;
+
+static bool collect(cm_module *m, const char *path, int depth, void *data) {
     (void)depth;
-    if (cm_module_checkpointing(m)) {
-        char *s = data;
-        strcat(s, path);
-        strcat(s, " ");
+    const collect_ctx *c = data;
+    if (c->is(m)) {
+        strcat(c->out, path);
+        strcat(c->out, " ");
     }
     return true;
 }
 
-static bool collect_offloaded(cm_module *m, const char *path, int depth, void *data) {
-    (void)depth;
-    if (cm_module_activation_offload(m)) {
-        char *s = data;
-        strcat(s, path);
-        strcat(s, " ");
-    }
-    return true;
+static void collect_marked(cm_module *root, char *out) {
+    cm_module_visit(root, collect, &(collect_ctx){cm_module_checkpointing, out});
+}
+
+static void collect_offloaded(cm_module *root, char *out) {
+    cm_module_visit(root, collect, &(collect_ctx){cm_module_activation_offload, out});
 }
 
 /* activation_cpu_offload picks its modules as checkpointing does, and the two policies replace each
@@ -452,14 +460,14 @@ Test(act_ckpt, the_offload_policy_marks_what_checkpointing_would_and_clears_it) 
     cr_assert_eq(cm_module_activation_offload_policy(root, t, 1, &n), CM_OK, "%s", cm_last_error());
     cr_assert_eq(n, 2);
     char ck[512] = "", off[512] = "";
-    cm_module_visit(root, collect_marked, ck);
-    cm_module_visit(root, collect_offloaded, off);
+    collect_marked(root, ck);
+    collect_offloaded(root, off);
     cr_assert_str_eq(ck, "", "checkpointing left on after the offload policy: %s", ck);
     cr_assert_str_eq(off, "transformer.h.0 transformer.h.2 ");
     cr_assert_eq(cm_module_checkpoint_policy(root, NULL, 0, &n), CM_OK, "%s", cm_last_error());
     off[0] = ck[0] = 0;
-    cm_module_visit(root, collect_marked, ck);
-    cm_module_visit(root, collect_offloaded, off);
+    collect_marked(root, ck);
+    collect_offloaded(root, off);
     cr_assert_str_eq(ck, "transformer.h.0 transformer.h.1 transformer.h.2 transformer.h.3 ");
     cr_assert_str_eq(off, "", "offload left on after the checkpointing policy: %s", off);
     /* errors are the checkpointing policy's, nothing changed */
@@ -467,7 +475,7 @@ Test(act_ckpt, the_offload_policy_marks_what_checkpointing_would_and_clears_it) 
     cr_assert_eq(cm_module_activation_offload_policy(root, bad, 1, &n), CM_ERR_NOT_FOUND);
     cr_assert(strstr(cm_last_error(), "GPT2Block"), "%s", cm_last_error());
     ck[0] = 0;
-    cm_module_visit(root, collect_marked, ck);
+    collect_marked(root, ck);
     cr_assert_str_eq(ck, "transformer.h.0 transformer.h.1 transformer.h.2 transformer.h.3 ");
     cm_model_free(m);
 }
@@ -488,7 +496,7 @@ Test(act_ckpt, policy_block_lists_follow_llm_foundry) {
         int n;
         cr_assert_eq(cm_module_checkpoint_policy(root, t, 1, &n), CM_OK, "%s: %s", cases[c].blocks, cm_last_error());
         char got[512] = "", want[512] = "";
-        cm_module_visit(root, collect_marked, got);
+        collect_marked(root, got);
         for (const char *p = cases[c].want; *p;) {
             char id[8];
             int k = 0;
