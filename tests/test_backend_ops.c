@@ -336,6 +336,34 @@ static cm_tensor *f_ce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     return cm_cross_entropy(tp, in[0], t, &o);
 }
 
+typedef struct {
+    int red;       /* CM_REDUCTION_MEAN or _SUM */
+    float ls;      /* label smoothing */
+    bool ignore;   /* targets 0 and 3 ignored */
+    bool bf16;     /* under autocast */
+    int64_t chunk; /* rows per chunk (0 = automatic) */
+} lce_arg;
+
+static cm_tensor *f_lce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const lce_arg *c = varg;
+    cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+    o.reduction = (cm_reduction)c->red;
+    o.label_smoothing = c->ls;
+    cm_tensor *t = in[2];
+    if (c->ignore) {
+        t = cm_clone_detached(tp, t);
+        int64_t i0[1] = {0}, i3[1] = {3};
+        if (t) {
+            cm_tensor_set(t, i0, -100);
+            cm_tensor_set(t, i3, -100);
+        }
+    }
+    if (c->bf16) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *y = cm_linear_cross_entropy(tp, in[0], in[1], t, &o, c->chunk);
+    cm_tape_set_autocast(tp, CM_DTYPE_F32);
+    return y;
+}
+
 static cm_tensor *f_layer_norm(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     const int affine = *(const int *)varg;
     return cm_layer_norm(tp, in[0], affine ? in[1] : NULL, affine ? in[2] : NULL, 1e-5f);
@@ -643,6 +671,26 @@ Test(backend_ops, cross_entropy_with_every_option) {
         snprintf(name, sizeof name, "cross_entropy case %zu", c);
         check_op(name, f_ce, &cases[c].a, 2, s, 2e-6, 2e-6);
     }
+}
+
+Test(backend_ops, linear_cross_entropy_chunks_options_and_autocast) {
+    const lce_arg args[] = {
+        {CM_REDUCTION_MEAN, 0, false, false, 0}, {CM_REDUCTION_MEAN, 0.1f, true, false, 5},
+        {CM_REDUCTION_SUM, 0, true, false, 1},   {CM_REDUCTION_MEAN, 0, true, true, 7},
+        {CM_REDUCTION_SUM, 0.1f, false, true, 0},
+    };
+    for (size_t c = 0; c < sizeof args / sizeof args[0]; c++) {
+        in_spec s[3] = {SPEC(2, IN_NORMAL, true, 37, 24), SPEC(2, IN_NORMAL, true, 301, 24),
+                        {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 301}};
+        char name[64];
+        snprintf(name, sizeof name, "linear_cross_entropy case %zu", c);
+        check_op(name, f_lce, &args[c], 3, s, args[c].bf16 ? 1e-5 : 2e-6, args[c].bf16 ? 1e-4 : 2e-6);
+    }
+    /* (B, T, C) rows, several automatic chunks */
+    const lce_arg big = {CM_REDUCTION_MEAN, 0, true, false, 0};
+    in_spec s[3] = {SPEC(3, IN_NORMAL, true, 3, 100, 16), SPEC(2, IN_NORMAL, true, 97, 16),
+                    {2, {3, 100}, IN_INDEX, false, CM_DTYPE_F32, 97}};
+    check_op("linear_cross_entropy rows 300", f_lce, &big, 3, s, 2e-6, 2e-6);
 }
 
 Test(backend_ops, cross_entropy_names_a_bad_target_on_both_devices) {

@@ -2,6 +2,10 @@
  * ignore_index, probabilities), label smoothing, reductions, (N, C) and (N, C, d1, d2) shapes and
  * strided logits; forward values against a double reference; the all-ignored NaN rule; errors.
  *
+ * cm_linear_cross_entropy (the fused lm head + loss): gradchecks over chunk sizes, smoothing,
+ * reductions, ignored rows and (..., C) inputs, equality with cm_linear + cm_cross_entropy in f32
+ * and under autocast, and its errors.
+ *
  * Tolerances: gradchecks use the defaults (eps 1e-2, atol 1e-3, rtol 1e-2) — the losses are smooth
  * and, with 5-7 classes, third derivatives are O(1) so truncation is ~1e-5. Forward values are
  * compared with a double reference at 1e-5 (f32 logits, double accumulation). */
@@ -240,6 +244,210 @@ Test(cross_entropy, bad_targets_and_options_are_errors_naming_values) {
     int64_t s1[1] = {5};
     cr_assert_null(cm_cross_entropy(tp, cmt_randn(tp, 1, s1, 1, false), cmt_randint(tp, 1, s1, 2, 0, 5), NULL));
     cr_assert_eq(cm_tape_status(tp), CM_ERR_SHAPE);
+    cm_tape_free(tp);
+}
+
+/* ---- linear + cross-entropy, fused ---- */
+
+typedef struct {
+    cm_cross_entropy_opts o;
+    int64_t chunk;
+} lce_case;
+
+/* A long-lived copy of t (freed by the caller). */
+static cm_tensor *keep(const cm_tensor *t) {
+    cm_tensor *c = NULL;
+    cr_assert(t && cm_tensor_new(cm_tensor_dtype(t), cm_tensor_ndim(t), cm_tensor_shape(t), &c) == CM_OK);
+    cr_assert(cm_tensor_copy(c, t) == CM_OK);
+    return c;
+}
+
+static cm_tensor *call_lce(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    const lce_case *c = vctx;
+    return cm_linear_cross_entropy(tp, in[0], in[1], in[2], &c->o, c->chunk);
+}
+
+/* The same loss unfused: cm_cross_entropy(cm_linear(x, w)) with (..., V) logits flattened. */
+static cm_tensor *call_lce_ref(cm_tape *tp, cm_tensor *const *in, void *vctx) {
+    const lce_case *c = vctx;
+    cm_tensor *lg = cm_linear(tp, in[0], in[1], NULL);
+    if (!lg) return NULL;
+    const int64_t V = cm_tensor_dim(in[1], 0), R = cm_tensor_numel(in[2]);
+    const int64_t ls[2] = {R, V}, ts[1] = {R};
+    return cm_cross_entropy(tp, cm_reshape(tp, lg, 2, ls), cm_reshape(tp, in[2], 1, ts), &c->o);
+}
+
+Test(linear_cross_entropy, gradcheck_chunks_smoothing_reductions_ignore_and_shapes) {
+    const int64_t xs2[2] = {7, 5}, ts1[1] = {7}, xs3[3] = {2, 3, 5}, ts2[2] = {2, 3}, ws[2] = {11, 5};
+    const int64_t chunks[3] = {3, 1, 0};
+    for (int shp = 0; shp < 2; shp++)
+        for (int si = 0; si < 2; si++)
+            for (int ri = 0; ri < 2; ri++)
+                for (int ci = 0; ci < 3; ci++) {
+                    cm_tape *tp = cmt_tape();
+                    lce_case c = {cm_cross_entropy_opts_default(), chunks[ci]};
+                    c.o.label_smoothing = si ? 0.1f : 0.0f;
+                    c.o.reduction = ri ? CM_REDUCTION_SUM : CM_REDUCTION_MEAN;
+                    const uint64_t seed = (uint64_t)(100 * shp + 10 * si + 3 * ri + ci);
+                    cm_tensor *x = shp ? cmt_randn_noncontig(tp, 3, xs3, 500 + seed, true)
+                                       : cmt_randn(tp, 2, xs2, 500 + seed, true);
+                    cm_tensor *w = cmt_randn(tp, 2, ws, 600 + seed, true);
+                    cm_tensor *t = shp ? cmt_randint(tp, 2, ts2, 700 + seed, 0, 11) : cmt_randint(tp, 1, ts1, 700 + seed, 0, 11);
+                    ignore_some(t, c.o.ignore_index, 3);
+                    char name[96];
+                    snprintf(name, sizeof name, "linear_cross_entropy shape %d smoothing %d reduction %d chunk %lld", shp,
+                             si, ri, (long long)c.chunk);
+                    cm_tensor *in[3] = {x, w, t};
+                    cmt_gradcheck(name, call_lce, &c, 3, in, NULL);
+                    cm_tape_free(tp);
+                }
+}
+
+/* Loss and both gradients against the unfused ops on a size with several automatic chunks (256
+ * rows each, the last one partial) and with one-row chunks. */
+Test(linear_cross_entropy, equals_linear_then_cross_entropy) {
+    const int64_t xs[3] = {3, 200, 24}, ws[2] = {300, 24}, ts[2] = {3, 200};
+    const int64_t chunks[3] = {0, 1, 77};
+    for (int ci = 0; ci < 3; ci++)
+        for (int si = 0; si < 2; si++) {
+            lce_case c = {cm_cross_entropy_opts_default(), chunks[ci]};
+            c.o.label_smoothing = si ? 0.2f : 0.0f;
+            cm_tensor *g[2][2] = {{NULL}};
+            float loss[2];
+            for (int k = 0; k < 2; k++) {
+                cm_tape *tp = cmt_tape();
+                cm_tensor *x = cmt_randn(tp, 3, xs, 11, true), *w = cmt_randn(tp, 2, ws, 12, true);
+                cm_tensor *t = cmt_randint(tp, 2, ts, 13, 0, 300);
+                ignore_some(t, c.o.ignore_index, 7);
+                cm_tensor *in[3] = {x, w, t};
+                cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
+                cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
+                loss[k] = (float)cm_tensor_get_flat(l, 0);
+                g[k][0] = keep(cm_tensor_grad(x));
+                g[k][1] = keep(cm_tensor_grad(w));
+                cr_assert(g[k][0] && g[k][1]);
+                cm_tape_free(tp);
+            }
+            cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "chunk %lld: loss %.8g vs unfused %.8g",
+                      (long long)c.chunk, (double)loss[0], (double)loss[1]);
+            cmt_assert_close("dx vs unfused", g[0][0], g[1][0], 1e-7, 1e-4);
+            cmt_assert_close("dw vs unfused", g[0][1], g[1][1], 1e-7, 1e-4);
+            for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
+        }
+}
+
+Test(linear_cross_entropy, first_gradients_are_written_and_upstream_scales) {
+    const int64_t xs[2] = {9, 6}, ws[2] = {13, 6}, ts[1] = {9};
+    cm_tape *tp = cmt_tape();
+    lce_case c = {cm_cross_entropy_opts_default(), 4};
+    cm_tensor *x = cmt_randn(tp, 2, xs, 21, true), *w = cmt_randn(tp, 2, ws, 22, true);
+    cm_tensor *t = cmt_randint(tp, 1, ts, 23, 0, 13);
+    cm_tensor *in[3] = {x, w, t};
+    cmt_check_fresh_grads("linear_cross_entropy", call_lce, &c, 3, in, 1e-6, 1e-5);
+    cm_tape_free(tp);
+}
+
+/* Under autocast the fused op multiplies bf16 copies and rounds the chunk's gradient to bf16, as
+ * cm_linear's backward rounds its upstream gradient: it tracks the unfused ops under autocast. */
+Test(linear_cross_entropy, autocast_bf16_tracks_the_unfused_ops) {
+    const int64_t xs[2] = {300, 32}, ws[2] = {200, 32}, ts[1] = {300};
+    lce_case c = {cm_cross_entropy_opts_default(), 0};
+    cm_tensor *g[2][2] = {{NULL}};
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        cm_tape *tp = cmt_tape();
+        cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+        cm_tensor *x = cmt_randn(tp, 2, xs, 31, true), *w = cmt_randn(tp, 2, ws, 32, true);
+        cm_tensor *t = cmt_randint(tp, 1, ts, 33, 0, 200);
+        cm_tensor *in[3] = {x, w, t};
+        cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
+        cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
+        loss[k] = (float)cm_tensor_get_flat(l, 0);
+        g[k][0] = keep(cm_tensor_grad(x));
+        g[k][1] = keep(cm_tensor_grad(w));
+        cr_assert(g[k][0] && g[k][1] && cm_tensor_dtype(g[k][0]) == CM_DTYPE_F32);
+        cm_tape_free(tp);
+    }
+    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "loss %.8g vs unfused %.8g", (double)loss[0],
+              (double)loss[1]);
+    cmt_assert_close("dx vs unfused (bf16)", g[0][0], g[1][0], 1e-5, 2e-2);
+    cmt_assert_close("dw vs unfused (bf16)", g[0][1], g[1][1], 1e-5, 2e-2);
+    for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
+}
+
+Test(linear_cross_entropy, all_ignored_gives_nan_mean_zero_gradients_and_no_grad_records_nothing) {
+    const int64_t xs[2] = {4, 3}, ws[2] = {5, 3}, ts[1] = {4};
+    cm_tape *tp = cmt_tape();
+    cm_tensor *x = cmt_randn(tp, 2, xs, 41, true), *w = cmt_randn(tp, 2, ws, 42, true);
+    cm_tensor *t = cmt_randint(tp, 1, ts, 43, 0, 5);
+    ignore_some(t, -100, 1);
+    cm_tensor *l = cm_linear_cross_entropy(tp, x, w, t, NULL, 0);
+    cr_assert(l && isnan(cm_tensor_get_flat(l, 0)), "%s", cm_tape_error(tp));
+    cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+    o.reduction = CM_REDUCTION_SUM;
+    l = cm_linear_cross_entropy(tp, x, w, t, &o, 0);
+    cr_assert(l && cm_tensor_get_flat(l, 0) == 0.0);
+    cr_assert_eq(cm_tape_backward(tp, l), CM_OK, "%s", cm_tape_error(tp));
+    for (int64_t i = 0; i < 12; i++) cr_assert_eq(cm_tensor_get_flat(cm_tensor_grad(x), i), 0.0);
+    for (int64_t i = 0; i < 15; i++) cr_assert_eq(cm_tensor_get_flat(cm_tensor_grad(w), i), 0.0);
+    cm_tape_free(tp);
+
+    tp = cmt_tape();
+    x = cmt_randn(tp, 2, xs, 41, true), w = cmt_randn(tp, 2, ws, 42, true);
+    t = cmt_randint(tp, 1, ts, 43, 0, 5);
+    cm_tensor *in[3] = {x, w, t};
+    lce_case c = {cm_cross_entropy_opts_default(), 0};
+    const float want = (float)cm_tensor_get_flat(call_lce_ref(tp, in, &c), 0);
+    const bool prev = cm_tape_set_grad_enabled(tp, false);
+    l = cm_linear_cross_entropy(tp, x, w, t, NULL, 0);
+    cm_tape_set_grad_enabled(tp, prev);
+    cr_assert(l && !cm_tensor_requires_grad(l), "%s", cm_tape_error(tp));
+    cr_assert(fabsf((float)cm_tensor_get_flat(l, 0) - want) <= 1e-6f * fabsf(want));
+    cm_tape_free(tp);
+}
+
+Test(linear_cross_entropy, bad_inputs_are_errors_naming_them) {
+    const int64_t xs[2] = {4, 3}, ws[2] = {5, 3}, ts[1] = {4};
+    cm_tape *tp = cmt_tape();
+    cm_tensor *x = cmt_randn(tp, 2, xs, 1, false), *w = cmt_randn(tp, 2, ws, 2, false);
+    cm_tensor *t = cmt_randint(tp, 1, ts, 3, 0, 5);
+    ((int64_t *)cm_tensor_data(t))[2] = 9;
+    cmt_expect_error(tp, cm_linear_cross_entropy(tp, x, w, t, NULL, 0), CM_ERR_INVALID_ARG, "target(2) = 9",
+                     "[0, 5)", "w (5, 3)", NULL);
+    cm_tape_free(tp);
+
+    tp = cmt_tape();
+    x = cmt_randn(tp, 2, xs, 1, false), w = cmt_randn(tp, 2, ws, 2, false);
+    cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+    o.reduction = CM_REDUCTION_NONE;
+    cmt_expect_error(tp, cm_linear_cross_entropy(tp, x, w, cmt_randint(tp, 1, ts, 3, 0, 5), &o, 0), CM_ERR_UNSUPPORTED,
+                     "reduction NONE", "cm_linear + cm_cross_entropy", NULL);
+    cm_tape_free(tp);
+
+    tp = cmt_tape();
+    x = cmt_randn(tp, 2, xs, 1, false), w = cmt_randn(tp, 2, ws, 2, false);
+    const int64_t ps[2] = {4, 5};
+    cmt_expect_error(tp, cm_linear_cross_entropy(tp, x, w, cmt_randn(tp, 2, ps, 3, false), NULL, 0), CM_ERR_UNSUPPORTED,
+                     "probability targets", NULL);
+    cm_tape_free(tp);
+
+    tp = cmt_tape();
+    x = cmt_randn(tp, 2, xs, 1, false);
+    const int64_t ws_bad[2] = {5, 4}, ts_bad[1] = {3};
+    cmt_expect_error(tp, cm_linear_cross_entropy(tp, x, cmt_randn(tp, 2, ws_bad, 2, false), cmt_randint(tp, 1, ts, 3, 0, 5), NULL, 0),
+                     CM_ERR_SHAPE, "w (5, 4)", "x (4, 3)", NULL);
+    cm_tape_free(tp);
+
+    tp = cmt_tape();
+    x = cmt_randn(tp, 2, xs, 1, false), w = cmt_randn(tp, 2, ws, 2, false);
+    cmt_expect_error(tp, cm_linear_cross_entropy(tp, x, w, cmt_randint(tp, 1, ts_bad, 3, 0, 5), NULL, 0), CM_ERR_SHAPE,
+                     "target (3,)", "must be (4,)", NULL);
+    cm_tape_free(tp);
+
+    tp = cmt_tape();
+    x = cmt_randn(tp, 2, xs, 1, false), w = cm_cast(tp, cmt_randn(tp, 2, ws, 2, false), CM_DTYPE_BF16);
+    cmt_expect_error(tp, cm_linear_cross_entropy(tp, x, w, cmt_randint(tp, 1, ts, 3, 0, 5), NULL, 0), CM_ERR_DTYPE,
+                     "bf16", "f32", NULL);
     cm_tape_free(tp);
 }
 

@@ -560,6 +560,20 @@ cm_cross_entropy_opts cm_cross_entropy_opts_default(void);
  * class index outside [0, C) that is not ignore_index (naming the value and its position, e.g.
  * "target(1, 2) = 7"), label_smoothing outside [0, 1] or an unknown reduction. */
 cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, const cm_cross_entropy_opts *opts);
+/* Cross-entropy of the logits x·wᵀ — cm_cross_entropy(cm_linear(x, w, NULL), target) — without
+ * ever holding the (rows, V) logits or their gradient (Liger's FusedLinearCrossEntropy): the
+ * logits are made chunk_rows rows at a time (0 = automatic: about the size of x, at least 256
+ * rows), their losses summed and, when x or w needs a gradient, the chunk's softmax gradient
+ * turned into its share of dx (rows, C) and dw (V, C) at once; the backward scales those by the
+ * upstream gradient. Memory: dx + dw + one chunk instead of 2 × rows × V floats (GPT-2 at 8 × 1024
+ * tokens: 3.3 GB of logits and gradient become 0.2 GB). No extra FLOPs.
+ * x (..., C) and w (V, C): both f32 or both bf16 (under autocast each f32 or bf16, multiplied in
+ * bf16 with f32 accumulation, as cm_linear); target (...) class indices. opts as cm_cross_entropy's
+ * with MEAN or SUM (NONE is CM_ERR_UNSUPPORTED), index targets only (probability targets
+ * CM_ERR_UNSUPPORTED). Results equal the unfused ops up to summation order (the GEMMs are split by
+ * rows). Errors as cm_cross_entropy's; CM_ERR_SHAPE naming x, w and target. */
+cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *target,
+                                   const cm_cross_entropy_opts *opts, int64_t chunk_rows);
 /* Mean squared error (pred and target the same shape, f32, any strides); both get gradients.
  * MEAN of an empty tensor is NaN, as torch. Errors: CM_ERR_SHAPE naming both shapes. */
 cm_tensor *cm_mse_loss(cm_tape *tp, cm_tensor *pred, cm_tensor *target, cm_reduction reduction);

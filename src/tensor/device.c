@@ -98,7 +98,7 @@ static const char *const k_gpu_ops[] = {
     /* GEMMs (matmul.c) */
     "matmul", "linear",
     /* losses, norms, dropout, fused activations, indexing */
-    "cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
+    "cross_entropy", "linear_cross_entropy", "layer_norm", "dropout", "bias_gelu", "embedding", "index_select",
     "gather", "mse_loss", "group_norm",
     /* attention (attention.c) */
     "attention",

@@ -126,8 +126,8 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
 }
 
 /* The error for a class index t at flat position p of target that is neither in [0, C) nor ignore. */
-static void bad_target(cm_tape *tp, const char *op, const cm_tensor *target, const cm_tensor *logits, int64_t p,
-                       int64_t t, int64_t C, int64_t ignore) {
+static void bad_target(cm_tape *tp, const char *op, const cm_tensor *target, const char *what, const cm_tensor *logits,
+                       int64_t p, int64_t t, int64_t C, int64_t ignore) {
     int64_t idx[CM_MAX_DIMS];
     int64_t rem = p;
     for (int d = target->ndim - 1; d >= 0; d--) {
@@ -140,8 +140,8 @@ static void bad_target(cm_tape *tp, const char *op, const cm_tensor *target, con
         len += snprintf(pos + len, sizeof pos - (size_t)len, d ? ", %" PRId64 : "%" PRId64, idx[d]);
     snprintf(pos + len, sizeof pos - (size_t)len, ")");
     cmi_fail(tp, CM_ERR_INVALID_ARG,
-             "%s: target%s = %" PRId64 " is not a class index in [0, %" PRId64 ") (logits %s) nor ignore_index %" PRId64,
-             op, pos, t, C, cmi_shape(logits), ignore);
+             "%s: target%s = %" PRId64 " is not a class index in [0, %" PRId64 ") (%s %s) nor ignore_index %" PRId64,
+             op, pos, t, C, what, cmi_shape(logits), ignore);
 }
 
 cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, const cm_cross_entropy_opts *opts) {
@@ -200,7 +200,7 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
         if (cmi_dev_fail(tp, be->ce_check(target->data, target->dtype, P, C, o.ignore_index, &count, &bad, &bad_val), op))
             return NULL;
         if (bad >= 0) {
-            bad_target(tp, op, target, logits, bad, bad_val, C, o.ignore_index);
+            bad_target(tp, op, target, "logits", logits, bad, bad_val, C, o.ignore_index);
             return NULL;
         }
     } else if (!soft) {
@@ -209,7 +209,7 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
             const int64_t t = load_index(target, p);
             if (t == o.ignore_index) continue;
             if (t < 0 || t >= C) {
-                bad_target(tp, op, target, logits, p, t, C, o.ignore_index);
+                bad_target(tp, op, target, "logits", logits, p, t, C, o.ignore_index);
                 return NULL;
             }
             count++;
@@ -278,6 +278,262 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
         if (!n) return NULL;
         ce_ctx *c = n->ctx;
         *c = (ce_ctx){N, C, S, soft, o.ignore_index, eps, o.reduction, lse, denom};
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Linear + cross-entropy, fused (Liger's FusedLinearCrossEntropy): the logits x·wᵀ are made a   */
+/* chunk of rows at a time, their loss summed and, when gradients are wanted, the softmax        */
+/* gradient of the chunk turned into its share of dx and dw at once. Nothing (R, V)-sized lives  */
+/* past a chunk; the backward only scales the saved dx, dw by the upstream gradient.             */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    float *dx; /* (R, C) f32: d loss / d x for upstream 1, or NULL */
+    float *dw; /* (V, C) f32: d loss / d w for upstream 1, or NULL */
+    int64_t nx, nw;
+} lce_ctx;
+
+/* grad(t) += g[0]·d over n elements (g a scalar on the tape's device). */
+static void lce_scale_into(cm_tape *tp, cm_tensor *t, float *d, int64_t n, const cm_tensor *g) {
+    bool fresh = false;
+    cm_tensor *gt = cmi_grad_for_write(tp, t, &fresh);
+    if (!gt || cmi_status(tp)) return;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) { /* g stays on the device: d·g broadcast, written or added */
+        const int64_t one[1] = {1}, zero[1] = {0}, shape[1] = {n};
+        if (cmi_dev_fail(tp, be->binary(CMI_BIN_MUL, fresh ? cmi_f32(gt) : d, d, one, cmi_f32(g), zero, 1, shape),
+                         "linear_cross_entropy backward"))
+            return;
+        if (!fresh) cmi_dev_fail(tp, be->accum(cmi_f32(gt), one, d, 1, shape), "linear_cross_entropy backward");
+        return;
+    }
+    const float gv = cmi_f32(g)[0];
+    float *o = cmi_f32(gt);
+    if (fresh) {
+#pragma omp parallel for simd schedule(static) if (n > CMI_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) o[i] = gv * d[i];
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > CMI_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) o[i] += gv * d[i];
+    }
+}
+
+static cm_status lce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
+    const lce_ctx *c = n->ctx;
+    if (c->dx) lce_scale_into(tp, n->in[0], c->dx, c->nx, g);
+    if (c->dw && !cmi_status(tp)) lce_scale_into(tp, n->in[1], c->dw, c->nw, g);
+    return cmi_status(tp);
+}
+
+/* Rows per chunk: Liger's rule (a chunk of logits about the size of x: ceil(V / C) chunks, rows a
+ * power of two), but at least 256 rows — every chunk reads and writes all of dw (V·C), so fewer,
+ * larger chunks keep that traffic a small part of the GEMMs on a CPU. */
+static int64_t lce_chunk_rows(int64_t R, int64_t V, int64_t C, int64_t user) {
+    int64_t r;
+    if (user > 0) {
+        r = user;
+    } else {
+        const int64_t inc = C > 0 ? (V + C - 1) / C : 1;
+        const int64_t want = (R + inc - 1) / (inc > 0 ? inc : 1);
+        r = 1;
+        while (r < want) r *= 2;
+        if (r < 256) r = 256;
+    }
+    return r < R ? r : (R > 0 ? R : 1);
+}
+
+/* The CPU part of one chunk: m rows of logits L (m, V) in place → their losses summed (returned)
+ * and, when grad, the rows' gradient scale·(softmax - smoothed one-hot) written over L. */
+static double lce_rows_cpu(float *L, const cm_tensor *target, int64_t r0, int64_t m, int64_t V, int64_t ignore,
+                           float eps, float scale, bool grad) {
+    const float u = eps / (float)V;
+    double total = 0.0;
+#pragma omp parallel for if (m * V >= CMI_PAR_MIN) schedule(static) reduction(+ : total)
+    for (int64_t i = 0; i < m; i++) {
+        float *row = L + i * V;
+        const int64_t t = load_index(target, r0 + i);
+        if (t == ignore) {
+            if (grad) memset(row, 0, sizeof(float) * (size_t)V);
+            continue;
+        }
+        const float lse = ce_lse(row, V, 1);
+        double loss = (1.0 - eps) * ((double)lse - row[t]);
+        if (eps > 0.0f) {
+            double sx = 0.0;
+            for (int64_t k = 0; k < V; k++) sx += row[k];
+            loss += eps * ((double)lse - sx / (double)V);
+        }
+        total += loss;
+        if (grad) ce_grad_index(row, row, V, 1, lse, scale, u, eps, t, true);
+    }
+    return total;
+}
+
+cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_tensor *target,
+                                   const cm_cross_entropy_opts *opts, int64_t chunk_rows) {
+    static const char *op = "linear_cross_entropy";
+    cm_tensor *ins[3] = {x, w, target};
+    if (!cmi_begin(tp, op, 3, ins)) return NULL;
+    const cm_cross_entropy_opts o = opts ? *opts : cm_cross_entropy_opts_default();
+    if (!check_reduction(tp, op, o.reduction)) return NULL;
+    if (o.reduction == CM_REDUCTION_NONE) {
+        cmi_fail(tp, CM_ERR_UNSUPPORTED,
+                 "%s: reduction NONE is not supported (per-row losses need their own gradients); use CM_REDUCTION_MEAN "
+                 "or _SUM, or cm_linear + cm_cross_entropy",
+                 op);
+        return NULL;
+    }
+    if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f)) {
+        cmi_fail(tp, CM_ERR_INVALID_ARG, "%s: label_smoothing %g must be in [0, 1]", op, (double)o.label_smoothing);
+        return NULL;
+    }
+    const bool ac = tp->autocast == CM_DTYPE_BF16;
+    for (int k = 0; k < 2; k++) {
+        const cm_tensor *t = ins[k];
+        const bool ok = ac ? (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) : t->dtype == x->dtype &&
+                                                                                         (t->dtype == CM_DTYPE_F32 ||
+                                                                                          t->dtype == CM_DTYPE_BF16);
+        if (!ok) {
+            cmi_fail(tp, CM_ERR_DTYPE, "%s: x %s has dtype %s and w %s dtype %s; both f32 or both bf16 (under autocast, each f32 or bf16)",
+                     op, cmi_shape(x), cm_dtype_name(x->dtype), cmi_shape(w), cm_dtype_name(w->dtype));
+            return NULL;
+        }
+    }
+    if (target->dtype == CM_DTYPE_F32) {
+        cmi_fail(tp, CM_ERR_UNSUPPORTED, "%s: probability targets are not supported; pass class indices (or use cm_linear + cm_cross_entropy)", op);
+        return NULL;
+    }
+    if (!cmi_check_index(tp, op, "target", target)) return NULL;
+    if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1]) {
+        cmi_fail(tp, CM_ERR_SHAPE, "%s: w %s must be (V, C) and x %s (..., C) with the same C", op, cmi_shape(w),
+                 cmi_shape(x));
+        return NULL;
+    }
+    bool same = target->ndim == x->ndim - 1;
+    for (int i = 0; same && i < target->ndim; i++) same = target->shape[i] == x->shape[i];
+    if (!same) {
+        cmi_fail(tp, CM_ERR_SHAPE, "%s: target %s must be %s for x %s (..., C)", op, cmi_shape(target),
+                 cmi_shape_of(x->ndim - 1, x->shape), cmi_shape(x));
+        return NULL;
+    }
+    const int64_t V = w->shape[0], C = w->shape[1], R = cmi_numel(x->ndim - 1, x->shape);
+    if (V == 0 && R > 0) {
+        cmi_fail(tp, CM_ERR_SHAPE, "%s: w %s has no classes (V = 0)", op, cmi_shape(w));
+        return NULL;
+    }
+    const bool cast_x = ac && x->dtype == CM_DTYPE_F32, cast_w = ac && w->dtype == CM_DTYPE_F32;
+    if (!cast_x && !cmi_is_contig(x) && !(x = cm_contiguous(tp, x))) return NULL;
+    if (!cast_w && !cmi_is_contig(w) && !(w = cm_contiguous(tp, w))) return NULL;
+    if (!cmi_is_contig(target) && !(target = cm_contiguous(tp, target))) return NULL;
+    ins[0] = x, ins[1] = w, ins[2] = target;
+    const cm_dtype dt = ac ? CM_DTYPE_BF16 : x->dtype;
+    const size_t es = cm_dtype_size(dt);
+    /* class indices checked and counted (the mean's divisor) */
+    int64_t count = 0;
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        int64_t bad = -1, bad_val = 0;
+        if (cmi_dev_fail(tp, be->ce_check(target->data, target->dtype, R, V, o.ignore_index, &count, &bad, &bad_val), op))
+            return NULL;
+        if (bad >= 0) {
+            bad_target(tp, op, target, "w", w, bad, bad_val, V, o.ignore_index);
+            return NULL;
+        }
+    } else {
+        for (int64_t p = 0; p < R; p++) {
+            const int64_t t = load_index(target, p);
+            if (t == o.ignore_index) continue;
+            if (t < 0 || t >= V) {
+                bad_target(tp, op, target, "w", w, p, t, V, o.ignore_index);
+                return NULL;
+            }
+            count++;
+        }
+    }
+    const double denom = o.reduction == CM_REDUCTION_MEAN ? (double)count : 1.0;
+    const bool gx = cmi_needs_grad(tp, 1, ins), gw = cmi_needs_grad(tp, 1, ins + 1);
+    cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, 0, NULL);
+    float *dx = gx && R ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(R * C)) : NULL; // (R, C)
+    float *dw = gw && R ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(V * C)) : NULL; // (V, C)
+    if (!out || (gx && R && !dx) || (gw && R && !dw)) return NULL;
+    cm_arena *arena = cmi_op_arena(tp);
+    const size_t mark = cm_arena_mark(arena); /* operand copies and the chunk: freed before returning */
+    const char *xd = cast_x ? cmi_bf16_copy(tp, x) : (const char *)x->data;
+    const char *wd = cast_w ? cmi_bf16_copy(tp, w) : (const char *)w->data;
+    if (!xd || !wd) return NULL;
+    const int64_t rb = lce_chunk_rows(R, V, C, chunk_rows);
+    const bool grad = dx || dw;
+    float *L = cmi_dev_scratch(tp, sizeof(float) * (size_t)(rb * V + 1)); // (rb, V)
+    uint16_t *Lb = grad && dt == CM_DTYPE_BF16 ? cmi_dev_scratch(tp, 2 * (size_t)(rb * V + 1)) : NULL;
+    float *rl = be ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(R + 1)) : NULL;   // (R) per-row losses
+    float *lse = be ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(rb + 1)) : NULL; // (rb)
+    float *one = be && grad ? cmi_dev_scratch(tp, sizeof(float)) : NULL;
+    if (!L || (grad && dt == CM_DTYPE_BF16 && !Lb) || (be && (!rl || !lse)) || (be && grad && !one)) return NULL;
+    if (one) {
+        const int64_t s1[1] = {1}, st1[1] = {1};
+        if (cmi_dev_fail(tp, be->fill(one, CM_DTYPE_F32, 1, s1, st1, 1.0), op)) return NULL;
+    }
+    const size_t tes = cm_dtype_size(target->dtype);
+    double total = 0.0;
+    cm_status st = CM_OK;
+    for (int64_t r0 = 0; r0 < R && !st; r0 += rb) {
+        const int64_t m = R - r0 < rb ? R - r0 : rb;
+        const char *xr = xd + (size_t)(r0 * C) * es;
+        /* L (m, V) = x[r0:r0+m] (m, C) · wᵀ (C, V) */
+        if ((st = cmi_gemm(tp, dt, m, V, C, xr, C, false, wd, C, true, NULL, false, L, V))) break;
+        if (be) {
+            const void *tc = (const char *)target->data + (size_t)r0 * tes;
+            if (cmi_dev_fail(tp, be->ce_fwd(L, tc, target->dtype, false, m, V, 1, o.ignore_index, o.label_smoothing,
+                                            true, 1.0, rl + r0, lse),
+                             op) ||
+                (grad && cmi_dev_fail(tp, be->ce_bwd(L, tc, target->dtype, false, m, V, 1, o.ignore_index,
+                                                     o.label_smoothing, false, denom, one, lse, L, true, NULL),
+                                      op))) {
+                st = cmi_status(tp);
+                break;
+            }
+        } else {
+            total += lce_rows_cpu(L, target, r0, m, V, o.ignore_index, o.label_smoothing, (float)(1.0 / denom), grad);
+        }
+        if (!grad) continue;
+        const char *gl = (const char *)L; // (m, V): the chunk's d loss / d logits
+        if (Lb) {
+            const int64_t cnt = m * V;
+            if (be) {
+                if (cmi_dev_fail(tp, be->copy(Lb, CM_DTYPE_BF16, NULL, L, CM_DTYPE_F32, NULL, 1, &cnt), op)) {
+                    st = cmi_status(tp);
+                    break;
+                }
+            } else {
+                cmi_bf16_round(Lb, L, cnt);
+            }
+            gl = (const char *)Lb;
+        }
+        /* dx (m, C) = gl (m, V) · w (V, C); dw (V, C) (+)= glᵀ (V, m) · x (m, C) */
+        if (dx && (st = cmi_gemm(tp, dt, m, C, V, gl, V, false, wd, C, false, NULL, false, dx + r0 * C, C))) break;
+        if (dw && (st = cmi_gemm(tp, dt, V, C, m, gl, V, true, xr, C, false, NULL, r0 > 0, dw, C))) break;
+    }
+    if (!st && be) { /* the loss: Σ row losses / denom, on the device */
+        cmi_red_plan P;
+        memset(&P, 0, sizeof P);
+        P.nr = 1, P.rshape[0] = R, P.rstride[0] = 1, P.rcstride[0] = 1, P.n_out = 1, P.n_red = R;
+        if (R == 0) {
+            const int64_t s1[1] = {1}, st1[1] = {1};
+            cmi_dev_fail(tp, be->fill(cmi_f32(out), CM_DTYPE_F32, 1, s1, st1, denom == 0.0 ? NAN : 0.0), op);
+        } else {
+            cmi_dev_fail(tp, be->reduce(CMI_RED_SUM, &P, rl, NULL, 1.0 / denom, cmi_f32(out), NULL, NULL), op);
+        }
+    } else if (!st) {
+        cmi_f32(out)[0] = (float)(total / denom); /* all ignored: 0/0 = NaN, as torch */
+    }
+    cm_arena_rewind(arena, mark);
+    if (st || cmi_status(tp)) return NULL;
+    if (gx || gw) {
+        cm_node *n = cmi_record(tp, op, out, 3, ins, lce_backward, sizeof(lce_ctx));
+        if (!n) return NULL;
+        *(lce_ctx *)n->ctx = (lce_ctx){dx, dw, R * C, V * C};
     }
     return out;
 }

@@ -130,6 +130,11 @@ static cm_status gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K,
     return CM_OK;
 }
 
+cm_status cmi_gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K, const char *a, int64_t lda, bool ta,
+                   const char *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc) {
+    return gemm(tp, dt, M, N, K, a, lda, ta, b, ldb, tb, bias, acc, c, ldc);
+}
+
 /* Batched GEMM over the batch shape (nbd dims, nb entries): C_i = op(A_i)·op(B_i) (+ C_i when acc),
  * C_i at c + Σ idx·cbs. Small f32 problems run one GEMM per thread (OpenBLAS then runs
  * single-threaded inside our parallel region); that is only done when no two batch entries write
@@ -397,6 +402,8 @@ static const char *bf16_copy(cm_tape *tp, cm_tensor *t) {
     tp->grad_enabled = prev;
     return c ? (const char *)c->data : NULL;
 }
+
+const char *cmi_bf16_copy(cm_tape *tp, cm_tensor *t) { return bf16_copy(tp, t); }
 
 /* Under autocast: an operand linear can take (f32, copied to bf16, or bf16 already). */
 static bool float_operand(cm_tape *tp, const char *name, const cm_tensor *t) {

@@ -282,6 +282,14 @@ void cmi_gpool_give(cm_tape *tp, void *p);
 /* Exchanges the tape's arenas with its alternate pair (checkpoint.c's replay arenas). */
 void cmi_swap_arenas(cm_tape *tp);
 
+/* GEMMs for ops outside matmul.c (matmul.c): C (M, N), rows ldc apart, = op(A) (M, K) · op(B) (K, N)
+ * [+ bias (N)] [+ C when acc], A and B of dtype dt (f32 or bf16), C f32; on the tape's device.
+ * Errors are recorded on the tape. cmi_bf16_copy: an unrecorded bf16 copy of t (contiguous) in
+ * arena scratch, as autocast multiplies an f32 operand; NULL + tape error on failure. */
+cm_status cmi_gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K, const char *a, int64_t lda, bool ta,
+                   const char *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc);
+const char *cmi_bf16_copy(cm_tape *tp, cm_tensor *t);
+
 static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
 
 /* memset / memcpy split over the threads when large (one core does not reach the memory
