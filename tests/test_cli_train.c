@@ -6,6 +6,7 @@
 #include "cmtest.h"
 
 #include <composer/tokenizer.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,6 +335,32 @@ Test(cli_train, mnist_mlp_trains_a_few_batches) {
     rc = run("train " DIR "/mnist.yaml optimizer.lr=", out, sizeof out);
     cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "optimizer.lr: required for sgd"), "%s", out);
+    rc = run("train " DIR "/mnist.yaml model.fused_linear_cross_entropy=true", out, sizeof out);
+    cr_assert_neq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "model.fused_linear_cross_entropy: applies to GPT models"), "%s", out);
+}
+
+/* model.fused_linear_cross_entropy: the same training losses and metrics as without it. */
+Test(cli_train, fused_linear_cross_entropy_trains_the_same_run) {
+    double v[2][4];
+    for (int k = 0; k < 2; k++) {
+        char args[512];
+        snprintf(args, sizeof args, "train " DIR "/tiny.yaml run_name=tiny_fused%d max_duration=3ba eval_interval=0 %s",
+                 k, k ? "model.fused_linear_cross_entropy=true" : "");
+        int rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "grep -o '\"loss/train/total\": *[-0-9.e]*\\|\"metrics/train/LanguageCrossEntropy\": *[-0-9.e]*' "
+                 DIR "/runs/tiny_fused%d/metrics.jsonl | sed 's/.*: *//' | head -4",
+                 k);
+        FILE *p = popen(cmd, "r");
+        for (int i = 0; i < 4; i++) cr_assert_eq(fscanf(p, "%lf", &v[k][i]), 1, "run %d: value %d missing", k, i);
+        pclose(p);
+    }
+    for (int i = 0; i < 4; i++)
+        cr_expect(fabs(v[0][i] - v[1][i]) <= 1e-5 * fabs(v[0][i]), "value %d: fused %.8g vs unfused %.8g", i, v[1][i],
+                  v[0][i]);
 }
 
 /* EarlyStopper from YAML: with a learning rate of 0 the eval loss moves only by the decoupled

@@ -24,7 +24,8 @@
  * blockings and thread counts). That is tight enough to catch a one-batch-late schedule, weight
  * decay on biases/LayerNorms (lr·wd·p = 1e-4 per step on a LayerNorm weight) or a missing clip.
  * Microbatched vs full batch (both ours): only the split of the gradient sum differs: measured
- * 1.2e-7, asserted 1e-6 (parameters and every step's gradient). */
+ * 1.2e-7, asserted 1e-6 (parameters and every step's gradient). The fused lm_head + loss
+ * (cm_gpt2_set_fused_linear_cross_entropy) is held to the same PyTorch tolerances. */
 #include "cmgolden_gpt2.h"
 #include "cmtest.h"
 #include "cmtrain.h"
@@ -112,12 +113,14 @@ typedef struct {
     bool on_tokens;       /* accumulate_train_batch_on_tokens */
     bool count_labels;    /* count_tokens = the non-ignored labels (else the dataset's T per row) */
     bool last_row_ignored; /* every label of each batch's last row is -100 */
+    int64_t fused;        /* > 0: lm_head fused with the loss, chunks of this many rows */
 } run_opts;
 
 static void run_start(run *r, cmt_golden *g, run_opts o) {
     memset(r, 0, sizeof *r);
     r->model = cmt_golden_gpt2_model();
     cmt_golden_gpt2_load(r->model, "init.");
+    if (o.fused) cr_assert_eq(cm_gpt2_set_fused_linear_cross_entropy(r->model, true, o.fused), CM_OK, "%s", cm_last_error());
     r->opt = cmt_golden_gpt2_adamw(r->model);
     r->ds = cmt_golden_gpt2_dataset(g, o.masked, o.last_row_ignored);
     cm_dataloader_config dc = cm_dataloader_config_default();
@@ -316,6 +319,33 @@ Test(golden_train_gpt2, uneven_microbatches_give_the_full_batch_run) {
     expect_golden(g, &micro, "plain");
     run_end(&full);
     run_end(&micro);
+    cmt_golden_close(g);
+}
+
+/* lm_head fused with the loss (chunks of 5 rows of the 64 tokens, so 13 chunks, the last one
+ * partial): PyTorch's run, with and without ignored labels and token-weighted microbatches, and
+ * the training metrics (read from the fused loss) equal the unfused run's. */
+Test(golden_train_gpt2, fused_linear_cross_entropy_matches_pytorch_and_the_unfused_metrics) {
+    cmt_golden *g = cmt_golden_open(GOLDEN);
+    run plain, fused;
+    run_start(&plain, g, (run_opts){0});
+    run_start(&fused, g, (run_opts){.fused = 5});
+    expect_golden(g, &fused, "plain");
+    static const char *const names[2] = {"metrics/train/LanguageCrossEntropy", "metrics/train/LanguagePerplexity"};
+    for (int k = 0; k < 2; k++) {
+        double a[N_STEPS + 1], b[N_STEPS + 1];
+        const int na = cmt_logged_by_batch(plain.mem, names[k], a, N_STEPS + 1);
+        const int nb = cmt_logged_by_batch(fused.mem, names[k], b, N_STEPS + 1);
+        cr_assert(na > 0 && na == nb, "%s logged up to batch %d (unfused) and %d (fused)", names[k], na, nb);
+        for (int i = 0; i < na; i++)
+            cr_expect(isnan(a[i]) == isnan(b[i]) && (isnan(a[i]) || fabs(a[i] - b[i]) <= 2e-6 * fabs(a[i])),
+                      "%s batch %d: fused %.8f vs unfused %.8f", names[k], i, b[i], a[i]);
+    }
+    run_end(&plain);
+    run_end(&fused);
+    run_start(&fused, g, (run_opts){.masked = true, .microbatch = 3, .on_tokens = true, .count_labels = true, .fused = 5});
+    expect_golden(g, &fused, "masked");
+    run_end(&fused);
     cmt_golden_close(g);
 }
 

@@ -12,8 +12,10 @@
 
 #include <composer/safetensors.h>
 #include <composer/zoo_gpt2.h>
+#include <composer/zoo_vision.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -245,6 +247,79 @@ Test(zoo_gpt2, loss_ignores_minus_100_and_metrics_and_flops_are_reported) {
               cm_model_flops_per_sample(m, &bt.b), flops);
     cm_tape_free(tp);
     cm_model_free(m);
+}
+
+/* cm_gpt2_set_fused_linear_cross_entropy: a forward with gradients stops at ln_f (B, T, C), the
+ * loss and every parameter's gradient equal the unfused model's, forwards without gradients give
+ * logits, and the training metrics read the fused loss (an error without one). */
+Test(zoo_gpt2, fused_linear_cross_entropy_gives_the_same_loss_and_gradients) {
+    cm_gpt2_config c = tiny_cfg();
+    cm_model *m[2] = {new_model(&c, 3), new_model(&c, 3)};
+    cr_assert_eq(cm_gpt2_set_fused_linear_cross_entropy(m[1], true, 3), CM_OK, "%s", cm_last_error());
+    const int64_t s[2] = {2, 7};
+    double loss[2];
+    float *grads[2];
+    int64_t n = 0;
+    for (int k = 0; k < 2; k++) {
+        cm_tape *tp = cmt_tape();
+        cm_tensor *ids = cmt_randint(tp, 2, s, 5, 0, 96), *labels = cmt_randint(tp, 2, s, 6, 0, 96);
+        cm_tensor_set(labels, (int64_t[]){0, 3}, -100);
+        batch bt;
+        make_batch(&bt, ids, labels);
+        cm_tensor *out = cm_model_forward(m[k], tp, &bt.b);
+        cr_assert(out, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tensor_dim(out, 2), k ? 32 : 96, "model %d: outputs of width %lld", k,
+                     (long long)cm_tensor_dim(out, 2));
+        cm_tensor *l = cm_model_loss(m[k], tp, out, &bt.b);
+        cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
+        loss[k] = cm_tensor_get_flat(l, 0);
+        for (int i = 0; i < 2; i++) {
+            cm_metric mt = cm_model_metric(m[k], true, i);
+            double st[CM_METRIC_MAX_STATE] = {0};
+            cr_assert_eq(cm_metric_update(&mt, out, &bt.b, st), CM_OK, "%s", cm_last_error());
+            cr_assert(fabs(st[0] / st[1] - loss[k]) < 1e-6 && st[1] == 13, "model %d: metric %g / %g vs loss %g", k,
+                      st[0], st[1], loss[k]);
+        }
+        if (k) { /* each training metric reads a loss once: a third read has none */
+            cm_metric mt = cm_model_metric(m[k], true, 0);
+            double st[CM_METRIC_MAX_STATE] = {0};
+            cr_assert_eq(cm_metric_update(&mt, out, &bt.b, st), CM_ERR_STATE);
+            cr_assert(strstr(cm_last_error(), "call the loss first"), "%s", cm_last_error());
+        }
+        cm_module *root = cm_model_module(m[k]);
+        n = 0;
+        for (int64_t i = 0; i < cm_module_n_params(root); i++) n += cm_module_param_info(root, i).numel;
+        grads[k] = malloc(sizeof(float) * (size_t)n);
+        int64_t off = 0;
+        for (int64_t i = 0; i < cm_module_n_params(root); i++) {
+            cm_param_info p = cm_module_param_info(root, i);
+            cm_tensor *g = cm_tensor_grad(p.tensor);
+            cr_assert(g, "%s has no gradient", p.name);
+            memcpy(grads[k] + off, cm_tensor_data(g), sizeof(float) * (size_t)p.numel);
+            off += p.numel;
+        }
+        /* without gradients: the logits, whatever the setting */
+        const bool prev = cm_tape_set_grad_enabled(tp, false);
+        cm_tensor *ev = cm_model_forward(m[k], tp, &bt.b);
+        cm_tape_set_grad_enabled(tp, prev);
+        cr_assert(ev && cm_tensor_dim(ev, 2) == 96, "%s", cm_tape_error(tp));
+        cm_tape_free(tp);
+    }
+    cr_assert(fabs(loss[0] - loss[1]) <= 1e-6 * fabs(loss[0]), "fused loss %.8f vs %.8f", loss[1], loss[0]);
+    cmt_assert_close_f32("gradients, fused vs unfused", grads[1], grads[0], n, 1e-7, 1e-5);
+    free(grads[0]);
+    free(grads[1]);
+    cr_assert_eq(cm_gpt2_set_fused_linear_cross_entropy(m[1], true, -1), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "chunk_rows -1"), "%s", cm_last_error());
+    cm_model *mlp = NULL;
+    cm_mlp_config mc;
+    cr_assert_eq(cm_mlp_config_preset("mnist", &mc), CM_OK);
+    cr_assert_eq(cm_mlp_model_new(&mc, &mlp), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_gpt2_set_fused_linear_cross_entropy(mlp, true, 0), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "not a GPT-2"), "%s", cm_last_error());
+    cm_model_free(mlp);
+    cm_model_free(m[0]);
+    cm_model_free(m[1]);
 }
 
 Test(zoo_gpt2, bad_batches_fail_with_named_errors) {

@@ -327,7 +327,26 @@ static cm_status build_hf(run *r) {
     return CM_OK;
 }
 
+static cm_status build_model_named(run *r, bool init);
+
+/* model.fused_linear_cross_entropy (GPT models: gpt2 and hf causal_lm): lm_head fused with the
+ * loss (Liger's name), so the (B, T, V) logits and their gradient are never held whole. */
 static cm_status build_model(run *r, bool init) {
+    TRY(build_model_named(r, init));
+    cm_config *c = r->cfg;
+    bool fused = false;
+    TRY(get_b(c, "model", "fused_linear_cross_entropy", false, &fused));
+    if (!fused) return CM_OK;
+    if (!cm_model_is_gpt2(r->model))
+        return bad(c, "model.fused_linear_cross_entropy",
+                   "applies to GPT models (name: gpt2, or hf with task: causal_lm); this model is %s",
+                   cm_model_type_name(r->model));
+    if (cm_gpt2_set_fused_linear_cross_entropy(r->model, true, 0) != CM_OK)
+        return at_key(c, "model.fused_linear_cross_entropy", cm_last_status());
+    return CM_OK;
+}
+
+static cm_status build_model_named(run *r, bool init) {
     cm_config *c = r->cfg;
     int which;
     TRY(cm_config_get_choice(c, "model.name", k_model_names, 5, NULL, &which));
@@ -1277,7 +1296,9 @@ static void print_keys(FILE *f) {
             "                     tiny, gpt2, ...; mlp/cnn: mnist, mnist_small, ...; resnet: resnet20, ...);\n"
             "                     then any config field by name (gpt2: vocab_size, n_positions, n_embd,\n"
             "                     n_layer, n_head, dropout | embd_pdrop attn_pdrop resid_pdrop,\n"
-            "                     layer_norm_eps, bias, tie_word_embeddings, initializer_range; mlp:\n"
+            "                     layer_norm_eps, bias, tie_word_embeddings, initializer_range;\n"
+            "                     gpt2 and hf causal_lm: fused_linear_cross_entropy (false; true: lm_head and\n"
+            "                     the loss fused by row chunks, the logits never held whole — Liger's kernel); mlp:\n"
             "                     in_features, hidden [..], num_classes, dropout; cnn: in_channels, image_h,\n"
             "                     image_w, channels [c1, c2], hidden, num_classes, dropout1, dropout2;\n"
             "                     resnet: num_classes, in_channels, zero_init_residual, channels_last)\n"

@@ -135,6 +135,16 @@ bool cm_model_is_gpt2(const cm_model *m);
 /* The model's configuration (borrowed, valid while m lives), or NULL if m is not a GPT-2. */
 const cm_gpt2_config *cm_gpt2_model_config(const cm_model *m);
 
+/* Fuses lm_head with the loss (Liger's FusedLinearCrossEntropy, cm_linear_cross_entropy): a forward
+ * that records gradients returns the hidden states after ln_f (B, T, C) instead of the logits, the
+ * loss multiplies them by lm_head's weight chunk_rows rows at a time (0 = automatic), and the
+ * (B, T, V) logits and their gradient are never held whole — for GPT-2 124M at 8 × 1024 tokens,
+ * 3.3 GB less at the peak. Same loss and gradients up to summation order. The training metrics
+ * (LanguageCrossEntropy, LanguagePerplexity) are then read from the loss; forwards without
+ * gradients (evaluation, prediction, generation) return logits as before. Errors:
+ * CM_ERR_INVALID_ARG (m not a GPT-2 from cm_gpt2_new, chunk_rows < 0). */
+cm_status cm_gpt2_set_fused_linear_cross_entropy(cm_model *m, bool on, int64_t chunk_rows);
+
 /* ---------------------------------------------------------------------------------------------
  * Weights in and out (Hugging Face names)
  * ------------------------------------------------------------------------------------------- */

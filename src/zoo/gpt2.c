@@ -164,7 +164,7 @@ static const cm_module_i body_vt = {CM_MODULE_ABI, "GPT2Model", body_fwd, free_s
 static cm_tensor *root_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
     gpt2_root *r = cm_module_self(m);
     cm_tensor *h = cm_module_forward_n(r->transformer, tp, n_in, in);
-    return h ? cm_module_forward(r->lm_head, tp, h) : NULL;
+    return h && !r->hidden_only ? cm_module_forward(r->lm_head, tp, h) : h;
 }
 
 static const cm_module_i root_vt = {CM_MODULE_ABI, "GPT2LMHeadModel", root_fwd, free_self, body_desc};
@@ -286,13 +286,37 @@ static cm_tensor *m_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     cm_tensor *ids = field(tp, b, "input_ids");
     if (!ids) return NULL;
     cm_tensor *in[2] = {ids, cm_model_batch_field(b, "attention_mask")};
-    return cm_module_forward_n(g->root, tp, in[1] ? 2 : 1, in);
+    gpt2_root *r = cm_module_self(g->root);
+    /* fused loss: a forward that records gradients stops at ln_f (no (B, T, V) logits); one
+     * without (evaluation, prediction) returns the logits as always */
+    r->hidden_only = g->fused && cm_tape_grad_enabled(tp);
+    cm_tensor *out = cm_module_forward_n(g->root, tp, in[1] ? 2 : 1, in);
+    g->fused_h = r->hidden_only ? out : NULL;
+    r->hidden_only = false;
+    return out;
 }
 
 static cm_tensor *m_loss(void *self, cm_tape *tp, cm_tensor *logits, const cm_model_batch *b) {
+    gpt2_model *g = self;
     cm_tensor *labels = field(tp, b, "labels");
     if (!labels) return NULL;
     char s1[64], s2[64];
+    if (g->fused && logits && logits == g->fused_h) { /* the hidden states (B, T, C): lm_head + loss fused */
+        const gpt2_root *r = cm_module_self(g->root);
+        cm_tensor *w = cm_module_param(r->lm_head, "weight"); // (V, C), wte's when tied
+        if (cm_tensor_ndim(labels) != 2 || cm_tensor_dim(labels, 0) != cm_tensor_dim(logits, 0) ||
+            cm_tensor_dim(labels, 1) != cm_tensor_dim(logits, 1)) {
+            cm_tape_fail(tp, CM_ERR_SHAPE, "GPT2LMHeadModel: labels %s must be (B, T) for hidden states %s (B, T, C)",
+                         cm_tensor_shape_str(labels, s1, sizeof s1), cm_tensor_shape_str(logits, s2, sizeof s2));
+            return NULL;
+        }
+        cm_tensor *loss = cm_linear_cross_entropy(tp, logits, w, labels, NULL, g->chunk_rows);
+        /* for the training metrics, which the trainer updates next (on a GPU this read waits for
+         * the forward, as the metrics' own read would) */
+        g->fused_unread = loss ? 2 : 0;
+        if (loss) g->fused_mean = cm_tensor_get_flat(loss, 0);
+        return loss;
+    }
     if (cm_tensor_ndim(logits) != 3 || cm_tensor_ndim(labels) != 2 ||
         cm_tensor_dim(labels, 0) != cm_tensor_dim(logits, 0) || cm_tensor_dim(labels, 1) != cm_tensor_dim(logits, 1)) {
         cm_tape_fail(tp, CM_ERR_SHAPE, "GPT2LMHeadModel: labels %s must be (B, T) for logits %s (B, T, V)",
@@ -304,8 +328,37 @@ static cm_tensor *m_loss(void *self, cm_tape *tp, cm_tensor *logits, const cm_mo
     return cm_cross_entropy(tp, cm_reshape(tp, logits, 2, ls), cm_reshape(tp, labels, 1, ts), NULL);
 }
 
+/* Training metrics of the fused loss: LanguageCrossEntropy and LanguagePerplexity with the built-in
+ * ones' state {Σ loss, counted targets}, read from the loss of the microbatch just computed (the
+ * trainer updates metrics right after the loss) instead of from logits that were never made. */
+static cm_status fused_metric_update(const void *self, cm_tensor *outputs, const cm_model_batch *b, double *state) {
+    gpt2_model *g = (gpt2_model *)self;
+    (void)outputs;
+    cm_tensor *labels = cm_model_batch_field(b, "labels");
+    if (g->fused_unread <= 0)
+        return cm_set_error(CM_ERR_STATE, "GPT2LMHeadModel: the fused loss's training metrics read the loss of the "
+                                          "microbatch just computed, and there is none (call the loss first)");
+    if (!labels) return cm_set_error(CM_ERR_NOT_FOUND, "GPT2LMHeadModel: training metrics: the batch has no 'labels'");
+    const int64_t n = cm_tensor_numel(labels);
+    int64_t counted = 0;
+    for (int64_t i = 0; i < n; i++) counted += cm_tensor_get_flat(labels, i) != -100.0;
+    state[0] += counted ? g->fused_mean * (double)counted : 0.0;
+    state[1] += (double)counted;
+    g->fused_unread--;
+    return CM_OK;
+}
+static double fused_ce_compute(const void *self, const double *state) {
+    (void)self;
+    return state[1] > 0 ? state[0] / state[1] : NAN;
+}
+static double fused_ppl_compute(const void *self, const double *state) { return exp(fused_ce_compute(self, state)); }
+static const cm_metric_i fused_ce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, fused_metric_update, fused_ce_compute};
+static const cm_metric_i fused_ppl_vt = {CM_METRIC_ABI, "LanguagePerplexity", 2, fused_metric_update, fused_ppl_compute};
+
 static int m_n_metrics(void *self, bool train) { return 2; }
 static cm_metric m_metric(void *self, bool train, int i) {
+    const gpt2_model *g = self;
+    if (train && g->fused) return (cm_metric){i == 0 ? &fused_ce_vt : &fused_ppl_vt, self};
     return i == 0 ? cm_metric_cross_entropy("labels") : cm_metric_perplexity("labels");
 }
 
@@ -348,6 +401,21 @@ cm_status cm_gpt2_new(const cm_gpt2_config *cfg, cm_rng *rng, cm_model **out) {
 }
 
 bool cm_model_is_gpt2(const cm_model *m) { return gpt2_root_of(m) != NULL; }
+
+cm_status cm_gpt2_set_fused_linear_cross_entropy(cm_model *m, bool on, int64_t chunk_rows) {
+    if (!gpt2_root_of(m))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_set_fused_linear_cross_entropy: the model is %s, not a GPT-2 made by cm_gpt2_new",
+                            m ? cm_model_type_name(m) : "NULL");
+    if (chunk_rows < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_set_fused_linear_cross_entropy: chunk_rows %lld must be >= 0 (0: automatic)",
+                            (long long)chunk_rows);
+    gpt2_model *g = cm_model_self(m);
+    g->fused = on;
+    g->chunk_rows = chunk_rows;
+    g->fused_h = NULL;
+    g->fused_unread = 0;
+    return CM_OK;
+}
 
 gpt2_root *gpt2_root_of(const cm_model *m) {
     if (!m || strcmp(cm_model_type_name(m), "GPT2LMHeadModel")) return NULL;

@@ -14,12 +14,20 @@ typedef struct gpt2_body {
 typedef struct gpt2_root {
     cm_gpt2_config cfg;
     cm_module *transformer, *lm_head;
+    bool hidden_only; /* this forward stops at ln_f: the fused loss applies lm_head */
 } gpt2_root;
 
 /* The cm_model's state. */
 typedef struct gpt2_model {
     cm_gpt2_config cfg;
     cm_module *root;
+    /* cm_gpt2_set_fused_linear_cross_entropy: training forwards return the hidden states, the loss
+     * applies lm_head fused with the cross-entropy, and the training metrics read that loss */
+    bool fused;
+    int64_t chunk_rows;
+    const cm_tensor *fused_h;  /* what the last forward returned when it stopped at ln_f */
+    double fused_mean;         /* the last fused loss's value */
+    int fused_unread;          /* training metrics yet to read it (2 after a loss, one read each) */
 } gpt2_model;
 
 /* The root's state, or NULL when m is not a GPT-2 model. */
