@@ -10,6 +10,9 @@
  *       --precision P  fp32 | amp_bf16 (default fp32)
  *       --preset NAME  a GPT-2 zoo preset (default gpt2, the 124M model)
  *       --out FILE     results TSV (default bench/results/act_ckpt.tsv)
+ *       --fused        every run with lm_head fused with the loss
+ *                      (cm_gpt2_set_fused_linear_cross_entropy: the T × V logits and their gradient
+ *                      never held whole); the TSV's run names get "+fused"
  *
  * Five children, one after another, over the same random tokens (uniform in [0, V), fixed seed)
  * and the same model init (dropout 0.1 as in the preset), AdamW:
@@ -32,8 +35,8 @@
  * MiB, tape peak MiB, CPU, threads, load) with the CPU model and the load average (a shared machine
  * makes the throughput noisy; the RSS figures are not).
  *
- * The worker (one run) is this binary again: bench_act_ckpt --worker MODE T B STEPS WARMUP P PRESET LAYERS DATA
- * (LAYERS 0: the preset's)
+ * The worker (one run) is this binary again: bench_act_ckpt --worker MODE T B STEPS WARMUP P PRESET LAYERS DATA FUSED
+ * (LAYERS 0: the preset's; FUSED 0 or 1)
  */
 #include <composer/composer.h>
 #include <composer/trainer.h>
@@ -130,6 +133,7 @@ static int run_worker(char **a) {
     cm_rng rng = cm_rng_init(1337, 0);
     cm_model *model;
     CHECK(cm_gpt2_new(&c, &rng, &model));
+    if (atoi(a[9])) CHECK(cm_gpt2_set_fused_linear_cross_entropy(model, true, 0));
     cm_module *root = cm_model_module(model);
     int marked = 0;
     if (!strcmp(mode, "ckpt")) CHECK(cm_module_checkpoint_policy(root, NULL, 0, &marked));
@@ -240,12 +244,17 @@ static void cpu_name(char *out, size_t cap) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 11 && !strcmp(argv[1], "--worker")) return run_worker(argv + 2);
+    if (argc == 12 && !strcmp(argv[1], "--worker")) return run_worker(argv + 2);
     int64_t T = 1024, B = 1;
     int steps = 2, warmup = 1;
     const char *prec = "fp32", *preset = "gpt2", *out = "bench/results/act_ckpt.tsv";
+    bool fused = false;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--fused")) {
+            fused = true;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "act_ckpt: %s needs a value (see the comment at the top of bench/act_ckpt.c)\n", argv[i]);
             return 2;
@@ -307,7 +316,7 @@ int main(int argc, char **argv) {
         snprintf(ss, sizeof ss, "%d", steps);
         snprintf(ws, sizeof ws, "%d", warmup);
         char *av[] = {self, "--worker", (char *)modes[m], ts, bs, ss, ws, (char *)prec, (char *)preset,
-                      m >= 3 ? "1" : "0", data, NULL};
+                      m >= 3 ? "1" : "0", data, fused ? "1" : "0", NULL};
         r[m] = run_child(av);
         if (r[m].tok_s <= 0) {
             fprintf(stderr, "act_ckpt: the %s run failed\n", modes[m]);
@@ -332,8 +341,9 @@ int main(int argc, char **argv) {
     const double blocks_plain = L * per_block, blocks_ckpt = r[2].tape_mib - rest;
     const double cut_blocks = blocks_plain > 0 ? 100.0 * (1.0 - blocks_ckpt / blocks_plain) : 0;
     const double cut_tape = 100.0 * (1.0 - r[2].tape_mib / r[1].tape_mib);
-    printf("GPT-2 preset %s, T %lld, B %lld, %s, %d timed steps after %d warm-up; %s, %d threads, load %.1f\n", preset,
-           (long long)T, (long long)B, prec, steps, warmup, cpu, cm_num_threads(), load[0]);
+    printf("GPT-2 preset %s, T %lld, B %lld, %s%s, %d timed steps after %d warm-up; %s, %d threads, load %.1f\n", preset,
+           (long long)T, (long long)B, prec, fused ? ", lm_head fused with the loss" : "", steps, warmup, cpu,
+           cm_num_threads(), load[0]);
     printf("%-8s %6s %12s %10s %14s %18s %14s\n", "run", "T", "tok/s", "s/step", "peak RSS MiB", "RSS - static MiB",
            "tape peak MiB");
     for (int m = 0; m < 5; m++) {
@@ -354,7 +364,8 @@ int main(int argc, char **argv) {
         char when[32];
         strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
         for (int m = 0; m < 5; m++)
-            fprintf(o, "%s\t%s\t%s\t%lld\t%lld\t%s\t%.1f\t%.3f\t%.1f\t%.1f\t%s\t%d\t%.1f\n", when, modes[m], preset,
+            fprintf(o, "%s\t%s%s\t%s\t%lld\t%lld\t%s\t%.1f\t%.3f\t%.1f\t%.1f\t%s\t%d\t%.1f\n", when, modes[m],
+                    fused ? "+fused" : "", preset,
                     (long long)(m == 0 || m == 3 ? STATIC_T : T), (long long)B, prec, r[m].tok_s, r[m].s_step, r[m].rss_mib,
                     r[m].tape_mib, cpu,
                     cm_num_threads(), load[0]);

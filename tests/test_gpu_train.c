@@ -50,6 +50,7 @@ typedef struct {
     bool late_move;          /* leave the model on the CPU for the trainer to move after INIT (and the
                               * trainer's own optimizer: one made over CPU buffers would be refused) */
     bool optimizer_monitor;  /* with OptimizerMonitor (every batch) */
+    int64_t fused;           /* > 0: lm_head fused with the loss, chunks of this many rows */
 } gpu_run_opts;
 
 typedef struct {
@@ -80,6 +81,7 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     memset(r, 0, sizeof *r);
     r->model = gpt2_with_dropout(o.dropout);
     cmt_golden_gpt2_load(r->model, "init.");
+    if (o.fused) cr_assert_eq(cm_gpt2_set_fused_linear_cross_entropy(r->model, true, o.fused), CM_OK, "%s", cm_last_error());
     /* the optimizer is made over the buffers on the run's device */
     if (!o.late_move) {
         cr_assert_eq(cm_module_to_device(cm_model_module(r->model), o.device), CM_OK, "%s", cm_last_error());
@@ -468,6 +470,42 @@ Test(gpu_train, training_metrics_on_the_gpu_match_the_cpu) {
     cr_assert_geq(compared, 10, "the runs logged %d training metric values", compared);
     gpu_run_end(&c);
     gpu_run_end(&d);
+    cmt_golden_close(g);
+}
+
+/* lm_head fused with the loss on the GPU (chunks of 5 of the 64 rows): PyTorch's losses, the CPU
+ * run's training metrics, and under amp_bf16 the unfused amp run. */
+Test(gpu_train, fused_linear_cross_entropy_on_the_gpu_matches_pytorch_and_the_cpu) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    gpu_run c, d, h, hf;
+    gpu_run_start(&c, g, (gpu_run_opts){.device = CM_DEVICE_CPU});
+    gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .fused = 5});
+    cr_assert_eq(d.n_loss, N_STEPS);
+    cm_tensor *wl = cmt_golden_get(g, "plain.loss");
+    for (int k = 0; k < N_STEPS; k++) {
+        const double want = cm_tensor_get_flat(wl, k);
+        cr_expect(fabs(d.loss[k] - want) <= 1e-5 * fabs(want), "step %d: fused loss %.8f vs torch %.8f (rel tol 1e-5)", k,
+                  d.loss[k], want);
+    }
+    cm_tensor_free(wl);
+    expect_params_close("fused on the gpu vs cpu: parameters after 5 steps", d.model, c.model, 5e-4, 0);
+    static const char *const names[2] = {"metrics/train/LanguageCrossEntropy", "metrics/train/LanguagePerplexity"};
+    for (int k = 0; k < 2; k++) {
+        double a[N_STEPS + 1], b[N_STEPS + 1];
+        const int na = cmt_logged_by_batch(c.mem, names[k], a, N_STEPS + 1);
+        const int nb = cmt_logged_by_batch(d.mem, names[k], b, N_STEPS + 1);
+        cr_assert(na > 0 && na == nb, "%s logged up to batch %d (cpu) and %d (gpu, fused)", names[k], na, nb);
+        for (int i = 0; i < na; i++)
+            cr_expect(isnan(a[i]) == isnan(b[i]) && (isnan(a[i]) || fabs(a[i] - b[i]) <= 1e-4 * (1 + fabs(a[i]))),
+                      "%s batch %d: gpu fused %.8g vs cpu %.8g", names[k], i, b[i], a[i]);
+    }
+    gpu_run_start(&h, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .precision = CM_PRECISION_AMP_BF16});
+    gpu_run_start(&hf, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .precision = CM_PRECISION_AMP_BF16, .fused = 5});
+    expect_losses_close("amp_bf16 fused vs unfused on the gpu", &hf, &h, 0, N_STEPS, 1e-2);
+    gpu_run_end(&c);
+    gpu_run_end(&d);
+    gpu_run_end(&h);
+    gpu_run_end(&hf);
     cmt_golden_close(g);
 }
 
