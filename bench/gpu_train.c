@@ -11,6 +11,7 @@
  *       --dropout P           (default 0: the throughput runs of llm.c and nanoGPT turn it off)
  *       --device cpu|gpu      (default gpu; cpu for a smoke run)
  *       --tiny                a 2-layer C-64 model with T 64 (the emulator's smoke test)
+ *       --fused               lm_head fused with the loss (cm_gpt2_set_fused_linear_cross_entropy)
  *
  * The data are random tokens from a fixed seed (throughput does not depend on them). The optimizer
  * is AdamW (lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1) with gradient clipping at 1.0,
@@ -18,7 +19,7 @@
  * idle (cm_device_synchronize). MFU uses llm.c's convention, FLOPs per token = 6·N + 6·L·C·T with
  * N every parameter (tied embedding once), over the data-sheet peak for the precision
  * (cm_device_peak_flops). It prints one line:
- *     ours <model> <precision> B T tok/s <x> step_ms <x> mfu <x> peak_mib <x> device <name>
+ *     ours[-fused] <model> <precision> B T tok/s <x> step_ms <x> mfu <x> peak_mib <x> device <name>
  */
 #include <composer/composer.h>
 #include <composer/trainer.h>
@@ -71,11 +72,15 @@ int main(int argc, char **argv) {
     const char *model = "gpt2", *prec = "amp_bf16", *devname = "gpu";
     int64_t B = 0, T = 0, steps = 10, warmup = 3;
     float dropout = 0.0f;
-    bool tiny = false;
+    bool tiny = false, fused = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--tiny")) {
             tiny = true;
+            continue;
+        }
+        if (!strcmp(a, "--fused")) {
+            fused = true;
             continue;
         }
         if (!v) {
@@ -121,6 +126,7 @@ int main(int argc, char **argv) {
     cm_rng rng = cm_rng_init(1234, 0);
     cm_model *m;
     CHECK(cm_gpt2_new(&cfg, &rng, &m));
+    if (fused) CHECK(cm_gpt2_set_fused_linear_cross_entropy(m, true, 0));
     cm_module *root = cm_model_module(m);
     const int64_t nparams = cm_module_count_params(root, false);
 
@@ -181,7 +187,8 @@ int main(int argc, char **argv) {
         cm_device_peak_flops(dev, bf16 ? CM_DTYPE_BF16 : tf32 ? CM_DTYPE_F16 : CM_DTYPE_F32, &peak) != CM_OK)
         peak = 0;
     const double mfu = peak > 0 ? toks * flops_tok / peak : NAN;
-    printf("ours %s %s %lld %lld tok/s %.0f step_ms %.2f mfu %.4f peak_mib %.0f params %lld device %s\n", model, prec,
+    printf("ours%s %s %s %lld %lld tok/s %.0f step_ms %.2f mfu %.4f peak_mib %.0f params %lld device %s\n",
+           fused ? "-fused" : "", model, prec,
            (long long)B, (long long)T, toks, 1e3 * secs / (double)steps, mfu,
            (double)mem.peak / (double)(1 << 20), (long long)nparams, cm_device_describe(dev));
     cm_trainer_free(tr);
