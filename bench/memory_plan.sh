@@ -7,7 +7,8 @@
 # peak it reached, the peak RSS, and how often the size was logged (1 = no out-of-memory retry).
 #
 #   bench/memory_plan.sh                 # build/ must hold the built composer
-#   BIG=1 bench/memory_plan.sh           # also GPT-2 124M (12 layers, 768 wide) at T 1024
+#   BIG=1 bench/memory_plan.sh           # also GPT-2 124M (12 layers, 768 wide) at T 1024, with and
+#                                        # without the fused lm_head + loss
 #   FRAC=0.25 bench/memory_plan.sh
 #   BIG=1 BIG_BATCH=8 FRAC=0.6 ONLY=124M bench/memory_plan.sh   # one case (a regex on the names)
 #
@@ -35,7 +36,8 @@ cases=(
     "bert-mlm|examples/bert-mlm.yaml|callbacks.hf_checkpointer.save_folder=$tmp/hf"
     "bert-sst2 (random init)|examples/bert-sst2.yaml|$bert_sst2"
 )
-[ "${BIG:-0}" = 1 ] && cases+=("gpt2-124M T1024|examples/gpt2-shakespeare.yaml|sample.max_new_tokens=0 $gpt2_124m")
+[ "${BIG:-0}" = 1 ] && cases+=("gpt2-124M T1024|examples/gpt2-shakespeare.yaml|sample.max_new_tokens=0 $gpt2_124m"
+    "gpt2-124M T1024 fused head|examples/gpt2-shakespeare.yaml|sample.max_new_tokens=0 $gpt2_124m model.fused_linear_cross_entropy=true")
 
 # the number after "label" in the plan's text
 num() { grep -m1 "$1" | sed -E "s/.*$1 *([0-9.]+).*/\1/"; }
