@@ -375,6 +375,34 @@ Test(linear_cross_entropy, autocast_bf16_tracks_the_unfused_ops) {
     for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
 }
 
+/* bf16 x and w without autocast: the same bf16 GEMMs as cm_linear on bf16 operands, f32 gradients. */
+Test(linear_cross_entropy, bf16_operands_track_the_unfused_ops) {
+    const int64_t xs[2] = {260, 16}, ws[2] = {90, 16}, ts[1] = {260};
+    lce_case c = {cm_cross_entropy_opts_default(), 0};
+    cm_tensor *g[2][2] = {{NULL}};
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        cm_tape *tp = cmt_tape();
+        cm_tensor *x = cm_clone_detached(tp, cm_cast(tp, cmt_randn(tp, 2, xs, 51, false), CM_DTYPE_BF16));
+        cm_tensor *w = cm_clone_detached(tp, cm_cast(tp, cmt_randn(tp, 2, ws, 52, false), CM_DTYPE_BF16));
+        cr_assert(x && w && cm_tensor_set_requires_grad(x, true) == CM_OK && cm_tensor_set_requires_grad(w, true) == CM_OK);
+        cm_tensor *t = cmt_randint(tp, 1, ts, 53, 0, 90);
+        cm_tensor *in[3] = {x, w, t};
+        cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
+        cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
+        loss[k] = (float)cm_tensor_get_flat(l, 0);
+        g[k][0] = keep(cm_tensor_grad(x));
+        g[k][1] = keep(cm_tensor_grad(w));
+        cr_assert(cm_tensor_dtype(g[k][0]) == CM_DTYPE_F32 && cm_tensor_dtype(g[k][1]) == CM_DTYPE_F32);
+        cm_tape_free(tp);
+    }
+    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "loss %.8g vs unfused %.8g", (double)loss[0],
+              (double)loss[1]);
+    cmt_assert_close("dx vs unfused (bf16 operands)", g[0][0], g[1][0], 1e-5, 2e-2);
+    cmt_assert_close("dw vs unfused (bf16 operands)", g[0][1], g[1][1], 1e-5, 2e-2);
+    for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
+}
+
 Test(linear_cross_entropy, all_ignored_gives_nan_mean_zero_gradients_and_no_grad_records_nothing) {
     const int64_t xs[2] = {4, 3}, ws[2] = {5, 3}, ts[1] = {4};
     cm_tape *tp = cmt_tape();

@@ -301,7 +301,9 @@ static cm_tensor *m_loss(void *self, cm_tape *tp, cm_tensor *logits, const cm_mo
     cm_tensor *labels = field(tp, b, "labels");
     if (!labels) return NULL;
     char s1[64], s2[64];
-    if (g->fused && logits && logits == g->fused_h) { /* the hidden states (B, T, C): lm_head + loss fused */
+    /* the hidden states (B, T, C) the last forward returned: lm_head + loss fused */
+    if (g->fused && logits && logits == g->fused_h && cm_tensor_ndim(logits) == 3 &&
+        cm_tensor_dim(logits, 2) == g->cfg.n_embd) {
         const gpt2_root *r = cm_module_self(g->root);
         cm_tensor *w = cm_module_param(r->lm_head, "weight"); // (V, C), wte's when tied
         if (cm_tensor_ndim(labels) != 2 || cm_tensor_dim(labels, 0) != cm_tensor_dim(logits, 0) ||

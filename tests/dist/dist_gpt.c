@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
     }
     cm_dist_config dc = cm_dist_config_default();
     TRY(cm_sharding_parse(argv[2], &dc.sharding));
-    bool bf16 = false, dropout = false, ckpt = false;
+    bool bf16 = false, dropout = false, ckpt = false, fused = false;
     int layers = 2, embd = 16;
     bool sgd = false;      /* SGD (lr 0.05, momentum 0.9) instead of AdamW: a step linear in the gradient */
     const char *mp = NULL; /* mp=FULL|DEFAULT|PURE: the mixed precision policy (under this run's precision) */
@@ -76,6 +76,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "bf16")) bf16 = true;
         else if (!strcmp(argv[i], "dropout")) dropout = true;
         else if (!strcmp(argv[i], "ckpt")) ckpt = true;
+        else if (!strcmp(argv[i], "fused")) fused = true;
         else if (!strcmp(argv[i], "fwd")) dc.forward_prefetch = true;
         else if (!strcmp(argv[i], "nolimit")) dc.limit_all_gathers = false;
         else if (!strncmp(argv[i], "layers=", 7)) layers = atoi(argv[i] + 7);
@@ -117,6 +118,7 @@ int main(int argc, char **argv) {
     cm_rng rng = cm_rng_init(3, 0);
     cm_model *model;
     TRY(cm_gpt2_new(&gc, &rng, &model));
+    if (fused) TRY(cm_gpt2_set_fused_linear_cross_entropy(model, true, 4)); /* lm_head fused with the loss */
     if (ckpt) {
         int marked = 0;
         TRY(cm_module_checkpoint_policy(cm_model_module(model), NULL, 0, &marked));

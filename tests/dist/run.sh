@@ -171,6 +171,13 @@ gpt_sharded_equivalence)
             "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/g$n.txt" $tol || fail "GPT $strategy on $n ranks differs from 1 process"
         done
     done
+    # lm_head fused with the loss (chunks of 4 rows): the tied head's gradient, made in the loss's
+    # forward and scaled in its backward, is reduced like any other — 2 ranks equal the unfused
+    # one-process run
+    for strategy in SHARD_GRAD_OP FULL_SHARD; do
+        launch -n 2 "$bin/dist_gpt" "$tmp/gf.txt" $strategy fused || fail "fused-head GPT $strategy on 2 ranks"
+        "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/gf.txt" $tol || fail "fused-head GPT $strategy on 2 ranks differs from 1 process"
+    done
     # With dropout 0.1 everywhere (masks keyed by global row, attention's fused mask included):
     # 2.2e-5 seen (Adam again, on rarely used token embeddings), so 1e-4; masks drawn per rank
     # instead are off by 3e-2 on almost every value.
