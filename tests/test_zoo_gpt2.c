@@ -252,8 +252,14 @@ Test(zoo_gpt2, loss_ignores_minus_100_and_metrics_and_flops_are_reported) {
 /* cm_gpt2_set_fused_linear_cross_entropy: a forward with gradients stops at ln_f (B, T, C), the
  * loss and every parameter's gradient equal the unfused model's, forwards without gradients give
  * logits, and the training metrics read the fused loss (an error without one). */
-Test(zoo_gpt2, fused_linear_cross_entropy_gives_the_same_loss_and_gradients) {
+static void fused_vs_unfused(bool tied);
+
+Test(zoo_gpt2, fused_linear_cross_entropy_gives_the_same_loss_and_gradients) { fused_vs_unfused(true); }
+Test(zoo_gpt2, fused_linear_cross_entropy_with_an_untied_lm_head) { fused_vs_unfused(false); }
+
+static void fused_vs_unfused(bool tied) {
     cm_gpt2_config c = tiny_cfg();
+    c.tie_word_embeddings = tied;
     cm_model *m[2] = {new_model(&c, 3), new_model(&c, 3)};
     cr_assert_eq(cm_gpt2_set_fused_linear_cross_entropy(m[1], true, 3), CM_OK, "%s", cm_last_error());
     const int64_t s[2] = {2, 7};
