@@ -318,6 +318,18 @@ typedef struct {
     bool ignore;   /* set a few targets to ignore_index */
 } ce_arg;
 
+/* A copy of a 1-D index target with positions 0 and 3 set to -100 (ignore_index); other ranks as
+ * they are. A copy, so the test's input stays. */
+static cm_tensor *ignore_0_and_3(cm_tape *tp, cm_tensor *t) {
+    t = cm_clone_detached(tp, t);
+    int64_t i0[1] = {0}, i3[1] = {3};
+    if (t && cm_tensor_ndim(t) == 1) {
+        cm_tensor_set(t, i0, -100);
+        cm_tensor_set(t, i3, -100);
+    }
+    return t;
+}
+
 static cm_tensor *f_ce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     const ce_arg *c = varg;
     cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
@@ -325,14 +337,7 @@ static cm_tensor *f_ce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     o.label_smoothing = c->ls;
     cm_tensor *t = in[1];
     if (c->soft) t = cm_softmax(tp, t, 1);
-    if (c->ignore) { /* positions 0 and 3 of the index target ignored (a copy, so the input stays) */
-        t = cm_clone_detached(tp, t);
-        int64_t i0[1] = {0}, i3[1] = {3};
-        if (t && cm_tensor_ndim(t) == 1) {
-            cm_tensor_set(t, i0, -100);
-            cm_tensor_set(t, i3, -100);
-        }
-    }
+    if (c->ignore) t = ignore_0_and_3(tp, t);
     return cm_cross_entropy(tp, in[0], t, &o);
 }
 
@@ -349,15 +354,7 @@ static cm_tensor *f_lce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
     o.reduction = (cm_reduction)c->red;
     o.label_smoothing = c->ls;
-    cm_tensor *t = in[2];
-    if (c->ignore) {
-        t = cm_clone_detached(tp, t);
-        int64_t i0[1] = {0}, i3[1] = {3};
-        if (t) {
-            cm_tensor_set(t, i0, -100);
-            cm_tensor_set(t, i3, -100);
-        }
-    }
+    cm_tensor *t = c->ignore ? ignore_0_and_3(tp, in[2]) : in[2];
     if (c->bf16) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
     cm_tensor *y = cm_linear_cross_entropy(tp, in[0], in[1], t, &o, c->chunk);
     cm_tape_set_autocast(tp, CM_DTYPE_F32);

@@ -303,6 +303,46 @@ Test(linear_cross_entropy, gradcheck_chunks_smoothing_reductions_ignore_and_shap
                 }
 }
 
+typedef enum { LCE_F32, LCE_AUTOCAST, LCE_BF16 } lce_mode;
+
+/* The fused op against cm_linear + cm_cross_entropy on the same inputs (x (xs), w (ws), targets
+ * (ts) in [0, V) with every 7th ignored): the losses within 1e-5 relative, dx and dw within
+ * atol + rtol. LCE_AUTOCAST: f32 leaves under autocast; LCE_BF16: bf16 leaves, no autocast. */
+static void expect_lce_matches_unfused(const char *what, int xnd, const int64_t *xs, const int64_t *ws, int tnd,
+                                       const int64_t *ts, lce_case c, lce_mode mode, double atol, double rtol) {
+    cm_tensor *g[2][2] = {{NULL}};
+    float loss[2];
+    for (int k = 0; k < 2; k++) {
+        cm_tape *tp = cmt_tape();
+        if (mode == LCE_AUTOCAST) cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+        cm_tensor *x = cmt_randn(tp, xnd, xs, 11, mode != LCE_BF16), *w = cmt_randn(tp, 2, ws, 12, mode != LCE_BF16);
+        if (mode == LCE_BF16) {
+            x = cm_clone_detached(tp, cm_cast(tp, x, CM_DTYPE_BF16));
+            w = cm_clone_detached(tp, cm_cast(tp, w, CM_DTYPE_BF16));
+            cr_assert(x && w && cm_tensor_set_requires_grad(x, true) == CM_OK &&
+                      cm_tensor_set_requires_grad(w, true) == CM_OK);
+        }
+        cm_tensor *t = cmt_randint(tp, tnd, ts, 13, 0, ws[0]);
+        ignore_some(t, c.o.ignore_index, 7);
+        cm_tensor *in[3] = {x, w, t};
+        cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
+        cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s: %s", what, cm_tape_error(tp));
+        loss[k] = (float)cm_tensor_get_flat(l, 0);
+        g[k][0] = keep(cm_tensor_grad(x));
+        g[k][1] = keep(cm_tensor_grad(w));
+        cr_assert(cm_tensor_dtype(g[k][0]) == CM_DTYPE_F32 && cm_tensor_dtype(g[k][1]) == CM_DTYPE_F32, "%s", what);
+        cm_tape_free(tp);
+    }
+    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "%s: loss %.8g vs unfused %.8g", what,
+              (double)loss[0], (double)loss[1]);
+    char name[160];
+    snprintf(name, sizeof name, "%s: dx vs unfused", what);
+    cmt_assert_close(name, g[0][0], g[1][0], atol, rtol);
+    snprintf(name, sizeof name, "%s: dw vs unfused", what);
+    cmt_assert_close(name, g[0][1], g[1][1], atol, rtol);
+    for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
+}
+
 /* Loss and both gradients against the unfused ops on a size with several automatic chunks (256
  * rows each, the last one partial) and with one-row chunks. */
 Test(linear_cross_entropy, equals_linear_then_cross_entropy) {
@@ -312,27 +352,9 @@ Test(linear_cross_entropy, equals_linear_then_cross_entropy) {
         for (int si = 0; si < 2; si++) {
             lce_case c = {cm_cross_entropy_opts_default(), chunks[ci]};
             c.o.label_smoothing = si ? 0.2f : 0.0f;
-            cm_tensor *g[2][2] = {{NULL}};
-            float loss[2];
-            for (int k = 0; k < 2; k++) {
-                cm_tape *tp = cmt_tape();
-                cm_tensor *x = cmt_randn(tp, 3, xs, 11, true), *w = cmt_randn(tp, 2, ws, 12, true);
-                cm_tensor *t = cmt_randint(tp, 2, ts, 13, 0, 300);
-                ignore_some(t, c.o.ignore_index, 7);
-                cm_tensor *in[3] = {x, w, t};
-                cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
-                cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
-                loss[k] = (float)cm_tensor_get_flat(l, 0);
-                g[k][0] = keep(cm_tensor_grad(x));
-                g[k][1] = keep(cm_tensor_grad(w));
-                cr_assert(g[k][0] && g[k][1]);
-                cm_tape_free(tp);
-            }
-            cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "chunk %lld: loss %.8g vs unfused %.8g",
-                      (long long)c.chunk, (double)loss[0], (double)loss[1]);
-            cmt_assert_close("dx vs unfused", g[0][0], g[1][0], 1e-7, 1e-4);
-            cmt_assert_close("dw vs unfused", g[0][1], g[1][1], 1e-7, 1e-4);
-            for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
+            char what[64];
+            snprintf(what, sizeof what, "chunk %lld smoothing %d", (long long)c.chunk, si);
+            expect_lce_matches_unfused(what, 3, xs, ws, 2, ts, c, LCE_F32, 1e-7, 1e-4);
         }
 }
 
@@ -348,59 +370,13 @@ Test(linear_cross_entropy, first_gradients_are_written_and_upstream_scales) {
 }
 
 /* Under autocast the fused op multiplies bf16 copies and rounds the chunk's gradient to bf16, as
- * cm_linear's backward rounds its upstream gradient: it tracks the unfused ops under autocast. */
-Test(linear_cross_entropy, autocast_bf16_tracks_the_unfused_ops) {
+ * cm_linear's backward rounds its upstream gradient: it tracks the unfused ops under autocast; and
+ * with bf16 x and w (no autocast), the same bf16 GEMMs as cm_linear on bf16 operands. */
+Test(linear_cross_entropy, bf16_and_autocast_track_the_unfused_ops) {
     const int64_t xs[2] = {300, 32}, ws[2] = {200, 32}, ts[1] = {300};
     lce_case c = {cm_cross_entropy_opts_default(), 0};
-    cm_tensor *g[2][2] = {{NULL}};
-    float loss[2];
-    for (int k = 0; k < 2; k++) {
-        cm_tape *tp = cmt_tape();
-        cm_tape_set_autocast(tp, CM_DTYPE_BF16);
-        cm_tensor *x = cmt_randn(tp, 2, xs, 31, true), *w = cmt_randn(tp, 2, ws, 32, true);
-        cm_tensor *t = cmt_randint(tp, 1, ts, 33, 0, 200);
-        cm_tensor *in[3] = {x, w, t};
-        cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
-        cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
-        loss[k] = (float)cm_tensor_get_flat(l, 0);
-        g[k][0] = keep(cm_tensor_grad(x));
-        g[k][1] = keep(cm_tensor_grad(w));
-        cr_assert(g[k][0] && g[k][1] && cm_tensor_dtype(g[k][0]) == CM_DTYPE_F32);
-        cm_tape_free(tp);
-    }
-    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "loss %.8g vs unfused %.8g", (double)loss[0],
-              (double)loss[1]);
-    cmt_assert_close("dx vs unfused (bf16)", g[0][0], g[1][0], 1e-5, 2e-2);
-    cmt_assert_close("dw vs unfused (bf16)", g[0][1], g[1][1], 1e-5, 2e-2);
-    for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
-}
-
-/* bf16 x and w without autocast: the same bf16 GEMMs as cm_linear on bf16 operands, f32 gradients. */
-Test(linear_cross_entropy, bf16_operands_track_the_unfused_ops) {
-    const int64_t xs[2] = {260, 16}, ws[2] = {90, 16}, ts[1] = {260};
-    lce_case c = {cm_cross_entropy_opts_default(), 0};
-    cm_tensor *g[2][2] = {{NULL}};
-    float loss[2];
-    for (int k = 0; k < 2; k++) {
-        cm_tape *tp = cmt_tape();
-        cm_tensor *x = cm_clone_detached(tp, cm_cast(tp, cmt_randn(tp, 2, xs, 51, false), CM_DTYPE_BF16));
-        cm_tensor *w = cm_clone_detached(tp, cm_cast(tp, cmt_randn(tp, 2, ws, 52, false), CM_DTYPE_BF16));
-        cr_assert(x && w && cm_tensor_set_requires_grad(x, true) == CM_OK && cm_tensor_set_requires_grad(w, true) == CM_OK);
-        cm_tensor *t = cmt_randint(tp, 1, ts, 53, 0, 90);
-        cm_tensor *in[3] = {x, w, t};
-        cm_tensor *l = k ? call_lce_ref(tp, in, &c) : call_lce(tp, in, &c);
-        cr_assert(l && cm_tape_backward(tp, l) == CM_OK, "%s", cm_tape_error(tp));
-        loss[k] = (float)cm_tensor_get_flat(l, 0);
-        g[k][0] = keep(cm_tensor_grad(x));
-        g[k][1] = keep(cm_tensor_grad(w));
-        cr_assert(cm_tensor_dtype(g[k][0]) == CM_DTYPE_F32 && cm_tensor_dtype(g[k][1]) == CM_DTYPE_F32);
-        cm_tape_free(tp);
-    }
-    cr_assert(fabsf(loss[0] - loss[1]) <= 1e-5f * fabsf(loss[1]), "loss %.8g vs unfused %.8g", (double)loss[0],
-              (double)loss[1]);
-    cmt_assert_close("dx vs unfused (bf16 operands)", g[0][0], g[1][0], 1e-5, 2e-2);
-    cmt_assert_close("dw vs unfused (bf16 operands)", g[0][1], g[1][1], 1e-5, 2e-2);
-    for (int k = 0; k < 2; k++) cm_tensor_free(g[k][0]), cm_tensor_free(g[k][1]);
+    expect_lce_matches_unfused("autocast", 2, xs, ws, 1, ts, c, LCE_AUTOCAST, 1e-5, 2e-2);
+    expect_lce_matches_unfused("bf16 operands", 2, xs, ws, 1, ts, c, LCE_BF16, 1e-5, 2e-2);
 }
 
 Test(linear_cross_entropy, all_ignored_gives_nan_mean_zero_gradients_and_no_grad_records_nothing) {

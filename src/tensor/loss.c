@@ -144,6 +144,32 @@ static void bad_target(cm_tape *tp, const char *op, const cm_tensor *target, con
              op, pos, t, C, what, cmi_shape(logits), ignore);
 }
 
+/* P class indices of contiguous target on the tape's device: *count gets the number that are not
+ * ignore; false + the tape error naming the first that is neither a class in [0, C) nor ignore
+ * (`what` and `ref` name the tensor whose shape the message shows). */
+static bool count_targets(cm_tape *tp, const char *op, const cm_tensor *target, const char *what,
+                          const cm_tensor *ref, int64_t P, int64_t C, int64_t ignore, int64_t *count) {
+    const cmi_backend *be = cmi_be(tp);
+    if (be) {
+        int64_t bad = -1, bad_val = 0;
+        if (cmi_dev_fail(tp, be->ce_check(target->data, target->dtype, P, C, ignore, count, &bad, &bad_val), op))
+            return false;
+        if (bad >= 0) bad_target(tp, op, target, what, ref, bad, bad_val, C, ignore);
+        return bad < 0;
+    }
+    *count = 0;
+    for (int64_t p = 0; p < P; p++) {
+        const int64_t t = load_index(target, p);
+        if (t == ignore) continue;
+        if (t < 0 || t >= C) {
+            bad_target(tp, op, target, what, ref, p, t, C, ignore);
+            return false;
+        }
+        (*count)++;
+    }
+    return true;
+}
+
 cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, const cm_cross_entropy_opts *opts) {
     static const char *op = "cross_entropy";
     cm_tensor *ins[2] = {logits, target};
@@ -195,26 +221,7 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
     /* Validate class indices first (serial, cheap next to the C-wide rows). */
     int64_t count = P;
     const cmi_backend *be = cmi_be(tp);
-    if (!soft && be) {
-        int64_t bad = -1, bad_val = 0;
-        if (cmi_dev_fail(tp, be->ce_check(target->data, target->dtype, P, C, o.ignore_index, &count, &bad, &bad_val), op))
-            return NULL;
-        if (bad >= 0) {
-            bad_target(tp, op, target, "logits", logits, bad, bad_val, C, o.ignore_index);
-            return NULL;
-        }
-    } else if (!soft) {
-        count = 0;
-        for (int64_t p = 0; p < P; p++) {
-            const int64_t t = load_index(target, p);
-            if (t == o.ignore_index) continue;
-            if (t < 0 || t >= C) {
-                bad_target(tp, op, target, "logits", logits, p, t, C, o.ignore_index);
-                return NULL;
-            }
-            count++;
-        }
-    }
+    if (!soft && !count_targets(tp, op, target, "logits", logits, P, C, o.ignore_index, &count)) return NULL;
     int64_t oshape[CM_MAX_DIMS];
     int ond = 0;
     if (o.reduction == CM_REDUCTION_NONE) {
@@ -433,25 +440,7 @@ cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_t
     /* class indices checked and counted (the mean's divisor) */
     int64_t count = 0;
     const cmi_backend *be = cmi_be(tp);
-    if (be) {
-        int64_t bad = -1, bad_val = 0;
-        if (cmi_dev_fail(tp, be->ce_check(target->data, target->dtype, R, V, o.ignore_index, &count, &bad, &bad_val), op))
-            return NULL;
-        if (bad >= 0) {
-            bad_target(tp, op, target, "w", w, bad, bad_val, V, o.ignore_index);
-            return NULL;
-        }
-    } else {
-        for (int64_t p = 0; p < R; p++) {
-            const int64_t t = load_index(target, p);
-            if (t == o.ignore_index) continue;
-            if (t < 0 || t >= V) {
-                bad_target(tp, op, target, "w", w, p, t, V, o.ignore_index);
-                return NULL;
-            }
-            count++;
-        }
-    }
+    if (!count_targets(tp, op, target, "w", w, R, V, o.ignore_index, &count)) return NULL;
     const double denom = o.reduction == CM_REDUCTION_MEAN ? (double)count : 1.0;
     const bool gx = cmi_needs_grad(tp, 1, ins), gw = cmi_needs_grad(tp, 1, ins + 1);
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, 0, NULL);

@@ -292,6 +292,7 @@ static cm_tensor *m_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     r->hidden_only = g->fused && cm_tape_grad_enabled(tp);
     cm_tensor *out = cm_module_forward_n(g->root, tp, in[1] ? 2 : 1, in);
     g->fused_h = r->hidden_only ? out : NULL;
+    g->fused_ready = false; /* a new microbatch: its metrics wait for its loss */
     r->hidden_only = false;
     return out;
 }
@@ -315,7 +316,7 @@ static cm_tensor *m_loss(void *self, cm_tape *tp, cm_tensor *logits, const cm_mo
         cm_tensor *loss = cm_linear_cross_entropy(tp, logits, w, labels, NULL, g->chunk_rows);
         /* for the training metrics, which the trainer updates next (on a GPU this read waits for
          * the forward, as the metrics' own read would) */
-        g->fused_unread = loss ? 2 : 0;
+        g->fused_ready = loss != NULL;
         if (loss) g->fused_mean = cm_tensor_get_flat(loss, 0);
         return loss;
     }
@@ -337,7 +338,7 @@ static cm_status fused_metric_update(const void *self, cm_tensor *outputs, const
     gpt2_model *g = (gpt2_model *)self;
     (void)outputs;
     cm_tensor *labels = cm_model_batch_field(b, "labels");
-    if (g->fused_unread <= 0)
+    if (!g->fused_ready)
         return cm_set_error(CM_ERR_STATE, "GPT2LMHeadModel: the fused loss's training metrics read the loss of the "
                                           "microbatch just computed, and there is none (call the loss first)");
     if (!labels) return cm_set_error(CM_ERR_NOT_FOUND, "GPT2LMHeadModel: training metrics: the batch has no 'labels'");
@@ -346,7 +347,6 @@ static cm_status fused_metric_update(const void *self, cm_tensor *outputs, const
     for (int64_t i = 0; i < n; i++) counted += cm_tensor_get_flat(labels, i) != -100.0;
     state[0] += counted ? g->fused_mean * (double)counted : 0.0;
     state[1] += (double)counted;
-    g->fused_unread--;
     return CM_OK;
 }
 static double fused_ce_compute(const void *self, const double *state) {
@@ -415,7 +415,7 @@ cm_status cm_gpt2_set_fused_linear_cross_entropy(cm_model *m, bool on, int64_t c
     g->fused = on;
     g->chunk_rows = chunk_rows;
     g->fused_h = NULL;
-    g->fused_unread = 0;
+    g->fused_ready = false;
     return CM_OK;
 }
 

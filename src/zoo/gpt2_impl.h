@@ -26,8 +26,8 @@ typedef struct gpt2_model {
     bool fused;
     int64_t chunk_rows;
     const cm_tensor *fused_h;  /* what the last forward returned when it stopped at ln_f */
-    double fused_mean;         /* the last fused loss's value */
-    int fused_unread;          /* training metrics yet to read it (2 after a loss, one read each) */
+    double fused_mean;         /* the fused loss of the current microbatch (valid when fused_ready) */
+    bool fused_ready;          /* set by the loss, cleared by the next forward */
 } gpt2_model;
 
 /* The root's state, or NULL when m is not a GPT-2 model. */

@@ -126,3 +126,16 @@ int cmt_logged_by_batch(const cm_in_memory_logger *mem, const char *name, double
     }
     return n;
 }
+
+void cmt_expect_logged_close(const cm_in_memory_logger *a, const cm_in_memory_logger *b, const char *name, int cap,
+                             double atol, double rtol) {
+    double *va = malloc(sizeof(double) * (size_t)cap), *vb = malloc(sizeof(double) * (size_t)cap);
+    cr_assert(va && vb);
+    const int na = cmt_logged_by_batch(a, name, va, cap), nb = cmt_logged_by_batch(b, name, vb, cap);
+    cr_assert(na > 0 && na == nb, "%s logged up to batch %d in one run and %d in the other", name, na, nb);
+    for (int i = 0; i < na; i++)
+        cr_expect(isnan(va[i]) == isnan(vb[i]) && (isnan(va[i]) || fabs(va[i] - vb[i]) <= atol + rtol * fabs(va[i])),
+                  "%s batch %d: %.8g vs %.8g (atol %g, rtol %g)", name, i, vb[i], va[i], atol, rtol);
+    free(va);
+    free(vb);
+}

@@ -24,6 +24,11 @@ cm_dataloader *cmt_loader(cm_dataset *ds, int64_t batch, bool eval, uint64_t see
  * the last batch logged (0 if none). */
 int cmt_logged_by_batch(const cm_in_memory_logger *mem, const char *name, double *v, int cap);
 
+/* The values two in-memory loggers recorded under `name` (cmt_logged_by_batch, batches < cap) are
+ * logged at the same batches (at least one) and agree within atol + rtol·|a| (NaN only with NaN). */
+void cmt_expect_logged_close(const cm_in_memory_logger *a, const cm_in_memory_logger *b, const char *name, int cap,
+                             double atol, double rtol);
+
 /* All parameters of a model, concatenated (caller frees with free()). */
 float *cmt_params_copy(cm_model *m, int64_t *n);
 
