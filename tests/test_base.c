@@ -221,6 +221,40 @@ Test(arena, a_users_allocator_hooks_get_the_chunks) {
     cr_assert_gt(used, exact + exact / 8, "tails skipped over grown chunks: %zu used for %zu bytes", used, exact);
 }
 
+/* An arena allocator handing memory out in 2 MiB granules, as a GPU's virtual memory maps it: every chunk it is asked for is a whole number of granules. */
+static size_t g_chunk_sizes[16];
+static int g_n_chunks;
+static void *granule_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    if (g_n_chunks < 16) g_chunk_sizes[g_n_chunks++] = bytes;
+    return malloc(bytes);
+}
+static void granule_free(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+
+Test(arena, a_custom_allocators_granule_sizes_every_chunk) {
+    const size_t granule = (size_t)2 << 20;
+    cm_arena_allocator al = {granule_alloc, granule_free, NULL, NULL, granule};
+    cm_arena *a;
+    g_n_chunks = 0;
+    cr_assert_eq(cm_arena_new_with(0, &al, &a), CM_OK, "%s", cm_last_error());
+    cr_assert_not_null(cm_arena_alloc(a, 100));              /* a first chunk: 1 MiB, rounded to 2 */
+    cr_assert_not_null(cm_arena_alloc(a, (3 << 20) + 1));    /* does not fit: a chunk of at least 3 MiB + 1 */
+    cr_assert_not_null(cm_arena_alloc(a, ((size_t)5 << 20) + 7));
+    cm_arena_free(a);
+    cr_assert_geq(g_n_chunks, 3);
+    for (int i = 0; i < g_n_chunks; i++)
+        cr_expect_eq(g_chunk_sizes[i] % granule, 0, "chunk %d of %zu bytes is whole granules", i, g_chunk_sizes[i]);
+    cr_expect_eq(g_chunk_sizes[0], granule, "the first chunk is one granule, not the arena's 1 MiB");
+    cr_expect_eq(g_chunk_sizes[1], (size_t)4 << 20, "3 MiB + 1 byte rounds to 2 granules");
+
+    al.granule = 3 << 20;
+    cr_assert_eq(cm_arena_new_with(0, &al, &a), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "granule 3145728 is not a power of two"), "%s", cm_last_error());
+}
+
 Test(arena, an_injected_failure_reaches_the_reservation) {
     cm_arena *a;
     cr_assert_eq(cm_arena_new(0, &a), CM_OK);

@@ -24,6 +24,7 @@
 #include "cmgolden_gpt2.h"
 #include "cmtest.h"
 #include "cmtrain.h"
+#include "tensor/backend.h"
 
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -54,6 +55,8 @@ typedef struct {
     bool act_offload;                       /* activation offload of the blocks */
     cm_precision precision;
     bool big;                               /* C 128, L 6 (random weights): model state >> the arena's chunks */
+    int wide;                               /* with big: C (0 = 128), 8 heads if set */
+    int64_t batch;                          /* 0 = B */
 } run_opts;
 
 typedef struct {
@@ -124,7 +127,8 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     if (o.big) {
         cm_gpt2_config cfg;
         cr_assert_eq(cm_gpt2_config_preset("tiny", &cfg), CM_OK);
-        cfg.vocab_size = 64, cfg.n_positions = T, cfg.n_embd = 128, cfg.n_layer = 6, cfg.n_head = 4;
+        cfg.vocab_size = 64, cfg.n_positions = T, cfg.n_embd = o.wide ? o.wide : 128, cfg.n_layer = 6;
+        cfg.n_head = o.wide ? 8 : 4;
         cr_assert_eq(cm_gpt2_new(&cfg, NULL, &r->model), CM_OK, "%s", cm_last_error());
     } else {
         r->model = gpt2_with_dropout(o.dropout);
@@ -155,7 +159,7 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     }
     r->ds = cmt_golden_gpt2_dataset(g, false, false);
     cm_dataloader_config dc = cm_dataloader_config_default();
-    dc.batch_size = B, dc.shuffle = false;
+    dc.batch_size = o.batch ? o.batch : B, dc.shuffle = false;
     cr_assert_eq(cm_dataloader_new(r->ds, &dc, &r->dl), CM_OK, "%s", cm_last_error());
     cm_sched_config sc = cm_sched_config_default(CM_SCHED_COSINE_ANNEALING_WITH_WARMUP);
     cr_assert_eq(cm_time_parse("2ba", &sc.t_warmup), CM_OK);
@@ -325,24 +329,29 @@ static size_t allocated_now(void) {
     return mm.allocated;
 }
 
-/* The device allocator's peak over one step of a GPT of C 128, L 6 (model state >> the arena's
- * chunks), one run at a time (a run's model stays on the device until run_end):
- *   - cpu_offload: the plain run holds the parameters, their gradients and AdamW's two moments on
- *     the device for the whole fit; the offloaded run holds the units resident and in flight
- *     (max_gathered) and the gradients of at most 2 units backward is in. What the plain run gives
- *     back after its trainer is gone is its model state as the allocator rounds it; the offloaded
- *     peak must be the plain peak less that state plus between one unit and max_gathered units'
- *     parameters and 2 units' gradients (the activations are the same in both).
- *   - activation offload: the blocks' activations leave the tape's arena (its peak falls by them)
- *     and at most 2 regions have device memory behind them at once (the block computing and, in
- *     backward, the one prefetched), so the allocator's peak falls by about what left the arena
- *     (at least half: the allocator holds the arena's 1, 2, 4, ... MiB chunks, not its bytes). */
+/* The device allocator's peak over one step, one run at a time (a run's model stays on the device
+ * until run_end). Device memory behind offloaded units and regions is mapped in whole granules of
+ * the backend's virtual memory (2 MiB on a GPU, a 4 KiB page on the emulator), and the bounds
+ * count in them.
+ *   - cpu_offload, a GPT of C 128, L 6 (model state >> the arena's chunks): the plain run holds the
+ *     parameters, their gradients and AdamW's two moments on the device for the whole fit; the
+ *     offloaded run holds the units resident and in flight (max_gathered) and the gradients of at
+ *     most 2 units backward is in. What the plain run gives back after its trainer is gone is its
+ *     model state as the allocator rounds it; the offloaded peak must be the plain peak less that
+ *     state plus between one unit and max_gathered units' parameters and 2 units' gradients (the
+ *     activations are the same in both).
+ *   - activation offload, a GPT of C 512, L 6 at 16 rows (each block's activations ~13 MB, many
+ *     granules): the blocks' activations leave the tape's arena (its peak falls by them) and at
+ *     most 2 regions have device memory behind them at once (the block computing and, in backward,
+ *     the one prefetched), so the allocator's peak falls by about what left the arena (at least
+ *     half: the allocator holds the arena's 1, 2, 4, ... MiB chunks, not its bytes). */
 Test(gpu_offload, offload_lowers_the_device_peak) {
     cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    const size_t granule = cmi_backend_get(CM_DEVICE_CUDA)->vm_granularity();
     run p, o, a;
     run_start(&p, g, (run_opts){.device = CM_DEVICE_CUDA, .reset_peak = true, .big = true, .max_duration = "1ba"});
     run_detach(&p);
-    const size_t plain = p.peak, plain_arena = p.arena_peak, held = allocated_now();
+    const size_t plain = p.peak, held = allocated_now();
     run_end(&p);
     /* (the backend's own scratch stays allocated, in every run's peak) */
     const size_t state = held - allocated_now();
@@ -350,35 +359,45 @@ Test(gpu_offload, offload_lowers_the_device_peak) {
 
     run_start(&o, g, (run_opts){.offload = true, .reset_peak = true, .big = true, .max_duration = "1ba"});
     const cm_dist_stats st = cm_dist_get_stats(o.dist);
-    const size_t unit = (o.max_unit_bytes + 4095) / 4096 * 4096;
+    const size_t unit = (o.max_unit_bytes + granule - 1) / granule * granule;
     const long long extra = (long long)o.peak - (long long)(plain - state);
     const long long bound = (long long)(st.max_gathered + 2) * (long long)unit;
     printf("device peak: plain %zu (model state %zu), cpu_offload %zu: %lld above the plain run's activations "
-           "(%d units held, unit %zu bytes)\n",
-           plain, state, o.peak, extra, st.max_gathered, unit);
+           "(%d units held, unit %zu bytes mapped as %zu)\n",
+           plain, state, o.peak, extra, st.max_gathered, o.max_unit_bytes, unit);
     cr_expect(st.max_gathered >= 2 && extra >= (long long)unit && extra <= bound,
               "cpu_offload's peak %zu is the plain peak %zu less its model state %zu plus %lld, want between one unit "
               "(%zu) and %d units' parameters and 2 units' gradients (%lld)",
               o.peak, plain, state, extra, unit, st.max_gathered, bound);
     run_end(&o);
 
-    run_start(&a, g, (run_opts){.device = CM_DEVICE_CUDA, .act_offload = true, .reset_peak = true, .big = true,
-                                .max_duration = "1ba"});
-    const size_t moved = plain_arena - a.arena_peak;
+    run w;
+    const run_opts wide = {.device = CM_DEVICE_CUDA, .reset_peak = true, .big = true, .wide = 512, .batch = 16,
+                           .max_duration = "1ba"};
+    run_start(&w, g, wide);
+    const size_t wplain = w.peak, wplain_arena = w.arena_peak;
+    run_end(&w);
+    run_opts ao = wide;
+    ao.act_offload = true;
+    run_start(&a, g, ao);
+    const size_t moved = wplain_arena - a.arena_peak;
+    const size_t per = (moved / 6 + granule - 1) / granule * granule;
     printf("device peak: plain %zu (arena %zu), activation offload %zu (arena %zu, %lld regions, at most %zu bytes "
-           "behind them)\n",
-           plain, plain_arena, a.peak, a.arena_peak, (long long)a.n_offloaded, a.offload_peak);
+           "behind them, granule %zu)\n",
+           wplain, wplain_arena, a.peak, a.arena_peak, (long long)a.n_offloaded, a.offload_peak, granule);
     cr_expect_eq(a.n_offloaded, 6, "every block offloaded once (%lld)", (long long)a.n_offloaded);
+    cr_expect(moved / 6 >= 4 * granule, "each block's activations (%zu bytes) span several granules of %zu", moved / 6,
+              granule);
     /* the allocator holds the arena's chunks (1, 2, 4, ... MiB), not its bytes: half of what left it */
-    cr_expect(a.arena_peak < plain_arena && plain > a.peak && plain - a.peak >= moved / 2,
+    cr_expect(a.arena_peak < wplain_arena && wplain > a.peak && wplain - a.peak >= moved / 2,
               "activation offload: the peak falls from %zu to %zu, want at least half the %zu bytes that left the "
               "arena",
-              plain, a.peak, moved);
-    /* each block's activations fit a region's first arena chunk (1 MiB; moved / 6 = 0.8 MB each) */
-    cr_expect(moved / 6 < ((size_t)1 << 20) && a.offload_peak <= 2 * ((size_t)1 << 20),
+              wplain, a.peak, moved);
+    /* a region's chunks grow as the arena's do (at most twice what it holds); 3 regions would not fit */
+    cr_expect(a.offload_peak <= 2 * 2 * per,
               "at most 2 regions have device memory behind them at once (forward: the one computing; backward: "
-              "the one computing and the one prefetched): %zu bytes, want <= 2 MiB",
-              a.offload_peak);
+              "the one computing and the one prefetched): %zu bytes, want <= 2 regions of at most %zu",
+              a.offload_peak, 2 * per);
     run_end(&a);
     cmt_golden_close(g);
 }

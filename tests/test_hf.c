@@ -310,9 +310,23 @@ static void save_with_logits(const char *src, cm_hf_task task, const char *prefi
     cm_tape *tp = cmt_tape();
     cm_tensor *out = logits_of(m, g, prefix, tp);
     char *folder = pjoin(dir, "model");
-    cr_assert_eq(cm_hf_save(m, NULL, NULL, folder), CM_OK, "%s", cm_last_error());
+    cm_tokenizer *tok;
+    cm_hf_tokenizer_info ti;
+    cr_assert_eq(cm_hf_tokenizer_load(src, &tok, &ti), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_hf_save(m, tok, &ti, folder), CM_OK, "%s", cm_last_error());
+    /* a sentence's ids (no special tokens), for a check of the saved tokenizer files elsewhere */
+    static const char sentence[] = "Hello world, the model loads: unaffable tokenizers!";
+    int32_t *ids;
+    int64_t n_ids;
+    cr_assert_eq(cm_tokenizer_encode(tok, sentence, sizeof sentence - 1, &ids, &n_ids), CM_OK, "%s", cm_last_error());
+    cm_tensor *sent;
+    cr_assert_eq(cm_tensor_new(CM_DTYPE_I64, 1, &n_ids, &sent), CM_OK);
+    for (int64_t i = 0; i < n_ids; i++) ((int64_t *)cm_tensor_data(sent))[i] = ids[i];
+    cm_free(ids);
+    cm_tokenizer_free(tok);
     cm_safetensors_writer *w;
     cr_assert_eq(cm_safetensors_writer_new(&w), CM_OK);
+    cr_assert_eq(cm_safetensors_writer_add(w, "sentence_ids", sent), CM_OK);
     const char *names[3] = {"input_ids", "attention_mask", "token_type_ids"};
     cm_tensor *keep[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
@@ -326,6 +340,7 @@ static void save_with_logits(const char *src, cm_hf_task task, const char *prefi
     char *exp = pjoin(dir, "expected.safetensors");
     cr_assert_eq(cm_safetensors_writer_write(w, exp), CM_OK, "%s", cm_last_error());
     cm_safetensors_writer_free(w);
+    cm_tensor_free(sent);
     for (int i = 0; i < 3; i++) cm_tensor_free(keep[i]);
     free(exp);
     free(folder);
@@ -335,10 +350,25 @@ static void save_with_logits(const char *src, cm_hf_task task, const char *prefi
 }
 
 /* The torch reference (strict about names: a wrong or missing name fails there) gives our logits
- * for our saved folders: BERT MLM, a BERT classifier with a new head, GPT-2. */
+ * for our saved folders: BERT MLM, a BERT classifier with a new head, GPT-2. With CM_HF_KEEP_DIR
+ * set, the three folders and their logits are also left in that folder (bert-mlm/, bert-cls/,
+ * gpt2/), for the check with Hugging Face's own transformers where it is installed
+ * (tests/hf_transformers_check.py; scripts/gpu-bundle carries them to the lent GPU machine). */
 Test(hf, reference_gives_our_logits_for_our_saved_folders) {
     if (!have_torch()) cr_skip_test("/usr/bin/python3 with torch is not available (scripts/install-deps --golden)");
-    char *d[3] = {tmpdir(), tmpdir(), tmpdir()};
+    const char *keep = getenv("CM_HF_KEEP_DIR");
+    if (keep && !*keep) keep = NULL;
+    static const char *const kept[3] = {"bert-mlm", "bert-cls", "gpt2"};
+    char *d[3];
+    for (int i = 0; i < 3; i++) {
+        if (!keep) {
+            d[i] = tmpdir();
+            continue;
+        }
+        d[i] = pjoin(keep, kept[i]);
+        cmi_remove_tree(d[i]);
+        cr_assert_eq(cmi_mkdirs(d[i]), CM_OK, "%s", cm_last_error());
+    }
     save_with_logits(D_MLM, CM_HF_TASK_MASKED_LM, "bert", d[0]);
     save_with_logits(D_MLM, CM_HF_TASK_SEQUENCE_CLASSIFICATION, "bert", d[1]);
     save_with_logits(D_GPT, CM_HF_TASK_CAUSAL_LM, "gpt2", d[2]);
@@ -349,7 +379,7 @@ Test(hf, reference_gives_our_logits_for_our_saved_folders) {
     int rc = system(cmd);
     cr_expect_eq(rc, 0, "%s failed (status %d)", cmd, rc);
     for (int i = 0; i < 3; i++) {
-        cmi_remove_tree(d[i]);
+        if (!keep) cmi_remove_tree(d[i]);
         free(d[i]);
     }
 }

@@ -177,6 +177,9 @@ typedef struct cm_arena_allocator {
     void (*free)(void *ctx, void *p);
     cm_status (*fill)(void *ctx, void *p, int byte, size_t bytes);
     void *ctx;
+    size_t granule; /* chunks are multiples of this many bytes (a power of two; 0 = no constraint): the
+                     * unit the allocator hands memory out in, so no chunk has bytes behind it that the
+                     * arena cannot use (a GPU's virtual memory maps 2 MiB at a time) */
 } cm_arena_allocator;
 
 /* As cm_arena_new, with chunks from `al` (copied; NULL = the allocator hook). */

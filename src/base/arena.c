@@ -48,6 +48,8 @@ struct cm_arena {
 
 cm_status cm_arena_new_with(size_t budget, const cm_arena_allocator *al, cm_arena **out) {
     *out = NULL;
+    if (al && (al->granule & (al->granule - 1)))
+        return cm_set_error(CM_ERR_INVALID_ARG, "arena allocator granule %zu is not a power of two", al->granule);
     cm_arena *a = cm_alloc_zeroed(sizeof *a, 16);
     if (!a) return CM_ERR_OOM;
     a->budget = budget;
@@ -128,6 +130,7 @@ static bool add_chunk(cm_arena *a, size_t min_bytes) {
     if (a->budget && tc + cap > a->budget) cap = a->budget - tc; /* never reserve past the budget */
     if (cap < min_bytes) cap = min_bytes;
     cap = (cap + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    if (a->custom && a->al.granule > 1) cap = (cap + a->al.granule - 1) & ~(a->al.granule - 1);
     char *mem = a->custom ? a->al.alloc(a->al.ctx, cap) : cm_alloc(cap, ARENA_ALIGN);
     if (!mem) return false;
     a->chunks[a->n_chunks] = (chunk){mem, cap, tc, false};

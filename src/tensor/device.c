@@ -135,7 +135,7 @@ cm_arena *cmi_dev_arena(cm_tape *tp, cm_device dev) {
     if (tp->dev_arena) return tp->dev_arena;
     const cmi_backend *be = cmi_backend_get(dev);
     if (!be || be->init() != CM_OK) return NULL;
-    cm_arena_allocator al = {arena_dev_alloc, arena_dev_free, arena_dev_fill, (void *)be};
+    cm_arena_allocator al = {arena_dev_alloc, arena_dev_free, arena_dev_fill, (void *)be, 0};
     if (cm_arena_new_with(tp->dev_budget, &al, &tp->dev_arena) != CM_OK) return NULL;
     cm_arena_set_poison(tp->dev_arena, tp->poison);
     return tp->dev_arena;

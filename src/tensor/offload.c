@@ -149,13 +149,25 @@ static struct cmi_aoff_region *region_get(cm_tape *tp) {
         return NULL;
     }
     r->tp = tp;
-    cm_arena_allocator al = {chunk_alloc, chunk_free, chunk_fill, r};
+    /* chunks in whole mapping granules (2 MiB on a GPU): every byte mapped is one the arena can use,
+     * and the bytes counted as mapped are the device's */
+    const cmi_backend *be = be_of(tp);
+    cm_arena_allocator al = {chunk_alloc, chunk_free, chunk_fill, r, be->vm_granularity ? be->vm_granularity() : 0};
     if (cm_arena_new_with(0, &al, &r->arena) != CM_OK) {
         cm_free(np);
         cm_free(r);
         return NULL;
     }
     cm_arena_set_poison(r->arena, tp->poison);
+    /* blocks repeat: a new region starts with one chunk as large as the largest region so far, not
+     * the arena's 1, 2, 4, ... MiB whose skipped tails would be mapped too */
+    if (tp->aoff_max_used && !cm_arena_alloc(r->arena, tp->aoff_max_used)) {
+        cm_arena_free(r->arena);
+        cm_free(np);
+        cm_free(r->chunks);
+        cm_free(r);
+        return NULL;
+    }
     if (tp->n_aoff_pool) memcpy(np, tp->aoff, sizeof *np * (size_t)tp->n_aoff_pool);
     cm_free(tp->aoff);
     tp->aoff = np;
@@ -178,6 +190,7 @@ static int region_of(const cm_tape *tp, const void *p) {
 static cm_status region_download(struct cmi_aoff_region *r) {
     const cmi_backend *be = be_of(r->tp);
     const size_t used = cm_arena_used(r->arena);
+    if (used > r->tp->aoff_max_used) r->tp->aoff_max_used = used;
     size_t base = 0;
     for (int i = 0; i < r->n_chunks; i++) {
         aoff_chunk *c = &r->chunks[i];

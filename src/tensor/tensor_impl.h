@@ -144,6 +144,7 @@ struct cm_tape {
     bool in_aoff;
     int64_t n_aoff_regions;     /* offloaded regions recorded since the tape was made */
     size_t aoff_mapped, aoff_mapped_peak; /* device bytes behind the regions: now, the most at once */
+    size_t aoff_max_used;                 /* the most bytes one region has held (a new region's first chunk) */
 };
 
 /* ---- devices (device.c) ---- */
