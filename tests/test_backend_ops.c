@@ -648,6 +648,36 @@ Test(backend_ops, linear_with_bias_transposed_weights_and_autocast) {
     }
 }
 
+/* GEMMs large enough (M·N·K >= 2^26) that the CUDA backend pads their odd M, N and K with zeros
+ * to multiples of a 16-byte vector so cuBLASLt can use its vectorised kernels (GPT-2's 50257-wide
+ * LM head): forward and every gradient, with a bias, a transposed weight, bf16 autocast and a
+ * strided batch, equal the CPU's. */
+Test(backend_ops, large_gemms_with_odd_dimensions) {
+    for (int v = 0; v < 4; v++) {
+        lin_arg l = {true, v & 1, (v >> 1) & 1, true};
+        /* R 666 (2 x 333), in 257, out 401: 68.6M multiply-adds in each of the three GEMMs */
+        in_spec s[3] = {SPEC(3, IN_NORMAL, true, 2, 333, 257),
+                        l.wt ? (in_spec)SPEC(2, IN_NORMAL, true, 257, 401) : (in_spec)SPEC(2, IN_NORMAL, true, 401, 257),
+                        SPEC(1, IN_NORMAL, true, 401)};
+        char name[64];
+        snprintf(name, sizeof name, "large linear wt=%d bf16=%d", l.wt, l.bf16);
+        check_op(name, f_linear, &l, 3, s, 1e-6, 2e-6);
+    }
+    const struct {
+        in_spec a, b;
+        mm_arg m;
+    } cases[] = {
+        {SPEC(3, IN_NORMAL, true, 2, 300, 257), SPEC(2, IN_NORMAL, true, 257, 901), {0, 0, false}},
+        {SPEC(3, IN_NORMAL, true, 2, 257, 300), SPEC(2, IN_NORMAL, true, 901, 257), {1, 1, true}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        in_spec s[2] = {cases[c].a, cases[c].b};
+        char name[64];
+        snprintf(name, sizeof name, "large matmul case %zu", c);
+        check_op(name, f_matmul, &cases[c].m, 2, s, 1e-6, 2e-6);
+    }
+}
+
 Test(backend_ops, cross_entropy_with_every_option) {
     const struct {
         in_spec x, t;

@@ -429,10 +429,14 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     if (gw && !xd && !(xd = bf16_copy(tp, n->in[0]))) return cmi_status(tp);
     if (gx && !wd && !(wd = bf16_copy(tp, n->in[1]))) return cmi_status(tp);
     const size_t es = cm_dtype_size(dt);
-    /* rows of dy per block: all of them in f32 (dy is read in place), a bounded bf16 copy otherwise */
+    /* rows of dy per block: all of them in f32 (dy is read in place), a bounded bf16 copy otherwise
+     * (on a GPU a larger one, in equal blocks: each block is two GEMMs, and the weight gradient's
+     * GEMM reads and writes all of dw) */
     int64_t rb = R;
-    if (dt == CM_DTYPE_BF16 && out_f > 0 && (size_t)(R * out_f) * 2 > CMI_LINEAR_DY_BLOCK) {
-        rb = (int64_t)(CMI_LINEAR_DY_BLOCK / (2 * (size_t)out_f));
+    const size_t dy_block = be ? CMI_LINEAR_DY_BLOCK_DEVICE : CMI_LINEAR_DY_BLOCK;
+    if (dt == CM_DTYPE_BF16 && out_f > 0 && (size_t)(R * out_f) * 2 > dy_block) {
+        rb = (int64_t)(dy_block / (2 * (size_t)out_f));
+        if (be && rb > 0) rb = (R + (R + rb - 1) / rb - 1) / ((R + rb - 1) / rb);
         rb = rb < 64 ? 64 : rb;
     }
     uint16_t *dyb = NULL;

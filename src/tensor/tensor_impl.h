@@ -372,5 +372,6 @@ void cmi_store(cm_dtype dt, void *p, double v);
 /* linear's bf16 backward rounds the upstream gradient to bf16 and multiplies it in row blocks of
  * at most this many bytes (GPT-2's lm_head gradient, 2048 × 50257, would be 196 MiB at once). */
 #define CMI_LINEAR_DY_BLOCK ((size_t)48 << 20)
+#define CMI_LINEAR_DY_BLOCK_DEVICE ((size_t)256 << 20)
 
 #endif

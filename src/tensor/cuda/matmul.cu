@@ -79,34 +79,50 @@ static uint32_t alignment_of(const void *p) {
 
 /* cuBLASLt's fast (tensor-core, vectorised) kernels read rows with 16-byte loads: a matrix whose
  * base, leading dimension or batch stride is not a multiple of 16 bytes gets an "align1" kernel
- * instead — on the H200, Turing-era cutlass_75 kernels for GPT-2's LM head, whose 50257 columns make
- * every row of the logits and of their gradient misaligned. Such an operand is copied into a scratch
- * matrix whose rows are padded to 16 bytes (and C copied back afterwards): a pass over memory,
- * small next to the GEMM it speeds up. */
+ * instead, and so does a GEMM whose M, N or K is not a multiple of a 16-byte vector (8 bf16, 4 f32),
+ * since a row's last vector would straddle its end — on the H200, Turing-era cutlass_75 kernels for
+ * GPT-2's LM head, whose 50257 columns make every row of the logits and of their gradient misaligned
+ * and K of the input gradient odd (6.7 ms for the logits' GEMM, 0.3 ms a block of the input
+ * gradient's, seen with ncu). Such an operand is copied into a scratch matrix whose rows are padded
+ * to 16 bytes, and a large GEMM's odd dimensions are padded with zeros (zeros along K add nothing;
+ * the extra rows and columns of C are computed and dropped); C is copied back afterwards. A pass
+ * over memory, small next to the GEMM it speeds up. */
 struct lt_mat {
     const void *p;
     int64_t ld, stride;   /* as the caller gave them */
     int64_t rows, cols;   /* stored row-major: rows x cols, row i at p + i·ld */
+    int64_t prows = 0, pcols = 0; /* the padded problem's (>= rows, cols: zeros beyond them) */
     void *pad = nullptr;  /* the padded copy, or NULL */
     int64_t pld = 0, pstride = 0;
 };
 
 static bool lt_misaligned(const lt_mat &m, int64_t batch, size_t es) {
-    return (uintptr_t)m.p % 16 || (m.ld * (int64_t)es) % 16 || (batch > 1 && (m.stride * (int64_t)es) % 16);
+    return (uintptr_t)m.p % 16 || (m.ld * (int64_t)es) % 16 || (batch > 1 && (m.stride * (int64_t)es) % 16) ||
+           m.prows != m.rows || m.pcols != m.cols;
 }
 
-/* Makes m's padded copy (copying the values in when `in`). */
+/* Makes m's padded copy (prows x pcols, rows 16-byte aligned; zeros beyond rows x cols; copying the
+ * values in when `in`). */
 static cm_status lt_pad(lt_mat &m, int64_t batch, cm_dtype dt, bool in) {
     const size_t es = cm_dtype_size(dt);
     const int64_t q = 16 / (int64_t)es;
-    m.pld = (m.cols + q - 1) / q * q;
-    m.pstride = m.rows * m.pld;
+    m.pld = (m.pcols + q - 1) / q * q;
+    m.pstride = m.prows * m.pld;
     m.pad = cmi_cuda_alloc((size_t)(batch * m.pstride) * es);
     if (!m.pad) return cm_last_status();
+    if (m.prows != m.rows || m.pcols != m.cols) {
+        const int64_t n = batch * m.pstride, one = 1;
+        cm_status st = cmi_cuda_fill(m.pad, dt, 1, &n, &one, 0.0);
+        if (st) return st;
+    }
     if (!in) return CM_OK;
     const int64_t shape[3] = {batch, m.rows, m.cols}, dst[3] = {m.pstride, m.pld, 1}, src[3] = {m.stride, m.ld, 1};
     return cmi_cuda_copy(m.pad, dt, dst, m.p, dt, src, 3, shape);
 }
+
+/* A dimension worth padding: a large GEMM (the copies are small next to it) and a dimension long
+ * enough that the padding adds little work. */
+static int64_t lt_pad_dim(int64_t d, int64_t q, bool large) { return large && d >= 64 ? (d + q - 1) / q * q : d; }
 
 #define LT_TRY(call)                                                                                                \
     do {                                                                                                            \
@@ -142,6 +158,25 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     lt_mat ma = {a, lda, sa, ta ? K : M, ta ? M : K}, mb = {b, ldb, sb, tb ? N : K, tb ? K : N},
            mc = {c, ldc, sc, M, N};
     const size_t es = cm_dtype_size(dt);
+    const int64_t q = 16 / (int64_t)es;
+    const bool large = (double)M * (double)N * (double)K >= 67108864.0;
+    const int64_t M0 = M, N0 = N;
+    const int64_t Mp = lt_pad_dim(M, q, large), Np = lt_pad_dim(N, q, large), Kp = lt_pad_dim(K, q, large);
+    float *bias_pad = nullptr;
+    ma.prows = ta ? Kp : Mp, ma.pcols = ta ? Mp : Kp;
+    mb.prows = tb ? Np : Kp, mb.pcols = tb ? Kp : Np;
+    mc.prows = Mp, mc.pcols = Np;
+    M = Mp, N = Np, K = Kp;
+    if (bias && Np != N0) { /* the bias, one per column, with zeros for the padded columns */
+        const int64_t n = Np, one = 1, shape[1] = {N0}, st1[1] = {1};
+        if (!(bias_pad = (float *)cmi_cuda_alloc(sizeof(float) * (size_t)Np))) {
+            st = cm_last_status();
+            goto done;
+        }
+        if ((st = cmi_cuda_fill(bias_pad, CM_DTYPE_F32, 1, &n, &one, 0.0))) goto done;
+        if ((st = cmi_cuda_copy(bias_pad, CM_DTYPE_F32, st1, bias, CM_DTYPE_F32, st1, 1, shape))) goto done;
+        bias = bias_pad;
+    }
     if (lt_misaligned(ma, batch, es)) {
         if ((st = lt_pad(ma, batch, dt, true))) goto done;
         a = ma.pad, lda = ma.pld, sa = ma.pstride;
@@ -208,8 +243,8 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     LT_TRY(cublasLtMatmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
                           g_lt.ws_bytes, cmi_cuda_stream()));
     st = cmi_cuda_launched("gemm");
-    if (!st && mc.pad) { /* the padded result into the caller's C */
-        const int64_t shape[3] = {batch, M, N}, dst[3] = {mc.stride, mc.ld, 1}, src[3] = {sc, ldc, 1};
+    if (!st && mc.pad) { /* the padded result's first M0 x N0 into the caller's C */
+        const int64_t shape[3] = {batch, M0, N0}, dst[3] = {mc.stride, mc.ld, 1}, src[3] = {sc, ldc, 1};
         st = cmi_cuda_copy((void *)mc.p, CM_DTYPE_F32, dst, c, CM_DTYPE_F32, src, 3, shape);
     }
     }
@@ -222,5 +257,6 @@ done:
     if (ma.pad) cmi_cuda_free(ma.pad);
     if (mb.pad) cmi_cuda_free(mb.pad);
     if (mc.pad) cmi_cuda_free(mc.pad);
+    if (bias_pad) cmi_cuda_free(bias_pad);
     return st;
 }
