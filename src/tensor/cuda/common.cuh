@@ -72,6 +72,8 @@ struct cmi_iter {
     int64_t shape[CM_MAX_DIMS];
     int64_t stride[CMI_CUDA_MAX_OPS][CM_MAX_DIMS];
     bool contig[CMI_CUDA_MAX_OPS]; /* operand k is contiguous over the space (offset = index) */
+    bool small;                    /* n < 2^32: indices unravel in 32-bit arithmetic (a 64-bit division
+                                    * is a long software sequence on the GPU) */
 };
 
 /* Builds the iteration space; strides[k] may be NULL for a contiguous operand. */
@@ -80,6 +82,15 @@ cmi_iter cmi_iter_make(int nd, const int64_t *shape, int n_ops, const int64_t *c
 __device__ __forceinline__ int64_t cmi_iter_off(const cmi_iter &it, int k, int64_t i) {
     if (it.contig[k]) return i;
     int64_t off = 0;
+    if (it.small) {
+        uint32_t u = (uint32_t)i;
+        for (int d = it.nd - 1; d >= 0; d--) {
+            const uint32_t n = (uint32_t)it.shape[d], q = u / n;
+            off += (int64_t)(u - q * n) * it.stride[k][d];
+            u = q;
+        }
+        return off;
+    }
     for (int d = it.nd - 1; d >= 0; d--) {
         const int64_t q = i / it.shape[d];
         off += (i - q * it.shape[d]) * it.stride[k][d];
@@ -205,6 +216,9 @@ template <class T> __device__ __forceinline__ T cmi_block_sum(T v, T *sh) {
 /* The broadcast reduction behind cmi_cuda_accum (reduce.cu): dst at offsets kcstride of each kept
  * index += the double sum of src over the reduced dims. */
 cm_status cmi_cuda_reduce_add(const cmi_red_plan *P, const float *src, float *dst);
+/* The same where src is (P->n_red, P->n_out) row-major (every reduced dim before every kept one):
+ * column sums in two deterministic passes, coalesced (reduce.cu). */
+cm_status cmi_cuda_colsum_add(const cmi_red_plan *P, const float *src, float *dst);
 
 /* ---- the kernels behind the backend table (one file per family; see backend.h for semantics) ---- */
 extern "C" {

@@ -48,13 +48,80 @@ __global__ void k_copy_any(void *dst, int ddt, const void *src, int sdt, cmi_ite
         cmi_dstore(ddt, dst, cmi_iter_off(it, 0, i), cmi_dload(sdt, src, cmi_iter_off(it, 1, i)));
 }
 
+/* Rows of a 2-D copy whose rows are contiguous in both (a padded operand, a slice of columns): a
+ * block row per matrix row, no index arithmetic per element. */
+template <class T>
+__global__ void k_copy_rows(T *dst, int64_t dld, const T *src, int64_t sld, int64_t rows, int64_t cols) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x)
+            dst[r * dld + c] = src[r * sld + c];
+}
+
+/* Contiguous f32 -> bf16 and bf16 -> f32 (autocast's casts of activations, weights and gradients),
+ * four elements a thread: 16-byte f32 and 8-byte bf16 accesses. The same rounding as k_copy_float. */
+__global__ void k_f32_to_bf16_x4(uint2 *dst, const float4 *src, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 v = src[i];
+        uint2 o;
+        o.x = (uint32_t)cmi_df32_to_bf16(v.x) | ((uint32_t)cmi_df32_to_bf16(v.y) << 16);
+        o.y = (uint32_t)cmi_df32_to_bf16(v.z) | ((uint32_t)cmi_df32_to_bf16(v.w) << 16);
+        dst[i] = o;
+    }
+}
+__global__ void k_bf16_to_f32_x4(float4 *dst, const uint2 *src, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint2 v = src[i];
+        dst[i] = make_float4(cmi_dbf16_to_f32((uint16_t)(v.x & 0xFFFFu)), cmi_dbf16_to_f32((uint16_t)(v.x >> 16)),
+                             cmi_dbf16_to_f32((uint16_t)(v.y & 0xFFFFu)), cmi_dbf16_to_f32((uint16_t)(v.y >> 16)));
+    }
+}
+
 static bool is_float(cm_dtype d) { return d == CM_DTYPE_F32 || d == CM_DTYPE_BF16 || d == CM_DTYPE_F16; }
+
+/* The fast paths of cmi_cuda_copy; false: none applies. */
+static bool copy_fast(void *dst, cm_dtype ddt, const void *src, cm_dtype sdt, const cmi_iter &it, cm_status *st) {
+    cudaStream_t s = cmi_cuda_stream();
+    const size_t es = cm_dtype_size(ddt);
+    if (it.contig[0] && it.contig[1]) {
+        if (ddt == sdt) {
+            cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)it.n * es, cudaMemcpyDeviceToDevice, s);
+            *st = e == cudaSuccess ? CM_OK : cmi_cuda_fail(e, "cudaMemcpyAsync (copy)");
+            return true;
+        }
+        const bool down = ddt == CM_DTYPE_BF16 && sdt == CM_DTYPE_F32, up = ddt == CM_DTYPE_F32 && sdt == CM_DTYPE_BF16;
+        const uintptr_t fa = (uintptr_t)(down ? src : dst), ba = (uintptr_t)(down ? dst : src);
+        if ((down || up) && it.n % 4 == 0 && fa % 16 == 0 && ba % 8 == 0) {
+            const int64_t n4 = it.n / 4;
+            if (down) CMI_LAUNCH(k_f32_to_bf16_x4, cmi_cuda_grid(n4, BLOCK), BLOCK, 0, s, (uint2 *)dst, (const float4 *)src, n4);
+            else CMI_LAUNCH(k_bf16_to_f32_x4, cmi_cuda_grid(n4, BLOCK), BLOCK, 0, s, (float4 *)dst, (const uint2 *)src, n4);
+            *st = cmi_cuda_launched("copy");
+            return true;
+        }
+        return false;
+    }
+    if (ddt == sdt && it.nd == 2 && it.stride[0][1] == 1 && it.stride[1][1] == 1 && (es == 2 || es == 4)) {
+        const int64_t rows = it.shape[0], cols = it.shape[1];
+        const unsigned gx = (unsigned)((cols + BLOCK - 1) / BLOCK < 64 ? (cols + BLOCK - 1) / BLOCK : 64);
+        const dim3 g(gx, (unsigned)(rows < 65535 ? rows : 65535));
+        if (es == 2)
+            CMI_LAUNCH(k_copy_rows<uint16_t>, g, BLOCK, 0, s, (uint16_t *)dst, it.stride[0][0], (const uint16_t *)src,
+                       it.stride[1][0], rows, cols);
+        else
+            CMI_LAUNCH(k_copy_rows<uint32_t>, g, BLOCK, 0, s, (uint32_t *)dst, it.stride[0][0], (const uint32_t *)src,
+                       it.stride[1][0], rows, cols);
+        *st = cmi_cuda_launched("copy");
+        return true;
+    }
+    return false;
+}
 
 extern "C" cm_status cmi_cuda_copy(void *dst, cm_dtype ddt, const int64_t *dstride, const void *src, cm_dtype sdt,
                                    const int64_t *sstride, int nd, const int64_t *shape) {
     const int64_t *st[2] = {dstride, sstride};
     const cmi_iter it = cmi_iter_make(nd, shape, 2, st);
     if (it.n == 0) return CM_OK;
+    cm_status fst;
+    if (copy_fast(dst, ddt, src, sdt, it, &fst)) return fst;
     const unsigned g = cmi_cuda_grid(it.n, BLOCK);
     cudaStream_t s = cmi_cuda_stream();
     if (ddt == sdt) {
@@ -253,6 +320,9 @@ extern "C" cm_status cmi_cuda_accum(float *dst, const int64_t *dstride, const fl
         for (int d = 0; d < nd; d++)
             if (shape[d] != 1 && dstride[d] != cs[d]) dst_contig = false;
         if (dst_contig) return cmi_cuda_add_scaled(dst, src, NULL, 1.0f, nd, shape);
+        /* a strided dst (the gradients of q, k and v into their fused projection's): elementwise
+         * through dst's strides, not a reduction of one element per output */
+        return cmi_cuda_copy_add(dst, dstride, src, NULL, nd, shape);
     }
     cmi_red_plan P;
     memset(&P, 0, sizeof P);
@@ -279,6 +349,15 @@ extern "C" cm_status cmi_cuda_accum(float *dst, const int64_t *dstride, const fl
         P.rshape[0] = 1;
         P.nr = 1;
     }
+    /* every reduced dim before every kept one (a bias's gradient: dy (rows, C) summed over rows):
+     * src is then (n_red, n_out) row-major, summed down its columns */
+    bool rows_then_cols = true, seen_kept = false;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 1) continue;
+        if (dstride[d] != 0) seen_kept = true;
+        else if (seen_kept) rows_then_cols = false;
+    }
+    if (rows_then_cols && P.n_red >= 64 && P.n_out > 1) return cmi_cuda_colsum_add(&P, src, dst);
     return cmi_cuda_reduce_add(&P, src, dst);
 }
 

@@ -167,6 +167,47 @@ cm_status cmi_cuda_reduce_add(const cmi_red_plan *P, const float *src, float *ds
     return launch_reduce(CMI_RED_SUM, 1, P, src, NULL, 1.0, dst, NULL, NULL);
 }
 
+/* Column sums of src (R, C) row-major into dst (through the kept dims' strides): pass 1, blocks of
+ * 256 columns × a chunk of rows, each thread summing its column down the chunk (neighbouring threads
+ * read neighbouring floats) into part[chunk][c], in double; pass 2, a thread per column adds its
+ * chunks in order. Fixed order, no atomics: a run repeats bit for bit. */
+__global__ void k_colsum_chunks(const float *src, int64_t R, int64_t C, int64_t rows_per, double *part) {
+    const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int64_t r0 = blockIdx.y * rows_per, r1 = r0 + rows_per < R ? r0 + rows_per : R;
+    double s = 0.0;
+    for (int64_t r = r0; r < r1; r++) s += src[r * C + c];
+    part[blockIdx.y * C + c] = s;
+}
+
+__global__ void k_colsum_finish(const double *part, int64_t nch, cmi_red_plan P, float *dst) {
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < P.n_out; c += (int64_t)gridDim.x * blockDim.x) {
+        double s = 0.0;
+        for (int64_t k = 0; k < nch; k++) s += part[k * P.n_out + c];
+        dst[unravel(c, P.nk, P.kshape, P.kcstride)] += (float)s;
+    }
+}
+
+cm_status cmi_cuda_colsum_add(const cmi_red_plan *P, const float *src, float *dst) {
+    const int64_t R = P->n_red, C = P->n_out;
+    if (R == 0 || C == 0) return CM_OK;
+    /* enough chunks for about 4 blocks a multiprocessor, each at least 32 rows */
+    const int64_t colblk = (C + 255) / 256, want = 4 * (int64_t)cmi_cuda_sm_count();
+    int64_t nch = (want + colblk - 1) / colblk;
+    if (nch > (R + 31) / 32) nch = (R + 31) / 32;
+    if (nch < 1) nch = 1;
+    const int64_t rows_per = (R + nch - 1) / nch;
+    nch = (R + rows_per - 1) / rows_per;
+    double *part = (double *)cmi_cuda_scratch(sizeof(double) * (size_t)(nch * C));
+    if (!part) return cm_last_status();
+    cudaStream_t s = cmi_cuda_stream();
+    CMI_LAUNCH(k_colsum_chunks, dim3((unsigned)colblk, (unsigned)nch), 256, 0, s, src, R, C, rows_per, part);
+    cm_status st = cmi_cuda_launched("column sums");
+    if (st) return st;
+    CMI_LAUNCH(k_colsum_finish, cmi_cuda_grid(C, 256), 256, 0, s, part, nch, *P, dst);
+    return cmi_cuda_launched("column sums");
+}
+
 __global__ void k_scatter_add(float *ga, const int64_t *idx, const float *g, int64_t n) {
     for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < n; o += (int64_t)gridDim.x * blockDim.x)
         ga[idx[o]] += g[o];

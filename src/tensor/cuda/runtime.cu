@@ -588,6 +588,7 @@ cmi_iter cmi_iter_make(int nd, const int64_t *shape, int n_ops, const int64_t *c
         }
     }
     it.nd = m;
+    it.small = it.n < ((int64_t)1 << 32);
     return it;
 }
 

@@ -184,6 +184,9 @@ struct float4 {
 struct int4 {
     int x, y, z, w;
 };
+struct uint2 {
+    unsigned x, y;
+};
 struct uint4 {
     unsigned x, y, z, w;
 };
