@@ -101,6 +101,36 @@ def run(a, compiled):
     print(f"torch{'-compile' if compiled else ''} {a.model} {a.precision} {B} {T} tok/s {toks:.0f} "
           f"step_ms {1e3 * secs / a.steps:.2f} mfu {mfu:.4f} peak_mib {torch.cuda.max_memory_allocated() / 2**20:.0f} "
           f"params {n} device {name}", flush=True)
+    if a.profile:
+        profile_step(a, lambda: step(a.warmup + a.steps - 1), compiled)
+
+
+def profile_step(a, one_step, compiled):
+    """One more step under torch.profiler: the GPU time by kernel name, in scripts/ncu_summary.py's
+    table (ms, launches, mean us, share), so ours and PyTorch's kernels can be set side by side."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            one_step()
+            torch.cuda.synchronize()
+        tot, cnt = {}, {}
+        for e in prof.events():
+            if str(getattr(e, "device_type", "")).split(".")[-1] != "CUDA":
+                continue
+            us = getattr(e, "device_time", None)
+            if us is None:
+                us = getattr(e, "cuda_time", 0.0)
+            k = e.name.split("(")[0][:90]
+            tot[k] = tot.get(k, 0.0) + us / 1e3
+            cnt[k] = cnt.get(k, 0) + 1
+        all_ms = sum(tot.values())
+        tag = f"torch{'-compile' if compiled else ''}"
+        print(f"{tag} profile: GPU time per step {all_ms:.2f} ms in {sum(cnt.values())} launches", flush=True)
+        for k in sorted(tot, key=tot.get, reverse=True)[:a.profile]:
+            print(f"{tot[k]:8.2f} {cnt[k]:7d} {1e3 * tot[k] / cnt[k]:8.1f} {100 * tot[k] / max(all_ms, 1e-9):5.1f}%  {k}",
+                  flush=True)
+    except Exception as e:  # the profile is extra: never lose the timing line for it
+        print(f"profile FAILED {type(e).__name__}: {e}", flush=True)
 
 
 if __name__ == "__main__":
@@ -113,6 +143,7 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", default="both")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, help="after timing, profile one step: print the N largest kernels")
     a = ap.parse_args()
     for c in ([False, True] if a.compile == "both" else [a.compile == "1"]):
         try:
