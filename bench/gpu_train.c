@@ -12,6 +12,8 @@
  *       --device cpu|gpu      (default gpu; cpu for a smoke run)
  *       --tiny                a 2-layer C-64 model with T 64 (the emulator's smoke test)
  *       --fused               lm_head fused with the loss (cm_gpt2_set_fused_linear_cross_entropy)
+ *       --vocab N             the model's vocab_size, >= the data's 50257 / 65 (llm.c pads GPT-2's to
+ *                             50304 so every GEMM of the LM head has 16-byte rows and dimensions)
  *
  * The data are random tokens from a fixed seed (throughput does not depend on them). The optimizer
  * is AdamW (lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay 0.1) with gradient clipping at 1.0,
@@ -70,7 +72,7 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     const char *model = "gpt2", *prec = "amp_bf16", *devname = "gpu";
-    int64_t B = 0, T = 0, steps = 10, warmup = 3;
+    int64_t B = 0, T = 0, steps = 10, warmup = 3, vocab = 0;
     float dropout = 0.0f;
     bool tiny = false, fused = false;
     for (int i = 1; i < argc; i++) {
@@ -91,6 +93,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--precision")) prec = v;
         else if (!strcmp(a, "--batch")) B = atoll(v);
         else if (!strcmp(a, "--seq")) T = atoll(v);
+        else if (!strcmp(a, "--vocab")) vocab = atoll(v);
         else if (!strcmp(a, "--steps")) steps = atoll(v);
         else if (!strcmp(a, "--warmup")) warmup = atoll(v);
         else if (!strcmp(a, "--dropout")) dropout = (float)atof(v);
@@ -123,6 +126,13 @@ int main(int argc, char **argv) {
     if (!T) T = tiny ? 64 : gpt2 ? 1024 : 256;
     cfg.n_positions = T > 1024 ? T : (gpt2 ? 1024 : T);
     cfg.embd_pdrop = cfg.attn_pdrop = cfg.resid_pdrop = dropout;
+    const int64_t data_vocab = cfg.vocab_size;
+    if (vocab && vocab < data_vocab) {
+        fprintf(stderr, "gpu_train: --vocab %lld is smaller than the data's %lld tokens\n", (long long)vocab,
+                (long long)data_vocab);
+        return 2;
+    }
+    if (vocab) cfg.vocab_size = vocab;
     cm_rng rng = cm_rng_init(1234, 0);
     cm_model *m;
     CHECK(cm_gpt2_new(&cfg, &rng, &m));
@@ -131,7 +141,7 @@ int main(int argc, char **argv) {
     const int64_t nparams = cm_module_count_params(root, false);
 
     rand_ds *d = calloc(1, sizeof *d);
-    d->n = B * (steps + warmup + 2), d->T = T, d->V = cfg.vocab_size, d->seed = 7;
+    d->n = B * (steps + warmup + 2), d->T = T, d->V = data_vocab, d->seed = 7;
     d->fields[0] = (cm_field_desc){"input_ids", CM_DTYPE_I64, 1, {T}};
     d->fields[1] = (cm_field_desc){"labels", CM_DTYPE_I64, 1, {T}};
     cm_dataset *ds;
@@ -187,8 +197,10 @@ int main(int argc, char **argv) {
         cm_device_peak_flops(dev, bf16 ? CM_DTYPE_BF16 : tf32 ? CM_DTYPE_F16 : CM_DTYPE_F32, &peak) != CM_OK)
         peak = 0;
     const double mfu = peak > 0 ? toks * flops_tok / peak : NAN;
-    printf("ours%s %s %s %lld %lld tok/s %.0f step_ms %.2f mfu %.4f peak_mib %.0f params %lld device %s\n",
-           fused ? "-fused" : "", model, prec,
+    char vtag[32] = "";
+    if (vocab) snprintf(vtag, sizeof vtag, "-v%lld", (long long)vocab);
+    printf("ours%s%s %s %s %lld %lld tok/s %.0f step_ms %.2f mfu %.4f peak_mib %.0f params %lld device %s\n",
+           fused ? "-fused" : "", vtag, model, prec,
            (long long)B, (long long)T, toks, 1e3 * secs / (double)steps, mfu,
            (double)mem.peak / (double)(1 << 20), (long long)nparams, cm_device_describe(dev));
     cm_trainer_free(tr);

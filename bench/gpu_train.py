@@ -56,6 +56,7 @@ class GPT(nn.Module):
 def run(a, compiled):
     gpt2 = a.model == "gpt2"
     V, C, L, H = (50257, 768, 12, 12) if gpt2 else (65, 384, 6, 6)
+    Vm = a.vocab or V  # the model's vocabulary: padded (llm.c's 50304) or the data's
     if a.tiny:
         C, L, H = 64, 2, 2
     B = a.batch or (2 if a.tiny else 8 if gpt2 else 64)
@@ -64,7 +65,7 @@ def run(a, compiled):
     torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     dev = "cuda"
     torch.manual_seed(1234)
-    m = GPT(V, max(T, 1024 if gpt2 else T), C, L, H).to(dev)
+    m = GPT(Vm, max(T, 1024 if gpt2 else T), C, L, H).to(dev)
     n = sum(p.numel() for p in m.parameters())
     decay = [p for p in m.parameters() if p.dim() >= 2]
     other = [p for p in m.parameters() if p.dim() < 2]
@@ -98,7 +99,7 @@ def run(a, compiled):
     peak = next((r for r in PEAKS if r[0] in name), None)
     p = None if peak is None else peak[1] if amp else peak[2] if a.precision == "tf32" else peak[3]
     mfu = toks * (6 * n + 6 * L * C * T) / p if p else float("nan")
-    print(f"torch{'-compile' if compiled else ''} {a.model} {a.precision} {B} {T} tok/s {toks:.0f} "
+    print(f"torch{'-compile' if compiled else ''}{f'-v{Vm}' if a.vocab else ''} {a.model} {a.precision} {B} {T} tok/s {toks:.0f} "
           f"step_ms {1e3 * secs / a.steps:.2f} mfu {mfu:.4f} peak_mib {torch.cuda.max_memory_allocated() / 2**20:.0f} "
           f"params {n} device {name}", flush=True)
     if a.profile:
@@ -143,6 +144,7 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", default="both")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--vocab", type=int, default=0, help="the model's vocab_size (>= the data's: 50257 / 65)")
     ap.add_argument("--profile", type=int, default=0, help="after timing, profile one step: print the N largest kernels")
     a = ap.parse_args()
     for c in ([False, True] if a.compile == "both" else [a.compile == "1"]):
