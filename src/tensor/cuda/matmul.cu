@@ -101,8 +101,9 @@ static bool lt_misaligned(const lt_mat &m, int64_t batch, size_t es) {
            m.prows != m.rows || m.pcols != m.cols;
 }
 
-/* Makes m's padded copy (prows x pcols, rows 16-byte aligned; zeros beyond rows x cols; copying the
- * values in when `in`). */
+/* Makes m's padded copy (prows x pcols, rows 16-byte aligned; copying the values in when `in`, with
+ * zeros beyond rows x cols then: an operand's padding along K must add nothing, and C's is read when
+ * the GEMM accumulates; a C the GEMM overwrites needs no fill). */
 static cm_status lt_pad(lt_mat &m, int64_t batch, cm_dtype dt, bool in) {
     const size_t es = cm_dtype_size(dt);
     const int64_t q = 16 / (int64_t)es;
@@ -110,7 +111,7 @@ static cm_status lt_pad(lt_mat &m, int64_t batch, cm_dtype dt, bool in) {
     m.pstride = m.prows * m.pld;
     m.pad = cmi_cuda_alloc((size_t)(batch * m.pstride) * es);
     if (!m.pad) return cm_last_status();
-    if (m.prows != m.rows || m.pcols != m.cols) {
+    if (in && (m.prows != m.rows || m.pcols != m.cols)) {
         const int64_t n = batch * m.pstride, one = 1;
         cm_status st = cmi_cuda_fill(m.pad, dt, 1, &n, &one, 0.0);
         if (st) return st;
