@@ -1291,3 +1291,19 @@ Test(backend_ops, the_caching_allocator_reuses_blocks_and_honours_its_budget) {
  * ------------------------------------------------------------------------------------------- */
 
 int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_backend_ops", true); }
+
+/* The tensor cores' bf16 product with the fragment layout the kernels assume (common.cuh's
+ * cmi_mma_16816): on a GPU the instruction itself, on the emulator its model of the layout. A
+ * misread register order moves products to the wrong outputs: errors of the values' size. */
+Test(backend_ops, tensor_core_mma_fragments_follow_the_documented_layout) {
+    const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
+    cr_assert_not_null(be);
+    cr_assert_not_null(be->check_mma, "the CUDA backend has a check_mma slot");
+    double err = -1.0;
+    cm_status st = be->check_mma(&err);
+    if (st == CM_ERR_UNSUPPORTED) cr_skip_test("%s", cm_last_error());
+    cr_assert_eq(st, CM_OK, "%s", cm_last_error());
+    printf("tensor cores: bf16 m16n8k16 max relative error %.3g against the double reference\n", err);
+    /* 16 exact bf16 products summed in f32: a few f32 roundings of the largest partial sum */
+    cr_expect(err >= 0.0 && err < 1e-5, "mma m16n8k16 relative error %.3g, want < 1e-5", err);
+}

@@ -229,6 +229,11 @@ typedef struct cmi_backend {
     /* dst (strides dstride, with 0 on the dims summed over) += the sum of src (contiguous, shape)
      * over the dims where dstride is 0: cmi_accum's broadcast reduction. Sums in double. */
     cm_status (*accum)(float *dst, const int64_t *dstride, const float *src, int nd, const int64_t *shape);
+    /* A self-check of the tensor cores' bf16 product (mma m16n8k16) with the fragment layout the
+     * kernels assume (common.cuh's cmi_mma_16816): random A (16x16), B (16x8), C against a double
+     * reference; *max_rel_err = max |D - ref| / max |ref|. CM_ERR_UNSUPPORTED below sm_80. May be
+     * NULL (a backend without tensor cores). */
+    cm_status (*check_mma)(double *max_rel_err);
 
     /* ---- reductions (reduce.c) ---- */
     /* Over plan P of x: SUM writes out[o] = (float)(Σ·scale) (scale NaN gives NaN), SQDEV writes

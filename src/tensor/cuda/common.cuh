@@ -56,6 +56,31 @@ cm_status cmi_cuda_copy_add(float *dst, const int64_t *dstride, const float *src
 /* Blocks for n items at `block` threads each, at least 1, at most a few waves of the device. */
 unsigned cmi_cuda_grid(int64_t n, int block);
 int cmi_cuda_sm_count(void);
+/* The device's compute capability as 10·major + minor (90 for Hopper), once the runtime is up (after
+ * any allocation). */
+int cmi_cuda_cc(void);
+
+/* D = A·B + C on the tensor cores for the calling warp (all 32 lanes): PTX's
+ * mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, sm_80 and later. With g = lane / 4 and
+ * t = lane % 4, a[0..3] hold A (16x16, bf16 pairs) at (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
+ * (g+8, 2t+8..); b[0..1] hold B (16x8) at (2t..2t+1, g), (2t+8..2t+9, g); c and d hold C and D
+ * (16x8 f32) at (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1); in each bf16 pair the lower index is
+ * the lower half. The emulator models the instruction from this layout (cmi_emu_mma_16816). */
+__device__ __forceinline__ void cmi_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+#if defined(CMI_CUDA_EMU)
+    cmi_emu_mma_16816(d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+#else
+    (void)a, (void)b;
+    for (int i = 0; i < 4; i++) d[i] = c[i]; /* never run: callers check cmi_cuda_cc() >= 80 first */
+    __trap();
+#endif
+}
 /* Device scratch for a kernel's partial results: at least `bytes`, valid until the next call on
  * this thread (kernels run in stream order, so reuse is safe). NULL + CM_ERR_OOM. */
 void *cmi_cuda_scratch(size_t bytes);
@@ -235,6 +260,7 @@ cm_status cmi_cuda_unary_bwd(cmi_un_op, float, float, float *, const float *, co
                              const float *, int, const int64_t *);
 cm_status cmi_cuda_add_scaled(float *, const float *, const int64_t *, float, int, const int64_t *);
 cm_status cmi_cuda_accum(float *, const int64_t *, const float *, int, const int64_t *);
+cm_status cmi_cuda_check_mma(double *max_rel_err);
 cm_status cmi_cuda_reduce(cmi_red_kernel, const cmi_red_plan *, const float *, const double *, double, float *,
                           double *, int64_t *);
 cm_status cmi_cuda_scatter_add(float *, const int64_t *, const float *, int64_t);

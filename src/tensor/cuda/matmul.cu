@@ -20,6 +20,7 @@
 #include <cublasLt.h>
 #endif
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -260,4 +261,80 @@ done:
     if (mc.pad) cmi_cuda_free(mc.pad);
     if (bias_pad) cmi_cuda_free(bias_pad);
     return st;
+}
+
+/* ---- the tensor cores' fragment layout, checked (backend.h slot check_mma) ---- */
+
+/* One warp: A (16x16) and B (16x8) as bf16 bits, C (16x8) f32, row-major; each lane gathers its
+ * fragments by the layout cmi_mma_16816 documents and scatters its D back by it. */
+__global__ void k_mma_check(const uint16_t *A, const uint16_t *B, const float *C, float *D) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint32_t a[4], b[2];
+    float c[4], d[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i & 1) * 8, col = 2 * t + (i >> 1) * 8;
+        a[i] = (uint32_t)A[row * 16 + col] | ((uint32_t)A[row * 16 + col + 1] << 16);
+    }
+    for (int i = 0; i < 2; i++) {
+        const int k = 2 * t + i * 8;
+        b[i] = (uint32_t)B[k * 8 + g] | ((uint32_t)B[(k + 1) * 8 + g] << 16);
+    }
+    for (int i = 0; i < 4; i++) c[i] = C[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)];
+    cmi_mma_16816(d, a, b, c);
+    for (int i = 0; i < 4; i++) D[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = d[i];
+}
+
+extern "C" cm_status cmi_cuda_check_mma(double *max_rel_err) {
+    cm_status st = CM_OK;
+    void *dev = cmi_cuda_alloc(256 * 2 + 128 * 2 + 128 * 4 * 2); /* (brings the runtime up) */
+    if (!dev) return cm_last_status();
+    if (cmi_cuda_cc() < 80) {
+        cmi_cuda_free(dev);
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cuda: bf16 mma needs compute capability 8.0 or later (this is %d.%d)",
+                            cmi_cuda_cc() / 10, cmi_cuda_cc() % 10);
+    }
+    uint16_t ha[256], hb[128];
+    float hc[128], hd[128];
+    uint32_t x = 12345u;
+    for (int i = 0; i < 256 + 128 + 128; i++) {
+        x = x * 1664525u + 1013904223u;
+        const float v = (float)((int)(x >> 9) % 2001 - 1000) / 250.0f; /* in [-4, 4], varied mantissas */
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        if (i < 256) ha[i] = (uint16_t)(u >> 16);
+        else if (i < 384) hb[i - 256] = (uint16_t)(u >> 16);
+        else hc[i - 384] = v;
+    }
+    uint16_t *dA = (uint16_t *)dev, *dB = dA + 256;
+    float *dC = (float *)(dB + 128), *dD = dC + 128;
+    cudaStream_t s = cmi_cuda_stream();
+    cudaError_t e = cudaMemcpyAsync(dA, ha, sizeof ha, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dB, hb, sizeof hb, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dC, hc, sizeof hc, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) st = cmi_cuda_fail(e, "cudaMemcpyAsync (mma check)");
+    if (!st) {
+        CMI_LAUNCH(k_mma_check, 1, 32, 0, s, dA, dB, dC, dD);
+        st = cmi_cuda_launched("mma check");
+    }
+    if (!st && (e = cudaMemcpyAsync(hd, dD, sizeof hd, cudaMemcpyDeviceToHost, s)) != cudaSuccess)
+        st = cmi_cuda_fail(e, "cudaMemcpyAsync (mma check)");
+    if (!st && (e = cudaStreamSynchronize(s)) != cudaSuccess) st = cmi_cuda_fail(e, "cudaStreamSynchronize (mma check)");
+    cmi_cuda_free(dev);
+    if (st) return st;
+    double err = 0.0, big = 0.0;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            double ref = hc[r * 8 + n];
+            for (int k = 0; k < 16; k++) {
+                uint32_t ua = (uint32_t)ha[r * 16 + k] << 16, ub = (uint32_t)hb[k * 8 + n] << 16;
+                float fa, fb;
+                memcpy(&fa, &ua, 4);
+                memcpy(&fb, &ub, 4);
+                ref += (double)fa * (double)fb;
+            }
+            err = fmax(err, fabs((double)hd[r * 8 + n] - ref));
+            big = fmax(big, fabs(ref));
+        }
+    *max_rel_err = big > 0 ? err / big : err;
+    return CM_OK;
 }

@@ -527,6 +527,7 @@ cudaStream_t cmi_cuda_stream(void) { return S().stream; }
 void *cmi_cuda_alloc(size_t bytes) { return rt_alloc(bytes); }
 void cmi_cuda_free(void *p) { rt_free(p); }
 
+int cmi_cuda_cc(void) { return S().prop.major * 10 + S().prop.minor; }
 int cmi_cuda_sm_count(void) { return S().prop.multiProcessorCount > 0 ? S().prop.multiProcessorCount : 1; }
 
 unsigned cmi_cuda_grid(int64_t n, int block) {
@@ -632,6 +633,7 @@ static cmi_backend make_table(void) {
     b.unary_bwd = cmi_cuda_unary_bwd;
     b.add_scaled = cmi_cuda_add_scaled;
     b.accum = cmi_cuda_accum;
+    b.check_mma = cmi_cuda_check_mma;
     b.reduce = cmi_cuda_reduce;
     b.scatter_add = cmi_cuda_scatter_add;
     b.var_bwd = cmi_cuda_var_bwd;

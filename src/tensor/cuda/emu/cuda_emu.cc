@@ -37,6 +37,7 @@ struct block_run {
     int n = 0;
     const std::function<void()> *body = nullptr;
     uint64_t xbuf[2][1024]; /* warp exchange slots, by generation and linear thread id */
+    uint32_t mbuf[2][1024][6]; /* mma fragments (a0-a3, b0-b1), by generation and thread id */
     int bar_result = 0;
     std::vector<char> smem;
 };
@@ -226,6 +227,54 @@ uint64_t cmi_emu_warp_exchange(uint64_t v, int src_lane) {
     wait_as(TS_WARP_BAR);
     const int src = (me & ~31) + src_lane;
     return (src_lane >= 0 && src_lane < 32 && src < r->n) ? r->xbuf[g][src] : v;
+}
+
+static float bf16_lo(uint32_t w) {
+    const uint32_t u = (w & 0xFFFFu) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float bf16_hi(uint32_t w) {
+    const uint32_t u = w & 0xFFFF0000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void cmi_emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    block_run *r = g_run;
+    const int me = r->cur, g = r->th[me].gen & 1, lo = me & ~31;
+    r->th[me].gen++;
+    for (int i = 0; i < 4; i++) r->mbuf[g][me][i] = a[i];
+    r->mbuf[g][me][4] = b[0];
+    r->mbuf[g][me][5] = b[1];
+    wait_as(TS_WARP_BAR);
+    /* the whole A (16x16) and B (16x8) from the warp's fragments: lane L = 4 gL + tL holds
+     * a: (gL, 2tL..+1), (gL+8, 2tL..+1), (gL, 2tL+8..+9), (gL+8, 2tL+8..+9); b: (2tL..+1, gL),
+     * (2tL+8..+9, gL); the lower-index element in the lower half of each register */
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        const uint32_t *f = r->mbuf[g][lo + L];
+        const int gl = L >> 2, tl = L & 3;
+        for (int i = 0; i < 4; i++) {
+            const int row = gl + (i & 1) * 8, col = 2 * tl + (i >> 1) * 8;
+            A[row][col] = bf16_lo(f[i]);
+            A[row][col + 1] = bf16_hi(f[i]);
+        }
+        for (int i = 0; i < 2; i++) {
+            B[2 * tl + i * 8][gl] = bf16_lo(f[4 + i]);
+            B[2 * tl + i * 8 + 1][gl] = bf16_hi(f[4 + i]);
+        }
+    }
+    /* this lane's D: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) */
+    const int gm = (me - lo) >> 2, tm = (me - lo) & 3;
+    for (int i = 0; i < 4; i++) {
+        const int row = gm + (i >> 1) * 8, col = 2 * tm + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+        d[i] = acc;
+    }
 }
 
 unsigned cmi_emu_warp_ballot(int pred) {

@@ -65,6 +65,10 @@ unsigned __activemask();
 /* Exchange of up to 8 bytes within the calling warp: every thread posts v, then reads the value of
  * lane src (the caller's own when src is out of range, as CUDA). */
 uint64_t cmi_emu_warp_exchange(uint64_t v, int src_lane);
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp: every lane posts its
+ * fragments (a: 4 registers of 2 bf16, b: 2, c: 4 floats) laid out as the PTX ISA documents them,
+ * and gets its 4 floats of D = A·B + C (products summed over k in order, in f32). */
+void cmi_emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 unsigned cmi_emu_warp_ballot(int pred);
 int cmi_emu_lane();
 
