@@ -436,7 +436,10 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     const size_t dy_block = be ? CMI_LINEAR_DY_BLOCK_DEVICE : CMI_LINEAR_DY_BLOCK;
     if (dt == CM_DTYPE_BF16 && out_f > 0 && (size_t)(R * out_f) * 2 > dy_block) {
         rb = (int64_t)(dy_block / (2 * (size_t)out_f));
-        if (be && rb > 0) rb = (R + (R + rb - 1) / rb - 1) / ((R + rb - 1) / rb);
+        if (be && rb > 0) { /* as many blocks as that needs, of equal size */
+            const int64_t nb = (R + rb - 1) / rb;
+            rb = (R + nb - 1) / nb;
+        }
         rb = rb < 64 ? 64 : rb;
     }
     uint16_t *dyb = NULL;

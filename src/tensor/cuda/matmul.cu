@@ -162,15 +162,13 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     const size_t es = cm_dtype_size(dt);
     const int64_t q = 16 / (int64_t)es;
     const bool large = (double)M * (double)N * (double)K >= 67108864.0;
-    const int64_t M0 = M, N0 = N;
     const int64_t Mp = lt_pad_dim(M, q, large), Np = lt_pad_dim(N, q, large), Kp = lt_pad_dim(K, q, large);
     float *bias_pad = nullptr;
     ma.prows = ta ? Kp : Mp, ma.pcols = ta ? Mp : Kp;
     mb.prows = tb ? Np : Kp, mb.pcols = tb ? Kp : Np;
     mc.prows = Mp, mc.pcols = Np;
-    M = Mp, N = Np, K = Kp;
-    if (bias && Np != N0) { /* the bias, one per column, with zeros for the padded columns */
-        const int64_t n = Np, one = 1, shape[1] = {N0}, st1[1] = {1};
+    if (bias && Np != N) { /* the bias, one per column, with zeros for the padded columns */
+        const int64_t n = Np, one = 1, shape[1] = {N}, st1[1] = {1};
         if (!(bias_pad = (float *)cmi_cuda_alloc(sizeof(float) * (size_t)Np))) {
             st = cm_last_status();
             goto done;
@@ -200,7 +198,8 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     /* column-major: m = N, n = M; cuBLASLt's A = our B (op T when tb), its B = our A (op T when ta) */
     const int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const uint64_t m = (uint64_t)N, n = (uint64_t)M, k = (uint64_t)K;
+    /* (the padded problem; errors name the caller's M, N, K) */
+    const uint64_t m = (uint64_t)Np, n = (uint64_t)Mp, k = (uint64_t)Kp;
     LT_TRY(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
@@ -245,8 +244,8 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     LT_TRY(cublasLtMatmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
                           g_lt.ws_bytes, cmi_cuda_stream()));
     st = cmi_cuda_launched("gemm");
-    if (!st && mc.pad) { /* the padded result's first M0 x N0 into the caller's C */
-        const int64_t shape[3] = {batch, M0, N0}, dst[3] = {mc.stride, mc.ld, 1}, src[3] = {sc, ldc, 1};
+    if (!st && mc.pad) { /* the padded result's first M x N into the caller's C */
+        const int64_t shape[3] = {batch, M, N}, dst[3] = {mc.stride, mc.ld, 1}, src[3] = {sc, ldc, 1};
         st = cmi_cuda_copy((void *)mc.p, CM_DTYPE_F32, dst, c, CM_DTYPE_F32, src, 3, shape);
     }
     }
