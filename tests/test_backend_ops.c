@@ -26,7 +26,9 @@
 
 typedef cm_tensor *(*op_fn)(cm_tape *tp, cm_tensor *const *in, const void *arg);
 
-typedef enum { IN_NORMAL, IN_POSITIVE, IN_INDEX } in_kind;
+/* IN_NORMAL: uniform in [-2, 2); IN_BF16: the same rounded to bf16 (exact in bf16, so an op that
+ * rounds its inputs to bf16 sees the values the CPU sees) */
+typedef enum { IN_NORMAL, IN_POSITIVE, IN_INDEX, IN_BF16 } in_kind;
 
 typedef struct {
     int ndim;
@@ -56,6 +58,15 @@ static cm_tensor *make_input(const in_spec *s) {
         if (s->kind == IN_INDEX) v = floor(u * (double)s->hi);
         else if (s->kind == IN_POSITIVE) v = 0.2 + 2.0 * u;
         else v = 4.0 * u - 2.0;
+        if (s->kind == IN_BF16) { /* round to nearest even at 8 bits of mantissa */
+            const float f = (float)v;
+            uint32_t b;
+            memcpy(&b, &f, 4);
+            b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+            float r;
+            memcpy(&r, &b, 4);
+            v = r;
+        }
         int64_t idx[CM_MAX_DIMS], r = i;
         for (int d = s->ndim - 1; d >= 0; d--) {
             idx[d] = s->shape[d] ? r % s->shape[d] : 0;
@@ -1103,6 +1114,86 @@ Test(backend_ops, attention_with_masks_bias_dropout_and_layouts) {
         check_op(name, f_attention, a, 5, s, 2e-6, 1e-5);
     }
     unsetenv("CM_CUDA_ATTENTION");
+}
+
+static cm_tensor *f_attention_autocast(cm_tape *tp, cm_tensor *const *in, const void *varg) {
+    const cm_dtype prev = cm_tape_set_autocast(tp, CM_DTYPE_BF16);
+    cm_tensor *out = f_attention(tp, in, varg);
+    cm_tape_set_autocast(tp, prev);
+    return out;
+}
+
+/* Under bf16 autocast a GPU with tensor cores runs attention_tc.cu: q, k, v, the probabilities, dO
+ * and dS rounded to bf16, f32 scores, softmax and sums; the CPU stays f32. With q, k and v exact in
+ * bf16 the difference is the rounding of P, dO and dS: on the emulator at most 1.0e-3 (forward)
+ * and 3.5e-3 (gradients) over these cases, bounded at 3e-3 and 8e-3; a misplaced fragment, a lost
+ * mask or dropout factor gives errors of order 0.1 to 1.
+ * Every case of the f32 test above, head sizes 8 to 128 (each padding of the head dim to 16·KD). */
+Test(backend_ops, attention_under_autocast_runs_on_the_tensor_cores) {
+    const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
+    double mma_err;
+    if (be->check_mma(&mma_err) == CM_ERR_UNSUPPORTED) cr_skip_test("no bf16 tensor cores here: %s", cm_last_error());
+    const attn_arg cases[] = {
+        {false, false, false, false, false, false, false, 13, 13, 16},
+        {true, false, false, false, false, false, false, 40, 40, 32},
+        {true, false, false, false, true, false, true, 33, 33, 64},
+        {false, true, true, false, false, false, false, 9, 37, 8},
+        {true, true, false, true, false, false, false, 35, 35, 20},
+        {false, false, false, true, true, false, true, 7, 7, 128},
+        {true, false, false, false, false, true, false, 34, 34, 16},
+        {false, true, true, true, false, true, true, 12, 12, 24},
+        {true, false, false, false, true, false, true, 130, 130, 64},
+        {false, true, true, true, false, true, false, 70, 100, 40},
+        {true, true, false, true, true, true, true, 65, 129, 33},
+        {true, false, false, false, true, true, true, 150, 150, 96},
+    };
+    const size_t n_cases = sizeof cases / sizeof cases[0];
+    for (size_t c = 0; c < n_cases; c++) {
+        const attn_arg *a = &cases[c];
+        const int64_t B = 2, H = 3;
+        in_spec s[5];
+        for (int i = 0; i < 3; i++) {
+            const int64_t N = i == 0 ? a->T : a->S;
+            s[i] = a->permuted ? (in_spec)SPEC(4, IN_BF16, true, B, N, H, a->D)
+                               : (in_spec)SPEC(4, IN_BF16, true, B, H, N, a->D);
+        }
+        s[3] = (in_spec)SPEC(4, IN_NORMAL, a->bias_grad, 1, H, a->T, a->S);
+        s[4] = (in_spec)SPEC(2, IN_NORMAL, false, B, a->S);
+        char name[80];
+        snprintf(name, sizeof name, "attention case %zu (tensor cores, D %d)", c, a->D);
+        check_op(name, f_attention_autocast, a, 5, s, 3e-3, 8e-3);
+    }
+}
+
+/* The autocast result is the tensor cores' (not the f32 kernels' quietly): it differs from the f32
+ * kernels' by the roundings above, and CM_CUDA_ATTENTION=f32 brings the f32 result back. */
+Test(backend_ops, attention_under_autocast_is_routed_to_the_tensor_cores) {
+    const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
+    double mma_err;
+    if (be->check_mma(&mma_err) == CM_ERR_UNSUPPORTED) cr_skip_test("no bf16 tensor cores here: %s", cm_last_error());
+    const attn_arg a = {true, false, false, false, true, false, true, 70, 70, 64};
+    in_spec s[3];
+    for (int i = 0; i < 3; i++) s[i] = (in_spec)SPEC(4, IN_BF16, false, 2, 70, 3, 64);
+    cm_tensor *in[5] = {0}, *r[3];
+    for (int i = 0; i < 3; i++) {
+        cm_tensor *c = make_input(&s[i]);
+        cr_assert_eq(cm_tensor_to_device(c, CM_DEVICE_CUDA, &in[i]), CM_OK, "%s", cm_last_error());
+        cm_tensor_free(c);
+    }
+    for (int k = 0; k < 3; k++) { /* f32 kernels, autocast, autocast with the f32 kernels forced */
+        if (k == 2) setenv("CM_CUDA_ATTENTION", "f32", 1);
+        cm_tape *tp = poisoned_tape(CM_DEVICE_CUDA);
+        cm_tensor *o = k == 0 ? f_attention(tp, in, &a) : f_attention_autocast(tp, in, &a);
+        cr_assert(o, "%s", cm_tape_error(tp));
+        r[k] = to_cpu(o);
+        cm_tape_free(tp);
+    }
+    unsetenv("CM_CUDA_ATTENTION");
+    const double d_tc = nerr(r[1], r[0]), d_forced = nerr(r[2], r[0]);
+    printf("attention under autocast vs f32 kernels: %.3g (tensor cores), %.3g (f32 forced)\n", d_tc, d_forced);
+    cr_expect(d_tc > 1e-5 && d_tc < 6e-3, "tensor cores vs f32: %.3g, want the bf16 roundings' size", d_tc);
+    cr_expect(d_forced == 0.0, "CM_CUDA_ATTENTION=f32 under autocast: %.3g from the f32 kernels", d_forced);
+    for (int i = 0; i < 3; i++) cm_tensor_free(in[i]), cm_tensor_free(r[i]);
 }
 
 Test(backend_ops, view_chains_and_casts_send_gradients_back) {

@@ -760,6 +760,12 @@ cm_attention_opts cm_attention_opts_default(void);
  * are read again in backward, so they must not change between the two.
  * q, k and v may be strided views; the usual cm_permute of a (B, T, H, D) tensor is read in place
  * (no copy); other layouts are made contiguous first.
+ * Precision: the CPU computes in f32 whatever the tape's autocast. On a GPU (compute capability 8.0
+ * or later, D <= 128) under bf16 autocast the products run on the tensor cores as PyTorch's autocast
+ * attention does: q, k, v, the probabilities, the output's gradient and the score gradients are
+ * rounded to bf16, the scores, softmax and every sum stay f32 (results agree with the CPU to bf16
+ * precision); without autocast, or on an older GPU, the GPU computes in f32 as the CPU does.
+ * CM_CUDA_ATTENTION=f32 keeps the f32 kernels under autocast.
  * Errors (NULL, tape error naming the shapes): CM_ERR_DTYPE if q, k, v or bias is not f32 or the
  * mask is not u8/i32/i64; CM_ERR_SHAPE if q, k, v are not 4-d, disagree in B, H or D, k and v differ
  * in S, bias does not broadcast to (B, H, T, S), the mask is not (B, S), or H·D >= 2^31 with

@@ -427,6 +427,7 @@ static cm_tensor *attention_dev(cm_tape *tp, cm_tensor *q, cm_tensor *k, cm_tens
     d.dropout_p = o->dropout_p;
     d.keep_scale = o->dropout_p < 1.0f ? 1.0f / (1.0f - o->dropout_p) : 0.0f;
     d.bthd = o->out_bthd;
+    d.bf16 = tp->autocast == CM_DTYPE_BF16; /* the tensor cores, where the device has them (attention_tc.cu) */
     if (o->dropout_p > 0.0f) {
         /* cmi_dropout_mask's numbers for the (B, H, T, S) probabilities, rows = the batch dim */
         const int64_t numel = B * H * T * S;

@@ -67,6 +67,8 @@ typedef struct cmi_attn_desc {
     uint64_t seed, stream, counter;
     int64_t rows, row_first;
     bool bthd; /* out and its gradient (B, T, H, D), else (B, H, T, D) */
+    bool bf16; /* under bf16 autocast: the products may run on bf16 operands with f32 accumulation (the
+                * tensor cores), q, k, v, P, dO and dS rounded to bf16 */
 } cmi_attn_desc;
 
 /* One optimizer update over a flat span (optim.c's sgd_range / adam_range). */

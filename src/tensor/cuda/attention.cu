@@ -13,7 +13,7 @@
  * the Philox counters, the same numbers cm_dropout draws for the (B, H, T, S) probabilities.
  *
  * D is limited to 128 (the tiles' shared memory); longer heads are an error from the op. */
-#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/attention.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -22,77 +22,6 @@
 #define AT_WARPS 8
 #define AT_DMAX 128
 #define AT_DT (AT_DMAX / 32)
-
-/* ---- the shared description of the scores ---- */
-
-struct at_args {
-    const float *q, *k, *v;
-    int64_t qs[4], ks[4], vs[4]; /* strides of (B, H, N, D) */
-    const float *bias;
-    int64_t bst[4]; /* bias strides broadcast to (B, H, T, S) */
-    const float *mrow; /* (B, S): 0 = padding, else a real key; or NULL */
-    int64_t B, H, T, S, D;
-    float scale;
-    bool causal;
-    float p, keep_scale; /* dropout */
-    uint64_t seed, stream, counter;
-    int64_t rows, row_first; /* rows > 0: the tape's row context over B */
-    bool bthd;               /* out / dO layout (B, T, H, D), else (B, H, T, D) */
-};
-
-__device__ __forceinline__ void at_philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
-             c3 = (uint32_t)(stream >> 32), k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int r = 0; r < 10; r++) {
-        if (r) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
-/* keep_scale for a kept probability, 0 for a dropped one, 1 without dropout. */
-__device__ __forceinline__ float at_drop_factor(const at_args &a, int64_t b, int64_t h, int64_t i, int64_t j) {
-    if (a.p <= 0.0f) return 1.0f;
-    uint64_t ctr;
-    int word;
-    if (a.rows > 0) {
-        const int64_t per_row = a.H * a.T * a.S, bpr = (per_row + 3) / 4, e = (h * a.T + i) * a.S + j;
-        ctr = a.counter + (uint64_t)((a.row_first + b) * bpr + e / 4);
-        word = (int)(e & 3);
-    } else {
-        const int64_t e = ((b * a.H + h) * a.T + i) * a.S + j;
-        ctr = a.counter + (uint64_t)(e / 4);
-        word = (int)(e & 3);
-    }
-    uint32_t w[4];
-    at_philox(a.seed, a.stream, ctr, w);
-    const bool dropped = (float)(w[word] >> 8) * (1.0f / 16777216.0f) < a.p;
-    return dropped ? 0.0f : a.keep_scale;
-}
-
-/* The score of (i, j) from q·k (already scaled): + bias, -inf where masked or past the diagonal. */
-__device__ __forceinline__ float at_score(const at_args &a, int64_t b, int64_t h, int64_t i, int64_t j, float qk) {
-    if (j >= a.S || i >= a.T || (a.causal && j > i)) return -INFINITY;
-    if (a.mrow && a.mrow[b * a.S + j] == 0.0f) return -INFINITY;
-    float s = qk;
-    if (a.bias) s += a.bias[b * a.bst[0] + h * a.bst[1] + i * a.bst[2] + j * a.bst[3]];
-    return s;
-}
-
-__device__ __forceinline__ int64_t at_out_off(const at_args &a, int64_t b, int64_t h, int64_t i) {
-    return a.bthd ? ((b * a.T + i) * a.H + h) * a.D : ((b * a.H + h) * a.T + i) * a.D;
-}
 
 /* rows [r0, r0 + 32) of an (N, D) slice at `base` with strides (sn, sd) into tile[32][AT_DMAX + 1]
  * (zeros past n), by the whole block. */
@@ -567,32 +496,12 @@ static bool ft_usable(int64_t D) {
 
 /* ---- entry points ---- */
 
-static at_args make_args(const cmi_attn_desc *d) {
-    at_args a;
-    memset(&a, 0, sizeof a);
-    a.q = d->q, a.k = d->k, a.v = d->v;
-    memcpy(a.qs, d->qs, sizeof a.qs);
-    memcpy(a.ks, d->ks, sizeof a.ks);
-    memcpy(a.vs, d->vs, sizeof a.vs);
-    a.bias = d->bias;
-    memcpy(a.bst, d->bst, sizeof a.bst);
-    a.mrow = d->mrow;
-    a.B = d->B, a.H = d->H, a.T = d->T, a.S = d->S, a.D = d->D;
-    a.scale = d->scale;
-    a.causal = d->causal;
-    a.p = d->dropout_p;
-    a.keep_scale = d->keep_scale;
-    a.seed = d->seed, a.stream = d->stream, a.counter = d->counter;
-    a.rows = d->rows, a.row_first = d->row_first;
-    a.bthd = d->bthd;
-    return a;
-}
-
 extern "C" cm_status cmi_cuda_attention(const cmi_attn_desc *d, float *out, float *lse) {
     if (d->D > AT_DMAX)
         return cm_set_error(CM_ERR_UNSUPPORTED, "attention on cuda: head dim D = %lld is above %d", (long long)d->D,
                             AT_DMAX);
     const at_args a = make_args(d);
+    if (d->bf16 && at_tc_usable(d->D)) return at_tc_forward(a, out, lse);
     if (ft_usable(d->D)) {
         const dim3 grid((unsigned)((d->T + FT_N - 1) / FT_N), (unsigned)(d->B * d->H));
         CMI_LAUNCH(k_attention_fwd_tiled, grid, FT_THREADS, FT_FWD_SMEM, cmi_cuda_stream(), a, out, lse);
@@ -618,6 +527,12 @@ extern "C" cm_status cmi_cuda_attention_bwd(const cmi_attn_desc *d, const float 
         if (!gk && !gv && !dS) return CM_OK;
         qdst = (float *)cmi_cuda_alloc(sizeof(float) * (size_t)(d->B * d->H * d->T * d->D + 1));
         if (!qdst) return cm_last_status();
+    }
+    if (d->bf16 && at_tc_usable(d->D)) {
+        cm_status st = at_tc_backward(a, out, gout, lse, Dsum, qdst, gq ? q_fresh : true, gk || gv, gk, k_fresh, gv,
+                                      v_fresh, dS);
+        if (!gq) cmi_cuda_free(qdst); /* stream-ordered: the kernels are queued before it is reused */
+        return st;
     }
     const bool tiled = ft_usable(d->D);
     const int64_t rows = tiled ? FT_N : AT_WARPS;

@@ -81,6 +81,17 @@ __device__ __forceinline__ void cmi_mma_16816(float d[4], const uint32_t a[4], c
     __trap();
 #endif
 }
+/* Whether kernel f was compiled for the tensor cores' bf16 mma: from sm_80 (or compute_80 PTX) or
+ * later. A build for an older architecture that a newer device runs by JIT reports the device's
+ * compute capability but runs code where cmi_mma_16816 is a trap: ask the kernel, not the device. */
+static inline bool cmi_cuda_kernel_has_mma(const void *f) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, f) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return fa.ptxVersion >= 80 && fa.binaryVersion >= 80;
+}
 /* Device scratch for a kernel's partial results: at least `bytes`, valid until the next call on
  * this thread (kernels run in stream order, so reuse is safe). NULL + CM_ERR_OOM. */
 void *cmi_cuda_scratch(size_t bytes);

@@ -292,6 +292,13 @@ extern "C" cm_status cmi_cuda_check_mma(double *max_rel_err) {
         return cm_set_error(CM_ERR_UNSUPPORTED, "cuda: bf16 mma needs compute capability 8.0 or later (this is %d.%d)",
                             cmi_cuda_cc() / 10, cmi_cuda_cc() % 10);
     }
+    if (!cmi_cuda_kernel_has_mma((const void *)k_mma_check)) {
+        cmi_cuda_free(dev);
+        return cm_set_error(CM_ERR_UNSUPPORTED,
+                            "cuda: this build's kernels were compiled for an architecture below sm_80 (no bf16 mma); "
+                            "rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d",
+                            cmi_cuda_cc());
+    }
     uint16_t ha[256], hb[128];
     float hc[128], hd[128];
     uint32_t x = 12345u;

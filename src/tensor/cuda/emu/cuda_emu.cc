@@ -601,6 +601,11 @@ cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute, int v) {
     return v <= (227 << 10) ? cudaSuccess : set_err(cudaErrorInvalidValue);
 }
 
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, const void *) {
+    *attr = cudaFuncAttributes{90, 90, 0, 227 << 10};
+    return cudaSuccess;
+}
+
 /* ---- cuBLASLt (cublaslt_emu.h) ---- */
 
 #include "cublaslt_emu.h"

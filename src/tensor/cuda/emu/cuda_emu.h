@@ -301,6 +301,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute a, int v);
+/* What the emulator says of any kernel: compiled for (and run as) sm_90. */
+struct cudaFuncAttributes {
+    int ptxVersion, binaryVersion, numRegs, maxDynamicSharedSizeBytes;
+};
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, const void *f);
 
 /* Runs body once per thread of every block of the grid (see the top of this file). Checks the
  * configuration as a GPU would (block of 1..1024 threads, dims within limits, dynamic shared memory
