@@ -16,7 +16,9 @@
 #
 # Other knobs: MLM_NAME (the pretraining run's name, bench-bert-mlm), FT_SEQ (max_seq_len of fine-tuning, 128 as the seed; SST-2's longest sentence is 66
 # tokens, so 64 gives the same model at half the cost), FT_LR, SEED, THREADS (CM_NUM_THREADS),
-# COMPOSER (the binary, default build/tools/composer). Results are appended to
+# COMPOSER (the binary, default build/tools/composer), DATA (the folder holding sst2/,
+# tinyshakespeare/ and bert/, default ../shared/data), EXTRA (overrides added to every run, e.g.
+# "device=gpu precision=amp_bf16": scripts/gpu-check --only mlm runs it so). Results are appended to
 # bench/results/hf_finetune.tsv. Run from the repository root on an otherwise idle machine: the
 # wall-clock figures are only comparable between runs on the same machine and load.
 # For scale: Google's BERT-Tiny, pretrained on BooksCorpus + Wikipedia, scores 83.2 on SST-2
@@ -33,6 +35,8 @@ SUBSET=${SUBSET:-2000}
 SUBSET_DURATION=${SUBSET_DURATION:-3ep}
 MLM_NAME=${MLM_NAME:-bench-bert-mlm}
 THREADS=${THREADS:-}
+DATA=${DATA:-../shared/data}
+EXTRA=${EXTRA:-}
 ROOT=runs
 OUT=bench/results/hf_finetune.tsv
 
@@ -48,7 +52,8 @@ run() {
     shift 3
     log=$(mktemp)
     start=$(date +%s.%N)
-    if ! "$COMPOSER" train "$@" >"$log" 2>&1; then
+    # shellcheck disable=SC2086 # EXTRA is a list of overrides
+    if ! "$COMPOSER" train "$@" $EXTRA >"$log" 2>&1; then
         cat "$log" >&2
         rm -f "$log"
         exit 1
@@ -66,7 +71,9 @@ run() {
 printf 'run\tinit\tbudget\tdev_accuracy\tdev_cross_entropy\tbatches\twall_s (appended to %s)\n' "$OUT"
 if [ -z "${SKIP_MLM:-}" ]; then
     run bert-mlm random "$MLM_DURATION" examples/bert-mlm.yaml progress_bar=false run_root=$ROOT run_name="$MLM_NAME" \
-        seed="$SEED" max_duration="$MLM_DURATION" save_folder=null callbacks.hf_checkpointer.save_folder="$ROOT/$MLM_NAME"
+        seed="$SEED" max_duration="$MLM_DURATION" save_folder=null callbacks.hf_checkpointer.save_folder="$ROOT/$MLM_NAME" \
+        tokenizer.name="$DATA/bert" \
+        train_loader.dataset.path="[$DATA/sst2/train.tsv, $DATA/tinyshakespeare/input.txt]"
 fi
 FOLDER=$ROOT/$MLM_NAME/huggingface/final
 [ -f "$FOLDER/config.json" ] || { echo "no pretrained folder $FOLDER (run without SKIP_MLM)" >&2; exit 1; }
@@ -78,13 +85,14 @@ finetune() {
         [ $init = random ] && pre=false
         run "$name" "$init" "$dur" examples/bert-sst2.yaml progress_bar=false run_root=$ROOT run_name=bench-$name-$init \
             seed="$SEED" max_duration="$dur" model.pretrained_model_name_or_path="$FOLDER" model.pretrained=$pre \
-            train_loader.dataset="$data" eval_loader.dataset.max_seq_len="$FT_SEQ" optimizer.lr="$FT_LR" save_folder=null
+            train_loader.dataset="$data" eval_loader.dataset.max_seq_len="$FT_SEQ" eval_loader.dataset.dir="$DATA/sst2" \
+            optimizer.lr="$FT_LR" save_folder=null
     done
 }
 # the seeds' setting: all of SST-2's training set
-finetune bert-sst2 "{type: sst2, split: train, max_seq_len: $FT_SEQ}" "$FT_DURATION"
+finetune bert-sst2 "{type: sst2, dir: $DATA/sst2, split: train, max_seq_len: $FT_SEQ}" "$FT_DURATION"
 # few labels: the first SUBSET rows of train.tsv, SUBSET_DURATION of training
 if [ "$SUBSET" -gt 0 ]; then
-    head -n $((SUBSET + 1)) ../shared/data/sst2/train.tsv >"$ROOT/sst2-train-$SUBSET.tsv"
+    head -n $((SUBSET + 1)) "$DATA/sst2/train.tsv" >"$ROOT/sst2-train-$SUBSET.tsv"
     finetune "bert-sst2-$SUBSET" "{type: tsv, path: $ROOT/sst2-train-$SUBSET.tsv, max_seq_len: $FT_SEQ}" "$SUBSET_DURATION"
 fi

@@ -327,6 +327,7 @@ typedef struct {
     float ls;      /* label smoothing */
     bool soft;     /* probability targets (softmax of in[1]) */
     bool ignore;   /* set a few targets to ignore_index */
+    bool twice;    /* the loss of x added twice: the second backward adds to x's gradient */
 } ce_arg;
 
 /* A copy of a 1-D index target with positions 0 and 3 set to -100 (ignore_index); other ranks as
@@ -349,7 +350,8 @@ static cm_tensor *f_ce(cm_tape *tp, cm_tensor *const *in, const void *varg) {
     cm_tensor *t = in[1];
     if (c->soft) t = cm_softmax(tp, t, 1);
     if (c->ignore) t = ignore_0_and_3(tp, t);
-    return cm_cross_entropy(tp, in[0], t, &o);
+    cm_tensor *l = cm_cross_entropy(tp, in[0], t, &o);
+    return c->twice ? cm_add(tp, l, cm_cross_entropy(tp, in[0], t, &o)) : l;
 }
 
 typedef struct {
@@ -694,14 +696,18 @@ Test(backend_ops, cross_entropy_with_every_option) {
         in_spec x, t;
         ce_arg a;
     } cases[] = {
-        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_MEAN, 0, 0, 0}},
-        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_SUM, 0.1f, 0, 1}},
-        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_NONE, 0.2f, 0, 1}},
-        {SPEC(3, IN_NORMAL, true, 4, 7, 9), {2, {4, 9}, IN_INDEX, false, CM_DTYPE_F32, 7}, {CM_REDUCTION_MEAN, 0.1f, 0, 0}},
-        {SPEC(3, IN_NORMAL, true, 4, 7, 9), {2, {4, 9}, IN_INDEX, false, CM_DTYPE_F32, 7}, {CM_REDUCTION_NONE, 0, 0, 0}},
-        {SPEC(2, IN_NORMAL, true, 6, 1500), {1, {6}, IN_INDEX, false, CM_DTYPE_F32, 1500}, {CM_REDUCTION_MEAN, 0.05f, 0, 0}},
-        {SPEC(2, IN_NORMAL, true, 9, 13), SPEC(2, IN_NORMAL, true, 9, 13), {CM_REDUCTION_MEAN, 0.1f, 1, 0}},
-        {SPEC(3, IN_NORMAL, true, 2, 5, 3), SPEC(3, IN_NORMAL, true, 2, 5, 3), {CM_REDUCTION_NONE, 0, 1, 0}},
+        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_MEAN, 0, 0, 0, 0}},
+        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_SUM, 0.1f, 0, 1, 0}},
+        {SPEC(2, IN_NORMAL, true, 37, 11), {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 11}, {CM_REDUCTION_NONE, 0.2f, 0, 1, 0}},
+        {SPEC(3, IN_NORMAL, true, 4, 7, 9), {2, {4, 9}, IN_INDEX, false, CM_DTYPE_F32, 7}, {CM_REDUCTION_MEAN, 0.1f, 0, 0, 0}},
+        {SPEC(3, IN_NORMAL, true, 4, 7, 9), {2, {4, 9}, IN_INDEX, false, CM_DTYPE_F32, 7}, {CM_REDUCTION_NONE, 0, 0, 0, 0}},
+        {SPEC(2, IN_NORMAL, true, 6, 1500), {1, {6}, IN_INDEX, false, CM_DTYPE_F32, 1500}, {CM_REDUCTION_MEAN, 0.05f, 0, 0, 0}},
+        /* (P, C) rows with C >= 256: the backward's row kernel, with ignored rows, NONE and SUM, and a
+         * gradient added to (the loss of x twice) */
+        {SPEC(2, IN_NORMAL, true, 7, 700), {1, {7}, IN_INDEX, false, CM_DTYPE_F32, 700}, {CM_REDUCTION_NONE, 0.1f, 0, 1, 0}},
+        {SPEC(2, IN_NORMAL, true, 5, 257), {1, {5}, IN_INDEX, false, CM_DTYPE_F32, 257}, {CM_REDUCTION_SUM, 0, 0, 1, 1}},
+        {SPEC(2, IN_NORMAL, true, 9, 13), SPEC(2, IN_NORMAL, true, 9, 13), {CM_REDUCTION_MEAN, 0.1f, 1, 0, 0}},
+        {SPEC(3, IN_NORMAL, true, 2, 5, 3), SPEC(3, IN_NORMAL, true, 2, 5, 3), {CM_REDUCTION_NONE, 0, 1, 0, 0}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         in_spec s[2] = {cases[c].x, cases[c].t};

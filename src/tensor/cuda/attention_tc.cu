@@ -19,7 +19,10 @@
  * are staged in shared memory as bf16: row-major tiles [row][d] (stride DP + 8) feed A fragments and
  * Bᵀ reads; transposed tiles [d][row] (stride 72) feed the B fragments of P·V, dS·K, Pᵀ·dO and dSᵀ·Q.
  * The +8 padding puts the 8 rows a fragment read touches in distinct banks. The head dim is padded
- * with zeros to DP = 16·KD (KD = 1, 2, 4, 8: D <= 128). */
+ * with zeros to DP = 16·KD (KD = 1, 2, 4, 8: D <= 128). Per score, what is not tensor-core work is
+ * kept short: tiles inside the causal triangle without bias or padding skip the masking (tc_plain),
+ * exponentials are __expf (ex2.approx: a few ulp, far below the bf16 rounding of P), and pairs are
+ * rounded and packed by one cvt instruction. */
 #include "tensor/cuda/attention.cuh"
 
 #include <stdlib.h>
@@ -38,9 +41,26 @@ template <int KD> struct tc_geom {
     static constexpr size_t BWDKV_SMEM = (size_t)(4 * ROW + 2 * TR) * 2 + 2 * TC_N * sizeof(float);
 };
 
-/* Two floats as a bf16 pair (the lower index in the lower half), rounded to nearest even. */
+/* Two floats as a bf16 pair (the lower index in the lower half), rounded to nearest even: one cvt
+ * on the GPU (the same bits as cmi_df32_to_bf16 except a NaN's payload), the bit-exact function on
+ * the emulator. */
 __device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+#if !defined(CMI_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); /* the first source to the upper half */
+    return r;
+#else
     return (uint32_t)cmi_df32_to_bf16(lo) | (uint32_t)cmi_df32_to_bf16(hi) << 16;
+#endif
+}
+__device__ __forceinline__ uint16_t tc_bf16(float x) { return (uint16_t)(tc_pack(x, 0.0f) & 0xffffu); }
+
+/* Whether the 64 x 64 scores of query rows [i0, i0 + 64) and keys [j0, j0 + 64) need no masking:
+ * every row and key inside T and S, no bias or padding mask, and under the causal mask every key
+ * at or before every row — then at_score would only scale (FlashAttention masks only the tiles on
+ * the boundary). The same for every thread of the block. */
+__device__ __forceinline__ bool tc_plain(const at_args &a, int64_t i0, int64_t j0) {
+    return !a.bias && !a.mrow && i0 + TC_N <= a.T && j0 + TC_N <= a.S && (!a.causal || j0 + TC_N - 1 <= i0);
 }
 
 /* Rows [r0, r0 + 64) of an (n, D) f32 slice at `base` (strides sn, sd), rounded to bf16, into a
@@ -56,10 +76,10 @@ __device__ __forceinline__ void tc_load(uint16_t *dst, bool transposed, const fl
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (d < D && r0 + r < n) v = *(const float4 *)(base + (r0 + r) * sn + d);
             if (transposed) {
-                dst[d * TC_TLD + r] = cmi_df32_to_bf16(v.x);
-                dst[(d + 1) * TC_TLD + r] = cmi_df32_to_bf16(v.y);
-                dst[(d + 2) * TC_TLD + r] = cmi_df32_to_bf16(v.z);
-                dst[(d + 3) * TC_TLD + r] = cmi_df32_to_bf16(v.w);
+                dst[d * TC_TLD + r] = tc_bf16(v.x);
+                dst[(d + 1) * TC_TLD + r] = tc_bf16(v.y);
+                dst[(d + 2) * TC_TLD + r] = tc_bf16(v.z);
+                dst[(d + 3) * TC_TLD + r] = tc_bf16(v.w);
             } else {
                 uint32_t *p = (uint32_t *)(dst + r * LD + d);
                 p[0] = tc_pack(v.x, v.y);
@@ -71,7 +91,7 @@ __device__ __forceinline__ void tc_load(uint16_t *dst, bool transposed, const fl
     for (int e = threadIdx.x; e < TC_N * DP; e += TC_THREADS) {
         const int r = e / DP, d = e % DP;
         const float v = d < D && r0 + r < n ? base[(r0 + r) * sn + d * sd] : 0.0f;
-        dst[transposed ? d * TC_TLD + r : r * LD + d] = cmi_df32_to_bf16(v);
+        dst[transposed ? d * TC_TLD + r : r * LD + d] = tc_bf16(v);
     }
 }
 
@@ -194,19 +214,21 @@ template <int KD> __global__ void __launch_bounds__(TC_THREADS) k_attention_fwd_
         float s[8][4] = {};
         tc_scores<KD>(s, Qs, 16 * w, Ks);
         float mt[2] = {-INFINITY, -INFINITY};
+        const bool plain = tc_plain(a, i0, j0);
         CMI_UNROLL
         for (int nt = 0; nt < 8; nt++)
             CMI_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1;
-                s[nt][e] = at_score(a, b, h, ir[r], j0 + 8 * nt + 2 * t + (e & 1), s[nt][e] * a.scale);
+                s[nt][e] = plain ? s[nt][e] * a.scale
+                                 : at_score(a, b, h, ir[r], j0 + 8 * nt + 2 * t + (e & 1), s[nt][e] * a.scale);
                 mt[r] = fmaxf(mt[r], s[nt][e]);
             }
         float corr[2];
         CMI_UNROLL
         for (int r = 0; r < 2; r++) {
             const float mn = fmaxf(m[r], tc_quad_max(mt[r]));
-            corr[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
+            corr[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - mn);
             m[r] = mn;
             l[r] *= corr[r]; /* this lane's part of the row sum: the quad's parts are added at the end */
         }
@@ -215,7 +237,7 @@ template <int KD> __global__ void __launch_bounds__(TC_THREADS) k_attention_fwd_
             CMI_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1;
-                const float ev = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - m[r]);
+                const float ev = s[nt][e] == -INFINITY ? 0.0f : __expf(s[nt][e] - m[r]);
                 l[r] += ev;
                 s[nt][e] = ev != 0.0f ? ev * at_drop_factor(a, b, h, ir[r], j0 + 8 * nt + 2 * t + (e & 1)) : 0.0f;
             }
@@ -287,14 +309,15 @@ __global__ void __launch_bounds__(TC_THREADS)
         float s[8][4] = {}, dp[8][4] = {};
         tc_scores<KD>(s, Qs, 16 * w, Ks);  /* q·kᵀ */
         tc_scores<KD>(dp, Gs, 16 * w, Vs); /* dO·vᵀ */
+        const bool plain = tc_plain(a, i0, j0);
         CMI_UNROLL
         for (int nt = 0; nt < 8; nt++)
             CMI_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1;
                 const int64_t i = ir[r], j = j0 + 8 * nt + 2 * t + (e & 1);
-                const float sc = at_score(a, b, h, i, j, s[nt][e] * a.scale);
-                const float P = (sc == -INFINITY || li[r] == INFINITY) ? 0.0f : expf(sc - li[r]);
+                const float sc = plain ? s[nt][e] * a.scale : at_score(a, b, h, i, j, s[nt][e] * a.scale);
+                const float P = (sc == -INFINITY || li[r] == INFINITY) ? 0.0f : __expf(sc - li[r]);
                 const float f = P != 0.0f ? at_drop_factor(a, b, h, i, j) : 0.0f;
                 const float ds = P * (dp[nt][e] * f - di[r]);
                 if (dS && i < a.T && j < a.S) dS[(bh * a.T + i) * a.S + j] = ds;
@@ -342,6 +365,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         float s[8][4] = {}, dp[8][4] = {}; /* [key][query] */
         tc_scores<KD>(s, Ks, 16 * w, Qs);  /* k·qᵀ */
         tc_scores<KD>(dp, Vs, 16 * w, Gs); /* v·dOᵀ */
+        const bool plain = tc_plain(a, i0, j0);
         CMI_UNROLL
         for (int nt = 0; nt < 8; nt++)
             CMI_UNROLL
@@ -349,8 +373,8 @@ __global__ void __launch_bounds__(TC_THREADS)
                 const int r = e >> 1, c = 8 * nt + 2 * t + (e & 1);
                 const int64_t i = i0 + c, j = jr[r];
                 const float li = Lt[c];
-                const float sc = at_score(a, b, h, i, j, s[nt][e] * a.scale);
-                const float P = (sc == -INFINITY || li == INFINITY) ? 0.0f : expf(sc - li);
+                const float sc = plain ? s[nt][e] * a.scale : at_score(a, b, h, i, j, s[nt][e] * a.scale);
+                const float P = (sc == -INFINITY || li == INFINITY) ? 0.0f : __expf(sc - li);
                 const float f = P != 0.0f ? at_drop_factor(a, b, h, i, j) : 0.0f;
                 s[nt][e] = P * f;
                 dp[nt][e] = P * (dp[nt][e] * f - Dt[c]);

@@ -141,7 +141,10 @@ static inline unsigned atomicInc(unsigned *p, unsigned limit) {
     return o;
 }
 
-/* ---- math intrinsics (glibc itself declares __expf and __logf, computing expf and logf) ---- */
+/* ---- math intrinsics (glibc declares __expf and __logf but does not export them to link against:
+ * the GPU's approximate forms are the accurate functions here) ---- */
+#define __expf(x) expf(x)
+#define __logf(x) logf(x)
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
