@@ -1086,35 +1086,44 @@ Test(backend_ops, dropout_masks_are_identical_on_cpu_and_gpu) {
     }
 }
 
+/* Every attention test's cases: B = 2, H = 3 (attn_specs). */
+static const attn_arg k_attn_cases[] = {
+    {false, false, false, false, false, false, false, 13, 13, 16},
+    {true, false, false, false, false, false, false, 40, 40, 32},
+    {true, false, false, false, true, false, true, 33, 33, 64},  /* GPT: permuted in, bthd out */
+    {false, true, true, false, false, false, false, 9, 37, 8},   /* T != S, bias with a gradient */
+    {true, true, false, true, false, false, false, 35, 35, 20},  /* causal + ALiBi-like bias + padding */
+    {false, false, false, true, true, false, true, 7, 7, 128},
+    {true, false, false, false, false, true, false, 34, 34, 16}, /* dropout */
+    {false, true, true, true, false, true, true, 12, 12, 24},
+    /* more than one 64-row tile each way (the tiled kernels' partial tiles and causal skips) */
+    {true, false, false, false, true, false, true, 130, 130, 64},
+    {false, true, true, true, false, true, false, 70, 100, 40},
+    {true, true, false, true, true, true, true, 65, 129, 33},
+    {true, false, false, false, true, true, true, 150, 150, 96}, /* D above 64, padded to 128 by the tensor cores */
+};
+#define N_ATTN_CASES (sizeof k_attn_cases / sizeof k_attn_cases[0])
+
+/* The inputs of f_attention for case a: q, k, v of kind qkv (with gradients), the bias and the mask
+ * source. */
+static void attn_specs(const attn_arg *a, in_kind qkv, in_spec s[5]) {
+    const int64_t B = 2, H = 3;
+    for (int i = 0; i < 3; i++) {
+        const int64_t N = i == 0 ? a->T : a->S;
+        s[i] = a->permuted ? (in_spec)SPEC(4, qkv, true, B, N, H, a->D) : (in_spec)SPEC(4, qkv, true, B, H, N, a->D);
+    }
+    s[3] = (in_spec)SPEC(4, IN_NORMAL, a->bias_grad, 1, H, a->T, a->S);
+    s[4] = (in_spec)SPEC(2, IN_NORMAL, false, B, a->S);
+}
+
 Test(backend_ops, attention_with_masks_bias_dropout_and_layouts) {
-    const attn_arg cases[] = {
-        {false, false, false, false, false, false, false, 13, 13, 16},
-        {true, false, false, false, false, false, false, 40, 40, 32},
-        {true, false, false, false, true, false, true, 33, 33, 64},  /* GPT: permuted in, bthd out */
-        {false, true, true, false, false, false, false, 9, 37, 8},   /* T != S, bias with a gradient */
-        {true, true, false, true, false, false, false, 35, 35, 20},  /* causal + ALiBi-like bias + padding */
-        {false, false, false, true, true, false, true, 7, 7, 128},
-        {true, false, false, false, false, true, false, 34, 34, 16}, /* dropout */
-        {false, true, true, true, false, true, true, 12, 12, 24},
-        /* more than one 64-row tile each way (the tiled kernels' partial tiles and causal skips) */
-        {true, false, false, false, true, false, true, 130, 130, 64},
-        {false, true, true, true, false, true, false, 70, 100, 40},
-        {true, true, false, true, true, true, true, 65, 129, 33},
-    };
-    const size_t n_cases = sizeof cases / sizeof cases[0];
+    const size_t n_cases = N_ATTN_CASES;
     /* every case through the tiled kernels (D <= 64) and, forced, through the row-wise ones */
     for (size_t c = 0; c < 2 * n_cases; c++) {
-        const attn_arg *a = &cases[c % n_cases];
+        const attn_arg *a = &k_attn_cases[c % n_cases];
         if (c == n_cases) setenv("CM_CUDA_ATTENTION", "rowwise", 1);
-        const int64_t B = 2, H = 3;
         in_spec s[5];
-        for (int i = 0; i < 3; i++) {
-            const int64_t N = i == 0 ? a->T : a->S;
-            s[i] = a->permuted ? (in_spec)SPEC(4, IN_NORMAL, true, B, N, H, a->D)
-                               : (in_spec)SPEC(4, IN_NORMAL, true, B, H, N, a->D);
-        }
-        s[3] = (in_spec)SPEC(4, IN_NORMAL, a->bias_grad, 1, H, a->T, a->S);
-        s[4] = (in_spec)SPEC(2, IN_NORMAL, false, B, a->S);
+        attn_specs(a, IN_NORMAL, s);
         char name[80];
         snprintf(name, sizeof name, "attention case %zu (%s)", c % n_cases, c < n_cases ? "tiled" : "rowwise");
         check_op(name, f_attention, a, 5, s, 2e-6, 1e-5);
@@ -1134,37 +1143,15 @@ static cm_tensor *f_attention_autocast(cm_tape *tp, cm_tensor *const *in, const 
  * bf16 the difference is the rounding of P, dO and dS: on the emulator at most 1.0e-3 (forward)
  * and 3.5e-3 (gradients) over these cases, bounded at 3e-3 and 8e-3; a misplaced fragment, a lost
  * mask or dropout factor gives errors of order 0.1 to 1.
- * Every case of the f32 test above, head sizes 8 to 128 (each padding of the head dim to 16·KD). */
+ * Every case of the f32 test above: head sizes 8 to 128 (each padding of the head dim to 16·KD). */
 Test(backend_ops, attention_under_autocast_runs_on_the_tensor_cores) {
     const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
     double mma_err;
     if (be->check_mma(&mma_err) == CM_ERR_UNSUPPORTED) cr_skip_test("no bf16 tensor cores here: %s", cm_last_error());
-    const attn_arg cases[] = {
-        {false, false, false, false, false, false, false, 13, 13, 16},
-        {true, false, false, false, false, false, false, 40, 40, 32},
-        {true, false, false, false, true, false, true, 33, 33, 64},
-        {false, true, true, false, false, false, false, 9, 37, 8},
-        {true, true, false, true, false, false, false, 35, 35, 20},
-        {false, false, false, true, true, false, true, 7, 7, 128},
-        {true, false, false, false, false, true, false, 34, 34, 16},
-        {false, true, true, true, false, true, true, 12, 12, 24},
-        {true, false, false, false, true, false, true, 130, 130, 64},
-        {false, true, true, true, false, true, false, 70, 100, 40},
-        {true, true, false, true, true, true, true, 65, 129, 33},
-        {true, false, false, false, true, true, true, 150, 150, 96},
-    };
-    const size_t n_cases = sizeof cases / sizeof cases[0];
-    for (size_t c = 0; c < n_cases; c++) {
-        const attn_arg *a = &cases[c];
-        const int64_t B = 2, H = 3;
+    for (size_t c = 0; c < N_ATTN_CASES; c++) {
+        const attn_arg *a = &k_attn_cases[c];
         in_spec s[5];
-        for (int i = 0; i < 3; i++) {
-            const int64_t N = i == 0 ? a->T : a->S;
-            s[i] = a->permuted ? (in_spec)SPEC(4, IN_BF16, true, B, N, H, a->D)
-                               : (in_spec)SPEC(4, IN_BF16, true, B, H, N, a->D);
-        }
-        s[3] = (in_spec)SPEC(4, IN_NORMAL, a->bias_grad, 1, H, a->T, a->S);
-        s[4] = (in_spec)SPEC(2, IN_NORMAL, false, B, a->S);
+        attn_specs(a, IN_BF16, s);
         char name[80];
         snprintf(name, sizeof name, "attention case %zu (tensor cores, D %d)", c, a->D);
         check_op(name, f_attention_autocast, a, 5, s, 3e-3, 8e-3);

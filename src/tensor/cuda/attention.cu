@@ -41,8 +41,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) k_attention_fwd(at_args a, floa
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i = blockIdx.x * (int64_t)AT_WARPS + w;
     const bool active = i < a.T;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    const at_slice sl = at_slice_of(a, nullptr, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v;
     for (int d = lane; d < a.D; d += 32) Qs[w][d] = active ? qb[i * a.qs[2] + d * a.qs[3]] : 0.0f;
     const int64_t ilast = (int64_t)blockIdx.x * AT_WARPS + AT_WARPS - 1;
     const int64_t kend = a.causal ? (ilast + 1 < a.S ? ilast + 1 : a.S) : a.S;
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(AT_WARPS * 32) k_attention_bwd_q(at_args a, co
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i = blockIdx.x * (int64_t)AT_WARPS + w;
     const bool active = i < a.T;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    const at_slice sl = at_slice_of(a, nullptr, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v;
     float di = 0.0f;
     if (active) {
         const float *orow = out + at_out_off(a, b, h, i), *grow = gout + at_out_off(a, b, h, i);
@@ -153,17 +153,15 @@ __global__ void __launch_bounds__(AT_WARPS * 32) k_attention_bwd_kv(at_args a, c
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, j = blockIdx.x * (int64_t)AT_WARPS + w;
     const bool active = j < a.S;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    const at_slice sl = at_slice_of(a, gout, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v, *gb = sl.g; /* dO row i at gb + i·gstride */
+    const int64_t gstride = sl.gs;
     for (int d = lane; d < a.D; d += 32) {
         Kr[w][d] = active ? kb[j * a.ks[2] + d * a.ks[3]] : 0.0f;
         Vr[w][d] = active ? vb[j * a.vs[2] + d * a.vs[3]] : 0.0f;
     }
     const int64_t jfirst = (int64_t)blockIdx.x * AT_WARPS;
     const int64_t istart = a.causal ? jfirst / AT_TILE * AT_TILE : 0; /* causal: queries i >= j only */
-    /* dO rows of (b, h): row i at gout + at_out_off(a, b, h, i), i.e. stride D or H·D */
-    const float *gb = gout + at_out_off(a, b, h, 0);
-    const int64_t gstride = a.bthd ? a.H * a.D : a.D;
     float dk[AT_DT] = {0.0f, 0.0f, 0.0f, 0.0f}, dv[AT_DT] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t i0 = istart; i0 < a.T; i0 += AT_TILE) {
         __syncthreads();
@@ -271,8 +269,8 @@ __global__ void __launch_bounds__(FT_THREADS) k_attention_fwd_tiled(at_args a, f
     float *Qt = sm, *Kt = Qt + FT_TILE_FLOATS, *Vs = Kt + FT_TILE_FLOATS, *Ps = Vs + FT_TILE_FLOATS;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i0 = (int64_t)blockIdx.x * FT_N;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    const at_slice sl = at_slice_of(a, nullptr, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v;
     ft_load(Qt, true, qb, a.qs[2], a.qs[3], i0, a.T, a.D);
     const int64_t ilast = (i0 + FT_N < a.T ? i0 + FT_N : a.T) - 1;
     const int64_t kend = a.causal ? (ilast + 1 < a.S ? ilast + 1 : a.S) : a.S;
@@ -335,27 +333,14 @@ __global__ void __launch_bounds__(FT_THREADS) k_attention_bwd_q_tiled(at_args a,
     CMI_DYN_SMEM(float, sm);
     float *Qt = sm, *Gt = Qt + FT_TILE_FLOATS, *Kt = Gt + FT_TILE_FLOATS, *Vt = Kt + FT_TILE_FLOATS,
           *Ks = Vt + FT_TILE_FLOATS, *Ss = Ks + FT_TILE_FLOATS, *Ds = Ss + FT_TILE_FLOATS;
-    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i0 = (int64_t)blockIdx.x * FT_N;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
-    const float *gb = gout + at_out_off(a, b, h, 0);
-    const int64_t gstride = a.bthd ? a.H * a.D : a.D;
+    const at_slice sl = at_slice_of(a, gout, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v, *gb = sl.g;
+    const int64_t gstride = sl.gs;
     ft_load(Qt, true, qb, a.qs[2], a.qs[3], i0, a.T, a.D);
     ft_load(Gt, true, gb, gstride, 1, i0, a.T, a.D);
-    for (int rr = w; rr < FT_N; rr += FT_THREADS / 32) { /* Di: a warp per row */
-        const int64_t i = i0 + rr;
-        float di = 0.0f;
-        if (i < a.T) {
-            const float *orow = out + at_out_off(a, b, h, i), *grow = gout + at_out_off(a, b, h, i);
-            for (int d = lane; d < a.D; d += 32) di += grow[d] * orow[d];
-        }
-        di = cmi_warp_sum(di);
-        if (lane == 0) {
-            Ds[rr] = di;
-            if (i < a.T) Dsum[bh * a.T + i] = di;
-        }
-    }
+    at_block_di(a, out, gout, b, h, i0, FT_N, Ds, Dsum); /* f32, from f32 dO and O */
     __syncthreads();
     float di[4], li[4];
     CMI_UNROLL
@@ -417,10 +402,9 @@ __global__ void __launch_bounds__(FT_THREADS) k_attention_bwd_kv_tiled(at_args a
           *Lt = St + FT_TILE_FLOATS, *Dt = Lt + FT_N;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, j0 = (int64_t)blockIdx.x * FT_N;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
-    const float *gb = gout + at_out_off(a, b, h, 0);
-    const int64_t gstride = a.bthd ? a.H * a.D : a.D;
+    const at_slice sl = at_slice_of(a, gout, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v, *gb = sl.g;
+    const int64_t gstride = sl.gs;
     ft_load(Kt, true, kb, a.ks[2], a.ks[3], j0, a.S, a.D);
     ft_load(Vt, true, vb, a.vs[2], a.vs[3], j0, a.S, a.D);
     const int64_t istart = a.causal ? j0 : 0; /* causal: only queries i >= j see key j */

@@ -23,27 +23,6 @@ struct at_args {
     bool bthd;               /* out / dO layout (B, T, H, D), else (B, H, T, D) */
 };
 
-__device__ __forceinline__ void at_philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
-             c3 = (uint32_t)(stream >> 32), k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int r = 0; r < 10; r++) {
-        if (r) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
 /* keep_scale for a kept probability, 0 for a dropped one, 1 without dropout. */
 __device__ __forceinline__ float at_drop_factor(const at_args &a, int64_t b, int64_t h, int64_t i, int64_t j) {
     if (a.p <= 0.0f) return 1.0f;
@@ -59,7 +38,7 @@ __device__ __forceinline__ float at_drop_factor(const at_args &a, int64_t b, int
         word = (int)(e & 3);
     }
     uint32_t w[4];
-    at_philox(a.seed, a.stream, ctr, w);
+    cmi_philox(a.seed, a.stream, ctr, w);
     const bool dropped = (float)(w[word] >> 8) * (1.0f / 16777216.0f) < a.p;
     return dropped ? 0.0f : a.keep_scale;
 }
@@ -75,6 +54,44 @@ __device__ __forceinline__ float at_score(const at_args &a, int64_t b, int64_t h
 
 __device__ __forceinline__ int64_t at_out_off(const at_args &a, int64_t b, int64_t h, int64_t i) {
     return a.bthd ? ((b * a.T + i) * a.H + h) * a.D : ((b * a.H + h) * a.T + i) * a.D;
+}
+
+/* The (b, h) slices a kernel reads: q, k and v at their strides and, when gout is given, the rows
+ * of dO (row stride gs: H·D in the (B, T, H, D) layout, else D). */
+struct at_slice {
+    const float *q, *k, *v, *g;
+    int64_t gs;
+};
+__device__ __forceinline__ at_slice at_slice_of(const at_args &a, const float *gout, int64_t b, int64_t h) {
+    at_slice s;
+    s.q = a.q + b * a.qs[0] + h * a.qs[1];
+    s.k = a.k + b * a.ks[0] + h * a.ks[1];
+    s.v = a.v + b * a.vs[0] + h * a.vs[1];
+    s.g = gout ? gout + at_out_off(a, b, h, 0) : nullptr;
+    s.gs = a.bthd ? a.H * a.D : a.D;
+    return s;
+}
+
+/* Di = rowsum(dO ⊙ O) in f32 for the query rows [i0, i0 + n) of slice (b, h), a warp of the block
+ * per row: into Ds[r] (0 past T) and Dsum (the keys' kernel reads it). Read Ds after a
+ * __syncthreads. */
+__device__ __forceinline__ void at_block_di(const at_args &a, const float *out, const float *gout, int64_t b,
+                                            int64_t h, int64_t i0, int n, float *Ds, float *Dsum) {
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int64_t bh = b * a.H + h;
+    for (int rr = threadIdx.x >> 5; rr < n; rr += nw) {
+        const int64_t i = i0 + rr;
+        float di = 0.0f;
+        if (i < a.T) {
+            const float *orow = out + at_out_off(a, b, h, i), *grow = gout + at_out_off(a, b, h, i);
+            for (int d = lane; d < a.D; d += 32) di += grow[d] * orow[d];
+        }
+        di = cmi_warp_sum(di);
+        if (lane == 0) {
+            Ds[rr] = di;
+            if (i < a.T) Dsum[bh * a.T + i] = di;
+        }
+    }
 }
 
 

@@ -199,8 +199,8 @@ template <int KD> __global__ void __launch_bounds__(TC_THREADS) k_attention_fwd_
     uint16_t *Qs = sm, *Ks = Qs + G::ROW, *Vt = Ks + G::ROW;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i0 = (int64_t)blockIdx.x * TC_N;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
+    const at_slice sl = at_slice_of(a, nullptr, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v;
     tc_load<KD>(Qs, false, qb, a.qs[2], a.qs[3], i0, a.T, a.D);
     const int64_t ilast = (i0 + TC_N < a.T ? i0 + TC_N : a.T) - 1;
     const int64_t kend = a.causal ? (ilast + 1 < a.S ? ilast + 1 : a.S) : a.S;
@@ -270,25 +270,12 @@ __global__ void __launch_bounds__(TC_THREADS)
     float *Ds = (float *)(Kt + G::TR);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, i0 = (int64_t)blockIdx.x * TC_N;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
-    const float *gb = gout + at_out_off(a, b, h, 0);
-    const int64_t gstride = a.bthd ? a.H * a.D : a.D;
+    const at_slice sl = at_slice_of(a, gout, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v, *gb = sl.g;
+    const int64_t gstride = sl.gs;
     tc_load<KD>(Qs, false, qb, a.qs[2], a.qs[3], i0, a.T, a.D);
     tc_load<KD>(Gs, false, gb, gstride, 1, i0, a.T, a.D);
-    for (int rr = w; rr < TC_N; rr += TC_THREADS / 32) { /* Di in f32 from f32 dO and O: a warp per row */
-        const int64_t i = i0 + rr;
-        float di = 0.0f;
-        if (i < a.T) {
-            const float *orow = out + at_out_off(a, b, h, i), *grow = gout + at_out_off(a, b, h, i);
-            for (int d = lane; d < a.D; d += 32) di += grow[d] * orow[d];
-        }
-        di = cmi_warp_sum(di);
-        if (lane == 0) {
-            Ds[rr] = di;
-            if (i < a.T) Dsum[bh * a.T + i] = di;
-        }
-    }
+    at_block_di(a, out, gout, b, h, i0, TC_N, Ds, Dsum); /* f32, from f32 dO and O */
     __syncthreads();
     const int64_t ir[2] = {i0 + 16 * w + g, i0 + 16 * w + g + 8};
     float di[2], li[2];
@@ -341,10 +328,9 @@ __global__ void __launch_bounds__(TC_THREADS)
     float *Lt = (float *)(Gt + G::TR), *Dt = Lt + TC_N;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t bh = blockIdx.y, b = bh / a.H, h = bh % a.H, j0 = (int64_t)blockIdx.x * TC_N;
-    const float *qb = a.q + b * a.qs[0] + h * a.qs[1], *kb = a.k + b * a.ks[0] + h * a.ks[1],
-                *vb = a.v + b * a.vs[0] + h * a.vs[1];
-    const float *gb = gout + at_out_off(a, b, h, 0);
-    const int64_t gstride = a.bthd ? a.H * a.D : a.D;
+    const at_slice sl = at_slice_of(a, gout, b, h);
+    const float *qb = sl.q, *kb = sl.k, *vb = sl.v, *gb = sl.g;
+    const int64_t gstride = sl.gs;
     tc_load<KD>(Ks, false, kb, a.ks[2], a.ks[3], j0, a.S, a.D);
     tc_load<KD>(Vs, false, vb, a.vs[2], a.vs[3], j0, a.S, a.D);
     const int64_t jr[2] = {j0 + 16 * w + g, j0 + 16 * w + g + 8}; /* this lane's two key rows */

@@ -223,6 +223,29 @@ __device__ __forceinline__ void cmi_dstore(int dt, void *p, int64_t i, double v)
     }
 }
 
+/* ---- Philox-4x32-10, as src/base/rng.c (dropout draws the CPU's numbers) ---- */
+
+__device__ __forceinline__ void cmi_philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
+             c3 = (uint32_t)(stream >> 32), k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        if (r) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (uint32_t)p1;
+        c2 = n2;
+        c3 = (uint32_t)p0;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
 /* ---- warp reductions ---- */
 
 template <class T> __device__ __forceinline__ T cmi_warp_sum(T v) {

@@ -75,30 +75,6 @@ extern "C" cm_status cmi_cuda_bias_gelu_bwd(const float *x, const float *b, cons
     return cmi_cuda_launched("bias_gelu backward sums");
 }
 
-/* ---- Philox-4x32-10, as src/base/rng.c ---- */
-
-__device__ __forceinline__ void philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
-             c3 = (uint32_t)(stream >> 32);
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int r = 0; r < 10; r++) {
-        if (r) {
-            k0 += 0x9E3779B9u;
-            k1 += 0xBB67AE85u;
-        }
-        const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
 /* One thread per block of 4 elements of a row segment. rows 0: the whole tensor is one segment at
  * `counter`; else row i's segment starts at counter + (row_first + i)·ceil(per_row / 4). */
 __global__ void k_dropout(const float *x, float *y, uint8_t *drop, int64_t numel, int64_t rows, int64_t row_first,
@@ -109,7 +85,7 @@ __global__ void k_dropout(const float *x, float *y, uint8_t *drop, int64_t numel
         const int64_t seg = t / bpr, blk = t - seg * bpr;
         const uint64_t ctr = counter + (uint64_t)(rows ? (row_first + seg) * bpr : 0) + (uint64_t)blk;
         uint32_t w[4];
-        philox(seed, stream, ctr, w);
+        cmi_philox(seed, stream, ctr, w);
         for (int j = 0; j < 4; j++) {
             const int64_t k = blk * 4 + j;
             if (k >= per_row) break;
