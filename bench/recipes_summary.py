@@ -8,6 +8,8 @@ seed of both configs reached the target.
 
     /usr/bin/python3 bench/recipes_summary.py OUT/cpu2-seed1/runs.tsv OUT/cpu2-seed2/runs.tsv ...
 
+A run of a config and seed that a later file holds again is replaced by the later one (a rerun).
+
 With --target METRIC=VALUE the time to another target is read from the curves.tsv beside each
 runs.tsv (every evaluation against training time; for a copy NAME.tsv, NAME-curves.tsv): the first evaluation that reached it, by the
 tool's rule (lower is better for names with loss, error, perplexity or cross-entropy; `<=` / `>=`
@@ -77,6 +79,8 @@ def main(args):
         rows += mine
     if not rows:
         sys.exit("no runs in " + " ".join(paths))
+    # a run of the same config and seed in a later file replaces the earlier one (a rerun)
+    rows = list({(r["config"], r["seed"]): r for r in rows}.values())
     configs = list(dict.fromkeys(r["config"] for r in rows))
     seeds = sorted({int(r["seed"]) for r in rows})
     t = {(r["config"], int(r["seed"])): float(r["seconds_to_target"]) for r in rows if r["reached"] == "yes"}

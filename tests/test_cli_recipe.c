@@ -288,4 +288,19 @@ Test(cli_recipe, the_summary_retargets_from_the_curves) {
                          sizeof out);
     cr_expect_neq(rc, 0, "a target past the runs' own stop must fail: %s", out);
     cr_expect(strstr(out, "hot seed 1 stopped at its own target") && strstr(out, "--no-stop"), "%s", out);
+    /* a rerun of base seed 1 in a later file (its time 1.0 s, reached) replaces the first run: at the
+     * runs' own targets base is then 1.0 s and 4.0 s against hot's 1.5 and 1.6 */
+    cr_assert_not_null(f = fopen(DIR "/summary/rerun.tsv", "w"));
+    fputs("config\tseed\treached\tbatch_to_target\tseconds_to_target\tfinal\tbest\tend_batch\tend_seconds\tstopped_by\t"
+          "process_seconds\trun_folder\n"
+          "base\t1\tyes\t10\t1.0\t1.9\t1.9\t10\t1.0\ttarget\t2\tx\n"
+          "base\t2\tyes\t40\t4.0\t1.9\t1.9\t40\t4.0\ttarget\t5\tx\n",
+          f);
+    fclose(f);
+    rc = cmt_run_capture("/usr/bin/python3 bench/recipes_summary.py " DIR "/summary/r.tsv " DIR "/summary/rerun.tsv", out,
+                         sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(strstr(out, "| base | 2/2 | 2.5 ± 2.1 | 1.0 .. 4.0 | 1.9 |") && strstr(out, "| hot | 2/2 | 1.6 ± 0.1 |") &&
+                  strstr(out, "1.61x (per seed 1.58"),
+              "a later file's run of the same config and seed replaces the earlier one:\n%s", out);
 }

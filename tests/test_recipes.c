@@ -25,10 +25,15 @@ static int run(const char *args) {
     return cmt_run_capture(cmd, out, sizeof out);
 }
 
-/* Character token files from the first 20 kB of tiny Shakespeare, for the GPT recipes. */
+/* Character token files from the first 20 kB of tiny Shakespeare, for the char GPT recipes, and
+ * GPT-2 BPE token files from the same text (`composer data tokenize --tokenizer gpt2`), for
+ * gpt-bpe/. */
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/char"), 0);
     cmt_char_token_files(DIR "/char", 20000, 2000);
+    cr_assert_eq(system("head -c 20000 ../shared/data/tinyshakespeare/input.txt > " DIR "/bpe.txt"), 0);
+    int rc = run("data tokenize --tokenizer gpt2 " DIR "/bpe.txt -o " DIR "/bpe");
+    cr_assert_eq(rc, 0, "cannot tokenize the GPT-2 stand-in data (exit %d):\n%s", rc, out);
 }
 
 TestSuite(recipes, .init = setup);
@@ -37,6 +42,8 @@ TestSuite(recipes, .init = setup);
 static const char *family_overrides(const char *path) {
     if (strstr(path, "/gpt-char/") || strstr(path, "/gpt-char-256/"))
         return "train_loader.dataset.dir=" DIR "/char eval_loader.dataset.dir=" DIR "/char sample.max_new_tokens=2";
+    if (strstr(path, "/gpt-bpe/"))
+        return "train_loader.dataset.dir=" DIR "/bpe eval_loader.dataset.dir=" DIR "/bpe sample.max_new_tokens=2";
     if (strstr(path, "/bert/mlm-")) /* the dev sentences stand in for the pretraining corpus */
         return "train_loader.dataset.path=../shared/data/sst2/dev.tsv";
     if (strstr(path, "/bert/sst2-")) /* no pretrained folder in a test: the same shape, random weights */
@@ -78,7 +85,7 @@ Test(recipes, every_recipe_parses_and_trains_two_batches) {
 
 Test(recipes, every_family_has_a_baseline_and_three_strengths) {
     const char *families[] = {"resnet-cifar10/resnet20-", "resnet-cifar10/resnet56-", "gpt-char/", "gpt-char-256/",
-                              "bert/mlm-"};
+                              "gpt-bpe/", "bert/mlm-"};
     const char *strengths[] = {"baseline", "mild", "medium", "hot"};
     for (size_t f = 0; f < sizeof families / sizeof *families; f++)
         for (size_t s = 0; s < 4; s++) {
