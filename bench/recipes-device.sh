@@ -10,11 +10,20 @@
 #     run(command="bench/recipes-device.sh", carry=[".gpu", "data/shakespeare_char"], timeout_s=540)
 # then summarise here: /usr/bin/python3 bench/recipes_summary.py <files_at>/cpu2-seed*/runs.tsv
 # TARGET (default metrics/eval/LanguageCrossEntropy=2.1) and BUDGET (default 4m) override.
+# FAMILY=gpt-bpe times examples/recipes/gpt-bpe instead (carry data/shakespeare_gpt2; default
+# target 5.2); CPU_SEEDS="" skips the CPU seeds (a GPU row only: gpt-bpe's CPU runs take ~4 min each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cm-recipes-out}
-TARGET=${TARGET:-metrics/eval/LanguageCrossEntropy=2.1}
+FAMILY=${FAMILY:-gpt-char}
+case "$FAMILY" in
+gpt-char) DEF_TARGET=2.1 ;;
+gpt-bpe) DEF_TARGET=5.2 ;;
+*) echo "recipes-device: FAMILY is gpt-char or gpt-bpe, not '$FAMILY'"; exit 2 ;;
+esac
+TARGET=${TARGET:-metrics/eval/LanguageCrossEntropy=$DEF_TARGET}
 BUDGET=${BUDGET:-4m}
+CPU_SEEDS=${CPU_SEEDS-1 2 3}
 mkdir -p "$OUT"
 B=/tmp/cm-gpu
 rm -rf "$B" && mkdir -p "$B"
@@ -31,12 +40,12 @@ if [ -z "$cudalib" ]; then
 fi
 export LD_LIBRARY_PATH="$B/lib$cudalib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 C="$B/bin/composer"
-R=examples/recipes/gpt-char
+R=examples/recipes/$FAMILY
 CFGS="$R/baseline.yaml $R/mild.yaml $R/medium.yaml $R/hot.yaml"
 { lscpu; nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; cat "$B/COMMIT"; } >"$OUT/machine.txt" 2>&1
 echo "target $TARGET budget $BUDGET" >>"$OUT/machine.txt"
 pids=""
-for s in 1 2 3; do
+for s in $CPU_SEEDS; do
     taskset -c $((2 * s - 2)),$((2 * s - 1)) env CM_NUM_THREADS=2 "$C" recipe compare $CFGS --target "$TARGET" \
         --seeds "$s," --budget "$BUDGET" -o "$OUT/cpu2-seed$s" >"$OUT/cpu2-seed$s.txt" 2>&1 &
     pids="$pids $!"
@@ -47,4 +56,4 @@ echo "gpu compare: exit $?"
 for p in $pids; do wait "$p"; echo "cpu compare $p: exit $?"; done
 # the weights and samples are not needed to read the results (and are most of the bytes)
 find "$OUT" \( -name model.safetensors -o -name sample.txt -o -name tokenizer.json \) -delete
-tail -n 8 "$OUT"/cpu2-seed*.txt "$OUT/gpu.txt"
+tail -n 8 "$OUT"/cpu2-seed*.txt "$OUT/gpu.txt" 2>/dev/null
