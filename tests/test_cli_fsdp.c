@@ -162,8 +162,8 @@ Test(cli_fsdp, activation_checkpointing_from_yaml_trains_the_same_bits) {
 
 /* mixed_precision on one process: unset with the block given is Composer's DEFAULT (the losses of
  * an explicit DEFAULT, bit for bit), which is not FULL's (the policy is applied, not ignored);
- * without a block nothing changes (FULL); composer eval applies it too. On a GPU run a 16-bit
- * policy is refused by name. */
+ * without a block nothing changes (FULL); composer eval applies it too; the same on a GPU run
+ * (where one is), except under cpu_offload. */
 Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_process) {
     const char *runs[][2] = {
         {"mp_unset", "parallelism.fsdp.verbose=false"},
@@ -200,18 +200,44 @@ Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_p
         snprintf(ev[i], sizeof ev[i], "%s", m);
     }
     cr_assert(strcmp(ev[0], ev[1]) != 0, "eval under DEFAULT (unset) and FULL printed the same metrics: %s", ev[0]);
-    /* on a GPU run: an explicit 16-bit policy is refused by name; unset is FULL there, said once */
-    int rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu device=gpu precision=amp_bf16 "
-                 "parallelism.fsdp.mixed_precision=DEFAULT",
+    /* on a GPU run the same: unset is DEFAULT (the losses of an explicit DEFAULT), not FULL's;
+     * with cpu_offload (f32 units streamed) unset is FULL, said once. Without a GPU the run fails
+     * at once saying what is missing. */
+    const bool gpu = cm_device_check(CM_DEVICE_CUDA) == CM_OK;
+    const char *gruns[][2] = {
+        {"mp_gpu_unset", "parallelism.fsdp.verbose=false"},
+        {"mp_gpu_default", "parallelism.fsdp.mixed_precision=DEFAULT"},
+        {"mp_gpu_full", "parallelism.fsdp.mixed_precision=FULL"},
+    };
+    char g[3][512];
+    for (int i = 0; i < 3; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "train " DIR "/plain.yaml run_name=%s device=gpu precision=amp_bf16 %s", gruns[i][0],
+                 gruns[i][1]);
+        int rc = run(args, out, sizeof out);
+        if (!gpu) {
+            cr_assert_eq(rc, 1, "%s without a GPU: exit %d:\n%s", gruns[i][0], rc, out);
+            cr_assert(strstr(out, "device gpu:") && strstr(out, "not available"), "%s", out);
+            continue;
+        }
+        cr_assert_eq(rc, 0, "%s: exit %d:\n%s", gruns[i][0], rc, out);
+        losses(gruns[i][0], g[i], sizeof g[i]);
+    }
+    if (gpu) {
+        cr_assert_str_eq(g[0], g[1], "on the gpu: unset %s, DEFAULT %s", g[0], g[1]);
+        cr_assert(strcmp(g[1], g[2]) != 0, "on the gpu DEFAULT and FULL trained the same losses %s", g[1]);
+        int rc = run("train " DIR "/plain.yaml run_name=mp_gpu_offload device=gpu precision=amp_bf16 "
+                     "parallelism.fsdp.cpu_offload=true",
+                     out, sizeof out);
+        cr_assert_eq(rc, 0, "unset with cpu_offload: exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "mixed_precision unset: with cpu_offload parameters, reductions and buffers stay fp32"),
+                  "%s", out);
+        rc = run("train " DIR "/plain.yaml run_name=mp_gpu_offload16 device=gpu precision=amp_bf16 "
+                 "parallelism.fsdp.cpu_offload=true parallelism.fsdp.mixed_precision=PURE",
                  out, sizeof out);
-    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, "parallelism.fsdp.mixed_precision") && strstr(out, "on device gpu is not built") &&
-                  strstr(out, "set mixed_precision: FULL"),
-              "%s", out);
-    rc = run("train " DIR "/ckpt.yaml run_name=mp_gpu_unset device=gpu precision=amp_bf16", out, sizeof out);
-    cr_assert(!strstr(out, "on device gpu is not built"), "unset mixed_precision refused on a GPU run:\n%s", out);
-    cr_assert(strstr(out, "mixed_precision unset: on device gpu parameters, reductions and buffers stay fp32"), "%s",
-              out);
+        cr_assert_eq(rc, 1, "PURE with cpu_offload: exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "cpu_offload") && strstr(out, "use mixed_precision FULL with cpu_offload"), "%s", out);
+    }
 }
 
 Test(cli_fsdp, offload_on_a_cpu_run_is_noted_once) {

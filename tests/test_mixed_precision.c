@@ -3,12 +3,14 @@
  * algorithm rounds the parameters (and buffers, and gradients) to bf16 at the moments the policy
  * says — bit for bit under every strategy; DEFAULT differs from FULL (a policy silently ignored
  * fails); the byte counters halve; a GPT's loss under DEFAULT tracks FULL; checkpoints hold the
- * f32 masters and resume under another policy; bad fields are refused by name. N ranks = 1 rank:
- * tests/dist (mixed_precision_equivalence). */
+ * f32 masters and resume under another policy; bad fields are refused by name. On a GPU (where
+ * one is) DEFAULT and PURE equal the same reference run on the GPU. N ranks = 1 rank: tests/dist
+ * (mixed_precision_equivalence). */
 #include "cmtest.h"
 
 #include "cmalgo.h"
 #include "cmtrain.h"
+#include "tensor/tensor_impl.h"
 
 #include <composer/dist.h>
 #include <composer/zoo_gpt2.h>
@@ -19,6 +21,18 @@
 #include <unistd.h>
 
 static float bf16_round(float x) { return cm_bf16_to_f32(cm_f32_to_bf16(x)); }
+
+/* n floats at p on device dev rounded to bf16, by the host (a GPU's through a host copy): the
+ * reference rounds as the definition says, not with the code under test. */
+static void round_on(float *p, int64_t n, cm_device dev) {
+    float *h = dev == CM_DEVICE_CPU ? p : malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (h != p) cr_assert_eq(cmi_dev_memcpy(h, CM_DEVICE_CPU, p, dev, sizeof(float) * (size_t)n), CM_OK);
+    for (int64_t i = 0; i < n; i++) h[i] = bf16_round(h[i]);
+    if (h != p) {
+        cr_assert_eq(cmi_dev_memcpy(p, dev, h, CM_DEVICE_CPU, sizeof(float) * (size_t)n), CM_OK);
+        free(h);
+    }
+}
 
 /* ---------------------------------------------------------------------------------------------
  * The reference: an algorithm on a plain trainer (no cm_dist)
@@ -47,8 +61,9 @@ static void hold(ref_alg *r) {
     int64_t k = 0;
     for (int u = 0; u < cm_module_n_units(root); u++) {
         const cm_unit_info *ui = cm_module_unit(root, u);
-        memcpy(r->saved + k, ui->params, sizeof(float) * (size_t)ui->numel);
-        for (int64_t i = 0; i < ui->numel; i++) ui->params[i] = bf16_round(ui->params[i]);
+        cr_assert_eq(cmi_dev_memcpy(r->saved + k, CM_DEVICE_CPU, ui->params, ui->device, sizeof(float) * (size_t)ui->numel),
+                     CM_OK);
+        round_on(ui->params, ui->numel, ui->device);
         k += ui->numel;
     }
     r->held = true;
@@ -61,7 +76,8 @@ static void give_back(ref_alg *r) {
     int64_t k = 0;
     for (int u = 0; u < cm_module_n_units(root); u++) {
         const cm_unit_info *ui = cm_module_unit(root, u);
-        memcpy(ui->params, r->saved + k, sizeof(float) * (size_t)ui->numel);
+        cr_assert_eq(cmi_dev_memcpy(ui->params, ui->device, r->saved + k, CM_DEVICE_CPU, sizeof(float) * (size_t)ui->numel),
+                     CM_OK);
         k += ui->numel;
     }
     r->held = false;
@@ -72,8 +88,7 @@ static void round_buffers(cm_model *m) {
     for (int64_t i = 0; i < cm_module_n_buffers(root); i++) {
         cm_tensor *t = cm_module_buffer_info(root, i).tensor;
         if (!t || cm_tensor_dtype(t) != CM_DTYPE_F32) continue;
-        float *p = cm_tensor_data(t);
-        for (int64_t j = 0; j < cm_tensor_numel(t); j++) p[j] = bf16_round(p[j]);
+        round_on(cm_tensor_data(t), cm_tensor_numel(t), cm_tensor_device(t));
     }
 }
 
@@ -98,7 +113,7 @@ static cm_status ref_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg)
             cm_module *root = cm_model_module(r->m);
             for (int u = 0; u < cm_module_n_units(root); u++) {
                 const cm_unit_info *ui = cm_module_unit(root, u);
-                for (int64_t i = 0; i < ui->numel; i++) ui->grads[i] = bf16_round(ui->grads[i]);
+                round_on(ui->grads, ui->numel, ui->device);
             }
         }
         break;
@@ -134,6 +149,7 @@ typedef struct mp_opts {
     bool round_params, round_buffers, round_grads; /* the reference's algorithm */
     const char *save_folder, *load_path;
     bool no_eval;
+    cm_device device; /* moved there after cm_dist_new, as the CLI does */
 } mp_opts;
 
 typedef struct mp_out {
@@ -161,6 +177,8 @@ static mp_out mp_run(mp_opts o) {
                      cm_last_error());
         cr_assert_eq(cm_dist_new(c, rig.model, &dc, &d), CM_OK, "%s", cm_last_error());
     }
+    if (o.device != CM_DEVICE_CPU)
+        cr_assert_eq(cm_module_to_device(cm_model_module(rig.model), o.device), CM_OK, "%s", cm_last_error());
     const cm_optim_span *sp = NULL;
     int nsp = 0;
     cm_optim_span *own = NULL;
@@ -193,6 +211,7 @@ static mp_out mp_run(mp_opts o) {
     cfg.algorithms = &alg;
     cfg.n_algorithms = 1;
     cfg.precision = CM_PRECISION_AMP_BF16;
+    cfg.device = o.device;
     cfg.device_train_microbatch_size = o.mb;
     cfg.run_name = "mp";
     cfg.save_folder = o.save_folder;
@@ -216,7 +235,9 @@ static mp_out mp_run(mp_opts o) {
         cm_tensor *t = cm_module_buffer_info(root, i).tensor;
         if (!t || cm_tensor_dtype(t) != CM_DTYPE_F32) continue;
         out.b = realloc(out.b, sizeof(float) * (size_t)(out.nb + cm_tensor_numel(t)));
-        memcpy(out.b + out.nb, cm_tensor_data(t), sizeof(float) * (size_t)cm_tensor_numel(t));
+        cr_assert_eq(cmi_dev_memcpy(out.b + out.nb, CM_DEVICE_CPU, cm_tensor_data(t), cm_tensor_device(t),
+                                    sizeof(float) * (size_t)cm_tensor_numel(t)),
+                     CM_OK);
         out.nb += cm_tensor_numel(t);
     }
     memcpy(out.loss, r->loss, sizeof r->loss);
@@ -273,7 +294,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         for (int pure = 0; pure < 2; pure++) {
             for (int64_t mb = 2; mb <= 4; mb += 2) {
-                mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, mb, true, true, pure == 1, NULL, NULL, false};
+                mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, mb, true, true, pure == 1, NULL, NULL, false, CM_DEVICE_CPU};
                 mp_out want = mp_run(ref);
                 for (int strat = 0; strat < CM_SHARDING_COUNT; strat++) {
                     if (mb == 2 && strat != CM_SHARDING_NO_SHARD) continue;
@@ -281,7 +302,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                      * over groups of one): the GPT under DEFAULT */
                     if (cm_sharding_is_hybrid((cm_sharding)strat) && (f || pure)) continue;
                     mp_opts o = {fams[f].rig, 2, "4ba", strat, pure ? "PURE" : "DEFAULT", mb, false, false, false,
-                                 NULL, NULL, false};
+                                 NULL, NULL, false, CM_DEVICE_CPU};
                     mp_out got = mp_run(o);
                     char what[160];
                     snprintf(what, sizeof what, "%s %s %s, microbatch %lld", fams[f].name, o.policy,
@@ -291,7 +312,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                 }
                 if (!pure && mb == 4) { /* FULL is something else */
                     mp_opts o = {fams[f].rig, 2, "4ba", CM_SHARDING_NO_SHARD, "FULL", mb, false, false, false, NULL,
-                                 NULL, false};
+                                 NULL, false, CM_DEVICE_CPU};
                     mp_out full = mp_run(o);
                     cr_assert(differs(&full, &want), "%s: FULL trained the same parameters as DEFAULT", fams[f].name);
                     if (want.nb) { /* and held the running statistics in f32 */
@@ -315,7 +336,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
 Test(mixed_precision, bf16_params_and_reductions_halve_the_bytes_gathered_and_reduced, .timeout = 120) {
     for (int strat = 0; strat <= CM_SHARDING_FULL_SHARD; strat++) {
         /* (NO_SHARD on one rank: nothing to reduce in f32; its halving is shown on 2 ranks) */
-        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL, false};
+        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL, false, CM_DEVICE_CPU};
         mp_out full = mp_run(o);
         o.policy = "DEFAULT";
         mp_out def = mp_run(o);
@@ -382,7 +403,7 @@ static void rig_count_gpt(cmt_rig *out, void *data) {
  * each by at most 2^-9 relative: the first batch differs by 4e-6, and the trajectories drift
  * apart as Adam compounds it, 0.7% at worst over the 24 batches. Tolerance 3% per batch. */
 Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 120) {
-    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL, false};
+    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL, false, CM_DEVICE_CPU};
     mp_out full = mp_run(o);
     o.policy = "DEFAULT";
     mp_out def = mp_run(o);
@@ -414,7 +435,7 @@ Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_
             char dirpath[] = "/tmp/cm_mp_ckptXXXXXX";
             cr_assert_not_null(mkdtemp(dirpath));
             const char *save = dir ? "FULL" : "PURE", *load = dir ? "PURE" : "FULL";
-            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL, false};
+            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL, false, CM_DEVICE_CPU};
             mp_out a = mp_run(o);
             int64_t not_bf16 = 0;
             for (int64_t i = 0; i < a.n; i++) not_bf16 += a.p[i] != bf16_round(a.p[i]);
@@ -424,7 +445,7 @@ Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_
             snprintf(ck, sizeof ck, "%s/ep0-ba2", dirpath);
             cr_assert_eq(access(ck, F_OK), 0, "no checkpoint %s", ck);
             /* the same length: the load alone, then the masters as loaded */
-            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck, false};
+            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck, false, CM_DEVICE_CPU};
             mp_out got = mp_run(b);
             char what[128];
             snprintf(what, sizeof what, "%s saved under %s, loaded under %s", cm_sharding_name((cm_sharding)strats[k]),
@@ -492,36 +513,100 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
 /* On a GPU the rounding is not built: a model moved to the GPU under a 16-bit policy fails on the
  * first read with an error naming mixed_precision and the device — never a silent fp32 run.
  * (Skipped without a GPU; the CUDA emulator build, -DCM_CUDA=EMU, runs it.) */
-Test(mixed_precision, a_sixteen_bit_policy_on_a_gpu_is_refused_by_name) {
+/* The largest |a - b| over two runs' parameters, and whether every loss agrees within rtol. */
+static double max_diff(const mp_out *a, const mp_out *b) {
+    cr_assert_eq(a->n, b->n);
+    double m = 0;
+    for (int64_t i = 0; i < a->n; i++) m = fmax(m, fabs((double)a->p[i] - b->p[i]));
+    return m;
+}
+static void expect_losses_within(const mp_out *a, const mp_out *b, double rtol, const char *what) {
+    cr_assert_eq(a->n_loss, b->n_loss, "%s: %d vs %d losses", what, a->n_loss, b->n_loss);
+    for (int i = 0; i < a->n_loss; i++)
+        cr_expect(fabs(a->loss[i] - b->loss[i]) <= rtol * fabs(b->loss[i]), "%s: loss of batch %d: %.9g vs %.9g", what,
+                  i, a->loss[i], b->loss[i]);
+}
+
+/* On a GPU (one process, NO_SHARD, the model moved there after cm_dist_new as the CLI does) DEFAULT
+ * and PURE are the same reference as on the CPU — a plain GPU run whose algorithm rounds the
+ * parameters, buffers (and, PURE, gradients) to bf16 at the policy's moments — for the GPT-2 and
+ * the ResNet (BatchNorm statistics: buffer_dtype), microbatches of 2; FULL on the GPU is far from
+ * it (the policy is applied, not ignored), and DEFAULT on the GPU tracks DEFAULT on the CPU. The
+ * masters stay f32 on the device: the trained parameters are not all bf16 values, while the
+ * buffers at rest are. */
+Test(mixed_precision, default_and_pure_on_a_gpu_equal_rounding_before_every_forward, .timeout = 300) {
     if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no GPU: %s", cm_last_error());
-    cmt_rig rig;
-    int64_t batches = 2;
-    cmt_rig_gpt2(&rig, &batches);
-    cm_comm *c;
-    cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
-    cm_dist_config dc = cm_dist_config_default();
-    cr_assert_eq(cm_mixed_precision_policy("DEFAULT", CM_PRECISION_AMP_BF16, &dc.mixed_precision), CM_OK);
-    cm_dist *d;
-    cr_assert_eq(cm_dist_new(c, rig.model, &dc, &d), CM_OK, "%s", cm_last_error());
-    cr_assert_eq(cm_module_to_device(cm_model_module(rig.model), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
-    cm_trainer_config cfg = cm_trainer_config_default();
-    cfg.model = rig.model;
-    cfg.train_dataloader = rig.dl;
-    cfg.device = CM_DEVICE_CUDA;
-    cfg.precision = CM_PRECISION_AMP_BF16;
-    cr_assert_eq(cm_time_parse("1ba", &cfg.max_duration), CM_OK);
-    cm_dist_trainer_hooks(d, &cfg);
-    cm_trainer *tr;
-    cr_assert_eq(cm_trainer_new(&cfg, &tr), CM_OK, "%s", cm_last_error());
-    cr_assert_eq(cm_dist_attach(d, tr), CM_OK, "%s", cm_last_error());
-    const cm_status s = cm_trainer_fit(tr, NULL);
-    cr_assert_eq(s, CM_ERR_UNSUPPORTED, "fit: %s: %s", cm_status_name(s), cm_last_error());
-    cr_assert(strstr(cm_last_error(), "mixed_precision") && strstr(cm_last_error(), "on device cuda are not built"),
-              "message: %s", cm_last_error());
-    cm_trainer_free(tr);
-    cm_dist_free(d);
-    cm_comm_free(c);
-    cmt_rig_free(&rig);
+    const struct {
+        cmt_rig_fn rig;
+        const char *name;
+    } fams[] = {{cmt_rig_gpt2, "gpt2"}, {cmt_rig_resnet, "resnet"}};
+    for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
+        for (int pure = 0; pure < 2; pure++) {
+            char what[160];
+            mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, 2, true, true, pure == 1, NULL, NULL, false, CM_DEVICE_CUDA};
+            mp_out want = mp_run(ref);
+            mp_opts o = {fams[f].rig, 2, "4ba", CM_SHARDING_NO_SHARD, pure ? "PURE" : "DEFAULT", 2, false, false, false,
+                         NULL, NULL, false, CM_DEVICE_CUDA};
+            mp_out got = mp_run(o);
+            snprintf(what, sizeof what, "%s %s on the gpu vs the rounding reference on the gpu", fams[f].name, o.policy);
+            /* the same kernels on the same values: equal up to the GPU's run-to-run order */
+            expect_losses_within(&got, &want, 1e-6, what);
+            const double same = max_diff(&got, &want);
+            cr_expect_leq(same, 1e-6, "%s: parameters differ by %g", what, same);
+            int64_t not_bf16 = 0;
+            for (int64_t i = 0; i < got.n; i++) not_bf16 += got.p[i] != bf16_round(got.p[i]);
+            cr_expect_gt(not_bf16, got.n / 2, "%s: %lld of %lld trained parameters are bf16 values: the f32 masters "
+                                              "were not kept", what, (long long)(got.n - not_bf16), (long long)got.n);
+            for (int64_t i = 0; i < got.nb; i++)
+                cr_assert(got.b[i] == bf16_round(got.b[i]), "%s: buffer element %lld is %.9g, not a bf16 value", what,
+                          (long long)i, got.b[i]);
+            if (!pure) {
+                o.policy = "FULL";
+                mp_out full = mp_run(o);
+                const double off = max_diff(&full, &want);
+                cr_expect_gt(off, 100 * same + 1e-5, "%s: FULL on the gpu is %g from the reference (DEFAULT %g)",
+                             fams[f].name, off, same);
+                out_free(&full);
+                o.policy = "DEFAULT", o.device = CM_DEVICE_CPU;
+                mp_out cpu = mp_run(o);
+                snprintf(what, sizeof what, "%s DEFAULT on the gpu vs on the cpu", fams[f].name);
+                expect_losses_within(&got, &cpu, 2e-3, what);
+                out_free(&cpu);
+            }
+            out_free(&got);
+            out_free(&want);
+        }
+    }
+}
+
+/* The strategies that keep host buffers of their own cannot follow a model to the GPU: a model
+ * already there is refused by cm_dist_new, naming the strategy and the fix; one sharded first
+ * cannot be moved (the strategy locks its buffers). */
+Test(mixed_precision, sharded_strategies_refuse_a_model_on_a_gpu_by_name) {
+    if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no GPU: %s", cm_last_error());
+    for (int after = 0; after < 2; after++) {
+        cmt_rig rig;
+        int64_t batches = 2;
+        cmt_rig_gpt2(&rig, &batches);
+        cm_comm *c;
+        cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
+        cm_dist_config dc = cm_dist_config_default();
+        dc.sharding = CM_SHARDING_SHARD_GRAD_OP;
+        cm_dist *d = NULL;
+        if (!after) {
+            cr_assert_eq(cm_module_to_device(cm_model_module(rig.model), CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_dist_new(c, rig.model, &dc, &d), CM_ERR_UNSUPPORTED, "model on the gpu: %s", cm_last_error());
+            cr_assert(strstr(cm_last_error(), "SHARD_GRAD_OP") && strstr(cm_last_error(), "use NO_SHARD"), "%s",
+                      cm_last_error());
+        } else {
+            cr_assert_eq(cm_dist_new(c, rig.model, &dc, &d), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_module_to_device(cm_model_module(rig.model), CM_DEVICE_CUDA), CM_ERR_STATE,
+                         "a sharded model moved: %s", cm_last_error());
+        }
+        cm_dist_free(d);
+        cm_comm_free(c);
+        cmt_rig_free(&rig);
+    }
 }
 
 /* buffer_dtype bf16 holds the running statistics as bf16 values at rest too: after a batch with
@@ -530,7 +615,7 @@ Test(mixed_precision, a_sixteen_bit_policy_on_a_gpu_is_refused_by_name) {
 Test(mixed_precision, buffers_are_bf16_values_at_rest) {
     for (int full = 0; full < 2; full++) {
         mp_opts o = {cmt_rig_resnet, 2, "1ba", CM_SHARDING_NO_SHARD, full ? "FULL" : "DEFAULT", 2, false, false, false,
-                     NULL, NULL, true};
+                     NULL, NULL, true, CM_DEVICE_CPU};
         mp_out r = mp_run(o);
         cr_assert_gt(r.nb, 0, "the ResNet has no f32 buffers");
         int64_t not_bf16 = 0;

@@ -59,15 +59,15 @@ static int dtype_of(const char *s) {
 
 /* mixed_precision: FULL | DEFAULT | PURE or {param_dtype, reduce_dtype, buffer_dtype,
  * keep_low_precision_grads}, Composer's meanings (cm_mixed_precision): unset with the block
- * present is Composer's default, DEFAULT. bf16 is built on the CPU; fp16 (no kernels) and
- * keep_low_precision_grads: true are refused, and so is any 16-bit field on a GPU run. */
+ * present is Composer's default, DEFAULT, on the CPU and on a GPU (there FULL under cpu_offload,
+ * which streams f32 units, said once); fp16 (no kernels) and keep_low_precision_grads: true are
+ * refused. */
 static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision prec, cm_device device) {
     char p[128], q[160];
     key(p, sizeof p, f, "mixed_precision");
     const cm_config_kind kind = cm_config_kind_of(c, p);
     cm_mixed_precision *mp = &f->mixed_precision;
     *mp = (cm_mixed_precision){CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F32, false};
-    const char *where = p, *what = "{param_dtype, reduce_dtype, buffer_dtype}"; /* for a refusal */
     if (kind == CM_CONFIG_MAP) {
         cm_config_mark_read(c, p);
         static const char *const fields[] = {"param_dtype", "reduce_dtype", "buffer_dtype"};
@@ -102,13 +102,16 @@ static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision pr
          * the trainer's own refusal) */
         if (pol < 0) {
             pol = f->present && prec != CM_PRECISION_AMP_FP16 ? 1 : 0;
-            /* a GPU run keeps fp32 parameters (the 16-bit policies are built on the CPU): an unset
-             * key there is FULL, said once, so a Composer config moves over; an explicit 16-bit
-             * policy is refused below */
-            if (pol && device != CM_DEVICE_CPU && prec != CM_PRECISION_FP32) {
-                cm_log_msg(CM_LOG_INFO, "%s unset: on device gpu parameters, reductions and buffers stay fp32 with "
-                                        "%s matmuls (Composer's FULL); Composer's default DEFAULT (bf16 parameters) is "
-                                        "built on the CPU only",
+            /* cpu_offload streams f32 master units to the GPU (rounding them on the way is not
+             * built): an unset key there is FULL, said once, so a Composer config moves over; an
+             * explicit 16-bit policy with it is refused by cm_dist_new */
+            bool off = false;
+            char o[128];
+            if (pol && device != CM_DEVICE_CPU && prec != CM_PRECISION_FP32 &&
+                cm_config_get_bool(c, key(o, sizeof o, f, "cpu_offload"), false, &off) == CM_OK && off) {
+                cm_log_msg(CM_LOG_INFO, "%s unset: with cpu_offload parameters, reductions and buffers stay fp32 with "
+                                        "%s matmuls (Composer's FULL); Composer's default DEFAULT (bf16 parameters) "
+                                        "applies without offload",
                            p, cm_precision_name(prec));
                 pol = 0;
             }
@@ -118,16 +121,8 @@ static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision pr
             return fail(c, p, CM_ERR_UNSUPPORTED, "%s with precision amp_fp16 holds parameters in fp16, which is not "
                                                   "built (there are no fp16 kernels); use amp_bf16",
                         policies[pol]);
-        what = policies[pol];
-        if (kind == CM_CONFIG_ABSENT || kind == CM_CONFIG_NULL) where = f->prefix, what = "unset (Composer's default DEFAULT)";
     }
     f->mp16 = mp->param_dtype != CM_DTYPE_F32 || mp->reduce_dtype != CM_DTYPE_F32 || mp->buffer_dtype != CM_DTYPE_F32;
-    if (f->mp16 && device != CM_DEVICE_CPU)
-        return fail(c, where, CM_ERR_UNSUPPORTED,
-                    "mixed_precision %s (param_dtype %s, reduce_dtype %s, buffer_dtype %s) on device gpu is not built: "
-                    "the 16-bit parameters, reductions and buffers are held and rounded on the CPU; set "
-                    "mixed_precision: FULL (amp_bf16 still runs the matmuls in bf16)",
-                    what, cm_dtype_name(mp->param_dtype), cm_dtype_name(mp->reduce_dtype), cm_dtype_name(mp->buffer_dtype));
     return CM_OK;
 }
 
@@ -456,9 +451,10 @@ void cli_fsdp_help(FILE *f) {
             "                     read the parameters rounded to bf16 (fp32 kernels on the rounded values, or\n"
             "                     bf16 matmuls under amp_bf16); FULL_SHARD / SHARD_GRAD_OP gather them as bf16\n"
             "                     (half the bytes); bf16 reductions move half the bytes (summed in fp32 in rank\n"
-            "                     order, rounded once). Also on one process. fp16, keep_low_precision_grads:\n"
-            "                     true and a 16-bit policy on device gpu: not built (an error naming the key;\n"
-            "                     unset on device gpu is FULL, said once)\n"
+            "                     order, rounded once). Also on one process, and on device gpu (one process:\n"
+            "                     the masters and the rounding on the GPU). fp16, keep_low_precision_grads:\n"
+            "                     true and a 16-bit policy with cpu_offload: not built (an error naming the\n"
+            "                     key; unset with cpu_offload is FULL, said once)\n"
             "                     sync_module_states (true): broadcast rank 0's weights at the start (false: each\n"
             "                     rank's, equal anyway: every rank builds them from the same seed)\n"
             "                     state_dict_type: full | sharded: the checkpoints' layout; sharded under\n"

@@ -67,7 +67,10 @@
  * first. reduce_dtype bf16: each bucket is rounded into a bf16 copy, reduced as CM_COMM_BF16 and
  * widened back into the f32 buffer or chunk when it is waited for. buffer_dtype bf16: f32 buffers
  * are rounded in place at the start, on every read through the fetch hook and after each batch's
- * backward.
+ * backward. On a GPU (one rank, NO_SHARD) the same happens in device memory: the masters are device
+ * buffers, rounding runs on the device, and a bf16 reduce_dtype rounds the gradients in place (a
+ * reduction over one rank). The model may move to the GPU after cm_dist_new, as the CLI and the
+ * trainer move it: NO_SHARD then takes the new addresses (relayout).
  *
  * cpu_offload (one process on a GPU) is FULL_SHARD on one rank with host memory as the shards' home:
  * the master parameters, the gradient shard and its receive chunk are pinned host buffers of the
@@ -158,6 +161,7 @@ struct cm_dist {
     uint16_t **rrecv;        /* mp_reduce, sharded: (n_units) its reduced chunk (chunk) */
     uint16_t **gstage;       /* mp_params, sharded: (n_units) a bf16 gather in flight (W·chunk), NULL otherwise */
     float **bufs;            /* mp_buffers: (n_bufs) the model's f32 buffers, buf_n[i] elements each */
+    cm_device mdev;          /* the model's device when ranges, ospans, bufs and master were taken */
     int64_t *buf_n;
     int n_bufs;
     bool ready;              /* cm_dist_new finished: the state above is consistent */
@@ -212,6 +216,25 @@ static void round_bf16(float *p, int64_t n) {
     for (int64_t i = 0; i < n; i++) p[i] = cmi_bf16_to_f32(cmi_f32_to_bf16(p[i]));
 }
 
+/* The same rounding of n floats on device dev: on a GPU through a bf16 scratch (the backend's
+ * conversions round to nearest even, as cmi_f32_to_bf16). */
+static cm_status round_bf16_on(cm_device dev, float *p, int64_t n) {
+    if (dev == CM_DEVICE_CPU) {
+        round_bf16(p, n);
+        return CM_OK;
+    }
+    if (n <= 0) return CM_OK;
+    const cmi_backend *be = cmi_backend_get(dev);
+    if (!be) return cm_last_status() ? cm_last_status() : CM_ERR_UNSUPPORTED;
+    void *tmp = be->alloc(sizeof(uint16_t) * (size_t)n);
+    if (!tmp) return cm_last_status() ? cm_last_status() : CM_ERR_OOM;
+    const int64_t shape[1] = {n}, one[1] = {1};
+    cm_status s = be->copy(tmp, CM_DTYPE_BF16, one, p, CM_DTYPE_F32, one, 1, shape);
+    if (!s) s = be->copy(p, CM_DTYPE_F32, one, tmp, CM_DTYPE_BF16, one, 1, shape);
+    be->free(tmp);
+    return s;
+}
+
 static const char *const k_backward_prefetch[] = {
 #define CM_X_(name, str) str,
     CM_BACKWARD_PREFETCH_LIST(CM_X_)
@@ -236,8 +259,12 @@ cm_comm *cm_dist_comm(const cm_dist *d) { return d ? d->comm : NULL; }
 cm_comm *cm_dist_shard_comm(const cm_dist *d) { return d ? d->scomm : NULL; }
 cm_comm *cm_dist_replicate_comm(const cm_dist *d) { return d ? d->rcomm : NULL; }
 
+static cm_status relayout(cm_dist *d);
+
 cm_status cm_dist_optim_spans(cm_dist *d, const cm_optim_span **out, int *n) {
     if (!d || !out || !n) return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_optim_spans: NULL argument");
+    cm_status s = relayout(d); /* the model may have moved to a GPU since cm_dist_new */
+    if (s) return s;
     *out = d->ospans;
     *n = d->n_units;
     return CM_OK;
@@ -257,7 +284,7 @@ typedef struct tape_link {
 } tape_link;
 
 static cm_status prefetch_drain(cm_dist *d);
-static void mp_restore(cm_dist *d);
+static cm_status mp_restore(cm_dist *d);
 static void offload_free(cm_dist *d);
 
 void cm_dist_free(cm_dist *d) {
@@ -265,7 +292,7 @@ void cm_dist_free(cm_dist *d) {
     /* nothing may still write into the buffers: finish the prefetched gathers (every rank has the
      * same ones) unless the communicator failed (then they are abandoned, as d->req below) */
     if (d->n_pending && cm_comm_status(d->scomm) == CM_OK) (void)prefetch_drain(d);
-    mp_restore(d); /* NO_SHARD: the masters back into the model */
+    (void)mp_restore(d); /* NO_SHARD: the masters back into the model */
     if (d->offload) {
         offload_free(d);
     } else if (d->full && d->resident && d->model) {
@@ -307,7 +334,7 @@ void cm_dist_free(cm_dist *d) {
     }
     cm_free(d->post_last);
     for (int u = 0; u < d->n_units; u++) {
-        if (d->master) cm_free(d->master[u]);
+        if (d->master) cmi_dev_free(d->mdev, d->master[u]);
         if (d->rsend) cm_free(d->rsend[u]);
         if (d->rrecv) cm_free(d->rrecv[u]);
         if (d->gstage) cm_free(d->gstage[u]);
@@ -937,37 +964,103 @@ static void prefetch_post(cm_dist *d, cm_tape *tp, const cm_node *node) {
  * Mixed precision: what the fetch hook does besides FULL_SHARD's gathers
  * ------------------------------------------------------------------------------------------- */
 
-static void round_buffers(cm_dist *d) {
-    for (int i = 0; i < d->n_bufs; i++) round_bf16(d->bufs[i], d->buf_n[i]);
+static cm_status round_buffers(cm_dist *d) {
+    cm_status s = CM_OK;
+    for (int i = 0; i < d->n_bufs && !s; i++) s = round_bf16_on(d->mdev, d->bufs[i], d->buf_n[i]);
+    return s;
 }
 
 /* NO_SHARD: the masters back into the buffers the tape rounded (the pass is over). */
-static void mp_restore(cm_dist *d) {
-    if (!d->ready || !d->mp_params || d->sharded || !d->master) return;
+static cm_status mp_restore(cm_dist *d) {
+    if (!d->ready || !d->mp_params || d->sharded || !d->master) return CM_OK;
     cm_module *root = cm_model_module(d->model);
-    for (int u = 0; u < d->n_units; u++) {
+    cm_status s = CM_OK;
+    for (int u = 0; u < d->n_units && !s; u++) {
         if (d->hi[u]) continue;
         const cm_unit_info *ui = cm_module_unit(root, u);
-        memcpy(ui->params, d->master[u], sizeof(float) * (size_t)ui->numel);
-        d->hi[u] = true;
+        s = cmi_dev_memcpy(ui->params, d->mdev, d->master[u], d->mdev, sizeof(float) * (size_t)ui->numel);
+        if (!s) d->hi[u] = true;
     }
+    return s;
+}
+
+/* The unit ranges (sorted by address, for unit_of) and the optimizer spans of the model's
+ * current buffers. */
+static void take_ranges(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
+        if (d->sharded)
+            d->ospans[u] = (cm_optim_span){ui->name, d->spans[u].params, d->spans[u].grads,
+                                           d->spans[u].end - d->spans[u].begin};
+        else
+            d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
+    }
+    qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
+}
+
+/* mp_buffers: the model's contiguous f32 buffers, where they are now. */
+static void take_buffers(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    const int64_t nb = cm_module_n_buffers(root);
+    d->n_bufs = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        cm_buffer_info b = cm_module_buffer_info(root, i);
+        if (!b.tensor || cm_tensor_dtype(b.tensor) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(b.tensor)) continue;
+        d->bufs[d->n_bufs] = cm_tensor_data(b.tensor);
+        d->buf_n[d->n_bufs++] = cm_tensor_numel(b.tensor);
+    }
+}
+
+/* The model moved to another device after cm_dist_new (the CLI and the trainer move it after data
+ * parallelism is set up, before the optimizer): NO_SHARD takes the new addresses, and under a bf16
+ * param_dtype its master copies move to that device too (at rest the model's buffers hold the
+ * masters, so their contents need not). The sharded strategies hold host memory of their own and
+ * cannot follow. */
+static cm_status relayout(cm_dist *d) {
+    cm_module *root = cm_model_module(d->model);
+    const cm_device dev = root ? cm_module_device(root) : d->mdev;
+    if (dev == d->mdev) return CM_OK;
+    if (d->sharded || d->offload)
+        return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved from %s to %s after cm_dist_new, which %s keeps in "
+                                          "buffers of its own: move the model before cm_dist_new",
+                            cm_device_name(d->mdev), cm_device_name(dev),
+                            d->offload ? "cpu_offload" : cm_sharding_name(d->cfg.sharding));
+    if (cm_comm_size(d->comm) > 1 && dev != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist: %d ranks on device %s need NCCL, which is not supported yet "
+                                                "(one rank per GPU run)",
+                            cm_comm_size(d->comm), cm_device_name(dev));
+    for (int u = 0; d->master && u < d->n_units; u++) {
+        if (!d->hi[u])
+            return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved to %s in the middle of a pass (unit '%s' holds "
+                                              "bf16-rounded parameters)",
+                                cm_device_name(dev), cm_module_unit(root, u)->name);
+        const size_t bytes = sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1);
+        float *m = cmi_dev_alloc(dev, bytes, false);
+        if (!m)
+            return cm_set_error(cm_last_status() ? cm_last_status() : CM_ERR_OOM,
+                                "cm_dist: no memory on %s for the f32 masters of unit '%s' (%zu bytes): %s",
+                                cm_device_name(dev), cm_module_unit(root, u)->name, bytes, cm_last_error());
+        cmi_dev_free(d->mdev, d->master[u]);
+        d->master[u] = m;
+    }
+    take_ranges(d);
+    if (d->mp_buffers) take_buffers(d);
+    d->mdev = dev;
+    return CM_OK;
 }
 
 /* The tape reads t: a buffer under a bf16 buffer_dtype is rounded (its last update may not be
  * yet); a unit holding f32 values under a bf16 param_dtype (NO_SHARD, SHARD_GRAD_OP) is rounded
  * in place, NO_SHARD keeping the masters aside. */
 static cm_status mp_fetch(cm_dist *d, const cm_tensor *t) {
-    if (cm_tensor_device(t) != CM_DEVICE_CPU)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "mixed_precision: 16-bit parameters, reductions or buffers on device "
-                                                "%s are not built (the CPU holds and rounds them here); use "
-                                                "mixed_precision FULL (fp32 throughout) on a GPU",
-                            cm_device_name(cm_tensor_device(t)));
+    cm_status s = relayout(d);
+    if (s) return s;
     const char *p = cm_tensor_data(t);
     for (int i = 0; i < d->n_bufs; i++)
-        if (p >= (const char *)d->bufs[i] && p < (const char *)(d->bufs[i] + d->buf_n[i])) {
-            round_bf16(d->bufs[i], d->buf_n[i]);
-            return CM_OK;
-        }
+        if (p >= (const char *)d->bufs[i] && p < (const char *)(d->bufs[i] + d->buf_n[i]))
+            return round_bf16_on(d->mdev, d->bufs[i], d->buf_n[i]);
     if (d->full || !d->mp_params) return CM_OK;
     const int u = unit_of(d, p);
     if (u < 0 || !d->hi[u]) return CM_OK;
@@ -977,9 +1070,10 @@ static cm_status mp_fetch(cm_dist *d, const cm_tensor *t) {
             return cm_set_error(CM_ERR_STATE, "mixed_precision param_dtype bf16 under NO_SHARD needs cm_dist_attach: "
                                               "the trainer's events say when a pass ends and the f32 masters go back "
                                               "into the model");
-        memcpy(d->master[u], ui->params, sizeof(float) * (size_t)ui->numel);
+        s = cmi_dev_memcpy(d->master[u], d->mdev, ui->params, d->mdev, sizeof(float) * (size_t)ui->numel);
+        if (s) return s;
     }
-    round_bf16(ui->params, ui->numel);
+    if ((s = round_bf16_on(d->mdev, ui->params, ui->numel))) return s;
     d->hi[u] = false;
     return CM_OK;
 }
@@ -1025,8 +1119,8 @@ cm_status cm_dist_gather_params(cm_dist *d) {
     if (!d->full) {
         if (!d->mp_params) return CM_OK;
         if (!d->sharded) {
-            mp_restore(d);
-            return CM_OK;
+            cm_status s = relayout(d);
+            return s ? s : mp_restore(d);
         }
         /* SHARD_GRAD_OP under a bf16 param_dtype: the buffers hold the rounded values; the f32
          * masters from every rank's chunk (the fetch hook rounds them again for the tape) */
@@ -1103,12 +1197,18 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     if (c.cpu_offload && (c.mixed_precision.param_dtype != CM_DTYPE_F32 || c.mixed_precision.reduce_dtype != CM_DTYPE_F32 ||
                           c.mixed_precision.buffer_dtype != CM_DTYPE_F32))
         return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: cpu_offload with a 16-bit mixed_precision is not built "
-                                                "(offload streams a GPU run's units; the 16-bit policies round on the "
-                                                "CPU): use mixed_precision FULL with cpu_offload");
+                                                "(offload streams f32 master units from host memory; rounding them on "
+                                                "the way is not built): use mixed_precision FULL with cpu_offload");
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
                                           "cm_module_finalize first: its wrap units are the gradient buckets)");
+    if (cm_module_device(root) != CM_DEVICE_CPU && !c.cpu_offload &&
+        (c.sharding != CM_SHARDING_NO_SHARD || cm_comm_size(comm) > 1))
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: %s over %d rank(s) with the model on %s is not built (the "
+                                                "shards live in host memory, and several ranks on GPUs need NCCL): use "
+                                                "NO_SHARD on one rank, or cpu_offload",
+                            cm_sharding_name(c.sharding), cm_comm_size(comm), cm_device_name(cm_module_device(root)));
     cm_dist *d = cm_alloc_zeroed(sizeof *d, 16);
     if (!d) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
     d->comm = comm, d->model = model, d->cfg = c;
@@ -1116,6 +1216,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     d->sharded = c.sharding != CM_SHARDING_NO_SHARD;
     d->full = full;
     d->offload = c.cpu_offload;
+    d->mdev = cm_module_device(root);
     d->scomm = comm;
     d->max_resident = c.max_resident_units;
     d->mp_params = c.mixed_precision.param_dtype == CM_DTYPE_BF16;
@@ -1140,7 +1241,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         if (mp_ok && d->sharded) mp_ok = (d->gstage = cm_alloc_zeroed(n * sizeof *d->gstage, 16)) != NULL;
         if (mp_ok && !d->sharded) mp_ok = (d->master = cm_alloc_zeroed(n * sizeof *d->master, 16)) != NULL;
         for (int u = 0; mp_ok && d->master && u < d->n_units; u++)
-            mp_ok = (d->master[u] = cm_alloc(sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1), 64)) != NULL;
+            mp_ok = (d->master[u] = cmi_dev_alloc(d->mdev, sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1),
+                                                  false)) != NULL;
     }
     if (mp_ok && d->mp_reduce)
         mp_ok = (d->rsend = cm_alloc_zeroed(n * sizeof *d->rsend, 16)) && (d->rrecv = cm_alloc_zeroed(n * sizeof *d->rrecv, 16));
@@ -1149,12 +1251,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         d->bufs = cm_alloc_zeroed(sizeof *d->bufs * (size_t)(nb > 0 ? nb : 1), 16);
         d->buf_n = cm_alloc_zeroed(sizeof *d->buf_n * (size_t)(nb > 0 ? nb : 1), 16);
         mp_ok = d->bufs && d->buf_n;
-        for (int64_t i = 0; mp_ok && i < nb; i++) {
-            cm_buffer_info b = cm_module_buffer_info(root, i);
-            if (!b.tensor || cm_tensor_dtype(b.tensor) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(b.tensor)) continue;
-            d->bufs[d->n_bufs] = cm_tensor_data(b.tensor);
-            d->buf_n[d->n_bufs++] = cm_tensor_numel(b.tensor);
-        }
+        if (mp_ok) take_buffers(d);
     }
     if (!d->req || !d->unit_last || !d->ranges || !d->ospans || !mp_ok) {
         cm_dist_free(d);
@@ -1167,16 +1264,8 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         cm_dist_free(d);
         return s;
     }
-    for (int u = 0; u < d->n_units; u++) {
-        const cm_unit_info *ui = cm_module_unit(root, u);
-        d->ranges[u] = (unit_range){(const char *)ui->params, (const char *)(ui->params + ui->numel), u};
-        if (d->sharded)
-            d->ospans[u] = (cm_optim_span){ui->name, d->spans[u].params, d->spans[u].grads,
-                                           d->spans[u].end - d->spans[u].begin};
-        else
-            d->ospans[u] = (cm_optim_span){ui->name, ui->params, ui->grads, ui->numel};
-    }
-    qsort(d->ranges, (size_t)d->n_units, sizeof *d->ranges, cmp_range);
+    take_ranges(d);
+    d->mdev = cm_module_device(root); /* (cpu_offload: where its setup left the model) */
     s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
     if (s) {
         cm_dist_free(d);
@@ -1197,7 +1286,10 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
             round_bf16(ui->params, ui->numel);
         }
     }
-    if (d->mp_buffers) round_buffers(d);
+    if (d->mp_buffers && (s = round_buffers(d))) {
+        cm_dist_free(d);
+        return s;
+    }
     d->ready = true;
     *out = d;
     return CM_OK;
@@ -1228,6 +1320,9 @@ static cm_status start_next(cm_dist *d) {
         s = d->gmapped[u] ? d->be->copy_start(d->grecv[u], ui->grads, sizeof(float) * (size_t)d->chunk[u], CMI_D2H,
                                               &d->downev[u])
                           : CM_OK;
+    } else if (d->mp_reduce && d->mdev != CM_DEVICE_CPU) {
+        /* one rank on a GPU (relayout refuses more): the reduction over one rank is the rounding */
+        s = round_bf16_on(d->mdev, ui->grads, n);
     } else if (d->mp_reduce) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
         d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1), 64);
         if (d->sharded) d->rrecv[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64);
@@ -1436,9 +1531,11 @@ cm_status cm_dist_sync_grads(cm_dist *d) {
         return cm_set_error(s, "%s", d->hook_error);
     }
     const double t0 = cm_clock_s();
-    mp_restore(d); /* NO_SHARD: the optimizer steps the masters */
-    if (d->mp_buffers) round_buffers(d); /* the last microbatch's updates, as a bf16 buffer holds them */
-    cm_status s = flush(d);
+    cm_status s = relayout(d);
+    if (!s) s = mp_restore(d); /* NO_SHARD: the optimizer steps the masters */
+    /* the last microbatch's updates, as a bf16 buffer holds them */
+    if (!s && d->mp_buffers) s = round_buffers(d);
+    if (!s) s = flush(d);
     /* cpu_offload: no upload may still read a master copy the host optimizer is about to write
      * (the prefetched ones, and blocking ones queued on the compute stream) */
     if (!s && d->offload && d->n_pending) s = prefetch_drain(d);
@@ -1519,7 +1616,7 @@ static cm_status link_run_event(void *self, cm_event ev, const cm_state *st, cm_
     tape_link *l = self;
     if (l->d && (ev == CM_EVENT_EVAL_END || ev == CM_EVENT_PREDICT_END || ev == CM_EVENT_BATCH_END ||
                  ev == CM_EVENT_FIT_END))
-        mp_restore(l->d);
+        return mp_restore(l->d);
     return CM_OK;
 }
 static void link_free(void *self) {
