@@ -1031,19 +1031,31 @@ static cm_status relayout(cm_dist *d) {
         return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist: %d ranks on device %s need NCCL, which is not supported yet "
                                                 "(one rank per GPU run)",
                             cm_comm_size(d->comm), cm_device_name(dev));
-    for (int u = 0; d->master && u < d->n_units; u++) {
-        if (!d->hi[u])
-            return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved to %s in the middle of a pass (unit '%s' holds "
-                                              "bf16-rounded parameters)",
-                                cm_device_name(dev), cm_module_unit(root, u)->name);
-        const size_t bytes = sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1);
-        float *m = cmi_dev_alloc(dev, bytes, false);
-        if (!m)
-            return cm_set_error(cm_last_status() ? cm_last_status() : CM_ERR_OOM,
-                                "cm_dist: no memory on %s for the f32 masters of unit '%s' (%zu bytes): %s",
-                                cm_device_name(dev), cm_module_unit(root, u)->name, bytes, cm_last_error());
-        cmi_dev_free(d->mdev, d->master[u]);
-        d->master[u] = m;
+    if (d->master) { /* every new master first, so a failure leaves the old ones (and mdev) as they were */
+        for (int u = 0; u < d->n_units; u++)
+            if (!d->hi[u])
+                return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved to %s in the middle of a pass (unit '%s' "
+                                                  "holds bf16-rounded parameters)",
+                                    cm_device_name(dev), cm_module_unit(root, u)->name);
+        float **nm = cm_alloc_zeroed(sizeof *nm * (size_t)(d->n_units > 0 ? d->n_units : 1), 16);
+        if (!nm) return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory");
+        for (int u = 0; u < d->n_units; u++) {
+            const size_t bytes = sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1);
+            if (!(nm[u] = cmi_dev_alloc(dev, bytes, false))) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", cm_last_error());
+                for (int v = 0; v < u; v++) cmi_dev_free(dev, nm[v]);
+                cm_free(nm);
+                return cm_set_error(CM_ERR_OOM, "cm_dist: no memory on %s for the f32 masters of unit '%s' (%zu "
+                                                "bytes): %s",
+                                    cm_device_name(dev), cm_module_unit(root, u)->name, bytes, msg);
+            }
+        }
+        for (int u = 0; u < d->n_units; u++) {
+            cmi_dev_free(d->mdev, d->master[u]);
+            d->master[u] = nm[u];
+        }
+        cm_free(nm);
     }
     take_ranges(d);
     if (d->mp_buffers) take_buffers(d);
