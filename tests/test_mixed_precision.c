@@ -277,6 +277,13 @@ static bool differs(const mp_out *a, const mp_out *b) {
     return false;
 }
 
+/* The model families every policy is checked on: a GPT-2 (dropout, tied embeddings, layer
+ * norms) and a ResNet (BatchNorm running statistics, buffer_dtype). */
+static const struct {
+    cmt_rig_fn rig;
+    const char *name;
+} fams[] = {{cmt_rig_gpt2, "gpt2"}, {cmt_rig_resnet, "resnet"}};
+
 /* DEFAULT (bf16 parameters and buffers, f32 reductions) and PURE (bf16 reductions too) on one
  * rank are, bit for bit, a plain run whose algorithm rounds the parameters (and buffers) to bf16
  * before every forward — train and eval — and puts the f32 masters back before the optimizer
@@ -287,10 +294,6 @@ static bool differs(const mp_out *a, const mp_out *b) {
  * the hybrid strategies for the GPT under DEFAULT). FULL is not the reference: the test fails
  * if the policy is silently ignored. */
 Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_forward, .timeout = 180) {
-    const struct {
-        cmt_rig_fn rig;
-        const char *name;
-    } fams[] = {{cmt_rig_gpt2, "gpt2"}, {cmt_rig_resnet, "resnet"}};
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         for (int pure = 0; pure < 2; pure++) {
             for (int64_t mb = 2; mb <= 4; mb += 2) {
@@ -536,10 +539,6 @@ static void expect_losses_within(const mp_out *a, const mp_out *b, double rtol, 
  * buffers at rest are. */
 Test(mixed_precision, default_and_pure_on_a_gpu_equal_rounding_before_every_forward, .timeout = 300) {
     if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no GPU: %s", cm_last_error());
-    const struct {
-        cmt_rig_fn rig;
-        const char *name;
-    } fams[] = {{cmt_rig_gpt2, "gpt2"}, {cmt_rig_resnet, "resnet"}};
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         for (int pure = 0; pure < 2; pure++) {
             char what[160];
