@@ -150,6 +150,7 @@ typedef struct mp_opts {
     const char *save_folder, *load_path;
     bool no_eval;
     cm_device device; /* moved there after cm_dist_new, as the CLI does */
+    bool offload;     /* cpu_offload (the model stays on the CPU; device is the GPU it computes on) */
 } mp_opts;
 
 typedef struct mp_out {
@@ -173,11 +174,12 @@ static mp_out mp_run(mp_opts o) {
         cr_assert_eq(cm_comm_single_new(NULL, &c), CM_OK);
         cm_dist_config dc = cm_dist_config_default();
         dc.sharding = (cm_sharding)o.strategy;
+        dc.cpu_offload = o.offload;
         cr_assert_eq(cm_mixed_precision_policy(o.policy, CM_PRECISION_AMP_BF16, &dc.mixed_precision), CM_OK, "%s",
                      cm_last_error());
         cr_assert_eq(cm_dist_new(c, rig.model, &dc, &d), CM_OK, "%s", cm_last_error());
     }
-    if (o.device != CM_DEVICE_CPU)
+    if (o.device != CM_DEVICE_CPU && !o.offload)
         cr_assert_eq(cm_module_to_device(cm_model_module(rig.model), o.device), CM_OK, "%s", cm_last_error());
     const cm_optim_span *sp = NULL;
     int nsp = 0;
@@ -297,7 +299,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         for (int pure = 0; pure < 2; pure++) {
             for (int64_t mb = 2; mb <= 4; mb += 2) {
-                mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, mb, true, true, pure == 1, NULL, NULL, false, CM_DEVICE_CPU};
+                mp_opts ref = {fams[f].rig, 2, getenv("DUR") ? getenv("DUR") : "4ba", -1, NULL, mb, true, true, pure == 1, NULL, NULL, false, CM_DEVICE_CPU, false};
                 mp_out want = mp_run(ref);
                 for (int strat = 0; strat < CM_SHARDING_COUNT; strat++) {
                     if (mb == 2 && strat != CM_SHARDING_NO_SHARD) continue;
@@ -305,7 +307,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                      * over groups of one): the GPT under DEFAULT */
                     if (cm_sharding_is_hybrid((cm_sharding)strat) && (f || pure)) continue;
                     mp_opts o = {fams[f].rig, 2, "4ba", strat, pure ? "PURE" : "DEFAULT", mb, false, false, false,
-                                 NULL, NULL, false, CM_DEVICE_CPU};
+                                 NULL, NULL, false, CM_DEVICE_CPU, false};
                     mp_out got = mp_run(o);
                     char what[160];
                     snprintf(what, sizeof what, "%s %s %s, microbatch %lld", fams[f].name, o.policy,
@@ -315,7 +317,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
                 }
                 if (!pure && mb == 4) { /* FULL is something else */
                     mp_opts o = {fams[f].rig, 2, "4ba", CM_SHARDING_NO_SHARD, "FULL", mb, false, false, false, NULL,
-                                 NULL, false, CM_DEVICE_CPU};
+                                 NULL, false, CM_DEVICE_CPU, false};
                     mp_out full = mp_run(o);
                     cr_assert(differs(&full, &want), "%s: FULL trained the same parameters as DEFAULT", fams[f].name);
                     if (want.nb) { /* and held the running statistics in f32 */
@@ -339,7 +341,7 @@ Test(mixed_precision, default_and_pure_on_one_rank_equal_rounding_before_every_f
 Test(mixed_precision, bf16_params_and_reductions_halve_the_bytes_gathered_and_reduced, .timeout = 120) {
     for (int strat = 0; strat <= CM_SHARDING_FULL_SHARD; strat++) {
         /* (NO_SHARD on one rank: nothing to reduce in f32; its halving is shown on 2 ranks) */
-        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL, false, CM_DEVICE_CPU};
+        mp_opts o = {cmt_rig_gpt2, 2, "2ba", strat, "FULL", 2, false, false, false, NULL, NULL, false, CM_DEVICE_CPU, false};
         mp_out full = mp_run(o);
         o.policy = "DEFAULT";
         mp_out def = mp_run(o);
@@ -406,7 +408,7 @@ static void rig_count_gpt(cmt_rig *out, void *data) {
  * each by at most 2^-9 relative: the first batch differs by 4e-6, and the trajectories drift
  * apart as Adam compounds it, 0.7% at worst over the 24 batches. Tolerance 3% per batch. */
 Test(mixed_precision, default_loss_tracks_full_on_a_short_gpt_run, .timeout = 120) {
-    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL, false, CM_DEVICE_CPU};
+    mp_opts o = {rig_count_gpt, 4, "24ba", CM_SHARDING_NO_SHARD, "FULL", 4, false, false, false, NULL, NULL, false, CM_DEVICE_CPU, false};
     mp_out full = mp_run(o);
     o.policy = "DEFAULT";
     mp_out def = mp_run(o);
@@ -438,7 +440,7 @@ Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_
             char dirpath[] = "/tmp/cm_mp_ckptXXXXXX";
             cr_assert_not_null(mkdtemp(dirpath));
             const char *save = dir ? "FULL" : "PURE", *load = dir ? "PURE" : "FULL";
-            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL, false, CM_DEVICE_CPU};
+            mp_opts o = {cmt_rig_gpt2, 2, "2ba", strats[k], save, 2, false, false, false, dirpath, NULL, false, CM_DEVICE_CPU, false};
             mp_out a = mp_run(o);
             int64_t not_bf16 = 0;
             for (int64_t i = 0; i < a.n; i++) not_bf16 += a.p[i] != bf16_round(a.p[i]);
@@ -448,7 +450,7 @@ Test(mixed_precision, checkpoints_hold_the_f32_masters_and_resume_under_another_
             snprintf(ck, sizeof ck, "%s/ep0-ba2", dirpath);
             cr_assert_eq(access(ck, F_OK), 0, "no checkpoint %s", ck);
             /* the same length: the load alone, then the masters as loaded */
-            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck, false, CM_DEVICE_CPU};
+            mp_opts b = {cmt_rig_gpt2, 2, "2ba", strats[k], load, 2, false, false, false, NULL, ck, false, CM_DEVICE_CPU, false};
             mp_out got = mp_run(b);
             char what[128];
             snprintf(what, sizeof what, "%s saved under %s, loaded under %s", cm_sharding_name((cm_sharding)strats[k]),
@@ -494,8 +496,6 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
         {{CM_DTYPE_F32, CM_DTYPE_I32, CM_DTYPE_F32, false}, CM_ERR_INVALID_ARG, "reduce_dtype"},
         {{CM_DTYPE_F32, CM_DTYPE_F32, CM_DTYPE_F16, false}, CM_ERR_UNSUPPORTED, "buffer_dtype fp16"},
         {{CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_F32, true}, CM_ERR_UNSUPPORTED, "keep_low_precision_grads true"},
-        /* cpu_offload (a GPU run's) with a 16-bit policy (rounded on the CPU): refused by name */
-        {{CM_DTYPE_BF16, CM_DTYPE_F32, CM_DTYPE_BF16, false}, CM_ERR_UNSUPPORTED, "cpu_offload with a 16-bit"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         cm_comm *c;
@@ -503,7 +503,6 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
         cm_model *m = cmt_mlp(4, 8, 3, 0, 1);
         cm_dist_config dc = cm_dist_config_default();
         dc.mixed_precision = bad[i].mp;
-        dc.cpu_offload = strstr(bad[i].msg, "cpu_offload") != NULL;
         cm_dist *d = NULL;
         cr_assert_eq(cm_dist_new(c, m, &dc, &d), bad[i].want, "case %zu: %s", i, cm_last_error());
         cr_assert(strstr(cm_last_error(), bad[i].msg), "case %zu: message: %s", i, cm_last_error());
@@ -513,9 +512,6 @@ Test(mixed_precision, bad_fields_and_policy_names_are_refused_by_name) {
     }
 }
 
-/* On a GPU the rounding is not built: a model moved to the GPU under a 16-bit policy fails on the
- * first read with an error naming mixed_precision and the device — never a silent fp32 run.
- * (Skipped without a GPU; the CUDA emulator build, -DCM_CUDA=EMU, runs it.) */
 /* The largest |a - b| over two runs' parameters, and whether every loss agrees within rtol. */
 static double max_diff(const mp_out *a, const mp_out *b) {
     cr_assert_eq(a->n, b->n);
@@ -542,10 +538,10 @@ Test(mixed_precision, default_and_pure_on_a_gpu_equal_rounding_before_every_forw
     for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
         for (int pure = 0; pure < 2; pure++) {
             char what[160];
-            mp_opts ref = {fams[f].rig, 2, "4ba", -1, NULL, 2, true, true, pure == 1, NULL, NULL, false, CM_DEVICE_CUDA};
+            mp_opts ref = {fams[f].rig, 2, getenv("DUR") ? getenv("DUR") : "4ba", -1, NULL, 2, true, true, pure == 1, NULL, NULL, false, CM_DEVICE_CUDA, false};
             mp_out want = mp_run(ref);
             mp_opts o = {fams[f].rig, 2, "4ba", CM_SHARDING_NO_SHARD, pure ? "PURE" : "DEFAULT", 2, false, false, false,
-                         NULL, NULL, false, CM_DEVICE_CUDA};
+                         NULL, NULL, false, CM_DEVICE_CUDA, false};
             mp_out got = mp_run(o);
             snprintf(what, sizeof what, "%s %s on the gpu vs the rounding reference on the gpu", fams[f].name, o.policy);
             /* the same kernels on the same values: equal up to the GPU's run-to-run order */
@@ -575,6 +571,87 @@ Test(mixed_precision, default_and_pure_on_a_gpu_equal_rounding_before_every_forw
             out_free(&got);
             out_free(&want);
         }
+    }
+}
+
+/* How many of two runs' parameters differ by more than 1e-6 (robust to the few that part by the
+ * learning rate once a last-bit difference flips a bf16 rounding: see below). */
+static int64_t n_apart(const mp_out *a, const mp_out *b) {
+    cr_assert_eq(a->n, b->n);
+    int64_t k = 0;
+    for (int64_t i = 0; i < a->n; i++) k += fabs((double)a->p[i] - b->p[i]) > 1e-6;
+    return k;
+}
+
+/* cpu_offload under DEFAULT and PURE: the f32 masters, gradients and optimizer state stay in host
+ * memory, each unit is uploaded as f32 and rounded on the GPU, PURE's gradients are rounded on the
+ * GPU before their download, and the BatchNorm statistics (on the GPU) are rounded there — the
+ * same rounding reference on the GPU as above, for the GPT-2 and the ResNet: DEFAULT with
+ * microbatches of 2 (each re-uploads and rounds the units; their gradients are summed on the host)
+ * and with the whole batch, PURE with the whole batch (offload rounds each microbatch's gradient,
+ * as FULL_SHARD reduces each one, where the reference rounds their sum). The optimizer steps on the
+ * host (CPU kernels, not the GPU's): the runs agree up to that rounding — until a last-bit
+ * difference in a master flips its bf16 rounding, after which Adam's steps on noise-sized gradients
+ * (GPT-2's key biases) part by up to the learning rate (on the emulator DEFAULT matches within
+ * 2.4e-7 for 4 batches and parts after 6). So 2 batches: the losses agree within 1e-5, at most 1%
+ * of the parameters are more than 1e-6 apart (none on the emulator), while FULL under cpu_offload
+ * has over a quarter apart (the policy is applied, not ignored) and the other policy's reference
+ * over 10x as many plus 5% (PURE's gradients are rounded, DEFAULT's are not). Buffers at rest are
+ * bf16 values; the trained masters are not. */
+Test(mixed_precision, default_and_pure_under_cpu_offload_equal_rounding_before_every_forward, .timeout = 300) {
+    if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no GPU: %s", cm_last_error());
+    static const struct {
+        bool pure;
+        int64_t mb;
+        int other; /* the case of the other policy with the same microbatches, or -1 */
+    } cases[] = {{false, 2, -1}, {false, 4, 2}, {true, 4, 1}};
+    enum { NC = sizeof cases / sizeof *cases };
+    for (size_t f = 0; f < sizeof fams / sizeof *fams; f++) {
+        mp_out want[NC], got[NC], full[2];
+        for (int c = 0; c < NC; c++) {
+            mp_opts ref = {fams[f].rig, 2, "2ba", -1, NULL, cases[c].mb, true, true, cases[c].pure, NULL, NULL, false,
+                           CM_DEVICE_CUDA, false};
+            want[c] = mp_run(ref);
+            mp_opts o = {fams[f].rig, 2, "2ba", CM_SHARDING_NO_SHARD, cases[c].pure ? "PURE" : "DEFAULT", cases[c].mb,
+                         false, false, false, NULL, NULL, false, CM_DEVICE_CUDA, true};
+            got[c] = mp_run(o);
+            cr_assert_gt(got[c].st.n_gathers, 0, "the units were uploaded");
+            if (c < 2) {
+                o.policy = "FULL";
+                full[c] = mp_run(o);
+            }
+        }
+        for (int c = 0; c < NC; c++) {
+            char what[160];
+            snprintf(what, sizeof what, "%s %s, microbatch %lld, under cpu_offload vs the rounding reference on the gpu",
+                     fams[f].name, cases[c].pure ? "PURE" : "DEFAULT", (long long)cases[c].mb);
+            expect_losses_within(&got[c], &want[c], 1e-5, what);
+            const int64_t same = n_apart(&got[c], &want[c]), off = n_apart(&full[cases[c].mb == 4], &want[c]);
+            printf("%s: %lld of %lld parameters apart by more than 1e-6 (max %.3g); FULL's %lld\n", what,
+                   (long long)same, (long long)got[c].n, max_diff(&got[c], &want[c]), (long long)off);
+            cr_expect_leq(same, got[c].n / 100, "%s: %lld of %lld parameters apart by more than 1e-6", what,
+                          (long long)same, (long long)got[c].n);
+            cr_expect_gt(off, got[c].n / 4, "%s: FULL under cpu_offload has only %lld of %lld parameters apart from the "
+                                            "reference: the policy was not applied",
+                         what, (long long)off, (long long)got[c].n);
+            if (cases[c].other >= 0) {
+                const int64_t other = n_apart(&got[c], &want[cases[c].other]);
+                printf("  from the other policy's reference: %lld\n", (long long)other);
+                cr_expect_gt(other, 10 * same + got[c].n / 20, "%s: %lld parameters apart from the other policy's "
+                                                              "reference, %lld from its own",
+                             what, (long long)other, (long long)same);
+            }
+            int64_t not_bf16 = 0;
+            for (int64_t i = 0; i < got[c].n; i++) not_bf16 += got[c].p[i] != bf16_round(got[c].p[i]);
+            cr_expect_gt(not_bf16, got[c].n / 2, "%s: %lld of %lld trained parameters are bf16 values: the f32 masters "
+                                                 "were not kept",
+                         what, (long long)(got[c].n - not_bf16), (long long)got[c].n);
+            for (int64_t i = 0; i < got[c].nb; i++)
+                cr_assert(got[c].b[i] == bf16_round(got[c].b[i]), "%s: buffer element %lld is %.9g, not a bf16 value",
+                          what, (long long)i, got[c].b[i]);
+        }
+        for (int c = 0; c < NC; c++) out_free(&want[c]), out_free(&got[c]);
+        for (int c = 0; c < 2; c++) out_free(&full[c]);
     }
 }
 
@@ -614,7 +691,7 @@ Test(mixed_precision, sharded_strategies_refuse_a_model_on_a_gpu_by_name) {
 Test(mixed_precision, buffers_are_bf16_values_at_rest) {
     for (int full = 0; full < 2; full++) {
         mp_opts o = {cmt_rig_resnet, 2, "1ba", CM_SHARDING_NO_SHARD, full ? "FULL" : "DEFAULT", 2, false, false, false,
-                     NULL, NULL, true, CM_DEVICE_CPU};
+                     NULL, NULL, true, CM_DEVICE_CPU, false};
         mp_out r = mp_run(o);
         cr_assert_gt(r.nb, 0, "the ResNet has no f32 buffers");
         int64_t not_bf16 = 0;

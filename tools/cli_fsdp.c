@@ -59,10 +59,10 @@ static int dtype_of(const char *s) {
 
 /* mixed_precision: FULL | DEFAULT | PURE or {param_dtype, reduce_dtype, buffer_dtype,
  * keep_low_precision_grads}, Composer's meanings (cm_mixed_precision): unset with the block
- * present is Composer's default, DEFAULT, on the CPU and on a GPU (there FULL under cpu_offload,
- * which streams f32 units, said once); fp16 (no kernels) and keep_low_precision_grads: true are
- * refused. */
-static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision prec, cm_device device) {
+ * present is Composer's default, DEFAULT, on the CPU and on a GPU (with cpu_offload too: the
+ * uploaded f32 units are rounded on the device); fp16 (no kernels) and keep_low_precision_grads:
+ * true are refused. */
+static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision prec) {
     char p[128], q[160];
     key(p, sizeof p, f, "mixed_precision");
     const cm_config_kind kind = cm_config_kind_of(c, p);
@@ -100,22 +100,7 @@ static cm_status read_mixed_precision(cm_config *c, cli_fsdp *f, cm_precision pr
         TRY_FSDP(cm_config_get_choice(c, p, policies, 3, NULL, &pol));
         /* Composer's default is DEFAULT, when there is an FSDP block at all (amp_fp16 is left to
          * the trainer's own refusal) */
-        if (pol < 0) {
-            pol = f->present && prec != CM_PRECISION_AMP_FP16 ? 1 : 0;
-            /* cpu_offload streams f32 master units to the GPU (rounding them on the way is not
-             * built): an unset key there is FULL, said once, so a Composer config moves over; an
-             * explicit 16-bit policy with it is refused by cm_dist_new */
-            bool off = false;
-            char o[128];
-            if (pol && device != CM_DEVICE_CPU && prec != CM_PRECISION_FP32 &&
-                cm_config_get_bool(c, key(o, sizeof o, f, "cpu_offload"), false, &off) == CM_OK && off) {
-                cm_log_msg(CM_LOG_INFO, "%s unset: with cpu_offload parameters, reductions and buffers stay fp32 with "
-                                        "%s matmuls (Composer's FULL); Composer's default DEFAULT (bf16 parameters) "
-                                        "applies without offload",
-                           p, cm_precision_name(prec));
-                pol = 0;
-            }
-        }
+        if (pol < 0) pol = f->present && prec != CM_PRECISION_AMP_FP16 ? 1 : 0;
         TRY_FSDP(cm_mixed_precision_policy(policies[pol], prec, mp));
         if (mp->param_dtype == CM_DTYPE_F16)
             return fail(c, p, CM_ERR_UNSUPPORTED, "%s with precision amp_fp16 holds parameters in fp16, which is not "
@@ -244,7 +229,7 @@ cm_status cli_fsdp_read(cm_config *c, bool train, cm_precision precision, cm_dev
         *(i ? &f->replicate_degree : &f->shard_degree) = v > 0 ? (int)v : 0;
     }
     /* an evaluation reads the parameters as training does: the policy applies there too */
-    TRY_FSDP(read_mixed_precision(c, f, precision, device));
+    TRY_FSDP(read_mixed_precision(c, f, precision));
     if (!train) {
         if (f->present) cm_config_touch(c, f->prefix);
         return CM_OK;
@@ -452,9 +437,9 @@ void cli_fsdp_help(FILE *f) {
             "                     bf16 matmuls under amp_bf16); FULL_SHARD / SHARD_GRAD_OP gather them as bf16\n"
             "                     (half the bytes); bf16 reductions move half the bytes (summed in fp32 in rank\n"
             "                     order, rounded once). Also on one process, and on device gpu (one process:\n"
-            "                     the masters and the rounding on the GPU). fp16, keep_low_precision_grads:\n"
-            "                     true and a 16-bit policy with cpu_offload: not built (an error naming the\n"
-            "                     key; unset with cpu_offload is FULL, said once)\n"
+            "                     the masters and the rounding on the GPU; with cpu_offload the masters stay\n"
+            "                     in host memory and each unit is rounded on the GPU after its upload).\n"
+            "                     fp16 and keep_low_precision_grads: true: not built (an error naming the key)\n"
             "                     sync_module_states (true): broadcast rank 0's weights at the start (false: each\n"
             "                     rank's, equal anyway: every rank builds them from the same seed)\n"
             "                     state_dict_type: full | sharded: the checkpoints' layout; sharded under\n"

@@ -328,8 +328,10 @@ cm_status cm_backward_prefetch_parse(const char *s, cm_backward_prefetch *out); 
  *     to f32 for the optimizer, as PyTorch does with false).
  * Composer's policies as values: cm_mixed_precision_policy. Under precision fp32, DEFAULT and PURE
  * are f32 throughout; a bf16 param_dtype there still rounds the parameters (compute stays f32).
- * The CPU only: an op on the tape reading a parameter or buffer on a GPU under a 16-bit field
- * fails with CM_ERR_UNSUPPORTED. */
+ * On a GPU (one process: NO_SHARD, or cpu_offload) the same, in device memory: under NO_SHARD the
+ * masters are device buffers and the rounding runs on the device; under cpu_offload the masters
+ * stay in host memory, each unit is uploaded as f32 and rounded on the GPU, and a bf16
+ * reduce_dtype rounds each microbatch's gradient on the GPU before its download. */
 typedef struct cm_mixed_precision {
     cm_dtype param_dtype, reduce_dtype, buffer_dtype;
     bool keep_low_precision_grads;

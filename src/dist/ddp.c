@@ -70,7 +70,11 @@
  * backward. On a GPU (one rank, NO_SHARD) the same happens in device memory: the masters are device
  * buffers, rounding runs on the device, and a bf16 reduce_dtype rounds the gradients in place (a
  * reduction over one rank). The model may move to the GPU after cm_dist_new, as the CLI and the
- * trainer move it: NO_SHARD then takes the new addresses (relayout).
+ * trainer move it: NO_SHARD then takes the new addresses (relayout). Under cpu_offload the masters
+ * stay the f32 host shards: a unit is uploaded as f32 and rounded on the device once the upload is
+ * done (FSDP casts an offloaded shard after moving it: the same values), a bf16 reduce_dtype rounds
+ * each microbatch's gradient on the device before its download, and the buffers, which live on
+ * the GPU, are rounded there.
  *
  * cpu_offload (one process on a GPU) is FULL_SHARD on one rank with host memory as the shards' home:
  * the master parameters, the gradient shard and its receive chunk are pinned host buffers of the
@@ -583,16 +587,12 @@ static void offload_free(cm_dist *d) {
 static void release(cm_dist *d, int u) {
     if (!d->resident[u]) return;
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
-    if (d->offload) {
-        d->be->vm_unmap(p);
-        d->resident[u] = false;
-        d->n_resident--;
-        return;
-    }
     /* the pages go back to the system, and the buffer is made unreadable until the next gather:
      * code that reads a released unit without the fetch hook faults at once instead of reading
-     * zeros */
-    if (d->pbytes[u]) {
+     * zeros (cpu_offload: the GPU range is unmapped) */
+    if (d->offload) {
+        d->be->vm_unmap(p);
+    } else if (d->pbytes[u]) {
         madvise(p, d->pbytes[u], MADV_DONTNEED);
         mprotect(p, d->pbytes[u], PROT_NONE);
     }
@@ -653,7 +653,8 @@ static cm_status gather(cm_dist *d, int u, bool f32) {
     d->last_use[u] = ++d->tick;
     const bool want_hi = d->mp_params && f32;
     if (d->resident[u] && d->hi && d->hi[u] && !want_hi) { /* f32 masters in the buffer: rounded for the tape */
-        round_bf16(cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u] * d->world);
+        cm_status s = round_bf16_on(d->mdev, cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u] * d->world);
+        if (s) return s;
         d->hi[u] = false;
     }
     if (d->resident[u] && !(want_hi && !d->hi[u])) return CM_OK;
@@ -668,14 +669,18 @@ static cm_status gather(cm_dist *d, int u, bool f32) {
     note_held(d, 1);
     float *p = cm_module_unit(cm_model_module(d->model), u)->params;
     if (d->offload) {
+        /* under a bf16 param_dtype the f32 master is uploaded and rounded on the device, as FSDP
+         * casts an offloaded shard after moving it */
         cm_status s = d->be->vm_map(p);
         if (!s) s = d->be->memcpy(p, d->pshard[u], sizeof(float) * (size_t)d->chunk[u], CMI_H2D);
+        if (!s && d->mp_params && !f32) s = round_bf16_on(d->mdev, p, d->chunk[u]);
         if (s) {
             d->be->vm_unmap(p);
             return s;
         }
         d->resident[u] = true;
         d->n_resident++;
+        if (d->hi) d->hi[u] = want_hi;
         d->stats.n_gathers++;
         return CM_OK;
     }
@@ -749,6 +754,8 @@ static cm_status take_pending(cm_dist *d, int u) {
     if (d->offload && d->upev[u]) s = d->be->copy_join(d->upev[u]); /* kernels after it wait for the upload */
     d->greq[u] = NULL;
     if (d->offload) d->upev[u] = NULL;
+    if (!s && d->offload && d->mp_params) /* the uploaded master rounded for the tape, after the upload */
+        s = round_bf16_on(d->mdev, cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u]);
     d->pending[u] = false;
     d->n_pending--;
     if (d->gstage && d->gstage[u]) { /* a bf16 gather: widened into the buffer */
@@ -1206,11 +1213,6 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
                             (int)c.backward_prefetch);
     cm_status mps = check_mixed_precision(&c.mixed_precision);
     if (mps) return mps;
-    if (c.cpu_offload && (c.mixed_precision.param_dtype != CM_DTYPE_F32 || c.mixed_precision.reduce_dtype != CM_DTYPE_F32 ||
-                          c.mixed_precision.buffer_dtype != CM_DTYPE_F32))
-        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: cpu_offload with a 16-bit mixed_precision is not built "
-                                                "(offload streams f32 master units from host memory; rounding them on "
-                                                "the way is not built): use mixed_precision FULL with cpu_offload");
     cm_module *root = cm_model_module(model);
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
@@ -1263,7 +1265,6 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         d->bufs = cm_alloc_zeroed(sizeof *d->bufs * (size_t)(nb > 0 ? nb : 1), 16);
         d->buf_n = cm_alloc_zeroed(sizeof *d->buf_n * (size_t)(nb > 0 ? nb : 1), 16);
         mp_ok = d->bufs && d->buf_n;
-        if (mp_ok) take_buffers(d);
     }
     if (!d->req || !d->unit_last || !d->ranges || !d->ospans || !mp_ok) {
         cm_dist_free(d);
@@ -1277,6 +1278,7 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
         return s;
     }
     take_ranges(d);
+    if (d->mp_buffers) take_buffers(d);
     d->mdev = cm_module_device(root); /* (cpu_offload: where its setup left the model) */
     s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
     if (s) {
@@ -1329,9 +1331,11 @@ static cm_status start_next(cm_dist *d) {
     cm_status s;
     const int64_t n = d->sharded ? d->chunk[u] * d->world : ui->numel;
     if (d->offload) { /* a gradient backward never reached is zero: nothing to add */
-        s = d->gmapped[u] ? d->be->copy_start(d->grecv[u], ui->grads, sizeof(float) * (size_t)d->chunk[u], CMI_D2H,
-                                              &d->downev[u])
-                          : CM_OK;
+        /* a bf16 reduce_dtype: the reduction over one rank is the rounding, on the device before
+         * the download (each microbatch's, as FULL_SHARD reduces each one) */
+        s = d->gmapped[u] && d->mp_reduce ? round_bf16_on(d->mdev, ui->grads, d->chunk[u]) : CM_OK;
+        if (!s && d->gmapped[u])
+            s = d->be->copy_start(d->grecv[u], ui->grads, sizeof(float) * (size_t)d->chunk[u], CMI_D2H, &d->downev[u]);
     } else if (d->mp_reduce && d->mdev != CM_DEVICE_CPU) {
         /* one rank on a GPU (relayout refuses more): the reduction over one rank is the rounding */
         s = round_bf16_on(d->mdev, ui->grads, n);
