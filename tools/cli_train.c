@@ -1199,6 +1199,12 @@ static cm_status start_dist(run *r) {
         return cm_dist_new(r->comm, r->model, &dc, &r->dp);
     }
     dc.sharding = r->sharding;
+    if (r->tc.device != CM_DEVICE_CPU && dc.sharding != CM_SHARDING_NO_SHARD)
+        return at_key(r->cfg, k, cm_set_error(CM_ERR_UNSUPPORTED, "%s on %d ranks with device gpu is not built (the "
+                                                                  "sharded strategies keep their shards in host memory); "
+                                                                  "use NO_SHARD: each rank's GPU holds the model and "
+                                                                  "the gradients are all-reduced",
+                                              cm_sharding_name(dc.sharding), r->world));
     cm_status s = cm_dist_new(r->comm, r->model, &dc, &r->dp);
     if (s == CM_ERR_UNSUPPORTED || s == CM_ERR_INVALID_ARG) return at_key(r->cfg, k, s);
     if (!s) cli_fsdp_say_dist(&r->fsdp, &dc, &r->ctx, r->rank);
@@ -1808,9 +1814,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
     /* device: gpu moves the model before the optimizer is made over its buffers */
     if (!r.err_code && r.tc.device != CM_DEVICE_CPU && cm_module_device(cm_model_module(r.model)) != r.tc.device) {
-        cm_status s = r.world > 1 ? cm_set_error(CM_ERR_UNSUPPORTED, "device: gpu with %d ranks needs NCCL, which is not "
-                                                                     "supported yet (one rank per GPU run)", r.world)
-                                  : cm_module_to_device(cm_model_module(r.model), r.tc.device);
+        cm_status s = cm_module_to_device(cm_model_module(r.model), r.tc.device);
         if (s) {
             char msg[900];
             snprintf(msg, sizeof msg, "%s", cm_last_error());

@@ -445,8 +445,16 @@ typedef struct cm_dist cm_dist;
  * shards holds with "upload" for "all-gather" and "download" for "reduce-scatter" (one rank: the
  * shard is the whole unit). It needs at least 2 wrap units (with one, the whole model would be
  * resident whenever it is used), CM_ERR_INVALID_ARG otherwise; CM_ERR_UNSUPPORTED on a
- * communicator of several ranks (several GPUs need NCCL) or without a GPU (cm_device_check's
- * message); CM_ERR_STATE when the model is already on the GPU.
+ * communicator of several ranks (not built) or without a GPU (cm_device_check's message);
+ * CM_ERR_STATE when the model is already on the GPU.
+ * A model on GPUs over several ranks (one process per GPU, each on its local rank's: the CUDA
+ * backend picks it from the launcher's environment): NO_SHARD, moved there before or after this
+ * call (the CLI and the trainer move it after). Each unit's gradient is downloaded into a pinned
+ * host stage when it is final (the same backward hook and order as on the CPU; the copy stream
+ * overlaps it with the rest of backward), all-reduced over the communicator (MPI) once its
+ * download is done, and uploaded back in sync_grads — NCCL, which would reduce on the GPUs, is
+ * not used. The sharded strategies with a model on a GPU are CM_ERR_UNSUPPORTED (their shards
+ * live in host memory).
  * Errors: CM_ERR_INVALID_ARG (NULL; max_resident_units < 2 with FULL_SHARD or HYBRID_SHARD;
  * degrees that do not fit the world, see cm_dist_hybrid_degrees), CM_ERR_STATE (not finalized; a
  * sharded strategy on a model that an optimizer or trainer already locked), the communicator's

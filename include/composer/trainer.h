@@ -765,8 +765,9 @@ typedef struct cm_trainer_config {
      * the GPU has; going over it is an out-of-memory error that automatic microbatching catches, as
      * arena_budget on the CPU), copies every microbatch to the GPU, and reads outputs back for the
      * metrics. An optimizer passed in must have been made from the model's buffers on that device
-     * (move the model first). Errors: cm_device_check's (no CUDA build, no driver, no GPU), and
-     * CM_ERR_UNSUPPORTED for several ranks on GPUs (multi-GPU training needs NCCL, not there yet). */
+     * (move the model first). Several ranks on GPUs: each process uses the GPU of its local rank,
+     * and cm_dist (NO_SHARD) all-reduces the gradients through host memory over MPI
+     * (include/composer/dist.h). Errors: cm_device_check's (no CUDA build, no driver, no GPU). */
     cm_device device;
     size_t device_arena_budget;
     /* device_train_microbatch_size auto: before the first step, plan the microbatch size from a

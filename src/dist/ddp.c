@@ -76,6 +76,16 @@
  * each microbatch's gradient on the device before its download, and the buffers, which live on
  * the GPU, are rounded there.
  *
+ * NO_SHARD with the model on GPUs, over several ranks (one process per GPU, each on the GPU of its
+ * local rank): the reduction runs over MPI through host memory. A unit's bucket becomes a download
+ * of its gradient into a pinned host stage (on the copy stream, after the backward work queued so
+ * far), and once the download is done the stage is all-reduced in place (a bf16 reduce_dtype: as
+ * on the CPU, through a bf16 copy); when every unit is reduced the stages are uploaded back into
+ * the gradients. Downloads finish in the order they started, and a unit's all-reduce starts only
+ * after every earlier unit's did, so every rank still issues the same collectives in the same
+ * order. NCCL (device buffers reduced on the GPUs themselves) would skip the staging; this path
+ * needs nothing but MPI.
+ *
  * cpu_offload (one process on a GPU) is FULL_SHARD on one rank with host memory as the shards' home:
  * the master parameters, the gradient shard and its receive chunk are pinned host buffers of the
  * whole unit, and the model's unit buffers are fixed-address GPU ranges (the backend's vm_*: CUDA's
@@ -177,7 +187,13 @@ struct cm_dist {
     void **upev;             /* (n_units) a prefetched upload in flight (its event), else NULL */
     void **downev;           /* (n_units) a gradient download in flight, else NULL */
     bool *gmapped;           /* (n_units) the unit's GPU gradient range is mapped (zeroed, then written) */
+    /* NO_SHARD on GPUs over several ranks (see the header comment); downev above is shared */
+    float **stage;           /* (n_units) pinned host copy of the unit's gradient, reduced in place */
+    uint8_t *sstate;         /* (n_units) STAGE_* below */
+    cm_device sdev;          /* the device the stages were made for */
 };
+
+enum { STAGE_IDLE, STAGE_DOWNLOADING, STAGE_REDUCING };
 
 cm_dist_config cm_dist_config_default(void) {
     return (cm_dist_config){CM_SHARDING_NO_SHARD, true, true, 2, 0, 0, CM_BACKWARD_PREFETCH_POST, false, true,
@@ -290,6 +306,7 @@ typedef struct tape_link {
 static cm_status prefetch_drain(cm_dist *d);
 static cm_status mp_restore(cm_dist *d);
 static void offload_free(cm_dist *d);
+static void stage_free(cm_dist *d);
 
 void cm_dist_free(cm_dist *d) {
     if (!d) return;
@@ -297,6 +314,7 @@ void cm_dist_free(cm_dist *d) {
      * same ones) unless the communicator failed (then they are abandoned, as d->req below) */
     if (d->n_pending && cm_comm_status(d->scomm) == CM_OK) (void)prefetch_drain(d);
     (void)mp_restore(d); /* NO_SHARD: the masters back into the model */
+    stage_free(d);
     if (d->offload) {
         offload_free(d);
     } else if (d->full && d->resident && d->model) {
@@ -357,18 +375,73 @@ void cm_dist_free(cm_dist *d) {
     cm_free(d);
 }
 
+/* Rank 0's bytes at p (on device dev) to every rank; device memory through a host copy. */
+static cm_status broadcast_on(cm_dist *d, void *p, cm_device dev, int64_t n, cm_comm_dtype dt, size_t esize) {
+    if (dev == CM_DEVICE_CPU) return cm_comm_broadcast(d->comm, p, n, dt, 0);
+    const size_t bytes = esize * (size_t)n;
+    void *h = cm_alloc(bytes ? bytes : 1, 64);
+    if (!h) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of host memory broadcasting %zu bytes", bytes);
+    cm_status s = cmi_dev_memcpy(h, CM_DEVICE_CPU, p, dev, bytes);
+    if (!s) s = cm_comm_broadcast(d->comm, h, n, dt, 0);
+    if (!s) s = cmi_dev_memcpy(p, dev, h, CM_DEVICE_CPU, bytes);
+    cm_free(h);
+    return s;
+}
+
 static cm_status broadcast_states(cm_dist *d) {
     cm_module *root = cm_model_module(d->model);
     cm_status s;
     for (int u = 0; u < d->n_units; u++) {
         const cm_unit_info *ui = cm_module_unit(root, u);
-        if ((s = cm_comm_broadcast(d->comm, ui->params, ui->numel, CM_COMM_F32, 0))) return s;
+        if ((s = broadcast_on(d, ui->params, ui->device, ui->numel, CM_COMM_F32, sizeof(float)))) return s;
     }
     for (int64_t i = 0; i < cm_module_n_buffers(root); i++) {
         cm_buffer_info b = cm_module_buffer_info(root, i);
         if (!b.tensor) continue;
         const int64_t bytes = cm_tensor_numel(b.tensor) * (int64_t)cm_dtype_size(cm_tensor_dtype(b.tensor));
-        if ((s = cm_comm_broadcast(d->comm, cm_tensor_data(b.tensor), bytes, CM_COMM_U8, 0))) return s;
+        if ((s = broadcast_on(d, cm_tensor_data(b.tensor), cm_tensor_device(b.tensor), bytes, CM_COMM_U8, 1))) return s;
+    }
+    return CM_OK;
+}
+
+/* NO_SHARD on GPUs over several ranks: the stages are given back (downloads in flight waited for). */
+static void stage_free(cm_dist *d) {
+    if (!d->stage) return;
+    const cmi_backend *be = cmi_backend_get(d->sdev);
+    for (int u = 0; u < d->n_units; u++) {
+        if (d->downev[u] && be) (void)be->copy_wait(d->downev[u]);
+        if (d->stage[u] && be) be->host_free(d->stage[u]);
+    }
+    cm_free(d->stage);
+    cm_free(d->sstate);
+    cm_free(d->downev);
+    d->stage = NULL, d->sstate = NULL, d->downev = NULL;
+}
+
+/* ... and made for a model on device dev (a GPU): a pinned stage per unit. */
+static cm_status stage_setup(cm_dist *d, cm_device dev) {
+    const cmi_backend *be = cmi_backend_get(dev);
+    if (!be) return cm_last_status() ? cm_last_status() : CM_ERR_UNSUPPORTED;
+    const size_t n = (size_t)(d->n_units > 0 ? d->n_units : 1);
+    d->stage = cm_alloc_zeroed(n * sizeof *d->stage, 16);
+    d->sstate = cm_alloc_zeroed(n * sizeof *d->sstate, 16);
+    d->downev = cm_alloc_zeroed(n * sizeof *d->downev, 16);
+    d->sdev = dev;
+    d->be = be;
+    if (!d->stage || !d->sstate || !d->downev) {
+        stage_free(d);
+        return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory");
+    }
+    cm_module *root = cm_model_module(d->model);
+    for (int u = 0; u < d->n_units; u++) {
+        const cm_unit_info *ui = cm_module_unit(root, u);
+        const size_t bytes = sizeof(float) * (size_t)(ui->numel ? ui->numel : 1);
+        if (!(d->stage[u] = be->host_alloc(bytes))) {
+            stage_free(d);
+            return cm_set_error(CM_ERR_OOM, "cm_dist: out of pinned host memory for the gradient stage of unit '%s' "
+                                            "(%zu bytes)",
+                                ui->name, bytes);
+        }
     }
     return CM_OK;
 }
@@ -1034,18 +1107,27 @@ static cm_status relayout(cm_dist *d) {
                                           "buffers of its own: move the model before cm_dist_new",
                             cm_device_name(d->mdev), cm_device_name(dev),
                             d->offload ? "cpu_offload" : cm_sharding_name(d->cfg.sharding));
-    if (cm_comm_size(d->comm) > 1 && dev != CM_DEVICE_CPU)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist: %d ranks on device %s need NCCL, which is not supported yet "
-                                                "(one rank per GPU run)",
-                            cm_comm_size(d->comm), cm_device_name(dev));
+    if (d->next)
+        return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved to %s while gradients were being reduced",
+                            cm_device_name(dev));
+    for (int u = 0; d->master && u < d->n_units; u++)
+        if (!d->hi[u])
+            return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved to %s in the middle of a pass (unit '%s' "
+                                              "holds bf16-rounded parameters)",
+                                cm_device_name(dev), cm_module_unit(root, u)->name);
+    /* several ranks on a GPU: the gradients are reduced through host stages (made first: a
+     * failure below gives them back and leaves everything as it was) */
+    const bool staged = cm_comm_size(d->comm) > 1 && dev != CM_DEVICE_CPU;
+    if (staged && !d->stage) {
+        cm_status s = stage_setup(d, dev);
+        if (s) return s;
+    }
     if (d->master) { /* every new master first, so a failure leaves the old ones (and mdev) as they were */
-        for (int u = 0; u < d->n_units; u++)
-            if (!d->hi[u])
-                return cm_set_error(CM_ERR_STATE, "cm_dist: the model moved to %s in the middle of a pass (unit '%s' "
-                                                  "holds bf16-rounded parameters)",
-                                    cm_device_name(dev), cm_module_unit(root, u)->name);
         float **nm = cm_alloc_zeroed(sizeof *nm * (size_t)(d->n_units > 0 ? d->n_units : 1), 16);
-        if (!nm) return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory");
+        if (!nm) {
+            if (staged) stage_free(d);
+            return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory");
+        }
         for (int u = 0; u < d->n_units; u++) {
             const size_t bytes = sizeof(float) * (size_t)(cm_module_unit(root, u)->numel + 1);
             if (!(nm[u] = cmi_dev_alloc(dev, bytes, false))) {
@@ -1053,6 +1135,7 @@ static cm_status relayout(cm_dist *d) {
                 snprintf(msg, sizeof msg, "%s", cm_last_error());
                 for (int v = 0; v < u; v++) cmi_dev_free(dev, nm[v]);
                 cm_free(nm);
+                if (staged) stage_free(d);
                 return cm_set_error(CM_ERR_OOM, "cm_dist: no memory on %s for the f32 masters of unit '%s' (%zu "
                                                 "bytes): %s",
                                     cm_device_name(dev), cm_module_unit(root, u)->name, bytes, msg);
@@ -1064,6 +1147,7 @@ static cm_status relayout(cm_dist *d) {
         }
         cm_free(nm);
     }
+    if (!staged) stage_free(d);
     take_ranges(d);
     if (d->mp_buffers) take_buffers(d);
     d->mdev = dev;
@@ -1192,9 +1276,9 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     if ((unsigned)c.sharding >= CM_SHARDING_COUNT)
         return cm_set_error(CM_ERR_INVALID_ARG, "cm_dist_new: sharding %d is not a cm_sharding", (int)c.sharding);
     if (c.cpu_offload && cm_comm_size(comm) > 1)
-        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: cpu_offload on %d ranks: offloading streams one GPU's "
-                                                "units from host memory, and several ranks on GPUs need NCCL, which is "
-                                                "not supported yet (train one process on one GPU)",
+        return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: cpu_offload on %d ranks is not built (offloading "
+                                                "streams one GPU's units from host memory on one process): train one "
+                                                "process with cpu_offload, or several ranks with NO_SHARD on GPUs",
                             cm_comm_size(comm));
     if (c.cpu_offload) c.sharding = CM_SHARDING_FULL_SHARD; /* one rank: the shard is the whole unit, at home on the host */
     const bool full = c.sharding == CM_SHARDING_FULL_SHARD || c.sharding == CM_SHARDING_HYBRID_SHARD;
@@ -1217,11 +1301,10 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     if (!root || !cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "cm_dist_new: the model's module tree is not finalized (call "
                                           "cm_module_finalize first: its wrap units are the gradient buckets)");
-    if (cm_module_device(root) != CM_DEVICE_CPU && !c.cpu_offload &&
-        (c.sharding != CM_SHARDING_NO_SHARD || cm_comm_size(comm) > 1))
+    if (cm_module_device(root) != CM_DEVICE_CPU && !c.cpu_offload && c.sharding != CM_SHARDING_NO_SHARD)
         return cm_set_error(CM_ERR_UNSUPPORTED, "cm_dist_new: %s over %d rank(s) with the model on %s is not built (the "
-                                                "shards live in host memory, and several ranks on GPUs need NCCL): use "
-                                                "NO_SHARD on one rank, or cpu_offload",
+                                                "shards live in host memory): use NO_SHARD (on one rank, cpu_offload "
+                                                "keeps the model in host memory)",
                             cm_sharding_name(c.sharding), cm_comm_size(comm), cm_device_name(cm_module_device(root)));
     cm_dist *d = cm_alloc_zeroed(sizeof *d, 16);
     if (!d) return cm_set_error(CM_ERR_OOM, "cm_dist_new: out of memory");
@@ -1280,6 +1363,10 @@ cm_status cm_dist_new(cm_comm *comm, cm_model *model, const cm_dist_config *cfg,
     take_ranges(d);
     if (d->mp_buffers) take_buffers(d);
     d->mdev = cm_module_device(root); /* (cpu_offload: where its setup left the model) */
+    if (!d->offload && d->mdev != CM_DEVICE_CPU && cm_comm_size(comm) > 1 && (s = stage_setup(d, d->mdev))) {
+        cm_dist_free(d);
+        return s;
+    }
     s = c.sync_module_states && cm_comm_size(comm) > 1 ? broadcast_states(d) : CM_OK;
     if (s) {
         cm_dist_free(d);
@@ -1325,6 +1412,17 @@ static int unit_of(const cm_dist *d, const void *p) {
     return -1;
 }
 
+/* The all-reduce of a unit's gradient (f32, or a bf16 copy under a bf16 reduce_dtype), in place
+ * in g (host memory), started. */
+static cm_status start_all_reduce(cm_dist *d, int u, float *g, int64_t n) {
+    if (!d->mp_reduce) return cm_comm_iall_reduce(d->comm, g, n, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+    if (!(d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1), 64)))
+        return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory for the bf16 gradient of unit '%s'",
+                            cm_module_unit(cm_model_module(d->model), u)->name);
+    cmi_bf16_round(d->rsend[u], g, n);
+    return cm_comm_iall_reduce(d->comm, d->rsend[u], n, CM_COMM_BF16, CM_REDUCE_SUM, &d->req[u]);
+}
+
 static cm_status start_next(cm_dist *d) {
     const int u = d->n_units - 1 - d->next;
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
@@ -1336,29 +1434,50 @@ static cm_status start_next(cm_dist *d) {
         s = d->gmapped[u] && d->mp_reduce ? round_bf16_on(d->mdev, ui->grads, d->chunk[u]) : CM_OK;
         if (!s && d->gmapped[u])
             s = d->be->copy_start(d->grecv[u], ui->grads, sizeof(float) * (size_t)d->chunk[u], CMI_D2H, &d->downev[u]);
+    } else if (d->stage) { /* several ranks on GPUs: downloaded first, reduced in stage_progress */
+        s = d->be->copy_start(d->stage[u], ui->grads, sizeof(float) * (size_t)n, CMI_D2H, &d->downev[u]);
+        if (!s) d->sstate[u] = STAGE_DOWNLOADING;
     } else if (d->mp_reduce && d->mdev != CM_DEVICE_CPU) {
-        /* one rank on a GPU (relayout refuses more): the reduction over one rank is the rounding */
+        /* one rank on a GPU: the reduction over one rank is the rounding */
         s = round_bf16_on(d->mdev, ui->grads, n);
-    } else if (d->mp_reduce) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
+    } else if (d->mp_reduce && d->sharded) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
         d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1), 64);
-        if (d->sharded) d->rrecv[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64);
-        if (!d->rsend[u] || (d->sharded && !d->rrecv[u]))
+        d->rrecv[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64);
+        if (!d->rsend[u] || !d->rrecv[u])
             return cm_set_error(CM_ERR_OOM, "cm_dist: out of memory for the bf16 gradient of unit '%s'", ui->name);
         cmi_bf16_round(d->rsend[u], ui->grads, n);
-        if (d->sharded)
-            s = cm_comm_ireduce_scatter(d->scomm, d->rsend[u], d->rrecv[u], d->chunk[u], CM_COMM_BF16, CM_REDUCE_SUM,
-                                        &d->req[u]);
-        else
-            s = cm_comm_iall_reduce(d->comm, d->rsend[u], n, CM_COMM_BF16, CM_REDUCE_SUM, &d->req[u]);
+        s = cm_comm_ireduce_scatter(d->scomm, d->rsend[u], d->rrecv[u], d->chunk[u], CM_COMM_BF16, CM_REDUCE_SUM,
+                                    &d->req[u]);
     } else if (d->sharded) { /* the padded gradient (W·chunk, tail zero) into this rank's chunk */
         s = cm_comm_ireduce_scatter(d->scomm, ui->grads, d->full ? d->grecv[u] : d->gshard[u], d->chunk[u],
                                     CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
     } else {
-        s = cm_comm_iall_reduce(d->comm, ui->grads, ui->numel, CM_COMM_F32, CM_REDUCE_SUM, &d->req[u]);
+        s = start_all_reduce(d, u, ui->grads, ui->numel);
     }
     if (s) return s;
     d->next++;
     d->stats.bytes += (double)n * (d->mp_reduce ? 2.0 : 4.0);
+    return CM_OK;
+}
+
+/* Several ranks on GPUs: each finished download (waited for when `block`) becomes its unit's
+ * all-reduce of the stage, in the order the downloads started — the first unfinished one stops
+ * the walk, so every rank starts the same collectives in the same order. */
+static cm_status stage_progress(cm_dist *d, bool block) {
+    const cm_module *root = cm_model_module(d->model);
+    for (int k = 0; k < d->next; k++) {
+        const int u = d->n_units - 1 - k;
+        if (d->sstate[u] != STAGE_DOWNLOADING) continue;
+        bool done = block;
+        cm_status s = block ? CM_OK : d->be->copy_test(d->downev[u], &done);
+        if (s) return s;
+        if (!done) return CM_OK;
+        s = d->be->copy_wait(d->downev[u]);
+        d->downev[u] = NULL;
+        d->sstate[u] = STAGE_REDUCING;
+        if (!s) s = start_all_reduce(d, u, d->stage[u], cm_module_unit(root, u)->numel);
+        if (s) return s;
+    }
     return CM_OK;
 }
 
@@ -1367,7 +1486,7 @@ static void finish_reduce(cm_dist *d, int u, bool ok) {
     if (!d->rsend || !d->rsend[u]) return;
     const cm_unit_info *ui = cm_module_unit(cm_model_module(d->model), u);
     if (ok && d->sharded) cmi_bf16_widen(d->full ? d->grecv[u] : d->gshard[u], d->rrecv[u], d->chunk[u]);
-    else if (ok) cmi_bf16_widen(ui->grads, d->rsend[u], ui->numel);
+    else if (ok) cmi_bf16_widen(d->stage ? d->stage[u] : ui->grads, d->rsend[u], ui->numel);
     cm_free(d->rsend[u]);
     cm_free(d->rrecv[u]);
     d->rsend[u] = d->rrecv[u] = NULL;
@@ -1377,6 +1496,10 @@ static void finish_reduce(cm_dist *d, int u, bool ok) {
 static cm_status grad_done(cm_dist *d, int u);
 
 static cm_status progress(cm_dist *d) {
+    if (d->stage) {
+        cm_status s = stage_progress(d, false);
+        if (s) return s;
+    }
     for (int k = 0; d->offload && k < d->next; k++) {
         const int u = d->n_units - 1 - k;
         bool done = false;
@@ -1409,14 +1532,15 @@ static void backward_hook(cm_tape *tp, const void *node, void *data) {
     if (d->hook_status || !d->cfg.overlap || (cm_comm_size(d->comm) < 2 && !d->offload)) return;
     const double t0 = cm_clock_s();
     if (!node) {
+        /* the model may have moved to a GPU since cm_dist_new (the trainer moves it): the unit
+         * ranges and the gradient stages follow before any bucket starts */
+        cm_status s = relayout(d);
         /* FULL_SHARD reduce-scatters every microbatch: finish the previous one's before this
          * backward writes gradients again */
-        if (d->full && d->next) {
-            cm_status s = flush(d);
-            if (s) {
-                hook_fail(d, s);
-                return;
-            }
+        if (!s && d->full && d->next) s = flush(d);
+        if (s) {
+            hook_fail(d, s);
+            return;
         }
         /* a new backward: is it the last microbatch's (or any, under FULL_SHARD)? then find when
          * each unit becomes final */
@@ -1485,6 +1609,7 @@ static cm_status flush(cm_dist *d) {
             s = start_next(d);
             if (!s) d->stats.n_buckets_late++;
         }
+        if (!s && d->stage) s = stage_progress(d, true);
         for (int u = d->n_units - 1; u >= 0; u--) {
             if (!d->req[u]) continue;
             cm_status w = cm_comm_wait(d->sharded ? d->scomm : d->comm, d->req[u]);
@@ -1492,6 +1617,17 @@ static cm_status flush(cm_dist *d) {
             if (!s) s = w;
         }
         for (int u = 0; d->mp_reduce && u < d->n_units; u++) finish_reduce(d, u, !s);
+        /* several ranks on GPUs: the reduced stages back into the gradients */
+        for (int u = 0; d->stage && u < d->n_units; u++) {
+            if (d->downev[u]) { /* a failure left it in flight */
+                (void)d->be->copy_wait(d->downev[u]);
+                d->downev[u] = NULL;
+            }
+            if (!s && d->sstate[u] == STAGE_REDUCING)
+                s = d->be->memcpy(cm_module_unit(cm_model_module(d->model), u)->grads, d->stage[u],
+                                  sizeof(float) * (size_t)cm_module_unit(cm_model_module(d->model), u)->numel, CMI_H2D);
+            d->sstate[u] = STAGE_IDLE;
+        }
     }
     if (!s && d->full && d->next) {
         cm_module *root = cm_model_module(d->model);

@@ -369,12 +369,6 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
     if (cfg->device != CM_DEVICE_CPU) {
         cm_module *mroot = cm_model_module(st->model);
         if ((s = cm_device_check(cfg->device))) goto fail;
-        if (cfg->dist.world_size > 1) {
-            s = cm_set_error(CM_ERR_UNSUPPORTED, "device %s: %d ranks on GPUs need NCCL, which is not supported yet "
-                                                 "(train on one GPU, or on CPUs with several ranks)",
-                             cm_device_name(cfg->device), cfg->dist.world_size);
-            goto fail;
-        }
         if (cm_module_device(mroot) != cfg->device) {
             if (cfg->optimizer) {
                 s = cm_set_error(CM_ERR_INVALID_ARG,

@@ -19,7 +19,11 @@
  * FULL_SHARD prefetch: `bp=PRE|POST|NONE` (backward_prefetch; default the config default,
  * BACKWARD_POST), `fwd` (forward_prefetch), `nolimit` (limit_all_gathers false), `layers=N`
  * (blocks, default 2), `resident=N` (max_resident_units). Rank 0 prints a line "prefetch: ..."
- * with the counters of cm_dist_stats, each summed (maxima: the largest) over the ranks. */
+ * with the counters of cm_dist_stats, each summed (maxima: the largest) over the ranks.
+ *
+ * `gpu`: the model trains on the GPU (moved there after cm_dist_new, as the CLI does; NO_SHARD:
+ * the gradients are all-reduced through host memory); `gpu=first`: moved before cm_dist_new (rank
+ * 0's weights are broadcast from GPU memory to ranks that built others). Exits 77 where no GPU can be used. */
 #include <composer/composer.h>
 #include <composer/algorithms.h>
 #include <composer/dist.h>
@@ -71,6 +75,7 @@ int main(int argc, char **argv) {
     bool bf16 = false, dropout = false, ckpt = false, fused = false;
     int layers = 2, embd = 16;
     bool sgd = false;      /* SGD (lr 0.05, momentum 0.9) instead of AdamW: a step linear in the gradient */
+    bool gpu = false, gpu_first = false;
     const char *mp = NULL; /* mp=FULL|DEFAULT|PURE: the mixed precision policy (under this run's precision) */
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "bf16")) bf16 = true;
@@ -85,6 +90,8 @@ int main(int argc, char **argv) {
         else if (!strncmp(argv[i], "shard=", 6)) dc.shard_degree = atoi(argv[i] + 6);
         else if (!strncmp(argv[i], "mp=", 3)) mp = argv[i] + 3;
         else if (!strcmp(argv[i], "sgd")) sgd = true;
+        else if (!strcmp(argv[i], "gpu")) gpu = true;
+        else if (!strcmp(argv[i], "gpu=first")) gpu = gpu_first = true;
         else if (!strncmp(argv[i], "bp=", 3)) {
             char name[32];
             snprintf(name, sizeof name, "%s%s", strcmp(argv[i] + 3, "NONE") ? "BACKWARD_" : "", argv[i] + 3);
@@ -115,7 +122,9 @@ int main(int argc, char **argv) {
      * per query), so Adam's normalised step turns its rounding noise into ±lr moves that no two
      * summation orders share */
     gc.bias = false;
-    cm_rng rng = cm_rng_init(3, 0);
+    /* gpu=first: the other ranks start from other weights, which only the broadcast of rank 0's
+     * (from GPU memory) makes equal */
+    cm_rng rng = cm_rng_init(gpu_first && rank > 0 ? 99 : 3, 0);
     cm_model *model;
     TRY(cm_gpt2_new(&gc, &rng, &model));
     if (fused) TRY(cm_gpt2_set_fused_linear_cross_entropy(model, true, 4)); /* lm_head fused with the loss */
@@ -128,8 +137,14 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    if (gpu && cm_device_check(CM_DEVICE_CUDA) != CM_OK) {
+        fprintf(stderr, "dist_gpt: no GPU: %s\n", cm_last_error());
+        return 77;
+    }
     cm_dist *dp;
+    if (gpu_first) TRY(cm_module_to_device(cm_model_module(model), CM_DEVICE_CUDA));
     TRY(cm_dist_new(comm, model, &dc, &dp));
+    if (gpu && !gpu_first) TRY(cm_module_to_device(cm_model_module(model), CM_DEVICE_CUDA));
 
     cm_dataloader_config lc = cm_dataloader_config_default();
     lc.batch_size = 6;
@@ -169,6 +184,7 @@ int main(int argc, char **argv) {
     cfg.algorithms = &clip;
     cfg.n_algorithms = 1;
     cfg.precision = bf16 ? CM_PRECISION_AMP_BF16 : CM_PRECISION_FP32;
+    cfg.device = gpu ? CM_DEVICE_CUDA : CM_DEVICE_CPU;
     cfg.device_train_microbatch_size = 2;
     cfg.run_name = "dist-gpt";
     TRY(cm_time_parse("6ba", &cfg.max_duration));
@@ -215,9 +231,16 @@ int main(int argc, char **argv) {
             return 1;
         }
         cm_module *root = cm_model_module(model);
-        for (int u = 0; u < cm_module_n_units(root); u++) {
+        for (int u = 0; !gpu && u < cm_module_n_units(root); u++) {
             const cm_unit_info *ui = cm_module_unit(root, u);
             for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "%.9g\n", ui->params[i]);
+        }
+        for (int64_t k = 0; gpu && k < cm_module_n_params(root); k++) { /* a host copy of each parameter */
+            cm_tensor *h;
+            TRY(cm_tensor_to_device(cm_module_param_info(root, k).tensor, CM_DEVICE_CPU, &h));
+            const float *p = cm_tensor_data(h);
+            for (int64_t i = 0; i < cm_tensor_numel(h); i++) fprintf(f, "%.9g\n", p[i]);
+            cm_tensor_free(h);
         }
         fprintf(f, "%.9g\n", cm_state_total_loss(cm_trainer_state(tr)));
         const int n_eval = cm_state_n_metrics(cm_trainer_state(tr), "eval");

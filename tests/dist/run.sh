@@ -222,6 +222,46 @@ act_ckpt_equivalence)
         "$bin/dist_train" --compare "$tmp/ref.txt" "$tmp/b.txt" 1e-4 || fail "checkpointed $strategy on 3 ranks differs from 1 process"
     done
     ;;
+gpu_data_parallel_equivalence)
+    # NO_SHARD with the model on GPUs over several ranks (each process on its local rank's GPU —
+    # here they share one; the gradients are downloaded into pinned host stages during backward
+    # and all-reduced over MPI) equals one GPU process: with dropout in fp32 (the tolerance of
+    # cli_train_equivalence), under DEFAULT and PURE (those of mixed_precision_equivalence; PURE
+    # reduces half the bytes); the reductions start during backward. `composer -n 3 train
+    # device=gpu` equals `composer train device=gpu`, and a sharded strategy with device gpu is
+    # refused naming the key. Skipped (77) where no GPU can be used (the CUDA emulator build,
+    # -DCM_CUDA=EMU, runs it).
+    g=$bin/dist_gpt
+    env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/f1.txt" NO_SHARD sgd dropout gpu >"$tmp/f1.log" 2>&1
+    rc=$?
+    [ $rc = 77 ] && { cat "$tmp/f1.log"; exit 77; }
+    [ $rc = 0 ] || { cat "$tmp/f1.log"; fail "one GPU process"; }
+    launch -n 2 "$g" "$tmp/f2.txt" NO_SHARD sgd dropout gpu >"$tmp/f2.log" 2>&1 || { cat "$tmp/f2.log"; fail "2 GPU ranks"; }
+    grep "^bytes:" "$tmp/f2.log"
+    grep -q "buckets [1-9][0-9]* early, 0 late" "$tmp/f2.log" || fail "the reductions did not start during backward"
+    "$bin/dist_train" --compare "$tmp/f1.txt" "$tmp/f2.txt" 2e-6 || fail "2 GPU ranks differ from one GPU process"
+    # the model on the GPU before cm_dist_new, rank 1 built with other weights: rank 0's are
+    # broadcast from GPU memory
+    launch -n 2 "$g" "$tmp/f3.txt" NO_SHARD sgd dropout gpu=first >"$tmp/f3.log" 2>&1 || { cat "$tmp/f3.log"; fail "2 GPU ranks, moved first"; }
+    "$bin/dist_train" --compare "$tmp/f1.txt" "$tmp/f3.txt" 2e-6 || fail "2 GPU ranks (moved before cm_dist_new) differ from one GPU process"
+    for pt in DEFAULT:2e-5 PURE:1e-3; do
+        pol=${pt%%:*} tol=${pt#*:}
+        env -u OMPI_COMM_WORLD_SIZE "$g" "$tmp/m1.txt" NO_SHARD bf16 sgd mp=$pol gpu >/dev/null || fail "one GPU process, $pol"
+        launch -n 2 "$g" "$tmp/m2.txt" NO_SHARD bf16 sgd mp=$pol gpu >"$tmp/m2.log" 2>&1 || { cat "$tmp/m2.log"; fail "2 GPU ranks, $pol"; }
+        grep "^bytes:" "$tmp/m2.log" | sed "s/^/$pol: /"
+        "$bin/dist_train" --compare "$tmp/m1.txt" "$tmp/m2.txt" $tol || fail "$pol on 2 GPU ranks differs from one GPU process"
+        bytes_=$(sed -n 's/^bytes: reduced \([0-9]*\).*/\1/p' "$tmp/m2.log")
+        if [ $pol = DEFAULT ]; then b_default=$bytes_; else b_pure=$bytes_; fi
+    done
+    [ "$b_default" = $((2 * b_pure)) ] || fail "PURE reduced $b_pure bytes, DEFAULT $b_default: not half"
+    cli_setup
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" device=gpu >"$tmp/ref.out" 2>&1 || { cat "$tmp/ref.out"; fail "composer train device=gpu"; }
+    launch -n 3 train "$tmp/tiny.yaml" run_root="$tmp/n3" device=gpu >"$tmp/n3.out" 2>&1 || { cat "$tmp/n3.out"; fail "composer -n 3 train device=gpu"; }
+    "$bin/dist_cli_compare" "$tmp/ref/"* "$tmp/n3/"* 2e-6 || fail "3 GPU ranks differ from one GPU process"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/fs" device=gpu parallelism.fsdp.sharding_strategy=FULL_SHARD >"$tmp/fs.out" 2>&1 \
+        && fail "FULL_SHARD with device gpu was not refused"
+    grep -q "parallelism.fsdp.sharding_strategy.*use NO_SHARD" "$tmp/fs.out" || { cat "$tmp/fs.out"; fail "the refusal does not name the key and the fix"; }
+    ;;
 mixed_precision_equivalence)
     # FSDP mixed precision on 2 ranks equals one process (tests/test_mixed_precision.c proves one
     # process against a reference rounding the parameters before every forward): a tiny GPT under
