@@ -598,7 +598,7 @@ static int64_t n_apart(const mp_out *a, const mp_out *b) {
  * has over a quarter apart (the policy is applied, not ignored) and the other policy's reference
  * over 10x as many plus 5% (PURE's gradients are rounded, DEFAULT's are not). Buffers at rest are
  * bf16 values; the trained masters are not. */
-Test(mixed_precision, default_and_pure_under_cpu_offload_equal_rounding_before_every_forward, .timeout = 300) {
+Test(mixed_precision, default_and_pure_with_cpu_offload_on_a_gpu_equal_rounding_before_every_forward, .timeout = 300) {
     if (cm_device_check(CM_DEVICE_CUDA) != CM_OK) cr_skip_test("no GPU: %s", cm_last_error());
     static const struct {
         bool pure;
