@@ -191,6 +191,9 @@ struct cm_dist {
     float **stage;           /* (n_units) pinned host copy of the unit's gradient, reduced in place */
     uint8_t *sstate;         /* (n_units) STAGE_* below */
     cm_device sdev;          /* the device the stages were made for */
+    void *rscratch;          /* round_bf16_on's bf16 scratch (rscratch_n elements on rscratch_dev), or NULL */
+    int64_t rscratch_n;
+    cm_device rscratch_dev;
 };
 
 enum { STAGE_IDLE, STAGE_DOWNLOADING, STAGE_REDUCING };
@@ -236,22 +239,29 @@ static void round_bf16(float *p, int64_t n) {
     for (int64_t i = 0; i < n; i++) p[i] = cmi_bf16_to_f32(cmi_f32_to_bf16(p[i]));
 }
 
-/* The same rounding of n floats on device dev: on a GPU through a bf16 scratch (the backend's
- * conversions round to nearest even, as cmi_f32_to_bf16). */
-static cm_status round_bf16_on(cm_device dev, float *p, int64_t n) {
-    if (dev == CM_DEVICE_CPU) {
+/* The same rounding of n floats on the model's device (d->mdev): on a GPU a cast to bf16 and
+ * back through a scratch the dist keeps (grown to the largest request; under cpu_offload every
+ * upload rounds), the backend's conversions rounding to nearest even as cmi_f32_to_bf16. */
+static cm_status round_bf16_on(cm_dist *d, float *p, int64_t n) {
+    if (d->mdev == CM_DEVICE_CPU) {
         round_bf16(p, n);
         return CM_OK;
     }
     if (n <= 0) return CM_OK;
-    const cmi_backend *be = cmi_backend_get(dev);
+    const cmi_backend *be = cmi_backend_get(d->mdev);
     if (!be) return cm_last_status() ? cm_last_status() : CM_ERR_UNSUPPORTED;
-    void *tmp = be->alloc(sizeof(uint16_t) * (size_t)n);
-    if (!tmp) return cm_last_status() ? cm_last_status() : CM_ERR_OOM;
+    if (d->rscratch && (d->rscratch_dev != d->mdev || d->rscratch_n < n)) {
+        cmi_dev_free(d->rscratch_dev, d->rscratch);
+        d->rscratch = NULL;
+    }
+    if (!d->rscratch) {
+        if (!(d->rscratch = cmi_dev_alloc(d->mdev, sizeof(uint16_t) * (size_t)n, false)))
+            return cm_last_status() ? cm_last_status() : CM_ERR_OOM;
+        d->rscratch_dev = d->mdev, d->rscratch_n = n;
+    }
     const int64_t shape[1] = {n}, one[1] = {1};
-    cm_status s = be->copy(tmp, CM_DTYPE_BF16, one, p, CM_DTYPE_F32, one, 1, shape);
-    if (!s) s = be->copy(p, CM_DTYPE_F32, one, tmp, CM_DTYPE_BF16, one, 1, shape);
-    be->free(tmp);
+    cm_status s = be->copy(d->rscratch, CM_DTYPE_BF16, one, p, CM_DTYPE_F32, one, 1, shape);
+    if (!s) s = be->copy(p, CM_DTYPE_F32, one, d->rscratch, CM_DTYPE_BF16, one, 1, shape);
     return s;
 }
 
@@ -368,6 +378,7 @@ void cm_dist_free(cm_dist *d) {
     cm_free(d->gstage);
     cm_free(d->bufs);
     cm_free(d->buf_n);
+    if (d->rscratch) cmi_dev_free(d->rscratch_dev, d->rscratch);
     if (d->hybrid) {
         cm_comm_free(d->rcomm);
         if (d->scomm != d->comm) cm_comm_free(d->scomm);
@@ -726,7 +737,7 @@ static cm_status gather(cm_dist *d, int u, bool f32) {
     d->last_use[u] = ++d->tick;
     const bool want_hi = d->mp_params && f32;
     if (d->resident[u] && d->hi && d->hi[u] && !want_hi) { /* f32 masters in the buffer: rounded for the tape */
-        cm_status s = round_bf16_on(d->mdev, cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u] * d->world);
+        cm_status s = round_bf16_on(d, cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u] * d->world);
         if (s) return s;
         d->hi[u] = false;
     }
@@ -746,7 +757,7 @@ static cm_status gather(cm_dist *d, int u, bool f32) {
          * casts an offloaded shard after moving it */
         cm_status s = d->be->vm_map(p);
         if (!s) s = d->be->memcpy(p, d->pshard[u], sizeof(float) * (size_t)d->chunk[u], CMI_H2D);
-        if (!s && d->mp_params && !f32) s = round_bf16_on(d->mdev, p, d->chunk[u]);
+        if (!s && d->mp_params && !f32) s = round_bf16_on(d, p, d->chunk[u]);
         if (s) {
             d->be->vm_unmap(p);
             return s;
@@ -828,7 +839,7 @@ static cm_status take_pending(cm_dist *d, int u) {
     d->greq[u] = NULL;
     if (d->offload) d->upev[u] = NULL;
     if (!s && d->offload && d->mp_params) /* the uploaded master rounded for the tape, after the upload */
-        s = round_bf16_on(d->mdev, cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u]);
+        s = round_bf16_on(d, cm_module_unit(cm_model_module(d->model), u)->params, d->chunk[u]);
     d->pending[u] = false;
     d->n_pending--;
     if (d->gstage && d->gstage[u]) { /* a bf16 gather: widened into the buffer */
@@ -1046,7 +1057,7 @@ static void prefetch_post(cm_dist *d, cm_tape *tp, const cm_node *node) {
 
 static cm_status round_buffers(cm_dist *d) {
     cm_status s = CM_OK;
-    for (int i = 0; i < d->n_bufs && !s; i++) s = round_bf16_on(d->mdev, d->bufs[i], d->buf_n[i]);
+    for (int i = 0; i < d->n_bufs && !s; i++) s = round_bf16_on(d, d->bufs[i], d->buf_n[i]);
     return s;
 }
 
@@ -1163,7 +1174,7 @@ static cm_status mp_fetch(cm_dist *d, const cm_tensor *t) {
     const char *p = cm_tensor_data(t);
     for (int i = 0; i < d->n_bufs; i++)
         if (p >= (const char *)d->bufs[i] && p < (const char *)(d->bufs[i] + d->buf_n[i]))
-            return round_bf16_on(d->mdev, d->bufs[i], d->buf_n[i]);
+            return round_bf16_on(d, d->bufs[i], d->buf_n[i]);
     if (d->full || !d->mp_params) return CM_OK;
     const int u = unit_of(d, p);
     if (u < 0 || !d->hi[u]) return CM_OK;
@@ -1176,7 +1187,7 @@ static cm_status mp_fetch(cm_dist *d, const cm_tensor *t) {
         s = cmi_dev_memcpy(d->master[u], d->mdev, ui->params, d->mdev, sizeof(float) * (size_t)ui->numel);
         if (s) return s;
     }
-    if ((s = round_bf16_on(d->mdev, ui->params, ui->numel))) return s;
+    if ((s = round_bf16_on(d, ui->params, ui->numel))) return s;
     d->hi[u] = false;
     return CM_OK;
 }
@@ -1431,7 +1442,7 @@ static cm_status start_next(cm_dist *d) {
     if (d->offload) { /* a gradient backward never reached is zero: nothing to add */
         /* a bf16 reduce_dtype: the reduction over one rank is the rounding, on the device before
          * the download (each microbatch's, as FULL_SHARD reduces each one) */
-        s = d->gmapped[u] && d->mp_reduce ? round_bf16_on(d->mdev, ui->grads, d->chunk[u]) : CM_OK;
+        s = d->gmapped[u] && d->mp_reduce ? round_bf16_on(d, ui->grads, d->chunk[u]) : CM_OK;
         if (!s && d->gmapped[u])
             s = d->be->copy_start(d->grecv[u], ui->grads, sizeof(float) * (size_t)d->chunk[u], CMI_D2H, &d->downev[u]);
     } else if (d->stage) { /* several ranks on GPUs: downloaded first, reduced in stage_progress */
@@ -1439,7 +1450,7 @@ static cm_status start_next(cm_dist *d) {
         if (!s) d->sstate[u] = STAGE_DOWNLOADING;
     } else if (d->mp_reduce && d->mdev != CM_DEVICE_CPU) {
         /* one rank on a GPU: the reduction over one rank is the rounding */
-        s = round_bf16_on(d->mdev, ui->grads, n);
+        s = round_bf16_on(d, ui->grads, n);
     } else if (d->mp_reduce && d->sharded) { /* a bf16 copy, reduced as bf16 and widened back in finish_reduce */
         d->rsend[u] = cm_alloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1), 64);
         d->rrecv[u] = cm_alloc(sizeof(uint16_t) * (size_t)(d->chunk[u] > 0 ? d->chunk[u] : 1), 64);

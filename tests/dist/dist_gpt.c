@@ -231,11 +231,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         cm_module *root = cm_model_module(model);
-        for (int u = 0; !gpu && u < cm_module_n_units(root); u++) {
-            const cm_unit_info *ui = cm_module_unit(root, u);
-            for (int64_t i = 0; i < ui->numel; i++) fprintf(f, "%.9g\n", ui->params[i]);
-        }
-        for (int64_t k = 0; gpu && k < cm_module_n_params(root); k++) { /* a host copy of each parameter */
+        for (int64_t k = 0; k < cm_module_n_params(root); k++) { /* a host copy of each parameter (it may be on a GPU) */
             cm_tensor *h;
             TRY(cm_tensor_to_device(cm_module_param_info(root, k).tensor, CM_DEVICE_CPU, &h));
             const float *p = cm_tensor_data(h);
