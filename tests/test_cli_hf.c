@@ -7,6 +7,7 @@
 #include "cmtest.h"
 #include "cmtrain.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +223,78 @@ static void expect_fail(const char *args, int want_rc, const char *s1, const cha
     cr_assert(strstr(out, s1), "'%s' not in:\n%s", s1, out);
     if (s2) cr_assert(strstr(out, s2), "'%s' not in:\n%s", s2, out);
 }
+
+/* The numbers logged under `key` in a run folder's metrics.jsonl, in order (at most cap). */
+static int logged(const char *run_name, const char *key, double *v, int cap) {
+    char path[256], *data;
+    size_t n;
+    snprintf(path, sizeof path, DIR "/runs/%s/metrics.jsonl", run_name);
+    read_all(path, &data, &n);
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    int k = 0;
+    for (const char *p = strstr(data, pat); p && k < cap; p = strstr(p + 1, pat)) v[k++] = strtod(p + strlen(pat), NULL);
+    free(data);
+    return k;
+}
+
+/* llm-foundry's allow_pad_trimming: batches cut to their longest row train and evaluate as the
+ * batches padded to max_seq_len (the model masks the padding; dropout off, since its masks are
+ * drawn for the shape) — a classifier on SST-2 rows padded to 32 (the dev set's rows too), and
+ * masked-LM pretraining line by line, whose labels are cut with the ids. */
+Test(cli_hf, allow_pad_trimming_trains_and_evaluates_as_padding_to_max_seq_len) {
+    static char out[1 << 16];
+    static const char *const cfgs[2][2] = {
+        {"cls.yaml train_loader.dataset.max_seq_len=32 max_duration=6ba eval_interval=3ba save_folder=null callbacks=null"
+         " model.config_overrides.hidden_dropout_prob=0 model.config_overrides.attention_probs_dropout_prob=0",
+         " train_loader.dataset.allow_pad_trimming=true eval_loader.dataset.allow_pad_trimming=true"},
+        {"mlm.yaml max_duration=6ba train_loader.dataset.line_by_line=true model.config_overrides.hidden_dropout_prob=0"
+         " model.config_overrides.attention_probs_dropout_prob=0",
+         " train_loader.dataset.allow_pad_trimming=true train_loader.dataset.pad_to_multiple_of=4"}};
+    for (int i = 0; i < 2; i++) {
+        char args[1024];
+        double la[16], lb[16], ea[4], eb[4];
+        snprintf(args, sizeof args, "train " DIR "/%s run_name=pad%d", cfgs[i][0], i);
+        int rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+        cr_assert(!strstr(out, "allow_pad_trimming"), "%s", out);
+        snprintf(args, sizeof args, "train " DIR "/%s run_name=trim%d%s", cfgs[i][0], i, cfgs[i][1]);
+        rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+        cr_assert(strstr(out, "train_loader: each batch cut to its longest row, a multiple of"), "%s", out);
+        char name[16];
+        snprintf(name, sizeof name, "pad%d", i);
+        const int na = logged(name, "loss/train/total", la, 16);
+        snprintf(name, sizeof name, "trim%d", i);
+        const int nb = logged(name, "loss/train/total", lb, 16);
+        cr_assert(na == 6 && nb == 6, "6 losses each (%d, %d)", na, nb);
+        for (int k = 0; k < na; k++)
+            cr_assert(fabs(la[k] - lb[k]) <= 1e-5 * fabs(la[k]), "config %d batch %d: loss %.8f trimmed, %.8f padded", i,
+                      k + 1, lb[k], la[k]);
+        if (i == 0) {
+            cr_assert(strstr(out, "eval_loader: each batch cut to its longest row, a multiple of 8"), "%s", out);
+            const int ma = logged("pad0", "metrics/eval/CrossEntropy", ea, 4), mb = logged("trim0", "metrics/eval/CrossEntropy", eb, 4);
+            cr_assert(ma == 2 && mb == 2, "two evaluations each (%d, %d)", ma, mb);
+            for (int k = 0; k < ma; k++)
+                cr_assert(fabs(ea[k] - eb[k]) <= 1e-5 * fabs(ea[k]), "evaluation %d: %.8f trimmed, %.8f padded", k + 1, eb[k],
+                          ea[k]);
+        }
+    }
+    /* bad values are named */
+    expect_fail("train " DIR "/cls.yaml train_loader.dataset.pad_to_multiple_of=8", 2,
+                "train_loader.dataset.pad_to_multiple_of: has no effect without", "allow_pad_trimming: true");
+    expect_fail("train " DIR "/cls.yaml train_loader.dataset.allow_pad_trimming=true train_loader.dataset.pad_to_multiple_of=0",
+                2, "train_loader.dataset.pad_to_multiple_of", "must be >= 1");
+    /* a causal-LM text dataset is full rows of ids and labels: nothing to cut by */
+    write_file(DIR "/gpt-trim.yaml", "run_root: " DIR "/runs\n"
+                                     "model: {name: hf, pretrained_model_name_or_path: tests/golden/hf/gpt2, task: causal_lm}\n"
+                                     "train_loader:\n"
+                                     "  dataset: {type: text, path: " DIR "/shake.txt, max_seq_len: 16, allow_pad_trimming: true}\n"
+                                     "  batch_size: 4\n"
+                                     "max_duration: 1ba\n");
+    expect_fail("train " DIR "/gpt-trim.yaml", 1, "train_loader.dataset.allow_pad_trimming", "'attention_mask' field");
+}
+
 
 Test(cli_hf, bad_models_datasets_and_folders_are_named) {
     expect_fail("train " DIR "/cls.yaml model.task=null", 2, "model.task: required", "sequence_classification");

@@ -7,6 +7,7 @@
 #include "cmtest.h"
 
 #include <composer/tokenizer.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +117,37 @@ Test(cli_plan_memory, the_mnist_example_plans) {
     const double m = field(out, "microbatch size");
     cr_expect(m >= 1 && m <= 128, "%s", out);
     cr_expect(strstr(out, "device_train_microbatch_size is 0"), "a fixed size is said: %s", out);
+}
+
+/* allow_pad_trimming: the first batch may be shorter than later ones, so the plan is made on its
+ * rows padded to max_seq_len (64; these rows are cut to 16) — the same plan as without trimming (a plan of the cut rows would
+ * see a fraction of the activations and pick a size the longer batches do not fit). */
+Test(cli_plan_memory, a_trimmed_loader_is_planned_at_its_full_length) {
+    /* short rows (at most 8 words): every batch is cut well below max_seq_len */
+    cr_assert_eq(system("awk 'NR == 1 || NF <= 9' ../shared/data/sst2/train.tsv | head -201 > " DIR "/sub.tsv"), 0);
+    FILE *f = fopen(DIR "/cls.yaml", "w");
+    cr_assert_not_null(f);
+    fputs("run_root: " DIR "/runs\n"
+          "max_duration: 1ba\n"
+          "device_train_microbatch_size: auto\n"
+          "model: {name: hf, pretrained_model_name_or_path: examples/bert-tiny, pretrained: false,"
+          " task: sequence_classification, num_labels: 2, config_overrides: {hidden_size: 32,"
+          " intermediate_size: 64, num_hidden_layers: 1, max_position_embeddings: 64}}\n"
+          "tokenizer: {name: ../shared/data/bert}\n"
+          "train_loader:\n"
+          "  dataset: {type: tsv, path: " DIR "/sub.tsv, max_seq_len: 64}\n"
+          "  batch_size: 16\n",
+          f);
+    fclose(f);
+#define TRIM_CFG CM_COMPOSER_BIN " train " DIR "/cls.yaml --plan-memory"
+    int rc = cmt_run_capture(TRIM_CFG, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const double act = field(out, "activations"), peak = field(out, "predicted peak");
+    rc = cmt_run_capture(TRIM_CFG " train_loader.dataset.allow_pad_trimming=true", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "each batch cut to its longest row"), "%s", out);
+    cr_expect(fabs(field(out, "activations") - act) <= 0.01 * act && fabs(field(out, "predicted peak") - peak) <= 0.01 * peak,
+              "activations %g MiB and peak %g MiB padded to 64; trimmed:\n%s", act, peak, out);
 }
 
 Test(cli_plan_memory, help_documents_the_flag_and_the_budget) {

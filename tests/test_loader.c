@@ -529,3 +529,143 @@ Test(loader, resume_on_a_different_world_size_sees_the_same_global_batches) {
     for (int r = 0; r < 3; r++) cm_dataloader_free(dls[r]);
     cm_dataset_free(ds);
 }
+
+/* ---- trim_padding (llm-foundry's allow_pad_trimming) ----
+ * Sample i of a padded text-like dataset, L = 20: row length n = (7 i) % 21 (0 .. 20, empty rows
+ * included); "input_ids" i32 (L) = 100 i + t then 0; "attention_mask" f32 (L) = 1 then 0 (a float
+ * mask: any dtype works); "pair" i64 (L, 2) = (i, t) then (-1, -1); "other" i32 (5) and "label"
+ * i64 () are not sequence fields. */
+enum { RG_L = 20 };
+typedef struct ragged {
+    int64_t n;
+    int n_fields; /* 5, or 4 without the mask */
+    cm_field_desc fields[5];
+} ragged;
+static int64_t rg_len(void *self) { return ((ragged *)self)->n; }
+static int rg_n_fields(void *self) { return ((ragged *)self)->n_fields; }
+static const cm_field_desc *rg_field(void *self, int i) { return &((ragged *)self)->fields[i]; }
+static int64_t rg_row_len(int64_t i) { return 7 * i % 21; }
+static cm_status rg_get(void *self, int64_t i, const cm_sample_ctx *ctx, void *const *out) {
+    (void)ctx;
+    const ragged *r = self;
+    const int64_t n = rg_row_len(i);
+    int32_t *ids = out[0];
+    int64_t *pair = out[1];
+    for (int64_t t = 0; t < RG_L; t++) {
+        ids[t] = t < n ? (int32_t)(100 * i + t) : 0;
+        pair[2 * t] = t < n ? i : -1;
+        pair[2 * t + 1] = t < n ? t : -1;
+    }
+    for (int k = 0; k < 5; k++) ((int32_t *)out[2])[k] = (int32_t)(i + k);
+    *(int64_t *)out[3] = i % 2;
+    if (r->n_fields == 5)
+        for (int64_t t = 0; t < RG_L; t++) ((float *)out[4])[t] = t < n ? 1.0f : 0.0f;
+    return CM_OK;
+}
+static const cm_dataset_i ragged_vt = {.abi = CM_DATASET_ABI, .type_name = "ragged", .len = rg_len,
+                                       .n_fields = rg_n_fields, .field = rg_field, .get = rg_get};
+static cm_dataset *ragged_new(int64_t n, bool with_mask) {
+    ragged *r = calloc(1, sizeof *r);
+    r->n = n;
+    r->n_fields = with_mask ? 5 : 4;
+    r->fields[0] = (cm_field_desc){.name = "input_ids", .dtype = CM_DTYPE_I32, .ndim = 1, .shape = {RG_L}};
+    r->fields[1] = (cm_field_desc){.name = "pair", .dtype = CM_DTYPE_I64, .ndim = 2, .shape = {RG_L, 2}};
+    r->fields[2] = (cm_field_desc){.name = "other", .dtype = CM_DTYPE_I32, .ndim = 1, .shape = {5}};
+    r->fields[3] = (cm_field_desc){.name = "label", .dtype = CM_DTYPE_I64, .ndim = 0};
+    r->fields[4] = (cm_field_desc){.name = "attention_mask", .dtype = CM_DTYPE_F32, .ndim = 1, .shape = {RG_L}};
+    cm_dataset *ds;
+    cr_assert_eq(cm_dataset_new(&ragged_vt, r, &ds), CM_OK, "%s", cm_last_error());
+    return ds;
+}
+
+Test(loader, trim_padding_cuts_each_batch_to_its_longest_row_and_keeps_everything_else) {
+    cm_dataset *ds = ragged_new(53, true);
+    const int64_t multiples[] = {1, 8, 32};
+    int64_t n_cut = 0, n_batches = 0, lengths_seen = 0;
+    for (int mode = 0; mode < 2; mode++)
+        for (int world = 1; world <= 3; world += 2)
+            for (int mi = 0; mi < 3; mi++)
+                for (int workers = 0; workers <= 2; workers += 2) {
+                    const int64_t m = multiples[mi];
+                    cm_dataloader_config ref_cfg = mode ? cm_dataloader_config_eval() : cm_dataloader_config_default();
+                    ref_cfg.batch_size = 6, ref_cfg.seed = 5, ref_cfg.world_size = world, ref_cfg.rank = world - 1;
+                    ref_cfg.drop_last = false;
+                    cm_dataloader_config cfg = ref_cfg;
+                    cfg.trim_padding = true, cfg.pad_to_multiple_of = m, cfg.num_workers = workers;
+                    cm_dataloader *ref = loader(ds, ref_cfg), *dl = loader(ds, cfg);
+                    uint32_t seen = 0;
+                    for (int step = 0; step < 40; step++) {
+                        cm_batch *a = next_batch(ref), *b = next_batch(dl);
+                        cr_assert_eq(!a, !b);
+                        if (!a) break;
+                        n_batches++;
+                        cr_assert_eq(b->n_rows, a->n_rows);
+                        int64_t longest = 0;
+                        for (int64_t r = 0; r < a->n_rows; r++) {
+                            cr_assert_eq(b->indices[r], a->indices[r]);
+                            const int64_t idx = a->indices[r] >= 0 ? a->indices[r] : a->indices[0];
+                            if (rg_row_len(idx) > longest) longest = rg_row_len(idx);
+                        }
+                        int64_t want = (longest + m - 1) / m * m;
+                        if (want < 1) want = m;
+                        if (want > RG_L) want = RG_L;
+                        n_cut += want < RG_L;
+                        if (want < 32) seen |= 1u << want;
+                        for (int f = 0; f < 5; f++) {
+                            const cm_tensor *ta = a->fields[f], *tb = b->fields[f];
+                            cr_assert_str_eq(b->names[f], a->names[f]);
+                            const bool seq = f != 2 && f != 3;
+                            cr_assert_eq(cm_tensor_ndim(tb), cm_tensor_ndim(ta));
+                            cr_assert_eq(cm_tensor_dim(tb, 0), a->n_rows);
+                            for (int k = 1; k < cm_tensor_ndim(ta); k++)
+                                cr_assert_eq(cm_tensor_dim(tb, k), k == 1 && seq ? want : cm_tensor_dim(ta, k),
+                                             "mode %d world %d multiple %lld: field '%s' dim %d is %lld", mode, world,
+                                             (long long)m, a->names[f], k, (long long)cm_tensor_dim(tb, k));
+                            const int64_t per_row_a = a->n_rows ? cm_tensor_numel(ta) / a->n_rows : 0;
+                            const int64_t per_row_b = a->n_rows ? cm_tensor_numel(tb) / a->n_rows : 0;
+                            const int64_t per_pos = seq ? per_row_a / RG_L : per_row_a;
+                            for (int64_t r = 0; r < a->n_rows; r++)
+                                for (int64_t e = 0; e < per_row_a; e++) {
+                                    const double va = cm_tensor_get_flat(ta, r * per_row_a + e);
+                                    if (!seq || e / per_pos < want) {
+                                        const double vb = cm_tensor_get_flat(tb, r * per_row_b + e);
+                                        cr_assert_eq(vb, va, "field '%s' row %lld element %lld: %g, untrimmed %g",
+                                                     a->names[f], (long long)r, (long long)e, vb, va);
+                                    } else {
+                                        /* what was cut is padding only */
+                                        cr_assert(va == 0.0 || va == -1.0, "field '%s' row %lld: cut a real value %g",
+                                                  a->names[f], (long long)r, va);
+                                    }
+                                }
+                        }
+                    }
+                    if (m == 1) lengths_seen += __builtin_popcount(seen);
+                    cm_dataloader_free(dl);
+                    cm_dataloader_free(ref);
+                }
+    cr_assert_gt(n_cut, n_batches / 2, "most batches are cut (%lld of %lld)", (long long)n_cut, (long long)n_batches);
+    cr_assert_gt(lengths_seen, 8, "batches of many different lengths (%lld)", (long long)lengths_seen);
+    cm_dataset_free(ds);
+}
+
+Test(loader, trim_padding_needs_an_attention_mask_and_a_positive_multiple) {
+    cm_dataset *bare = ragged_new(10, false), *ds = ragged_new(10, true);
+    cm_dataloader_config cfg = cm_dataloader_config_default();
+    cfg.batch_size = 4;
+    cfg.trim_padding = true;
+    cm_dataloader *dl = NULL;
+    cr_assert_eq(cm_dataloader_new(bare, &cfg, &dl), CM_ERR_NOT_FOUND);
+    cr_assert(!dl);
+    cr_assert(strstr(cm_last_error(), "attention_mask") && strstr(cm_last_error(), "ragged") &&
+                  strstr(cm_last_error(), "trim_padding"),
+              "%s", cm_last_error());
+    cfg.pad_to_multiple_of = 0;
+    cr_assert_eq(cm_dataloader_new(ds, &cfg, &dl), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "pad_to_multiple_of 0"), "%s", cm_last_error());
+    cfg.trim_padding = false; /* the multiple is not looked at without trimming */
+    dl = loader(ds, cfg);
+    cr_assert_eq(cm_tensor_dim(next_batch(dl)->fields[0], 1), RG_L);
+    cm_dataloader_free(dl);
+    cm_dataset_free(bare);
+    cm_dataset_free(ds);
+}

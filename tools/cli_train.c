@@ -802,11 +802,23 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
     TRY(get_i(c, sec, "prefetch_depth", 2, &pf));
     lc.prefetch_depth = (int)pf;
     lc.seed = r->seed;
+    /* llm-foundry's dataset.allow_pad_trimming: each batch cut to its longest row (a multiple of
+     * pad_to_multiple_of, Hugging Face's collator argument; 8 as llm-foundry's collator) */
+    char dk[256], tk[256];
+    keyf(dk, sizeof dk, sec, "dataset");
+    TRY(get_b(c, dk, "allow_pad_trimming", false, &lc.trim_padding));
+    if (!lc.trim_padding && cm_config_has(c, keyf(tk, sizeof tk, dk, "pad_to_multiple_of")))
+        return bad(c, tk, "has no effect without %s.allow_pad_trimming: true (batches are padded to max_seq_len)", dk);
+    TRY(get_i(c, dk, "pad_to_multiple_of", 8, &lc.pad_to_multiple_of));
+    keyf(tk, sizeof tk, dk, lc.pad_to_multiple_of < 1 ? "pad_to_multiple_of" : "allow_pad_trimming");
     /* batch_size stays the global batch (Composer's global_train_batch_size): each rank loads its
      * slice of it, and the trainer weights every rank's microbatches by their share */
     lc.rank = r->rank;
     lc.world_size = r->world;
-    if (cm_dataloader_new(*ds, &lc, dl) != CM_OK) return at_key(c, sec, cm_last_status());
+    if (cm_dataloader_new(*ds, &lc, dl) != CM_OK) return at_key(c, lc.trim_padding ? tk : sec, cm_last_status());
+    if (lc.trim_padding)
+        cli_say(&r->ctx, "%s: each batch cut to its longest row, a multiple of %lld (allow_pad_trimming)\n", sec,
+                (long long)lc.pad_to_multiple_of);
     return CM_OK;
 }
 
@@ -1317,7 +1329,8 @@ static void print_keys(FILE *f) {
             "  eval_loader:       (tokens: a .bin file or glob; text: a file or a list, .tsv files by column),\n"
             "                     seq_len (tokens), crop_padding, hflip_p (cifar10), max_seq_len (128),\n"
             "                     text_column (sentence), label_column (label), line_by_line (false),\n"
-            "                     mlm_probability (0.15, masked_lm)},\n"
+            "                     mlm_probability (0.15, masked_lm), allow_pad_trimming (false; true: each\n"
+            "                     batch cut to its longest row, llm-foundry's), pad_to_multiple_of (8)},\n"
             "                     batch_size (global), shuffle, drop_last, num_workers (1), prefetch_depth;\n"
             "                     or dataset: {type: streaming (MosaicML Streaming's MDS), remote (s3://, gs://,\n"
             "                     oci://, file://, a folder), local (the cache), split, streams: {name: {remote,\n"

@@ -233,6 +233,18 @@ typedef struct cm_dataloader_config {
     int rank;            /* this process's rank, 0 <= rank < world_size; default 0 */
     int world_size;      /* default 1 */
     cm_data_mode mode;   /* default CM_DATA_TRAIN */
+    /* Padding trimming (llm-foundry's allow_pad_trimming; Hugging Face's DataCollatorWithPadding
+     * pads to the batch's longest row the same way): every batch's sequence fields are cut to its
+     * longest row, rounded up to pad_to_multiple_of and never past the dataset's length. A row's
+     * length is one past its last position whose "attention_mask" is nonzero; the dataset must
+     * have that field, with a per-sample shape (L, ...), and pad at the end. The sequence fields
+     * are those whose per-sample shape starts with L (ids, token types, masked-LM labels, the mask
+     * itself): a batch of them is (n_rows, L', ...) with L' <= L, the positions cut all padding;
+     * other fields (a class label) are untouched. Each rank cuts its own rows, so ranks may differ
+     * in L'; evaluation padding rows copy a real row and count like one. A model that masks its
+     * padding computes the same result on the shorter batch at less cost. Default false. */
+    bool trim_padding;
+    int64_t pad_to_multiple_of; /* with trim_padding: L' is a multiple of it (or L); >= 1; default 8 */
 } cm_dataloader_config;
 
 /* Training defaults (listed above). */
@@ -254,7 +266,9 @@ typedef struct cm_dataloader cm_dataloader;
  * threads start at once and begin filling batches. Errors: CM_ERR_INVALID_ARG (batch_size < 1,
  * num_workers < 0, prefetch_depth < 1, rank/world_size out of range, an empty dataset, or a
  * training loader with drop_last whose dataset is smaller than one global batch — it would never
- * yield a batch), CM_ERR_OOM, CM_ERR_INTERNAL (a thread could not be started). */
+ * yield a batch, or trim_padding with pad_to_multiple_of < 1), CM_ERR_NOT_FOUND (trim_padding on a
+ * dataset without an "attention_mask" field of per-sample shape (L, ...)), CM_ERR_OOM,
+ * CM_ERR_INTERNAL (a thread could not be started). */
 cm_status cm_dataloader_new(const cm_dataset *ds, const cm_dataloader_config *cfg, cm_dataloader **out);
 
 /* Stops the workers (each finishes the rows it holds, at most batch / (4 · num_workers), mid-epoch

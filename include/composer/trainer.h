@@ -893,7 +893,10 @@ cm_status cm_trainer_fit(cm_trainer *tr, const cm_fit_opts *opts);
  * reaches. The run then uses the chosen size first; the out-of-memory search stays as the
  * fallback from it. Parameters, gradients and optimizer state are read from the model's flat
  * buffers and the optimizer's state (under SHARD_GRAD_OP / FULL_SHARD what this rank holds of the
- * shards); they live outside the arena and its budget and are reported, not planned.
+ * shards); they live outside the arena and its budget and are reported, not planned. A train
+ * loader with trim_padding cuts each batch to its longest row, so the first batch can be shorter
+ * than later ones: the dry runs take its rows as the dataset pads them (its full length), so the
+ * size chosen fits the longest batch.
  * The dry runs leave no trace: no event fires (so memory a plugin takes on a microbatch event is
  * not seen: the search then takes over), the batch-norm statistics and dropout counters are
  * restored, no optimizer step, loss or metric value is logged; the timestamp and the loader do not

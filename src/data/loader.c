@@ -51,6 +51,7 @@ typedef struct slot {
     int64_t *order_ids;               /* (cap_rows,) for datasets with their own order */
     cm_tensor *views[CM_DATASET_MAX_FIELDS]; /* (view_rows, ...) over buf */
     int64_t view_rows;
+    int64_t view_len; /* with trim_padding: the sequence fields' length in the views */
     cm_batch batch;
 } slot;
 
@@ -71,6 +72,10 @@ struct cm_dataloader {
     cm_dataloader_state state;  /* where the consumer stands */
     cm_dataloader_state cursor; /* where scheduling stands (>= state) */
     bool ordered;               /* the dataset decides the order (cm_dataset_has_order) */
+    /* trim_padding: the mask field, the dataset's length L, and which fields are (L, ...) */
+    int mask_field;
+    int64_t seq_len;
+    bool is_seq[CM_DATASET_MAX_FIELDS];
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv;
     bool stop;
@@ -89,6 +94,8 @@ cm_dataloader_config cm_dataloader_config_default(void) {
         .rank = 0,
         .world_size = 1,
         .mode = CM_DATA_TRAIN,
+        .trim_padding = false,
+        .pad_to_multiple_of = 8,
     };
     return c;
 }
@@ -292,16 +299,51 @@ static void free_views(slot *sl, int n_fields) {
 
 /* Turns a ready slot into the batch the trainer sees. Without the lock: no worker touches a READY
  * slot. */
+/* trim_padding: the length the slot's rows are cut to — one past the last nonzero mask position
+ * of any row, rounded up to pad_to_multiple_of, at most L — and the sequence fields' rows moved
+ * together in place (row r's first L' positions to r·L' · bytes per position; a row never moves
+ * past data not yet moved, since L' <= L). */
+static int64_t trim_rows(cm_dataloader *dl, slot *sl, int64_t rows) {
+    const int64_t L = dl->seq_len, m = dl->cfg.pad_to_multiple_of;
+    const size_t mpos = dl->fbytes[dl->mask_field] / (size_t)L; /* mask bytes per position */
+    int64_t longest = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)sl->buf[dl->mask_field] + (size_t)r * dl->fbytes[dl->mask_field];
+        for (int64_t t = L - 1; t >= longest; t--) {
+            bool set = false;
+            for (size_t k = 0; k < mpos && !set; k++) set = row[(size_t)t * mpos + k] != 0;
+            if (set) {
+                longest = t + 1;
+                break;
+            }
+        }
+    }
+    int64_t cut = (longest + m - 1) / m * m;
+    if (cut < 1) cut = m; /* every row empty: one multiple, as a collator padding nothing to m */
+    if (cut > L) cut = L;
+    if (cut == L) return L;
+    for (int f = 0; f < dl->n_fields; f++) {
+        if (!dl->is_seq[f]) continue;
+        const size_t pos = dl->fbytes[f] / (size_t)L;
+        char *buf = sl->buf[f];
+        for (int64_t r = 1; r < rows; r++)
+            memmove(buf + (size_t)(r * cut) * pos, buf + (size_t)(r * L) * pos, (size_t)cut * pos);
+    }
+    return cut;
+}
+
 static cm_status finalize(cm_dataloader *dl, slot *sl) {
     const item *it = &sl->it;
     cm_batch *b = &sl->batch;
-    if (sl->view_rows != it->rows) {
+    const int64_t len = dl->cfg.trim_padding ? trim_rows(dl, sl, it->rows) : 0;
+    if (sl->view_rows != it->rows || sl->view_len != len) {
         free_views(sl, dl->n_fields);
         for (int f = 0; f < dl->n_fields; f++) {
             const cm_field_desc *d = cm_dataset_field(dl->ds, f);
             int64_t shape[CM_MAX_DIMS + 1];
             shape[0] = it->rows;
             for (int k = 0; k < d->ndim; k++) shape[k + 1] = d->shape[k];
+            if (dl->cfg.trim_padding && dl->is_seq[f]) shape[1] = len;
             if (d->ndim + 1 > CM_MAX_DIMS) {
                 free_views(sl, dl->n_fields);
                 return cm_set_error(CM_ERR_SHAPE,
@@ -315,6 +357,7 @@ static cm_status finalize(cm_dataloader *dl, slot *sl) {
             }
         }
         sl->view_rows = it->rows;
+        sl->view_len = len;
     }
     memset(b, 0, sizeof *b);
     b->n_fields = dl->n_fields;
@@ -518,9 +561,30 @@ cm_status cm_dataloader_new(const cm_dataset *ds, const cm_dataloader_config *cf
                                 cm_dataset_field(ds, f)->name, cm_dataset_field(ds, f)->ndim,
                                 cm_dataset_field(ds, f)->ndim + 1, CM_MAX_DIMS);
 
+    int mask = -1;
+    if (cfg.trim_padding) {
+        if (cfg.pad_to_multiple_of < 1)
+            return cm_set_error(CM_ERR_INVALID_ARG, "dataloader: pad_to_multiple_of %lld (must be >= 1; 1 cuts to the "
+                                                    "longest row exactly)", (long long)cfg.pad_to_multiple_of);
+        mask = cm_dataset_find_field(ds, "attention_mask");
+        if (mask < 0 || cm_dataset_field(ds, mask)->ndim < 1 || cm_dataset_field(ds, mask)->shape[0] < 1)
+            return cm_set_error(CM_ERR_NOT_FOUND, "dataloader: trim_padding cuts batches by their 'attention_mask' "
+                                                  "field (per-sample shape (L, ...)); dataset '%s' has %s — turn "
+                                                  "trim_padding off for it",
+                                cm_dataset_type_name(ds), mask < 0 ? "none" : "one without a sequence dimension");
+    }
+
     cm_dataloader *dl = cm_alloc_zeroed(sizeof *dl, 64);
     if (!dl) return CM_ERR_OOM;
     dl->ds = ds;
+    dl->mask_field = mask;
+    if (mask >= 0) {
+        dl->seq_len = cm_dataset_field(ds, mask)->shape[0];
+        for (int f = 0; f < cm_dataset_n_fields(ds); f++) {
+            const cm_field_desc *d = cm_dataset_field(ds, f);
+            dl->is_seq[f] = d->ndim >= 1 && d->shape[0] == dl->seq_len;
+        }
+    }
     dl->cfg = cfg;
     dl->len = len;
     dl->ordered = ordered;

@@ -181,6 +181,44 @@ static cm_status measure(cm_trainer *tr, cm_batch *b, double global_w, cm_memory
     return CM_OK;
 }
 
+/* With trim_padding (allow_pad_trimming) a batch is only as long as its longest row, and the first
+ * batch may be shorter than later ones: the plan runs on the same rows as the dataset pads them
+ * (to its full length, the longest any batch can be), so the size it picks fits every batch.
+ * *full is b with the sequence fields replaced by owned[] (freed by the caller), or b itself when
+ * nothing was cut or b is not the loader's batch (a transform changed its fields). */
+static cm_status untrimmed(cm_trainer *tr, const cm_batch *b, cm_batch *full, cm_tensor **owned) {
+    *full = *b;
+    for (int f = 0; f < CM_DATASET_MAX_FIELDS; f++) owned[f] = NULL;
+    const cm_dataloader *dl = tr->st.train_dl;
+    const cm_dataloader_config *c = dl ? cm_dataloader_get_config(dl) : NULL;
+    if (!c || !c->trim_padding || b->n_rows < 1 || !b->indices || b->indices[0] < 0) return CM_OK;
+    const cm_dataset *ds = cm_dataloader_dataset(dl);
+    if (cm_dataset_n_fields(ds) != b->n_fields) return CM_OK;
+    bool cut = false;
+    for (int f = 0; f < b->n_fields; f++) {
+        const cm_field_desc *d = cm_dataset_field(ds, f);
+        if (!b->names[f] || strcmp(b->names[f], d->name) || cm_tensor_ndim(b->fields[f]) != d->ndim + 1) return CM_OK;
+        if (d->ndim >= 1 && cm_tensor_dim(b->fields[f], 1) < d->shape[0]) cut = true;
+    }
+    if (!cut) return CM_OK;
+    for (int f = 0; f < b->n_fields; f++) {
+        const cm_field_desc *d = cm_dataset_field(ds, f);
+        int64_t shape[CM_MAX_DIMS] = {b->n_rows};
+        memcpy(shape + 1, d->shape, sizeof(int64_t) * (size_t)d->ndim);
+        if (cm_tensor_new(d->dtype, d->ndim + 1, shape, &owned[f]) != CM_OK) return cm_last_status();
+        full->fields[f] = owned[f];
+    }
+    const cm_sample_ctx ctx = {c->seed, b->epoch, c->mode == CM_DATA_TRAIN};
+    for (int64_t r = 0; r < b->n_rows; r++) {
+        void *out[CM_DATASET_MAX_FIELDS];
+        for (int f = 0; f < b->n_fields; f++)
+            out[f] = (char *)cm_tensor_data(owned[f]) + (size_t)r * cm_dataset_field_bytes(ds, f);
+        cm_status s = cm_dataset_get(ds, b->indices[r] >= 0 ? b->indices[r] : b->indices[0], &ctx, out);
+        if (s) return s;
+    }
+    return CM_OK;
+}
+
 /* Plans on batch b (this rank's rows), leaving no trace: batch-norm statistics, dropout counters
  * and the state's batch are put back. The gradients: fit plans just before a gradient pass, which
  * zeroes them anyway; standalone (keep_grads) they are copied back on the CPU, and zeroed on a GPU
@@ -218,7 +256,11 @@ static cm_status plan_batch(cm_trainer *tr, cm_batch *b, double global_w, bool k
     tr->dry = tr->probing = tr->record_pass = true;
     cm_module_train(root, true);
     plan_pts q = {{0}, {0}, 0};
-    cm_status s = measure(tr, b, global_w, p, &q);
+    cm_batch full;
+    cm_tensor *owned[CM_DATASET_MAX_FIELDS];
+    cm_status s = untrimmed(tr, b, &full, owned);
+    if (!s) s = measure(tr, &full, global_w, p, &q);
+    for (int f = 0; f < CM_DATASET_MAX_FIELDS; f++) cm_tensor_free(owned[f]);
     cm_tape_set_budget(tr->tape, tr->device, p->budget);
     char msg[1024] = "";
     if (s) snprintf(msg, sizeof msg, "%s", cm_last_error());
