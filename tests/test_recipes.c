@@ -70,14 +70,16 @@ Test(recipes, every_recipe_parses_and_trains_two_batches) {
         char *text = cmt_slurp(p, NULL);
         cr_assert_not_null(text, "cannot read %s", p);
         cr_expect(text[0] == '#', "%s does not open with a comment saying what it is", p);
-        /* a recipe applies methods or changes the schedule; a baseline does neither beyond clipping */
+        /* a recipe applies methods, changes the schedule or trims padding; a baseline does none of these
+         * beyond clipping */
         const bool baseline = strstr(p, "baseline") != NULL;
         const bool methods = strstr(text, "\nalgorithms:\n") && (strstr(text, "alibi") || strstr(text, "blurpool") ||
                                                                   strstr(text, "ema:") || strstr(text, "gated_linear") ||
                                                                   strstr(text, "seq_length_warmup"));
         const bool ssr = strstr(text, "scale_schedule_ratio") != NULL;
-        if (baseline) cr_expect(!methods && !ssr, "%s is a baseline but applies speed-up methods", p);
-        else cr_expect(methods || ssr, "%s is a recipe but changes neither methods nor schedule", p);
+        const bool trim = strstr(text, "allow_pad_trimming: true") != NULL; /* the padding's compute removed */
+        if (baseline) cr_expect(!methods && !ssr && !trim, "%s is a baseline but applies speed-up methods", p);
+        else cr_expect(methods || ssr || trim, "%s is a recipe but changes neither methods, schedule nor padding", p);
         free(text);
     }
     globfree(&g);

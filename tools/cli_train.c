@@ -809,7 +809,8 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
     TRY(get_b(c, dk, "allow_pad_trimming", false, &lc.trim_padding));
     if (!lc.trim_padding && cm_config_has(c, keyf(tk, sizeof tk, dk, "pad_to_multiple_of")))
         return bad(c, tk, "has no effect without %s.allow_pad_trimming: true (batches are padded to max_seq_len)", dk);
-    TRY(get_i(c, dk, "pad_to_multiple_of", 8, &lc.pad_to_multiple_of));
+    if (lc.trim_padding) /* read only then, so a run folder's config.yaml of an untrimmed run has no value for it */
+        TRY(get_i(c, dk, "pad_to_multiple_of", 8, &lc.pad_to_multiple_of));
     keyf(tk, sizeof tk, dk, lc.pad_to_multiple_of < 1 ? "pad_to_multiple_of" : "allow_pad_trimming");
     /* batch_size stays the global batch (Composer's global_train_batch_size): each rank loads its
      * slice of it, and the trainer weights every rank's microbatches by their share */

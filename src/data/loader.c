@@ -297,8 +297,6 @@ static void free_views(slot *sl, int n_fields) {
     sl->view_rows = -1;
 }
 
-/* Turns a ready slot into the batch the trainer sees. Without the lock: no worker touches a READY
- * slot. */
 /* trim_padding: the length the slot's rows are cut to — one past the last nonzero mask position
  * of any row, rounded up to pad_to_multiple_of, at most L — and the sequence fields' rows moved
  * together in place (row r's first L' positions to r·L' · bytes per position; a row never moves
@@ -332,6 +330,8 @@ static int64_t trim_rows(cm_dataloader *dl, slot *sl, int64_t rows) {
     return cut;
 }
 
+/* Turns a ready slot into the batch the trainer sees. Without the lock: no worker touches a READY
+ * slot. */
 static cm_status finalize(cm_dataloader *dl, slot *sl) {
     const item *it = &sl->it;
     cm_batch *b = &sl->batch;
