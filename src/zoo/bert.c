@@ -516,6 +516,14 @@ static cm_tensor *bm_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     bert_model *m = self;
     cm_tensor *ids = field(tp, cm_module_type_name(m->root), b, "input_ids");
     if (!ids) return NULL;
+    if (cm_tensor_device(ids) != CM_DEVICE_CPU) {
+        /* the embedding's [PAD] gradient mask, the padding mask and the masked-LM label gathers read
+         * input_ids, attention_mask and labels on the host: a clear error, not a read of device memory */
+        cm_tape_fail(tp, CM_ERR_UNSUPPORTED, "%s: BERT does not run on the GPU yet (its embedding, padding mask "
+                                             "and label gathers read the batch on the host); train it with device: cpu",
+                     cm_module_type_name(m->root));
+        return NULL;
+    }
     cm_tensor *in[3] = {ids, cm_model_batch_field(b, "attention_mask"), cm_model_batch_field(b, "token_type_ids")};
     int64_t n;
     cm_tensor *y = sparse_labels(m, b, ids, &n);
