@@ -804,19 +804,21 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
     lc.seed = r->seed;
     /* llm-foundry's dataset.allow_pad_trimming: each batch cut to its longest row (a multiple of
      * pad_to_multiple_of, Hugging Face's collator argument; 8 as llm-foundry's collator) */
-    char dk[256], tk[256];
+    char dk[256], trim_key[300], mult_key[300];
     keyf(dk, sizeof dk, sec, "dataset");
+    keyf(trim_key, sizeof trim_key, dk, "allow_pad_trimming");
+    keyf(mult_key, sizeof mult_key, dk, "pad_to_multiple_of");
     TRY(get_b(c, dk, "allow_pad_trimming", false, &lc.trim_padding));
-    if (!lc.trim_padding && cm_config_has(c, keyf(tk, sizeof tk, dk, "pad_to_multiple_of")))
-        return bad(c, tk, "has no effect without %s.allow_pad_trimming: true (batches are padded to max_seq_len)", dk);
+    if (!lc.trim_padding && cm_config_has(c, mult_key))
+        return bad(c, mult_key, "has no effect without %s: true (batches are padded to max_seq_len)", trim_key);
     if (lc.trim_padding) /* read only then, so a run folder's config.yaml of an untrimmed run has no value for it */
         TRY(get_i(c, dk, "pad_to_multiple_of", 8, &lc.pad_to_multiple_of));
-    keyf(tk, sizeof tk, dk, lc.pad_to_multiple_of < 1 ? "pad_to_multiple_of" : "allow_pad_trimming");
     /* batch_size stays the global batch (Composer's global_train_batch_size): each rank loads its
      * slice of it, and the trainer weights every rank's microbatches by their share */
     lc.rank = r->rank;
     lc.world_size = r->world;
-    if (cm_dataloader_new(*ds, &lc, dl) != CM_OK) return at_key(c, lc.trim_padding ? tk : sec, cm_last_status());
+    if (cm_dataloader_new(*ds, &lc, dl) != CM_OK)
+        return at_key(c, !lc.trim_padding ? sec : lc.pad_to_multiple_of < 1 ? mult_key : trim_key, cm_last_status());
     if (lc.trim_padding)
         cli_say(&r->ctx, "%s: each batch cut to its longest row, a multiple of %lld (allow_pad_trimming)\n", sec,
                 (long long)lc.pad_to_multiple_of);

@@ -343,7 +343,7 @@ static cm_status finalize(cm_dataloader *dl, slot *sl) {
             int64_t shape[CM_MAX_DIMS + 1];
             shape[0] = it->rows;
             for (int k = 0; k < d->ndim; k++) shape[k + 1] = d->shape[k];
-            if (dl->cfg.trim_padding && dl->is_seq[f]) shape[1] = len;
+            if (dl->is_seq[f]) shape[1] = len; /* set only with trim_padding */
             if (d->ndim + 1 > CM_MAX_DIMS) {
                 free_views(sl, dl->n_fields);
                 return cm_set_error(CM_ERR_SHAPE,
