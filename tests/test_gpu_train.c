@@ -12,19 +12,26 @@
  *     microbatched run equals the full batch;
  *   - the golden ResNet steps (test_golden_resnet's: ResNet-20 NCHW and channels-last, an
  *     ImageNet-stem ResNet-18, a bottleneck ResNet-50) give PyTorch's logits, gradients and running
- *     statistics on the GPU (convolutions, batch norm, pooling, concat).
+ *     statistics on the GPU (convolutions, batch norm, pooling, concat);
+ *   - the golden BERTs (test_golden_bert's: a padded batch through BertForMaskedLM, dense and
+ *     sparse logits, and BertForSequenceClassification) give PyTorch's logits, loss and every
+ *     gradient on the GPU, and a masked-LM BERT with dropout trains and evaluates the CPU's
+ *     trajectory there (the [PAD] gradient mask, padding mask and label gathers that read the
+ *     batch on the host).
  * Where no GPU can be used the program exits 77 (CTest: skipped). Built with -DCM_CUDA=EMU it runs
  * on the CUDA emulator. The device is probed in a child process (CUDA does not survive the forks
  * Criterion makes for each test).
  */
 #include "cmgolden_gpt2.h"
 #include "cmalgo.h"
+#include "cmdata.h"
 #include "cmgolden_resnet.h"
 #include "cmtest.h"
 #include "cmtrain.h"
 
 #include <composer/callbacks.h>
 #include <composer/train_algos.h>
+#include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
 #include <math.h>
 #include <stdio.h>
@@ -618,6 +625,160 @@ Test(gpu_train, model_surgery_runs_on_the_cpu_then_the_model_trains_on_the_gpu) 
         cr_assert_leq(fabs(cpu[b] - gpu[b]), 1e-4 * (1 + fabs(cpu[b])), "batch %d: cpu %.9g gpu %.9g", b, cpu[b], gpu[b]);
     }
     cr_assert_neq(cpu[0], cpu[3], "the runs trained");
+}
+
+/* ---- BERT ---- */
+
+/* A copy of t (any device) in host memory; the caller frees it. */
+static cm_tensor *host_copy(const cm_tensor *t) {
+    cm_tensor *h;
+    cr_assert(t);
+    cr_assert_eq(cm_tensor_to_device(t, CM_DEVICE_CPU, &h), CM_OK, "%s", cm_last_error());
+    return h;
+}
+
+/* test_golden_bert's padded batch on the GPU: logits (dense: all of them; sparse: the labelled
+ * positions' rows), loss and every parameter gradient against torch's. The bounds are the CPU
+ * test's, the gradients' twice as wide (the GPU sums in other orders). */
+static void golden_bert_on_gpu(bool mlm, bool sparse) {
+    const char *tag = mlm ? "mlm" : "cls";
+    cmt_golden *g = cmt_golden_open("tests/golden/bert.safetensors");
+    cm_bert_config cfg;
+    cr_assert_eq(cm_bert_config_preset("test-tiny", &cfg), CM_OK);
+    cfg.num_labels = 3;
+    if (!mlm) cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0.0f; /* train mode, p = 0 */
+    cm_model *model;
+    cr_assert_eq(mlm ? cm_bert_mlm_new(&cfg, NULL, &model) : cm_bert_classifier_new(&cfg, NULL, &model), CM_OK, "%s",
+                 cm_last_error());
+    cm_module *root = cm_model_module(model);
+    if (mlm) cm_module_train(root, false); /* eval mode: dropout off, gradients still recorded */
+    if (sparse) cr_assert_eq(cm_bert_mlm_sparse_logits(model, true), CM_OK, "%s", cm_last_error());
+    char key[256];
+    snprintf(key, sizeof key, "tests/golden/bert_%s.safetensors", tag);
+    cm_load_report rep;
+    cr_assert_eq(cm_bert_load_safetensors(model, key, NULL, &rep), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(rep.n_missing + rep.n_unexpected, 0);
+    cr_assert_eq(cm_module_to_device(root, CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+
+    const char *names[5] = {"input_ids", "attention_mask", "token_type_ids", "labels", "label"};
+    cm_tensor *host[5], *dev[5];
+    for (int i = 0; i < 5; i++) {
+        host[i] = cmt_golden_get(g, names[i]);
+        cr_assert_eq(cm_tensor_to_device(host[i], CM_DEVICE_CUDA, &dev[i]), CM_OK, "%s", cm_last_error());
+    }
+    /* the batch pads: the [PAD] gradient mask and the padding mask have work to do */
+    bool padded = false;
+    for (int64_t i = 0; i < cm_tensor_numel(host[1]); i++) padded |= cm_tensor_get_flat(host[1], i) == 0;
+    cr_assert(padded, "the golden batch has padding");
+    cm_model_batch b = {names, dev, 5, 3, 0};
+    cm_tape *tp = cmt_tape();
+    cr_assert_eq(cm_tape_set_device(tp, CM_DEVICE_CUDA), CM_OK);
+    cm_tensor *logits = cm_model_forward(model, tp, &b);
+    cr_assert(logits, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tensor_device(logits), CM_DEVICE_CUDA);
+    cm_tensor *loss = cm_model_loss(model, tp, logits, &b);
+    cr_assert(loss, "%s", cm_tape_error(tp));
+
+    snprintf(key, sizeof key, "%s.logits", tag);
+    cm_tensor *want = cmt_golden_get(g, key), *got = host_copy(logits);
+    if (!sparse) {
+        cmt_assert_close(key, got, want, 2e-5, 1e-4);
+    } else { /* (n, V): the rows of the positions whose label is not -100, in row-major order */
+        const int64_t V = cm_tensor_dim(want, 2);
+        int64_t k = 0;
+        for (int64_t i = 0; i < cm_tensor_numel(host[3]); i++) {
+            if (cm_tensor_get_flat(host[3], i) == -100) continue;
+            cr_assert_lt(k, cm_tensor_dim(got, 0), "more labelled positions than sparse rows");
+            cmt_assert_close_f32(key, (const float *)cm_tensor_data(got) + k * V,
+                                 (const float *)cm_tensor_data(want) + i * V, V, 2e-5, 1e-4);
+            k++;
+        }
+        cr_assert_eq(cm_tensor_dim(got, 0), k, "sparse logits: %lld rows for %lld labelled positions",
+                     (long long)cm_tensor_dim(got, 0), (long long)k);
+    }
+    cm_tensor_free(got);
+    cm_tensor_free(want);
+    snprintf(key, sizeof key, "%s.loss", tag);
+    want = cmt_golden_get(g, key);
+    got = host_copy(loss);
+    cr_assert_float_eq(cm_tensor_get_flat(got, 0), cm_tensor_get_flat(want, 0), 1e-5, "%s: %.8f vs torch %.8f", key,
+                       cm_tensor_get_flat(got, 0), cm_tensor_get_flat(want, 0));
+    cm_tensor_free(got);
+    cm_tensor_free(want);
+
+    cr_assert_eq(cm_tape_backward(tp, loss), CM_OK, "%s", cm_tape_error(tp));
+    for (int64_t i = 0; i < cm_module_n_params(root); i++) {
+        cm_param_info p = cm_module_param_info(root, i);
+        snprintf(key, sizeof key, "%s.grad.%s", tag, p.name);
+        want = cmt_golden_get(g, key);
+        got = host_copy(cm_tensor_grad(p.tensor));
+        cmt_assert_close(key, got, want, 4e-6, 2e-3);
+        cm_tensor_free(got);
+        cm_tensor_free(want);
+    }
+    for (int i = 0; i < 5; i++) {
+        cm_tensor_free(host[i]);
+        cm_tensor_free(dev[i]);
+    }
+    cm_tape_free(tp);
+    cm_model_free(model);
+    cmt_golden_close(g);
+}
+
+Test(gpu_train, the_golden_masked_lm_bert_matches_pytorch_on_the_gpu) {
+    golden_bert_on_gpu(true, false);
+    golden_bert_on_gpu(true, true);
+}
+
+Test(gpu_train, the_golden_bert_classifier_matches_pytorch_on_the_gpu) { golden_bert_on_gpu(false, false); }
+
+/* The data-methods rig's masked-LM BERT (padded rows, -100 labels, dropout 0.1), sparse logits,
+ * 3 batches and an evaluation; the trainer keeps its logger until bert_run_end. */
+typedef struct {
+    cda_rig rig;
+    cm_dataloader *ev;
+    cm_trainer *tr;
+    cm_in_memory_logger *mem;
+} bert_run;
+
+static void bert_run_start(bert_run *r, cm_device dev) {
+    r->rig = cda_rig_new(CDA_BERT, NULL);
+    cr_assert_eq(cm_bert_mlm_sparse_logits(r->rig.model, true), CM_OK, "%s", cm_last_error());
+    r->ev = cmt_loader(r->rig.ds, 8, true, 5);
+    cm_logger_plugin lp;
+    cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
+    cm_trainer_config c = cm_trainer_config_default();
+    c.model = r->rig.model, c.train_dataloader = r->rig.dl, c.eval_dataloader = r->ev, c.device = dev;
+    c.loggers = &lp, c.n_loggers = 1;
+    c.seed = 17;
+    c.run_name = "gpu-bert";
+    cr_assert_eq(cm_time_parse("3ba", &c.max_duration), CM_OK);
+    c.eval_interval = c.max_duration;
+    cr_assert_eq(cm_trainer_new(&c, &r->tr), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(r->tr, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_device(cm_model_module(r->rig.model)), dev);
+}
+
+static void bert_run_end(bert_run *r) {
+    cm_trainer_free(r->tr);
+    cm_dataloader_free(r->ev);
+    cda_rig_free(&r->rig);
+}
+
+Test(gpu_train, a_masked_lm_bert_with_dropout_runs_the_cpu_trajectory_on_the_gpu) {
+    bert_run c, g;
+    bert_run_start(&c, CM_DEVICE_CPU);
+    bert_run_start(&g, CM_DEVICE_CUDA);
+    cmt_expect_logged_close(c.mem, g.mem, "loss/train/total", 3, 0, 1e-5);
+    cmt_expect_logged_close(c.mem, g.mem, "metrics/train/LanguageCrossEntropy", 3, 0, 1e-5);
+    cmt_expect_logged_close(c.mem, g.mem, "metrics/eval/LanguageCrossEntropy", 4, 0, 1e-5);
+    cmt_expect_logged_close(c.mem, g.mem, "metrics/eval/MulticlassAccuracy", 4, 1e-9, 0);
+    cr_expect_leq(max_param_diff(c.rig.model, g.rig.model), 5e-4, "parameters after 3 steps");
+    double l[3];
+    cmt_logged_by_batch(c.mem, "loss/train/total", l, 3);
+    cr_assert(l[2] != l[0], "the run trained");
+    bert_run_end(&c);
+    bert_run_end(&g);
 }
 
 int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_gpu_train", false); }

@@ -780,3 +780,30 @@ Test(tape, ops_write_the_first_gradient_of_an_intermediate_input) {
     }
     cm_tape_free(tp);
 }
+
+Test(tape, empty_on_makes_its_tensor_on_the_device_asked_and_leaves_the_tapes_device) {
+    cm_tape *tp = cmt_tape();
+    const int64_t n = 3;
+    cm_tensor *h = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 1, &n);
+    cr_assert(h, "%s", cm_tape_error(tp));
+    cr_assert_eq(cm_tensor_device(h), CM_DEVICE_CPU);
+    cr_assert_eq(cm_tensor_dtype(h), CM_DTYPE_I64);
+    if (cm_device_check(CM_DEVICE_CUDA) == CM_OK) { /* a GPU or the emulator */
+        cm_tensor *d = cm_empty_on(tp, CM_DEVICE_CUDA, CM_DTYPE_F32, 1, &n);
+        cr_assert(d, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tensor_device(d), CM_DEVICE_CUDA);
+        cr_assert_eq(cm_tape_device(tp), CM_DEVICE_CPU);
+        cr_assert_eq(cm_tape_set_device(tp, CM_DEVICE_CUDA), CM_OK);
+        h = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 1, &n);
+        cr_assert(h, "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tensor_device(h), CM_DEVICE_CPU);
+        cr_assert_eq(cm_tape_device(tp), CM_DEVICE_CUDA);
+        cr_assert_eq(cm_tensor_device(cm_empty(tp, CM_DTYPE_F32, 1, &n)), CM_DEVICE_CUDA);
+    } else { /* no GPU: the tape records why, and keeps its device */
+        cr_assert_null(cm_empty_on(tp, CM_DEVICE_CUDA, CM_DTYPE_F32, 1, &n));
+        cr_assert_neq(cm_tape_status(tp), CM_OK);
+        cr_assert(strstr(cm_tape_error(tp), "empty_on") && strstr(cm_tape_error(tp), "CUDA"), "%s", cm_tape_error(tp));
+        cr_assert_eq(cm_tape_device(tp), CM_DEVICE_CPU);
+    }
+    cm_tape_free(tp);
+}

@@ -426,6 +426,10 @@ cm_arena *cm_tape_device_arena(cm_tape *tp, cm_device dev);
  * ------------------------------------------------------------------------------------------- */
 
 cm_tensor *cm_empty(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape); /* uninitialised */
+/* cm_empty on `dev` whatever the tape's creation device (cm_tape_set_device): for small tensors
+ * that model code fills on the host (index lists, masks) before moving them with cm_to_device.
+ * Errors: cm_device_check's for dev, recorded on the tape. */
+cm_tensor *cm_empty_on(cm_tape *tp, cm_device dev, cm_dtype dt, int ndim, const int64_t *shape);
 cm_tensor *cm_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape);
 cm_tensor *cm_full(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape, double v);
 cm_tensor *cm_arange(cm_tape *tp, cm_dtype dt, double start, double end, double step); /* 1-D */

@@ -49,11 +49,7 @@ void cm_nn_alibi_slopes(int64_t n_heads, float *slopes) {
 /* A tape tensor made on the CPU, whatever the tape's creation device (the masks below are filled
  * by host loops, then moved to the device of the activations with cm_to_device). */
 static cm_tensor *host_empty(cm_tape *tp, int ndim, const int64_t *shape) {
-    const cm_device dd = cm_tape_device(tp);
-    cm_tape_set_device(tp, CM_DEVICE_CPU);
-    cm_tensor *t = cm_empty(tp, CM_DTYPE_F32, ndim, shape);
-    cm_tape_set_device(tp, dd);
-    return t;
+    return cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, ndim, shape);
 }
 
 /* (1, H, T, T) with -slope_h·|i - j| (no gradient), on the CPU. */
@@ -78,6 +74,7 @@ static cm_tensor *mask_bias(cm_tape *tp, int64_t B, int64_t T, bool causal, cm_t
                         cm_tensor_shape_str(kpm, s, sizeof s), (long long)B, (long long)T);
     }
     int64_t nb = kpm ? B : 1, shape[4] = {nb, 1, T, T};
+    if (kpm && cm_tensor_device(kpm) != CM_DEVICE_CPU) kpm = cm_to_device(tp, kpm, CM_DEVICE_CPU); /* read once */
     cm_tensor *m = host_empty(tp, 4, shape);
     if (!m) return NULL;
     float *d = cm_tensor_data(m);

@@ -11,6 +11,18 @@ cm_tensor *cm_empty(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
     return cmi_new(tp, dt, ndim, shape);
 }
 
+cm_tensor *cm_empty_on(cm_tape *tp, cm_device dev, cm_dtype dt, int ndim, const int64_t *shape) {
+    if (!tp || tp->status != CM_OK) return cm_empty(tp, dt, ndim, shape); /* its error */
+    const cm_device dd = tp->default_dev;
+    if (dev != dd && cm_tape_set_device(tp, dev) != CM_OK) {
+        cmi_fail(tp, cm_last_status(), "empty_on: %s", cm_last_error());
+        return NULL;
+    }
+    cm_tensor *t = cm_empty(tp, dt, ndim, shape);
+    tp->default_dev = dd;
+    return t;
+}
+
 cm_tensor *cm_zeros(cm_tape *tp, cm_dtype dt, int ndim, const int64_t *shape) {
     if (!cmi_begin(tp, "zeros", 0, NULL)) return NULL;
     return cmi_zeros(tp, dt, ndim, shape);

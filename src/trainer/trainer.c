@@ -791,6 +791,9 @@ cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row
     if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
     cm_tape_reset(tr->tape);
     st->outputs = st->loss = NULL;
+    /* the tape's copies (a GPU's, a plugin's) went with it: later readers of the model batch
+     * (SpeedMonitor's FLOPs at BATCH_END) see the microbatch's own tensors */
+    memcpy(st->mb_fields, orig, sizeof(cm_tensor *) * (size_t)mb->n_fields);
     return CM_OK;
 tape_fail:
     if (cm_tape_status(tr->tape) == CM_ERR_OOM) *oom = true;

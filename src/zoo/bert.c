@@ -123,6 +123,16 @@ typedef struct {
 
 static cm_tensor *in_at(int n_in, cm_tensor *const *in, int i) { return i < n_in ? in[i] : NULL; }
 
+/* t in host memory: t itself on the CPU, else a copy on the tape (one transfer), for the host
+ * loops below that read ids, masks and labels. */
+static cm_tensor *on_host(cm_tape *tp, cm_tensor *t) {
+    if (!t || cm_tensor_device(t) == CM_DEVICE_CPU) return t;
+    const bool prev = cm_tape_set_grad_enabled(tp, false);
+    cm_tensor *h = cm_to_device(tp, t, CM_DEVICE_CPU);
+    cm_tape_set_grad_enabled(tp, prev);
+    return h;
+}
+
 /* BertEmbeddings: a = word_embeddings, b = position_embeddings, c = token_type_embeddings,
  * d = LayerNorm, e = dropout. in[0] input_ids (B, L), in[1] token_type_ids (B, L) or NULL. */
 static cm_tensor *emb_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
@@ -154,16 +164,21 @@ static cm_tensor *emb_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const 
     const int64_t pad = s->cfg.pad_token_id;
     if (pad >= 0 && cm_tape_grad_enabled(tp) && cm_tensor_requires_grad(w_word)) {
         int64_t n = B * L, n_pad = 0;
-        for (int64_t i = 0; i < n; i++) n_pad += (int64_t)cm_tensor_get_flat(ids, i) == pad;
-        if (n_pad) {
+        cm_tensor *hid = on_host(tp, ids);
+        if (!hid) return NULL;
+        for (int64_t i = 0; i < n; i++) n_pad += (int64_t)cm_tensor_get_flat(hid, i) == pad;
+        if (n_pad) { /* made on the host, then moved to the ids' device */
             int64_t ks[3] = {B, L, 1};
-            cm_tensor *keep = cm_empty(tp, CM_DTYPE_F32, 3, ks), *drop = cm_empty(tp, CM_DTYPE_F32, 3, ks);
+            cm_tensor *keep = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 3, ks);
+            cm_tensor *drop = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 3, ks);
             if (!keep || !drop) return NULL;
             float *k = cm_tensor_data(keep), *d = cm_tensor_data(drop);
             for (int64_t i = 0; i < n; i++) {
-                k[i] = (int64_t)cm_tensor_get_flat(ids, i) == pad ? 0.0f : 1.0f;
+                k[i] = (int64_t)cm_tensor_get_flat(hid, i) == pad ? 0.0f : 1.0f;
                 d[i] = 1.0f - k[i];
             }
+            const cm_device dev = cm_tensor_device(word);
+            keep = cm_to_device(tp, keep, dev), drop = cm_to_device(tp, drop, dev);
             word = cm_add(tp, cm_mul(tp, word, keep), cm_mul(tp, cm_detach(tp, word), drop));
         }
     }
@@ -195,11 +210,12 @@ static cm_tensor *pool_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const
 
 /* The key padding mask from attention_mask, or NULL when every token is real (the unmasked
  * attention is the faster path and gives the same result). */
-static cm_tensor *padding_mask(cm_tensor *am) {
-    if (!am) return NULL;
-    const int64_t n = cm_tensor_numel(am);
+static cm_tensor *padding_mask(cm_tape *tp, cm_tensor *am) {
+    cm_tensor *h = on_host(tp, am);
+    if (!h) return am; /* NULL, or the tape's error stops what follows */
+    const int64_t n = cm_tensor_numel(h);
     for (int64_t i = 0; i < n; i++)
-        if (cm_tensor_get_flat(am, i) == 0) return am;
+        if (cm_tensor_get_flat(h, i) == 0) return am;
     return NULL;
 }
 
@@ -218,7 +234,7 @@ static cm_tensor *model_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *cons
                      cm_tensor_shape_str(am, s1, sizeof s1), cm_tensor_shape_str(in[0], s2, sizeof s2));
         return NULL;
     }
-    cm_tensor *x_in[2] = {x, padding_mask(am)};
+    cm_tensor *x_in[2] = {x, padding_mask(tp, am)};
     return cm_module_forward_n(s->b, tp, 2, x_in);
 }
 
@@ -490,63 +506,55 @@ static cm_tensor *field(cm_tape *tp, const char *model, const cm_model_batch *b,
     return t;
 }
 
-/* Sparse MLM: the batch's labels (B, L) when they fit input_ids and select at least one position,
- * and their count; NULL otherwise (the dense path then runs, and reports shape errors). */
-static cm_tensor *sparse_labels(const bert_model *m, const cm_model_batch *b, cm_tensor *ids, int64_t *n) {
+/* Sparse MLM: the batch's labels (B, L) when they fit input_ids (NULL otherwise: the dense path
+ * then runs, and reports shape errors). */
+static cm_tensor *mlm_labels(const bert_model *m, const cm_model_batch *b, cm_tensor *ids) {
     cm_tensor *y = m->mlm && m->sparse ? cm_model_batch_field(b, "labels") : NULL;
     if (!y || cm_tensor_ndim(y) != 2 || cm_tensor_ndim(ids) != 2 || cm_tensor_dim(y, 0) != cm_tensor_dim(ids, 0) ||
         cm_tensor_dim(y, 1) != cm_tensor_dim(ids, 1))
         return NULL;
-    *n = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(y); i++) *n += (int64_t)cm_tensor_get_flat(y, i) != -100;
-    return *n ? y : NULL;
+    return y;
 }
 
-/* The flat positions (row-major over (B, L)) whose label is not -100: (n,) i64 on tp. */
-static cm_tensor *labelled_rows(cm_tape *tp, cm_tensor *y, int64_t n) {
-    cm_tensor *idx = cm_empty(tp, CM_DTYPE_I64, 1, &n);
-    if (!idx) return NULL;
-    int64_t *p = cm_tensor_data(idx), k = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(y); i++)
-        if ((int64_t)cm_tensor_get_flat(y, i) != -100) p[k++] = i;
-    return idx;
+/* The labelled positions of host labels yh (those not -100): their count, and when rows / vals
+ * are given, their flat positions (row-major over (B, L)) and labels in that order. */
+static int64_t labelled(const cm_tensor *yh, int64_t *rows, int64_t *vals) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(yh); i++) {
+        const int64_t v = (int64_t)cm_tensor_get_flat(yh, i);
+        if (v == -100) continue;
+        if (rows) rows[k] = i;
+        if (vals) vals[k] = v;
+        k++;
+    }
+    return k;
+}
+
+/* (n,) i64 on dev: the flat positions (rows) or the labels (!rows) of the labelled positions of
+ * host labels yh; made on the host, then moved. */
+static cm_tensor *labelled_on(cm_tape *tp, const cm_tensor *yh, int64_t n, bool rows, cm_device dev) {
+    cm_tensor *t = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 1, &n);
+    if (!t) return NULL;
+    labelled(yh, rows ? cm_tensor_data(t) : NULL, rows ? NULL : cm_tensor_data(t));
+    return cm_to_device(tp, t, dev);
 }
 
 static cm_tensor *bm_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     bert_model *m = self;
     cm_tensor *ids = field(tp, cm_module_type_name(m->root), b, "input_ids");
     if (!ids) return NULL;
-    if (cm_tensor_device(ids) != CM_DEVICE_CPU) {
-        /* the embedding's [PAD] gradient mask, the padding mask and the masked-LM label gathers read
-         * input_ids, attention_mask and labels on the host: a clear error, not a read of device memory */
-        cm_tape_fail(tp, CM_ERR_UNSUPPORTED, "%s: BERT does not run on the GPU yet (its embedding, padding mask "
-                                             "and label gathers read the batch on the host); train it with device: cpu",
-                     cm_module_type_name(m->root));
-        return NULL;
-    }
     cm_tensor *in[3] = {ids, cm_model_batch_field(b, "attention_mask"), cm_model_batch_field(b, "token_type_ids")};
-    int64_t n;
-    cm_tensor *y = sparse_labels(m, b, ids, &n);
-    if (!y) return cm_module_forward_n(m->root, tp, 3, in);
+    cm_tensor *y = mlm_labels(m, b, ids), *yh = y ? on_host(tp, y) : NULL;
+    const int64_t n = yh ? labelled(yh, NULL, NULL) : 0;
+    if (!n) return cm_module_forward_n(m->root, tp, 3, in);
     /* the encoder on every position, the head on the labelled ones: (n, C) → (n, V) */
     node_s *rs = cm_module_self(m->root);
     cm_tensor *h = cm_module_forward_n(rs->a, tp, 3, in); /* (B, L, C) */
     if (!h) return NULL;
     const int64_t flat[2] = {cm_tensor_dim(h, 0) * cm_tensor_dim(h, 1), cm_tensor_dim(h, 2)};
-    cm_tensor *rows = cm_index_select(tp, cm_reshape(tp, h, 2, flat), 0, labelled_rows(tp, y, n));
+    cm_tensor *rows =
+        cm_index_select(tp, cm_reshape(tp, h, 2, flat), 0, labelled_on(tp, yh, n, true, cm_tensor_device(h)));
     return cm_module_forward(rs->b, tp, rows);
-}
-
-/* The labels of the labelled positions, in forward's order: (n,) i64 on tp. */
-static cm_tensor *gathered_labels(cm_tape *tp, cm_tensor *y, int64_t n) {
-    cm_tensor *t = cm_empty(tp, CM_DTYPE_I64, 1, &n);
-    if (!t) return NULL;
-    int64_t *p = cm_tensor_data(t), k = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(y); i++) {
-        int64_t v = (int64_t)cm_tensor_get_flat(y, i);
-        if (v != -100) p[k++] = v;
-    }
-    return t;
 }
 
 static cm_tensor *bm_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_model_batch *b) {
@@ -556,15 +564,16 @@ static cm_tensor *bm_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_mode
     if (m->mlm) {
         cm_tensor *y = field(tp, name, b, "labels");
         if (!y) return NULL;
-        int64_t n;
         cm_tensor *ids = cm_model_batch_field(b, "input_ids");
-        if (ids && cm_tensor_ndim(out) == 2 && sparse_labels(m, b, ids, &n)) {
+        cm_tensor *yh = ids && cm_tensor_ndim(out) == 2 && mlm_labels(m, b, ids) ? on_host(tp, y) : NULL;
+        const int64_t n = yh ? labelled(yh, NULL, NULL) : 0;
+        if (n) {
             if (cm_tensor_dim(out, 0) != n) {
                 cm_tape_fail(tp, CM_ERR_SHAPE, "%s: sparse logits %s for %lld labelled positions", name,
                              cm_tensor_shape_str(out, s1, sizeof s1), (long long)n);
                 return NULL;
             }
-            return cm_cross_entropy(tp, out, gathered_labels(tp, y, n), NULL);
+            return cm_cross_entropy(tp, out, labelled_on(tp, yh, n, false, cm_tensor_device(out)), NULL);
         }
         const int64_t B = cm_tensor_dim(out, 0), L = cm_tensor_dim(out, 1), V = cm_tensor_dim(out, 2);
         if (cm_tensor_ndim(y) != 2 || cm_tensor_dim(y, 0) != B || cm_tensor_dim(y, 1) != L) {
@@ -611,16 +620,11 @@ static int bm_n_metrics(void *self, bool train) {
 static cm_status sparse_update(cm_metric stock, cm_tensor *o, const cm_model_batch *b, double *state) {
     cm_tensor *y = cm_model_batch_field(b, "labels");
     if (!y || cm_tensor_ndim(o) != 2 || cm_tensor_ndim(y) != 2) return stock.vt->update(stock.self, o, b, state);
-    int64_t n = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(y); i++) n += (int64_t)cm_tensor_get_flat(y, i) != -100;
+    int64_t n = labelled(y, NULL, NULL);
     cm_tensor *t;
     cm_status st = cm_tensor_new(CM_DTYPE_I64, 1, &n, &t);
     if (st != CM_OK) return st;
-    int64_t *p = cm_tensor_data(t), k = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(y); i++) {
-        int64_t v = (int64_t)cm_tensor_get_flat(y, i);
-        if (v != -100) p[k++] = v;
-    }
+    labelled(y, NULL, cm_tensor_data(t));
     const char *names[1] = {"labels"};
     cm_tensor *fields[1] = {t};
     cm_model_batch g = {names, fields, 1, b->n_samples, b->n_tokens};
@@ -658,8 +662,11 @@ static double bm_flops(void *self, const cm_model_batch *b) {
     cm_tensor *ids = cm_model_batch_field(b, "input_ids");
     if (!ids || cm_tensor_ndim(ids) != 2) return 0.0;
     const int64_t L = cm_tensor_dim(ids, 1);
-    int64_t n;
-    if (!sparse_labels(m, b, ids, &n)) return cm_bert_flops_per_sequence(&m->cfg, m->mlm, L);
+    cm_tensor *y = mlm_labels(m, b, ids), *yh = NULL;
+    if (y && cm_tensor_device(y) != CM_DEVICE_CPU && cm_tensor_to_device(y, CM_DEVICE_CPU, &yh) != CM_OK) y = NULL;
+    const int64_t n = y ? labelled(yh ? yh : y, NULL, NULL) : 0;
+    cm_tensor_free(yh);
+    if (!n) return cm_bert_flops_per_sequence(&m->cfg, m->mlm, L);
     /* the head runs on n of the batch's B·L positions */
     const double C = (double)m->cfg.hidden_size, head = 6.0 * (C * C + C * (double)m->cfg.vocab_size) * (double)L;
     const double frac = (double)n / (double)cm_tensor_numel(ids);
