@@ -17,7 +17,12 @@
  *     sparse logits, and BertForSequenceClassification) give PyTorch's logits, loss and every
  *     gradient on the GPU, and a masked-LM BERT with dropout trains and evaluates the CPU's
  *     trajectory there (the [PAD] gradient mask, padding mask and label gathers that read the
- *     batch on the host).
+ *     batch on the host);
+ *   - every data method (MixUp, CutMix, CutOut, LabelSmoothing, ProgressiveResizing, ColOut,
+ *     SelectiveBackprop, SeqLengthWarmup, RandAugment, AugMix) and every surgery method the
+ *     recipes and Composer's lists have (GhostBatchNorm, StochasticDepth, Factorize,
+ *     WeightStandardization, GyroDropout, Alibi, GatedLinearUnits, LowPrecisionLayerNorm) trains
+ *     the CPU's trajectory on the GPU, on the data-methods rigs (tests/util/cmdata.h).
  * Where no GPU can be used the program exits 77 (CTest: skipped). Built with -DCM_CUDA=EMU it runs
  * on the CUDA emulator. The device is probed in a child process (CUDA does not survive the forks
  * Criterion makes for each test).
@@ -30,6 +35,8 @@
 #include "cmtrain.h"
 
 #include <composer/callbacks.h>
+#include <composer/data_algos.h>
+#include <composer/surgery_algorithms.h>
 #include <composer/train_algos.h>
 #include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
@@ -318,7 +325,10 @@ static double max_param_diff(cm_model *a, cm_model *b) {
         cr_assert_eq(cm_tensor_to_device(cm_module_param_info(ra, i).tensor, CM_DEVICE_CPU, &x), CM_OK);
         cr_assert_eq(cm_tensor_to_device(cm_module_param_info(rb, i).tensor, CM_DEVICE_CPU, &y), CM_OK);
         const float *xv = cm_tensor_data(x), *yv = cm_tensor_data(y);
-        for (int64_t k = 0; k < cm_tensor_numel(x); k++) most = fmax(most, fabs(xv[k] - yv[k]));
+        for (int64_t k = 0; k < cm_tensor_numel(x); k++) {
+            const double d = fabs(xv[k] - yv[k]);
+            if (!(d <= most)) most = isnan(d) ? INFINITY : d; /* a NaN weight is no match */
+        }
         cm_tensor_free(x);
         cm_tensor_free(y);
     }
@@ -780,5 +790,134 @@ Test(gpu_train, a_masked_lm_bert_with_dropout_runs_the_cpu_trajectory_on_the_gpu
     bert_run_end(&c);
     bert_run_end(&g);
 }
+
+/* ---- every data and surgery method on the GPU ---- */
+
+static void json_algo(const char *name, const char *json, cm_algorithm_plugin *out) {
+    cr_assert_eq(cm_algorithm_new_from_json(name, json, out), CM_OK, "%s: %s", name, cm_last_error());
+}
+
+/* the image data methods (as test_data_algos_train's all_image) and GhostBatchNorm */
+static int image_methods(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
+    sb.start = 0, sb.end = 1;
+    cm_progressive_resizing_config pr = cm_progressive_resizing_config_default();
+    pr.delay_fraction = 0, pr.finetune_fraction = 0;
+    cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
+    cr_assert_eq(cm_progressive_resizing_new(&pr, &out[1]), CM_OK);
+    cr_assert_eq(cm_colout_new(NULL, &out[2]), CM_OK);
+    cr_assert_eq(cm_cutout_new(NULL, &out[3]), CM_OK);
+    cr_assert_eq(cm_mixup_new(NULL, &out[4]), CM_OK);
+    cr_assert_eq(cm_cutmix_new(NULL, &out[5]), CM_OK);
+    cr_assert_eq(cm_label_smoothing_new(NULL, &out[6]), CM_OK);
+    json_algo("GhostBatchNorm", "{\"ghost_batch_size\": 2}", &out[7]);
+    return 8;
+}
+
+/* MixUp and CutMix interpolating the loss (the partners' targets on the device) */
+static int mix_loss_methods(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cm_mixup_config mu = cm_mixup_config_default();
+    mu.interpolate_loss = true;
+    cm_cutmix_config cx = cm_cutmix_config_default();
+    cx.interpolate_loss = true;
+    cr_assert_eq(cm_mixup_new(&mu, &out[0]), CM_OK);
+    cr_assert_eq(cm_cutmix_new(&cx, &out[1]), CM_OK);
+    return 2;
+}
+
+static int resnet_surgery(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    json_algo("StochasticDepth", "{\"target_layer_name\": \"ResNetBasicBlock\", \"drop_rate\": 0.5}", &out[0]);
+    json_algo("Factorize", "{\"min_channels\": 8, \"latent_channels\": 0.5}", &out[1]);
+    json_algo("WeightStandardization", "{}", &out[2]);
+    return 3;
+}
+
+/* the MLP's Dropout (on (B, F)) */
+static int gyro_dropout(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    json_algo("GyroDropout", "{\"p\": 0.5, \"sigma\": 4, \"tau\": 2}", &out[0]);
+    return 1;
+}
+
+/* the CNN on u8 pixels */
+static int augmentations(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cr_assert_eq(cm_randaugment_new(NULL, NULL, &out[0]), CM_OK);
+    cr_assert_eq(cm_augmix_new(NULL, NULL, &out[1]), CM_OK);
+    return 2;
+}
+
+static int gpt2_methods(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
+    sb.start = 0, sb.end = 1;
+    cm_seq_length_warmup_config sl = cm_seq_length_warmup_config_default();
+    sl.duration = 1.0, sl.min_seq_length = 4, sl.max_seq_length = 16, sl.step_size = 4;
+    cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
+    cr_assert_eq(cm_seq_length_warmup_new(&sl, &out[1]), CM_OK);
+    json_algo("Alibi", "{\"max_sequence_length\": 16}", &out[2]);
+    json_algo("LowPrecisionLayerNorm", "{}", &out[3]);
+    return 4;
+}
+
+static int bert_methods(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cm_seq_length_warmup_config sl = cm_seq_length_warmup_config_default();
+    sl.duration = 1.0, sl.min_seq_length = 4, sl.max_seq_length = 16, sl.step_size = 4;
+    cr_assert_eq(cm_seq_length_warmup_new(&sl, &out[0]), CM_OK);
+    json_algo("Alibi", "{\"max_sequence_length\": 16}", &out[1]);
+    json_algo("GatedLinearUnits", "{}", &out[2]);
+    json_algo("LowPrecisionLayerNorm", "{}", &out[3]);
+    return 4;
+}
+
+/* The same methods on the CPU and on the GPU (3 batches, microbatches of mbs rows, 0: whole): the
+ * losses of every batch within rtol, the weights within atol. */
+static void methods_match(cda_family f, cda_algos_fn mk, cm_precision prec, bool u8, int64_t mbs, double rtol,
+                          double atol, const char *label) {
+    cda_run_opts o = cda_run_opts_default();
+    o.microbatch = mbs, o.precision = prec, o.save_interval = NULL;
+    o.rig.u8_images = u8;
+    cda_run c = cda_run_new(f, mk, NULL, &o);
+    o.device = CM_DEVICE_CUDA;
+    cda_run g = cda_run_new(f, mk, NULL, &o);
+    cr_assert_eq(cm_module_device(cm_model_module(g.rig.model)), CM_DEVICE_CUDA);
+    cr_assert_eq(cm_trainer_fit(c.tr, NULL), CM_OK, "%s on the cpu: %s", label, cm_last_error());
+    cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s on the gpu: %s", label, cm_last_error());
+    double lc[3], lg[3];
+    cr_assert_eq(cmt_logged_by_batch(c.mem, "loss/train/total", lc, 3), 3, "%s", label);
+    cr_assert_eq(cmt_logged_by_batch(g.mem, "loss/train/total", lg, 3), 3, "%s", label);
+    for (int b = 0; b < 3; b++)
+        cr_expect(isfinite(lg[b]) && fabs(lg[b] - lc[b]) <= rtol * fabs(lc[b]), "%s, batch %d: loss gpu %.9g cpu %.9g",
+                  label, b, lg[b], lc[b]);
+    cr_expect(lc[0] != lc[2], "%s: the run trained", label);
+    const double d = max_param_diff(c.rig.model, g.rig.model);
+    cr_expect_leq(d, atol, "%s: weights differ by %g after 3 batches", label, d);
+    cda_run_free(&c);
+    cda_run_free(&g);
+}
+
+Test(gpu_train, every_image_data_method_and_ghost_batchnorm_train_the_cpu_trajectory_on_the_gpu) {
+    methods_match(CDA_RESNET, image_methods, CM_PRECISION_FP32, false, 2, 1e-4, 1e-4, "image data methods");
+    methods_match(CDA_CNN, mix_loss_methods, CM_PRECISION_FP32, false, 2, 1e-4, 1e-4, "MixUp/CutMix interpolate_loss");
+}
+
+Test(gpu_train, the_surgery_methods_train_the_cpu_trajectory_on_the_gpu) {
+    methods_match(CDA_RESNET, resnet_surgery, CM_PRECISION_FP32, false, 2, 1e-4, 1e-4, "ResNet surgery");
+    methods_match(CDA_MLP, gyro_dropout, CM_PRECISION_FP32, false, 2, 1e-4, 1e-4, "GyroDropout");
+    methods_match(CDA_CNN, augmentations, CM_PRECISION_FP32, true, 2, 1e-4, 1e-4, "RandAugment, AugMix");
+}
+
+Test(gpu_train, the_token_methods_train_the_cpu_trajectory_on_the_gpu) {
+    methods_match(CDA_GPT2, gpt2_methods, CM_PRECISION_AMP_BF16, false, 2, 2e-3, 2e-3, "GPT-2 token methods");
+    /* whole batches: ALiBi's train_sequence_length_scaling (0.25) and SeqLengthWarmup cut the rows
+     * to 4 tokens, and a small masked-LM microbatch may then hold no labelled token at all (a NaN
+     * mean, on either device, as in PyTorch) */
+    methods_match(CDA_BERT, bert_methods, CM_PRECISION_AMP_BF16, false, 0, 2e-3, 2e-3, "BERT token methods");
+}
+
 
 int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_gpu_train", false); }

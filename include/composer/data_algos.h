@@ -193,7 +193,8 @@ cm_label_smoothing_config cm_label_smoothing_config_default(void);
 cm_status cm_label_smoothing_new(const cm_label_smoothing_config *cfg, cm_algorithm_plugin *out);
 
 /* composer.functional.smooth_labels: out (N, C) f32 = (1 - smoothing)·onehot(target) +
- * smoothing / C, C = logits' dim 1 (logits (N, C) give the shape; their values are not read).
+ * smoothing / C, C = logits' dim 1 (logits (N, C) give the shape; their values are not read, so
+ * they may be on any device; target and out are host tensors, as every data method's).
  * Errors: as cm_mix_targets, and CM_ERR_SHAPE for logits that are not (N, C). */
 cm_status cm_smooth_labels(const cm_tensor *logits, const cm_tensor *target, double smoothing, cm_tensor *out);
 

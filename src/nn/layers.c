@@ -234,14 +234,17 @@ static cm_tensor *bn_apply(cm_module *m, cm_tape *tp, cm_tensor *x, cm_tensor *r
     cm_tensor *y = fused ? cm_batch_norm_add_relu(tp, x, s->weight, s->bias, s->running_mean, s->running_var,
                                                   residual, &o)
                          : cm_batch_norm(tp, x, s->weight, s->bias, s->running_mean, s->running_var, &o);
-    if (y && m->training && s->num_batches_tracked && !cm_tape_replaying(tp)) { /* once, not again in a replay */
-        const int64_t i0[1] = {0};
-        if (cm_tensor_device(s->num_batches_tracked) == CM_DEVICE_CPU)
-            ((int64_t *)cm_tensor_data(s->num_batches_tracked))[0]++;
-        else /* a counter on the GPU: one element each way */
-            cm_tensor_set(s->num_batches_tracked, i0, cm_tensor_get(s->num_batches_tracked, i0) + 1.0);
-    }
+    if (y && m->training) cmn_count_batches(tp, s->num_batches_tracked, 1);
     return y;
+}
+
+void cmn_count_batches(cm_tape *tp, cm_tensor *nbt, int64_t k) {
+    if (!nbt || cm_tape_replaying(tp)) return; /* once, not again in a replay */
+    const int64_t i0[1] = {0};
+    if (cm_tensor_device(nbt) == CM_DEVICE_CPU)
+        ((int64_t *)cm_tensor_data(nbt))[0] += k;
+    else /* a counter on the GPU: one element each way */
+        cm_tensor_set(nbt, i0, cm_tensor_get(nbt, i0) + (double)k);
 }
 
 static cm_tensor *bn_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {

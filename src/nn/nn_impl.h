@@ -73,6 +73,10 @@ cm_status cmn_buffers_to_device(cm_module *root, cm_device dev);
 void cmn_dropout_seed(cm_module *m, uint64_t seed, uint64_t stream);
 float cmn_dropout_p(const cm_module *m);
 
+/* BatchNorm's num_batches_tracked += k on any device (a GPU counter: one element each way),
+ * except while the tape replays a checkpointed region (counted once). nbt may be NULL. */
+void cmn_count_batches(cm_tape *tp, cm_tensor *nbt, int64_t k);
+
 /* Records an error on the tape unless it already failed; returns NULL (for `return cmn_fail(...)`). */
 cm_tensor *cmn_fail(cm_tape *tp, cm_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -123,16 +123,6 @@ typedef struct {
 
 static cm_tensor *in_at(int n_in, cm_tensor *const *in, int i) { return i < n_in ? in[i] : NULL; }
 
-/* t in host memory: t itself on the CPU, else a copy on the tape (one transfer), for the host
- * loops below that read ids, masks and labels. */
-static cm_tensor *on_host(cm_tape *tp, cm_tensor *t) {
-    if (!t || cm_tensor_device(t) == CM_DEVICE_CPU) return t;
-    const bool prev = cm_tape_set_grad_enabled(tp, false);
-    cm_tensor *h = cm_to_device(tp, t, CM_DEVICE_CPU);
-    cm_tape_set_grad_enabled(tp, prev);
-    return h;
-}
-
 /* BertEmbeddings: a = word_embeddings, b = position_embeddings, c = token_type_embeddings,
  * d = LayerNorm, e = dropout. in[0] input_ids (B, L), in[1] token_type_ids (B, L) or NULL. */
 static cm_tensor *emb_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const *in) {
@@ -164,7 +154,7 @@ static cm_tensor *emb_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const 
     const int64_t pad = s->cfg.pad_token_id;
     if (pad >= 0 && cm_tape_grad_enabled(tp) && cm_tensor_requires_grad(w_word)) {
         int64_t n = B * L, n_pad = 0;
-        cm_tensor *hid = on_host(tp, ids);
+        cm_tensor *hid = cm_to_device(tp, ids, CM_DEVICE_CPU); /* read on the host */
         if (!hid) return NULL;
         for (int64_t i = 0; i < n; i++) n_pad += (int64_t)cm_tensor_get_flat(hid, i) == pad;
         if (n_pad) { /* made on the host, then moved to the ids' device */
@@ -211,8 +201,9 @@ static cm_tensor *pool_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const
 /* The key padding mask from attention_mask, or NULL when every token is real (the unmasked
  * attention is the faster path and gives the same result). */
 static cm_tensor *padding_mask(cm_tape *tp, cm_tensor *am) {
-    cm_tensor *h = on_host(tp, am);
-    if (!h) return am; /* NULL, or the tape's error stops what follows */
+    if (!am) return NULL;
+    cm_tensor *h = cm_to_device(tp, am, CM_DEVICE_CPU); /* read on the host */
+    if (!h) return am; /* the tape's error stops what follows */
     const int64_t n = cm_tensor_numel(h);
     for (int64_t i = 0; i < n; i++)
         if (cm_tensor_get_flat(h, i) == 0) return am;
@@ -544,7 +535,7 @@ static cm_tensor *bm_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     cm_tensor *ids = field(tp, cm_module_type_name(m->root), b, "input_ids");
     if (!ids) return NULL;
     cm_tensor *in[3] = {ids, cm_model_batch_field(b, "attention_mask"), cm_model_batch_field(b, "token_type_ids")};
-    cm_tensor *y = mlm_labels(m, b, ids), *yh = y ? on_host(tp, y) : NULL;
+    cm_tensor *y = mlm_labels(m, b, ids), *yh = y ? cm_to_device(tp, y, CM_DEVICE_CPU) : NULL;
     const int64_t n = yh ? labelled(yh, NULL, NULL) : 0;
     if (!n) return cm_module_forward_n(m->root, tp, 3, in);
     /* the encoder on every position, the head on the labelled ones: (n, C) → (n, V) */
@@ -565,7 +556,8 @@ static cm_tensor *bm_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_mode
         cm_tensor *y = field(tp, name, b, "labels");
         if (!y) return NULL;
         cm_tensor *ids = cm_model_batch_field(b, "input_ids");
-        cm_tensor *yh = ids && cm_tensor_ndim(out) == 2 && mlm_labels(m, b, ids) ? on_host(tp, y) : NULL;
+        const bool sparse = ids && cm_tensor_ndim(out) == 2 && mlm_labels(m, b, ids);
+        cm_tensor *yh = sparse ? cm_to_device(tp, y, CM_DEVICE_CPU) : NULL;
         const int64_t n = yh ? labelled(yh, NULL, NULL) : 0;
         if (n) {
             if (cm_tensor_dim(out, 0) != n) {

@@ -252,12 +252,15 @@ cda_run cda_run_new(cda_family f, cda_algos_fn algos, void *data, const cda_run_
     c.train_dataloader = r.rig.dl;
     cr_assert_eq(cm_time_parse(o->max_duration, &c.max_duration), CM_OK);
     c.algorithms = ap, c.n_algorithms = na;
+    c.precision = o->precision; /* surgery reads it (LowPrecisionLayerNorm) */
     /* model surgery (ALiBi's) first, so the optimizer is made over the final parameters */
     cr_assert_eq(cm_trainer_prepare_model(&c), CM_OK, "%s: %s", cda_family_name(f), cm_last_error());
+    if (o->device != CM_DEVICE_CPU)
+        cr_assert_eq(cm_module_to_device(cm_model_module(r.rig.model), o->device), CM_OK, "%s", cm_last_error());
+    c.device = o->device;
     c.optimizer = sgd(r.rig.model);
     c.loggers = &lp, c.n_loggers = 1;
     c.device_train_microbatch_size = o->microbatch;
-    c.precision = o->precision;
     c.seed = 17;
     c.run_name = "cda";
     c.save_folder = o->save_folder;

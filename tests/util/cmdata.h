@@ -44,6 +44,7 @@ typedef struct cda_run_opts {
     cm_precision precision;
     const char *save_folder, *save_interval, *load_path;
     cda_rig_opts rig;
+    cm_device device;          /* CPU (0); a GPU: the model moves there after surgery, before the optimizer */
 } cda_run_opts;
 cda_run_opts cda_run_opts_default(void);
 

@@ -93,7 +93,8 @@ static cm_status cx_forward(cutmix *m, cm_state *st) {
     m->mix.weight = cm_cutmix_adjusted_lambda(m->mix.H, m->mix.W, m->mix.box);
     m->mix.has_box = true;
     cm_tape *tp = cm_state_tape(st);
-    cm_tensor *xc = cm_contiguous(tp, x), *y = xc ? cm_empty(tp, cm_tensor_dtype(x), 4, cm_tensor_shape(x)) : NULL;
+    cm_tensor *xc = cm_contiguous(tp, x); /* the output where the input is, whatever the tape's device */
+    cm_tensor *y = xc ? cm_empty_on(tp, cm_tensor_device(xc), cm_tensor_dtype(x), 4, cm_tensor_shape(x)) : NULL;
     if (!y) return cm_tape_status(tp);
     if ((s = cm_cutmix_batch(xc, m->mix.perm, m->mix.box, y))) return s;
     return cm_state_set_batch_field(st, m->mix.input_name, y);

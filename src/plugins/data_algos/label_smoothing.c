@@ -6,7 +6,7 @@
 
 cm_status cm_smooth_labels(const cm_tensor *logits, const cm_tensor *target, double smoothing, cm_tensor *out) {
     if (!logits || !target || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_smooth_labels: NULL logits, target or out");
-    cm_status hs = cmi_da_check_host("cm_smooth_labels", logits, target, out, NULL);
+    cm_status hs = cmi_da_check_host("cm_smooth_labels", target, out, NULL); /* of the logits, only the shape */
     if (hs) return hs;
     char d[96];
     if (cm_tensor_ndim(logits) != 2)
@@ -54,14 +54,17 @@ static cm_status ls_apply(void *self, cm_event ev, cm_state *st, cm_logger *lg) 
                                           "LabelSmoothing applies to classifiers",
                             who, out ? cmi_da_desc(out, a, sizeof a) : "(none)", mb->names[f], cmi_da_desc(y, b, sizeof b));
     cm_tape *tp = cm_state_tape(st);
-    cm_tensor *t = cm_empty(tp, CM_DTYPE_F32, 2, cm_tensor_shape(out));
-    if (!t) return cm_tape_status(tp);
-    cm_status s = cm_smooth_labels(out, y, l->smoothing, t);
+    /* smoothed on the host (a GPU run's target is copied back), then moved to the logits' device */
+    cm_tensor *t = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 2, cm_tensor_shape(out));
+    cm_tensor *yh = cm_to_device(tp, y, CM_DEVICE_CPU);
+    if (!t || !yh) return cm_tape_status(tp);
+    cm_status s = cm_smooth_labels(out, yh, l->smoothing, t);
     if (s) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "%s: target '%s': %s", who, mb->names[f], msg);
     }
+    if (!(t = cm_to_device(tp, t, cm_tensor_device(out)))) return cm_tape_status(tp);
     l->name = mb->names[f], l->orig = y;
     return cm_state_set_batch_field(st, l->name, t);
 }

@@ -22,10 +22,10 @@ cm_status cmi_da_mix_begin(cmi_da_mix *m, cm_state *st, const char *who, const c
     return CM_OK;
 }
 
-/* target[perm] on the tape (rows gathered), contiguous. */
+/* target[perm] on the tape (rows gathered), contiguous, on the host (a GPU's target is copied). */
 static cm_tensor *permuted(cm_tape *tp, cm_tensor *t, const int64_t *perm, int64_t n) {
-    cm_tensor *c = cm_contiguous(tp, t);
-    cm_tensor *o = c ? cm_empty(tp, cm_tensor_dtype(t), cm_tensor_ndim(t), cm_tensor_shape(t)) : NULL;
+    cm_tensor *c = cm_contiguous(tp, cm_to_device(tp, t, CM_DEVICE_CPU));
+    cm_tensor *o = c ? cm_empty_on(tp, CM_DEVICE_CPU, cm_tensor_dtype(t), cm_tensor_ndim(t), cm_tensor_shape(t)) : NULL;
     if (!o) return NULL;
     const size_t row = n ? cm_tensor_nbytes(c) / (size_t)n : 0;
     for (int64_t i = 0; i < n; i++)
@@ -50,8 +50,11 @@ cm_status cmi_da_mix_targets(cmi_da_mix *m, cm_state *st, const char *who) {
     if (cm_tensor_dim(y, 0) != m->n)
         return cm_set_error(CM_ERR_SHAPE, "%s: target '%s' %s does not have the input's %lld rows", who, m->target_name,
                             cmi_da_desc(y, a, sizeof a), (long long)m->n);
+    /* the targets are mixed on the host (a GPU run's are copied back), then go where they were */
+    const cm_device dev = cm_tensor_device(y);
     if (is_spatial(m, y)) {
-        cm_tensor *yc = cm_contiguous(tp, y), *yp = yc ? permuted(tp, yc, m->perm, m->n) : NULL;
+        cm_tensor *yc = cm_contiguous(tp, cm_to_device(tp, y, CM_DEVICE_CPU));
+        cm_tensor *yp = yc ? permuted(tp, yc, m->perm, m->n) : NULL;
         cm_tensor *o = yp ? cm_clone_detached(tp, yc) : NULL;
         if (!o) return cm_tape_status(tp);
         const int64_t lead = cm_tensor_numel(o) / (m->H * m->W);
@@ -61,7 +64,8 @@ cm_status cmi_da_mix_targets(cmi_da_mix *m, cm_state *st, const char *who) {
                 memcpy((char *)cm_tensor_data(o) + ((size_t)(l * m->H + r) * (size_t)m->W + (size_t)m->box.y1) * es,
                        (const char *)cm_tensor_data(yp) + ((size_t)(l * m->H + r) * (size_t)m->W + (size_t)m->box.y1) * es,
                        (size_t)(m->box.y2 - m->box.y1) * es);
-        return cm_state_set_batch_field(st, m->target_name, o);
+        o = cm_to_device(tp, o, dev);
+        return o ? cm_state_set_batch_field(st, m->target_name, o) : cm_tape_status(tp);
     }
     if (!out || cm_tensor_ndim(out) != 2 || cm_tensor_dim(out, 0) != m->n)
         return cm_set_error(CM_ERR_SHAPE, "%s: the outputs %s are not class logits (N, C) for the %lld samples; %s mixes "
@@ -69,16 +73,17 @@ cm_status cmi_da_mix_targets(cmi_da_mix *m, cm_state *st, const char *who) {
                             who, out ? cmi_da_desc(out, a, sizeof a) : "(none)", (long long)m->n, who,
                             m->has_box ? " or targets with the input's height and width" : "");
     const int64_t shape[2] = {m->n, cm_tensor_dim(out, 1)};
-    cm_tensor *t = cm_empty(tp, CM_DTYPE_F32, 2, shape);
-    if (!t) return cm_tape_status(tp);
-    cm_status s = cm_mix_targets(y, m->perm, m->weight, shape[1], t);
+    cm_tensor *t = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 2, shape), *yh = cm_to_device(tp, y, CM_DEVICE_CPU);
+    if (!t || !yh) return cm_tape_status(tp);
+    cm_status s = cm_mix_targets(yh, m->perm, m->weight, shape[1], t);
     if (s) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
         return cm_set_error(s, "%s: target '%s' %s with outputs %s: %s", who, m->target_name, cmi_da_desc(y, a, sizeof a),
                             cmi_da_desc(out, b, sizeof b), msg);
     }
-    return cm_state_set_batch_field(st, m->target_name, t);
+    t = cm_to_device(tp, t, dev);
+    return t ? cm_state_set_batch_field(st, m->target_name, t) : cm_tape_status(tp);
 }
 
 cm_status cmi_da_mix_loss(cmi_da_mix *m, cm_state *st, const char *who) {
@@ -90,7 +95,7 @@ cm_status cmi_da_mix_loss(cmi_da_mix *m, cm_state *st, const char *who) {
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: cannot interpolate the loss when the target has the input's height "
                                                 "and width (set interpolate_loss false)",
                             who);
-    cm_tensor *yp = permuted(tp, y, m->perm, m->n);
+    cm_tensor *yp = cm_to_device(tp, permuted(tp, y, m->perm, m->n), cm_tensor_device(y));
     if (!yp) return cm_tape_status(tp);
     /* the model's loss with the partners' targets in place of the target field */
     cm_tensor *fields[CM_DATASET_MAX_FIELDS];

@@ -89,7 +89,9 @@ static cm_status mu_forward(mixup *m, cm_state *st) {
     m->mix.weight = 1.0 - cm_mixup_draw_mixing(m->alpha, &rng); /* Composer draws mixing, then the permutation */
     cm_random_permutation(&rng, m->mix.n, m->mix.perm);
     cm_tape *tp = cm_state_tape(st);
-    cm_tensor *xc = cm_contiguous(tp, x), *y = xc ? cm_empty(tp, CM_DTYPE_F32, cm_tensor_ndim(x), cm_tensor_shape(x)) : NULL;
+    cm_tensor *xc = cm_contiguous(tp, x); /* the output where the input is, whatever the tape's device */
+    cm_tensor *y =
+        xc ? cm_empty_on(tp, cm_tensor_device(xc), CM_DTYPE_F32, cm_tensor_ndim(x), cm_tensor_shape(x)) : NULL;
     if (!y) return cm_tape_status(tp);
     if ((s = cm_mixup_batch(xc, m->mix.perm, 1.0 - m->mix.weight, y))) return s;
     return cm_state_set_batch_field(st, m->mix.input_name, y);

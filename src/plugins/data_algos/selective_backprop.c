@@ -162,31 +162,38 @@ static cm_status grow(sbp *b, int64_t n) {
 }
 
 /* Each row's loss: forward of chunks of the microbatch size without gradients, then the model's
- * own loss of every row (its outputs and fields narrowed to it). */
+ * own loss of every row (its outputs and fields narrowed to it). On a model on a GPU the chunk's
+ * fields go there first, and the chunk's row losses come back in one copy. */
 static cm_status row_losses(sbp *b, cm_state *st, const cm_batch *bt, int fi, cm_tensor *small) {
     cm_model *m = cm_state_model(st);
     cm_tape *tp = cm_state_tape(st);
+    const cm_device dev = cm_module_device(cm_model_module(m));
     const int64_t n = bt->n_rows, mbs = cm_state_microbatch_size(st) > 0 ? cm_state_microbatch_size(st) : n;
     const bool prev = cm_tape_set_grad_enabled(tp, false);
     cm_status s = CM_OK;
     cm_tensor *fields[CM_DATASET_MAX_FIELDS], *row[CM_DATASET_MAX_FIELDS];
     for (int64_t r0 = 0; r0 < n && !s; r0 += mbs) {
-        const int64_t len = r0 + mbs <= n ? mbs : n - r0;
+        const int64_t len = r0 + mbs <= n ? mbs : n - r0, one_shape[1] = {1};
         for (int f = 0; f < bt->n_fields; f++)
-            fields[f] = cm_narrow(tp, f == fi && small ? small : bt->fields[f], 0, r0, len);
+            fields[f] = cm_to_device(tp, cm_narrow(tp, f == fi && small ? small : bt->fields[f], 0, r0, len), dev);
         const cm_model_batch mb = {bt->names, fields, bt->n_fields, len, 0};
         cm_tensor *out = cm_model_forward(m, tp, &mb);
-        for (int64_t i = 0; out && i < len; i++) {
+        cm_tensor **ls = out ? cm_arena_alloc(cm_tape_arena(tp), sizeof(cm_tensor *) * (size_t)len) : NULL;
+        if (out && !ls) cm_tape_fail(tp, CM_ERR_OOM, "out of memory for %lld row losses", (long long)len);
+        for (int64_t i = 0; ls && i < len; i++) {
             for (int f = 0; f < bt->n_fields; f++) row[f] = cm_narrow(tp, fields[f], 0, i, 1);
             const cm_model_batch one = {bt->names, row, bt->n_fields, 1, 0};
-            cm_tensor *l = cm_model_loss(m, tp, cm_narrow(tp, out, 0, i, 1), &one);
-            if (!l) {
-                out = NULL;
-                break;
-            }
-            b->losses[r0 + i] = (float)cm_tensor_get_flat(l, 0);
+            ls[i] = cm_reshape(tp, cm_model_loss(m, tp, cm_narrow(tp, out, 0, i, 1), &one), 1, one_shape);
+            if (!ls[i]) ls = NULL;
         }
-        if (!out) {
+        /* the losses are f32 scalars (the trainer's contract): (len,) on the host */
+        cm_tensor *all = ls ? cm_contiguous(tp, cm_to_device(tp, cm_concat(tp, ls, (int)len, 0), CM_DEVICE_CPU)) : NULL;
+        if (all && cm_tensor_dtype(all) != CM_DTYPE_F32) {
+            cm_tape_fail(tp, CM_ERR_DTYPE, "the model's loss is %s, not f32", cm_dtype_name(cm_tensor_dtype(all)));
+            all = NULL;
+        }
+        if (all) memcpy(b->losses + r0, cm_tensor_data(all), sizeof(float) * (size_t)len);
+        if (!all) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", cm_tape_error(tp));
             s = cm_set_error(cm_tape_status(tp) ? cm_tape_status(tp) : CM_ERR_INTERNAL,

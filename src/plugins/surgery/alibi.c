@@ -38,10 +38,13 @@ static bool pos_done(cm_module *m, int64_t max_seq) {
     int64_t rows;
     cm_tensor *w = cm_module_param(m, "weight");
     if (cm_nn_embedding_dims(m, &rows, NULL) || rows != max_seq || !w || cm_tensor_requires_grad(w)) return false;
-    const float *d = cm_tensor_data(w);
-    for (int64_t i = 0, n = cm_tensor_numel(w); i < n; i++)
-        if (d[i] != 0) return false;
-    return true;
+    cm_tensor *h = NULL; /* a model on a GPU (applied again on INIT after the move): read a host copy */
+    if (cm_tensor_device(w) != CM_DEVICE_CPU && cm_tensor_to_device(w, CM_DEVICE_CPU, &h) != CM_OK) return false;
+    const float *d = cm_tensor_data(h ? h : w);
+    bool zero = true;
+    for (int64_t i = 0, n = cm_tensor_numel(w); i < n && zero; i++) zero = d[i] == 0;
+    cm_tensor_free(h);
+    return zero;
 }
 
 typedef struct {

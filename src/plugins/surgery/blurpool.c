@@ -27,9 +27,10 @@ cm_tensor *cm_blur_2d(cm_tape *tp, cm_tensor *x, cm_tensor *filter, int stride, 
     const int64_t C = cm_tensor_dim(x, channel_axis(channels_last));
     if (!filter) {
         const int64_t s4[4] = {1, 1, 3, 3};
-        filter = cm_empty(tp, CM_DTYPE_F32, 4, s4);
+        filter = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 4, s4);
         if (!filter) return NULL;
         memcpy(cm_tensor_data(filter), k_filter, sizeof k_filter);
+        filter = cm_to_device(tp, filter, cm_tensor_device(x));
     }
     if (cm_tensor_ndim(filter) != 4 || (cm_tensor_dim(filter, 0) != C && cm_tensor_dim(filter, 0) != 1) ||
         cm_tensor_dim(filter, 1) != 1 || cm_tensor_dim(filter, 2) % 2 == 0 || cm_tensor_dim(filter, 3) % 2 == 0) {

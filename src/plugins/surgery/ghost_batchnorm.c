@@ -3,6 +3,7 @@
  * batch is split with torch.chunk into ceil(B / ghost_batch_size) chunks, each normalised by the
  * wrapped BatchNorm2d with its momentum divided by that count, and the chunks are concatenated.
  * Module tree as Composer's: GhostBatchNorm2d {batchnorm: the original BatchNorm2d}. */
+#include "nn/nn_impl.h"
 #include "plugins/surgery/surgery_impl.h"
 
 #include <stdio.h>
@@ -49,8 +50,8 @@ cm_tensor *cm_ghost_batch_norm(cm_tape *tp, cm_module *bn, cm_tensor *x, int64_t
         }
         const int64_t len = B - s < size ? B - s : size;
         parts[n++] = cm_batch_norm(tp, cm_narrow(tp, x, 0, s, len), w, b, rm, rv, &o);
-        if (nbt) ((int64_t *)cm_tensor_data(nbt))[0]++; /* one update per chunk, as torch counts */
     }
+    cmn_count_batches(tp, nbt, n); /* one update per chunk, as torch counts */
     return n == 1 ? parts[0] : cm_concat(tp, parts, n, 0);
 }
 

@@ -51,7 +51,7 @@ static cm_tensor *gyro_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const
     }
     const int64_t per = total / s->tau, q = s->step / s->iter_num;
     const int64_t shape[2] = {B, F};
-    cm_tensor *mask = cm_empty(tp, CM_DTYPE_F32, 2, shape);
+    cm_tensor *mask = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_F32, 2, shape); /* drawn on the host, then moved */
     if (!mask) return NULL;
     float *d = cm_tensor_data(mask);
     const float scale = 1.0f / (1.0f - s->p);
@@ -63,7 +63,7 @@ static cm_tensor *gyro_fwd(cm_module *m, cm_tape *tp, int n_in, cm_tensor *const
         for (int64_t f = 0; f < F; f++)
             d[r * F + f] = cm_rng_uniform_at(s->seed, s->stream, (uint64_t)(pick * F + f)) > s->p ? scale : 0.0f;
     }
-    return cm_mul(tp, x, mask);
+    return cm_mul(tp, x, cm_to_device(tp, mask, cm_tensor_device(x)));
 }
 
 static void gyro_desc(const cm_module *m, char *buf, size_t cap) {
