@@ -920,4 +920,56 @@ Test(gpu_train, the_token_methods_train_the_cpu_trajectory_on_the_gpu) {
 }
 
 
+Test(gpu_train, a_model_on_the_gpu_saves_safetensors_from_host_copies) {
+    /* cm_module_save_safetensors (ExportForInference, the run folder's weights) on a GPU model:
+     * the writer copies each GPU tensor to the host; the file equals the CPU model's */
+    cm_model *g = cmt_golden_gpt2_model(), *c = cmt_golden_gpt2_model(), *back = cmt_golden_gpt2_model();
+    cm_rng rng = cm_rng_init(5, 0);
+    cm_module *rg = cm_model_module(g);
+    for (int64_t i = 0; i < cm_module_n_params(rg); i++)
+        cm_tensor_init_normal(cm_module_param_info(rg, i).tensor, &rng, 0.0f, 1.0f);
+    char dir[] = "/tmp/cm_gpu_st_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    cr_assert_eq(cm_module_save_safetensors(rg, path), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_load_safetensors(cm_model_module(c), path, NULL, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_to_device(rg, CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_save_safetensors(rg, path), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_module_load_safetensors(cm_model_module(back), path, NULL, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(max_param_diff(back, c), 0.0, "the GPU model's file holds its weights");
+    cm_model *fresh = cmt_golden_gpt2_model();
+    cr_assert_gt(max_param_diff(back, fresh), 0.0, "the weights were drawn, not the model's initial ones");
+    unlink(path);
+    rmdir(dir);
+    cm_model_free(g), cm_model_free(c), cm_model_free(back), cm_model_free(fresh);
+}
+
+
+Test(gpu_train, generation_on_the_gpu_picks_the_cpu_tokens) {
+    /* cm_gpt2_generate (the Generate callback, the CLI's sample) on a GPU model: ids and the KV cache
+     * on the device, the logits read back; greedy decoding picks the CPU's tokens, cached or not */
+    cm_model *c = cmt_golden_gpt2_model(), *g = cmt_golden_gpt2_model();
+    cm_rng r1 = cm_rng_init(9, 0), r2 = cm_rng_init(9, 0);
+    cm_module *rc = cm_model_module(c), *rg = cm_model_module(g);
+    for (int64_t i = 0; i < cm_module_n_params(rc); i++) {
+        cm_tensor_init_normal(cm_module_param_info(rc, i).tensor, &r1, 0.0f, 0.5f);
+        cm_tensor_init_normal(cm_module_param_info(rg, i).tensor, &r2, 0.0f, 0.5f);
+    }
+    cr_assert_eq(cm_module_to_device(rg, CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
+    const int64_t prompt[3] = {1, 7, 3};
+    for (int cache = 0; cache < 2; cache++) {
+        cm_gpt2_generate_config gc = cm_gpt2_generate_config_default();
+        gc.temperature = 0, gc.use_cache = cache;
+        int64_t tc[12], tg[12], nc, ng;
+        cr_assert_eq(cm_gpt2_generate(c, prompt, 3, 12, &gc, tc, &nc), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_gpt2_generate(g, prompt, 3, 12, &gc, tg, &ng), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(ng, nc);
+        for (int64_t i = 0; i < nc; i++)
+            cr_expect_eq(tg[i], tc[i], "cache %d, token %lld: gpu %lld cpu %lld", cache, (long long)i, (long long)tg[i],
+                         (long long)tc[i]);
+    }
+    cm_model_free(c), cm_model_free(g);
+}
+
+
 int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_gpu_train", false); }

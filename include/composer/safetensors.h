@@ -216,9 +216,11 @@ cm_status cm_safetensors_writer_add_metadata(cm_safetensors_writer *w, const cha
 
 /* Adds a tensor under `name` (copied; valid UTF-8, not "__metadata__", no U+0000). The tensor is
  * borrowed: it must stay alive and unchanged until the write (or until the writer is freed), so a
- * checkpoint does not copy its weights. It must be contiguous (use cm_contiguous on a view).
- * Errors: CM_ERR_INVALID_ARG (bad name, non-contiguous tensor), CM_ERR_OOM. A name added twice is
- * reported by the write (CM_ERR_INVALID_ARG). */
+ * checkpoint does not copy its weights. It must be contiguous (use cm_contiguous on a view). A
+ * tensor on a GPU is copied to host memory here (the writer keeps the copy until it is freed, so
+ * later changes to the GPU tensor are not written).
+ * Errors: CM_ERR_INVALID_ARG (bad name, non-contiguous tensor), CM_ERR_OOM, the device's errors
+ * copying a GPU tensor. A name added twice is reported by the write (CM_ERR_INVALID_ARG). */
 cm_status cm_safetensors_writer_add(cm_safetensors_writer *w, const char *name, const cm_tensor *t);
 
 /* Adds raw bytes as a tensor of any safetensors dtype: `ndim` dims from `shape` (copied; ndim 0

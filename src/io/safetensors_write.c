@@ -2,6 +2,7 @@
  * writes files atomically (temporary file, fsync, rename, fsync of the folder). */
 #define _GNU_SOURCE /* qsort_r */
 #include "io/safetensors_impl.h"
+#include "tensor/backend.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,8 +21,9 @@ typedef struct wentry {
 } wentry;
 
 struct cm_safetensors_writer {
-    cm_st_buf ents; /* wentry */
-    cm_st_buf meta; /* char * pairs: key, value */
+    cm_st_buf ents;   /* wentry */
+    cm_st_buf meta;   /* char * pairs: key, value */
+    cm_st_buf copies; /* void *: host copies of tensors added from a GPU (cm_alloc) */
 };
 
 static size_t n_ents(const cm_safetensors_writer *w) { return w->ents.len / sizeof(wentry); }
@@ -42,6 +44,9 @@ void cm_safetensors_writer_free(cm_safetensors_writer *w) {
     }
     char **m = (char **)w->meta.p;
     for (size_t i = 0; i < 2 * n_meta(w); i++) cm_free(m[i]);
+    void **c = (void **)w->copies.p;
+    for (size_t i = 0; i < w->copies.len / sizeof *c; i++) cm_free(c[i]);
+    cm_st_buf_free(&w->copies);
     cm_st_buf_free(&w->ents);
     cm_st_buf_free(&w->meta);
     cm_free(w);
@@ -124,8 +129,24 @@ cm_status cm_safetensors_writer_add(cm_safetensors_writer *w, const char *name, 
         return cm_set_error(CM_ERR_INVALID_ARG,
                             "safetensors writer: tensor '%.160s' is not contiguous (pass cm_contiguous(tape, t))",
                             name ? name : "");
+    const void *data = cm_tensor_data(t);
+    const size_t nbytes = cm_tensor_nbytes(t);
+    if (w && nbytes && cm_tensor_device(t) != CM_DEVICE_CPU) { /* the file is written from host memory */
+        const cmi_backend *be = cmi_backend_get(cm_tensor_device(t));
+        void *h = cm_alloc(nbytes, 64);
+        cm_status s = !be ? cm_last_status() : !h ? CM_ERR_OOM : be->memcpy(h, data, nbytes, CMI_D2H);
+        if (s == CM_OK && (s = cm_st_buf_put(&w->copies, &h, sizeof h)) != CM_OK) s = CM_ERR_OOM;
+        if (s) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            cm_free(h);
+            return cm_set_error(s, "safetensors writer: tensor '%.160s': copying it from %s: %s", name ? name : "",
+                                cm_device_name(cm_tensor_device(t)), s == CM_ERR_OOM ? "out of memory" : msg);
+        }
+        data = h;
+    }
     return cm_safetensors_writer_add_raw(w, name, cm_st_dtype_from_cm(cm_tensor_dtype(t)), cm_tensor_ndim(t),
-                                         cm_tensor_shape(t), cm_tensor_data(t), cm_tensor_nbytes(t));
+                                         cm_tensor_shape(t), data, nbytes);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -195,12 +195,12 @@ static bool cache_supported(gpt2_body *b) {
     return true;
 }
 
-/* (1, n) i64 tape tensor of seq[0..n). */
-static cm_tensor *ids_tensor(cm_tape *tp, const int64_t *seq, int64_t n) {
+/* (1, n) i64 tape tensor of seq[0..n) on the model's device (written on the host, then moved). */
+static cm_tensor *ids_tensor(cm_tape *tp, const int64_t *seq, int64_t n, cm_device dev) {
     const int64_t shape[2] = {1, n};
-    cm_tensor *t = cm_empty(tp, CM_DTYPE_I64, 2, shape);
+    cm_tensor *t = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 2, shape);
     if (t) memcpy(cm_tensor_data(t), seq, sizeof(int64_t) * (size_t)n);
-    return t;
+    return cm_to_device(tp, t, dev);
 }
 
 cm_status cm_gpt2_generate(cm_model *m, const int64_t *prompt, int64_t n_prompt, int64_t max_new_tokens,
@@ -228,13 +228,14 @@ cm_status cm_gpt2_generate(cm_model *m, const int64_t *prompt, int64_t n_prompt,
     if (max_new_tokens == 0) return CM_OK;
 
     cm_module *root = cm_model_module(m);
+    const cm_device dev = cm_module_device(root); /* a model on a GPU generates there */
     kv_cache kc = {r, cm_module_self(r->transformer), mc->n_layer, mc->n_embd, mc->n_head, NULL, NULL};
     const bool cached = c.use_cache && cache_supported(kc.body);
     const int64_t total = n_prompt + max_new_tokens, t_max = total < P ? total : P;
     int64_t *seq = cm_alloc(sizeof(int64_t) * (size_t)total, 64);
     float *row = cm_alloc(sizeof(float) * (size_t)V, 64);
     cm_tape *tp = NULL;
-    if (!seq || !row || (st = cm_tape_new(NULL, &tp))) {
+    if (!seq || !row || (st = cm_tape_new(NULL, &tp)) || (st = cm_tape_set_device(tp, dev))) {
         st = st ? st : CM_ERR_OOM;
         goto done;
     }
@@ -247,7 +248,7 @@ cm_status cm_gpt2_generate(cm_model *m, const int64_t *prompt, int64_t n_prompt,
         kc.v = kc.k + kc.L;
         const int64_t shape[3] = {1, t_max, kc.C};
         for (int64_t l = 0; l < 2 * kc.L; l++)
-            if ((st = cm_tensor_new(CM_DTYPE_F32, 3, shape, &kc.k[l]))) goto done;
+            if ((st = cm_tensor_new_on(dev, CM_DTYPE_F32, 3, shape, &kc.k[l]))) goto done;
     }
     memcpy(seq, prompt, sizeof(int64_t) * (size_t)n_prompt);
     const bool was_training = cm_module_is_training(root);
@@ -260,15 +261,16 @@ cm_status cm_gpt2_generate(cm_model *m, const int64_t *prompt, int64_t n_prompt,
         const int64_t start = n > P ? n - P : 0; /* the window the model sees */
         cm_tensor *logits;
         if (cached && start == 0 && cache_len > 0 && cache_len == n - 1) {
-            logits = cached_forward(tp, &kc, ids_tensor(tp, seq + n - 1, 1), n - 1);
+            logits = cached_forward(tp, &kc, ids_tensor(tp, seq + n - 1, 1, dev), n - 1);
             cache_len = n;
         } else if (cached) {
-            logits = cached_forward(tp, &kc, ids_tensor(tp, seq + start, n - start), 0);
+            logits = cached_forward(tp, &kc, ids_tensor(tp, seq + start, n - start, dev), 0);
             cache_len = start == 0 ? n : 0; /* a cropped window cannot be extended */
         } else {
-            cm_tensor *all = cm_module_forward(root, tp, ids_tensor(tp, seq + start, n - start)); /* (1, t, V) */
+            cm_tensor *all = cm_module_forward(root, tp, ids_tensor(tp, seq + start, n - start, dev)); /* (1, t, V) */
             logits = all ? cm_narrow(tp, all, 1, cm_tensor_dim(all, 1) - 1, 1) : NULL;
         }
+        if (logits) logits = cm_to_device(tp, logits, CM_DEVICE_CPU); /* (1, 1, V) read on the host */
         if (!logits) {
             st = cm_tape_status(tp) ? cm_tape_status(tp) : CM_ERR_INTERNAL;
             cm_set_error(st, "%s: step %lld: %s", fn, (long long)step, cm_tape_error(tp));

@@ -56,26 +56,38 @@ static bool stats(const cm_tensor *t, double out[4]) {
     const int64_t n = cm_tensor_numel(t), d = nd ? cm_tensor_shape(t)[nd - 1] : 1;
     if (n == 0 || d == 0) return false;
     const int64_t rows = n / d;
-    /* host f32 read in place; anything else (bf16, strided views, a GPU tensor) element by element */
-    const float *f =
-        dt == CM_DTYPE_F32 && cm_tensor_is_contiguous(t) && cm_tensor_device(t) == CM_DEVICE_CPU ? cm_tensor_data(t) : NULL;
+    /* host f32 read in place; anything else (bf16, strided views, a GPU tensor) through one
+     * contiguous f32 host copy — never element by element (a GPU element is a transfer) */
+    cm_tensor *h = NULL, *c = NULL;
+    if (!(dt == CM_DTYPE_F32 && cm_tensor_is_contiguous(t) && cm_tensor_device(t) == CM_DEVICE_CPU)) {
+        bool ok = cm_tensor_device(t) == CM_DEVICE_CPU || cm_tensor_to_device(t, CM_DEVICE_CPU, &c) == CM_OK;
+        ok = ok && cm_tensor_new(CM_DTYPE_F32, nd, cm_tensor_shape(t), &h) == CM_OK;
+        ok = ok && cm_tensor_copy(h, c ? c : t) == CM_OK;
+        cm_tensor_free(c);
+        if (!ok) {
+            cm_tensor_free(h);
+            return false;
+        }
+    }
+    const float *f = cm_tensor_data(h ? h : t);
     double sum = 0, l2 = 0, kurt = 0, mx = 0;
     for (int64_t r = 0; r < rows; r++) {
         double s1 = 0, s2 = 0, m = -INFINITY;
         for (int64_t j = 0; j < d; j++) {
-            const double v = f ? f[r * d + j] : cm_tensor_get_flat(t, r * d + j);
+            const double v = f[r * d + j];
             s1 += v, s2 += v * v;
             if (v > m) m = v;
         }
         const double mean = s1 / (double)d;
         double m2 = 0, m4 = 0;
         for (int64_t j = 0; j < d; j++) {
-            const double v = (f ? f[r * d + j] : cm_tensor_get_flat(t, r * d + j)) - mean;
+            const double v = f[r * d + j] - mean;
             m2 += v * v, m4 += v * v * v * v;
         }
         m2 /= (double)d, m4 /= (double)d;
         sum += s1, l2 += sqrt(s2), mx += m, kurt += m4 / (m2 * m2);
     }
+    cm_tensor_free(h);
     out[0] = mx / (double)rows;
     out[1] = sum / (double)n;
     out[2] = l2 / (double)rows;
