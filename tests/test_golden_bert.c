@@ -2,6 +2,7 @@
  * BertForSequenceClassification load Hugging Face-named weights (with the tied aliases and the
  * position_ids buffer torch writes), run a padded batch, and their logits, loss and every
  * parameter gradient match torch's. */
+#include "cmgolden_bert.h"
 #include "cmtest.h"
 
 #include <composer/zoo_bert.h>
@@ -9,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define GOLDEN "tests/golden/bert.safetensors"
+#define GOLDEN CMT_GOLDEN_BERT
 
 /* f32 everywhere, sums over 32-100 terms: agreement to ~1e-6 relative is expected; the bounds
  * leave room for the different summation orders of BLAS and torch. */
@@ -18,29 +19,11 @@
 #define GRAD_ATOL 2e-6
 #define GRAD_RTOL 1e-3
 
-static cm_bert_config tiny(int64_t num_labels) {
-    cm_bert_config c;
-    cr_assert_eq(cm_bert_config_preset("test-tiny", &c), CM_OK);
-    c.num_labels = num_labels;
-    return c;
-}
-
 static void run(bool mlm) {
     const char *tag = mlm ? "mlm" : "cls";
     cmt_golden *g = cmt_golden_open(GOLDEN);
-    cm_bert_config cfg = tiny(3);
-    if (!mlm) cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0.0f; /* train mode, p = 0 */
-    cm_model *model;
-    cr_assert_eq(mlm ? cm_bert_mlm_new(&cfg, NULL, &model) : cm_bert_classifier_new(&cfg, NULL, &model), CM_OK, "%s",
-                 cm_last_error());
+    cm_model *model = cmt_golden_bert_model(mlm);
     cm_module *root = cm_model_module(model);
-    if (mlm) cm_module_train(root, false); /* eval mode: dropout off, gradients still recorded */
-
-    char path[128];
-    snprintf(path, sizeof path, "tests/golden/bert_%s.safetensors", tag);
-    cm_load_report rep;
-    cr_assert_eq(cm_bert_load_safetensors(model, path, NULL, &rep), CM_OK, "%s", cm_last_error());
-    cr_assert_eq(rep.n_missing + rep.n_unexpected, 0, "missing [%s] unexpected [%s]", rep.missing, rep.unexpected);
     cr_assert_eq(cm_module_count_params(root, false), mlm ? 22660 : 22595, "torch counts %d parameters",
                  mlm ? 22660 : 22595);
 

@@ -30,6 +30,7 @@
 #include "cmgolden_gpt2.h"
 #include "cmalgo.h"
 #include "cmdata.h"
+#include "cmgolden_bert.h"
 #include "cmgolden_resnet.h"
 #include "cmtest.h"
 #include "cmtrain.h"
@@ -652,22 +653,11 @@ static cm_tensor *host_copy(const cm_tensor *t) {
  * test's, the gradients' twice as wide (the GPU sums in other orders). */
 static void golden_bert_on_gpu(bool mlm, bool sparse) {
     const char *tag = mlm ? "mlm" : "cls";
-    cmt_golden *g = cmt_golden_open("tests/golden/bert.safetensors");
-    cm_bert_config cfg;
-    cr_assert_eq(cm_bert_config_preset("test-tiny", &cfg), CM_OK);
-    cfg.num_labels = 3;
-    if (!mlm) cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0.0f; /* train mode, p = 0 */
-    cm_model *model;
-    cr_assert_eq(mlm ? cm_bert_mlm_new(&cfg, NULL, &model) : cm_bert_classifier_new(&cfg, NULL, &model), CM_OK, "%s",
-                 cm_last_error());
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_BERT);
+    cm_model *model = cmt_golden_bert_model(mlm);
     cm_module *root = cm_model_module(model);
-    if (mlm) cm_module_train(root, false); /* eval mode: dropout off, gradients still recorded */
     if (sparse) cr_assert_eq(cm_bert_mlm_sparse_logits(model, true), CM_OK, "%s", cm_last_error());
     char key[256];
-    snprintf(key, sizeof key, "tests/golden/bert_%s.safetensors", tag);
-    cm_load_report rep;
-    cr_assert_eq(cm_bert_load_safetensors(model, key, NULL, &rep), CM_OK, "%s", cm_last_error());
-    cr_assert_eq(rep.n_missing + rep.n_unexpected, 0);
     cr_assert_eq(cm_module_to_device(root, CM_DEVICE_CUDA), CM_OK, "%s", cm_last_error());
 
     const char *names[5] = {"input_ids", "attention_mask", "token_type_ids", "labels", "label"};
@@ -797,22 +787,11 @@ static void json_algo(const char *name, const char *json, cm_algorithm_plugin *o
     cr_assert_eq(cm_algorithm_new_from_json(name, json, out), CM_OK, "%s: %s", name, cm_last_error());
 }
 
-/* the image data methods (as test_data_algos_train's all_image) and GhostBatchNorm */
+/* the image data methods and GhostBatchNorm */
 static int image_methods(cm_algorithm_plugin *out, int cap, void *data) {
-    (void)cap, (void)data;
-    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
-    sb.start = 0, sb.end = 1;
-    cm_progressive_resizing_config pr = cm_progressive_resizing_config_default();
-    pr.delay_fraction = 0, pr.finetune_fraction = 0;
-    cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
-    cr_assert_eq(cm_progressive_resizing_new(&pr, &out[1]), CM_OK);
-    cr_assert_eq(cm_colout_new(NULL, &out[2]), CM_OK);
-    cr_assert_eq(cm_cutout_new(NULL, &out[3]), CM_OK);
-    cr_assert_eq(cm_mixup_new(NULL, &out[4]), CM_OK);
-    cr_assert_eq(cm_cutmix_new(NULL, &out[5]), CM_OK);
-    cr_assert_eq(cm_label_smoothing_new(NULL, &out[6]), CM_OK);
-    json_algo("GhostBatchNorm", "{\"ghost_batch_size\": 2}", &out[7]);
-    return 8;
+    const int n = cda_image_methods(out, cap, data);
+    json_algo("GhostBatchNorm", "{\"ghost_batch_size\": 2}", &out[n]);
+    return n + 1;
 }
 
 /* MixUp and CutMix interpolating the loss (the partners' targets on the device) */
@@ -851,16 +830,10 @@ static int augmentations(cm_algorithm_plugin *out, int cap, void *data) {
 }
 
 static int gpt2_methods(cm_algorithm_plugin *out, int cap, void *data) {
-    (void)cap, (void)data;
-    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
-    sb.start = 0, sb.end = 1;
-    cm_seq_length_warmup_config sl = cm_seq_length_warmup_config_default();
-    sl.duration = 1.0, sl.min_seq_length = 4, sl.max_seq_length = 16, sl.step_size = 4;
-    cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
-    cr_assert_eq(cm_seq_length_warmup_new(&sl, &out[1]), CM_OK);
-    json_algo("Alibi", "{\"max_sequence_length\": 16}", &out[2]);
-    json_algo("LowPrecisionLayerNorm", "{}", &out[3]);
-    return 4;
+    const int n = cda_token_methods(out, cap, data);
+    json_algo("Alibi", "{\"max_sequence_length\": 16}", &out[n]);
+    json_algo("LowPrecisionLayerNorm", "{}", &out[n + 1]);
+    return n + 2;
 }
 
 static int bert_methods(cm_algorithm_plugin *out, int cap, void *data) {
@@ -969,6 +942,25 @@ Test(gpu_train, generation_on_the_gpu_picks_the_cpu_tokens) {
                          (long long)tc[i]);
     }
     cm_model_free(c), cm_model_free(g);
+}
+
+
+Test(gpu_train, blur_2d_with_its_default_filter_runs_on_the_gpu) {
+    /* cm_blur_2d(..., NULL filter): the binomial filter is written on the host and moved to x's device */
+    cm_tape *tc = cmt_tape(), *tg = cmt_tape();
+    cr_assert_eq(cm_tape_set_device(tg, CM_DEVICE_CUDA), CM_OK);
+    const int64_t s4[4] = {2, 3, 8, 8};
+    cm_tensor *x = cmt_randn(tc, 4, s4, 3, false), *xg = cm_to_device(tg, x, CM_DEVICE_CUDA);
+    for (int stride = 1; stride <= 2; stride++) {
+        cm_tensor *yc = cm_blur_2d(tc, x, NULL, stride, false, false);
+        cm_tensor *yg = cm_blur_2d(tg, xg, NULL, stride, false, false);
+        cr_assert(yc && yg, "%s %s", cm_tape_error(tc), cm_tape_error(tg));
+        cr_assert_eq(cm_tensor_device(yg), CM_DEVICE_CUDA);
+        cm_tensor *h = host_copy(yg);
+        cmt_assert_close("blur_2d on the gpu", h, yc, 1e-6, 1e-5);
+        cm_tensor_free(h);
+    }
+    cm_tape_free(tc), cm_tape_free(tg);
 }
 
 

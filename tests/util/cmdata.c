@@ -210,6 +210,43 @@ void cda_rig_free(cda_rig *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* ---- method sets ---- */
+
+int cda_image_methods(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
+    sb.start = 0, sb.end = 1;
+    cm_progressive_resizing_config pr = cm_progressive_resizing_config_default();
+    pr.delay_fraction = 0, pr.finetune_fraction = 0;
+    cm_colout_config co = cm_colout_config_default();
+    cm_cutout_config cu = cm_cutout_config_default();
+    cm_mixup_config mu = cm_mixup_config_default();
+    cm_cutmix_config cm = cm_cutmix_config_default();
+    cm_label_smoothing_config ls = cm_label_smoothing_config_default();
+    /* SelectiveBackprop first, where Composer's ordering pass sorts it; AFTER_DATALOADER is an
+     * AFTER_ event, so the first-in-last-out pass then runs it last there, after the others have
+     * changed the batch — Composer's net order too */
+    cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
+    cr_assert_eq(cm_progressive_resizing_new(&pr, &out[1]), CM_OK);
+    cr_assert_eq(cm_colout_new(&co, &out[2]), CM_OK);
+    cr_assert_eq(cm_cutout_new(&cu, &out[3]), CM_OK);
+    cr_assert_eq(cm_mixup_new(&mu, &out[4]), CM_OK);
+    cr_assert_eq(cm_cutmix_new(&cm, &out[5]), CM_OK);
+    cr_assert_eq(cm_label_smoothing_new(&ls, &out[6]), CM_OK);
+    return 7;
+}
+
+int cda_token_methods(cm_algorithm_plugin *out, int cap, void *data) {
+    (void)cap, (void)data;
+    cm_selective_backprop_config sb = cm_selective_backprop_config_default();
+    sb.start = 0, sb.end = 1;
+    cm_seq_length_warmup_config sl = cm_seq_length_warmup_config_default();
+    sl.duration = 1.0, sl.min_seq_length = 4, sl.max_seq_length = 16, sl.step_size = 4;
+    cr_assert_eq(cm_selective_backprop_new(&sb, &out[0]), CM_OK);
+    cr_assert_eq(cm_seq_length_warmup_new(&sl, &out[1]), CM_OK);
+    return 2;
+}
+
 /* ---- runs ---- */
 
 cda_run_opts cda_run_opts_default(void) {

@@ -38,6 +38,12 @@ void cda_rig_free(cda_rig *r);
 /* Makes the algorithms of one run into out[0..] and returns how many (called once per trainer). */
 typedef int (*cda_algos_fn)(cm_algorithm_plugin *out, int cap, void *data);
 
+/* Every image data method at once (7: SelectiveBackprop over the whole run, ProgressiveResizing
+ * from the start, ColOut, CutOut, MixUp, CutMix, LabelSmoothing with Composer's defaults), and
+ * every token one (2: that SelectiveBackprop, SeqLengthWarmup 4 → 16 tokens over the run). */
+int cda_image_methods(cm_algorithm_plugin *out, int cap, void *data);
+int cda_token_methods(cm_algorithm_plugin *out, int cap, void *data);
+
 typedef struct cda_run_opts {
     const char *max_duration;  /* "3ba" */
     int64_t microbatch;        /* device_train_microbatch_size; 0 = whole batch */
