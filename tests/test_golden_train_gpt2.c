@@ -51,6 +51,12 @@ static int64_t count_label_tokens(const cm_batch *b, void *data) {
     return n;
 }
 
+/* A count_loss_tokens that counts every position, ignored labels too (T per row) */
+static int64_t count_every_position(const cm_batch *b, void *data) {
+    (void)data;
+    return b->n_samples * T;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * A probe algorithm: copies the gradients on AFTER_TRAIN_BATCH before GradientClipping runs
  * (registered after it; AFTER_* events run algorithms in reverse order)
@@ -112,6 +118,7 @@ typedef struct {
     int64_t microbatch;   /* 0 = the whole batch */
     bool on_tokens;       /* accumulate_train_batch_on_tokens */
     bool count_labels;    /* count_tokens = the non-ignored labels (else the dataset's T per row) */
+    bool loss_every_position; /* count_loss_tokens = T per row (else the trainer counts the labels) */
     bool last_row_ignored; /* every label of each batch's last row is -100 */
     int64_t fused;        /* > 0: lm_head fused with the loss, chunks of this many rows */
 } run_opts;
@@ -153,6 +160,7 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     c.device_train_microbatch_size = o.microbatch;
     c.accumulate_train_batch_on_tokens = o.on_tokens;
     if (o.count_labels) c.train_data_spec.count_tokens = count_label_tokens;
+    if (o.loss_every_position) c.train_data_spec.count_loss_tokens = count_every_position;
     cr_assert_eq(cm_trainer_new(&c, &r->tr), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_fit(r->tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(r->pr.steps, N_STEPS, "probe saw %d steps", r->pr.steps);
@@ -343,41 +351,58 @@ Test(golden_train_gpt2, fused_linear_cross_entropy_matches_pytorch_and_the_unfus
 
 /* Labels of -100 (row r ignores 0, 3-4, 9 and 12-14 positions): the full batch's loss is the mean
  * over its loss-generating tokens, so microbatches must be weighted by their share of those
- * tokens. With count_tokens counting the non-ignored labels, 3 + 1 rows give the full batch. */
+ * tokens — what accumulate_train_batch_on_tokens does, as Composer's (token_type
+ * 'loss_generating'): the trainer counts the "labels" other than -100, whatever the dataset counts
+ * as its tokens (T per row here), so 3 + 1 rows give the full batch. With count_tokens counting
+ * the labels too, time counts them as well. */
 Test(golden_train_gpt2, token_weighted_microbatches_with_ignored_labels_give_the_full_batch_run) {
     cmt_golden *g = cmt_golden_open(GOLDEN);
-    run full, micro;
+    run full, micro, counted;
     run_start(&full, g, (run_opts){.masked = true});
     expect_golden(g, &full, "masked");
-    run_start(&micro, g, (run_opts){.masked = true, .microbatch = 3, .on_tokens = true, .count_labels = true});
+    run_start(&micro, g, (run_opts){.masked = true, .microbatch = 3, .on_tokens = true});
     expect_same_run(&full, &micro, "token-weighted microbatches 3 + 1 vs full batch", true);
+    cr_expect_eq(cm_state_timestamp(cm_trainer_state(micro.tr))->token, N_STEPS * B * T,
+                 "time counts the dataset's tokens");
+    run_start(&counted, g, (run_opts){.masked = true, .microbatch = 3, .on_tokens = true, .count_labels = true});
+    expect_same_run(&full, &counted, "token-weighted microbatches 3 + 1 (count_tokens = labels) vs full batch", true);
     /* time counts what count_tokens counts: the loss-generating tokens */
-    const int64_t tok = cm_state_timestamp(cm_trainer_state(micro.tr))->token;
+    const int64_t tok = cm_state_timestamp(cm_trainer_state(counted.tr))->token;
     cr_expect_lt(tok, N_STEPS * B * T, "tokens %lld: the ignored labels are not counted", (long long)tok);
     run_end(&full);
     run_end(&micro);
+    run_end(&counted);
     cmt_golden_close(g);
 }
 
-/* The same split weighted by samples — or by tokens counted as the token-file dataset counts them
- * (every position, T per row) — weights the 3-row microbatch 3/4 although it holds a different
- * share of the loss-generating tokens: the gradient is not the full batch's. This guards the test
- * above (its data does tell the weightings apart) and documents that token weighting needs a
- * count_tokens that skips ignored labels. */
+/* The same split weighted by samples — or by loss tokens counted as every position (a
+ * count_loss_tokens giving T per row) — weights the 3-row microbatch 3/4 although it holds a
+ * different share of the loss-generating tokens: the gradient is not the full batch's. This guards
+ * the test above (its data does tell the weightings apart) and checks that count_loss_tokens is
+ * what the trainer weights by. */
 Test(golden_train_gpt2, weighting_that_counts_ignored_labels_is_not_the_full_batch_gradient) {
     cmt_golden *g = cmt_golden_open(GOLDEN);
-    run full, by_rows;
+    run full, by_rows, by_samples;
     run_start(&full, g, (run_opts){.masked = true});
-    run_start(&by_rows, g, (run_opts){.masked = true, .microbatch = 3, .on_tokens = true});
-    double diff = 0, ref = 0;
-    for (int64_t i = 0; i < full.pr.n; i++) {
-        const double d = (double)full.pr.grads[0][i] - by_rows.pr.grads[0][i];
-        diff += d * d, ref += (double)full.pr.grads[0][i] * full.pr.grads[0][i];
+    run_start(&by_rows, g, (run_opts){.masked = true, .microbatch = 3, .on_tokens = true, .loss_every_position = true});
+    run_start(&by_samples, g, (run_opts){.masked = true, .microbatch = 3});
+    const run *other[2] = {&by_rows, &by_samples};
+    for (int r = 0; r < 2; r++) {
+        double diff = 0, ref = 0;
+        for (int64_t i = 0; i < full.pr.n; i++) {
+            const double d = (double)full.pr.grads[0][i] - other[r]->pr.grads[0][i];
+            diff += d * d, ref += (double)full.pr.grads[0][i] * full.pr.grads[0][i];
+        }
+        cr_expect_gt(sqrt(diff / ref), 1e-2, "%s, step 0 gradient: relative difference %g should be large",
+                     r ? "samples" : "every position", sqrt(diff / ref));
+        cr_expect_gt(fabs(full.loss[0] - other[r]->loss[0]), 1e-3, "step 0 loss %.6f vs %.6f", full.loss[0],
+                     other[r]->loss[0]);
     }
-    cr_expect_gt(sqrt(diff / ref), 1e-2, "step 0 gradient: relative difference %g should be large", sqrt(diff / ref));
-    cr_expect_gt(fabs(full.loss[0] - by_rows.loss[0]), 1e-3, "step 0 loss %.6f vs %.6f", full.loss[0], by_rows.loss[0]);
+    /* samples and every position weigh the same (every row is T long) */
+    cr_expect_float_eq(by_rows.loss[0], by_samples.loss[0], 1e-6, "%.7f vs %.7f", by_rows.loss[0], by_samples.loss[0]);
     run_end(&full);
     run_end(&by_rows);
+    run_end(&by_samples);
     cmt_golden_close(g);
 }
 
@@ -398,6 +423,24 @@ Test(golden_train_gpt2, a_microbatch_with_every_label_ignored_adds_nothing) {
                   micro.loss[k]);
     }
     expect_same_run(&full, &micro, "3 + 1 rows, the 1 all ignored, vs full batch", true);
+    /* Weighted by samples the empty microbatch still holds 1/4 of the batch and adds nothing:
+     * the logged loss and the gradient are 3/4 of the full batch's at the first step (same
+     * weights), finite at every step. */
+    run by_samples;
+    run_start(&by_samples, g, (run_opts){.masked = true, .last_row_ignored = true, .microbatch = 3});
+    for (int k = 0; k < N_STEPS; k++)
+        cr_expect(isfinite(by_samples.loss[k]), "samples-weighted loss %d: %g (the empty microbatch made it NaN)", k,
+                  by_samples.loss[k]);
+    cr_expect_float_eq(by_samples.loss[0], 0.75 * full.loss[0], 1e-6 * full.loss[0], "%.7f vs 3/4 of %.7f",
+                       by_samples.loss[0], full.loss[0]);
+    double diff = 0, ref = 0;
+    for (int64_t i = 0; i < full.pr.n; i++) {
+        const double d = 0.75 * full.pr.grads[0][i] - by_samples.pr.grads[0][i];
+        diff += d * d, ref += (double)full.pr.grads[0][i] * full.pr.grads[0][i];
+    }
+    cr_expect_lt(sqrt(diff / ref), 1e-5, "step 0 gradient vs 3/4 of the full batch's: relative difference %g",
+                 sqrt(diff / ref));
+    run_end(&by_samples);
     run_end(&full);
     run_end(&micro);
     cmt_golden_close(g);

@@ -240,3 +240,57 @@ Test(spec, bad_inputs_and_a_failing_batch_transform_are_reported) {
     cm_dataset_free(ds);
     cm_data_spec_free(NULL);
 }
+
+static int64_t forty_two(const cm_batch *b, void *data) {
+    (void)b, (void)data;
+    return 42;
+}
+
+/* Loss-generating tokens (Composer's token_type 'loss_generating'): the labels other than -100 in
+ * the real rows of an integer "labels" field of two or more dimensions, i32 or i64, also in a
+ * microbatch view; -1 (not known) without such a field; count_loss_tokens overrides the count. */
+Test(spec, loss_tokens_count_the_labels_other_than_minus_100_in_real_rows) {
+    int64_t y64[3][4] = {{5, -100, 7, -100}, {-100, -100, -100, -100}, {1, 2, 3, 4}};
+    int32_t y32[3][4] = {{-100, 0, 0, -100}, {9, -100, -100, -100}, {-100, -100, -100, -100}};
+    int64_t lab1[3] = {0, 1, -100};
+    float x[3][2] = {{0}};
+    const int64_t s2[2] = {3, 4}, s1[1] = {3}, sx[2] = {3, 2};
+    cm_batch b = {0};
+    b.n_fields = 2, b.n_rows = 3, b.n_samples = 3, b.n_tokens = 12, b.microbatch = -1;
+    b.names[0] = "x", b.names[1] = "labels";
+    cr_assert_eq(cm_tensor_from_data(CM_DTYPE_F32, 2, sx, x, &b.fields[0]), CM_OK);
+    cr_assert_eq(cm_tensor_from_data(CM_DTYPE_I64, 2, s2, y64, &b.fields[1]), CM_OK);
+    cm_data_spec *sp;
+    cr_assert_eq(cm_data_spec_new(NULL, NULL, &sp), CM_OK);
+    cr_expect_eq(cm_data_spec_n_loss_tokens(sp, &b), 6);
+    const uint8_t valid[3] = {1, 1, 0}; /* the last row is evaluation padding */
+    b.valid = valid, b.n_samples = 2, b.n_padded = 1;
+    cr_expect_eq(cm_data_spec_n_loss_tokens(sp, &b), 2);
+    cm_batch *mbs;
+    int64_t n;
+    cr_assert_eq(cm_data_spec_split(sp, &b, 1, &mbs, &n), CM_OK);
+    cr_assert_eq(n, 3);
+    cr_expect(cm_data_spec_n_loss_tokens(sp, &mbs[0]) == 2 && cm_data_spec_n_loss_tokens(sp, &mbs[1]) == 0 &&
+                  cm_data_spec_n_loss_tokens(sp, &mbs[2]) == 0,
+              "microbatches: %lld %lld %lld", (long long)cm_data_spec_n_loss_tokens(sp, &mbs[0]),
+              (long long)cm_data_spec_n_loss_tokens(sp, &mbs[1]), (long long)cm_data_spec_n_loss_tokens(sp, &mbs[2]));
+    b.valid = NULL, b.n_samples = 3, b.n_padded = 0;
+    cm_tensor_free(b.fields[1]);
+    cr_assert_eq(cm_tensor_from_data(CM_DTYPE_I32, 2, s2, y32, &b.fields[1]), CM_OK);
+    cr_expect_eq(cm_data_spec_n_loss_tokens(sp, &b), 3);
+    /* one label per row (a classifier's) or no labels: not known */
+    cm_tensor_free(b.fields[1]);
+    cr_assert_eq(cm_tensor_from_data(CM_DTYPE_I64, 1, s1, lab1, &b.fields[1]), CM_OK);
+    cr_expect_eq(cm_data_spec_n_loss_tokens(sp, &b), -1);
+    b.names[1] = "targets";
+    cr_expect_eq(cm_data_spec_n_loss_tokens(sp, &b), -1);
+    cm_data_spec_free(sp);
+    cm_data_spec_config sc = cm_data_spec_config_default();
+    cr_assert(!sc.count_loss_tokens);
+    sc.count_loss_tokens = forty_two;
+    cr_assert_eq(cm_data_spec_new(NULL, &sc, &sp), CM_OK);
+    cr_expect_eq(cm_data_spec_n_loss_tokens(sp, &b), 42);
+    cm_data_spec_free(sp);
+    cm_tensor_free(b.fields[0]);
+    cm_tensor_free(b.fields[1]);
+}

@@ -334,6 +334,7 @@ typedef int64_t (*cm_batch_count_fn)(const cm_batch *batch, void *data);
 typedef struct cm_data_spec_config {
     cm_batch_count_fn count_samples;            /* NULL: batch->n_samples */
     cm_batch_count_fn count_tokens;             /* NULL: batch->n_tokens */
+    cm_batch_count_fn count_loss_tokens;        /* NULL: the "labels" count (cm_data_spec_n_loss_tokens) */
     cm_batch_transform_fn batch_transform;      /* NULL: none; applied by cm_data_spec_next */
     cm_batch_transform_fn microbatch_transform; /* NULL: none; applied to each microbatch by split */
     void *data;                                 /* passed to every callback */
@@ -358,6 +359,14 @@ cm_status cm_data_spec_next(cm_data_spec *spec, cm_batch **out);
 /* The samples / tokens the spec counts in a batch (the callbacks, or the batch's own counts). */
 int64_t cm_data_spec_n_samples(const cm_data_spec *spec, const cm_batch *batch);
 int64_t cm_data_spec_n_tokens(const cm_data_spec *spec, const cm_batch *batch);
+/* The loss-generating tokens of a batch (Composer's get_num_tokens_in_batch with token_type
+ * 'loss_generating'; the trainer weights microbatches by them under
+ * accumulate_train_batch_on_tokens): count_loss_tokens when set; else, when the batch has an
+ * integer field "labels" of two or more dimensions on the host (a masked-LM's or causal LM's
+ * per-token targets), its entries other than -100 (Hugging Face's ignore index) in the real rows;
+ * else -1: not known (callers fall back to cm_data_spec_n_tokens). 0 means the batch has no token
+ * to compute a loss on (a masked-LM microbatch in which nothing was masked). */
+int64_t cm_data_spec_n_loss_tokens(const cm_data_spec *spec, const cm_batch *batch);
 
 /* Splits `batch` into microbatches of `microbatch_size` rows: views (no copies) of rows
  * [i·m, min((i+1)·m, n_rows)) of every field, so the last may be short and a batch with 0 rows

@@ -751,7 +751,10 @@ typedef struct cm_trainer_config {
     int n_algorithm_passes;
     cm_precision precision;               /* default fp32 */
     int64_t device_train_microbatch_size; /* rows per microbatch; 0 = the whole batch (default); CM_MICROBATCH_AUTO */
-    bool accumulate_train_batch_on_tokens; /* weight microbatches by tokens instead of samples */
+    bool accumulate_train_batch_on_tokens; /* weight microbatches by their loss-generating tokens (the
+                                            * "labels" other than -100, cm_data_spec_n_loss_tokens;
+                                            * the spec's tokens when it cannot tell) instead of samples,
+                                            * as Composer: microbatched = the full batch's mean loss */
     uint64_t seed;                        /* default 42 */
     bool deterministic_mode;              /* see the overview */
     const char *run_name;                 /* copied; NULL = "run-<date>-<time>" */

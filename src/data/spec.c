@@ -65,6 +65,29 @@ int64_t cm_data_spec_n_tokens(const cm_data_spec *sp, const cm_batch *b) {
     return sp->cfg.count_tokens ? sp->cfg.count_tokens(b, sp->cfg.data) : b->n_tokens;
 }
 
+int64_t cm_data_spec_n_loss_tokens(const cm_data_spec *sp, const cm_batch *b) {
+    if (sp->cfg.count_loss_tokens) return sp->cfg.count_loss_tokens(b, sp->cfg.data);
+    const cm_tensor *y = cm_batch_field(b, "labels");
+    if (!y || cm_tensor_ndim(y) < 2 || cm_tensor_device(y) != CM_DEVICE_CPU || !cm_tensor_is_contiguous(y) ||
+        cm_tensor_dim(y, 0) != b->n_rows)
+        return -1;
+    const cm_dtype dt = cm_tensor_dtype(y);
+    if (dt != CM_DTYPE_I32 && dt != CM_DTYPE_I64) return -1;
+    const int64_t per_row = b->n_rows ? cm_tensor_numel(y) / b->n_rows : 0;
+    int64_t n = 0;
+    for (int64_t r = 0; r < b->n_rows; r++) {
+        if (b->valid && !b->valid[r]) continue;
+        if (dt == CM_DTYPE_I32) {
+            const int32_t *p = (const int32_t *)cm_tensor_data(y) + r * per_row;
+            for (int64_t j = 0; j < per_row; j++) n += p[j] != -100;
+        } else {
+            const int64_t *p = (const int64_t *)cm_tensor_data(y) + r * per_row;
+            for (int64_t j = 0; j < per_row; j++) n += p[j] != -100;
+        }
+    }
+    return n;
+}
+
 cm_status cm_data_spec_split(cm_data_spec *sp, const cm_batch *b, int64_t m, cm_batch **out, int64_t *n_out) {
     *out = NULL;
     *n_out = 0;

@@ -400,7 +400,7 @@ cm_status cm_trainer_plan_memory(cm_trainer *tr, cm_memory_plan *out) {
     if (!s) {
         tr->work = *lb;
         cm_batch *b = &tr->work;
-        double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), (double)cm_data_spec_n_tokens(tr->spec, b)};
+        double counts[2] = {(double)cm_data_spec_n_samples(tr->spec, b), cmi_loss_tokens(tr, b)};
         const double w = tr->tokens_weighting ? counts[1] : counts[0];
         for (int k = 0; k < tr->n_drop; k++) tr->drop_base[k] = tr->drop_rngs[k]->counter;
         s = plan_batch(tr, b, w > 0 ? w : 1.0, true, out);

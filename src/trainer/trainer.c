@@ -741,6 +741,11 @@ static cm_status agree_microbatches(cm_trainer *tr, int64_t n_mb, int64_t *n_tot
     return s;
 }
 
+double cmi_loss_tokens(const cm_trainer *tr, const cm_batch *b) {
+    const int64_t n = cm_data_spec_n_loss_tokens(tr->spec, b);
+    return (double)(n >= 0 ? n : cm_data_spec_n_tokens(tr->spec, b));
+}
+
 /* One real microbatch: forward, loss, metrics, backward of loss × its share of the global batch.
  * *oom is set when the tape ran out of its arena budget. */
 cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row, double global_w, bool *oom,
@@ -753,6 +758,7 @@ cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row
     for (int k = 0; k < tr->n_drop; k++) tr->drop_rngs[k]->counter = tr->drop_base[k];
     cm_tape_set_rows(tr->tape, first_row, mb->n_rows, mb->global_n_samples);
     int64_t ns = cm_data_spec_n_samples(tr->spec, mb), nt = cm_data_spec_n_tokens(tr->spec, mb);
+    const int64_t nl = cm_data_spec_n_loss_tokens(tr->spec, mb);
     cmi_state_set_batch(st, mb, ns, nt);
     /* Training metrics see the microbatch as it was before the algorithms of this microbatch
      * changed its fields (MixUp's mixed targets, LabelSmoothing's smoothed ones), as Composer's
@@ -782,12 +788,23 @@ cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row
     if (!st->loss || cm_tensor_numel(st->loss) != 1 || cm_tensor_dtype(st->loss) != CM_DTYPE_F32)
         return cm_set_error(CM_ERR_STATE, "fit: the loss set by a plugin must be an f32 scalar on the state's tape");
     /* This microbatch's share of the global batch: gradients then add up to the full batch's. */
-    const double share = (tr->tokens_weighting ? (double)nt : (double)ns) / global_w;
+    const double share = (tr->tokens_weighting ? (double)(nl >= 0 ? nl : nt) : (double)ns) / global_w;
     cm_tensor *g = cm_full(tr->tape, CM_DTYPE_F32, cm_tensor_ndim(st->loss), cm_tensor_shape(st->loss), share);
     if (!g || cm_tape_backward_with(tr->tape, st->loss, g) != CM_OK) goto tape_fail;
-    /* A microbatch with no share (every label ignored) has a NaN mean loss: 0·NaN must not
-     * poison the batch loss. */
-    if (tr->record_pass && share != 0.0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
+    /* A microbatch with no loss-generating token (a masked-LM microbatch in which nothing was
+     * masked) has a NaN mean loss (0/0, as torch) and a zero gradient: it adds nothing to the
+     * batch loss either. Weighted by samples it still holds a share, so the batch's loss and
+     * gradient are that share smaller; said once, with the key that weights by labelled tokens. */
+    if (nl == 0 && share != 0.0 && !tr->warned_no_loss_tokens) {
+        tr->warned_no_loss_tokens = true;
+        cm_log_msg(CM_LOG_WARN,
+                   "trainer: microbatch %lld of batch %lld has no token to compute a loss on (every label is -100): "
+                   "it adds nothing to the loss or the gradient, yet weighted by samples it holds %.3g of the "
+                   "batch; accumulate_train_batch_on_tokens: true weights microbatches by their labelled tokens "
+                   "(then microbatched equals the full batch). Said once.",
+                   (long long)i, (long long)st->ts.batch_in_epoch, share);
+    }
+    if (tr->record_pass && share != 0.0 && nl != 0) *loss_sum += share * cm_tensor_get_flat(st->loss, 0);
     if ((s = run(tr, CM_EVENT_AFTER_BACKWARD))) return s;
     cm_tape_reset(tr->tape);
     st->outputs = st->loss = NULL;
@@ -981,7 +998,7 @@ static cm_status count_batch(cm_trainer *tr, cm_batch *b, bool fixup, double cou
         return cm_set_error(CM_ERR_OOM, "fit: out of memory");
     double *v = tr->count_buf;
     memset(v, 0, sizeof(double) * (size_t)n);
-    v[0] = (double)cm_data_spec_n_samples(tr->spec, b), v[1] = (double)cm_data_spec_n_tokens(tr->spec, b);
+    v[0] = (double)cm_data_spec_n_samples(tr->spec, b), v[1] = cmi_loss_tokens(tr, b);
     v[2] = fixup ? 1.0 : 0.0, v[3] = (double)b->n_samples, v[4] = (double)b->n_tokens;
     if (W) v[5 + tr->dist.rank] = (double)b->n_rows;
     cm_status s = reduce(tr, v, n);
@@ -999,9 +1016,11 @@ static cm_status check_global_weight(cm_trainer *tr, double global_w) {
     return cm_set_error(CM_ERR_INVALID_ARG,
                         "fit (epoch %lld, batch %lld): the global batch has no %s to weight microbatches by%s",
                         (long long)tr->st.ts.epoch, (long long)tr->st.ts.batch_in_epoch,
-                        tr->tokens_weighting ? "tokens" : "samples",
-                        tr->tokens_weighting ? " (accumulate_train_batch_on_tokens needs a dataset that counts "
-                                               "tokens, or a count_tokens in train_data_spec)" : "");
+                        tr->tokens_weighting ? "loss-generating tokens" : "samples",
+                        tr->tokens_weighting ? " (accumulate_train_batch_on_tokens weights by the labels other than "
+                                               "-100, else by the tokens the dataset counts: every label of this "
+                                               "batch is -100, or the dataset counts no tokens; a count_loss_tokens "
+                                               "in train_data_spec counts them your way)" : "");
 }
 
 static cm_status train_batch(cm_trainer *tr, cm_batch *b) {

@@ -90,6 +90,7 @@ struct cm_trainer {
     int n_evals;
     int64_t mb_config; /* 0 whole batch, > 0 rows, CM_MICROBATCH_AUTO */
     bool tokens_weighting;
+    bool warned_no_loss_tokens; /* the empty-microbatch warning was given */
     bool deterministic;
     cm_device device; /* cm_trainer_config.device */
     int n_threads;
@@ -132,6 +133,9 @@ bool cmi_interval_hit(const cm_trainer *tr, cm_time iv, const cm_timestamp *prev
 
 /* One real microbatch of the batch (trainer.c): forward, loss, metrics, backward of the loss × its
  * share of global_w; *oom when the tape ran out of its budget. */
+/* What a batch weighs under accumulate_train_batch_on_tokens: its loss-generating tokens
+ * (cm_data_spec_n_loss_tokens), or the tokens the spec counts when it does not know them. */
+double cmi_loss_tokens(const cm_trainer *tr, const cm_batch *b);
 cm_status cmi_run_one(cm_trainer *tr, cm_batch *mb, int64_t i, int64_t first_row, double global_w, bool *oom,
                       double *loss_sum);
 /* Copies the model's persistent buffers into *out (allocated), or back from it with restore. */
