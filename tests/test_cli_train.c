@@ -152,6 +152,7 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "metrics/eval/LanguageCrossEntropy: "), "%s", out);
     cr_assert(strstr(out, "metrics/eval/LanguagePerplexity: "), "%s", out);
+    cr_assert(strstr(out, "on 4 samples"), "one batch of 4 evaluated: %s", out);
     rc = run("eval " DIR "/tiny.yaml --weights " DIR "/nothing.safetensors", out, sizeof out);
     cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "nothing.safetensors"), "%s", out);
@@ -234,6 +235,40 @@ Test(cli_train, device_gpu_trains_or_says_what_is_missing, .timeout = 900) {
     rc = run("train " DIR "/tiny.yaml device=tpu", out, sizeof out);
     cr_assert_eq(rc, 2, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "device") && strstr(out, "gpu"), "the error names the choices: %s", out);
+
+    /* generate --device gpu: the CPU's text for the same seed (logits come back to the host and
+     * are sampled there), or the same clear error; eval device=gpu: the CPU's metrics */
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_gen max_duration=2ba eval_interval=0", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    char cpu[256], dev[256];
+    rc = run("generate -w " DIR "/runs/tiny_gen/model.safetensors -p ab -n 24 --seed 5", cpu, sizeof cpu);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, cpu);
+    rc = run("generate -w " DIR "/runs/tiny_gen/model.safetensors -p ab -n 24 --seed 5 --device gpu", dev, sizeof dev);
+    if (gpu) {
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, dev);
+        cr_expect_str_eq(dev, cpu, "GPU generation differs from the CPU's");
+    } else {
+        cr_assert_eq(rc, 1, "exit %d:\n%s", rc, dev);
+        cr_assert(strstr(dev, "--device gpu:") && strstr(dev, "not available"), "%s", dev);
+    }
+    rc = run("generate -w " DIR "/runs/tiny_gen/model.safetensors --device tpu", dev, sizeof dev);
+    cr_assert_eq(rc, 2, "exit %d:\n%s", rc, dev);
+    cr_assert(strstr(dev, "--device 'tpu': cpu or gpu"), "%s", dev);
+    if (gpu) {
+        static char ev_cpu[1 << 14];
+        rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny_gen/model.safetensors eval_subset_num_batches=2",
+                 ev_cpu, sizeof ev_cpu);
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, ev_cpu);
+        rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny_gen/model.safetensors eval_subset_num_batches=2 "
+                 "device=gpu",
+                 out, sizeof out);
+        cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+        double a, b;
+        const char *k = "metrics/eval/LanguageCrossEntropy: ";
+        cr_assert(strstr(ev_cpu, k) && strstr(out, k), "%s\n%s", ev_cpu, out);
+        a = atof(strstr(ev_cpu, k) + strlen(k)), b = atof(strstr(out, k) + strlen(k));
+        cr_expect(fabs(a - b) <= 1e-4 * fabs(a), "eval CE CPU %g vs GPU %g", a, b);
+    }
 }
 
 Test(cli_train, print_config_shows_defaults_and_overrides) {

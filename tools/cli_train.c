@@ -2092,9 +2092,12 @@ int cmd_eval(const char *prog, int argc, char **argv) {
         cm_trainer_free(tr);
         return finish(&r, 1);
     }
+    /* eval_subset_num_batches stops early: say the samples those batches hold */
+    int64_t n_eval = cm_dataloader_samples_per_epoch(r.eval_dl);
+    const int64_t sub = r.tc.eval_subset_num_batches, gb = cm_dataloader_get_config(r.eval_dl)->batch_size;
+    if (sub >= 0 && sub * gb < n_eval) n_eval = sub * gb;
     cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights ? g_eval_weights : "the pretrained folder",
-            (long long)cm_dataset_len(r.eval_ds),
-            cm_clock_s() - t0, r.world > 1 ? " (split over the ranks)" : "");
+            (long long)n_eval, cm_clock_s() - t0, r.world > 1 ? " (split over the ranks)" : "");
     print_eval_metrics(&r, tr, "eval");
     cm_trainer_free(tr);
     return finish(&r, 0);
@@ -2105,7 +2108,7 @@ int cmd_eval(const char *prog, int argc, char **argv) {
  * ------------------------------------------------------------------------------------------- */
 
 static const char *g_gen_weights, *g_gen_config, *g_gen_tok, *g_gen_prompt, *g_gen_n, *g_gen_temp, *g_gen_topk,
-    *g_gen_seed, *g_gen_heads;
+    *g_gen_seed, *g_gen_heads, *g_gen_device;
 static const cli_flag k_gen_flags[] = {
     {"--weights", "-w", "PATH", "GPT-2 weights (.safetensors, e.g. runs/NAME/model.safetensors)", &g_gen_weights},
     {"--config", "-c", "YAML", "the model config (default: config.yaml next to the weights, if present)",
@@ -2118,6 +2121,7 @@ static const cli_flag k_gen_flags[] = {
     {"--top-k", NULL, "K", "sample among the K most likely tokens, 0 = all (default 200)", &g_gen_topk},
     {"--seed", NULL, "S", "sampling seed (default 42)", &g_gen_seed},
     {"--n-head", NULL, "H", "attention heads, when there is no config (default n_embd / 64)", &g_gen_heads},
+    {"--device", "-d", "DEV", "cpu (default) or gpu: where the model runs (a build with CUDA, a GPU)", &g_gen_device},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -2147,7 +2151,7 @@ int cmd_generate(const char *prog, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     g_gen_weights = g_gen_config = g_gen_tok = g_gen_heads = NULL;
-    g_gen_prompt = "\n", g_gen_n = "200", g_gen_temp = "0.8", g_gen_topk = "200", g_gen_seed = "42";
+    g_gen_prompt = "\n", g_gen_n = "200", g_gen_temp = "0.8", g_gen_topk = "200", g_gen_seed = "42", g_gen_device = "cpu";
     int rc = cli_parse_flags(prog, k_gen_flags, argc, argv, pos, 0, &n_pos, gen_usage);
     if (rc) return rc < 0 ? 0 : rc;
     if (!g_gen_weights) {
@@ -2159,6 +2163,15 @@ int cmd_generate(const char *prog, int argc, char **argv) {
         !parse_num(prog, "--top-k", g_gen_topk, 0, &topk) || !parse_num(prog, "--seed", g_gen_seed, 0, &seed) ||
         (g_gen_heads && !parse_num(prog, "--n-head", g_gen_heads, 1, &heads)))
         return EXIT_USAGE;
+    cm_device dev;
+    if (cm_device_parse(g_gen_device, &dev) != CM_OK) {
+        fprintf(stderr, "%s: --device '%s': cpu or gpu\n", prog, g_gen_device);
+        return EXIT_USAGE;
+    }
+    if (cm_device_check(dev) != CM_OK) { /* before any file is read: the machine cannot do it */
+        fprintf(stderr, "%s: --device %s: %s\n", prog, g_gen_device, cm_last_error());
+        return 1;
+    }
     /* the weights first: the tokenizer and config are found next to them, so a wrong path would
      * otherwise be reported as a missing '<dir>/tokenizer.json' */
     struct stat wst;
@@ -2219,6 +2232,11 @@ int cmd_generate(const char *prog, int argc, char **argv) {
     }
     if (cm_gpt2_load_safetensors(r.model, g_gen_weights, NULL, NULL) != CM_OK) {
         fprintf(stderr, "%s: loading %s: %s\n", prog, g_gen_weights, cm_last_error());
+        run_free(&r);
+        return 1;
+    }
+    if (dev != CM_DEVICE_CPU && cm_module_to_device(cm_model_module(r.model), dev) != CM_OK) {
+        fprintf(stderr, "%s: moving the model to the GPU: %s\n", prog, cm_last_error());
         run_free(&r);
         return 1;
     }
