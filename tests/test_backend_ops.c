@@ -1391,3 +1391,41 @@ Test(backend_ops, tensor_core_mma_fragments_follow_the_documented_layout) {
     /* 16 exact bf16 products summed in f32: a few f32 roundings of the largest partial sum */
     cr_expect(err >= 0.0 && err < 1e-5, "mma m16n8k16 relative error %.3g, want < 1e-5", err);
 }
+
+/* The trainer's accuracy of a GPU's logits reads back each row's argmax (cmi_argmax_last): the
+ * first maximum, a NaN being the maximum (the first NaN wins), as the CPU's scan — for rows short
+ * (one thread a row), medium (a warp) and long (a block: 30522, a masked-LM head's), ties
+ * included. */
+Test(backend_ops, argmax_of_rows_equals_the_cpus_first_maximum) {
+    const int64_t Cs[] = {1, 7, 64, 300, 4096, 30522};
+    for (size_t k = 0; k < sizeof Cs / sizeof *Cs; k++) {
+        const int64_t C = Cs[k], R = 9, sh[2] = {R, C};
+        cm_tensor *x;
+        cr_assert_eq(cm_tensor_new(CM_DTYPE_F32, 2, sh, &x), CM_OK);
+        float *v = cm_tensor_data(x);
+        for (int64_t i = 0; i < R * C; i++) v[i] = (float)((i * 7919) % 1009) * 0.01f - 5.0f;
+        if (C > 2) {
+            v[1 * C + C - 1] = 100.0f, v[1 * C + 2] = 100.0f; /* row 1: a tie, the earlier wins */
+            v[2 * C + C / 2] = NAN, v[2 * C + C - 1] = NAN;   /* row 2: the first NaN wins */
+            v[3 * C + C - 1] = 50.0f;                          /* row 3: the last column */
+            for (int64_t c = 0; c < C; c++) v[4 * C + c] = 1.0f; /* row 4: all equal: column 0 */
+        }
+        int64_t want[9], got[9];
+        cm_tape *tc = poisoned_tape(CM_DEVICE_CPU), *tg = poisoned_tape(CM_DEVICE_CUDA);
+        cr_assert_eq(cmi_argmax_last(tc, x, want), CM_OK, "%s", cm_last_error());
+        cm_tensor *gx;
+        cr_assert_eq(cm_tensor_to_device(x, CM_DEVICE_CUDA, &gx), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cmi_argmax_last(tg, gx, got), CM_OK, "%s", cm_last_error());
+        for (int64_t r = 0; r < R; r++) cr_expect_eq(got[r], want[r], "C %lld row %lld: GPU %lld, CPU %lld", (long long)C,
+                                                     (long long)r, (long long)got[r], (long long)want[r]);
+        if (C > 2) {
+            cr_expect(want[1] == 2 && want[2] == C / 2 && want[3] == C - 1 && want[4] == 0,
+                      "C %lld: CPU picks %lld %lld %lld %lld", (long long)C, (long long)want[1], (long long)want[2],
+                      (long long)want[3], (long long)want[4]);
+        }
+        cm_tensor_free(gx);
+        cm_tensor_free(x);
+        cm_tape_free(tc);
+        cm_tape_free(tg);
+    }
+}

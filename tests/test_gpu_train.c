@@ -34,6 +34,7 @@
 #include "cmgolden_resnet.h"
 #include "cmtest.h"
 #include "cmtrain.h"
+#include "tensor/backend.h"
 
 #include <composer/callbacks.h>
 #include <composer/data_algos.h>
@@ -771,6 +772,7 @@ Test(gpu_train, a_masked_lm_bert_with_dropout_runs_the_cpu_trajectory_on_the_gpu
     bert_run_start(&g, CM_DEVICE_CUDA);
     cmt_expect_logged_close(c.mem, g.mem, "loss/train/total", 3, 0, 1e-5);
     cmt_expect_logged_close(c.mem, g.mem, "metrics/train/LanguageCrossEntropy", 3, 0, 1e-5);
+    cmt_expect_logged_close(c.mem, g.mem, "metrics/train/MulticlassAccuracy", 3, 1e-12, 0);
     cmt_expect_logged_close(c.mem, g.mem, "metrics/eval/LanguageCrossEntropy", 4, 0, 1e-5);
     cmt_expect_logged_close(c.mem, g.mem, "metrics/eval/MulticlassAccuracy", 4, 1e-9, 0);
     cr_expect_leq(max_param_diff(c.rig.model, g.rig.model), 5e-4, "parameters after 3 steps");
@@ -944,6 +946,46 @@ Test(gpu_train, generation_on_the_gpu_picks_the_cpu_tokens) {
     cm_model_free(c), cm_model_free(g);
 }
 
+
+/* Metrics over a GPU's logits are computed there: a classifier with 50000 classes evaluated on
+ * the GPU (MulticlassAccuracy and CrossEntropy; accuracy in training too) downloads the rows'
+ * argmax and a few sums, not its (16, 50000) logits (3.2 MB a batch), and logs the CPU's values. */
+Test(gpu_train, metrics_over_gpu_logits_download_argmaxes_not_logits) {
+    const int n_cls = 50000, rows = 16;
+    cm_dataset *ds = cmt_synth_dataset(64, 4, 16, false, NULL); /* labels 0..15 of the 50000 classes */
+    cm_in_memory_logger *mem[2];
+    cm_trainer *tr[2];
+    cm_model *m[2];
+    cm_dataloader *dl[2], *ev[2];
+    for (int d = 0; d < 2; d++) {
+        m[d] = cmt_mlp(4, 8, n_cls, 0.0f, 5);
+        dl[d] = cmt_loader(ds, rows, false, 3), ev[d] = cmt_loader(ds, rows, true, 3);
+        cm_logger_plugin lp;
+        cr_assert_eq(cm_in_memory_logger_new(&mem[d], &lp), CM_OK);
+        cm_trainer_config c = cm_trainer_config_default();
+        c.model = m[d], c.train_dataloader = dl[d], c.eval_dataloader = ev[d], c.loggers = &lp, c.n_loggers = 1;
+        c.device = d ? CM_DEVICE_CUDA : CM_DEVICE_CPU;
+        cr_assert_eq(cm_time_parse("2ba", &c.max_duration), CM_OK);
+        c.eval_interval = c.max_duration;
+        cr_assert_eq(cm_trainer_new(&c, &tr[d]), CM_OK, "%s", cm_last_error());
+        const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
+        const uint64_t before = be->d2h_bytes();
+        cr_assert_eq(cm_trainer_fit(tr[d], NULL), CM_OK, "%s", cm_last_error());
+        const uint64_t moved = be->d2h_bytes() - before, logits = (uint64_t)rows * n_cls * sizeof(float);
+        /* 2 train batches and 4 eval batches; nothing else is read back */
+        if (d) cr_expect_lt(moved, logits / 4, "downloaded %llu bytes in 6 batches (one batch's logits: %llu)",
+                            (unsigned long long)moved, (unsigned long long)logits);
+    }
+    cmt_expect_logged_close(mem[0], mem[1], "metrics/train/MulticlassAccuracy", 3, 1e-12, 0);
+    cmt_expect_logged_close(mem[0], mem[1], "metrics/eval/MulticlassAccuracy", 3, 1e-12, 0);
+    cmt_expect_logged_close(mem[0], mem[1], "metrics/eval/CrossEntropy", 3, 0, 1e-5);
+    for (int d = 0; d < 2; d++) {
+        cm_trainer_free(tr[d]);
+        cm_dataloader_free(dl[d]), cm_dataloader_free(ev[d]);
+        cm_model_free(m[d]);
+    }
+    cm_dataset_free(ds);
+}
 
 Test(gpu_train, blur_2d_with_its_default_filter_runs_on_the_gpu) {
     /* cm_blur_2d(..., NULL filter): the binomial filter is written on the host and moved to x's device */

@@ -106,6 +106,55 @@ Test(model, metrics_match_hand_computed_values) {
     cm_tape_free(tp);
 }
 
+/* Sparse metrics: a head that ran only on the targeted positions gives logits (n, C) for the n
+ * targets that are not -100 (row-major order); they equal the dense metrics on the full logits.
+ * Dense logits are taken as the dense metrics take them; a row count other than n is an error
+ * naming both. Ties and NaN in accuracy: the first maximum, a NaN being the maximum. */
+Test(model, sparse_metrics_equal_the_dense_ones_on_the_targeted_rows) {
+    cm_tape *tp = cmt_tape();
+    const int64_t B = 2, L = 3, C = 4, ds[3] = {B, L, C}, ts[2] = {B, L};
+    cm_tensor *dense = cm_empty(tp, CM_DTYPE_F32, 3, ds), *tgt = cm_empty(tp, CM_DTYPE_I64, 2, ts);
+    float *d = cm_tensor_data(dense);
+    for (int64_t i = 0; i < B * L * C; i++) d[i] = (float)((i * 37) % 11) * 0.3f - 1.0f;
+    const int64_t tv[6] = {-100, 2, 0, -100, -100, 3};
+    memcpy(cm_tensor_data(tgt), tv, sizeof tv);
+    const int64_t n = 3, ss[2] = {n, C}, rows[3] = {1, 2, 5};
+    cm_tensor *sparse = cm_empty(tp, CM_DTYPE_F32, 2, ss);
+    for (int64_t k = 0; k < n; k++) memcpy((float *)cm_tensor_data(sparse) + k * C, d + rows[k] * C, sizeof(float) * C);
+    const char *names[1] = {"labels"};
+    cm_tensor *fields[1] = {tgt};
+    cm_model_batch b = {names, fields, 1, B, B * L};
+    cm_metric acc = cm_metric_accuracy("labels"), ce = cm_metric_cross_entropy("labels");
+    cm_metric sacc = cm_metric_sparse_accuracy("labels"), sce = cm_metric_sparse_cross_entropy("labels");
+    cr_assert_str_eq(sacc.vt->name, "MulticlassAccuracy");
+    cr_assert_str_eq(sce.vt->name, "LanguageCrossEntropy");
+    double a1[2] = {0}, a2[2] = {0}, a3[2] = {0}, c1[2] = {0}, c2[2] = {0}, c3[2] = {0};
+    cr_assert_eq(cm_metric_update(&acc, dense, &b, a1), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&sacc, sparse, &b, a2), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&sacc, dense, &b, a3), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&ce, dense, &b, c1), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&sce, sparse, &b, c2), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&sce, dense, &b, c3), CM_OK, "%s", cm_last_error());
+    cr_expect(a1[1] == 3 && a1[0] == a2[0] && a1[1] == a2[1] && a1[0] == a3[0] && a1[1] == a3[1],
+              "accuracy {%g, %g} {%g, %g} {%g, %g}", a1[0], a1[1], a2[0], a2[1], a3[0], a3[1]);
+    cr_expect(c1[1] == 3 && fabs(c1[0] - c2[0]) < 1e-9 && fabs(c1[0] - c3[0]) < 1e-9, "ce %g %g %g", c1[0], c2[0], c3[0]);
+    const int64_t bad[2] = {2, C};
+    cr_assert_eq(cm_metric_update(&sacc, cm_empty(tp, CM_DTYPE_F32, 2, bad), &b, a2), CM_ERR_SHAPE);
+    cr_expect(strstr(cm_last_error(), "(2, 4)") && strstr(cm_last_error(), "(3)"), "%s", cm_last_error());
+    /* accuracy's argmax: a tie picks the first, a NaN is the maximum */
+    const int64_t one[2] = {2, 3}, one_t[1] = {2};
+    cm_tensor *lg = cm_empty(tp, CM_DTYPE_F32, 2, one), *y = cm_empty(tp, CM_DTYPE_I64, 1, one_t);
+    const float lv[6] = {1, 3, 3, /**/ 0, NAN, 5};
+    const int64_t yv[2] = {1, 1};
+    memcpy(cm_tensor_data(lg), lv, sizeof lv);
+    memcpy(cm_tensor_data(y), yv, sizeof yv);
+    fields[0] = y;
+    double a4[2] = {0};
+    cr_assert_eq(cm_metric_update(&acc, lg, &b, a4), CM_OK, "%s", cm_last_error());
+    cr_expect(a4[0] == 2 && a4[1] == 2, "tie -> column 1, NaN -> column 1: {%g, %g}", a4[0], a4[1]);
+    cm_tape_free(tp);
+}
+
 /* A model whose loss is not a scalar, and whose forward returns NULL without an error. */
 static cm_module *g_net;
 static cm_tensor *bad_forward(void *self, cm_tape *tp, const cm_model_batch *b) { return NULL; }

@@ -91,6 +91,12 @@ double cm_metric_compute(const cm_metric *mt, const double *state);
 cm_metric cm_metric_accuracy(const char *target_field);
 cm_metric cm_metric_cross_entropy(const char *target_field);
 cm_metric cm_metric_perplexity(const char *target_field);
+/* The same for a head that runs only on the targeted positions (a masked-LM head on the masked
+ * tokens): logits (n, C) whose rows are the n targets of `target_field` (two or more dims) that
+ * are not -100, in row-major order; dense logits (..., C) matching the targets are taken as the
+ * metrics above take them. Logged as MulticlassAccuracy / LanguageCrossEntropy. */
+cm_metric cm_metric_sparse_accuracy(const char *target_field);
+cm_metric cm_metric_sparse_cross_entropy(const char *target_field);
 
 /* ---------------------------------------------------------------------------------------------
  * Models

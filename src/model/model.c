@@ -90,9 +90,9 @@ static cm_status over_rows(const char *metric, const void *self, cm_tensor *logi
 }
 
 static void acc_row(const float *row, int64_t st, int64_t C, int64_t t, double *state) {
-    int64_t best = 0;
-    for (int64_t c = 1; c < C; c++)
-        if (row[c * st] > row[best * st]) best = c;
+    int64_t best = 0; /* the first maximum; a NaN is the maximum (the first NaN wins), as torch.argmax */
+    for (int64_t c = 1; c < C && !isnan(row[best * st]); c++)
+        if (row[c * st] > row[best * st] || isnan(row[c * st])) best = c;
     state[0] += best == t;
     state[1] += 1;
 }
@@ -166,13 +166,73 @@ static const cm_metric_i lce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, ce_
 static const cm_metric_i ce_vt = {CM_METRIC_ABI, "CrossEntropy", 2, ce_update, ratio};
 static const cm_metric_i ppl_vt = {CM_METRIC_ABI, "LanguagePerplexity", 2, ce_update, perplexity};
 
-const char *cmi_metric_ce_target(const cm_metric *mt) {
-    return mt && (mt->vt == &lce_vt || mt->vt == &ce_vt || mt->vt == &ppl_vt) ? mt->self : NULL;
+/* ---- sparse variants: logits (n, C) of the n targets that are not -100 ---- */
+
+int64_t cmi_metric_gather_targets(const cm_tensor *tgt, int64_t *out) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < cm_tensor_numel(tgt); i++) {
+        const int64_t v = (int64_t)cm_tensor_get_flat(tgt, i);
+        if (v == -100) continue;
+        if (out) out[k] = v;
+        k++;
+    }
+    return k;
+}
+
+/* Sparse logits (n, C) against targets of two or more dims: the stock metric over the gathered
+ * targets (n); anything else (dense logits) goes to the stock metric as it is. */
+static cm_status sparse_update(const cm_metric_i *stock, const void *self, cm_tensor *o, const cm_model_batch *b,
+                               double *state) {
+    cm_tensor *y = cm_model_batch_field(b, self);
+    if (!y || cm_tensor_ndim(o) != 2 || cm_tensor_ndim(y) < 2) return stock->update(self, o, b, state);
+    if (cm_tensor_device(y) != CM_DEVICE_CPU || cm_tensor_device(o) != CM_DEVICE_CPU)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s: logits and '%s' must be on the host (the trainer copies them)",
+                            stock->name, (const char *)self);
+    int64_t n = cmi_metric_gather_targets(y, NULL);
+    if (n != cm_tensor_dim(o, 0)) {
+        char s1[64], s2[64];
+        return cm_set_error(CM_ERR_SHAPE, "%s: sparse logits %s need one row per target of '%s' %s that is not -100 (%lld)",
+                            stock->name, cm_tensor_shape_str(o, s1, sizeof s1), (const char *)self,
+                            cm_tensor_shape_str(y, s2, sizeof s2), (long long)n);
+    }
+    cm_tensor *t;
+    cm_status st = cm_tensor_new(CM_DTYPE_I64, 1, &n, &t);
+    if (st != CM_OK) return st;
+    cmi_metric_gather_targets(y, cm_tensor_data(t));
+    const char *names[1] = {self};
+    cm_tensor *fields[1] = {t};
+    cm_model_batch g = {names, fields, 1, b->n_samples, b->n_tokens};
+    st = stock->update(self, o, &g, state);
+    cm_tensor_free(t);
+    return st;
+}
+static cm_status sparse_acc_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    return sparse_update(&acc_vt, self, o, b, state);
+}
+static cm_status sparse_ce_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    return sparse_update(&lce_vt, self, o, b, state);
+}
+static const cm_metric_i sparse_acc_vt = {CM_METRIC_ABI, "MulticlassAccuracy", 2, sparse_acc_update, ratio};
+static const cm_metric_i sparse_lce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, sparse_ce_update, ratio};
+
+cmi_metric_kind cmi_metric_kind_of(const cm_metric *mt, const char **field, bool *sparse) {
+    *field = NULL, *sparse = false;
+    if (!mt || !mt->vt) return CMI_METRIC_OTHER;
+    const cm_metric_i *v = mt->vt;
+    cmi_metric_kind k = v == &lce_vt || v == &ce_vt || v == &ppl_vt || v == &sparse_lce_vt ? CMI_METRIC_CE
+                        : v == &acc_vt || v == &sparse_acc_vt                             ? CMI_METRIC_ACC
+                                                                                          : CMI_METRIC_OTHER;
+    if (k != CMI_METRIC_OTHER) *field = mt->self, *sparse = v == &sparse_lce_vt || v == &sparse_acc_vt;
+    return k;
 }
 
 cm_metric cm_metric_accuracy(const char *target_field) { return (cm_metric){&acc_vt, target_field}; }
 cm_metric cm_metric_cross_entropy(const char *target_field) { return (cm_metric){&lce_vt, target_field}; }
 cm_metric cm_metric_perplexity(const char *target_field) { return (cm_metric){&ppl_vt, target_field}; }
+cm_metric cm_metric_sparse_accuracy(const char *target_field) { return (cm_metric){&sparse_acc_vt, target_field}; }
+cm_metric cm_metric_sparse_cross_entropy(const char *target_field) {
+    return (cm_metric){&sparse_lce_vt, target_field};
+}
 
 /* ---- models ---- */
 

@@ -4,8 +4,16 @@
 
 #include <composer/model.h>
 
-/* The target field of a built-in cross-entropy metric (LanguageCrossEntropy, CrossEntropy,
- * LanguagePerplexity: state {Σ loss, counted}), or NULL for any other metric. */
-const char *cmi_metric_ce_target(const cm_metric *mt);
+/* What a built-in metric computes, so the trainer can compute it where the logits are (a GPU)
+ * instead of copying them to the host: CE (LanguageCrossEntropy, CrossEntropy, LanguagePerplexity:
+ * state {Σ loss, counted}) or ACC (MulticlassAccuracy: state {correct, counted}); *field the
+ * target field; *sparse for the cm_metric_sparse_* variants (logits of the non-ignored targets
+ * only). CMI_METRIC_OTHER for every other metric. */
+typedef enum { CMI_METRIC_OTHER, CMI_METRIC_CE, CMI_METRIC_ACC } cmi_metric_kind;
+cmi_metric_kind cmi_metric_kind_of(const cm_metric *mt, const char **field, bool *sparse);
+
+/* For a sparse metric: the targets of `tgt` (host, integer) that are not -100, in row-major order,
+ * into out (may be NULL to count); returns how many. */
+int64_t cmi_metric_gather_targets(const cm_tensor *tgt, int64_t *out);
 
 #endif

@@ -180,6 +180,9 @@ typedef struct cmi_backend {
     /* Whether p points into memory this backend handed out (a live allocation or a reserved
      * range, mapped or not). No device call. */
     bool (*owns)(const void *p);
+    /* Bytes copied from the device to the host since the process started (memcpy and copy_start
+     * downloads): what tests check crossed, e.g. that metrics did not download the logits. */
+    uint64_t (*d2h_bytes)(void);
 
     /* ---- fixed-address ranges, pinned host memory, copies beside compute (cpu_offload) ----
      * A reserved range keeps its address while device memory is mapped behind it and unmapped

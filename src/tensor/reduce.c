@@ -669,3 +669,45 @@ static cm_tensor *softmax_impl(cm_tape *tp, cm_tensor *a, int axis, bool log_out
 
 cm_tensor *cm_softmax(cm_tape *tp, cm_tensor *a, int axis) { return softmax_impl(tp, a, axis, false); }
 cm_tensor *cm_log_softmax(cm_tape *tp, cm_tensor *a, int axis) { return softmax_impl(tp, a, axis, true); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* argmax over the last axis, read back to the host (the trainer's accuracy on a GPU)           */
+/* ------------------------------------------------------------------------------------------ */
+
+cm_status cmi_argmax_last(cm_tape *tp, const cm_tensor *x, int64_t *out) {
+    if (x->dtype != CM_DTYPE_F32 || x->ndim < 1 || x->shape[x->ndim - 1] < 1 || !cm_tensor_is_contiguous(x))
+        return cm_set_error(CM_ERR_INVALID_ARG, "argmax: %s %s must be contiguous f32 with a last axis of 1 or more",
+                            cmi_shape(x), cm_dtype_name(x->dtype));
+    const int64_t C = x->shape[x->ndim - 1], rows = cm_tensor_numel(x) / C;
+    const float *xv = x->data;
+    if (x->device == CM_DEVICE_CPU) { /* the first maximum; NaN propagates (the first NaN wins), as the kernels */
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = xv + r * C;
+            int64_t best = 0;
+            for (int64_t c = 1; c < C && !isnan(row[best]); c++)
+                if (row[c] > row[best] || isnan(row[c])) best = c;
+            out[r] = best;
+        }
+        return CM_OK;
+    }
+    const cmi_backend *be = cmi_backend_get(x->device);
+    cm_arena *a = be ? cmi_dev_arena(tp, x->device) : NULL;
+    if (!a) return cm_set_error(CM_ERR_UNSUPPORTED, "argmax: device %s cannot be used", cm_device_name(x->device));
+    if (rows == 0) return CM_OK;
+    const size_t mark = cm_arena_mark(a);
+    float *vals = cm_arena_alloc(a, sizeof(float) * (size_t)rows);
+    int64_t *idx = vals ? cm_arena_alloc(a, sizeof(int64_t) * (size_t)rows) : NULL;
+    cm_status s = idx ? CM_OK : cm_last_status();
+    if (!s) {
+        bool mask[CM_MAX_DIMS] = {false};
+        mask[x->ndim - 1] = true;
+        red_plan P;
+        plan_reduce(x, mask, &P);
+        s = be->reduce(CMI_RED_MAX, &P, xv, NULL, 0.0, vals, NULL, idx);
+    }
+    if (!s) s = be->memcpy(out, idx, sizeof(int64_t) * (size_t)rows, CMI_D2H);
+    cm_arena_rewind(a, mark);
+    if (s) return s;
+    for (int64_t r = 0; r < rows; r++) out[r] -= r * C; /* contiguous index -> column */
+    return CM_OK;
+}

@@ -163,6 +163,11 @@ bool cmi_dev_fail(cm_tape *tp, cm_status s, const char *op);
 /* The tape's arena on dev (its host arena for the CPU), made on first use; NULL if the device
  * cannot be used. */
 cm_arena *cmi_dev_arena(cm_tape *tp, cm_device dev);
+/* The column of the first maximum of each row of x (contiguous f32 (..., C), on any device; NaN
+ * propagates, the first NaN wins) into out (host, numel / C entries): one download of the indices
+ * instead of the rows (the trainer's accuracy of a GPU's logits). Device scratch from the tape's
+ * arena, rewound before returning. Errors: CM_ERR_INVALID_ARG naming x, a device's errors. */
+cm_status cmi_argmax_last(cm_tape *tp, const cm_tensor *x, int64_t *out);
 /* Scratch memory on the current op's device (cmi_scratch on the CPU). NULL + tape error on OOM. */
 void *cmi_dev_scratch(cm_tape *tp, size_t bytes);
 /* The arena the current op's tensors and device scratch come from (the device arena on a GPU), for

@@ -5,6 +5,7 @@
 #include "checkpoint/ckpt_impl.h"
 #include "base/prof_impl.h"
 #include "model/model_impl.h"
+#include "tensor/tensor_impl.h"
 #include <composer/surgery_algorithms.h>
 
 #include <composer/report.h>
@@ -540,45 +541,95 @@ static cm_status check_usable(cm_trainer *tr, const char *what) {
  * Metrics
  * ------------------------------------------------------------------------------------------- */
 
-/* A built-in cross-entropy metric of logits on a GPU: the fused cross-entropy summed on the
- * device and the counted targets, two numbers read back instead of the logits (GPT-2's are 1.6 GB
- * a batch). *done false (nothing added) when the metric is another kind or the shapes are not the
- * simple (..., C) logits with (...) integer targets; the host path then handles it. */
-static cm_status metric_ce_on_device(cm_tape *tp, const cm_metric *mt, cm_tensor *outputs, const cm_model_batch *b,
-                                     double *state, bool *done) {
+/* A built-in cross-entropy or accuracy metric of logits on a GPU, computed there: cross-entropy
+ * as the fused loss summed on the device, accuracy from the rows' argmax read back (8 bytes a row),
+ * so the logits never cross to the host (GPT-2's are 1.6 GB a batch; a masked-LM head's n × 30522).
+ * The targets are counted on the host (the batch as the microbatch started is there). Sparse
+ * metrics take the non-ignored targets in row-major order as the logits' rows. *done false
+ * (nothing added) for another metric or shapes other than (..., C) logits with (...) integer
+ * targets (or (n, C) with n such targets); the host path then handles it and names the problem. */
+static cm_status metric_on_device(cm_tape *tp, const cm_metric *mt, cm_tensor *outputs, const cm_model_batch *b,
+                                  double *state, bool *done) {
     *done = false;
-    const char *field = cmi_metric_ce_target(mt);
-    cm_tensor *tgt = field ? cm_model_batch_field(b, field) : NULL;
+    const char *field;
+    bool sparse;
+    const cmi_metric_kind kind = cmi_metric_kind_of(mt, &field, &sparse);
+    cm_tensor *tgt = kind != CMI_METRIC_OTHER ? cm_model_batch_field(b, field) : NULL;
     const int nd = cm_tensor_ndim(outputs);
-    if (!tgt || cm_tensor_dtype(outputs) != CM_DTYPE_F32 ||
-        nd < 2 || cm_tensor_ndim(tgt) != nd - 1 || cm_tensor_dtype(tgt) == CM_DTYPE_F32)
+    if (!tgt || cm_tensor_dtype(outputs) != CM_DTYPE_F32 || nd < 2 || cm_tensor_dtype(tgt) == CM_DTYPE_F32 ||
+        cm_tensor_dtype(tgt) == CM_DTYPE_BF16 || cm_tensor_dtype(tgt) == CM_DTYPE_F16)
         return CM_OK;
-    for (int i = 0; i < nd - 1; i++)
-        if (cm_tensor_dim(tgt, i) != cm_tensor_dim(outputs, i)) return CM_OK;
-    const int64_t C = cm_tensor_dim(outputs, -1), rows = cm_tensor_numel(tgt);
+    sparse = sparse && nd == 2 && cm_tensor_ndim(tgt) >= 2; /* else the sparse metric takes dense logits */
+    if (!sparse) {
+        if (cm_tensor_ndim(tgt) != nd - 1) return CM_OK;
+        for (int i = 0; i < nd - 1; i++)
+            if (cm_tensor_dim(tgt, i) != cm_tensor_dim(outputs, i)) return CM_OK;
+    }
+    const int64_t C = cm_tensor_dim(outputs, -1), rows = cm_tensor_numel(outputs) / (C ? C : 1);
     const bool prev = cm_tape_set_grad_enabled(tp, false);
-    cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
-    o.reduction = CM_REDUCTION_SUM;
-    const int64_t flat[2] = {rows, C}, flat_t[1] = {rows};
-    /* the targets (the batch as the microbatch started: on the host) go to the device; counted
-     * on the host */
-    const cm_device dev = cm_tensor_device(outputs);
-    cm_tensor *dt = cm_tensor_device(tgt) == dev ? tgt : cm_to_device(tp, tgt, dev);
     cm_tensor *ht = cm_tensor_device(tgt) == CM_DEVICE_CPU ? tgt : cm_to_device(tp, tgt, CM_DEVICE_CPU);
-    cm_tensor *sum = cm_cross_entropy(tp, cm_reshape(tp, outputs, 2, flat), cm_reshape(tp, dt, 1, flat_t), &o);
+    cm_tensor *t1 = NULL; /* the targets of the logits' rows, (rows) on the host */
+    if (ht && sparse) {
+        if (cmi_metric_gather_targets(ht, NULL) != rows) { /* the host path names the mismatch */
+            cm_tape_set_grad_enabled(tp, prev);
+            return CM_OK;
+        }
+        const int64_t n[1] = {rows};
+        if ((t1 = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 1, n))) cmi_metric_gather_targets(ht, cm_tensor_data(t1));
+    } else if (ht) {
+        const int64_t n[1] = {rows};
+        t1 = cm_reshape(tp, cm_tensor_is_contiguous(ht) ? ht : cm_contiguous(tp, ht), 1, n);
+    }
+    cm_tensor *sum = NULL, *x = NULL;
+    const int64_t flat[2] = {rows, C};
+    if (t1 && rows > 0) {
+        x = cm_reshape(tp, cm_tensor_is_contiguous(outputs) ? outputs : cm_contiguous(tp, outputs), 2, flat);
+        if (kind == CMI_METRIC_CE) {
+            cm_cross_entropy_opts o = cm_cross_entropy_opts_default();
+            o.reduction = CM_REDUCTION_SUM;
+            sum = cm_cross_entropy(tp, x, cm_to_device(tp, t1, cm_tensor_device(outputs)), &o);
+        }
+    }
     cm_tape_set_grad_enabled(tp, prev);
     if (cm_tape_status(tp)) return cm_set_error(cm_tape_status(tp), "metrics: %s: %s", mt->vt->name, cm_tape_error(tp));
-    int64_t counted = 0;
-    for (int64_t r = 0; r < rows; r++) counted += cm_tensor_get_flat(ht, r) != (double)o.ignore_index;
-    const int64_t i0[1] = {0};
-    state[0] += cm_tensor_ndim(sum) ? cm_tensor_get(sum, i0) : cm_tensor_get_flat(sum, 0);
+    int64_t counted = 0, correct = 0;
+    int64_t *pred = NULL;
+    if (kind == CMI_METRIC_ACC && rows > 0) {
+        if (!(pred = cm_alloc(sizeof(int64_t) * (size_t)rows, 16)))
+            return cm_set_error(CM_ERR_OOM, "metrics: %s: out of memory", mt->vt->name);
+        cm_status s = cmi_argmax_last(tp, x, pred);
+        if (s) {
+            cm_free(pred);
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, "metrics: %s: %s", mt->vt->name, msg);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t y = (int64_t)cm_tensor_get_flat(t1, r);
+        if (y == -100) continue;
+        if (y < 0 || y >= C) { /* the host path reports it */
+            cm_free(pred);
+            return CM_OK;
+        }
+        counted++;
+        if (pred) correct += pred[r] == y;
+    }
+    cm_free(pred);
+    if (kind == CMI_METRIC_CE) {
+        const int64_t i0[1] = {0};
+        state[0] += !sum ? 0.0 : cm_tensor_ndim(sum) ? cm_tensor_get(sum, i0) : cm_tensor_get_flat(sum, 0);
+    } else {
+        state[0] += (double)correct;
+    }
     state[1] += (double)counted;
     *done = true;
     return CM_OK;
 }
 
 /* The metrics read outputs and targets on the host: on a GPU they are copied back first (on the
- * tape, freed with it) — except the built-in cross-entropy metrics, computed on the device. */
+ * tape, freed with it) — except the built-in cross-entropy and accuracy metrics, computed on the
+ * device. */
 static cm_status metrics_update(cm_tape *tp, cm_metric_set *ms, cm_tensor *outputs, const cm_model_batch *b) {
     const bool on_gpu = outputs && cm_tensor_device(outputs) != CM_DEVICE_CPU;
     cm_tensor *host_out = NULL, *host_fields[CM_DATASET_MAX_FIELDS];
@@ -588,7 +639,7 @@ static cm_status metrics_update(cm_tape *tp, cm_metric_set *ms, cm_tensor *outpu
         cm_status s;
         if (on_gpu) {
             bool done;
-            if ((s = metric_ce_on_device(tp, &ms->metrics[i], outputs, b, state, &done))) return s;
+            if ((s = metric_on_device(tp, &ms->metrics[i], outputs, b, state, &done))) return s;
             if (done) continue;
             if (!host_out) { /* the first metric that reads the host: copy once */
                 const bool prev = cm_tape_set_grad_enabled(tp, false);

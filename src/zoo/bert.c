@@ -608,45 +608,11 @@ static int bm_n_metrics(void *self, bool train) {
     if (m->cfg.num_labels == 1) return 0;
     return train ? 1 : 2;
 }
-/* The MLM metrics take sparse logits (n, V) too: the stock metric then sees the gathered labels. */
-static cm_status sparse_update(cm_metric stock, cm_tensor *o, const cm_model_batch *b, double *state) {
-    cm_tensor *y = cm_model_batch_field(b, "labels");
-    if (!y || cm_tensor_ndim(o) != 2 || cm_tensor_ndim(y) != 2) return stock.vt->update(stock.self, o, b, state);
-    int64_t n = labelled(y, NULL, NULL);
-    cm_tensor *t;
-    cm_status st = cm_tensor_new(CM_DTYPE_I64, 1, &n, &t);
-    if (st != CM_OK) return st;
-    labelled(y, NULL, cm_tensor_data(t));
-    const char *names[1] = {"labels"};
-    cm_tensor *fields[1] = {t};
-    cm_model_batch g = {names, fields, 1, b->n_samples, b->n_tokens};
-    st = stock.vt->update(stock.self, o, &g, state);
-    cm_tensor_free(t);
-    return st;
-}
-static cm_status mlm_ce_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
-    (void)self;
-    return sparse_update(cm_metric_cross_entropy("labels"), o, b, state);
-}
-static cm_status mlm_acc_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
-    (void)self;
-    return sparse_update(cm_metric_accuracy("labels"), o, b, state);
-}
-static double mlm_ce_compute(const void *self, const double *state) {
-    cm_metric m = cm_metric_cross_entropy(self);
-    return m.vt->compute(m.self, state);
-}
-static double mlm_acc_compute(const void *self, const double *state) {
-    cm_metric m = cm_metric_accuracy(self);
-    return m.vt->compute(m.self, state);
-}
-static const cm_metric_i mlm_ce_vt = {CM_METRIC_ABI, "LanguageCrossEntropy", 2, mlm_ce_update, mlm_ce_compute};
-static const cm_metric_i mlm_acc_vt = {CM_METRIC_ABI, "MulticlassAccuracy", 2, mlm_acc_update, mlm_acc_compute};
-
 static cm_metric bm_metric(void *self, bool train, int i) {
     bert_model *m = self;
     (void)train;
-    if (m->mlm) return i == 0 ? (cm_metric){&mlm_ce_vt, "labels"} : (cm_metric){&mlm_acc_vt, "labels"};
+    /* the head's sparse logits (n, V) are the labelled positions' (dense ones are taken as well) */
+    if (m->mlm) return i == 0 ? cm_metric_sparse_cross_entropy("labels") : cm_metric_sparse_accuracy("labels");
     return i == 0 ? cm_metric_accuracy("label") : (cm_metric){&ce_vt, "label"};
 }
 static double bm_flops(void *self, const cm_model_batch *b) {

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -54,6 +55,7 @@ struct state {
     };
     std::vector<vrange> vranges;
     cudaStream_t copy_stream = 0; /* copies beside the compute stream (copy_start) */
+    std::atomic<uint64_t> d2h_bytes{0}; /* bytes copied to the host (d2h_bytes) */
 };
 
 state &S() {
@@ -201,9 +203,14 @@ cm_status rt_memcpy(void *dst, const void *src, size_t bytes, cmi_copy_kind kind
                              : kind == CMI_D2H ? cudaMemcpyDeviceToHost
                                                : cudaMemcpyDeviceToDevice;
     CMI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, s.stream));
-    if (kind == CMI_D2H) CMI_CUDA_TRY(cudaStreamSynchronize(s.stream));
+    if (kind == CMI_D2H) {
+        CMI_CUDA_TRY(cudaStreamSynchronize(s.stream));
+        s.d2h_bytes += bytes;
+    }
     return CM_OK;
 }
+
+static uint64_t rt_d2h_bytes(void) { return S().d2h_bytes.load(); }
 
 cm_status rt_memset(void *p, int byte, size_t bytes) {
     if (!bytes) return CM_OK;
@@ -475,6 +482,7 @@ cm_status rt_copy_start(void *dst, const void *src, size_t bytes, cmi_copy_kind 
                              : kind == CMI_D2H ? cudaMemcpyDeviceToHost
                                                : cudaMemcpyDeviceToDevice;
     CMI_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, s.copy_stream));
+    if (kind == CMI_D2H) s.d2h_bytes += bytes;
     CMI_CUDA_TRY(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
     if ((e = cudaEventRecord(after, s.copy_stream)) != cudaSuccess) {
         cudaEventDestroy(after);
@@ -613,6 +621,7 @@ static cmi_backend make_table(void) {
     b.reset_peak = rt_reset_peak;
     b.set_budget = rt_set_budget;
     b.owns = rt_owns;
+    b.d2h_bytes = rt_d2h_bytes;
     b.vm_granularity = rt_vm_granularity;
     b.vm_reserve = rt_vm_reserve;
     b.vm_map = rt_vm_map;
