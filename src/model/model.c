@@ -168,12 +168,13 @@ static const cm_metric_i ppl_vt = {CM_METRIC_ABI, "LanguagePerplexity", 2, ce_up
 
 /* ---- sparse variants: logits (n, C) of the n targets that are not -100 ---- */
 
-int64_t cmi_metric_gather_targets(const cm_tensor *tgt, int64_t *out) {
+int64_t cmi_labelled(const cm_tensor *y, int64_t *rows, int64_t *vals) {
     int64_t k = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(tgt); i++) {
-        const int64_t v = (int64_t)cm_tensor_get_flat(tgt, i);
+    for (int64_t i = 0; i < cm_tensor_numel(y); i++) {
+        const int64_t v = (int64_t)cm_tensor_get_flat(y, i);
         if (v == -100) continue;
-        if (out) out[k] = v;
+        if (rows) rows[k] = i;
+        if (vals) vals[k] = v;
         k++;
     }
     return k;
@@ -188,7 +189,7 @@ static cm_status sparse_update(const cm_metric_i *stock, const void *self, cm_te
     if (cm_tensor_device(y) != CM_DEVICE_CPU || cm_tensor_device(o) != CM_DEVICE_CPU)
         return cm_set_error(CM_ERR_INVALID_ARG, "%s: logits and '%s' must be on the host (the trainer copies them)",
                             stock->name, (const char *)self);
-    int64_t n = cmi_metric_gather_targets(y, NULL);
+    int64_t n = cmi_labelled(y, NULL, NULL);
     if (n != cm_tensor_dim(o, 0)) {
         char s1[64], s2[64];
         return cm_set_error(CM_ERR_SHAPE, "%s: sparse logits %s need one row per target of '%s' %s that is not -100 (%lld)",
@@ -198,7 +199,7 @@ static cm_status sparse_update(const cm_metric_i *stock, const void *self, cm_te
     cm_tensor *t;
     cm_status st = cm_tensor_new(CM_DTYPE_I64, 1, &n, &t);
     if (st != CM_OK) return st;
-    cmi_metric_gather_targets(y, cm_tensor_data(t));
+    cmi_labelled(y, NULL, cm_tensor_data(t));
     const char *names[1] = {self};
     cm_tensor *fields[1] = {t};
     cm_model_batch g = {names, fields, 1, b->n_samples, b->n_tokens};

@@ -12,8 +12,9 @@
 typedef enum { CMI_METRIC_OTHER, CMI_METRIC_CE, CMI_METRIC_ACC } cmi_metric_kind;
 cmi_metric_kind cmi_metric_kind_of(const cm_metric *mt, const char **field, bool *sparse);
 
-/* For a sparse metric: the targets of `tgt` (host, integer) that are not -100, in row-major order,
- * into out (may be NULL to count); returns how many. */
-int64_t cmi_metric_gather_targets(const cm_tensor *tgt, int64_t *out);
+/* The entries of host integer targets y that are not -100, in row-major order: their flat
+ * positions into rows and their values into vals (either may be NULL; both NULL counts them);
+ * returns how many. A sparse metric's rows, a masked-LM head's gathers (bert.c). */
+int64_t cmi_labelled(const cm_tensor *y, int64_t *rows, int64_t *vals);
 
 #endif

@@ -570,12 +570,12 @@ static cm_status metric_on_device(cm_tape *tp, const cm_metric *mt, cm_tensor *o
     cm_tensor *ht = cm_tensor_device(tgt) == CM_DEVICE_CPU ? tgt : cm_to_device(tp, tgt, CM_DEVICE_CPU);
     cm_tensor *t1 = NULL; /* the targets of the logits' rows, (rows) on the host */
     if (ht && sparse) {
-        if (cmi_metric_gather_targets(ht, NULL) != rows) { /* the host path names the mismatch */
+        if (cmi_labelled(ht, NULL, NULL) != rows) { /* the host path names the mismatch */
             cm_tape_set_grad_enabled(tp, prev);
             return CM_OK;
         }
         const int64_t n[1] = {rows};
-        if ((t1 = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 1, n))) cmi_metric_gather_targets(ht, cm_tensor_data(t1));
+        if ((t1 = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 1, n))) cmi_labelled(ht, NULL, cm_tensor_data(t1));
     } else if (ht) {
         const int64_t n[1] = {rows};
         t1 = cm_reshape(tp, cm_tensor_is_contiguous(ht) ? ht : cm_contiguous(tp, ht), 1, n);

@@ -2,6 +2,7 @@
  * the nn layer's BertLayer, the model wrappers (batch fields, losses, metrics, FLOPs), weights in
  * and out with Hugging Face's conventions, and the MLM masking recipe. */
 #include <composer/zoo_bert.h>
+#include "model/model_impl.h"
 #include <composer/safetensors.h>
 
 #include <math.h>
@@ -507,26 +508,12 @@ static cm_tensor *mlm_labels(const bert_model *m, const cm_model_batch *b, cm_te
     return y;
 }
 
-/* The labelled positions of host labels yh (those not -100): their count, and when rows / vals
- * are given, their flat positions (row-major over (B, L)) and labels in that order. */
-static int64_t labelled(const cm_tensor *yh, int64_t *rows, int64_t *vals) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < cm_tensor_numel(yh); i++) {
-        const int64_t v = (int64_t)cm_tensor_get_flat(yh, i);
-        if (v == -100) continue;
-        if (rows) rows[k] = i;
-        if (vals) vals[k] = v;
-        k++;
-    }
-    return k;
-}
-
 /* (n,) i64 on dev: the flat positions (rows) or the labels (!rows) of the labelled positions of
  * host labels yh; made on the host, then moved. */
 static cm_tensor *labelled_on(cm_tape *tp, const cm_tensor *yh, int64_t n, bool rows, cm_device dev) {
     cm_tensor *t = cm_empty_on(tp, CM_DEVICE_CPU, CM_DTYPE_I64, 1, &n);
     if (!t) return NULL;
-    labelled(yh, rows ? cm_tensor_data(t) : NULL, rows ? NULL : cm_tensor_data(t));
+    cmi_labelled(yh, rows ? cm_tensor_data(t) : NULL, rows ? NULL : cm_tensor_data(t));
     return cm_to_device(tp, t, dev);
 }
 
@@ -536,7 +523,7 @@ static cm_tensor *bm_forward(void *self, cm_tape *tp, const cm_model_batch *b) {
     if (!ids) return NULL;
     cm_tensor *in[3] = {ids, cm_model_batch_field(b, "attention_mask"), cm_model_batch_field(b, "token_type_ids")};
     cm_tensor *y = mlm_labels(m, b, ids), *yh = y ? cm_to_device(tp, y, CM_DEVICE_CPU) : NULL;
-    const int64_t n = yh ? labelled(yh, NULL, NULL) : 0;
+    const int64_t n = yh ? cmi_labelled(yh, NULL, NULL) : 0;
     if (!n) return cm_module_forward_n(m->root, tp, 3, in);
     /* the encoder on every position, the head on the labelled ones: (n, C) → (n, V) */
     node_s *rs = cm_module_self(m->root);
@@ -558,7 +545,7 @@ static cm_tensor *bm_loss(void *self, cm_tape *tp, cm_tensor *out, const cm_mode
         cm_tensor *ids = cm_model_batch_field(b, "input_ids");
         const bool sparse = ids && cm_tensor_ndim(out) == 2 && mlm_labels(m, b, ids);
         cm_tensor *yh = sparse ? cm_to_device(tp, y, CM_DEVICE_CPU) : NULL;
-        const int64_t n = yh ? labelled(yh, NULL, NULL) : 0;
+        const int64_t n = yh ? cmi_labelled(yh, NULL, NULL) : 0;
         if (n) {
             if (cm_tensor_dim(out, 0) != n) {
                 cm_tape_fail(tp, CM_ERR_SHAPE, "%s: sparse logits %s for %lld labelled positions", name,
@@ -622,7 +609,7 @@ static double bm_flops(void *self, const cm_model_batch *b) {
     const int64_t L = cm_tensor_dim(ids, 1);
     cm_tensor *y = mlm_labels(m, b, ids), *yh = NULL;
     if (y && cm_tensor_device(y) != CM_DEVICE_CPU && cm_tensor_to_device(y, CM_DEVICE_CPU, &yh) != CM_OK) y = NULL;
-    const int64_t n = y ? labelled(yh ? yh : y, NULL, NULL) : 0;
+    const int64_t n = y ? cmi_labelled(yh ? yh : y, NULL, NULL) : 0;
     cm_tensor_free(yh);
     if (!n) return cm_bert_flops_per_sequence(&m->cfg, m->mlm, L);
     /* the head runs on n of the batch's B·L positions */
