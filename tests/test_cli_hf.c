@@ -144,6 +144,46 @@ Test(cli_hf, finetune_from_a_folder_then_export_and_reload) {
     cr_assert_eq(rc, 0, "%s", out);
 }
 
+/* The seeds' workflow as the examples give it — pretrain (bert-mlm.yaml), adapt to the task's
+ * sentences (bert-tapt.yaml), fine-tune (bert-sst2.yaml) — each from the folder the one before
+ * wrote, on small data for two batches: the example files stay runnable as documented. */
+Test(cli_hf, bert_examples_chain_pretrain_adapt_finetune) {
+    static char out[1 << 16];
+    const char *common = "max_duration=2ba eval_interval=0 train_loader.batch_size=4 "
+                         "save_folder=null progress_bar=false run_root=" DIR "/runs";
+    char args[2048];
+    snprintf(args, sizeof args,
+             "train examples/bert-mlm.yaml %s 'train_loader.dataset.path=[" DIR "/sub.tsv, " DIR "/shake.txt]' "
+             "callbacks.hf_checkpointer.save_folder=" DIR "/ex-mlm",
+             common);
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "bert-mlm.yaml: exit %d:\n%s", rc, out);
+    cr_assert(exists(DIR "/ex-mlm/huggingface/final/model.safetensors"), "%s", out);
+    snprintf(args, sizeof args,
+             "train examples/bert-tapt.yaml %s train_loader.dataset.path=" DIR "/sub.tsv "
+             "model.pretrained_model_name_or_path=" DIR "/ex-mlm/huggingface/final "
+             "callbacks.hf_checkpointer.save_folder=" DIR "/ex-tapt",
+             common);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "bert-tapt.yaml: exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "BertForMaskedLM"), "%s", out);
+    cr_assert(exists(DIR "/ex-tapt/huggingface/final/model.safetensors"), "%s", out);
+    snprintf(args, sizeof args,
+             "train examples/bert-sst2.yaml %s 'train_loader.dataset={type: sst2, path: " DIR "/sub.tsv}' "
+             "model.pretrained_model_name_or_path=" DIR "/ex-tapt/huggingface/final",
+             common);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "bert-sst2.yaml: exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "newly initialized: [bert.pooler.dense.weight"), "%s", out);
+    /* the adapted weights are the ones fine-tuning starts from: they differ from the pretrained */
+    int64_t na, nb;
+    float *a = folder_params(DIR "/ex-mlm/huggingface/final", CM_HF_TASK_MASKED_LM, &na);
+    float *b = folder_params(DIR "/ex-tapt/huggingface/final", CM_HF_TASK_MASKED_LM, &nb);
+    cr_assert_eq(na, nb);
+    cr_assert(memcmp(a, b, sizeof(float) * (size_t)na) != 0, "bert-tapt.yaml did not change the pretrained weights");
+    free(a), free(b);
+}
+
 Test(cli_hf, eval_uses_the_folder_weights) {
     static char out[1 << 16];
     int rc = run("eval " DIR "/cls.yaml model.pretrained_model_name_or_path=tests/golden/hf/bert-cls model.num_labels=3",
