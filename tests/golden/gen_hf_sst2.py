@@ -21,13 +21,13 @@ import json
 import os
 import shutil
 import sys
-import unicodedata
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hf_ref  # noqa: E402
+from wordpiece_ref import basic, wordpiece  # noqa: E402
 import stwrite  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -35,51 +35,6 @@ SST2 = os.path.join(ROOT, "..", "shared", "data", "sst2")
 BERT_VOCAB = os.path.join(ROOT, "..", "shared", "data", "bert", "vocab.txt")
 OUT = os.path.join(HERE, "hf", "bert-sst2-body")
 V, L = 2000, 64
-
-
-def is_punct(ch):
-    cp = ord(ch)
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")
-
-
-def basic(text):
-    """BERT's basic tokenizer, uncased: lower, strip accents, split on whitespace and punctuation."""
-    out = []
-    for word in text.lower().split():
-        word = "".join(c for c in unicodedata.normalize("NFD", word) if unicodedata.category(c) != "Mn")
-        cur = ""
-        for ch in word:
-            if is_punct(ch):
-                if cur:
-                    out.append(cur)
-                out.append(ch)
-                cur = ""
-            else:
-                cur += ch
-        if cur:
-            out.append(cur)
-    return out
-
-
-def wordpiece(word, vocab):
-    if len(word) > 100:
-        return ["[UNK]"]
-    out, start = [], 0
-    while start < len(word):
-        end, cur = len(word), None
-        while start < end:
-            s = word[start:end] if start == 0 else "##" + word[start:end]
-            if s in vocab:
-                cur = s
-                break
-            end -= 1
-        if cur is None:
-            return ["[UNK]"]
-        out.append(cur)
-        start = end
-    return out
 
 
 def read_tsv(name):
