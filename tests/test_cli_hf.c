@@ -174,7 +174,9 @@ Test(cli_hf, bert_examples_chain_pretrain_adapt_finetune) {
              common);
     rc = run(args, out, sizeof out);
     cr_assert_eq(rc, 0, "bert-sst2.yaml: exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, "newly initialized: [bert.pooler.dense.weight"), "%s", out);
+    cr_assert(strstr(out, "from the model checkpoint at " DIR "/ex-tapt/huggingface/final and are newly initialized: "
+                          "[bert.pooler.dense.weight"),
+              "fine-tuning did not start from the adapted folder:\n%s", out);
     /* the adapted weights are the ones fine-tuning starts from: they differ from the pretrained */
     int64_t na, nb;
     float *a = folder_params(DIR "/ex-mlm/huggingface/final", CM_HF_TASK_MASKED_LM, &na);
