@@ -195,14 +195,17 @@ Test(cli_hf, eval_uses_the_folder_weights) {
     cr_assert_null(strstr(out, "newly initialized"), "a complete classifier folder has no new head:\n%s", out);
 }
 
+/* The whole file, NUL-terminated (callers strstr it) */
 static void read_all(const char *path, char **data, size_t *n) {
     FILE *f = fopen(path, "rb");
     cr_assert_not_null(f, "cannot open %s", path);
     fseek(f, 0, SEEK_END);
     *n = (size_t)ftell(f);
     fseek(f, 0, SEEK_SET);
-    *data = malloc(*n);
+    *data = malloc(*n + 1);
+    cr_assert_not_null(*data);
     cr_assert_eq(fread(*data, 1, *n, f), *n);
+    (*data)[*n] = '\0';
     fclose(f);
 }
 

@@ -562,8 +562,9 @@ static cm_status rg_get(void *self, int64_t i, const cm_sample_ctx *ctx, void *c
         for (int64_t t = 0; t < RG_L; t++) ((float *)out[4])[t] = t < n ? 1.0f : 0.0f;
     return CM_OK;
 }
+static void rg_close(void *self) { free(self); }
 static const cm_dataset_i ragged_vt = {.abi = CM_DATASET_ABI, .type_name = "ragged", .len = rg_len,
-                                       .n_fields = rg_n_fields, .field = rg_field, .get = rg_get};
+                                       .n_fields = rg_n_fields, .field = rg_field, .get = rg_get, .close = rg_close};
 static cm_dataset *ragged_new(int64_t n, bool with_mask) {
     ragged *r = calloc(1, sizeof *r);
     r->n = n;
