@@ -183,9 +183,11 @@ static inline float gelu_tanh_grad(float x) {
     float t = cmi_vtanhf(u);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
 }
-static inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
+/* x·Φ(x) and its derivative Φ(x) + x·φ(x), Φ through cmi_vnormcdf (vectorised; precise in the
+ * negative tail, where ½(1 + erf(x/√2)) cancels) */
+static inline float gelu_erf(float x) { return x * cmi_vnormcdf(x); }
 static inline float gelu_erf_grad(float x) {
-    return 0.5f * (1.0f + erff(x * 0.7071067811865476f)) + x * 0.3989422804014327f * expf(-0.5f * x * x);
+    return cmi_vnormcdf(x) + x * cmi_vnormpdf(x);
 }
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -338,6 +340,31 @@ cm_tensor *cm_clamp(cm_tape *tp, cm_tensor *a, float lo, float hi) {
 /* Fused bias + GELU: out = gelu(x + bias), x (..., C) made contiguous, bias (C)                */
 /* ------------------------------------------------------------------------------------------ */
 
+/* One row of bias_gelu's backward with derivative GRAD: dx = g·GRAD(x + b) written (fresh) or added
+ * into gxr when there is one, and summed into gb_local when there is one. */
+#define BIAS_GELU_BWD_ROW(GRAD)                                                                            \
+    do {                                                                                                   \
+        if (gxr && gb_local && fresh) {                                                                    \
+            _Pragma("omp simd") for (int64_t c = 0; c < C; c++) {                                          \
+                const float d = gr[c] * GRAD(xr[c] + bv[c]);                                               \
+                gxr[c] = d;                                                                                \
+                gb_local[c] += d;                                                                          \
+            }                                                                                              \
+        } else if (gxr && gb_local) {                                                                      \
+            _Pragma("omp simd") for (int64_t c = 0; c < C; c++) {                                          \
+                const float d = gr[c] * GRAD(xr[c] + bv[c]);                                               \
+                gxr[c] += d;                                                                               \
+                gb_local[c] += d;                                                                          \
+            }                                                                                              \
+        } else if (gxr && fresh) {                                                                         \
+            _Pragma("omp simd") for (int64_t c = 0; c < C; c++) gxr[c] = gr[c] * GRAD(xr[c] + bv[c]);     \
+        } else if (gxr) {                                                                                  \
+            _Pragma("omp simd") for (int64_t c = 0; c < C; c++) gxr[c] += gr[c] * GRAD(xr[c] + bv[c]);    \
+        } else if (gb_local) {                                                                             \
+            _Pragma("omp simd") for (int64_t c = 0; c < C; c++) gb_local[c] += gr[c] * GRAD(xr[c] + bv[c]); \
+        }                                                                                                  \
+    } while (0)
+
 static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     cm_tensor *x = n->in[0], *b = n->in[1];
     const bool approx = n->i[0];
@@ -372,35 +399,10 @@ static cm_status bias_gelu_backward(cm_tape *tp, cm_node *n, const cm_tensor *g)
         for (int64_t r = 0; r < rows; r++) {
             const float *xr = xv + r * C, *gr = gv + r * C;
             float *gxr = gxv ? gxv + r * C : NULL;
-            /* one branch-free loop per case, so GCC vectorises each (cmi_vtanhf is inline) */
-            if (approx && gxr && gb_local && fresh) {
-#pragma omp simd
-                for (int64_t c = 0; c < C; c++) {
-                    const float d = gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
-                    gxr[c] = d;
-                    gb_local[c] += d;
-                }
-            } else if (approx && gxr && gb_local) {
-#pragma omp simd
-                for (int64_t c = 0; c < C; c++) {
-                    const float d = gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
-                    gxr[c] += d;
-                    gb_local[c] += d;
-                }
-            } else if (approx && gxr && fresh) {
-#pragma omp simd
-                for (int64_t c = 0; c < C; c++) gxr[c] = gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
-            } else if (approx && gxr) {
-#pragma omp simd
-                for (int64_t c = 0; c < C; c++) gxr[c] += gr[c] * gelu_tanh_grad(xr[c] + bv[c]);
-            } else {
-                for (int64_t c = 0; c < C; c++) {
-                    float z = xr[c] + bv[c];
-                    float d = gr[c] * (approx ? gelu_tanh_grad(z) : gelu_erf_grad(z));
-                    if (gxr) gxr[c] = fresh ? d : gxr[c] + d;
-                    if (gb_local) gb_local[c] += d;
-                }
-            }
+            /* one branch-free loop per case, so GCC vectorises each (cmi_vtanhf, cmi_vnormcdf and
+             * cmi_vnormpdf are inline) */
+            if (approx) BIAS_GELU_BWD_ROW(gelu_tanh_grad);
+            else BIAS_GELU_BWD_ROW(gelu_erf_grad);
         }
     }
     if (partial)
@@ -440,6 +442,7 @@ cm_tensor *cm_bias_gelu(cm_tape *tp, cm_tensor *x, cm_tensor *bias, bool approxi
 #pragma omp simd
             for (int64_t c = 0; c < C; c++) ov[r * C + c] = gelu_tanh(xv[r * C + c] + bv[c]);
         } else {
+#pragma omp simd
             for (int64_t c = 0; c < C; c++) ov[r * C + c] = gelu_erf(xv[r * C + c] + bv[c]);
         }
     }

@@ -74,4 +74,52 @@ static inline float cmi_vtanhf(float x) {
     return ax < 0.625f ? small : (x != x ? x : big);
 }
 
+/* exp(-a²/2 + c) for 0 ≤ a ≤ 20 and a small c ≤ 0, with -a²/2 split so that its rounding (up to
+ * 64 ulp of the result near a = 12) does not reach the exponential: a = hi + lo with hi's low 12
+ * mantissa bits cleared, so hi² is exact, and exp(-hi²/2) · exp(c - hi·lo - lo²/2). */
+static inline float cmi_vexp_neg_half_sq(float a, float c) {
+    union {
+        float f;
+        int32_t i;
+    } h = {.f = a};
+    h.i &= (int32_t)0xFFFFF000;
+    const float hi = h.f, lo = a - hi;
+    return cmi_vexpf(-0.5f * hi * hi) * cmi_vexpf(c - (hi * lo + 0.5f * lo * lo));
+}
+
+/* A vectorisable standard normal CDF Φ(x) = ½·erfc(|x|/√2) or 1 - ½·erfc(|x|/√2) for the exact-GELU
+ * kernels (private). erfc(z), z ≥ 0, is Numerical Recipes' erfcc (Press et al., 2nd ed., §6.2: a
+ * Chebyshev fit t·exp(-z² + P(t)), t = 1/(1 + z/2), fractional error < 1.2e-7 for every z ≥ 0).
+ * Taking the small tail directly keeps Φ's relative precision for negative x, where
+ * ½(1 + erff(x/√2)) cancels (libm's erff included: ~10 % off at x = -5); exp(-z² + P) =
+ * exp(-x²/2 + P) through cmi_vexp_neg_half_sq.
+ * Error ≤ 8 ulp against a double-precision reference over x in [-12, 12] (tested); Φ(+inf) = 1,
+ * Φ(-inf) = 0, NaN in gives NaN out. Branch-free, as cmi_vexpf. glibc's erff is a scalar call:
+ * GELU's forward and backward were 14 % of a BERT-Tiny training step. */
+static inline float cmi_vnormcdf(float x) {
+    /* |x| capped at 20 (Φ(-20) ≈ 3e-89 is 0 in float) so that ±inf meets no inf - inf; NaN takes
+     * the cap too and is passed through at the end */
+    const float ax = x < 0.0f ? (x > -20.0f ? -x : 20.0f) : (x < 20.0f ? x : 20.0f);
+    const float t = 1.0f / (1.0f + 0.35355339059327376f * ax); /* 1 / (1 + z/2) */
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    const float half_erfc = 0.5f * t * cmi_vexp_neg_half_sq(ax, p);
+    return x >= 0.0f ? 1.0f - half_erfc : (x != x ? x : half_erfc);
+}
+
+/* The standard normal density φ(x) = exp(-x²/2)/√(2π), -x²/2 split as in cmi_vnormcdf: error
+ * ≤ 8 ulp for |x| ≤ 12 (tested with GELU's derivative Φ + x·φ); NaN gives NaN, ±inf gives 0. */
+static inline float cmi_vnormpdf(float x) {
+    const float ax = x < 0.0f ? (x > -20.0f ? -x : 20.0f) : (x < 20.0f ? x : 20.0f);
+    return x != x ? x : 0.3989422804014327f * cmi_vexp_neg_half_sq(ax, 0.0f);
+}
+
 #endif
