@@ -386,6 +386,7 @@ Test(tensorboard_logger, a_log_dir_that_cannot_be_made_fails_init_naming_it) {
     cr_assert_eq(cm_trainer_new(&c, &tr), CM_ERR_IO);
     const char *msg = cm_last_error();
     cr_assert(strstr(msg, "TensorBoardLogger") && strstr(msg, blocker), "message: %s", msg);
+    cm_logger_plugin_free(p); /* a failed cm_trainer_new gives the plugin back */
     cm_model_free(m), cm_dataloader_free(dl), cm_dataset_free(ds);
     cmt_tmpdir_remove(&t);
 }
