@@ -690,6 +690,69 @@ Test(autograd, intermediate_gradients_are_freed_and_reused_unless_retained) {
     }
 }
 
+/* An intermediate gradient that grows from step to step (BERT's sparse masked-LM logits have one
+ * row per masked token) gets a new pool block at each new maximum; the blocks it outgrows are
+ * given back then, so the pool holds one such block, not one per maximum. A counting allocator
+ * sees the blocks: of the gradient sizes asked for, only the last stays allocated. */
+#define GP_MAX 64
+static struct {
+    void *p;
+    size_t bytes;
+} g_gp_live[GP_MAX];
+static void *gp_alloc(size_t bytes, size_t align, void *data) {
+    (void)data;
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, bytes ? bytes : 1)) return NULL;
+    for (int i = 0; i < GP_MAX; i++)
+        if (!g_gp_live[i].p) {
+            g_gp_live[i].p = p, g_gp_live[i].bytes = bytes;
+            break;
+        }
+    return p;
+}
+static void gp_free(void *p, void *data) {
+    (void)data;
+    for (int i = 0; p && i < GP_MAX; i++)
+        if (g_gp_live[i].p == p) g_gp_live[i].p = NULL;
+    free(p);
+}
+static int gp_live_of(size_t bytes) {
+    int n = 0;
+    for (int i = 0; i < GP_MAX; i++) n += g_gp_live[i].p && g_gp_live[i].bytes == bytes;
+    return n;
+}
+
+Test(autograd, a_growing_gradient_leaves_no_outgrown_pool_blocks) {
+    memset(g_gp_live, 0, sizeof g_gp_live);
+    cm_allocator_i hooks = {CM_ALLOCATOR_ABI, gp_alloc, gp_free, NULL};
+    cm_set_allocator(&hooks);
+    cm_tape *tp;
+    cm_tape_config tc = cm_tape_config_default();
+    cr_assert_eq(cm_tape_new(&tc, &tp), CM_OK);
+    const int64_t C = 256; /* rows of 1 KiB: 64 rows and more are pooled */
+    size_t sizes[8];
+    for (int step = 0; step < 8; step++) {
+        const int64_t s[2] = {100 + 10 * step, C}; /* each a new maximum, within twice the last */
+        sizes[step] = (size_t)(s[0] * C) * sizeof(float);
+        cm_tensor *x = cm_full(tp, CM_DTYPE_F32, 2, s, 0.5f);
+        cm_tensor_set_requires_grad(x, true);
+        cm_tensor *y = cm_mul_scalar(tp, x, 3.0f); /* an intermediate with a pooled gradient */
+        cr_assert_eq(cm_tape_backward(tp, cm_sum(tp, cm_mul(tp, y, y), NULL, 0, false)), CM_OK, "%s",
+                     cm_tape_error(tp));
+        cr_assert_eq(cm_tensor_get_flat(cm_tensor_grad(x), 7), 9.0f, "d(9x²)/dx at 0.5");
+        cm_tape_reset(tp);
+    }
+    int outgrown = 0;
+    for (int step = 0; step < 7; step++) outgrown += gp_live_of(sizes[step]);
+    const int last = gp_live_of(sizes[7]);
+    cm_tape_free(tp);
+    cm_set_allocator(NULL);
+    cr_assert_eq(outgrown, 0, "%d outgrown gradient blocks still allocated", outgrown);
+    /* y·y's gradient is still held while y's is made: two blocks of the size */
+    cr_assert_eq(last, 2, "the largest gradients' blocks are pooled (%d allocated)", last);
+    for (int i = 0; i < GP_MAX; i++) cr_assert_null(g_gp_live[i].p, "everything is given back when the tape goes");
+}
+
 /* ---- first gradients of intermediates are written, not zeroed and added to ---- */
 
 typedef struct {
