@@ -238,3 +238,51 @@ Test(metrics, cross_entropy_fast_path_matches_general_walk) {
     cr_assert(strstr(cm_last_error(), "target 2500"), "%s", cm_last_error());
     cm_tape_free(tp);
 }
+
+/* Accuracy likewise: contiguous f32 logits take the parallel argmax, a strided view the one-row
+ * walk. Rows with ties (the first maximum wins), a NaN (the first NaN wins, as torch.argmax),
+ * all -inf, ignored targets (-100) and rows wider than any vector: both count the same hits, and
+ * a bad target is still reported. */
+Test(metrics, accuracy_fast_path_matches_general_walk) {
+    cm_tape *tp = cmt_tape();
+    const int64_t N = 2, T = 37, C = 3001, ls[3] = {N, C, T}, ts[2] = {N, T};
+    cm_tensor *raw = cmt_randn(tp, 3, ls, 12, false); /* (N, C, T) */
+    float *rv = cm_tensor_data(raw);
+    for (int64_t c = 0; c < C; c++) {
+        rv[c * T + 1] = (c == 17 || c == 900) ? 5.0f : 0.0f;            /* a tie: 17 wins */
+        rv[c * T + 2] = c == 40 || c == 2000 ? NAN : (c == 7 ? 9.0f : 0.0f); /* NaN at 40 wins */
+        rv[c * T + 3] = -INFINITY;                                        /* 0 wins */
+    }
+    cm_tensor *strided = cm_transpose(tp, raw, 1, 2); /* (N, T, C), strided */
+    cm_tensor *contig = cm_contiguous(tp, strided);
+    cm_tensor *tgt = cm_empty(tp, CM_DTYPE_I32, 2, ts);
+    int32_t *tv = cm_tensor_data(tgt);
+    for (int64_t i = 0; i < N * T; i++) tv[i] = i % 5 == 4 ? -100 : (int32_t)((i * 37) % C);
+    tv[1] = 17, tv[2] = 40, tv[3] = 0;
+    /* rows whose own argmax is the target, so the count is not a near-zero chance one */
+    for (int64_t i = 5; i < N * T; i += 3) tv[i] = -1;
+    const char *names[1] = {"labels"};
+    cm_tensor *fields[1] = {tgt};
+    cm_model_batch b = {names, fields, 1, N, N * T};
+    cm_metric acc = cm_metric_accuracy("labels");
+    double slow[2] = {0}, fast[2] = {0};
+    /* the argmax of every third row as its target (found by the one-row walk on one-row batches) */
+    for (int64_t i = 5; i < N * T; i += 3) {
+        int64_t best = 0;
+        const float *row = rv + (i / T) * C * T + i % T;
+        for (int64_t c = 1; c < C; c++)
+            if (row[c * T] > row[best * T]) best = c;
+        tv[i] = (int32_t)best;
+    }
+    cr_assert(!cm_tensor_is_contiguous(strided) && cm_tensor_is_contiguous(contig));
+    cr_assert_eq(cm_metric_update(&acc, strided, &b, slow), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_metric_update(&acc, contig, &b, fast), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(fast[1], slow[1], "counted rows %g vs %g", fast[1], slow[1]);
+    cr_assert_eq(fast[0], slow[0], "hits %g vs %g", fast[0], slow[0]);
+    cr_assert(fast[0] >= 3 + (double)(N * T / 3) - 2, "hits %g: the tie, NaN, -inf and argmax rows should all count",
+              fast[0]);
+    tv[6] = (int32_t)C;
+    cr_assert_eq(cm_metric_update(&acc, contig, &b, fast), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "target 3001"), "%s", cm_last_error());
+    cm_tape_free(tp);
+}

@@ -105,7 +105,58 @@ static void ce_row(const float *row, int64_t st, int64_t C, int64_t t, double *s
     state[1] += 1;
 }
 
+/* Accuracy over contiguous f32 logits (..., C) with integer targets: rows in parallel, each row's
+ * argmax in two vectorisable passes (its maximum and whether it has a NaN, then the first index
+ * holding that maximum, or the first NaN) — the same pick as acc_row. The one-thread walk was 4 %
+ * of a BERT-Tiny masked-LM step (1229 rows of 30522 logits). Returns false (nothing done) when the
+ * inputs are not that simple case or a target is out of range: over_rows then handles it and
+ * reports the error. */
+static bool acc_fast(const char *field, cm_tensor *o, const cm_model_batch *b, double *state) {
+    cm_tensor *tgt = cm_model_batch_field(b, field);
+    const int nd = cm_tensor_ndim(o);
+    if (!tgt || cm_tensor_dtype(o) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(o) || nd < 1 ||
+        cm_tensor_ndim(tgt) != nd - 1)
+        return false;
+    const cm_dtype tdt = cm_tensor_dtype(tgt);
+    if (tdt != CM_DTYPE_I32 && tdt != CM_DTYPE_I64 && tdt != CM_DTYPE_U8) return false;
+    for (int i = 0; i < nd - 1; i++)
+        if (cm_tensor_dim(tgt, i) != cm_tensor_dim(o, i)) return false;
+    const int64_t C = cm_tensor_dim(o, -1), rows = C ? cm_tensor_numel(o) / C : 0;
+    if (rows == 0) return false;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = (int64_t)cm_tensor_get_flat(tgt, r);
+        if (t != -100 && (t < 0 || t >= C)) return false;
+    }
+    const float *x = cm_tensor_data(o);
+    int64_t hits = 0, n = 0;
+#pragma omp parallel for schedule(static) reduction(+ : hits, n) if (rows * C >= 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = (int64_t)cm_tensor_get_flat(tgt, r);
+        if (t == -100) continue;
+        const float *row = x + r * C;
+        float mx = row[0];
+        int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+        for (int64_t c = 0; c < C; c++) {
+            mx = row[c] > mx ? row[c] : mx;
+            nan |= row[c] != row[c];
+        }
+        int64_t best = 0;
+        if (nan) {
+            while (row[best] == row[best]) best++;
+        } else {
+            while (row[best] != mx) best++;
+        }
+        hits += best == t;
+        n++;
+    }
+    state[0] += (double)hits;
+    state[1] += (double)n;
+    return true;
+}
+
 static cm_status acc_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
+    if (acc_fast(self, o, b, state)) return CM_OK;
     return over_rows("MulticlassAccuracy", self, o, b, state, acc_row);
 }
 /* Cross-entropy state over contiguous f32 logits (..., C): the general walk (one double exp per
@@ -143,6 +194,7 @@ static bool ce_fast(const char *field, cm_tensor *o, const cm_model_batch *b, do
         for (int64_t k = 0; k < n; k++) {
             const float *row = x + idx[k] * C;
             float mx = -INFINITY;
+#pragma omp simd reduction(max : mx) /* a NaN makes the sum below NaN whichever way it goes */
             for (int64_t c = 0; c < C; c++) mx = row[c] > mx ? row[c] : mx;
             lse[k] = (double)mx + log(cmi_sum_exp(row, C, 1, mx)) - (double)row[idx[rows + k]];
         }
