@@ -3,7 +3,7 @@
  * machine, model, shapes, data and precision, run side by side (DESIGN.md §7, issue 8).
  *
  *     build/bench/bench_train_throughput [options]          (from the repository root)
- *       --workloads char,gpt2,resnet56   which models (default all three)
+ *       --workloads char,gpt2,bert,resnet56   which models (default all four)
  *       --precisions fp32,amp_bf16        (default both)
  *       --reps R        repetitions of each (ours, torch) pair, interleaved (default 3)
  *       --steps S       timed optimizer steps per run (default: char 4, gpt2 2, resnet56 3)
@@ -13,13 +13,22 @@
  *       --torch-channels-last   PyTorch's ResNet in torch.channels_last (ours is channels-last inside
  *                       by default, cm_resnet_config.channels_last); off by default because a
  *                       PyTorch user has to ask for it. Its TSV rows say "torch_cl".
+ *       --torch-dense-mlm   PyTorch's BERT computes the MLM head on every position, as Hugging
+ *                       Face's BertForMaskedLM does, instead of on the masked ones as ours does;
+ *                       its TSV rows say "torch_dense".
  *       --out FILE      results TSV (default bench/results/train_throughput.tsv)
  *
  * Workloads (B = batch, T = sequence length):
  *   char      nanoGPT's shakespeare-char GPT: 6 layers, C 384, 6 heads, V 65, T 256, B 8, dropout 0.2
  *   gpt2      GPT-2 124M: 12 layers, C 768, 12 heads, V 50257, T 256, B 8, dropout 0.1, tied lm_head
+ *   bert      masked-LM pretraining of the BERT-Tiny shape examples/bert-mlm.yaml trains: 2 layers,
+ *             C 128, 2 heads, intermediate 512, V 30522, T 128, B 64, dropout 0.1, decoder tied to
+ *             the word embeddings; 15% of the positions masked (80/10/10) and the MLM head on those
+ *             only on both sides (ours: cm_bert_mlm_sparse_logits, as `composer train` runs it;
+ *             PyTorch: the hidden states' masked rows gathered before the head)
  *   resnet56  He et al.'s CIFAR ResNet-56 (option-A shortcuts), B 128 × (3, 32, 32), 10 classes
- * GPTs train with AdamW (lr 6e-4, betas 0.9/0.95, wd 0.1), the ResNet with SGD (lr 0.1, momentum
+ * GPTs train with AdamW (lr 6e-4, betas 0.9/0.95, wd 0.1), BERT with AdamW (examples/bert-mlm.yaml's
+ * lr 1e-3, betas 0.9/0.98, eps 1e-6, wd 1e-5), the ResNet with SGD (lr 0.1, momentum
  * 0.9, wd 5e-4); both sides have the same optimizer kind and hyperparameters.
  *
  * The driver writes the data once (a token stream or images and labels, from a fixed seed) to a
@@ -36,6 +45,7 @@
 #include <composer/composer.h>
 #include <composer/callbacks.h>
 #include <composer/trainer.h>
+#include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
 #include <composer/zoo_vision.h>
 
@@ -60,21 +70,28 @@
 
 /* ---- workloads ---- */
 
+typedef enum { W_GPT, W_BERT, W_RESNET } workload_kind;
+
 typedef struct workload {
     const char *name;
-    bool gpt;
+    workload_kind kind;
     const char *preset; /* zoo preset */
-    int64_t batch, seq; /* seq: T for GPTs */
+    int64_t batch, seq; /* seq: T for GPTs and BERT */
     int default_steps, default_warmup;
     const char *unit;   /* "tok/s" or "img/s" */
 } workload;
 
 static const workload WORKLOADS[] = {
-    {"char", true, "shakespeare-char", 8, 256, 4, 1, "tok/s"},
-    {"gpt2", true, "gpt2", 8, 256, 2, 1, "tok/s"},
-    {"resnet56", false, "resnet56", 128, 0, 3, 1, "img/s"},
+    {"char", W_GPT, "shakespeare-char", 8, 256, 4, 1, "tok/s"},
+    {"gpt2", W_GPT, "gpt2", 8, 256, 2, 1, "tok/s"},
+    {"bert", W_BERT, "bert-tiny", 64, 128, 10, 2, "tok/s"},
+    {"resnet56", W_RESNET, "resnet56", 128, 0, 3, 1, "img/s"},
 };
 #define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
+
+#define BERT_MLM_PROBABILITY 0.15
+#define BERT_MASK_ID 103  /* bert-base-uncased's [MASK] */
+#define BERT_FIRST_WORD 999 /* ids below are [PAD], [unused*], [CLS], [SEP], [MASK] and the like */
 
 static const workload *find_workload(const char *name) {
     for (int i = 0; i < N_WORKLOADS; i++)
@@ -84,11 +101,18 @@ static const workload *find_workload(const char *name) {
 
 /* Training FLOPs of one item (token or image): 3 × forward, the usual MFU convention. */
 static double flops_per_item(const workload *w) {
-    if (w->gpt) {
+    if (w->kind == W_GPT) {
         cm_gpt2_config c;
         CHECK(cm_gpt2_config_preset(w->preset, &c));
         double n = (double)cm_gpt2_config_n_params(&c, true);
         return 6.0 * n + 12.0 * (double)c.n_layer * (double)c.n_embd * (double)w->seq;
+    }
+    if (w->kind == W_BERT) { /* the decoder on the masked positions only, as cm_model_flops counts it */
+        cm_bert_config c;
+        CHECK(cm_bert_config_preset(w->preset, &c));
+        const double C = (double)c.hidden_size, T = (double)w->seq;
+        const double head = 6.0 * (C * C + C * (double)c.vocab_size) * T;
+        return (cm_bert_flops_per_sequence(&c, true, w->seq) - head * (1.0 - BERT_MLM_PROBABILITY)) / T;
     }
     cm_resnet_config rc;
     CHECK(cm_resnet_config_preset(w->preset, &rc));
@@ -97,6 +121,9 @@ static double flops_per_item(const workload *w) {
 
 /* ---- the data file both sides read: a header line-free binary ----
  * GPT: int32 tokens, (steps_total · B · T + 1) of them, uniform in [0, V).
+ * BERT: int32 input_ids (n, T) then int32 labels (n, T): words uniform in [999, V); each position
+ *   masked with probability 0.15 (label = the word, input [MASK] / a random word / the word itself
+ *   with probabilities 0.8 / 0.1 / 0.1, as DataCollatorForLanguageModeling), label -100 elsewhere.
  * ResNet: f32 images (n, 3, 32, 32) ~ N(0, 1) then int64 labels (n) in [0, 10). */
 
 static uint64_t splitmix(uint64_t *s) {
@@ -116,7 +143,7 @@ static void write_data(const workload *w, int steps_total, const char *path) {
     }
     uint64_t s = 12345;
     int64_t n = n_samples(w, steps_total);
-    if (w->gpt) {
+    if (w->kind == W_GPT) {
         cm_gpt2_config c;
         CHECK(cm_gpt2_config_preset(w->preset, &c));
         int64_t nt = n * w->seq + 1;
@@ -124,6 +151,30 @@ static void write_data(const workload *w, int steps_total, const char *path) {
             int32_t t = (int32_t)(splitmix(&s) % (uint64_t)c.vocab_size);
             fwrite(&t, 4, 1, f);
         }
+    } else if (w->kind == W_BERT) {
+        cm_bert_config c;
+        CHECK(cm_bert_config_preset(w->preset, &c));
+        const int64_t nt = n * w->seq, words = c.vocab_size - BERT_FIRST_WORD;
+        int32_t *ids = malloc((size_t)nt * 4), *lab = malloc((size_t)nt * 4);
+        if (!ids || !lab) {
+            fprintf(stderr, "train_throughput: out of memory for the BERT data\n");
+            exit(1);
+        }
+        for (int64_t i = 0; i < nt; i++) {
+            const int32_t word = (int32_t)(BERT_FIRST_WORD + (int64_t)(splitmix(&s) % (uint64_t)words));
+            const double u = (double)(splitmix(&s) >> 11) / 9007199254740992.0;
+            ids[i] = word, lab[i] = -100;
+            if (u < BERT_MLM_PROBABILITY) {
+                const double v = u / BERT_MLM_PROBABILITY; /* uniform in [0, 1) again */
+                lab[i] = word;
+                if (v < 0.8) ids[i] = BERT_MASK_ID;
+                else if (v < 0.9) ids[i] = (int32_t)(BERT_FIRST_WORD + (int64_t)(splitmix(&s) % (uint64_t)words));
+            }
+        }
+        fwrite(ids, 4, (size_t)nt, f);
+        fwrite(lab, 4, (size_t)nt, f);
+        free(ids);
+        free(lab);
     } else {
         int64_t ni = n * 3 * 32 * 32;
         for (int64_t i = 0; i < ni; i += 2) { /* Box-Muller */
@@ -149,22 +200,27 @@ static void write_data(const workload *w, int steps_total, const char *path) {
 typedef struct memds {
     const workload *w;
     int64_t n;
-    int32_t *tokens; /* GPT */
+    int32_t *tokens; /* GPT; BERT: input_ids (n, T) */
+    int32_t *mlm;    /* BERT: labels (n, T) */
     float *images;   /* ResNet (n, 3, 32, 32) */
     int64_t *labels; /* ResNet (n) */
-    cm_field_desc fields[2];
+    cm_field_desc fields[3];
 } memds;
 
 static int64_t memds_len(void *self) { return ((memds *)self)->n; }
-static int memds_n_fields(void *self) { (void)self; return 2; }
+static int memds_n_fields(void *self) { return ((memds *)self)->w->kind == W_BERT ? 3 : 2; }
 static const cm_field_desc *memds_field(void *self, int i) { return &((memds *)self)->fields[i]; }
 static cm_status memds_get(void *self, int64_t index, const cm_sample_ctx *ctx, void *const *out) {
     (void)ctx;
     memds *d = self;
-    if (d->w->gpt) {
-        int64_t T = d->w->seq;
+    const int64_t T = d->w->seq;
+    if (d->w->kind == W_GPT) {
         memcpy(out[0], d->tokens + index * T, (size_t)T * 4);
         memcpy(out[1], d->tokens + index * T + 1, (size_t)T * 4);
+    } else if (d->w->kind == W_BERT) { /* input_ids, attention_mask (packed text: all ones), labels */
+        memcpy(out[0], d->tokens + index * T, (size_t)T * 4);
+        for (int64_t t = 0; t < T; t++) ((int32_t *)out[1])[t] = 1;
+        memcpy(out[2], d->mlm + index * T, (size_t)T * 4);
     } else {
         memcpy(out[0], d->images + index * 3072, 3072 * 4);
         memcpy(out[1], d->labels + index, 8);
@@ -174,7 +230,7 @@ static cm_status memds_get(void *self, int64_t index, const cm_sample_ctx *ctx, 
 static int64_t memds_n_tokens(void *self, int64_t index) {
     (void)index;
     memds *d = self;
-    return d->w->gpt ? d->w->seq : 0;
+    return d->w->kind == W_RESNET ? 0 : d->w->seq;
 }
 
 static const cm_dataset_i MEMDS_I = {CM_DATASET_ABI, "bench", memds_len, memds_n_fields, memds_field,
@@ -227,10 +283,16 @@ static int run_worker(const char *wname, const char *prec, int steps, int warmup
     d->n = n_samples(w, total);
     size_t len;
     char *raw = read_all(path, &len);
-    if (w->gpt) {
+    if (w->kind == W_GPT) {
         d->tokens = (int32_t *)raw;
         d->fields[0] = (cm_field_desc){"input_ids", CM_DTYPE_I32, 1, {w->seq}};
         d->fields[1] = (cm_field_desc){"labels", CM_DTYPE_I32, 1, {w->seq}};
+    } else if (w->kind == W_BERT) {
+        d->tokens = (int32_t *)raw;
+        d->mlm = (int32_t *)raw + d->n * w->seq;
+        d->fields[0] = (cm_field_desc){"input_ids", CM_DTYPE_I32, 1, {w->seq}};
+        d->fields[1] = (cm_field_desc){"attention_mask", CM_DTYPE_I32, 1, {w->seq}};
+        d->fields[2] = (cm_field_desc){"labels", CM_DTYPE_I32, 1, {w->seq}};
     } else {
         d->images = (float *)raw;
         d->labels = (int64_t *)(raw + (size_t)d->n * 3072 * 4);
@@ -243,7 +305,7 @@ static int run_worker(const char *wname, const char *prec, int steps, int warmup
     cm_model *model;
     cm_optim_hparams hp;
     cm_optim_kind kind;
-    if (w->gpt) {
+    if (w->kind == W_GPT) {
         cm_gpt2_config c;
         CHECK(cm_gpt2_config_preset(w->preset, &c));
         cm_rng rng = cm_rng_init(1337, 0);
@@ -251,6 +313,15 @@ static int run_worker(const char *wname, const char *prec, int steps, int warmup
         kind = CM_OPTIM_ADAMW;
         hp = cm_optim_hparams_default(kind);
         hp.lr = 6e-4, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.weight_decay = 0.1;
+    } else if (w->kind == W_BERT) {
+        cm_bert_config c;
+        CHECK(cm_bert_config_preset(w->preset, &c));
+        cm_rng rng = cm_rng_init(1337, 0);
+        CHECK(cm_bert_mlm_new(&c, &rng, &model));
+        CHECK(cm_bert_mlm_sparse_logits(model, true));
+        kind = CM_OPTIM_ADAMW;
+        hp = cm_optim_hparams_default(kind);
+        hp.lr = 1e-3, hp.beta1 = 0.9, hp.beta2 = 0.98, hp.eps = 1e-6, hp.weight_decay = 1e-5;
     } else {
         cm_resnet_config rc;
         CHECK(cm_resnet_config_preset(w->preset, &rc));
@@ -295,7 +366,7 @@ static int run_worker(const char *wname, const char *prec, int steps, int warmup
     }
     double start = warmup > 0 ? tc.t[warmup - 1] : t0;
     double dt = tc.t[total - 1] - start;
-    double items = (double)steps * (double)w->batch * (w->gpt ? (double)w->seq : 1.0);
+    double items = (double)steps * (double)w->batch * (w->kind == W_RESNET ? 1.0 : (double)w->seq);
     printf("RESULT %.3f %.4f\n", items / dt, dt / steps);
     cm_trainer_free(tr);
     cm_optim_free(opt);
@@ -451,6 +522,13 @@ static bool in_list(const char *list, const char *name) {
     return false;
 }
 
+/* The TSV's side name of a PyTorch run: the flags that change what PyTorch runs are named. */
+static const char *torch_side(const workload *w, bool torch_cl, bool torch_dense) {
+    if (w->kind == W_RESNET && torch_cl) return "torch_cl";
+    if (w->kind == W_BERT && torch_dense) return "torch_dense";
+    return "torch";
+}
+
 static bool have_torch(const char *py) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s -c 'import torch' >/dev/null 2>&1", py);
@@ -461,14 +539,15 @@ int main(int argc, char **argv) {
     if (argc >= 7 && strcmp(argv[1], "--worker") == 0)
         return run_worker(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
 
-    const char *workloads = "char,gpt2,resnet56", *precisions = "fp32,amp_bf16";
+    const char *workloads = "char,gpt2,bert,resnet56", *precisions = "fp32,amp_bf16";
     const char *out = "bench/results/train_throughput.tsv", *py = "/usr/bin/python3";
     int reps = 3, steps = 0, warmup = -1, threads = cm_num_threads();
-    bool torch = true, torch_cl = false;
+    bool torch = true, torch_cl = false, torch_dense = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-torch") == 0) torch = false;
         else if (strcmp(a, "--torch-channels-last") == 0) torch_cl = true;
+        else if (strcmp(a, "--torch-dense-mlm") == 0) torch_dense = true;
         else if (v && strcmp(a, "--workloads") == 0) workloads = v, i++;
         else if (v && strcmp(a, "--precisions") == 0) precisions = v, i++;
         else if (v && strcmp(a, "--reps") == 0) reps = atoi(v), i++;
@@ -477,8 +556,9 @@ int main(int argc, char **argv) {
         else if (v && strcmp(a, "--threads") == 0) threads = atoi(v), i++;
         else if (v && strcmp(a, "--out") == 0) out = v, i++;
         else {
-            fprintf(stderr, "usage: %s [--workloads char,gpt2,resnet56] [--precisions fp32,amp_bf16] [--reps R] "
-                            "[--steps S] [--warmup W] [--threads N] [--no-torch] [--torch-channels-last] [--out FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--workloads char,gpt2,bert,resnet56] [--precisions fp32,amp_bf16] [--reps R] "
+                            "[--steps S] [--warmup W] [--threads N] [--no-torch] [--torch-channels-last] "
+                            "[--torch-dense-mlm] [--out FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -499,6 +579,8 @@ int main(int argc, char **argv) {
     setenv("OMP_NUM_THREADS", nbuf, 1);
     if (torch_cl) setenv("CM_BENCH_TORCH_CHANNELS_LAST", "1", 1);
     else unsetenv("CM_BENCH_TORCH_CHANNELS_LAST");
+    if (torch_dense) setenv("CM_BENCH_TORCH_DENSE_MLM", "1", 1);
+    else unsetenv("CM_BENCH_TORCH_DENSE_MLM");
     double peak = 0;
     CHECK(cm_set_num_threads(threads));
     CHECK(cm_peak_flops(&peak));
@@ -531,6 +613,7 @@ int main(int argc, char **argv) {
     printf("%s; %s, %s, %d threads; load average at start %.2f %.2f %.2f; FMA peak %.1f GFLOP/s%s\n", stamp, cpu,
            isa(), threads, load[0], load[1], load[2], peak / 1e9, p16);
     if (torch_cl) printf("PyTorch's ResNet runs in torch.channels_last (--torch-channels-last)\n");
+    if (torch_dense) printf("PyTorch's BERT computes the MLM head on every position (--torch-dense-mlm)\n");
     printf("| workload | precision | ours | torch | speed-up | ours peak RSS MiB | torch peak RSS MiB | ours MFU | torch MFU |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     fflush(stdout);
@@ -572,7 +655,7 @@ int main(int argc, char **argv) {
                     getloadavg(load, 3);
                     if (tsv)
                         fprintf(tsv, "%s\t%s\t%s\t%d\t%.2f\t%s\t%s\t%d\t%s\t%.3f\t%s\t%.1f\n", stamp, cpu, isa(),
-                                threads, load[0], w->name, precs[pi], r, torch_turn ? (torch_cl && !w->gpt ? "torch_cl" : "torch") : "ours", rr.items_per_s,
+                                threads, load[0], w->name, precs[pi], r, torch_turn ? torch_side(w, torch_cl, torch_dense) : "ours", rr.items_per_s,
                                 w->unit, rr.rss_mib);
                     if (torch_turn) theirs[nt++] = rr.items_per_s, rss_t = rss_t > rr.rss_mib ? rss_t : rr.rss_mib;
                     else ours[no++] = rr.items_per_s, rss_o = rss_o > rr.rss_mib ? rss_o : rr.rss_mib;

@@ -11,6 +11,12 @@ The models are the library's zoo models written in plain torch with the same mat
   F.gelu(approximate="tanh"), final LayerNorm, lm_head tied to wte), dropout as the presets
   (0.2 for shakespeare-char, 0.1 for gpt2) after the embeddings, on the attention probabilities and
   after each block's projections; AdamW (lr 6e-4, betas 0.9/0.95, wd 0.1 on >= 2-d parameters);
+- bert: Hugging Face's BertForMaskedLM in plain torch (tests/golden/hf_ref.py, the reference the
+  BERT golden tests compare against) with examples/bert-tiny/config.json, dropout 0.1, decoder tied
+  to the word embeddings; the MLM head on the masked positions only (the hidden states' rows whose
+  label is not -100, gathered before the head: the library's sparse logits), or on every position
+  as transformers computes it with CM_BENCH_TORCH_DENSE_MLM=1 (the driver's --torch-dense-mlm);
+  AdamW (lr 1e-3, betas 0.9/0.98, eps 1e-6, wd 1e-5 on >= 2-d parameters) as examples/bert-mlm.yaml;
 - resnet56: He et al.'s CIFAR ResNet-56 with option-A shortcuts (as tests/golden/gen_resnet.py),
   SGD (lr 0.1, momentum 0.9, wd 5e-4 on >= 2-d parameters).
 amp_bf16 is torch.autocast("cpu", dtype=torch.bfloat16) around forward and loss, as Composer.
@@ -26,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 PRESETS = {  # V, P, C, L, H, dropout, T, B
     "char": (65, 256, 384, 6, 6, 0.2, 256, 8),
@@ -158,6 +166,37 @@ def main():
         def loss_fn(x, y):
             logits = model(x)
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+    elif workload == "bert":
+        sys.path.insert(0, os.path.join(HERE, "..", "tests", "golden"))
+        import hf_ref
+        import json
+        with open(os.path.join(HERE, "..", "examples", "bert-tiny", "config.json")) as f:
+            cfg = hf_ref.Cfg(json.load(f))
+        B, T = 64, 128
+        raw = torch.from_numpy(np.fromfile(path, dtype=np.int32).astype(np.int64))
+        n = total * B
+        ids, lab = raw[:n * T].view(total, B, T), raw[n * T:2 * n * T].view(total, B, T)
+        mask = torch.ones(B, T, dtype=torch.int64)
+        if precision == "amp_bf16":
+            # torch 1.13's CPU autocast leaves layer_norm out of its lists, so the head's LayerNorm
+            # meets a bf16 input with f32 weights and fails; torch >= 2.0 runs layer_norm in f32
+            # under autocast. The head's LayerNorm input is cast to f32 here, as those versions do.
+            def transform_f32(self, x):
+                return self.LayerNorm(self.act(self.dense(x)).float())
+            hf_ref.BertPredictionHeadTransform.forward = transform_f32
+        model = hf_ref.BertForMaskedLM(cfg)
+        opt = torch.optim.AdamW(groups(model, 1e-5), lr=1e-3, betas=(0.9, 0.98), eps=1e-6)
+        batches = [(ids[k], lab[k]) for k in range(total)]
+        items = B * T
+        dense = os.environ.get("CM_BENCH_TORCH_DENSE_MLM") == "1"
+
+        def loss_fn(x, y):
+            h = model.bert(x, mask)
+            if dense:
+                logits = model.cls(h)
+                return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1), ignore_index=-100)
+            rows = (y.view(-1) != -100).nonzero().squeeze(1)
+            return F.cross_entropy(model.cls(h.reshape(-1, h.shape[-1])[rows]), y.view(-1)[rows])
     elif workload == "resnet56":
         B = 128
         n = total * B
