@@ -105,35 +105,53 @@ static void ce_row(const float *row, int64_t st, int64_t C, int64_t t, double *s
     state[1] += 1;
 }
 
-/* Accuracy over contiguous f32 logits (..., C) with integer targets: rows in parallel, each row's
- * argmax in two vectorisable passes (its maximum and whether it has a NaN, then the first index
- * holding that maximum, or the first NaN) — the same pick as acc_row. The one-thread walk was 4 %
- * of a BERT-Tiny masked-LM step (1229 rows of 30522 logits). Returns false (nothing done) when the
- * inputs are not that simple case or a target is out of range: over_rows then handles it and
- * reports the error. */
-static bool acc_fast(const char *field, cm_tensor *o, const cm_model_batch *b, double *state) {
+/* The fast paths of the accuracy and cross-entropy metrics: contiguous f32 logits (..., C) with
+ * integer targets of the leading shape. Returns the labelled rows and their targets, idx[k] and
+ * idx[rows + k] for k < *n (cm_free it), or NULL when the inputs are not that simple case, a target
+ * is out of range or memory runs out: the general walk (over_rows) then handles them and reports
+ * the errors. */
+static int64_t *fast_rows(const char *field, cm_tensor *o, const cm_model_batch *b, int64_t *C_out, int64_t *n_out) {
     cm_tensor *tgt = cm_model_batch_field(b, field);
     const int nd = cm_tensor_ndim(o);
     if (!tgt || cm_tensor_dtype(o) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(o) || nd < 1 ||
         cm_tensor_ndim(tgt) != nd - 1)
-        return false;
+        return NULL;
     const cm_dtype tdt = cm_tensor_dtype(tgt);
-    if (tdt != CM_DTYPE_I32 && tdt != CM_DTYPE_I64 && tdt != CM_DTYPE_U8) return false;
+    if (tdt != CM_DTYPE_I32 && tdt != CM_DTYPE_I64 && tdt != CM_DTYPE_U8) return NULL;
     for (int i = 0; i < nd - 1; i++)
-        if (cm_tensor_dim(tgt, i) != cm_tensor_dim(o, i)) return false;
+        if (cm_tensor_dim(tgt, i) != cm_tensor_dim(o, i)) return NULL;
     const int64_t C = cm_tensor_dim(o, -1), rows = C ? cm_tensor_numel(o) / C : 0;
-    if (rows == 0) return false;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t t = (int64_t)cm_tensor_get_flat(tgt, r);
-        if (t != -100 && (t < 0 || t >= C)) return false;
-    }
-    const float *x = cm_tensor_data(o);
-    int64_t hits = 0, n = 0;
-#pragma omp parallel for schedule(static) reduction(+ : hits, n) if (rows * C >= 65536)
+    if (rows == 0) return NULL;
+    int64_t *idx = cm_alloc(sizeof(int64_t) * (size_t)(2 * rows), 16); /* (rows) row, (rows) target */
+    if (!idx) return NULL;
+    int64_t n = 0;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t t = (int64_t)cm_tensor_get_flat(tgt, r);
         if (t == -100) continue;
-        const float *row = x + r * C;
+        if (t < 0 || t >= C) {
+            cm_free(idx);
+            return NULL;
+        }
+        idx[n] = r, idx[rows + n] = t, n++;
+    }
+    *C_out = C, *n_out = n;
+    return idx;
+}
+
+/* Accuracy on fast_rows' case: rows in parallel, each row's argmax in two vectorisable passes (its
+ * maximum and whether it has a NaN, then the first index holding that maximum, or the first NaN) —
+ * the same pick as acc_row. The one-thread walk was 4 % of a BERT-Tiny masked-LM step (1229 rows
+ * of 30522 logits). Returns false (nothing done) outside that case. */
+static bool acc_fast(const char *field, cm_tensor *o, const cm_model_batch *b, double *state) {
+    int64_t C, n;
+    int64_t *idx = fast_rows(field, o, b, &C, &n);
+    if (!idx) return false;
+    const int64_t *tgt = idx + cm_tensor_numel(o) / C;
+    const float *x = cm_tensor_data(o);
+    int64_t hits = 0;
+#pragma omp parallel for schedule(static) reduction(+ : hits) if (n * C >= 65536)
+    for (int64_t k = 0; k < n; k++) {
+        const float *row = x + idx[k] * C;
         float mx = row[0];
         int nan = 0;
 #pragma omp simd reduction(max : mx) reduction(| : nan)
@@ -147,11 +165,11 @@ static bool acc_fast(const char *field, cm_tensor *o, const cm_model_batch *b, d
         } else {
             while (row[best] != mx) best++;
         }
-        hits += best == t;
-        n++;
+        hits += best == tgt[k];
     }
     state[0] += (double)hits;
     state[1] += (double)n;
+    cm_free(idx);
     return true;
 }
 
@@ -159,51 +177,35 @@ static cm_status acc_update(const void *self, cm_tensor *o, const cm_model_batch
     if (acc_fast(self, o, b, state)) return CM_OK;
     return over_rows("MulticlassAccuracy", self, o, b, state, acc_row);
 }
-/* Cross-entropy state over contiguous f32 logits (..., C): the general walk (one double exp per
- * logit, one thread) cost seconds per batch on GPT-2's (2048, 50257) logits, twice (cross-entropy
- * and perplexity) — more than the loss itself. Here rows run in parallel with float exp
- * (cmi_vexpf, ≤ 3 ulp) summed in double per 1024-wide block, and per-row results are added in row
- * order, so the sum does not depend on the thread count. Returns false (nothing done) when the
- * inputs are not that simple case or a target is out of range: the general walk then handles it
- * and reports the error. */
+/* Cross-entropy state on fast_rows' case: the general walk (one double exp per logit, one thread)
+ * cost seconds per batch on GPT-2's (2048, 50257) logits, twice (cross-entropy and perplexity) —
+ * more than the loss itself. Here rows run in parallel with float exp (cmi_vexpf, ≤ 3 ulp) summed
+ * in double per 1024-wide block, and per-row results are added in row order, so the sum does not
+ * depend on the thread count. Returns false (nothing done) outside that case. */
 static bool ce_fast(const char *field, cm_tensor *o, const cm_model_batch *b, double *state) {
-    cm_tensor *tgt = cm_model_batch_field(b, field);
-    const int nd = cm_tensor_ndim(o);
-    if (!tgt || cm_tensor_dtype(o) != CM_DTYPE_F32 || !cm_tensor_is_contiguous(o) || nd < 1 ||
-        cm_tensor_ndim(tgt) != nd - 1)
+    int64_t C, n;
+    int64_t *idx = fast_rows(field, o, b, &C, &n);
+    if (!idx) return false;
+    const int64_t *tgt = idx + cm_tensor_numel(o) / C;
+    double *lse = cm_alloc(sizeof(double) * (size_t)(n ? n : 1), 16);
+    if (!lse) {
+        cm_free(idx);
         return false;
-    const cm_dtype tdt = cm_tensor_dtype(tgt);
-    if (tdt != CM_DTYPE_I32 && tdt != CM_DTYPE_I64 && tdt != CM_DTYPE_U8) return false;
-    for (int i = 0; i < nd - 1; i++)
-        if (cm_tensor_dim(tgt, i) != cm_tensor_dim(o, i)) return false;
-    const int64_t C = cm_tensor_dim(o, -1), rows = C ? cm_tensor_numel(o) / C : 0;
-    if (rows == 0) return false;
-    int64_t *idx = cm_alloc(sizeof(int64_t) * (size_t)(2 * rows), 16); /* (rows) row, (rows) target */
-    double *lse = cm_alloc(sizeof(double) * (size_t)rows, 16);
-    bool ok = idx && lse;
-    int64_t n = 0;
-    for (int64_t r = 0; ok && r < rows; r++) {
-        const int64_t t = (int64_t)cm_tensor_get_flat(tgt, r);
-        if (t == -100) continue;
-        if (t < 0 || t >= C) ok = false;
-        idx[n] = r, idx[rows + n] = t, n++;
     }
-    if (ok) {
-        const float *x = cm_tensor_data(o);
+    const float *x = cm_tensor_data(o);
 #pragma omp parallel for schedule(static) if (n * C >= 65536)
-        for (int64_t k = 0; k < n; k++) {
-            const float *row = x + idx[k] * C;
-            float mx = -INFINITY;
+    for (int64_t k = 0; k < n; k++) {
+        const float *row = x + idx[k] * C;
+        float mx = -INFINITY;
 #pragma omp simd reduction(max : mx) /* a NaN makes the sum below NaN whichever way it goes */
-            for (int64_t c = 0; c < C; c++) mx = row[c] > mx ? row[c] : mx;
-            lse[k] = (double)mx + log(cmi_sum_exp(row, C, 1, mx)) - (double)row[idx[rows + k]];
-        }
-        for (int64_t k = 0; k < n; k++) state[0] += lse[k];
-        state[1] += (double)n;
+        for (int64_t c = 0; c < C; c++) mx = row[c] > mx ? row[c] : mx;
+        lse[k] = (double)mx + log(cmi_sum_exp(row, C, 1, mx)) - (double)row[tgt[k]];
     }
+    for (int64_t k = 0; k < n; k++) state[0] += lse[k];
+    state[1] += (double)n;
     cm_free(idx);
     cm_free(lse);
-    return ok;
+    return true;
 }
 
 static cm_status ce_update(const void *self, cm_tensor *o, const cm_model_batch *b, double *state) {
