@@ -503,3 +503,100 @@ Test(cli_train, the_composer_script_example_trains) {
         cr_assert_geq(n, 1, "%s missing from metrics.jsonl", keys[i]);
     }
 }
+
+/* A tensor of a run folder's model.safetensors, as f32 (the caller frees). */
+static cm_tensor *weight(const char *run_name, const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, DIR "/runs/%s/model.safetensors", run_name);
+    cm_safetensors *st;
+    cr_assert_eq(cm_safetensors_open(path, &st), CM_OK, "%s", cm_last_error());
+    cm_tensor *t;
+    cr_assert_eq(cm_safetensors_load(st, name, CM_DTYPE_F32, &t), CM_OK, "%s", cm_last_error());
+    cm_safetensors_close(st);
+    return t;
+}
+
+static bool same_weight(const char *run_a, const char *run_b, const char *name) {
+    cm_tensor *a = weight(run_a, name), *b = weight(run_b, name);
+    bool same = cm_tensor_numel(a) == cm_tensor_numel(b) &&
+                memcmp(cm_tensor_data(a), cm_tensor_data(b), sizeof(float) * (size_t)cm_tensor_numel(a)) == 0;
+    cm_tensor_free(a);
+    cm_tensor_free(b);
+    return same;
+}
+
+/* llm-foundry's optimizer.param_groups and optimizer.disable_grad: a group holding every
+ * parameter is the optimizer with the group's values; a frozen parameter keeps its initial value
+ * bit for bit under decoupled weight decay (it leaves the optimizer, as torch skips a parameter
+ * without a gradient); a group at lr 0 and weight_decay 0 does not move; resuming a run with groups
+ * continues it exactly; bad groups are errors naming the key. */
+Test(cli_train, optimizer_param_groups_and_disable_grad) {
+    const char *base = "train " DIR "/tiny.yaml max_duration=4ba eval_interval=0 optimizer.weight_decay=0.1";
+    char args[1024];
+    int rc;
+    const char *runs[][2] = {
+        {"pg-plain", "optimizer.lr=2.0e-3"},
+        {"pg-all", "\"optimizer.param_groups=[{param_str_match: '.', lr: 2.0e-3}]\""},
+        {"pg-init", "optimizer.lr=0 optimizer.weight_decay=0"},
+        {"pg-frozen", "optimizer.disable_grad=wpe \"optimizer.param_groups=[{param_str_match: 'ln_f', lr: 0, "
+                      "weight_decay: 0}, {param_str_match: 'no_such_layer'}]\""},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        snprintf(args, sizeof args, "%s run_name=%s %s", base, runs[i][0], runs[i][1]);
+        rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 0, "%s: exit %d:\n%s", runs[i][0], rc, out);
+        if (i == 3) {
+            cr_assert(strstr(out, "optimizer.disable_grad 'wpe': 1 parameter (1024 values) frozen") &&
+                          strstr(out, "optimizer.param_groups.0 'ln_f': 2 parameters") &&
+                          strstr(out, "optimizer.param_groups.1: no parameter name matches 'no_such_layer'"),
+                      "%s", out);
+        }
+    }
+    cr_assert(system("cmp -s " DIR "/runs/pg-plain/model.safetensors " DIR "/runs/pg-all/model.safetensors") == 0,
+              "a group of every parameter at lr 2e-3 differs from optimizer.lr=2e-3");
+    cr_assert(!same_weight("pg-plain", "pg-init", "transformer.h.0.attn.c_attn.weight"), "the runs did not train");
+    cr_assert(same_weight("pg-frozen", "pg-init", "transformer.wpe.weight"), "disable_grad: wpe moved");
+    cr_assert(same_weight("pg-frozen", "pg-init", "transformer.ln_f.weight"), "a group at lr 0 moved");
+    cr_assert(same_weight("pg-frozen", "pg-init", "transformer.ln_f.bias"), "a group at lr 0 moved");
+    cr_assert(!same_weight("pg-frozen", "pg-init", "transformer.h.0.attn.c_attn.weight"), "the default group froze");
+
+    /* resumed = uninterrupted, with a group and a frozen parameter */
+    const char *keys = "optimizer.disable_grad=[wpe] \"optimizer.param_groups=[{param_str_match: '[.]h[.]1[.]', lr: "
+                       "3.0e-3, betas: [0.8, 0.9]}]\"";
+    cr_assert_eq(system("rm -rf " DIR "/ck-pg"), 0);
+    snprintf(args, sizeof args, "%s run_name=pg-whole %s", base, keys);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "%s run_name=pg-half %s max_duration=2ba save_folder=" DIR "/ck-pg save_interval=2ba",
+             base, keys);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "%s run_name=pg-resumed %s load_path=" DIR "/ck-pg/ep0-ba2", base, keys);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(system("cmp -s " DIR "/runs/pg-whole/model.safetensors " DIR "/runs/pg-resumed/model.safetensors") == 0,
+              "the resumed run with param_groups differs from the uninterrupted one");
+    cr_assert(!same_weight("pg-whole", "pg-plain", "transformer.h.1.mlp.c_fc.weight"));
+
+    const struct {
+        const char *arg, *want1, *want2;
+    } bads[] = {
+        {"\"optimizer.param_groups=[{param_str_match: '(', lr: 1.0e-3}]\"", "optimizer.param_groups.0.param_str_match",
+         "not a regular expression"},
+        {"\"optimizer.param_groups=[{lr: 1.0e-3}]\"", "optimizer.param_groups.0", "param_str_match is required"},
+        {"\"optimizer.param_groups={param_str_match: ln_f}\"", "optimizer.param_groups", "expected a list"},
+        {"\"optimizer.param_groups=[{param_str_match: ln_f, lrr: 0}]\"", "optimizer.param_groups.0.lrr",
+         "optimizer.param_groups.0.lr"},
+        {"\"optimizer.param_groups=[{param_str_match: ln_f, amsgrad: true}]\"", "optimizer.param_groups.0",
+         "max_exp_avg_sq"},
+        {"\"optimizer.param_groups=[{param_str_match: ln_f, eps: -1}]\"", "optimizer.param_groups.0", "eps"},
+        {"\"optimizer.disable_grad={a: b}\"", "optimizer.disable_grad", "a list of them"},
+        {"\"optimizer.disable_grad=['wte[']\"", "optimizer.disable_grad.0", "not a regular expression"},
+    };
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        snprintf(args, sizeof args, "%s run_name=pg-bad %s", base, bads[i].arg);
+        rc = run(args, out, sizeof out);
+        cr_assert_neq(rc, 0, "%s was accepted:\n%s", bads[i].arg, out);
+        cr_assert(strstr(out, bads[i].want1) && strstr(out, bads[i].want2), "%s:\n%s", bads[i].arg, out);
+    }
+}

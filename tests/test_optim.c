@@ -313,3 +313,102 @@ Test(optim, allocation_failures_leave_the_optimizer_unchanged) {
     cr_assert_eq(cm_optim_new(CM_OPTIM_SGD, &p), CM_ERR_OOM);
     cm_alloc_fail_at(0);
 }
+
+/* ---- cm_optim_assign: part of a span stepped with another group's hyperparameters ---- */
+
+/* The pieces of a 100-element span after the assignments in assigned_pieces_equal_separate_spans:
+ * {lo, hi, group}, group -1 = excluded. */
+static const int pieces[][3] = {{0, 10, 0},  {10, 20, 1}, {20, 40, 2}, {40, 45, 0}, {45, 50, 2}, {50, 60, 0},
+                                {60, 70, -1}, {70, 80, 0}, {80, 85, 1}, {85, 90, 2}, {90, 95, 1}, {95, 100, 0}};
+
+Test(optim, assigned_pieces_step_exactly_like_separate_spans_in_their_groups) {
+    enum { N = 100 };
+    const cm_optim_kind kinds[] = {CM_OPTIM_DECOUPLED_ADAMW, CM_OPTIM_ADAMW, CM_OPTIM_ADAM, CM_OPTIM_SGD,
+                                   CM_OPTIM_DECOUPLED_SGDW};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        const cm_optim_kind kind = kinds[k];
+        cm_optim_hparams hp[3];
+        for (int i = 0; i < 3; i++) hp[i] = cm_optim_hparams_default(kind);
+        hp[0].lr = 1e-2, hp[0].weight_decay = 1e-2, hp[0].momentum = 0.9;
+        hp[1].lr = 1e-3, hp[1].weight_decay = 0, hp[1].beta1 = 0.8, hp[1].momentum = 0.5;
+        hp[2].lr = 5e-2, hp[2].weight_decay = 0.1, hp[2].eps = 1e-4, hp[2].momentum = 0.7, hp[2].nesterov = true;
+        float wa[N], wb[N], ga[N], gb[N];
+        fill(wa, N, 3);
+        memcpy(wb, wa, sizeof wa);
+        cm_optim_span whole = {"w", wa, ga, N};
+        cm_optim *a = make(kind, &hp[0], &whole, 1);
+        cr_assert_eq(cm_optim_add_group(a, &hp[1], NULL, 0), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_optim_add_group(a, &hp[2], NULL, 0), CM_OK, "%s", cm_last_error());
+        const int n_state = cm_optim_n_state(a);
+        cr_assert_eq(cm_optim_assign(a, 1, wa + 10, 20), CM_OK, "%s", cm_last_error());
+        cr_assert_eq(cm_optim_assign(a, 2, wa + 20, 30), CM_OK); /* overlaps the end of [10, 30) */
+        cr_assert_eq(cm_optim_assign(a, 0, wa + 40, 5), CM_OK);  /* back to the span's own group */
+        cr_assert_eq(cm_optim_assign(a, 1, wa + 80, 15), CM_OK);
+        cr_assert_eq(cm_optim_assign(a, 2, wa + 85, 5), CM_OK);  /* inside [80, 95): splits it */
+        cr_assert_eq(cm_optim_assign(a, 1, wa + 62, 3), CM_OK);  /* excluded below: exclusion wins */
+        cr_assert_eq(cm_optim_exclude(a, wa + 60, 10), CM_OK);
+        cr_assert_eq(cm_optim_n_assigned(a), 10 + 20 + 5 + 5 + 5 + 5 + 3, "%s", cm_optim_kind_name(kind));
+        cr_assert_eq(cm_optim_n_state(a), n_state, "assignments must not change the checkpoint's entries");
+
+        cm_optim *b;
+        cr_assert_eq(cm_optim_new(kind, &b), CM_OK);
+        for (int g = 0; g < 3; g++) {
+            cm_optim_span sp[8];
+            int n = 0;
+            char names[8][16];
+            for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++)
+                if (pieces[i][2] == g) {
+                    snprintf(names[n], sizeof names[n], "p%zu", i);
+                    sp[n] = (cm_optim_span){names[n], wb + pieces[i][0], gb + pieces[i][0], pieces[i][1] - pieces[i][0]};
+                    n++;
+                }
+            cr_assert_eq(cm_optim_add_group(b, &hp[g], sp, n), CM_OK, "%s", cm_last_error());
+        }
+        for (int s = 0; s < 4; s++) {
+            fill(ga, N, 100 + (uint64_t)s);
+            memcpy(gb, ga, sizeof ga);
+            const double mult = 1.0 - 0.2 * s;
+            cr_assert_eq(cm_optim_step(a, mult), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_optim_step(b, mult), CM_OK, "%s", cm_last_error());
+        }
+        for (int i = 0; i < N; i++)
+            cr_assert_eq(wa[i], wb[i], "%s: element %d: %.9g assigned vs %.9g as its own span",
+                         cm_optim_kind_name(kind), i, wa[i], wb[i]);
+        float w0[N];
+        fill(w0, N, 3);
+        cr_assert_eq(memcmp(wa + 60, w0 + 60, 10 * sizeof(float)), 0, "excluded elements changed");
+        cr_assert_neq(memcmp(wa + 10, w0 + 10, 10 * sizeof(float)), 0, "assigned elements did not move");
+        cm_optim_free(a);
+        cm_optim_free(b);
+    }
+}
+
+Test(optim, assign_refuses_what_it_cannot_do_and_names_it) {
+    float w[20], g[20], other[4];
+    fill(w, 20, 1);
+    cm_optim_hparams h = cm_optim_hparams_default(CM_OPTIM_ADAMW), ams = h;
+    ams.amsgrad = true;
+    cm_optim_span sp = {"blocks.0", w, g, 20};
+    cm_optim *o = make(CM_OPTIM_ADAMW, &h, &sp, 1);
+    cr_assert_eq(cm_optim_assign(o, 1, w, 5), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "group 1 out of range"), "%s", cm_last_error());
+    cr_assert_eq(cm_optim_add_group(o, &ams, NULL, 0), CM_OK);
+    cr_assert_eq(cm_optim_assign(o, 1, w, 5), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "max_exp_avg_sq") && strstr(cm_last_error(), "blocks.0"), "%s", cm_last_error());
+    cr_assert_eq(cm_optim_add_group(o, &h, NULL, 0), CM_OK);
+    cr_assert_eq(cm_optim_assign(o, 2, other, 4), CM_ERR_NOT_FOUND);
+    cr_assert_eq(cm_optim_assign(o, 2, w + 18, 4), CM_ERR_NOT_FOUND, "a range past the span's end");
+    cr_assert_eq(cm_optim_assign(o, 2, w, -1), CM_ERR_INVALID_ARG);
+    cr_assert_eq(cm_optim_assign(o, 2, w + 3, 0), CM_OK);
+    cr_assert_eq(cm_optim_n_assigned(o), 0);
+    cm_optim_free(o);
+
+    cm_optim_hparams s0 = cm_optim_hparams_default(CM_OPTIM_SGD), s1;
+    s0.lr = 0.1, s1 = s0, s1.momentum = 0.9;
+    cm_optim_span ss = {"w", w, g, 20};
+    o = make(CM_OPTIM_SGD, &s0, &ss, 1);
+    cr_assert_eq(cm_optim_add_group(o, &s1, NULL, 0), CM_OK);
+    cr_assert_eq(cm_optim_assign(o, 1, w, 5), CM_ERR_INVALID_ARG, "momentum against none");
+    cr_assert(strstr(cm_last_error(), "momentum_buffer"), "%s", cm_last_error());
+    cm_optim_free(o);
+}

@@ -87,6 +87,38 @@ typedef struct cli_plugin_entry {
 
 extern const cli_plugin_entry cli_plugin_registry[];
 
+/* The optimizer section (cli_optim.c): the kind, its hyperparameters, and llm-foundry's
+ * disable_grad and param_groups over parameter names (regular expressions, borrowed strings). */
+#include <regex.h>
+typedef struct cli_param_group {
+    const char *pattern; /* param_str_match */
+    regex_t re;
+    cm_optim_hparams hp; /* the optimizer's, with the group's keys over them */
+    char key[64];        /* "optimizer.param_groups.0" */
+} cli_param_group;
+typedef struct cli_name_pattern {
+    const char *pattern;
+    regex_t re;
+    char key[96];        /* "optimizer.disable_grad.1" */
+} cli_name_pattern;
+typedef struct cli_optim {
+    cm_optim_kind kind;
+    cm_optim_hparams hp;
+    cli_param_group *groups;
+    int n_groups;
+    cli_name_pattern *disable;
+    int n_disable;
+} cli_optim;
+/* Reads optimizer.* (errors name the key and its origin). */
+cm_status cli_optim_read(cm_config *c, cli_optim *o);
+/* The optimizer over this rank's parameters: the spans cm_dist_optim_spans gives with data
+ * parallelism (whole units under NO_SHARD, this rank's pieces when sharded), else every wrap unit
+ * of the model; group 0 is the optimizer's, group 1 + i is param_groups[i] (cm_optim_assign), and
+ * disable_grad's parameters are frozen and excluded (cm_optim_exclude). Announces each pattern's
+ * parameter count (and a pattern matching nothing) through cli_say. */
+cm_status cli_optim_make(const cli_optim *o, cm_model *model, cm_dist *dp, const cli_ctx *ctx, cm_optim **out);
+void cli_optim_free(cli_optim *o);
+
 /* The data methods' constructors (cli_data_algos.c). */
 cm_status cli_make_mixup(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);
 cm_status cli_make_cutmix(cm_config *c, const char *path, cli_ctx *ctx, cli_plugin_out *out);

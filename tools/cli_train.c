@@ -64,8 +64,7 @@ typedef struct run {
     char err[2048];
     int err_code;
     /* optimization */
-    cm_optim_kind opt_kind;
-    cm_optim_hparams opt_hp;
+    cli_optim opt_cfg;
     cm_optim *opt;
     cm_sched_config scheds[MAX_SCHEDS];
     int n_scheds;
@@ -92,6 +91,7 @@ static void run_free(run *r) {
     for (int i = 0; i < r->n_cbs; i++) cm_callback_plugin_free(r->cbs[i]);
     for (int i = 0; i < r->n_lgs; i++) cm_logger_plugin_free(r->lgs[i]);
     cm_optim_free(r->opt);
+    cli_optim_free(&r->opt_cfg);
     cm_dataloader_free(r->train_dl);
     cm_dataloader_free(r->eval_dl);
     cm_dataset_free(r->train_ds);
@@ -829,64 +829,10 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
  * Optimizer and schedulers
  * ------------------------------------------------------------------------------------------- */
 
-/* Reads the optimizer's keys; make_optimizer builds it once the parameter spans are known. */
-static cm_status read_optimizer(run *r) {
-    cm_config *c = r->cfg;
-    static const char *const names[] = {
-#define CM_X_(name, str) str,
-        CM_OPTIM_KIND_LIST(CM_X_)
-#undef CM_X_
-    };
-    int kind;
-    TRY(cm_config_get_choice(c, "optimizer.name", names, CM_OPTIM_KIND_COUNT, "decoupled_adamw", &kind));
-    cm_optim_hparams hp = cm_optim_hparams_default((cm_optim_kind)kind);
-    bool sgd = kind == CM_OPTIM_SGD || kind == CM_OPTIM_DECOUPLED_SGDW;
-    if (sgd && !cm_config_has(c, "optimizer.lr"))
-        return bad(c, "optimizer.lr", "required for %s (e.g. optimizer.lr=0.1)", names[kind]);
-    TRY(get_d(c, "optimizer", "lr", hp.lr, &hp.lr));
-    TRY(get_d(c, "optimizer", "weight_decay", hp.weight_decay, &hp.weight_decay));
-    if (sgd) {
-        TRY(get_d(c, "optimizer", "momentum", hp.momentum, &hp.momentum));
-        TRY(get_d(c, "optimizer", "dampening", hp.dampening, &hp.dampening));
-        TRY(get_b(c, "optimizer", "nesterov", hp.nesterov, &hp.nesterov));
-    } else {
-        double betas[2], def[2] = {hp.beta1, hp.beta2};
-        int n;
-        TRY(cm_config_get_doubles(c, "optimizer.betas", def, 2, betas, 2, &n));
-        if (n != 2) return bad(c, "optimizer.betas", "needs 2 values ([0.9, 0.95]), got %d", n);
-        hp.beta1 = betas[0], hp.beta2 = betas[1];
-        TRY(get_d(c, "optimizer", "eps", hp.eps, &hp.eps));
-        TRY(get_b(c, "optimizer", "amsgrad", hp.amsgrad, &hp.amsgrad));
-    }
-    r->opt_kind = (cm_optim_kind)kind;
-    r->opt_hp = hp;
-    return CM_OK;
-}
-
-/* The optimizer over this rank's parameters: with data parallelism the spans cm_dist_optim_spans
- * gives (whole units under NO_SHARD, this rank's shards under SHARD_GRAD_OP / FULL_SHARD, so the
- * optimizer state is sharded too); in one process every wrap unit of the model. */
+/* The optimizer's keys are read by cli_optim_read; make_optimizer builds it once the model is
+ * finalized, placed and (with data parallelism) laid out. */
 static cm_status make_optimizer(run *r) {
-    const cm_optim_span *spans;
-    cm_optim_span *own = NULL;
-    int n;
-    if (r->dp) {
-        TRY(cm_dist_optim_spans(r->dp, &spans, &n));
-    } else {
-        cm_module *root = cm_model_module(r->model);
-        n = cm_module_n_units(root);
-        own = cm_alloc(sizeof *own * (size_t)(n ? n : 1), 16);
-        if (!own) return CM_ERR_OOM;
-        for (int i = 0; i < n; i++) {
-            const cm_unit_info *u = cm_module_unit(root, i);
-            own[i] = (cm_optim_span){u->name, u->params, u->grads, u->numel};
-        }
-        spans = own;
-    }
-    cm_status s = cm_optim_new(r->opt_kind, &r->opt);
-    if (!s && (s = cm_optim_add_group(r->opt, &r->opt_hp, spans, n)) != CM_OK) s = at_key(r->cfg, "optimizer", s);
-    cm_free(own);
-    return s;
+    return cli_optim_make(&r->opt_cfg, r->model, r->dp, &r->ctx, &r->opt);
 }
 
 enum { F_TMAX = 1, F_TWARM = 2, F_STEP = 4, F_DECAY = 8, F_T0 = 16, F_MILE = 32, F_GAMMA = 64, F_ALPHA = 128,
@@ -1276,7 +1222,7 @@ static cm_status build_run(run *r) {
         TRY(cm_config_get_int(c, "eval_subset_num_batches", -1, &r->tc.eval_subset_num_batches));
     }
     if (r->mode == MODE_TRAIN) {
-        TRY(read_optimizer(r));
+        TRY(cli_optim_read(c, &r->opt_cfg));
         TRY(build_schedulers(r));
         r->ctx.run_root = r->run_root;
         r->ctx.model = r->model;
@@ -1346,7 +1292,10 @@ static void print_keys(FILE *f) {
             "                     fields: {column: field}}\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
-            "                     dampening, nesterov (sgd kinds)\n"
+            "                     dampening, nesterov (sgd kinds); disable_grad: REGEX | [REGEX, ..] (freeze\n"
+            "                     the parameters whose names match); param_groups: [{param_str_match: REGEX,\n"
+            "                     lr, weight_decay, ..}, ..] (a matching parameter takes the first group's\n"
+            "                     values; POSIX extended regular expressions, as llm-foundry's re.search)\n"
             "  scheduler:         {name: cosine_with_warmup | linear_decay_with_warmup | constant_with_warmup\n"
             "  schedulers:        | step | multistep | exponential | cosine_annealing | polynomial | ...,\n"
             "                     t_warmup, t_max, alpha_f, alpha_i, alpha, gamma, power, step_size,\n"

@@ -182,6 +182,23 @@ cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n);
 /* The number of elements excluded (over all spans). */
 int64_t cm_optim_n_excluded(const cm_optim *o);
 
+/* Moves part of a span into group g's hyperparameters, as torch's param_groups put a parameter
+ * in a group of its own (llm-foundry's optimizer `param_groups`): the `n` floats at `param` — a
+ * part of one span's parameter buffer, usually one parameter's range of its unit — are updated
+ * with group g's lr (times the schedulers' multiplier), weight decay, betas, eps or momentum,
+ * and the decoupled kinds scale their decay by group g's lr / initial_lr. Their state stays in
+ * the span's buffers under the span's names, so checkpoints keep their layout. Group g usually
+ * holds no spans of its own (cm_optim_add_group with n_spans = 0). A later assignment of the
+ * same elements replaces the earlier one; assigning them to the span's own group undoes it.
+ * Exclusion (cm_optim_exclude) wins over assignment. Not saved in checkpoints (the assignments
+ * come from the run's configuration). Errors: CM_ERR_INVALID_ARG (NULL, n < 0, g out of range,
+ * or group g keeps different state than the span's group: momentum 0 against non-0, amsgrad on
+ * against off — the message names both groups), CM_ERR_NOT_FOUND (no span's buffer holds the
+ * whole range), CM_ERR_OOM. */
+cm_status cm_optim_assign(cm_optim *o, int g, const float *param, int64_t n);
+/* The number of elements assigned to a group other than their span's (over all spans). */
+int64_t cm_optim_n_assigned(const cm_optim *o);
+
 /* Optimizer state, for checkpoints. Entries are named "<span>.<key>" with key one of
  * "step" (i64, 1 element: updates applied to the span), "momentum_buffer" (SGD kinds with
  * momentum ≠ 0), "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad) — f32, n elements —

@@ -82,6 +82,9 @@ typedef struct span {
     char *entry_name[E_COUNT];
     int64_t *excl;       /* (2·n_excl) sorted, disjoint element ranges [lo, hi) that steps skip */
     int n_excl, cap_excl;
+    int64_t *asg;        /* (3·n_asg) sorted, disjoint (lo, hi, group) ranges stepped with another group's */
+    int n_asg;           /* hyperparameters (cm_optim_assign) */
+    int group;           /* the group the span was added to */
     cm_device device;    /* of param, grad and buf (found from the param pointer) */
 } span;
 
@@ -115,6 +118,7 @@ cm_status cm_optim_new(cm_optim_kind kind, cm_optim **out) {
 static void span_release(span *s) {
     cm_free(s->name);
     cm_free(s->excl);
+    cm_free(s->asg);
     for (int e = 0; e < E_COUNT; e++) {
         cmi_dev_free(s->device, s->buf[e]);
         cm_free(s->entry_name[e]);
@@ -270,6 +274,7 @@ cm_status cm_optim_add_group(cm_optim *o, const cm_optim_hparams *hp, const cm_o
             break;
         }
         s->param = sp->param;
+        s->group = o->n_groups;
         s->grad = sp->grad;
         s->n = sp->n;
         s->device = cmi_ptr_device(sp->param);
@@ -462,7 +467,8 @@ static void thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = b1 * 16 < n ? b1 * 16 : n;
 }
 
-static cm_status step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr) {
+/* One step over elements [b0, b1) of span s with group gr's hyperparameters. */
+static cm_status step_sgd(cm_optim_kind kind, const group *gr, span *s, double lr, int64_t b0, int64_t b1) {
     const cm_optim_hparams *h = &gr->hp;
     bool decoupled = kind == CM_OPTIM_DECOUPLED_SGDW && h->weight_decay != 0;
     bool l2 = kind == CM_OPTIM_SGD && h->weight_decay != 0;
@@ -471,29 +477,22 @@ static cm_status step_sgd(cm_optim_kind kind, const group *gr, span *s, double l
                   (float)(1.0 - h->dampening), decoupled ? (float)(1.0 - decay_factor * h->weight_decay) : 1.0f,
                   (float)-lr};
     bool has_mom = h->momentum != 0, first = s->step == 0, nesterov = has_mom && h->nesterov;
-    /* the span minus its excluded ranges, piece by piece (elementwise: the split changes nothing) */
-    for (int r = 0; r <= s->n_excl; r++) {
-        const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
-        const int64_t n = b1 - b0;
-        if (n <= 0) continue;
-        if (s->device != CM_DEVICE_CPU) {
-            const cmi_sgd_args d = {a.p + b0, a.b ? a.b + b0 : NULL, a.g + b0, n, a.l2, a.mom, a.one_minus_damp,
-                                    a.keep, a.neg_lr, has_mom, first, nesterov, decoupled, l2};
-            const cm_status st = cmi_backend_get(s->device)->sgd_step(&d);
-            if (st) return st;
-            continue;
-        }
+    const int64_t n = b1 - b0;
+    if (s->device != CM_DEVICE_CPU) {
+        const cmi_sgd_args d = {a.p + b0, a.b ? a.b + b0 : NULL, a.g + b0, n, a.l2, a.mom, a.one_minus_damp,
+                                a.keep, a.neg_lr, has_mom, first, nesterov, decoupled, l2};
+        return cmi_backend_get(s->device)->sgd_step(&d);
+    }
 #pragma omp parallel if (n >= PAR_MIN)
-        {
-            int64_t lo, hi;
-            thread_range(n, &lo, &hi);
-            sgd_dispatch(&a, b0 + lo, b0 + hi, has_mom, first, nesterov, decoupled, l2);
-        }
+    {
+        int64_t lo, hi;
+        thread_range(n, &lo, &hi);
+        sgd_dispatch(&a, b0 + lo, b0 + hi, has_mom, first, nesterov, decoupled, l2);
     }
     return CM_OK;
 }
 
-static cm_status step_adam(cm_optim_kind kind, const group *gr, span *s, double lr) {
+static cm_status step_adam(cm_optim_kind kind, const group *gr, span *s, double lr, int64_t b0, int64_t b1) {
     const cm_optim_hparams *h = &gr->hp;
     double t = (double)s->step; /* already incremented */
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
@@ -525,22 +524,44 @@ static cm_status step_adam(cm_optim_kind kind, const group *gr, span *s, double 
                    (float)bc2_sqrt,
                    (float)h->eps};
     bool ams = h->amsgrad;
+    const int64_t n = b1 - b0;
+    if (s->device != CM_DEVICE_CPU) {
+        const cmi_adam_args d = {a.p + b0, a.m + b0, a.v + b0, a.vmax ? a.vmax + b0 : NULL, a.g + b0, n, a.keep,
+                                 a.l2, a.b1, a.omb1, a.b2, a.omb2, a.neg_step, a.bc2_sqrt, a.eps, decay, l2, ams};
+        return cmi_backend_get(s->device)->adam_step(&d);
+    }
+#pragma omp parallel if (n >= PAR_MIN)
+    {
+        int64_t lo, hi;
+        thread_range(n, &lo, &hi);
+        adam_dispatch(&a, b0 + lo, b0 + hi, decay, l2, ams);
+    }
+    return CM_OK;
+}
+
+/* One step of span s: the span minus its excluded ranges, piece by piece, each piece with the
+ * hyperparameters of the group it is assigned to (elementwise updates: the split changes
+ * nothing else). The caller advances the step count. */
+static cm_status step_span(const cm_optim *o, span *s, double lr_multiplier) {
+    int a = 0; /* the first assignment that may overlap what is left */
     for (int r = 0; r <= s->n_excl; r++) {
         const int64_t b0 = r == 0 ? 0 : s->excl[2 * r - 1], b1 = r < s->n_excl ? s->excl[2 * r] : s->n;
-        const int64_t n = b1 - b0;
-        if (n <= 0) continue;
-        if (s->device != CM_DEVICE_CPU) {
-            const cmi_adam_args d = {a.p + b0, a.m + b0, a.v + b0, a.vmax ? a.vmax + b0 : NULL, a.g + b0, n, a.keep,
-                                     a.l2, a.b1, a.omb1, a.b2, a.omb2, a.neg_step, a.bc2_sqrt, a.eps, decay, l2, ams};
-            const cm_status st = cmi_backend_get(s->device)->adam_step(&d);
+        for (int64_t pos = b0; pos < b1;) {
+            while (a < s->n_asg && s->asg[3 * a + 1] <= pos) a++;
+            int g = s->group;
+            int64_t end = b1;
+            if (a < s->n_asg && s->asg[3 * a] <= pos) {
+                g = (int)s->asg[3 * a + 2];
+                end = s->asg[3 * a + 1] < b1 ? s->asg[3 * a + 1] : b1;
+            } else if (a < s->n_asg && s->asg[3 * a] < b1) {
+                end = s->asg[3 * a];
+            }
+            const group *gr = &o->groups[g];
+            const double lr = gr->hp.lr * lr_multiplier;
+            const cm_status st = is_sgd(o->kind) ? step_sgd(o->kind, gr, s, lr, pos, end)
+                                                 : step_adam(o->kind, gr, s, lr, pos, end);
             if (st) return st;
-            continue;
-        }
-#pragma omp parallel if (n >= PAR_MIN)
-        {
-            int64_t lo, hi;
-            thread_range(n, &lo, &hi);
-            adam_dispatch(&a, b0 + lo, b0 + hi, decay, l2, ams);
+            pos = end;
         }
     }
     return CM_OK;
@@ -552,24 +573,27 @@ cm_status cm_optim_step(cm_optim *o, double lr_multiplier) {
         return cm_set_error(CM_ERR_INVALID_ARG,
                             "%s step: learning-rate multiplier %g must be finite and ≥ 0 (check the schedulers)",
                             cm_optim_kind_name(o->kind), lr_multiplier);
-    for (int gi = 0; gi < o->n_groups; gi++) {
-        const group *gr = &o->groups[gi];
-        double lr = gr->hp.lr * lr_multiplier;
-        for (int si = gr->first; si < gr->first + gr->count; si++) {
-            span *s = &o->spans[si];
-            if (!s->grad) continue;
-            cm_status st;
-            if (is_sgd(o->kind)) {
-                st = step_sgd(o->kind, gr, s, lr);
-                s->step++;
-            } else {
-                s->step++;
-                st = step_adam(o->kind, gr, s, lr);
-            }
-            if (st) return st;
+    for (int si = 0; si < o->n_spans; si++) { /* spans are stored group by group */
+        span *s = &o->spans[si];
+        if (!s->grad) continue;
+        cm_status st;
+        if (is_sgd(o->kind)) { /* SGD reads the count before it advances (first step: b = d) */
+            st = step_span(o, s, lr_multiplier);
+            s->step++;
+        } else {
+            s->step++;
+            st = step_span(o, s, lr_multiplier);
         }
+        if (st) return st;
     }
     return CM_OK;
+}
+
+static span *span_holding(cm_optim *o, const float *param, int64_t n) {
+    for (int i = 0; i < o->n_spans; i++)
+        if (o->spans[i].param && param >= o->spans[i].param && param + n <= o->spans[i].param + o->spans[i].n)
+            return &o->spans[i];
+    return NULL;
 }
 
 cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n) {
@@ -577,10 +601,7 @@ cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n) {
         return cm_set_error(CM_ERR_INVALID_ARG, "optimizer exclude: NULL optimizer or parameters, or n %lld < 0",
                             (long long)n);
     if (n == 0) return CM_OK;
-    span *sp = NULL;
-    for (int i = 0; i < o->n_spans && !sp; i++)
-        if (o->spans[i].param && param >= o->spans[i].param && param + n <= o->spans[i].param + o->spans[i].n)
-            sp = &o->spans[i];
+    span *sp = span_holding(o, param, n);
     if (!sp)
         return cm_set_error(CM_ERR_NOT_FOUND, "%s: no span holds the %lld parameters to exclude (they must lie in one "
                                               "span's buffer)", cm_optim_kind_name(o->kind), (long long)n);
@@ -606,6 +627,58 @@ cm_status cm_optim_exclude(cm_optim *o, const float *param, int64_t n) {
     cm_free(sp->excl);
     sp->excl = nx, sp->n_excl = m, sp->cap_excl = m;
     return CM_OK;
+}
+
+cm_status cm_optim_assign(cm_optim *o, int g, const float *param, int64_t n) {
+    if (!o || (!param && n > 0) || n < 0)
+        return cm_set_error(CM_ERR_INVALID_ARG, "optimizer assign: NULL optimizer or parameters, or n %lld < 0",
+                            (long long)n);
+    if (g < 0 || g >= o->n_groups)
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s assign: group %d out of range (%d groups)",
+                            cm_optim_kind_name(o->kind), g, o->n_groups);
+    if (n == 0) return CM_OK;
+    span *sp = span_holding(o, param, n);
+    if (!sp)
+        return cm_set_error(CM_ERR_NOT_FOUND, "%s: no span holds the %lld parameters to assign to group %d (they must "
+                                              "lie in one span's buffer)", cm_optim_kind_name(o->kind), (long long)n, g);
+    for (int e = 0; e < E_COUNT; e++)
+        if (uses(o->kind, &o->groups[g].hp, e) != uses(o->kind, &o->groups[sp->group].hp, e))
+            return cm_set_error(CM_ERR_INVALID_ARG,
+                                "%s assign: group %d %s '%s' state and span '%s''s group %d %s (momentum 0 against "
+                                "non-0, or amsgrad on against off): give both groups the same",
+                                cm_optim_kind_name(o->kind), g, uses(o->kind, &o->groups[g].hp, e) ? "keeps" : "has no",
+                                entry_keys[e], sp->name, sp->group, uses(o->kind, &o->groups[g].hp, e) ? "does not" : "does");
+    const int64_t lo = param - sp->param, hi = lo + n;
+    /* the list without [lo, hi) (a range around it splits in two), then [lo, hi) itself */
+    int64_t *nx = cm_alloc(sizeof(int64_t) * 3 * (size_t)(sp->n_asg + 2), 16);
+    if (!nx) return cm_set_error(CM_ERR_OOM, "optimizer assign: out of memory");
+    int m = 0;
+    bool placed = false;
+    for (int r = 0; r <= sp->n_asg; r++) {
+        const bool end = r == sp->n_asg;
+        const int64_t a = end ? INT64_MAX : sp->asg[3 * r], b = end ? INT64_MAX : sp->asg[3 * r + 1],
+                      rg = end ? 0 : sp->asg[3 * r + 2];
+        if (!end && a < lo) { /* the part left of lo */
+            nx[3 * m] = a, nx[3 * m + 1] = b < lo ? b : lo, nx[3 * m + 2] = rg, m++;
+        }
+        if (!placed && (a >= lo || b > lo)) { /* the first range that reaches past lo */
+            if (g != sp->group) nx[3 * m] = lo, nx[3 * m + 1] = hi, nx[3 * m + 2] = g, m++;
+            placed = true;
+        }
+        if (!end && b > hi) { /* the part right of hi */
+            nx[3 * m] = a > hi ? a : hi, nx[3 * m + 1] = b, nx[3 * m + 2] = rg, m++;
+        }
+    }
+    cm_free(sp->asg);
+    sp->asg = nx, sp->n_asg = m;
+    return CM_OK;
+}
+
+int64_t cm_optim_n_assigned(const cm_optim *o) {
+    int64_t n = 0;
+    for (int i = 0; o && i < o->n_spans; i++)
+        for (int r = 0; r < o->spans[i].n_asg; r++) n += o->spans[i].asg[3 * r + 1] - o->spans[i].asg[3 * r];
+    return n;
 }
 
 int64_t cm_optim_n_excluded(const cm_optim *o) {

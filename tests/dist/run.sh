@@ -474,6 +474,19 @@ cli_train_sharding_and_timeout_keys)
                 || fail "$st on $n ranks sampled '$(cat "$tmp/$st$n/s/sample.txt")', 1 process '$(cat "$tmp/ref/ref/sample.txt")'"
         done
     done
+    # optimizer.param_groups and disable_grad on sharded ranks: each rank maps every parameter onto
+    # its piece of the unit (3 ranks cut the units mid-parameter), so the groups and the frozen
+    # parameters are the 1-process ones
+    pg="optimizer.param_groups=[{param_str_match: 'attn', lr: 0.1, weight_decay: 0.01}, {param_str_match: '[.]h[.]1[.]', momentum: 0.5}]"
+    "$composer" train "$tmp/tiny.yaml" run_root="$tmp/ref" run_name=pg "$pg" optimizer.disable_grad=wpe >"$tmp/ref.out" 2>&1 \
+        || { cat "$tmp/ref.out"; fail "1-process train with param_groups"; }
+    grep -q "optimizer.param_groups.0 'attn': [1-9]" "$tmp/ref.out" || { cat "$tmp/ref.out"; fail "param_groups.0 matched nothing"; }
+    for st in SHARD_GRAD_OP:2 FULL_SHARD:3; do
+        n=${st#*:} st=${st%%:*}
+        launch -n $n train "$tmp/tiny.yaml" run_root="$tmp/pg$st" run_name=s parallelism.fsdp.sharding_strategy=$st "$pg" \
+            optimizer.disable_grad=wpe >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "$st on $n ranks with param_groups"; }
+        "$bin/dist_cli_compare" "$tmp/ref/pg" "$tmp/pg$st/s" 2e-6 || fail "$st on $n ranks with param_groups differs from 1 process"
+    done
     # eval under FULL_SHARD gathers each unit as its forward reads it: the same metrics
     "$composer" eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" >"$tmp/eval1.out" 2>&1 || { cat "$tmp/eval1.out"; fail "1-process eval"; }
     launch -n 2 eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" parallelism.fsdp.sharding_strategy=FULL_SHARD \
