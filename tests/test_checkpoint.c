@@ -731,6 +731,23 @@ Test(checkpoint, weights_only_save_load_export_and_inspect) {
     cr_assert_eq(cm_checkpoint_open(dir, &ck), CM_OK, "%s", cm_last_error()); /* a folder: follows latest */
     cr_expect(cm_checkpoint_weights_only(ck));
     cr_expect_eq(cm_checkpoint_timestamp(ck)->batch, 2);
+    cm_checkpoint_close(ck);
+    /* the pointer file itself (as Composer users pass latest-rank0.pt): the checkpoint it names */
+    char *ptr = pjoin(dir, "latest");
+    cr_assert_eq(cm_checkpoint_open(ptr, &ck), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(cm_checkpoint_timestamp(ck)->batch, 2);
+    cm_checkpoint_close(ck);
+    free(ptr);
+    /* any other file is named as what it is */
+    char *bogus = pjoin(dir, "notes.txt");
+    FILE *bf = fopen(bogus, "w");
+    fputs("see ../elsewhere\n", bf);
+    fclose(bf);
+    cr_assert_eq(cm_checkpoint_open(bogus, &ck), CM_ERR_NOT_FOUND);
+    cr_expect(strstr(cm_last_error(), "is a file, not a checkpoint folder"), "%s", cm_last_error());
+    remove(bogus);
+    free(bogus);
+    cr_assert_eq(cm_checkpoint_open(dir, &ck), CM_OK, "%s", cm_last_error());
     cr_expect_str_eq(cm_checkpoint_run_name(ck), "ckpt-test");
     char sum[8192];
     cm_checkpoint_summary(ck, sum, sizeof sum);

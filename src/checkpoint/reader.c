@@ -386,6 +386,27 @@ static cm_status open_impl(const char *path, cmi_ck_fetch_fn fetch, void *fetch_
     ck->fetch_data = fetch_data;
     if (!cmi_is_dir(path)) {
         cm_checkpoint_close(ck);
+        struct stat fb;
+        if (stat(path, &fb) == 0 && S_ISREG(fb.st_mode)) {
+            /* a pointer file (`latest`, as a user passes Composer's latest-rank0.pt): the checkpoint it names */
+            char dir[4096], name[256];
+            const char *slash = strrchr(path, '/');
+            snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+            if (slash == path) snprintf(dir, sizeof dir, "/");
+            cm_status s = read_pointer(dir, slash ? slash + 1 : path, name, sizeof name);
+            if (s) {
+                char msg[1024];
+                snprintf(msg, sizeof msg, "%s", cm_last_error());
+                return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' is a file, not a checkpoint folder or a pointer "
+                                                      "to one (%s)", path, msg);
+            }
+            char *p2 = cmi_path_join(dir, name);
+            if (!p2) return CM_ERR_OOM;
+            s = cmi_is_dir(p2) ? cm_checkpoint_open(p2, out)
+                               : cm_set_error(CM_ERR_NOT_FOUND, "'%s' names '%s', which does not exist", path, name);
+            cm_free(p2);
+            return s;
+        }
         return cm_set_error(CM_ERR_NOT_FOUND, "checkpoint '%s' does not exist (or is not a folder)", path);
     }
     char *mp = cmi_path_join(path, CM_CKPT_MANIFEST);
