@@ -23,6 +23,7 @@
  *     recipes and Composer's lists have (GhostBatchNorm, StochasticDepth, Factorize,
  *     WeightStandardization, GyroDropout, Alibi, GatedLinearUnits, LowPrecisionLayerNorm) trains
  *     the CPU's trajectory on the GPU, on the data-methods rigs (tests/util/cmdata.h).
+ *   - optimizer param_groups (cm_optim_assign) over spans in GPU memory step as on the CPU.
  * Where no GPU can be used the program exits 77 (CTest: skipped). Built with -DCM_CUDA=EMU it runs
  * on the CUDA emulator. The device is probed in a child process (CUDA does not survive the forks
  * Criterion makes for each test).
@@ -35,6 +36,7 @@
 #include "cmtest.h"
 #include "cmtrain.h"
 #include "tensor/backend.h"
+#include "tensor/tensor_impl.h"
 
 #include <composer/callbacks.h>
 #include <composer/data_algos.h>
@@ -1007,3 +1009,49 @@ Test(gpu_train, blur_2d_with_its_default_filter_runs_on_the_gpu) {
 
 
 int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_gpu_train", false); }
+
+/* Optimizer param_groups (cm_optim_assign) over spans in GPU memory: the pieces of each group are
+ * stepped by the backend's kernels at offsets into the span, the excluded range is left alone, and
+ * the result is the CPU optimizer's with the same groups. */
+Test(gpu_train, optimizer_param_groups_step_on_the_gpu_as_on_the_cpu) {
+    enum { N = 70001 };
+    const cm_optim_kind kinds[] = {CM_OPTIM_DECOUPLED_ADAMW, CM_OPTIM_SGD};
+    float *w = malloc(sizeof(float) * N), *g = malloc(sizeof(float) * N), *back = malloc(sizeof(float) * N);
+    for (int k = 0; k < 2; k++) {
+        cm_rng rng = cm_rng_init(11, 0);
+        cm_rng_normal(&rng, w, N, 0.0f, 1.0f);
+        const float w60000 = w[60000];
+        float *dw = cmi_dev_alloc(CM_DEVICE_CUDA, sizeof(float) * N, false),
+              *dg = cmi_dev_alloc(CM_DEVICE_CUDA, sizeof(float) * N, true);
+        cr_assert(dw && dg, "%s", cm_last_error());
+        cr_assert_eq(cmi_dev_memcpy(dw, CM_DEVICE_CUDA, w, CM_DEVICE_CPU, sizeof(float) * N), CM_OK);
+        cm_optim_hparams h0 = cm_optim_hparams_default(kinds[k]), h1 = h0;
+        h0.lr = 1e-2, h0.weight_decay = 1e-2, h0.momentum = 0.9;
+        h1.lr = 3e-3, h1.weight_decay = 0, h1.beta1 = 0.8, h1.momentum = 0.5;
+        cm_optim *o[2];
+        for (int d = 0; d < 2; d++) {
+            float *p = d ? dw : w, *gr = d ? dg : g;
+            cm_optim_span sp = {"w", p, gr, N};
+            cr_assert_eq(cm_optim_new(kinds[k], &o[d]), CM_OK);
+            cr_assert_eq(cm_optim_add_group(o[d], &h0, &sp, 1), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_optim_add_group(o[d], &h1, NULL, 0), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_optim_assign(o[d], 1, p + 100, 30000), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_optim_assign(o[d], 1, p + 50000, 7), CM_OK, "%s", cm_last_error());
+            cr_assert_eq(cm_optim_exclude(o[d], p + 60000, 100), CM_OK, "%s", cm_last_error());
+        }
+        for (int s = 0; s < 3; s++) {
+            cm_rng_normal(&rng, g, N, 0.0f, 1.0f);
+            cr_assert_eq(cmi_dev_memcpy(dg, CM_DEVICE_CUDA, g, CM_DEVICE_CPU, sizeof(float) * N), CM_OK);
+            for (int d = 0; d < 2; d++) cr_assert_eq(cm_optim_step(o[d], 1.0 - 0.25 * s), CM_OK, "%s", cm_last_error());
+        }
+        cr_assert_eq(cmi_dev_memcpy(back, CM_DEVICE_CPU, dw, CM_DEVICE_CUDA, sizeof(float) * N), CM_OK);
+        cmt_assert_close_f32(cm_optim_kind_name(kinds[k]), back, w, N, 1e-6, 1e-5);
+        cr_expect_eq(back[60000], w60000, "an excluded element moved on the GPU");
+        for (int d = 0; d < 2; d++) cm_optim_free(o[d]);
+        cmi_dev_free(CM_DEVICE_CUDA, dw);
+        cmi_dev_free(CM_DEVICE_CUDA, dg);
+    }
+    free(w);
+    free(g);
+    free(back);
+}
