@@ -613,6 +613,10 @@ Test(cli_train, optimizer_param_groups_and_disable_grad) {
          "max_exp_avg_sq"},
         {"\"optimizer.param_groups=[{param_str_match: ln_f, eps: -1}]\"", "optimizer.param_groups.0", "eps"},
         {"\"optimizer.disable_grad={a: b}\"", "optimizer.disable_grad", "a list of them"},
+        {"\"optimizer.param_groups=[{param_str_match: 'h[.]\\\\d[.]', lr: 0}]\"",
+         "optimizer.param_groups.0.param_str_match", "write [0-9]"},
+        {"\"optimizer.disable_grad=['attn.+?bias']\"", "optimizer.disable_grad.0", "lazy quantifier +?"},
+        {"\"optimizer.disable_grad=['(?:wte)']\"", "optimizer.disable_grad.0", "not a regular expression"},
         {"\"optimizer.disable_grad=['wte[']\"", "optimizer.disable_grad.0", "not a regular expression"},
     };
     for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {

@@ -10,9 +10,10 @@
  *                                        keys it does not give are the optimizer's); the rest stay
  *                                        in the default group, as llm-foundry's build_optimizer
  *                                        inserts it at index 0.
- * Patterns are POSIX extended regular expressions searched anywhere in the dotted Hugging Face
- * style name ("bert.encoder.layer.0.attention.self.query.weight"), which covers what these keys
- * are used for (Python's re adds \d, lazy quantifiers and look-arounds, which are errors here). A
+ * Patterns are POSIX extended regular expressions (with GNU's \w \s \b) searched anywhere in the
+ * dotted Hugging Face style name ("bert.encoder.layer.0.attention.self.query.weight"), which
+ * covers what these keys are used for; Python-only syntax (\d and other escapes, lazy quantifiers,
+ * (?:...) and look-arounds) is an error naming the fix, never read as something else. A
  * pattern that matches no parameter is announced, as llm-foundry warns. Groups change how
  * elements of the flat unit buffers are stepped (cm_optim_assign), not the optimizer state's
  * layout, so checkpoints stay elastic and resumable with or without them. */
@@ -75,6 +76,23 @@ static cm_status read_hparams(cm_config *c, const char *prefix, cm_optim_kind ki
 }
 
 static cm_status compile(cm_config *c, const char *key, const char *pattern, regex_t *re) {
+    /* glibc reads an escape it does not know (Python's \d, \A, \Z) as the letter itself: refuse
+     * those rather than match something else than the user's re.search would */
+    for (const char *p = pattern; *p; p++) {
+        if (*p != '\\') continue;
+        const char x = p[1];
+        if (x && ((x >= 'a' && x <= 'z') || (x >= 'A' && x <= 'Z')) && !strchr("wWsSbB", x))
+            return bad(c, key, "'%s': \\%c is Python regex syntax this build does not read (POSIX extended; GNU "
+                               "adds \\w \\s \\b): %s",
+                       pattern, x, x == 'd' ? "write [0-9]" : x == 'D' ? "write [^0-9]" : "rewrite it without");
+        if (x) p++;
+    }
+    /* a lazy quantifier reads as an optional group there ('a+?' as '(a+)?'), which matches more */
+    for (const char *q = "*?+???}?"; *q; q += 2)
+        if (strstr(pattern, (char[3]){q[0], q[1], 0}))
+            return bad(c, key, "'%s': the lazy quantifier %c? is Python regex syntax this build does not read (POSIX "
+                               "extended): drop the '?' (a search matches the same names either way)",
+                       pattern, q[0]);
     const int e = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
     if (e == 0) return CM_OK;
     char why[256];
