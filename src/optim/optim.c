@@ -644,10 +644,10 @@ cm_status cm_optim_assign(cm_optim *o, int g, const float *param, int64_t n) {
     for (int e = 0; e < E_COUNT; e++)
         if (uses(o->kind, &o->groups[g].hp, e) != uses(o->kind, &o->groups[sp->group].hp, e))
             return cm_set_error(CM_ERR_INVALID_ARG,
-                                "%s assign: group %d %s '%s' state and span '%s''s group %d %s (momentum 0 against "
+                                "%s assign: group %d %s '%s' state and group %d (of span '%s') %s (momentum 0 against "
                                 "non-0, or amsgrad on against off): give both groups the same",
                                 cm_optim_kind_name(o->kind), g, uses(o->kind, &o->groups[g].hp, e) ? "keeps" : "has no",
-                                entry_keys[e], sp->name, sp->group, uses(o->kind, &o->groups[g].hp, e) ? "does not" : "does");
+                                entry_keys[e], sp->group, sp->name, uses(o->kind, &o->groups[g].hp, e) ? "does not" : "does");
     const int64_t lo = param - sp->param, hi = lo + n;
     /* the list without [lo, hi) (a range around it splits in two), then [lo, hi) itself */
     int64_t *nx = cm_alloc(sizeof(int64_t) * 3 * (size_t)(sp->n_asg + 2), 16);
