@@ -319,7 +319,7 @@ Test(optim, allocation_failures_leave_the_optimizer_unchanged) {
 /* The pieces of a 100-element span after the assignments in assigned_pieces_equal_separate_spans:
  * {lo, hi, group}, group -1 = excluded. */
 static const int pieces[][3] = {{0, 10, 0},  {10, 20, 1}, {20, 40, 2}, {40, 45, 0}, {45, 50, 2}, {50, 60, 0},
-                                {60, 70, -1}, {70, 80, 0}, {80, 85, 1}, {85, 90, 2}, {90, 95, 1}, {95, 100, 0}};
+                                {60, 70, -1}, {70, 80, 0}, {80, 85, 1}, {85, 90, 2}, {90, 100, 1}};
 
 Test(optim, assigned_pieces_step_exactly_like_separate_spans_in_their_groups) {
     enum { N = 100 };
@@ -345,9 +345,11 @@ Test(optim, assigned_pieces_step_exactly_like_separate_spans_in_their_groups) {
         cr_assert_eq(cm_optim_assign(a, 0, wa + 40, 5), CM_OK);  /* back to the span's own group */
         cr_assert_eq(cm_optim_assign(a, 1, wa + 80, 15), CM_OK);
         cr_assert_eq(cm_optim_assign(a, 2, wa + 85, 5), CM_OK);  /* inside [80, 95): splits it */
+        cr_assert_eq(cm_optim_assign(a, 1, wa + 98, 2), CM_OK);  /* neighbours in one group merge */
+        cr_assert_eq(cm_optim_assign(a, 1, wa + 95, 3), CM_OK);
         cr_assert_eq(cm_optim_assign(a, 1, wa + 62, 3), CM_OK);  /* excluded below: exclusion wins */
         cr_assert_eq(cm_optim_exclude(a, wa + 60, 10), CM_OK);
-        cr_assert_eq(cm_optim_n_assigned(a), 10 + 20 + 5 + 5 + 5 + 5 + 3, "%s", cm_optim_kind_name(kind));
+        cr_assert_eq(cm_optim_n_assigned(a), 10 + 20 + 5 + 5 + 5 + 5 + 5 + 3, "%s", cm_optim_kind_name(kind));
         cr_assert_eq(cm_optim_n_state(a), n_state, "assignments must not change the checkpoint's entries");
 
         cm_optim *b;

@@ -669,8 +669,19 @@ cm_status cm_optim_assign(cm_optim *o, int g, const float *param, int64_t n) {
             nx[3 * m] = a > hi ? a : hi, nx[3 * m + 1] = b, nx[3 * m + 2] = rg, m++;
         }
     }
+    /* neighbours in the same group become one range: one loop (one kernel launch) instead of one
+     * per parameter when whole units are assigned parameter by parameter */
+    int k = 0;
+    for (int r = 0; r < m; r++) {
+        if (k > 0 && nx[3 * (k - 1) + 1] == nx[3 * r] && nx[3 * (k - 1) + 2] == nx[3 * r + 2]) {
+            nx[3 * (k - 1) + 1] = nx[3 * r + 1];
+            continue;
+        }
+        if (k != r) nx[3 * k] = nx[3 * r], nx[3 * k + 1] = nx[3 * r + 1], nx[3 * k + 2] = nx[3 * r + 2];
+        k++;
+    }
     cm_free(sp->asg);
-    sp->asg = nx, sp->n_asg = m;
+    sp->asg = nx, sp->n_asg = k;
     return CM_OK;
 }
 
