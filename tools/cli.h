@@ -13,6 +13,7 @@
 #include <composer/report.h>
 #include <composer/trainer.h>
 
+#include <regex.h>
 #include <stdio.h>
 
 #define EXIT_USAGE 2
@@ -89,7 +90,6 @@ extern const cli_plugin_entry cli_plugin_registry[];
 
 /* The optimizer section (cli_optim.c): the kind, its hyperparameters, and llm-foundry's
  * disable_grad and param_groups over parameter names (regular expressions, borrowed strings). */
-#include <regex.h>
 typedef struct cli_param_group {
     const char *pattern; /* param_str_match */
     regex_t re;
