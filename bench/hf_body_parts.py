@@ -13,6 +13,8 @@ weights and embeddings, LayerNorm weight 1 and bias 0, other biases 0, seed 0), 
   OUT/scaled-0.25       all pretrained, the three embedding tables times 0.25: the same function
                         (the embedding LayerNorm divides the scale out, up to its eps), smaller
                         weights for the optimizer
+  OUT/reinit-top        all pretrained but the top encoder layer (Zhang et al. 2021, "Revisiting
+                        few-sample BERT fine-tuning": the top layers are the most pretraining-specific)
 
 Each is then fine-tuned like the folder itself (docs/PERFORMANCE.md, "What in the pretrained body
 hurts"), e.g. composer train examples/bert-sst2.yaml model.pretrained_model_name_or_path=OUT/words-only.
@@ -93,12 +95,14 @@ def main():
             print(f"{k}: row norm mean {rows.mean():.3f} (new init {np.linalg.norm(r[k], axis=-1).mean():.3f}), "
                   f"mean row's norm {np.linalg.norm(p[k].mean(0)):.3f}")
     emb = lambda k: ".embeddings." in k  # noqa: E731
+    top = f".encoder.layer.{cfg.get('num_hidden_layers', 12) - 1}."
     variants = {
         "embeddings-only": {k: p[k] if emb(k) else r[k] for k in p},
         "encoder-only": {k: r[k] if emb(k) else p[k] for k in p},
         "words-only": {k: p[k] if k in word else r[k] for k in p},
         "all-but-words": {k: r[k] if k in word else p[k] for k in p},
         "scaled-0.25": {k: p[k] * 0.25 if emb(k) and "LayerNorm" not in k else p[k] for k in p},
+        "reinit-top": {k: r[k] if top in k else p[k] for k in p},
     }
     for name, t in variants.items():
         d = os.path.join(a.out, name)
