@@ -152,5 +152,9 @@ void cli_touch_entry(cm_config *c, const char *path);
 
 /* Prints to stdout and to ctx->log (if any). */
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A config error at a key: sets "<origin>: <key>: <message>" (origin as cm_config_origin: file:line:col,
+ * or the override) with status s, and returns s. */
+cm_status cli_key_error(cm_config *c, const char *key, cm_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

@@ -19,16 +19,7 @@ static const char *key(char *buf, size_t cap, const cli_fsdp *f, const char *k) 
 }
 
 /* "<file:line:col>: <prefix.key>: <message>" with status s. */
-static cm_status fail(cm_config *c, const char *path, cm_status s, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static cm_status fail(cm_config *c, const char *path, cm_status s, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    const char *o = cm_config_origin(c, path);
-    return cm_set_error(s, "%s%s%s: %s", o, *o ? ": " : "", path, msg);
-}
+#define fail cli_key_error
 
 /* A bool that, when absent, stays absent (the resolved config shows only what the user wrote:
  * these keys are Composer's, and their defaults are the behaviour of a run without the block). */

@@ -20,7 +20,6 @@
 #include "cli.h"
 
 #include <regex.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,16 +29,7 @@
         if (s_ != CM_OK) return s_; \
     } while (0)
 
-static cm_status bad(cm_config *c, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static cm_status bad(cm_config *c, const char *key, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    const char *o = cm_config_origin(c, key);
-    return cm_set_error(CM_ERR_INVALID_ARG, "%s%s%s: %s", o, *o ? ": " : "", key, msg);
-}
+#define bad(c, key, ...) cli_key_error(c, key, CM_ERR_INVALID_ARG, __VA_ARGS__)
 
 static const char *const kind_names[] = {
 #define CM_X_(name, str) str,
@@ -112,14 +102,19 @@ void cli_optim_free(cli_optim *o) {
     memset(o, 0, sizeof *o);
 }
 
+/* An absent or null key: marked read, nothing to do. */
+static bool absent(cm_config *c, const char *key) {
+    const cm_config_kind k = cm_config_kind_of(c, key);
+    if (k != CM_CONFIG_ABSENT && k != CM_CONFIG_NULL) return false;
+    cm_config_touch(c, key);
+    return true;
+}
+
 /* disable_grad: one pattern or a list of them. */
 static cm_status read_disable(cm_config *c, cli_optim *o) {
     const char *key = "optimizer.disable_grad";
+    if (absent(c, key)) return CM_OK;
     const cm_config_kind k = cm_config_kind_of(c, key);
-    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
-        cm_config_touch(c, key);
-        return CM_OK;
-    }
     const int n = k == CM_CONFIG_SEQ ? cm_config_len(c, key) : 1;
     if (k == CM_CONFIG_MAP) return bad(c, key, "expected a regular expression or a list of them (disable_grad: [norm, bias])");
     o->disable = cm_alloc_zeroed(sizeof *o->disable * (size_t)(n ? n : 1), 16);
@@ -140,11 +135,8 @@ static cm_status read_disable(cm_config *c, cli_optim *o) {
 
 static cm_status read_groups(cm_config *c, cli_optim *o) {
     const char *key = "optimizer.param_groups";
+    if (absent(c, key)) return CM_OK;
     const cm_config_kind k = cm_config_kind_of(c, key);
-    if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
-        cm_config_touch(c, key);
-        return CM_OK;
-    }
     if (k != CM_CONFIG_SEQ)
         return bad(c, key, "expected a list of groups ([{param_str_match: '^bert\\.', lr: 1.0e-4}, ...])");
     const int n = cm_config_len(c, key);

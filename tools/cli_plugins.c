@@ -12,6 +12,16 @@
 #include <string.h>
 #include <strings.h>
 
+cm_status cli_key_error(cm_config *c, const char *key, cm_status s, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *o = cm_config_origin(c, key);
+    return cm_set_error(s, "%s%s%s: %s", o, *o ? ": " : "", key, msg);
+}
+
 void cli_say(const cli_ctx *ctx, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

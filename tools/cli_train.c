@@ -154,16 +154,7 @@ static cm_status get_t(cm_config *c, const char *prefix, const char *key, const 
     return cm_config_get_time(c, keyf(k, sizeof k, prefix, key), def, out);
 }
 /* A value error at a key: "<origin>: <key>: <msg>". */
-static cm_status bad(cm_config *c, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static cm_status bad(cm_config *c, const char *key, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    const char *o = cm_config_origin(c, key);
-    return cm_set_error(CM_ERR_INVALID_ARG, "%s%s%s: %s", o, *o ? ": " : "", key, msg);
-}
+#define bad(c, key, ...) cli_key_error(c, key, CM_ERR_INVALID_ARG, __VA_ARGS__)
 /* Prefixes the current error with the key's origin and name (for library parsers' messages). */
 static cm_status at_key(cm_config *c, const char *key, cm_status s) {
     char msg[1024];
