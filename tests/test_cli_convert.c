@@ -21,14 +21,7 @@
 static char out[1 << 16];
 
 static int run(const char *args) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return cmt_run_capturef(out, sizeof out, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 static void setup(void) { cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR), 0); }

@@ -17,35 +17,7 @@
 #define DIR "build/test_cli_fsdp"
 
 static int run(const char *args, char *out, size_t cap) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
+    return cmt_run_capturef(out, cap, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 /* The base of every config: a tiny GPT (2 blocks) with dropout on, 3 batches, no eval. */
@@ -64,27 +36,27 @@ static void write_file(const char *path, const char *text) {
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR "/data"), 0);
     cmt_char_token_files(DIR "/data", 20000, 2000);
-    write_file(DIR "/plain.yaml", BASE);
+    cmt_write_text(DIR "/plain.yaml", BASE);
     /* ours (parallelism.fsdp), default policy: every GPT2Block */
-    write_file(DIR "/ckpt.yaml", BASE "parallelism:\n"
-                                      "  fsdp:\n"
-                                      "    activation_checkpointing: true\n"
-                                      "    activation_checkpointing_reentrant: false\n"
-                                      "    verbose: true\n");
+    cmt_write_text(DIR "/ckpt.yaml", BASE "parallelism:\n"
+                                          "  fsdp:\n"
+                                          "    activation_checkpointing: true\n"
+                                          "    activation_checkpointing_reentrant: false\n"
+                                          "    verbose: true\n");
     /* llm-foundry's top-level block and its map form of the target */
-    write_file(DIR "/foundry.yaml", BASE "fsdp_config:\n"
-                                         "  sharding_strategy: FULL_SHARD\n"
-                                         "  mixed_precision: FULL\n"
-                                         "  activation_checkpointing: true\n"
-                                         "  activation_checkpointing_target:\n"
-                                         "    GPT2Block: [last-1]\n"
-                                         "  limit_all_gathers: true\n"
-                                         "  use_orig_params: true\n"
-                                         "  forward_prefetch: true\n"
-                                         "  backward_prefetch: BACKWARD_PRE\n"
-                                         "  sync_module_states: true\n"
-                                         "  state_dict_type: full\n"
-                                         "  verbose: true\n");
+    cmt_write_text(DIR "/foundry.yaml", BASE "fsdp_config:\n"
+                                             "  sharding_strategy: FULL_SHARD\n"
+                                             "  mixed_precision: FULL\n"
+                                             "  activation_checkpointing: true\n"
+                                             "  activation_checkpointing_target:\n"
+                                             "    GPT2Block: [last-1]\n"
+                                             "  limit_all_gathers: true\n"
+                                             "  use_orig_params: true\n"
+                                             "  forward_prefetch: true\n"
+                                             "  backward_prefetch: BACKWARD_PRE\n"
+                                             "  sync_module_states: true\n"
+                                             "  state_dict_type: full\n"
+                                             "  verbose: true\n");
 }
 
 TestSuite(cli_fsdp, .init = setup);
@@ -97,7 +69,7 @@ static void losses(const char *run_name, char *buf, size_t cap) {
     char path[256];
     snprintf(path, sizeof path, DIR "/runs/%s/metrics.jsonl", run_name);
     size_t len;
-    char *m = slurp(path, &len);
+    char *m = cmt_read_file(path, &len);
     size_t used = 0;
     buf[0] = 0;
     int n = 0;
@@ -112,7 +84,7 @@ static void losses(const char *run_name, char *buf, size_t cap) {
 
 static void same_file(const char *a, const char *b) {
     size_t la, lb;
-    char *x = slurp(a, &la), *y = slurp(b, &lb);
+    char *x = cmt_read_file(a, &la), *y = cmt_read_file(b, &lb);
     cr_assert(la == lb && memcmp(x, y, la) == 0, "%s and %s differ (%zu and %zu bytes)", a, b, la, lb);
     free(x), free(y);
 }
@@ -154,7 +126,7 @@ Test(cli_fsdp, activation_checkpointing_from_yaml_trains_the_same_bits) {
     same_file(DIR "/runs/ckpt_mb/model.safetensors", DIR "/runs/plain_mb/model.safetensors");
     /* the resolved config keeps what was written, under the section it was written in */
     size_t len;
-    char *cfg = slurp(DIR "/runs/foundry/config.yaml", &len);
+    char *cfg = cmt_read_file(DIR "/runs/foundry/config.yaml", &len);
     cr_assert(strstr(cfg, "fsdp_config:") && strstr(cfg, "activation_checkpointing: true") && !strstr(cfg, "parallelism"),
               "%s", cfg);
     free(cfg);
@@ -185,9 +157,9 @@ Test(cli_fsdp, mixed_precision_default_is_composers_default_and_applies_on_one_p
     cr_assert(strcmp(l[1], l[2]) != 0, "DEFAULT and FULL trained the same losses %s", l[1]);
     cr_assert(strcmp(l[3], l[1]) != 0, "PURE and DEFAULT trained the same losses %s", l[1]);
     /* composer eval reads the parameters as training does: DEFAULT's metrics are not FULL's */
-    write_file(DIR "/ev.yaml", "model: {name: gpt2, preset: tiny}\n"
-                               "eval_loader: {dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}\n"
-                               "eval_subset_num_batches: 2\nprecision: amp_bf16\nparallelism: {fsdp: {verbose: false}}\n");
+    cmt_write_text(DIR "/ev.yaml", "model: {name: gpt2, preset: tiny}\n"
+                                   "eval_loader: {dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}\n"
+                                   "eval_subset_num_batches: 2\nprecision: amp_bf16\nparallelism: {fsdp: {verbose: false}}\n");
     char ev[2][4096];
     for (int i = 0; i < 2; i++) {
         int rc = run(i ? "eval " DIR "/ev.yaml --weights " DIR "/runs/mp_full/model.safetensors "
@@ -315,7 +287,7 @@ Test(cli_fsdp, cpu_offload_on_a_gpu_run_trains_as_the_plain_gpu_run, .timeout = 
     cr_expect_str_eq(ta, tb, "activation offload changes no bit of the losses");
     /* the weights it wrote: the same tensors (the safetensors header: names, dtypes, shapes) */
     size_t la, lb;
-    char *x = slurp(DIR "/runs/offload_gpu/model.safetensors", &la), *y = slurp(DIR "/runs/plain_gpu/model.safetensors", &lb);
+    char *x = cmt_read_file(DIR "/runs/offload_gpu/model.safetensors", &la), *y = cmt_read_file(DIR "/runs/plain_gpu/model.safetensors", &lb);
     cr_assert(la == lb && la > 8, "%zu and %zu bytes", la, lb);
     uint64_t hl = 0;
     memcpy(&hl, x, 8);
@@ -370,7 +342,7 @@ Test(cli_fsdp, bad_values_name_the_key_and_its_line) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char text[2048];
         snprintf(text, sizeof text, "%s%s", BASE, cases[i].yaml);
-        write_file(DIR "/bad.yaml", text);
+        cmt_write_text(DIR "/bad.yaml", text);
         int rc = run("train " DIR "/bad.yaml run_name=bad", out, sizeof out);
         cr_assert_eq(rc, cases[i].rc, "case %zu: exit %d, want %d:\n%s", i, rc, cases[i].rc, out);
         cr_assert(strstr(out, cases[i].want1) && strstr(out, cases[i].want2), "case %zu: want '%s' and '%s' in:\n%s",
@@ -385,7 +357,7 @@ Test(cli_fsdp, one_process_notes_what_sharded_checkpoints_become_and_an_empty_bl
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "state_dict_type: sharded: one process:"), "%s", out);
     /* an empty block (`fsdp_config:`, null) is no block */
-    write_file(DIR "/empty.yaml", BASE "fsdp_config:\n");
+    cmt_write_text(DIR "/empty.yaml", BASE "fsdp_config:\n");
     rc = run("train " DIR "/empty.yaml run_name=empty", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     rc = run("ckpt inspect " DIR "/ck/ep0-ba3", out, sizeof out);
@@ -395,8 +367,8 @@ Test(cli_fsdp, one_process_notes_what_sharded_checkpoints_become_and_an_empty_bl
 
 Test(cli_fsdp, hybrid_shard_on_one_process_is_one_group_of_one_and_minus_one_derives) {
     /* Composer's spelling of "derive it": -1; one process has nothing to shard and says so */
-    write_file(DIR "/hy.yaml", BASE "fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n  data_parallel_shard_degree: -1\n"
-                                    "  data_parallel_replicate_degree: 1\n");
+    cmt_write_text(DIR "/hy.yaml", BASE "fsdp_config:\n  sharding_strategy: HYBRID_SHARD\n  data_parallel_shard_degree: -1\n"
+                                        "  data_parallel_replicate_degree: 1\n");
     int rc = run("train " DIR "/hy.yaml run_name=hy", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "one process: fsdp_config.sharding_strategy HYBRID_SHARD has nothing to shard"), "%s", out);

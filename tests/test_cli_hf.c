@@ -21,26 +21,7 @@
 #define DIR "build/test_cli_hf"
 
 static int run(const char *args, char *out, size_t cap) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "CM_NUM_THREADS=1 %s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static bool exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && st.st_size > 0;
-}
-
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
+    return cmt_run_capturef(out, cap, "CM_NUM_THREADS=1 %s %s", CM_COMPOSER_BIN, args);
 }
 
 /* The first 200 SST-2 training rows and 300 lines of tiny Shakespeare; a fine-tuning config on
@@ -49,53 +30,53 @@ static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR), 0);
     cr_assert_eq(system("head -201 ../shared/data/sst2/train.tsv > " DIR "/sub.tsv"), 0);
     cr_assert_eq(system("head -300 ../shared/data/tinyshakespeare/input.txt > " DIR "/shake.txt"), 0);
-    write_file(DIR "/cls.yaml", "run_name: cls\n"
-                                "run_root: " DIR "/runs\n"
-                                "seed: 5\n"
-                                "progress_bar: false\n"
-                                "model:\n"
-                                "  name: hf\n"
-                                "  pretrained_model_name_or_path: tests/golden/hf/bert-mlm\n"
-                                "  task: sequence_classification\n"
-                                "  num_labels: 2\n"
-                                "train_loader:\n"
-                                "  dataset: {type: tsv, path: " DIR "/sub.tsv, max_seq_len: 16}\n"
-                                "  batch_size: 8\n"
-                                "eval_loader:\n"
-                                "  dataset: {type: sst2, split: dev, max_seq_len: 32}\n"
-                                "  batch_size: 16\n"
-                                "eval_subset_num_batches: 2\n"
-                                "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
-                                "scheduler: {name: linear_decay_with_warmup, t_warmup: 1ba}\n"
-                                "max_duration: 4ba\n"
-                                "eval_interval: 4ba\n"
-                                "save_folder: " DIR "/ckpt\n"
-                                "save_interval: 2ba\n"
-                                "callbacks:\n"
-                                "  hf_checkpointer: {save_folder: " DIR "/runs/cls, huggingface_folder_name: final}\n");
+    cmt_write_text(DIR "/cls.yaml", "run_name: cls\n"
+                                    "run_root: " DIR "/runs\n"
+                                    "seed: 5\n"
+                                    "progress_bar: false\n"
+                                    "model:\n"
+                                    "  name: hf\n"
+                                    "  pretrained_model_name_or_path: tests/golden/hf/bert-mlm\n"
+                                    "  task: sequence_classification\n"
+                                    "  num_labels: 2\n"
+                                    "train_loader:\n"
+                                    "  dataset: {type: tsv, path: " DIR "/sub.tsv, max_seq_len: 16}\n"
+                                    "  batch_size: 8\n"
+                                    "eval_loader:\n"
+                                    "  dataset: {type: sst2, split: dev, max_seq_len: 32}\n"
+                                    "  batch_size: 16\n"
+                                    "eval_subset_num_batches: 2\n"
+                                    "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+                                    "scheduler: {name: linear_decay_with_warmup, t_warmup: 1ba}\n"
+                                    "max_duration: 4ba\n"
+                                    "eval_interval: 4ba\n"
+                                    "save_folder: " DIR "/ckpt\n"
+                                    "save_interval: 2ba\n"
+                                    "callbacks:\n"
+                                    "  hf_checkpointer: {save_folder: " DIR "/runs/cls, huggingface_folder_name: final}\n");
     /* masked LM from a config alone: BERT-Tiny's config.json made smaller, bert-base's vocab.txt */
-    write_file(DIR "/mlm.yaml", "run_name: mlm\n"
-                                "run_root: " DIR "/runs\n"
-                                "seed: 3\n"
-                                "progress_bar: false\n"
-                                "model:\n"
-                                "  name: hf\n"
-                                "  pretrained_model_name_or_path: examples/bert-tiny\n"
-                                "  pretrained: false\n"
-                                "  task: masked_lm\n"
-                                "  config_overrides: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,"
-                                " max_position_embeddings: 64}\n"
-                                "tokenizer: {name: ../shared/data/bert}\n"
-                                "train_loader:\n"
-                                "  dataset:\n"
-                                "    type: text\n"
-                                "    path: [" DIR "/sub.tsv, " DIR "/shake.txt]\n"
-                                "    max_seq_len: 32\n"
-                                "    mlm_probability: 0.3\n"
-                                "  batch_size: 8\n"
-                                "  num_workers: 2\n"
-                                "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
-                                "max_duration: 4ba\n");
+    cmt_write_text(DIR "/mlm.yaml", "run_name: mlm\n"
+                                    "run_root: " DIR "/runs\n"
+                                    "seed: 3\n"
+                                    "progress_bar: false\n"
+                                    "model:\n"
+                                    "  name: hf\n"
+                                    "  pretrained_model_name_or_path: examples/bert-tiny\n"
+                                    "  pretrained: false\n"
+                                    "  task: masked_lm\n"
+                                    "  config_overrides: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,"
+                                    " max_position_embeddings: 64}\n"
+                                    "tokenizer: {name: ../shared/data/bert}\n"
+                                    "train_loader:\n"
+                                    "  dataset:\n"
+                                    "    type: text\n"
+                                    "    path: [" DIR "/sub.tsv, " DIR "/shake.txt]\n"
+                                    "    max_seq_len: 32\n"
+                                    "    mlm_probability: 0.3\n"
+                                    "  batch_size: 8\n"
+                                    "  num_workers: 2\n"
+                                    "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+                                    "max_duration: 4ba\n");
 }
 
 TestSuite(cli_hf, .init = setup, .timeout = 120);
@@ -122,8 +103,8 @@ Test(cli_hf, finetune_from_a_folder_then_export_and_reload) {
               out);
     cr_assert(strstr(out, "metrics/eval/MulticlassAccuracy") && strstr(out, "metrics/eval/CrossEntropy"), "%s", out);
     /* the hf_checkpointer's folder at the end, and the exported checkpoint of the same batch */
-    cr_assert(exists(DIR "/runs/cls/huggingface/final/config.json"), "%s", out);
-    cr_assert(exists(DIR "/runs/cls/huggingface/final/vocab.txt"));
+    cr_assert(cmt_nonempty(DIR "/runs/cls/huggingface/final/config.json"), "%s", out);
+    cr_assert(cmt_nonempty(DIR "/runs/cls/huggingface/final/vocab.txt"));
     rc = run("ckpt export --hf " DIR "/ckpt -o " DIR "/exported", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     int64_t na, nb;
@@ -137,7 +118,7 @@ Test(cli_hf, finetune_from_a_folder_then_export_and_reload) {
     int64_t same = 0;
     for (int64_t i = 0; i < nc && i < na; i++) same += a[i] == c[i];
     cr_assert_lt(same, na / 2, "%lld of %lld weights unchanged by training", (long long)same, (long long)na);
-    cr_assert(exists(DIR "/exported/tokenizer_config.json") && exists(DIR "/exported/special_tokens_map.json"));
+    cr_assert(cmt_nonempty(DIR "/exported/tokenizer_config.json") && cmt_nonempty(DIR "/exported/special_tokens_map.json"));
     free(a), free(b), free(c);
     /* a non-HF export of the same checkpoint still works */
     rc = run("ckpt export " DIR "/ckpt -o " DIR "/plain.safetensors", out, sizeof out);
@@ -158,7 +139,7 @@ Test(cli_hf, bert_examples_chain_pretrain_adapt_finetune) {
              common);
     int rc = run(args, out, sizeof out);
     cr_assert_eq(rc, 0, "bert-mlm.yaml: exit %d:\n%s", rc, out);
-    cr_assert(exists(DIR "/ex-mlm/huggingface/final/model.safetensors"), "%s", out);
+    cr_assert(cmt_nonempty(DIR "/ex-mlm/huggingface/final/model.safetensors"), "%s", out);
     snprintf(args, sizeof args,
              "train examples/bert-tapt.yaml %s train_loader.dataset.path=" DIR "/sub.tsv "
              "model.pretrained_model_name_or_path=" DIR "/ex-mlm/huggingface/final "
@@ -167,7 +148,7 @@ Test(cli_hf, bert_examples_chain_pretrain_adapt_finetune) {
     rc = run(args, out, sizeof out);
     cr_assert_eq(rc, 0, "bert-tapt.yaml: exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "BertForMaskedLM"), "%s", out);
-    cr_assert(exists(DIR "/ex-tapt/huggingface/final/model.safetensors"), "%s", out);
+    cr_assert(cmt_nonempty(DIR "/ex-tapt/huggingface/final/model.safetensors"), "%s", out);
     snprintf(args, sizeof args,
              "train examples/bert-sst2.yaml %s 'train_loader.dataset={type: sst2, path: " DIR "/sub.tsv}' "
              "model.pretrained_model_name_or_path=" DIR "/ex-tapt/huggingface/final",
@@ -195,20 +176,6 @@ Test(cli_hf, eval_uses_the_folder_weights) {
     cr_assert_null(strstr(out, "newly initialized"), "a complete classifier folder has no new head:\n%s", out);
 }
 
-/* The whole file, NUL-terminated (callers strstr it) */
-static void read_all(const char *path, char **data, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *data = malloc(*n + 1);
-    cr_assert_not_null(*data);
-    cr_assert_eq(fread(*data, 1, *n, f), *n);
-    (*data)[*n] = '\0';
-    fclose(f);
-}
-
 /* Masks are a function of (seed, epoch, sample): a run resumed from its batch-2 checkpoint ends
  * with the same weights, bit for bit, as the run that did not stop. */
 Test(cli_hf, mlm_pretraining_resumes_exactly) {
@@ -223,14 +190,14 @@ Test(cli_hf, mlm_pretraining_resumes_exactly) {
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     char *x, *y;
     size_t nx, ny;
-    read_all(DIR "/runs/mlm/model.safetensors", &x, &nx);
-    read_all(DIR "/runs/mlm-b/model.safetensors", &y, &ny);
+    x = cmt_read_file(DIR "/runs/mlm/model.safetensors", &nx);
+    y = cmt_read_file(DIR "/runs/mlm-b/model.safetensors", &ny);
     cr_assert(nx == ny && memcmp(x, y, nx) == 0, "the resumed run's weights differ from the uninterrupted run's");
     free(x), free(y);
     /* the pretrained model exports as a folder that fine-tuning starts from */
     rc = run("ckpt export --hf " DIR "/mlm-ckpt -o " DIR "/mlm-hf", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    cr_assert(exists(DIR "/mlm-hf/vocab.txt") && exists(DIR "/mlm-hf/model.safetensors"));
+    cr_assert(cmt_nonempty(DIR "/mlm-hf/vocab.txt") && cmt_nonempty(DIR "/mlm-hf/model.safetensors"));
     rc = run("train " DIR "/cls.yaml run_name=cls2 save_folder=null callbacks=null model.pretrained_model_name_or_path=" DIR
              "/mlm-hf max_duration=2ba eval_interval=2ba",
              out, sizeof out);
@@ -240,16 +207,16 @@ Test(cli_hf, mlm_pretraining_resumes_exactly) {
 
 Test(cli_hf, gpt2_folder_trains_on_text_and_samples) {
     static char out[1 << 16];
-    write_file(DIR "/gpt.yaml", "run_name: gpt\n"
-                                "run_root: " DIR "/runs\n"
-                                "progress_bar: false\n"
-                                "model: {name: hf, pretrained_model_name_or_path: tests/golden/hf/gpt2, task: causal_lm}\n"
-                                "train_loader:\n"
-                                "  dataset: {type: text, path: " DIR "/shake.txt, max_seq_len: 16}\n"
-                                "  batch_size: 4\n"
-                                "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
-                                "max_duration: 3ba\n"
-                                "sample: {prompt: 'the ', max_new_tokens: 8}\n");
+    cmt_write_text(DIR "/gpt.yaml", "run_name: gpt\n"
+                                    "run_root: " DIR "/runs\n"
+                                    "progress_bar: false\n"
+                                    "model: {name: hf, pretrained_model_name_or_path: tests/golden/hf/gpt2, task: causal_lm}\n"
+                                    "train_loader:\n"
+                                    "  dataset: {type: text, path: " DIR "/shake.txt, max_seq_len: 16}\n"
+                                    "  batch_size: 4\n"
+                                    "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\n"
+                                    "max_duration: 3ba\n"
+                                    "sample: {prompt: 'the ', max_new_tokens: 8}\n");
     int rc = run("train " DIR "/gpt.yaml", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "GPT2LMHeadModel") && strstr(out, "--- sample (8 tokens"), "%s", out);
@@ -274,7 +241,7 @@ static int logged(const char *run_name, const char *key, double *v, int cap) {
     char path[256], *data;
     size_t n;
     snprintf(path, sizeof path, DIR "/runs/%s/metrics.jsonl", run_name);
-    read_all(path, &data, &n);
+    data = cmt_read_file(path, &n);
     char pat[128];
     snprintf(pat, sizeof pat, "\"%s\": ", key);
     int k = 0;
@@ -331,12 +298,12 @@ Test(cli_hf, allow_pad_trimming_trains_and_evaluates_as_padding_to_max_seq_len) 
     expect_fail("train " DIR "/cls.yaml train_loader.dataset.allow_pad_trimming=true train_loader.dataset.pad_to_multiple_of=0",
                 2, "train_loader.dataset.pad_to_multiple_of", "must be >= 1");
     /* a causal-LM text dataset is full rows of ids and labels: nothing to cut by */
-    write_file(DIR "/gpt-trim.yaml", "run_root: " DIR "/runs\n"
-                                     "model: {name: hf, pretrained_model_name_or_path: tests/golden/hf/gpt2, task: causal_lm}\n"
-                                     "train_loader:\n"
-                                     "  dataset: {type: text, path: " DIR "/shake.txt, max_seq_len: 16, allow_pad_trimming: true}\n"
-                                     "  batch_size: 4\n"
-                                     "max_duration: 1ba\n");
+    cmt_write_text(DIR "/gpt-trim.yaml", "run_root: " DIR "/runs\n"
+                                         "model: {name: hf, pretrained_model_name_or_path: tests/golden/hf/gpt2, task: causal_lm}\n"
+                                         "train_loader:\n"
+                                         "  dataset: {type: text, path: " DIR "/shake.txt, max_seq_len: 16, allow_pad_trimming: true}\n"
+                                         "  batch_size: 4\n"
+                                         "max_duration: 1ba\n");
     expect_fail("train " DIR "/gpt-trim.yaml", 1, "train_loader.dataset.allow_pad_trimming", "'attention_mask' field");
 }
 

@@ -24,9 +24,7 @@
 static char out[1 << 16];
 
 static int run(const char *args) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s", CM_COMPOSER_BIN, args);
-    return cmt_run_capture(cmd, out, sizeof out);
+    return cmt_run_capturef(out, sizeof out, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 static void write_config(const char *path, const char *body) {

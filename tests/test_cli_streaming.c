@@ -23,35 +23,7 @@
 static char out[1 << 16];
 
 static int run(const char *args) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    p[n] = 0;
-    *len = (size_t)n;
-    return p;
+    return cmt_run_capturef(out, sizeof out, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 /* The "loss/train/total" values of metrics.jsonl lines from batch index `from` on (0-based: the
@@ -88,31 +60,31 @@ Test(cli_streaming, cifar_from_a_bucket_resumes_mid_epoch_bit_for_bit, .timeout 
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "160 samples -> 5 MDS shards in s3://bkt/cifar"), "%s", out);
     /* 10 batches an epoch; checkpoints every 4 (mid-epoch), 14 batches in all */
-    write_text(DIR "/cifar.yaml", "run_name: a\n"
-                                  "run_root: " DIR "/runs\n"
-                                  "max_duration: 14ba\n"
-                                  "eval_interval: 0\n"
-                                  "progress_bar: false\n"
-                                  "seed: 17\n"
-                                  "model: {name: cnn, preset: cifar10, channels: [4, 8], hidden: 16}\n"
-                                  "train_loader:\n"
-                                  "  batch_size: 16\n"
-                                  "  dataset:\n"
-                                  "    type: streaming\n"
-                                  "    remote: s3://bkt/cifar\n"
-                                  "    local: " DIR "/cache-a\n"
-                                  "    shuffle: true\n"
-                                  "    shuffle_block_size: 50\n"
-                                  "    validate_hash: xxh64\n"
-                                  "    image_h: 32\n"
-                                  "    image_w: 32\n"
-                                  "    image_c: 3\n"
-                                  "    crop_padding: 4\n"
-                                  "    hflip_p: 0.5\n"
-                                  "    fields: {x: image, y: label}\n"
-                                  "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-                                  "save_folder: " DIR "/ck-a\n"
-                                  "save_interval: 4ba\n");
+    cmt_write_text(DIR "/cifar.yaml", "run_name: a\n"
+                                      "run_root: " DIR "/runs\n"
+                                      "max_duration: 14ba\n"
+                                      "eval_interval: 0\n"
+                                      "progress_bar: false\n"
+                                      "seed: 17\n"
+                                      "model: {name: cnn, preset: cifar10, channels: [4, 8], hidden: 16}\n"
+                                      "train_loader:\n"
+                                      "  batch_size: 16\n"
+                                      "  dataset:\n"
+                                      "    type: streaming\n"
+                                      "    remote: s3://bkt/cifar\n"
+                                      "    local: " DIR "/cache-a\n"
+                                      "    shuffle: true\n"
+                                      "    shuffle_block_size: 50\n"
+                                      "    validate_hash: xxh64\n"
+                                      "    image_h: 32\n"
+                                      "    image_w: 32\n"
+                                      "    image_c: 3\n"
+                                      "    crop_padding: 4\n"
+                                      "    hflip_p: 0.5\n"
+                                      "    fields: {x: image, y: label}\n"
+                                      "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                                      "save_folder: " DIR "/ck-a\n"
+                                      "save_interval: 4ba\n");
     rc = run("train " DIR "/cifar.yaml");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "160 train samples") && strstr(out, "trained 14 batches"), "%s", out);
@@ -123,7 +95,7 @@ Test(cli_streaming, cifar_from_a_bucket_resumes_mid_epoch_bit_for_bit, .timeout 
     cr_assert(strstr(out, "resumed from checkpoint") && strstr(out, "ep0-ba4") && strstr(out, "trained 14 batches"), "%s",
               out);
     size_t na, nb;
-    char *a = slurp(DIR "/runs/a/model.safetensors", &na), *b = slurp(DIR "/runs/b/model.safetensors", &nb);
+    char *a = cmt_read_file(DIR "/runs/a/model.safetensors", &na), *b = cmt_read_file(DIR "/runs/b/model.safetensors", &nb);
     cr_assert(na == nb && memcmp(a, b, na) == 0, "the resumed run's weights differ from the uninterrupted run's");
     free(a), free(b);
     char la[16][64], lb[16][64];
@@ -148,24 +120,24 @@ Test(cli_streaming, streams_weights_set_the_epoch_and_bad_settings_are_named, .t
     rc = run("data convert --to mds ../shared/data/mnist --split test -o " DIR "/m2 --limit 30 -q");
     cr_assert_eq(rc, 0, "%s", out);
     /* 20 of the first stream and twice the second: 80 samples an epoch, 5 batches of 16 */
-    write_text(DIR "/mnist.yaml", "run_name: s\n"
-                                  "run_root: " DIR "/runs\n"
-                                  "max_duration: 1ep\n"
-                                  "eval_interval: 0\n"
-                                  "progress_bar: false\n"
-                                  "model: {name: mlp, preset: mnist_small}\n"
-                                  "train_loader:\n"
-                                  "  batch_size: 16\n"
-                                  "  dataset:\n"
-                                  "    type: streaming\n"
-                                  "    shuffle: true\n"
-                                  "    image_h: 28\n"
-                                  "    image_c: 1\n"
-                                  "    fields: {x: image, y: label}\n"
-                                  "    streams:\n"
-                                  "      first: {local: " DIR "/m1, choose: 20}\n"
-                                  "      second: {local: " DIR "/m2, repeat: 2}\n"
-                                  "optimizer: {name: sgd, lr: 0.01}\n");
+    cmt_write_text(DIR "/mnist.yaml", "run_name: s\n"
+                                      "run_root: " DIR "/runs\n"
+                                      "max_duration: 1ep\n"
+                                      "eval_interval: 0\n"
+                                      "progress_bar: false\n"
+                                      "model: {name: mlp, preset: mnist_small}\n"
+                                      "train_loader:\n"
+                                      "  batch_size: 16\n"
+                                      "  dataset:\n"
+                                      "    type: streaming\n"
+                                      "    shuffle: true\n"
+                                      "    image_h: 28\n"
+                                      "    image_c: 1\n"
+                                      "    fields: {x: image, y: label}\n"
+                                      "    streams:\n"
+                                      "      first: {local: " DIR "/m1, choose: 20}\n"
+                                      "      second: {local: " DIR "/m2, repeat: 2}\n"
+                                      "optimizer: {name: sgd, lr: 0.01}\n");
     rc = run("train " DIR "/mnist.yaml");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "80 train samples") || strstr(out, "trained 5 batches"), "%s", out);
@@ -219,18 +191,18 @@ Test(cli_streaming, remote_save_folder_gets_the_run_folder_at_every_checkpoint, 
     setenv("TMPDIR", stage, 1);
     int rc = run("data convert --to mds ../shared/data/mnist -o " DIR "/m --limit 96 -q");
     cr_assert_eq(rc, 0, "%s", out);
-    write_text(DIR "/up.yaml", "run_name: up\n"
-                               "run_root: " DIR "/runs\n"
-                               "max_duration: 6ba\n"
-                               "eval_interval: 0\n"
-                               "progress_bar: false\n"
-                               "model: {name: mlp, preset: mnist_small}\n"
-                               "train_loader:\n"
-                               "  batch_size: 16\n"
-                               "  dataset: {type: streaming, local: " DIR "/m, image_h: 28, image_c: 1, fields: {x: image, y: label}}\n"
-                               "optimizer: {name: sgd, lr: 0.01}\n"
-                               "save_folder: s3://bkt/live\n"
-                               "save_interval: 2ba\n");
+    cmt_write_text(DIR "/up.yaml", "run_name: up\n"
+                                   "run_root: " DIR "/runs\n"
+                                   "max_duration: 6ba\n"
+                                   "eval_interval: 0\n"
+                                   "progress_bar: false\n"
+                                   "model: {name: mlp, preset: mnist_small}\n"
+                                   "train_loader:\n"
+                                   "  batch_size: 16\n"
+                                   "  dataset: {type: streaming, local: " DIR "/m, image_h: 28, image_c: 1, fields: {x: image, y: label}}\n"
+                                   "optimizer: {name: sgd, lr: 0.01}\n"
+                                   "save_folder: s3://bkt/live\n"
+                                   "save_interval: 2ba\n");
     /* what a profiler would leave in a subfolder goes too */
     cr_assert_eq(system("mkdir -p " DIR "/runs/up/traces && echo '{}' > " DIR "/runs/up/traces/rank0.json"), 0);
     rc = run("train " DIR "/up.yaml");

@@ -18,39 +18,25 @@
 static char out[1 << 16];
 
 static int run(const char *args) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "CM_NUM_THREADS=2 %s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fputs(text, f);
-    fclose(f);
+    return cmt_run_capturef(out, sizeof out, "CM_NUM_THREADS=2 %s %s", CM_COMPOSER_BIN, args);
 }
 
 static void setup(void) {
     cr_assert_eq(system("rm -rf " DIR " && mkdir -p " DIR), 0);
-    write_file(DIR "/resnet.yaml",
-               "run_root: " DIR "/runs\n"
-               "max_duration: 3ba\n"
-               "eval_interval: 0\n"
-               "progress_bar: false\n"
-               "model: {name: resnet, preset: resnet20}\n"
-               "train_loader: {dataset: {type: cifar10, dir: ../shared/data/cifar10}, batch_size: 16}\n"
-               "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-               "algorithms:\n"
-               "  blurpool: {min_channels: 16}\n"
-               "  squeeze_excite: {latent_channels: 0.25, min_channels: 32}\n"
-               "  stochastic_depth: {target_layer_name: ResNetBasicBlock, drop_rate: 0.1}\n"
-               "  ghost_batchnorm: {ghost_batch_size: 8}\n"
-               "  channels_last: {}\n");
+    cmt_write_text(DIR "/resnet.yaml",
+                   "run_root: " DIR "/runs\n"
+                   "max_duration: 3ba\n"
+                   "eval_interval: 0\n"
+                   "progress_bar: false\n"
+                   "model: {name: resnet, preset: resnet20}\n"
+                   "train_loader: {dataset: {type: cifar10, dir: ../shared/data/cifar10}, batch_size: 16}\n"
+                   "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                   "algorithms:\n"
+                   "  blurpool: {min_channels: 16}\n"
+                   "  squeeze_excite: {latent_channels: 0.25, min_channels: 32}\n"
+                   "  stochastic_depth: {target_layer_name: ResNetBasicBlock, drop_rate: 0.1}\n"
+                   "  ghost_batchnorm: {ghost_batch_size: 8}\n"
+                   "  channels_last: {}\n");
 }
 
 TestSuite(cli_surgery, .init = setup);
@@ -88,19 +74,19 @@ Test(cli_surgery, gpt2_with_alibi_and_low_precision_layernorm_under_amp) {
                  0);
     int rc = run("data tokenize --tokenizer char " DIR "/tok/a.txt -o " DIR "/tok");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    write_file(DIR "/gpt.yaml", "run_root: " DIR "/runs\n"
-                                "run_name: g1\n"
-                                "max_duration: 3ba\n"
-                                "eval_interval: 0\n"
-                                "progress_bar: false\n"
-                                "precision: amp_bf16\n"
-                                "model: {name: gpt2, preset: tiny}\n"
-                                "train_loader: {dataset: {type: tokens, dir: " DIR "/tok}, batch_size: 4}\n"
-                                "sample: {max_new_tokens: 4}\n"
-                                "algorithms:\n"
-                                "  low_precision_layernorm: {}\n"
-                                "  alibi: {max_sequence_length: 64, train_sequence_length_scaling: 1}\n"
-                                "  fused_layernorm: {}\n");
+    cmt_write_text(DIR "/gpt.yaml", "run_root: " DIR "/runs\n"
+                                    "run_name: g1\n"
+                                    "max_duration: 3ba\n"
+                                    "eval_interval: 0\n"
+                                    "progress_bar: false\n"
+                                    "precision: amp_bf16\n"
+                                    "model: {name: gpt2, preset: tiny}\n"
+                                    "train_loader: {dataset: {type: tokens, dir: " DIR "/tok}, batch_size: 4}\n"
+                                    "sample: {max_new_tokens: 4}\n"
+                                    "algorithms:\n"
+                                    "  low_precision_layernorm: {}\n"
+                                    "  alibi: {max_sequence_length: 64, train_sequence_length_scaling: 1}\n"
+                                    "  fused_layernorm: {}\n");
     rc = run("train " DIR "/gpt.yaml");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "trained 3 batches"), "%s", out);

@@ -17,37 +17,17 @@
 
 /* Runs `composer ARGS` with stdout+stderr captured into out; returns the exit status. */
 static int run(const char *args, char *out, size_t cap) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static uint8_t *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
+    return cmt_run_capturef(out, cap, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 
 /* Checks OUTDIR/NAME's header and returns its tokens (uint16) widened to int32 (malloc'ed). */
 static int32_t *read_tokens(const char *dir, const char *name, int64_t want_n) {
-    char path[256];
+    char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = (uint8_t *)cmt_read_file(path, &len);
     cr_assert_eq(le32(b), 20240520u, "%s: magic %u", path, le32(b));
     cr_assert_eq(le32(b + 4), 1u, "%s: version %u (uint16 expected)", path, le32(b + 4));
     cr_assert_eq((int64_t)le32(b + 8), want_n, "%s: header count %u, want %lld", path, le32(b + 8), (long long)want_n);

@@ -18,13 +18,7 @@
 static char out[1 << 16];
 
 static int run(const char *args) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    int rc;
-    char *o = cmt_run(cmd, &rc);
-    snprintf(out, sizeof out, "%s", o);
-    free(o);
-    return rc;
+    return cmt_run_capturef(out, sizeof out, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 static void setup(void) {

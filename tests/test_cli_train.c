@@ -20,19 +20,7 @@
 #define DIR "build/test_cli_train"
 
 static int run(const char *args, char *out, size_t cap) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static bool exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && st.st_size > 0;
+    return cmt_run_capturef(out, cap, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 /* A char tokenizer and train/val token files from the first 40 kB of tiny Shakespeare, and a
@@ -99,7 +87,7 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         char p[256];
         snprintf(p, sizeof p, DIR "/runs/tiny/%s", files[i]);
-        cr_assert(exists(p), "%s missing or empty; output:\n%s", p, out);
+        cr_assert(cmt_nonempty(p), "%s missing or empty; output:\n%s", p, out);
     }
     /* the metrics file has the train loss and the eval metrics */
     char cmd[256];
@@ -115,7 +103,7 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
              "eval_interval=0",
              out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    cr_assert(exists(DIR "/ck/ep0-ba4/manifest.json"), "no checkpoint at batch 4:\n%s", out);
+    cr_assert(cmt_nonempty(DIR "/ck/ep0-ba4/manifest.json"), "no checkpoint at batch 4:\n%s", out);
     rc = run("train " DIR "/tiny.yaml run_name=tiny_ck save_folder=" DIR "/ck save_interval=2ba max_duration=7ba "
              "eval_interval=0 autoresume=true",
              out, sizeof out);
@@ -248,7 +236,7 @@ Test(cli_train, device_gpu_trains_or_says_what_is_missing, .timeout = 900) {
     if (gpu) {
         cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
         cr_assert(strstr(out, "trained 2 batches"), "%s", out);
-        cr_assert(exists(DIR "/runs/tiny_gpu/model.safetensors") && exists(DIR "/runs/tiny_gpu/sample.txt"), "%s", out);
+        cr_assert(cmt_nonempty(DIR "/runs/tiny_gpu/model.safetensors") && cmt_nonempty(DIR "/runs/tiny_gpu/sample.txt"), "%s", out);
     } else {
         cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
         cr_assert(strstr(out, "device gpu:") && strstr(out, "not available"), "%s", out);
@@ -402,7 +390,7 @@ Test(cli_train, mnist_mlp_trains_a_few_batches) {
     int rc = run("train " DIR "/mnist.yaml", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "trained 3 batches"), "%s", out);
-    cr_assert(exists(DIR "/runs/mnist/model.safetensors"));
+    cr_assert(cmt_nonempty(DIR "/runs/mnist/model.safetensors"));
     rc = run("eval " DIR "/mnist.yaml --weights " DIR "/runs/mnist/model.safetensors", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "metrics/eval/MulticlassAccuracy"), "%s", out);
@@ -482,10 +470,10 @@ Test(cli_train, callbacks_and_profiler_from_yaml) {
              "'profiler={schedule: {warmup: 0, active: 2}}'",
              out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    cr_assert(exists(DIR "/runs/cbs2/traces/ep0-ba2-rank0.json"), "profiler trace missing:\n%s", out);
-    cr_assert(exists(DIR "/runs/cbs2/memory_traces/rank0.2.memory_snapshot.json"), "memory snapshot missing");
-    cr_assert(exists(DIR "/ck-cbs2/ep0-ba3/manifest.json"), "CheckpointSaver's checkpoint missing");
-    cr_assert(!exists(DIR "/ck-cbs2/ep0-ba2/manifest.json"), "num_checkpoints_to_keep 1 kept ep0-ba2");
+    cr_assert(cmt_nonempty(DIR "/runs/cbs2/traces/ep0-ba2-rank0.json"), "profiler trace missing:\n%s", out);
+    cr_assert(cmt_nonempty(DIR "/runs/cbs2/memory_traces/rank0.2.memory_snapshot.json"), "memory snapshot missing");
+    cr_assert(cmt_nonempty(DIR "/ck-cbs2/ep0-ba3/manifest.json"), "CheckpointSaver's checkpoint missing");
+    cr_assert(!cmt_nonempty(DIR "/ck-cbs2/ep0-ba2/manifest.json"), "num_checkpoints_to_keep 1 kept ep0-ba2");
     cr_assert(strstr(out, "Self time total"), "the op table is printed:\n%s", out);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "grep -c '^\\[text\\] generate/0' " DIR "/runs/cbs2/log.txt");
@@ -533,7 +521,7 @@ Test(cli_train, the_composer_script_example_trains) {
                  out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "trained 6 batches"), "%s", out);
-    cr_assert(exists(DIR "/ck-mc/ep0-ba6/manifest.json"), "no checkpoint:\n%s", out);
+    cr_assert(cmt_nonempty(DIR "/ck-mc/ep0-ba6/manifest.json"), "no checkpoint:\n%s", out);
     const char *keys[] = {"throughput/samples_per_sec", "lr-DecoupledAdamW/group0", "memory/rss_bytes",
                           "metrics/eval/MulticlassAccuracy"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {

@@ -18,14 +18,7 @@
 #define DIR "build/test_cli_train_algos"
 
 static int run(const char *args, char *out, size_t cap) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", CM_COMPOSER_BIN, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return cmt_run_capturef(out, cap, "%s %s", CM_COMPOSER_BIN, args);
 }
 
 /* Token files from the first 20 kB of tiny Shakespeare and a config that trains a tiny GPT for

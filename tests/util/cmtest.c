@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -353,6 +354,34 @@ char *cmt_slurp(const char *path, size_t *len) {
     s[n] = '\0';
     if (len) *len = n;
     return s;
+}
+
+int cmt_run_capturef(char *out, size_t cap, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    cr_assert(n >= 0 && (size_t)n < sizeof cmd, "command of %d bytes does not fit %zu", n, sizeof cmd);
+    return cmt_run_capture(cmd, out, cap);
+}
+
+char *cmt_read_file(const char *path, size_t *len) {
+    char *s = cmt_slurp(path, len);
+    cr_assert_not_null(s, "cannot read %s", path);
+    return s;
+}
+
+void cmt_write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    cr_assert(fputs(text, f) >= 0, "cannot write %s", path);
+    cr_assert_eq(fclose(f), 0, "cannot write %s", path);
+}
+
+bool cmt_nonempty(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_size > 0;
 }
 
 void cmt_char_token_files(const char *dir, size_t text_bytes, int64_t val_tokens) {

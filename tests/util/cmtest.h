@@ -78,6 +78,9 @@ cm_tensor *cmt_golden_on_tape(cmt_golden *g, cm_tape *tp, const char *name, bool
 /* Runs a shell command with stderr joined to stdout, keeping the first cap - 1 bytes of the output
  * in out (NUL-terminated); returns the exit status (128 when it did not exit normally). */
 int cmt_run_capture(const char *cmd, char *out, size_t cap);
+/* cmt_run_capture of the command the printf-style format makes, e.g. the CLI tests'
+ * cmt_run_capturef(out, cap, "%s %s", CM_COMPOSER_BIN, args). */
+int cmt_run_capturef(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* main() of a test executable that needs a GPU: probes CUDA in a child process (CUDA initialised
  * here would be unusable in Criterion's forked workers); without a usable GPU prints
@@ -86,6 +89,12 @@ int cmt_run_capture(const char *cmd, char *out, size_t cap);
 int cmt_gpu_main(int argc, char *argv[], const char *name, bool describe);
 /* The whole file (malloc'd, NUL-terminated; *len if not NULL), or NULL if it cannot be read. */
 char *cmt_slurp(const char *path, size_t *len);
+/* cmt_slurp that fails the test naming the path when the file cannot be read. */
+char *cmt_read_file(const char *path, size_t *len);
+/* Writes text to path (replacing it); fails the test naming the path when it cannot. */
+void cmt_write_text(const char *path, const char *text);
+/* Whether path is a file (or anything stat sees) of at least one byte. */
+bool cmt_nonempty(const char *path);
 
 /* Character-level token files for the CLI tests, from the first text_bytes (at most 65536) of tiny
  * Shakespeare (../shared/data/tinyshakespeare/input.txt): dir/train.bin with every token but the
