@@ -474,6 +474,19 @@ cli_train_sharding_and_timeout_keys)
                 || fail "$st on $n ranks sampled '$(cat "$tmp/$st$n/s/sample.txt")', 1 process '$(cat "$tmp/ref/ref/sample.txt")'"
         done
     done
+    # eval under FULL_SHARD gathers each unit as its forward reads it: the same metrics
+    "$composer" eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" >"$tmp/eval1.out" 2>&1 || { cat "$tmp/eval1.out"; fail "1-process eval"; }
+    launch -n 2 eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" parallelism.fsdp.sharding_strategy=FULL_SHARD \
+        >"$tmp/eval2.out" 2>&1 || { cat "$tmp/eval2.out"; fail "FULL_SHARD eval on 2 ranks"; }
+    grep metrics/ "$tmp/eval1.out" >"$tmp/m1"
+    grep metrics/ "$tmp/eval2.out" >"$tmp/m2"
+    [ -s "$tmp/m1" ] && cmp -s "$tmp/m1" "$tmp/m2" || fail "FULL_SHARD eval printed $(cat "$tmp/m2"), 1 process $(cat "$tmp/m1")"
+    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" dist_timeout=0 >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -q "dist_timeout: 0 must be > 0" "$tmp/out" || { cat "$tmp/out"; fail "dist_timeout=0: exit $rc"; }
+    ;;
+cli_train_param_groups_on_ranks)
+    cli_setup
     # optimizer.param_groups and disable_grad on sharded ranks: each rank maps every parameter onto
     # its piece of the unit (3 ranks cut the units mid-parameter), so the groups and the frozen
     # parameters are the 1-process ones
@@ -487,16 +500,6 @@ cli_train_sharding_and_timeout_keys)
             optimizer.disable_grad=wpe >"$tmp/out" 2>&1 || { cat "$tmp/out"; fail "$st on $n ranks with param_groups"; }
         "$bin/dist_cli_compare" "$tmp/ref/pg" "$tmp/pg$st/s" 2e-6 || fail "$st on $n ranks with param_groups differs from 1 process"
     done
-    # eval under FULL_SHARD gathers each unit as its forward reads it: the same metrics
-    "$composer" eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" >"$tmp/eval1.out" 2>&1 || { cat "$tmp/eval1.out"; fail "1-process eval"; }
-    launch -n 2 eval "$tmp/tiny.yaml" --weights "$tmp/ref/ref/model.safetensors" parallelism.fsdp.sharding_strategy=FULL_SHARD \
-        >"$tmp/eval2.out" 2>&1 || { cat "$tmp/eval2.out"; fail "FULL_SHARD eval on 2 ranks"; }
-    grep metrics/ "$tmp/eval1.out" >"$tmp/m1"
-    grep metrics/ "$tmp/eval2.out" >"$tmp/m2"
-    [ -s "$tmp/m1" ] && cmp -s "$tmp/m1" "$tmp/m2" || fail "FULL_SHARD eval printed $(cat "$tmp/m2"), 1 process $(cat "$tmp/m1")"
-    launch -n 2 train "$tmp/tiny.yaml" run_root="$tmp/runs" dist_timeout=0 >"$tmp/out" 2>&1
-    rc=$?
-    [ $rc = 2 ] && grep -q "dist_timeout: 0 must be > 0" "$tmp/out" || { cat "$tmp/out"; fail "dist_timeout=0: exit $rc"; }
     ;;
 cli_fsdp_config_on_ranks)
     # fsdp_config keys on 2 ranks through the CLI: activation checkpointing under FULL_SHARD with
