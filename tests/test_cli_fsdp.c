@@ -287,7 +287,8 @@ Test(cli_fsdp, cpu_offload_on_a_gpu_run_trains_as_the_plain_gpu_run, .timeout = 
     cr_expect_str_eq(ta, tb, "activation offload changes no bit of the losses");
     /* the weights it wrote: the same tensors (the safetensors header: names, dtypes, shapes) */
     size_t la, lb;
-    char *x = cmt_read_file(DIR "/runs/offload_gpu/model.safetensors", &la), *y = cmt_read_file(DIR "/runs/plain_gpu/model.safetensors", &lb);
+    char *x = cmt_read_file(DIR "/runs/offload_gpu/model.safetensors", &la);
+    char *y = cmt_read_file(DIR "/runs/plain_gpu/model.safetensors", &lb);
     cr_assert(la == lb && la > 8, "%zu and %zu bytes", la, lb);
     uint64_t hl = 0;
     memcpy(&hl, x, 8);

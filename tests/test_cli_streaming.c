@@ -95,7 +95,8 @@ Test(cli_streaming, cifar_from_a_bucket_resumes_mid_epoch_bit_for_bit, .timeout 
     cr_assert(strstr(out, "resumed from checkpoint") && strstr(out, "ep0-ba4") && strstr(out, "trained 14 batches"), "%s",
               out);
     size_t na, nb;
-    char *a = cmt_read_file(DIR "/runs/a/model.safetensors", &na), *b = cmt_read_file(DIR "/runs/b/model.safetensors", &nb);
+    char *a = cmt_read_file(DIR "/runs/a/model.safetensors", &na);
+    char *b = cmt_read_file(DIR "/runs/b/model.safetensors", &nb);
     cr_assert(na == nb && memcmp(a, b, na) == 0, "the resumed run's weights differ from the uninterrupted run's");
     free(a), free(b);
     char la[16][64], lb[16][64];

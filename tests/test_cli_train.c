@@ -236,7 +236,8 @@ Test(cli_train, device_gpu_trains_or_says_what_is_missing, .timeout = 900) {
     if (gpu) {
         cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
         cr_assert(strstr(out, "trained 2 batches"), "%s", out);
-        cr_assert(cmt_nonempty(DIR "/runs/tiny_gpu/model.safetensors") && cmt_nonempty(DIR "/runs/tiny_gpu/sample.txt"), "%s", out);
+        cr_assert(cmt_nonempty(DIR "/runs/tiny_gpu/model.safetensors") && cmt_nonempty(DIR "/runs/tiny_gpu/sample.txt"),
+                  "%s", out);
     } else {
         cr_assert_eq(rc, 1, "exit %d:\n%s", rc, out);
         cr_assert(strstr(out, "device gpu:") && strstr(out, "not available"), "%s", out);
