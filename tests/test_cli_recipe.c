@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #ifndef CM_COMPOSER_BIN
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"

@@ -7,8 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 
 #ifndef CM_COMPOSER_BIN
 #error "CM_COMPOSER_BIN must name the composer binary (tests/CMakeLists.txt sets it)"
