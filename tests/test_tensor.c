@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/backend.h"
 #include "tensor/tensor_impl.h"
 
 Test(tensor, new_validates_shape_and_dtype) {
@@ -869,4 +870,59 @@ Test(tape, empty_on_makes_its_tensor_on_the_device_asked_and_leaves_the_tapes_de
         cr_assert_eq(cm_tape_device(tp), CM_DEVICE_CPU);
     }
     cm_tape_free(tp);
+}
+
+/* Whether this process has a file whose path contains `name` mapped. */
+static bool mapped(const char *name) {
+    char *maps = cmt_read_file("/proc/self/maps", NULL);
+    const bool found = strstr(maps, name) != NULL;
+    free(maps);
+    return found;
+}
+
+/* cuBLASLt is opened on the first GEMM, not at program start: a process that never uses the GPU never
+ * runs its initialisers (0.3 s and 200 MB per process when it was linked). Opening it needs no GPU,
+ * so a CUDA build checks here that every entry point resolves. */
+Test(device, cublaslt_is_opened_on_first_use_not_at_start) {
+    cr_assert_not(mapped("libcublasLt"), "libcublasLt is mapped before any GPU use");
+    const char *from = "unset";
+    cm_status s = cmi_cuda_blas_load(&from);
+    if (s == CM_ERR_UNSUPPORTED) { /* a build without CUDA */
+        cr_assert_null(from);
+        return;
+    }
+    cr_assert_eq(s, CM_OK, "%s", cm_last_error());
+    cr_assert_not_null(from);
+    if (strcmp(from, "the CUDA emulator") == 0) {
+        cr_assert_not(mapped("libcublasLt"));
+        return;
+    }
+    cr_assert(strstr(from, "libcublasLt.so."), "opened %s", from);
+    cr_assert(mapped("libcublasLt"), "%s opened but not mapped", from);
+    const char *again = NULL;
+    cr_assert_eq(cmi_cuda_blas_load(&again), CM_OK);
+    cr_assert_str_eq(again, from);
+}
+
+/* CM_CUBLASLT_PATH names the library to open instead; a path that is not there, or a library that
+ * is not cuBLASLt, is an error naming it and the fix, and a later call can still succeed. */
+Test(device, a_cublaslt_that_cannot_be_opened_is_named) {
+    const char *from = NULL;
+    setenv("CM_CUBLASLT_PATH", "/nonexistent/libcublasLt.so.13", 1);
+    cm_status s = cmi_cuda_blas_load(&from);
+    if (s == CM_ERR_UNSUPPORTED) return; /* a build without CUDA */
+    if (s == CM_OK) {                    /* the emulator opens nothing */
+        cr_assert_str_eq(from, "the CUDA emulator");
+        return;
+    }
+    cr_assert_eq(s, CM_ERR_DEVICE);
+    cr_assert(strstr(cm_last_error(), "/nonexistent/libcublasLt.so.13"), "%s", cm_last_error());
+    cr_assert(strstr(cm_last_error(), "CM_CUBLASLT_PATH"), "%s", cm_last_error());
+    cr_assert_not(mapped("libcublasLt"));
+    setenv("CM_CUBLASLT_PATH", "libz.so.1", 1); /* opens, but has no cuBLASLt in it */
+    cr_assert_eq(cmi_cuda_blas_load(&from), CM_ERR_DEVICE);
+    cr_assert(strstr(cm_last_error(), "libz.so.1 has no cublasLtCreate"), "%s", cm_last_error());
+    unsetenv("CM_CUBLASLT_PATH");
+    cr_assert_eq(cmi_cuda_blas_load(&from), CM_OK, "%s", cm_last_error());
+    cr_assert(mapped("libcublasLt"));
 }

@@ -14,6 +14,11 @@ const cmi_backend *cmi_cuda_backend(const char **why) {
                "CUDA toolkit, or -DCM_CUDA=EMU for the emulator)";
     return NULL;
 }
+
+cm_status cmi_cuda_blas_load(const char **from) {
+    if (from) *from = NULL;
+    return cm_set_error(CM_ERR_UNSUPPORTED, "this build of the library has no CUDA backend");
+}
 #endif
 
 const cmi_backend *cmi_backend_get(cm_device d) { return d == CM_DEVICE_CUDA ? cmi_cuda_backend(NULL) : NULL; }

@@ -391,6 +391,11 @@ const cmi_backend *cmi_backend_get(cm_device d);
 /* The CUDA table when this build has one (src/tensor/cuda/backend.cu), else NULL; *why (may be
  * NULL) gets a reason for its absence. */
 const cmi_backend *cmi_cuda_backend(const char **why);
+/* Opens cuBLASLt, which a CUDA build loads on its first GEMM rather than at program start (so a
+ * process that never uses the GPU never pays for its initialisers), without touching a device.
+ * *from (may be NULL) names what was opened: the library's soname, or "the CUDA emulator". A build
+ * without CUDA: CM_ERR_UNSUPPORTED. Thread-safe; later calls return the first result. */
+cm_status cmi_cuda_blas_load(const char **from);
 
 #ifdef __cplusplus
 }

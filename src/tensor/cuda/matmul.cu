@@ -18,6 +18,7 @@
 #include "tensor/cuda/emu/cublaslt_emu.h"
 #else
 #include <cublasLt.h>
+#include <dlfcn.h>
 #endif
 
 #include <math.h>
@@ -25,6 +26,86 @@
 #include <stdlib.h>
 
 #include <mutex>
+
+/* cuBLASLt's entry points, called through this table. A CUDA build opens the library on the first
+ * GEMM (dlopen) instead of linking it: linked, its static initialisers ran in every process that
+ * loads the library, GPU or not — about 0.3 s and 200 MB of resident memory for every `composer`
+ * command and every rank of a CPU run. On the emulator the table holds the emulated functions. */
+#define LT_FUNCTIONS(X)                                                                                     \
+    X(Create) X(Destroy) X(MatmulDescCreate) X(MatmulDescDestroy) X(MatmulDescSetAttribute)                 \
+    X(MatrixLayoutCreate) X(MatrixLayoutDestroy) X(MatrixLayoutSetAttribute) X(MatmulPreferenceCreate)      \
+    X(MatmulPreferenceDestroy) X(MatmulPreferenceSetAttribute) X(MatmulAlgoGetHeuristic) X(Matmul)
+struct lt_api {
+#define LT_MEMBER(f) decltype(&cublasLt##f) f;
+    LT_FUNCTIONS(LT_MEMBER)
+#undef LT_MEMBER
+};
+static lt_api g_api;
+static const char *g_api_from = nullptr; /* the library opened, or the emulator */
+static std::mutex g_api_mu;
+
+#ifndef CMI_CUDA_EMU
+/* CM_CUBLASLT_PATH when set (a cuBLASLt of the same major version elsewhere, such as a pip wheel's),
+ * else the library the build was configured with (its soname) as the dynamic loader finds it, then
+ * in the toolkit's folder found at configure time. *what names what was tried. */
+#ifndef CMI_CUBLASLT_SONAME
+#error "CMI_CUBLASLT_SONAME is set by CMakeLists.txt (libcublasLt.so.<CUDA major>)"
+#endif
+static void *lt_open(const char **what, char *err, size_t cap) {
+    const char *env = getenv("CM_CUBLASLT_PATH");
+    const char *where[2] = {CMI_CUBLASLT_SONAME, CMI_CUBLASLT_DIR "/" CMI_CUBLASLT_SONAME};
+    int n = 2;
+    if (env && env[0]) where[0] = env, n = 1;
+    err[0] = '\0';
+    *what = where[0];
+    for (int i = 0; i < n; i++) {
+        void *h = dlopen(where[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) {
+            *what = where[i];
+            return h;
+        }
+        const char *e = dlerror();
+        if (!err[0]) snprintf(err, cap, "%s", e ? e : where[i]);
+    }
+    return nullptr;
+}
+#endif
+
+extern "C" cm_status cmi_cuda_blas_load(const char **from) {
+    std::lock_guard<std::mutex> lk(g_api_mu);
+    if (!g_api_from) {
+#ifdef CMI_CUDA_EMU
+#define LT_SET(f) g_api.f = cublasLt##f;
+        LT_FUNCTIONS(LT_SET)
+#undef LT_SET
+        g_api_from = "the CUDA emulator";
+#else
+        char err[512];
+        const char *what = nullptr;
+        void *h = lt_open(&what, err, sizeof err);
+        if (!h)
+            return cm_set_error(CM_ERR_DEVICE,
+                                "cuda: cannot open cuBLASLt (%s): %s; install the CUDA toolkit's cuBLAS libraries, "
+                                "add their folder to LD_LIBRARY_PATH or name the library in CM_CUBLASLT_PATH",
+                                what, err);
+        lt_api a;
+#define LT_SYM(f)                                                                                                 \
+        if (!(a.f = (decltype(a.f))dlsym(h, "cublasLt" #f))) {                                                    \
+            dlclose(h);                                                                                           \
+            return cm_set_error(CM_ERR_DEVICE, "cuda: %s has no cublasLt" #f " (this library was built against " \
+                                               "%s)", what, CMI_CUBLASLT_SONAME);                                   \
+        }
+        LT_FUNCTIONS(LT_SYM)
+#undef LT_SYM
+        static char opened[512];
+        snprintf(opened, sizeof opened, "%s", what);
+        g_api = a; /* the handle stays open for the life of the process */
+        g_api_from = opened;
+#endif
+    }
+    if (from) *from = g_api_from;
+    return CM_OK;
+}
 
 struct lt_state {
     cublasLtHandle_t h = nullptr;
@@ -56,13 +137,15 @@ static std::mutex g_lt_mu;
 static cm_status lt_init(void) {
     std::lock_guard<std::mutex> lk(g_lt_mu);
     if (g_lt.h) return CM_OK;
-    cublasStatus_t s = cublasLtCreate(&g_lt.h);
+    cm_status ls = cmi_cuda_blas_load(nullptr);
+    if (ls) return ls;
+    cublasStatus_t s = g_api.Create(&g_lt.h);
     if (s != CUBLAS_STATUS_SUCCESS)
         return cm_set_error(CM_ERR_DEVICE, "cuda: cublasLtCreate failed: %s", lt_status_str(s));
     g_lt.ws_bytes = (size_t)32 << 20;
     g_lt.ws = cmi_cuda_alloc(g_lt.ws_bytes);
     if (!g_lt.ws) {
-        cublasLtDestroy(g_lt.h);
+        g_api.Destroy(g_lt.h);
         g_lt.h = nullptr;
         return cm_last_status();
     }
@@ -200,40 +283,40 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     const int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     /* (the padded problem; errors name the caller's M, N, K) */
     const uint64_t m = (uint64_t)Np, n = (uint64_t)Mp, k = (uint64_t)Kp;
-    LT_TRY(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    LT_TRY(g_api.MatmulDescCreate(&desc, ct, CUDA_R_32F));
+    LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (bias) {
         const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
         const int32_t bt = CUDA_R_32F;
-        LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     /* stored shapes: op N stores (rows, cols) = (m, k) for A and (k, n) for B; op T the transpose */
-    LT_TRY(cublasLtMatrixLayoutCreate(&la, ty, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, ldb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&lb, ty, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, lda));
-    LT_TRY(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+    LT_TRY(g_api.MatrixLayoutCreate(&la, ty, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, ldb));
+    LT_TRY(g_api.MatrixLayoutCreate(&lb, ty, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, lda));
+    LT_TRY(g_api.MatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
     if (batch > 1) {
         const int32_t bc = (int32_t)batch;
-        LT_TRY(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT_TRY(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT_TRY(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT_TRY(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb));
-        LT_TRY(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa));
-        LT_TRY(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc));
+        LT_TRY(g_api.MatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(g_api.MatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(g_api.MatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(g_api.MatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb));
+        LT_TRY(g_api.MatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa));
+        LT_TRY(g_api.MatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc));
     }
-    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(g_api.MatmulPreferenceCreate(&pref));
     {
         const uint64_t ws = g_lt.ws_bytes;
         const uint32_t al_a = alignment_of(b), al_b = alignment_of(a), al_c = alignment_of(c);
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
+        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
     }
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic(g_lt.h, desc, la, lb, lc, lc, pref, 1, heur, &found));
+    LT_TRY(g_api.MatmulAlgoGetHeuristic(g_lt.h, desc, la, lb, lc, lc, pref, 1, heur, &found));
     if (found < 1) {
         st = cm_set_error(CM_ERR_DEVICE, "cuda: cuBLASLt has no algorithm for GEMM M=%lld N=%lld K=%lld (%s, lda %lld, "
                                          "ldb %lld, ldc %lld)",
@@ -241,7 +324,7 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
                           (long long)ldc);
         goto done;
     }
-    LT_TRY(cublasLtMatmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
+    LT_TRY(g_api.Matmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
                           g_lt.ws_bytes, cmi_cuda_stream()));
     st = cmi_cuda_launched("gemm");
     if (!st && mc.pad) { /* the padded result's first M x N into the caller's C */
@@ -250,11 +333,11 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     }
     }
 done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (pref) g_api.MatmulPreferenceDestroy(pref);
+    if (lc) g_api.MatrixLayoutDestroy(lc);
+    if (lb) g_api.MatrixLayoutDestroy(lb);
+    if (la) g_api.MatrixLayoutDestroy(la);
+    if (desc) g_api.MatmulDescDestroy(desc);
     if (ma.pad) cmi_cuda_free(ma.pad);
     if (mb.pad) cmi_cuda_free(mb.pad);
     if (mc.pad) cmi_cuda_free(mc.pad);
