@@ -42,12 +42,7 @@ static char *copy_of(const char *src) {
     return d;
 }
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
+static void write_text(const char *path, const char *text) { cmt_write_text(path, text); }
 
 static cm_model *load(const char *dir, cm_hf_task task, int64_t num_labels, cm_hf_load_report *rep) {
     cm_hf_load_opts o = cm_hf_load_opts_default();

@@ -39,23 +39,9 @@ static tmpdir tmp_make(void) {
 
 static void tmp_remove(tmpdir *t) { nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
+static char *slurp(const char *path) { return cmt_slurp(path, NULL); }
 
-static bool exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
+static bool exists(const char *path) { return cmt_exists(path); }
 
 static int count_of(const char *hay, const char *needle) {
     int c = 0;

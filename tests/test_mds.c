@@ -15,26 +15,9 @@
 #define REF_ZSTD "../shared/data/vectors/mds_example_zstd"
 #define PY "/usr/bin/python3 tests/mds_ref.py"
 
-static uint8_t *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    p[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
+static uint8_t *slurp(const char *path, size_t *len) { return (uint8_t *)cmt_read_file(path, len); }
 
-static void spit(const char *path, const void *d, size_t n) {
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "cannot write %s", path);
-    cr_assert_eq(fwrite(d, 1, n, f), n);
-    fclose(f);
-}
+static void spit(const char *path, const void *d, size_t n) { cmt_write_file(path, d, n); }
 
 static void assert_same_file(const char *a, const char *b) {
     size_t na, nb;

@@ -37,12 +37,7 @@ static char *slurp(const char *path) {
     return buf;
 }
 
-static void spit(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+static void spit(const char *path, const char *text) { cmt_write_text(path, text); }
 
 static cm_metrics_file *open_ok(const char *path, bool append) {
     cm_metrics_file *f = NULL;

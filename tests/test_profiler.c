@@ -32,10 +32,7 @@ static void tmp_make(char *dir, size_t cap) {
 
 static void tmp_remove(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static bool exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
+static bool exists(const char *path) { return cmt_exists(path); }
 
 static cJSON *load_json(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -605,12 +602,7 @@ Test(profiler, json_trace_handler_refuses_bad_configs_and_a_used_folder) {
 
 /* ---- merging ranks -------------------------------------------------------------------------- */
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+static void write_text(const char *path, const char *text) { cmt_write_text(path, text); }
 
 /* Two ranks whose clocks differ by 1000 us: after the merge rank 1's events are on rank 0's clock,
  * everything is in time order, and the collective #7 knows rank 1 came last (30 us after rank 0). */

@@ -24,25 +24,9 @@
 
 /* ---- helpers ---- */
 
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n, "short read of %s", path);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
+static unsigned char *slurp(const char *path, size_t *len) { return (unsigned char *)cmt_read_file(path, len); }
 
-static void spit(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot create %s: %s", path, strerror(errno));
-    cr_assert_eq(fwrite(data, 1, len, f), len);
-    fclose(f);
-}
+static void spit(const char *path, const void *data, size_t len) { cmt_write_file(path, data, len); }
 
 static void assert_bytes_eq(const char *what, const unsigned char *got, size_t gl, const unsigned char *want,
                             size_t wl) {

@@ -177,25 +177,9 @@ static void fill(char *buf, size_t n, uint32_t seed) {
     }
 }
 
-static void write_file(const char *path, const char *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    cr_assert(f, "cannot create %s", path);
-    cr_assert_eq(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
+static void write_file(const char *path, const char *data, size_t n) { cmt_write_file(path, data, n); }
 
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    cr_assert_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
+static char *read_all(const char *path, size_t *n) { return cmt_read_file(path, n); }
 
 static void assert_file_is(const char *path, const char *want, size_t n) {
     size_t got;

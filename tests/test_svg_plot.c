@@ -142,18 +142,7 @@ static char *render(const cm_svg_plot *p) {
     return buf;
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
+static char *slurp(const char *path) { return cmt_read_file(path, NULL); }
 
 static int count(const char *hay, const char *needle) {
     int n = 0;

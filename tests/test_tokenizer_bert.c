@@ -168,11 +168,7 @@ Test(bert, save_and_load_round_trip) {
     unlink(path);
 }
 
-static void write_file(const char *path, const char *s) {
-    FILE *f = fopen(path, "wb");
-    fputs(s, f);
-    fclose(f);
-}
+static void write_file(const char *path, const char *s) { cmt_write_text(path, s); }
 
 Test(bert_files, bad_vocabularies_are_named) {
     cm_tokenizer *t = (cm_tokenizer *)1;

@@ -8,19 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    p[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
+static char *slurp(const char *path, size_t *len) { return cmt_read_file(path, len); }
 
 Test(char_tok, shakespeare_vocabulary_matches_nanogpt) {
     size_t len;
@@ -86,11 +74,7 @@ Test(char_tok, unknown_characters_and_bad_text_are_errors) {
     cr_assert_eq(cm_tokenizer_char_new_from_text("", 0, &tok), CM_ERR_INVALID_ARG);
 }
 
-static void write_file(const char *path, const char *s) {
-    FILE *f = fopen(path, "wb");
-    fputs(s, f);
-    fclose(f);
-}
+static void write_file(const char *path, const char *s) { cmt_write_text(path, s); }
 
 Test(char_tok, tokenizer_json_round_trip_and_corrupt_files) {
     cm_tokenizer *tok, *t2;

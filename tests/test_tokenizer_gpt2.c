@@ -23,19 +23,7 @@ static void setup(void) {
 }
 static void teardown(void) { cm_tokenizer_free(g_tok); }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    p[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
+static char *slurp(const char *path, size_t *len) { return cmt_read_file(path, len); }
 
 static void expect_ids(const char *what, const int32_t *got, int64_t n_got, const int32_t *want, int64_t n_want) {
     int64_t first_diff = -1;
@@ -288,11 +276,7 @@ Test(gpt2, save_and_load_round_trip) {
     unlink(path);
 }
 
-static void write_file(const char *path, const char *s) {
-    FILE *f = fopen(path, "wb");
-    fputs(s, f);
-    fclose(f);
-}
+static void write_file(const char *path, const char *s) { cmt_write_text(path, s); }
 
 Test(gpt2_files, missing_or_corrupt_files_name_the_file) {
     cm_tokenizer *t = (cm_tokenizer *)1;

@@ -1,6 +1,7 @@
 #include "cmtest.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -372,11 +373,18 @@ char *cmt_read_file(const char *path, size_t *len) {
     return s;
 }
 
-void cmt_write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    cr_assert(fputs(text, f) >= 0, "cannot write %s", path);
+void cmt_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot write %s: %s", path, strerror(errno));
+    cr_assert_eq(fwrite(data, 1, n, f), n, "cannot write %s", path);
     cr_assert_eq(fclose(f), 0, "cannot write %s", path);
+}
+
+void cmt_write_text(const char *path, const char *text) { cmt_write_file(path, text, strlen(text)); }
+
+bool cmt_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
 }
 
 bool cmt_nonempty(const char *path) {

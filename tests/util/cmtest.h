@@ -91,9 +91,11 @@ int cmt_gpu_main(int argc, char *argv[], const char *name, bool describe);
 char *cmt_slurp(const char *path, size_t *len);
 /* cmt_slurp that fails the test naming the path when the file cannot be read. */
 char *cmt_read_file(const char *path, size_t *len);
-/* Writes text to path (replacing it); fails the test naming the path when it cannot. */
+/* Writes n bytes (or text) to path, replacing it; fails the test naming the path when it cannot. */
+void cmt_write_file(const char *path, const void *data, size_t n);
 void cmt_write_text(const char *path, const char *text);
-/* Whether path is a file (or anything stat sees) of at least one byte. */
+/* Whether path exists (anything stat sees) / is of at least one byte. */
+bool cmt_exists(const char *path);
 bool cmt_nonempty(const char *path);
 
 /* Character-level token files for the CLI tests, from the first text_bytes (at most 65536) of tiny
