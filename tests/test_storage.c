@@ -10,7 +10,6 @@
 
 #include <composer/storage.h>
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
