@@ -393,8 +393,10 @@ const cmi_backend *cmi_backend_get(cm_device d);
 const cmi_backend *cmi_cuda_backend(const char **why);
 /* Opens cuBLASLt, which a CUDA build loads on its first GEMM rather than at program start (so a
  * process that never uses the GPU never pays for its initialisers), without touching a device.
- * *from (may be NULL) names what was opened: the library's soname, or "the CUDA emulator". A build
- * without CUDA: CM_ERR_UNSUPPORTED. Thread-safe; later calls return the first result. */
+ * *from (may be NULL) names what was opened, as it was given to dlopen (the soname, the toolkit's
+ * path or CM_CUBLASLT_PATH), or "the CUDA emulator". A build without CUDA: CM_ERR_UNSUPPORTED. A
+ * failure names the library and the fix and is retried on the next call; once opened, later calls
+ * return the first result. Thread-safe. */
 cm_status cmi_cuda_blas_load(const char **from);
 
 #ifdef __cplusplus
