@@ -42,8 +42,6 @@ static char *copy_of(const char *src) {
     return d;
 }
 
-static void write_text(const char *path, const char *text) { cmt_write_text(path, text); }
-
 static cm_model *load(const char *dir, cm_hf_task task, int64_t num_labels, cm_hf_load_report *rep) {
     cm_hf_load_opts o = cm_hf_load_opts_default();
     o.task = task;
@@ -398,7 +396,7 @@ Test(hf, missing_folder_or_config_is_named) {
     char *p = pjoin(d, "config.json");
     unlink(p);
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_NOT_FOUND, "has no config.json", d);
-    write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 32");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 32");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_FORMAT, "config.json", "not a JSON object");
     free(p);
     cmi_remove_tree(d);
@@ -408,25 +406,25 @@ Test(hf, missing_folder_or_config_is_named) {
 Test(hf, unknown_architecture_field_or_value_is_named) {
     char *d = copy_of(D_MLM);
     char *p = pjoin(d, "config.json");
-    write_text(p, "{\"architectures\": [\"RobertaForMaskedLM\"], \"model_type\": \"roberta\", \"vocab_size\": 100}");
+    cmt_write_text(p, "{\"architectures\": [\"RobertaForMaskedLM\"], \"model_type\": \"roberta\", \"vocab_size\": 100}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "model_type \"roberta\"", "RobertaForMaskedLM");
-    write_text(p, "{\"architectures\": [\"BertForCausalLMish\"], \"model_type\": \"bert\"}");
+    cmt_write_text(p, "{\"architectures\": [\"BertForCausalLMish\"], \"model_type\": \"bert\"}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "architecture \"BertForCausalLMish\"", "BertForMaskedLM");
-    write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 32, \"num_attention_heads\": 4, \"vocab_size\": 100,"
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 32, \"num_attention_heads\": 4, \"vocab_size\": 100,"
                   " \"max_position_embeddings\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
                   " \"rotary_dim\": 8}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "field \"rotary_dim\"", "not a BertConfig field");
-    write_text(p, "{\"model_type\": \"bert\", \"position_embedding_type\": \"relative_key\"}");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"position_embedding_type\": \"relative_key\"}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "position_embedding_type", "relative");
-    write_text(p, "{\"model_type\": \"bert\", \"hidden_act\": \"quick_gelu\"}");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_act\": \"quick_gelu\"}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "hidden_act", "quick_gelu");
-    write_text(p, "{\"model_type\": \"bert\", \"is_decoder\": true}");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"is_decoder\": true}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "is_decoder", NULL);
-    write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": \"big\"}");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": \"big\"}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_FORMAT, "hidden_size", "integer");
-    write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 30, \"num_attention_heads\": 4}");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 30, \"num_attention_heads\": 4}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_FORMAT, "hidden_size 30 is not a multiple of num_attention_heads", p);
-    write_text(p, "{\"model_type\": \"bert\", \"problem_type\": \"multi_label_classification\"}");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"problem_type\": \"multi_label_classification\"}");
     expect_load_error(d, CM_HF_TASK_SEQUENCE_CLASSIFICATION, CM_ERR_UNSUPPORTED, "problem_type", "multi-label");
     free(p);
     cmi_remove_tree(d);
@@ -437,9 +435,9 @@ Test(hf, unknown_architecture_field_or_value_is_named) {
     /* GPT-2 fields */
     d = copy_of(D_GPT);
     p = pjoin(d, "config.json");
-    write_text(p, "{\"model_type\": \"gpt2\", \"n_embd\": 32, \"n_head\": 4, \"n_inner\": 64}");
+    cmt_write_text(p, "{\"model_type\": \"gpt2\", \"n_embd\": 32, \"n_head\": 4, \"n_inner\": 64}");
     expect_load_error(d, CM_HF_TASK_CAUSAL_LM, CM_ERR_UNSUPPORTED, "n_inner", "4 * n_embd");
-    write_text(p, "{\"model_type\": \"gpt2\", \"scale_attn_by_inverse_layer_idx\": true}");
+    cmt_write_text(p, "{\"model_type\": \"gpt2\", \"scale_attn_by_inverse_layer_idx\": true}");
     expect_load_error(d, CM_HF_TASK_CAUSAL_LM, CM_ERR_UNSUPPORTED, "scale_attn_by_inverse_layer_idx", NULL);
     free(p);
     cmi_remove_tree(d);
@@ -510,7 +508,7 @@ Test(hf, truncated_or_missing_weights_are_clear_errors) {
     unlink(p);
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_NOT_FOUND, "no weights", "pretrained: false");
     char *bin = pjoin(d, "pytorch_model.bin");
-    write_text(bin, "not really");
+    cmt_write_text(bin, "not really");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_NOT_FOUND, "pytorch_model.bin", "safetensors");
     free(bin);
     free(p);
@@ -560,7 +558,7 @@ Test(hf, wordpiece_from_vocab_txt_and_from_tokenizer_json_agree) {
 Test(hf, tokenizer_config_is_honoured) {
     char *d = copy_of(D_MLM);
     char *p = pjoin(d, "tokenizer_config.json");
-    write_text(p, "{\"do_lower_case\": false, \"strip_accents\": null, \"model_max_length\": 1e30,"
+    cmt_write_text(p, "{\"do_lower_case\": false, \"strip_accents\": null, \"model_max_length\": 1e30,"
                   " \"cls_token\": {\"content\": \"[unused1]\", \"special\": true}}");
     cm_tokenizer *t;
     cm_hf_tokenizer_info ti;
@@ -574,12 +572,12 @@ Test(hf, tokenizer_config_is_honoured) {
     cr_assert_eq(ids[0], cm_tokenizer_token_id(t, "[UNK]", 5), "cased: 'GOOD' is not in the uncased vocabulary");
     cm_tokenizer_free(t);
     /* settings we do not implement, and special tokens outside the vocabulary */
-    write_text(p, "{\"do_lower_case\": true, \"strip_accents\": false}");
+    cmt_write_text(p, "{\"do_lower_case\": true, \"strip_accents\": false}");
     cr_assert_eq(cm_hf_tokenizer_load(d, &t, NULL), CM_ERR_UNSUPPORTED);
     cr_assert(strstr(cm_last_error(), "strip_accents"), "%s", cm_last_error());
-    write_text(p, "{\"tokenize_chinese_chars\": false}");
+    cmt_write_text(p, "{\"tokenize_chinese_chars\": false}");
     cr_assert_eq(cm_hf_tokenizer_load(d, &t, NULL), CM_ERR_UNSUPPORTED);
-    write_text(p, "{\"mask_token\": \"<mask>\"}");
+    cmt_write_text(p, "{\"mask_token\": \"<mask>\"}");
     cr_assert_eq(cm_hf_tokenizer_load(d, &t, NULL), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "mask_token \"<mask>\"") && strstr(cm_last_error(), "not in the vocabulary"), "%s",
               cm_last_error());
@@ -620,7 +618,7 @@ Test(hf, gpt2_bpe_from_vocab_json_and_from_tokenizer_json_agree) {
             " [\"Ġ\", \"w\"]]}}",
             f[0].data);
     char *p = pjoin(d, "tokenizer.json");
-    write_text(p, tj);
+    cmt_write_text(p, tj);
     cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_OK, "%s", cm_last_error());
     int32_t x[64], y[64];
     int64_t nx, ny;
@@ -636,17 +634,17 @@ Test(hf, gpt2_bpe_from_vocab_json_and_from_tokenizer_json_agree) {
     strcpy(bad, tj);
     char *ap = strstr(bad, "\"add_prefix_space\": false");
     memcpy(ap, "\"add_prefix_space\": true ", 25);
-    write_text(p, bad);
+    cmt_write_text(p, bad);
     cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_ERR_UNSUPPORTED);
     cr_assert(strstr(cm_last_error(), "add_prefix_space"), "%s", cm_last_error());
     /* an added token's id that no integer holds (a fuzzer's find: converting it was undefined) */
     strcpy(bad, tj);
     char *id = strstr(bad, "\"id\": 265");
     memcpy(id, "\"id\":1e99", 9);
-    write_text(p, bad);
+    cmt_write_text(p, bad);
     cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_ERR_UNSUPPORTED);
     cr_assert(strstr(cm_last_error(), "added token \"<|endoftext|>\" (id 1e+99)"), "%s", cm_last_error());
-    write_text(p, "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
+    cmt_write_text(p, "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
     cr_assert_eq(cm_hf_tokenizer_load(d, &b, NULL), CM_ERR_UNSUPPORTED);
     cr_assert(strstr(cm_last_error(), "Unigram"), "%s", cm_last_error());
     free(bad);

@@ -39,10 +39,6 @@ static tmpdir tmp_make(void) {
 
 static void tmp_remove(tmpdir *t) { nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static char *slurp(const char *path) { return cmt_slurp(path, NULL); }
-
-static bool exists(const char *path) { return cmt_exists(path); }
-
 static int count_of(const char *hay, const char *needle) {
     int c = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) c++;
@@ -415,7 +411,7 @@ Test(file_logger, writes_metrics_jsonl_log_and_loss_plot_in_the_run_folder) {
     unmake(&g);
 
     char *mpath = path_in(dir, "metrics.jsonl");
-    char *text = slurp(mpath);
+    char *text = cmt_slurp(mpath, NULL);
     cr_assert_not_null(text, "no %s", mpath);
     int n_lines = 0, n_loss = 0, n_eval = 0;
     int64_t prev_batch = -1;
@@ -442,7 +438,7 @@ Test(file_logger, writes_metrics_jsonl_log_and_loss_plot_in_the_run_folder) {
     free(text);
 
     char *lpath = path_in(dir, "log.txt");
-    text = slurp(lpath);
+    text = cmt_slurp(lpath, NULL);
     cr_assert_not_null(text, "no %s", lpath);
     cr_assert_not_null(strstr(text, "Config:\n"), "%s", text);
     cr_assert_not_null(strstr(text, "run_name: r1\n"), "%s", text);
@@ -451,7 +447,7 @@ Test(file_logger, writes_metrics_jsonl_log_and_loss_plot_in_the_run_folder) {
     free(text);
 
     char *spath = path_in(dir, "loss.svg");
-    text = slurp(spath);
+    text = cmt_slurp(spath, NULL);
     cr_assert_not_null(text, "no %s", spath);
     cr_assert_not_null(strstr(text, "<svg"), "%.200s", text);
     size_t len = strlen(text);
@@ -493,7 +489,7 @@ Test(file_logger, loggers_of_one_run_share_the_generated_run_folder) {
     const char *files[] = {"metrics.jsonl", "log.txt", "loss.svg", "config.yaml"};
     for (int i = 0; i < 4; i++) {
         char *f = path_in(want, files[i]);
-        cr_assert(exists(f), "missing %s", f);
+        cr_assert(cmt_exists(f), "missing %s", f);
         free(f);
     }
     cm_free(same);
@@ -591,11 +587,11 @@ Test(file_logger, autoresume_keeps_one_set_of_rows_per_batch) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     int64_t fail_at = 4;
     cr_assert_eq(resumable_fit(dir, ck, false, &fail_at), CM_ERR_IO, "the first run stops at batch 4");
-    char *before = slurp(path);
+    char *before = cmt_slurp(path, NULL);
     cr_assert_eq(count_of(before, "\"loss/train/total\""), 4, "the interrupted run logged 4 losses:\n%s", before);
     free(before);
     cr_assert_eq(resumable_fit(dir, ck, true, NULL), CM_OK, "%s", cm_last_error());
-    char *text = slurp(path);
+    char *text = cmt_slurp(path, NULL);
     int64_t want = 0;
     int n_loss = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
@@ -629,7 +625,7 @@ Test(file_logger, append_continues_the_files_and_default_truncates) {
         fit(&g);
         unmake(&g);
         char *dir = path_in(t.dir, "again"), *m = path_in(dir, "metrics.jsonl");
-        char *text = slurp(m);
+        char *text = cmt_slurp(m, NULL);
         lines[run] = count_of(text, "\n");
         free(text), free(m), free(dir);
     }
@@ -653,8 +649,8 @@ Test(file_logger, a_plot_with_no_matching_metric_warns_without_failing) {
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK, "%s", cm_last_error());
     unmake(&g);
     char *dir = path_in(t.dir, "noplot"), *svg = path_in(dir, "loss.svg"), *m = path_in(dir, "metrics.jsonl");
-    cr_assert(!exists(svg), "no plot without a matching metric");
-    cr_assert(exists(m));
+    cr_assert(!cmt_exists(svg), "no plot without a matching metric");
+    cr_assert(cmt_exists(m));
     free(dir), free(svg), free(m);
     tmp_remove(&t);
 }
@@ -682,7 +678,7 @@ Test(file_logger, one_line_per_log_call_with_batch_and_epoch_first) {
     cm_engine_free(e);
     cm_state_free(st);
     char *m = path_in(t.dir, "metrics.jsonl");
-    char *text = slurp(m);
+    char *text = cmt_slurp(m, NULL);
     const char *want = "{\"batch\": 0, \"epoch\": 0, \"a\": 2.5, \"b\": 0.1}\n"
                        "{\"batch\": 0, \"epoch\": 0, \"loss/train/total\": \"NaN\"}\n";
     cr_assert_str_eq(text, want);
@@ -718,11 +714,11 @@ Test(run_folder, setup_creates_the_folder_and_write_text_replaces_files) {
     cr_assert_eq(cm_run_folder_setup(&rc, &dir), CM_OK, "%s", cm_last_error());
     char *want = path_in(root, "exp1");
     cr_assert_str_eq(dir, want);
-    cr_assert(exists(dir));
+    cr_assert(cmt_exists(dir));
     cr_assert_eq(cm_run_folder_write_text(dir, "config.yaml", "a: 1\n"), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_run_folder_write_text(dir, "config.yaml", "a: 2\n"), CM_OK, "%s", cm_last_error());
     char *f = path_in(dir, "config.yaml");
-    char *text = slurp(f);
+    char *text = cmt_slurp(f, NULL);
     cr_assert_str_eq(text, "a: 2\n");
     free(text), free(f);
     cr_assert_eq(cm_run_folder_write_text(dir, "sub/x.yaml", "x"), CM_ERR_INVALID_ARG);

@@ -37,8 +37,6 @@ static char *slurp(const char *path) {
     return buf;
 }
 
-static void spit(const char *path, const char *text) { cmt_write_text(path, text); }
-
 static cm_metrics_file *open_ok(const char *path, bool append) {
     cm_metrics_file *f = NULL;
     cr_assert_eq(cm_metrics_file_open(path, append, &f), CM_OK, "open %s: %s", path, cm_last_error());
@@ -125,7 +123,7 @@ Test(metrics_file, lines_are_standard_json_for_python) {
     /* Python's json module, refusing bare NaN/Infinity, reads every line with exact values. */
     char script[128];
     path_in_dir(script, sizeof script, "check.py");
-    spit(script, "import json, sys\n"
+    cmt_write_text(script, "import json, sys\n"
                  "def bare(c): sys.exit('bare constant ' + c)\n"
                  "rows = [json.loads(l, parse_constant=bare) for l in open(sys.argv[1])]\n"
                  "assert rows[0] == {'batch': 120, 'epoch': 0, 'loss/train/total': 1.93}, rows[0]\n"
@@ -174,7 +172,7 @@ Test(metrics_file, append_adds_lines_and_truncate_starts_over) {
 Test(metrics_file, append_cuts_a_torn_last_line_first) {
     char path[128];
     path_in_dir(path, sizeof path, "torn.jsonl");
-    spit(path, "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n{\"batch\": 2, \"epo");
+    cmt_write_text(path, "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n{\"batch\": 2, \"epo");
     cm_log_set_level(CM_LOG_ERROR); /* the warning is expected */
     cm_metrics_file *f = open_ok(path, true);
     cm_log_set_level(CM_LOG_INFO);
@@ -184,7 +182,7 @@ Test(metrics_file, append_cuts_a_torn_last_line_first) {
     cm_metrics_file_close(f);
     cr_assert_str_eq(slurp(path), "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n{\"batch\": 2, \"epoch\": 0, \"loss\": 2.25}\n");
     /* A file that is one torn line becomes empty. */
-    spit(path, "{\"batch\": 1, \"ep");
+    cmt_write_text(path, "{\"batch\": 1, \"ep");
     cm_log_set_level(CM_LOG_ERROR);
     f = open_ok(path, true);
     cm_log_set_level(CM_LOG_INFO);
@@ -195,7 +193,7 @@ Test(metrics_file, append_cuts_a_torn_last_line_first) {
 Test(metrics_file, truncated_last_line_is_skipped_but_a_complete_one_without_newline_is_read) {
     char path[128];
     path_in_dir(path, sizeof path, "t.jsonl");
-    spit(path, "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n\n{\"batch\": 2, \"epoch\": 0, \"loss\": 2.");
+    cmt_write_text(path, "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n\n{\"batch\": 2, \"epoch\": 0, \"loss\": 2.");
     recs rs = {0};
     cm_log_set_level(CM_LOG_ERROR);
     cm_status st = cm_metrics_file_read(path, collect, &rs);
@@ -204,7 +202,7 @@ Test(metrics_file, truncated_last_line_is_skipped_but_a_complete_one_without_new
     cr_assert_eq(rs.n, 1, "records %d, want 1", rs.n);
     expect_rec(&rs.r[0], 1, 1, 0, "loss", 2.5);
 
-    spit(path, "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n{\"batch\": 2, \"epoch\": 0, \"loss\": 2}");
+    cmt_write_text(path, "{\"batch\": 1, \"epoch\": 0, \"loss\": 2.5}\n{\"batch\": 2, \"epoch\": 0, \"loss\": 2}");
     rs = (recs){0};
     cr_assert_eq(cm_metrics_file_read(path, collect, &rs), CM_OK, "read: %s", cm_last_error());
     cr_assert_eq(rs.n, 2, "records %d, want 2", rs.n);
@@ -215,7 +213,7 @@ Test(metrics_file, truncated_last_line_is_skipped_but_a_complete_one_without_new
 static void expect_corrupt(const char *text, int line, const char *what) {
     char path[128], where[160];
     path_in_dir(path, sizeof path, "bad.jsonl");
-    spit(path, text);
+    cmt_write_text(path, text);
     recs rs = {0};
     cm_status st = cm_metrics_file_read(path, collect, &rs);
     cr_assert_eq(st, CM_ERR_FORMAT, "'%s': status %s, want CM_ERR_FORMAT", text, cm_status_name(st));
@@ -243,7 +241,7 @@ Test(metrics_file, corrupt_lines_are_errors_naming_file_and_line) {
 Test(metrics_file, null_reads_as_nan_and_a_callback_error_stops_reading) {
     char path[128];
     path_in_dir(path, sizeof path, "n.jsonl");
-    spit(path, "{\"batch\": 1, \"epoch\": 0, \"a\": null, \"b\": 1}\n{\"batch\": 2, \"epoch\": 0, \"a\": 3}\n");
+    cmt_write_text(path, "{\"batch\": 1, \"epoch\": 0, \"a\": null, \"b\": 1}\n{\"batch\": 2, \"epoch\": 0, \"a\": 3}\n");
     recs rs = {.stop_after = 2};
     cr_assert_eq(cm_metrics_file_read(path, collect, &rs), CM_ERR_STATE);
     cr_assert_str_eq(cm_last_error(), "stop requested");

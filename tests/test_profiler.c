@@ -32,8 +32,6 @@ static void tmp_make(char *dir, size_t cap) {
 
 static void tmp_remove(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-static bool exists(const char *path) { return cmt_exists(path); }
-
 static cJSON *load_json(const char *path) {
     FILE *f = fopen(path, "rb");
     cr_assert_not_null(f, "cannot open %s", path);
@@ -297,7 +295,7 @@ static void expect_files(const char *dir, const char *const *names, int n) {
     for (int i = 0; i < n; i++) {
         char p[256];
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        cr_assert(exists(p), "trace %s missing", p);
+        cr_assert(cmt_exists(p), "trace %s missing", p);
     }
     /* and nothing else but the merged trace */
     char cmd[300];
@@ -602,8 +600,6 @@ Test(profiler, json_trace_handler_refuses_bad_configs_and_a_used_folder) {
 
 /* ---- merging ranks -------------------------------------------------------------------------- */
 
-static void write_text(const char *path, const char *text) { cmt_write_text(path, text); }
-
 /* Two ranks whose clocks differ by 1000 us: after the merge rank 1's events are on rank 0's clock,
  * everything is in time order, and the collective #7 knows rank 1 came last (30 us after rank 0). */
 Test(trace_merge, ranks_share_rank0s_clock_and_collectives_name_the_last_rank) {
@@ -612,7 +608,7 @@ Test(trace_merge, ranks_share_rank0s_clock_and_collectives_name_the_last_rank) {
     snprintf(a, sizeof a, "%s/r0.json", dir);
     snprintf(b, sizeof b, "%s/r1.json", dir);
     snprintf(out, sizeof out, "%s/merged.json", dir);
-    write_text(a, "[\n"
+    cmt_write_text(a, "[\n"
                   "{\"name\": \"global_rank\", \"ph\": \"M\", \"pid\": 0, \"tid\": 5, \"args\": {\"value\": 0}},\n"
                   "{\"name\": \"clock_sync_timestamp_us\", \"ph\": \"M\", \"pid\": 0, \"tid\": 5, \"args\": {\"value\": 10000}},\n"
                   "{\"name\": \"event/batch\", \"ph\": \"B\", \"ts\": 10010, \"pid\": 0, \"tid\": 5},\n"
@@ -622,7 +618,7 @@ Test(trace_merge, ranks_share_rank0s_clock_and_collectives_name_the_last_rank) {
                   "\"pid\": 0, \"tid\": 5},\n"
                   "{\"name\": \"event/batch\", \"ph\": \"E\", \"ts\": 10100, \"pid\": 0, \"tid\": 5}\n]\n");
     /* rank 1's clock is 1000 us ahead; the file lacks its closing bracket (a crashed writer) */
-    write_text(b, "[\n"
+    cmt_write_text(b, "[\n"
                   "{\"name\": \"global_rank\", \"ph\": \"M\", \"pid\": 3, \"tid\": 9, \"args\": {\"value\": 1}},\n"
                   "{\"name\": \"clock_sync_timestamp_us\", \"ph\": \"M\", \"pid\": 3, \"tid\": 9, \"args\": {\"value\": 11000}},\n"
                   "{\"name\": \"event/batch\", \"ph\": \"B\", \"ts\": 11005, \"pid\": 3, \"tid\": 9},\n"
@@ -660,7 +656,7 @@ Test(trace_merge, ranks_share_rank0s_clock_and_collectives_name_the_last_rank) {
     cr_assert_eq(k, 8);
     cJSON_Delete(m);
     /* errors name the file */
-    write_text(a, "{\"no\": 1}");
+    cmt_write_text(a, "{\"no\": 1}");
     cr_assert_eq(cm_trace_merge(in, 2, out), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), a), "%s", cm_last_error());
     tmp_remove(dir);

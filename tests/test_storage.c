@@ -18,7 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 /* ---------------------------------------------------------------------------------------------
  * SigV4 vectors
  * ------------------------------------------------------------------------------------------- */
@@ -176,13 +175,9 @@ static void fill(char *buf, size_t n, uint32_t seed) {
     }
 }
 
-static void write_file(const char *path, const char *data, size_t n) { cmt_write_file(path, data, n); }
-
-static char *read_all(const char *path, size_t *n) { return cmt_read_file(path, n); }
-
 static void assert_file_is(const char *path, const char *want, size_t n) {
     size_t got;
-    char *b = read_all(path, &got);
+    char *b = cmt_read_file(path, &got);
     cr_assert_eq(got, n, "%s has %zu bytes, want %zu", path, got, n);
     cr_assert(memcmp(b, want, n) == 0, "%s: the bytes differ", path);
     free(b);
@@ -226,7 +221,7 @@ static void battery(const char *uri, const cm_object_store_config *cfg, size_t b
     fill(data, big, 7);
     char src[300], dst[300];
     snprintf(src, sizeof src, "%s/src.bin", g_tmp);
-    write_file(src, data, big);
+    cmt_write_file(src, data, big);
     const char *odd = "b/sp ace+plus/\xc3\xa9t\xc3\xa9 (1)~.bin"; /* needs encoding */
     cr_assert_eq(cm_object_store_upload(st, odd, src), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_object_store_get_size(st, odd, &sz), CM_OK, "%s", cm_last_error());
@@ -453,7 +448,7 @@ Test(storage_s3, injected_500s_and_slow_responses_are_retried, .init = s3_setup,
     char src[300], dst[300];
     snprintf(src, sizeof src, "%s/big", g_tmp);
     snprintf(dst, sizeof dst, "%s/big.down", g_tmp);
-    write_file(src, data, big);
+    cmt_write_file(src, data, big);
     cmt_s3_ctl(&g_s3, "fail?status=503&count=2&match=partNumber", NULL, 0);
     cr_assert_eq(cm_object_store_upload(st, "big", src), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_object_store_get_stats(st).retries, 4);
@@ -519,7 +514,7 @@ Test(storage_s3, server_stopped_mid_upload_then_back_or_gone, .init = s3_setup, 
     char src[300], dst[300];
     snprintf(src, sizeof src, "%s/big", g_tmp);
     snprintf(dst, sizeof dst, "%s/big.down", g_tmp);
-    write_file(src, data, big);
+    cmt_write_file(src, data, big);
     /* part 2 waits in the proxy; meanwhile the server dies, and comes back a second later */
     cmt_s3_ctl(&g_s3, "delay?seconds=0.6&count=1&match=partNumber=2", NULL, 0);
     upload_job j = {st, src, CM_OK, ""};

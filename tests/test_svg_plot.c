@@ -142,8 +142,6 @@ static char *render(const cm_svg_plot *p) {
     return buf;
 }
 
-static char *slurp(const char *path) { return cmt_read_file(path, NULL); }
-
 static int count(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
@@ -349,7 +347,7 @@ Test(svg_plot, metrics_file_plot_draws_matching_series) {
     snprintf(svgp, sizeof svgp, "%s/loss.svg", g_dir);
     write_metrics(jsonl, true);
     cr_assert_eq(cm_svg_plot_metrics_file(jsonl, svgp, NULL, 0, NULL), CM_OK, "plot: %s", cm_last_error());
-    char *svg = slurp(svgp);
+    char *svg = cmt_read_file(svgp, NULL);
     cr_assert_null(xml_check(svg), "not well-formed: %s", xml_check(svg));
     cr_assert(strstr(svg, ">Loss</text>"), "default title missing");
     cr_assert(strstr(svg, ">loss/train/total</text>"));
@@ -370,7 +368,7 @@ Test(svg_plot, metrics_file_plot_draws_matching_series) {
     cm_svg_plot_config cfg = cm_svg_plot_config_default();
     cfg.title = "Accuracy";
     cr_assert_eq(cm_svg_plot_metrics_file(jsonl, svgp, pats, 1, &cfg), CM_OK, "plot: %s", cm_last_error());
-    svg = slurp(svgp);
+    svg = cmt_read_file(svgp, NULL);
     cr_assert(strstr(svg, ">metrics/eval/Accuracy</text>"));
     cr_assert_null(strstr(svg, "loss/train/total"));
     free(svg);

@@ -168,8 +168,6 @@ Test(bert, save_and_load_round_trip) {
     unlink(path);
 }
 
-static void write_file(const char *path, const char *s) { cmt_write_text(path, s); }
-
 Test(bert_files, bad_vocabularies_are_named) {
     cm_tokenizer *t = (cm_tokenizer *)1;
     cr_assert_eq(cm_tokenizer_wordpiece_new("/nonexistent/vocab.txt", true, &t), CM_ERR_IO);
@@ -177,20 +175,20 @@ Test(bert_files, bad_vocabularies_are_named) {
     cr_assert(strstr(cm_last_error(), "/nonexistent/vocab.txt"), "%s", cm_last_error());
     char p[] = "/tmp/cm_vocab_XXXXXX";
     close(mkstemp(p));
-    write_file(p, "");
+    cmt_write_text(p, "");
     cr_assert_eq(cm_tokenizer_wordpiece_new(p, true, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "empty"), "%s", cm_last_error());
-    write_file(p, "[PAD]\nhello\n");
+    cmt_write_text(p, "[PAD]\nhello\n");
     cr_assert_eq(cm_tokenizer_wordpiece_new(p, true, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "[UNK]") && strstr(cm_last_error(), p), "%s", cm_last_error());
-    write_file(p, "[UNK]\n\nhello\n");
+    cmt_write_text(p, "[UNK]\n\nhello\n");
     cr_assert_eq(cm_tokenizer_wordpiece_new(p, true, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "line 2"), "%s", cm_last_error());
-    write_file(p, "[UNK]\nhello\r\nhello\n");
+    cmt_write_text(p, "[UNK]\nhello\r\nhello\n");
     cr_assert_eq(cm_tokenizer_wordpiece_new(p, true, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "line 3") && strstr(cm_last_error(), "line 2"), "%s", cm_last_error());
     /* a tiny vocabulary without [CLS]: pair encoding is refused */
-    write_file(p, "[UNK]\nhello");
+    cmt_write_text(p, "[UNK]\nhello");
     cr_assert_eq(cm_tokenizer_wordpiece_new(p, true, &t), CM_OK, "%s", cm_last_error());
     int32_t ids[4];
     cr_assert_eq(cm_tokenizer_encode_pair(t, "hello", 5, NULL, 0, 4, ids, NULL, NULL, NULL), CM_ERR_UNSUPPORTED);

@@ -8,11 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static char *slurp(const char *path, size_t *len) { return cmt_read_file(path, len); }
-
 Test(char_tok, shakespeare_vocabulary_matches_nanogpt) {
     size_t len;
-    char *text = slurp("../shared/data/tinyshakespeare/input.txt", &len);
+    char *text = cmt_read_file("../shared/data/tinyshakespeare/input.txt", &len);
     cm_tokenizer *tok;
     cr_assert_eq(cm_tokenizer_char_new_from_text(text, len, &tok), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_tokenizer_vocab_size(tok), 65, "vocab %lld, nanoGPT has 65", (long long)cm_tokenizer_vocab_size(tok));
@@ -74,8 +72,6 @@ Test(char_tok, unknown_characters_and_bad_text_are_errors) {
     cr_assert_eq(cm_tokenizer_char_new_from_text("", 0, &tok), CM_ERR_INVALID_ARG);
 }
 
-static void write_file(const char *path, const char *s) { cmt_write_text(path, s); }
-
 Test(char_tok, tokenizer_json_round_trip_and_corrupt_files) {
     cm_tokenizer *tok, *t2;
     const char *text = "hello\n\xC3\xA9";
@@ -107,7 +103,7 @@ Test(char_tok, tokenizer_json_round_trip_and_corrupt_files) {
         {"[1, 2]", "not a JSON object"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        write_file(p, bad[i].json);
+        cmt_write_text(p, bad[i].json);
         t2 = (cm_tokenizer *)1;
         cr_assert_eq(cm_tokenizer_load(p, &t2), CM_ERR_FORMAT, "case %zu (%s) loaded", i, bad[i].json);
         cr_assert_null(t2);

@@ -23,8 +23,6 @@ static void setup(void) {
 }
 static void teardown(void) { cm_tokenizer_free(g_tok); }
 
-static char *slurp(const char *path, size_t *len) { return cmt_read_file(path, len); }
-
 static void expect_ids(const char *what, const int32_t *got, int64_t n_got, const int32_t *want, int64_t n_want) {
     int64_t first_diff = -1;
     for (int64_t i = 0; i < n_got && i < n_want; i++)
@@ -75,7 +73,7 @@ Test(gpt2, formats_md_worked_example) {
 
 Test(gpt2, shipped_multilingual_vectors_encode_and_decode_exactly) {
     size_t len;
-    char *json = slurp("../shared/data/gpt2/opencv_gpt2_hf_tik_testdata.json", &len);
+    char *json = cmt_read_file("../shared/data/gpt2/opencv_gpt2_hf_tik_testdata.json", &len);
     cJSON *root = cJSON_Parse(json);
     cr_assert_not_null(root);
     cJSON *samples = cJSON_GetObjectItem(root, "samples");
@@ -106,7 +104,7 @@ Test(gpt2, shipped_multilingual_vectors_encode_and_decode_exactly) {
 
 Test(gpt2, tiny_shakespeare_first_1000_ids_match) {
     size_t len, tlen;
-    char *txt = slurp("../shared/data/tinyshakespeare/gpt2_tokens_first1000.txt", &tlen);
+    char *txt = cmt_read_file("../shared/data/tinyshakespeare/gpt2_tokens_first1000.txt", &tlen);
     int32_t want[1000];
     int nw = 0;
     for (char *p = txt; nw < 1000;) {
@@ -118,7 +116,7 @@ Test(gpt2, tiny_shakespeare_first_1000_ids_match) {
     }
     free(txt);
     cr_assert_eq(nw, 1000);
-    char *text = slurp(SHAKESPEARE, &len);
+    char *text = cmt_read_file(SHAKESPEARE, &len);
     /* the first 1000 tokens come from the first few KB; encode a prefix that ends at a line break
      * followed by a non-space (a pre-token boundary), then the full file in the next test */
     int32_t ids[1200];
@@ -133,7 +131,7 @@ Test(gpt2, tiny_shakespeare_first_1000_ids_match) {
 
 Test(gpt2, tiny_shakespeare_full_file_round_trips_with_known_count) {
     size_t len;
-    char *text = slurp(SHAKESPEARE, &len);
+    char *text = cmt_read_file(SHAKESPEARE, &len);
     int32_t *ids;
     int64_t n;
     cr_assert_eq(cm_tokenizer_encode(g_tok, text, len, &ids, &n), CM_OK, "%s", cm_last_error());
@@ -251,7 +249,7 @@ static void *encode_job(void *arg) {
 
 Test(gpt2, concurrent_encodes_agree) {
     size_t len;
-    char *text = slurp(SHAKESPEARE, &len);
+    char *text = cmt_read_file(SHAKESPEARE, &len);
     thread_job jobs[2] = {{text, 200000, 0}, {text, 200000, 0}};
     pthread_t t[2];
     for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, encode_job, &jobs[i]);
@@ -276,8 +274,6 @@ Test(gpt2, save_and_load_round_trip) {
     unlink(path);
 }
 
-static void write_file(const char *path, const char *s) { cmt_write_text(path, s); }
-
 Test(gpt2_files, missing_or_corrupt_files_name_the_file) {
     cm_tokenizer *t = (cm_tokenizer *)1;
     cr_assert_eq(cm_tokenizer_gpt2_new("/nonexistent/encoder.json", BPE, &t), CM_ERR_IO);
@@ -287,17 +283,17 @@ Test(gpt2_files, missing_or_corrupt_files_name_the_file) {
     char enc[] = "/tmp/cm_enc_XXXXXX", bpe[] = "/tmp/cm_bpe_XXXXXX";
     close(mkstemp(enc));
     close(mkstemp(bpe));
-    write_file(enc, "{\"a\": 0, \"b\": ");
+    cmt_write_text(enc, "{\"a\": 0, \"b\": ");
     cr_assert_eq(cm_tokenizer_gpt2_new(enc, BPE, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), enc) && strstr(cm_last_error(), "truncated"), "%s", cm_last_error());
 
     /* a merge whose tokens the encoder lacks: the line is named */
     cr_assert_eq(cm_tokenizer_gpt2_new(ENC, "../shared/data/gpt2/encoder.json", &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "line"), "%s", cm_last_error());
-    write_file(bpe, "#version: 0.2\n\xC4\xA0 t\nzzzzqqqq xxxyyy\n");
+    cmt_write_text(bpe, "#version: 0.2\n\xC4\xA0 t\nzzzzqqqq xxxyyy\n");
     cr_assert_eq(cm_tokenizer_gpt2_new(ENC, bpe, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "line 3") && strstr(cm_last_error(), bpe), "%s", cm_last_error());
-    write_file(bpe, "#version: 0.2\n");
+    cmt_write_text(bpe, "#version: 0.2\n");
     cr_assert_eq(cm_tokenizer_gpt2_new(ENC, bpe, &t), CM_ERR_FORMAT);
     cr_assert(strstr(cm_last_error(), "no merges"), "%s", cm_last_error());
     unlink(enc);
