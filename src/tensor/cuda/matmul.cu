@@ -209,14 +209,15 @@ static cm_status lt_pad(lt_mat &m, int64_t batch, cm_dtype dt, bool in) {
  * enough that the padding adds little work. */
 static int64_t lt_pad_dim(int64_t d, int64_t q, bool large) { return large && d >= 64 ? (d + q - 1) / q * q : d; }
 
-#define LT_TRY(call)                                                                                                \
-    do {                                                                                                            \
-        cublasStatus_t s_ = (call);                                                                                 \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                          \
-            st = cm_set_error(CM_ERR_DEVICE, "cuda: %s: %s (GEMM M=%lld N=%lld K=%lld, %s)", #call,                 \
+/* Calls cublasLt<f>(...) through the table; a failure names the call, its status and the GEMM. */
+#define LT_TRY(f, ...)                                                                                      \
+    do {                                                                                                    \
+        cublasStatus_t s_ = g_api.f(__VA_ARGS__);                                                           \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
+            st = cm_set_error(CM_ERR_DEVICE, "cuda: cublasLt" #f ": %s (GEMM M=%lld N=%lld K=%lld, %s)",    \
                               lt_status_str(s_), (long long)M, (long long)N, (long long)K, cm_dtype_name(dt)); \
-            goto done;                                                                                              \
-        }                                                                                                           \
+            goto done;                                                                                      \
+        }                                                                                                   \
     } while (0)
 
 extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda, bool ta,
@@ -283,40 +284,40 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
     const int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     /* (the padded problem; errors name the caller's M, N, K) */
     const uint64_t m = (uint64_t)Np, n = (uint64_t)Mp, k = (uint64_t)Kp;
-    LT_TRY(g_api.MatmulDescCreate(&desc, ct, CUDA_R_32F));
-    LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    LT_TRY(MatmulDescCreate, &desc, ct, CUDA_R_32F);
+    LT_TRY(MatmulDescSetAttribute, desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    LT_TRY(MatmulDescSetAttribute, desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
     if (bias) {
         const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
         const int32_t bt = CUDA_R_32F;
-        LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        LT_TRY(g_api.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        LT_TRY(MatmulDescSetAttribute, desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        LT_TRY(MatmulDescSetAttribute, desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        LT_TRY(MatmulDescSetAttribute, desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
     }
     /* stored shapes: op N stores (rows, cols) = (m, k) for A and (k, n) for B; op T the transpose */
-    LT_TRY(g_api.MatrixLayoutCreate(&la, ty, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, ldb));
-    LT_TRY(g_api.MatrixLayoutCreate(&lb, ty, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, lda));
-    LT_TRY(g_api.MatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+    LT_TRY(MatrixLayoutCreate, &la, ty, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, ldb);
+    LT_TRY(MatrixLayoutCreate, &lb, ty, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, lda);
+    LT_TRY(MatrixLayoutCreate, &lc, CUDA_R_32F, m, n, ldc);
     if (batch > 1) {
         const int32_t bc = (int32_t)batch;
-        LT_TRY(g_api.MatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT_TRY(g_api.MatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT_TRY(g_api.MatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT_TRY(g_api.MatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb));
-        LT_TRY(g_api.MatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa));
-        LT_TRY(g_api.MatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc));
+        LT_TRY(MatrixLayoutSetAttribute, la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+        LT_TRY(MatrixLayoutSetAttribute, lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+        LT_TRY(MatrixLayoutSetAttribute, lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+        LT_TRY(MatrixLayoutSetAttribute, la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb);
+        LT_TRY(MatrixLayoutSetAttribute, lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa);
+        LT_TRY(MatrixLayoutSetAttribute, lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc);
     }
-    LT_TRY(g_api.MatmulPreferenceCreate(&pref));
+    LT_TRY(MatmulPreferenceCreate, &pref);
     {
         const uint64_t ws = g_lt.ws_bytes;
         const uint32_t al_a = alignment_of(b), al_b = alignment_of(a), al_c = alignment_of(c);
-        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4));
-        LT_TRY(g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4));
+        LT_TRY(MatmulPreferenceSetAttribute, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        LT_TRY(MatmulPreferenceSetAttribute, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4);
+        LT_TRY(MatmulPreferenceSetAttribute, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4);
+        LT_TRY(MatmulPreferenceSetAttribute, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4);
+        LT_TRY(MatmulPreferenceSetAttribute, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4);
     }
-    LT_TRY(g_api.MatmulAlgoGetHeuristic(g_lt.h, desc, la, lb, lc, lc, pref, 1, heur, &found));
+    LT_TRY(MatmulAlgoGetHeuristic, g_lt.h, desc, la, lb, lc, lc, pref, 1, heur, &found);
     if (found < 1) {
         st = cm_set_error(CM_ERR_DEVICE, "cuda: cuBLASLt has no algorithm for GEMM M=%lld N=%lld K=%lld (%s, lda %lld, "
                                          "ldb %lld, ldc %lld)",
@@ -324,8 +325,8 @@ extern "C" cm_status cmi_cuda_gemm(cm_dtype dt, int64_t M, int64_t N, int64_t K,
                           (long long)ldc);
         goto done;
     }
-    LT_TRY(g_api.Matmul(g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
-                          g_lt.ws_bytes, cmi_cuda_stream()));
+    LT_TRY(Matmul, g_lt.h, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heur[0].algo, g_lt.ws,
+           g_lt.ws_bytes, cmi_cuda_stream());
     st = cmi_cuda_launched("gemm");
     if (!st && mc.pad) { /* the padded result's first M x N into the caller's C */
         const int64_t shape[3] = {batch, M, N}, dst[3] = {mc.stride, mc.ld, 1}, src[3] = {sc, ldc, 1};
