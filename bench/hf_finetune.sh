@@ -18,7 +18,10 @@
 # tokens, so 64 gives the same model at half the cost), FT_LR, SEED, THREADS (CM_NUM_THREADS),
 # COMPOSER (the binary, default build/tools/composer), DATA (the folder holding sst2/,
 # tinyshakespeare/ and bert/, default ../shared/data), EXTRA (overrides added to every run, e.g.
-# "device=gpu precision=amp_bf16": scripts/gpu-check --only mlm runs it so). Results are appended to
+# "device=gpu precision=amp_bf16": scripts/gpu-check --only mlm runs it so), MLM_TEXT (more text
+# files for pretraining, space-separated, e.g. the corpus bench/mlm_corpus.py makes), MLM_ARGS and
+# FT_ARGS (overrides for the pretraining run only / the fine-tuning runs only, shell-quoted, e.g.
+# MLM_ARGS="train_loader.dataset.mlm_probability=0.3"). Results are appended to
 # bench/results/hf_finetune.tsv. Run from the repository root on an otherwise idle machine: the
 # wall-clock figures are only comparable between runs on the same machine and load.
 # For scale: Google's BERT-Tiny, pretrained on BooksCorpus + Wikipedia, scores 83.2 on SST-2
@@ -37,6 +40,9 @@ MLM_NAME=${MLM_NAME:-bench-bert-mlm}
 THREADS=${THREADS:-}
 DATA=${DATA:-../shared/data}
 EXTRA=${EXTRA:-}
+MLM_TEXT=${MLM_TEXT:-}
+MLM_ARGS=${MLM_ARGS:-}
+FT_ARGS=${FT_ARGS:-}
 ROOT=runs
 OUT=bench/results/hf_finetune.tsv
 
@@ -70,23 +76,29 @@ run() {
 
 printf 'run\tinit\tbudget\tdev_accuracy\tdev_cross_entropy\tbatches\twall_s (appended to %s)\n' "$OUT"
 if [ -z "${SKIP_MLM:-}" ]; then
+    text="$DATA/sst2/train.tsv, $DATA/tinyshakespeare/input.txt"
+    for f in $MLM_TEXT; do
+        [ -f "$f" ] || { echo "MLM_TEXT: no file $f" >&2; exit 1; }
+        text="$text, $f"
+    done
+    eval "set -- $MLM_ARGS"
     run bert-mlm random "$MLM_DURATION" examples/bert-mlm.yaml progress_bar=false run_root=$ROOT run_name="$MLM_NAME" \
         seed="$SEED" max_duration="$MLM_DURATION" save_folder=null callbacks.hf_checkpointer.save_folder="$ROOT/$MLM_NAME" \
-        tokenizer.name="$DATA/bert" \
-        train_loader.dataset.path="[$DATA/sst2/train.tsv, $DATA/tinyshakespeare/input.txt]"
+        tokenizer.name="$DATA/bert" train_loader.dataset.path="[$text]" "$@"
 fi
 FOLDER=$ROOT/$MLM_NAME/huggingface/final
 [ -f "$FOLDER/config.json" ] || { echo "no pretrained folder $FOLDER (run without SKIP_MLM)" >&2; exit 1; }
 # fine-tune NAME TRAIN_DATASET DURATION: the pretrained and the random-weights run
 finetune() {
     name=$1 data=$2 dur=$3
+    eval "set -- $FT_ARGS"
     for init in pretrained random; do
         pre=true
         [ $init = random ] && pre=false
         run "$name" "$init" "$dur" examples/bert-sst2.yaml progress_bar=false run_root=$ROOT run_name=bench-$name-$init \
             seed="$SEED" max_duration="$dur" model.pretrained_model_name_or_path="$FOLDER" model.pretrained=$pre \
             train_loader.dataset="$data" eval_loader.dataset.max_seq_len="$FT_SEQ" eval_loader.dataset.dir="$DATA/sst2" \
-            optimizer.lr="$FT_LR" save_folder=null
+            optimizer.lr="$FT_LR" save_folder=null "$@"
     done
 }
 # the seeds' setting: all of SST-2's training set
