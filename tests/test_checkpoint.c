@@ -859,6 +859,14 @@ Test(checkpoint, manifest_records_provenance_positions_and_checksums) {
                           "files", "manifest_xxh3"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         cr_expect(cJSON_HasObjectItem(root, keys[i]), "manifest lacks '%s'", keys[i]);
+    /* the commit the library was built from: the tree's HEAD when the tests run after a build
+     * (cmake/git_commit.cmake checks it at every build), "unknown" outside git */
+    char head[128];
+    const int rc = cmt_run_capture("git rev-parse --short=12 HEAD", head, sizeof head);
+    head[strcspn(head, "\n")] = 0;
+    const cJSON *commit = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "library"), "git_commit");
+    cr_assert(cJSON_IsString(commit), "manifest's library lacks git_commit");
+    cr_expect_str_eq(commit->valuestring, rc == 0 ? head : "unknown", "git_commit (rebuilt since the last commit?)");
     const cJSON *train = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "dataloaders"), "train");
     cr_expect_eq(cJSON_GetObjectItem(train, "position")->valuedouble, 32);
     cr_expect_eq(cm_checkpoint_n_tensors(ck), 4 + 3, "4 parameters + (step, exp_avg, exp_avg_sq) of the one unit");
