@@ -84,7 +84,7 @@ Test(cli_trackers, mlflow_from_yaml_logs_the_run_to_the_server) {
              "loggers.mlflow.flush_interval=0.1 loggers.mlflow.synchronous=false",
              srv.url);
     int rc = run(args);
-    cJSON *st = cmt_server_call(&srv, "/_test/state", NULL);
+    cJSON *st = cmt_server_state(&srv);
     cmt_server_stop(&srv);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(strstr(out, "loggers.mlflow.synchronous has no effect here"), "%s", out);
@@ -116,7 +116,7 @@ Test(cli_trackers, wandb_from_yaml_online_and_offline) {
              "train " DIR "/mnist.yaml run_name=wb loggers.wandb.project=p 'loggers.wandb.tags=[x, y]' "
              "loggers.wandb.flush_interval=0.1 loggers.wandb.init_kwargs.notes=hello");
     int rc = run(args);
-    cJSON *st = cmt_server_call(&srv, "/_test/state", NULL);
+    cJSON *st = cmt_server_state(&srv);
     cmt_server_stop(&srv);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "violations")), 0, "%s", cJSON_Print(st));

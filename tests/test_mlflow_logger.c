@@ -46,38 +46,10 @@ static cm_logger_plugin make(const cm_mlflow_logger_config *c) {
     return p;
 }
 
-static cJSON *state(void) { return cmt_server_call(&srv, "/_test/state", NULL); }
-
-static void faults(const char *rules_json) {
-    char body[2048];
-    snprintf(body, sizeof body, "{\"rules\": %s}", rules_json);
-    cJSON_Delete(cmt_server_call(&srv, "/_test/faults", body));
-}
-
-static void assert_no_violations(const cJSON *st) {
-    const cJSON *v = cJSON_GetObjectItem(st, "violations");
-    if (cJSON_GetArraySize(v) > 0) {
-        char *txt = cJSON_Print(v);
-        cr_assert_fail("the server saw protocol violations:\n%s", txt);
-    }
-}
-
-static const char *sget(const cJSON *o, const char *k) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(x) ? x->valuestring : NULL;
-}
-
-/* The only run in the state (asserts there is one). */
-static const cJSON *only_run(const cJSON *st) {
-    const cJSON *runs = cJSON_GetObjectItem(st, "runs");
-    cr_assert_eq(cJSON_GetArraySize(runs), 1, "%d runs on the server", cJSON_GetArraySize(runs));
-    return runs->child;
-}
-
 static const cJSON *run_named(const cJSON *st, const char *name) {
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(st, "runs")) {
-        if (!strcmp(sget(cJSON_GetObjectItem(r, "info"), "run_name"), name)) return r;
+        if (!strcmp(cmt_json_str(cJSON_GetObjectItem(r, "info"), "run_name"), name)) return r;
     }
     cr_assert_fail("no run named %s", name);
     return NULL;
@@ -87,7 +59,7 @@ static int count_requests(const cJSON *st, const char *endpoint) {
     int n = 0;
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(st, "requests")) {
-        if (!strcmp(sget(r, "endpoint"), endpoint)) n++;
+        if (!strcmp(cmt_json_str(r, "endpoint"), endpoint)) n++;
     }
     return n;
 }
@@ -122,24 +94,25 @@ Test(mlflow_logger, a_fit_makes_the_experiment_and_run_and_sends_every_value) {
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK, "%s", cm_last_error());
     const double t1 = cmi_unix_time();
     const cm_tracker_stats s = stats_of(&g, 1);
-    cJSON *st = state();
-    assert_no_violations(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
     /* the experiment, created after a 404 from get-by-name */
     const cJSON *reqs = cJSON_GetObjectItem(st, "requests");
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(reqs, 0), "endpoint"), "experiments/get-by-name");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(reqs, 0), "endpoint"), "experiments/get-by-name");
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(reqs, 0), "status")->valueint, 404);
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(reqs, 1), "endpoint"), "experiments/create");
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(reqs, 2), "endpoint"), "runs/create");
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(reqs, cJSON_GetArraySize(reqs) - 1), "endpoint"), "runs/update",
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(reqs, 1), "endpoint"), "experiments/create");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(reqs, 2), "endpoint"), "runs/create");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(reqs, cJSON_GetArraySize(reqs) - 1), "endpoint"), "runs/update",
                      "the status update is the last request");
     const cJSON *exps = cJSON_GetObjectItem(st, "experiments");
     cr_assert_eq(cJSON_GetArraySize(exps), 1);
-    cr_assert_str_eq(sget(exps->child, "name"), "exp-a");
+    cr_assert_str_eq(cmt_json_str(exps->child, "name"), "exp-a");
     /* the run: name, Composer's tags, FINISHED with an end time */
-    const cJSON *run = only_run(st), *info = cJSON_GetObjectItem(run, "info"), *data = cJSON_GetObjectItem(run, "data");
-    cr_assert_str_eq(sget(info, "run_name"), "ml-run");
-    cr_assert_str_eq(sget(info, "run_id"), s.run_id);
-    cr_assert_str_eq(sget(info, "status"), "FINISHED");
+    const cJSON *run = cmt_only_run(st), *info = cJSON_GetObjectItem(run, "info");
+    const cJSON *data = cJSON_GetObjectItem(run, "data");
+    cr_assert_str_eq(cmt_json_str(info, "run_name"), "ml-run");
+    cr_assert_str_eq(cmt_json_str(info, "run_id"), s.run_id);
+    cr_assert_str_eq(cmt_json_str(info, "status"), "FINISHED");
     const double end = cJSON_GetObjectItem(info, "end_time")->valuedouble / 1000;
     cr_assert(end >= t0 - 1 && end <= t1 + 1, "end_time %f not within the run", end);
     const cJSON *tg = cJSON_GetObjectItem(data, "tags");
@@ -148,17 +121,17 @@ Test(mlflow_logger, a_fit_makes_the_experiment_and_run_and_sends_every_value) {
                                   {"mlflow.runName", "ml-run"}, {"mlflow.source.type", "LOCAL"},
                                   {"mlflow.source.name", "composer"}};
     for (size_t i = 0; i < sizeof want_tags / sizeof *want_tags; i++) {
-        const char *v = sget(tg, want_tags[i][0]);
+        const char *v = cmt_json_str(tg, want_tags[i][0]);
         cr_assert(v && !strcmp(v, want_tags[i][1]), "tag %s = %s, want %s", want_tags[i][0], v ? v : "(none)",
                   want_tags[i][1]);
     }
-    cr_assert_not_null(sget(tg, "mlflow.user"));
+    cr_assert_not_null(cmt_json_str(tg, "mlflow.user"));
     /* the trainer's hyperparameters as params, as Python's str() writes them */
     const cJSON *params = cJSON_GetObjectItem(data, "params");
-    cr_assert_str_eq(sget(params, "run_name"), "ml-run");
-    cr_assert_str_eq(sget(params, "max_duration"), "2ep");
-    cr_assert_str_eq(sget(params, "deterministic_mode"), "False");
-    cr_assert_str_eq(sget(params, "world_size"), "1");
+    cr_assert_str_eq(cmt_json_str(params, "run_name"), "ml-run");
+    cr_assert_str_eq(cmt_json_str(params, "max_duration"), "2ep");
+    cr_assert_str_eq(cmt_json_str(params, "deterministic_mode"), "False");
+    cr_assert_str_eq(cmt_json_str(params, "world_size"), "1");
     /* every value, in order, with its step and an exact value */
     const cJSON *ms = cJSON_GetObjectItem(data, "metrics");
     const int64_t n = cm_in_memory_logger_n(mem);
@@ -169,7 +142,7 @@ Test(mlflow_logger, a_fit_makes_the_experiment_and_run_and_sends_every_value) {
     const cJSON *m;
     cJSON_ArrayForEach(m, ms) {
         const cm_log_record *r = cm_in_memory_logger_record(mem, i++);
-        cr_assert_str_eq(sget(m, "key"), r->name);
+        cr_assert_str_eq(cmt_json_str(m, "key"), r->name);
         cr_assert_eq(cJSON_GetObjectItem(m, "step")->valuedouble, (double)r->batch, "%s: step", r->name);
         const double v = value_of(m);
         cr_assert(v == r->value || (isnan(v) && isnan(r->value)), "%s at %lld: %.17g != %.17g", r->name,
@@ -196,14 +169,14 @@ Test(mlflow_logger, a_second_run_finds_the_experiment_by_name) {
         cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
         cmt_track_rig_free(&g); /* (closes through cm_trainer_free) */
     }
-    cJSON *st = state();
-    assert_no_violations(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "experiments")), 1);
     cr_assert_eq(count_requests(st, "experiments/create"), 1);
     cr_assert_eq(count_requests(st, "experiments/get-by-name"), 2);
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(run_named(st, "second"), "info"), "status"), "FINISHED");
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(run_named(st, "first"), "info"), "experiment_id"),
-                     sget(cJSON_GetObjectItem(run_named(st, "second"), "info"), "experiment_id"));
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(run_named(st, "second"), "info"), "status"), "FINISHED");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(run_named(st, "first"), "info"), "experiment_id"),
+                     cmt_json_str(cJSON_GetObjectItem(run_named(st, "second"), "info"), "experiment_id"));
     cJSON_Delete(st);
 }
 
@@ -247,12 +220,12 @@ Test(mlflow_logger, log_batch_requests_stay_within_the_api_limits) {
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
-    cJSON *st = state();
-    assert_no_violations(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
     int batches = 0, max_m = 0, max_p = 0;
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(st, "requests")) {
-        if (strcmp(sget(r, "endpoint"), "runs/log-batch")) continue;
+        if (strcmp(cmt_json_str(r, "endpoint"), "runs/log-batch")) continue;
         const cJSON *b = cJSON_GetObjectItem(r, "body");
         const int nm = cJSON_GetArraySize(cJSON_GetObjectItem(b, "metrics")),
                   np = cJSON_GetArraySize(cJSON_GetObjectItem(b, "params"));
@@ -263,13 +236,13 @@ Test(mlflow_logger, log_batch_requests_stay_within_the_api_limits) {
     }
     cr_assert_eq(max_m, 1000, "the largest request had %d metrics", max_m);
     cr_assert_eq(max_p, 100, "the largest request had %d params", max_p);
-    const cJSON *data = cJSON_GetObjectItem(only_run(st), "data");
+    const cJSON *data = cJSON_GetObjectItem(cmt_only_run(st), "data");
     /* 2 batches x (2500 flood + the trainer's) metrics, 250 + 9 params */
     const int n_metrics = cJSON_GetArraySize(cJSON_GetObjectItem(data, "metrics"));
     cr_assert_geq(n_metrics, 5000);
     cr_assert_eq(stats_of(&g, 0).metrics_sent, n_metrics);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(data, "params")), 250 + 9);
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(data, "params"), "flood/m0003"), "1.5");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(data, "params"), "flood/m0003"), "1.5");
     cr_assert_geq(batches, 6 + 3);
     cJSON_Delete(st);
     cmt_track_rig_free(&g);
@@ -279,7 +252,7 @@ Test(mlflow_logger, log_batch_requests_stay_within_the_api_limits) {
 /* ---- faults ---- */
 
 Test(mlflow_logger, retries_429_5xx_and_timeouts_then_everything_arrives) {
-    faults("[{\"path\": \"runs/log-batch\", \"status\": 503, \"count\": 2},"
+    cmt_server_faults(&srv, "[{\"path\": \"runs/log-batch\", \"status\": 503, \"count\": 2},"
            " {\"path\": \"runs/log-batch\", \"status\": 429, \"retry_after\": 0, \"count\": 1},"
            " {\"path\": \"runs/log-batch\", \"delay\": 1.5, \"status\": 500, \"count\": 1},"
            " {\"path\": \"runs/create\", \"status\": 502, \"count\": 1}]");
@@ -292,12 +265,12 @@ Test(mlflow_logger, retries_429_5xx_and_timeouts_then_everything_arrives) {
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     const cm_tracker_stats s = stats_of(&g, 1);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(run, "data"), "metrics")),
                  cm_in_memory_logger_n(mem));
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(run, "info"), "status"), "FINISHED");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(run, "info"), "status"), "FINISHED");
     cr_assert_eq(s.retries, 5, "retries: %lld", (long long)s.retries);
     cr_assert_eq(s.reports, 0, "a fault the retries absorbed is not reported: %s", s.last_error);
     cr_assert(!s.down);
@@ -306,7 +279,7 @@ Test(mlflow_logger, retries_429_5xx_and_timeouts_then_everything_arrives) {
 }
 
 Test(mlflow_logger, a_server_that_stays_down_is_reported_once_and_never_stalls_training) {
-    faults("[{\"path\": \"*\", \"status\": 503, \"count\": 100000}]");
+    cmt_server_faults(&srv, "[{\"path\": \"*\", \"status\": 503, \"count\": 100000}]");
     cm_mlflow_logger_config c = quick();
     c.max_retries = 2;
     c.backoff_factor = 0.2; /* each failed round takes 0.2 + 0.4 s: longer than the fit */
@@ -341,7 +314,7 @@ Test(mlflow_logger, a_server_that_stays_down_is_reported_once_and_never_stalls_t
 /* Every request takes 5 s: the fit does not wait for any of them, and the close gives up on the
  * one in flight at close_timeout. */
 Test(mlflow_logger, a_slow_server_never_stalls_a_training_step) {
-    faults("[{\"path\": \"*\", \"delay\": 5.0, \"count\": 100000}]");
+    cmt_server_faults(&srv, "[{\"path\": \"*\", \"delay\": 5.0, \"count\": 100000}]");
     cm_mlflow_logger_config c = quick();
     c.request_timeout = 30;
     c.close_timeout = 1.0;
@@ -369,7 +342,7 @@ Test(mlflow_logger, a_slow_server_never_stalls_a_training_step) {
 Test(mlflow_logger, a_server_that_comes_back_gets_everything_that_was_kept) {
     /* down for the first two requests (the experiment lookup), then the first log-batch (the
      * params) goes through and the next two (metrics) fail */
-    faults("[{\"path\": \"*\", \"status\": 503, \"count\": 2},"
+    cmt_server_faults(&srv, "[{\"path\": \"*\", \"status\": 503, \"count\": 2},"
            " {\"path\": \"runs/log-batch\", \"after\": 1, \"status\": 503, \"count\": 2}]");
     cm_mlflow_logger_config c = quick();
     c.max_retries = 0;
@@ -401,18 +374,19 @@ Test(mlflow_logger, a_server_that_comes_back_gets_everything_that_was_kept) {
     cr_assert_eq(s.reports, 1, "%s", err);
     cr_assert_eq(cmt_count(err, "[composer warn] MLFlowLogger:"), 1, "%s", err);
     cr_assert(s.finished && !s.down);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *ms = cJSON_GetObjectItem(cJSON_GetObjectItem(only_run(st), "data"), "metrics");
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *ms = cJSON_GetObjectItem(cJSON_GetObjectItem(cmt_only_run(st), "data"), "metrics");
     cr_assert_eq(cJSON_GetArraySize(ms), 100);
     for (int i = 0; i < 100; i++)
         cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, i), "step")->valueint, i / 2, "values out of order");
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(cJSON_GetObjectItem(only_run(st), "data"), "params"), "lr"), "0.5");
+    const cJSON *params = cJSON_GetObjectItem(cJSON_GetObjectItem(cmt_only_run(st), "data"), "params");
+    cr_assert_str_eq(cmt_json_str(params, "lr"), "0.5");
     /* the log-batch faults happened: two refused metric requests */
     int failed_batches = 0;
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(st, "requests")) {
-        if (!strcmp(sget(r, "endpoint"), "runs/log-batch") && cJSON_IsObject(cJSON_GetObjectItem(r, "fault")))
+        if (!strcmp(cmt_json_str(r, "endpoint"), "runs/log-batch") && cJSON_IsObject(cJSON_GetObjectItem(r, "fault")))
             failed_batches++;
     }
     cr_assert_eq(failed_batches, 2);
@@ -423,7 +397,7 @@ Test(mlflow_logger, a_server_that_comes_back_gets_everything_that_was_kept) {
 }
 
 Test(mlflow_logger, a_refused_batch_is_reported_once_and_the_rest_is_sent) {
-    faults("[{\"path\": \"runs/log-batch\", \"status\": 400, \"count\": 1}]");
+    cmt_server_faults(&srv, "[{\"path\": \"runs/log-batch\", \"status\": 400, \"count\": 1}]");
     cm_mlflow_logger_config c = quick();
     cm_logger_plugin p = make(&c);
     cm_state *st0;
@@ -468,9 +442,9 @@ Test(mlflow_logger, a_failed_fit_marks_the_run_failed) {
     cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
     cr_assert_neq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g); /* the CLI frees without closing after a failed fit */
-    cJSON *st = state();
-    assert_no_violations(st);
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(only_run(st), "info"), "status"), "FAILED");
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(cmt_only_run(st), "info"), "status"), "FAILED");
     cJSON_Delete(st);
 }
 
@@ -503,20 +477,20 @@ Test(mlflow_logger, rename_ignore_and_invalid_names) {
     char *err = cmt_stderr_end();
     cr_assert(strstr(err, "metric 'a//b' is not sent: it has '//'"), "%s", err);
     cr_assert(strstr(err, "hyperparameter 'bad key!' is not sent"), "%s", err);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *data = cJSON_GetObjectItem(only_run(st), "data");
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *data = cJSON_GetObjectItem(cmt_only_run(st), "data");
     const cJSON *ms = cJSON_GetObjectItem(data, "metrics");
     cr_assert_eq(cJSON_GetArraySize(ms), 3);
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(ms, 0), "key"), "good_name");
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(ms, 1), "key"), "ok/x y-z.w_1");
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(ms, 1), "value_json"), "NaN", "NaN goes as the string \"NaN\"");
-    cr_assert_str_eq(sget(cJSON_GetArrayItem(ms, 2), "value_json"), "Infinity");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(ms, 0), "key"), "good_name");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(ms, 1), "key"), "ok/x y-z.w_1");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(ms, 1), "value_json"), "NaN", "NaN goes as the string \"NaN\"");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetArrayItem(ms, 2), "value_json"), "Infinity");
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 0), "step")->valueint, 4);
     const cJSON *params = cJSON_GetObjectItem(data, "params");
     cr_assert_eq(cJSON_GetArraySize(params), 2);
-    cr_assert_str_eq(sget(params, "lr"), "0.0003");
-    cr_assert_str_eq(sget(params, "amp"), "True");
+    cr_assert_str_eq(cmt_json_str(params, "lr"), "0.0003");
+    cr_assert_str_eq(cmt_json_str(params, "amp"), "True");
     cJSON_Delete(st);
     free(err);
     p.vt->free(p.self);
@@ -537,12 +511,12 @@ Test(mlflow_logger, duplicate_values_are_sent_every_n_steps_as_composer_does) {
         cr_assert_eq(p.vt->log_metrics(p.self, v, 2, &ts), CM_OK);
     }
     cr_assert_eq(p.vt->close(p.self, st0), CM_OK);
-    cJSON *st = state();
-    const cJSON *ms = cJSON_GetObjectItem(cJSON_GetObjectItem(only_run(st), "data"), "metrics");
+    cJSON *st = cmt_server_state(&srv);
+    const cJSON *ms = cJSON_GetObjectItem(cJSON_GetObjectItem(cmt_only_run(st), "data"), "metrics");
     char got[2][64] = {"", ""};
     const cJSON *m;
     cJSON_ArrayForEach(m, ms) {
-        const int k = !strcmp(sget(m, "key"), "const") ? 0 : 1;
+        const int k = !strcmp(cmt_json_str(m, "key"), "const") ? 0 : 1;
         snprintf(got[k] + strlen(got[k]), 64 - strlen(got[k]), "%d ", cJSON_GetObjectItem(m, "step")->valueint);
     }
     cr_assert_str_eq(got[0], "0 3 6 9 ");
@@ -562,9 +536,9 @@ Test(mlflow_logger, resume_reuses_the_run_tagged_with_the_run_name) {
         cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
         cmt_track_rig_free(&g);
     }
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
     cr_assert_eq(count_requests(st, "runs/search"), 1);
     cr_assert_eq(count_requests(st, "runs/create"), 1);
     const cJSON *hist = cJSON_GetObjectItem(run, "status_history");
@@ -609,14 +583,14 @@ Test(mlflow_logger, environment_variables_give_the_server_credentials_and_ids) {
     cr_assert_eq(stats_of(&g, 0).failed_requests, 0, "%s", err);
     free(err);
     cmt_track_rig_free(&g);
-    cJSON *st = state();
-    assert_no_violations(st);
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(st, "experiments")->child, "name"), "from-env");
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(st, "experiments")->child, "name"), "from-env");
     cr_assert_eq(count_requests(st, "experiments/get-by-name"), 1, "MLFLOW_EXPERIMENT_ID skips the lookup");
     cr_assert_eq(count_requests(st, "runs/create"), 1, "MLFLOW_RUN_ID reuses the run");
-    const cJSON *run = only_run(st);
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(cJSON_GetObjectItem(run, "data"), "tags"), "run_name"), "env2");
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(cJSON_GetObjectItem(run, "data"), "params"), "run_name"), "env1");
+    const cJSON *run = cmt_only_run(st);
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(cJSON_GetObjectItem(run, "data"), "tags"), "run_name"), "env2");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(cJSON_GetObjectItem(run, "data"), "params"), "run_name"), "env1");
     cJSON_Delete(st);
 }
 
@@ -634,7 +608,7 @@ Test(mlflow_logger, wrong_credentials_are_reported_once_and_nothing_is_retried) 
     cr_assert_eq(s.reports, 2, "the refusal, and the values not sent:\n%s", err);
     cr_assert(strstr(err, "HTTP 401"), "%s", err);
     cr_assert_eq(s.retries, 0);
-    cJSON *st = state();
+    cJSON *st = cmt_server_state(&srv);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 1, "a refused credential is not retried");
     cJSON_Delete(st);
     free(err);
@@ -649,7 +623,7 @@ Test(mlflow_logger, only_rank_zero_logs_unless_asked) {
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    cJSON *st = state();
+    cJSON *st = cmt_server_state(&srv);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0);
     cJSON_Delete(st);
     c.rank_zero_only = false;
@@ -659,9 +633,9 @@ Test(mlflow_logger, only_rank_zero_logs_unless_asked) {
                      &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    st = state();
-    assert_no_violations(st);
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(only_run(st), "info"), "run_name"), "rr-rank1");
+    st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(cmt_only_run(st), "info"), "run_name"), "rr-rank1");
     cJSON_Delete(st);
 }
 

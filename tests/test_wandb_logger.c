@@ -51,30 +51,6 @@ static cm_logger_plugin make(const cm_wandb_logger_config *c) {
     return p;
 }
 
-static cJSON *state(void) { return cmt_server_call(&srv, "/_test/state", NULL); }
-
-static void faults(const char *rules) {
-    char body[2048];
-    snprintf(body, sizeof body, "{\"rules\": %s}", rules);
-    cJSON_Delete(cmt_server_call(&srv, "/_test/faults", body));
-}
-
-static void assert_no_violations(const cJSON *st) {
-    const cJSON *v = cJSON_GetObjectItem(st, "violations");
-    if (cJSON_GetArraySize(v) > 0) cr_assert_fail("the server saw protocol violations:\n%s", cJSON_Print(v));
-}
-
-static const cJSON *only_run(const cJSON *st) {
-    const cJSON *runs = cJSON_GetObjectItem(st, "runs");
-    cr_assert_eq(cJSON_GetArraySize(runs), 1, "%d runs on the server", cJSON_GetArraySize(runs));
-    return runs->child;
-}
-
-static const char *sget(const cJSON *o, const char *k) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(x) ? x->valuestring : NULL;
-}
-
 static double num_of(const cJSON *v) {
     if (cJSON_IsNumber(v)) return v->valuedouble;
     cr_assert(cJSON_IsString(v), "not a number");
@@ -144,9 +120,9 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK, "%s", cm_last_error());
     const cm_tracker_stats s = stats_of(&g, 1);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
     char key[256];
     snprintf(key, sizeof key, "test-entity/proj/%s", s.run_id);
     cr_assert_str_eq(run->string, key, "the run is under the viewer's entity, the project and the run id");
@@ -154,15 +130,15 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
     regcomp(&re, "^[a-z0-9]{8}$", REG_EXTENDED | REG_NOSUB);
     cr_assert_eq(regexec(&re, s.run_id, 0, NULL, 0), 0, "run id '%s' is not 8 of [a-z0-9]", s.run_id);
     regfree(&re);
-    cr_assert_str_eq(sget(run, "displayName"), "wb-run");
-    cr_assert_str_eq(sget(run, "groupName"), "g1");
-    cr_assert_str_eq(sget(run, "notes"), "a test");
+    cr_assert_str_eq(cmt_json_str(run, "displayName"), "wb-run");
+    cr_assert_str_eq(cmt_json_str(run, "groupName"), "g1");
+    cr_assert_str_eq(cmt_json_str(run, "notes"), "a test");
     cmt_assert_json(cJSON_GetObjectItem(run, "tags"), "[\"a\",\"b c\"]");
-    cr_assert_not_null(sget(run, "host"));
+    cr_assert_not_null(cmt_json_str(run, "host"));
     /* the config: the trainer's hyperparameters as {"value": v} */
     const cJSON *cfg = cJSON_GetObjectItem(run, "config");
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(cfg, "max_duration"), "value"), "2ep");
-    cr_assert_str_eq(sget(cJSON_GetObjectItem(cfg, "run_name"), "value"), "wb-run");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(cfg, "max_duration"), "value"), "2ep");
+    cr_assert_str_eq(cmt_json_str(cJSON_GetObjectItem(cfg, "run_name"), "value"), "wb-run");
     cr_assert(cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(cfg, "deterministic_mode"), "value")));
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(cfg, "world_size"), "value")->valuedouble, 1);
     /* every row, the summary, the end */
@@ -184,7 +160,7 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
 }
 
 Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
-    faults("[{\"path\": \"graphql\", \"status\": 503, \"count\": 2},"
+    cmt_server_faults(&srv, "[{\"path\": \"graphql\", \"status\": 503, \"count\": 2},"
            " {\"path\": \"file_stream\", \"status\": 500, \"count\": 1},"
            " {\"path\": \"file_stream\", \"status\": 429, \"retry_after\": 0, \"count\": 1},"
            " {\"path\": \"file_stream\", \"delay\": 1.5, \"status\": 502, \"count\": 1}]");
@@ -197,9 +173,9 @@ Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cr_assert_eq(cm_trainer_close(g.tr), CM_OK);
     const cm_tracker_stats s = stats_of(&g, 1);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
     check_rows(mem, cJSON_GetObjectItem(run, "history"), NULL);
     cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(run, "complete")));
     cr_assert_eq(s.retries, 5, "retries: %lld", (long long)s.retries);
@@ -209,7 +185,7 @@ Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
 }
 
 Test(wandb_logger, a_server_that_stays_down_is_reported_once_and_training_goes_on) {
-    faults("[{\"path\": \"*\", \"status\": 503, \"count\": 100000}]");
+    cmt_server_faults(&srv, "[{\"path\": \"*\", \"status\": 503, \"count\": 100000}]");
     cm_wandb_logger_config c = quick();
     c.max_retries = 2;
     c.backoff_s = 0.2;
@@ -239,7 +215,7 @@ Test(wandb_logger, a_server_that_stays_down_is_reported_once_and_training_goes_o
 
 Test(wandb_logger, a_server_that_comes_back_gets_every_row_at_its_offset) {
     /* the run is created, then the first three file_stream requests fail */
-    faults("[{\"path\": \"file_stream\", \"status\": 503, \"count\": 3}]");
+    cmt_server_faults(&srv, "[{\"path\": \"file_stream\", \"status\": 503, \"count\": 3}]");
     cm_wandb_logger_config c = quick();
     c.max_retries = 0;
     cm_logger_plugin p = make(&c);
@@ -258,15 +234,15 @@ Test(wandb_logger, a_server_that_comes_back_gets_every_row_at_its_offset) {
     char *err = cmt_stderr_end();
     cm_tracker_stats s;
     cm_wandb_logger_stats(&p, &s);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *hist = cJSON_GetObjectItem(only_run(st), "history");
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *hist = cJSON_GetObjectItem(cmt_only_run(st), "history");
     cr_assert_eq(cJSON_GetArraySize(hist), 40);
     for (int b = 0; b < 40; b++) {
         const cJSON *row = cJSON_GetArrayItem(hist, b);
         cr_assert_eq(cJSON_GetObjectItem(row, "_step")->valueint, b);
         cr_assert_eq(num_of(cJSON_GetObjectItem(row, "loss")), 1.0 / (b + 1));
-        if (b % 3 == 0) cr_assert_str_eq(sget(row, "lr"), "NaN", "NaN goes as NaN");
+        if (b % 3 == 0) cr_assert_str_eq(cmt_json_str(row, "lr"), "NaN", "NaN goes as NaN");
     }
     cr_assert_eq(s.reports, 1, "%s", err);
     cr_assert_eq(s.metrics_sent, 40);
@@ -292,9 +268,9 @@ Test(wandb_logger, a_failed_fit_ends_the_run_with_exit_code_1) {
     cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.callbacks = &cb, .n_callbacks = 1}, &p, 1);
     cr_assert_neq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
     cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(run, "complete")));
     cr_assert_eq(cJSON_GetObjectItem(run, "exitcode")->valueint, 1);
     cJSON_Delete(st);
@@ -312,7 +288,7 @@ Test(wandb_logger, a_wrong_api_key_is_reported_once_and_not_retried) {
     const cm_tracker_stats s = stats_of(&g, 0);
     cr_assert(strstr(err, "refused POST") && strstr(err, "HTTP 401"), "%s", err);
     cr_assert_eq(s.retries, 0);
-    cJSON *st = state();
+    cJSON *st = cmt_server_state(&srv);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 1);
     cJSON_Delete(st);
     free(err);
@@ -335,9 +311,9 @@ Test(wandb_logger, values_at_a_lower_step_are_dropped_with_one_warning) {
     cr_assert_eq(p.vt->close(p.self, st0), CM_OK);
     char *err = cmt_stderr_end();
     cr_assert_eq(cmt_count(err, "below the current step"), 1, "%s", err);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *hist = cJSON_GetObjectItem(only_run(st), "history");
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *hist = cJSON_GetObjectItem(cmt_only_run(st), "history");
     char *h = cJSON_PrintUnformatted(hist);
     /* rows 0 (b=0, a=1), 2 (b=2), 5 (a=5 then 7: the latest, b=6) */
     cr_assert_eq(cJSON_GetArraySize(hist), 3, "%s", h);
@@ -364,12 +340,12 @@ Test(wandb_logger, environment_variables_name_the_run) {
     cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ba", .no_eval = true}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    cJSON *st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
+    cJSON *st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
     cr_assert_str_eq(run->string, "team-x/envproj/my-run_1");
-    cr_assert_str_eq(sget(run, "displayName"), "pretty");
-    cr_assert_str_eq(sget(run, "groupName"), "sweep-1");
+    cr_assert_str_eq(cmt_json_str(run, "displayName"), "pretty");
+    cr_assert_str_eq(cmt_json_str(run, "groupName"), "sweep-1");
     cmt_assert_json(cJSON_GetObjectItem(run, "tags"), "[\"x\",\"y\",\"z\"]");
     cJSON_Delete(st);
 }
@@ -382,7 +358,7 @@ Test(wandb_logger, only_rank_zero_logs_unless_asked) {
                              &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    cJSON *st = state();
+    cJSON *st = cmt_server_state(&srv);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0);
     cJSON_Delete(st);
     c.rank_zero_only = false;
@@ -392,11 +368,11 @@ Test(wandb_logger, only_rank_zero_logs_unless_asked) {
                      &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    st = state();
-    assert_no_violations(st);
-    const cJSON *run = only_run(st);
-    cr_assert_str_eq(sget(run, "displayName"), "rr-rank1");
-    cr_assert_str_eq(sget(run, "groupName"), "rr", "Composer groups the ranks' runs under the name");
+    st = cmt_server_state(&srv);
+    cmt_assert_no_violations(st);
+    const cJSON *run = cmt_only_run(st);
+    cr_assert_str_eq(cmt_json_str(run, "displayName"), "rr-rank1");
+    cr_assert_str_eq(cmt_json_str(run, "groupName"), "rr", "Composer groups the ranks' runs under the name");
     cJSON_Delete(st);
 }
 
@@ -444,9 +420,9 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     cr_assert(cJSON_IsObject(cJSON_GetObjectItem(cJSON_GetArrayItem(recs, 0), "header")), "the first record is Header");
     const cJSON *run = cJSON_GetObjectItem(cJSON_GetArrayItem(recs, 1), "run");
     cr_assert_not_null(run, "the second record is Run");
-    cr_assert_str_eq(sget(run, "run_id"), s.run_id);
-    cr_assert_str_eq(sget(run, "display_name"), "off-run");
-    cr_assert_str_eq(sget(run, "project"), "proj");
+    cr_assert_str_eq(cmt_json_str(run, "run_id"), s.run_id);
+    cr_assert_str_eq(cmt_json_str(run, "display_name"), "off-run");
+    cr_assert_str_eq(cmt_json_str(run, "project"), "proj");
     cmt_assert_json(cJSON_GetObjectItem(run, "tags"), "[\"off\"]");
     cr_assert(fabs(cJSON_GetObjectItem(run, "start_time")->valuedouble - cmi_unix_time()) < 600);
     /* config, history rows, then summary and exit */
@@ -469,7 +445,7 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     }
     check_rows(mem, rows, "items");
     cr_assert_not_null(config);
-    cr_assert_str_eq(sget(config, "max_duration"), "2ep");
+    cr_assert_str_eq(cmt_json_str(config, "max_duration"), "2ep");
     cr_assert_not_null(summary);
     double last;
     cm_in_memory_logger_last(mem, "loss/train/total", &last);
@@ -479,7 +455,7 @@ Test(wandb_logger, offline_writes_a_run_folder_with_the_clients_transaction_log)
     cr_assert_eq(cJSON_GetObjectItem(ex, "exit_code")->valueint, 0);
     cr_assert(s.finished);
     cr_assert_eq(s.metrics_sent, cJSON_GetArraySize(rows));
-    cJSON *st = state();
+    cJSON *st = cmt_server_state(&srv);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0, "offline sends nothing");
     cJSON_Delete(st);
     cJSON_Delete(rows);
@@ -559,7 +535,7 @@ Test(wandb_logger, the_transaction_log_framing_at_block_edges_reads_back) {
     for (int i = 0; i < k; i++) {
         const cJSON *r = cJSON_GetArrayItem(recs, i);
         cr_assert_eq(cJSON_GetObjectItem(r, "num")->valueint, i + 1);
-        const char *v = sget(cJSON_GetObjectItem(r, "config"), "k");
+        const char *v = cmt_json_str(cJSON_GetObjectItem(r, "config"), "k");
         cr_assert_not_null(v, "record %d has no config value", i + 1);
         cr_assert_gt(strlen(v), sizes[i] - 40, "record %d lost data", i + 1);
     }
@@ -638,7 +614,7 @@ Test(wandb_logger, disabled_logs_nothing) {
     cmt_track_rig g = cmt_track_rig_make(&(cmt_fit_opts){.max_duration = "2ba"}, &p, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK);
     cmt_track_rig_free(&g);
-    cJSON *st = state();
+    cJSON *st = cmt_server_state(&srv);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(st, "requests")), 0);
     cJSON_Delete(st);
 }

@@ -212,3 +212,28 @@ cJSON *cmt_server_call(const cmt_server *s, const char *path, const char *body) 
     free(reply);
     return j;
 }
+
+cJSON *cmt_server_state(const cmt_server *s) { return cmt_server_call(s, "/_test/state", NULL); }
+
+void cmt_server_faults(const cmt_server *s, const char *rules_json) {
+    char body[2048];
+    cr_assert_lt(strlen(rules_json), sizeof body - 16, "fault rules too long");
+    snprintf(body, sizeof body, "{\"rules\": %s}", rules_json);
+    cJSON_Delete(cmt_server_call(s, "/_test/faults", body));
+}
+
+void cmt_assert_no_violations(const cJSON *st) {
+    const cJSON *v = cJSON_GetObjectItem(st, "violations");
+    if (cJSON_GetArraySize(v) > 0) cr_assert_fail("the server saw protocol violations:\n%s", cJSON_Print(v));
+}
+
+const cJSON *cmt_only_run(const cJSON *st) {
+    const cJSON *runs = cJSON_GetObjectItem(st, "runs");
+    cr_assert_eq(cJSON_GetArraySize(runs), 1, "%d runs on the server", cJSON_GetArraySize(runs));
+    return runs->child;
+}
+
+const char *cmt_json_str(const cJSON *o, const char *k) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(x) ? x->valuestring : NULL;
+}

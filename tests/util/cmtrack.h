@@ -72,5 +72,15 @@ void cmt_server_stop(cmt_server *s);
 /* An HTTP request to the server's control API (/_test/...); returns the parsed JSON reply (free
  * with cJSON_Delete). body NULL = GET. */
 cJSON *cmt_server_call(const cmt_server *s, const char *path, const char *body);
+/* The server's recorded state (GET /_test/state; free with cJSON_Delete). */
+cJSON *cmt_server_state(const cmt_server *s);
+/* Installs fault rules (POST /_test/faults {"rules": rules_json}); "[]" clears them. */
+void cmt_server_faults(const cmt_server *s, const char *rules_json);
+/* Fails the test, printing them, if the state lists protocol violations. */
+void cmt_assert_no_violations(const cJSON *st);
+/* The only run in the state's "runs" (fails the test unless there is exactly one). */
+const cJSON *cmt_only_run(const cJSON *st);
+/* o[k] if it is a string, else NULL. */
+const char *cmt_json_str(const cJSON *o, const char *k);
 
 #endif
