@@ -253,9 +253,9 @@ Test(mlflow_logger, log_batch_requests_stay_within_the_api_limits) {
 
 Test(mlflow_logger, retries_429_5xx_and_timeouts_then_everything_arrives) {
     cmt_server_faults(&srv, "[{\"path\": \"runs/log-batch\", \"status\": 503, \"count\": 2},"
-           " {\"path\": \"runs/log-batch\", \"status\": 429, \"retry_after\": 0, \"count\": 1},"
-           " {\"path\": \"runs/log-batch\", \"delay\": 1.5, \"status\": 500, \"count\": 1},"
-           " {\"path\": \"runs/create\", \"status\": 502, \"count\": 1}]");
+                            " {\"path\": \"runs/log-batch\", \"status\": 429, \"retry_after\": 0, \"count\": 1},"
+                            " {\"path\": \"runs/log-batch\", \"delay\": 1.5, \"status\": 500, \"count\": 1},"
+                            " {\"path\": \"runs/create\", \"status\": 502, \"count\": 1}]");
     cm_mlflow_logger_config c = quick();
     c.request_timeout = 0.5; /* the delayed request times out */
     c.max_retries = 6;
@@ -343,7 +343,7 @@ Test(mlflow_logger, a_server_that_comes_back_gets_everything_that_was_kept) {
     /* down for the first two requests (the experiment lookup), then the first log-batch (the
      * params) goes through and the next two (metrics) fail */
     cmt_server_faults(&srv, "[{\"path\": \"*\", \"status\": 503, \"count\": 2},"
-           " {\"path\": \"runs/log-batch\", \"after\": 1, \"status\": 503, \"count\": 2}]");
+                            " {\"path\": \"runs/log-batch\", \"after\": 1, \"status\": 503, \"count\": 2}]");
     cm_mlflow_logger_config c = quick();
     c.max_retries = 0;
     cm_logger_plugin p = make(&c);

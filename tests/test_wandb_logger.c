@@ -161,9 +161,9 @@ Test(wandb_logger, an_online_fit_upserts_the_run_and_streams_every_row) {
 
 Test(wandb_logger, retries_5xx_429_and_timeouts_then_everything_arrives) {
     cmt_server_faults(&srv, "[{\"path\": \"graphql\", \"status\": 503, \"count\": 2},"
-           " {\"path\": \"file_stream\", \"status\": 500, \"count\": 1},"
-           " {\"path\": \"file_stream\", \"status\": 429, \"retry_after\": 0, \"count\": 1},"
-           " {\"path\": \"file_stream\", \"delay\": 1.5, \"status\": 502, \"count\": 1}]");
+                            " {\"path\": \"file_stream\", \"status\": 500, \"count\": 1},"
+                            " {\"path\": \"file_stream\", \"status\": 429, \"retry_after\": 0, \"count\": 1},"
+                            " {\"path\": \"file_stream\", \"delay\": 1.5, \"status\": 502, \"count\": 1}]");
     cm_wandb_logger_config c = quick();
     c.request_timeout = 0.5;
     c.max_retries = 6;
