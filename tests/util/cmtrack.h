@@ -74,7 +74,7 @@ void cmt_server_stop(cmt_server *s);
 cJSON *cmt_server_call(const cmt_server *s, const char *path, const char *body);
 /* The server's recorded state (GET /_test/state; free with cJSON_Delete). */
 cJSON *cmt_server_state(const cmt_server *s);
-/* Installs fault rules (POST /_test/faults {"rules": rules_json}); "[]" clears them. */
+/* Adds fault rules (POST /_test/faults {"rules": rules_json}) to those the server already has. */
 void cmt_server_faults(const cmt_server *s, const char *rules_json);
 /* Fails the test, printing them, if the state lists protocol violations. */
 void cmt_assert_no_violations(const cJSON *st);
