@@ -4,20 +4,39 @@
 (wordnet-base, 117,659 synsets), the GNU Collaborative International Dictionary of English's
 entries (dict-gcide: Webster's 1913 with WordNet's additions; pronunciations, etymologies and
 source tags stripped; 244,222 entries) and the fortune cookies of `fortunes` (13,493) — 6.4 M
-words. The packages are unpacked, not installed:
+words. The packages are downloaded and unpacked in WORKDIR, not installed (scripts/gpu-bundle runs
+this too):
 
-  mkdir -p CORPUS && cd CORPUS && apt-get download wordnet-base dict-gcide fortunes &&
-      for f in *.deb; do dpkg -x "$f" x; done && cd -
-  /usr/bin/python3 bench/mlm_corpus.py CORPUS/x CORPUS/corpus.txt
+  /usr/bin/python3 bench/mlm_corpus.py --download WORKDIR CORPUS/corpus.txt
+
+or, from packages already unpacked (or installed: ROOT /):
+
+  /usr/bin/python3 bench/mlm_corpus.py ROOT CORPUS/corpus.txt
 
 Then add CORPUS/corpus.txt to the masked-LM run's train_loader.dataset.path (docs/PERFORMANCE.md,
 "A larger corpus from Debian's packages")."""
-import gzip, os, re, sys
+import glob, gzip, os, re, shutil, subprocess, sys
 
-if len(sys.argv) != 3:
-    sys.exit("usage: mlm_corpus.py UNPACKED_ROOT OUT.txt (see the top of this file)")
-root = sys.argv[1]  # where the packages are unpacked (/ when installed)
-out = open(sys.argv[2], "w")
+PACKAGES = ("wordnet-base", "dict-gcide", "fortunes")
+args = sys.argv[1:]
+download = args[:1] == ["--download"]
+if download:
+    args = args[1:]
+if len(args) != 2:
+    sys.exit("usage: mlm_corpus.py [--download WORKDIR | UNPACKED_ROOT] OUT.txt (see the top of this file)")
+root = args[0]  # where the packages are unpacked (/ when installed)
+if download:  # apt-get download into WORKDIR, unpacked under WORKDIR/x
+    os.makedirs(root, exist_ok=True)
+    try:
+        subprocess.run(["apt-get", "download", *PACKAGES], cwd=root, check=True, capture_output=True, text=True)
+        for deb in sorted(glob.glob(os.path.join(root, "*.deb"))):
+            subprocess.run(["dpkg", "-x", deb, os.path.join(root, "x")], check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        said = (getattr(e, "stderr", "") or "").strip()
+        sys.exit(f"mlm_corpus.py: could not download and unpack {' '.join(PACKAGES)} in {root}: {e}\n{said}")
+    root = os.path.join(root, "x")
+out_path = args[1]
+out = open(out_path + ".part", "w")  # renamed when complete
 n = {"wordnet": 0, "gcide": 0, "fortunes": 0}
 
 # WordNet: "offset lex_filenum ss_type w_cnt word lex_id ... | gloss; \"example\"; ..."
@@ -61,4 +80,10 @@ for name in sorted(os.listdir(fd)):
         if len(t.split()) >= 4:
             out.write(t + "\n")
             n["fortunes"] += 1
+out.close()
+os.replace(out_path + ".part", out_path)
+if download:  # the corpus is all that is kept
+    shutil.rmtree(root)
+    for deb in glob.glob(os.path.join(args[0], "*.deb")):
+        os.remove(deb)
 print(n)
