@@ -109,7 +109,8 @@ size_t cm_algorithm_hparams_json(cm_algorithm_plugin p, char *buf, size_t cap);
  * the engine's order, with cfg->seed and cfg->precision), then the required-on-load methods of the
  * checkpoint cfg would load (autoresume, else load_path) that cfg does not name, unless excluded by
  * load_exclude_algorithms. Nothing is registered or kept: cm_trainer_new(cfg) afterwards applies
- * the same methods again, which then change nothing. The model must be finalized and not locked.
+ * the same methods again, which then change nothing (the required-on-load warnings are said then,
+ * once, not here). The model must be finalized and not locked.
  * Errors: CM_ERR_INVALID_ARG (NULL cfg or model), CM_ERR_STATE (the model is locked: make the
  * optimizer and data parallelism after this call), the methods' errors, the checkpoint's errors
  * (a missing load_path: CM_ERR_NOT_FOUND), the required-on-load errors of cm_trainer_new. Not

@@ -212,11 +212,13 @@ cm_status cmi_ckpt_resolve(cm_trainer *dist_tr, bool autoresume, const char *sav
 /* Composer's required-on-load rule (required_algorithms.c): the required_on_load methods checkpoint
  * `path` lists that the engine lacks (and exclude, glob patterns, does not name) are made from the
  * recorded arguments, registered after the engine's algorithms and applied on INIT to st's model,
- * in the passes' order; *n_added gets how many. Errors (nothing registered then): the checkpoint's
- * open errors; CM_ERR_STATE when the passes order one before an algorithm of the engine's own
- * (which ran already); the method's error when one fails to apply (Composer's messages). */
+ * in the passes' order; *n_added gets how many. Composer's warnings (added, excluded, other
+ * arguments, not re-creatable) are logged when `warn` (cm_trainer_prepare_model's pass, which the
+ * trainer repeats, is quiet). Errors (nothing registered then): the checkpoint's open errors;
+ * CM_ERR_STATE when the passes order one before an algorithm of the engine's own (which ran
+ * already); the method's error when one fails to apply (Composer's messages). */
 cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, struct cmi_remote *via,
-                                        const char *const *exclude, int n_exclude, int *n_added);
+                                        const char *const *exclude, int n_exclude, bool warn, int *n_added);
 /* After BATCH_CHECKPOINT / EPOCH_CHECKPOINT: reports an earlier background failure, then saves
  * if the interval (or the end of training) says so. prev: the timestamp before the batch/epoch. */
 cm_status cmi_ckpt_on_event(cm_trainer *tr, cm_event ev, const cm_timestamp *prev);

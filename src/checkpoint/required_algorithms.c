@@ -41,7 +41,7 @@ static void append(char *list, size_t cap, const char *item) {
 }
 
 cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, cmi_remote *via,
-                                        const char *const *exclude, int n_exclude, int *n_added) {
+                                        const char *const *exclude, int n_exclude, bool warn, int *n_added) {
     *n_added = 0;
     cm_checkpoint *ck = NULL;
     cm_status s = via ? cmi_remote_open_path(via, path, &ck) : cm_checkpoint_open(path, &ck);
@@ -61,8 +61,9 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
         const cm_algorithm_info *info = cm_algorithm_info_find(name);
         if (!info || !info->required_on_load || strcmp(info->name, name)) continue;
         if (excluded(exclude, n_exclude, name)) {
-            cm_log_msg(CM_LOG_INFO, "checkpoint '%s' was trained with %s; not re-applied (load_exclude_algorithms)",
-                       path, name);
+            if (warn)
+                cm_log_msg(CM_LOG_INFO, "checkpoint '%s' was trained with %s; not re-applied (load_exclude_algorithms)",
+                           path, name);
             continue;
         }
         const cJSON *hp = cJSON_GetObjectItemCaseSensitive(it, "hparams");
@@ -70,12 +71,13 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
         cm_algorithm_plugin p;
         if (!hp_text || cm_algorithm_new_from_json(name, hp_text, &p) != CM_OK) {
             /* Composer warns and goes on when eval(repr) fails */
-            cm_log_msg(CM_LOG_WARN,
-                       "required_on_load algorithm %s was enabled when training the loaded checkpoint '%s'. "
-                       "Attempted to check its presence but recreating the algorithm failed (%s). If this "
-                       "required_on_load algorithm is not properly specified, it may lead to unexpected behavior, "
-                       "including failing to load weights for some layers.",
-                       name, path, hp_text ? cm_last_error() : "no recorded arguments");
+            if (warn)
+                cm_log_msg(CM_LOG_WARN,
+                           "required_on_load algorithm %s was enabled when training the loaded checkpoint '%s'. "
+                           "Attempted to check its presence but recreating the algorithm failed (%s). If this "
+                           "required_on_load algorithm is not properly specified, it may lead to unexpected behavior, "
+                           "including failing to load weights for some layers.",
+                           name, path, hp_text ? cm_last_error() : "no recorded arguments");
             cJSON_free(hp_text);
             continue;
         }
@@ -96,7 +98,7 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
         }
         for (int i = 0; i < n_missing && !same_class; i++) same_class = !strcmp(missing_name[i], name);
         if (same_class) {
-            if (!same_args && forms[0])
+            if (warn && !same_args && forms[0])
                 cm_log_msg(CM_LOG_WARN,
                            "required_on_load algorithm %s(%s) was enabled when training the loaded checkpoint '%s' but "
                            "is now specified in the following forms: %s. Potential parameter discrepancies for this "
@@ -179,12 +181,13 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
                              path, reprs, cm_algorithm_name(order[i]), msg, names);
             break;
         }
-        cm_log_msg(CM_LOG_WARN,
-                   "Automatically adding required_on_load algorithm %s to trainer, which was enabled when training "
-                   "the loaded checkpoint '%s'. If you wish to use pretrained weights and ignore required_on_load "
-                   "algorithms, which may result in some weights failing to load, include %s in "
-                   "load_exclude_algorithms, e.g. load_exclude_algorithms=['%s'].",
-                   cm_algorithm_name(order[i]), path, cm_algorithm_name(order[i]), cm_algorithm_name(order[i]));
+        if (warn)
+            cm_log_msg(CM_LOG_WARN,
+                       "Automatically adding required_on_load algorithm %s to trainer, which was enabled when training "
+                       "the loaded checkpoint '%s'. If you wish to use pretrained weights and ignore required_on_load "
+                       "algorithms, which may result in some weights failing to load, include %s in "
+                       "load_exclude_algorithms, e.g. load_exclude_algorithms=['%s'].",
+                       cm_algorithm_name(order[i]), path, cm_algorithm_name(order[i]), cm_algorithm_name(order[i]));
     }
     cm_free(order);
     for (int i = 0; i < n_missing; i++) cJSON_free(missing_hp[i]);

@@ -1722,7 +1722,7 @@ cm_status cmi_ckpt_prepare_load(cm_trainer *tr) {
     if (s || !ck->pending) return s;
     int added = 0;
     s = cmi_apply_required_algorithms(tr->engine, &tr->st, ck->pending, ck->pending_via,
-                                      (const char *const *)ck->exclude_algs, ck->n_exclude_algs, &added);
+                                      (const char *const *)ck->exclude_algs, ck->n_exclude_algs, true, &added);
     return cmi_dist_agree(tr, s, "applying the checkpoint's required algorithms");
 }
 

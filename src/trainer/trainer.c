@@ -1748,9 +1748,10 @@ cm_status cm_trainer_prepare_model(const cm_trainer_config *cfg) {
         goto done;
     if (path) {
         int added = 0;
+        /* quiet: cm_trainer_new applies them again and warns then (once is enough) */
         s = cmi_apply_required_algorithms(e, st, path, NULL, cfg->load_exclude_algorithms,
                                           cfg->n_load_exclude_algorithms > 0 ? cfg->n_load_exclude_algorithms : 0,
-                                          &added);
+                                          false, &added);
         if (!s) cmi_engine_pop_algorithms(e, added); /* made here, freed here: cm_trainer_new makes its own */
     }
 done:

@@ -155,7 +155,10 @@ static cm_status al_reshape(al_self *s, cm_state *st, cm_logger *lg) {
     if (r) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", cm_last_error());
-        return cm_set_error(r, "Alibi: reshaping the training batch: %s", msg);
+        return cm_set_error(r, "Alibi: train_sequence_length_scaling %g reshapes the training batch, but: %s (a batch "
+                               "with per-sample fields, such as a classifier's label, needs "
+                               "train_sequence_length_scaling: 1.0)",
+                            sc, msg);
     }
     if ((r = cmi_da_set_recut_batch(st, b, out, got, L, false, &s->owned, &s->rows))) return r;
     const cm_metric_value v[] = {{"alibi/train_seq_len", (double)L}, {"alibi/train_bs", (double)got}};
