@@ -1,8 +1,9 @@
 /* `composer train | eval | ckpt export --hf` with Hugging Face pretrained folders: fine-tuning a
  * classifier from an MLM folder (the new head announced), the hf_checkpointer folder and the
  * exported checkpoint loading back as the trained weights, masked-LM pretraining from a config
- * alone that resumes bit for bit, GPT-2 from a folder, evaluation with the folder's weights, and
- * the messages of bad models, datasets and folders. Runs the built binary (CM_COMPOSER_BIN). */
+ * alone that resumes bit for bit, GPT-2 from a folder, evaluation with the folder's weights, ALiBi
+ * pretraining fine-tuned from its Composer checkpoint (and refused as a folder), and the messages
+ * of bad models, datasets and folders. Runs the built binary (CM_COMPOSER_BIN). */
 #include "checkpoint/ckpt_impl.h"
 #include "cmtest.h"
 #include "cmtrain.h"
@@ -306,6 +307,96 @@ Test(cli_hf, allow_pad_trimming_trains_and_evaluates_as_padding_to_max_seq_len) 
     expect_fail("train " DIR "/gpt-trim.yaml", 1, "train_loader.dataset.allow_pad_trimming", "'attention_mask' field");
 }
 
+
+/* MosaicBERT's pipeline: masked-LM pretraining with ALiBi, then fine-tuning from its Composer
+ * checkpoint (load_weights_only, load_strict_model_weights: false): the checkpoint re-applies ALiBi
+ * to the classifier and the body starts from the pretrained weights, the MLM head left out, the
+ * pooler and classifier new. A pretrained folder has no way to say ALiBi (transformers' BERT has
+ * none), so the HuggingFaceCheckpointer and `ckpt export --hf` refuse such a model, naming this way. */
+Test(cli_hf, alibi_pretraining_fine_tunes_from_its_checkpoint_not_a_folder) {
+    static char out[1 << 16];
+    char args[2048];
+    /* as the mlm-*.yaml recipes: rows keep their length (a classifier's batches cannot be reshaped) */
+    const char *alibi = "'algorithms={alibi: {max_sequence_length: 32, train_sequence_length_scaling: 1.0}}'";
+    /* refused before the first batch, nothing written */
+    snprintf(args, sizeof args, "train " DIR "/mlm.yaml run_name=al-hf %s callbacks.hf_checkpointer.save_folder=" DIR "/al-hf",
+             alibi);
+    expect_fail(args, 1, "BertForMaskedLM cannot be written as a pretrained folder: its attention at",
+                "uses ALiBi (the alibi algorithm)");
+    expect_fail(args, 1, "load_weights_only=true load_strict_model_weights=false", NULL);
+    cr_assert_not(cmt_exists(DIR "/al-hf/huggingface"), "a folder was written for an ALiBi model");
+    /* gated linear units replace modules: refused, the module named */
+    expect_fail("train " DIR "/mlm.yaml run_name=glu-hf 'algorithms={gated_linear_units: {}}' "
+                "callbacks.hf_checkpointer.save_folder=" DIR "/glu-hf",
+                1, "module 'bert.encoder.layer.0.intermediate' is of type Identity", "load_strict_model_weights=false");
+    /* a low-precision LayerNorm changes no weight: written */
+    int rc = run("train " DIR "/mlm.yaml run_name=lp-hf max_duration=1ba precision=amp_bf16 "
+                 "'algorithms={low_precision_layernorm: {}}' callbacks.hf_checkpointer.save_folder=" DIR "/lp-hf",
+                 out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(cmt_nonempty(DIR "/lp-hf/huggingface/ba1/model.safetensors"), "%s", out);
+    /* pretraining with Composer checkpoints */
+    snprintf(args, sizeof args, "train " DIR "/mlm.yaml run_name=al-mlm %s max_duration=2ba save_folder=" DIR
+             "/al-ckpt save_interval=2ba", alibi);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    expect_fail("ckpt export --hf " DIR "/al-ckpt -o " DIR "/al-export", 1, "was trained with Alibi, model surgery",
+                "load_path=" DIR "/al-ckpt/ep0-ba2 load_weights_only=true load_strict_model_weights=false");
+    cr_assert_not(cmt_exists(DIR "/al-export"), "the refused export left a folder");
+    rc = run("ckpt export " DIR "/al-ckpt -o " DIR "/al-mlm.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "the weights-only export: exit %d:\n%s", rc, out);
+    /* the classifier of the same shape fine-tunes from the checkpoint; lr 0 keeps the loaded weights */
+    cmt_write_text(DIR "/al-cls.yaml", "run_name: al-cls\n"
+                                       "run_root: " DIR "/runs\n"
+                                       "progress_bar: false\n"
+                                       "model:\n"
+                                       "  name: hf\n"
+                                       "  pretrained_model_name_or_path: examples/bert-tiny\n"
+                                       "  pretrained: false\n"
+                                       "  task: sequence_classification\n"
+                                       "  num_labels: 2\n"
+                                       "  config_overrides: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,"
+                                       " max_position_embeddings: 64}\n"
+                                       "tokenizer: {name: ../shared/data/bert}\n"
+                                       "train_loader:\n"
+                                       "  dataset: {type: tsv, path: " DIR "/sub.tsv, max_seq_len: 32}\n"
+                                       "  batch_size: 8\n"
+                                       "optimizer: {name: decoupled_adamw, lr: 0.0, weight_decay: 0.0}\n"
+                                       "max_duration: 1ba\n"
+                                       "load_path: " DIR "/al-ckpt/ep0-ba2\n"
+                                       "load_weights_only: true\n");
+    /* strict, the default: the missing and the unexpected are named, with the fix */
+    expect_fail("train " DIR "/al-cls.yaml run_name=al-strict", 1, "Missing: [bert.pooler.dense.weight",
+                "load_strict_model_weights = false");
+    rc = run("train " DIR "/al-cls.yaml load_strict_model_weights=false", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const char *w = strstr(out, "Automatically adding required_on_load algorithm Alibi");
+    cr_assert(w, "ALiBi not re-applied:\n%s", out);
+    cr_assert_null(strstr(w + 1, "Automatically adding"), "Composer's warning said twice:\n%s", out);
+    cr_assert(strstr(out, "model tensors missing (bert.pooler.dense.weight") && strstr(out, "unexpected (cls.predictions"),
+              "%s", out);
+    cr_assert(strstr(out, "ALiBi: 1 attention modules of BertForSequenceClassification biased"), "%s", out);
+    /* ALiBi's sequence-length scaling reshapes rows: a classifier's per-sample label cannot follow */
+    expect_fail("train " DIR "/al-cls.yaml run_name=al-scaled load_strict_model_weights=false "
+                "'algorithms={alibi: {max_sequence_length: 32, train_sequence_length_scaling: 0.5}}'",
+                1, "'label' is (8,)", "needs train_sequence_length_scaling: 1.0");
+    /* every body tensor is the pretrained one */
+    cm_safetensors *a, *b;
+    cr_assert_eq(cm_safetensors_open(DIR "/al-mlm.safetensors", &a), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_safetensors_open(DIR "/runs/al-cls/model.safetensors", &b), CM_OK, "%s", cm_last_error());
+    int body = 0;
+    for (size_t i = 0; i < cm_safetensors_count(a); i++) {
+        const cm_st_tensor *x = cm_safetensors_at(a, i), *y;
+        if (strncmp(x->name, "bert.", 5)) continue;
+        cr_assert_not_null(y = cm_safetensors_find(b, x->name), "%s not in the fine-tuned model", x->name);
+        cr_assert(x->nbytes == y->nbytes && memcmp(x->data, y->data, x->nbytes) == 0,
+                  "%s differs from the pretrained checkpoint's", x->name);
+        body++;
+    }
+    cr_assert_geq(body, 16, "only %d body tensors compared", body);
+    cr_assert_not_null(cm_safetensors_find(b, "classifier.weight"));
+    cm_safetensors_close(a), cm_safetensors_close(b);
+}
 
 Test(cli_hf, bad_models_datasets_and_folders_are_named) {
     expect_fail("train " DIR "/cls.yaml model.task=null", 2, "model.task: required", "sequence_classification");

@@ -153,8 +153,16 @@ cm_status cm_hf_config_json(const cm_model *m, int64_t eos_token_id, char **json
 /* Writes the folder `dir` (created if missing, with parents): config.json, model.safetensors
  * and, when tok is not NULL, the tokenizer files (cm_hf_tokenizer_save with ti's
  * model_max_length; ti may be NULL: then model_max_length is the model's maximum positions).
- * Existing files of those names are replaced; other files are left alone. Errors:
- * cm_hf_config_json's, cm_hf_tokenizer_save's, CM_ERR_IO naming the path, CM_ERR_OOM. */
+ * Existing files of those names are replaced; other files are left alone. A model changed by
+ * model surgery that config.json cannot express — attention with ALiBi, modules a plain model of
+ * its class does not have (gated linear units, factorized layers) — is refused and nothing is
+ * written: the folder would load back, here and in transformers, as another model. Such a model
+ * is fine-tuned from its Composer checkpoint instead (load_path with load_weights_only and
+ * load_strict_model_weights = false: the checkpoint re-applies the surgery), as MosaicBERT's
+ * fine-tuning starts from its pretraining checkpoint. Low-precision norms and GyroDropout change
+ * no weights and are written. Errors: cm_hf_config_json's, cm_hf_tokenizer_save's,
+ * CM_ERR_UNSUPPORTED (such surgery: the module and the fix named), CM_ERR_IO naming the path,
+ * CM_ERR_OOM. */
 cm_status cm_hf_save(cm_model *m, const cm_tokenizer *tok, const cm_hf_tokenizer_info *ti, const char *dir);
 
 /* ---------------------------------------------------------------------------------------------
@@ -222,7 +230,9 @@ cm_hf_checkpointer_config cm_hf_checkpointer_config_default(void);
  * - with save_folder, writes a pretrained folder (cm_hf_save) into
  *   <save_folder>/huggingface/<huggingface_folder_name> every save_interval (ba, ep, sp, tok;
  *   dur: at the end) and at the end of training if the last batch was not written — on rank 0,
- *   replacing a folder of the same name. Not with FULL_SHARD (parameters are sharded at rest).
+ *   replacing a folder of the same name. Not with FULL_SHARD (parameters are sharded at rest), and
+ *   not for a model that cm_hf_save refuses (ALiBi, gated linear units: checked at FIT_START, after
+ *   the surgery ran, so the run stops before its first batch).
  * The config and tokenizer files are taken now (the tokenizer is not kept). On success the caller
  * owns *out until it registers it (cm_callback_plugin_free otherwise). Errors: CM_ERR_INVALID_ARG
  * (no model, not a BERT / GPT-2 zoo model, a save_interval unit other than ba, ep, sp, tok, dur, a
@@ -238,7 +248,9 @@ cm_status cm_hf_checkpointer_new(const cm_hf_checkpointer_config *cfg, cm_callba
  * are checked by building the model and loading the folder back: a folder that would not load is
  * removed again and the error says why). Errors: cm_checkpoint_open's and _verify's,
  * CM_ERR_NOT_FOUND (a checkpoint without HuggingFaceCheckpointer state: trained from
- * `model: {name: hf}`?), cm_hf_load's, CM_ERR_IO naming the path, CM_ERR_OOM. */
+ * `model: {name: hf}`?), CM_ERR_UNSUPPORTED (the manifest lists a required_on_load surgery a folder
+ * cannot express, as cm_hf_save refuses: the algorithm named, with the load_path settings that
+ * fine-tune from the checkpoint instead), cm_hf_load's, CM_ERR_IO naming the path, CM_ERR_OOM. */
 cm_status cm_hf_export_checkpoint(const char *checkpoint, const char *dir);
 
 #ifdef __cplusplus

@@ -131,6 +131,12 @@ static cm_status hfc_run_event(void *self, cm_event ev, const cm_state *st, cm_l
     cm_status s = CM_OK;
     if (ev == CM_EVENT_FIT_START) {
         h->last_batch = -1;
+        /* model surgery ran at INIT: refuse now, not after hours of training */
+        if ((s = cmi_hf_check_plain(cm_state_model(st))) != CM_OK) {
+            char msg[2048];
+            snprintf(msg, sizeof msg, "%s", cm_last_error());
+            return cm_set_error(s, NAME " (save_folder %s): %s", h->save_folder, msg);
+        }
     } else if (ev == CM_EVENT_FIT_END) {
         if (h->last_batch != ts->batch) s = write_folder(h, st);
     } else if ((ev == CM_EVENT_BATCH_END || ev == CM_EVENT_EPOCH_END) && due(h, ev, st) && h->last_batch != ts->batch) {
@@ -228,6 +234,22 @@ static const cJSON *find_state(const cJSON *manifest) {
     return NULL;
 }
 
+/* The first algorithm of the manifest whose model surgery a folder cannot express (the
+ * required_on_load methods, except the low-precision norms, which change how a norm rounds under
+ * amp_bf16 and not its weights, and GyroDropout, a training-time dropout); NULL when none. */
+static const char *surgery_of(const cJSON *manifest) {
+    static const char *const faithful[] = {"LowPrecisionLayerNorm", "LowPrecisionGroupNorm", "GyroDropout"};
+    const cJSON *algs = cJSON_GetObjectItemCaseSensitive(manifest, "algorithms");
+    for (const cJSON *a = cJSON_IsArray(algs) ? algs->child : NULL; a; a = a->next) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(a, "name");
+        if (!cJSON_IsString(n) || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "required_on_load"))) continue;
+        bool ok = false;
+        for (size_t i = 0; i < sizeof faithful / sizeof *faithful; i++) ok = ok || !strcmp(n->valuestring, faithful[i]);
+        if (!ok) return n->valuestring;
+    }
+    return NULL;
+}
+
 static cm_status write_text(const char *dir, const char *name, const char *text) {
     char p[MAX_PATH];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -263,6 +285,22 @@ cm_status cm_hf_export_checkpoint(const char *checkpoint, const char *dir) {
                           "Hugging Face model (model: {name: hf} in composer train, or cm_hf_checkpointer_new); "
                           "'composer ckpt export -o model.safetensors' exports its weights alone",
                           cm_checkpoint_path(ck), NAME);
+        cJSON_Delete(man);
+        cm_checkpoint_close(ck);
+        return st;
+    }
+    /* model surgery recorded in the manifest changes what the weights mean */
+    const char *alg = surgery_of(man);
+    if (alg) {
+        const cJSON *arch = cJSON_GetObjectItemCaseSensitive(conf, "architectures");
+        const cJSON *cls = cJSON_IsArray(arch) ? arch->child : NULL;
+        st = cm_set_error(CM_ERR_UNSUPPORTED,
+                          "checkpoint '%s' was trained with %s, model surgery that a pretrained folder cannot express "
+                          "(config.json describes a plain %s; the folder would load back as another model). "
+                          "Fine-tune from the checkpoint itself: load_path=%s load_weights_only=true "
+                          "load_strict_model_weights=false (the checkpoint re-applies %s)",
+                          cm_checkpoint_path(ck), alg, cJSON_IsString(cls) ? cls->valuestring : task->valuestring,
+                          cm_checkpoint_path(ck), alg);
         cJSON_Delete(man);
         cm_checkpoint_close(ck);
         return st;

@@ -3,6 +3,7 @@
  * announcements, and whole folders written as save_pretrained writes them. */
 #include <composer/hf.h>
 #include <composer/config.h>
+#include <composer/nn.h>
 #include <composer/safetensors.h>
 #include <composer/zoo_bert.h>
 #include <composer/zoo_gpt2.h>
@@ -746,10 +747,107 @@ cm_status cmi_hf_mkdirs(const char *path) {
     return CM_OK;
 }
 
+/* The module types of a plain model of m's class: the same configuration made tiny (structure
+ * does not depend on the sizes), built without weights. */
+typedef struct {
+    const char *types[64];
+    int n;
+} type_set;
+
+static bool add_type(cm_module *m, const char *path, int depth, void *data) {
+    (void)path, (void)depth;
+    type_set *t = data;
+    const char *name = cm_module_type_name(m);
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->types[i], name)) return true;
+    if (t->n < (int)(sizeof t->types / sizeof *t->types)) t->types[t->n++] = name;
+    return true;
+}
+
+static cm_status plain_types(const cm_model *m, type_set *out) {
+    const cm_bert_config *b = cm_bert_model_config(m);
+    const cm_gpt2_config *g = cm_gpt2_model_config(m);
+    cm_model *ref = NULL;
+    cm_status st;
+    if (b) {
+        cm_bert_config c = *b;
+        c.vocab_size = 8, c.hidden_size = c.num_attention_heads, c.intermediate_size = 4, c.num_hidden_layers = 1;
+        c.max_position_embeddings = 4;
+        if (c.pad_token_id >= c.vocab_size) c.pad_token_id = 0;
+        st = !strcmp(cm_model_type_name(m), "BertForSequenceClassification") ? cm_bert_classifier_new(&c, NULL, &ref)
+                                                                             : cm_bert_mlm_new(&c, NULL, &ref);
+    } else if (g) {
+        cm_gpt2_config c = *g;
+        c.vocab_size = 8, c.n_embd = c.n_head, c.n_positions = 4, c.n_layer = 1;
+        st = cm_gpt2_new(&c, NULL, &ref);
+    } else {
+        return cm_set_error(CM_ERR_INVALID_ARG, "%s is not a BERT or GPT-2 zoo model", cm_model_type_name(m));
+    }
+    if (st != CM_OK) return st;
+    out->n = 0;
+    cm_module_visit(cm_model_module(ref), add_type, out);
+    cm_model_free(ref);
+    return CM_OK;
+}
+
+typedef struct {
+    const type_set *plain;
+    char path[256];
+    const char *type; /* a module type the plain model lacks */
+    bool alibi;       /* an attention module with ALiBi */
+} plain_scan;
+
+static bool scan_module(cm_module *m, const char *path, int depth, void *data) {
+    (void)depth;
+    plain_scan *c = data;
+    const char *name = cm_module_type_name(m);
+    cm_nn_attention_config ac;
+    if ((!strcmp(name, "GPT2Attention") || !strcmp(name, "BertSelfAttention")) &&
+        cm_nn_attention_config_of(m, &ac) == CM_OK && ac.alibi)
+        c->alibi = true;
+    else if (!strcmp(name, "GyroDropoutLayer")) /* dropout of another kind: training only, no weights */
+        return true;
+    else {
+        for (int i = 0; i < c->plain->n; i++)
+            if (!strcmp(c->plain->types[i], name)) return true;
+        c->type = name;
+    }
+    snprintf(c->path, sizeof c->path, "%s", path && *path ? path : "(root)");
+    return false;
+}
+
+#define HF_FOLDER_FIX                                                                                                 \
+    "Keep Composer checkpoints (save_folder) and fine-tune from one instead: load_path=CHECKPOINT "                   \
+    "load_weights_only=true load_strict_model_weights=false (the checkpoint re-applies its model surgery), as "     \
+    "MosaicBERT's fine-tuning starts from its pretraining checkpoint"
+
+cm_status cmi_hf_check_plain(const cm_model *m) {
+    type_set plain;
+    cm_status st = plain_types(m, &plain);
+    if (st != CM_OK) return st;
+    plain_scan c = {.plain = &plain};
+    cm_module_visit(cm_model_module(m), scan_module, &c);
+    const char *cls = cm_model_type_name(m);
+    if (c.alibi)
+        return cm_set_error(CM_ERR_UNSUPPORTED,
+                            "%s cannot be written as a pretrained folder: its attention at '%s' uses ALiBi (the alibi "
+                            "algorithm), which config.json cannot express; the folder would load back, here and in "
+                            "transformers, with learned position embeddings and no ALiBi. " HF_FOLDER_FIX,
+                            cls, c.path);
+    if (c.type)
+        return cm_set_error(CM_ERR_UNSUPPORTED,
+                            "%s cannot be written as a pretrained folder: module '%s' is of type %s, which a %s as "
+                            "config.json describes it does not have (model surgery such as gated_linear_units or "
+                            "factorize changed it); the folder would not load back as this model. " HF_FOLDER_FIX,
+                            cls, c.path, c.type, cls);
+    return CM_OK;
+}
+
 cm_status cmi_hf_write(const char *dir, const char *config_json, cm_model *m, const cm_hf_file *files, int n) {
     char p[MAX_PATH];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    cm_status st = cm_write_file_atomic_(p, config_json, strlen(config_json));
+    cm_status st = m ? cmi_hf_check_plain(m) : CM_OK;
+    if (st == CM_OK) st = cm_write_file_atomic_(p, config_json, strlen(config_json));
     if (st == CM_OK && m) {
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
         if (unlink(p) != 0 && errno != ENOENT) st = cm_set_error(CM_ERR_IO, "cannot remove '%s': %s", p, strerror(errno));
