@@ -2,7 +2,8 @@
  * (tests/golden/gen_hf.py, hf_ref.py): the golden BERT MLM, sharded BERT classifier and GPT-2
  * folders give the reference's logits; heads are newly initialised or unused as transformers
  * announces them; load → save → load is identical; our saved folder gives our logits in the
- * reference; bad folders and configs are clear errors; tokenizers come from the folder. */
+ * reference; bad folders and configs are clear errors, and so is saving a model with ALiBi;
+ * tokenizers come from the folder. */
 #include "checkpoint/ckpt_impl.h"
 #include "cmtest.h"
 
@@ -246,6 +247,27 @@ Test(hf, load_save_load_is_identical) {
     round_trip(D_MLM, CM_HF_TASK_MASKED_LM);
     round_trip(D_CLS, CM_HF_TASK_SEQUENCE_CLASSIFICATION);
     round_trip(D_GPT, CM_HF_TASK_CAUSAL_LM);
+}
+
+/* A GPT-2 whose attention has ALiBi on is not what its config.json says (transformers' GPT-2 has
+ * no ALiBi): cm_hf_save refuses it and writes nothing; with ALiBi off again it saves. */
+Test(hf, save_refuses_a_model_with_alibi) {
+    cm_model *m = load(D_GPT, CM_HF_TASK_CAUSAL_LM, 0, NULL);
+    cm_module *attn = cm_module_find(cm_model_module(m), "transformer.h.1.attn");
+    cr_assert_not_null(attn, "%s", cm_last_error());
+    cr_assert_eq(cm_nn_attention_set_alibi(attn, true), CM_OK, "%s", cm_last_error());
+    char *d = tmpdir(), *p = pjoin(d, "config.json");
+    cr_assert_eq(cm_hf_save(m, NULL, NULL, d), CM_ERR_UNSUPPORTED);
+    cr_assert(strstr(cm_last_error(), "GPT2LMHeadModel cannot be written as a pretrained folder: its attention at "
+                                      "'transformer.h.1.attn' uses ALiBi"),
+              "%s", cm_last_error());
+    cr_assert_not(cmt_exists(p), "a refused save wrote config.json");
+    cr_assert_eq(cm_nn_attention_set_alibi(attn, false), CM_OK);
+    cr_assert_eq(cm_hf_save(m, NULL, NULL, d), CM_OK, "%s", cm_last_error());
+    cr_assert(cmt_exists(p));
+    cmi_remove_tree(d);
+    free(p), free(d);
+    cm_model_free(m);
 }
 
 Test(hf, saved_mlm_folder_stores_tied_weights_once_as_save_pretrained_does) {
