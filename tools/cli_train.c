@@ -1349,8 +1349,10 @@ static void print_keys(FILE *f) {
             "\nThe run writes runs/<run_name>/: config.yaml (resolved), log.txt, metrics.jsonl, loss.svg,\n"
             "model.safetensors and, for GPT models, tokenizer.json and sample.txt. A model: {name: hf} run\n"
             "keeps config.json and the tokenizer in its checkpoints: composer ckpt export --hf CKPT -o DIR\n"
-            "writes the pretrained folder (or callbacks.hf_checkpointer writes it during training). With a bucket as save_folder,\n"
-            "the run folder follows every checkpoint to <save_folder>/run/.\n");
+            "writes the pretrained folder (or callbacks.hf_checkpointer writes it during training); a model\n"
+            "changed by alibi or gated_linear_units has no folder form and fine-tunes from its checkpoint:\n"
+            "load_path=CKPT load_weights_only=true load_strict_model_weights=false. With a bucket as\n"
+            "save_folder, the run folder follows every checkpoint to <save_folder>/run/.\n");
 }
 
 static const char *g_print_config, *g_quiet_train, *g_plan_memory;
