@@ -71,6 +71,7 @@ static rig make(edit *e, const char *dur, float dropout, int64_t microbatch, siz
     c.n_loggers = 1;
     c.device_train_microbatch_size = microbatch;
     c.arena_budget = budget;
+    c.compute_training_metrics = true; /* the metrics must see the original labels */
     cr_assert_eq(cm_trainer_new(&c, &r.tr), CM_OK, "%s", cm_last_error());
     return r;
 }

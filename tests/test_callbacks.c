@@ -33,6 +33,7 @@ typedef struct {
     const cm_sched_config *sched;
     size_t arena_budget;
     int64_t mb;
+    bool train_metrics; /* compute_training_metrics */
 } rig_opts;
 
 static rig_opts defaults(void) { return (rig_opts){.max_duration = "2ep", .n = 48, .batch = 8}; }
@@ -76,6 +77,7 @@ static rig make(const rig_opts *o, cm_callback_plugin *cbs, int n_cbs) {
     c.n_schedulers = o->sched ? 1 : 0;
     c.arena_budget = o->arena_budget;
     c.device_train_microbatch_size = o->mb;
+    c.compute_training_metrics = o->train_metrics;
     c.loggers = &mp;
     c.n_loggers = 1;
     c.callbacks = cbs;
@@ -764,8 +766,17 @@ Test(threshold_stopper, stop_on_batch_ends_a_fit_after_the_first_batch) {
     cm_callback_plugin cb;
     cr_assert_eq(cm_threshold_stopper_new(&tc, &cb), CM_OK);
     rig_opts o = defaults();
+    o.train_metrics = true;
     rig g = make(&o, &cb, 1);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
+    cr_expect_eq(cm_state_timestamp(cm_trainer_state(g.tr))->batch, 1);
+    unmake(&g);
+    /* training metrics off (the default): the stopper names the key, it does not wait forever */
+    cr_assert_eq(cm_threshold_stopper_new(&tc, &cb), CM_OK);
+    o.train_metrics = false;
+    g = make(&o, &cb, 1);
+    cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_ERR_NOT_FOUND);
+    cr_expect(strstr(cm_last_error(), "computed only with compute_training_metrics: true"), "%s", cm_last_error());
     cr_expect_eq(cm_state_timestamp(cm_trainer_state(g.tr))->batch, 1);
     unmake(&g);
 }

@@ -411,7 +411,9 @@ Test(cli_train, fused_linear_cross_entropy_trains_the_same_run) {
     double v[2][4];
     for (int k = 0; k < 2; k++) {
         char args[512];
-        snprintf(args, sizeof args, "train " DIR "/tiny.yaml run_name=tiny_fused%d max_duration=3ba eval_interval=0 %s",
+        snprintf(args, sizeof args,
+                 "train " DIR "/tiny.yaml run_name=tiny_fused%d max_duration=3ba eval_interval=0 "
+                 "compute_training_metrics=true %s",
                  k, k ? "model.fused_linear_cross_entropy=true" : "");
         int rc = run(args, out, sizeof out);
         cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);

@@ -157,6 +157,7 @@ static void run_start(run *r, cmt_golden *g, run_opts o) {
     c.algorithms = algs, c.n_algorithms = 2;
     c.loggers = &lp, c.n_loggers = 1;
     c.precision = CM_PRECISION_FP32;
+    c.compute_training_metrics = true; /* fused and unfused runs compare them */
     c.device_train_microbatch_size = o.microbatch;
     c.accumulate_train_batch_on_tokens = o.on_tokens;
     if (o.count_labels) c.train_data_spec.count_tokens = count_label_tokens;

@@ -149,6 +149,7 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     cm_callback_plugin om;
     if (o.optimizer_monitor) cr_assert_eq(cm_optimizer_monitor_new(NULL, &om), CM_OK);
     cm_trainer_config c = cm_trainer_config_default();
+    c.compute_training_metrics = true; /* the training metrics are compared */
     c.model = r->model;
     c.train_dataloader = r->dl;
     cr_assert_eq(cm_time_parse(o.max_duration ? o.max_duration : "5ba", &c.max_duration), CM_OK);
@@ -751,6 +752,7 @@ static void bert_run_start(bert_run *r, cm_device dev) {
     cm_logger_plugin lp;
     cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
     cm_trainer_config c = cm_trainer_config_default();
+    c.compute_training_metrics = true; /* the training metrics are compared */
     c.model = r->rig.model, c.train_dataloader = r->rig.dl, c.eval_dataloader = r->ev, c.device = dev;
     c.loggers = &lp, c.n_loggers = 1;
     c.seed = 17;
@@ -965,6 +967,7 @@ Test(gpu_train, metrics_over_gpu_logits_download_argmaxes_not_logits) {
         cm_logger_plugin lp;
         cr_assert_eq(cm_in_memory_logger_new(&mem[d], &lp), CM_OK);
         cm_trainer_config c = cm_trainer_config_default();
+        c.compute_training_metrics = true; /* the training metrics are compared */
         c.model = m[d], c.train_dataloader = dl[d], c.eval_dataloader = ev[d], c.loggers = &lp, c.n_loggers = 1;
         c.device = d ? CM_DEVICE_CUDA : CM_DEVICE_CPU;
         cr_assert_eq(cm_time_parse("2ba", &c.max_duration), CM_OK);

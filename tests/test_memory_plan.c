@@ -69,6 +69,7 @@ static cm_status run_try(cmt_rig *rig, int64_t mb, size_t budget, const char *du
     c.callbacks = cb;
     c.n_callbacks = cb ? 1 : 0;
     c.handle_signals = false;
+    c.compute_training_metrics = true; /* a plan must not disturb them */
     c.run_name = "plan-test";
     cm_status s = cm_trainer_new(&c, &out->tr);
     if (s) {

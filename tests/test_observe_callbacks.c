@@ -247,7 +247,9 @@ Test(system_metrics_monitor, logs_cpu_memory_disk_and_network_every_interval) {
 /* ---- FreeOutputs ---------------------------------------------------------------------------- */
 
 Test(free_outputs, the_outputs_are_gone_after_the_loss_so_train_metrics_see_none) {
-    rig a = rig_make("2ba", NULL, 0, 3, NULL);
+    cm_trainer_config tm = cm_trainer_config_default();
+    tm.compute_training_metrics = true;
+    rig a = rig_make("2ba", NULL, 0, 3, &tm);
     rig_fit(&a);
     double with, without;
     cr_assert_eq(cm_in_memory_logger_last(a.mem, "metrics/train/MulticlassAccuracy", &without), CM_OK);
@@ -255,13 +257,13 @@ Test(free_outputs, the_outputs_are_gone_after_the_loss_so_train_metrics_see_none
     rig_free(&a);
     cm_callback_plugin cb;
     cr_assert_eq(cm_free_outputs_new(&cb), CM_OK);
-    rig b = rig_make("2ba", &cb, 1, 3, NULL);
+    rig b = rig_make("2ba", &cb, 1, 3, &tm);
     rig_fit(&b);
     cr_assert_eq(cm_in_memory_logger_last(b.mem, "metrics/train/MulticlassAccuracy", &with), CM_OK);
     cr_assert(isnan(with), "with FreeOutputs no outputs reach the train metrics: %g", with);
     double l1, l2;
     cr_assert_eq(cm_in_memory_logger_last(b.mem, "loss/train/total", &l2), CM_OK);
-    rig c = rig_make("2ba", NULL, 0, 3, NULL);
+    rig c = rig_make("2ba", NULL, 0, 3, &tm);
     rig_fit(&c);
     cr_assert_eq(cm_in_memory_logger_last(c.mem, "loss/train/total", &l1), CM_OK);
     cr_assert_eq(l1, l2, "training itself is unchanged: loss %g vs %g", l1, l2);

@@ -30,6 +30,7 @@ typedef struct {
     cm_model *model; /* optional: a ready model */
     cm_optim *optimizer;
     const cm_sched_config *sched;
+    bool train_metrics; /* compute_training_metrics */
 } rig_opts;
 
 static rig_opts defaults(void) {
@@ -58,6 +59,7 @@ static rig make(const rig_opts *o) {
     c.arena_budget = o->arena_budget;
     c.plan_memory = !o->no_plan;
     c.accumulate_train_batch_on_tokens = o->tokens;
+    c.compute_training_metrics = o->train_metrics;
     c.optimizer = o->optimizer;
     c.schedulers = o->sched;
     c.n_schedulers = o->sched ? 1 : 0;
@@ -85,7 +87,7 @@ static double first_loss(const cm_in_memory_logger *m) {
 
 Test(trainer, mlp_loss_drops_and_metrics_are_logged) {
     rig_opts o = defaults();
-    o.n = 96, o.eval_n = 40, o.max_duration = "10ep";
+    o.n = 96, o.eval_n = 40, o.max_duration = "10ep", o.train_metrics = true;
     rig g = make(&o);
     cr_assert_eq(cm_trainer_fit(g.tr, NULL), CM_OK, "%s", cm_last_error());
     double last, acc, ce;
@@ -94,6 +96,7 @@ Test(trainer, mlp_loss_drops_and_metrics_are_logged) {
     cr_expect_lt(last, 0.6 * first, "loss %g -> %g should drop by 40%%", first, last);
     cr_expect_eq(cm_in_memory_logger_count(g.mem, "loss/train/total"), 10 * 12);
     cr_assert_eq(cm_in_memory_logger_last(g.mem, "metrics/train/MulticlassAccuracy", &acc), CM_OK);
+    cr_expect_eq(cm_in_memory_logger_count(g.mem, "metrics/train/MulticlassAccuracy"), 10 * 12, "one a batch");
     cr_assert_eq(cm_in_memory_logger_last(g.mem, "metrics/eval/MulticlassAccuracy", &acc), CM_OK);
     cr_assert_eq(cm_in_memory_logger_last(g.mem, "metrics/eval/CrossEntropy", &ce), CM_OK);
     cr_expect_gt(acc, 0.6, "eval accuracy %g", acc);
@@ -106,6 +109,36 @@ Test(trainer, mlp_loss_drops_and_metrics_are_logged) {
     cr_expect_eq(cm_in_memory_logger_last(g.mem, "time/batch", &v), CM_OK);
     cr_expect_eq(v, 119);
     unmake(&g);
+}
+
+static void expect_params(cm_model *a, cm_model *b, double tol, const char *what);
+
+/* Composer's default: compute_training_metrics false — no metrics/train/ values, the same losses
+ * and weights as with them on, and cm_state_metric of "train" says why there is none. */
+Test(trainer, training_metrics_are_off_by_default_and_change_nothing) {
+    rig_opts o = defaults();
+    o.n = 48, o.eval_n = 16, o.max_duration = "2ep";
+    rig a = make(&o);
+    o.train_metrics = true;
+    rig b = make(&o);
+    cr_assert_eq(cm_trainer_fit(a.tr, NULL), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_trainer_fit(b.tr, NULL), CM_OK, "%s", cm_last_error());
+    for (int64_t i = 0; i < cm_in_memory_logger_n(a.mem); i++)
+        cr_expect(strncmp(cm_in_memory_logger_record(a.mem, i)->name, "metrics/train/", 14), "logged %s",
+                  cm_in_memory_logger_record(a.mem, i)->name);
+    cr_expect_gt(cm_in_memory_logger_count(b.mem, "metrics/train/MulticlassAccuracy"), 0);
+    double x, y;
+    cr_assert_eq(cm_in_memory_logger_last(a.mem, "loss/train/total", &x), CM_OK);
+    cr_assert_eq(cm_in_memory_logger_last(b.mem, "loss/train/total", &y), CM_OK);
+    cr_expect_eq(x, y, "the last loss differs: %.9g vs %.9g", x, y);
+    cr_assert_eq(cm_in_memory_logger_last(a.mem, "metrics/eval/MulticlassAccuracy", &x), CM_OK);
+    cr_assert_eq(cm_in_memory_logger_last(b.mem, "metrics/eval/MulticlassAccuracy", &y), CM_OK);
+    cr_expect_eq(x, y);
+    expect_params(a.model, b.model, 0, "training metrics on and off");
+    cr_expect_eq(cm_state_metric(cm_trainer_state(a.tr), "train", "MulticlassAccuracy", &x), CM_ERR_NOT_FOUND);
+    cr_expect(strstr(cm_last_error(), "training metrics are off"), "%s", cm_last_error());
+    unmake(&a);
+    unmake(&b);
 }
 
 /* Parameters of two runs agree within tol (0 = bitwise). */

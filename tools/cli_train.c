@@ -984,7 +984,7 @@ static void touch_unused(run *r) {
         "load_strict_model_weights", "load_exclude_algorithms",
         "scale_schedule_ratio", "progress_bar", "console_log_interval", "sample", "run_root", "run_name",
         "deterministic_mode", "accumulate_train_batch_on_tokens", "parallelism", "precision", "device",
-        "dist_timeout", "fsdp_config", "arena_budget", "device_arena_budget"};
+        "dist_timeout", "fsdp_config", "arena_budget", "device_arena_budget", "compute_training_metrics"};
     for (size_t i = 0; i < sizeof train_only / sizeof *train_only; i++) cm_config_touch(r->cfg, train_only[i]);
     if (r->mode == MODE_GENERATE) {
         cm_config_touch(r->cfg, "eval_loader");
@@ -1022,6 +1022,7 @@ static cm_status read_trainer_keys(run *r) {
     if (tc->max_duration.count == 0 && tc->max_duration.unit != CM_TIME_DURATION)
         return bad(c, "max_duration", "required: how long to train (e.g. max_duration: 2000ba, or 2ep)");
     TRY(cm_config_get_time(c, "eval_interval", "1ep", &tc->eval_interval));
+    TRY(cm_config_get_bool(c, "compute_training_metrics", false, &tc->compute_training_metrics));
     TRY(cm_config_get_double(c, "scale_schedule_ratio", 1.0, &tc->scale_schedule_ratio));
     TRY(cm_config_get_bool(c, "deterministic_mode", false, &tc->deterministic_mode));
     TRY(cm_config_get_bool(c, "accumulate_train_batch_on_tokens", false, &tc->accumulate_train_batch_on_tokens));
@@ -1325,6 +1326,8 @@ static void print_keys(FILE *f) {
             "  max_duration       how long to train: 2000ba, 3ep, 1e6tok, ... (required)\n"
             "  eval_interval      1ep; 500ba; 0 disables evaluation during training\n"
             "  eval_subset_num_batches   -1 = the whole eval set\n"
+            "  compute_training_metrics  false (Composer's default): true also computes the model's metrics\n"
+            "                     on every training batch and logs metrics/train/<Name>\n"
             "  global_train_batch_size   the train loader's batch size (llm-foundry's name)\n"
             "  device_train_microbatch_size   rows per microbatch, or auto; 0 = the whole batch\n"
             "  arena_budget       bytes (2gb, 512mb) a microbatch's activations may take on the CPU (0 = no\n"

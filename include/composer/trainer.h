@@ -737,6 +737,11 @@ typedef struct cm_trainer_config {
     cm_time max_duration;             /* ep, ba, sp or tok; count 0 = not set (fit must give one) */
     cm_time eval_interval;            /* default 1ep; ep, ba, sp, tok or dur; count 0 = never */
     int64_t eval_subset_num_batches;  /* -1 = the whole eval set (default) */
+    bool compute_training_metrics;    /* Composer's compute_training_metrics (default false, as there):
+                                         update the model's training metrics on every batch and log
+                                         metrics/train/<Name>; off, they cost nothing (no pass over
+                                         the outputs, no device-to-host copy) and cm_state_metric of
+                                         "train" says they are off */
     cm_optim *optimizer;              /* borrowed; NULL = DecoupledSGDW(lr 0.1) over the model (Composer's default) */
     const cm_sched_config *schedulers; /* copied; multiplied together */
     int n_schedulers;

@@ -222,6 +222,11 @@ cm_status cm_state_metric(const cm_state *st, const char *label, const char *nam
             return CM_OK;
         }
     }
+    if (ms && ms->off)
+        return cm_set_error(CM_ERR_NOT_FOUND,
+                            "metric '%s' of '%s' is not computed: training metrics are off (compute_training_metrics "
+                            "false, Composer's default); set compute_training_metrics: true",
+                            name ? name : "(null)", label);
     return cm_set_error(CM_ERR_NOT_FOUND, "metric '%s' of '%s' has not been computed%s", name ? name : "(null)",
                         label ? label : "(null)", ms ? "" : " (no such loader label)");
 }

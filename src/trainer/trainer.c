@@ -22,6 +22,16 @@ cm_evaluator cm_evaluator_default(void) {
     return (cm_evaluator){"eval", NULL, -1, {CM_TIME_EPOCH, 0, 0}};
 }
 
+/* The training metric set: the model's training metrics when `on` (compute_training_metrics), else
+ * an empty set marked off, so nothing is updated or logged and cm_state_metric says why. */
+static cm_status train_metrics_init(cm_metric_set *ms, const cm_model *model, const char *label, bool on) {
+    if (on) return cmi_metric_set_init(ms, model, true, label);
+    memset(ms, 0, sizeof *ms);
+    snprintf(ms->label, sizeof ms->label, "%s", label);
+    ms->off = true;
+    return CM_OK;
+}
+
 cm_trainer_config cm_trainer_config_default(void) {
     cm_trainer_config c;
     memset(&c, 0, sizeof c);
@@ -354,7 +364,7 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         e->interval = time_is_zero(ev.eval_interval) ? cfg->eval_interval : ev.eval_interval;
         e->set = i + 1;
     }
-    if ((s = cmi_metric_set_init(&st->metric_sets[0], st->model, true, "train"))) goto fail;
+    if ((s = train_metrics_init(&st->metric_sets[0], st->model, "train", cfg->compute_training_metrics))) goto fail;
     for (int i = 0; i < tr->n_evals; i++)
         if ((s = cmi_metric_set_init(&st->metric_sets[i + 1], st->model, false, tr->evals[i].label))) goto fail;
     if (cfg->n_schedulers) {
@@ -429,8 +439,11 @@ cm_status cm_trainer_new(const cm_trainer_config *cfg, cm_trainer **out) {
         for (int i = 0; i < st->n_metric_sets; i++) {
             char label[64];
             snprintf(label, sizeof label, "%s", st->metric_sets[i].label);
+            const bool off = st->metric_sets[i].off;
             cmi_metric_set_deinit(&st->metric_sets[i]);
-            if ((s = cmi_metric_set_init(&st->metric_sets[i], st->model, i == 0, label))) goto release;
+            s = i == 0 ? train_metrics_init(&st->metric_sets[i], st->model, label, !off)
+                       : cmi_metric_set_init(&st->metric_sets[i], st->model, false, label);
+            if (s) goto release;
         }
         root = cm_model_module(st->model);
     }

@@ -13,6 +13,7 @@ typedef struct cm_metric_set {
     double *sums;        /* (n · CM_METRIC_MAX_STATE) running sums */
     double *values;      /* (n) last computed values */
     bool computed;
+    bool off;            /* the training set with compute_training_metrics false: n is 0 */
 } cm_metric_set;
 
 struct cm_state {

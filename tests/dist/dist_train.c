@@ -133,6 +133,7 @@ int main(int argc, char **argv) {
     cfg.model = model;
     cfg.train_dataloader = dl;
     cfg.optimizer = opt;
+    cfg.compute_training_metrics = true; /* the ranks' accuracy is compared */
     TRY(cm_time_parse("8ba", &cfg.max_duration));
     /* token weighting is grouping-independent only for a loss that is a mean over tokens; this
      * classifier's loss is a mean over samples, so with tokens every microbatch is one sample */

@@ -73,11 +73,15 @@ cm_status cbi_monitored_metric(const char *who, const cm_state *st, const char *
         if (cm_state_metric_at(st, label, i, &name, NULL) == CM_OK && len < sizeof known)
             len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "", name);
     }
+    const bool train_off = !len && !strcmp(label, "train");
     return cm_set_error(CM_ERR_NOT_FOUND,
                         "%s: metric '%s' of dataloader_label '%s' has not been computed (%s%s; the label is 'train' "
-                        "or an evaluator's label such as 'eval')",
+                        "or an evaluator's label such as 'eval')%s",
                         who, monitor, label, len ? "computed for that label: " : "the label has no computed metrics",
-                        known);
+                        known,
+                        train_off ? ". Training metrics are computed only with compute_training_metrics: true "
+                                    "(Composer's default is false)"
+                                  : "");
 }
 
 size_t cbi_json_save(cJSON *obj, char *buf, size_t cap) {
