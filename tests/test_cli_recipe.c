@@ -193,6 +193,19 @@ Test(cli_recipe, a_target_never_reached_runs_to_max_duration_and_gives_no_speedu
     cr_expect(strstr(out, "0/1") && strstr(out, "none: the baseline reached the target in 0 of 1 seeds"), "%s", out);
 }
 
+/* A target on a training metric turns the training metrics on (off by default, as in Composer):
+ * the curve has them and the run reaches it. */
+Test(cli_recipe, a_training_metric_target_turns_the_training_metrics_on) {
+    int rc = run("recipe compare " DIR "/base.yaml --target metrics/train/LanguageCrossEntropy=100 --seeds 1 -o " DIR
+                 "/t");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    row rows[2];
+    cr_assert_eq(read_rows(DIR "/t/runs.tsv", rows, 2), 1);
+    cr_expect_str_eq(rows[0].reached, "yes", "%s", out);
+    cr_expect_eq(rows[0].batch, 1, "the first batch's cross-entropy is below 100, got batch %lld", rows[0].batch);
+    cr_expect(isfinite(rows[0].final));
+}
+
 Test(cli_recipe, a_budget_ends_a_run_from_outside) {
     int rc = run("recipe compare " DIR "/long.yaml --target " CE "=0.001 --seeds 1 --budget 3s -o " DIR "/c");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);

@@ -58,7 +58,8 @@ static void compare_usage(FILE *f, const char *prog) {
             "which METRIC first reaches VALUE: per seed, mean and spread, the final quality, and each recipe's\n"
             "speed-up over the baseline (the first config): mean baseline time / mean recipe time, with the\n"
             "spread of the per-seed ratios. Direction: at most VALUE for names with loss, error, perplexity or\n"
-            "cross-entropy, at least VALUE otherwise (accuracy); METRIC<=VALUE or METRIC>=VALUE force it.\n\n"
+            "cross-entropy, at least VALUE otherwise (accuracy); METRIC<=VALUE or METRIC>=VALUE force it.\n"
+            "A metrics/train/... target turns compute_training_metrics on (off by default, as in Composer).\n\n"
             "Time is the run's training wall-clock as Composer counts it (wall_clock/train of SpeedMonitor:\n"
             "data loading, algorithms and steps, with evaluation paused), at the evaluation that reached the\n"
             "target. A run stops at the target (ThresholdStopper), at its max_duration, or at --budget\n"
@@ -194,6 +195,8 @@ static void measured_args(child_args *a, const char *self, const char *config, c
     add(a, "progress_bar=false");
     add(a, "callbacks.speed_monitor.time_unit=seconds");
     add(a, "callbacks.speed_monitor.peak_flops=-1"); /* no MFU: it would measure the peak in every run */
+    /* a training-metric target needs the training metrics, which are off by default (as Composer's) */
+    if (!strncmp(t->metric, "metrics/train/", 14)) add(a, "compute_training_metrics=true");
     const char *slash = strchr(t->metric, '/');
     const char *slash2 = slash ? strchr(slash + 1, '/') : NULL;
     if (stop && !strncmp(t->metric, "metrics/", 8) && slash2 && slash2[1]) {
