@@ -111,7 +111,18 @@ Test(trainer, mlp_loss_drops_and_metrics_are_logged) {
     unmake(&g);
 }
 
-static void expect_params(cm_model *a, cm_model *b, double tol, const char *what);
+/* Parameters of two runs agree within tol (0 = bitwise). */
+static void expect_params(cm_model *a, cm_model *b, double tol, const char *what) {
+    int64_t na, nb;
+    float *pa = cmt_params_copy(a, &na), *pb = cmt_params_copy(b, &nb);
+    cr_assert_eq(na, nb);
+    if (tol == 0)
+        cr_expect(memcmp(pa, pb, sizeof(float) * (size_t)na) == 0, "%s: parameters differ", what);
+    else
+        cmt_assert_close_f32(what, pa, pb, na, tol, 0);
+    free(pa);
+    free(pb);
+}
 
 /* Composer's default: compute_training_metrics false — no metrics/train/ values, the same losses
  * and weights as with them on, and cm_state_metric of "train" says why there is none. */
@@ -139,19 +150,6 @@ Test(trainer, training_metrics_are_off_by_default_and_change_nothing) {
     cr_expect(strstr(cm_last_error(), "training metrics are off"), "%s", cm_last_error());
     unmake(&a);
     unmake(&b);
-}
-
-/* Parameters of two runs agree within tol (0 = bitwise). */
-static void expect_params(cm_model *a, cm_model *b, double tol, const char *what) {
-    int64_t na, nb;
-    float *pa = cmt_params_copy(a, &na), *pb = cmt_params_copy(b, &nb);
-    cr_assert_eq(na, nb);
-    if (tol == 0)
-        cr_expect(memcmp(pa, pb, sizeof(float) * (size_t)na) == 0, "%s: parameters differ", what);
-    else
-        cmt_assert_close_f32(what, pa, pb, na, tol, 0);
-    free(pa);
-    free(pb);
 }
 
 /* Gradient accumulation is exact up to summation order: the microbatch gradients are summed in

@@ -234,18 +234,15 @@ static const cJSON *find_state(const cJSON *manifest) {
     return NULL;
 }
 
-/* The first algorithm of the manifest whose model surgery a folder cannot express (the
- * required_on_load methods, except the low-precision norms, which change how a norm rounds under
- * amp_bf16 and not its weights, and GyroDropout, a training-time dropout); NULL when none. */
+/* The first required_on_load algorithm of the manifest whose model surgery a folder cannot express
+ * (cmi_hf_folder_keeps); NULL when none. */
 static const char *surgery_of(const cJSON *manifest) {
-    static const char *const faithful[] = {"LowPrecisionLayerNorm", "LowPrecisionGroupNorm", "GyroDropout"};
     const cJSON *algs = cJSON_GetObjectItemCaseSensitive(manifest, "algorithms");
     for (const cJSON *a = cJSON_IsArray(algs) ? algs->child : NULL; a; a = a->next) {
         const cJSON *n = cJSON_GetObjectItemCaseSensitive(a, "name");
-        if (!cJSON_IsString(n) || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "required_on_load"))) continue;
-        bool ok = false;
-        for (size_t i = 0; i < sizeof faithful / sizeof *faithful; i++) ok = ok || !strcmp(n->valuestring, faithful[i]);
-        if (!ok) return n->valuestring;
+        if (cJSON_IsString(n) && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "required_on_load")) &&
+            !cmi_hf_folder_keeps(n->valuestring))
+            return n->valuestring;
     }
     return NULL;
 }

@@ -816,6 +816,17 @@ static bool scan_module(cm_module *m, const char *path, int depth, void *data) {
     return false;
 }
 
+/* The methods of composer/surgery_algorithms.h whose changes a folder keeps: the low-precision norms
+ * (a flag on LayerNorm / GroupNorm: rounding under amp_bf16, no weight changes) and GyroDropout (the
+ * GyroDropoutLayer that scan_module lets through). The manifest's other required_on_load methods
+ * change the model's structure or forward. */
+bool cmi_hf_folder_keeps(const char *algorithm) {
+    static const char *const kept[] = {"LowPrecisionLayerNorm", "LowPrecisionGroupNorm", "GyroDropout"};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
+        if (!strcmp(algorithm, kept[i])) return true;
+    return false;
+}
+
 #define HF_FOLDER_FIX                                                                                                 \
     "Keep Composer checkpoints (save_folder) and fine-tune from one instead: load_path=CHECKPOINT "                   \
     "load_weights_only=true load_strict_model_weights=false (the checkpoint re-applies its model surgery), as "     \

@@ -14,6 +14,9 @@ cm_status cmi_hf_mkdirs(const char *path);
  * Otherwise CM_ERR_UNSUPPORTED naming the module, why the folder would be another model, and the
  * fix (fine-tune from the Composer checkpoint). */
 cm_status cmi_hf_check_plain(const cm_model *m);
+/* Whether a folder keeps what the required_on_load method `algorithm` (class name) does to a model,
+ * as cmi_hf_check_plain judges the model: true for the low-precision norms and GyroDropout. */
+bool cmi_hf_folder_keeps(const char *algorithm);
 
 /* Writes a pretrained folder into dir (which must exist): config.json (config_json, as given), the
  * model's weights as model.safetensors when m is not NULL (a stale model.safetensors.index.json is

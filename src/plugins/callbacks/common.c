@@ -66,6 +66,8 @@ char *cbi_strdup(const char *s) {
 cm_status cbi_monitored_metric(const char *who, const cm_state *st, const char *label, const char *monitor,
                                double *out) {
     if (cm_state_metric(st, label, monitor, out) == CM_OK) return CM_OK;
+    char why[512]; /* the state's reason: not computed yet, no such label, training metrics off */
+    snprintf(why, sizeof why, "%s", cm_last_error());
     char known[512] = "";
     size_t len = 0;
     for (int i = 0; i < cm_state_n_metrics(st, label); i++) {
@@ -73,15 +75,10 @@ cm_status cbi_monitored_metric(const char *who, const cm_state *st, const char *
         if (cm_state_metric_at(st, label, i, &name, NULL) == CM_OK && len < sizeof known)
             len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "", name);
     }
-    const bool train_off = !len && !strcmp(label, "train");
     return cm_set_error(CM_ERR_NOT_FOUND,
                         "%s: metric '%s' of dataloader_label '%s' has not been computed (%s%s; the label is 'train' "
-                        "or an evaluator's label such as 'eval')%s",
-                        who, monitor, label, len ? "computed for that label: " : "the label has no computed metrics",
-                        known,
-                        train_off ? ". Training metrics are computed only with compute_training_metrics: true "
-                                    "(Composer's default is false)"
-                                  : "");
+                        "or an evaluator's label such as 'eval')",
+                        who, monitor, label, len ? "computed for that label: " : "", len ? known : why);
 }
 
 size_t cbi_json_save(cJSON *obj, char *buf, size_t cap) {
