@@ -350,6 +350,21 @@ Test(cli_train, bad_keys_and_values_name_the_key_and_suggest) {
         cr_assert_eq(rc, cases[i].rc, "%s: exit %d, want %d:\n%s", cases[i].args, rc, cases[i].rc, out);
         cr_assert(strstr(out, cases[i].want), "%s: output lacks '%s':\n%s", cases[i].args, cases[i].want, out);
     }
+    /* a missing token file names the tokenizer the model's vocabulary was made for */
+    static const struct {
+        const char *vocab, *want;
+    } tok[] = {{"50257", "--tokenizer gpt2 "}, {"65", "--tokenizer char "}};
+    for (size_t i = 0; i < 2; i++) {
+        char args[512];
+        snprintf(args, sizeof args,
+                 "train " DIR "/tiny.yaml --print-config train_loader.dataset.dir=" DIR "/shakespeare_x "
+                 "model.vocab_size=%s",
+                 tok[i].vocab);
+        int rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 1, "vocab %s: exit %d:\n%s", tok[i].vocab, rc, out);
+        cr_assert(strstr(out, tok[i].want) && strstr(out, "-o " DIR "/shakespeare_x)"), "vocab %s:\n%s", tok[i].vocab,
+                  out);
+    }
     /* file positions in messages */
     FILE *f = fopen(DIR "/typo.yaml", "w");
     fputs("max_duration: 5ba\nmodel: {name: gpt2, preset: tiny}\ntrain_loader:\n  dataset: {type: tokens, dir: " DIR

@@ -738,10 +738,12 @@ static cm_status open_dataset(run *r, const char *sec, bool train, cm_dataset **
         if (r->gpt2) tc.vocab_size = r->gpt.vocab_size;
         if (cm_dataset_tokens_new(path, &tc, out) != CM_OK) {
             cm_status s = at_key(c, p, cm_last_status());
+            /* the tokenizer the model's vocabulary was made for: GPT-2's BPE (50257) or characters */
             if (access(path, F_OK) != 0 && strstr(path, "shakespeare"))
-                cm_set_error(s, "%s (tokenize the text first: composer data tokenize --tokenizer char "
+                cm_set_error(s, "%s (tokenize the text first: composer data tokenize --tokenizer %s "
                                 "../shared/data/tinyshakespeare/input.txt -o %.*s)",
-                             cm_last_error(), (int)(strrchr(path, '/') ? strrchr(path, '/') - path : 4), path);
+                             cm_last_error(), r->gpt2 && r->gpt.vocab_size > 256 ? "gpt2" : "char",
+                             (int)(strrchr(path, '/') ? strrchr(path, '/') - path : 4), path);
             return s;
         }
         return CM_OK;
