@@ -343,6 +343,12 @@ Test(cli_hf, alibi_pretraining_fine_tunes_from_its_checkpoint_not_a_folder) {
     expect_fail("ckpt export --hf " DIR "/al-ckpt -o " DIR "/al-export", 1, "was trained with Alibi, model surgery",
                 "load_path=" DIR "/al-ckpt/ep0-ba2 load_weights_only=true load_strict_model_weights=false");
     cr_assert_not(cmt_exists(DIR "/al-export"), "the refused export left a folder");
+    /* inspect says what a load re-applies */
+    rc = run("ckpt inspect " DIR "/al-ckpt", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "\nalgorithms  Alibi (required on load: max_sequence_length 32, "
+                          "train_sequence_length_scaling 1)\n"),
+              "%s", out);
     rc = run("ckpt export " DIR "/al-ckpt -o " DIR "/al-mlm.safetensors", out, sizeof out);
     cr_assert_eq(rc, 0, "the weights-only export: exit %d:\n%s", rc, out);
     /* the classifier of the same shape fine-tunes from the checkpoint; lr 0 keeps the loaded weights */

@@ -413,7 +413,9 @@ static const cli_flag k_ckpt_export_flags[] = {
 
 static void ckpt_inspect_usage(FILE *f, const char *prog) {
     fprintf(f, "usage: %s PATH\n\nPrints a checkpoint's manifest summary: format, library, run, step, config digest,\n"
-               "files, tensors with dtype, shape and bytes. PATH is a checkpoint directory, or a save folder\n"
+               "the algorithms it was trained with (model surgery that loading it re-applies marked 'required\n"
+               "on load', with its arguments), the callbacks whose state it carries, files, tensors with\n"
+               "dtype, shape and bytes. PATH is a checkpoint directory, or a save folder\n"
                "(its latest pointer is followed). Checks the structure, not the tensor checksums (see verify).\n",
             prog);
 }
@@ -510,7 +512,7 @@ static int cmd_ckpt_export(const char *prog, int argc, char **argv) {
 }
 
 static const cli_cmd k_ckpt_cmds[] = {
-    {"inspect", cmd_ckpt_inspect, "summarize a checkpoint (step, config digest, tensors, sizes)", NULL},
+    {"inspect", cmd_ckpt_inspect, "summarize a checkpoint (step, algorithms, tensors, sizes)", NULL},
     {"verify", cmd_ckpt_verify, "check a checkpoint's checksums and files", NULL},
     {"export", cmd_ckpt_export, "write a checkpoint's model.safetensors (-o FILE), or with --hf a pretrained folder", NULL},
     {NULL, NULL, NULL, NULL},

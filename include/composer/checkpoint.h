@@ -223,8 +223,10 @@ const cm_safetensors *cm_checkpoint_file(const cm_checkpoint *ck, const char *fi
  * path), CM_ERR_OOM (a sharded export holds the whole model in memory). */
 cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path);
 
-/* Writes a human-readable summary (path, format, library, run, timestamp, config digest, files,
- * tensors with dtype, shape and bytes) into buf (cap bytes, always NUL-terminated); returns the
+/* Writes a human-readable summary (path, format, library, run, timestamp, config digest, the
+ * algorithms it was trained with — surgery a load re-applies marked "required on load", with its
+ * arguments — and the callbacks whose state it carries, files, tensors with dtype, shape and
+ * bytes) into buf (cap bytes, always NUL-terminated); returns the
  * length the whole text needs, as snprintf. */
 size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap);
 

@@ -746,10 +746,40 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
     sb_printf(&b, "config      xxh3 %016" PRIx64 "\n", ck->config_digest);
     sb_printf(&b, "layout      %s, saved by %d rank%s\n", ck->sharded ? "sharded" : "monolithic", ck->world_size,
               ck->world_size == 1 ? "" : "s");
+    /* what the run was trained with: the algorithms (the surgery a load re-applies marked, with
+     * its arguments) and the callbacks whose state the checkpoint carries */
+    static const char *const lists[] = {"algorithms", "callbacks"};
+    for (int l = 0; l < 2; l++) {
+        const cJSON *arr = cJSON_GetObjectItemCaseSensitive(ck->root, lists[l]), *e;
+        if (!cJSON_IsArray(arr)) continue;
+        sb_printf(&b, "%-11s", lists[l]);
+        int k = 0;
+        cJSON_ArrayForEach(e, arr) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+            sb_printf(&b, "%s%s", k++ ? ", " : " ", cJSON_IsString(nm) ? nm->valuestring : "?");
+            if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "required_on_load"))) continue;
+            const cJSON *hp = cJSON_GetObjectItemCaseSensitive(e, "hparams"), *h;
+            sb_printf(&b, " (required on load");
+            int j = 0;
+            cJSON_ArrayForEach(h, hp) {
+                char *hv = cJSON_PrintUnformatted(h);
+                sb_printf(&b, "%s%s %s", j++ ? ", " : ": ", h->string, hv ? hv : "?");
+                cJSON_free(hv);
+            }
+            sb_printf(&b, ")");
+        }
+        sb_printf(&b, "%s\n", k ? "" : " none");
+    }
     for (int i = 0; i < ck->n_files; i++) {
         size_t n = 0;
         for (size_t k = 0; k < ck->n_tensors; k++) n += !strcmp(ck->tensors[k].file, ck->files[i].name);
         sb_printf(&b, "file        %s: %" PRIu64 " bytes, %zu tensors\n", ck->files[i].name, ck->files[i].size, n);
+    }
+    int wf = 0, wn = 0; /* column widths: the longest file and tensor names */
+    for (size_t k = 0; k < ck->n_tensors; k++) {
+        int a = (int)strlen(ck->tensors[k].file), c = (int)strlen(ck->tensors[k].name);
+        wf = a > wf ? a : wf;
+        wn = c > wn ? c : wn;
     }
     for (size_t k = 0; k < ck->n_tensors; k++) {
         const cm_ckpt_tensor *t = &ck->tensors[k];
@@ -762,12 +792,12 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
             o = 0;
             for (int d = 0; d < t->global_ndim && o < sizeof gshape; d++)
                 o += (size_t)snprintf(gshape + o, sizeof gshape - o, "%s%lld", d ? ", " : "", (long long)t->global_shape[d]);
-            sb_printf(&b, "  %-34s %-40s %-5s [%lld, %lld) of (%s) %" PRIu64 " bytes\n", t->file, t->name,
+            sb_printf(&b, "  %-*s  %-*s  %-4s [%lld, %lld) of (%s) %" PRIu64 " bytes\n", wf, t->file, wn, t->name,
                       cm_st_dtype_name(t->dtype), (long long)t->begin, (long long)t->end, gshape, t->nbytes);
             continue;
         }
-        sb_printf(&b, "  %-22s %-40s %-5s (%s) %" PRIu64 " bytes\n", t->file, t->name, cm_st_dtype_name(t->dtype), shape,
-                  t->nbytes);
+        sb_printf(&b, "  %-*s  %-*s  %-4s (%s) %" PRIu64 " bytes\n", wf, t->file, wn, t->name, cm_st_dtype_name(t->dtype),
+                  shape, t->nbytes);
     }
     return b.len;
 }
