@@ -382,6 +382,15 @@ Test(cli_hf, alibi_pretraining_fine_tunes_from_its_checkpoint_not_a_folder) {
     cr_assert(strstr(out, "model tensors missing (bert.pooler.dense.weight") && strstr(out, "unexpected (cls.predictions"),
               "%s", out);
     cr_assert(strstr(out, "ALiBi: 1 attention modules of BertForSequenceClassification biased"), "%s", out);
+    /* eval from the run folder: its config's load_path says what the body needs (ALiBi), so the
+     * fine-tuned weights load into the model they were trained as */
+    rc = run("eval " DIR "/runs/al-cls/config.yaml --weights " DIR "/runs/al-cls/model.safetensors "
+             "'eval_loader={dataset: {type: tsv, path: " DIR "/sub.tsv, max_seq_len: 32}, batch_size: 8}'",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "ALiBi: 1 attention modules of BertForSequenceClassification biased") &&
+                  strstr(out, "metrics/eval/MulticlassAccuracy"),
+              "%s", out);
     /* ALiBi's sequence-length scaling reshapes rows: a classifier's per-sample label cannot follow */
     expect_fail("train " DIR "/al-cls.yaml run_name=al-scaled load_strict_model_weights=false "
                 "'algorithms={alibi: {max_sequence_length: 32, train_sequence_length_scaling: 0.5}}'",

@@ -166,6 +166,38 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
     cr_assert(strstr(out, "nothing.safetensors"), "%s", out);
 }
 
+/* Weights trained with model surgery (ALiBi) are evaluated and sampled from as the model they were
+ * trained as: the run folder's config, or the checkpoint's required_on_load, re-applies it before
+ * they load (without it eval gave another loss and generate another text, silently). */
+Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_with) {
+    char args[1024], trained[128];
+    snprintf(args, sizeof args,
+             "train " DIR "/tiny.yaml run_name=tiny_al save_folder=" DIR "/ck_al save_interval=5ba "
+             "'algorithms={alibi: {max_sequence_length: 32, train_sequence_length_scaling: 1.0}}'");
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const char *m = strstr(out, "metrics/eval/LanguageCrossEntropy: ");
+    cr_assert_not_null(m, "%s", out);
+    snprintf(trained, sizeof trained, "%.*s", (int)strcspn(m, "\n"), m);
+    /* eval from the run folder: its config.yaml re-applies ALiBi; the loss at the end of training */
+    rc = run("eval " DIR "/runs/tiny_al/config.yaml --weights " DIR "/runs/tiny_al/model.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, trained), "want '%s':\n%s", trained, out);
+    /* a checkpoint as the weights, with a config that does not name ALiBi: required on load */
+    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/ck_al", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "Automatically adding required_on_load algorithm Alibi") && strstr(out, trained),
+              "want '%s':\n%s", trained, out);
+    /* generate: the run's own sample again (its prompt, seed 42, temperature and top_k) */
+    size_t n;
+    char *sample = cmt_read_file(DIR "/runs/tiny_al/sample.txt", &n);
+    rc = run("generate -w " DIR "/runs/tiny_al/model.safetensors -n 16", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const size_t len = strlen(out); /* the sample is the text's last line, as generate prints it (sample.txt ends so) */
+    cr_assert(n > 1 && len >= n && !memcmp(out + len - n, sample, n), "want '%s':\n%s", sample, out);
+    free(sample);
+}
+
 Test(cli_train, autoresume_continues_the_run_folder_logs) {
     cr_assert_eq(system("rm -rf " DIR "/runs/ar " DIR "/ck-ar"), 0);
     const char *base = "train " DIR "/tiny.yaml run_name=ar save_folder=" DIR "/ck-ar autoresume=true eval_interval=0";

@@ -922,7 +922,9 @@ static cm_status build_schedulers(run *r) {
  * Plugins
  * ------------------------------------------------------------------------------------------- */
 
-static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind) {
+/* Makes the entries of `section` into r's plugins; surgery_only (eval and generate): only the
+ * algorithms that change the model (composer/surgery_algorithms.h), the others are left unread. */
+static cm_status build_plugins_of(run *r, const char *section, cli_plugin_kind kind, bool surgery_only) {
     cm_config *c = r->cfg;
     cm_config_kind k = cm_config_kind_of(c, section);
     if (k == CM_CONFIG_ABSENT || k == CM_CONFIG_NULL) {
@@ -932,6 +934,7 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
     if (k != CM_CONFIG_MAP) return bad(c, section, "expected a map of names to arguments (%s: {name: {...}})", section);
     for (int i = 0; i < cm_config_len(c, section); i++) {
         const char *name = cm_config_key_at(c, section, i);
+        if (surgery_only && !cm_algorithm_info_find(name)) continue;
         const cli_plugin_entry *e = cli_plugin_find(c, section, name, kind);
         if (!e) return CM_ERR_INVALID_ARG;
         char p[256];
@@ -952,6 +955,55 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
         else r->lgs[(*n)++] = out.logger;
     }
     return CM_OK;
+}
+
+static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind) {
+    return build_plugins_of(r, section, kind, false);
+}
+
+/* eval and generate: the model the weights were trained as. The config's surgery algorithms and
+ * what the checkpoint it started from (load_path) or resumed (autoresume) requires on load are
+ * applied before the weights load (ALiBi's attention, gated linear units' layers, BlurPool's
+ * filters: without them the weights do not load, or load into another model). `ckpt`, a Composer
+ * checkpoint given as the weights, is asked instead of the config's. Nothing of the training
+ * config is loaded: afterwards r->tc loads `ckpt`'s weights (strictly) or nothing, so the
+ * config's load_path and autoresume cannot replace the weights being evaluated. */
+static cm_status apply_trained_surgery(run *r, const char *ckpt) {
+    cm_trainer_config *tc = &r->tc;
+    if (ckpt) {
+        tc->load_path = ckpt;
+        tc->autoresume = false;
+    } else if (tc->load_path && !cm_storage_is_remote(tc->load_path) && access(tc->load_path, F_OK) != 0) {
+        cm_log_msg(CM_LOG_WARN, "load_path '%s' (the checkpoint the run started from) is gone: the model surgery it "
+                   "required on load, if any, is not applied", tc->load_path);
+        tc->load_path = NULL;
+    }
+    tc->model = r->model;
+    tc->algorithms = r->algs, tc->n_algorithms = r->n_algs;
+    cm_status s = cm_trainer_prepare_model(tc);
+    tc->load_path = ckpt;
+    tc->load_weights_only = true;
+    tc->load_strict_model_weights = true;
+    tc->autoresume = false;
+    tc->save_folder = NULL;
+    return s;
+}
+
+/* Whether `path` is a Composer checkpoint (a folder with a manifest, or a save folder whose
+ * latest pointer leads to one), not a .safetensors file or a Hugging Face folder. */
+static bool is_composer_checkpoint(const char *path) {
+    char m[PATH_MAX];
+    snprintf(m, sizeof m, "%s/manifest.json", path);
+    if (access(m, F_OK) == 0) return true;
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    cm_checkpoint *ck;
+    if (cm_checkpoint_open(path, &ck) != CM_OK) {
+        cm_clear_error();
+        return false;
+    }
+    cm_checkpoint_close(ck);
+    return true;
 }
 
 /* The profiler runs first among the callbacks (every rank makes one: the ranks meet at its
@@ -993,6 +1045,8 @@ static void touch_unused(run *r) {
         cm_config_touch(r->cfg, "eval_subset_num_batches");
     }
 }
+
+static cm_status read_load_keys(run *r);
 
 static cm_status read_trainer_keys(run *r) {
     cm_config *c = r->cfg;
@@ -1065,14 +1119,23 @@ static cm_status read_trainer_keys(run *r) {
     TRY(cm_config_get_bool(c, "autoresume", false, &tc->autoresume));
     TRY(cm_config_get_bool(c, "load_weights_only", false, &tc->load_weights_only));
     TRY(cm_config_get_bool(c, "load_strict_model_weights", true, &tc->load_strict_model_weights));
+    TRY(read_load_keys(r));
+    if (tc->autoresume && !tc->save_folder)
+        return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
+    return CM_OK;
+}
+
+/* load_path and load_exclude_algorithms: what a run starts from (train), and what surgery the
+ * checkpoint it started from requires (eval and generate, apply_trained_surgery). */
+static cm_status read_load_keys(run *r) {
+    cm_config *c = r->cfg;
+    cm_trainer_config *tc = &r->tc;
     /* load_path: a .safetensors file is weights to start from; anything else is a checkpoint */
     TRY(cm_config_get_string(c, "load_path", NULL, &r->load_path));
     if (r->load_path && !strstr(r->load_path, ".safetensors")) {
         tc->load_path = r->load_path;
         r->load_path = NULL;
     }
-    if (tc->autoresume && !tc->save_folder)
-        return bad(c, "autoresume", "needs save_folder (the folder to resume from) and a fixed run_name");
     /* load_exclude_algorithms: [BlurPool, ...] — algorithms (glob patterns of class names) whose
      * checkpoint state is not loaded and whose surgery is not re-applied */
     cm_config_kind ek = cm_config_kind_of(c, "load_exclude_algorithms");
@@ -1235,6 +1298,8 @@ static cm_status build_run(run *r) {
             TRY(cm_config_get_int(c, "sample.top_k", 200, &r->top_k));
         }
     } else {
+        TRY(read_load_keys(r));
+        TRY(build_plugins_of(r, "algorithms", CLI_ALGORITHM, true));
         touch_unused(r);
     }
     return cm_config_check_unknown(c);
@@ -1971,17 +2036,21 @@ int cmd_train(const char *prog, int argc, char **argv) {
 
 static const char *g_eval_weights;
 static const cli_flag k_eval_flags[] = {
-    {"--weights", "-w", "PATH", "the weights to evaluate (a model.safetensors from a run)", &g_eval_weights},
+    {"--weights", "-w", "PATH", "the weights to evaluate (a run's model.safetensors, or a checkpoint)", &g_eval_weights},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static void eval_usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s CONFIG.yaml --weights PATH [key.path=value ...]\n\n"
-            "Builds the config's model, loads PATH (safetensors) and evaluates it on the config's\n"
-            "eval_loader, printing every metric. A run folder's config.yaml works as CONFIG. A model from\n"
-            "a pretrained folder (model.name: hf) is evaluated with the folder's weights when --weights\n"
-            "is not given.\n\noptions:\n",
+            "Builds the config's model, loads PATH and evaluates it on the config's eval_loader,\n"
+            "printing every metric. A run folder's config.yaml works as CONFIG. The model is the one the\n"
+            "weights were trained as: the config's model surgery (algorithms: alibi, blurpool, ...) and\n"
+            "what the checkpoint of its load_path requires on load are applied before they load. PATH is\n"
+            "a .safetensors file, or a Composer checkpoint (its weights only; the surgery it was trained\n"
+            "with re-applied, as Composer's required_on_load). A model from a pretrained\n"
+            "folder (model.name: hf) is evaluated with the folder's weights when --weights is not given.\n"
+            "\noptions:\n",
             prog);
     cli_print_flags(f, k_eval_flags);
     fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
@@ -2006,7 +2075,9 @@ int cmd_eval(const char *prog, int argc, char **argv) {
         fprintf(stderr, "%s: missing --weights PATH; see '%s --help'\n", prog, prog);
         return finish(&r, EXIT_USAGE);
     }
-    if (!r.err_code && g_eval_weights) {
+    const bool weights_ckpt = !r.err_code && g_eval_weights && is_composer_checkpoint(g_eval_weights);
+    if (!r.err_code && apply_trained_surgery(&r, weights_ckpt ? g_eval_weights : NULL) != CM_OK) note(&r, NULL);
+    if (!r.err_code && g_eval_weights && !weights_ckpt) {
         cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
                              : cm_module_load_safetensors(cm_model_module(r.model), g_eval_weights, NULL, NULL);
         if (s) {
@@ -2024,7 +2095,10 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     if (r.dp) cm_dist_trainer_hooks(r.dp, &r.tc);
     if (r.rank > 0) r.ctx.quiet = true;
     cm_trainer *tr = NULL;
-    if (!r.err_code && cm_trainer_new(&r.tc, &tr) != CM_OK) note(&r, NULL), tr = NULL;
+    if (!r.err_code) {
+        if (cm_trainer_new(&r.tc, &tr) != CM_OK) note(&r, NULL), tr = NULL;
+        else r.n_algs = 0; /* the trainer owns them now */
+    }
     if (tr && r.dp && cm_dist_attach(r.dp, tr) != CM_OK) note(&r, NULL);
     if ((rc = settle(&r, prog))) {
         cm_trainer_free(tr);
@@ -2076,7 +2150,8 @@ static void gen_usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s --weights PATH [--prompt TEXT] [--max-new-tokens N] [options]\n\n"
             "Samples text from a GPT-2 model with a KV cache. The model's shape comes from --config (or\n"
-            "the run folder's config.yaml next to the weights), else from the weights' shapes.\n\noptions:\n",
+            "the run folder's config.yaml next to the weights), else from the weights' shapes; the\n"
+            "config's model surgery (algorithms: alibi) is applied before the weights load.\n\noptions:\n",
             prog);
     cli_print_flags(f, k_gen_flags);
     fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
@@ -2157,6 +2232,14 @@ int cmd_generate(const char *prog, int argc, char **argv) {
         }
         int64_t sd;
         if (cm_config_get_int(r.cfg, "seed", 42, &sd) != CM_OK || build_model(&r, false) != CM_OK)
+            return config_error(prog, &r);
+        /* the model the weights were trained as (ALiBi, ...): the config's surgery, and what the
+         * checkpoint it started from requires */
+        r.tc = cm_trainer_config_default();
+        r.tc.seed = (uint64_t)sd;
+        if (r.gpt2 && (read_trainer_keys(&r) != CM_OK || read_load_keys(&r) != CM_OK ||
+                       build_plugins_of(&r, "algorithms", CLI_ALGORITHM, true) != CM_OK ||
+                       apply_trained_surgery(&r, NULL) != CM_OK))
             return config_error(prog, &r);
         if (!r.gpt2) {
             fprintf(stderr, "%s: %s: the model is not a GPT (model.name: gpt2)\n", prog, g_gen_config);
