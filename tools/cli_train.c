@@ -962,17 +962,16 @@ static cm_status build_plugins(run *r, const char *section, cli_plugin_kind kind
 }
 
 /* eval and generate: the model the weights were trained as. The config's surgery algorithms and
- * what the checkpoint it started from (load_path) or resumed (autoresume) requires on load are
- * applied before the weights load (ALiBi's attention, gated linear units' layers, BlurPool's
- * filters: without them the weights do not load, or load into another model). `ckpt`, a Composer
- * checkpoint given as the weights, is asked instead of the config's. Nothing of the training
- * config is loaded: afterwards r->tc loads `ckpt`'s weights (strictly) or nothing, so the
- * config's load_path and autoresume cannot replace the weights being evaluated. */
+ * what the checkpoint it started from (load_path) requires on load are applied before the
+ * weights load (ALiBi's attention, gated linear units' layers, BlurPool's filters: without them
+ * the weights do not load, or load into another model). `ckpt`, a Composer checkpoint given as
+ * the weights, is asked instead of the config's load_path. Afterwards r->tc loads `ckpt`'s
+ * weights (strictly) or nothing: the config's load_path is never loaded over the weights being
+ * evaluated. */
 static cm_status apply_trained_surgery(run *r, const char *ckpt) {
     cm_trainer_config *tc = &r->tc;
     if (ckpt) {
         tc->load_path = ckpt;
-        tc->autoresume = false;
     } else if (tc->load_path && !cm_storage_is_remote(tc->load_path) && access(tc->load_path, F_OK) != 0) {
         cm_log_msg(CM_LOG_WARN, "load_path '%s' (the checkpoint the run started from) is gone: the model surgery it "
                    "required on load, if any, is not applied", tc->load_path);
@@ -984,8 +983,6 @@ static cm_status apply_trained_surgery(run *r, const char *ckpt) {
     tc->load_path = ckpt;
     tc->load_weights_only = true;
     tc->load_strict_model_weights = true;
-    tc->autoresume = false;
-    tc->save_folder = NULL;
     return s;
 }
 
