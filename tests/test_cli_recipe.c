@@ -206,6 +206,31 @@ Test(cli_recipe, a_training_metric_target_turns_the_training_metrics_on) {
     cr_expect(isfinite(rows[0].final));
 }
 
+/* A target on one of a list of labelled eval loaders (metrics/eval/<label>/...): its stopper
+ * watches that loader, so the run stops at the first evaluation. */
+Test(cli_recipe, a_labelled_eval_loader_target_stops_the_run) {
+    FILE *f = fopen(DIR "/multi.yaml", "w");
+    cr_assert_not_null(f);
+    fputs("max_duration: 12ba\neval_interval: 3ba\neval_subset_num_batches: 1\n"
+          "model: {name: gpt2, preset: tiny}\n"
+          "train_loader: {dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}\n"
+          "eval_loader:\n"
+          "  - {label: train_head, dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}\n"
+          "  - {label: val, dataset: {type: tokens, dir: " DIR "/data, split: val}, batch_size: 4}\n"
+          "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\nsample: {max_new_tokens: 2}\n",
+          f);
+    fclose(f);
+    int rc = run("recipe compare " DIR "/multi.yaml --target metrics/eval/val/LanguageCrossEntropy=100 --seeds 1 -o " DIR
+                 "/m");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    row rows[2];
+    cr_assert_eq(read_rows(DIR "/m/runs.tsv", rows, 2), 1);
+    cr_expect_str_eq(rows[0].reached, "yes", "%s", out);
+    cr_expect_eq(rows[0].end_batch, 3, "ran to batch %lld; the ThresholdStopper on eval/val should end it at 3",
+                 rows[0].end_batch);
+    cr_expect_str_eq(rows[0].stopped, "target");
+}
+
 Test(cli_recipe, a_budget_ends_a_run_from_outside) {
     int rc = run("recipe compare " DIR "/long.yaml --target " CE "=0.001 --seeds 1 --budget 3s -o " DIR "/c");
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);

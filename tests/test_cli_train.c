@@ -198,6 +198,52 @@ Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_wit
     free(sample);
 }
 
+/* llm-foundry's list of eval loaders: each labelled, evaluated at every evaluation and logged as
+ * metrics/eval/<label>/...; one of them alone gives the numbers it gives as the only loader. */
+Test(cli_train, a_list_of_labelled_eval_loaders_logs_each) {
+    const char *two = "'eval_loader=[{label: val, dataset: {type: tokens, dir: " DIR "/data, split: val}, batch_size: 4}, "
+                      "{label: head, dataset: {type: tokens, dir: " DIR "/data}, batch_size: 4}]'";
+    char args[1024];
+    snprintf(args, sizeof args, "train " DIR "/tiny.yaml run_name=tiny_ev %s", two);
+    int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const char *v = strstr(out, "  metrics/eval/val/LanguageCrossEntropy: "), *h = strstr(out, "metrics/eval/head/");
+    cr_assert(v && h && strstr(out, "(+ eval sets)"), "%s", out);
+    char val[128]; /* "LanguageCrossEntropy: X" */
+    v += strlen("  metrics/eval/val/");
+    snprintf(val, sizeof val, "%.*s", (int)strcspn(v, "\n"), v);
+    char *mj = cmt_read_file(DIR "/runs/tiny_ev/metrics.jsonl", NULL);
+    cr_assert(strstr(mj, "\"metrics/eval/head/LanguageCrossEntropy\"") && strstr(mj, "\"metrics/eval/val/"), "%s", mj);
+    free(mj);
+    /* the same run with the val loader alone, unlabelled: the same numbers under metrics/eval/ */
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_ev1", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, val), "want '%s':\n%s", val, out);
+    /* eval evaluates every loader */
+    snprintf(args, sizeof args, "eval " DIR "/tiny.yaml -w " DIR "/runs/tiny_ev/model.safetensors %s", two);
+    rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "metrics/eval/val/LanguageCrossEntropy") && strstr(out, "metrics/eval/head/"), "%s", out);
+    /* bad lists are named */
+    static const struct {
+        const char *ovr, *want;
+    } bad[] = {
+        {"'eval_loader=[{dataset: {type: tokens, dir: " DIR "/data}}]'", "eval_loader.0.label: required in a list"},
+        {"'eval_loader=[{label: a, dataset: {type: tokens, dir: " DIR "/data}}, {label: a, dataset: {type: tokens, dir: " DIR
+         "/data}}]'",
+         "'a' labels two eval loaders (0 and 1)"},
+        {"'eval_loader=[{label: a/b, dataset: {type: tokens, dir: " DIR "/data}}]'", "'a/b': letters, digits"},
+        {"'eval_loader=[]'", "a list of 1 to 8 loaders"},
+        {"'eval_loader=[3]'", "eval_loader.0: expected {label: NAME"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "train " DIR "/tiny.yaml --print-config %s", bad[i].ovr);
+        rc = run(args, out, sizeof out);
+        cr_assert_eq(rc, 2, "%s: exit %d:\n%s", bad[i].ovr, rc, out);
+        cr_assert(strstr(out, bad[i].want), "%s: want '%s':\n%s", bad[i].ovr, bad[i].want, out);
+    }
+}
+
 Test(cli_train, autoresume_continues_the_run_folder_logs) {
     cr_assert_eq(system("rm -rf " DIR "/runs/ar " DIR "/ck-ar"), 0);
     const char *base = "train " DIR "/tiny.yaml run_name=ar save_folder=" DIR "/ck-ar autoresume=true eval_interval=0";

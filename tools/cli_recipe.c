@@ -197,9 +197,10 @@ static void measured_args(child_args *a, const char *self, const char *config, c
     add(a, "callbacks.speed_monitor.peak_flops=-1"); /* no MFU: it would measure the peak in every run */
     /* a training-metric target needs the training metrics, which are off by default (as Composer's) */
     if (!strncmp(t->metric, "metrics/train/", 14)) add(a, "compute_training_metrics=true");
+    /* metrics/<label>/<Name>; a label may hold a slash (eval/<label> of a list of eval loaders) */
     const char *slash = strchr(t->metric, '/');
-    const char *slash2 = slash ? strchr(slash + 1, '/') : NULL;
-    if (stop && !strncmp(t->metric, "metrics/", 8) && slash2 && slash2[1]) {
+    const char *slash2 = strrchr(t->metric, '/');
+    if (stop && !strncmp(t->metric, "metrics/", 8) && slash2 > slash && slash2[1]) {
         /* ThresholdStopper compares strictly: a threshold one ulp short of the target stops on
          * reaching it (>= or <=), as the analysis counts it */
         const double th = nextafter(t->value, t->dir == CM_TARGET_AT_MOST ? INFINITY : -INFINITY);

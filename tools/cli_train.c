@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #define MAX_PLUGINS 16
+#define MAX_EVALS 8
 #define MAX_SCHEDS 8
 
 typedef enum run_mode { MODE_TRAIN, MODE_EVAL, MODE_GENERATE } run_mode;
@@ -48,8 +49,12 @@ typedef struct run {
     /* data */
     cm_tokenizer *tok;
     char tok_path[PATH_MAX];
-    cm_dataset *train_ds, *eval_ds;
-    cm_dataloader *train_dl, *eval_dl;
+    cm_dataset *train_ds, *eval_ds[MAX_EVALS];
+    cm_dataloader *train_dl, *eval_dl[MAX_EVALS];
+    /* eval_loader: one map (label "eval"), or llm-foundry's list of labelled loaders ("eval/<label>") */
+    char eval_label[MAX_EVALS][80];
+    cm_evaluator evals[MAX_EVALS];
+    int n_evals;
     int64_t train_batch;
     /* distribution: under the launcher (or mpirun / srun) a communicator over every rank and data
      * parallelism over it; one process: NULL, rank 0 of 1 */
@@ -93,9 +98,9 @@ static void run_free(run *r) {
     cm_optim_free(r->opt);
     cli_optim_free(&r->opt_cfg);
     cm_dataloader_free(r->train_dl);
-    cm_dataloader_free(r->eval_dl);
+    for (int i = 0; i < r->n_evals; i++) cm_dataloader_free(r->eval_dl[i]);
     cm_dataset_free(r->train_ds);
-    cm_dataset_free(r->eval_ds);
+    for (int i = 0; i < r->n_evals; i++) cm_dataset_free(r->eval_ds[i]);
     cm_model_free(r->model);
     cm_tokenizer_free(r->tok);
     cm_config_free(r->cfg);
@@ -818,6 +823,57 @@ static cm_status build_loader(run *r, const char *sec, bool train, cm_dataset **
     return CM_OK;
 }
 
+/* eval_loader: one loader (metrics/eval/...), or llm-foundry's list of loaders, each with a
+ * `label` (metrics/eval/<label>/...), evaluated one after the other at every evaluation. */
+static cm_status build_eval_loaders(run *r) {
+    cm_config *c = r->cfg;
+    if (cm_config_kind_of(c, "eval_loader") == CM_CONFIG_MAP) {
+        snprintf(r->eval_label[0], sizeof r->eval_label[0], "eval");
+        r->n_evals = 1; /* first: what a failing build_loader leaves is freed with the run */
+        return build_loader(r, "eval_loader", false, &r->eval_ds[0], &r->eval_dl[0]);
+    }
+    const int n = cm_config_len(c, "eval_loader");
+    if (n == 0 || n > MAX_EVALS)
+        return bad(c, "eval_loader", "a list of 1 to %d loaders, each {label: NAME, dataset: {...}, batch_size: ...} "
+                   "(it has %d)", MAX_EVALS, n);
+    for (int i = 0; i < n; i++) {
+        char sec[64], k[96];
+        snprintf(sec, sizeof sec, "eval_loader.%d", i);
+        if (cm_config_kind_of(c, sec) != CM_CONFIG_MAP)
+            return bad(c, sec, "expected {label: NAME, dataset: {...}, batch_size: ...}");
+        const char *label;
+        TRY(get_s(c, sec, "label", NULL, &label));
+        keyf(k, sizeof k, sec, "label");
+        if (!label || !*label)
+            return bad(c, k, "required in a list of eval loaders: the name its metrics are logged under "
+                       "(metrics/eval/<label>/...)");
+        if (strlen(label) > 64 || strspn(label, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
+                                      strlen(label))
+            return bad(c, k, "'%s': letters, digits, '_', '-' and '.', at most 64", label);
+        snprintf(r->eval_label[i], sizeof r->eval_label[i], "eval/%s", label);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(r->eval_label[j], r->eval_label[i]))
+                return bad(c, k, "'%s' labels two eval loaders (%d and %d)", label, j, i);
+        r->n_evals = i + 1;
+        TRY(build_loader(r, sec, false, &r->eval_ds[i], &r->eval_dl[i]));
+    }
+    return CM_OK;
+}
+
+/* The trainer's evaluation sets: the one loader as its eval_dataloader, or the labelled list. */
+static void set_evaluators(run *r) {
+    if (r->n_evals == 1 && !strcmp(r->eval_label[0], "eval")) {
+        r->tc.eval_dataloader = r->eval_dl[0];
+        return;
+    }
+    for (int i = 0; i < r->n_evals; i++) {
+        r->evals[i] = cm_evaluator_default();
+        r->evals[i].label = r->eval_label[i];
+        r->evals[i].dataloader = r->eval_dl[i];
+    }
+    r->tc.evaluators = r->evals, r->tc.n_evaluators = r->n_evals;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Optimizer and schedulers
  * ------------------------------------------------------------------------------------------- */
@@ -1258,7 +1314,9 @@ static cm_status build_run(run *r) {
     TRY(read_trainer_keys(r));
     if (r->mode != MODE_GENERATE) TRY(start_comm(r));
     /* the tokenizer of the token data (vocabulary size, samples) */
-    find_tokenizer(r, r->mode == MODE_TRAIN ? "train_loader" : "eval_loader");
+    find_tokenizer(r, r->mode == MODE_TRAIN                                  ? "train_loader"
+                      : cm_config_kind_of(r->cfg, "eval_loader") == CM_CONFIG_SEQ ? "eval_loader.0"
+                                                                                  : "eval_loader");
     if (r->mode != MODE_TRAIN) find_tokenizer(r, "train_loader");
     TRY(build_model(r, true));
     if (r->mode == MODE_TRAIN) {
@@ -1267,10 +1325,12 @@ static cm_status build_run(run *r) {
         TRY(build_loader(r, "train_loader", true, &r->train_ds, &r->train_dl));
     }
     if (r->mode != MODE_GENERATE) {
-        if (cm_config_kind_of(c, "eval_loader") == CM_CONFIG_MAP)
-            TRY(build_loader(r, "eval_loader", false, &r->eval_ds, &r->eval_dl));
+        const cm_config_kind ek = cm_config_kind_of(c, "eval_loader");
+        if (ek == CM_CONFIG_MAP || ek == CM_CONFIG_SEQ)
+            TRY(build_eval_loaders(r));
         else if (r->mode == MODE_EVAL)
-            return bad(c, "eval_loader", "required for eval: {dataset: {type: ..., ...}, batch_size: ...}");
+            return bad(c, "eval_loader", "required for eval: {dataset: {type: ..., ...}, batch_size: ...}, or a list of "
+                                         "them, each with a label");
         else
             cm_config_touch(c, "eval_loader");
         TRY(cm_config_get_int(c, "eval_subset_num_batches", -1, &r->tc.eval_subset_num_batches));
@@ -1345,7 +1405,9 @@ static void print_keys(FILE *f) {
             "                     predownload, cache_limit (10gb), download_retry, keep_zip, validate_hash,\n"
             "                     allow_unsafe_types, max_seq_len (a tokens column), image_h, image_w,\n"
             "                     image_c, image_mean, image_std, crop_padding, hflip_p (image columns),\n"
-            "                     fields: {column: field}}\n"
+            "                     fields: {column: field}}; eval_loader may be a list of loaders, each with a\n"
+            "                     label (llm-foundry's: logged as metrics/eval/<label>/..., all evaluated at\n"
+            "                     every evaluation)\n"
             "  optimizer:         name: decoupled_adamw | adamw | adam | sgd | decoupled_sgdw; lr,\n"
             "                     weight_decay, betas [b1, b2], eps, amsgrad (adam kinds); momentum,\n"
             "                     dampening, nesterov (sgd kinds); disable_grad: REGEX | [REGEX, ..] (freeze\n"
@@ -1911,7 +1973,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     r.tc.model = r.model;
     r.tc.train_dataloader = r.train_dl;
-    r.tc.eval_dataloader = r.eval_dl;
+    set_evaluators(&r);
     r.tc.optimizer = r.opt;
     r.tc.schedulers = r.scheds, r.tc.n_schedulers = r.n_scheds;
     r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
@@ -1936,7 +1998,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
     }
     cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches%s\n", run_name,
             cm_model_type_name(r.model), (long long)cm_module_count_params(root, false),
-            (long long)cm_dataset_len(r.train_ds), r.eval_ds ? " (+ eval set)" : "", (long long)r.train_batch,
+            (long long)cm_dataset_len(r.train_ds), r.n_evals > 1 ? " (+ eval sets)" : r.n_evals ? " (+ eval set)" : "", (long long)r.train_batch,
             (long long)r.ctx.total_batches, ranks);
     cm_trainer *tr = NULL;
     if (!r.err_code) {
@@ -1967,7 +2029,7 @@ int cmd_train(const char *prog, int argc, char **argv) {
     const cm_timestamp *ts = cm_state_timestamp(cm_trainer_state(tr));
     cli_say(&r.ctx, "trained %lld batches (%lld samples, %lld tokens) in %.1f s\n", (long long)ts->batch,
             (long long)ts->sample, (long long)ts->token, secs);
-    print_eval_metrics(&r, tr, "eval");
+    for (int i = 0; i < r.n_evals; i++) print_eval_metrics(&r, tr, r.eval_label[i]);
     if (cm_trainer_close(tr) != CM_OK) note(&r, NULL);
     cm_trainer_free(tr);
     /* FULL_SHARD keeps only each rank's chunk of the parameters at rest: gather them (a
@@ -2088,7 +2150,7 @@ int cmd_eval(const char *prog, int argc, char **argv) {
     /* several ranks: each evaluates its slice of the eval set; the metric sums are all-reduced */
     if (start_dist(&r) != CM_OK) note(&r, NULL);
     r.tc.model = r.model;
-    r.tc.eval_dataloader = r.eval_dl;
+    set_evaluators(&r);
     if (r.dp) cm_dist_trainer_hooks(r.dp, &r.tc);
     if (r.rank > 0) r.ctx.quiet = true;
     cm_trainer *tr = NULL;
@@ -2111,12 +2173,15 @@ int cmd_eval(const char *prog, int argc, char **argv) {
         return finish(&r, 1);
     }
     /* eval_subset_num_batches stops early: say the samples those batches hold */
-    int64_t n_eval = cm_dataloader_samples_per_epoch(r.eval_dl);
-    const int64_t sub = r.tc.eval_subset_num_batches, gb = cm_dataloader_get_config(r.eval_dl)->batch_size;
-    if (sub >= 0 && sub * gb < n_eval) n_eval = sub * gb;
+    int64_t n_eval = 0;
+    for (int i = 0; i < r.n_evals; i++) {
+        int64_t n = cm_dataloader_samples_per_epoch(r.eval_dl[i]);
+        const int64_t sub = r.tc.eval_subset_num_batches, gb = cm_dataloader_get_config(r.eval_dl[i])->batch_size;
+        n_eval += sub >= 0 && sub * gb < n ? sub * gb : n;
+    }
     cli_say(&r.ctx, "evaluated %s on %lld samples in %.1f s%s\n", g_eval_weights ? g_eval_weights : "the pretrained folder",
             (long long)n_eval, cm_clock_s() - t0, r.world > 1 ? " (split over the ranks)" : "");
-    print_eval_metrics(&r, tr, "eval");
+    for (int i = 0; i < r.n_evals; i++) print_eval_metrics(&r, tr, r.eval_label[i]);
     cm_trainer_free(tr);
     return finish(&r, 0);
 }
