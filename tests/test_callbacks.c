@@ -713,6 +713,35 @@ Test(early_stopper, unknown_metric_fails_the_fit_naming_it) {
     unmake(&g);
 }
 
+/* A stopper watching a label no loader has would never stop: the fit fails at its start, naming
+ * the labels there are (Composer's stoppers wait silently). */
+Test(early_stopper, a_label_no_loader_has_fails_the_fit_naming_the_labels) {
+    for (int k = 0; k < 2; k++) {
+        cm_callback_plugin cb;
+        if (k == 0) {
+            cm_early_stopper_config ec = cm_early_stopper_config_default();
+            ec.monitor = "MulticlassAccuracy";
+            ec.dataloader_label = "eval/val";
+            cr_assert_eq(cm_early_stopper_new(&ec, &cb), CM_OK);
+        } else {
+            cm_threshold_stopper_config tc = cm_threshold_stopper_config_default();
+            tc.monitor = "MulticlassAccuracy";
+            tc.threshold = 0.5;
+            tc.dataloader_label = "evall";
+            cr_assert_eq(cm_threshold_stopper_new(&tc, &cb), CM_OK);
+        }
+        rig_opts o = defaults();
+        o.eval_n = 16;
+        rig g = make(&o, &cb, 1);
+        cr_expect_eq(cm_trainer_fit(g.tr, NULL), CM_ERR_INVALID_ARG);
+        const char *msg = cm_last_error();
+        const char *want = k ? "ThresholdStopper: dataloader_label 'evall'" : "EarlyStopper: dataloader_label 'eval/val'";
+        cr_expect(strstr(msg, want) && strstr(msg, "(its labels: 'train', 'eval')"), "message: %s", msg);
+        cr_expect_eq(cm_state_timestamp(cm_trainer_state(g.tr))->batch, 0, "trained before failing");
+        unmake(&g);
+    }
+}
+
 Test(early_stopper, fit_stops_early_on_eval_metric) {
     /* a learning rate of 0 keeps the eval accuracy constant: no improvement after the first eval */
     cm_early_stopper_config ec = cm_early_stopper_config_default();

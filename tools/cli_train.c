@@ -847,9 +847,9 @@ static cm_status build_eval_loaders(run *r) {
         if (!label || !*label)
             return bad(c, k, "required in a list of eval loaders: the name its metrics are logged under "
                        "(metrics/eval/<label>/...)");
-        if (strlen(label) > 64 || strspn(label, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
+        if (strlen(label) > 58 || strspn(label, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
                                       strlen(label))
-            return bad(c, k, "'%s': letters, digits, '_', '-' and '.', at most 64", label);
+            return bad(c, k, "'%s': letters, digits, '_', '-' and '.', at most 58", label);
         snprintf(r->eval_label[i], sizeof r->eval_label[i], "eval/%s", label);
         for (int j = 0; j < i; j++)
             if (!strcmp(r->eval_label[j], r->eval_label[i]))

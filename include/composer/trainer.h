@@ -295,6 +295,10 @@ bool cm_state_progress_bar(const cm_state *st);
 cm_status cm_state_metric(const cm_state *st, const char *label, const char *name, double *out);
 int cm_state_n_metrics(const cm_state *st, const char *label);
 cm_status cm_state_metric_at(const cm_state *st, const char *label, int i, const char **name, double *value);
+/* The loader labels metrics are kept for: "train" (i = 0), then every evaluator's in order
+ * ("eval", "eval/<label>", ...). NULL out of range. */
+int cm_state_n_metric_labels(const cm_state *st);
+const char *cm_state_metric_label_at(const cm_state *st, int i);
 
 /* ---- What algorithms may change in the batch ----
  * Composer's algorithms change state.batch on the events Composer allows; here the changes go

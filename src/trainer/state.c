@@ -199,6 +199,14 @@ static const cm_metric_set *find_set(const cm_state *st, const char *label) {
     return NULL;
 }
 
+int cm_state_n_metric_labels(const cm_state *st) {
+    return st ? st->n_metric_sets : 0;
+}
+
+const char *cm_state_metric_label_at(const cm_state *st, int i) {
+    return st && i >= 0 && i < st->n_metric_sets ? st->metric_sets[i].label : NULL;
+}
+
 int cm_state_n_metrics(const cm_state *st, const char *label) {
     const cm_metric_set *ms = find_set(st, label);
     return ms && ms->computed ? ms->n : 0;

@@ -13,6 +13,9 @@ char *cbi_strdup(const char *s);
 
 /* Reads metric `monitor` of `label` from the state; CM_ERR_NOT_FOUND saying which callback wanted
  * it and how to fix the names. */
+/* FIT_START: `label` is one the trainer keeps metrics for ("train" or an evaluator's), else
+ * CM_ERR_INVALID_ARG naming the labels there are (a stopper watching no loader never stops). */
+cm_status cbi_check_label(const char *who, const cm_state *st, const char *label);
 cm_status cbi_monitored_metric(const char *who, const cm_state *st, const char *label, const char *monitor,
                                double *out);
 

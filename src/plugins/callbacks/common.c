@@ -63,6 +63,18 @@ char *cbi_strdup(const char *s) {
     return d;
 }
 
+cm_status cbi_check_label(const char *who, const cm_state *st, const char *label) {
+    char known[512] = "";
+    size_t len = 0;
+    for (int i = 0; i < cm_state_n_metric_labels(st); i++) {
+        const char *l = cm_state_metric_label_at(st, i);
+        if (!strcmp(l, label)) return CM_OK;
+        if (len < sizeof known) len += (size_t)snprintf(known + len, sizeof known - len, "%s'%s'", i ? ", " : "", l);
+    }
+    return cm_set_error(CM_ERR_INVALID_ARG, "%s: dataloader_label '%s' is no loader of this trainer (its labels: %s), "
+                        "so it would never stop", who, label, known);
+}
+
 cm_status cbi_monitored_metric(const char *who, const cm_state *st, const char *label, const char *monitor,
                                double *out) {
     if (cm_state_metric(st, label, monitor, out) == CM_OK) return CM_OK;

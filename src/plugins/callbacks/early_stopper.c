@@ -37,6 +37,7 @@ static cm_status es_update(early_stopper *e, const cm_state *st) {
 
 static cm_status es_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
     early_stopper *e = self;
+    if (ev == CM_EVENT_FIT_START) return cbi_check_label("EarlyStopper", st, e->label);
     const bool mine = !strcmp(cm_state_dataloader_label(st), e->label);
     if (!mine) return CM_OK;
     if (ev == CM_EVENT_EVAL_END || ev == CM_EVENT_EPOCH_END ||

@@ -14,6 +14,7 @@ typedef struct {
 
 static cm_status ts_run_event(void *self, cm_event ev, const cm_state *st, cm_logger *lg) {
     threshold_stopper *t = self;
+    if (ev == CM_EVENT_FIT_START) return cbi_check_label("ThresholdStopper", st, t->label);
     if (strcmp(cm_state_dataloader_label(st), t->label)) return CM_OK;
     if (!(ev == CM_EVENT_EVAL_END || ev == CM_EVENT_EPOCH_END || (ev == CM_EVENT_BATCH_END && t->stop_on_batch)))
         return CM_OK;
