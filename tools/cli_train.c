@@ -1996,10 +1996,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
         snprintf(ranks, sizeof ranks, ", %d ranks (%s%s, %s samples a rank a batch)", r.world,
                  cm_sharding_name(r.sharding), groups, per);
     }
+    const char *evals = r.n_evals > 1 ? " (+ eval sets)" : r.n_evals ? " (+ eval set)" : "";
     cli_say(&r.ctx, "run %s: %s (%lld parameters), %lld train samples%s, batch %lld, %lld batches%s\n", run_name,
             cm_model_type_name(r.model), (long long)cm_module_count_params(root, false),
-            (long long)cm_dataset_len(r.train_ds), r.n_evals > 1 ? " (+ eval sets)" : r.n_evals ? " (+ eval set)" : "", (long long)r.train_batch,
-            (long long)r.ctx.total_batches, ranks);
+            (long long)cm_dataset_len(r.train_ds), evals, (long long)r.train_batch, (long long)r.ctx.total_batches,
+            ranks);
     cm_trainer *tr = NULL;
     if (!r.err_code) {
         if (cm_trainer_new(&r.tc, &tr) != CM_OK) note(&r, NULL), tr = NULL;
