@@ -11,11 +11,12 @@ static inline double cbi_now(cm_clock_fn clock, void *data) { return clock ? clo
 /* A copy of s made with cm_alloc (NULL and CM_ERR_OOM set on failure). */
 char *cbi_strdup(const char *s);
 
-/* Reads metric `monitor` of `label` from the state; CM_ERR_NOT_FOUND saying which callback wanted
- * it and how to fix the names. */
 /* FIT_START: `label` is one the trainer keeps metrics for ("train" or an evaluator's), else
  * CM_ERR_INVALID_ARG naming the labels there are (a stopper watching no loader never stops). */
 cm_status cbi_check_label(const char *who, const cm_state *st, const char *label);
+
+/* Reads metric `monitor` of `label` from the state; CM_ERR_NOT_FOUND saying which callback wanted
+ * it and how to fix the names. */
 cm_status cbi_monitored_metric(const char *who, const cm_state *st, const char *label, const char *monitor,
                                double *out);
 
