@@ -193,17 +193,27 @@ Test(cli_recipe, a_target_never_reached_runs_to_max_duration_and_gives_no_speedu
     cr_expect(strstr(out, "0/1") && strstr(out, "none: the baseline reached the target in 0 of 1 seeds"), "%s", out);
 }
 
+/* One config, one seed, a target every run reaches: `recipe compare CONFIG --target TARGET` into
+ * DIR/sub; its one row of runs.tsv, checked reached. */
+static row reached_once(const char *config, const char *target, const char *sub) {
+    char args[512];
+    snprintf(args, sizeof args, "recipe compare " DIR "/%s --target %s --seeds 1 -o " DIR "/%s", config, target, sub);
+    int rc = run(args);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    char path[256];
+    snprintf(path, sizeof path, DIR "/%s/runs.tsv", sub);
+    row rows[2];
+    cr_assert_eq(read_rows(path, rows, 2), 1);
+    cr_expect_str_eq(rows[0].reached, "yes", "%s", out);
+    return rows[0];
+}
+
 /* A target on a training metric turns the training metrics on (off by default, as in Composer):
  * the curve has them and the run reaches it. */
 Test(cli_recipe, a_training_metric_target_turns_the_training_metrics_on) {
-    int rc = run("recipe compare " DIR "/base.yaml --target metrics/train/LanguageCrossEntropy=100 --seeds 1 -o " DIR
-                 "/t");
-    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    row rows[2];
-    cr_assert_eq(read_rows(DIR "/t/runs.tsv", rows, 2), 1);
-    cr_expect_str_eq(rows[0].reached, "yes", "%s", out);
-    cr_expect_eq(rows[0].batch, 1, "the first batch's cross-entropy is below 100, got batch %lld", rows[0].batch);
-    cr_expect(isfinite(rows[0].final));
+    row r = reached_once("base.yaml", "metrics/train/LanguageCrossEntropy=100", "t");
+    cr_expect_eq(r.batch, 1, "the first batch's cross-entropy is below 100, got batch %lld", r.batch);
+    cr_expect(isfinite(r.final));
 }
 
 /* A target on one of a list of labelled eval loaders (metrics/eval/<label>/...): its stopper
@@ -220,15 +230,9 @@ Test(cli_recipe, a_labelled_eval_loader_target_stops_the_run) {
           "optimizer: {name: decoupled_adamw, lr: 1.0e-3}\nsample: {max_new_tokens: 2}\n",
           f);
     fclose(f);
-    int rc = run("recipe compare " DIR "/multi.yaml --target metrics/eval/val/LanguageCrossEntropy=100 --seeds 1 -o " DIR
-                 "/m");
-    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    row rows[2];
-    cr_assert_eq(read_rows(DIR "/m/runs.tsv", rows, 2), 1);
-    cr_expect_str_eq(rows[0].reached, "yes", "%s", out);
-    cr_expect_eq(rows[0].end_batch, 3, "ran to batch %lld; the ThresholdStopper on eval/val should end it at 3",
-                 rows[0].end_batch);
-    cr_expect_str_eq(rows[0].stopped, "target");
+    row r = reached_once("multi.yaml", "metrics/eval/val/LanguageCrossEntropy=100", "m");
+    cr_expect_eq(r.end_batch, 3, "ran to batch %lld; the ThresholdStopper on eval/val should end it at 3", r.end_batch);
+    cr_expect_str_eq(r.stopped, "target");
 }
 
 Test(cli_recipe, a_budget_ends_a_run_from_outside) {
