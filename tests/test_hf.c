@@ -442,6 +442,10 @@ Test(hf, unknown_architecture_field_or_value_is_named) {
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "hidden_act", "quick_gelu");
     cmt_write_text(p, "{\"model_type\": \"bert\", \"is_decoder\": true}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "is_decoder", NULL);
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"pruned_heads\": {\"0\": [1]}}");
+    expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "pruned_heads", "pruned heads");
+    cmt_write_text(p, "{\"model_type\": \"bert\", \"cross_attention_hidden_size\": 64}");
+    expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_UNSUPPORTED, "cross_attention_hidden_size", "cross-attention");
     cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": \"big\"}");
     expect_load_error(d, CM_HF_TASK_MASKED_LM, CM_ERR_FORMAT, "hidden_size", "integer");
     cmt_write_text(p, "{\"model_type\": \"bert\", \"hidden_size\": 30, \"num_attention_heads\": 4}");
