@@ -5,6 +5,8 @@
 #include "cms3.h"
 #include "cmtest.h"
 
+#include <composer/safetensors.h>
+#include <composer/surgery_algorithms.h>
 #include <composer/tokenizer.h>
 #include <math.h>
 #include <stdio.h>
@@ -173,12 +175,15 @@ Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_wit
     char args[1024], trained[128];
     snprintf(args, sizeof args,
              "train " DIR "/tiny.yaml run_name=tiny_al save_folder=" DIR "/ck_al save_interval=5ba "
-             "'algorithms={alibi: {max_sequence_length: 32, train_sequence_length_scaling: 1.0}}'");
+             "'algorithms={alibi: {max_sequence_length: 32, train_sequence_length_scaling: 1.0}}' optimizer.lr=1.0e-2");
     int rc = run(args, out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    /* the eval loss and perplexity at the end of training (5 batches: without ALiBi's bias the
+     * same weights give a loss 0.001 away, so both lines are compared, every digit) */
     const char *m = strstr(out, "metrics/eval/LanguageCrossEntropy: ");
-    cr_assert_not_null(m, "%s", out);
-    snprintf(trained, sizeof trained, "%.*s", (int)strcspn(m, "\n"), m);
+    cr_assert(m && strstr(m, "\n  metrics/eval/LanguagePerplexity: "), "%s", out);
+    const char *p = strchr(m, '\n') + 1;
+    snprintf(trained, sizeof trained, "%.*s", (int)(p - m + strcspn(p, "\n")), m);
     /* eval from the run folder: its config.yaml re-applies ALiBi; the loss at the end of training */
     rc = run("eval " DIR "/runs/tiny_al/config.yaml --weights " DIR "/runs/tiny_al/model.safetensors", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
@@ -195,7 +200,68 @@ Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_wit
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     const size_t len = strlen(out); /* the sample is the text's last line, as generate prints it (sample.txt ends so) */
     cr_assert(n > 1 && len >= n && !memcmp(out + len - n, sample, n), "want '%s':\n%s", sample, out);
+
+    /* the weights file records the surgery (surgery_algorithms.h); a run without any records nothing */
+    cm_safetensors *st;
+    cr_assert_eq(cm_safetensors_open(DIR "/runs/tiny_al/model.safetensors", &st), CM_OK, "%s", cm_last_error());
+    const char *rec = cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY);
+    cr_assert(rec && strstr(rec, "\"name\":\"Alibi\"") && strstr(rec, "\"max_sequence_length\":32") &&
+                  !strstr(rec, "GradientClipping"),
+              "record: %s", rec ? rec : "(none)");
+    cr_assert_str_eq(cm_safetensors_metadata_get(st, "format"), "pt");
+    cm_safetensors_close(st);
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_pl max_duration=1ba", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert_eq(cm_safetensors_open(DIR "/runs/tiny_pl/model.safetensors", &st), CM_OK, "%s", cm_last_error());
+    cr_assert_null(cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY));
+    cm_safetensors_close(st);
+    /* ckpt inspect reads weights files too, the record included */
+    rc = run("ckpt inspect " DIR "/runs/tiny_al/model.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "algorithms  Alibi (required on load: max_sequence_length 32, ") &&
+                  strstr(out, "metadata    format: pt\n") &&
+                  strstr(out, "  transformer.wte.weight              F32  (58, 32) 7424 bytes\n"),
+              "%s", out);
+    rc = run("ckpt inspect " DIR "/runs/tiny_pl/model.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "algorithms  no surgery recorded\n"), "%s", out);
+    /* so the weights alone, with a config that does not name ALiBi, evaluate as trained */
+    static const char added[] = "Automatically adding required_on_load algorithm Alibi, which was enabled when training "
+                                "the loaded weights";
+    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny_al/model.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, added) && strstr(out, trained), "want '%s':\n%s", trained, out);
+    /* and without it when asked (load_exclude_algorithms): another model, another loss */
+    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny_al/model.safetensors 'load_exclude_algorithms=[Alibi]'",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(!strstr(out, added) && !strstr(out, trained) && strstr(out, "metrics/eval/LanguageCrossEntropy: "), "%s",
+              out);
+    /* generate from the file alone (no config.yaml next to it): the run's sample */
+    cr_assert_eq(system("rm -rf " DIR "/bare && mkdir -p " DIR "/bare && cp " DIR "/runs/tiny_al/model.safetensors " DIR
+                        "/bare/"),
+                 0);
+    rc = run("generate -w " DIR "/bare/model.safetensors --tokenizer " DIR "/runs/tiny_al/tokenizer.json -n 16 --n-head 4", out,
+             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const size_t len2 = strlen(out);
+    cr_assert(strstr(out, added) && len2 >= n && !memcmp(out + len2 - n, sample, n), "want '%s':\n%s", sample, out);
     free(sample);
+    /* ckpt export records what the checkpoint requires on load */
+    rc = run("ckpt export " DIR "/ck_al -o " DIR "/al.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/al.safetensors", out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, added) && strstr(out, trained), "want '%s':\n%s", trained, out);
+    /* train's load_path: the weights start a run of the model they were trained as (which records it again) */
+    rc = run("train " DIR "/tiny.yaml run_name=tiny_al2 max_duration=1ba load_path=" DIR "/runs/tiny_al/model.safetensors",
+             out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, added), "%s", out);
+    cr_assert_eq(cm_safetensors_open(DIR "/runs/tiny_al2/model.safetensors", &st), CM_OK, "%s", cm_last_error());
+    rec = cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY);
+    cr_assert(rec && strstr(rec, "\"name\":\"Alibi\""), "record: %s", rec ? rec : "(none)");
+    cm_safetensors_close(st);
 }
 
 /* llm-foundry's list of eval loaders: each labelled, evaluated at every evaluation and logged as

@@ -396,3 +396,113 @@ Test(surgery_trainer, a_checkpoint_on_an_object_store_reapplies_its_surgery) {
     }
     cmt_s3_stop(&s3);
 }
+
+/* Weights files record the required-on-load surgery (surgery_algorithms.h): the trainer's engine
+ * gives the record, the module writer stores it, ckpt export copies the manifest's, and
+ * cm_algorithms_add_recorded makes the methods a config lacks, as loading a checkpoint does. */
+Test(surgery_trainer, weights_files_record_their_surgery_and_it_is_made_again) {
+    char *dir = cmt_temp_dir();
+    cm_algorithm_plugin algs[3] = {se(2, 8), blur(), ghost()};
+    train_and_save(CMT_RESNET_IMNET, algs, 3, dir);
+    char ck[1024], ex[1024], wf[1024];
+    snprintf(ck, sizeof ck, "%s/ba2", dir);
+    snprintf(ex, sizeof ex, "%s/export.safetensors", dir);
+    snprintf(wf, sizeof wf, "%s/w.safetensors", dir);
+    /* the trainer's record: the three methods, in registration order, with every argument */
+    cmt_srig rig = cmt_srig_new(CMT_RESNET_IMNET, 2);
+    cmt_srun o = cmt_srun_default();
+    o.load_path = ck;
+    cm_optim *opt;
+    cm_status s;
+    cmt_log_capture_start();
+    cm_trainer *tr = cmt_strainer(&rig, NULL, 0, &o, &opt, &s);
+    cmt_log_capture_stop();
+    cr_assert(tr, "%s", cm_last_error());
+    char *rec;
+    cr_assert_eq(cm_engine_required_on_load_json(cm_trainer_engine(tr), &rec), CM_OK, "%s", cm_last_error());
+    cr_assert(rec, "three required-on-load methods, no record");
+    const char *a = strstr(rec, "{\"name\":\"SqueezeExcite\",\"hparams\":{"), *b = strstr(rec, "{\"name\":\"BlurPool\""),
+               *c = strstr(rec, "{\"name\":\"GhostBatchNorm\"");
+    cr_assert(rec[0] == '[' && a && b && c && a < b && b < c && strstr(rec, "\"latent_channels\":2"), "%s", rec);
+    /* written into the file's metadata next to "format" */
+    const char *meta[2] = {CM_SURGERY_METADATA_KEY, rec};
+    cr_assert_eq(cm_module_save_safetensors_with(cm_model_module(rig.model), wf, meta, 1), CM_OK, "%s", cm_last_error());
+    cm_safetensors *st;
+    cr_assert_eq(cm_safetensors_open(wf, &st), CM_OK, "%s", cm_last_error());
+    cr_assert_str_eq(cm_safetensors_metadata_get(st, "format"), "pt");
+    cr_assert_str_eq(cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY), rec);
+    cm_safetensors_close(st);
+    const char *twice[2] = {"format", "np"};
+    cr_assert_eq(cm_module_save_safetensors_with(cm_model_module(rig.model), wf, twice, 1), CM_ERR_INVALID_ARG);
+    cr_assert(strstr(cm_last_error(), "'format' added twice"), "%s", cm_last_error());
+    cr_assert_eq(cm_module_save_safetensors_with(cm_model_module(rig.model), wf, NULL, 1), CM_ERR_INVALID_ARG);
+    cm_trainer_free(tr);
+    cmt_srig_free(&rig);
+    /* ckpt export: the manifest's record, the same text */
+    cm_checkpoint *ckp;
+    cr_assert_eq(cm_checkpoint_open(ck, &ckp), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_checkpoint_export_model(ckp, ex), CM_OK, "%s", cm_last_error());
+    cm_checkpoint_close(ckp);
+    cr_assert_eq(cm_safetensors_open(ex, &st), CM_OK, "%s", cm_last_error());
+    cr_assert_str_eq(cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY), rec);
+    /* and the checkpoint's tensors, byte for byte */
+    char mf[1100];
+    snprintf(mf, sizeof mf, "%s/model.safetensors", ck);
+    cm_safetensors *sm;
+    cr_assert_eq(cm_safetensors_open(mf, &sm), CM_OK, "%s", cm_last_error());
+    cr_assert(cm_safetensors_count(st) == cm_safetensors_count(sm) && cm_safetensors_count(st) > 0);
+    for (size_t i = 0; i < cm_safetensors_count(sm); i++) {
+        const cm_st_tensor *t = cm_safetensors_at(sm, i), *u = cm_safetensors_find(st, t->name);
+        cr_assert(u && u->nbytes == t->nbytes && !memcmp(u->data, t->data, t->nbytes), "%s", t->name);
+    }
+    cm_safetensors_close(sm);
+    cm_safetensors_close(st);
+
+    /* made again: the methods a list lacks are appended, with Composer's warning */
+    cm_algorithm_plugin mine[4] = {se(4, 8)};
+    int n = 1, added = -1;
+    cmt_log_capture_start();
+    cr_assert_eq(cm_algorithms_add_recorded(rec, "w.safetensors", NULL, 0, mine, &n, 4, &added), CM_OK, "%s",
+                 cm_last_error());
+    const char *log = cmt_log_capture_text();
+    cr_assert(n == 3 && added == 2 && !strcmp(mine[1].vt->name, "BlurPool") && !strcmp(mine[2].vt->name, "GhostBatchNorm"),
+              "n %d added %d", n, added);
+    cr_assert(strstr(log, "Automatically adding required_on_load algorithm BlurPool, which was enabled when training the "
+                          "loaded weights 'w.safetensors'") &&
+                  strstr(log, "GhostBatchNorm") &&
+                  strstr(log, "now specified in the following forms: SqueezeExcite({\"latent_channels\":4"),
+              "%s", log);
+    cmt_log_capture_stop();
+    char hp[256];
+    cm_algorithm_hparams_json(mine[1], hp, sizeof hp);
+    cr_assert(strstr(hp, "\"min_channels\": 4") || strstr(hp, "\"min_channels\":4"), "BlurPool as recorded: %s", hp);
+    for (int i = 1; i < n; i++) cm_algorithm_plugin_free(mine[i]);
+    /* excluded by pattern; no room (nothing appended); not such a list; a method this version
+     * cannot make (warned and skipped, as Composer) */
+    const char *exc[2] = {"Blur*", "Ghost*"};
+    n = 1;
+    cr_assert_eq(cm_algorithms_add_recorded(rec, "w", exc, 2, mine, &n, 4, &added), CM_OK);
+    cr_assert(n == 1 && added == 0);
+    cr_assert_eq(cm_algorithms_add_recorded(rec, "w", NULL, 0, mine, &n, 2, &added), CM_ERR_INVALID_ARG);
+    cr_assert(n == 1 && strstr(cm_last_error(), "no room for more than 2"), "%s", cm_last_error());
+    static const char *const bad[] = {"{}", "[{\"name\": 1, \"hparams\": {}}]", "[{\"name\": \"BlurPool\"}]", "[1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(cm_algorithms_add_recorded(bad[i], "w.safetensors", NULL, 0, mine, &n, 4, NULL), CM_ERR_FORMAT,
+                     "%s", bad[i]);
+        cr_assert(n == 1 && strstr(cm_last_error(), "'w.safetensors'") && strstr(cm_last_error(), CM_SURGERY_METADATA_KEY),
+                  "%s", cm_last_error());
+    }
+    cmt_log_capture_start();
+    cr_assert_eq(cm_algorithms_add_recorded("[{\"name\": \"Hyperdrive\", \"hparams\": {}}]", "w", NULL, 0, mine, &n, 4,
+                                            &added),
+                 CM_OK);
+    cr_assert(n == 1 && added == 0 && strstr(cmt_log_capture_text(), "recreating the algorithm failed"), "%s",
+              cmt_log_capture_text());
+    cmt_log_capture_stop();
+    cr_assert_eq(cm_algorithms_add_recorded(NULL, "w", NULL, 0, mine, &n, 4, &added), CM_OK);
+    cr_assert(n == 1 && added == 0);
+    cm_algorithm_plugin_free(mine[0]);
+    cm_free(rec);
+    cmt_rm_rf(dir);
+    free(dir);
+}

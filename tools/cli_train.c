@@ -1042,6 +1042,28 @@ static cm_status apply_trained_surgery(run *r, const char *ckpt) {
     return s;
 }
 
+/* The surgery a weights file records (surgery_algorithms.h, CM_SURGERY_METADATA_KEY): its methods
+ * the config does not name are appended to r->algs (with Composer's warning), so that
+ * cm_trainer_prepare_model makes the model the weights were trained as before they load.
+ * *recorded (may be NULL): whether the file records any. Anything but a readable .safetensors file
+ * (a checkpoint, a folder) records nothing here; its loader reports what is wrong with it. */
+static cm_status add_recorded_surgery(run *r, const char *weights, bool *recorded) {
+    if (recorded) *recorded = false;
+    struct stat sb;
+    cm_safetensors *st;
+    if (!weights || stat(weights, &sb) != 0 || !S_ISREG(sb.st_mode)) return CM_OK;
+    if (cm_safetensors_open(weights, &st) != CM_OK) {
+        cm_clear_error();
+        return CM_OK;
+    }
+    const char *rec = cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY);
+    if (recorded) *recorded = rec != NULL;
+    cm_status s = cm_algorithms_add_recorded(rec, weights, r->tc.load_exclude_algorithms, r->tc.n_load_exclude_algorithms,
+                                             r->algs, &r->n_algs, MAX_PLUGINS, NULL);
+    cm_safetensors_close(st);
+    return s;
+}
+
 /* Whether `path` is a Composer checkpoint (a folder with a manifest, or a save folder whose
  * latest pointer leads to one), not a .safetensors file or a Hugging Face folder. */
 static bool is_composer_checkpoint(const char *path) {
@@ -1466,7 +1488,7 @@ static void print_keys(FILE *f) {
             "  accumulate_train_batch_on_tokens (false) weight microbatches by their labelled tokens (labels\n"
             "                     other than -100) instead of samples: microbatched = the full batch for LMs\n"
             "  device             cpu | gpu: one NVIDIA GPU, in a build with CUDA\n"
-            "  load_path          weights (.safetensors) to start from\n"
+            "  load_path          weights (.safetensors) to start from; the surgery they record is re-applied\n"
             "  save_folder, save_filename, save_interval, save_overwrite, save_weights_only,\n"
             "  save_num_checkpoints_to_keep, load_path (a checkpoint, or .safetensors weights),\n"
             "  load_weights_only, load_strict_model_weights, load_exclude_algorithms, autoresume:\n"
@@ -1864,6 +1886,13 @@ static int plan_memory(run *r, const char *prog) {
     return finish(r, rc);
 }
 
+/* train's load_path: X.safetensors into r->model (GPT-2 files by their Hugging Face names). */
+static void load_start_weights(run *r) {
+    cm_status s = r->gpt2 ? cm_gpt2_load_safetensors(r->model, r->load_path, NULL, NULL)
+                          : cm_module_load_safetensors(cm_model_module(r->model), r->load_path, NULL, NULL);
+    if (s) note(r, "load_path");
+}
+
 int cmd_train(const char *prog, int argc, char **argv) {
     const char *pos[64];
     int n_pos;
@@ -1886,18 +1915,21 @@ int cmd_train(const char *prog, int argc, char **argv) {
         if (r.rank == 0) cm_config_write(r.cfg, stdout);
         return finish(&r, 0);
     }
-    if (r.load_path) {
-        /* every rank loads the weights (cm_dist_new then broadcasts rank 0's anyway) */
-        cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, r.load_path, NULL, NULL)
-                             : cm_module_load_safetensors(cm_model_module(r.model), r.load_path, NULL, NULL);
-        if (s) note(&r, "load_path");
-    }
+    /* load_path: X.safetensors. Plain weights (a pretrained GPT-2, a run without surgery) load
+     * into the plain model, before the config's surgery (ALiBi on pretrained weights); weights
+     * that record the surgery they were trained with load after it, into the model it makes, as a
+     * checkpoint's do (its methods the config lacks are added, with Composer's warning). Every
+     * rank loads them (cm_dist_new then broadcasts rank 0's anyway). */
+    bool load_after = false;
+    if (!r.err_code && r.load_path && add_recorded_surgery(&r, r.load_path, &load_after) != CM_OK) note(&r, NULL);
+    if (!r.err_code && r.load_path && !load_after) load_start_weights(&r);
     /* model surgery (the algorithms' and what a checkpoint to load requires) before data
      * parallelism and the optimizer take the flat parameter buffers; the trainer applies the same
      * methods again on INIT, which then change nothing */
     r.tc.model = r.model;
     r.tc.algorithms = r.algs, r.tc.n_algorithms = r.n_algs;
     if (!r.err_code && cm_trainer_prepare_model(&r.tc) != CM_OK) note(&r, NULL);
+    if (!r.err_code && r.load_path && load_after) load_start_weights(&r);
     /* activation checkpointing marks the modules that surgery left in place */
     if (!r.err_code && cli_fsdp_apply_model(r.cfg, &r.fsdp, r.model, &r.ctx, r.rank) != CM_OK) note(&r, NULL);
     if (!r.err_code && start_dist(&r) != CM_OK) note(&r, NULL);
@@ -2031,6 +2063,10 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cli_say(&r.ctx, "trained %lld batches (%lld samples, %lld tokens) in %.1f s\n", (long long)ts->batch,
             (long long)ts->sample, (long long)ts->token, secs);
     for (int i = 0; i < r.n_evals; i++) print_eval_metrics(&r, tr, r.eval_label[i]);
+    /* the surgery the model was trained with (the config's and what load_path added), recorded
+     * in model.safetensors for eval and generate */
+    char *surgery = NULL;
+    if (cm_engine_required_on_load_json(cm_trainer_engine(tr), &surgery) != CM_OK) note(&r, NULL);
     if (cm_trainer_close(tr) != CM_OK) note(&r, NULL);
     cm_trainer_free(tr);
     /* FULL_SHARD keeps only each rank's chunk of the parameters at rest: gather them (a
@@ -2045,10 +2081,13 @@ int cmd_train(const char *prog, int argc, char **argv) {
         r.dp = NULL;
     }
     if (!r.err_code && r.dp && cm_dist_gather_params(r.dp) != CM_OK) note(&r, "gathering the parameters");
-    if ((rc = settle(&r, prog))) return finish(&r, rc);
-    if (r.rank > 0) return finish(&r, 0);
+    if ((rc = settle(&r, prog)) || r.rank > 0) {
+        cm_free(surgery);
+        return finish(&r, rc);
+    }
     /* the weights are written and sampled from on the host */
     if (cm_module_device(root) != CM_DEVICE_CPU && cm_module_to_device(root, CM_DEVICE_CPU) != CM_OK) {
+        cm_free(surgery);
         note(&r, "moving the trained model back to the CPU");
         return finish(&r, settle(&r, prog));
     }
@@ -2059,7 +2098,9 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cm_run_folder_path(dir, "model.safetensors", &weights);
     cm_run_folder_path(dir, CM_RUN_FILE_METRICS, &metrics);
     cm_run_folder_path(dir, CM_RUN_FILE_PLOT, &plot);
-    s = r.gpt2 ? cm_gpt2_save_safetensors(r.model, weights) : cm_module_save_safetensors(root, weights);
+    const char *meta[2] = {CM_SURGERY_METADATA_KEY, surgery};
+    s = cm_module_save_safetensors_with(root, weights, meta, surgery ? 1 : 0);
+    cm_free(surgery);
     if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
     const bool have_weights = s == CM_OK;
     bool have_plot = cm_svg_plot_metrics_file(metrics, plot, NULL, 0, NULL) == CM_OK;
@@ -2107,8 +2148,9 @@ static void eval_usage(FILE *f, const char *prog) {
             "printing every metric. A run folder's config.yaml works as CONFIG. The model is the one the\n"
             "weights were trained as: the config's model surgery (algorithms: alibi, blurpool, ...) and\n"
             "what the checkpoint of its load_path requires on load are applied before they load. PATH is\n"
-            "a .safetensors file, or a Composer checkpoint (its weights only; the surgery it was trained\n"
-            "with re-applied, as Composer's required_on_load). A model from a pretrained\n"
+            "a .safetensors file (the surgery it records in its metadata re-applied: a run folder's and\n"
+            "'composer ckpt export''s do), or a Composer checkpoint (its weights only; the surgery it was\n"
+            "trained with re-applied, as Composer's required_on_load). A model from a pretrained\n"
             "folder (model.name: hf) is evaluated with the folder's weights when --weights is not given.\n"
             "\noptions:\n",
             prog);
@@ -2136,6 +2178,7 @@ int cmd_eval(const char *prog, int argc, char **argv) {
         return finish(&r, EXIT_USAGE);
     }
     const bool weights_ckpt = !r.err_code && g_eval_weights && is_composer_checkpoint(g_eval_weights);
+    if (!r.err_code && !weights_ckpt && add_recorded_surgery(&r, g_eval_weights, NULL) != CM_OK) note(&r, NULL);
     if (!r.err_code && apply_trained_surgery(&r, weights_ckpt ? g_eval_weights : NULL) != CM_OK) note(&r, NULL);
     if (!r.err_code && g_eval_weights && !weights_ckpt) {
         cm_status s = r.gpt2 ? cm_gpt2_load_safetensors(r.model, g_eval_weights, NULL, NULL)
@@ -2214,7 +2257,8 @@ static void gen_usage(FILE *f, const char *prog) {
             "usage: %s --weights PATH [--prompt TEXT] [--max-new-tokens N] [options]\n\n"
             "Samples text from a GPT-2 model with a KV cache. The model's shape comes from --config (or\n"
             "the run folder's config.yaml next to the weights), else from the weights' shapes; the\n"
-            "config's model surgery (algorithms: alibi) is applied before the weights load.\n\noptions:\n",
+            "config's model surgery (algorithms: alibi) and the surgery the weights file records in its\n"
+            "metadata (a run folder's model.safetensors does) are applied before the weights load.\n\noptions:\n",
             prog);
     cli_print_flags(f, k_gen_flags);
     fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
@@ -2302,7 +2346,7 @@ int cmd_generate(const char *prog, int argc, char **argv) {
         r.tc.seed = (uint64_t)sd;
         if (r.gpt2 && (read_trainer_keys(&r) != CM_OK || read_load_keys(&r) != CM_OK ||
                        build_plugins_of(&r, "algorithms", CLI_ALGORITHM, true) != CM_OK ||
-                       apply_trained_surgery(&r, NULL) != CM_OK))
+                       add_recorded_surgery(&r, g_gen_weights, NULL) != CM_OK || apply_trained_surgery(&r, NULL) != CM_OK))
             return config_error(prog, &r);
         if (!r.gpt2) {
             fprintf(stderr, "%s: %s: the model is not a GPT (model.name: gpt2)\n", prog, g_gen_config);
@@ -2319,6 +2363,15 @@ int cmd_generate(const char *prog, int argc, char **argv) {
         if (heads > 0) g.n_head = (int64_t)heads;
         if ((s = cm_gpt2_new(&g, NULL, &r.model)) != CM_OK) {
             fprintf(stderr, "%s: %s\n", prog, cm_last_error());
+            run_free(&r);
+            return 1;
+        }
+        /* no config: the surgery the file records (ALiBi) is all there is to apply */
+        r.gpt2 = true;
+        r.tc = cm_trainer_config_default();
+        if (add_recorded_surgery(&r, g_gen_weights, NULL) != CM_OK ||
+            (r.n_algs > 0 && apply_trained_surgery(&r, NULL) != CM_OK)) {
+            fprintf(stderr, "%s: %s: %s\n", prog, g_gen_weights, cm_last_error());
             run_free(&r);
             return 1;
         }

@@ -416,7 +416,9 @@ static void ckpt_inspect_usage(FILE *f, const char *prog) {
                "the algorithms it was trained with (model surgery that loading it re-applies marked 'required\n"
                "on load', with its arguments), the callbacks whose state it carries, files, tensors with\n"
                "dtype, shape and bytes. PATH is a checkpoint directory, or a save folder\n"
-               "(its latest pointer is followed). Checks the structure, not the tensor checksums (see verify).\n",
+               "(its latest pointer is followed). Checks the structure, not the tensor checksums (see verify).\n"
+               "PATH may also be a weights file (a run folder's model.safetensors, an export): its tensors,\n"
+               "metadata and the model surgery it records (which eval and generate re-apply).\n",
             prog);
 }
 static void ckpt_verify_usage(FILE *f, const char *prog) {
@@ -434,9 +436,22 @@ static void ckpt_export_usage(FILE *f, const char *prog) {
     cli_print_flags(f, k_ckpt_export_flags);
 }
 
-/* Parses PATH (and flags) and opens the checkpoint; returns 0 or an exit status. */
-static int ckpt_open(const char *prog, const cli_flag *flags, void (*usage)(FILE *, const char *), int argc, char **argv,
-                     cm_checkpoint **ck) {
+/* Whether `path` is a safetensors file (a regular file whose header starts at byte 8), not a
+ * checkpoint folder or a pointer file. */
+static bool is_weights_file(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 10) return false;
+    FILE *f = fopen(path, "rb");
+    unsigned char h[9];
+    const bool ok = f && fread(h, 1, sizeof h, f) == sizeof h && h[8] == '{';
+    if (f) fclose(f);
+    return ok;
+}
+
+/* Parses PATH (and flags) and opens the checkpoint; returns 0 or an exit status. With `weights`,
+ * a weights file as PATH is not opened: *weights gets its path and *ck NULL. */
+static int ckpt_open_or(const char *prog, const cli_flag *flags, void (*usage)(FILE *, const char *), int argc,
+                        char **argv, cm_checkpoint **ck, const char **weights) {
     const char *pos[1] = {NULL};
     int n_pos;
     int rc = cli_parse_flags(prog, flags, argc, argv, pos, 1, &n_pos, usage);
@@ -445,14 +460,31 @@ static int ckpt_open(const char *prog, const cli_flag *flags, void (*usage)(FILE
         fprintf(stderr, "%s: expected one checkpoint PATH (see '%s --help')\n", prog, prog);
         return EXIT_USAGE;
     }
+    *ck = NULL;
+    if (weights && is_weights_file(pos[0])) {
+        *weights = pos[0];
+        return 0;
+    }
     if (cm_checkpoint_open(pos[0], ck) != CM_OK) return fail(prog, pos[0]);
     return 0;
+}
+static int ckpt_open(const char *prog, const cli_flag *flags, void (*usage)(FILE *, const char *), int argc, char **argv,
+                     cm_checkpoint **ck) {
+    return ckpt_open_or(prog, flags, usage, argc, argv, ck, NULL);
 }
 
 static int cmd_ckpt_inspect(const char *prog, int argc, char **argv) {
     cm_checkpoint *ck;
-    int rc = ckpt_open(prog, k_ckpt_flags, ckpt_inspect_usage, argc, argv, &ck);
+    const char *weights = NULL;
+    int rc = ckpt_open_or(prog, k_ckpt_flags, ckpt_inspect_usage, argc, argv, &ck, &weights);
     if (rc) return rc < 0 ? 0 : rc;
+    if (weights) {
+        char *text;
+        if (cm_weights_summary(weights, &text) != CM_OK) return fail(prog, weights);
+        fputs(text, stdout);
+        cm_free(text);
+        return 0;
+    }
     size_t n = cm_checkpoint_summary(ck, NULL, 0);
     char *buf = malloc(n + 1);
     if (!buf) {

@@ -219,7 +219,9 @@ const cm_safetensors *cm_checkpoint_file(const cm_checkpoint *ck, const char *fi
 /* Verifies the model tensors and writes model.safetensors to `out_path` (atomically, the same
  * bytes: any safetensors reader loads it). A sharded checkpoint's pieces are verified and
  * assembled into whole tensors with their global shapes (the same file a monolithic checkpoint
- * of the same state exports). Errors: cm_checkpoint_verify's, the writer's (CM_ERR_IO naming the
+ * of the same state exports). A checkpoint trained with required-on-load surgery gets its record
+ * in the file's metadata (CM_SURGERY_METADATA_KEY, composer/surgery_algorithms.h: the same
+ * tensors, one more metadata entry), so eval and generate make that model again. Errors: cm_checkpoint_verify's, the writer's (CM_ERR_IO naming the
  * path), CM_ERR_OOM (a sharded export holds the whole model in memory). */
 cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path);
 
@@ -229,6 +231,13 @@ cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path);
  * bytes) into buf (cap bytes, always NUL-terminated); returns the
  * length the whole text needs, as snprintf. */
 size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap);
+
+/* The same for a weights file (.safetensors: a run folder's model.safetensors, an export): path,
+ * tensor count and data bytes, the surgery it records (CM_SURGERY_METADATA_KEY of
+ * composer/surgery_algorithms.h) as "algorithms  Alibi (required on load: ...)", its other
+ * metadata, and each tensor with dtype, shape and bytes, into *out (free with cm_free).
+ * Errors: cm_safetensors_open's (CM_ERR_IO, CM_ERR_FORMAT naming the path), CM_ERR_OOM. */
+cm_status cm_weights_summary(const char *path, char **out);
 
 /* What a search for the newest complete checkpoint found. */
 typedef struct cm_checkpoint_search {

@@ -608,6 +608,14 @@ cm_status cm_module_load_safetensors(cm_module *root, const char *path, const cm
  * (not finalized), the writer's errors (CM_ERR_IO naming the path, CM_ERR_OOM). */
 cm_status cm_module_save_safetensors(cm_module *root, const char *path);
 
+/* cm_module_save_safetensors with more "__metadata__" entries after {"format": "pt"}: meta holds
+ * n_meta (key, value) pairs as 2 * n_meta strings (valid UTF-8; no key twice, "format" included);
+ * e.g. the surgery record of composer/surgery_algorithms.h (CM_SURGERY_METADATA_KEY). n_meta 0
+ * writes what cm_module_save_safetensors writes. Errors: as cm_module_save_safetensors, and
+ * CM_ERR_INVALID_ARG (n_meta < 0, NULL meta with n_meta > 0, or the writer's: a NULL or invalid
+ * string, a key twice). */
+cm_status cm_module_save_safetensors_with(cm_module *root, const char *path, const char *const *meta, int n_meta);
+
 #ifdef __cplusplus
 }
 #endif

@@ -117,6 +117,38 @@ size_t cm_algorithm_hparams_json(cm_algorithm_plugin p, char *buf, size_t cap);
  * collective: each rank runs it on its own model. */
 cm_status cm_trainer_prepare_model(const cm_trainer_config *cfg);
 
+/* ---- Weights files that record their surgery ----
+ * Weights written after surgery load only into a model with the same surgery, and some load into
+ * a plain model as well and give other numbers there (ALiBi's: the same tensors, another
+ * attention). So the weights files written from a trained model — the run folder's
+ * model.safetensors of `composer train`, `composer ckpt export` (cm_checkpoint_export_model) —
+ * record the required-on-load methods the model was trained with in their "__metadata__", under
+ * CM_SURGERY_METADATA_KEY, as a checkpoint's manifest lists them: a JSON array
+ * [{"name": "Alibi", "hparams": {...}}, ...]. A model without such surgery writes no key (the
+ * file is byte-for-byte what it was). `composer eval`, `generate` and train's `load_path: X.safetensors`
+ * re-apply what a file records before its weights load (cm_algorithms_add_recorded). */
+#define CM_SURGERY_METADATA_KEY "composer_required_on_load"
+
+/* The required-on-load methods among e's algorithms (registration order: the trainer's own, then
+ * those a checkpoint made it add) as that JSON array in *out (free with cm_free), or *out NULL when
+ * there are none. Errors: CM_ERR_INVALID_ARG (NULL e or out), CM_ERR_INTERNAL (a method's
+ * arguments are not JSON), CM_ERR_OOM. */
+cm_status cm_engine_required_on_load_json(const cm_engine *e, char **out);
+
+/* Appends to algs[0 .. *n) the required-on-load methods `json` (such an array, read from `source`,
+ * named in messages) lists and no entry of algs is (by class name), each made from its recorded
+ * arguments and announced with Composer's warning ("Automatically adding required_on_load
+ * algorithm ..."); methods matching a pattern of `exclude` (load_exclude_algorithms, cm_name_match)
+ * are left out, said at INFO. A method algs has with other arguments stays as given, with
+ * Composer's warning about the discrepancy; one that cannot be made from its record (unknown
+ * to this version) is warned about and skipped, as Composer does. The caller owns the appended
+ * plugins. json NULL or "" adds nothing. n_added may be NULL.
+ * Errors: CM_ERR_INVALID_ARG (NULL algs or n, *n outside [0, cap], more than cap entries in all:
+ * nothing appended), CM_ERR_FORMAT (json is not an array of {"name", "hparams"} objects, naming
+ * source), CM_ERR_OOM. */
+cm_status cm_algorithms_add_recorded(const char *json, const char *source, const char *const *exclude, int n_exclude,
+                                     cm_algorithm_plugin *algs, int *n, int cap, int *n_added);
+
 /* =============================================================================================
  * BlurPool (Zhang 2019; Composer's BlurPool, "blurpool"): anti-aliasing before subsampling
  * =========================================================================================== */

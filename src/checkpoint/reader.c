@@ -5,6 +5,8 @@
 #include "checkpoint/ckpt_impl.h"
 #include "tensor/tensor_impl.h"
 
+#include <composer/surgery_algorithms.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -664,8 +666,48 @@ const cm_safetensors *cm_checkpoint_file(const cm_checkpoint *ck, const char *fi
 const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck);
 const cJSON *cmi_checkpoint_root(const cm_checkpoint *ck) { return ck->root; }
 
+static cm_status export_model(cm_checkpoint *ck, const char *out_path, const char *rec);
+
+/* The surgery record (surgery_algorithms.h, CM_SURGERY_METADATA_KEY) of the manifest's
+ * required-on-load algorithms: *out NULL when there are none, else cJSON_free it. */
+static cm_status required_record(const cm_checkpoint *ck, char **out) {
+    *out = NULL;
+    cJSON *arr = cJSON_CreateArray();
+    const cJSON *it;
+    bool ok = arr != NULL;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(ck->root, "algorithms")) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name"),
+                    *hp = cJSON_GetObjectItemCaseSensitive(it, "hparams");
+        if (!ok || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "required_on_load")) || !cJSON_IsString(name) ||
+            !cJSON_IsObject(hp))
+            continue;
+        cJSON *o = cJSON_CreateObject(), *h = NULL;
+        if (!o || !cJSON_AddItemToArray(arr, o)) {
+            cJSON_Delete(o);
+            ok = false;
+        } else if (!cJSON_AddStringToObject(o, "name", name->valuestring) || !(h = cJSON_Duplicate(hp, true)) ||
+                   !cJSON_AddItemToObject(o, "hparams", h)) {
+            cJSON_Delete(h);
+            ok = false;
+        }
+    }
+    if (ok && cJSON_GetArraySize(arr) > 0) ok = (*out = cJSON_PrintUnformatted(arr)) != NULL;
+    cJSON_Delete(arr);
+    return ok ? CM_OK : cm_set_error(CM_ERR_OOM, "export: out of memory");
+}
+
 cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path) {
     if (!ck || !out_path) return cm_set_error(CM_ERR_INVALID_ARG, "cm_checkpoint_export_model: NULL argument");
+    char *rec = NULL;
+    cm_status rs = required_record(ck, &rec);
+    if (rs) return rs;
+    rs = export_model(ck, out_path, rec);
+    cJSON_free(rec);
+    return rs;
+}
+
+/* The model's tensors to out_path, with the surgery record `rec` (NULL: none) in the metadata. */
+static cm_status export_model(cm_checkpoint *ck, const char *out_path, const char *rec) {
     if (ck->sharded) {
         /* assemble every model tensor from its pieces (each piece verified) into one file */
         const size_t n = cmi_ck_n_global(ck, CMI_CK_KIND_MODEL);
@@ -673,6 +715,7 @@ cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path) {
         cm_safetensors_writer *w = NULL;
         cm_status s = bufs ? cm_safetensors_writer_new(&w) : CM_ERR_OOM;
         if (!s) s = cm_safetensors_writer_add_metadata(w, "format", "pt");
+        if (!s && rec) s = cm_safetensors_writer_add_metadata(w, CM_SURGERY_METADATA_KEY, rec);
         for (size_t k = 0; !s && k < n; k++) {
             cmi_ck_global g;
             const char *name = cmi_ck_global_name(ck, CMI_CK_KIND_MODEL, k);
@@ -700,6 +743,19 @@ cm_status cm_checkpoint_export_model(cm_checkpoint *ck, const char *out_path) {
         if (cm_hash64(ft->data, ft->nbytes, 0) != t->xxh3)
             return cm_set_error(CM_ERR_FORMAT, "export: checkpoint '%s': tensor '%s' is corrupt (checksum mismatch)",
                                 ck->path, t->name);
+    }
+    if (rec) { /* the tensors again, in file order, with the record added to the metadata */
+        cm_safetensors_writer *w;
+        cm_status s = cm_safetensors_writer_new(&w);
+        if (!s) s = cm_safetensors_writer_add_metadata(w, "format", "pt");
+        if (!s) s = cm_safetensors_writer_add_metadata(w, CM_SURGERY_METADATA_KEY, rec);
+        for (size_t i = 0; !s && i < cm_safetensors_count(st); i++) {
+            const cm_st_tensor *t = cm_safetensors_at(st, i);
+            s = cm_safetensors_writer_add_raw(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
+        }
+        if (!s) s = cm_safetensors_writer_write(w, out_path);
+        cm_safetensors_writer_free(w);
+        return s;
     }
     /* the same bytes: the file was written by the reference-exact writer */
     char *src;
@@ -730,6 +786,76 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
     if (k > 0) b->len += (size_t)k;
 }
 
+/* " (required on load: name value, ...)" of a method's recorded arguments. */
+static void sb_required(sbuf *b, const cJSON *hp) {
+    const cJSON *h;
+    sb_printf(b, " (required on load");
+    int j = 0;
+    cJSON_ArrayForEach(h, hp) {
+        char *hv = cJSON_PrintUnformatted(h);
+        sb_printf(b, "%s%s %s", j++ ? ", " : ": ", h->string, hv ? hv : "?");
+        cJSON_free(hv);
+    }
+    sb_printf(b, ")");
+}
+
+cm_status cm_weights_summary(const char *path, char **out) {
+    if (!path || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_weights_summary: NULL argument");
+    *out = NULL;
+    cm_safetensors *st;
+    cm_status s = cm_safetensors_open(path, &st);
+    if (s) return s;
+    sbuf b = {NULL, 0, 0};
+    char *text = NULL;
+    for (int pass = 0; pass < 2; pass++) { /* measure, then write */
+        if (pass) {
+            if (!(text = cm_alloc(b.len + 1, 1))) {
+                cm_safetensors_close(st);
+                return cm_set_error(CM_ERR_OOM, "summary of '%s': out of memory", path);
+            }
+            b = (sbuf){text, b.len + 1, 0};
+        }
+        const size_t n = cm_safetensors_count(st);
+        uint64_t data = 0;
+        for (size_t i = 0; i < n; i++) data += cm_safetensors_at(st, i)->nbytes;
+        sb_printf(&b, "weights     %s\n", path);
+        sb_printf(&b, "file        safetensors, %zu tensors, %" PRIu64 " bytes of data\n", n, data);
+        /* the surgery the weights were trained with (surgery_algorithms.h), then other metadata */
+        const char *rec = cm_safetensors_metadata_get(st, CM_SURGERY_METADATA_KEY);
+        cJSON *arr = rec ? cJSON_Parse(rec) : NULL, *e;
+        sb_printf(&b, "algorithms ");
+        int k = 0;
+        cJSON_ArrayForEach(e, arr) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+            sb_printf(&b, "%s%s", k++ ? ", " : " ", cJSON_IsString(nm) ? nm->valuestring : "?");
+            sb_required(&b, cJSON_GetObjectItemCaseSensitive(e, "hparams"));
+        }
+        cJSON_Delete(arr);
+        sb_printf(&b, "%s\n", k ? "" : rec ? " (unreadable record)" : " no surgery recorded");
+        for (size_t i = 0; i < cm_safetensors_metadata_count(st); i++) {
+            const char *key, *val;
+            if (cm_safetensors_metadata_at(st, i, &key, &val) || !strcmp(key, CM_SURGERY_METADATA_KEY)) continue;
+            sb_printf(&b, "metadata    %s: %.200s\n", key, val);
+        }
+        int wn = 0;
+        for (size_t i = 0; i < n; i++) {
+            const int c = (int)strlen(cm_safetensors_at(st, i)->name);
+            wn = c > wn ? c : wn;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const cm_st_tensor *t = cm_safetensors_at(st, i);
+            char shape[160] = "";
+            size_t o = 0;
+            for (int d = 0; d < t->ndim && o < sizeof shape; d++)
+                o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+            sb_printf(&b, "  %-*s  %-4s (%s) %zu bytes\n", wn, t->name, cm_st_dtype_name(t->dtype), shape, t->nbytes);
+        }
+    }
+    cm_safetensors_close(st);
+    *out = text;
+    return CM_OK;
+}
+
 size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
     sbuf b = {buf, cap, 0};
     if (buf && cap) buf[0] = 0;
@@ -757,16 +883,8 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
         cJSON_ArrayForEach(e, arr) {
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
             sb_printf(&b, "%s%s", k++ ? ", " : " ", cJSON_IsString(nm) ? nm->valuestring : "?");
-            if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "required_on_load"))) continue;
-            const cJSON *hp = cJSON_GetObjectItemCaseSensitive(e, "hparams"), *h;
-            sb_printf(&b, " (required on load");
-            int j = 0;
-            cJSON_ArrayForEach(h, hp) {
-                char *hv = cJSON_PrintUnformatted(h);
-                sb_printf(&b, "%s%s %s", j++ ? ", " : ": ", h->string, hv ? hv : "?");
-                cJSON_free(hv);
-            }
-            sb_printf(&b, ")");
+            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "required_on_load")))
+                sb_required(&b, cJSON_GetObjectItemCaseSensitive(e, "hparams"));
         }
         sb_printf(&b, "%s\n", k ? "" : " none");
     }

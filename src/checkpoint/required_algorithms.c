@@ -202,3 +202,138 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
     cm_checkpoint_close(ck);
     return CM_OK;
 }
+
+/* ---- weights files that record their surgery (surgery_algorithms.h) ---- */
+
+cm_status cm_engine_required_on_load_json(const cm_engine *e, char **out) {
+    if (!e || !out) return cm_set_error(CM_ERR_INVALID_ARG, "cm_engine_required_on_load_json: NULL argument");
+    *out = NULL;
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return cm_set_error(CM_ERR_OOM, "required-on-load record: out of memory");
+    cm_status s = CM_OK;
+    for (int i = 0; !s && i < cm_engine_n_algorithms(e); i++) {
+        cm_algorithm *a = cm_engine_algorithm(e, i);
+        const cm_algorithm_info *info = cm_algorithm_info_of(cm_algorithm_vtable(a));
+        if (!info || !info->required_on_load) continue;
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o)) {
+            cJSON_Delete(o);
+            s = cm_set_error(CM_ERR_OOM, "required-on-load record: out of memory");
+            break;
+        }
+        char *hp = canonical_hparams((cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)});
+        cJSON *hj = hp ? cJSON_Parse(hp) : NULL;
+        cJSON_free(hp);
+        if (!hj) {
+            s = cm_set_error(CM_ERR_INTERNAL, "algorithm '%s': its arguments are not JSON", cm_algorithm_name(a));
+        } else if (!cJSON_AddStringToObject(o, "name", info->name) || !cJSON_AddItemToObject(o, "hparams", hj)) {
+            cJSON_Delete(hj);
+            s = cm_set_error(CM_ERR_OOM, "required-on-load record: out of memory");
+        }
+    }
+    if (!s && cJSON_GetArraySize(arr) > 0) {
+        char *t = cJSON_PrintUnformatted(arr);
+        const size_t n = t ? strlen(t) + 1 : 0;
+        if (t && (*out = cm_alloc(n, 1))) memcpy(*out, t, n);
+        else s = cm_set_error(CM_ERR_OOM, "required-on-load record: out of memory");
+        cJSON_free(t);
+    }
+    cJSON_Delete(arr);
+    return s;
+}
+
+cm_status cm_algorithms_add_recorded(const char *json, const char *source, const char *const *exclude, int n_exclude,
+                                     cm_algorithm_plugin *algs, int *n, int cap, int *n_added) {
+    if (n_added) *n_added = 0;
+    if (!algs || !n || *n < 0 || *n > cap)
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_algorithms_add_recorded: %s",
+                            !algs || !n ? "NULL algs or n" : "*n outside [0, cap]");
+    if (!json || !json[0]) return CM_OK;
+    if (!source) source = "the weights";
+    cJSON *arr = cJSON_Parse(json);
+    const cJSON *it;
+    bool ok = cJSON_IsArray(arr);
+    const cJSON *list = ok ? arr : NULL;
+    cJSON_ArrayForEach(it, list) {
+        ok = ok && cJSON_IsObject(it) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(it, "name")) &&
+             cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(it, "hparams"));
+    }
+    if (!ok) {
+        cJSON_Delete(arr);
+        return cm_set_error(CM_ERR_FORMAT,
+                            "'%s': its \"%s\" metadata is not a list of {\"name\", \"hparams\"} objects (a file "
+                            "written by another program?): %.200s",
+                            source, CM_SURGERY_METADATA_KEY, json);
+    }
+    const int n0 = *n;
+    cm_status s = CM_OK;
+    cJSON_ArrayForEach(it, arr) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(it, "name")->valuestring;
+        const cm_algorithm_info *info = cm_algorithm_info_find(name);
+        if (info && (!info->required_on_load || strcmp(info->name, name))) continue;
+        if (excluded(exclude, n_exclude, name)) {
+            cm_log_msg(CM_LOG_INFO, "'%s' was trained with %s; not re-applied (load_exclude_algorithms)", source, name);
+            continue;
+        }
+        char *hp_text = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(it, "hparams"));
+        cm_algorithm_plugin p;
+        if (!hp_text || cm_algorithm_new_from_json(name, hp_text, &p) != CM_OK) {
+            cm_log_msg(CM_LOG_WARN,
+                       "required_on_load algorithm %s was enabled when training the loaded weights '%s'. Attempted to "
+                       "check its presence but recreating the algorithm failed (%s). If this required_on_load "
+                       "algorithm is not properly specified, it may lead to unexpected behavior, including failing to "
+                       "load weights for some layers.",
+                       name, source, hp_text ? cm_last_error() : "out of memory");
+            cJSON_free(hp_text);
+            continue;
+        }
+        cJSON_free(hp_text);
+        char *canon = canonical_hparams(p);
+        bool same_class = false, same_args = false;
+        char forms[512] = "";
+        for (int i = 0; i < *n; i++) {
+            if (!algs[i].vt || !algs[i].vt->name || strcmp(algs[i].vt->name, name)) continue;
+            same_class = true;
+            if (i >= n0) continue; /* listed twice in the record: the first stands */
+            char *mine = canonical_hparams(algs[i]), r[256];
+            repr(name, mine, r, sizeof r);
+            append(forms, sizeof forms, r);
+            same_args = same_args || (mine && canon && !strcmp(mine, canon));
+            cJSON_free(mine);
+        }
+        if (same_class) {
+            if (!same_args && forms[0])
+                cm_log_msg(CM_LOG_WARN,
+                           "required_on_load algorithm %s(%s) was enabled when training the loaded weights '%s' but is "
+                           "now specified in the following forms: %s. Potential parameter discrepancies for this "
+                           "required_on_load algorithm may lead to unexpected behavior, including failing to load "
+                           "weights for some layers.",
+                           name, canon ? canon : "", source, forms);
+            cm_algorithm_plugin_free(p);
+            cJSON_free(canon);
+            continue;
+        }
+        cJSON_free(canon);
+        if (*n == cap) {
+            cm_algorithm_plugin_free(p);
+            s = cm_set_error(CM_ERR_INVALID_ARG, "'%s' requires %s, and there is no room for more than %d algorithms",
+                             source, name, cap);
+            break;
+        }
+        algs[(*n)++] = p;
+    }
+    cJSON_Delete(arr);
+    if (s) {
+        while (*n > n0) cm_algorithm_plugin_free(algs[--*n]);
+        return s;
+    }
+    for (int i = n0; i < *n; i++)
+        cm_log_msg(CM_LOG_WARN,
+                   "Automatically adding required_on_load algorithm %s, which was enabled when training the loaded "
+                   "weights '%s' (recorded in its metadata). If you wish to use the weights without it, which may "
+                   "give other numbers or fail to load some weights, include %s in load_exclude_algorithms, e.g. "
+                   "load_exclude_algorithms=['%s'].",
+                   algs[i].vt->name, source, algs[i].vt->name, algs[i].vt->name);
+    if (n_added) *n_added = *n - n0;
+    return CM_OK;
+}

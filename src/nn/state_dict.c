@@ -178,6 +178,13 @@ done:
 }
 
 cm_status cm_module_save_safetensors(cm_module *root, const char *path) {
+    return cm_module_save_safetensors_with(root, path, NULL, 0);
+}
+
+cm_status cm_module_save_safetensors_with(cm_module *root, const char *path, const char *const *meta, int n_meta) {
+    if (n_meta < 0 || (n_meta > 0 && !meta))
+        return cm_set_error(CM_ERR_INVALID_ARG, "save '%s': %d metadata entries%s", path, n_meta,
+                            n_meta > 0 ? " and NULL meta" : "");
     if (!cm_module_is_finalized(root))
         return cm_set_error(CM_ERR_STATE, "save '%s': the module is not finalized (call cm_module_finalize first)",
                             path);
@@ -185,6 +192,7 @@ cm_status cm_module_save_safetensors(cm_module *root, const char *path) {
     cm_status st = cm_safetensors_writer_new(&w);
     if (st) return st;
     st = cm_safetensors_writer_add_metadata(w, "format", "pt");
+    for (int i = 0; !st && i < n_meta; i++) st = cm_safetensors_writer_add_metadata(w, meta[2 * i], meta[2 * i + 1]);
     for (int64_t i = 0; !st && i < cm_module_n_params(root); i++) {
         cm_param_info pi = cm_module_param_info(root, i);
         st = cm_safetensors_writer_add(w, pi.name, pi.tensor);
