@@ -237,11 +237,11 @@ Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_wit
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     cr_assert(!strstr(out, added) && !strstr(out, trained) && strstr(out, "metrics/eval/LanguageCrossEntropy: "), "%s",
               out);
-    /* generate from the file alone (no config.yaml next to it): the run's sample */
+    /* generate from the file alone (no config.yaml next to it; n_head and ALiBi from its metadata): the run's sample */
     cr_assert_eq(system("rm -rf " DIR "/bare && mkdir -p " DIR "/bare && cp " DIR "/runs/tiny_al/model.safetensors " DIR
                         "/bare/"),
                  0);
-    rc = run("generate -w " DIR "/bare/model.safetensors --tokenizer " DIR "/runs/tiny_al/tokenizer.json -n 16 --n-head 4", out,
+    rc = run("generate -w " DIR "/bare/model.safetensors --tokenizer " DIR "/runs/tiny_al/tokenizer.json -n 16", out,
              sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
     const size_t len2 = strlen(out);

@@ -580,6 +580,7 @@ Test(zoo_gpt2, loads_gpt2model_names_and_infers_the_config) {
     cr_assert_eq(cm_gpt2_config_from_safetensors(path, &inferred), CM_OK, "%s", cm_last_error());
     cr_assert(inferred.vocab_size == 96 && inferred.n_positions == 32 && inferred.n_embd == 32);
     cr_assert(inferred.n_layer == 2 && inferred.bias && inferred.tie_word_embeddings);
+    cr_assert_eq(inferred.n_head, 1, "no record: heads of 64, one for n_embd 32");
     cr_assert_eq(cm_gpt2_new(&c, NULL, &b), CM_OK);
     cr_assert_eq(cm_gpt2_load_safetensors(b, path, NULL, NULL), CM_OK, "%s", cm_last_error());
     assert_same_params(cm_model_module(a), cm_model_module(b));
@@ -587,6 +588,26 @@ Test(zoo_gpt2, loads_gpt2model_names_and_infers_the_config) {
     cr_assert_eq(cm_gpt2_config_from_safetensors(path, &inferred), CM_ERR_IO);
     cm_model_free(a);
     cm_model_free(b);
+}
+
+/* n_head is the one size the shapes do not tell: cm_gpt2_save_safetensors records it. */
+Test(zoo_gpt2, saved_files_record_n_head) {
+    cm_gpt2_config c = tiny_cfg(); /* n_embd 32 in 4 heads: heads of 64 would say 1 */
+    cr_assert_eq(c.n_head, 4);
+    cm_model *a = new_model(&c, 13);
+    char path[256];
+    tmp_path(path, sizeof path, "heads.safetensors");
+    cr_assert_eq(cm_gpt2_save_safetensors(a, path), CM_OK, "%s", cm_last_error());
+    cm_gpt2_config inferred;
+    cr_assert_eq(cm_gpt2_config_from_safetensors(path, &inferred), CM_OK, "%s", cm_last_error());
+    cr_assert(inferred.n_head == 4 && inferred.n_embd == 32 && inferred.n_layer == 2, "n_head %lld",
+              (long long)inferred.n_head);
+    const char *bad[2] = {CM_GPT2_N_HEAD_METADATA_KEY, "5"};
+    cr_assert_eq(cm_module_save_safetensors_with(cm_model_module(a), path, bad, 1), CM_OK, "%s", cm_last_error());
+    cr_assert_eq(cm_gpt2_config_from_safetensors(path, &inferred), CM_ERR_FORMAT);
+    cr_assert(strstr(cm_last_error(), "gpt2_n_head = '5' is not a head count dividing n_embd 32"), "%s", cm_last_error());
+    remove(path);
+    cm_model_free(a);
 }
 
 Test(zoo_gpt2, a_size_mismatch_names_both_shapes) {

@@ -2098,8 +2098,16 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cm_run_folder_path(dir, "model.safetensors", &weights);
     cm_run_folder_path(dir, CM_RUN_FILE_METRICS, &metrics);
     cm_run_folder_path(dir, CM_RUN_FILE_PLOT, &plot);
-    const char *meta[2] = {CM_SURGERY_METADATA_KEY, surgery};
-    s = cm_module_save_safetensors_with(root, weights, meta, surgery ? 1 : 0);
+    /* metadata: GPT-2's n_head (cm_gpt2_save_safetensors's), the surgery record */
+    const char *meta[4];
+    char heads[32];
+    int n_meta = 0;
+    if (r.gpt2) {
+        snprintf(heads, sizeof heads, "%lld", (long long)cm_gpt2_model_config(r.model)->n_head);
+        meta[2 * n_meta] = CM_GPT2_N_HEAD_METADATA_KEY, meta[2 * n_meta + 1] = heads, n_meta++;
+    }
+    if (surgery) meta[2 * n_meta] = CM_SURGERY_METADATA_KEY, meta[2 * n_meta + 1] = surgery, n_meta++;
+    s = cm_module_save_safetensors_with(root, weights, meta, n_meta);
     cm_free(surgery);
     if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
     const bool have_weights = s == CM_OK;
@@ -2247,7 +2255,7 @@ static const cli_flag k_gen_flags[] = {
     {"--temperature", NULL, "T", "sampling temperature, 0 = greedy (default 0.8)", &g_gen_temp},
     {"--top-k", NULL, "K", "sample among the K most likely tokens, 0 = all (default 200)", &g_gen_topk},
     {"--seed", NULL, "S", "sampling seed (default 42)", &g_gen_seed},
-    {"--n-head", NULL, "H", "attention heads, when there is no config (default n_embd / 64)", &g_gen_heads},
+    {"--n-head", NULL, "H", "attention heads, when there is no config (default: the file's record, else n_embd / 64)", &g_gen_heads},
     {"--device", "-d", "DEV", "cpu (default) or gpu: where the model runs (a build with CUDA, a GPU)", &g_gen_device},
     {NULL, NULL, NULL, NULL, NULL},
 };

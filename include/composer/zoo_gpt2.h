@@ -102,13 +102,19 @@ cm_status cm_gpt2_config_check(const cm_gpt2_config *cfg);
  * configuration. */
 int64_t cm_gpt2_config_n_params(const cm_gpt2_config *cfg, bool non_embedding);
 
+/* The "__metadata__" key under which cm_gpt2_save_safetensors records n_head (as decimal text), the
+ * one size the tensors' shapes do not tell. */
+#define CM_GPT2_N_HEAD_METADATA_KEY "gpt2_n_head"
+
 /* Infers a configuration from a GPT-2 checkpoint's tensor shapes: vocab_size and n_embd from wte,
  * n_positions from wpe, n_layer from the highest block index, bias from h.0.attn.c_attn.bias;
- * n_head = n_embd / 64 (every released GPT-2 uses 64-dim heads: set it yourself for other models).
- * The other fields are the defaults (tied embeddings, dropouts 0.1). Accepts the same files and
- * folders as cm_gpt2_load_safetensors, with or without the "transformer." prefix. Errors: the
- * file's errors; CM_ERR_NOT_FOUND (no wte/wpe weights: not a GPT-2 checkpoint); CM_ERR_FORMAT
- * (inconsistent shapes, no blocks). */
+ * n_head from the file's CM_GPT2_N_HEAD_METADATA_KEY when it has one (files of
+ * cm_gpt2_save_safetensors and the `composer` run folder do), else n_embd / 64 (every released
+ * GPT-2 uses 64-dim heads; said at INFO: set it yourself for other models). The other fields are
+ * the defaults (tied embeddings, dropouts 0.1). Accepts the same files and folders as
+ * cm_gpt2_load_safetensors, with or without the "transformer." prefix. Errors: the file's errors;
+ * CM_ERR_NOT_FOUND (no wte/wpe weights: not a GPT-2 checkpoint); CM_ERR_FORMAT (inconsistent
+ * shapes, no blocks, a recorded n_head that does not divide n_embd). */
 cm_status cm_gpt2_config_from_safetensors(const char *path, cm_gpt2_config *out);
 
 /* ---------------------------------------------------------------------------------------------
@@ -162,7 +168,8 @@ cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_
 
 /* Writes the weights with Hugging Face's GPT2LMHeadModel names, as save_pretrained does (a tied
  * lm_head.weight is not stored; Hugging Face and cm_gpt2_load_safetensors re-tie it; in plain
- * PyTorch load with strict=False or copy wte into lm_head). Metadata {"format": "pt"}. Errors:
+ * PyTorch load with strict=False or copy wte into lm_head). Metadata {"format": "pt",
+ * CM_GPT2_N_HEAD_METADATA_KEY: n_head}. Errors:
  * CM_ERR_INVALID_ARG (not a GPT-2), the writer's (CM_ERR_IO naming the path, CM_ERR_OOM). */
 cm_status cm_gpt2_save_safetensors(cm_model *m, const char *path);
 

@@ -5,6 +5,7 @@
 #include <composer/safetensors.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -494,7 +495,10 @@ cm_status cm_gpt2_save_safetensors(cm_model *m, const char *path) {
         return cm_set_error(CM_ERR_INVALID_ARG,
                             "cm_gpt2_save_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
                             m ? cm_model_type_name(m) : "NULL");
-    return cm_module_save_safetensors(cm_model_module(m), path);
+    char h[32];
+    snprintf(h, sizeof h, "%lld", (long long)cm_gpt2_model_config(m)->n_head);
+    const char *meta[2] = {CM_GPT2_N_HEAD_METADATA_KEY, h};
+    return cm_module_save_safetensors_with(cm_model_module(m), path, meta, 1);
 }
 
 /* ---- sizes from a checkpoint ---- */
@@ -562,7 +566,22 @@ cm_status cm_gpt2_config_from_safetensors(const char *path, cm_gpt2_config *out)
     cfg.vocab_size = wte->shape[0];
     cfg.n_positions = wpe->shape[0];
     cfg.n_embd = wte->shape[1];
-    cfg.n_head = cfg.n_embd % 64 == 0 ? cfg.n_embd / 64 : 1;
+    /* n_head: recorded by cm_gpt2_save_safetensors, else every released GPT-2's 64-wide heads */
+    const char *hv = c.file ? cm_safetensors_metadata_get(c.file, CM_GPT2_N_HEAD_METADATA_KEY) : NULL;
+    if (hv) {
+        char *end;
+        const long long h = strtoll(hv, &end, 10);
+        if (end == hv || *end || h < 1 || cfg.n_embd % h) {
+            st = cm_set_error(CM_ERR_FORMAT, "'%s': metadata %s = '%.40s' is not a head count dividing n_embd %lld", path,
+                              CM_GPT2_N_HEAD_METADATA_KEY, hv, (long long)cfg.n_embd);
+            goto done;
+        }
+        cfg.n_head = h;
+    } else {
+        cfg.n_head = cfg.n_embd % 64 == 0 ? cfg.n_embd / 64 : 1;
+        cm_log_msg(CM_LOG_INFO, "'%s' does not record n_head: %lld (n_embd %lld in heads of 64, as every released GPT-2)",
+                   path, (long long)cfg.n_head, (long long)cfg.n_embd);
+    }
     int64_t max_layer = -1;
     for (size_t i = 0; i < ck_count(&c); i++) {
         const char *n = ck_name(&c, i);
