@@ -171,6 +171,16 @@ Test(cli_train, train_writes_the_run_folder_then_generate_and_eval_use_it) {
 /* Weights trained with model surgery (ALiBi) are evaluated and sampled from as the model they were
  * trained as: the run folder's config, or the checkpoint's required_on_load, re-applies it before
  * they load (without it eval gave another loss and generate another text, silently). */
+/* `composer eval` of weights recording ALiBi, with tiny.yaml (no ALiBi): the method is added
+ * (the warning `added`) and the loss is the training's (`trained`). */
+static void evals_with_alibi_added(const char *weights, const char *trained, const char *added) {
+    char args[512];
+    snprintf(args, sizeof args, "eval " DIR "/tiny.yaml --weights %s", weights);
+    const int rc = run(args, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, added) && strstr(out, trained), "want '%s':\n%s", trained, out);
+}
+
 Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_with) {
     char args[1024], trained[128];
     snprintf(args, sizeof args,
@@ -228,9 +238,7 @@ Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_wit
     /* so the weights alone, with a config that does not name ALiBi, evaluate as trained */
     static const char added[] = "Automatically adding required_on_load algorithm Alibi, which was enabled when training "
                                 "the loaded weights";
-    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny_al/model.safetensors", out, sizeof out);
-    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, added) && strstr(out, trained), "want '%s':\n%s", trained, out);
+    evals_with_alibi_added(DIR "/runs/tiny_al/model.safetensors", trained, added);
     /* and without it when asked (load_exclude_algorithms): another model, another loss */
     rc = run("eval " DIR "/tiny.yaml --weights " DIR "/runs/tiny_al/model.safetensors 'load_exclude_algorithms=[Alibi]'",
              out, sizeof out);
@@ -250,9 +258,7 @@ Test(cli_train, eval_and_generate_apply_the_surgery_the_weights_were_trained_wit
     /* ckpt export records what the checkpoint requires on load */
     rc = run("ckpt export " DIR "/ck_al -o " DIR "/al.safetensors", out, sizeof out);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    rc = run("eval " DIR "/tiny.yaml --weights " DIR "/al.safetensors", out, sizeof out);
-    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
-    cr_assert(strstr(out, added) && strstr(out, trained), "want '%s':\n%s", trained, out);
+    evals_with_alibi_added(DIR "/al.safetensors", trained, added);
     /* train's load_path: the weights start a run of the model they were trained as (which records it again) */
     rc = run("train " DIR "/tiny.yaml run_name=tiny_al2 max_duration=1ba load_path=" DIR "/runs/tiny_al/model.safetensors",
              out, sizeof out);

@@ -40,6 +40,42 @@ static void append(char *list, size_t cap, const char *item) {
     snprintf(list + l, cap - l, "%s%s", l ? ", " : "", item);
 }
 
+/* Method `name` made from its recorded arguments hp (`what` '<source>' names the record in
+ * messages: "checkpoint 'x'", "weights 'y'"). Composer warns and goes on when that fails: so do
+ * we (when warn), returning false. */
+static bool recreate(const char *name, const cJSON *hp, const char *what, const char *source, bool warn,
+                     cm_algorithm_plugin *p) {
+    char *hp_text = cJSON_IsObject(hp) ? cJSON_PrintUnformatted(hp) : NULL;
+    const bool ok = hp_text && cm_algorithm_new_from_json(name, hp_text, p) == CM_OK;
+    if (!ok && warn)
+        cm_log_msg(CM_LOG_WARN,
+                   "required_on_load algorithm %s was enabled when training the loaded %s '%s'. Attempted to check its "
+                   "presence but recreating the algorithm failed (%s). If this required_on_load algorithm is not "
+                   "properly specified, it may lead to unexpected behavior, including failing to load weights for "
+                   "some layers.",
+                   name, what, source, hp_text ? cm_last_error() : "no recorded arguments");
+    cJSON_free(hp_text);
+    return ok;
+}
+
+/* Adds the form of a method given as `mine` to forms; *same when its arguments are canon's. */
+static void add_form(char *forms, size_t cap, const char *name, cm_algorithm_plugin mine, const char *canon, bool *same) {
+    char *hp = canonical_hparams(mine), r[256];
+    repr(name, hp, r, sizeof r);
+    append(forms, cap, r);
+    *same = *same || (hp && canon && !strcmp(hp, canon));
+    cJSON_free(hp);
+}
+
+/* Composer's warning for a required method given with other arguments. */
+static void warn_forms(const char *name, const char *canon, const char *what, const char *source, const char *forms) {
+    cm_log_msg(CM_LOG_WARN,
+               "required_on_load algorithm %s(%s) was enabled when training the loaded %s '%s' but is now specified "
+               "in the following forms: %s. Potential parameter discrepancies for this required_on_load algorithm may "
+               "lead to unexpected behavior, including failing to load weights for some layers.",
+               name, canon ? canon : "", what, source, forms);
+}
+
 cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *path, cmi_remote *via,
                                         const char *const *exclude, int n_exclude, bool warn, int *n_added) {
     *n_added = 0;
@@ -66,21 +102,8 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
                            path, name);
             continue;
         }
-        const cJSON *hp = cJSON_GetObjectItemCaseSensitive(it, "hparams");
-        char *hp_text = cJSON_IsObject(hp) ? cJSON_PrintUnformatted(hp) : NULL;
         cm_algorithm_plugin p;
-        if (!hp_text || cm_algorithm_new_from_json(name, hp_text, &p) != CM_OK) {
-            /* Composer warns and goes on when eval(repr) fails */
-            if (warn)
-                cm_log_msg(CM_LOG_WARN,
-                           "required_on_load algorithm %s was enabled when training the loaded checkpoint '%s'. "
-                           "Attempted to check its presence but recreating the algorithm failed (%s). If this "
-                           "required_on_load algorithm is not properly specified, it may lead to unexpected behavior, "
-                           "including failing to load weights for some layers.",
-                           name, path, hp_text ? cm_last_error() : "no recorded arguments");
-            cJSON_free(hp_text);
-            continue;
-        }
+        if (!recreate(name, cJSON_GetObjectItemCaseSensitive(it, "hparams"), "checkpoint", path, warn, &p)) continue;
         char *canon = canonical_hparams(p);
         /* the trainer's own algorithms of the same class */
         bool same_class = false, same_args = false;
@@ -89,28 +112,16 @@ cm_status cmi_apply_required_algorithms(cm_engine *e, cm_state *st, const char *
             cm_algorithm *a = cm_engine_algorithm(e, i);
             if (strcmp(cm_algorithm_name(a), name)) continue;
             same_class = true;
-            char *mine = canonical_hparams((cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)});
-            char r[256];
-            repr(name, mine, r, sizeof r);
-            append(forms, sizeof forms, r);
-            same_args = same_args || (mine && canon && !strcmp(mine, canon));
-            cJSON_free(mine);
+            add_form(forms, sizeof forms, name, (cm_algorithm_plugin){cm_algorithm_vtable(a), cm_algorithm_self(a)}, canon,
+                     &same_args);
         }
         for (int i = 0; i < n_missing && !same_class; i++) same_class = !strcmp(missing_name[i], name);
         if (same_class) {
-            if (warn && !same_args && forms[0])
-                cm_log_msg(CM_LOG_WARN,
-                           "required_on_load algorithm %s(%s) was enabled when training the loaded checkpoint '%s' but "
-                           "is now specified in the following forms: %s. Potential parameter discrepancies for this "
-                           "required_on_load algorithm may lead to unexpected behavior, including failing to load "
-                           "weights for some layers.",
-                           name, canon ? canon : "", path, forms);
+            if (warn && !same_args && forms[0]) warn_forms(name, canon, "checkpoint", path, forms);
             cm_algorithm_plugin_free(p);
             cJSON_free(canon);
-            cJSON_free(hp_text);
             continue;
         }
-        cJSON_free(hp_text);
         if (n_missing == MAXM) {
             cm_algorithm_plugin_free(p);
             cJSON_free(canon);
@@ -275,40 +286,18 @@ cm_status cm_algorithms_add_recorded(const char *json, const char *source, const
             cm_log_msg(CM_LOG_INFO, "'%s' was trained with %s; not re-applied (load_exclude_algorithms)", source, name);
             continue;
         }
-        char *hp_text = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(it, "hparams"));
         cm_algorithm_plugin p;
-        if (!hp_text || cm_algorithm_new_from_json(name, hp_text, &p) != CM_OK) {
-            cm_log_msg(CM_LOG_WARN,
-                       "required_on_load algorithm %s was enabled when training the loaded weights '%s'. Attempted to "
-                       "check its presence but recreating the algorithm failed (%s). If this required_on_load "
-                       "algorithm is not properly specified, it may lead to unexpected behavior, including failing to "
-                       "load weights for some layers.",
-                       name, source, hp_text ? cm_last_error() : "out of memory");
-            cJSON_free(hp_text);
-            continue;
-        }
-        cJSON_free(hp_text);
+        if (!recreate(name, cJSON_GetObjectItemCaseSensitive(it, "hparams"), "weights", source, true, &p)) continue;
         char *canon = canonical_hparams(p);
         bool same_class = false, same_args = false;
         char forms[512] = "";
         for (int i = 0; i < *n; i++) {
             if (!algs[i].vt || !algs[i].vt->name || strcmp(algs[i].vt->name, name)) continue;
             same_class = true;
-            if (i >= n0) continue; /* listed twice in the record: the first stands */
-            char *mine = canonical_hparams(algs[i]), r[256];
-            repr(name, mine, r, sizeof r);
-            append(forms, sizeof forms, r);
-            same_args = same_args || (mine && canon && !strcmp(mine, canon));
-            cJSON_free(mine);
+            if (i < n0) add_form(forms, sizeof forms, name, algs[i], canon, &same_args); /* else listed twice */
         }
         if (same_class) {
-            if (!same_args && forms[0])
-                cm_log_msg(CM_LOG_WARN,
-                           "required_on_load algorithm %s(%s) was enabled when training the loaded weights '%s' but is "
-                           "now specified in the following forms: %s. Potential parameter discrepancies for this "
-                           "required_on_load algorithm may lead to unexpected behavior, including failing to load "
-                           "weights for some layers.",
-                           name, canon ? canon : "", source, forms);
+            if (!same_args && forms[0]) warn_forms(name, canon, "weights", source, forms);
             cm_algorithm_plugin_free(p);
             cJSON_free(canon);
             continue;
