@@ -97,6 +97,18 @@ Test(cli_plan_memory, prints_each_component_makes_no_run_folder_and_the_run_uses
     free(metrics);
 }
 
+/* A batch of one row has one dry run: the plan does not split it into 0 MiB a row and the rest. */
+Test(cli_plan_memory, a_one_row_batch_says_its_peak_is_not_split) {
+    int rc = cmt_run_capture(CM_COMPOSER_BIN " train " DIR "/tiny.yaml --plan-memory train_loader.batch_size=1", out,
+                             sizeof out);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "(cpu, 1 row a batch on this rank)") && strstr(out, "(one row a batch: its ") &&
+                  strstr(out, "arena peak is counted as workspace)") && strstr(out, "1 microbatch (the one row)") &&
+                  strstr(out, "1 row (1 microbatch a batch)") && !strstr(out, "MiB a row"),
+              "%s", out);
+    cr_expect_gt(field(out, "\n  workspace "), 0, "%s", out);
+}
+
 Test(cli_plan_memory, errors_name_the_budget_key) {
     int rc = cmt_run_capture(CM_COMPOSER_BIN " train " DIR "/tiny.yaml --plan-memory arena_budget=4kb", out, sizeof out);
     cr_expect_neq(rc, 0, "%s", out);

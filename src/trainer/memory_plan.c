@@ -316,23 +316,34 @@ int cm_memory_plan_format(const cm_memory_plan *p, char *buf, size_t cap) {
                  (double)p->budget / MIB, p->budget_key, (double)p->usable / MIB, 100.0 * CM_MEMORY_PLAN_MARGIN);
     else
         snprintf(budget, sizeof budget, "unlimited (%s not set)", p->budget_key);
+    /* a batch of one row has one dry run: its peak is not split into rows and workspace */
+    char act[160], probes[160];
+    if (p->batch_rows >= 2) {
+        snprintf(act, sizeof act, "%10.2f MiB a row (arena peak: %.2f MiB at 1 row, %.2f MiB at 2)", (double)p->per_row / MIB,
+                 (double)p->peak_1 / MIB, (double)p->peak_2 / MIB);
+        snprintf(probes, sizeof probes, "%10d microbatches (1, 2 rows, then candidates: %lld rows the largest measured to fit)",
+                 p->n_probes, (long long)p->fit_size);
+    } else {
+        snprintf(act, sizeof act, "%10s (one row a batch: its %.2f MiB arena peak is counted as workspace)", "-",
+                 (double)p->peak_1 / MIB);
+        snprintf(probes, sizeof probes, "%10d microbatch (the one row)", p->n_probes);
+    }
     return snprintf(buf, cap,
-                    "memory plan (%s, %lld rows a batch on this rank):\n"
+                    "memory plan (%s, %lld row%s a batch on this rank):\n"
                     "  parameters          %10.2f MiB\n"
                     "  gradients           %10.2f MiB\n"
                     "  optimizer state     %10.2f MiB\n"
-                    "  activations         %10.2f MiB a row (arena peak: %.2f MiB at 1 row, %.2f MiB at 2)\n"
+                    "  activations         %s\n"
                     "  workspace           %10.2f MiB\n"
                     "  arena budget        %s\n"
-                    "  dry runs            %10d microbatches (1, 2 rows, then candidates: %lld rows the "
-                    "largest measured to fit)\n"
-                    "  microbatch size     %10lld rows (%lld microbatch%s a batch)\n"
+                    "  dry runs            %s\n"
+                    "  microbatch size     %10lld row%s (%lld microbatch%s a batch)\n"
                     "  predicted peak      %10.2f MiB of arena, %.2f MiB with parameters, gradients and "
                     "optimizer state\n",
-                    cm_device_name(p->device), (long long)p->batch_rows, (double)p->parameters / MIB,
-                    (double)p->gradients / MIB, (double)p->optimizer_state / MIB, (double)p->per_row / MIB,
-                    (double)p->peak_1 / MIB, (double)p->peak_2 / MIB, (double)p->workspace / MIB, budget,
-                    p->n_probes, (long long)p->fit_size, (long long)p->microbatch_size, (long long)n_mb,
+                    cm_device_name(p->device), (long long)p->batch_rows, p->batch_rows == 1 ? "" : "s",
+                    (double)p->parameters / MIB,
+                    (double)p->gradients / MIB, (double)p->optimizer_state / MIB, act, (double)p->workspace / MIB,
+                    budget, probes, (long long)p->microbatch_size, p->microbatch_size == 1 ? "" : "s", (long long)n_mb,
                     n_mb == 1 ? "" : "es",
                     (double)p->predicted_peak / MIB,
                     (double)(p->predicted_peak + p->parameters + p->gradients + p->optimizer_state) / MIB);
