@@ -2156,8 +2156,8 @@ static void eval_usage(FILE *f, const char *prog) {
             "printing every metric. A run folder's config.yaml works as CONFIG. The model is the one the\n"
             "weights were trained as: the config's model surgery (algorithms: alibi, blurpool, ...) and\n"
             "what the checkpoint of its load_path requires on load are applied before they load. PATH is\n"
-            "a .safetensors file (the surgery it records in its metadata re-applied: a run folder's and\n"
-            "'composer ckpt export''s do), or a Composer checkpoint (its weights only; the surgery it was\n"
+            "a .safetensors file (the surgery its metadata records re-applied: run folders and 'composer\n"
+            "ckpt export' write it), or a Composer checkpoint (its weights only; the surgery it was\n"
             "trained with re-applied, as Composer's required_on_load). A model from a pretrained\n"
             "folder (model.name: hf) is evaluated with the folder's weights when --weights is not given.\n"
             "\noptions:\n",
