@@ -1348,6 +1348,35 @@ Test(backend_ops, the_device_arena_budget_is_an_out_of_memory_error) {
     cm_tape_free(tp);
 }
 
+/* `requested` counts what the allocations asked for, rounded up to 512 bytes (PyTorch's
+ * allocated_bytes, what torch.cuda.max_memory_allocated peaks), apart from the blocks serving them:
+ * a freed 4 MiB block serves a 2.5 MiB request whole. */
+Test(backend_ops, the_allocator_counts_requests_as_pytorch_does_and_blocks_apart) {
+    cm_device_memory m0, m1, m2;
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m0), CM_OK);
+    int64_t sh[1] = {(3 << 18) + 1}; /* 3 MiB + 4 bytes: a 4 MiB block (2 MiB steps), 3 MiB + 512 asked */
+    cm_tensor *t;
+    cr_assert_eq(cm_tensor_new_on(CM_DEVICE_CUDA, CM_DTYPE_F32, 1, sh, &t), CM_OK);
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m1), CM_OK);
+    cr_assert_eq(m1.requested - m0.requested, ((size_t)3 << 20) + 512);
+    const size_t block = m1.allocated - m0.allocated;
+    cr_assert(block >= ((size_t)4 << 20) && block <= ((size_t)8 << 20), "block %zu", block);
+    cr_assert_geq(m1.peak_requested, m1.requested);
+    cm_tensor_free(t);
+    sh[0] = 5 << 17; /* 2.5 MiB: the freed block (at most twice that) serves it */
+    cr_assert_eq(cm_tensor_new_on(CM_DEVICE_CUDA, CM_DTYPE_F32, 1, sh, &t), CM_OK);
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m2), CM_OK);
+    cr_assert_eq(m2.requested - m0.requested, (size_t)5 << 19);
+    cr_assert_eq(m2.allocated - m0.allocated, block, "the 4 MiB block was not reused whole");
+    cr_assert_eq(m2.reserved, m1.reserved);
+    cm_device_reset_peak(CM_DEVICE_CUDA);
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m2), CM_OK);
+    cr_assert(m2.peak_requested == m2.requested && m2.peak == m2.allocated);
+    cm_tensor_free(t);
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m2), CM_OK);
+    cr_assert(m2.requested == m0.requested && m2.allocated == m0.allocated && m2.peak_requested >= (size_t)5 << 19);
+}
+
 Test(backend_ops, the_caching_allocator_reuses_blocks_and_honours_its_budget) {
     cm_device_memory m0, m1, m2;
     cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m0), CM_OK);

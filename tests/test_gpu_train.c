@@ -68,6 +68,7 @@ typedef struct {
     bool late_move;          /* leave the model on the CPU for the trainer to move after INIT (and the
                               * trainer's own optimizer: one made over CPU buffers would be refused) */
     bool optimizer_monitor;  /* with OptimizerMonitor (every batch) */
+    bool memory_monitor;     /* with MemoryMonitor */
     int64_t fused;           /* > 0: lm_head fused with the loss, chunks of this many rows */
 } gpu_run_opts;
 
@@ -146,8 +147,10 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     }
     cm_logger_plugin lp;
     cr_assert_eq(cm_in_memory_logger_new(&r->mem, &lp), CM_OK);
-    cm_callback_plugin om;
-    if (o.optimizer_monitor) cr_assert_eq(cm_optimizer_monitor_new(NULL, &om), CM_OK);
+    cm_callback_plugin cbs[2];
+    int n_cbs = 0;
+    if (o.optimizer_monitor) cr_assert_eq(cm_optimizer_monitor_new(NULL, &cbs[n_cbs++]), CM_OK);
+    if (o.memory_monitor) cr_assert_eq(cm_memory_monitor_new(&cbs[n_cbs++]), CM_OK);
     cm_trainer_config c = cm_trainer_config_default();
     c.compute_training_metrics = true; /* the training metrics are compared */
     c.model = r->model;
@@ -157,7 +160,7 @@ static void gpu_run_start(gpu_run *r, cmt_golden *g, gpu_run_opts o) {
     c.schedulers = &sc, c.n_schedulers = 1;
     c.algorithms = algs, c.n_algorithms = o.alg ? 2 : 1;
     c.loggers = &lp, c.n_loggers = 1;
-    if (o.optimizer_monitor) c.callbacks = &om, c.n_callbacks = 1;
+    c.callbacks = cbs, c.n_callbacks = n_cbs;
     c.precision = o.precision;
     c.device_train_microbatch_size = o.microbatch;
     c.device = o.device;
@@ -463,6 +466,27 @@ Test(gpu_train, optimizer_monitor_reads_a_gpu_model) {
     cr_assert_gt(moments, 0, "AdamW's moments were logged");
     cr_assert_gt(compared, 100, "%lld values compared", (long long)compared);
     gpu_run_end(&c);
+    gpu_run_end(&d);
+    cmt_golden_close(g);
+}
+
+/* MemoryMonitor on a GPU run: Composer's names with PyTorch's measure (requests rounded to 512
+ * bytes) and the caching allocator's blocks beside them. */
+Test(gpu_train, memory_monitor_reports_the_gpu_as_pytorch_counts_it) {
+    cmt_golden *g = cmt_golden_open(CMT_GOLDEN_GPT2);
+    gpu_run d;
+    gpu_run_start(&d, g, (gpu_run_opts){.device = CM_DEVICE_CUDA, .memory_monitor = true});
+    double v[5] = {-1, -1, -1, -1, -1};
+    static const char *const names[5] = {"memory/allocated_mem", "memory/peak_allocated_mem", "memory/allocated_blocks_mem",
+                                         "memory/peak_allocated_blocks_mem", "memory/reserved_mem"};
+    for (int64_t i = 0; i < cm_in_memory_logger_n(d.mem); i++) {
+        const cm_log_record *r = cm_in_memory_logger_record(d.mem, i);
+        for (int k = 0; k < 5; k++)
+            if (!strcmp(r->name, names[k])) v[k] = r->value; /* the last batch's */
+    }
+    for (int k = 0; k < 5; k++) cr_assert_gt(v[k], 0, "%s: %g", names[k], v[k]);
+    cr_assert(v[1] >= v[0] && v[2] >= v[0] && v[3] >= v[1] && v[4] >= v[2], "%g %g %g %g %g", v[0], v[1], v[2], v[3],
+              v[4]);
     gpu_run_end(&d);
     cmt_golden_close(g);
 }

@@ -118,11 +118,16 @@ cm_status cm_device_peak_flops(cm_device d, cm_dtype dt, double *out);
  * failed kernel's error, if an earlier launch failed asynchronously. */
 cm_status cm_device_synchronize(cm_device d);
 
-/* Memory a device has handed out, in bytes: `allocated` in live tensors and arenas' chunks,
- * `reserved` held by the caching allocator (allocated plus cached free blocks), `peak` the largest
- * `allocated` since the last reset, `total` the device's memory. CPU: zeros. */
+/* Memory a device has handed out, in bytes: `allocated` the caching allocator's blocks in use by
+ * live tensors and arenas' chunks (a cached block is reused for a request of at least half its
+ * size, so a block may be up to twice what it serves), `reserved` held by the caching allocator
+ * (allocated plus cached free blocks), `peak` the largest `allocated` since the last reset, `total`
+ * the device's memory; `requested` what the live allocations asked for, each rounded up to 512
+ * bytes, and `peak_requested` its largest since the last reset — PyTorch's allocated_bytes and
+ * torch.cuda.max_memory_allocated(), the figures to compare with it. CPU: zeros. */
 typedef struct cm_device_memory {
     size_t allocated, reserved, peak, total;
+    size_t requested, peak_requested;
 } cm_device_memory;
 cm_status cm_device_memory_stats(cm_device d, cm_device_memory *out);
 void cm_device_reset_peak(cm_device d);

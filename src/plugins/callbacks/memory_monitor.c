@@ -51,16 +51,20 @@ static cm_status mm_run_event(void *self, cm_event ev, const cm_state *st, cm_lo
             if (cm_arena_budget(arena) > 0)
                 v[k++] = (cm_metric_value){"memory/arena_budget_bytes", (double)cm_arena_budget(arena)};
         }
-        /* on a GPU, Composer's names from torch.cuda.memory_stats: the caching allocator's bytes in
-         * use, held, and the peak in use, and the tape's GPU arena */
+        /* on a GPU, Composer's names from torch.cuda.memory_stats: the bytes in use as PyTorch
+         * counts them (requests rounded to 512), held by the caching allocator, and the peak in use;
+         * the allocator's blocks in use (up to twice a request: a cached block is reused for any
+         * request of half its size); the tape's GPU arena */
         const cm_model *model = cm_state_model(st);
         const cm_device dev = model ? cm_module_device(cm_model_module((cm_model *)model)) : CM_DEVICE_CPU;
         cm_device_memory dm;
         if (dev != CM_DEVICE_CPU && cm_device_memory_stats(dev, &dm) == CM_OK) {
             const double gib = 1.0 / (double)(1u << 30);
-            v[k++] = (cm_metric_value){"memory/allocated_mem", (double)dm.allocated * gib};
+            v[k++] = (cm_metric_value){"memory/allocated_mem", (double)dm.requested * gib};
             v[k++] = (cm_metric_value){"memory/reserved_mem", (double)dm.reserved * gib};
-            v[k++] = (cm_metric_value){"memory/peak_allocated_mem", (double)dm.peak * gib};
+            v[k++] = (cm_metric_value){"memory/peak_allocated_mem", (double)dm.peak_requested * gib};
+            v[k++] = (cm_metric_value){"memory/allocated_blocks_mem", (double)dm.allocated * gib};
+            v[k++] = (cm_metric_value){"memory/peak_allocated_blocks_mem", (double)dm.peak * gib};
             cm_arena *da = tape ? cm_tape_device_arena(tape, dev) : NULL;
             if (da) v[k++] = (cm_metric_value){"memory/device_arena_peak_bytes", (double)cm_arena_peak(da)};
         }

@@ -39,10 +39,12 @@ struct state {
     struct block {
         void *p;
         size_t bytes;
+        size_t req; /* in use: the request it serves, rounded up to 512 bytes (PyTorch's measure) */
     };
     std::vector<block> free_blocks; /* cached, not in use */
     std::vector<block> live;        /* in use */
     size_t allocated = 0, reserved = 0, peak = 0, budget = 0;
+    size_t requested = 0, peak_requested = 0; /* the live blocks' req */
     /* scratch */
     void *scratch = nullptr;
     size_t scratch_bytes = 0;
@@ -173,12 +175,15 @@ void *rt_alloc(size_t bytes) {
                          want, cudaGetErrorName(e), s.allocated, s.reserved, fr, tot);
             return nullptr;
         }
-        blk = state::block{p, want};
+        blk = state::block{p, want, 0};
         s.reserved += want;
     }
+    blk.req = (bytes + 511) / 512 * 512;
     s.live.push_back(blk);
     s.allocated += blk.bytes;
+    s.requested += blk.req;
     if (s.allocated > s.peak) s.peak = s.allocated;
+    if (s.requested > s.peak_requested) s.peak_requested = s.requested;
     return blk.p;
 }
 
@@ -189,6 +194,7 @@ void rt_free(void *p) {
     for (size_t i = s.live.size(); i-- > 0;) {
         if (s.live[i].p != p) continue;
         s.allocated -= s.live[i].bytes;
+        s.requested -= s.live[i].req;
         s.free_blocks.push_back(s.live[i]);
         s.live.erase(s.live.begin() + (long)i);
         return;
@@ -230,6 +236,8 @@ void rt_mem_stats(cm_device_memory *out) {
     out->allocated = s.allocated;
     out->reserved = s.reserved;
     out->peak = s.peak;
+    out->requested = s.requested;
+    out->peak_requested = s.peak_requested;
     out->total = s.tried && !s.init_status ? s.prop.totalGlobalMem : 0;
 }
 
@@ -237,6 +245,7 @@ void rt_reset_peak(void) {
     state &s = S();
     std::lock_guard<std::mutex> lk(s.mu);
     s.peak = s.allocated;
+    s.peak_requested = s.requested;
 }
 
 bool rt_owns(const void *p) {
@@ -406,8 +415,10 @@ cm_status rt_vm_map(void *p) {
 #endif
     v->mapped = true;
     s.allocated += v->bytes;
+    s.requested += v->bytes; /* a mapped range is asked for whole */
     s.reserved += v->bytes;
     if (s.allocated > s.peak) s.peak = s.allocated;
+    if (s.requested > s.peak_requested) s.peak_requested = s.requested;
     return CM_OK;
 }
 
@@ -428,6 +439,7 @@ void rt_vm_unmap(void *p) {
 #endif
     v->mapped = false;
     s.allocated -= v->bytes;
+    s.requested -= v->bytes;
     s.reserved -= v->bytes;
 }
 
