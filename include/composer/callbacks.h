@@ -163,10 +163,14 @@ const char *cm_optim_class_name(cm_optim_kind kind);
  *   memory/arena_budget_bytes the arena's budget, when one is set (cfg.arena_budget)
  * Composer's allocated/reserved split maps onto arena_bytes (live activations) and rss_bytes
  * (everything the process holds: parameters, optimizer state, loader buffers, allocator slack).
- * When the model is on a GPU it also logs Composer's names, in GiB as Composer does:
- *   memory/allocated_mem       bytes the GPU's caching allocator has handed out now
- *   memory/reserved_mem        bytes it holds (handed out plus cached)
- *   memory/peak_allocated_mem  the largest allocated_mem so far
+ * When the model is on a GPU it also logs Composer's names, in GiB as Composer does, with
+ * PyTorch's measure (cm_device_memory.requested: what live allocations asked for, each rounded up
+ * to 512 bytes, as torch.cuda.memory_stats' allocated_bytes):
+ *   memory/allocated_mem       bytes in use now
+ *   memory/reserved_mem        bytes the caching allocator holds (blocks in use plus cached)
+ *   memory/peak_allocated_mem  the largest allocated_mem since the last peak reset
+ * the allocator's own blocks in use (a cached block serves any request of half its size or more),
+ *   memory/allocated_blocks_mem, memory/peak_allocated_blocks_mem
  * and memory/device_arena_peak_bytes, the peak of the tape's GPU arena (activations).
  * Name "MemoryMonitor". Errors: CM_ERR_INVALID_ARG (out NULL), CM_ERR_OOM. */
 cm_status cm_memory_monitor_new(cm_callback_plugin *out);
