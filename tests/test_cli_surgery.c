@@ -59,6 +59,16 @@ Test(cli_surgery, resnet_trains_with_the_methods_and_resumes_without_the_block) 
                   strstr(out, "Automatically adding required_on_load algorithm StochasticDepth"),
               "%s", out);
     cr_assert(strstr(out, "trained 4 batches"), "%s", out);
+    /* the run folder's weights record the same surgery: as load_path of a config without
+     * algorithms they load after it is re-applied (SqueezeExcite adds parameters: loaded into the
+     * plain ResNet first, the load would name them unexpected) */
+    rc = run("train " DIR "/resnet.yaml run_name=r4 algorithms= load_path=" DIR "/runs/r1/model.safetensors "
+             "max_duration=1ba");
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_assert(strstr(out, "Automatically adding required_on_load algorithm SqueezeExcite, which was enabled when "
+                          "training the loaded weights") &&
+                  strstr(out, "trained 1 batches"),
+              "%s", out);
     /* excluding one makes the weights' names disagree: the load names them */
     rc = run("train " DIR "/resnet.yaml run_name=r3 algorithms= load_path=" DIR "/ck/ep0-ba3 max_duration=4ba "
              "load_exclude_algorithms=[SqueezeExcite]");

@@ -2098,16 +2098,11 @@ int cmd_train(const char *prog, int argc, char **argv) {
     cm_run_folder_path(dir, "model.safetensors", &weights);
     cm_run_folder_path(dir, CM_RUN_FILE_METRICS, &metrics);
     cm_run_folder_path(dir, CM_RUN_FILE_PLOT, &plot);
-    /* metadata: GPT-2's n_head (cm_gpt2_save_safetensors's), the surgery record */
-    const char *meta[4];
-    char heads[32];
-    int n_meta = 0;
-    if (r.gpt2) {
-        snprintf(heads, sizeof heads, "%lld", (long long)cm_gpt2_model_config(r.model)->n_head);
-        meta[2 * n_meta] = CM_GPT2_N_HEAD_METADATA_KEY, meta[2 * n_meta + 1] = heads, n_meta++;
-    }
-    if (surgery) meta[2 * n_meta] = CM_SURGERY_METADATA_KEY, meta[2 * n_meta + 1] = surgery, n_meta++;
-    s = cm_module_save_safetensors_with(root, weights, meta, n_meta);
+    /* the surgery record in the metadata (and a GPT's n_head, cm_gpt2_save_safetensors's) */
+    const char *meta[2] = {CM_SURGERY_METADATA_KEY, surgery};
+    const int n_meta = surgery ? 1 : 0;
+    s = r.gpt2 ? cm_gpt2_save_safetensors_with(r.model, weights, meta, n_meta)
+               : cm_module_save_safetensors_with(root, weights, meta, n_meta);
     cm_free(surgery);
     if (s) fprintf(stderr, "%s: saving the weights: %s\n", prog, cm_last_error()), rc = 1;
     const bool have_weights = s == CM_OK;

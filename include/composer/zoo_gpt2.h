@@ -172,6 +172,10 @@ cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_
  * CM_GPT2_N_HEAD_METADATA_KEY: n_head}. Errors:
  * CM_ERR_INVALID_ARG (not a GPT-2), the writer's (CM_ERR_IO naming the path, CM_ERR_OOM). */
 cm_status cm_gpt2_save_safetensors(cm_model *m, const char *path);
+/* The same with more metadata after n_head's: n_meta (at most 8) (key, value) pairs, as
+ * cm_module_save_safetensors_with (e.g. the surgery record of composer/surgery_algorithms.h).
+ * Errors: cm_gpt2_save_safetensors's, CM_ERR_INVALID_ARG (n_meta outside [0, 8], NULL meta). */
+cm_status cm_gpt2_save_safetensors_with(cm_model *m, const char *path, const char *const *meta, int n_meta);
 
 /* ---------------------------------------------------------------------------------------------
  * Generation

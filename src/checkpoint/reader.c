@@ -786,6 +786,14 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
     if (k > 0) b->len += (size_t)k;
 }
 
+/* "2, 3, 4": a shape for the summaries. */
+static void shape_text(int ndim, const int64_t *shape, char *out, size_t cap) {
+    size_t o = 0;
+    out[0] = 0;
+    for (int d = 0; d < ndim && o < cap; d++)
+        o += (size_t)snprintf(out + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+}
+
 /* " (required on load: name value, ...)" of a method's recorded arguments. */
 static void sb_required(sbuf *b, const cJSON *hp) {
     const cJSON *h;
@@ -844,10 +852,8 @@ cm_status cm_weights_summary(const char *path, char **out) {
         }
         for (size_t i = 0; i < n; i++) {
             const cm_st_tensor *t = cm_safetensors_at(st, i);
-            char shape[160] = "";
-            size_t o = 0;
-            for (int d = 0; d < t->ndim && o < sizeof shape; d++)
-                o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+            char shape[160];
+            shape_text(t->ndim, t->shape, shape, sizeof shape);
             sb_printf(&b, "  %-*s  %-4s (%s) %zu bytes\n", wn, t->name, cm_st_dtype_name(t->dtype), shape, t->nbytes);
         }
     }
@@ -901,15 +907,11 @@ size_t cm_checkpoint_summary(const cm_checkpoint *ck, char *buf, size_t cap) {
     }
     for (size_t k = 0; k < ck->n_tensors; k++) {
         const cm_ckpt_tensor *t = &ck->tensors[k];
-        char shape[160] = "";
-        size_t o = 0;
-        for (int d = 0; d < t->ndim && o < sizeof shape; d++)
-            o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        char shape[160];
+        shape_text(t->ndim, t->shape, shape, sizeof shape);
         if (ck->sharded) {
-            char gshape[160] = "";
-            o = 0;
-            for (int d = 0; d < t->global_ndim && o < sizeof gshape; d++)
-                o += (size_t)snprintf(gshape + o, sizeof gshape - o, "%s%lld", d ? ", " : "", (long long)t->global_shape[d]);
+            char gshape[160];
+            shape_text(t->global_ndim, t->global_shape, gshape, sizeof gshape);
             sb_printf(&b, "  %-*s  %-*s  %-4s [%lld, %lld) of (%s) %" PRIu64 " bytes\n", wf, t->file, wn, t->name,
                       cm_st_dtype_name(t->dtype), (long long)t->begin, (long long)t->end, gshape, t->nbytes);
             continue;

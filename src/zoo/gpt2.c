@@ -491,14 +491,22 @@ cm_status cm_gpt2_load_safetensors(cm_model *m, const char *path, const cm_load_
 }
 
 cm_status cm_gpt2_save_safetensors(cm_model *m, const char *path) {
+    return cm_gpt2_save_safetensors_with(m, path, NULL, 0);
+}
+
+cm_status cm_gpt2_save_safetensors_with(cm_model *m, const char *path, const char *const *meta, int n_meta) {
     if (!gpt2_root_of(m))
         return cm_set_error(CM_ERR_INVALID_ARG,
                             "cm_gpt2_save_safetensors: the model is %s, not a GPT-2 made by cm_gpt2_new",
                             m ? cm_model_type_name(m) : "NULL");
+    if (n_meta < 0 || n_meta > 8 || (n_meta > 0 && !meta))
+        return cm_set_error(CM_ERR_INVALID_ARG, "cm_gpt2_save_safetensors_with: %d metadata entries (0 to 8, meta set)",
+                            n_meta);
     char h[32];
     snprintf(h, sizeof h, "%lld", (long long)cm_gpt2_model_config(m)->n_head);
-    const char *meta[2] = {CM_GPT2_N_HEAD_METADATA_KEY, h};
-    return cm_module_save_safetensors_with(cm_model_module(m), path, meta, 1);
+    const char *all[2 * 9] = {CM_GPT2_N_HEAD_METADATA_KEY, h};
+    for (int i = 0; i < 2 * n_meta; i++) all[2 + i] = meta[i];
+    return cm_module_save_safetensors_with(cm_model_module(m), path, all, n_meta + 1);
 }
 
 /* ---- sizes from a checkpoint ---- */
