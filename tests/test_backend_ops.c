@@ -1377,6 +1377,35 @@ Test(backend_ops, the_allocator_counts_requests_as_pytorch_does_and_blocks_apart
     cr_assert(m2.requested == m0.requested && m2.allocated == m0.allocated && m2.peak_requested >= (size_t)5 << 19);
 }
 
+/* The tape's device memory is its high-water mark: one growable range of virtual memory, mapped as
+ * the arena's position passes its end. Before, the arena took chunks each as large as all before it
+ * and a request that missed a chunk's tail skipped it: these three requests (the pattern of the
+ * emulator's tiny GPT-2 step: the logits, then a small one) held 1 + 1 + 24 + 26 MiB. */
+Test(backend_ops, the_tapes_device_memory_is_its_high_water_mark) {
+    const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
+    const size_t g = be->vm_granularity();
+    cm_device_memory m0, m1, m2;
+    cm_tape *tp;
+    cr_assert_eq(cm_tape_new(NULL, &tp), CM_OK);
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m0), CM_OK);
+    const int64_t sizes[3] = {25, 6 << 20, 4096}; /* f32: 100 bytes, 24 MiB, 16 KiB */
+    for (int step = 0; step < 2; step++) {
+        for (int i = 0; i < 3; i++)
+            cr_assert_not_null(cm_empty_on(tp, CM_DEVICE_CUDA, CM_DTYPE_F32, 1, &sizes[i]), "%s", cm_last_error());
+        cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, step ? &m2 : &m1), CM_OK);
+        cm_tape_reset(tp);
+    }
+    const size_t used = ((size_t)24 << 20) + (16 << 10) + 128, held = m1.requested - m0.requested;
+    cr_expect_geq(held, used);
+    cr_expect_leq(held, (used + g - 1) / g * g + 16 * g, "%zu bytes held for %zu used (granule %zu)", held, used, g);
+    cr_expect_lt(held, (size_t)40 << 20, "%zu bytes held for %zu used", held, used);
+    cr_expect_eq(m2.requested, m1.requested, "the second step grows nothing");
+    cr_expect_eq(m1.allocated - m0.allocated, held, "mapped as asked, no block rounding");
+    cm_tape_free(tp);
+    cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m2), CM_OK);
+    cr_expect_eq(m2.requested, m0.requested, "given back with the tape");
+}
+
 Test(backend_ops, the_caching_allocator_reuses_blocks_and_honours_its_budget) {
     cm_device_memory m0, m1, m2;
     cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &m0), CM_OK);
@@ -1407,7 +1436,8 @@ int main(int argc, char *argv[]) { return cmt_gpu_main(argc, argv, "test_backend
 
 /* The tensor cores' bf16 product with the fragment layout the kernels assume (common.cuh's
  * cmi_mma_16816): on a GPU the instruction itself, on the emulator its model of the layout. A
- * misread register order moves products to the wrong outputs: errors of the values' size. */
+ * misread register order moves products to the wrong outputs: errors of the values' size. The same
+ * call checks ldmatrix (cmi_ldsm_x4, plain and transposing) register by register. */
 Test(backend_ops, tensor_core_mma_fragments_follow_the_documented_layout) {
     const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
     cr_assert_not_null(be);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 Test(status, names_descriptions_and_thread_local_message) {
     cr_assert_str_eq(cm_status_name(CM_ERR_SHAPE), "CM_ERR_SHAPE");
@@ -236,7 +237,7 @@ static void granule_free(void *ctx, void *p) {
 
 Test(arena, a_custom_allocators_granule_sizes_every_chunk) {
     const size_t granule = (size_t)2 << 20;
-    cm_arena_allocator al = {granule_alloc, granule_free, NULL, NULL, granule};
+    cm_arena_allocator al = {granule_alloc, granule_free, NULL, NULL, granule, NULL, NULL, NULL};
     cm_arena *a;
     g_n_chunks = 0;
     cr_assert_eq(cm_arena_new_with(0, &al, &a), CM_OK, "%s", cm_last_error());
@@ -253,6 +254,118 @@ Test(arena, a_custom_allocators_granule_sizes_every_chunk) {
     al.granule = 3 << 20;
     cr_assert_eq(cm_arena_new_with(0, &al, &a), CM_ERR_INVALID_ARG);
     cr_expect(strstr(cm_last_error(), "granule 3145728 is not a power of two"), "%s", cm_last_error());
+}
+
+/* A growable range as a GPU's virtual memory gives one (the tape's device arena): address space
+ * reserved without access, made usable from its start as the arena commits (mprotect here). */
+static struct {
+    int reserves, commits, releases, allocs;
+    size_t max_asked, cap, committed, refuse_above, last_commit;
+    char *base;
+} g_grow;
+static void *grow_reserve(void *ctx, size_t max_bytes, size_t *cap) {
+    (void)ctx;
+    g_grow.reserves++;
+    g_grow.max_asked = max_bytes;
+    if (!g_grow.cap) return NULL; /* no virtual memory: chunks */
+    void *p = mmap(NULL, g_grow.cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    g_grow.base = p;
+    g_grow.committed = 0;
+    *cap = g_grow.cap;
+    return p;
+}
+static cm_status grow_commit(void *ctx, void *base, size_t bytes) {
+    (void)ctx;
+    cr_assert_eq(base, g_grow.base);
+    cr_assert_gt(bytes, g_grow.committed, "commits only grow: %zu after %zu", bytes, g_grow.committed);
+    if (g_grow.refuse_above && bytes > g_grow.refuse_above)
+        return cm_set_error(CM_ERR_OOM, "test device: out of memory at %zu bytes", bytes);
+    cr_assert_eq(mprotect(g_grow.base, bytes, PROT_READ | PROT_WRITE), 0);
+    g_grow.commits++;
+    g_grow.committed = g_grow.last_commit = bytes;
+    return CM_OK;
+}
+static void grow_release(void *ctx, void *base) {
+    (void)ctx;
+    cr_assert_eq(base, g_grow.base);
+    munmap(base, g_grow.cap);
+    g_grow.releases++;
+}
+static void *grow_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    g_grow.allocs++;
+    return malloc(bytes);
+}
+
+Test(arena, a_growable_range_holds_the_high_water_mark_not_chunks) {
+    const size_t g = (size_t)64 << 10; /* the granule */
+    memset(&g_grow, 0, sizeof g_grow);
+    g_grow.cap = (size_t)256 << 20;
+    cm_arena_allocator al = {grow_alloc, granule_free, NULL, NULL, g, grow_reserve, grow_commit, grow_release};
+    cm_arena *a;
+    cr_assert_eq(cm_arena_new_with(0, &al, &a), CM_OK, "%s", cm_last_error());
+    /* what made the chunked device arena hold twice its peak: a request as large as all before it,
+     * then a small one that no longer fits the chunk's tail */
+    char *p1 = cm_arena_alloc(a, 100);
+    char *p2 = cm_arena_alloc(a, (size_t)24 << 20);
+    char *p3 = cm_arena_alloc(a, 16 << 10);
+    cr_assert(p1 && p2 && p3, "%s", cm_last_error());
+    cr_expect_eq(g_grow.reserves, 1);
+    cr_expect_eq(g_grow.max_asked, 0, "no budget: as much as the allocator offers");
+    cr_expect_eq(g_grow.allocs, 0, "no chunks from alloc");
+    cr_expect(p1 == g_grow.base && p2 == p1 + 128 && p3 == p2 + ((size_t)24 << 20), "one range, no skipped tail");
+    memset(p2, 1, (size_t)24 << 20); /* committed: writable */
+    memset(p3, 2, 16 << 10);
+    const size_t used = cm_arena_used(a);
+    cr_expect_eq(g_grow.committed % g, 0);
+    cr_expect_geq(g_grow.committed, used);
+    cr_expect_leq(g_grow.committed, used + 16 * g, "committed %zu for %zu in use", g_grow.committed, used);
+    const int commits = g_grow.commits;
+    cr_expect_leq(commits, 3, "%d commits", commits);
+
+    /* a step repeats in what it has: no new commits */
+    cm_arena_reset(a);
+    cr_assert_eq(cm_arena_alloc(a, 100), p1);
+    cr_assert_not_null(cm_arena_alloc(a, (size_t)24 << 20));
+    cr_assert_not_null(cm_arena_alloc(a, 16 << 10));
+    cr_expect_eq(g_grow.commits, commits);
+
+    /* the device refuses the step (16 granules here) but has room for what is asked: just enough */
+    const size_t before = g_grow.committed;
+    g_grow.refuse_above = before + 4 * g;
+    char *p4 = cm_arena_alloc(a, before - cm_arena_used(a) + g);
+    cr_assert_not_null(p4, "%s", cm_last_error());
+    cr_expect_eq(g_grow.committed, before + g, "committed %zu after %zu", g_grow.committed, before);
+    /* and refuses outright: an out-of-memory naming the request and the device's reason, nothing moved */
+    const size_t pos = cm_arena_used(a);
+    cr_assert_null(cm_arena_alloc(a, 8 * g));
+    cr_expect_eq(cm_last_status(), CM_ERR_OOM);
+    cr_expect(strstr(cm_last_error(), "arena request of 524288 bytes") && strstr(cm_last_error(), "test device"), "%s",
+              cm_last_error());
+    cr_expect_eq(cm_arena_used(a), pos);
+    g_grow.refuse_above = 0;
+    cr_assert_not_null(cm_arena_alloc(a, 8 * g), "room again: %s", cm_last_error());
+
+    /* trim gives the range back; the next request reserves again */
+    cm_arena_trim(a);
+    cr_expect_eq(g_grow.releases, 1);
+    cr_assert_not_null(cm_arena_alloc(a, 100));
+    cr_expect_eq(g_grow.reserves, 2);
+    cm_arena_free(a);
+    cr_expect_eq(g_grow.releases, 2);
+
+    /* a budget is what is reserved; where no range can be reserved, chunks as before */
+    memset(&g_grow, 0, sizeof g_grow);
+    cr_assert_eq(cm_arena_new_with((size_t)8 << 20, &al, &a), CM_OK);
+    cr_assert_not_null(cm_arena_alloc(a, 100));
+    cr_expect_eq(g_grow.max_asked, (size_t)8 << 20);
+    cr_expect_eq(g_grow.allocs, 1, "no range: a chunk from alloc");
+    cm_arena_free(a);
+
+    al.release = NULL;
+    cr_assert_eq(cm_arena_new_with(0, &al, &a), CM_ERR_INVALID_ARG);
+    cr_expect(strstr(cm_last_error(), "reserve, commit and release go together"), "%s", cm_last_error());
 }
 
 Test(arena, an_injected_failure_reaches_the_reservation) {

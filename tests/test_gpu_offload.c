@@ -669,8 +669,10 @@ Test(gpu_offload, running_out_of_device_memory_in_an_upload_is_named) {
     cr_assert_eq(cm_dist_attach(r.dist, r.tr), CM_OK);
     cm_device_memory mm;
     cr_assert_eq(cm_device_memory_stats(CM_DEVICE_CUDA, &mm), CM_OK);
-    /* room for the tape's first arena chunk (1 MiB, a 2 MiB block), not for the embeddings' 12 KB */
-    cm_device_set_memory_budget(CM_DEVICE_CUDA, mm.allocated + ((size_t)2 << 20) + 4096);
+    /* room for the tape arena's first mapping (a granule: 4 KiB on the emulator, 2 MiB on a GPU),
+     * not for the embeddings' 12 KB */
+    const size_t granule = cmi_backend_get(CM_DEVICE_CUDA)->vm_granularity();
+    cm_device_set_memory_budget(CM_DEVICE_CUDA, mm.allocated + granule + 4096);
     const cm_status s = cm_trainer_fit(r.tr, NULL);
     cm_device_set_memory_budget(CM_DEVICE_CUDA, 0);
     cr_expect_eq(s, CM_ERR_OOM, "status %d: %s", (int)s, cm_last_error());

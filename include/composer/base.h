@@ -180,6 +180,17 @@ typedef struct cm_arena_allocator {
     size_t granule; /* chunks are multiples of this many bytes (a power of two; 0 = no constraint): the
                      * unit the allocator hands memory out in, so no chunk has bytes behind it that the
                      * arena cannot use (a GPU's virtual memory maps 2 MiB at a time) */
+    /* Optional, all three or none: one range of address space that grows in place, as a host
+     * arena's reservation does. reserve(ctx, max_bytes, &cap) reserves up to max_bytes (0: as much
+     * as the allocator thinks sensible) and says how much in *cap, or returns NULL (then chunks come
+     * from alloc, as without it); commit(ctx, base, n) makes [0, n) of it usable (n a multiple of
+     * granule, growing only; an error recorded, CM_ERR_OOM for out-of-memory, when it cannot);
+     * release(ctx, base) gives it back. The arena commits as its position grows (an eighth more
+     * than it holds, 1 to 16 granules), so the memory behind it is its high-water mark and no request
+     * skips a chunk's tail (a GPU tape's arena: cuMemAddressReserve, then cuMemMap). */
+    void *(*reserve)(void *ctx, size_t max_bytes, size_t *cap);
+    cm_status (*commit)(void *ctx, void *base, size_t bytes);
+    void (*release)(void *ctx, void *base);
 } cm_arena_allocator;
 
 /* As cm_arena_new, with chunks from `al` (copied; NULL = the allocator hook). */

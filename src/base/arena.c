@@ -10,8 +10,13 @@
  * become resident, so one chunk serves every size and no tail is ever skipped. Skipped tails were
  * resident waste: GPT-2 124M at T 1024 under activation checkpointing skipped ~290 MiB a step, the
  * 393 MiB logits-sized requests not fitting the tails the blocks' forward had touched and rewound.
+ * A caller's allocator that can reserve and commit (a GPU's virtual memory: the tape's device arena)
+ * gets the same shape: one reserved range, committed from its start as positions grow. Before
+ * that, a GPU arena grew in chunks each as large as all before it, and a request that did not fit a
+ * chunk's tail skipped it: GPT-2's device arena could hold up to twice its peak (the emulator's
+ * tiny GPT-2 step: 53 MiB of chunks, a 27 MiB chunk made for a 16 KiB request).
  * Where the kernel refuses the reservation (strict overcommit accounting), a user's allocator hooks
- * are installed, or the arena's chunks come from a caller's allocator (device memory), chunks are
+ * are installed, or the arena's chunks come from a caller's allocator without reserve, chunks are
  * allocated as they are needed, growing geometrically. */
 #include <composer/base.h>
 
@@ -30,6 +35,8 @@ typedef struct chunk {
     size_t cap;
     size_t base; /* cumulative position of mem[0] */
     bool mapped; /* the address-space reservation: munmap, not the allocator */
+    bool grows;  /* the allocator's growable range (al.reserve): usable up to `committed` */
+    size_t committed;
 } chunk;
 
 struct cm_arena {
@@ -50,6 +57,9 @@ cm_status cm_arena_new_with(size_t budget, const cm_arena_allocator *al, cm_aren
     *out = NULL;
     if (al && (al->granule & (al->granule - 1)))
         return cm_set_error(CM_ERR_INVALID_ARG, "arena allocator granule %zu is not a power of two", al->granule);
+    if (al && (!al->reserve != !al->commit || !al->reserve != !al->release))
+        return cm_set_error(CM_ERR_INVALID_ARG, "arena allocator: reserve, commit and release go together "
+                                                "(set all three or none)");
     cm_arena *a = cm_alloc_zeroed(sizeof *a, 16);
     if (!a) return CM_ERR_OOM;
     a->budget = budget;
@@ -65,6 +75,7 @@ cm_status cm_arena_new(size_t budget, cm_arena **out) { return cm_arena_new_with
 
 static void chunk_free(cm_arena *a, const chunk *c) {
     if (c->mapped) munmap(c->mem, c->cap);
+    else if (c->grows) a->al.release(a->al.ctx, c->mem);
     else if (a->custom) a->al.free(a->al.ctx, c->mem);
     else cm_free(c->mem);
 }
@@ -103,6 +114,24 @@ static char *reserve(const cm_arena *a, size_t min_bytes, size_t *cap) {
     return p;
 }
 
+/* Makes [0, end) of a growable chunk usable: an eighth more than it had, between 1 and 16 granules
+ * (fewer mappings while a first step grows it, at most 16 granules past the high-water mark), or
+ * just enough where that much is refused. */
+static bool commit_to(cm_arena *a, chunk *c, size_t end) {
+    const size_t g = a->al.granule > 1 ? a->al.granule : ARENA_ALIGN;
+    size_t step = c->committed / 8 / g * g;
+    step = step < g ? g : step > 16 * g ? 16 * g : step;
+    size_t want = (end + g - 1) & ~(g - 1), more = c->committed + step;
+    if (more > c->cap) more = c->cap;
+    if (more > want && a->al.commit(a->al.ctx, c->mem, more) == CM_OK) {
+        c->committed = more;
+        return true;
+    }
+    if (a->al.commit(a->al.ctx, c->mem, want) != CM_OK) return false;
+    c->committed = want;
+    return true;
+}
+
 static bool add_chunk(cm_arena *a, size_t min_bytes) {
     if (a->n_chunks == a->cap_chunks) {
         int nc = a->cap_chunks ? a->cap_chunks * 2 : 8;
@@ -119,10 +148,20 @@ static bool add_chunk(cm_arena *a, size_t min_bytes) {
         size_t cap;
         char *mem = reserve(a, min_bytes, &cap);
         if (mem) {
-            a->chunks[0] = (chunk){mem, cap, 0, true};
+            a->chunks[0] = (chunk){mem, cap, 0, true, false, cap};
             a->n_chunks = 1;
             return true;
         }
+    }
+    if (a->n_chunks == 0 && a->custom && a->al.reserve) {
+        size_t cap = 0;
+        char *mem = a->al.reserve(a->al.ctx, a->budget, &cap);
+        if (mem && cap >= min_bytes) {
+            a->chunks[0] = (chunk){mem, cap, 0, false, true, 0};
+            a->n_chunks = 1;
+            return true;
+        }
+        if (mem) a->al.release(a->al.ctx, mem); /* too small for the first request: chunks as without */
     }
     size_t cap = min_bytes;
     if (cap < ARENA_MIN_CHUNK) cap = ARENA_MIN_CHUNK;
@@ -133,9 +172,19 @@ static bool add_chunk(cm_arena *a, size_t min_bytes) {
     if (a->custom && a->al.granule > 1) cap = (cap + a->al.granule - 1) & ~(a->al.granule - 1);
     char *mem = a->custom ? a->al.alloc(a->al.ctx, cap) : cm_alloc(cap, ARENA_ALIGN);
     if (!mem) return false;
-    a->chunks[a->n_chunks] = (chunk){mem, cap, tc, false};
+    a->chunks[a->n_chunks] = (chunk){mem, cap, tc, false, false, cap};
     a->n_chunks++;
     return true;
+}
+
+/* A custom allocator refused memory and said why (a device's out-of-memory names the device). */
+static void *allocator_failed(const cm_arena *a, size_t bytes) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", cm_last_error());
+    cm_set_error(cm_last_status() == CM_ERR_OOM ? CM_ERR_OOM : cm_last_status(),
+                 "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes): %s", bytes,
+                 a->pos, a->budget, why);
+    return NULL;
 }
 
 void *cm_arena_alloc(cm_arena *a, size_t bytes) {
@@ -148,6 +197,8 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
             if (off + need <= c->cap) {
                 size_t newpos = c->base + off + need;
                 if (a->budget && newpos > a->budget) break;
+                if (c->grows && off + need > c->committed && !commit_to(a, c, off + need))
+                    return allocator_failed(a, bytes);
                 a->pos = newpos;
                 if (a->pos > a->peak) a->peak = a->pos;
                 void *p = c->mem + off;
@@ -166,14 +217,7 @@ void *cm_arena_alloc(cm_arena *a, size_t bytes) {
         size_t start = total_cap(a);
         if (a->budget && start + need > a->budget) break;
         if (!add_chunk(a, need)) {
-            if (a->custom) { /* the allocator said why (a device's out-of-memory names the device) */
-                char why[512];
-                snprintf(why, sizeof why, "%s", cm_last_error());
-                cm_set_error(cm_last_status() == CM_ERR_OOM ? CM_ERR_OOM : cm_last_status(),
-                             "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes): %s",
-                             bytes, a->pos, a->budget, why);
-                return NULL;
-            }
+            if (a->custom) return allocator_failed(a, bytes);
             cm_set_error(CM_ERR_OOM,
                          "out of memory: arena request of %zu bytes failed (in use %zu bytes, budget %zu bytes)",
                          bytes, a->pos, a->budget);

@@ -195,6 +195,13 @@ typedef struct cmi_backend {
     cm_status (*vm_map)(void *p);
     void (*vm_unmap)(void *p);             /* after the work queued so far; no-op when unmapped */
     void (*vm_release)(void *p);           /* unmaps, then gives the addresses back */
+    /* A growable range (the tape's device arena): address space for `bytes` (0: as much as the
+     * device has), *cap its size, mapped from its start as vm_extend(p, n) asks ([0, n) usable, n a
+     * multiple of the granularity; only the new part is mapped and counted as allocated; CM_ERR_OOM
+     * when the device or the budget is full). vm_unmap unmaps all of it, vm_release gives it back.
+     * So the memory behind an arena is its high-water mark, as PyTorch's expandable segments. */
+    void *(*vm_reserve_growable)(size_t bytes, size_t *cap);
+    cm_status (*vm_extend)(void *p, size_t bytes);
     void *(*host_alloc)(size_t bytes);     /* pinned host memory (copies from it run asynchronously) */
     void (*host_free)(void *p);
     /* A copy on the copy stream, after the work queued on the compute stream so far; *ev is the

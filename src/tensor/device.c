@@ -130,12 +130,35 @@ static cm_status arena_dev_fill(void *ctx, void *p, int byte, size_t bytes) {
     return ((const cmi_backend *)ctx)->memset(p, byte, bytes);
 }
 
+/* The tape's device arena grows in place in one reserved range (the backend's virtual memory), so
+ * the device memory behind it is its high-water mark; where the driver cannot reserve, it grows in
+ * chunks from the caching allocator, said once. */
+static void *arena_dev_reserve(void *ctx, size_t max_bytes, size_t *cap) {
+    const cmi_backend *be = ctx;
+    void *p = be->vm_reserve_growable(max_bytes, cap);
+    static bool said;
+    if (!p && !said) {
+        said = true;
+        cm_log_msg(CM_LOG_INFO, "%s: the tape's device memory grows in chunks of the caching allocator (%s)", be->name,
+                   cm_last_error());
+    }
+    return p;
+}
+static cm_status arena_dev_commit(void *ctx, void *base, size_t bytes) {
+    return ((const cmi_backend *)ctx)->vm_extend(base, bytes);
+}
+static void arena_dev_release(void *ctx, void *base) { ((const cmi_backend *)ctx)->vm_release(base); }
+
 cm_arena *cmi_dev_arena(cm_tape *tp, cm_device dev) {
     if (dev == CM_DEVICE_CPU) return tp->arena;
     if (tp->dev_arena) return tp->dev_arena;
     const cmi_backend *be = cmi_backend_get(dev);
     if (!be || be->init() != CM_OK) return NULL;
-    cm_arena_allocator al = {arena_dev_alloc, arena_dev_free, arena_dev_fill, (void *)be, 0};
+    cm_arena_allocator al = {arena_dev_alloc, arena_dev_free, arena_dev_fill, (void *)be, 0, NULL, NULL, NULL};
+    if (be->vm_reserve_growable && be->vm_extend && be->vm_release) {
+        al.granule = be->vm_granularity();
+        al.reserve = arena_dev_reserve, al.commit = arena_dev_commit, al.release = arena_dev_release;
+    }
     if (cm_arena_new_with(tp->dev_budget, &al, &tp->dev_arena) != CM_OK) return NULL;
     cm_arena_set_poison(tp->dev_arena, tp->poison);
     return tp->dev_arena;

@@ -152,7 +152,8 @@ static struct cmi_aoff_region *region_get(cm_tape *tp) {
     /* chunks in whole mapping granules (2 MiB on a GPU): every byte mapped is one the arena can use,
      * and the bytes counted as mapped are the device's */
     const cmi_backend *be = be_of(tp);
-    cm_arena_allocator al = {chunk_alloc, chunk_free, chunk_fill, r, be->vm_granularity ? be->vm_granularity() : 0};
+    cm_arena_allocator al = {chunk_alloc, chunk_free, chunk_fill, r, be->vm_granularity ? be->vm_granularity() : 0,
+                             NULL, NULL, NULL};
     if (cm_arena_new_with(0, &al, &r->arena) != CM_OK) {
         cm_free(np);
         cm_free(r);

@@ -54,6 +54,9 @@ struct state {
         size_t bytes;
         bool mapped;
         unsigned long long handle; /* CUmemGenericAllocationHandle while mapped (a GPU) */
+        /* a growable range (vm_extend): [0, extent) mapped, in pieces, each its own allocation */
+        size_t extent;
+        std::vector<std::pair<size_t, unsigned long long>> pieces; /* (offset, handle) */
     };
     std::vector<vrange> vranges;
     cudaStream_t copy_stream = 0; /* copies beside the compute stream (copy_start) */
@@ -366,7 +369,7 @@ void *rt_vm_reserve(size_t bytes) {
 #endif
     state &s = S();
     std::lock_guard<std::mutex> lk(s.mu);
-    s.vranges.push_back(state::vrange{p, bytes, false, 0});
+    s.vranges.push_back(state::vrange{p, bytes, false, 0, 0, {}});
     return p;
 }
 
@@ -374,6 +377,113 @@ state::vrange *find_vrange(state &s, const void *p) {
     for (state::vrange &v : s.vranges)
         if (v.p == p) return &v;
     return nullptr;
+}
+
+/* A growable range: address space for `bytes` (0: as much as the device has; on the emulator an
+ * eighth of its memory, which holds every reservation inside its own), mapped from its start by
+ * rt_vm_extend. Unlike rt_vm_reserve's, the emulator does not poison the whole range up front (it
+ * would touch all of it): unmapped parts read as zeros there, released pieces as NaN. */
+void *rt_vm_reserve_growable(size_t bytes, size_t *cap) {
+    *cap = 0;
+    if (rt_init()) return nullptr;
+    const size_t g = rt_vm_granularity();
+    size_t fr = 0, tot = 0;
+#ifdef CMI_CUDA_EMU
+    cudaMemGetInfo(&fr, &tot);
+    if (!bytes || bytes > tot / 8) bytes = tot / 8;
+    bytes = (bytes + g - 1) / g * g;
+    void *p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cm_set_error(CM_ERR_OOM, "cuda: reserving %zu bytes of address space failed", bytes);
+        return nullptr;
+    }
+#else
+    if (!bytes) {
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+            cudaGetLastError();
+            tot = (size_t)80 << 30;
+        }
+        bytes = tot;
+    }
+    bytes = (bytes + g - 1) / g * g;
+    drv_api &d = D();
+    if (!d.ok) {
+        cm_set_error(CM_ERR_UNSUPPORTED, "cuda: the driver has no virtual memory management calls "
+                                         "(cuMemAddressReserve, cuMemMap: CUDA 10.2 or later)");
+        return nullptr;
+    }
+    CUdeviceptr a = 0;
+    CUresult r = d.reserve(&a, bytes, 0, 0, 0);
+    if (r != CUDA_SUCCESS) {
+        drv_fail(r, "cuMemAddressReserve");
+        return nullptr;
+    }
+    void *p = (void *)a;
+#endif
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.vranges.push_back(state::vrange{p, bytes, false, 0, 0, {}});
+    *cap = bytes;
+    return p;
+}
+
+/* Maps device memory behind [extent, bytes) of a growable range, so [0, bytes) is usable (bytes a
+ * multiple of the granularity; a smaller or equal size leaves it as it is). Counted as allocated,
+ * requested and reserved, as rt_vm_map's ranges; CM_ERR_OOM when the budget or the device is full
+ * (the cache's free blocks are given back first). */
+cm_status rt_vm_extend(void *p, size_t bytes) {
+    state &s = S();
+    std::lock_guard<std::mutex> lk(s.mu);
+    state::vrange *v = find_vrange(s, p);
+    if (!v || v->mapped)
+        return cm_set_error(CM_ERR_INTERNAL, "cuda: vm_extend of %p, which is not a growable range", p);
+    if (bytes > v->bytes)
+        return cm_set_error(CM_ERR_OOM, "cuda: out of memory: %zu bytes asked of a %zu-byte reserved range", bytes,
+                            v->bytes);
+    if (bytes <= v->extent) return CM_OK;
+    const size_t add = bytes - v->extent;
+    if (s.budget && s.allocated + add > s.budget)
+        return cm_set_error(CM_ERR_OOM,
+                            "cuda: out of memory: %zu bytes requested with %zu of the %zu-byte budget in use "
+                            "(cm_device_set_memory_budget)",
+                            add, s.allocated, s.budget);
+    unsigned long long handle = 0;
+#ifndef CMI_CUDA_EMU
+    drv_api &d = D();
+    CUmemAllocationProp prop = vm_prop(s.device);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = d.create(&h, add, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !s.free_blocks.empty()) {
+        cudaStreamSynchronize(s.stream);
+        release_cached(s);
+        r = d.create(&h, add, &prop, 0);
+    }
+    if (r != CUDA_SUCCESS) return drv_fail(r, "cuMemCreate");
+    const CUdeviceptr at = (CUdeviceptr)p + v->extent;
+    if ((r = d.map(at, add, 0, h, 0)) != CUDA_SUCCESS) {
+        d.release(h);
+        return drv_fail(r, "cuMemMap");
+    }
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = d.set_access(at, add, &acc, 1)) != CUDA_SUCCESS) {
+        d.unmap(at, add);
+        d.release(h);
+        return drv_fail(r, "cuMemSetAccess");
+    }
+    handle = (unsigned long long)h;
+#endif
+    v->pieces.push_back({v->extent, handle});
+    v->extent = bytes;
+    s.allocated += add;
+    s.requested += add;
+    s.reserved += add;
+    if (s.allocated > s.peak) s.peak = s.allocated;
+    if (s.requested > s.peak_requested) s.peak_requested = s.requested;
+    return CM_OK;
 }
 
 cm_status rt_vm_map(void *p) {
@@ -426,10 +536,27 @@ void rt_vm_unmap(void *p) {
     state &s = S();
     std::lock_guard<std::mutex> lk(s.mu);
     state::vrange *v = find_vrange(s, p);
-    if (!v || !v->mapped) return;
+    if (!v || (!v->mapped && !v->extent)) return;
     /* kernels and copies queued on either stream may still read it */
     cudaStreamSynchronize(s.stream);
     if (s.copy_stream) cudaStreamSynchronize(s.copy_stream);
+    if (v->extent) { /* a growable range: its pieces */
+#ifdef CMI_CUDA_EMU
+        cudaMemset(p, 0xff, v->extent);
+#else
+        for (size_t i = 0; i < v->pieces.size(); i++) {
+            const size_t end = i + 1 < v->pieces.size() ? v->pieces[i + 1].first : v->extent;
+            D().unmap((CUdeviceptr)p + v->pieces[i].first, end - v->pieces[i].first);
+            D().release((CUmemGenericAllocationHandle)v->pieces[i].second);
+        }
+#endif
+        v->pieces.clear();
+        s.allocated -= v->extent;
+        s.requested -= v->extent;
+        s.reserved -= v->extent;
+        v->extent = 0;
+        return;
+    }
 #ifdef CMI_CUDA_EMU
     cudaMemset(p, 0xff, v->bytes);
 #else
@@ -639,6 +766,8 @@ static cmi_backend make_table(void) {
     b.vm_map = rt_vm_map;
     b.vm_unmap = rt_vm_unmap;
     b.vm_release = rt_vm_release;
+    b.vm_reserve_growable = rt_vm_reserve_growable;
+    b.vm_extend = rt_vm_extend;
     b.host_alloc = rt_host_alloc;
     b.host_free = rt_host_free;
     b.copy_start = rt_copy_start;
