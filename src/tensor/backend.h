@@ -243,8 +243,10 @@ typedef struct cmi_backend {
     cm_status (*accum)(float *dst, const int64_t *dstride, const float *src, int nd, const int64_t *shape);
     /* A self-check of the tensor cores' bf16 product (mma m16n8k16) with the fragment layout the
      * kernels assume (common.cuh's cmi_mma_16816): random A (16x16), B (16x8), C against a double
-     * reference; *max_rel_err = max |D - ref| / max |ref|. CM_ERR_UNSUPPORTED below sm_80. May be
-     * NULL (a backend without tensor cores). */
+     * reference; *max_rel_err = max |D - ref| / max |ref|. Also ldmatrix, plain and transposing
+     * (cmi_ldsm_x4*): CM_ERR_INTERNAL naming the lane and register where a register differs from the
+     * layout the attention kernels assume. CM_ERR_UNSUPPORTED below sm_80. May be NULL (a backend
+     * without tensor cores). */
     cm_status (*check_mma)(double *max_rel_err);
 
     /* ---- reductions (reduce.c) ---- */

@@ -81,6 +81,66 @@ __device__ __forceinline__ void cmi_mma_16816(float d[4], const uint32_t a[4], c
     __trap();
 #endif
 }
+/* Four 8x8 bf16 matrices from shared memory into the calling warp's registers (all 32 lanes):
+ * PTX's ldmatrix.sync.aligned.m8n8.x4 (sm_75 and later). Lanes 8m..8m+7 give the addresses of
+ * matrix m's rows 0..7 (16-byte aligned, 16 bytes each); with g = lane / 4 and t = lane % 4, r[m]
+ * gets that matrix's row g, elements 2t and 2t+1 — for .trans (cmi_ldsm_x4_trans) the matrix's
+ * column g, rows 2t and 2t+1, i.e. the transposed matrix's row g. The emulator models the
+ * instruction from this description, each lane reading the addresses the others give (shuffles),
+ * so a kernel that hands the wrong lane the wrong row is wrong there too. */
+__device__ __forceinline__ void cmi_ldsm_x4(uint32_t r[4], const uint16_t *row) {
+#if defined(CMI_CUDA_EMU)
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int m = 0; m < 4; m++) {
+        const uint16_t *src = __shfl_sync(0xffffffffu, row, 8 * m + g);
+        r[m] = (uint32_t)src[2 * t] | (uint32_t)src[2 * t + 1] << 16;
+    }
+#else
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+__device__ __forceinline__ void cmi_ldsm_x4_trans(uint32_t r[4], const uint16_t *row) {
+#if defined(CMI_CUDA_EMU)
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int m = 0; m < 4; m++) {
+        const uint16_t *r0 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t);
+        const uint16_t *r1 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t + 1);
+        r[m] = (uint32_t)r0[g] | (uint32_t)r1[g] << 16;
+    }
+#else
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+/* 16 bytes from global to shared memory without a trip through registers (cp.async.cg, sm_80),
+ * in the calling thread's current group; cmi_cp_async_commit closes the group, cmi_cp_async_wait<N>
+ * waits until at most N of this thread's groups are in flight (then a __syncthreads makes every
+ * thread's copies visible to the block). The emulator copies at once. */
+__device__ __forceinline__ void cmi_cp_async16(void *smem, const void *gmem) {
+#if defined(CMI_CUDA_EMU)
+    memcpy(smem, gmem, 16);
+#else
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem));
+#endif
+}
+__device__ __forceinline__ void cmi_cp_async_commit() {
+#if !defined(CMI_CUDA_EMU)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void cmi_cp_async_wait() {
+#if !defined(CMI_CUDA_EMU)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
 /* Whether kernel f was compiled for the tensor cores' bf16 mma: from sm_80 (or compute_80 PTX) or
  * later. A build for an older architecture that a newer device runs by JIT reports the device's
  * compute capability but runs code where cmi_mma_16816 is a trap: ask the kernel, not the device. */

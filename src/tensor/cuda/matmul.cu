@@ -367,9 +367,44 @@ __global__ void k_mma_check(const uint16_t *A, const uint16_t *B, const float *C
     for (int i = 0; i < 4; i++) D[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = d[i];
 }
 
+/* One warp: the 16 x 16 bf16 tile T staged in shared memory with rows of 24 (as the attention
+ * kernels pad theirs), read by cmi_ldsm_x4 and cmi_ldsm_x4_trans with lane l giving row l % 8 of
+ * quadrant l / 8 (quadrant m at rows 8·(m % 2), columns 8·(m / 2)); each lane writes its 4 + 4
+ * registers to R[8·lane ...]. */
+__global__ void k_ldsm_check(const uint16_t *T, uint32_t *R) {
+    __shared__ uint4 tile_[16 * 24 / 8]; /* 16-byte aligned rows */
+    uint16_t *tile = (uint16_t *)tile_;
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    for (int e = lane; e < 256; e += 32) tile[e / 16 * 24 + e % 16] = T[e];
+    __syncwarp();
+    const uint16_t *row = tile + (8 * (m & 1) + (lane & 7)) * 24 + 8 * (m >> 1);
+    uint32_t r[4], rt[4];
+    cmi_ldsm_x4(r, row);
+    cmi_ldsm_x4_trans(rt, row);
+    for (int i = 0; i < 4; i++) R[8 * lane + i] = r[i], R[8 * lane + 4 + i] = rt[i];
+}
+
+/* The registers ldmatrix should give (common.cuh's description), against those it gave. */
+static cm_status ldsm_compare(const uint16_t *T, const uint32_t *R) {
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 8; i++) {
+            const int m = i & 3, g = lane >> 2, t = lane & 3, r0 = 8 * (m & 1), c0 = 8 * (m >> 1);
+            const bool tr = i >= 4;
+            const uint32_t lo = tr ? T[(r0 + 2 * t) * 16 + c0 + g] : T[(r0 + g) * 16 + c0 + 2 * t];
+            const uint32_t hi = tr ? T[(r0 + 2 * t + 1) * 16 + c0 + g] : T[(r0 + g) * 16 + c0 + 2 * t + 1];
+            const uint32_t want = lo | hi << 16;
+            if (R[8 * lane + i] != want)
+                return cm_set_error(CM_ERR_INTERNAL,
+                                    "cuda: ldmatrix%s gave lane %d register %d 0x%08x where the layout the attention "
+                                    "kernels assume (common.cuh) says 0x%08x",
+                                    tr ? ".trans" : "", lane, m, R[8 * lane + i], want);
+        }
+    return CM_OK;
+}
+
 extern "C" cm_status cmi_cuda_check_mma(double *max_rel_err) {
     cm_status st = CM_OK;
-    void *dev = cmi_cuda_alloc(256 * 2 + 128 * 2 + 128 * 4 * 2); /* (brings the runtime up) */
+    void *dev = cmi_cuda_alloc(256 * 2 + 128 * 2 + 128 * 4 + 256 * 4); /* (brings the runtime up) */
     if (!dev) return cm_last_status();
     if (cmi_cuda_cc() < 80) {
         cmi_cuda_free(dev);
@@ -409,7 +444,17 @@ extern "C" cm_status cmi_cuda_check_mma(double *max_rel_err) {
     if (!st && (e = cudaMemcpyAsync(hd, dD, sizeof hd, cudaMemcpyDeviceToHost, s)) != cudaSuccess)
         st = cmi_cuda_fail(e, "cudaMemcpyAsync (mma check)");
     if (!st && (e = cudaStreamSynchronize(s)) != cudaSuccess) st = cmi_cuda_fail(e, "cudaStreamSynchronize (mma check)");
+    /* ldmatrix, plain and transposing, on the first 256 values of A as a 16 x 16 tile */
+    uint32_t hr[256];
+    if (!st) {
+        CMI_LAUNCH(k_ldsm_check, 1, 32, 0, s, dA, (uint32_t *)dD);
+        st = cmi_cuda_launched("ldmatrix check");
+    }
+    if (!st && (e = cudaMemcpyAsync(hr, dD, sizeof hr, cudaMemcpyDeviceToHost, s)) != cudaSuccess)
+        st = cmi_cuda_fail(e, "cudaMemcpyAsync (ldmatrix check)");
+    if (!st && (e = cudaStreamSynchronize(s)) != cudaSuccess) st = cmi_cuda_fail(e, "cudaStreamSynchronize (ldmatrix check)");
     cmi_cuda_free(dev);
+    if (!st) st = ldsm_compare(ha, hr);
     if (st) return st;
     double err = 0.0, big = 0.0;
     for (int r = 0; r < 16; r++)
