@@ -36,13 +36,20 @@ extern "C" cm_status cmi_cuda_bias_gelu(const float *x, const float *b, float *y
     return cmi_cuda_launched("bias_gelu");
 }
 
-/* gx = g·gelu'(x + b) (written or added); per block of rows, partial column sums of it for gb. */
-__global__ void k_bias_gelu_bwd(const float *x, const float *b, const float *g, float *gx, bool fresh, float *part,
-                                int64_t rows, int64_t C, int64_t rows_per_block, bool approx) {
+/* gx = g·gelu'(x + b) (written or added); per block of rows, partial column sums of it for gb. The
+ * pointers do not alias (gx is x's gradient, g the output's), which lets a thread have several rows'
+ * loads in flight: without it each store to gx held back the next row's loads (the H200 profile:
+ * 220 µs for GPT-2's 8192 x 3072, against 39 µs for PyTorch's GELU backward). */
+__global__ void k_bias_gelu_bwd(const float *__restrict__ x, const float *__restrict__ b, const float *__restrict__ g,
+                                float *__restrict__ gx, bool fresh, float *__restrict__ part, int64_t rows, int64_t C,
+                                int64_t rows_per_block, bool approx) {
     const int64_t r0 = blockIdx.x * rows_per_block, r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0.0f;
         const float bc = b[c];
+#if !defined(CMI_CUDA_EMU)
+#pragma unroll 8
+#endif
         for (int64_t r = r0; r < r1; r++) {
             const int64_t i = r * C + c;
             const float d = g[i] * gelu_df(x[i] + bc, approx);
