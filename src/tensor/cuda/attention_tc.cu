@@ -101,6 +101,23 @@ template <int KD> __device__ __forceinline__ void tc_fetch(uint16_t *tile, const
     for (int e = threadIdx.x; e < TC_N * C; e += TC_THREADS) cmi_cp_async16(tile + e / C * LD + e % C * 8, src + e * 8);
 }
 
+/* One step of the double buffer over the other side's tiles: the tile after [r0, r0 + 64), if one
+ * starts before `end`, of two staged slices into buffers buf ^ 1 of A and B (their copies in a new
+ * group); then this tile's copies waited for and the block synchronised. */
+template <int KD>
+__device__ __forceinline__ void tc_next(uint16_t *A, uint16_t *B, int buf, const uint16_t *sa, const uint16_t *sb,
+                                        int64_t r0, int64_t end) {
+    if (r0 + TC_N < end) {
+        tc_fetch<KD>(A + (buf ^ 1) * tc_geom<KD>::ROW, sa, r0 + TC_N);
+        tc_fetch<KD>(B + (buf ^ 1) * tc_geom<KD>::ROW, sb, r0 + TC_N);
+        cmi_cp_async_commit();
+        cmi_cp_async_wait<1>();
+    } else {
+        cmi_cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 /* The A fragment (16 x 16) at rows [r0, r0 + 16), columns [c0, c0 + 16) of a tile: lanes 0-7 give
  * rows r0..r0+7 at c0 (a[0]), 8-15 rows r0+8.. at c0 (a[1]), 16-23 rows r0.. at c0+8 (a[2]),
  * 24-31 rows r0+8.. at c0+8 (a[3]) — cmi_mma_16816's A layout. */
@@ -235,15 +252,7 @@ __global__ void __launch_bounds__(TC_THREADS) k_attention_fwd_tc(at_args a, tc_s
     float o[2 * KD][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     int buf = 0;
     for (int64_t j0 = 0; j0 < kend; j0 += TC_N, buf ^= 1) {
-        if (j0 + TC_N < kend) { /* the next tile's K and V on their way while this one is used */
-            tc_fetch<KD>(Ks + (buf ^ 1) * G::ROW, ksl, j0 + TC_N);
-            tc_fetch<KD>(Vs + (buf ^ 1) * G::ROW, vsl, j0 + TC_N);
-            cmi_cp_async_commit();
-            cmi_cp_async_wait<1>();
-        } else {
-            cmi_cp_async_wait<0>();
-        }
-        __syncthreads();
+        tc_next<KD>(Ks, Vs, buf, ksl, vsl, j0, kend); /* the next K and V on their way while these are used */
         const uint16_t *Kb = Ks + buf * G::ROW, *Vb = Vs + buf * G::ROW;
         float s[8][4] = {};
         tc_scores<KD>(s, Qs, 16 * w, Kb);
@@ -327,15 +336,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     float dq[2 * KD][4] = {};
     int buf = 0;
     for (int64_t j0 = 0; j0 < kend; j0 += TC_N, buf ^= 1) {
-        if (j0 + TC_N < kend) {
-            tc_fetch<KD>(Ks + (buf ^ 1) * G::ROW, ksl, j0 + TC_N);
-            tc_fetch<KD>(Vs + (buf ^ 1) * G::ROW, vsl, j0 + TC_N);
-            cmi_cp_async_commit();
-            cmi_cp_async_wait<1>();
-        } else {
-            cmi_cp_async_wait<0>();
-        }
-        __syncthreads();
+        tc_next<KD>(Ks, Vs, buf, ksl, vsl, j0, kend);
         const uint16_t *Kb = Ks + buf * G::ROW, *Vb = Vs + buf * G::ROW;
         float s[8][4] = {}, dp[8][4] = {};
         tc_scores<KD>(s, Qs, 16 * w, Kb);  /* q·kᵀ */
@@ -397,16 +398,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     float dk[2 * KD][4] = {}, dv[2 * KD][4] = {};
     int buf = 0;
     for (int64_t i0 = istart; i0 < a.T; i0 += TC_N, buf ^= 1) {
-        if (i0 + TC_N < a.T) {
-            tc_fetch<KD>(Qs + (buf ^ 1) * G::ROW, qsl, i0 + TC_N);
-            tc_fetch<KD>(Gs + (buf ^ 1) * G::ROW, gsl, i0 + TC_N);
-            cmi_cp_async_commit();
-            rows_of(i0 + TC_N, buf ^ 1);
-            cmi_cp_async_wait<1>();
-        } else {
-            cmi_cp_async_wait<0>();
-        }
-        __syncthreads();
+        if (i0 + TC_N < a.T) rows_of(i0 + TC_N, buf ^ 1);
+        tc_next<KD>(Qs, Gs, buf, qsl, gsl, i0, a.T);
         const uint16_t *Qb = Qs + buf * G::ROW, *Gb = Gs + buf * G::ROW;
         const float *Lb = Lt + buf * TC_N, *Db = Dt + buf * TC_N;
         float s[8][4] = {}, dp[8][4] = {}; /* [key][query] */

@@ -340,10 +340,10 @@ size_t rt_vm_granularity(void) {
 #endif
 }
 
-void *rt_vm_reserve(size_t bytes) {
-    if (rt_init()) return nullptr;
-    const size_t g = rt_vm_granularity();
-    bytes = (bytes ? bytes + g - 1 : g) / g * g;
+/* Address space for `bytes` (a multiple of the granularity), recorded as a range: the driver's
+ * reservation, or on the emulator an ordinary allocation, poisoned (NaN bytes) when `poison`. NULL
+ * with the error recorded. */
+void *vm_reserve_range(size_t bytes, bool poison) {
     void *p = nullptr;
 #ifdef CMI_CUDA_EMU
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
@@ -351,8 +351,9 @@ void *rt_vm_reserve(size_t bytes) {
         cm_set_error(CM_ERR_OOM, "cuda: reserving %zu bytes of address space failed", bytes);
         return nullptr;
     }
-    cudaMemset(p, 0xff, bytes);
+    if (poison) cudaMemset(p, 0xff, bytes);
 #else
+    (void)poison;
     drv_api &d = D();
     if (!d.ok) {
         cm_set_error(CM_ERR_UNSUPPORTED, "cuda: the driver has no virtual memory management calls "
@@ -373,10 +374,64 @@ void *rt_vm_reserve(size_t bytes) {
     return p;
 }
 
+void *rt_vm_reserve(size_t bytes) {
+    if (rt_init()) return nullptr;
+    const size_t g = rt_vm_granularity();
+    return vm_reserve_range((bytes ? bytes + g - 1 : g) / g * g, true);
+}
+
 state::vrange *find_vrange(state &s, const void *p) {
     for (state::vrange &v : s.vranges)
         if (v.p == p) return &v;
     return nullptr;
+}
+
+/* Under s.mu: device memory mapped behind [p + off, p + off + bytes) of a reserved range, counted
+ * as allocated, requested and reserved (a mapping is asked for whole); *handle its allocation
+ * (CUmemGenericAllocationHandle) on a GPU. CM_ERR_OOM when the budget or the device is full, the
+ * cache's free blocks given back first, as rt_alloc does. */
+cm_status vm_map_locked(state &s, void *p, size_t off, size_t bytes, unsigned long long *handle) {
+    if (s.budget && s.allocated + bytes > s.budget)
+        return cm_set_error(CM_ERR_OOM,
+                            "cuda: out of memory: %zu bytes requested with %zu of the %zu-byte budget in use "
+                            "(cm_device_set_memory_budget)",
+                            bytes, s.allocated, s.budget);
+    *handle = 0;
+#ifndef CMI_CUDA_EMU
+    drv_api &d = D();
+    CUmemAllocationProp prop = vm_prop(s.device);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = d.create(&h, bytes, &prop, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !s.free_blocks.empty()) {
+        cudaStreamSynchronize(s.stream);
+        release_cached(s);
+        r = d.create(&h, bytes, &prop, 0);
+    }
+    if (r != CUDA_SUCCESS) return drv_fail(r, "cuMemCreate");
+    const CUdeviceptr at = (CUdeviceptr)p + off;
+    if ((r = d.map(at, bytes, 0, h, 0)) != CUDA_SUCCESS) {
+        d.release(h);
+        return drv_fail(r, "cuMemMap");
+    }
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = d.set_access(at, bytes, &acc, 1)) != CUDA_SUCCESS) {
+        d.unmap(at, bytes);
+        d.release(h);
+        return drv_fail(r, "cuMemSetAccess");
+    }
+    *handle = (unsigned long long)h;
+#else
+    (void)p, (void)off;
+#endif
+    s.allocated += bytes;
+    s.requested += bytes;
+    s.reserved += bytes;
+    if (s.allocated > s.peak) s.peak = s.allocated;
+    if (s.requested > s.peak_requested) s.peak_requested = s.requested;
+    return CM_OK;
 }
 
 /* A growable range: address space for `bytes` (0: as much as the device has; on the emulator an
@@ -388,43 +443,18 @@ void *rt_vm_reserve_growable(size_t bytes, size_t *cap) {
     if (rt_init()) return nullptr;
     const size_t g = rt_vm_granularity();
     size_t fr = 0, tot = 0;
-#ifdef CMI_CUDA_EMU
-    cudaMemGetInfo(&fr, &tot);
-    if (!bytes || bytes > tot / 8) bytes = tot / 8;
-    bytes = (bytes + g - 1) / g * g;
-    void *p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
         cudaGetLastError();
-        cm_set_error(CM_ERR_OOM, "cuda: reserving %zu bytes of address space failed", bytes);
-        return nullptr;
+        tot = (size_t)80 << 30;
     }
+#ifdef CMI_CUDA_EMU
+    if (!bytes || bytes > tot / 8) bytes = tot / 8;
 #else
-    if (!bytes) {
-        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
-            cudaGetLastError();
-            tot = (size_t)80 << 30;
-        }
-        bytes = tot;
-    }
-    bytes = (bytes + g - 1) / g * g;
-    drv_api &d = D();
-    if (!d.ok) {
-        cm_set_error(CM_ERR_UNSUPPORTED, "cuda: the driver has no virtual memory management calls "
-                                         "(cuMemAddressReserve, cuMemMap: CUDA 10.2 or later)");
-        return nullptr;
-    }
-    CUdeviceptr a = 0;
-    CUresult r = d.reserve(&a, bytes, 0, 0, 0);
-    if (r != CUDA_SUCCESS) {
-        drv_fail(r, "cuMemAddressReserve");
-        return nullptr;
-    }
-    void *p = (void *)a;
+    if (!bytes) bytes = tot;
 #endif
-    state &s = S();
-    std::lock_guard<std::mutex> lk(s.mu);
-    s.vranges.push_back(state::vrange{p, bytes, false, 0, 0, {}});
-    *cap = bytes;
+    bytes = (bytes + g - 1) / g * g;
+    void *p = vm_reserve_range(bytes, false);
+    if (p) *cap = bytes;
     return p;
 }
 
@@ -442,47 +472,11 @@ cm_status rt_vm_extend(void *p, size_t bytes) {
         return cm_set_error(CM_ERR_OOM, "cuda: out of memory: %zu bytes asked of a %zu-byte reserved range", bytes,
                             v->bytes);
     if (bytes <= v->extent) return CM_OK;
-    const size_t add = bytes - v->extent;
-    if (s.budget && s.allocated + add > s.budget)
-        return cm_set_error(CM_ERR_OOM,
-                            "cuda: out of memory: %zu bytes requested with %zu of the %zu-byte budget in use "
-                            "(cm_device_set_memory_budget)",
-                            add, s.allocated, s.budget);
     unsigned long long handle = 0;
-#ifndef CMI_CUDA_EMU
-    drv_api &d = D();
-    CUmemAllocationProp prop = vm_prop(s.device);
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = d.create(&h, add, &prop, 0);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && !s.free_blocks.empty()) {
-        cudaStreamSynchronize(s.stream);
-        release_cached(s);
-        r = d.create(&h, add, &prop, 0);
-    }
-    if (r != CUDA_SUCCESS) return drv_fail(r, "cuMemCreate");
-    const CUdeviceptr at = (CUdeviceptr)p + v->extent;
-    if ((r = d.map(at, add, 0, h, 0)) != CUDA_SUCCESS) {
-        d.release(h);
-        return drv_fail(r, "cuMemMap");
-    }
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if ((r = d.set_access(at, add, &acc, 1)) != CUDA_SUCCESS) {
-        d.unmap(at, add);
-        d.release(h);
-        return drv_fail(r, "cuMemSetAccess");
-    }
-    handle = (unsigned long long)h;
-#endif
+    cm_status st = vm_map_locked(s, p, v->extent, bytes - v->extent, &handle);
+    if (st) return st;
     v->pieces.push_back({v->extent, handle});
     v->extent = bytes;
-    s.allocated += add;
-    s.requested += add;
-    s.reserved += add;
-    if (s.allocated > s.peak) s.peak = s.allocated;
-    if (s.requested > s.peak_requested) s.peak_requested = s.requested;
     return CM_OK;
 }
 
@@ -492,44 +486,9 @@ cm_status rt_vm_map(void *p) {
     state::vrange *v = find_vrange(s, p);
     if (!v) return cm_set_error(CM_ERR_INTERNAL, "cuda: vm_map of %p, which is not a reserved range", p);
     if (v->mapped) return CM_OK;
-    if (s.budget && s.allocated + v->bytes > s.budget)
-        return cm_set_error(CM_ERR_OOM,
-                            "cuda: out of memory: %zu bytes requested with %zu of the %zu-byte budget in use "
-                            "(cm_device_set_memory_budget)",
-                            v->bytes, s.allocated, s.budget);
-#ifndef CMI_CUDA_EMU
-    drv_api &d = D();
-    CUmemAllocationProp prop = vm_prop(s.device);
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = d.create(&h, v->bytes, &prop, 0);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && !s.free_blocks.empty()) { /* the cache's blocks first, as rt_alloc */
-        cudaStreamSynchronize(s.stream);
-        release_cached(s);
-        r = d.create(&h, v->bytes, &prop, 0);
-    }
-    if (r != CUDA_SUCCESS) return drv_fail(r, "cuMemCreate");
-    if ((r = d.map((CUdeviceptr)p, v->bytes, 0, h, 0)) != CUDA_SUCCESS) {
-        d.release(h);
-        return drv_fail(r, "cuMemMap");
-    }
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if ((r = d.set_access((CUdeviceptr)p, v->bytes, &acc, 1)) != CUDA_SUCCESS) {
-        d.unmap((CUdeviceptr)p, v->bytes);
-        d.release(h);
-        return drv_fail(r, "cuMemSetAccess");
-    }
-    v->handle = (unsigned long long)h;
-#endif
-    v->mapped = true;
-    s.allocated += v->bytes;
-    s.requested += v->bytes; /* a mapped range is asked for whole */
-    s.reserved += v->bytes;
-    if (s.allocated > s.peak) s.peak = s.allocated;
-    if (s.requested > s.peak_requested) s.peak_requested = s.requested;
-    return CM_OK;
+    cm_status st = vm_map_locked(s, p, 0, v->bytes, &v->handle);
+    if (!st) v->mapped = true;
+    return st;
 }
 
 void rt_vm_unmap(void *p) {
