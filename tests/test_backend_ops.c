@@ -1380,7 +1380,7 @@ Test(backend_ops, the_allocator_counts_requests_as_pytorch_does_and_blocks_apart
 /* The tape's device memory is its high-water mark: one growable range of virtual memory, mapped as
  * the arena's position passes its end. Before, the arena took chunks each as large as all before it
  * and a request that missed a chunk's tail skipped it: these three requests (the pattern of the
- * emulator's tiny GPT-2 step: the logits, then a small one) held 1 + 1 + 24 + 26 MiB. */
+ * emulator's tiny GPT-2 step: the logits, then a small one) held chunks of 1, 24 and 25 MiB. */
 Test(backend_ops, the_tapes_device_memory_is_its_high_water_mark) {
     const cmi_backend *be = cmi_backend_get(CM_DEVICE_CUDA);
     const size_t g = be->vm_granularity();

@@ -437,7 +437,8 @@ cm_status vm_map_locked(state &s, void *p, size_t off, size_t bytes, unsigned lo
 /* A growable range: address space for `bytes` (0: as much as the device has; on the emulator an
  * eighth of its memory, which holds every reservation inside its own), mapped from its start by
  * rt_vm_extend. Unlike rt_vm_reserve's, the emulator does not poison the whole range up front (it
- * would touch all of it): unmapped parts read as zeros there, released pieces as NaN. */
+ * would touch all of it): parts never mapped read as whatever its heap held, released pieces as
+ * NaN. */
 void *rt_vm_reserve_growable(size_t bytes, size_t *cap) {
     *cap = 0;
     if (rt_init()) return nullptr;
