@@ -22,11 +22,13 @@
  * N every parameter (tied embedding once), over the data-sheet peak for the precision
  * (cm_device_peak_flops). It prints one line:
  *     ours[-fused] <model> <precision> B T tok/s <x> step_ms <x> mfu <x> peak_mib <x> peak_blocks_mib <x>
- *         params <n> device <name>
+ *         arena_peak_mib <x> params <n> device <name>
  * peak_mib is the peak of the requests (rounded to 512 bytes), as torch.cuda.max_memory_allocated()
  * that bench/gpu_train.py prints; peak_blocks_mib the caching allocator's blocks in use at their
- * peak (a reused block may be up to twice its request). Sessions before 2026-11-29 printed the
- * blocks' peak as peak_mib.
+ * peak (a reused block may be up to twice its request); arena_peak_mib the high-water mark of the
+ * trainer tape's device arena (a step's activations and workspace; the rest of peak_mib is the
+ * parameters, gradients, optimizer state and what the kernels allocate beside the tape). Sessions
+ * before 2026-11-29 printed the blocks' peak as peak_mib.
  */
 #include <composer/composer.h>
 #include <composer/trainer.h>
@@ -204,11 +206,14 @@ int main(int argc, char **argv) {
     const double mfu = peak > 0 ? toks * flops_tok / peak : NAN;
     char vtag[32] = "";
     if (vocab) snprintf(vtag, sizeof vtag, "-v%lld", (long long)vocab);
-    printf("ours%s%s %s %s %lld %lld tok/s %.0f step_ms %.2f mfu %.4f peak_mib %.0f peak_blocks_mib %.0f params %lld "
-           "device %s\n",
+    cm_tape *tape = cm_state_tape(cm_trainer_state(tr)); /* the step's activations and workspace */
+    cm_arena *arena = tape ? cm_tape_device_arena(tape, dev) : NULL;
+    printf("ours%s%s %s %s %lld %lld tok/s %.0f step_ms %.2f mfu %.4f peak_mib %.0f peak_blocks_mib %.0f "
+           "arena_peak_mib %.0f params %lld device %s\n",
            fused ? "-fused" : "", vtag, model, prec,
            (long long)B, (long long)T, toks, 1e3 * secs / (double)steps, mfu,
-           (double)mem.peak_requested / (double)(1 << 20), (double)mem.peak / (double)(1 << 20), (long long)nparams,
+           (double)mem.peak_requested / (double)(1 << 20), (double)mem.peak / (double)(1 << 20),
+           arena ? (double)cm_arena_peak(arena) / (double)(1 << 20) : 0.0, (long long)nparams,
            cm_device_describe(dev));
     cm_trainer_free(tr);
     cm_optim_free(opt);
