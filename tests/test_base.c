@@ -260,7 +260,7 @@ Test(arena, a_custom_allocators_granule_sizes_every_chunk) {
  * reserved without access, made usable from its start as the arena commits (mprotect here). */
 static struct {
     int reserves, commits, releases, allocs;
-    size_t max_asked, cap, committed, refuse_above, last_commit;
+    size_t max_asked, cap, committed, refuse_above;
     char *base;
 } g_grow;
 static void *grow_reserve(void *ctx, size_t max_bytes, size_t *cap) {
@@ -283,7 +283,7 @@ static cm_status grow_commit(void *ctx, void *base, size_t bytes) {
         return cm_set_error(CM_ERR_OOM, "test device: out of memory at %zu bytes", bytes);
     cr_assert_eq(mprotect(g_grow.base, bytes, PROT_READ | PROT_WRITE), 0);
     g_grow.commits++;
-    g_grow.committed = g_grow.last_commit = bytes;
+    g_grow.committed = bytes;
     return CM_OK;
 }
 static void grow_release(void *ctx, void *base) {
