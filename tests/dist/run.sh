@@ -8,6 +8,8 @@ case_=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# the shared data (../shared/data from the repository root; scripts/gpu-check points it into its bundle)
+data=${CM_SHARED_DATA:-../shared/data}
 
 # A real S3-compatible server on loopback (s3rver, installed by scripts/install-deps) behind
 # tests/s3/s3proxy.py, which checks every request's SigV4 signature; the environment points
@@ -52,7 +54,7 @@ launch() {
 # Shakespeare, trained for 6 batches of 6 windows in microbatches of 2 (uneven on 2 ranks: 2+1),
 # with an evaluation after batch 3 and at the end. No run_name: each job generates one.
 cli_setup() {
-    head -c 20000 ../shared/data/tinyshakespeare/input.txt >"$tmp/input.txt" || fail "no ../shared/data"
+    head -c 20000 "$data/tinyshakespeare/input.txt" >"$tmp/input.txt" || fail "no $data"
     "$composer" data tokenize --tokenizer char -q "$tmp/input.txt" -o "$tmp/data" || fail "tokenize"
     cat >"$tmp/tiny.yaml" <<EOF
 max_duration: 6ba
