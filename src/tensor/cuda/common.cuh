@@ -91,6 +91,7 @@ __device__ __forceinline__ void cmi_mma_16816(float d[4], const uint32_t a[4], c
 __device__ __forceinline__ void cmi_ldsm_x4(uint32_t r[4], const uint16_t *row) {
 #if defined(CMI_CUDA_EMU)
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    cmi_emu_check_aligned(row, 16, "ldmatrix's row address");
     for (int m = 0; m < 4; m++) {
         const uint16_t *src = __shfl_sync(0xffffffffu, row, 8 * m + g);
         r[m] = (uint32_t)src[2 * t] | (uint32_t)src[2 * t + 1] << 16;
@@ -105,6 +106,7 @@ __device__ __forceinline__ void cmi_ldsm_x4(uint32_t r[4], const uint16_t *row) 
 __device__ __forceinline__ void cmi_ldsm_x4_trans(uint32_t r[4], const uint16_t *row) {
 #if defined(CMI_CUDA_EMU)
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    cmi_emu_check_aligned(row, 16, "ldmatrix's row address");
     for (int m = 0; m < 4; m++) {
         const uint16_t *r0 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t);
         const uint16_t *r1 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t + 1);
@@ -121,22 +123,27 @@ __device__ __forceinline__ void cmi_ldsm_x4_trans(uint32_t r[4], const uint16_t 
 /* 16 bytes from global to shared memory without a trip through registers (cp.async.cg, sm_80),
  * in the calling thread's current group; cmi_cp_async_commit closes the group, cmi_cp_async_wait<N>
  * waits until at most N of this thread's groups are in flight (then a __syncthreads makes every
- * thread's copies visible to the block). The emulator copies at once. */
+ * thread's copies visible to the block). The emulator copies at once or, with
+ * CM_CUDA_EMU_CP_ASYNC=late, at the wait (emu/cuda_emu.cc). */
 __device__ __forceinline__ void cmi_cp_async16(void *smem, const void *gmem) {
 #if defined(CMI_CUDA_EMU)
-    memcpy(smem, gmem, 16);
+    cmi_emu_cp_async16(smem, gmem);
 #else
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem));
 #endif
 }
 __device__ __forceinline__ void cmi_cp_async_commit() {
-#if !defined(CMI_CUDA_EMU)
+#if defined(CMI_CUDA_EMU)
+    cmi_emu_cp_async_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 template <int N> __device__ __forceinline__ void cmi_cp_async_wait() {
-#if !defined(CMI_CUDA_EMU)
+#if defined(CMI_CUDA_EMU)
+    cmi_emu_cp_async_wait(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }

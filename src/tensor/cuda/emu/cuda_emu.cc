@@ -18,6 +18,14 @@ namespace {
 
 enum { TS_RUN, TS_BLOCK_BAR, TS_WARP_BAR, TS_DONE };
 
+/* A cp.async copy not yet landed in shared memory (CM_CUDA_EMU_CP_ASYNC=late): the 16 bytes read
+ * when it was issued, where they go, and the thread's group it belongs to. */
+struct pending_copy {
+    void *dst;
+    unsigned char bytes[16];
+    int group;
+};
+
 struct ethread {
     ucontext_t ctx;
     char *stack;
@@ -26,6 +34,8 @@ struct ethread {
     int gen; /* warp-exchange generation (double buffer) */
     int bar_kind; /* for __syncthreads_or/and/count: the predicate posted */
     int pred;
+    int cp_group; /* cp.async groups committed so far */
+    std::vector<pending_copy> cp_pending;
 };
 
 constexpr size_t kStack = (size_t)256 << 10;
@@ -95,6 +105,50 @@ struct access_scope {
 };
 
 
+/* How the threads of a block are interleaved between barriers (CM_CUDA_EMU_SCHEDULE). A kernel
+ * without a race computes the same in every schedule; one that reads shared memory another warp
+ * writes (or overwrites what another warp still reads) without a barrier between gives a different
+ * result in one of them — what compute-sanitizer's racecheck reports on a GPU.
+ *   round          every thread runs until it blocks, in thread order, round after round (warps
+ *                  advance together, one warp primitive at a time): the default
+ *   warps          warp 0 runs to its next __syncthreads (or its end) before warp 1 starts, ...
+ *   warps-reverse  the same from the last warp to the first, lanes in reverse order too */
+enum { SCHED_ROUND, SCHED_WARPS, SCHED_WARPS_REVERSE };
+
+int sched_mode() {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("CM_CUDA_EMU_SCHEDULE");
+        if (!e || !*e || !strcmp(e, "round")) mode = SCHED_ROUND;
+        else if (!strcmp(e, "warps")) mode = SCHED_WARPS;
+        else if (!strcmp(e, "warps-reverse")) mode = SCHED_WARPS_REVERSE;
+        else {
+            fprintf(stderr, "cuda_emu: CM_CUDA_EMU_SCHEDULE=%s is not a schedule: round, warps or warps-reverse\n", e);
+            abort();
+        }
+    }
+    return mode;
+}
+
+/* When a cp.async copy lands (CM_CUDA_EMU_CP_ASYNC): early (at once, the default) or late (at the
+ * issuing thread's cp.async.wait_group that requires it) — the two ends of what the hardware may
+ * do. A kernel reading a tile before its wait is wrong only under late; one overwriting a buffer
+ * other warps still read (no barrier before the next copy) is wrong under early with a warps
+ * schedule. */
+bool cp_async_late() {
+    static int late = -1;
+    if (late < 0) {
+        const char *e = getenv("CM_CUDA_EMU_CP_ASYNC");
+        if (!e || !*e || !strcmp(e, "early")) late = 0;
+        else if (!strcmp(e, "late")) late = 1;
+        else {
+            fprintf(stderr, "cuda_emu: CM_CUDA_EMU_CP_ASYNC=%s is not a mode: early or late\n", e);
+            abort();
+        }
+    }
+    return late == 1;
+}
+
 void thread_entry() {
     block_run *r = g_run;
     (*r->body)();
@@ -135,17 +189,42 @@ void run_block() {
         makecontext(&t.ctx, thread_entry, 0);
         t.state = TS_RUN;
         t.gen = 0;
+        t.cp_group = 0;
+        t.cp_pending.clear();
         t.tid = uint3{(unsigned)(i % blockDim.x), (unsigned)((i / blockDim.x) % blockDim.y),
                       (unsigned)(i / (blockDim.x * blockDim.y))};
     }
-    const int n_warps = (r->n + 31) / 32;
-    for (;;) {
-        for (int i = 0; i < r->n; i++) {
+    const int n_warps = (r->n + 31) / 32, mode = sched_mode();
+    const bool rev = mode == SCHED_WARPS_REVERSE;
+    /* runs warp w's runnable threads until each blocks; true when all its live threads then wait at
+     * a warp primitive (released here: the greedy schedules keep the warp going) */
+    auto run_warp = [&](int w, bool release) {
+        const int lo = w * 32, hi = lo + 32 < r->n ? lo + 32 : r->n;
+        for (int k = lo; k < hi; k++) {
+            const int i = rev ? hi - 1 - (k - lo) : k;
             if (r->th[i].state != TS_RUN) continue;
             r->cur = i;
             threadIdx = r->th[i].tid;
             swapcontext(&r->sched, &r->th[i].ctx);
         }
+        int waiting = 0, live = 0;
+        for (int i = lo; i < hi; i++) {
+            if (r->th[i].state == TS_DONE) continue;
+            live++;
+            if (r->th[i].state == TS_WARP_BAR) waiting++;
+        }
+        if (!release || !live || waiting != live) return false;
+        for (int i = lo; i < hi; i++)
+            if (r->th[i].state == TS_WARP_BAR) r->th[i].state = TS_RUN;
+        return true;
+    };
+    for (;;) {
+        if (mode == SCHED_ROUND)
+            for (int w = 0; w < n_warps; w++) run_warp(w, false);
+        else
+            for (int k = 0; k < n_warps; k++)
+                while (run_warp(rev ? n_warps - 1 - k : k, true)) {
+                }
         bool all_done = true, released = false;
         for (int w = 0; w < n_warps; w++) {
             int lo = w * 32, hi = lo + 32 < r->n ? lo + 32 : r->n, waiting = 0, live = 0;
@@ -287,6 +366,46 @@ unsigned cmi_emu_warp_ballot(int pred) {
     for (int i = lo; i < lo + 32 && i < r->n; i++)
         if (r->th[i].state != TS_DONE && r->xbuf[g][i]) m |= 1u << (i - lo);
     return m;
+}
+
+void cmi_emu_check_aligned(const void *p, size_t align, const char *what) {
+    if ((uintptr_t)p % align == 0) return;
+    fprintf(stderr,
+            "cuda_emu: misaligned address in block (%u, %u, %u), thread (%u, %u, %u): %s needs %zu-byte "
+            "alignment, got %p (on a GPU: cudaErrorMisalignedAddress)\n",
+            blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z, what, align, p);
+    abort();
+}
+
+void cmi_emu_cp_async16(void *smem, const void *gmem) {
+    cmi_emu_check_aligned(smem, 16, "cp.async's shared-memory destination");
+    cmi_emu_check_aligned(gmem, 16, "cp.async's global source");
+    if (!cp_async_late()) {
+        memcpy(smem, gmem, 16);
+        return;
+    }
+    ethread &t = g_run->th[g_run->cur];
+    pending_copy c;
+    c.dst = smem;
+    memcpy(c.bytes, gmem, 16);
+    c.group = t.cp_group;
+    t.cp_pending.push_back(c);
+}
+
+void cmi_emu_cp_async_commit() { g_run->th[g_run->cur].cp_group++; }
+
+void cmi_emu_cp_async_wait(int n) {
+    ethread &t = g_run->th[g_run->cur];
+    /* groups 0 .. cp_group-1 are committed; all but the newest n must have landed (copies issued
+     * after the last commit belong to no committed group and wait for a later one) */
+    const int done_below = t.cp_group - n;
+    size_t keep = 0;
+    for (size_t i = 0; i < t.cp_pending.size(); i++) {
+        pending_copy &c = t.cp_pending[i];
+        if (c.group < done_below) memcpy(c.dst, c.bytes, 16);
+        else t.cp_pending[keep++] = c;
+    }
+    t.cp_pending.resize(keep);
 }
 
 void *cmi_emu_dyn_smem() { return g_run->smem.data(); }

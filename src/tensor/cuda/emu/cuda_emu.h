@@ -14,7 +14,10 @@
  *     cudaMemcpy/cudaMemset: host code that reads or writes device memory by mistake crashes here as it
  *     would on a GPU, instead of passing silently.
  *   - streams and events exist as handles; everything runs synchronously, in order.
- * What it cannot show: races between blocks or between threads between barriers, memory coalescing,
+ *   - CM_CUDA_EMU_SCHEDULE (round | warps | warps-reverse) orders the threads between barriers and
+ *     CM_CUDA_EMU_CP_ASYNC (early | late) says when cp.async copies land: a kernel with a race
+ *     between warps computes differently in one of them (emu/cuda_emu.cc), the test finds it.
+ * What it cannot show: races between blocks, races that no schedule here exposes, memory coalescing,
  * occupancy, resource limits other than the block size, and the real cuBLASLt (emu/cublaslt_emu.h
  * implements the documented semantics of the calls we make).
  */
@@ -71,6 +74,15 @@ uint64_t cmi_emu_warp_exchange(uint64_t v, int src_lane);
 void cmi_emu_mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 unsigned cmi_emu_warp_ballot(int pred);
 int cmi_emu_lane();
+/* cp.async (common.cuh's cmi_cp_async16 / _commit / _wait): the copy lands at once or, with
+ * CM_CUDA_EMU_CP_ASYNC=late, at the wait that requires it (emu/cuda_emu.cc) */
+void cmi_emu_cp_async16(void *smem, const void *gmem);
+/* An address an instruction needs aligned to `align` bytes (ldmatrix's rows, cp.async's 16 bytes):
+ * a misaligned one is reported with the instruction's name and aborts, as the GPU stops the kernel
+ * with "misaligned address". */
+void cmi_emu_check_aligned(const void *p, size_t align, const char *what);
+void cmi_emu_cp_async_commit();
+void cmi_emu_cp_async_wait(int n);
 
 template <class T> static inline T cmi_emu_shfl(T v, int src) {
     static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
@@ -181,23 +193,23 @@ static inline float __uint_as_float(unsigned i) {
 }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 
-/* ---- vector types ---- */
-struct float2 {
+/* ---- vector types, aligned as CUDA's (a __shared__ array of them is as aligned as on a GPU) ---- */
+struct alignas(8) float2 {
     float x, y;
 };
-struct float4 {
+struct alignas(16) float4 {
     float x, y, z, w;
 };
-struct int4 {
+struct alignas(16) int4 {
     int x, y, z, w;
 };
-struct uint2 {
+struct alignas(8) uint2 {
     unsigned x, y;
 };
-struct uint4 {
+struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
-struct ushort2 {
+struct alignas(4) ushort2 {
     unsigned short x, y;
 };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
