@@ -730,11 +730,17 @@ Test(backend_ops, linear_cross_entropy_chunks_options_and_autocast) {
         snprintf(name, sizeof name, "linear_cross_entropy case %zu", c);
         check_op(name, f_lce, &args[c], 3, s, args[c].bf16 ? 1e-5 : 2e-6, args[c].bf16 ? 1e-4 : 2e-6);
     }
-    /* (B, T, C) rows, several automatic chunks */
+    /* (B, T, C) rows, several automatic chunks (on the CPU; a GPU takes them in one) */
     const lce_arg big = {CM_REDUCTION_MEAN, 0, true, false, 0};
     in_spec s[3] = {SPEC(3, IN_NORMAL, true, 3, 100, 16), SPEC(2, IN_NORMAL, true, 97, 16),
                     {2, {3, 100}, IN_INDEX, false, CM_DTYPE_F32, 97}};
     check_op("linear_cross_entropy rows 300", f_lce, &big, 3, s, 2e-6, 2e-6);
+    /* the cases above have V = 301 and 97, which a GPU pads to whole 16-byte rows (loss.c); V = 96
+     * is taken as it is */
+    const lce_arg even = {CM_REDUCTION_MEAN, 0.1f, true, true, 5};
+    in_spec s96[3] = {SPEC(2, IN_NORMAL, true, 37, 24), SPEC(2, IN_NORMAL, true, 96, 24),
+                      {1, {37}, IN_INDEX, false, CM_DTYPE_F32, 96}};
+    check_op("linear_cross_entropy V 96", f_lce, &even, 3, s96, 1e-5, 1e-4);
 }
 
 Test(backend_ops, cross_entropy_names_a_bad_target_on_both_devices) {

@@ -284,16 +284,18 @@ typedef struct cmi_backend {
      * value. Waits for the device (the caller needs the answer). */
     cm_status (*ce_check)(const void *target, cm_dtype dt, int64_t P, int64_t C, int64_t ignore, int64_t *count,
                           int64_t *bad, int64_t *bad_val);
-    /* Cross-entropy of contiguous logits (N, C, S) (loss.c): lse (N·S) gets each position's
-     * log-sum-exp; out (N·S) the losses when `none`, else out[0] = Σ losses / denom. soft: target is
-     * f32 probabilities of the logits' shape, else class indices of dtype tdt. */
+    /* Cross-entropy of logits (N, C, S) (loss.c), position p = n·S + s at x + n·ldn + s, its C logits
+     * at stride S (ldn = C·S: contiguous; more: rows padded, as linear_cross_entropy's on a GPU):
+     * lse (N·S) gets each position's log-sum-exp; out (N·S) the losses when `none`, else out[0] =
+     * Σ losses / denom. soft: target is contiguous f32 probabilities (N, C, S), else class indices of
+     * dtype tdt. */
     cm_status (*ce_fwd)(const float *x, const void *target, cm_dtype tdt, bool soft, int64_t N, int64_t C, int64_t S,
-                        int64_t ignore, float eps, bool none, double denom, float *out, float *lse);
-    /* Its backward: gl (logits' shape) written (fresh) or added to, gt (soft targets) added to; either
+                        int64_t ldn, int64_t ignore, float eps, bool none, double denom, float *out, float *lse);
+    /* Its backward: gl (x's layout) written (fresh) or added to, gt (soft targets) added to; either
      * may be NULL. g is the upstream gradient: (N·S) when none, else g[0] (divided by denom). */
     cm_status (*ce_bwd)(const float *x, const void *target, cm_dtype tdt, bool soft, int64_t N, int64_t C, int64_t S,
-                        int64_t ignore, float eps, bool none, double denom, const float *g, const float *lse,
-                        float *gl, bool fresh, float *gt);
+                        int64_t ldn, int64_t ignore, float eps, bool none, double denom, const float *g,
+                        const float *lse, float *gl, bool fresh, float *gt);
 
     /* Mean squared error of contiguous p and t (n each): none: out[i] = (p - t)², else out[0] =
      * (float)(Σ (p - t)² in double / denom). Backward: d = (none ? 2·g[i] : (float)(2·g[0] / denom))

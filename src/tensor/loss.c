@@ -81,7 +81,7 @@ static cm_status ce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
     const cmi_backend *be = cmi_be(tp);
     if (be) {
         cmi_dev_fail(tp,
-                     be->ce_bwd(x, target->data, target->dtype, c->soft, c->N, C, S, c->ignore, c->eps,
+                     be->ce_bwd(x, target->data, target->dtype, c->soft, c->N, C, S, C * S, c->ignore, c->eps,
                                 c->red == CM_REDUCTION_NONE, c->denom, gv, c->lse, glv, fresh, gtv),
                      "cross_entropy backward");
         return cmi_status(tp);
@@ -234,7 +234,7 @@ cm_tensor *cm_cross_entropy(cm_tape *tp, cm_tensor *logits, cm_tensor *target, c
     if (be) {
         const double denom = o.reduction == CM_REDUCTION_MEAN ? (double)count : 1.0;
         if (cmi_dev_fail(tp,
-                         be->ce_fwd(cmi_f32(logits), target->data, target->dtype, soft, N, C, S, o.ignore_index,
+                         be->ce_fwd(cmi_f32(logits), target->data, target->dtype, soft, N, C, S, C * S, o.ignore_index,
                                     o.label_smoothing, o.reduction == CM_REDUCTION_NONE, denom, cmi_f32(out), lse),
                          op))
             return NULL;
@@ -336,8 +336,11 @@ static cm_status lce_backward(cm_tape *tp, cm_node *n, const cm_tensor *g) {
 
 /* Rows per chunk: Liger's rule (a chunk of logits about the size of x: ceil(V / C) chunks, rows a
  * power of two), but at least 256 rows — every chunk reads and writes all of dw (V·C), so fewer,
- * larger chunks keep that traffic a small part of the GEMMs on a CPU. */
-static int64_t lce_chunk_rows(int64_t R, int64_t V, int64_t C, int64_t user) {
+ * larger chunks keep that traffic a small part of the GEMMs on a CPU. On a GPU, which does a
+ * chunk's GEMMs in a fraction of the time, chunks grow to 256 MiB of f32 logits (CMI_LINEAR_DY_BLOCK_
+ * DEVICE, linear's backward blocks): GPT-2's 8192 rows of 50257 in 8 chunks of 1024, not 32 of 256,
+ * so w is read and dw read and written 8 times a step instead of 32. */
+static int64_t lce_chunk_rows(int64_t R, int64_t V, int64_t C, int64_t user, bool device) {
     int64_t r;
     if (user > 0) {
         r = user;
@@ -347,6 +350,7 @@ static int64_t lce_chunk_rows(int64_t R, int64_t V, int64_t C, int64_t user) {
         r = 1;
         while (r < want) r *= 2;
         if (r < 256) r = 256;
+        while (device && r < R && (double)(2 * r) * (double)V * 4.0 <= (double)CMI_LINEAR_DY_BLOCK_DEVICE) r *= 2;
     }
     return r < R ? r : (R > 0 ? R : 1);
 }
@@ -443,19 +447,35 @@ cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_t
     if (!count_targets(tp, op, target, "w", w, R, V, o.ignore_index, &count)) return NULL;
     const double denom = o.reduction == CM_REDUCTION_MEAN ? (double)count : 1.0;
     const bool gx = cmi_needs_grad(tp, 1, ins), gw = cmi_needs_grad(tp, 1, ins + 1);
+    /* On a GPU, rows of V logits that are not whole 16-byte vectors (GPT-2's 50257) send cuBLASLt to
+     * its align1 kernels, or matmul.cu to padded copies — of the chunk's logits and gradient and of
+     * w, three GEMMs a chunk, and of all of dw (V, C) for every chunk's accumulation. So there the
+     * classes are padded once, to Vp (a multiple of 8), by zero rows of w's copy: a chunk's logits
+     * are (m, Vp) with zero columns past V, which the loss skips (its rows Vp apart) and whose
+     * gradient stays zero; dw is (Vp, C), its first V rows w's gradient. */
+    const int64_t Vp = be && V % 8 && cmi_is_contig(w) ? (V + 7) / 8 * 8 : V;
     cm_tensor *out = cmi_new(tp, CM_DTYPE_F32, 0, NULL);
-    float *dx = gx && R ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(R * C)) : NULL; // (R, C)
-    float *dw = gw && R ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(V * C)) : NULL; // (V, C)
+    float *dx = gx && R ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(R * C)) : NULL;  // (R, C)
+    float *dw = gw && R ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(Vp * C)) : NULL; // (Vp, C)
     if (!out || (gx && R && !dx) || (gw && R && !dw)) return NULL;
     cm_arena *arena = cmi_op_arena(tp);
     const size_t mark = cm_arena_mark(arena); /* operand copies and the chunk: freed before returning */
     const char *xd = cast_x ? cmi_bf16_copy(tp, x) : (const char *)x->data;
-    const char *wd = cast_w ? cmi_bf16_copy(tp, w) : (const char *)w->data;
+    const char *wd = NULL;
+    if (Vp != V) { /* w (V, C) as dt, then Vp - V rows of zeros */
+        char *wp = cmi_dev_scratch(tp, es * (size_t)(Vp * C));
+        const int64_t nw = V * C, npad = (Vp - V) * C, one = 1;
+        if (wp && !cmi_dev_fail(tp, be->copy(wp, dt, NULL, w->data, w->dtype, NULL, 1, &nw), op) &&
+            !cmi_dev_fail(tp, be->fill(wp + es * (size_t)nw, dt, 1, &npad, &one, 0.0), op))
+            wd = wp;
+    } else {
+        wd = cast_w ? cmi_bf16_copy(tp, w) : (const char *)w->data;
+    }
     if (!xd || !wd) return NULL;
-    const int64_t rb = lce_chunk_rows(R, V, C, chunk_rows);
+    const int64_t rb = lce_chunk_rows(R, Vp, C, chunk_rows, be != NULL);
     const bool grad = dx || dw;
-    float *L = cmi_dev_scratch(tp, sizeof(float) * (size_t)(rb * V + 1)); // (rb, V)
-    uint16_t *Lb = grad && dt == CM_DTYPE_BF16 ? cmi_dev_scratch(tp, 2 * (size_t)(rb * V + 1)) : NULL;
+    float *L = cmi_dev_scratch(tp, sizeof(float) * (size_t)(rb * Vp + 1)); // (rb, Vp)
+    uint16_t *Lb = grad && dt == CM_DTYPE_BF16 ? cmi_dev_scratch(tp, 2 * (size_t)(rb * Vp + 1)) : NULL;
     float *rl = be ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(R + 1)) : NULL;   // (R) per-row losses
     float *lse = be ? cmi_dev_scratch(tp, sizeof(float) * (size_t)(rb + 1)) : NULL; // (rb)
     float *one = be && grad ? cmi_dev_scratch(tp, sizeof(float)) : NULL;
@@ -470,14 +490,14 @@ cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_t
     for (int64_t r0 = 0; r0 < R && !st; r0 += rb) {
         const int64_t m = R - r0 < rb ? R - r0 : rb;
         const char *xr = xd + (size_t)(r0 * C) * es;
-        /* L (m, V) = x[r0:r0+m] (m, C) · wᵀ (C, V) */
-        if ((st = cmi_gemm(tp, dt, m, V, C, xr, C, false, wd, C, true, NULL, false, L, V))) break;
+        /* L (m, Vp) = x[r0:r0+m] (m, C) · wᵀ (C, Vp) */
+        if ((st = cmi_gemm(tp, dt, m, Vp, C, xr, C, false, wd, C, true, NULL, false, L, Vp))) break;
         if (be) {
             const void *tc = (const char *)target->data + (size_t)r0 * tes;
-            if (cmi_dev_fail(tp, be->ce_fwd(L, tc, target->dtype, false, m, V, 1, o.ignore_index, o.label_smoothing,
-                                            true, 1.0, rl + r0, lse),
+            if (cmi_dev_fail(tp, be->ce_fwd(L, tc, target->dtype, false, m, V, 1, Vp, o.ignore_index,
+                                            o.label_smoothing, true, 1.0, rl + r0, lse),
                              op) ||
-                (grad && cmi_dev_fail(tp, be->ce_bwd(L, tc, target->dtype, false, m, V, 1, o.ignore_index,
+                (grad && cmi_dev_fail(tp, be->ce_bwd(L, tc, target->dtype, false, m, V, 1, Vp, o.ignore_index,
                                                      o.label_smoothing, false, denom, one, lse, L, true, NULL),
                                       op))) {
                 st = cmi_status(tp);
@@ -487,9 +507,9 @@ cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_t
             total += lce_rows_cpu(L, target, r0, m, V, o.ignore_index, o.label_smoothing, (float)(1.0 / denom), grad);
         }
         if (!grad) continue;
-        const char *gl = (const char *)L; // (m, V): the chunk's d loss / d logits
+        const char *gl = (const char *)L; // (m, Vp): the chunk's d loss / d logits
         if (Lb) {
-            const int64_t cnt = m * V;
+            const int64_t cnt = m * Vp;
             if (be) {
                 if (cmi_dev_fail(tp, be->copy(Lb, CM_DTYPE_BF16, NULL, L, CM_DTYPE_F32, NULL, 1, &cnt), op)) {
                     st = cmi_status(tp);
@@ -500,9 +520,9 @@ cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_t
             }
             gl = (const char *)Lb;
         }
-        /* dx (m, C) = gl (m, V) · w (V, C); dw (V, C) (+)= glᵀ (V, m) · x (m, C) */
-        if (dx && (st = cmi_gemm(tp, dt, m, C, V, gl, V, false, wd, C, false, NULL, false, dx + r0 * C, C))) break;
-        if (dw && (st = cmi_gemm(tp, dt, V, C, m, gl, V, true, xr, C, false, NULL, r0 > 0, dw, C))) break;
+        /* dx (m, C) = gl (m, Vp) · w (Vp, C); dw (Vp, C) (+)= glᵀ (Vp, m) · x (m, C) */
+        if (dx && (st = cmi_gemm(tp, dt, m, C, Vp, gl, Vp, false, wd, C, false, NULL, false, dx + r0 * C, C))) break;
+        if (dw && (st = cmi_gemm(tp, dt, Vp, C, m, gl, Vp, true, xr, C, false, NULL, r0 > 0, dw, C))) break;
     }
     if (!st && be) { /* the loss: Σ row losses / denom, on the device */
         cmi_red_plan P;

@@ -371,10 +371,10 @@ cm_status cmi_cuda_softmax(const float *, float *, int64_t, int64_t, int64_t, bo
 cm_status cmi_cuda_softmax_bwd(const float *, const float *, float *, int64_t, int64_t, int64_t, bool);
 cm_status cmi_cuda_f64_to_f32(float *, const double *, int64_t);
 cm_status cmi_cuda_ce_check(const void *, cm_dtype, int64_t, int64_t, int64_t, int64_t *, int64_t *, int64_t *);
-cm_status cmi_cuda_ce_fwd(const float *, const void *, cm_dtype, bool, int64_t, int64_t, int64_t, int64_t, float, bool,
-                          double, float *, float *);
-cm_status cmi_cuda_ce_bwd(const float *, const void *, cm_dtype, bool, int64_t, int64_t, int64_t, int64_t, float, bool,
-                          double, const float *, const float *, float *, bool, float *);
+cm_status cmi_cuda_ce_fwd(const float *, const void *, cm_dtype, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          float, bool, double, float *, float *);
+cm_status cmi_cuda_ce_bwd(const float *, const void *, cm_dtype, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          float, bool, double, const float *, const float *, float *, bool, float *);
 cm_status cmi_cuda_layer_norm(const float *, const float *, const float *, float *, float *, float *, int64_t, int64_t,
                               float);
 cm_status cmi_cuda_layer_norm_bwd(const float *, const float *, const float *, const float *, const float *, float *,

@@ -137,23 +137,23 @@ __device__ __forceinline__ void ce_position(const float *xr, int64_t C, int64_t 
 }
 
 __global__ void k_ce_fwd_warp(const float *x, const void *t, int tdt, bool soft, int64_t N, int64_t C, int64_t S,
-                              int64_t ignore, float eps, float *lse, double *loss) {
+                              int64_t ldn, int64_t ignore, float eps, float *lse, double *loss) {
     const int lane = threadIdx.x & 31;
     const int64_t P = N * S, warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t p = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5); p < P; p += warps) {
-        const int64_t off = (p / S) * C * S + p % S;
-        ce_position<32>(x + off, C, S, t, tdt, soft, soft ? (const float *)t + off : nullptr, p, ignore, eps, lane,
+        const int64_t off = (p / S) * ldn + p % S, toff = (p / S) * C * S + p % S;
+        ce_position<32>(x + off, C, S, t, tdt, soft, soft ? (const float *)t + toff : nullptr, p, ignore, eps, lane,
                         nullptr, lse + p, loss + p);
     }
 }
 
 __global__ void k_ce_fwd_block(const float *x, const void *t, int tdt, bool soft, int64_t N, int64_t C, int64_t S,
-                               int64_t ignore, float eps, float *lse, double *loss) {
+                               int64_t ldn, int64_t ignore, float eps, float *lse, double *loss) {
     __shared__ double sh[32];
     const int64_t P = N * S;
     for (int64_t p = blockIdx.x; p < P; p += gridDim.x) {
-        const int64_t off = (p / S) * C * S + p % S;
-        ce_position<256>(x + off, C, S, t, tdt, soft, soft ? (const float *)t + off : nullptr, p, ignore, eps,
+        const int64_t off = (p / S) * ldn + p % S, toff = (p / S) * C * S + p % S;
+        ce_position<256>(x + off, C, S, t, tdt, soft, soft ? (const float *)t + toff : nullptr, p, ignore, eps,
                          threadIdx.x, (float *)sh, lse + p, loss + p);
     }
 }
@@ -173,8 +173,8 @@ __global__ void k_losses_to_f32(const double *loss, int64_t P, float *out) {
 }
 
 extern "C" cm_status cmi_cuda_ce_fwd(const float *x, const void *target, cm_dtype tdt, bool soft, int64_t N, int64_t C,
-                                     int64_t S, int64_t ignore, float eps, bool none, double denom, float *out,
-                                     float *lse) {
+                                     int64_t S, int64_t ldn, int64_t ignore, float eps, bool none, double denom,
+                                     float *out, float *lse) {
     const int64_t P = N * S;
     if (P == 0) {
         if (!none) return cmi_cuda_fill(out, CM_DTYPE_F32, 0, nullptr, nullptr, 0.0 / denom);
@@ -185,10 +185,10 @@ extern "C" cm_status cmi_cuda_ce_fwd(const float *x, const void *target, cm_dtyp
     cudaStream_t s = cmi_cuda_stream();
     if (C >= 1024)
         CMI_LAUNCH(k_ce_fwd_block, (unsigned)(P < 65535 ? P : 65535), 256, 0, s, x, target, (int)tdt, soft, N, C, S,
-                   ignore, eps, lse, loss);
+                   ldn, ignore, eps, lse, loss);
     else
-        CMI_LAUNCH(k_ce_fwd_warp, cmi_cuda_grid(P, 8), 256, 0, s, x, target, (int)tdt, soft, N, C, S, ignore, eps, lse,
-                   loss);
+        CMI_LAUNCH(k_ce_fwd_warp, cmi_cuda_grid(P, 8), 256, 0, s, x, target, (int)tdt, soft, N, C, S, ldn, ignore, eps,
+                   lse, loss);
     cm_status st = cmi_cuda_launched("cross_entropy");
     if (st) return st;
     if (none) CMI_LAUNCH(k_losses_to_f32, cmi_cuda_grid(P, 256), 256, 0, s, loss, P, out);
@@ -199,14 +199,16 @@ extern "C" cm_status cmi_cuda_ce_fwd(const float *x, const void *target, cm_dtyp
 /* ---- backward ---- */
 
 __global__ void k_ce_bwd(const float *x, const void *t, int tdt, bool soft, int64_t N, int64_t C, int64_t S,
-                         int64_t ignore, float eps, bool none, double denom, const float *g, const float *lse,
-                         float *gl, bool fresh, float *gt) {
+                         int64_t ldn, int64_t ignore, float eps, bool none, double denom, const float *g,
+                         const float *lse, float *gl, bool fresh, float *gt) {
     const int64_t P = N * S, total = P * C;
     const float u = eps / (float)C;
     const float g_all = none ? 0.0f : (float)((double)g[0] / denom);
     /* one thread per (position, class): element e = p·C + k in position order */
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t p = e / C, k = e - p * C, off = (p / S) * C * S + p % S + k * S;
+        /* off: the logit (and its gradient) in x's layout; toff: the soft target, contiguous */
+        const int64_t p = e / C, k = e - p * C, off = (p / S) * ldn + p % S + k * S,
+                      toff = (p / S) * C * S + p % S + k * S;
         const float w = none ? g[p] : g_all, xv = x[off], l = lse[p];
         if (!soft) {
             if (!gl) continue;
@@ -226,10 +228,10 @@ __global__ void k_ce_bwd(const float *x, const void *t, int tdt, bool soft, int6
                 float tsum = 0.0f;
                 const int64_t base = (p / S) * C * S + p % S;
                 for (int64_t j = 0; j < C; j++) tsum += (1.0f - eps) * tr[base + j * S] + u;
-                const float d = w * (expf(xv - l) * tsum - ((1.0f - eps) * tr[off] + u));
+                const float d = w * (expf(xv - l) * tsum - ((1.0f - eps) * tr[toff] + u));
                 gl[off] = fresh ? d : gl[off] + d;
             }
-            if (gt) gt[off] += w * (1.0f - eps) * (l - xv);
+            if (gt) gt[toff] += w * (1.0f - eps) * (l - xv);
         }
     }
 }
@@ -237,15 +239,16 @@ __global__ void k_ce_bwd(const float *x, const void *t, int tdt, bool soft, int6
 /* The usual case, (P, C) logits (S == 1) with class indices: a block per position, its threads along
  * the classes — the same arithmetic as k_ce_bwd without its three 64-bit divisions per element
  * (GPT-2's 8192 x 50257 logits: 412 M elements a step) and with the target read once per row. */
-__global__ void k_ce_bwd_rows(const float *x, const void *t, int tdt, int64_t P, int64_t C, int64_t ignore, float eps,
-                              bool none, double denom, const float *g, const float *lse, float *gl, bool fresh) {
+__global__ void k_ce_bwd_rows(const float *x, const void *t, int tdt, int64_t P, int64_t C, int64_t ldn, int64_t ignore,
+                              float eps, bool none, double denom, const float *g, const float *lse, float *gl,
+                              bool fresh) {
     const float u = eps / (float)C;
     const float g_all = none ? 0.0f : (float)((double)g[0] / denom);
     for (int64_t p = blockIdx.x; p < P; p += gridDim.x) {
         const float w = none ? g[p] : g_all, l = lse[p];
         const int64_t tv = load_idx(tdt, t, p);
-        const float *xr = x + p * C;
-        float *gr = gl + p * C;
+        const float *xr = x + p * ldn;
+        float *gr = gl + p * ldn;
         for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
             float d;
             if (tv == ignore) d = 0.0f;
@@ -259,17 +262,18 @@ __global__ void k_ce_bwd_rows(const float *x, const void *t, int tdt, int64_t P,
 }
 
 extern "C" cm_status cmi_cuda_ce_bwd(const float *x, const void *target, cm_dtype tdt, bool soft, int64_t N,
-                                     int64_t C, int64_t S, int64_t ignore, float eps, bool none, double denom,
-                                     const float *g, const float *lse, float *gl, bool fresh, float *gt) {
+                                     int64_t C, int64_t S, int64_t ldn, int64_t ignore, float eps, bool none,
+                                     double denom, const float *g, const float *lse, float *gl, bool fresh,
+                                     float *gt) {
     const int64_t total = N * S * C;
     if (total == 0) return CM_OK;
     if (S == 1 && !soft && gl && C >= 256) {
         CMI_LAUNCH(k_ce_bwd_rows, (unsigned)(N < 65535 ? N : 65535), 256, 0, cmi_cuda_stream(), x, target, (int)tdt, N,
-                   C, ignore, eps, none, denom, g, lse, gl, fresh);
+                   C, ldn, ignore, eps, none, denom, g, lse, gl, fresh);
         return cmi_cuda_launched("cross_entropy backward");
     }
     CMI_LAUNCH(k_ce_bwd, cmi_cuda_grid(total, 256), 256, 0, cmi_cuda_stream(), x, target, (int)tdt, soft, N, C, S,
-               ignore, eps, none, denom, g, lse, gl, fresh, gt);
+               ldn, ignore, eps, none, denom, g, lse, gl, fresh, gt);
     return cmi_cuda_launched("cross_entropy backward");
 }
 
