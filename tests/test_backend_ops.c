@@ -676,6 +676,20 @@ Test(backend_ops, large_gemms_with_odd_dimensions) {
         snprintf(name, sizeof name, "large linear wt=%d bf16=%d", l.wt, l.bf16);
         check_op(name, f_linear, &l, 3, s, 1e-6, 2e-6);
     }
+    /* the bf16 cases again with the device's dy block lowered from 256 MiB to 64 KiB: the backward in
+     * 9 blocks of 74 rows — for wt=0 each rounded into rows padded to 408 and their weight
+     * gradients summed in the padded scratch (matmul.c) */
+    cmi_linear_dy_block_device = (size_t)64 << 10;
+    for (int v = 0; v < 2; v++) {
+        lin_arg l = {true, v & 1, true, true};
+        in_spec s[3] = {SPEC(3, IN_NORMAL, true, 2, 333, 257),
+                        l.wt ? (in_spec)SPEC(2, IN_NORMAL, true, 257, 401) : (in_spec)SPEC(2, IN_NORMAL, true, 401, 257),
+                        SPEC(1, IN_NORMAL, true, 401)};
+        char name[64];
+        snprintf(name, sizeof name, "large linear in blocks wt=%d", l.wt);
+        check_op(name, f_linear, &l, 3, s, 1e-6, 2e-6);
+    }
+    cmi_linear_dy_block_device = CMI_LINEAR_DY_BLOCK_DEVICE;
     const struct {
         in_spec a, b;
         mm_arg m;

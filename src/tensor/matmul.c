@@ -413,6 +413,8 @@ static bool float_operand(cm_tape *tp, const char *name, const cm_tensor *t) {
     return false;
 }
 
+size_t cmi_linear_dy_block_device = CMI_LINEAR_DY_BLOCK_DEVICE;
+
 static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout) {
     const linear_ctx *c = n->ctx;
     const cm_dtype dt = c->dt;
@@ -426,14 +428,36 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     const size_t mark = cm_arena_mark(arena); /* bf16 copies and dy are scratch, as in matmul_backward */
     const cmi_backend *be = cmi_be(tp);
     const char *xd = c->xd, *wd = c->wd;
+    /* On a GPU, bf16 rows of out_f values that are not whole 16-byte vectors (GPT-2's LM head:
+     * 50257) would have matmul.cu pad every block's GEMMs — a zero-filled copy of dy for each, of w
+     * for the input gradient's, and of all of dw (f32), filled, copied in and copied back, for the
+     * weight gradient's. Padded once here instead, to op columns (a multiple of 8): w's bf16 copy
+     * gets op - out_f zero rows, each block of dy is rounded into rows op apart whose last columns
+     * stay zero, and the blocks' weight gradients add up in an (op, in) f32 scratch whose first
+     * out_f rows are added to w's gradient at the end. */
+    const bool padv = be && dt == CM_DTYPE_BF16 && out_f % 8 && !c->wbase && cmi_is_contig(n->in[1]) &&
+                      (double)R * (double)out_f * (double)in_f >= 67108864.0;
+    const int64_t op = padv ? (out_f + 7) / 8 * 8 : out_f; /* dy's and w's row count as the GEMMs see them */
     if (gw && !xd && !(xd = bf16_copy(tp, n->in[0]))) return cmi_status(tp);
-    if (gx && !wd && !(wd = bf16_copy(tp, n->in[1]))) return cmi_status(tp);
+    if (gx && padv) {
+        char *wp = cmi_dev_scratch(tp, 2 * (size_t)(op * in_f));
+        const int64_t nw = out_f * in_f, npad = (op - out_f) * in_f, one = 1;
+        if (!wp || cmi_dev_fail(tp, be->copy(wp, CM_DTYPE_BF16, NULL, n->in[1]->data, n->in[1]->dtype, NULL, 1, &nw),
+                                "linear backward") ||
+            cmi_dev_fail(tp, be->fill(wp + 2 * (size_t)nw, CM_DTYPE_BF16, 1, &npad, &one, 0.0), "linear backward"))
+            return cmi_status(tp);
+        wd = wp;
+    } else if (gx && !wd && !(wd = bf16_copy(tp, n->in[1]))) {
+        return cmi_status(tp);
+    }
+    float *gwp = NULL; /* (op, in): the padded weight gradient */
+    if (gw && padv && !(gwp = cmi_dev_scratch(tp, sizeof(float) * (size_t)(op * in_f)))) return cmi_status(tp);
     const size_t es = cm_dtype_size(dt);
     /* rows of dy per block: all of them in f32 (dy is read in place), a bounded bf16 copy otherwise
      * (on a GPU a larger one, in equal blocks: each block is two GEMMs, and the weight gradient's
      * GEMM reads and writes all of dw) */
     int64_t rb = R;
-    const size_t dy_block = be ? CMI_LINEAR_DY_BLOCK_DEVICE : CMI_LINEAR_DY_BLOCK;
+    const size_t dy_block = be ? cmi_linear_dy_block_device : CMI_LINEAR_DY_BLOCK;
     if (dt == CM_DTYPE_BF16 && out_f > 0 && (size_t)(R * out_f) * 2 > dy_block) {
         rb = (int64_t)(dy_block / (2 * (size_t)out_f));
         if (be && rb > 0) { /* as many blocks as that needs, of equal size */
@@ -443,17 +467,23 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         rb = rb < 64 ? 64 : rb;
     }
     uint16_t *dyb = NULL;
-    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dyb = cmi_dev_scratch(tp, 2 * (size_t)((rb < R ? rb : R) * out_f + 1))))
+    if ((gx || gw) && dt == CM_DTYPE_BF16 && !(dyb = cmi_dev_scratch(tp, 2 * (size_t)((rb < R ? rb : R) * op + 1))))
         return cmi_status(tp);
+    if (dyb && padv) { /* the padding columns, zero for every block */
+        const int64_t n_ = (rb < R ? rb : R) * op, one = 1;
+        if (cmi_dev_fail(tp, be->fill(dyb, CM_DTYPE_BF16, 1, &n_, &one, 0.0), "linear backward")) return cmi_status(tp);
+    }
     cm_status st = CM_OK;
     for (int64_t r0 = 0; r0 < R && !st && (gx || gw); r0 += rb) {
         const int64_t m = R - r0 < rb ? R - r0 : rb;
         const float *g = cmi_f32(gout) + r0 * out_f;
-        const char *dy = (const char *)g; // (m, out)
+        const char *dy = (const char *)g; // (m, out), or (m, op) padded
         if (dyb) {
-            const int64_t cnt = m * out_f;
+            const int64_t cnt = m * out_f, shape[2] = {m, out_f}, dst[2] = {op, 1}, src[2] = {out_f, 1};
             if (be) {
-                if (cmi_dev_fail(tp, be->copy(dyb, CM_DTYPE_BF16, NULL, g, CM_DTYPE_F32, NULL, 1, &cnt), "linear"))
+                if (cmi_dev_fail(tp, padv ? be->copy(dyb, CM_DTYPE_BF16, dst, g, CM_DTYPE_F32, src, 2, shape)
+                                          : be->copy(dyb, CM_DTYPE_BF16, NULL, g, CM_DTYPE_F32, NULL, 1, &cnt),
+                                 "linear"))
                     return cmi_status(tp);
             } else {
                 cmi_bf16_round(dyb, g, cnt);
@@ -462,13 +492,21 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
         }
         /* x's rows r0.. (element (i, k) of the (R, in) matrix is at i·ld + k, or k·ld + i transposed) */
         const char *xr = xd ? xd + (size_t)(r0 * (c->xt ? 1 : c->xld)) * es : NULL;
-        if (gx) /* dx (m, in) += dy (m, out) · w (out, in) */
+        if (gx && padv) /* dx (m, in) += dy (m, op) · w (op, in), w's copy contiguous */
+            st = gemm(tp, dt, m, in_f, op, dy, op, false, wd, in_f, false, NULL, !gx_fresh, cmi_f32(gx) + r0 * in_f, in_f);
+        else if (gx) /* dx (m, in) += dy (m, out) · w (out, in) */
             st = gemm(tp, dt, m, in_f, out_f, dy, out_f, false, wd, c->wld, c->wt, NULL, !gx_fresh, cmi_f32(gx) + r0 * in_f,
                       in_f);
-        if (!st && gw && c->wbase) /* dwb (in, out) += xᵀ (in, m) · dy (m, out): the weight's transpose, directly */
+        if (!st && gw && padv) /* dwp (op, in) (+)= dyᵀ (op, m) · x (m, in) */
+            st = gemm(tp, dt, op, in_f, m, dy, op, true, xr, c->xld, c->xt, NULL, r0 > 0, gwp, in_f);
+        else if (!st && gw && c->wbase) /* dwb (in, out) += xᵀ (in, m) · dy (m, out): the weight's transpose, directly */
             st = gemm(tp, dt, in_f, out_f, m, xr, c->xld, !c->xt, dy, out_f, false, NULL, true, cmi_f32(gw), out_f);
         else if (!st && gw) /* dw (out, in) += dyᵀ (out, m) · x (m, in) */
             st = gemm(tp, dt, out_f, in_f, m, dy, out_f, true, xr, c->xld, c->xt, NULL, true, cmi_f32(gw), in_f);
+    }
+    if (!st && gwp) { /* dw (out, in) += the padded gradient's first out_f rows */
+        const int64_t one[1] = {1}, shape[1] = {out_f * in_f};
+        if (cmi_dev_fail(tp, be->accum(cmi_f32(gw), one, gwp, 1, shape), "linear backward")) return cmi_status(tp);
     }
     if (!st && gb && be) { /* db (out) += column sums of dy */
         const int64_t shape[2] = {R, out_f}, dst[2] = {0, 1};

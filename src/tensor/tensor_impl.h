@@ -378,5 +378,8 @@ void cmi_store(cm_dtype dt, void *p, double v);
  * at most this many bytes (GPT-2's lm_head gradient, 2048 × 50257, would be 196 MiB at once). */
 #define CMI_LINEAR_DY_BLOCK ((size_t)48 << 20)
 #define CMI_LINEAR_DY_BLOCK_DEVICE ((size_t)256 << 20)
+/* The device's block, CMI_LINEAR_DY_BLOCK_DEVICE unless a test lowers it (test_backend_ops runs the
+ * blocked backward on shapes the CUDA emulator can take); read by linear's backward only. */
+extern size_t cmi_linear_dy_block_device;
 
 #endif
