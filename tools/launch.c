@@ -36,7 +36,8 @@ static void launch_usage(FILE *f) {
             "(OMPI_MCA_orte_default_hostfile, or mpirun's own configuration); mpirun starts the other\n"
             "nodes' ranks, so on nodes with --node_rank > 0 the launcher has nothing to do.\n"
             "Environment: CM_MPIRUN overrides the mpirun program; CM_LAUNCH_DRY_RUN=1 prints the\n"
-            "command instead of running it.\n");
+            "command instead of running it. Without ssh or rsh on PATH (a container), a one-node job\n"
+            "still starts: Open MPI is told not to look for them (OMPI_MCA_plm_rsh_agent=/bin/false).\n");
 }
 
 static int parse_int(const char *flag, const char *v, int min, int *out) {
@@ -70,6 +71,23 @@ typedef struct argvec {
     char **v;
     int n, cap;
 } argvec;
+
+/* Whether an executable `name` is in a directory of PATH. */
+static bool on_path(const char *name) {
+    const char *path = getenv("PATH");
+    if (!path || !*path) return false;
+    char dir[PATH_MAX];
+    while (*path) {
+        const char *colon = strchr(path, ':');
+        const size_t n = colon ? (size_t)(colon - path) : strlen(path);
+        if (n > 0 && n + strlen(name) + 2 < sizeof dir) {
+            snprintf(dir, sizeof dir, "%.*s/%s", (int)n, path, name);
+            if (access(dir, X_OK) == 0) return true;
+        }
+        path += n + (colon ? 1 : 0);
+    }
+    return false;
+}
 
 static void push(argvec *a, const char *s) {
     if (a->n + 2 > a->cap) {
@@ -339,6 +357,11 @@ int cm_cli_launch(int argc, char **argv, bool (*is_subcommand)(const char *name)
     push(&a, mpirun);
     char num[32];
     if (!strcmp(flavour, "openmpi")) {
+        /* Open MPI 4's mpirun will not start even a one-node job when it finds neither ssh nor rsh
+         * ("plm_rsh_agent: ssh : rsh ... could not be found"), which is every container without
+         * an ssh client. A one-node job never uses them: tell it to take /bin/false (a remote
+         * launch, which no one-node job makes, would then fail), unless the user chose an agent. */
+        if (world == n && !on_path("ssh") && !on_path("rsh")) setenv("OMPI_MCA_plm_rsh_agent", "/bin/false", 0);
         if (geteuid() == 0) push(&a, "--allow-run-as-root");
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         if (cores < 1 || n > cores) push(&a, "--oversubscribe");

@@ -86,6 +86,12 @@ launcher_env_and_stdout_per_rank)
     "$composer" -n --help | grep -q "usage: composer -n N" || fail "composer -n --help shows no usage"
     "$composer" -n 2 --stdout "x{rnk}" sh -c true 2>"$tmp/err" && fail "a bad format was accepted"
     grep -q "unknown placeholder '{rnk}'" "$tmp/err" || fail "bad format message: $(cat "$tmp/err")"
+    # a machine without ssh or rsh (a container, the lent GPU machine): Open MPI's mpirun refuses
+    # even a one-node job while it cannot find them; the launcher tells it not to look
+    mkdir -p "$tmp/nossh"
+    ln -s "$(command -v "${CM_MPIRUN:-mpirun}")" "$tmp/nossh/mpirun"
+    got=$(timeout 60 env PATH="$tmp/nossh" "$composer" -n 2 /bin/sh -c 'echo "rank $RANK"' 2>&1 | sort)
+    [ "$got" = "$(printf 'rank 0\nrank 1')" ] || fail "2 ranks without ssh on PATH: $got"
     ;;
 collectives)
     for n in 2 3 4; do
