@@ -88,37 +88,34 @@ __device__ __forceinline__ void cmi_mma_16816(float d[4], const uint32_t a[4], c
  * column g, rows 2t and 2t+1, i.e. the transposed matrix's row g. The emulator models the
  * instruction from this description, each lane reading the addresses the others give (shuffles),
  * so a kernel that hands the wrong lane the wrong row is wrong there too. */
-__device__ __forceinline__ void cmi_ldsm_x4(uint32_t r[4], const uint16_t *row) {
+template <bool TRANS> __device__ __forceinline__ void cmi_ldsm_x4_(uint32_t r[4], const uint16_t *row) {
 #if defined(CMI_CUDA_EMU)
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     cmi_emu_check_aligned(row, 16, "ldmatrix's row address");
     for (int m = 0; m < 4; m++) {
-        const uint16_t *src = __shfl_sync(0xffffffffu, row, 8 * m + g);
-        r[m] = (uint32_t)src[2 * t] | (uint32_t)src[2 * t + 1] << 16;
+        if (TRANS) { /* column g of matrix m: rows 2t and 2t+1 */
+            const uint16_t *r0 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t);
+            const uint16_t *r1 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t + 1);
+            r[m] = (uint32_t)r0[g] | (uint32_t)r1[g] << 16;
+        } else { /* row g of matrix m: elements 2t and 2t+1 */
+            const uint16_t *src = __shfl_sync(0xffffffffu, row, 8 * m + g);
+            r[m] = (uint32_t)src[2 * t] | (uint32_t)src[2 * t + 1] << 16;
+        }
     }
 #else
     const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
 #endif
 }
-__device__ __forceinline__ void cmi_ldsm_x4_trans(uint32_t r[4], const uint16_t *row) {
-#if defined(CMI_CUDA_EMU)
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    cmi_emu_check_aligned(row, 16, "ldmatrix's row address");
-    for (int m = 0; m < 4; m++) {
-        const uint16_t *r0 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t);
-        const uint16_t *r1 = __shfl_sync(0xffffffffu, row, 8 * m + 2 * t + 1);
-        r[m] = (uint32_t)r0[g] | (uint32_t)r1[g] << 16;
-    }
-#else
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-#endif
-}
+__device__ __forceinline__ void cmi_ldsm_x4(uint32_t r[4], const uint16_t *row) { cmi_ldsm_x4_<false>(r, row); }
+__device__ __forceinline__ void cmi_ldsm_x4_trans(uint32_t r[4], const uint16_t *row) { cmi_ldsm_x4_<true>(r, row); }
 
 /* 16 bytes from global to shared memory without a trip through registers (cp.async.cg, sm_80),
  * in the calling thread's current group; cmi_cp_async_commit closes the group, cmi_cp_async_wait<N>
