@@ -461,16 +461,9 @@ cm_tensor *cm_linear_cross_entropy(cm_tape *tp, cm_tensor *x, cm_tensor *w, cm_t
     cm_arena *arena = cmi_op_arena(tp);
     const size_t mark = cm_arena_mark(arena); /* operand copies and the chunk: freed before returning */
     const char *xd = cast_x ? cmi_bf16_copy(tp, x) : (const char *)x->data;
-    const char *wd = NULL;
-    if (Vp != V) { /* w (V, C) as dt, then Vp - V rows of zeros */
-        char *wp = cmi_dev_scratch(tp, es * (size_t)(Vp * C));
-        const int64_t nw = V * C, npad = (Vp - V) * C, one = 1;
-        if (wp && !cmi_dev_fail(tp, be->copy(wp, dt, NULL, w->data, w->dtype, NULL, 1, &nw), op) &&
-            !cmi_dev_fail(tp, be->fill(wp + es * (size_t)nw, dt, 1, &npad, &one, 0.0), op))
-            wd = wp;
-    } else {
-        wd = cast_w ? cmi_bf16_copy(tp, w) : (const char *)w->data;
-    }
+    const char *wd = Vp != V ? cmi_dev_rows_padded(tp, w, dt, Vp, op) /* w (V, C) as dt, then zero rows */
+                     : cast_w ? cmi_bf16_copy(tp, w)
+                              : (const char *)w->data;
     if (!xd || !wd) return NULL;
     const int64_t rb = lce_chunk_rows(R, Vp, C, chunk_rows, be != NULL);
     const bool grad = dx || dw;

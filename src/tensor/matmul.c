@@ -405,6 +405,17 @@ static const char *bf16_copy(cm_tape *tp, cm_tensor *t) {
 
 const char *cmi_bf16_copy(cm_tape *tp, cm_tensor *t) { return bf16_copy(tp, t); }
 
+const char *cmi_dev_rows_padded(cm_tape *tp, const cm_tensor *t, cm_dtype dt, int64_t rows_to, const char *op) {
+    const cmi_backend *be = cmi_be(tp);
+    const int64_t rows = t->shape[0], cols = t->shape[1], n = rows * cols, npad = (rows_to - rows) * cols, one = 1;
+    const size_t es = cm_dtype_size(dt);
+    char *p = cmi_dev_scratch(tp, es * (size_t)(rows_to * cols));
+    if (!p || cmi_dev_fail(tp, be->copy(p, dt, NULL, t->data, t->dtype, NULL, 1, &n), op) ||
+        cmi_dev_fail(tp, be->fill(p + es * (size_t)n, dt, 1, &npad, &one, 0.0), op))
+        return NULL;
+    return p;
+}
+
 /* Under autocast: an operand linear can take (f32, copied to bf16, or bf16 already). */
 static bool float_operand(cm_tape *tp, const char *name, const cm_tensor *t) {
     if (t->dtype == CM_DTYPE_F32 || t->dtype == CM_DTYPE_BF16) return true;
@@ -440,13 +451,7 @@ static cm_status linear_backward(cm_tape *tp, cm_node *n, const cm_tensor *gout)
     const int64_t op = padv ? (out_f + 7) / 8 * 8 : out_f; /* dy's and w's row count as the GEMMs see them */
     if (gw && !xd && !(xd = bf16_copy(tp, n->in[0]))) return cmi_status(tp);
     if (gx && padv) {
-        char *wp = cmi_dev_scratch(tp, 2 * (size_t)(op * in_f));
-        const int64_t nw = out_f * in_f, npad = (op - out_f) * in_f, one = 1;
-        if (!wp || cmi_dev_fail(tp, be->copy(wp, CM_DTYPE_BF16, NULL, n->in[1]->data, n->in[1]->dtype, NULL, 1, &nw),
-                                "linear backward") ||
-            cmi_dev_fail(tp, be->fill(wp + 2 * (size_t)nw, CM_DTYPE_BF16, 1, &npad, &one, 0.0), "linear backward"))
-            return cmi_status(tp);
-        wd = wp;
+        if (!(wd = cmi_dev_rows_padded(tp, n->in[1], CM_DTYPE_BF16, op, "linear backward"))) return cmi_status(tp);
     } else if (gx && !wd && !(wd = bf16_copy(tp, n->in[1]))) {
         return cmi_status(tp);
     }

@@ -295,6 +295,10 @@ void cmi_swap_arenas(cm_tape *tp);
 cm_status cmi_gemm(cm_tape *tp, cm_dtype dt, int64_t M, int64_t N, int64_t K, const char *a, int64_t lda, bool ta,
                    const char *b, int64_t ldb, bool tb, const float *bias, bool acc, float *c, int64_t ldc);
 const char *cmi_bf16_copy(cm_tape *tp, cm_tensor *t);
+/* A contiguous (rows, cols) device matrix t as dt in device scratch, followed by rows_to - rows rows
+ * of zeros: an operand padded to whole 16-byte rows for cuBLASLt once, where matmul.cu would pad
+ * it for every GEMM (linear's backward, linear_cross_entropy). NULL + tape error on failure. */
+const char *cmi_dev_rows_padded(cm_tape *tp, const cm_tensor *t, cm_dtype dt, int64_t rows_to, const char *op);
 
 static inline float *cmi_f32(const cm_tensor *t) { return (float *)t->data; }
 
